@@ -1,0 +1,1 @@
+//! The obviously-correct reference backend of dsv4 (plain loops, f64 accumulation).

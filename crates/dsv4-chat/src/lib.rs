@@ -1,0 +1,1 @@
+//! dsv4 tokenizer (HF tokenizer.json) and DSV4 chat markers.

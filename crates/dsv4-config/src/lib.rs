@@ -1,0 +1,1 @@
+//! dsv4 profiles: schema, figment layering, provenance, validation.
