@@ -1,1 +1,14 @@
-//! The dsv4 op set, the Backend trait and the backend registry.
+//! dsv4-kernels: the op set every backend implements (the [`Backend`] trait), the weight types the
+//! ops consume ([`Linear`]), RoPE frequency tables, and the backend registry (`inventory`).
+
+pub mod backend;
+pub mod error;
+pub mod linear;
+pub mod registry;
+pub mod rope;
+
+pub use backend::{Backend, HcParams, MhcPre};
+pub use error::KernelError;
+pub use linear::{Linear, WeightFormat};
+pub use registry::{BackendFactory, BackendOptions};
+pub use rope::RopeTable;

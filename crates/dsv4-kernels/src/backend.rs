@@ -1,0 +1,116 @@
+//! The op set of the forward pass. Every backend implements [`Backend`]; the `reference` backend
+//! defines what each op computes (spec §5) and every faster backend is diffed against it.
+//!
+//! Activations are host f32 slices, row-major; `rows` counts independent rows (tokens, or
+//! token×head pairs). An op never mixes rows, which is what makes prefill and decode agree.
+
+use crate::{Linear, RopeTable};
+
+/// Parameters of one mHC mixing (spec §3.1): a sublayer's `hc_*_{fn,base,scale}` or the head's.
+#[derive(Debug, Clone, Copy)]
+pub struct HcParams<'a> {
+    /// `hc_*_fn`, [n_out, M·D] with n_out = (2+M)·M for a sublayer, M for the head.
+    pub fn_w: &'a [f32],
+    /// `hc_*_base`, [n_out].
+    pub base: &'a [f32],
+    /// `hc_*_scale`: [3] for a sublayer (pre, post, comb), [1] for the head.
+    pub scale: &'a [f32],
+    /// Residual streams M.
+    pub m: usize,
+    /// Hidden size D.
+    pub d: usize,
+    /// `rms_norm_eps` (for the 1/rms factor of the flattened streams).
+    pub norm_eps: f32,
+    /// `hc_eps`.
+    pub hc_eps: f32,
+    /// `hc_sinkhorn_iters`.
+    pub sinkhorn_iters: usize,
+}
+
+/// The result of the mHC pre step for T tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MhcPre {
+    /// u = Σ_j pre_j·X_j, [T, D].
+    pub u: Vec<f32>,
+    /// post_k, [T, M].
+    pub post: Vec<f32>,
+    /// The doubly-stochastic mixing C_{jk}, [T, M, M] (row j = source stream, column k = target).
+    pub comb: Vec<f32>,
+}
+
+/// The op set of a DSV4 forward pass. Implementations must be deterministic and row-independent.
+pub trait Backend: Send + Sync {
+    /// The registry name ("reference", "cpu", …).
+    fn name(&self) -> &'static str;
+
+    /// `out[r, o] = Σ_i W[o, i]·x[r, i]` for `rows` rows; x is [rows, in], out [rows, out].
+    fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]);
+
+    /// Quantize-dequantize each 1×128 block of every row of width `dim` to e4m3 with a
+    /// power-of-two scale (spec §5 `act_quant = fp8`), in place.
+    fn act_quant_fp8(&self, x: &mut [f32], dim: usize);
+
+    /// RMSNorm of each row: x / sqrt(mean(x²) + eps), times `weight` when given.
+    fn rms_norm(&self, x: &[f32], weight: Option<&[f32]>, dim: usize, eps: f32, out: &mut [f32]);
+
+    /// Rotate the last `table.rd` dims of each row of width `dim` by angle ±p·θ_i on interleaved
+    /// pairs; `positions[r]` is row r's position; `inverse` uses −p.
+    fn rope(
+        &self,
+        x: &mut [f32],
+        dim: usize,
+        positions: &[usize],
+        table: &RopeTable,
+        inverse: bool,
+    );
+
+    /// mHC pre step for T tokens of streams `x` [T, M, D].
+    fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre;
+
+    /// mHC post step: out[t, k] = post_k·y[t] + Σ_j C_{jk}·x[t, j]; x, out are [T, M, D], y [T, D].
+    fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]);
+
+    /// The head's stream merge: h[t] = Σ_j (σ(m_j·s + b_j) + hc_eps)·x[t, j], out [T, D].
+    fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]);
+
+    /// Compressor pooling: `a`, `z` are [rows, width]; out[c] = Σ_r softmax_r(z[·, c])·a[r, c].
+    /// Rows with z = −∞ get weight 0.
+    fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]);
+
+    /// Multiply each row of width `dim` (a power of two) by the Sylvester Hadamard matrix / sqrt(dim).
+    fn hadamard(&self, x: &mut [f32], dim: usize);
+
+    /// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); q [heads, dim], keys [n, dim].
+    fn indexer_scores(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        heads: usize,
+        dim: usize,
+        keys: &[f32],
+        out: &mut [f32],
+    );
+
+    /// Indices of the `k` largest scores (k capped at the length), ties to the lower index, in
+    /// ascending index order.
+    fn topk(&self, scores: &[f32], k: usize) -> Vec<usize>;
+
+    /// Attention of one query over `keys` [n, dim] (K = V) with a per-head sink in the
+    /// denominator: out[h] = Σ_s e^{l_s}·K_s / (Σ_s e^{l_s} + e^{sink_h}), l_s = scale·q_h·K_s.
+    fn sparse_attention(
+        &self,
+        q: &[f32],
+        heads: usize,
+        dim: usize,
+        keys: &[f32],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    );
+
+    /// Router scores sqrt(softplus(x)) element-wise.
+    fn router_scores(&self, logits: &[f32], out: &mut [f32]);
+
+    /// Clamped SwiGLU: out = silu(min(g, L))·clamp(u, −L, L)·weight.
+    fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]);
+}

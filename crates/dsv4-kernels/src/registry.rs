@@ -1,0 +1,56 @@
+//! The backend registry: each backend crate `inventory::submit!`s a [`BackendFactory`]; the binary
+//! links every backend crate so their factories are present.
+
+use crate::{Backend, KernelError};
+use std::sync::Arc;
+
+/// Options a backend is created with (from the profile's `[backend]`/`[exec]` sections).
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    /// Worker threads (0 = all cores); backends without threads ignore it.
+    pub threads: usize,
+    /// Device selector (GPU index or adapter name); None = the default device.
+    pub device: Option<String>,
+}
+
+/// A registered backend: its name, an availability probe, and a constructor.
+pub struct BackendFactory {
+    /// Registry name, as used in `[backend] kind`.
+    pub name: &'static str,
+    /// One line on what the backend is.
+    pub summary: &'static str,
+    /// Ok when the backend can run on this machine, else the reason it cannot.
+    pub probe: fn() -> Result<(), String>,
+    /// Build a backend instance.
+    pub create: fn(&BackendOptions) -> Result<Arc<dyn Backend>, KernelError>,
+}
+
+inventory::collect!(BackendFactory);
+
+/// Every registered backend factory, sorted by name.
+pub fn factories() -> Vec<&'static BackendFactory> {
+    let mut v: Vec<_> = inventory::iter::<BackendFactory>.into_iter().collect();
+    v.sort_by_key(|f| f.name);
+    v
+}
+
+/// Names of the registered backends, sorted.
+pub fn names() -> Vec<&'static str> {
+    factories().into_iter().map(|f| f.name).collect()
+}
+
+/// Create the backend registered under `name`, after checking it can run here.
+pub fn create(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>, KernelError> {
+    let f = factories()
+        .into_iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| KernelError::UnknownBackend {
+            name: name.to_string(),
+            known: names().join(", "),
+        })?;
+    (f.probe)().map_err(|reason| KernelError::Unavailable {
+        name: name.to_string(),
+        reason,
+    })?;
+    (f.create)(opts)
+}
