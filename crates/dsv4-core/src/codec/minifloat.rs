@@ -72,16 +72,17 @@ pub fn f32_to_f16(x: f32) -> u16 {
     sign | code.min(0x7C00) as u16
 }
 
-/// IEEE binary16 bits → f32 (exact).
+/// IEEE binary16 bits → f32 (exact; a NaN keeps its sign, its payload is not kept).
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign: f64 = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
     let mag = u32::from(h & 0x7FFF);
     if mag >= 0x7C00 {
-        return if mag == 0x7C00 {
-            (sign as f32) * f32::INFINITY
+        let v = if mag == 0x7C00 {
+            f32::INFINITY
         } else {
             f32::NAN
         };
+        return if sign < 0.0 { -v } else { v };
     }
     (sign * decode_magnitude(mag, 10, 15)) as f32
 }
@@ -100,13 +101,15 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     sign | code.min(0x7E) as u8
 }
 
-/// e4m3 code → f32 (exact; 0x7F and 0xFF are NaN).
+/// e4m3 code → f32 (exact; 0x7F and 0xFF are NaN, decoded with their sign so that
+/// encoding the result gives the same code back).
 pub fn e4m3_to_f32(c: u8) -> f32 {
     let mag = u32::from(c & 0x7F);
-    if mag == 0x7F {
-        return f32::NAN;
-    }
-    let v = decode_magnitude(mag, 3, 7) as f32;
+    let v = if mag == 0x7F {
+        f32::NAN
+    } else {
+        decode_magnitude(mag, 3, 7) as f32
+    };
     if c & 0x80 != 0 { -v } else { v }
 }
 

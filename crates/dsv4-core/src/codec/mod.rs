@@ -10,7 +10,7 @@ pub use minifloat::{
     bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f16_to_f32, f32_to_bf16, f32_to_e2m1, f32_to_e4m3,
     f32_to_f16, round_bf16,
 };
-pub use scale::{f32_to_ue8m0, pow2_ceil_exponent, ue8m0_to_f32};
+pub use scale::{checked_pow2_ceil_exponent, f32_to_ue8m0, pow2_ceil_exponent, ue8m0_to_f32};
 
 /// Largest finite e4m3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;
@@ -31,3 +31,6 @@ pub fn pack_e2m1(codes: &[u8]) -> Vec<u8> {
 pub fn unpack_e2m1(bytes: &[u8]) -> Vec<u8> {
     bytes.iter().flat_map(|b| [b & 0xF, b >> 4]).collect()
 }
+
+#[cfg(test)]
+mod tests;

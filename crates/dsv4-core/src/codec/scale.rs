@@ -16,11 +16,18 @@ pub fn f32_to_ue8m0(exp: i32) -> Option<u8> {
 }
 
 /// ceil(log2(v)) for a finite v > 0, exactly (no floating log).
+///
+/// # Panics
+/// When `v` is not finite and positive; use [`checked_pow2_ceil_exponent`] for untrusted input.
 pub fn pow2_ceil_exponent(v: f64) -> i32 {
-    assert!(
-        v > 0.0 && v.is_finite(),
-        "pow2_ceil_exponent needs a finite positive value"
-    );
+    checked_pow2_ceil_exponent(v).expect("pow2_ceil_exponent needs a finite positive value")
+}
+
+/// ceil(log2(v)) exactly, or None when `v` is zero, negative, infinite or NaN.
+pub fn checked_pow2_ceil_exponent(v: f64) -> Option<i32> {
+    if !(v > 0.0 && v.is_finite()) {
+        return None;
+    }
     let bits = v.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;
     let mant = bits & ((1u64 << 52) - 1);
@@ -28,8 +35,8 @@ pub fn pow2_ceil_exponent(v: f64) -> i32 {
         // f64 subnormal: value = mant * 2^-1074.
         let hi = 63 - mant.leading_zeros() as i32; // floor(log2(mant))
         let exact = mant.is_power_of_two();
-        return hi - 1074 + if exact { 0 } else { 1 };
+        return Some(hi - 1074 + if exact { 0 } else { 1 });
     }
     let e = biased - 1023;
-    if mant == 0 { e } else { e + 1 }
+    Some(if mant == 0 { e } else { e + 1 })
 }
