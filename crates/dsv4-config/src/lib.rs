@@ -1,1 +1,26 @@
-//! dsv4 profiles: schema, figment layering, provenance, validation.
+//! dsv4 profiles: the schema of the resolved configuration, figment layering (built-in defaults <
+//! profile files with `extends` < `DSV4_*` environment < `--set`), and the provenance of every value.
+//!
+//! ```
+//! use dsv4_config::{Profile, ResolveOptions};
+//! let mut opts = ResolveOptions::new("reference");
+//! opts.sets.push("numerics.kv_cache_dtype=fp8".into());
+//! let resolved = Profile::resolve(&opts).unwrap();
+//! assert_eq!(resolved.profile.numerics.kv_cache_dtype.to_string(), "fp8");
+//! assert_eq!(resolved.setting("numerics.kv_cache_dtype").unwrap().origin.to_string(),
+//!            "--set numerics.kv_cache_dtype=fp8");
+//! ```
+
+pub mod catalog;
+pub mod error;
+pub mod layers;
+pub mod profile;
+pub mod resolve;
+pub mod schema;
+
+pub use catalog::{DEFAULT_PROFILE, ProfileEntry, ProfileLocation, ProfileSearch};
+pub use error::ConfigError;
+pub use profile::{
+    BackendSection, ExecSection, ModelSection, ModelSource, NumericsSection, Profile,
+};
+pub use resolve::{Origin, ResolveOptions, Resolved, Setting, resolve};

@@ -1,0 +1,186 @@
+//! The resolved configuration of one run: [`Profile`] and its sections, with the built-in defaults.
+//!
+//! Every section denies unknown fields, so a value can never be silently ignored. New sections (cache,
+//! scheduler, server, debug, ...) slot in as further fields of [`Profile`] plus rows in
+//! [`crate::schema::KEYS`].
+
+use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The value of `model.path` that selects the embedded tiny model.
+pub const TINY_MODEL: &str = "tiny";
+
+/// The fully resolved configuration of a run (defaults < profile files < environment < `--set`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Which model to load.
+    #[serde(default)]
+    pub model: ModelSection,
+    /// Which backend runs the ops.
+    #[serde(default)]
+    pub backend: BackendSection,
+    /// The numerics knobs of spec §5.
+    #[serde(default)]
+    pub numerics: NumericsSection,
+    /// Execution settings.
+    #[serde(default)]
+    pub exec: ExecSection,
+}
+
+impl Profile {
+    /// The numerics knobs as the type the model and kernels take.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics.into()
+    }
+}
+
+/// `[model]`: the checkpoint to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// `"tiny"` for the embedded tiny model, otherwise a checkpoint directory.
+    pub path: String,
+    /// Seed of the embedded tiny model's weights (ignored for checkpoint directories).
+    pub seed: u64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: TINY_MODEL.to_string(),
+            seed: 0,
+        }
+    }
+}
+
+/// Where the model of a profile comes from, as decoded from `model.path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The embedded tiny model, generated from this seed.
+    Tiny {
+        /// Weight seed.
+        seed: u64,
+    },
+    /// A checkpoint directory (config.json + safetensors + tokenizer.json).
+    Dir(PathBuf),
+}
+
+impl ModelSection {
+    /// Decode `path`: `"tiny"` selects the embedded model, anything else is a directory.
+    pub fn source(&self) -> ModelSource {
+        if self.path == TINY_MODEL {
+            ModelSource::Tiny { seed: self.seed }
+        } else {
+            ModelSource::Dir(PathBuf::from(&self.path))
+        }
+    }
+}
+
+/// `[backend]`: which registered backend runs the ops, and on which device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSection {
+    /// Registry name of the backend (see [`crate::schema::BACKEND_KINDS`]).
+    pub kind: String,
+    /// Backend-specific device selector (e.g. a GPU index); `None` lets the backend choose.
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+impl Default for BackendSection {
+    fn default() -> Self {
+        BackendSection {
+            kind: "reference".to_string(),
+            device: None,
+        }
+    }
+}
+
+/// `[numerics]`: storage and rounding formats (spec §5); mirrors [`Numerics`] field by field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NumericsSection {
+    /// KV cache storage format.
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Indexer key/query format.
+    pub index_k_dtype: IndexKDtype,
+    /// Activation quantization in front of fp8/fp4-weight linears.
+    pub act_quant: ActQuant,
+}
+
+impl From<NumericsSection> for Numerics {
+    fn from(n: NumericsSection) -> Numerics {
+        Numerics {
+            kv_cache_dtype: n.kv_cache_dtype,
+            index_k_dtype: n.index_k_dtype,
+            act_quant: n.act_quant,
+        }
+    }
+}
+
+impl From<Numerics> for NumericsSection {
+    fn from(n: Numerics) -> NumericsSection {
+        NumericsSection {
+            kv_cache_dtype: n.kv_cache_dtype,
+            index_k_dtype: n.index_k_dtype,
+            act_quant: n.act_quant,
+        }
+    }
+}
+
+/// `[exec]`: how the work is executed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSection {
+    /// Worker threads; 0 means one per available core.
+    pub threads: usize,
+}
+
+impl ExecSection {
+    /// The thread count to use: `threads`, or the number of available cores when it is 0.
+    pub fn effective_threads(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_source_decodes_tiny_and_dirs() {
+        let mut m = ModelSection {
+            seed: 7,
+            ..ModelSection::default()
+        };
+        assert_eq!(m.source(), ModelSource::Tiny { seed: 7 });
+        m.path = "/ckpt/flash".into();
+        assert_eq!(m.source(), ModelSource::Dir(PathBuf::from("/ckpt/flash")));
+    }
+
+    #[test]
+    fn numerics_round_trip_through_core_type() {
+        for n in Numerics::all() {
+            let s = NumericsSection::from(n);
+            assert_eq!(Numerics::from(s), n);
+        }
+    }
+
+    #[test]
+    fn sections_reject_unknown_fields() {
+        let e = toml::from_str::<Profile>("[exec]\nthreads = 1\nthread = 2\n").unwrap_err();
+        assert!(e.to_string().contains("thread"), "{e}");
+    }
+
+    #[test]
+    fn effective_threads_is_positive() {
+        assert_eq!(ExecSection { threads: 3 }.effective_threads(), 3);
+        assert!(ExecSection { threads: 0 }.effective_threads() >= 1);
+    }
+}
