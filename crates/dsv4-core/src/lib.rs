@@ -1,10 +1,12 @@
 //! dsv4-core: the host tensor type, dtypes, the number codecs every other crate shares
 //! (bf16, f16, e4m3, ue8m0, e2m1), a deterministic random generator and the shared error type.
 
+pub mod cache;
 pub mod codec;
 pub mod dtype;
 pub mod error;
 pub mod numerics;
+pub mod quant;
 pub mod rng;
 pub mod tensor;
 
