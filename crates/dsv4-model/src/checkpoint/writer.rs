@@ -130,6 +130,11 @@ fn dtype_rank(d: DType) -> u8 {
     }
 }
 
+/// Data order of the official writer: higher dtype rank first, then by name.
+fn sort_for_writing(items: &mut [(&str, &Tensor)]) {
+    items.sort_by_key(|(name, t)| (std::cmp::Reverse(dtype_rank(t.dtype())), *name));
+}
+
 /// The header JSON (compact, in data order) and the byte offsets.
 fn header(items: &[(&str, &Tensor)]) -> Vec<u8> {
     let mut h = String::from(r#"{"__metadata__":{"format":"pt"}"#);
@@ -153,11 +158,7 @@ fn header(items: &[(&str, &Tensor)]) -> Vec<u8> {
 }
 
 fn write_file(path: &Path, mut items: Vec<(&str, &Tensor)>) -> Result<(), ModelError> {
-    items.sort_by(|a, b| {
-        dtype_rank(b.1.dtype())
-            .cmp(&dtype_rank(a.1.dtype()))
-            .then(a.0.cmp(b.0))
-    });
+    sort_for_writing(&mut items);
     let head = header(&items);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");
@@ -213,7 +214,7 @@ mod tests {
         let a = Tensor::from_f32(vec![1], &[1.0]).unwrap();
         let b = Tensor::zeros(vec![3], DType::F8E4M3);
         let mut items = vec![("b", &b), ("a", &a)];
-        items.sort_by(|x, y| dtype_rank(y.1.dtype()).cmp(&dtype_rank(x.1.dtype())));
+        sort_for_writing(&mut items);
         let h = header(&items);
         assert!(h.len().is_multiple_of(8));
         let text = String::from_utf8(h).unwrap();
