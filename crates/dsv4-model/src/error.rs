@@ -135,6 +135,14 @@ pub enum ModelError {
         source: CoreError,
     },
 
+    /// A cache byte layout cannot be built for these sizes and numerics.
+    #[error("cache layout for this config: {0}")]
+    CacheLayout(#[from] dsv4_core::cache::CacheLayoutError),
+
+    /// A weight's bytes do not fit its format (raised while preparing it for the kernels).
+    #[error("{0}")]
+    Kernel(#[from] dsv4_kernels::KernelError),
+
     /// A caller passed something unusable to a writer or helper.
     #[error("invalid argument `{what}`: {message}")]
     InvalidArgument {

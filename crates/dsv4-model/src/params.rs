@@ -9,9 +9,11 @@
 //! rather than a parameter (reported as `tid2eid_entries`). With these definitions the
 //! published DeepSeek-V4-Flash config gives 284.3B total and 13.27B active.
 
+use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{DType, IndexKDtype, KvCacheDtype};
 
 use crate::config::ModelConfig;
+use crate::error::ModelError;
 use crate::manifest::checkpoint_manifest;
 
 /// Parameters by component.
@@ -256,34 +258,30 @@ impl CacheBytes {
     }
 }
 
-/// Bytes of one SWA/C4/C128 KV entry (spec §4, §6).
-pub fn kv_entry_bytes(cfg: &ModelConfig, kv: KvCacheDtype) -> u64 {
-    let (hd, rd) = (cfg.head_dim as u64, cfg.qk_rope_head_dim as u64);
-    let nd = hd.saturating_sub(rd);
-    match kv {
-        KvCacheDtype::Bf16 => 2 * hd,
-        KvCacheDtype::Fp8 => nd + 2 * rd + nd / 64 + 1,
-    }
+/// Bytes of one SWA/C4/C128 KV entry (spec §4, §6), from dsv4-core's page layout.
+pub fn kv_entry_bytes(cfg: &ModelConfig, kv: KvCacheDtype) -> Result<u64, ModelError> {
+    let layout = KvLayout::from_head_dims(kv, cfg.head_dim, cfg.qk_rope_head_dim, 1)?;
+    Ok(layout.entry_bytes() as u64)
 }
 
-/// Bytes of one index-K entry (spec §4).
-pub fn index_k_entry_bytes(cfg: &ModelConfig, ik: IndexKDtype) -> u64 {
-    let id = cfg.index_head_dim as u64;
-    match ik {
-        IndexKDtype::Fp8 => id + 4,
-        IndexKDtype::Bf16 => 2 * id,
-        IndexKDtype::Fp4 => id / 2 + id / 32,
-    }
+/// Bytes of one index-K entry (spec §4), from dsv4-core's page layout.
+pub fn index_k_entry_bytes(cfg: &ModelConfig, ik: IndexKDtype) -> Result<u64, ModelError> {
+    Ok(IndexKLayout::new(ik, cfg.index_head_dim, 1)?.entry_bytes() as u64)
 }
 
-/// Per-token cache sizes of `cfg` with KV format `kv` and index-K format `ik`.
-pub fn cache_bytes(cfg: &ModelConfig, kv: KvCacheDtype, ik: IndexKDtype) -> CacheBytes {
+/// Per-token cache sizes of `cfg` with KV format `kv` and index-K format `ik`; fails when the
+/// sizes do not fit the format (e.g. fp4 index keys with index_head_dim not a multiple of 32).
+pub fn cache_bytes(
+    cfg: &ModelConfig,
+    kv: KvCacheDtype,
+    ik: IndexKDtype,
+) -> Result<CacheBytes, ModelError> {
     let layers = cfg.num_hidden_layers as u64;
     let ratios = &cfg.compress_ratios[..cfg.num_hidden_layers.min(cfg.compress_ratios.len())];
     let c4_layers = ratios.iter().filter(|&&r| r == 4).count() as u64;
     let c128_layers = ratios.iter().filter(|&&r| r == 128).count() as u64;
-    let kv_entry = kv_entry_bytes(cfg, kv);
-    let ik_entry = index_k_entry_bytes(cfg, ik);
+    let kv_entry = kv_entry_bytes(cfg, kv)?;
+    let ik_entry = index_k_entry_bytes(cfg, ik)?;
     let (hd, id) = (cfg.head_dim as u64, cfg.index_head_dim as u64);
     const F32: u64 = 4;
     // Rings of [a | z] rows: 2·ratio rows of width 2·coff·d for ratio 4, ratio rows for 128.
@@ -292,7 +290,7 @@ pub fn cache_bytes(cfg: &ModelConfig, kv: KvCacheDtype, ik: IndexKDtype) -> Cach
     let compressed = c4_layers as f64 * (kv_entry + ik_entry) as f64 / 4.0
         + c128_layers as f64 * kv_entry as f64 / 128.0;
     let window = cfg.sliding_window as u64;
-    CacheBytes {
+    Ok(CacheBytes {
         kv_dtype: kv,
         index_k_dtype: ik,
         kv_entry_bytes: kv_entry,
@@ -310,7 +308,7 @@ pub fn cache_bytes(cfg: &ModelConfig, kv: KvCacheDtype, ik: IndexKDtype) -> Cach
         swa_cap_bytes: window * kv_entry * layers,
         compressed_bytes_per_token: compressed,
         avg_bytes_per_token_per_layer: compressed / layers.max(1) as f64,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -320,20 +318,31 @@ mod tests {
     #[test]
     fn entry_sizes_match_spec_examples() {
         let mut cfg = ModelConfig::tiny();
-        assert_eq!(kv_entry_bytes(&cfg, KvCacheDtype::Fp8), 194);
-        assert_eq!(kv_entry_bytes(&cfg, KvCacheDtype::Bf16), 256);
+        let kv = |cfg: &ModelConfig, d| kv_entry_bytes(cfg, d).unwrap();
+        let ik = |cfg: &ModelConfig, d| index_k_entry_bytes(cfg, d).unwrap();
+        assert_eq!(kv(&cfg, KvCacheDtype::Fp8), 194);
+        assert_eq!(kv(&cfg, KvCacheDtype::Bf16), 256);
         cfg.head_dim = 512;
-        assert_eq!(kv_entry_bytes(&cfg, KvCacheDtype::Fp8), 584);
-        assert_eq!(kv_entry_bytes(&cfg, KvCacheDtype::Bf16), 1024);
-        assert_eq!(index_k_entry_bytes(&cfg, IndexKDtype::Fp8), 132);
-        assert_eq!(index_k_entry_bytes(&cfg, IndexKDtype::Bf16), 256);
-        assert_eq!(index_k_entry_bytes(&cfg, IndexKDtype::Fp4), 68);
+        assert_eq!(kv(&cfg, KvCacheDtype::Fp8), 584);
+        assert_eq!(kv(&cfg, KvCacheDtype::Bf16), 1024);
+        assert_eq!(ik(&cfg, IndexKDtype::Fp8), 132);
+        assert_eq!(ik(&cfg, IndexKDtype::Bf16), 256);
+        assert_eq!(ik(&cfg, IndexKDtype::Fp4), 68);
+    }
+
+    #[test]
+    fn formats_that_do_not_fit_are_errors() {
+        let mut cfg = ModelConfig::tiny();
+        cfg.index_head_dim = 16;
+        let err = cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Fp4).unwrap_err();
+        assert!(err.to_string().contains("index_head_dim"), "{err}");
+        assert!(cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Bf16).is_ok());
     }
 
     #[test]
     fn tiny_cache_bytes_and_request_total() {
         let cfg = ModelConfig::tiny();
-        let c = cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Fp8);
+        let c = cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Fp8).unwrap();
         assert_eq!((c.swa_layers, c.c4_layers, c.c128_layers), (4, 2, 1));
         assert_eq!(c.swa_cap_bytes, 16 * 256 * 4);
         assert_eq!(

@@ -155,6 +155,12 @@ const INVALID: &[(&str, &str, &str, &str)] = &[
     ),
     ("\"hc_mult\": 4", "\"hc_mult\": 0", "hc_mult", "at least 1"),
     (
+        "\"n_shared_experts\": 1",
+        "\"n_shared_experts\": 0",
+        "n_shared_experts",
+        "at least 1",
+    ),
+    (
         "\"num_hash_layers\": 1",
         "\"num_hash_layers\": 5",
         "num_hash_layers",

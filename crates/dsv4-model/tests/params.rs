@@ -51,15 +51,15 @@ fn flash_manifest_matches_the_published_index() {
 #[test]
 fn flash_cache_bytes() {
     let cfg = common::flash();
-    let c = cache_bytes(&cfg, KvCacheDtype::Fp8, IndexKDtype::Fp8);
+    let c = cache_bytes(&cfg, KvCacheDtype::Fp8, IndexKDtype::Fp8).unwrap();
     assert_eq!((c.kv_entry_bytes, c.index_k_entry_bytes), (584, 132));
     assert_eq!((c.swa_layers, c.c4_layers, c.c128_layers), (43, 21, 20));
     assert_eq!(c.swa_cap_bytes, 128 * 584 * 43);
     let per_token = 21.0 * (584.0 + 132.0) / 4.0 + 20.0 * 584.0 / 128.0;
     assert_eq!(c.compressed_bytes_per_token, per_token);
-    let bf16 = cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Bf16);
+    let bf16 = cache_bytes(&cfg, KvCacheDtype::Bf16, IndexKDtype::Bf16).unwrap();
     assert_eq!((bf16.kv_entry_bytes, bf16.index_k_entry_bytes), (1024, 256));
-    let fp4 = cache_bytes(&cfg, KvCacheDtype::Fp8, IndexKDtype::Fp4);
+    let fp4 = cache_bytes(&cfg, KvCacheDtype::Fp8, IndexKDtype::Fp4).unwrap();
     assert_eq!(fp4.index_k_entry_bytes, 68);
     // A 1M-token request: SWA capped, compressed caches dominate.
     let big = c.request_bytes(1 << 20);

@@ -3,7 +3,8 @@
 //!
 //! Format: 8-byte little-endian header length N, N bytes of JSON
 //! `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {..}}`, then the data;
-//! offsets are relative to the start of the data.
+//! offsets are relative to the start of the data. Overlapping ranges are rejected; gaps between
+//! tensors are tolerated.
 
 use std::collections::BTreeMap;
 use std::fs::File;

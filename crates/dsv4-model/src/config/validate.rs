@@ -47,6 +47,7 @@ fn nonzero(c: &ModelConfig) -> Result<(), ModelError> {
         ("o_groups", c.o_groups),
         ("o_lora_rank", c.o_lora_rank),
         ("n_routed_experts", c.n_routed_experts),
+        ("n_shared_experts", c.n_shared_experts),
         ("num_experts_per_tok", c.num_experts_per_tok),
         ("moe_intermediate_size", c.moe_intermediate_size),
         ("sliding_window", c.sliding_window),
@@ -68,7 +69,6 @@ fn nonzero(c: &ModelConfig) -> Result<(), ModelError> {
         }
     }
     for (field, v) in [
-        ("n_shared_experts", c.n_shared_experts),
         ("num_hash_layers", c.num_hash_layers),
         ("qk_rope_head_dim", c.qk_rope_head_dim),
     ] {
