@@ -80,16 +80,8 @@ impl Backend for ReferenceBackend {
         ops::hadamard(x, dim)
     }
 
-    fn indexer_scores(
-        &self,
-        q: &[f32],
-        w: &[f32],
-        heads: usize,
-        dim: usize,
-        keys: &[f32],
-        out: &mut [f32],
-    ) {
-        ops::indexer_scores(q, w, heads, dim, keys, out)
+    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+        ops::indexer_scores(q, w, dim, keys, out)
     }
 
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
@@ -99,14 +91,13 @@ impl Backend for ReferenceBackend {
     fn sparse_attention(
         &self,
         q: &[f32],
-        heads: usize,
         dim: usize,
         keys: &[f32],
         sink: &[f32],
         scale: f32,
         out: &mut [f32],
     ) {
-        ops::sparse_attention(q, heads, dim, keys, sink, scale, out)
+        ops::sparse_attention(q, dim, keys, sink, scale, out)
     }
 
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {

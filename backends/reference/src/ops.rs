@@ -119,14 +119,8 @@ pub fn hadamard(x: &mut [f32], dim: usize) {
     }
 }
 
-pub fn indexer_scores(
-    q: &[f32],
-    w: &[f32],
-    heads: usize,
-    dim: usize,
-    keys: &[f32],
-    out: &mut [f32],
-) {
+pub fn indexer_scores(q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+    let heads = w.len();
     for (j, k) in keys.chunks(dim).enumerate() {
         let s: f64 = (0..heads)
             .map(|h| f64::from(w[h]) * dot(&q[h * dim..(h + 1) * dim], k).max(0.0))
@@ -151,13 +145,13 @@ pub fn topk(scores: &[f32], k: usize) -> Vec<usize> {
 
 pub fn sparse_attention(
     q: &[f32],
-    heads: usize,
     dim: usize,
     keys: &[f32],
     sink: &[f32],
     scale: f32,
     out: &mut [f32],
 ) {
+    let heads = sink.len();
     let n = keys.len() / dim;
     for h in 0..heads {
         let qh = &q[h * dim..(h + 1) * dim];
@@ -210,11 +204,11 @@ mod tests {
         let q = [1.0f32, 0.0];
         let keys = [1.0f32, 2.0, 0.0, 4.0];
         let mut no_sink = [0f32; 2];
-        sparse_attention(&q, 1, 2, &keys, &[f32::NEG_INFINITY], 1.0, &mut no_sink);
+        sparse_attention(&q, 2, &keys, &[f32::NEG_INFINITY], 1.0, &mut no_sink);
         let (e1, e0) = (1f64.exp(), 0f64.exp());
         assert!((f64::from(no_sink[1]) - (e1 * 2.0 + e0 * 4.0) / (e1 + e0)).abs() < 1e-6);
         let mut with_sink = [0f32; 2];
-        sparse_attention(&q, 1, 2, &keys, &[0.5], 1.0, &mut with_sink);
+        sparse_attention(&q, 2, &keys, &[0.5], 1.0, &mut with_sink);
         let ratio = (e1 + e0) / (e1 + e0 + 0.5f64.exp());
         for c in 0..2 {
             assert!((f64::from(with_sink[c]) - f64::from(no_sink[c]) * ratio).abs() < 1e-6);

@@ -80,27 +80,20 @@ pub trait Backend: Send + Sync {
     /// Multiply each row of width `dim` (a power of two) by the Sylvester Hadamard matrix / sqrt(dim).
     fn hadamard(&self, x: &mut [f32], dim: usize);
 
-    /// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); q [heads, dim], keys [n, dim].
-    fn indexer_scores(
-        &self,
-        q: &[f32],
-        w: &[f32],
-        heads: usize,
-        dim: usize,
-        keys: &[f32],
-        out: &mut [f32],
-    );
+    /// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); heads = `w.len()`,
+    /// q [heads, dim], keys [n, dim], out [n].
+    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]);
 
     /// Indices of the `k` largest scores (k capped at the length), ties to the lower index, in
     /// ascending index order.
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize>;
 
-    /// Attention of one query over `keys` [n, dim] (K = V) with a per-head sink in the
-    /// denominator: out[h] = Σ_s e^{l_s}·K_s / (Σ_s e^{l_s} + e^{sink_h}), l_s = scale·q_h·K_s.
+    /// Attention of one query over `keys` [n, dim] (K = V), heads = `sink.len()`, with a per-head
+    /// sink in the denominator: out[h] = Σ_s e^{l_s}·K_s / (Σ_s e^{l_s} + e^{sink_h}),
+    /// l_s = scale·q_h·K_s; q and out are [heads, dim].
     fn sparse_attention(
         &self,
         q: &[f32],
-        heads: usize,
         dim: usize,
         keys: &[f32],
         sink: &[f32],

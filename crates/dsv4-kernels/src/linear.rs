@@ -67,7 +67,7 @@ impl Linear {
                 out_dim.div_ceil(FP8_BLOCK) * in_dim.div_ceil(FP8_BLOCK),
             ),
             WeightFormat::Mxfp4 => {
-                if in_dim % MXFP4_BLOCK != 0 {
+                if !in_dim.is_multiple_of(MXFP4_BLOCK) {
                     return Err(KernelError::BadWeight {
                         name,
                         what: format!("MXFP4 input width {in_dim} is not a multiple of 32"),
@@ -148,7 +148,7 @@ impl Linear {
                 )
             }
             WeightFormat::Fp8Block => {
-                if start % FP8_BLOCK != 0 || count % FP8_BLOCK != 0 {
+                if !start.is_multiple_of(FP8_BLOCK) || !count.is_multiple_of(FP8_BLOCK) {
                     return Err(bad(format!(
                         "row split {start}+{count} is not aligned to 128-row scale blocks"
                     )));

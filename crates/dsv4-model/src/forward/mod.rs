@@ -1,0 +1,342 @@
+//! The forward pass (spec §3): a [`Model`] (config, weights, backend, numerics) runs tokens of a
+//! [`SequenceState`] through embedding, mHC-wrapped attention and MoE blocks, and the head.
+//! Prefill of T tokens and T single-token decode steps compute the same function.
+
+mod attention;
+mod compressor;
+mod moe;
+mod mtp;
+pub mod state;
+
+use crate::weights::{BlockWeights, HcWeights, ModelWeights, TensorSource};
+use crate::{ModelConfig, ModelError};
+use dsv4_core::cache::{CacheLayoutError, INDEX_K_PAGE_ENTRIES, IndexKLayout, KvLayout};
+use dsv4_core::{ActQuant, Numerics};
+use dsv4_kernels::rope::Yarn;
+use dsv4_kernels::{Backend, HcParams, Linear, RopeTable};
+pub use mtp::MtpState;
+use state::LayerState;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Why a forward call was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// A token id outside the vocabulary.
+    #[error("token id {id} at index {index} is outside the vocabulary (vocab_size {vocab})")]
+    InvalidToken {
+        /// The id.
+        id: u32,
+        /// Its index in the input.
+        index: usize,
+        /// vocab_size.
+        vocab: usize,
+    },
+    /// The sequence would pass max_position_embeddings.
+    #[error("sequence would reach position {wanted}, beyond max_position_embeddings {max}")]
+    ContextFull {
+        /// Last position asked for (exclusive).
+        wanted: usize,
+        /// The model's limit.
+        max: usize,
+    },
+    /// No tokens were given.
+    #[error("forward needs at least one token")]
+    Empty,
+    /// A cache row could not be encoded or decoded.
+    #[error("cache layout: {0}")]
+    Cache(#[from] CacheLayoutError),
+}
+
+/// The indexer's selected compressed entries of each token of a call.
+pub type Selections = Vec<Vec<u32>>;
+
+/// Where a tap sits: layer prefix (e.g. "layers.2." or "mtp.0.", "" for globals) and op name.
+pub type TapFn<'a> = dyn FnMut(&str, &str, &[f32]) + 'a;
+
+/// An optional observer of intermediate activations (for `dsv4 diff --model`).
+pub struct Taps<'a>(Option<&'a mut TapFn<'a>>);
+
+impl<'a> Taps<'a> {
+    /// No observer.
+    pub fn none() -> Self {
+        Taps(None)
+    }
+
+    /// Call `f(layer, op, values)` after every op.
+    pub fn new(f: &'a mut TapFn<'a>) -> Self {
+        Taps(Some(f))
+    }
+
+    fn record(&mut self, layer: &str, op: &str, values: &[f32]) {
+        if let Some(f) = self.0.as_mut() {
+            f(layer, op, values);
+        }
+    }
+}
+
+/// The per-request state of one sequence: its position and every layer's caches.
+#[derive(Debug, Clone)]
+pub struct SequenceState {
+    /// Tokens processed so far (the next token's position).
+    pub pos: usize,
+    /// Caches of the main layers.
+    pub layers: Vec<LayerState>,
+}
+
+/// What a forward call returns.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// f32 logits, [T, vocab].
+    pub logits: Vec<f32>,
+    /// Vocabulary size (row width of `logits`).
+    pub vocab: usize,
+    /// For each ratio-4 layer: the indexer's selected compressed entries per token (ascending).
+    pub topk: BTreeMap<usize, Vec<Vec<u32>>>,
+    /// The final residual streams, [T, M, D] (input of the MTP layer).
+    pub residual: Vec<f32>,
+}
+
+/// A loaded model ready to run on one backend with fixed numerics.
+pub struct Model {
+    /// config.json.
+    pub cfg: ModelConfig,
+    /// Weights.
+    pub weights: ModelWeights,
+    /// Numerics knobs (spec §5).
+    pub numerics: Numerics,
+    backend: Arc<dyn Backend>,
+    rope_plain: RopeTable,
+    rope_compress: RopeTable,
+    kv_layout: KvLayout,
+    ik_layout: IndexKLayout,
+}
+
+impl Model {
+    /// Build a model from validated config and a tensor source.
+    pub fn load(
+        cfg: ModelConfig,
+        src: &dyn TensorSource,
+        backend: Arc<dyn Backend>,
+        numerics: Numerics,
+    ) -> Result<Self, ModelError> {
+        let weights = ModelWeights::load(&cfg, src)?;
+        Self::from_weights(cfg, weights, backend, numerics)
+    }
+
+    /// Assemble a model from already-loaded weights.
+    pub fn from_weights(
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        backend: Arc<dyn Backend>,
+        numerics: Numerics,
+    ) -> Result<Self, ModelError> {
+        let rd = cfg.qk_rope_head_dim;
+        let rs = &cfg.rope_scaling;
+        let yarn = Yarn {
+            factor: rs.factor,
+            original_max_position: rs.original_max_position_embeddings as f64,
+            beta_fast: rs.beta_fast,
+            beta_slow: rs.beta_slow,
+        };
+        let kv_layout = KvLayout::from_head_dims(
+            numerics.kv_cache_dtype,
+            cfg.head_dim,
+            rd,
+            state::KV_PAGE_ENTRIES,
+        )?;
+        let ik_layout = IndexKLayout::new(
+            numerics.index_k_dtype,
+            cfg.index_head_dim,
+            INDEX_K_PAGE_ENTRIES,
+        )?;
+        Ok(Self {
+            kv_layout,
+            ik_layout,
+            rope_plain: RopeTable::plain(rd, cfg.rope_theta),
+            rope_compress: RopeTable::yarn(rd, cfg.compress_rope_theta, yarn),
+            cfg,
+            weights,
+            numerics,
+            backend,
+        })
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    fn eps(&self) -> f32 {
+        self.cfg.rms_norm_eps as f32
+    }
+
+    fn layer_state(&self, ratio: usize) -> LayerState {
+        let c = &self.cfg;
+        LayerState::new(
+            ratio,
+            c.head_dim,
+            c.sliding_window,
+            &self.kv_layout,
+            &self.ik_layout,
+        )
+    }
+
+    /// A fresh sequence at position 0.
+    pub fn new_sequence(&self) -> SequenceState {
+        let layers = self
+            .weights
+            .layers
+            .iter()
+            .map(|b| self.layer_state(b.ratio))
+            .collect();
+        SequenceState { pos: 0, layers }
+    }
+
+    /// `W·x` for `rows` rows, quantizing the input per 1×128 block first when `act_quant = fp8`
+    /// and the weight is fp8/fp4 (spec §5).
+    fn project(&self, w: &Linear, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut out = vec![0f32; rows * w.out_dim];
+        if self.numerics.act_quant == ActQuant::Fp8 && w.format.is_low_precision() {
+            let mut xq = x.to_vec();
+            self.backend.act_quant_fp8(&mut xq, w.in_dim);
+            self.backend.linear(w, &xq, rows, &mut out);
+        } else {
+            self.backend.linear(w, x, rows, &mut out);
+        }
+        out
+    }
+
+    fn hc_params<'w>(&self, hc: &'w HcWeights) -> HcParams<'w> {
+        HcParams {
+            fn_w: &hc.fn_w,
+            base: &hc.base,
+            scale: &hc.scale,
+            m: self.cfg.hc_mult,
+            d: self.cfg.hidden_size,
+            norm_eps: self.eps(),
+            hc_eps: self.cfg.hc_eps as f32,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+        }
+    }
+
+    /// One block over T tokens: X [T, M, D] → X'.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        name: &str,
+        b: &BlockWeights,
+        x: &[f32],
+        tokens: &[u32],
+        positions: &[usize],
+        st: &mut LayerState,
+        taps: &mut Taps<'_>,
+    ) -> Result<(Vec<f32>, Option<Selections>), ForwardError> {
+        let (t, m, d) = (tokens.len(), self.cfg.hc_mult, self.cfg.hidden_size);
+        let pre = self.backend.mhc_pre(&self.hc_params(&b.hc_attn), x, t);
+        let mut xn = vec![0f32; t * d];
+        self.backend
+            .rms_norm(&pre.u, Some(&b.attn_norm), d, self.eps(), &mut xn);
+        taps.record(name, "attn_norm", &xn);
+        let att = self.attention(name, &b.attn, b.ratio, &xn, positions, st, taps)?;
+        let mut x1 = vec![0f32; t * m * d];
+        self.backend.mhc_post(x, &att.y, &pre, m, d, &mut x1);
+        taps.record(name, "hc_attn_post", &x1);
+
+        let pre = self.backend.mhc_pre(&self.hc_params(&b.hc_ffn), &x1, t);
+        self.backend
+            .rms_norm(&pre.u, Some(&b.ffn_norm), d, self.eps(), &mut xn);
+        taps.record(name, "ffn_norm", &xn);
+        let y = self.moe(&b.moe, &xn, tokens);
+        taps.record(name, "moe.out", &y);
+        let mut x2 = vec![0f32; t * m * d];
+        self.backend.mhc_post(&x1, &y, &pre, m, d, &mut x2);
+        taps.record(name, "hc_ffn_post", &x2);
+        Ok((x2, att.selected))
+    }
+
+    fn check_tokens(&self, st_pos: usize, tokens: &[u32]) -> Result<Vec<usize>, ForwardError> {
+        if tokens.is_empty() {
+            return Err(ForwardError::Empty);
+        }
+        let vocab = self.cfg.vocab_size;
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
+            return Err(ForwardError::InvalidToken { id, index, vocab });
+        }
+        let end = st_pos + tokens.len();
+        if end > self.cfg.max_position_embeddings {
+            return Err(ForwardError::ContextFull {
+                wanted: end,
+                max: self.cfg.max_position_embeddings,
+            });
+        }
+        Ok((st_pos..end).collect())
+    }
+
+    /// Logits of merged streams: hc-head merge, final norm, head projection.
+    fn head(&self, hc: &HcWeights, norm: &[f32], x: &[f32], t: usize) -> Vec<f32> {
+        let d = self.cfg.hidden_size;
+        let mut h = vec![0f32; t * d];
+        self.backend.hc_head(&self.hc_params(hc), x, t, &mut h);
+        let mut hn = vec![0f32; t * d];
+        self.backend
+            .rms_norm(&h, Some(norm), d, self.eps(), &mut hn);
+        let mut logits = vec![0f32; t * self.cfg.vocab_size];
+        self.backend.linear(&self.weights.head, &hn, t, &mut logits);
+        logits
+    }
+
+    /// Run `tokens` (a prefill chunk, or one decode token) through the model, advancing `st`.
+    pub fn forward(
+        &self,
+        st: &mut SequenceState,
+        tokens: &[u32],
+    ) -> Result<ForwardOutput, ForwardError> {
+        self.forward_with_taps(st, tokens, &mut Taps::none())
+    }
+
+    /// [`Model::forward`] with an observer of every intermediate activation.
+    pub fn forward_with_taps(
+        &self,
+        st: &mut SequenceState,
+        tokens: &[u32],
+        taps: &mut Taps<'_>,
+    ) -> Result<ForwardOutput, ForwardError> {
+        let positions = self.check_tokens(st.pos, tokens)?;
+        let (t, m, d) = (tokens.len(), self.cfg.hc_mult, self.cfg.hidden_size);
+        let mut x = Vec::with_capacity(t * m * d);
+        for &tok in tokens {
+            let row = &self.weights.embed[tok as usize * d..(tok as usize + 1) * d];
+            for _ in 0..m {
+                x.extend_from_slice(row);
+            }
+        }
+        taps.record("", "embed", &x);
+        let mut topk = BTreeMap::new();
+        for (li, b) in self.weights.layers.iter().enumerate() {
+            let name = format!("layers.{li}.");
+            let (x2, selected) =
+                self.block(&name, b, &x, tokens, &positions, &mut st.layers[li], taps)?;
+            x = x2;
+            if let Some(sel) = selected {
+                topk.insert(li, sel);
+            }
+        }
+        let logits = self.head(&self.weights.hc_head, &self.weights.norm, &x, t);
+        taps.record("", "logits", &logits);
+        st.pos += t;
+        Ok(ForwardOutput {
+            logits,
+            vocab: self.cfg.vocab_size,
+            topk,
+            residual: x,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! The MoE sublayer (spec §3.6): sqrt-softplus router, hash or biased top-k routing, clamped
+//! SwiGLU experts and the shared expert.
+
+use super::Model;
+use crate::weights::{ExpertWeights, MoeWeights, Routing};
+
+/// Per-token expert choice: (expert ids, their weights).
+pub type Route = (Vec<usize>, Vec<f32>);
+
+impl Model {
+    /// Routes of T tokens: experts and normalised, scaled weights.
+    pub(crate) fn route(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<Route> {
+        let (t, e, k) = (
+            tokens.len(),
+            self.cfg.n_routed_experts,
+            self.cfg.num_experts_per_tok,
+        );
+        let mut logits = vec![0f32; t * e];
+        self.backend.linear(&w.gate, x, t, &mut logits);
+        let mut s = vec![0f32; t * e];
+        self.backend.router_scores(&logits, &mut s);
+        (0..t)
+            .map(|i| {
+                let si = &s[i * e..(i + 1) * e];
+                let idx: Vec<usize> = match &w.routing {
+                    Routing::Hash(tid2eid) => {
+                        let row = tokens[i] as usize * k;
+                        tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
+                    }
+                    Routing::Bias(bias) => {
+                        let biased: Vec<f32> = si.iter().zip(bias).map(|(a, b)| a + b).collect();
+                        self.backend.topk(&biased, k)
+                    }
+                };
+                let total: f64 = idx.iter().map(|&j| f64::from(si[j])).sum();
+                let scale = self.cfg.routed_scaling_factor;
+                let weights = idx
+                    .iter()
+                    .map(|&j| (f64::from(si[j]) / total * scale) as f32)
+                    .collect();
+                (idx, weights)
+            })
+            .collect()
+    }
+
+    /// One expert over `rows` tokens with one routing weight per row: W2·(silu(min(W1x, L))·clamp(W3x)·w).
+    fn expert(&self, ew: &ExpertWeights, x: &[f32], weights: &[f32]) -> Vec<f32> {
+        let rows = weights.len();
+        let i = ew.w1.out_dim;
+        let g = self.project(&ew.w1, x, rows);
+        let u = self.project(&ew.w3, x, rows);
+        let limit = self.cfg.swiglu_limit as f32;
+        let mut h = vec![0f32; rows * i];
+        for (((hr, gr), ur), &wr) in h
+            .chunks_mut(i)
+            .zip(g.chunks(i))
+            .zip(u.chunks(i))
+            .zip(weights)
+        {
+            self.backend.swiglu(gr, ur, limit, wr, hr);
+        }
+        self.project(&ew.w2, &h, rows)
+    }
+
+    /// The MoE output for T tokens of normalised input `x` [T, D].
+    pub(crate) fn moe(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<f32> {
+        let (t, d) = (tokens.len(), self.cfg.hidden_size);
+        let routes = self.route(w, x, tokens);
+        let mut y = vec![0f32; t * d];
+        // Experts in ascending id order, so each token sums its experts in the same order however
+        // the batch is made up.
+        for (e, ew) in w.experts.iter().enumerate() {
+            let mut rows = Vec::new();
+            let mut weights = Vec::new();
+            for (i, (idx, wt)) in routes.iter().enumerate() {
+                if let Some(pos) = idx.iter().position(|&j| j == e) {
+                    rows.push(i);
+                    weights.push(wt[pos]);
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&i| x[i * d..(i + 1) * d].iter().copied())
+                .collect();
+            let out = self.expert(ew, &xs, &weights);
+            for (r, &i) in rows.iter().enumerate() {
+                for c in 0..d {
+                    y[i * d + c] += out[r * d + c];
+                }
+            }
+        }
+        let shared = self.expert(&w.shared, x, &vec![1.0; t]);
+        for (a, b) in y.iter_mut().zip(&shared) {
+            *a += b;
+        }
+        y
+    }
+}

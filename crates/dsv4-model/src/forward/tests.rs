@@ -1,0 +1,274 @@
+//! Forward-pass tests on the embedded tiny model with the reference backend.
+
+use super::compressor::push_and_pool;
+use super::state::CompressorRing;
+use super::*;
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+fn tiny_tensors() -> &'static HashMap<String, dsv4_core::Tensor> {
+    static T: OnceLock<HashMap<String, dsv4_core::Tensor>> = OnceLock::new();
+    T.get_or_init(|| {
+        crate::tiny::generate_weights(&ModelConfig::tiny(), 0)
+            .unwrap()
+            .into_iter()
+            .collect()
+    })
+}
+
+fn tiny_model(numerics: Numerics) -> Model {
+    Model::load(
+        ModelConfig::tiny(),
+        tiny_tensors(),
+        Arc::new(ReferenceBackend),
+        numerics,
+    )
+    .unwrap()
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n).map(|_| 2 + g.below(380) as u32).collect()
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Prefill of 300 tokens vs 300 decode steps: logits within 1e-5 relative, same index sets.
+fn prefill_matches_decode(numerics: Numerics) {
+    let model = tiny_model(numerics);
+    let toks = tokens(300, 11);
+    let mut st = model.new_sequence();
+    let pre = model.forward(&mut st, &toks).unwrap();
+    assert_eq!(st.pos, 300);
+    let mut st2 = model.new_sequence();
+    let v = pre.vocab;
+    let mut dec_topk: BTreeMap<usize, Vec<Vec<u32>>> = BTreeMap::new();
+    for (i, &tok) in toks.iter().enumerate() {
+        let out = model.forward(&mut st2, &[tok]).unwrap();
+        let (a, b) = (&out.logits[..], &pre.logits[i * v..(i + 1) * v]);
+        assert!(
+            a.iter().all(|x| x.is_finite()),
+            "{numerics}: non-finite logits at {i}"
+        );
+        let e = rel_err(a, b);
+        assert!(e <= 1e-5, "{numerics}: position {i}: relative error {e}");
+        for (l, sel) in out.topk {
+            dec_topk.entry(l).or_default().extend(sel);
+        }
+    }
+    assert_eq!(dec_topk, pre.topk, "{numerics}: indexer selections differ");
+    // The indexer really chose among more entries than it keeps (300/4 = 75 > index_topk 16).
+    let last = &pre.topk.values().next().unwrap()[299];
+    assert_eq!(last.len(), model.cfg.index_topk);
+}
+
+macro_rules! prefill_decode_tests {
+    ($($name:ident: $kv:ident, $ik:ident, $aq:ident;)+) => {$(
+        #[test]
+        fn $name() {
+            prefill_matches_decode(Numerics {
+                kv_cache_dtype: KvCacheDtype::$kv,
+                index_k_dtype: IndexKDtype::$ik,
+                act_quant: ActQuant::$aq,
+            });
+        }
+    )+};
+}
+
+prefill_decode_tests! {
+    prefill_eq_decode_bf16_bf16_none: Bf16, Bf16, None;
+    prefill_eq_decode_bf16_bf16_fp8: Bf16, Bf16, Fp8;
+    prefill_eq_decode_bf16_fp8_none: Bf16, Fp8, None;
+    prefill_eq_decode_bf16_fp8_fp8: Bf16, Fp8, Fp8;
+    prefill_eq_decode_bf16_fp4_none: Bf16, Fp4, None;
+    prefill_eq_decode_bf16_fp4_fp8: Bf16, Fp4, Fp8;
+    prefill_eq_decode_fp8_bf16_none: Fp8, Bf16, None;
+    prefill_eq_decode_fp8_bf16_fp8: Fp8, Bf16, Fp8;
+    prefill_eq_decode_fp8_fp8_none: Fp8, Fp8, None;
+    prefill_eq_decode_fp8_fp8_fp8: Fp8, Fp8, Fp8;
+    prefill_eq_decode_fp8_fp4_none: Fp8, Fp4, None;
+    prefill_eq_decode_fp8_fp4_fp8: Fp8, Fp4, Fp8;
+}
+
+#[test]
+fn chunked_prefill_equals_one_prefill() {
+    let model = tiny_model(Numerics::default());
+    let toks = tokens(150, 5);
+    let mut st = model.new_sequence();
+    let full = model.forward(&mut st, &toks).unwrap();
+    let mut st2 = model.new_sequence();
+    let mut logits = Vec::new();
+    for chunk in toks.chunks(37) {
+        logits.extend(model.forward(&mut st2, chunk).unwrap().logits);
+    }
+    assert_eq!(logits, full.logits);
+}
+
+#[test]
+fn numerics_knobs_change_the_result() {
+    let toks = tokens(140, 3);
+    let run = |n: Numerics| {
+        tiny_model(n)
+            .forward(&mut tiny_model(n).new_sequence(), &toks)
+            .unwrap()
+            .logits
+    };
+    let base = run(Numerics::default());
+    let fp8kv = run(Numerics {
+        kv_cache_dtype: KvCacheDtype::Fp8,
+        ..Default::default()
+    });
+    let aq = run(Numerics {
+        act_quant: ActQuant::Fp8,
+        ..Default::default()
+    });
+    assert_ne!(base, fp8kv);
+    assert_ne!(base, aq);
+    // Quantization perturbs, it does not destroy: logits stay close.
+    assert!(rel_err(&fp8kv, &base) < 0.2, "{}", rel_err(&fp8kv, &base));
+    assert!(rel_err(&aq, &base) < 0.2, "{}", rel_err(&aq, &base));
+}
+
+#[test]
+fn activations_stay_order_one_through_all_layers() {
+    let model = tiny_model(Numerics::default());
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    let mut f = |layer: &str, op: &str, v: &[f32]| {
+        let rms = (v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        worst.push((format!("{layer}{op}"), rms));
+    };
+    {
+        let mut taps = Taps::new(&mut f);
+        let mut st = model.new_sequence();
+        model
+            .forward_with_taps(&mut st, &tokens(64, 9), &mut taps)
+            .unwrap();
+    }
+    assert!(worst.len() > 40, "taps after every op of every layer");
+    for (name, rms) in &worst {
+        assert!(
+            rms.is_finite() && *rms < 50.0 && *rms > 1e-4,
+            "{name}: rms {rms}"
+        );
+    }
+}
+
+#[test]
+fn compressed_entry_w_appears_exactly_when_its_last_token_is_processed() {
+    let model = tiny_model(Numerics::default());
+    let mut st = model.new_sequence();
+    let ratios: Vec<usize> = model.weights.layers.iter().map(|b| b.ratio).collect();
+    assert!(ratios.contains(&4) && ratios.contains(&128));
+    for (p, tok) in tokens(260, 2).into_iter().enumerate() {
+        model.forward(&mut st, &[tok]).unwrap();
+        for (l, &r) in ratios.iter().enumerate() {
+            if r == 0 {
+                continue;
+            }
+            let n = st.layers[l].compressor.as_ref().unwrap().entries.len();
+            assert_eq!(n, (p + 1) / r, "layer {l} (ratio {r}) after token {p}");
+            if r == 4 {
+                assert_eq!(
+                    st.layers[l].indexer.as_ref().unwrap().entries.len(),
+                    (p + 1) / 4
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn c4_windows_overlap_the_previous_windows_first_halves() {
+    // Uniform gates (z = 0): the pooled entry is the plain mean of its 8 rows.
+    let be = ReferenceBackend;
+    let d = 2;
+    let mut ring = CompressorRing::new(8, 2 * d);
+    let a_of = |p: usize| {
+        vec![
+            p as f32,
+            10.0 * p as f32,
+            100.0 + p as f32,
+            1000.0 + p as f32,
+        ]
+    };
+    let z = vec![0f32; 2 * d];
+    let mut outs = Vec::new();
+    for p in 0..8 {
+        if let Some(e) = push_and_pool(&be, &mut ring, 4, d, p, &a_of(p), &z) {
+            outs.push(e);
+        }
+    }
+    assert_eq!(outs.len(), 2);
+    // w = 0: rows 0..3 absent (z = −∞), rows 4..7 = second halves of tokens 0..3.
+    assert_eq!(outs[0].0, 0);
+    assert_eq!(outs[0].1, vec![101.5, 1001.5]);
+    // w = 1: first halves of tokens 0..3 and second halves of tokens 4..7.
+    let mean = |v: [f32; 8]| v.iter().sum::<f32>() / 8.0;
+    assert_eq!(outs[1].0, 1);
+    assert_eq!(
+        outs[1].1,
+        vec![
+            mean([0., 1., 2., 3., 104., 105., 106., 107.]),
+            mean([0., 10., 20., 30., 1004., 1005., 1006., 1007.])
+        ]
+    );
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let model = tiny_model(Numerics::default());
+    let mut st = model.new_sequence();
+    assert!(matches!(
+        model.forward(&mut st, &[]),
+        Err(ForwardError::Empty)
+    ));
+    let e = model.forward(&mut st, &[5, 384]).unwrap_err();
+    assert!(
+        e.to_string().contains("384") && e.to_string().contains("index 1"),
+        "{e}"
+    );
+    assert_eq!(st.pos, 0, "a refused call leaves the sequence untouched");
+    st.pos = model.cfg.max_position_embeddings;
+    assert!(matches!(
+        model.forward(&mut st, &[5]),
+        Err(ForwardError::ContextFull { .. })
+    ));
+}
+
+#[test]
+fn mtp_draft_prefill_matches_decode() {
+    let model = tiny_model(Numerics::default());
+    let toks = tokens(40, 4);
+    let mut st = model.new_sequence();
+    let out = model.forward(&mut st, &toks[..39]).unwrap();
+    let mut mtp = model.new_mtp_state().expect("tiny model has an MTP layer");
+    let drafts = model
+        .mtp_forward(&mut mtp, &out.residual, &toks[1..])
+        .unwrap();
+    let (m, d, v) = (
+        model.cfg.hc_mult,
+        model.cfg.hidden_size,
+        model.cfg.vocab_size,
+    );
+    let mut mtp2 = model.new_mtp_state().unwrap();
+    for i in 0..39 {
+        let row = model
+            .mtp_forward(
+                &mut mtp2,
+                &out.residual[i * m * d..(i + 1) * m * d],
+                &toks[i + 1..i + 2],
+            )
+            .unwrap();
+        assert!(rel_err(&row, &drafts[i * v..(i + 1) * v]) <= 1e-5);
+    }
+}
