@@ -164,7 +164,7 @@ mod tests {
     fn f32_and_bf16_round_trip() {
         let t = Tensor::from_f32(vec![3], &[1.0, -2.5, 3.0e-3]).unwrap();
         assert_eq!(t.to_f32().unwrap(), vec![1.0, -2.5, 3.0e-3]);
-        let b = Tensor::from_f32_as_bf16(vec![2], &[1.0, 1.00390625]).unwrap();
+        let b = Tensor::from_f32_as_bf16(vec![2], &[1.0, 1.0 + 1.0 / 256.0]).unwrap();
         // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: rounds to even (1.0).
         assert_eq!(b.to_f32().unwrap(), vec![1.0, 1.0]);
         assert!(t.to_i64().is_err());
