@@ -1,1 +1,122 @@
-fn main() {}
+//! `dsv4`: the command-line tool. Thin: parses arguments, resolves the profile, calls a crate.
+
+mod commands;
+
+use clap::{Args, Parser, Subcommand};
+use commands::{forward, generate, model, profile};
+use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// dsv4: an inference engine for DeepSeek-V4-class models.
+#[derive(Debug, Parser)]
+#[command(name = "dsv4", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags accepted by every command.
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// Profile name (see `dsv4 profile show`) or path to a .toml profile file.
+    #[arg(long, global = true, value_name = "NAME|PATH", env = "DSV4_PROFILE", default_value = DEFAULT_PROFILE)]
+    profile: String,
+    /// Directory searched for profiles before ./profiles and the embedded ones.
+    #[arg(long, global = true, value_name = "DIR", env = "DSV4_PROFILE_DIR")]
+    profile_dir: Option<PathBuf>,
+    /// Override one configuration key, e.g. --set numerics.kv_cache_dtype=fp8 (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Log more to stderr (-v info, -vv debug, -vvv trace); DSV4_LOG=<filter> overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Work with checkpoints: create the tiny model, inspect a config, run a forward pass.
+    #[command(subcommand)]
+    Model(ModelCommand),
+    /// Generate text greedily from a prompt (the embedded tiny model by default).
+    Generate {
+        #[command(flatten)]
+        args: generate::GenerateArgs,
+        /// Print one JSON object instead of streaming text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect profiles: the resolved configuration and where each value came from.
+    #[command(subcommand)]
+    Profile(profile::ProfileCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Write the tiny model (config.json, model.safetensors, tokenizer.json) to a directory.
+    InitTiny(model::InitTinyArgs),
+    /// Print parameter counts and per-token cache sizes of a config.
+    Inspect(model::InspectArgs),
+    /// Run a prefill over token ids and write the logits as .npy.
+    Forward(forward::ForwardArgs),
+}
+
+/// Send tracing output to stderr at the level chosen by `-v` (or the DSV4_LOG filter).
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DSV4_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolve the profile named on the command line (or `name`, when a command takes one itself).
+fn resolve(global: &GlobalArgs, name: Option<&str>) -> anyhow::Result<Resolved> {
+    let name = name.unwrap_or(&global.profile);
+    let opts = ResolveOptions::from_process(name, global.profile_dir.clone(), &global.sets);
+    let resolved = Profile::resolve(&opts)?;
+    tracing::debug!(profile = name, files = ?resolved.files, "resolved profile");
+    Ok(resolved)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Model(ModelCommand::InitTiny(args)) => {
+            model::init_tiny(args, &resolve(&cli.global, None)?.profile)
+        }
+        Command::Model(ModelCommand::Inspect(args)) => {
+            model::inspect(args, &resolve(&cli.global, None)?.profile)
+        }
+        Command::Model(ModelCommand::Forward(args)) => {
+            forward::run(args, &resolve(&cli.global, None)?.profile)
+        }
+        Command::Generate { args, json } => {
+            generate::run(args, &resolve(&cli.global, None)?.profile, *json)
+        }
+        Command::Profile(cmd) => {
+            let resolved = resolve(&cli.global, cmd.profile_name())?;
+            profile::run(cmd, &resolved)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.global.verbose);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

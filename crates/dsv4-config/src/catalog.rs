@@ -126,7 +126,12 @@ impl ProfileSearch {
             places.push(d.display().to_string());
         }
         if let Some(d) = &self.local_dir {
-            places.push(d.display().to_string());
+            let shown = d.display().to_string();
+            places.push(if d.is_relative() && !shown.starts_with('.') {
+                format!("./{shown}")
+            } else {
+                shown
+            });
         }
         if self.embedded {
             places.push("the profiles embedded in the binary".to_string());

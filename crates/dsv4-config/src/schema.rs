@@ -188,7 +188,16 @@ fn nearest<'a>(
 pub fn suggest_key(unknown: &str) -> Option<&'static str> {
     let leaf = unknown.rsplit('.').next().unwrap_or(unknown);
     let whole = nearest(unknown, KEYS.iter().map(|k| (k.key, k.key)));
-    whole.or_else(|| nearest(leaf, KEYS.iter().map(|k| (k.name(), k.key))))
+    // A truncated name (`numerics.kv_cache`, `exec.thr`) is a prefix of the key that was meant.
+    let prefix = || {
+        KEYS.iter()
+            .filter(|k| leaf.len() >= 3 && k.name().starts_with(leaf))
+            .min_by_key(|k| (!unknown.starts_with(k.section()), k.key.len()))
+            .map(|k| k.key)
+    };
+    whole
+        .or_else(prefix)
+        .or_else(|| nearest(leaf, KEYS.iter().map(|k| (k.name(), k.key))))
 }
 
 /// The known section most likely meant by an unknown section name.
@@ -271,6 +280,11 @@ mod tests {
             Some("numerics.kv_cache_dtype")
         );
         assert_eq!(suggest_key("exec.thread"), Some("exec.threads"));
+        assert_eq!(
+            suggest_key("numerics.kv_cache"),
+            Some("numerics.kv_cache_dtype")
+        );
+        assert_eq!(suggest_key("index_k"), Some("numerics.index_k_dtype"));
         assert_eq!(suggest_key("zzzz.qqqqqqq"), None);
         assert_eq!(suggest_section("numeric"), Some("numerics"));
         assert!(unknown_key_hint("numerics").contains("numerics.act_quant"));

@@ -1,0 +1,269 @@
+//! End-to-end tests of the `dsv4` binary: profiles, `--set`, errors, `model init-tiny`, `model inspect`.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The binary, run in `cwd` with no `DSV4_*` variables inherited from the caller.
+fn dsv4(cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
+    cmd.current_dir(cwd).args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DSV4_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+fn run(mut cmd: Command) -> Output {
+    cmd.output().expect("the dsv4 binary runs")
+}
+
+fn ok(cmd: Command) -> String {
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dsv4 failed: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(cmd: Command) -> String {
+    let out = run(cmd);
+    assert!(!out.status.success(), "dsv4 should have failed");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn json(cmd: Command) -> Value {
+    let text = ok(cmd);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The `source` of one key in `profile show --json`.
+fn source_of(doc: &Value, key: &str) -> String {
+    doc["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["key"] == key)
+        .unwrap_or_else(|| panic!("no {key} in {doc}"))["source"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn flash_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dsv4-model/tests/data/flash-config.json")
+}
+
+#[test]
+fn profile_show_layers_env_and_set_over_the_embedded_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dsv4(
+        dir.path(),
+        &[
+            "-vv",
+            "profile",
+            "show",
+            "--json",
+            "--set",
+            "exec.threads=3",
+        ],
+    );
+    cmd.env("DSV4_NUMERICS__KV_CACHE_DTYPE", "fp8")
+        .env("DSV4_LOG", "debug");
+    let doc = json(cmd);
+    assert_eq!(doc["profile"], "dev-cpu");
+    assert_eq!(doc["files"][0], "embedded:dev-cpu.toml");
+    assert_eq!(doc["resolved"]["numerics"]["kv_cache_dtype"], "fp8");
+    assert_eq!(
+        source_of(&doc, "numerics.kv_cache_dtype"),
+        "env DSV4_NUMERICS__KV_CACHE_DTYPE"
+    );
+    assert_eq!(doc["resolved"]["exec"]["threads"], 3);
+    assert_eq!(source_of(&doc, "exec.threads"), "--set exec.threads=3");
+    assert!(source_of(&doc, "model.path").starts_with("embedded:dev-cpu.toml:"));
+    assert_eq!(source_of(&doc, "backend.device"), "default");
+}
+
+#[test]
+fn profiles_come_from_profile_dir_then_local_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("profiles")).unwrap();
+    std::fs::write(
+        dir.path().join("profiles/local.toml"),
+        "extends = \"reference\"\n[exec]\nthreads = 4\n",
+    )
+    .unwrap();
+    let extra = dir.path().join("extra");
+    std::fs::create_dir(&extra).unwrap();
+    std::fs::write(extra.join("local.toml"), "[exec]\nthreads = 9\n").unwrap();
+
+    let text = ok(dsv4(dir.path(), &["profile", "show", "local"]));
+    assert!(text.contains("profiles/local.toml:3"), "{text}");
+    assert!(text.contains("embedded:reference.toml"), "{text}");
+
+    let mut cmd = dsv4(dir.path(), &["profile", "show", "--json", "local"]);
+    cmd.env("DSV4_PROFILE_DIR", &extra);
+    assert_eq!(json(cmd)["resolved"]["exec"]["threads"], 9);
+}
+
+#[test]
+fn bad_set_values_and_keys_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = fails(dsv4(
+        dir.path(),
+        &["profile", "show", "--set", "numerics.kv_cache_dtype=fp16"],
+    ));
+    assert!(
+        e.contains("`fp16`") && e.contains("numerics.kv_cache_dtype"),
+        "{e}"
+    );
+    assert!(e.contains("one of: bf16, fp8"), "{e}");
+
+    let e = fails(dsv4(
+        dir.path(),
+        &["profile", "show", "--set", "numerics.kv_cache=fp8"],
+    ));
+    assert!(e.contains("did you mean `numerics.kv_cache_dtype`"), "{e}");
+
+    let mut cmd = dsv4(dir.path(), &["profile", "show"]);
+    cmd.env("DSV4_EXEC__THREADS", "many");
+    let e = fails(cmd);
+    assert!(
+        e.contains("DSV4_EXEC__THREADS") && e.contains("non-negative integer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_profile_lists_the_available_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = fails(dsv4(
+        dir.path(),
+        &["--profile", "prod-fp9", "profile", "show"],
+    ));
+    assert!(e.contains("unknown profile `prod-fp9`"), "{e}");
+    assert!(e.contains("available profiles: dev-cpu, reference"), "{e}");
+}
+
+#[test]
+fn init_tiny_writes_the_three_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let text = ok(dsv4(
+        dir.path(),
+        &[
+            "model",
+            "init-tiny",
+            "--out",
+            out.to_str().unwrap(),
+            "--seed",
+            "3",
+        ],
+    ));
+    assert!(text.contains("seed 3"), "{text}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 384);
+    let weights = std::fs::metadata(out.join("model.safetensors")).unwrap();
+    assert!(weights.len() > 1_000_000, "{} bytes", weights.len());
+    let tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap())
+            .unwrap();
+    assert!(tokenizer["model"].is_object(), "{tokenizer}");
+
+    // The written checkpoint is inspectable like any other.
+    let doc = json(dsv4(
+        dir.path(),
+        &[
+            "model",
+            "inspect",
+            "--model",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    assert_eq!(doc["layers"], 4);
+}
+
+#[test]
+fn inspect_flash_gives_published_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = flash_config();
+    let doc = json(dsv4(
+        dir.path(),
+        &[
+            "model",
+            "inspect",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let total = doc["params"]["total"].as_f64().unwrap();
+    let active = doc["params"]["active"].as_f64().unwrap();
+    assert!((total / 284e9 - 1.0).abs() <= 0.01, "total {total}");
+    assert!((active / 13e9 - 1.0).abs() <= 0.03, "active {active}");
+    assert_eq!(doc["params"]["embedding"], 129_280u64 * 4096);
+    assert!(doc["params"]["mtp"].as_u64().unwrap() > 0);
+    assert_eq!(doc["cache"]["kv_cache_dtype"], "bf16");
+
+    let text = ok(dsv4(
+        dir.path(),
+        &["model", "inspect", "--config", cfg.to_str().unwrap()],
+    ));
+    assert!(
+        text.contains("284.") || text.contains("283.") || text.contains("285."),
+        "{text}"
+    );
+}
+
+#[test]
+fn inspect_cache_bytes_follow_the_profile_numerics() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = flash_config();
+    let cfg = cfg.to_str().unwrap();
+    let entry = |doc: &Value, name: &str| {
+        doc["cache"]["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap()["entry_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let bf16 = json(dsv4(
+        dir.path(),
+        &["model", "inspect", "--config", cfg, "--json"],
+    ));
+    assert_eq!(entry(&bf16, "swa_kv"), 1024);
+    assert_eq!(entry(&bf16, "c4_index_k"), 256);
+    let fp8 = json(dsv4(
+        dir.path(),
+        &[
+            "model",
+            "inspect",
+            "--config",
+            cfg,
+            "--json",
+            "--set",
+            "numerics.kv_cache_dtype=fp8",
+            "--set",
+            "numerics.index_k_dtype=fp4",
+        ],
+    ));
+    assert_eq!(entry(&fp8, "swa_kv"), 584);
+    assert_eq!(entry(&fp8, "c4_index_k"), 68);
+    assert_eq!(fp8["cache"]["index_k_dtype"], "fp4");
+}
+
+#[test]
+fn inspect_reports_a_missing_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = fails(dsv4(
+        dir.path(),
+        &["model", "inspect", "--model", "no-such-dir"],
+    ));
+    assert!(e.contains("no-such-dir"), "{e}");
+}
