@@ -4,7 +4,7 @@
 
 use super::compressor::push_and_pool;
 use super::state::{CompressorState, LayerState, RowLayout};
-use super::{ForwardError, Model, Taps};
+use super::{ForwardError, Model, RowMap, Taps};
 use crate::weights::{AttentionWeights, CompressorWeights};
 use dsv4_core::cache::round_index_vector;
 
@@ -85,7 +85,8 @@ impl Model {
         Ok(())
     }
 
-    /// Attention for T tokens of normalised input `x` [T, D] at `positions`, updating `st`.
+    /// Attention for T rows of normalised input `x` [T, D] (row i of sequence `rows.seq[i]` at
+    /// position `rows.positions[i]`), updating each sequence's layer state.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -93,11 +94,12 @@ impl Model {
         w: &AttentionWeights,
         ratio: usize,
         x: &[f32],
-        positions: &[usize],
-        st: &mut LayerState,
+        rows: &RowMap,
+        states: &mut [&mut LayerState],
         taps: &mut Taps<'_>,
     ) -> Result<AttentionOut, ForwardError> {
         let cfg = &self.cfg;
+        let positions = &rows.positions[..];
         let t = positions.len();
         let (h, hd, rd) = (cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim);
         let rope = if ratio == 0 {
@@ -169,6 +171,7 @@ impl Model {
         let mut o = vec![0f32; t * h * hd];
         let mut selected = (ratio == 4).then(Vec::new);
         for (i, &p) in positions.iter().enumerate() {
+            let st = &mut *states[rows.seq[i]];
             st.swa.push(&kv[i * hd..(i + 1) * hd])?;
             debug_assert_eq!(st.swa.len(), p + 1);
             if let (Some(cw), Some(cs), Some(ci)) = (&w.compressor, &mut st.compressor, &comp_in) {

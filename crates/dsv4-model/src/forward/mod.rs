@@ -228,8 +228,8 @@ impl Model {
         b: &BlockWeights,
         x: &[f32],
         tokens: &[u32],
-        positions: &[usize],
-        st: &mut LayerState,
+        rows: &RowMap,
+        states: &mut [&mut LayerState],
         taps: &mut Taps<'_>,
     ) -> Result<(Vec<f32>, Option<Selections>), ForwardError> {
         let (t, m, d) = (tokens.len(), self.cfg.hc_mult, self.cfg.hidden_size);
@@ -238,7 +238,7 @@ impl Model {
         self.backend
             .rms_norm(&pre.u, Some(&b.attn_norm), d, self.eps(), &mut xn);
         taps.record(name, "attn_norm", &xn);
-        let att = self.attention(name, &b.attn, b.ratio, &xn, positions, st, taps)?;
+        let att = self.attention(name, &b.attn, b.ratio, &xn, rows, states, taps)?;
         let mut x1 = vec![0f32; t * m * d];
         self.backend.mhc_post(x, &att.y, &pre, m, d, &mut x1);
         taps.record(name, "hc_attn_post", &x1);
@@ -306,10 +306,41 @@ impl Model {
         tokens: &[u32],
         taps: &mut Taps<'_>,
     ) -> Result<ForwardOutput, ForwardError> {
-        let positions = self.check_tokens(st.pos, tokens)?;
-        let (t, m, d) = (tokens.len(), self.cfg.hc_mult, self.cfg.hidden_size);
+        let mut out = self.forward_batch_with_taps(&mut [st], &[tokens], taps)?;
+        Ok(out.pop().expect("one output per sequence"))
+    }
+
+    /// Run several sequences in one step: `tokens[s]` continues `seqs[s]`. The rows of all
+    /// sequences share every projection; each row only ever reads its own sequence's caches, so
+    /// each output equals what the sequence would get alone. Nothing is changed on error.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [&mut SequenceState],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<ForwardOutput>, ForwardError> {
+        self.forward_batch_with_taps(seqs, tokens, &mut Taps::none())
+    }
+
+    /// [`Model::forward_batch`] with an observer of every intermediate activation.
+    pub fn forward_batch_with_taps(
+        &self,
+        seqs: &mut [&mut SequenceState],
+        tokens: &[&[u32]],
+        taps: &mut Taps<'_>,
+    ) -> Result<Vec<ForwardOutput>, ForwardError> {
+        assert_eq!(seqs.len(), tokens.len(), "one token slice per sequence");
+        let mut rows = RowMap {
+            positions: Vec::new(),
+            seq: Vec::new(),
+        };
+        for (s, (st, toks)) in seqs.iter().zip(tokens).enumerate() {
+            rows.positions.extend(self.check_tokens(st.pos, toks)?);
+            rows.seq.extend(std::iter::repeat_n(s, toks.len()));
+        }
+        let all: Vec<u32> = tokens.concat();
+        let (t, m, d) = (all.len(), self.cfg.hc_mult, self.cfg.hidden_size);
         let mut x = Vec::with_capacity(t * m * d);
-        for &tok in tokens {
+        for &tok in &all {
             let row = &self.weights.embed[tok as usize * d..(tok as usize + 1) * d];
             for _ in 0..m {
                 x.extend_from_slice(row);
@@ -319,8 +350,9 @@ impl Model {
         let mut topk = BTreeMap::new();
         for (li, b) in self.weights.layers.iter().enumerate() {
             let name = format!("layers.{li}.");
-            let (x2, selected) =
-                self.block(&name, b, &x, tokens, &positions, &mut st.layers[li], taps)?;
+            let mut states: Vec<&mut LayerState> =
+                seqs.iter_mut().map(|s| &mut s.layers[li]).collect();
+            let (x2, selected) = self.block(&name, b, &x, &all, &rows, &mut states, taps)?;
             x = x2;
             if let Some(sel) = selected {
                 topk.insert(li, sel);
@@ -328,14 +360,33 @@ impl Model {
         }
         let logits = self.head(&self.weights.hc_head, &self.weights.norm, &x, t);
         taps.record("", "logits", &logits);
-        st.pos += t;
-        Ok(ForwardOutput {
-            logits,
-            vocab: self.cfg.vocab_size,
-            topk,
-            residual: x,
-        })
+        let v = self.cfg.vocab_size;
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut start = 0;
+        for (st, toks) in seqs.iter_mut().zip(tokens) {
+            let n = toks.len();
+            st.pos += n;
+            outs.push(ForwardOutput {
+                logits: logits[start * v..(start + n) * v].to_vec(),
+                vocab: v,
+                topk: topk
+                    .iter()
+                    .map(|(l, sel)| (*l, sel[start..start + n].to_vec()))
+                    .collect(),
+                residual: x[start * m * d..(start + n) * m * d].to_vec(),
+            });
+            start += n;
+        }
+        Ok(outs)
     }
+}
+
+/// Which sequence and position each row of a batched step belongs to.
+pub(crate) struct RowMap {
+    /// Position of each row.
+    pub positions: Vec<usize>,
+    /// Index of each row's sequence in the batch.
+    pub seq: Vec<usize>,
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! token at t+1, one more ratio-0 block with its own caches, hc head and norm, and the shared head.
 
 use super::state::LayerState;
-use super::{ForwardError, Model, Taps};
+use super::{ForwardError, Model, RowMap, Taps};
 
 /// The MTP layer's per-sequence state: its own sliding-window cache.
 #[derive(Debug, Clone)]
@@ -61,13 +61,18 @@ impl Model {
                 }
             }
         }
+        let rows = RowMap {
+            seq: vec![0; positions.len()],
+            positions,
+        };
+        let mut states = [&mut st.layer];
         let (x, _) = self.block(
             "mtp.0.",
             &mw.block,
             &x,
             next_tokens,
-            &positions,
-            &mut st.layer,
+            &rows,
+            &mut states,
             &mut Taps::none(),
         )?;
         st.pos += t;

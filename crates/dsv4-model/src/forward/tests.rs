@@ -272,3 +272,88 @@ fn mtp_draft_prefill_matches_decode() {
         assert!(rel_err(&row, &drafts[i * v..(i + 1) * v]) <= 1e-5);
     }
 }
+
+#[test]
+fn batched_sequences_get_bitwise_the_logits_they_get_alone() {
+    let model = tiny_model(Numerics {
+        kv_cache_dtype: KvCacheDtype::Fp8,
+        ..Default::default()
+    });
+    let prompts: Vec<Vec<u32>> = (0..8).map(|s| tokens(5 + 9 * s, 100 + s as u64)).collect();
+    // Alone: prefill, then 3 decode steps of fixed tokens.
+    let follow = [7u32, 8, 9];
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut st = model.new_sequence();
+            let mut logits = model.forward(&mut st, p).unwrap().logits;
+            for &f in &follow {
+                logits.extend(model.forward(&mut st, &[f]).unwrap().logits);
+            }
+            logits
+        })
+        .collect();
+    // Together: all prefills in one step, then the decode steps batched; sequence 0 joins late
+    // (its prefill rides along with the others' first decode step).
+    let mut states: Vec<SequenceState> = (0..8).map(|_| model.new_sequence()).collect();
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); 8];
+    {
+        let (first, rest) = states.split_at_mut(1);
+        let mut refs: Vec<&mut SequenceState> = rest.iter_mut().collect();
+        let toks: Vec<&[u32]> = prompts[1..].iter().map(|p| p.as_slice()).collect();
+        for (s, o) in model
+            .forward_batch(&mut refs, &toks)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            got[s + 1].extend(o.logits);
+        }
+        let mut refs: Vec<&mut SequenceState> = first.iter_mut().chain(rest.iter_mut()).collect();
+        let mut toks: Vec<&[u32]> = vec![prompts[0].as_slice()];
+        toks.extend(std::iter::repeat_n(&follow[..1], 7));
+        for (s, o) in model
+            .forward_batch(&mut refs, &toks)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            got[s].extend(o.logits);
+        }
+    }
+    for step in 0..3 {
+        let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+        let toks: Vec<&[u32]> = (0..8)
+            .map(|s| {
+                if s == 0 {
+                    &follow[step..step + 1]
+                } else if step < 2 {
+                    &follow[step + 1..step + 2]
+                } else {
+                    &[]
+                }
+            })
+            .collect();
+        if step == 2 {
+            // Sequence 0 still owes its last decode step; the others are done.
+            let out = model.forward_batch(&mut refs[..1], &toks[..1]).unwrap();
+            got[0].extend(out.into_iter().next().unwrap().logits);
+            break;
+        }
+        for (s, o) in model
+            .forward_batch(&mut refs, &toks)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            got[s].extend(o.logits);
+        }
+    }
+    for s in 0..8 {
+        assert_eq!(got[s].len(), alone[s].len(), "sequence {s}");
+        assert!(
+            got[s] == alone[s],
+            "sequence {s}: batched logits differ from the solo run"
+        );
+    }
+}
