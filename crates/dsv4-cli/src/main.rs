@@ -109,7 +109,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Reference every backend crate so the linker keeps their registry entries.
+fn link_backends() {
+    dsv4_backend_reference::link();
+}
+
 fn main() -> ExitCode {
+    link_backends();
     let cli = Cli::parse();
     init_logging(cli.global.verbose);
     match run(cli) {
@@ -118,5 +124,22 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_linked_backend_is_registered() {
+        link_backends();
+        assert_eq!(dsv4_kernels::registry::names(), ["reference"]);
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

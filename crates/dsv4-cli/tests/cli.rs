@@ -267,3 +267,35 @@ fn inspect_reports_a_missing_config() {
     ));
     assert!(e.contains("no-such-dir"), "{e}");
 }
+
+#[test]
+fn generate_runs_the_embedded_tiny_model_deterministically() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "generate",
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "4",
+        "--json",
+    ];
+    let a = json(dsv4(dir.path(), &args));
+    let b = json(dsv4(dir.path(), &args));
+    assert_eq!(a, b);
+    assert_eq!(a["prompt_ids"][0], 0, "BOS first: {a}");
+    let n = a["completion_ids"].as_array().unwrap().len();
+    assert!(n == 4 || (n < 4 && a["finish_reason"] == "eos"), "{a}");
+}
+
+#[test]
+fn a_backend_missing_from_the_binary_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = fails(dsv4(
+        dir.path(),
+        &["generate", "--prompt", "hi", "--set", "backend.kind=cpu"],
+    ));
+    assert!(
+        e.contains("`cpu`") && e.contains("registered: reference"),
+        "{e}"
+    );
+}
