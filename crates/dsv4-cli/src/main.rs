@@ -20,6 +20,7 @@ struct Cli {
 
 /// Flags accepted by every command.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 struct GlobalArgs {
     /// Profile name (see `dsv4 profile show`) or path to a .toml profile file.
     #[arg(long, global = true, value_name = "NAME|PATH", env = "DSV4_PROFILE", default_value = DEFAULT_PROFILE)]

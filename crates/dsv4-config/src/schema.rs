@@ -314,3 +314,38 @@ mod tests {
         assert!(!ValueKind::OneOf(&["a"]).accepts(&Value::from("b")));
     }
 }
+
+#[cfg(test)]
+mod doc_tests {
+    use super::*;
+
+    #[test]
+    fn docs_profiles_md_lists_every_key_with_its_default() {
+        let doc = include_str!("../../../docs/profiles.md");
+        for spec in KEYS {
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", spec.key)))
+                .unwrap_or_else(|| panic!("docs/profiles.md has no row for `{}`", spec.key));
+            let default = if spec.default.is_empty() {
+                "unset".to_string()
+            } else {
+                format!("`{}`", spec.default)
+            };
+            assert!(
+                row.contains(&format!("| {default} |")),
+                "default of {}: {row}",
+                spec.key
+            );
+            if let ValueKind::OneOf(names) = spec.kind {
+                for n in names {
+                    assert!(
+                        row.contains(&format!("`{n}`")),
+                        "{} lacks `{n}`: {row}",
+                        spec.key
+                    );
+                }
+            }
+        }
+    }
+}
