@@ -5,8 +5,10 @@
 mod mhc;
 mod ops;
 
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::{CacheLayoutError, round_index_vector};
 use dsv4_kernels::registry::{BackendFactory, BackendOptions};
-use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable};
+use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
 use std::sync::Arc;
 
 /// The reference backend (stateless).
@@ -106,5 +108,38 @@ impl Backend for ReferenceBackend {
 
     fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
         ops::swiglu(g, u, limit, weight, out)
+    }
+
+    fn cache_store(
+        &self,
+        fmt: &RowFormat,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError> {
+        match fmt {
+            RowFormat::Kv(l) => l.write(page, slot, values),
+            RowFormat::IndexK(l) => l.write(page, slot, values),
+        }
+    }
+
+    fn cache_load(
+        &self,
+        fmt: &RowFormat,
+        page: &[u8],
+        slot: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        match fmt {
+            RowFormat::Kv(l) => l.read(page, slot, out),
+            RowFormat::IndexK(l) => l.read(page, slot, out),
+        }
+    }
+
+    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
+        for row in x.chunks_mut(dim) {
+            let r = round_index_vector(dtype, row);
+            row.copy_from_slice(&r);
+        }
     }
 }

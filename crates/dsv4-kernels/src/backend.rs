@@ -4,7 +4,9 @@
 //! Activations are host f32 slices, row-major; `rows` counts independent rows (tokens, or
 //! token×head pairs). An op never mixes rows, which is what makes prefill and decode agree.
 
-use crate::{Linear, RopeTable};
+use crate::{Linear, RopeTable, RowFormat};
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::CacheLayoutError;
 
 /// Parameters of one mHC mixing (spec §3.1): a sublayer's `hc_*_{fn,base,scale}` or the head's.
 #[derive(Debug, Clone, Copy)]
@@ -106,4 +108,27 @@ pub trait Backend: Send + Sync {
 
     /// Clamped SwiGLU: out = silu(min(g, L))·clamp(u, −L, L)·weight.
     fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]);
+
+    /// Quantize one cache row into `slot` of `page` in the format's exact byte layout (spec §4);
+    /// only that slot's bytes change.
+    fn cache_store(
+        &self,
+        fmt: &RowFormat,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError>;
+
+    /// Dequantize `slot` of `page` (exactly) into `out`.
+    fn cache_load(
+        &self,
+        fmt: &RowFormat,
+        page: &[u8],
+        slot: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError>;
+
+    /// Round each row of width `dim` of indexer queries as index-K entries are rounded (spec §5:
+    /// bf16; fp8 with one f32 scale per row; fp4 per 32 values), in place.
+    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize);
 }

@@ -3,10 +3,9 @@
 //! prefill of T tokens and T decode steps run the same per-token code.
 
 use super::compressor::push_and_pool;
-use super::state::{CompressorState, LayerState, RowLayout};
+use super::state::{CompressorState, LayerState};
 use super::{ForwardError, Model, RowMap, Taps};
 use crate::weights::{AttentionWeights, CompressorWeights};
-use dsv4_core::cache::round_index_vector;
 
 /// What one attention call hands back besides its output.
 pub(crate) struct AttentionOut {
@@ -46,10 +45,10 @@ impl Model {
 
     /// Push token i's compressor rows; when a window completes, normalise, rotate (and for the
     /// indexer, Hadamard-rotate) the entry and append it to the store.
-    fn compress_step<L: RowLayout>(
+    fn compress_step(
         &self,
         cw: &CompressorWeights,
-        st: &mut CompressorState<L>,
+        st: &mut CompressorState,
         input: &CompressorInput,
         i: usize,
         pos: usize,
@@ -80,7 +79,7 @@ impl Model {
             if hadamard {
                 self.backend.hadamard(&mut c, cw.dim);
             }
-            st.entries.push(&c)?;
+            st.entries.push(self.backend.as_ref(), &c)?;
         }
         Ok(())
     }
@@ -151,10 +150,8 @@ impl Model {
             self.backend
                 .rope(&mut qi, id, &ipos, &self.rope_compress, false);
             self.backend.hadamard(&mut qi, id);
-            let qi: Vec<f32> = qi
-                .chunks(id)
-                .flat_map(|head| round_index_vector(self.numerics.index_k_dtype, head))
-                .collect();
+            self.backend
+                .round_index_rows(self.numerics.index_k_dtype, &mut qi, id);
             let mut hw = vec![0f32; t * inh];
             self.backend.linear(&iw.weights_proj, x, t, &mut hw);
             let s = 1.0 / ((id as f64).sqrt() * (inh as f64).sqrt());
@@ -170,9 +167,10 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; t * h * hd];
         let mut selected = (ratio == 4).then(Vec::new);
+        let be = self.backend.as_ref();
         for (i, &p) in positions.iter().enumerate() {
             let st = &mut *states[rows.seq[i]];
-            st.swa.push(&kv[i * hd..(i + 1) * hd])?;
+            st.swa.push(be, &kv[i * hd..(i + 1) * hd])?;
             debug_assert_eq!(st.swa.len(), p + 1);
             if let (Some(cw), Some(cs), Some(ci)) = (&w.compressor, &mut st.compressor, &comp_in) {
                 self.compress_step(cw, cs, ci, i, p, false)?;
@@ -180,7 +178,7 @@ impl Model {
             if let (Some(iw), Some(is), Some((_, _, ci))) = (&w.indexer, &mut st.indexer, &idx_in) {
                 self.compress_step(&iw.compressor, is, ci, i, p, true)?;
             }
-            let mut keys = st.swa.gather((p + 1).saturating_sub(window)..=p)?;
+            let mut keys = st.swa.gather(be, (p + 1).saturating_sub(window)..=p)?;
             match ratio {
                 0 => {}
                 4 => {
@@ -191,7 +189,7 @@ impl Model {
                         .expect("ratio-4 layers have indexer state");
                     let n = (p + 1) / 4;
                     let (inh, id) = (cfg.index_n_heads, cfg.index_head_dim);
-                    let ikeys = is.entries.gather(0..n)?;
+                    let ikeys = is.entries.gather(be, 0..n)?;
                     let mut scores = vec![0f32; n];
                     self.backend.indexer_scores(
                         &qi[i * inh * id..(i + 1) * inh * id],
@@ -205,7 +203,7 @@ impl Model {
                         .compressor
                         .as_ref()
                         .expect("ratio-4 layers have a compressor");
-                    keys.extend(cs.entries.gather(chosen.iter().copied())?);
+                    keys.extend(cs.entries.gather(be, chosen.iter().copied())?);
                     if let Some(sel) = selected.as_mut() {
                         sel.push(chosen.iter().map(|&j| j as u32).collect());
                     }
@@ -215,7 +213,7 @@ impl Model {
                         .compressor
                         .as_ref()
                         .expect("compressed layers have a compressor");
-                    keys.extend(cs.entries.gather(0..(p + 1) / ratio)?);
+                    keys.extend(cs.entries.gather(be, 0..(p + 1) / ratio)?);
                 }
             }
             self.backend.sparse_attention(

@@ -2,66 +2,25 @@
 //! rings and index-K stores, all in the exact byte layouts of spec §4.
 
 use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
+use dsv4_kernels::{Backend, RowFormat};
 
 /// Entries per page of every KV store (SWA ring, C4 and C128 entries).
 pub const KV_PAGE_ENTRIES: usize = 64;
 
-/// A row codec with a paged byte layout (KV entries or index-K rows).
-pub trait RowLayout {
-    /// Entries per page.
-    fn entries_per_page(&self) -> usize;
-    /// Bytes per page.
-    fn bytes_per_page(&self) -> usize;
-    /// Quantize `values` into `slot` of `page`.
-    fn store(&self, page: &mut [u8], slot: usize, values: &[f32]) -> Result<(), CacheLayoutError>;
-    /// Dequantize `slot` of `page` into `out`.
-    fn load(&self, page: &[u8], slot: usize, out: &mut [f32]) -> Result<(), CacheLayoutError>;
-}
-
-impl RowLayout for KvLayout {
-    fn entries_per_page(&self) -> usize {
-        self.page_entries()
-    }
-    fn bytes_per_page(&self) -> usize {
-        self.page_bytes()
-    }
-    fn store(&self, page: &mut [u8], slot: usize, values: &[f32]) -> Result<(), CacheLayoutError> {
-        self.write(page, slot, values)
-    }
-    fn load(&self, page: &[u8], slot: usize, out: &mut [f32]) -> Result<(), CacheLayoutError> {
-        self.read(page, slot, out)
-    }
-}
-
-impl RowLayout for IndexKLayout {
-    fn entries_per_page(&self) -> usize {
-        self.page_entries()
-    }
-    fn bytes_per_page(&self) -> usize {
-        self.page_bytes()
-    }
-    fn store(&self, page: &mut [u8], slot: usize, values: &[f32]) -> Result<(), CacheLayoutError> {
-        self.write(page, slot, values)
-    }
-    fn load(&self, page: &[u8], slot: usize, out: &mut [f32]) -> Result<(), CacheLayoutError> {
-        self.read(page, slot, out)
-    }
-}
-
-/// Rows stored in pages of a [`RowLayout`]; either append-only or a ring over the last
-/// `capacity` row indices.
+/// Rows stored in pages of a [`RowFormat`]; either append-only or a ring over the last
+/// `capacity` row indices. Rows are quantized and dequantized by the backend's cache ops.
 #[derive(Debug, Clone)]
-pub struct PagedRows<L> {
-    layout: L,
+pub struct PagedRows {
+    layout: RowFormat,
     width: usize,
     pages: Vec<Vec<u8>>,
     ring_capacity: Option<usize>,
     len: usize,
 }
 
-impl<L: RowLayout> PagedRows<L> {
+impl PagedRows {
     /// An append-only store of rows of `width` values.
-    pub fn growing(layout: L, width: usize) -> Self {
+    pub fn growing(layout: RowFormat, width: usize) -> Self {
         Self {
             layout,
             width,
@@ -72,8 +31,8 @@ impl<L: RowLayout> PagedRows<L> {
     }
 
     /// A ring that keeps at least the last `keep` rows (rounded up to whole pages).
-    pub fn ring(layout: L, width: usize, keep: usize) -> Self {
-        let per = layout.entries_per_page();
+    pub fn ring(layout: RowFormat, width: usize, keep: usize) -> Self {
+        let per = layout.page_entries();
         let cap = keep.div_ceil(per).max(1) * per;
         Self {
             layout,
@@ -101,37 +60,46 @@ impl<L: RowLayout> PagedRows<L> {
 
     fn place(&self, row: usize) -> (usize, usize) {
         let r = self.ring_capacity.map_or(row, |c| row % c);
-        let per = self.layout.entries_per_page();
+        let per = self.layout.page_entries();
         (r / per, r % per)
     }
 
     /// Append row `len` (quantized to the layout's format).
-    pub fn push(&mut self, values: &[f32]) -> Result<(), CacheLayoutError> {
+    pub fn push(&mut self, backend: &dyn Backend, values: &[f32]) -> Result<(), CacheLayoutError> {
         let (page, slot) = self.place(self.len);
         while self.pages.len() <= page {
-            self.pages.push(vec![0u8; self.layout.bytes_per_page()]);
+            self.pages.push(vec![0u8; self.layout.page_bytes()]);
         }
-        self.layout.store(&mut self.pages[page], slot, values)?;
+        backend.cache_store(&self.layout, &mut self.pages[page], slot, values)?;
         self.len += 1;
         Ok(())
     }
 
     /// Dequantize row `row` (must be among the kept rows) into `out`.
-    pub fn get(&self, row: usize, out: &mut [f32]) -> Result<(), CacheLayoutError> {
+    pub fn get(
+        &self,
+        backend: &dyn Backend,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
         debug_assert!(row < self.len);
         if let Some(c) = self.ring_capacity {
             debug_assert!(row + c >= self.len, "row {row} was evicted from the ring");
         }
         let (page, slot) = self.place(row);
-        self.layout.load(&self.pages[page], slot, out)
+        backend.cache_load(&self.layout, &self.pages[page], slot, out)
     }
 
-    /// Rows `range` dequantized into one contiguous [n, width] buffer.
-    pub fn gather(&self, rows: impl Iterator<Item = usize>) -> Result<Vec<f32>, CacheLayoutError> {
+    /// The given rows dequantized into one contiguous [n, width] buffer.
+    pub fn gather(
+        &self,
+        backend: &dyn Backend,
+        rows: impl Iterator<Item = usize>,
+    ) -> Result<Vec<f32>, CacheLayoutError> {
         let mut out = Vec::new();
         let mut buf = vec![0f32; self.width];
         for r in rows {
-            self.get(r, &mut buf)?;
+            self.get(backend, r, &mut buf)?;
             out.extend_from_slice(&buf);
         }
         Ok(out)
@@ -181,22 +149,22 @@ impl CompressorRing {
 
 /// A compressor's state: its ring and the store of finished entries.
 #[derive(Debug, Clone)]
-pub struct CompressorState<L> {
+pub struct CompressorState {
     /// The unfinished window(s).
     pub ring: CompressorRing,
     /// Finished entries (C4/C128 KV entries, or index-K rows).
-    pub entries: PagedRows<L>,
+    pub entries: PagedRows,
 }
 
 /// The cache state of one layer of one sequence.
 #[derive(Debug, Clone)]
 pub struct LayerState {
     /// SWA entries, a ring over the last `sliding_window` positions.
-    pub swa: PagedRows<KvLayout>,
+    pub swa: PagedRows,
     /// The attention compressor (ratio 4 and 128).
-    pub compressor: Option<CompressorState<KvLayout>>,
+    pub compressor: Option<CompressorState>,
     /// The indexer's compressor with its index-K store (ratio 4).
-    pub indexer: Option<CompressorState<IndexKLayout>>,
+    pub indexer: Option<CompressorState>,
 }
 
 impl LayerState {
@@ -212,14 +180,14 @@ impl LayerState {
         let coff = |r: usize| if r == 4 { 2 } else { 1 };
         let compressor = (ratio > 0).then(|| CompressorState {
             ring: CompressorRing::new(ring_rows(ratio), coff(ratio) * head_dim),
-            entries: PagedRows::growing(*kv, head_dim),
+            entries: PagedRows::growing(RowFormat::Kv(*kv), head_dim),
         });
         let indexer = (ratio == 4).then(|| CompressorState {
             ring: CompressorRing::new(8, 2 * ik.dim()),
-            entries: PagedRows::growing(*ik, ik.dim()),
+            entries: PagedRows::growing(RowFormat::IndexK(*ik), ik.dim()),
         });
         Self {
-            swa: PagedRows::ring(*kv, head_dim, window),
+            swa: PagedRows::ring(RowFormat::Kv(*kv), head_dim, window),
             compressor,
             indexer,
         }

@@ -1,0 +1,47 @@
+//! Cache row formats as the op set sees them: KV entries (SWA, C4, C128) and index-K rows, each
+//! with its spec §4 paged byte layout from `dsv4_core::cache`.
+
+use dsv4_core::cache::{IndexKLayout, KvLayout};
+
+/// The byte layout of one kind of cache row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowFormat {
+    /// SWA / C4 / C128 KV entries.
+    Kv(KvLayout),
+    /// Indexer key rows of C4 layers.
+    IndexK(IndexKLayout),
+}
+
+impl RowFormat {
+    /// Entries per page.
+    pub fn page_entries(&self) -> usize {
+        match self {
+            RowFormat::Kv(l) => l.page_entries(),
+            RowFormat::IndexK(l) => l.page_entries(),
+        }
+    }
+
+    /// Bytes per page.
+    pub fn page_bytes(&self) -> usize {
+        match self {
+            RowFormat::Kv(l) => l.page_bytes(),
+            RowFormat::IndexK(l) => l.page_bytes(),
+        }
+    }
+
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        match self {
+            RowFormat::Kv(l) => l.head_dim(),
+            RowFormat::IndexK(l) => l.dim(),
+        }
+    }
+
+    /// Logical bytes of one entry (data plus scales).
+    pub fn entry_bytes(&self) -> usize {
+        match self {
+            RowFormat::Kv(l) => l.entry_bytes(),
+            RowFormat::IndexK(l) => l.entry_bytes(),
+        }
+    }
+}
