@@ -38,7 +38,16 @@ impl ResolveOptions {
     /// Options for a real run: the process environment, and `profile_dir` falling back to
     /// `DSV4_PROFILE_DIR` when not given.
     pub fn from_process(profile: &str, profile_dir: Option<PathBuf>, sets: &[String]) -> Self {
-        let env: Vec<(String, String)> = std::env::vars().collect();
+        // vars_os: std::env::vars panics on non-UTF-8 variables; a mangled DSV4_ value is then
+        // reported by validation like any other bad value.
+        let env: Vec<(String, String)> = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
         let profile_dir = profile_dir.or_else(|| {
             env.iter()
                 .find(|(k, v)| k == PROFILE_DIR_ENV && !v.is_empty())
