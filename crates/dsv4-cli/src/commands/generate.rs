@@ -1,5 +1,10 @@
-//! `dsv4 generate`: greedy, deterministic generation from a prompt.
+//! `dsv4 generate`: greedy, deterministic generation from a prompt, streamed to stdout.
 
+use super::forward::open_model;
+use anyhow::Context;
+use dsv4_chat::tokenizer::Tokenizer;
+use dsv4_model::load::ModelSource;
+use std::io::Write;
 use std::path::PathBuf;
 
 /// Arguments of `dsv4 generate`.
@@ -16,7 +21,93 @@ pub struct GenerateArgs {
     pub model: Option<PathBuf>,
 }
 
-/// Run `dsv4 generate`.
-pub fn run(_args: &GenerateArgs, _profile: &dsv4_config::Profile) -> anyhow::Result<()> {
-    anyhow::bail!("generate: the forward pass is being wired in (lead's task)")
+/// The outcome of a generation, as printed by `--json`.
+#[derive(Debug, serde::Serialize)]
+pub struct Generation {
+    /// Prompt token ids (BOS first).
+    pub prompt_ids: Vec<u32>,
+    /// Generated token ids.
+    pub completion_ids: Vec<u32>,
+    /// Generated text.
+    pub text: String,
+    /// Why generation stopped: "eos" or "length".
+    pub finish_reason: &'static str,
+}
+
+/// Greedy argmax (ties to the lower id).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Run `dsv4 generate`; with `json`, print one JSON object instead of streaming text.
+pub fn run(args: &GenerateArgs, profile: &dsv4_config::Profile, json: bool) -> anyhow::Result<()> {
+    let (model, source) = open_model(args.model.as_deref(), profile)?;
+    let tok = match &source {
+        ModelSource::Tiny { .. } => Tokenizer::tiny()?,
+        ModelSource::Dir(dir) => {
+            let path = dir.join("tokenizer.json");
+            Tokenizer::from_file(&path)
+                .with_context(|| format!("cannot load {}", path.display()))?
+        }
+    };
+    let mut prompt_ids = vec![model.cfg.bos_token_id];
+    prompt_ids.extend(tok.encode(&args.prompt)?);
+    let mut seq = model.new_sequence();
+    let out = model.forward(&mut seq, &prompt_ids)?;
+    let v = out.vocab;
+    let mut next = argmax(&out.logits[out.logits.len() - v..]);
+    let mut completion = Vec::new();
+    let mut finish = "length";
+    let stdout = std::io::stdout();
+    let mut printed = String::new();
+    while completion.len() < args.max_tokens {
+        if next == model.cfg.eos_token_id {
+            finish = "eos";
+            break;
+        }
+        completion.push(next);
+        if !json {
+            // Print the text decoded so far minus what is already shown (byte tokens may split
+            // a UTF-8 character; the lossy decode settles once the character is complete).
+            let text = tok.decode(&completion)?;
+            if text.starts_with(&printed) && !text.ends_with('\u{FFFD}') {
+                let mut lock = stdout.lock();
+                write!(lock, "{}", &text[printed.len()..])?;
+                lock.flush()?;
+                printed = text;
+            }
+        }
+        if completion.len() == args.max_tokens {
+            break;
+        }
+        let out = model.forward(&mut seq, &[next])?;
+        next = argmax(&out.logits);
+    }
+    let text = tok.decode(&completion)?;
+    if json {
+        let g = Generation {
+            prompt_ids,
+            completion_ids: completion,
+            text,
+            finish_reason: finish,
+        };
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        if text.starts_with(&printed) {
+            print!("{}", &text[printed.len()..]);
+        }
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, finish: {finish}]",
+            prompt_ids.len(),
+            completion.len()
+        );
+    }
+    Ok(())
 }
