@@ -56,6 +56,7 @@ impl Model {
     ) -> Result<(), ForwardError> {
         let width = cw.coff * cw.dim;
         let span = i * width..(i + 1) * width;
+        st.ring.make_exclusive()?;
         let pooled = push_and_pool(
             self.backend.as_ref(),
             &mut st.ring,

@@ -39,7 +39,8 @@ pub fn push_and_pool(
         backend.softmax_pool(&pa, &pz, 8, dim, &mut out);
     } else {
         // The ring holds exactly this window's `ratio` rows, slot = position mod ratio.
-        backend.softmax_pool(&ring.a, &ring.z, ratio, dim, &mut out);
+        let (a, z) = ring.window();
+        backend.softmax_pool(&a, &z, ratio, dim, &mut out);
     }
     Some((w, out))
 }

@@ -6,6 +6,7 @@ mod attention;
 mod compressor;
 mod moe;
 mod mtp;
+pub mod pages;
 pub mod state;
 
 use crate::weights::{BlockWeights, HcWeights, ModelWeights, TensorSource};
@@ -15,6 +16,7 @@ use dsv4_core::{ActQuant, Numerics};
 use dsv4_kernels::rope::Yarn;
 use dsv4_kernels::{Backend, HcParams, Linear, RopeTable};
 pub use mtp::MtpState;
+use pages::CacheStores;
 use state::LayerState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,6 +48,25 @@ pub enum ForwardError {
     /// A cache row could not be encoded or decoded.
     #[error("cache layout: {0}")]
     Cache(#[from] CacheLayoutError),
+    /// A pooled cache store had no free page for a row.
+    #[error(
+        "cache pool `{pool}` has no free page; free requests or size the pools larger \
+         (cache.max_total_tokens)"
+    )]
+    PoolExhausted {
+        /// The pool's name.
+        pool: String,
+    },
+    /// A pooled store was asked for a page it never took (a bug in the page bookkeeping).
+    #[error("cache pool `{pool}`: page {index} was asked for but the store holds only {held}")]
+    MissingPage {
+        /// The pool's name.
+        pool: String,
+        /// The logical page asked for.
+        index: usize,
+        /// Pages held.
+        held: usize,
+    },
 }
 
 /// The indexer's selected compressed entries of each token of a call.
@@ -193,6 +214,43 @@ impl Model {
         SequenceState { pos: 0, layers }
     }
 
+    /// A fresh sequence at position 0 whose caches live in `stores` (an engine's pools); its
+    /// compressor rings take their pages now, so this fails when a ring pool is full.
+    pub fn new_sequence_in(&self, stores: &CacheStores) -> Result<SequenceState, ForwardError> {
+        let c = &self.cfg;
+        let layers = self
+            .weights
+            .layers
+            .iter()
+            .map(|b| {
+                LayerState::new_in(
+                    b.ratio,
+                    c.head_dim,
+                    c.sliding_window,
+                    &self.kv_layout,
+                    &self.ik_layout,
+                    stores,
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(SequenceState { pos: 0, layers })
+    }
+
+    /// The byte layout of SWA/C4/C128 KV entries (pages of [`state::KV_PAGE_ENTRIES`]).
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv_layout
+    }
+
+    /// The byte layout of index-K rows.
+    pub fn index_k_layout(&self) -> &IndexKLayout {
+        &self.ik_layout
+    }
+
+    /// Compress ratio of each main layer (0, 4 or 128).
+    pub fn layer_ratios(&self) -> Vec<usize> {
+        self.weights.layers.iter().map(|b| b.ratio).collect()
+    }
+
     /// `W·x` for `rows` rows, quantizing the input per 1×128 block first when `act_quant = fp8`
     /// and the weight is fp8/fp4 (spec §5).
     fn project(&self, w: &Linear, x: &[f32], rows: usize) -> Vec<f32> {
@@ -312,7 +370,9 @@ impl Model {
 
     /// Run several sequences in one step: `tokens[s]` continues `seqs[s]`. The rows of all
     /// sequences share every projection; each row only ever reads its own sequence's caches, so
-    /// each output equals what the sequence would get alone. Nothing is changed on error.
+    /// each output equals what the sequence would get alone. Nothing is changed when the input
+    /// is refused; a pooled store running out of pages mid-step leaves the sequences partly
+    /// advanced (drop them).
     pub fn forward_batch(
         &self,
         seqs: &mut [&mut SequenceState],

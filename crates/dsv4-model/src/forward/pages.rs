@@ -1,0 +1,158 @@
+//! Cache pages that live outside a sequence, in a store an engine owns (its pools): the
+//! [`PageStore`] trait, and [`PooledPages`], a list of page ids with shared ownership (clone
+//! retains, drop releases) and copy-on-write before any page shared with another holder is
+//! written.
+
+use super::ForwardError;
+use std::fmt;
+use std::sync::Arc;
+
+/// Index of a page inside one [`PageStore`].
+pub type PageId = u32;
+
+/// A pool of equally sized byte pages with reference counts (implemented by the engine).
+///
+/// A page id handed out by `alloc` stays valid until its last reference is released. The
+/// forward pass never writes a page that has more than one reference.
+pub trait PageStore: Send + Sync + fmt::Debug {
+    /// The pool's name, for errors and logs (e.g. "c4_kv").
+    fn name(&self) -> &str;
+    /// Bytes of every page.
+    fn page_bytes(&self) -> usize;
+    /// A free page with one reference, its bytes zeroed; None when the pool is full.
+    fn alloc(&self) -> Option<PageId>;
+    /// Add a reference to `page`.
+    fn retain(&self, page: PageId);
+    /// Drop a reference to `page`; it is free again once no reference is left.
+    fn release(&self, page: PageId);
+    /// References currently held on `page`.
+    fn refs(&self, page: PageId) -> u32;
+    /// Run `f` on the bytes of `page` (an empty slice for an id the store never handed out).
+    fn read(&self, page: PageId, f: &mut dyn FnMut(&[u8]));
+    /// Run `f` on the bytes of `page` for writing (an empty slice for an unknown id).
+    fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8]));
+    /// Copy all bytes of page `from` into page `to`.
+    fn copy(&self, from: PageId, to: PageId);
+}
+
+/// Page ids in one store, held with one reference each.
+pub struct PooledPages {
+    store: Arc<dyn PageStore>,
+    ids: Vec<PageId>,
+}
+
+impl PooledPages {
+    /// No pages yet, in `store`.
+    pub fn new(store: Arc<dyn PageStore>) -> Self {
+        Self {
+            store,
+            ids: Vec::new(),
+        }
+    }
+
+    /// The store the pages live in.
+    pub fn store(&self) -> &Arc<dyn PageStore> {
+        &self.store
+    }
+
+    /// The page ids, in logical order.
+    pub fn ids(&self) -> &[PageId] {
+        &self.ids
+    }
+
+    /// Whether writing logical page `index` would allocate (it is missing, or it is shared).
+    pub fn needs_fresh(&self, index: usize) -> bool {
+        self.ids
+            .get(index)
+            .is_none_or(|&id| self.store.refs(id) > 1)
+    }
+
+    /// The id of logical page `index`, ready to be written: allocated when it is the next page,
+    /// copied first when it is shared with another holder.
+    pub fn writable(&mut self, index: usize) -> Result<PageId, ForwardError> {
+        let exhausted = || ForwardError::PoolExhausted {
+            pool: self.store.name().to_string(),
+        };
+        if index == self.ids.len() {
+            let id = self.store.alloc().ok_or_else(exhausted)?;
+            self.ids.push(id);
+            return Ok(id);
+        }
+        let Some(&old) = self.ids.get(index) else {
+            return Err(ForwardError::MissingPage {
+                pool: self.store.name().to_string(),
+                index,
+                held: self.ids.len(),
+            });
+        };
+        if self.store.refs(old) <= 1 {
+            return Ok(old);
+        }
+        let new = self.store.alloc().ok_or_else(exhausted)?;
+        self.store.copy(old, new);
+        self.store.release(old);
+        self.ids[index] = new;
+        Ok(new)
+    }
+
+    /// The id of logical page `index` for reading.
+    pub fn readable(&self, index: usize) -> Result<PageId, ForwardError> {
+        self.ids
+            .get(index)
+            .copied()
+            .ok_or_else(|| ForwardError::MissingPage {
+                pool: self.store.name().to_string(),
+                index,
+                held: self.ids.len(),
+            })
+    }
+}
+
+impl Clone for PooledPages {
+    /// Share the same pages (one more reference each); the first write copies a shared page.
+    fn clone(&self) -> Self {
+        for &id in &self.ids {
+            self.store.retain(id);
+        }
+        Self {
+            store: Arc::clone(&self.store),
+            ids: self.ids.clone(),
+        }
+    }
+}
+
+impl Drop for PooledPages {
+    fn drop(&mut self) {
+        for &id in &self.ids {
+            self.store.release(id);
+        }
+    }
+}
+
+impl fmt::Debug for PooledPages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PooledPages")
+            .field("store", &self.store.name())
+            .field("ids", &self.ids)
+            .finish()
+    }
+}
+
+/// The stores a pooled sequence's caches live in, one per cache kind (spec §4).
+#[derive(Debug, Clone)]
+pub struct CacheStores {
+    /// SWA KV ring pages (every layer).
+    pub swa: Arc<dyn PageStore>,
+    /// Compressed KV entries of ratio-4 layers.
+    pub c4: Arc<dyn PageStore>,
+    /// Compressed KV entries of ratio-128 layers.
+    pub c128: Arc<dyn PageStore>,
+    /// Index-K rows of ratio-4 layers.
+    pub index_k: Arc<dyn PageStore>,
+    /// Attention compressor rings of ratio-4 layers (one page per ring).
+    pub c4_ring: Arc<dyn PageStore>,
+    /// Attention compressor rings of ratio-128 layers (one page per ring).
+    pub c128_ring: Arc<dyn PageStore>,
+    /// Indexer compressor rings of ratio-4 layers (one page per ring).
+    pub index_ring: Arc<dyn PageStore>,
+}
