@@ -1,0 +1,249 @@
+//! `--model` mode: both sides load their model, run the same prefill and decode steps with a tap
+//! after every op of every layer, and the taps are compared in execution order. The report names
+//! the first tap above its tolerance and summarizes the final logits and the indexer selections.
+
+use crate::DiffError;
+use crate::metrics::{self, LogitsStats};
+use crate::report::{IndexerAgreement, ModelReport, TapDiff};
+use crate::side::Side;
+use crate::tolerance::{MIN_INDEXER_AGREEMENT, tap_tolerance};
+use dsv4_core::SplitMix64;
+use dsv4_model::forward::Taps;
+use dsv4_model::{ForwardOutput, Model, SequenceState, load_model};
+use std::collections::BTreeMap;
+
+/// What `--model` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Tokens of the prefill call (at least 1).
+    pub prefill: usize,
+    /// Single-token decode calls after it.
+    pub decode: usize,
+    /// Seed of the token ids.
+    pub seed: u64,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            prefill: 64,
+            decode: 4,
+            seed: 0,
+        }
+    }
+}
+
+/// One recorded tap of the oracle.
+struct Tap {
+    layer: String,
+    op: String,
+    values: Vec<f32>,
+}
+
+/// Running comparison state of the candidate's taps of one call against the oracle's.
+struct TapCompare<'r> {
+    call: String,
+    oracle: &'r [Tap],
+    next: usize,
+    diffs: Vec<TapDiff>,
+    structure_error: Option<String>,
+}
+
+impl TapCompare<'_> {
+    fn observe(&mut self, layer: &str, op: &str, values: &[f32]) {
+        if self.structure_error.is_some() {
+            return;
+        }
+        let index = self.next;
+        self.next += 1;
+        let Some(o) = self.oracle.get(index) else {
+            self.structure_error = Some(format!(
+                "{}: the candidate has tap #{index} ({layer}{op}) beyond the oracle's {}",
+                self.call,
+                self.oracle.len()
+            ));
+            return;
+        };
+        if o.layer != layer || o.op != op || o.values.len() != values.len() {
+            self.structure_error = Some(format!(
+                "{}: tap #{index} is {}{} [{}] on the oracle but {layer}{op} [{}] on the candidate",
+                self.call,
+                o.layer,
+                o.op,
+                o.values.len(),
+                values.len()
+            ));
+            return;
+        }
+        let nmse = metrics::nmse(&o.values, values);
+        let tolerance = tap_tolerance(op);
+        self.diffs.push(TapDiff {
+            call: self.call.clone(),
+            index,
+            layer: layer.to_string(),
+            op: op.to_string(),
+            len: values.len(),
+            nmse,
+            max_abs: metrics::max_abs_diff(&o.values, values),
+            tolerance,
+            passed: nmse <= tolerance,
+        });
+    }
+}
+
+fn load(side: &Side, role: &'static str) -> Result<Model, DiffError> {
+    load_model(
+        &side.config.model,
+        side.backend.clone(),
+        side.config.numerics,
+    )
+    .map_err(|source| DiffError::Model { side: role, source })
+}
+
+fn forward(
+    model: &Model,
+    st: &mut SequenceState,
+    tokens: &[u32],
+    role: &'static str,
+    tap: &mut dyn FnMut(&str, &str, &[f32]),
+) -> Result<ForwardOutput, DiffError> {
+    let mut f = |l: &str, o: &str, v: &[f32]| tap(l, o, v);
+    model
+        .forward_with_taps(st, tokens, &mut Taps::new(&mut f))
+        .map_err(|source| DiffError::Forward { side: role, source })
+}
+
+/// Accumulated indexer agreement per ratio-4 layer.
+fn agree(acc: &mut BTreeMap<usize, (usize, usize)>, o: &ForwardOutput, c: &ForwardOutput) {
+    for (layer, sel) in &o.topk {
+        let entry = acc.entry(*layer).or_default();
+        let cand = c.topk.get(layer);
+        for (t, s) in sel.iter().enumerate() {
+            entry.0 += 1;
+            if cand
+                .and_then(|c| c.get(t))
+                .is_some_and(|cs| metrics::same_set(s, cs))
+            {
+                entry.1 += 1;
+            }
+        }
+    }
+}
+
+/// How far past its tolerance a tap is (value / tolerance; ∞ for any error at tolerance 0).
+fn severity(t: &TapDiff) -> f64 {
+    if t.nmse.is_nan() {
+        f64::INFINITY
+    } else if t.tolerance > 0.0 {
+        t.nmse / t.tolerance
+    } else if t.nmse > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }
+}
+
+/// Run the prefill and decode calls on both sides and compare them tap by tap.
+pub fn run_model(
+    oracle: &Side,
+    candidate: &Side,
+    opts: &ModelOptions,
+) -> Result<ModelReport, DiffError> {
+    if opts.prefill == 0 {
+        return Err(DiffError::InvalidOption {
+            what: "--tokens",
+            message: "the prefill needs at least one token".into(),
+        });
+    }
+    let (mo, mc) = (load(oracle, "oracle")?, load(candidate, "candidate")?);
+    let vocab = mo.cfg.vocab_size.min(mc.cfg.vocab_size) as u64;
+    let mut rng = SplitMix64::for_name(opts.seed, "dsv4-diff/model/tokens");
+    let tokens: Vec<u32> = (0..opts.prefill + opts.decode)
+        .map(|_| rng.below(vocab) as u32)
+        .collect();
+    let mut calls: Vec<&[u32]> = vec![&tokens[..opts.prefill]];
+    calls.extend(tokens[opts.prefill..].chunks(1));
+
+    let (mut so, mut sc) = (mo.new_sequence(), mc.new_sequence());
+    let (mut taps, mut structure_error) = (Vec::new(), None);
+    let (mut lo, mut lc) = (Vec::new(), Vec::new());
+    let mut indexer = BTreeMap::new();
+    for (ci, chunk) in calls.iter().enumerate() {
+        let call = if ci == 0 {
+            "prefill".to_string()
+        } else {
+            format!("decode {ci}")
+        };
+        let mut recorded = Vec::new();
+        let out_o = forward(&mo, &mut so, chunk, "oracle", &mut |l, o, v| {
+            recorded.push(Tap {
+                layer: l.to_string(),
+                op: o.to_string(),
+                values: v.to_vec(),
+            })
+        })?;
+        let mut cmp = TapCompare {
+            call: call.clone(),
+            oracle: &recorded,
+            next: 0,
+            diffs: Vec::new(),
+            structure_error: None,
+        };
+        let out_c = forward(&mc, &mut sc, chunk, "candidate", &mut |l, o, v| {
+            cmp.observe(l, o, v)
+        })?;
+        if cmp.structure_error.is_none() && cmp.next != recorded.len() {
+            cmp.structure_error = Some(format!(
+                "{call}: the candidate made {} taps, the oracle {}",
+                cmp.next,
+                recorded.len()
+            ));
+        }
+        if out_o.vocab != out_c.vocab && cmp.structure_error.is_none() {
+            cmp.structure_error = Some(format!(
+                "vocabularies differ: {} vs {}",
+                out_o.vocab, out_c.vocab
+            ));
+        }
+        taps.extend(cmp.diffs);
+        if structure_error.is_none() {
+            structure_error = cmp.structure_error;
+        }
+        lo.extend_from_slice(&out_o.logits);
+        lc.extend_from_slice(&out_c.logits);
+        agree(&mut indexer, &out_o, &out_c);
+    }
+    let logits: LogitsStats = metrics::logits_stats(&lo, &lc, mo.cfg.vocab_size);
+    let indexer: Vec<IndexerAgreement> = indexer
+        .into_iter()
+        .map(|(layer, (tokens, agreeing))| IndexerAgreement {
+            layer,
+            tokens,
+            agreeing,
+            rate: if tokens == 0 {
+                1.0
+            } else {
+                agreeing as f64 / tokens as f64
+            },
+        })
+        .collect();
+    let first_divergence = taps.iter().find(|t| !t.passed).cloned();
+    let mut worst = taps.clone();
+    worst.sort_by(|a, b| severity(b).total_cmp(&severity(a)));
+    worst.truncate(10);
+    let passed = first_divergence.is_none()
+        && structure_error.is_none()
+        && indexer.iter().all(|a| a.rate >= MIN_INDEXER_AGREEMENT);
+    Ok(ModelReport {
+        prefill_tokens: opts.prefill,
+        decode_steps: opts.decode,
+        seed: opts.seed,
+        first_divergence,
+        structure_error,
+        logits,
+        indexer,
+        worst_taps: worst,
+        taps,
+        passed,
+    })
+}

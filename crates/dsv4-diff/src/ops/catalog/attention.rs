@@ -1,0 +1,182 @@
+//! Cases of the attention-side ops: `softmax_pool` (compressor pooling), `indexer_scores`,
+//! `topk` and `sparse_attention`.
+
+use crate::Op;
+use crate::ops::case::{Case, Runner, SizeClass, uniform, uniform_std};
+use crate::ops::harness::{GuardedF32, Problem, Produced, Ran, call};
+use dsv4_core::SplitMix64;
+
+/// How the gate logits of a pooling case are masked with −∞.
+#[derive(Debug, Clone, Copy)]
+enum Mask {
+    /// None masked.
+    None,
+    /// The first `rows/2` rows masked (the first window of a ratio-4 compressor).
+    FirstHalf,
+    /// Column 0 fully masked (its output must be 0) and a few scattered entries.
+    Scattered,
+}
+
+fn softmax_pool_case(class: SizeClass, rows: usize, width: usize, mask: Mask) -> Case {
+    let tag = match mask {
+        Mask::None => "",
+        Mask::FirstHalf => ".first-half-masked",
+        Mask::Scattered => ".masked",
+    };
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let a = uniform(rng, rows * width, 1.0);
+        let mut z = uniform(rng, rows * width, 4.0);
+        for (i, v) in z.iter_mut().enumerate() {
+            let (r, c) = (i / width, i % width);
+            let masked = match mask {
+                Mask::None => false,
+                Mask::FirstHalf => r < rows / 2,
+                Mask::Scattered => c == 0 || (r * 7 + c * 3) % 11 == 0,
+            };
+            if masked {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(width);
+            let ((), elapsed) = call(|| be.softmax_pool(&a, &z, rows, width, out.slice_mut()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let n = (rows * width) as f64;
+    Case::new(
+        Op::SoftmaxPool,
+        class,
+        format!("{rows}x{width}{tag}"),
+        None,
+        (4.0 * n, 8.0 * n),
+        build,
+    )
+}
+
+fn indexer_case(class: SizeClass, heads: usize, dim: usize, n: usize) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let q = uniform_std(rng, heads * dim, 1.0);
+        let w = uniform(rng, heads, 1.0 / (heads as f32).sqrt());
+        let keys = uniform_std(rng, n * dim, 1.0);
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(n);
+            let ((), elapsed) = call(|| be.indexer_scores(&q, &w, dim, &keys, out.slice_mut()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (heads as f64, dim as f64, n as f64);
+    Case::new(
+        Op::IndexerScores,
+        class,
+        format!("h{heads}.d{dim}.n{n}"),
+        None,
+        (2.0 * nf * h * (d + 1.0), 4.0 * (nf * d + h * d + h + nf)),
+        build,
+    )
+}
+
+fn topk_case(class: SizeClass, n: usize, k: usize, ties: bool) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let mut s = uniform(rng, n, 2.0);
+        if ties {
+            // Multiples of 1/4: many equal scores, so the lower-index rule decides.
+            s.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0);
+        }
+        Ok(Box::new(move |be| {
+            let (idx, elapsed) = call(|| be.topk(&s, k))?;
+            if let Some(&bad) = idx.iter().find(|&&i| i >= n) {
+                return Err(Problem::OpError(format!(
+                    "index {bad} is outside {n} scores"
+                )));
+            }
+            if idx.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(Problem::OpError(
+                    "indices are not strictly ascending".to_string(),
+                ));
+            }
+            Ok(Ran {
+                out: Produced::Indices(idx),
+                elapsed,
+            })
+        }))
+    });
+    Case::new(
+        Op::Topk,
+        class,
+        format!("n{n}.k{k}{}", if ties { ".ties" } else { "" }),
+        None,
+        (0.0, 4.0 * n as f64),
+        build,
+    )
+}
+
+fn attention_case(class: SizeClass, heads: usize, dim: usize, n: usize, hot: bool) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        // Unit-RMS queries and keys give logits of about N(0, 1); "hot" queries push them to
+        // a few hundred, where a softmax without max subtraction overflows.
+        let q = uniform_std(rng, heads * dim, if hot { 60.0 } else { 1.0 });
+        let keys = uniform_std(rng, n * dim, 1.0);
+        let sink = uniform(rng, heads, 2.0);
+        let scale = 1.0 / (dim as f32).sqrt();
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(heads * dim);
+            let ((), elapsed) =
+                call(|| be.sparse_attention(&q, dim, &keys, &sink, scale, out.slice_mut()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (heads as f64, dim as f64, n as f64);
+    Case::new(
+        Op::SparseAttention,
+        class,
+        format!("h{heads}.d{dim}.n{n}{}", if hot { ".hot" } else { "" }),
+        None,
+        (4.0 * h * nf * d, 4.0 * (nf * d + 2.0 * h * d + h)),
+        build,
+    )
+}
+
+/// Every case of this module.
+pub(crate) fn cases() -> Vec<Case> {
+    use SizeClass::*;
+    vec![
+        softmax_pool_case(Tiny, 8, 128, Mask::FirstHalf),
+        softmax_pool_case(Tiny, 8, 128, Mask::None),
+        softmax_pool_case(Tiny, 128, 128, Mask::None),
+        softmax_pool_case(Odd, 5, 33, Mask::Scattered),
+        softmax_pool_case(Odd, 1, 3, Mask::None),
+        softmax_pool_case(Flash, 8, 512, Mask::None),
+        softmax_pool_case(Flash, 128, 512, Mask::None),
+        softmax_pool_case(Flash, 8, 128, Mask::FirstHalf),
+        indexer_case(Tiny, 4, 128, 16),
+        indexer_case(Odd, 3, 32, 37),
+        indexer_case(Odd, 1, 1, 1),
+        indexer_case(Flash, 64, 128, 4096),
+        indexer_case(Flash, 64, 128, 16384).full_only(),
+        topk_case(Tiny, 16, 16, false),
+        topk_case(Tiny, 37, 16, false),
+        topk_case(Odd, 10, 16, false),
+        topk_case(Odd, 0, 4, false),
+        topk_case(Odd, 1000, 100, true),
+        topk_case(Flash, 4096, 512, false),
+        topk_case(Flash, 4096, 512, true),
+        topk_case(Flash, 16384, 512, false).full_only(),
+        attention_case(Tiny, 4, 128, 32, false),
+        attention_case(Tiny, 4, 128, 17, false),
+        attention_case(Odd, 3, 72, 1, false),
+        attention_case(Odd, 2, 5, 7, true),
+        attention_case(Flash, 64, 512, 640, false),
+        attention_case(Flash, 64, 512, 192, false),
+        attention_case(Flash, 64, 512, 4224, false).full_only(),
+    ]
+}

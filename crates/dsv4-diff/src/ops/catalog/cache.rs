@@ -1,0 +1,170 @@
+//! Cases of the cache ops: `cache_store` (exact page bytes; only the slot's bytes may change,
+//! and every one of them must be written) and `cache_load` (exact values), for every KV and
+//! index-K storage format.
+
+use crate::Op;
+use crate::ops::case::{Case, Runner, SizeClass, uniform};
+use crate::ops::harness::{GuardedBytes, GuardedF32, Problem, Produced, Ran, call};
+use dsv4_core::cache::{IndexKLayout, KvLayout, SlotBytes};
+use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
+use dsv4_kernels::RowFormat;
+
+/// The byte ranges of `slot` in a page of `fmt`.
+fn slot_bytes(fmt: &RowFormat, slot: usize) -> Result<SlotBytes, String> {
+    match fmt {
+        RowFormat::Kv(l) => l.slot_bytes(slot),
+        RowFormat::IndexK(l) => l.slot_bytes(slot),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// One row of values whose 32-value blocks span 10^[-3, 2], with block 1 all zeros.
+fn row_values(rng: &mut SplitMix64, width: usize) -> Vec<f32> {
+    let mut v = uniform(rng, width, 1.0);
+    for (b, block) in v.chunks_mut(32).enumerate() {
+        let mag = if b == 1 {
+            0.0
+        } else {
+            10f32.powf(rng.uniform_sym(2.5) - 0.5)
+        };
+        block.iter_mut().for_each(|x| *x *= mag);
+    }
+    v
+}
+
+/// The case's format label and numerics tag.
+fn describe(fmt: &RowFormat) -> (String, String) {
+    match fmt {
+        RowFormat::Kv(l) => (
+            format!("kv.hd{}.rd{}.p{}", l.head_dim(), l.rd(), l.page_entries()),
+            format!("kv={}", l.dtype()),
+        ),
+        RowFormat::IndexK(l) => (
+            format!("index_k.d{}.p{}", l.dim(), l.page_entries()),
+            format!("index_k={}", l.dtype()),
+        ),
+    }
+}
+
+fn store_case(class: SizeClass, fmt: RowFormat, last_slot: bool) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let width = fmt.width();
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let per = fmt.page_entries();
+        let slot = if last_slot {
+            per - 1
+        } else {
+            rng.below(per as u64) as usize
+        };
+        let at = slot_bytes(&fmt, slot)?;
+        let before: Vec<u8> = (0..fmt.page_bytes())
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        let values = row_values(rng, width);
+        Ok(Box::new(move |be| {
+            // Two runs over pages whose slot bytes start as 0x00 and as 0xFF: a slot byte that
+            // differs between them was not written.
+            let mut pages = Vec::with_capacity(2);
+            let mut elapsed = None;
+            for fill in [0x00u8, 0xFF] {
+                let mut start = before.clone();
+                for b in at.data.clone().chain(at.scale.clone()) {
+                    start[b] = fill;
+                }
+                let mut page = GuardedBytes::with_bytes(&start);
+                let (res, t) = call(|| be.cache_store(&fmt, page.slice_mut(), slot, &values))?;
+                res.map_err(|e| Problem::OpError(e.to_string()))?;
+                elapsed.get_or_insert(t);
+                pages.push(page.into_bytes()?);
+            }
+            let (p0, p1) = (&pages[0], &pages[1]);
+            for (b, (&x, &y)) in p0.iter().zip(p1).enumerate() {
+                if at.contains(b) {
+                    if x != y {
+                        return Err(Problem::SlotByteNotWritten { byte: b });
+                    }
+                } else if x != before[b] || y != before[b] {
+                    return Err(Problem::OutsideSlot { byte: b });
+                }
+            }
+            Ok(Ran {
+                out: Produced::Bytes(pages.swap_remove(0)),
+                elapsed: elapsed.unwrap_or_default(),
+            })
+        }))
+    });
+    let shape = format!("{label}.s{}", if last_slot { "last" } else { "rand" });
+    let cost = (0.0, (4 * width + fmt.entry_bytes()) as f64);
+    Case::new(Op::CacheStore, class, shape, Some(numerics), cost, build)
+}
+
+fn load_case(class: SizeClass, fmt: RowFormat) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let width = fmt.width();
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        // A page fully written by the shared codec (not by either backend).
+        let mut page = vec![0u8; fmt.page_bytes()];
+        for slot in 0..fmt.page_entries() {
+            let v = row_values(rng, width);
+            match &fmt {
+                RowFormat::Kv(l) => l.write(&mut page, slot, &v),
+                RowFormat::IndexK(l) => l.write(&mut page, slot, &v),
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        let slot = rng.below(fmt.page_entries() as u64) as usize;
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(width);
+            let (res, elapsed) = call(|| be.cache_load(&fmt, &page, slot, out.slice_mut()))?;
+            res.map_err(|e| Problem::OpError(e.to_string()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let cost = (0.0, (4 * width + fmt.entry_bytes()) as f64);
+    Case::new(Op::CacheLoad, class, label, Some(numerics), cost, build)
+}
+
+/// The formats swept: (class, format), every storage dtype at tiny, odd and Flash sizes.
+fn formats() -> Vec<(SizeClass, RowFormat)> {
+    let mut v = Vec::new();
+    for dtype in [KvCacheDtype::Bf16, KvCacheDtype::Fp8] {
+        for (class, hd, rd, per) in [
+            (SizeClass::Tiny, 128, 64, 64),
+            (SizeClass::Odd, 192, 64, 3),
+            (SizeClass::Flash, 512, 64, 64),
+        ] {
+            if let Ok(l) = KvLayout::from_head_dims(dtype, hd, rd, per) {
+                v.push((class, RowFormat::Kv(l)));
+            }
+        }
+        if dtype == KvCacheDtype::Bf16
+            && let Ok(l) = KvLayout::from_head_dims(dtype, 10, 4, 1)
+        {
+            v.push((SizeClass::Odd, RowFormat::Kv(l)));
+        }
+    }
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4] {
+        for (class, dim, per) in [(SizeClass::Flash, 128, 64), (SizeClass::Odd, 32, 3)] {
+            if let Ok(l) = IndexKLayout::new(dtype, dim, per) {
+                v.push((class, RowFormat::IndexK(l)));
+            }
+        }
+    }
+    v
+}
+
+/// Every case of this module.
+pub(crate) fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (class, fmt) in formats() {
+        v.push(store_case(class, fmt, false));
+        if class == SizeClass::Odd {
+            v.push(store_case(class, fmt, true));
+        }
+        v.push(load_case(class, fmt));
+    }
+    v
+}

@@ -1,0 +1,126 @@
+//! End-to-end tests of the diff against deliberately wrong backends: the op sweep names exactly
+//! the broken op, `--model` reports its first divergent tap, poisoning catches an unwritten
+//! output, and an unsupported op is reported as such.
+
+use crate::faulty::{FAULTY_NAME, Fault, FaultyBackend};
+use crate::{ModelOptions, Op, OpsOptions, Side, SideConfig, Status, run_model, run_ops};
+use dsv4_backend_reference::ReferenceBackend;
+use std::sync::Arc;
+
+fn faulty_side(fault: Fault) -> Side {
+    Side::with_backend(
+        SideConfig::default().with_backend(FAULTY_NAME),
+        Arc::new(FaultyBackend::new(fault)),
+    )
+}
+
+fn reference_side() -> Side {
+    Side::with_backend(SideConfig::default(), Arc::new(ReferenceBackend))
+}
+
+#[test]
+fn the_sweep_names_exactly_the_perturbed_op() {
+    let bad = FaultyBackend::new(Fault::RmsNormScale);
+    let report = run_ops(&ReferenceBackend, &bad, &OpsOptions::default()).unwrap();
+    let failing: Vec<&str> = report
+        .cases
+        .iter()
+        .filter(|c| c.status == Status::Fail)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(!failing.is_empty());
+    for c in &report.cases {
+        let expect = if c.op == Op::RmsNorm {
+            Status::Fail
+        } else {
+            Status::Pass
+        };
+        assert_eq!(c.status, expect, "{}: {:?}", c.name, c.detail);
+    }
+    // 1% off everywhere is an NMSE of 1e-4.
+    let v = report.cases.iter().find(|c| c.op == Op::RmsNorm).unwrap();
+    let value = v.value.unwrap();
+    assert!((value - 1e-4).abs() < 1e-6, "{value}");
+    assert_eq!(report.summary.fail, failing.len());
+}
+
+#[test]
+fn the_model_diff_reports_the_first_divergent_tap_at_the_perturbed_op() {
+    let opts = ModelOptions {
+        prefill: 12,
+        decode: 2,
+        seed: 1,
+    };
+    let report = run_model(&reference_side(), &faulty_side(Fault::RmsNormScale), &opts).unwrap();
+    assert!(!report.passed);
+    let first = report.first_divergence.as_ref().unwrap();
+    assert_eq!(
+        (first.call.as_str(), first.layer.as_str(), first.op.as_str()),
+        ("prefill", "layers.0.", "attn_norm")
+    );
+    assert!(first.nmse > first.tolerance);
+    // Every tap before it (the embedding) agrees exactly.
+    assert!(report.taps[..first.index].iter().all(|t| t.nmse == 0.0));
+    assert!(report.structure_error.is_none());
+    assert!(report.logits.max_abs > 0.0);
+}
+
+#[test]
+fn poisoning_catches_an_output_element_left_unwritten() {
+    let bad = FaultyBackend::new(Fault::RmsNormSkipLast);
+    let opts = OpsOptions {
+        ops: vec!["rms_norm".into(), "swiglu".into()],
+        ..OpsOptions::default()
+    };
+    let report = run_ops(&ReferenceBackend, &bad, &opts).unwrap();
+    for c in &report.cases {
+        if c.op == Op::RmsNorm {
+            assert_eq!(c.status, Status::Fail, "{}", c.name);
+            let d = c.detail.as_deref().unwrap();
+            assert!(
+                d.starts_with("candidate: out[") && d.contains("was not written"),
+                "{d}"
+            );
+            assert_eq!(c.value, None);
+        } else {
+            assert_eq!(c.status, Status::Pass, "{}", c.name);
+        }
+    }
+}
+
+#[test]
+fn an_unsupported_op_is_reported_as_unsupported_not_failed() {
+    let bad = FaultyBackend::new(Fault::HadamardUnsupported);
+    let opts = OpsOptions {
+        ops: vec!["hadamard".into(), "rms_norm".into()],
+        ..OpsOptions::default()
+    };
+    let report = run_ops(&ReferenceBackend, &bad, &opts).unwrap();
+    assert_eq!(report.summary.fail, 0);
+    assert!(report.passed());
+    let hadamards: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|c| c.op == Op::Hadamard)
+        .collect();
+    assert!(!hadamards.is_empty());
+    for c in hadamards {
+        assert_eq!(c.status, Status::Unsupported);
+        assert!(
+            c.detail
+                .as_deref()
+                .unwrap()
+                .starts_with("candidate: unsupported")
+        );
+    }
+    assert!(report.summary.pass > 0);
+}
+
+#[test]
+fn the_faulty_backend_is_in_the_registry_for_tests() {
+    let side = SideConfig::default()
+        .with_backend(FAULTY_NAME)
+        .open("candidate")
+        .unwrap();
+    assert_eq!(side.backend.name(), FAULTY_NAME);
+}

@@ -1,0 +1,194 @@
+//! Every tolerance of the diff, in one place: the per-op table of `--ops` and the per-tap table
+//! of `--model`.
+//!
+//! NMSE = Σ(oracle−candidate)² / Σoracle². 1e-7 is a relative RMS error of ≈3e-4: it admits any
+//! f32 summation order over the longest reductions of the model (4096–16384 terms) and rejects
+//! bf16 rounding of an output (NMSE ≈ 1e-6) or any real bug. Ops without long reductions get
+//! 1e-9. Ops whose result is a rounding, a choice or a byte layout must match exactly.
+
+use crate::Op;
+use serde::Serialize;
+use std::fmt;
+
+/// How an op's outputs are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Normalized mean squared error; passes when value ≤ tolerance.
+    Nmse,
+    /// Count of output values that differ (0.0 = −0.0); passes when value ≤ tolerance.
+    Mismatches,
+    /// Count of page bytes that differ; passes when value ≤ tolerance.
+    ByteMismatches,
+    /// |oracle set ∩ candidate set| / |oracle set|; passes when value ≥ tolerance.
+    Recall,
+}
+
+impl Metric {
+    /// Whether `value` is within `tolerance` for this metric (NaN never passes).
+    pub fn passes(self, value: f64, tolerance: f64) -> bool {
+        match self {
+            Metric::Recall => value >= tolerance,
+            _ => value <= tolerance,
+        }
+    }
+
+    /// The metric's name as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Nmse => "nmse",
+            Metric::Mismatches => "mismatches",
+            Metric::ByteMismatches => "byte_mismatches",
+            Metric::Recall => "recall",
+        }
+    }
+
+    /// "≤" or "≥": how the value must relate to the tolerance.
+    pub fn bound(self) -> &'static str {
+        match self {
+            Metric::Recall => ">=",
+            _ => "<=",
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An op's comparison: metric, limit, and why that limit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Tolerance {
+    /// How outputs are compared.
+    pub metric: Metric,
+    /// The limit (see [`Metric::passes`]).
+    pub limit: f64,
+    /// One line on why.
+    pub why: &'static str,
+}
+
+const fn tol(metric: Metric, limit: f64, why: &'static str) -> Tolerance {
+    Tolerance { metric, limit, why }
+}
+
+/// The tolerance of an op in `--ops` mode.
+pub fn op_tolerance(op: Op) -> Tolerance {
+    use Metric::*;
+    match op {
+        Op::Linear => tol(
+            Nmse,
+            1e-7,
+            "dot products up to 32768 terms in any f32 order",
+        ),
+        Op::ActQuantFp8 => tol(
+            Mismatches,
+            0.0,
+            "power-of-two scales make the rounding exact",
+        ),
+        Op::RmsNorm => tol(Nmse, 1e-9, "one sum of squares per row"),
+        Op::Rope => tol(
+            Nmse,
+            1e-9,
+            "angles must be formed in f64 (positions up to 2^20)",
+        ),
+        Op::MhcPre => tol(
+            Nmse,
+            1e-7,
+            "M·D = 16384-term mixing dot products, 20 Sinkhorn rounds",
+        ),
+        Op::MhcPost => tol(Nmse, 1e-9, "M + 1 terms per output"),
+        Op::HcHead => tol(Nmse, 1e-7, "M·D = 16384-term mixing dot products"),
+        Op::SoftmaxPool => tol(Nmse, 1e-9, "short per-channel softmax"),
+        Op::Hadamard => tol(Nmse, 1e-9, "log2(d) butterfly stages, or d-term sums"),
+        Op::IndexerScores => tol(Nmse, 1e-7, "head-weighted sums with cancellation"),
+        Op::Topk => tol(
+            Recall,
+            1.0,
+            "same scores must give the same set (ties to the lower index)",
+        ),
+        Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
+        Op::RouterScores => tol(Nmse, 1e-9, "element-wise"),
+        Op::Swiglu => tol(Nmse, 1e-9, "element-wise"),
+        Op::CacheStore => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),
+        Op::CacheLoad => tol(Mismatches, 0.0, "dequantization is exact"),
+        Op::RoundIndexRows => tol(Mismatches, 0.0, "the rounding is exact"),
+    }
+}
+
+/// The default NMSE tolerance of a `--model` tap whose op has no row in [`TAP_TOLERANCES`].
+pub const DEFAULT_TAP_NMSE: f64 = 1e-6;
+
+/// NMSE tolerance of `--model` taps by op name: (op, limit, why). Errors of f32 reorderings
+/// compound through the layers, so taps get more room than single ops; the first tap above its
+/// limit is where the candidate departs.
+pub const TAP_TOLERANCES: &[(&str, f64, &str)] = &[
+    ("embed", 0.0, "a copy of embedding rows"),
+    ("attn_norm", 1e-6, "after mHC mixing"),
+    ("attn.q", 1e-6, "two projections, norms, RoPE"),
+    ("attn.kv", 1e-6, "one projection, norm, RoPE"),
+    (
+        "indexer.q",
+        1e-4,
+        "rounded to index_k_dtype: tiny upstream differences flip rounding steps",
+    ),
+    ("indexer.weights", 1e-6, "one projection"),
+    ("attn.o", 1e-5, "reads cache rows rounded to kv_cache_dtype"),
+    ("attn.out", 1e-5, "output projections of attn.o"),
+    (
+        "hc_attn_post",
+        1e-6,
+        "residual streams (dominated by the residual)",
+    ),
+    ("ffn_norm", 1e-6, "after mHC mixing"),
+    (
+        "moe.out",
+        1e-5,
+        "routed experts (MXFP4), activations maybe fp8-quantized",
+    ),
+    ("hc_ffn_post", 1e-6, "residual streams"),
+    ("logits", 1e-5, "head projection of the final streams"),
+];
+
+/// The NMSE tolerance of a `--model` tap by op name.
+pub fn tap_tolerance(op: &str) -> f64 {
+    TAP_TOLERANCES
+        .iter()
+        .find(|(name, _, _)| *name == op)
+        .map_or(DEFAULT_TAP_NMSE, |(_, limit, _)| *limit)
+}
+
+/// The least fraction of tokens whose indexer selection must equal the oracle's, per ratio-4
+/// layer, in `--model` mode (exact set equality; spec §3.5 compares index sets).
+pub const MIN_INDEXER_AGREEMENT: f64 = 1.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_pass_in_their_direction_and_nan_never_passes() {
+        assert!(Metric::Nmse.passes(1e-8, 1e-7));
+        assert!(!Metric::Nmse.passes(1e-6, 1e-7));
+        assert!(!Metric::Nmse.passes(f64::NAN, 1e-7));
+        assert!(Metric::Recall.passes(1.0, 1.0));
+        assert!(!Metric::Recall.passes(0.99, 1.0));
+        assert!(!Metric::Recall.passes(f64::NAN, 1.0));
+        assert!(!Metric::Mismatches.passes(1.0, 0.0));
+    }
+
+    #[test]
+    fn every_op_has_a_tolerance_and_exact_ops_allow_nothing() {
+        for op in Op::ALL {
+            let t = op_tolerance(op);
+            assert!(!t.why.is_empty());
+            if t.metric != Metric::Nmse {
+                assert!(t.limit == 0.0 || t.limit == 1.0, "{op}: {t:?}");
+            }
+        }
+        assert_eq!(tap_tolerance("embed"), 0.0);
+        assert_eq!(tap_tolerance("indexer.q"), 1e-4);
+        assert_eq!(tap_tolerance("something.new"), DEFAULT_TAP_NMSE);
+    }
+}
