@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{forward, generate, model, profile};
+use commands::{bench, forward, generate, model, profile};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +49,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure machine peaks, op-level and end-to-end throughput per backend.
+    Bench(bench::BenchArgs),
     /// Inspect profiles: the resolved configuration and where each value came from.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
@@ -103,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate { args, json } => {
             generate::run(args, &resolve(&cli.global, None)?.profile, *json)
         }
+        Command::Bench(args) => bench::run(args, &resolve(&cli.global, None)?.profile),
         Command::Profile(cmd) => {
             let resolved = resolve(&cli.global, cmd.profile_name())?;
             profile::run(cmd, &resolved)

@@ -1,0 +1,201 @@
+//! End-to-end benchmarks: prefill and decode throughput of whole models (the embedded tiny model
+//! and the "small" config shipped with the bench), and decode time per token against context.
+
+use crate::timing::median_secs;
+use dsv4_core::{Numerics, SplitMix64, Tensor};
+use dsv4_kernels::{Backend, Linear};
+use dsv4_model::{Model, ModelConfig, ModelError, SequenceState};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The small bench config: hidden 1024, 8 layers with Flash-like compress ratios, 32 experts.
+pub const SMALL_CONFIG: &str = include_str!("../data/small-config.json");
+
+/// One end-to-end measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct E2eResult {
+    /// Backend name.
+    pub backend: String,
+    /// "tiny" or "small".
+    pub config: String,
+    /// What was measured, e.g. "prefill 512 tokens".
+    pub metric: String,
+    /// The value.
+    pub value: f64,
+    /// Its unit ("tokens/s", "ms/token").
+    pub unit: &'static str,
+}
+
+/// Which model configs and contexts to run.
+#[derive(Debug, Clone)]
+pub struct E2ePlan {
+    /// Config names ("tiny", "small").
+    pub configs: Vec<String>,
+    /// Prefill length for the prefill throughput case.
+    pub prefill_tokens: usize,
+    /// Contexts for the decode-vs-context case (small config, fast backends only).
+    pub contexts: Vec<usize>,
+}
+
+/// A named config.
+pub fn config(name: &str) -> Result<ModelConfig, ModelError> {
+    match name {
+        "tiny" => Ok(ModelConfig::tiny()),
+        "small" => ModelConfig::from_json_str(SMALL_CONFIG),
+        other => Err(ModelError::invalid(
+            "bench config",
+            format!("unknown config `{other}` (known: tiny, small)"),
+        )),
+    }
+}
+
+/// Weights of a config generated from seed 0 (shared by every backend of a run).
+pub fn weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>, ModelError> {
+    Ok(dsv4_model::tiny::generate_weights(cfg, 0)?
+        .into_iter()
+        .collect())
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n)
+        .map(|_| 2 + g.below(vocab as u64 - 2) as u32)
+        .collect()
+}
+
+/// Bytes of weights one decode token reads: every non-expert linear, the router, the shared
+/// expert, `num_experts_per_tok` routed experts (their average size) and the head.
+pub fn active_weight_bytes(model: &Model) -> usize {
+    let k = model.cfg.num_experts_per_tok;
+    let mut total = model.weights.head.stored_bytes();
+    for b in &model.weights.layers {
+        let a = &b.attn;
+        let mut lins: Vec<&Linear> = vec![&a.wq_a, &a.wq_b, &a.wkv, &a.wo_b, &b.moe.gate];
+        lins.extend(a.wo_a.iter());
+        if let Some(c) = &a.compressor {
+            lins.extend([&c.wkv, &c.wgate]);
+        }
+        if let Some(i) = &a.indexer {
+            lins.extend([
+                &i.wq_b,
+                &i.weights_proj,
+                &i.compressor.wkv,
+                &i.compressor.wgate,
+            ]);
+        }
+        let s = &b.moe.shared;
+        lins.extend([&s.w1, &s.w2, &s.w3]);
+        total += lins.iter().map(|l| l.stored_bytes()).sum::<usize>();
+        let experts = &b.moe.experts;
+        let per_expert: usize = experts
+            .iter()
+            .map(|e| e.w1.stored_bytes() + e.w2.stored_bytes() + e.w3.stored_bytes())
+            .sum::<usize>()
+            / experts.len().max(1);
+        total += k * per_expert;
+    }
+    total
+}
+
+fn prefill_chunks(
+    model: &Model,
+    st: &mut SequenceState,
+    toks: &[u32],
+    chunk: usize,
+) -> Result<(), dsv4_model::ForwardError> {
+    for c in toks.chunks(chunk) {
+        model.forward(st, c)?;
+    }
+    Ok(())
+}
+
+/// Run the plan's cases for one config on one backend.
+pub fn run(
+    backend: Arc<dyn Backend>,
+    cfg_name: &str,
+    cfg: &ModelConfig,
+    tensors: &HashMap<String, Tensor>,
+    plan: &E2ePlan,
+    long_contexts: bool,
+) -> Result<(Vec<E2eResult>, usize), Box<dyn std::error::Error>> {
+    let model = Model::load(cfg.clone(), tensors, backend.clone(), Numerics::default())?;
+    let name = backend.name().to_string();
+    let v = cfg.vocab_size;
+    let mut out = Vec::new();
+    let mut push = |metric: String, value: f64, unit| {
+        eprintln!("  {name:<10} {cfg_name:<6} {metric:<36} {value:>10.2} {unit}");
+        out.push(E2eResult {
+            backend: name.clone(),
+            config: cfg_name.to_string(),
+            metric,
+            value,
+            unit,
+        });
+    };
+
+    // Prefill throughput (one sequence, one call).
+    let toks = tokens(plan.prefill_tokens, v, 1);
+    let t0 = Instant::now();
+    model.forward(&mut model.new_sequence(), &toks)?;
+    push(
+        format!("prefill {} tokens", plan.prefill_tokens),
+        plan.prefill_tokens as f64 / t0.elapsed().as_secs_f64(),
+        "tokens/s",
+    );
+
+    // Decode at batch 1 and 16 after a 64-token prompt each.
+    for batch in [1usize, 16] {
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|s| tokens(64, v, 10 + s as u64)).collect();
+        let mut states: Vec<SequenceState> = (0..batch).map(|_| model.new_sequence()).collect();
+        {
+            let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+            let slices: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+            model.forward_batch(&mut refs, &slices)?;
+        }
+        let next = [5u32];
+        let step = median_secs(
+            || {
+                let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+                let slices: Vec<&[u32]> = vec![&next[..]; batch];
+                model
+                    .forward_batch(&mut refs, &slices)
+                    .expect("decode step");
+            },
+            4,
+            16,
+            Duration::from_secs(3),
+        );
+        push(
+            format!("decode batch {batch}"),
+            batch as f64 / step,
+            "tokens/s",
+        );
+    }
+
+    // Decode time per token against context (fast backends only: it needs long prefills).
+    if long_contexts {
+        for &ctx in &plan.contexts {
+            if ctx + 16 > cfg.max_position_embeddings {
+                continue;
+            }
+            let mut st = model.new_sequence();
+            prefill_chunks(&model, &mut st, &tokens(ctx, v, 3), 1024)?;
+            let step = median_secs(
+                || {
+                    model.forward(&mut st, &[7]).expect("decode step");
+                },
+                4,
+                8,
+                Duration::from_secs(2),
+            );
+            push(
+                format!("decode ms/token at context {ctx}"),
+                step * 1e3,
+                "ms/token",
+            );
+        }
+    }
+    Ok((out, active_weight_bytes(&model)))
+}

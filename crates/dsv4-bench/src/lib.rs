@@ -1,0 +1,111 @@
+//! dsv4-bench: the measurements behind `dsv4 bench`. Machine peaks are measured in the same run
+//! and every result is reported against them (or against another backend of the same run); no
+//! test asserts a timing.
+
+pub mod e2e;
+pub mod machine;
+pub mod ops;
+mod report;
+pub mod timing;
+
+pub use report::{Target, render_table, targets};
+
+use dsv4_kernels::registry::{self, BackendOptions};
+use serde::Serialize;
+use std::time::Duration;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Backends by registry name.
+    pub backends: Vec<String>,
+    /// Threads for backends and the machine measurement (0 = all cores).
+    pub threads: usize,
+    /// Measure the machine's FMA peak and bandwidth.
+    pub machine: bool,
+    /// Run the op-level cases.
+    pub ops: bool,
+    /// End-to-end plan (None = skip).
+    pub e2e: Option<e2e::E2ePlan>,
+}
+
+/// Everything one `dsv4 bench` run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Machine limits of this run.
+    pub machine: Option<machine::MachinePeaks>,
+    /// Op-level results.
+    pub ops: Vec<ops::OpResult>,
+    /// End-to-end results.
+    pub e2e: Vec<e2e::E2eResult>,
+    /// Active weight bytes per decode token of each config (for the decode floor).
+    pub active_weight_bytes: Vec<(String, usize)>,
+    /// The targets, evaluated on this run's numbers.
+    pub targets: Vec<Target>,
+}
+
+/// Errors of a bench run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A backend could not be created.
+    #[error(transparent)]
+    Backend(#[from] dsv4_kernels::KernelError),
+    /// A model could not be built or run.
+    #[error("{0}")]
+    Model(String),
+}
+
+/// The reference backend is orders of magnitude slower: it skips the biggest op cases and the
+/// long-context decode runs.
+const SLOW_BACKEND_FLOPS: f64 = 2.5e9;
+
+/// Run the benchmark.
+pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
+    let machine = opts.machine.then(|| {
+        eprintln!("measuring the machine (FMA peak, memory bandwidth)…");
+        machine::measure(opts.threads)
+    });
+    let bopts = BackendOptions {
+        threads: opts.threads,
+        device: None,
+    };
+    let backends = opts
+        .backends
+        .iter()
+        .map(|b| registry::create(b, &bopts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut op_results = Vec::new();
+    if opts.ops {
+        for b in &backends {
+            let slow = (b.name() == "reference").then_some(SLOW_BACKEND_FLOPS);
+            op_results.extend(ops::run(b.as_ref(), slow, Duration::from_millis(400)));
+        }
+    }
+    let mut e2e_results = Vec::new();
+    let mut active = Vec::new();
+    if let Some(plan) = &opts.e2e {
+        for cfg_name in &plan.configs {
+            eprintln!("generating {cfg_name} weights…");
+            let cfg = e2e::config(cfg_name).map_err(|e| BenchError::Model(e.to_string()))?;
+            let tensors = e2e::weights(&cfg).map_err(|e| BenchError::Model(e.to_string()))?;
+            for b in &backends {
+                let long = b.name() != "reference" && cfg_name == "small";
+                let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, long)
+                    .map_err(|e| BenchError::Model(e.to_string()))?;
+                e2e_results.extend(r);
+                if !active.iter().any(|(c, _): &(String, usize)| c == cfg_name) {
+                    active.push((cfg_name.clone(), bytes));
+                }
+            }
+        }
+    }
+    let mut report = BenchReport {
+        machine,
+        ops: op_results,
+        e2e: e2e_results,
+        active_weight_bytes: active,
+        targets: Vec::new(),
+    };
+    report.targets = targets(&report);
+    Ok(report)
+}

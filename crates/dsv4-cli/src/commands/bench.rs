@@ -1,0 +1,73 @@
+//! `dsv4 bench`: machine peaks, op-level and end-to-end throughput per backend, as a table or JSON.
+
+use anyhow::Context;
+use dsv4_bench::e2e::E2ePlan;
+use dsv4_bench::{BenchOptions, render_table};
+use std::path::PathBuf;
+
+/// Arguments of `dsv4 bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Backends to measure (repeatable); default: every registered backend that can run here.
+    #[arg(long = "backend", value_name = "NAME")]
+    pub backends: Vec<String>,
+    /// Model configs for the end-to-end cases (comma-separated): tiny, small.
+    #[arg(long, value_delimiter = ',', default_value = "tiny,small")]
+    pub configs: Vec<String>,
+    /// Prompt length of the prefill throughput case.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_tokens: usize,
+    /// Contexts of the decode-time-vs-context case (small config, fast backends).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    pub contexts: Vec<usize>,
+    /// Skip the machine peak measurement.
+    #[arg(long)]
+    pub no_machine: bool,
+    /// Skip the op-level cases.
+    #[arg(long)]
+    pub no_ops: bool,
+    /// Skip the end-to-end cases.
+    #[arg(long)]
+    pub no_e2e: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Run `dsv4 bench`.
+pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<()> {
+    let backends = if args.backends.is_empty() {
+        dsv4_kernels::registry::factories()
+            .into_iter()
+            .filter(|f| (f.probe)().is_ok() && !f.name.starts_with("faulty"))
+            .map(|f| f.name.to_string())
+            .collect()
+    } else {
+        args.backends.clone()
+    };
+    let opts = BenchOptions {
+        backends,
+        threads: profile.exec.threads,
+        machine: !args.no_machine,
+        ops: !args.no_ops,
+        e2e: (!args.no_e2e).then(|| E2ePlan {
+            configs: args.configs.clone(),
+            prefill_tokens: args.prefill_tokens,
+            contexts: args.contexts.clone(),
+        }),
+    };
+    let report = dsv4_bench::run(&opts)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.out {
+        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", render_table(&report));
+    }
+    Ok(())
+}
