@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, forward, generate, model, profile};
+use commands::{bench, diff, forward, generate, model, profile};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +51,8 @@ enum Command {
     },
     /// Measure machine peaks, op-level and end-to-end throughput per backend.
     Bench(bench::BenchArgs),
+    /// Diff two configurations op by op (--ops) or tap by tap through the model (--model).
+    Diff(diff::DiffArgs),
     /// Inspect profiles: the resolved configuration and where each value came from.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
@@ -106,6 +108,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             generate::run(args, &resolve(&cli.global, None)?.profile, *json)
         }
         Command::Bench(args) => bench::run(args, &resolve(&cli.global, None)?.profile),
+        Command::Diff(args) => diff::run(
+            args,
+            &cli.global.profile,
+            cli.global.profile_dir.as_deref(),
+            &cli.global.sets,
+        ),
         Command::Profile(cmd) => {
             let resolved = resolve(&cli.global, cmd.profile_name())?;
             profile::run(cmd, &resolved)

@@ -1,0 +1,189 @@
+//! `dsv4 diff`: differential testing of two configurations (crate `dsv4-diff`). The oracle is the
+//! resolved profile on `--backend`; the candidate is the same profile plus `--against-set`
+//! overrides on `--against`. Prints a table, or one JSON document with `--json`; exits 1 when
+//! anything fails.
+
+use anyhow::{Context, bail};
+use dsv4_config::{Profile, ResolveOptions};
+use dsv4_diff::ops::list_cases;
+use dsv4_diff::{DiffError, ModelOptions, OpsOptions, SideConfig, diff, render};
+use std::path::Path;
+
+/// The candidate backend when neither `--against` nor `--against-set backend.kind=…` names one.
+pub const DEFAULT_CANDIDATE: &str = "cpu";
+
+/// Arguments of `dsv4 diff`.
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// Oracle backend (default: the profile's backend.kind).
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
+    /// Candidate backend (default: `cpu`, or the backend.kind given with --against-set).
+    #[arg(long, value_name = "NAME")]
+    pub against: Option<String>,
+    /// Override one key of the candidate's profile only, e.g. numerics.act_quant=fp8 (repeatable).
+    #[arg(long = "against-set", value_name = "KEY=VALUE")]
+    pub against_sets: Vec<String>,
+    /// Sweep the op catalog (the default when no mode is given).
+    #[arg(long)]
+    pub ops: bool,
+    /// Run the profile's model on both sides and compare every tap.
+    #[arg(long)]
+    pub model: bool,
+    /// Only this op, by Backend method name (repeatable), e.g. -o rms_norm.
+    #[arg(short = 'o', long = "op", value_name = "OP")]
+    pub op: Vec<String>,
+    /// Only cases whose name (op/class/shape[/numerics]) matches this regex.
+    #[arg(short = 'p', long = "pattern", value_name = "REGEX")]
+    pub pattern: Option<String>,
+    /// Include the expensive Flash-size cases.
+    #[arg(long)]
+    pub full: bool,
+    /// Time the candidate per case: median time, GFLOP/s, GB/s.
+    #[arg(long)]
+    pub perf: bool,
+    /// Timed calls per case with --perf.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub repeats: usize,
+    /// Print the selected op cases and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Prefill tokens of --model.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub tokens: usize,
+    /// Single-token decode steps of --model after the prefill.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub decode: usize,
+    /// Seed of the op inputs and of the model's token ids.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON document (schema dsv4.diff/1, docs/diff.md) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The side a resolved profile describes.
+fn side_of(p: &Profile) -> SideConfig {
+    let model = match p.model.source() {
+        dsv4_config::ModelSource::Tiny { seed } => dsv4_model::ModelSource::Tiny { seed },
+        dsv4_config::ModelSource::Dir(dir) => dsv4_model::ModelSource::Dir(dir),
+    };
+    SideConfig {
+        backend: p.backend.kind.clone(),
+        threads: p.exec.threads,
+        device: p.backend.device.clone(),
+        numerics: p.numerics(),
+        model,
+    }
+}
+
+fn resolve(profile: &str, dir: Option<&Path>, sets: &[String]) -> anyhow::Result<Profile> {
+    let opts = ResolveOptions::from_process(profile, dir.map(Path::to_path_buf), sets);
+    Ok(Profile::resolve(&opts)?.profile)
+}
+
+/// Run `dsv4 diff` with the global profile options.
+pub fn run(
+    args: &DiffArgs,
+    profile: &str,
+    profile_dir: Option<&Path>,
+    sets: &[String],
+) -> anyhow::Result<()> {
+    #[cfg(feature = "faulty-backend")]
+    dsv4_diff::faulty::link();
+    let ops = OpsOptions {
+        ops: args.op.clone(),
+        pattern: args.pattern.clone(),
+        full: args.full,
+        perf: args.perf,
+        repeats: args.repeats,
+        seed: args.seed,
+    };
+    if args.list {
+        let cases = list_cases(&ops)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&cases)?);
+        } else {
+            cases.iter().for_each(|c| println!("{}", c.name));
+        }
+        return Ok(());
+    }
+    let oracle_profile = resolve(profile, profile_dir, sets)?;
+    let mut cand_sets = sets.to_vec();
+    cand_sets.extend(args.against_sets.iter().cloned());
+    let cand_profile = resolve(profile, profile_dir, &cand_sets)
+        .context("resolving the candidate's profile (--set and --against-set)")?;
+    let kind_overridden = args
+        .against_sets
+        .iter()
+        .any(|s| s.trim_start().starts_with("backend.kind="));
+    let oracle_backend = args
+        .backend
+        .clone()
+        .unwrap_or_else(|| oracle_profile.backend.kind.clone());
+    let cand_backend = match (&args.against, kind_overridden) {
+        (Some(name), _) => name.clone(),
+        (None, true) => cand_profile.backend.kind.clone(),
+        (None, false) => DEFAULT_CANDIDATE.to_string(),
+    };
+    let oracle = side_of(&oracle_profile)
+        .with_backend(oracle_backend)
+        .open("oracle")
+        .map_err(|e| hint(e, "--backend"))?;
+    let candidate = side_of(&cand_profile)
+        .with_backend(cand_backend)
+        .open("candidate")
+        .map_err(|e| hint(e, "--against"))?;
+    let run_model = args.model;
+    let run_ops = args.ops || !args.model;
+    let model = ModelOptions {
+        prefill: args.tokens,
+        decode: args.decode,
+        seed: args.seed,
+    };
+    let report = diff(
+        &oracle,
+        &candidate,
+        run_ops.then_some(&ops),
+        run_model.then_some(&model),
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", render(&report));
+    }
+    if !report.passed {
+        bail!("{}", failure_summary(&report));
+    }
+    Ok(())
+}
+
+/// A backend error with the flag that chooses that side.
+fn hint(e: DiffError, flag: &str) -> anyhow::Error {
+    anyhow::anyhow!("{e}; choose this side's backend with {flag} NAME")
+}
+
+/// One line on what failed, for the error message that sets exit status 1.
+fn failure_summary(report: &dsv4_diff::DiffReport) -> String {
+    let mut parts = Vec::new();
+    if let Some(ops) = report.ops.as_ref().filter(|o| !o.passed()) {
+        let first = ops
+            .cases
+            .iter()
+            .find(|c| c.status == dsv4_diff::Status::Fail)
+            .map_or("", |c| c.name.as_str());
+        parts.push(format!(
+            "{} op case(s) failed (first: {first})",
+            ops.summary.fail
+        ));
+    }
+    if let Some(m) = report.model.as_ref().filter(|m| !m.passed) {
+        let what = match (&m.structure_error, &m.first_divergence) {
+            (Some(e), _) => e.clone(),
+            (None, Some(t)) => format!("first divergence at {} {}{}", t.call, t.layer, t.op),
+            (None, None) => "indexer selections differ".to_string(),
+        };
+        parts.push(format!("model diff failed: {what}"));
+    }
+    format!("diff found differences: {}", parts.join("; "))
+}

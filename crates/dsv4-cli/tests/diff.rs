@@ -1,0 +1,98 @@
+//! End-to-end tests of `dsv4 diff`: JSON output and exit status, a candidate that differs only by
+//! a numerics override, unknown backends, and case listing.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+/// The binary with whitespace-separated `args` and no `DSV4_*` variables inherited from the caller.
+fn dsv4(args: &str) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
+    cmd.args(args.split_whitespace());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DSV4_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.output().expect("the dsv4 binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn reference_against_itself_on_one_op_exits_0_with_parsable_json() {
+    let out = dsv4("diff --backend reference --against reference --json -o rms_norm");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(doc["schema"], "dsv4.diff/1");
+    assert_eq!(doc["passed"], true);
+    assert_eq!(doc["candidate"]["backend"], "reference");
+    let cases = doc["ops"]["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for c in cases {
+        assert_eq!(c["op"], "rms_norm");
+        assert_eq!(c["status"], "pass");
+        assert_eq!(c["metric"], "nmse");
+        assert_eq!(c["value"], 0.0);
+    }
+    assert_eq!(doc["model"], Value::Null);
+}
+
+#[test]
+fn a_numerics_override_on_the_candidate_is_found_and_exits_1() {
+    let common = "diff --backend reference --against reference --model --tokens 6 --decode 1";
+    let out = dsv4(common);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("first divergence: none"));
+
+    let out = dsv4(&format!(
+        "{common} --against-set numerics.kv_cache_dtype=fp8"
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("FIRST DIVERGENCE") && stdout.contains("attn.o"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("kv=fp8"), "{stdout}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("first divergence at prefill layers.0.attn.o"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_backends_are_named_with_the_registered_ones() {
+    let out = dsv4("diff --against no-such-backend -o swiglu");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("unknown backend `no-such-backend` (registered: ")
+            && stderr.contains("reference")
+            && stderr.contains("--against"),
+        "{stderr}"
+    );
+    // The default candidate is `cpu`: it either runs or is reported as missing by name.
+    let out = dsv4("diff -o swiglu");
+    if !out.status.success() {
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("unknown backend `cpu`"), "{stderr}");
+    }
+}
+
+#[test]
+fn list_prints_the_selected_case_names_and_bad_filters_fail() {
+    let out = dsv4("diff --list -o topk -p flash");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let names = text(&out.stdout);
+    assert!(!names.is_empty());
+    assert!(
+        names.lines().all(|l| l.starts_with("topk/flash/")),
+        "{names}"
+    );
+    let out = dsv4("diff --list -o no_such_op");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("unknown op `no_such_op`"));
+}
