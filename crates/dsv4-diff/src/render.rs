@@ -85,10 +85,9 @@ fn ops_table(out: &mut String, ops: &OpsReport) {
 
 fn tap_line(t: &TapDiff) -> String {
     format!(
-        "{:<10} {}{:<16} nmse {:>9} (tol {:>7})  max|diff| {:>9}  [{}]",
+        "{:<10} {:<28} nmse {:>9} (tol {:>7})  max|diff| {:>9}  [{}]",
         t.call,
-        t.layer,
-        t.op,
+        format!("{}{}", t.layer, t.op),
         sci(Some(t.nmse)),
         sci(Some(t.tolerance)),
         sci(Some(t.max_abs)),
@@ -134,9 +133,10 @@ fn model_summary(out: &mut String, m: &ModelReport) {
             100.0 * a.rate
         );
     }
-    if !m.worst_taps.is_empty() {
-        out.push_str("closest to tolerance:\n");
-        for t in &m.worst_taps {
+    let differing: Vec<&TapDiff> = m.worst_taps.iter().filter(|t| t.nmse != 0.0).collect();
+    if !differing.is_empty() {
+        out.push_str("closest to (or past) tolerance:\n");
+        for t in differing {
             let _ = writeln!(out, "  {}", tap_line(t));
         }
     }

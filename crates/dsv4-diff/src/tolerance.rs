@@ -1,5 +1,6 @@
 //! Every tolerance of the diff, in one place: the per-op table of `--ops` and the per-tap table
-//! of `--model`.
+//! of `--model`. docs/diff.md carries both tables as [`op_table_rows`] and [`tap_table_rows`]
+//! print them; a test keeps the doc in step.
 //!
 //! NMSE = Σ(oracle−candidate)² / Σoracle². 1e-7 is a relative RMS error of ≈3e-4: it admits any
 //! f32 summation order over the longest reductions of the model (4096–16384 terms) and rejects
@@ -163,6 +164,40 @@ pub fn tap_tolerance(op: &str) -> f64 {
 /// layer, in `--model` mode (exact set equality; spec §3.5 compares index sets).
 pub const MIN_INDEXER_AGREEMENT: f64 = 1.0;
 
+/// A limit as the docs print it: `0`, `1`, or `1e-7`.
+fn limit_text(x: f64) -> String {
+    if x == 0.0 || x == 1.0 {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// The per-op table of docs/diff.md, one markdown row per op: op, metric, bound, why.
+pub fn op_table_rows() -> Vec<String> {
+    Op::ALL
+        .iter()
+        .map(|&op| {
+            let t = op_tolerance(op);
+            format!(
+                "| `{op}` | {} | {} {} | {} |",
+                t.metric,
+                t.metric.bound(),
+                limit_text(t.limit),
+                t.why
+            )
+        })
+        .collect()
+}
+
+/// The per-tap table of docs/diff.md, one markdown row per tap op: op, NMSE limit, why.
+pub fn tap_table_rows() -> Vec<String> {
+    TAP_TOLERANCES
+        .iter()
+        .map(|(op, limit, why)| format!("| `{op}` | {} | {why} |", limit_text(*limit)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +225,16 @@ mod tests {
         assert_eq!(tap_tolerance("embed"), 0.0);
         assert_eq!(tap_tolerance("indexer.q"), 1e-4);
         assert_eq!(tap_tolerance("something.new"), DEFAULT_TAP_NMSE);
+    }
+
+    #[test]
+    fn docs_diff_md_carries_both_tolerance_tables() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/diff.md");
+        let doc = std::fs::read_to_string(path).expect("docs/diff.md exists");
+        let rows = op_table_rows().into_iter().chain(tap_table_rows());
+        for row in rows {
+            assert!(doc.contains(&row), "docs/diff.md lacks the row\n{row}");
+        }
+        assert!(doc.contains(&limit_text(DEFAULT_TAP_NMSE)));
     }
 }
