@@ -1,0 +1,112 @@
+//! Engine options ([`EngineConfig`]): cache budget, prefix cache, scheduler limits. Plain values,
+//! so the engine does not depend on how a profile spells them; the CLI maps profile keys here.
+
+use crate::error::EngineError;
+use crate::pool::PoolKind;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How much cache the pools hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheBudget {
+    /// Tokens of compressed cache across all sequences (`cache.max_total_tokens`), plus one
+    /// partial page per store for every sequence slot.
+    Tokens(usize),
+    /// The largest token budget whose pools fit in this many bytes.
+    Bytes(u64),
+    /// A quarter of the memory available now (Linux `MemAvailable`, else 1 GiB) as a byte
+    /// budget, capped at max_running_requests full-length sequences.
+    Auto,
+    /// Explicit page counts per pool (pools not named get the [`CacheBudget::Tokens`] sizing of
+    /// one full-length sequence per slot); for tests and experiments.
+    Pages(BTreeMap<PoolKind, usize>),
+}
+
+/// Which waiting request is admitted next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulePolicy {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// Longest cached prefix first (ties: first come).
+    Lpm,
+}
+
+impl SchedulePolicy {
+    /// From a profile value ("fcfs" or "lpm").
+    pub fn parse(name: &str) -> Result<Self, EngineError> {
+        match name {
+            "fcfs" => Ok(Self::Fcfs),
+            "lpm" => Ok(Self::Lpm),
+            other => Err(EngineError::Config {
+                option: "scheduler.schedule_policy",
+                message: format!("unknown policy {other:?}; use fcfs or lpm"),
+            }),
+        }
+    }
+}
+
+/// Everything the engine is configured with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Pool sizing.
+    pub cache: CacheBudget,
+    /// Tokens per prefix-cache page (`cache.page_size`, a power of two): the radix tree's unit
+    /// and the spacing of state snapshots.
+    pub page_size: usize,
+    /// Reuse cached prefixes across requests (`cache.prefix_cache`).
+    pub prefix_cache: bool,
+    /// Most requests running at once (`scheduler.max_running_requests`, at least 1).
+    pub max_running_requests: usize,
+    /// Most prompt tokens prefilled in one step, over all requests
+    /// (`scheduler.chunked_prefill_size`); None: whole prompts in one step.
+    pub chunked_prefill_size: Option<usize>,
+    /// Admission order (`scheduler.schedule_policy`).
+    pub schedule_policy: SchedulePolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            cache: CacheBudget::Tokens(16384),
+            page_size: 64,
+            prefix_cache: true,
+            max_running_requests: 32,
+            chunked_prefill_size: Some(8192),
+            schedule_policy: SchedulePolicy::Fcfs,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Sequence slots the fixed-size pools (SWA rings, compressor rings) and the partial pages
+    /// are sized for: running requests, plus as many prefix snapshots when the cache is on.
+    pub fn sequence_slots(&self) -> usize {
+        self.max_running_requests * if self.prefix_cache { 2 } else { 1 }
+    }
+
+    /// Check the options, naming the first bad one.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !self.page_size.is_power_of_two() {
+            return Err(EngineError::Config {
+                option: "cache.page_size",
+                message: format!("{} is not a power of two; use e.g. 64", self.page_size),
+            });
+        }
+        if self.max_running_requests == 0 {
+            return Err(EngineError::Config {
+                option: "scheduler.max_running_requests",
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.chunked_prefill_size == Some(0) {
+            return Err(EngineError::Config {
+                option: "scheduler.chunked_prefill_size",
+                message: "must be at least 1 token (or unset for whole prompts)".into(),
+            });
+        }
+        Ok(())
+    }
+}

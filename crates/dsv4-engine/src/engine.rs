@@ -1,0 +1,182 @@
+//! The step loop on its own thread, and [`EngineHandle`], the one interface to it: submit a
+//! [`Request`] and read its [`RequestStream`] (usable from async code or with blocking reads),
+//! cancel by id, read [`EngineMetrics`]. Dropping the last handle stops the loop and cancels
+//! what is left.
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::metrics::EngineMetrics;
+use crate::pools::PoolReport;
+use crate::request::{Event, Request, RequestId, RequestStream};
+use crate::scheduler::{Limits, Scheduler};
+use crate::sequence::Detokenizer;
+use dsv4_model::Model;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+/// What the handle tells the loop.
+enum Command {
+    Submit {
+        id: RequestId,
+        req: Request,
+        tx: UnboundedSender<Event>,
+    },
+    Cancel(RequestId),
+    ClearPrefixCache,
+    Shutdown,
+}
+
+/// Starts engines.
+pub struct Engine;
+
+impl Engine {
+    /// Size the pools for `model` under `cfg` and start the step loop on its own thread.
+    pub fn spawn(model: Arc<Model>, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
+        Self::spawn_with(model, cfg, None)
+    }
+
+    /// [`Engine::spawn`] with a detokenizer, which enables stop strings and final text.
+    pub fn spawn_with(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenizer>>,
+    ) -> Result<EngineHandle, EngineError> {
+        let mut sched = Scheduler::new(model, cfg, detok)?;
+        let limits = sched.limits().clone();
+        let report = sched.pools().report().clone();
+        let metrics = Arc::new(Mutex::new(sched.metrics()));
+        sched.publish_to(Arc::clone(&metrics));
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("dsv4-engine".into())
+            .spawn(move || run(sched, rx))
+            .map_err(EngineError::Spawn)?;
+        Ok(EngineHandle {
+            inner: Arc::new(Inner {
+                cmd: tx,
+                limits,
+                report,
+                metrics,
+                next_id: AtomicU64::new(0),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+}
+
+/// Apply a command; false on shutdown.
+fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
+    match cmd {
+        Command::Submit { id, req, tx } => sched.enqueue(id, req, tx),
+        Command::Cancel(id) => {
+            sched.cancel(id);
+        }
+        Command::ClearPrefixCache => sched.clear_prefix_cache(),
+        Command::Shutdown => return false,
+    }
+    true
+}
+
+/// The loop: wait for work when idle, take every pending command, run one step.
+fn run(mut sched: Scheduler, rx: Receiver<Command>) {
+    tracing::info!("engine loop started");
+    'outer: loop {
+        if sched.is_idle() {
+            let Ok(cmd) = rx.recv() else {
+                break;
+            };
+            if !apply(&mut sched, cmd) {
+                break;
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    if !apply(&mut sched, cmd) {
+                        break 'outer;
+                    }
+                }
+                Err(TryRecvError::Disconnected) => break 'outer,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        sched.step();
+    }
+    sched.cancel_all();
+    tracing::info!("engine loop stopped");
+}
+
+struct Inner {
+    cmd: Sender<Command>,
+    limits: Limits,
+    report: PoolReport,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    next_id: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.cmd.send(Command::Shutdown);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread
+            && t.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
+        }
+    }
+}
+
+/// A cheap, cloneable handle to a running engine (Send + Sync).
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+impl EngineHandle {
+    /// Check and queue a request; its events arrive on the returned stream (dropping the
+    /// stream cancels the request).
+    pub fn submit(&self, req: Request) -> Result<RequestStream, EngineError> {
+        self.inner.limits.check(&req)?;
+        let id = RequestId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = unbounded_channel();
+        self.inner
+            .cmd
+            .send(Command::Submit { id, req, tx })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Cancel a request (its pages are freed before the next step; its stream ends with
+    /// `Cancelled`). Unknown or finished ids are ignored.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.inner.cmd.send(Command::Cancel(id));
+    }
+
+    /// Drop every prefix snapshot.
+    pub fn clear_prefix_cache(&self) {
+        let _ = self.inner.cmd.send(Command::ClearPrefixCache);
+    }
+
+    /// The metrics as of the last step.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.inner
+            .metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The pool table of start-up.
+    pub fn pool_report(&self) -> &PoolReport {
+        &self.inner.report
+    }
+
+    /// What requests are checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+}

@@ -1,0 +1,40 @@
+//! dsv4-engine: serves many concurrent requests on one [`dsv4_model::Model`].
+//!
+//! - [`pool`], [`pools`]: one fixed arena per cache kind of spec §4 (SWA KV, C4/C128 KV, C4
+//!   index-K, compressor rings), pages with reference counts; the forward pass reads and writes
+//!   rows in the arenas in the exact byte layouts.
+//! - [`prefix`]: radix tree over token pages holding whole-state snapshots at page boundaries.
+//! - [`scheduler`]: admission, continuous batching, chunked prefill, preemption, sampling and
+//!   stop conditions, one synchronous step at a time.
+//! - [`engine`]: the step loop on its own thread behind [`EngineHandle`].
+//! - [`bench`]: serving throughput at several concurrency levels.
+//!
+//! Batch invariance: a request's tokens and logits do not depend on what else runs, because
+//! every row of a batched step reads only its own sequence's pages and samples from its own
+//! seeded generator.
+
+pub mod bench;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod pool;
+pub mod pools;
+pub mod prefix;
+pub mod request;
+pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
+
+pub use config::{CacheBudget, EngineConfig, SchedulePolicy};
+pub use engine::{Engine, EngineHandle};
+pub use error::EngineError;
+pub use metrics::EngineMetrics;
+pub use pool::PoolKind;
+pub use pools::{PoolReport, PoolUsage};
+pub use request::{
+    Completion, Event, FinishReason, Finished, Request, RequestId, RequestStream, SamplingParams,
+    Timing, TokenEvent, Usage,
+};
+pub use scheduler::Scheduler;
+pub use sequence::Detokenizer;

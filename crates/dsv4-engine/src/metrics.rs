@@ -1,0 +1,99 @@
+//! Engine metrics as a plain struct a server can export: requests, pool usage, prefix hit rate,
+//! step time and throughput, plus the counters they are computed from.
+
+use crate::pools::PoolUsage;
+use serde::Serialize;
+use std::collections::VecDeque;
+
+/// Steps the recent step time and throughput are averaged over.
+const WINDOW: usize = 64;
+
+/// A snapshot of the engine's state and counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineMetrics {
+    /// Requests with a cache state, being stepped.
+    pub running_requests: usize,
+    /// Requests waiting for admission (new or preempted).
+    pub queued_requests: usize,
+    /// Usage of each cache pool.
+    pub pools: Vec<PoolUsage>,
+    /// Prefix snapshots held.
+    pub prefix_snapshots: usize,
+    /// Cached prompt tokens / prompt tokens, over requests admitted so far.
+    pub prefix_hit_rate: f64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens_total: u64,
+    /// Of those, tokens reused from the prefix cache.
+    pub cached_tokens_total: u64,
+    /// Tokens run through the model (prefill chunks and decode tokens, recomputation included).
+    pub computed_tokens_total: u64,
+    /// Tokens generated.
+    pub generated_tokens_total: u64,
+    /// Steps run.
+    pub steps_total: u64,
+    /// Wall time of the last step, ms.
+    pub last_step_ms: f64,
+    /// Mean step time over the recent steps, ms.
+    pub mean_step_ms: f64,
+    /// Generated tokens per second over the recent steps.
+    pub generated_tokens_per_s: f64,
+    /// Computed tokens per second over the recent steps.
+    pub computed_tokens_per_s: f64,
+    /// Requests finished (any reason but cancellation).
+    pub requests_finished: u64,
+    /// Requests cancelled (explicitly, or their stream dropped).
+    pub requests_cancelled: u64,
+    /// Preemptions (cache freed, recomputed later).
+    pub preemptions_total: u64,
+}
+
+/// Counters the scheduler updates; [`EngineMetrics`] is built from them.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub computed_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+    pub finished: u64,
+    pub cancelled: u64,
+    pub preemptions: u64,
+    pub last_step_ms: f64,
+    /// (step ms, generated tokens, computed tokens) of recent steps.
+    recent: VecDeque<(f64, u64, u64)>,
+}
+
+impl Counters {
+    /// Record one step that generated and computed the given tokens (already counted in the
+    /// totals).
+    pub fn step(&mut self, ms: f64, generated: u64, computed: u64) {
+        self.steps += 1;
+        self.last_step_ms = ms;
+        if self.recent.len() == WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((ms, generated, computed));
+    }
+
+    /// Fill the counter fields of `m`.
+    pub fn fill(&self, m: &mut EngineMetrics) {
+        let (ms, generated, computed) = self
+            .recent
+            .iter()
+            .fold((0.0, 0, 0), |(a, b, c), &(x, y, z)| (a + x, b + y, c + z));
+        let per_s = |n: u64| if ms > 0.0 { n as f64 / (ms / 1e3) } else { 0.0 };
+        m.prompt_tokens_total = self.prompt_tokens;
+        m.cached_tokens_total = self.cached_tokens;
+        m.prefix_hit_rate = self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64;
+        m.computed_tokens_total = self.computed_tokens;
+        m.generated_tokens_total = self.generated_tokens;
+        m.steps_total = self.steps;
+        m.last_step_ms = self.last_step_ms;
+        m.mean_step_ms = ms / self.recent.len().max(1) as f64;
+        m.generated_tokens_per_s = per_s(generated);
+        m.computed_tokens_per_s = per_s(computed);
+        m.requests_finished = self.finished;
+        m.requests_cancelled = self.cancelled;
+        m.preemptions_total = self.preemptions;
+    }
+}

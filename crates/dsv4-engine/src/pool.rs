@@ -1,0 +1,250 @@
+//! One cache pool: a fixed arena of equally sized byte pages (allocated once, so memory is
+//! bounded) with a free list and a reference count per page. It implements the model's
+//! [`PageStore`], so the forward pass reads and writes rows straight in the arena.
+
+use dsv4_model::forward::pages::{PageId, PageStore};
+use serde::{Deserialize, Serialize};
+use std::sync::{Mutex, MutexGuard};
+
+/// The kinds of cache pools (spec §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// SWA KV ring pages (every layer).
+    SwaKv,
+    /// Compressed KV entries of ratio-4 layers.
+    C4Kv,
+    /// Compressed KV entries of ratio-128 layers.
+    C128Kv,
+    /// Indexer key rows of ratio-4 layers.
+    C4IndexK,
+    /// Attention compressor rings of ratio-4 layers.
+    C4State,
+    /// Attention compressor rings of ratio-128 layers.
+    C128State,
+    /// Indexer compressor rings of ratio-4 layers.
+    C4IndexState,
+}
+
+impl PoolKind {
+    /// Every kind, in table order.
+    pub const ALL: [PoolKind; 7] = [
+        PoolKind::SwaKv,
+        PoolKind::C4Kv,
+        PoolKind::C128Kv,
+        PoolKind::C4IndexK,
+        PoolKind::C4State,
+        PoolKind::C128State,
+        PoolKind::C4IndexState,
+    ];
+
+    /// The pool's name in logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::SwaKv => "swa_kv",
+            PoolKind::C4Kv => "c4_kv",
+            PoolKind::C128Kv => "c128_kv",
+            PoolKind::C4IndexK => "c4_index_k",
+            PoolKind::C4State => "c4_state",
+            PoolKind::C128State => "c128_state",
+            PoolKind::C4IndexState => "c4_index_state",
+        }
+    }
+
+    /// Position in [`PoolKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+struct Arena {
+    bytes: Vec<u8>,
+    refs: Vec<u32>,
+    free: Vec<PageId>,
+}
+
+/// A pool of `pages` pages of `page_bytes` bytes, each holding `rows_per_page` rows.
+pub struct Pool {
+    kind: PoolKind,
+    page_bytes: usize,
+    rows_per_page: usize,
+    pages: usize,
+    arena: Mutex<Arena>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("kind", &self.kind)
+            .field("pages", &self.pages)
+            .field("used", &self.used_pages())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// An arena of `pages` zeroed pages, all free (page 0 is handed out first).
+    pub fn new(kind: PoolKind, pages: usize, page_bytes: usize, rows_per_page: usize) -> Self {
+        let free = (0..pages as PageId).rev().collect();
+        Self {
+            kind,
+            page_bytes,
+            rows_per_page,
+            pages,
+            arena: Mutex::new(Arena {
+                bytes: vec![0u8; pages * page_bytes],
+                refs: vec![0; pages],
+                free,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Arena> {
+        // A panic while the lock was held cannot leave the arena's bookkeeping half-done
+        // (every method finishes its updates before calling out), so a poisoned lock is usable.
+        self.arena.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn range(&self, page: PageId) -> Option<std::ops::Range<usize>> {
+        let p = page as usize;
+        (p < self.pages).then(|| p * self.page_bytes..(p + 1) * self.page_bytes)
+    }
+
+    /// The pool's kind.
+    pub fn kind(&self) -> PoolKind {
+        self.kind
+    }
+
+    /// Pages in the arena.
+    pub fn capacity(&self) -> usize {
+        self.pages
+    }
+
+    /// Rows one page holds.
+    pub fn rows_per_page(&self) -> usize {
+        self.rows_per_page
+    }
+
+    /// Pages free now.
+    pub fn free_pages(&self) -> usize {
+        self.lock().free.len()
+    }
+
+    /// Pages in use now.
+    pub fn used_pages(&self) -> usize {
+        self.pages - self.free_pages()
+    }
+
+    /// A copy of page `page`'s raw bytes (None for an id outside the arena).
+    pub fn raw_page(&self, page: PageId) -> Option<Vec<u8>> {
+        let r = self.range(page)?;
+        Some(self.lock().bytes[r].to_vec())
+    }
+}
+
+impl PageStore for Pool {
+    fn name(&self) -> &str {
+        self.kind.name()
+    }
+
+    fn page_bytes(&self) -> usize {
+        self.page_bytes
+    }
+
+    fn alloc(&self) -> Option<PageId> {
+        let mut a = self.lock();
+        let id = a.free.pop()?;
+        a.refs[id as usize] = 1;
+        let r = self.range(id)?;
+        a.bytes[r].fill(0);
+        Some(id)
+    }
+
+    fn retain(&self, page: PageId) {
+        let mut a = self.lock();
+        if let Some(r) = a.refs.get_mut(page as usize) {
+            debug_assert!(*r > 0, "retain of free page {page} in {}", self.kind.name());
+            *r += 1;
+        }
+    }
+
+    fn release(&self, page: PageId) {
+        let mut a = self.lock();
+        let Some(r) = a.refs.get_mut(page as usize) else {
+            return;
+        };
+        debug_assert!(
+            *r > 0,
+            "release of free page {page} in {}",
+            self.kind.name()
+        );
+        if *r == 0 {
+            tracing::error!(
+                pool = self.kind.name(),
+                page,
+                "release of a free page ignored"
+            );
+            return;
+        }
+        *r -= 1;
+        if *r == 0 {
+            a.free.push(page);
+        }
+    }
+
+    fn refs(&self, page: PageId) -> u32 {
+        self.lock().refs.get(page as usize).copied().unwrap_or(0)
+    }
+
+    fn read(&self, page: PageId, f: &mut dyn FnMut(&[u8])) {
+        let a = self.lock();
+        match self.range(page) {
+            Some(r) => f(&a.bytes[r]),
+            None => f(&[]),
+        }
+    }
+
+    fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
+        let mut a = self.lock();
+        match self.range(page) {
+            Some(r) => f(&mut a.bytes[r]),
+            None => f(&mut []),
+        }
+    }
+
+    fn copy(&self, from: PageId, to: PageId) {
+        if let (Some(src), Some(dst)) = (self.range(from), self.range(to)) {
+            self.lock().bytes.copy_within(src, dst.start);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_reference_counted_and_zeroed_when_reused() {
+        let p = Pool::new(PoolKind::C4Kv, 2, 8, 1);
+        let a = p.alloc().unwrap();
+        let b = p.alloc().unwrap();
+        assert_ne!(a, b);
+        assert!(p.alloc().is_none(), "only two pages");
+        p.write(a, &mut |bytes| bytes.fill(7));
+        p.retain(a);
+        p.release(a);
+        assert_eq!(p.refs(a), 1);
+        assert_eq!(p.free_pages(), 0);
+        p.copy(a, b);
+        assert_eq!(p.raw_page(b).unwrap(), vec![7; 8]);
+        p.release(a);
+        assert_eq!(p.free_pages(), 1);
+        let c = p.alloc().unwrap();
+        assert_eq!(c, a, "the freed page is reused");
+        assert_eq!(p.raw_page(c).unwrap(), vec![0; 8], "and zeroed");
+        assert!(p.raw_page(9).is_none());
+        let mut len = usize::MAX;
+        p.read(9, &mut |b| len = b.len());
+        assert_eq!(len, 0, "unknown ids read as empty pages");
+    }
+}

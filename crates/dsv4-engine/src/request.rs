@@ -1,0 +1,226 @@
+//! Requests and what comes back: [`Request`] with its [`SamplingParams`], the [`Event`]s of a
+//! [`RequestStream`] (tokens, then one [`Finished`] with reason, usage and timing).
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// The engine's id of a submitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 picks the most likely token (ties to the lower id); above 0 samples from
+    /// softmax(logits / temperature).
+    pub temperature: f32,
+    /// Keep the smallest set of most likely tokens whose probability reaches top_p (0 < p ≤ 1).
+    pub top_p: f32,
+    /// Keep only the top_k most likely tokens (0: all).
+    pub top_k: usize,
+    /// Seed of the request's own random stream (results do not depend on other requests).
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// One generation request over token ids.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    /// Prompt token ids (BOS included when the model wants one), at least one.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends when the decoded text contains one (the engine needs a
+    /// detokenizer for these); the final text is cut before it.
+    pub stop: Vec<String>,
+    /// Keep going past the end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Send the logits row each token was chosen from with its event.
+    pub return_logits: bool,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced its end-of-sequence token (not included in the output).
+    Eos,
+    /// A stop string appeared.
+    Stop,
+    /// max_tokens were generated.
+    Length,
+    /// The request was cancelled, or its stream was dropped.
+    Cancelled,
+    /// The engine could not run it (see the message).
+    Error,
+}
+
+impl FinishReason {
+    /// The lower-case name used in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (the end-of-sequence token not counted).
+    pub completion_tokens: usize,
+    /// Prompt tokens reused from the prefix cache when the request was first admitted.
+    pub cached_tokens: usize,
+    /// Times the request was preempted (its cache freed and recomputed later).
+    pub preemptions: usize,
+}
+
+impl Usage {
+    /// cached_tokens / prompt_tokens.
+    pub fn prefix_hit_rate(&self) -> f64 {
+        self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64
+    }
+}
+
+/// Wall-clock times of a finished request, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// Submission to first admission.
+    pub queue_ms: f64,
+    /// Submission to the first generated token (0 when none was generated).
+    pub ttft_ms: f64,
+    /// Submission to the end.
+    pub e2e_ms: f64,
+}
+
+/// The last event of every request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finished {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Times.
+    pub timing: Timing,
+    /// The generated text (cut before a matched stop string), when the engine has a
+    /// detokenizer.
+    pub text: Option<String>,
+    /// What went wrong, for [`FinishReason::Error`].
+    pub error: Option<String>,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    /// The token id.
+    pub token: u32,
+    /// Its index among the generated tokens.
+    pub index: usize,
+    /// The logits row it was chosen from (with `return_logits`).
+    pub logits: Option<Vec<f32>>,
+}
+
+/// What a request's stream yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token.
+    Token(TokenEvent),
+    /// The end (always the last event).
+    Finished(Finished),
+}
+
+/// A finished request, collected from its stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The request's id.
+    pub id: RequestId,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// The logits rows of the tokens (with `return_logits`).
+    pub logits: Vec<Vec<f32>>,
+    /// How it ended.
+    pub finished: Finished,
+}
+
+/// The events of one submitted request; dropping it cancels the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    pub(crate) id: RequestId,
+    pub(crate) rx: UnboundedReceiver<Event>,
+}
+
+impl RequestStream {
+    /// The request's id (for [`crate::EngineHandle::cancel`]).
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event (None after the last one, or when the engine stopped).
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread (not for use inside an async runtime).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// Block until the request finishes and return everything it produced.
+    pub fn collect_blocking(mut self) -> Completion {
+        let mut c = Completion {
+            id: self.id,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+            finished: stopped(),
+        };
+        while let Some(ev) = self.blocking_next() {
+            match ev {
+                Event::Token(t) => {
+                    c.tokens.push(t.token);
+                    c.logits.extend(t.logits);
+                }
+                Event::Finished(f) => {
+                    c.finished = f;
+                    break;
+                }
+            }
+        }
+        c
+    }
+}
+
+/// The Finished of a request whose engine went away before it ended.
+fn stopped() -> Finished {
+    Finished {
+        reason: FinishReason::Error,
+        usage: Usage::default(),
+        timing: Timing::default(),
+        text: None,
+        error: Some("the engine stopped before the request finished".into()),
+    }
+}

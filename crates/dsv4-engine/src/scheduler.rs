@@ -1,0 +1,553 @@
+//! The scheduler: admission queue, continuous batching and chunked prefill over the pooled
+//! caches, with prefix snapshots and preemption. It is synchronous — [`Scheduler::step`] runs one
+//! step — so tests can drive it exactly; [`crate::Engine`] runs it on its own thread.
+//!
+//! A step: drop requests whose client is gone; admit waiting requests (restoring the longest
+//! cached prefix, or starting fresh) up to `max_running_requests`; give every running request
+//! its next tokens (one for a decode, a prefill chunk within the step's `chunked_prefill_size`
+//! budget); then run them in rounds of one `forward_batch` each — with the prefix cache on, a
+//! chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
+//! it will take are counted; when a pool is short the least recently used snapshots are dropped,
+//! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
+
+use crate::config::{EngineConfig, SchedulePolicy};
+use crate::error::EngineError;
+use crate::metrics::{Counters, EngineMetrics};
+use crate::pool::PoolKind;
+use crate::pools::{CacheGeometry, CachePools, PoolPages, fresh_pages};
+use crate::prefix::PrefixCache;
+use crate::request::{Event, FinishReason, Request, RequestId, RequestStream};
+use crate::sampling;
+use crate::sequence::{AfterToken, Detokenizer, Seq};
+use dsv4_model::{ForwardError, Model};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+/// What a request is checked against before it is queued.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The model's vocabulary size.
+    pub vocab: usize,
+    /// The model's context limit.
+    pub max_position: usize,
+    /// Cache geometry.
+    pub geometry: CacheGeometry,
+    /// Pages of each pool.
+    pub capacity: PoolPages,
+    /// Whether stop strings can be checked (a detokenizer was given).
+    pub has_detokenizer: bool,
+}
+
+impl Limits {
+    /// Refuse a request the engine could never finish, saying why.
+    pub fn check(&self, req: &Request) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::BadRequest(m));
+        if req.prompt.is_empty() {
+            return bad("the prompt is empty; give at least one token (e.g. BOS)".into());
+        }
+        if let Some((i, t)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= self.vocab)
+        {
+            return bad(format!(
+                "prompt token {t} at index {i} is outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
+        if req.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        let total = req.prompt.len().saturating_add(req.max_tokens);
+        if total > self.max_position {
+            return bad(format!(
+                "prompt ({}) + max_tokens ({}) = {total} exceeds the model's context of {} \
+                 tokens; shorten the prompt or lower max_tokens",
+                req.prompt.len(),
+                req.max_tokens,
+                self.max_position
+            ));
+        }
+        sampling::validate(&req.sampling).map_err(EngineError::BadRequest)?;
+        if req.stop.iter().any(String::is_empty) {
+            return bad("stop strings must not be empty".into());
+        }
+        if !req.stop.is_empty() && !self.has_detokenizer {
+            return bad("stop strings need an engine started with a tokenizer".into());
+        }
+        let need = self.geometry.pages_for_len(total);
+        if let Some(k) = PoolKind::ALL
+            .into_iter()
+            .find(|k| need[k.index()] > self.capacity[k.index()])
+        {
+            return Err(EngineError::TooLarge {
+                tokens: total,
+                pool: k.name(),
+                needed: need[k.index()],
+                capacity: self.capacity[k.index()],
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The engine's request state machine over one model and its cache pools.
+pub struct Scheduler {
+    model: Arc<Model>,
+    cfg: EngineConfig,
+    ratios: Vec<usize>,
+    pools: CachePools,
+    prefix: Option<PrefixCache>,
+    detok: Option<Arc<dyn Detokenizer>>,
+    limits: Limits,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    next_id: u64,
+    admissions: u64,
+    counters: Counters,
+    outbox: Vec<(UnboundedSender<Event>, Event)>,
+    metrics_sink: Option<Arc<Mutex<EngineMetrics>>>,
+}
+
+impl Scheduler {
+    /// A scheduler with freshly sized pools; `detok` enables stop strings and final text.
+    pub fn new(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenizer>>,
+    ) -> Result<Self, EngineError> {
+        let pools = CachePools::new(&model, &cfg)?;
+        let limits = Limits {
+            vocab: model.cfg.vocab_size,
+            max_position: model.cfg.max_position_embeddings,
+            geometry: pools.geometry().clone(),
+            capacity: std::array::from_fn(|i| pools.pool(PoolKind::ALL[i]).capacity()),
+            has_detokenizer: detok.is_some(),
+        };
+        Ok(Self {
+            ratios: model.layer_ratios(),
+            prefix: cfg.prefix_cache.then(|| PrefixCache::new(cfg.page_size)),
+            model,
+            cfg,
+            pools,
+            detok,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            admissions: 0,
+            counters: Counters::default(),
+            outbox: Vec::new(),
+            metrics_sink: None,
+        })
+    }
+
+    /// What requests are checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The cache pools.
+    pub fn pools(&self) -> &CachePools {
+        &self.pools
+    }
+
+    /// The options the scheduler runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Queue a request; its events arrive on the returned stream.
+    pub fn submit(&mut self, req: Request) -> Result<RequestStream, EngineError> {
+        self.limits.check(&req)?;
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let (tx, rx) = unbounded_channel();
+        self.enqueue(id, req, tx);
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Queue an already checked request under `id` (the engine thread's path).
+    pub(crate) fn enqueue(&mut self, id: RequestId, req: Request, tx: UnboundedSender<Event>) {
+        tracing::debug!(%id, prompt = req.prompt.len(), max_tokens = req.max_tokens, "queued");
+        self.waiting.push_back(Seq::new(id, req, tx));
+    }
+
+    /// Cancel a queued or running request: its pages are freed now and its stream ends with
+    /// [`FinishReason::Cancelled`]. False when no such request is held.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i).expect("index from position")
+        } else {
+            return false;
+        };
+        self.counters.cancelled += 1;
+        self.retire(seq, FinishReason::Cancelled, None);
+        self.settle();
+        true
+    }
+
+    /// Free a request and queue its Finished event (sent by [`Self::settle`]).
+    fn retire(&mut self, seq: Seq, reason: FinishReason, error: Option<String>) {
+        let (tx, finished) = seq.finish(reason, error, self.detok.as_ref());
+        self.outbox.push((tx, Event::Finished(finished)));
+    }
+
+    /// Publish the metrics (to the engine's sink, if any), then send the queued Finished
+    /// events, so a client that has its Finished sees metrics that include it.
+    fn settle(&mut self) {
+        if let Some(sink) = &self.metrics_sink {
+            let m = self.metrics();
+            *sink.lock().unwrap_or_else(|e| e.into_inner()) = m;
+        }
+        for (tx, ev) in self.outbox.drain(..) {
+            // A closed channel only means the client is gone.
+            let _ = tx.send(ev);
+        }
+    }
+
+    /// Keep `sink` up to date with the metrics at the end of every step (the engine's handle
+    /// reads it).
+    pub(crate) fn publish_to(&mut self, sink: Arc<Mutex<EngineMetrics>>) {
+        self.metrics_sink = Some(sink);
+        self.settle();
+    }
+
+    /// Cancel every request (engine shutdown).
+    pub fn cancel_all(&mut self) {
+        let ids: Vec<RequestId> = self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .map(|s| s.id)
+            .collect();
+        for id in ids {
+            self.cancel(id);
+        }
+    }
+
+    /// Whether no request is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Drop every prefix snapshot (their pages are freed unless a request shares them).
+    pub fn clear_prefix_cache(&mut self) {
+        if let Some(p) = &mut self.prefix {
+            p.clear();
+        }
+        self.settle();
+    }
+
+    /// The metrics now.
+    pub fn metrics(&self) -> EngineMetrics {
+        let mut m = EngineMetrics {
+            running_requests: self.running.len(),
+            queued_requests: self.waiting.len(),
+            pools: self.pools.usage(),
+            prefix_snapshots: self.prefix.as_ref().map_or(0, |p| p.snapshots()),
+            ..Default::default()
+        };
+        self.counters.fill(&mut m);
+        m
+    }
+
+    /// Run one step; false when there was nothing to do.
+    pub fn step(&mut self) -> bool {
+        let t0 = Instant::now();
+        self.reap_disconnected();
+        self.admit();
+        if self.running.is_empty() {
+            self.settle();
+            return false;
+        }
+        let (computed0, generated0) = (
+            self.counters.computed_tokens,
+            self.counters.generated_tokens,
+        );
+        let plan = self.plan();
+        let mut segments: Vec<(RequestId, VecDeque<usize>)> = plan
+            .into_iter()
+            .map(|(id, fed, n)| (id, self.segments(fed, n)))
+            .collect();
+        loop {
+            let round: Vec<(RequestId, usize)> = segments
+                .iter_mut()
+                .filter_map(|(id, q)| q.pop_front().map(|n| (*id, n)))
+                .collect();
+            if round.is_empty() {
+                break;
+            }
+            self.run_round(round);
+        }
+        let computed = self.counters.computed_tokens - computed0;
+        let generated = self.counters.generated_tokens - generated0;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.counters.step(ms, generated, computed);
+        tracing::debug!(
+            running = self.running.len(),
+            queued = self.waiting.len(),
+            computed,
+            generated,
+            ms,
+            "step"
+        );
+        self.settle();
+        true
+    }
+
+    fn reap_disconnected(&mut self) {
+        let gone: Vec<RequestId> = self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .filter(|s| s.tx.is_closed())
+            .map(|s| s.id)
+            .collect();
+        for id in gone {
+            tracing::debug!(%id, "client gone; cancelling");
+            self.cancel(id);
+        }
+    }
+
+    /// Index of the next waiting request to admit under the policy.
+    fn pick(&self) -> usize {
+        match (self.cfg.schedule_policy, &self.prefix) {
+            (SchedulePolicy::Lpm, Some(p)) => {
+                let mut best = (0, 0);
+                for (i, s) in self.waiting.iter().enumerate() {
+                    let m = p.match_len(&s.tokens, s.tokens.len() - 1);
+                    if m > best.1 {
+                        best = (i, m);
+                    }
+                }
+                best.0
+            }
+            _ => 0,
+        }
+    }
+
+    fn evict_snapshot(&mut self) -> bool {
+        self.prefix.as_mut().is_some_and(PrefixCache::evict_lru)
+    }
+
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_running_requests && !self.waiting.is_empty() {
+            let i = self.pick();
+            let mut seq = self
+                .waiting
+                .remove(i)
+                .expect("pick returns a waiting index");
+            let limit = seq.tokens.len() - 1;
+            let hit = self
+                .prefix
+                .as_mut()
+                .and_then(|p| p.lookup(&seq.tokens, limit));
+            let cached = hit.as_ref().map_or(0, |h| h.0);
+            seq.state = match hit {
+                Some((_, st)) => Some(st),
+                None => loop {
+                    match self.model.new_sequence_in(self.pools.stores()) {
+                        Ok(st) => break Some(st),
+                        Err(ForwardError::PoolExhausted { .. }) if self.evict_snapshot() => {}
+                        Err(e) => {
+                            tracing::debug!(id = %seq.id, error = %e, "no room to admit; queued");
+                            break None;
+                        }
+                    }
+                },
+            };
+            if seq.state.is_none() {
+                self.waiting.insert(i, seq);
+                break;
+            }
+            if seq.cached_tokens.is_none() {
+                seq.cached_tokens = Some(cached);
+                seq.admitted = Some(Instant::now());
+                self.counters.prompt_tokens += seq.prompt_len as u64;
+                self.counters.cached_tokens += cached as u64;
+            }
+            self.admissions += 1;
+            seq.admit_order = self.admissions;
+            tracing::debug!(id = %seq.id, cached, "admitted");
+            self.running.push(seq);
+        }
+    }
+
+    /// (id, tokens fed, tokens to run) per running request for this step.
+    fn plan(&self) -> Vec<(RequestId, usize, usize)> {
+        let mut budget = self.cfg.chunked_prefill_size.unwrap_or(usize::MAX);
+        let mut plan = Vec::new();
+        for s in &self.running {
+            let fed = s.fed();
+            let unfed = s.tokens.len() - fed;
+            let n = if unfed <= 1 {
+                unfed
+            } else {
+                let n = unfed.min(budget);
+                budget -= n;
+                n
+            };
+            if n > 0 {
+                plan.push((s.id, fed, n));
+            }
+        }
+        plan
+    }
+
+    /// Split `n` tokens after `fed` at prefix-cache page boundaries (one piece without it).
+    fn segments(&self, fed: usize, n: usize) -> VecDeque<usize> {
+        let Some(p) = &self.prefix else {
+            return VecDeque::from([n]);
+        };
+        let page = p.page_size();
+        let mut out = VecDeque::new();
+        let (mut at, end) = (fed, fed + n);
+        while at < end {
+            let next = ((at / page + 1) * page).min(end);
+            out.push_back(next - at);
+            at = next;
+        }
+        out
+    }
+
+    fn position(&self, id: RequestId) -> Option<usize> {
+        self.running.iter().position(|s| s.id == id)
+    }
+
+    /// Free a running request's cache and requeue it at the front.
+    fn preempt(&mut self, i: usize) {
+        let mut seq = self.running.remove(i);
+        seq.state = None;
+        seq.preemptions += 1;
+        self.counters.preemptions += 1;
+        tracing::debug!(id = %seq.id, generated = seq.generated().len(), "preempted");
+        self.waiting.push_front(seq);
+    }
+
+    fn fail(&mut self, i: usize, message: String) {
+        let seq = self.running.remove(i);
+        tracing::warn!(id = %seq.id, error = %message, "request failed");
+        self.counters.finished += 1;
+        self.retire(seq, FinishReason::Error, Some(message));
+    }
+
+    /// Make room for `round`: drop snapshots, then preempt the latest admitted requests.
+    /// Returns the members still running.
+    fn reserve(&mut self, mut round: Vec<(RequestId, usize)>) -> Vec<(RequestId, usize)> {
+        loop {
+            round.retain(|(id, _)| self.position(*id).is_some());
+            let mut need = [0usize; 7];
+            for (id, n) in &round {
+                let s = &self.running[self.position(*id).expect("retained")];
+                if let Some(st) = &s.state {
+                    let f = fresh_pages(st, &self.ratios, *n);
+                    need.iter_mut().zip(f).for_each(|(a, b)| *a += b);
+                }
+            }
+            let free = self.pools.free();
+            if need.iter().zip(&free).all(|(n, f)| n <= f) || round.is_empty() {
+                return round;
+            }
+            if self.evict_snapshot() {
+                continue;
+            }
+            let victim = (0..self.running.len())
+                .max_by_key(|&i| self.running[i].admit_order)
+                .expect("round members are running");
+            if self.running.len() == 1 {
+                // Cannot happen for a request that passed Limits::check; never loop forever.
+                self.fail(
+                    victim,
+                    "the cache pools cannot hold this request even alone; raise \
+                     cache.max_total_tokens"
+                        .into(),
+                );
+            } else {
+                self.preempt(victim);
+            }
+        }
+    }
+
+    fn run_round(&mut self, round: Vec<(RequestId, usize)>) {
+        let round = self.reserve(round);
+        if round.is_empty() {
+            return;
+        }
+        // Members in running order: (index in running, tokens to run).
+        let mut members: Vec<(usize, usize)> = round
+            .iter()
+            .map(|(id, n)| (self.position(*id).expect("reserved members run"), *n))
+            .collect();
+        members.sort_by_key(|m| m.0);
+        let ids: Vec<RequestId> = members.iter().map(|&(i, _)| self.running[i].id).collect();
+        let result = {
+            let mut states = Vec::with_capacity(members.len());
+            let mut toks: Vec<&[u32]> = Vec::with_capacity(members.len());
+            let mut want = members.iter().peekable();
+            for (i, s) in self.running.iter_mut().enumerate() {
+                let Some(&&(j, n)) = want.peek() else {
+                    break;
+                };
+                if i != j {
+                    continue;
+                }
+                want.next();
+                let Seq { state, tokens, .. } = s;
+                let st = state.as_mut().expect("running requests have a state");
+                toks.push(&tokens[st.pos..st.pos + n]);
+                states.push(st);
+            }
+            self.model.forward_batch(&mut states, &toks)
+        };
+        let outs = match result {
+            Ok(outs) => outs,
+            Err(e) => {
+                let pool = matches!(e, ForwardError::PoolExhausted { .. });
+                tracing::warn!(error = %e, "step failed");
+                for id in ids.iter().rev() {
+                    if let Some(i) = self.position(*id) {
+                        if pool {
+                            self.preempt(i);
+                        } else {
+                            self.fail(i, format!("forward pass failed: {e}"));
+                        }
+                    }
+                }
+                return;
+            }
+        };
+        let eos = self.model.cfg.eos_token_id;
+        for ((id, &(_, n)), out) in ids.into_iter().zip(&members).zip(outs) {
+            self.counters.computed_tokens += n as u64;
+            let i = self
+                .position(id)
+                .expect("members stay running during the round");
+            let s = &mut self.running[i];
+            let st = s.state.as_ref().expect("running requests have a state");
+            if let Some(p) = &mut self.prefix
+                && st.pos.is_multiple_of(p.page_size())
+            {
+                p.insert(&s.tokens[..st.pos], st);
+            }
+            if st.pos < s.tokens.len() {
+                continue;
+            }
+            let v = out.vocab;
+            let before = s.generated().len();
+            let after = s.take_token(&out.logits[(n - 1) * v..n * v], eos, self.detok.as_ref());
+            self.counters.generated_tokens += (s.generated().len() - before) as u64;
+            if let AfterToken::Finish(reason) = after {
+                let seq = self.running.remove(i);
+                tracing::debug!(id = %seq.id, reason = reason.as_str(), "finished");
+                self.counters.finished += 1;
+                self.retire(seq, reason, None);
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Pool accounting: after any mix of finished, cancelled (explicitly or by dropping the stream)
+//! and preempted requests, every page of every pool is free again; preempted requests still
+//! produce exactly the tokens of their solo run.
+
+use super::*;
+use dsv4_engine::pools::CacheGeometry;
+use dsv4_engine::{CacheBudget, EngineConfig, EngineError, FinishReason, PoolKind, Scheduler};
+use std::collections::BTreeMap;
+
+/// Pools for `slots` sequences of `len` tokens, with the KV and index-K pools of ratio-4
+/// layers cut to `c4_slots` sequences.
+pub fn tight_pages(len: usize, slots: usize, c4_slots: usize) -> BTreeMap<PoolKind, usize> {
+    let per = CacheGeometry::of(&model()).pages_for_len(len);
+    PoolKind::ALL
+        .into_iter()
+        .map(|k| {
+            let n = if matches!(k, PoolKind::C4Kv | PoolKind::C4IndexK) {
+                c4_slots
+            } else {
+                slots
+            };
+            (k, per[k.index()] * n)
+        })
+        .collect()
+}
+
+#[test]
+fn every_page_is_free_after_finished_cancelled_and_preempted_requests() {
+    let m = model();
+    let cfg = EngineConfig {
+        cache: CacheBudget::Pages(tight_pages(40, 12, 3)),
+        page_size: 8,
+        prefix_cache: true,
+        max_running_requests: 12,
+        chunked_prefill_size: Some(12),
+        ..Default::default()
+    };
+    let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..12usize)
+        .map(|i| {
+            let mut p = vec![0];
+            if i % 2 == 0 {
+                p.extend(tokens(8, 500));
+            }
+            p.extend(tokens(8 + (i * 5) % 17, 600 + i as u64));
+            p
+        })
+        .collect();
+    let mut streams: Vec<Option<_>> = prompts
+        .iter()
+        .map(|p| Some(s.submit(greedy(p.clone(), 6)).unwrap()))
+        .collect();
+    for _ in 0..3 {
+        assert!(s.step());
+    }
+    let cancelled = streams[3].as_ref().unwrap().id();
+    assert!(s.cancel(cancelled), "request 3 is held");
+    assert!(!s.cancel(cancelled), "and gone after cancelling");
+    streams[5] = None; // the client went away
+    while s.step() {}
+    assert!(s.is_idle());
+    let m2 = s.metrics();
+    assert!(m2.preemptions_total > 0, "the C4 pools forced preemptions");
+    assert_eq!(m2.requests_cancelled, 2);
+    assert!(m2.prefix_snapshots > 0, "snapshots still hold pages");
+    for (i, st) in streams.into_iter().enumerate() {
+        let Some(st) = st else { continue };
+        let c = st.collect_blocking();
+        if i == 3 {
+            assert_eq!(c.finished.reason, FinishReason::Cancelled);
+            continue;
+        }
+        assert_eq!(c.finished.reason, FinishReason::Length, "request {i}");
+        assert_same_as_solo(&c, &solo(&m, &prompts[i], 6), &format!("request {i}"));
+    }
+    s.clear_prefix_cache();
+    for u in s.pools().usage() {
+        assert_eq!(u.used_pages, 0, "pool {} still has pages in use", u.pool);
+    }
+    assert!(s.pools().all_free());
+}
+
+#[test]
+fn requests_the_pools_cannot_hold_are_refused_up_front() {
+    let cfg = EngineConfig {
+        cache: CacheBudget::Pages(tight_pages(40, 2, 2)),
+        ..Default::default()
+    };
+    let mut s = Scheduler::new(model(), cfg, None).unwrap();
+    // 2000 tokens need 8 C4 pages per layer; the pool holds 2.
+    let e = s.submit(greedy(tokens(1990, 1), 10)).unwrap_err();
+    assert!(matches!(e, EngineError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("max_total_tokens"), "{e}");
+    let e = s.submit(greedy(vec![0, 9999], 1)).unwrap_err();
+    assert!(e.to_string().contains("9999"), "{e}");
+    let e = s.submit(greedy(vec![], 1)).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+    let e = s
+        .submit(Request {
+            stop: vec!["x".into()],
+            ..greedy(vec![0, 5], 1)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("tokenizer"), "{e}");
+    assert!(s.is_idle() && s.pools().all_free());
+}
