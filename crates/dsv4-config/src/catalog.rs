@@ -17,6 +17,11 @@ pub const EMBEDDED_PROFILES: &[(&str, &str)] = &[
         "reference",
         include_str!("../../../profiles/reference.toml"),
     ),
+    ("prod-fp8", include_str!("../../../profiles/prod-fp8.toml")),
+    (
+        "prod-bf16",
+        include_str!("../../../profiles/prod-bf16.toml"),
+    ),
 ];
 
 /// The environment variable that names a profile directory when `--profile-dir` is not given.
@@ -81,6 +86,8 @@ pub struct ProfileEntry {
     pub location: ProfileLocation,
     /// The first line of its leading comment block.
     pub summary: String,
+    /// The profile it extends, if any (as written in the file).
+    pub extends: Option<String>,
 }
 
 /// The places searched for profiles by name, in order.
@@ -214,6 +221,7 @@ impl ProfileSearch {
                 out.push(ProfileEntry {
                     name: name.to_string(),
                     summary: summary(&text),
+                    extends: extends_in(&text),
                     location: ProfileLocation::File(path.clone()),
                 });
             }
@@ -225,6 +233,7 @@ impl ProfileSearch {
                         name: name.to_string(),
                         location: ProfileLocation::Embedded(name),
                         summary: summary(text),
+                        extends: extends_in(text),
                     });
                 }
             }
@@ -258,6 +267,22 @@ fn summary(text: &str) -> String {
         .find(|l| !l.is_empty())
         .unwrap_or("")
         .to_string()
+}
+
+/// The whole leading comment block, without the `#` marks, blank edges trimmed (paragraphs kept).
+pub fn description(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map_while(|l| l.trim().strip_prefix('#'))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l).trim_end())
+        .collect();
+    lines.join("\n").trim().to_string()
+}
+
+/// The `extends` value of a profile text, when it parses and has one (for listings).
+fn extends_in(text: &str) -> Option<String> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    table.get("extends")?.as_str().map(str::to_string)
 }
 
 /// The profile files of an `extends` chain, base first, ending with the requested one.
@@ -319,6 +344,12 @@ mod tests {
             "Hello there."
         );
         assert_eq!(summary("[model]\n# late\n"), "");
+        assert_eq!(
+            description("#\n# Hello there.\n#\n#   indented\n[model]\n# late\n"),
+            "Hello there.\n\n  indented"
+        );
+        assert_eq!(extends_in("extends = \"a\"\n"), Some("a".to_string()));
+        assert_eq!(extends_in("extends = 3\n"), None);
     }
 
     #[test]
@@ -329,12 +360,13 @@ mod tests {
             embedded: true,
         };
         let names: Vec<String> = search.list().unwrap().into_iter().map(|e| e.name).collect();
-        assert_eq!(names, ["dev-cpu", "reference"]);
+        assert_eq!(names, ["dev-cpu", "prod-bf16", "prod-fp8", "reference"]);
         let f = search.find("dev-cpu", None).unwrap();
         assert_eq!(f.location.to_string(), "embedded:dev-cpu.toml");
         let e = search.find("dev-cpo", None).unwrap_err().to_string();
         assert!(
-            e.contains("did you mean `dev-cpu`") && e.contains("dev-cpu, reference"),
+            e.contains("did you mean `dev-cpu`")
+                && e.contains("dev-cpu, prod-bf16, prod-fp8, reference"),
             "{e}"
         );
         let e = search.find("bad name!", None).unwrap_err().to_string();

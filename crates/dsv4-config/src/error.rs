@@ -94,6 +94,19 @@ pub enum ConfigError {
         /// The argument.
         arg: String,
     },
+    /// Validation found combinations that cannot run.
+    #[error(
+        "invalid configuration for profile `{profile}` ({count} problem(s); change the keys named \
+         below, e.g. with --set):\n{problems}"
+    )]
+    Invalid {
+        /// The profile as asked for.
+        profile: String,
+        /// How many error findings.
+        count: usize,
+        /// One indented entry per finding, each naming its keys with values and sources.
+        problems: String,
+    },
     /// figment could not turn the merged layers into a [`crate::Profile`] (should not happen after validation).
     #[error("could not assemble the configuration: {message}")]
     Assemble {

@@ -19,12 +19,14 @@ pub const ENV_SEPARATOR: &str = "__";
 pub(crate) enum LayerKind {
     /// The built-in defaults ([`crate::Profile::default`]).
     Default,
-    /// A profile file, with the line of each key found in it.
+    /// A profile file, with the line of each key found in it and the comment next to it.
     File {
         /// The file as displayed.
         file: String,
         /// Dotted key → 1-based line.
         lines: HashMap<String, usize>,
+        /// Dotted key → the comment directly above its line and/or at its end.
+        comments: HashMap<String, String>,
     },
     /// One environment variable.
     Env {
@@ -131,6 +133,67 @@ pub(crate) fn key_lines(text: &str) -> HashMap<String, usize> {
     out
 }
 
+/// The comments that explain keys: for each `key = value` line, the `#` lines directly above it (no
+/// blank line between) followed by a comment at the end of the line, joined with spaces.
+pub(crate) fn key_comments(text: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut section = String::new();
+    let mut above: Vec<&str> = Vec::new();
+    for raw in text.lines() {
+        let line = raw.trim();
+        if let Some(comment) = line.strip_prefix('#') {
+            above.push(comment.trim());
+            continue;
+        }
+        let pending = std::mem::take(&mut above);
+        if line.starts_with("[[") {
+            section.clear();
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('[') {
+            if let Some(end) = rest.find(']') {
+                section = unquote_path(&rest[..end]);
+            }
+            continue;
+        }
+        let (code, trailing) = split_comment(line);
+        let Some((key, _)) = code.split_once('=') else {
+            continue;
+        };
+        let key = unquote_path(key);
+        let full = if section.is_empty() {
+            key
+        } else {
+            format!("{section}.{key}")
+        };
+        let mut parts: Vec<&str> = pending.into_iter().filter(|c| !c.is_empty()).collect();
+        parts.extend(trailing.filter(|c| !c.is_empty()));
+        if !parts.is_empty() {
+            out.entry(full).or_insert_with(|| parts.join(" "));
+        }
+    }
+    out
+}
+
+/// Split a TOML line into code and the text of a trailing `#` comment (a `#` inside a string is not
+/// a comment).
+fn split_comment(line: &str) -> (&str, Option<&str>) {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match quote {
+            Some('"') if escaped => escaped = false,
+            Some('"') if c == '\\' => escaped = true,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '"' || c == '\'' => quote = Some(c),
+            None if c == '#' => return (&line[..i], Some(line[i + 1..].trim())),
+            None => {}
+        }
+    }
+    (line, None)
+}
+
 /// Normalise a TOML key path: trim each dotted part and strip quotes.
 fn unquote_path(path: &str) -> String {
     path.split('.')
@@ -190,7 +253,11 @@ pub(crate) fn file_layer(file: &ProfileFile) -> Result<Layer, ConfigError> {
     }
     Ok(Layer {
         name: format!("profile file {shown}"),
-        kind: LayerKind::File { file: shown, lines },
+        kind: LayerKind::File {
+            file: shown,
+            lines,
+            comments: key_comments(&file.text),
+        },
         dict,
     })
 }
@@ -294,6 +361,22 @@ mod tests {
         assert_eq!(lines["model.path"], 5);
         assert_eq!(lines["numerics.kv_cache_dtype"], 8);
         assert_eq!(lines["numerics.exec.threads"], 9);
+    }
+
+    #[test]
+    fn comments_above_and_after_a_key_explain_it() {
+        let text = "# Profile purpose.\n\n[exec]\n# Graphs on:\n# see the ledger.\ncuda_graph = true\n\n\
+                    # detached comment\n\nthreads = 2 # one per socket\n\
+                    [server]\nhost = \"a#b\" # not 'quoted # here'\nport = 1\n";
+        let c = key_comments(text);
+        assert_eq!(c["exec.cuda_graph"], "Graphs on: see the ledger.");
+        assert_eq!(c["exec.threads"], "one per socket");
+        assert_eq!(c["server.host"], "not 'quoted # here'");
+        assert!(!c.contains_key("server.port"));
+        assert_eq!(
+            split_comment(r##"a = "x\"#y" # z"##),
+            (r##"a = "x\"#y" "##, Some("z"))
+        );
     }
 
     #[test]

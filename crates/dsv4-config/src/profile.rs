@@ -1,9 +1,11 @@
 //! The resolved configuration of one run: [`Profile`] and its sections, with the built-in defaults.
 //!
-//! Every section denies unknown fields, so a value can never be silently ignored. New sections (cache,
-//! scheduler, server, debug, ...) slot in as further fields of [`Profile`] plus rows in
-//! [`crate::schema::KEYS`].
+//! Every section denies unknown fields, so a value can never be silently ignored. The sections of later
+//! subsystems (cache, scheduler, server, debug, disaggregation) live in [`crate::sections`]. Adding a
+//! knob means a field here or there plus a row in [`crate::schema::KEYS`] and in the SGLang mapping
+//! ([`crate::export::mapping::SGLANG_MAP`]).
 
+use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use std::path::PathBuf;
 pub const TINY_MODEL: &str = "tiny";
 
 /// The fully resolved configuration of a run (defaults < profile files < environment < `--set`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
     /// Which model to load.
@@ -27,6 +29,21 @@ pub struct Profile {
     /// Execution settings.
     #[serde(default)]
     pub exec: ExecSection,
+    /// KV cache pools, prefix cache and host tier.
+    #[serde(default)]
+    pub cache: CacheSection,
+    /// Admission and batching of requests.
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+    /// The HTTP server.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// Run-time checks and fault injection.
+    #[serde(default)]
+    pub debug: DebugSection,
+    /// Prefill/decode disaggregation.
+    #[serde(default)]
+    pub disagg: DisaggSection,
 }
 
 impl Profile {
@@ -130,10 +147,18 @@ impl From<Numerics> for NumericsSection {
     }
 }
 
-/// `[exec]`: how the work is executed.
+/// `[exec]`: how the work is executed: captured plans, streams, scheduling overlap, threads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSection {
+    /// Decode steps run as captured plans (fixed buffers per batch-size bucket, replayed).
+    pub cuda_graph: bool,
+    /// Largest batch size with a captured plan; 0 lets the backend choose.
+    pub cuda_graph_max_bs: u64,
+    /// The KV, compressor and indexer chains run on side streams, overlapping the main stream.
+    pub multi_stream_overlap: bool,
+    /// The scheduler prepares the next step while the current one runs.
+    pub overlap_schedule: bool,
     /// Worker threads; 0 means one per available core.
     pub threads: usize,
 }
@@ -180,7 +205,12 @@ mod tests {
 
     #[test]
     fn effective_threads_is_positive() {
-        assert_eq!(ExecSection { threads: 3 }.effective_threads(), 3);
-        assert!(ExecSection { threads: 0 }.effective_threads() >= 1);
+        let mut exec = ExecSection {
+            threads: 3,
+            ..ExecSection::default()
+        };
+        assert_eq!(exec.effective_threads(), 3);
+        exec.threads = 0;
+        assert!(exec.effective_threads() >= 1);
     }
 }

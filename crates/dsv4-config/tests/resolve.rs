@@ -240,7 +240,10 @@ fn unknown_profiles_list_the_available_ones() {
     o.search.embedded = true;
     let e = err(&o);
     assert!(e.contains("unknown profile `nope`"), "{e}");
-    assert!(e.contains("alpha, dev-cpu, reference"), "{e}");
+    assert!(
+        e.contains("alpha, dev-cpu, prod-bf16, prod-fp8, reference"),
+        "{e}"
+    );
 
     let mut o = opts(dir.path(), "alpha");
     o.search.profile_dir = Some(dir.path().join("missing"));
@@ -277,10 +280,12 @@ fn embedded_profiles_parse_and_pin_every_key() {
         let mut o = ResolveOptions::new(*name);
         o.search.local_dir = None;
         let r = resolve(&o);
-        assert_eq!(r.files, [format!("embedded:{name}.toml")]);
+        assert_eq!(r.files.last(), Some(&format!("embedded:{name}.toml")));
+        assert!(!r.description.is_empty(), "{name} has no comment block");
         for s in &r.settings {
-            if s.key == "backend.device" {
-                continue; // unset means "backend chooses"
+            // An unset optional key ("backend chooses", no API key, no bootstrap) has no spelling.
+            if s.value.is_null() {
+                continue;
             }
             assert!(
                 matches!(s.origin, Origin::File { line: Some(_), .. }),
@@ -289,9 +294,47 @@ fn embedded_profiles_parse_and_pin_every_key() {
                 s.origin
             );
         }
-        assert_eq!(r.profile.backend.kind, "reference");
-        assert_eq!(r.profile.model.path, "tiny");
     }
+}
+
+#[test]
+fn shipped_profiles_say_what_they_are_for() {
+    let get = |name: &str| {
+        let mut o = ResolveOptions::new(name);
+        o.search.local_dir = None;
+        resolve(&o)
+    };
+    for name in ["dev-cpu", "reference"] {
+        let r = get(name);
+        assert_eq!(r.profile.backend.kind, "reference", "{name}");
+        assert_eq!(r.profile.model.path, "tiny", "{name}");
+        assert!(r.findings.is_empty(), "{name}: {:?}", r.findings);
+    }
+    let fp8 = get("prod-fp8");
+    let p = &fp8.profile;
+    assert_eq!(p.backend.kind, "cuda-sm120");
+    assert_eq!(p.numerics.kv_cache_dtype.to_string(), "fp8");
+    assert_eq!(p.numerics.index_k_dtype.to_string(), "fp8");
+    assert!(p.exec.cuda_graph && p.exec.multi_stream_overlap && p.exec.overlap_schedule);
+    assert!(p.cache.hicache && p.cache.prefix_cache);
+    assert!(fp8.findings.is_empty(), "{:?}", fp8.findings);
+
+    let bf16 = get("prod-bf16");
+    assert_eq!(
+        bf16.files,
+        ["embedded:prod-fp8.toml", "embedded:prod-bf16.toml"]
+    );
+    assert_eq!(bf16.profile.numerics.index_k_dtype.to_string(), "bf16");
+    let why = bf16.setting("numerics.index_k_dtype").unwrap();
+    assert!(
+        why.comment.as_deref().unwrap().contains("recall"),
+        "{why:?}"
+    );
+    let rules: Vec<&str> = bf16.findings.iter().map(|f| f.rule).collect();
+    assert_eq!(rules, ["incident-combination"]);
+    let diff = dsv4_config::compare::diff(&fp8, &bf16);
+    let keys: Vec<&str> = diff.iter().map(|d| d.key).collect();
+    assert_eq!(keys, ["numerics.index_k_dtype"]);
 }
 
 #[test]
@@ -306,7 +349,7 @@ fn errors_are_typed() {
     o.sets = vec!["exec=1".into()];
     let e = Profile::resolve(&o).unwrap_err().to_string();
     assert!(
-        e.contains("`exec` is a section; set one of its keys: exec.threads"),
+        e.contains("`exec` is a section; set one of its keys: exec.cuda_graph,"),
         "{e}"
     );
 }

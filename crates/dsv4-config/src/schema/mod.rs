@@ -4,11 +4,23 @@
 //! before figment merges them, so every bad key or value is reported with where it came from and what
 //! would have been accepted. Adding a knob means adding a field to [`crate::Profile`] and a row here.
 
-use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
+mod keys;
+mod suggest;
+
+pub use keys::KEYS;
+pub(crate) use suggest::levenshtein;
+pub use suggest::{suggest_key, suggest_section, unknown_key_hint, unknown_section_hint};
+
 use figment::value::{Empty, Value};
 
 /// Registry names of the backends the project defines (the registry says which are built into a binary).
 pub const BACKEND_KINDS: &[&str] = &["reference", "cpu", "wgpu", "cuda-sm120"];
+
+/// Keys whose values are secrets: shown as [`REDACTED`] by `profile show/explain/diff`.
+pub const SECRET_KEYS: &[&str] = &["server.api_key"];
+
+/// What a secret value is displayed as.
+pub const REDACTED: &str = "<redacted>";
 
 /// What values a key accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +31,16 @@ pub enum ValueKind {
     OptionalText,
     /// A non-negative integer.
     Unsigned,
+    /// An integer in `min..=max`.
+    Range(u64, u64),
+    /// `true` or `false`.
+    Bool,
+    /// A finite number greater than zero (an integer is accepted as a number).
+    PositiveFloat,
     /// One of a fixed list of strings.
     OneOf(&'static [&'static str]),
+    /// A list of distinct strings from a fixed set; written `a,b` in the environment and `--set`.
+    ListOf(&'static [&'static str]),
 }
 
 impl ValueKind {
@@ -30,7 +50,27 @@ impl ValueKind {
             ValueKind::Text => "a string".to_string(),
             ValueKind::OptionalText => "a string (empty to unset)".to_string(),
             ValueKind::Unsigned => "a non-negative integer".to_string(),
+            ValueKind::Range(min, max) => format!("an integer from {min} to {max}"),
+            ValueKind::Bool => "true or false".to_string(),
+            ValueKind::PositiveFloat => "a number greater than 0".to_string(),
             ValueKind::OneOf(names) => format!("one of: {}", names.join(", ")),
+            ValueKind::ListOf(names) => format!(
+                "a list of distinct names from: {} (comma-separated in the environment and \
+                 --set; empty for none)",
+                names.join(", ")
+            ),
+        }
+    }
+
+    /// The type column of the docs table.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ValueKind::Text | ValueKind::OneOf(_) => "string",
+            ValueKind::OptionalText => "string, optional",
+            ValueKind::Unsigned | ValueKind::Range(..) => "integer",
+            ValueKind::Bool => "bool",
+            ValueKind::PositiveFloat => "float",
+            ValueKind::ListOf(_) => "list of strings",
         }
     }
 
@@ -42,7 +82,30 @@ impl ValueKind {
             ValueKind::OptionalText if raw.is_empty() => Some(Value::from(Empty::None)),
             ValueKind::OptionalText => Some(Value::from(raw)),
             ValueKind::Unsigned => raw.parse::<u64>().ok().map(Value::from),
+            ValueKind::Range(min, max) => raw
+                .parse::<u64>()
+                .ok()
+                .filter(|v| (*min..=*max).contains(v))
+                .map(Value::from),
+            ValueKind::Bool => match raw {
+                "true" => Some(Value::from(true)),
+                "false" => Some(Value::from(false)),
+                _ => None,
+            },
+            ValueKind::PositiveFloat => raw
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map(Value::from),
             ValueKind::OneOf(names) => names.contains(&raw).then(|| Value::from(raw)),
+            ValueKind::ListOf(names) => {
+                let items: Vec<&str> = raw
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                list_ok(names, &items).then(|| Value::from(items))
+            }
         }
     }
 
@@ -53,10 +116,31 @@ impl ValueKind {
             (ValueKind::Unsigned, Value::Num(_, n)) => {
                 n.to_u128_lossy().is_some_and(|v| v <= u128::from(u64::MAX))
             }
+            (ValueKind::Range(min, max), Value::Num(_, n)) => n
+                .to_u128_lossy()
+                .is_some_and(|v| (u128::from(*min)..=u128::from(*max)).contains(&v)),
+            (ValueKind::Bool, Value::Bool(_, _)) => true,
+            (ValueKind::PositiveFloat, Value::Num(_, n)) => {
+                let v = n.to_f64().or_else(|| n.to_i128().map(|i| i as f64));
+                let v = v.or_else(|| n.to_u128_lossy().map(|u| u as f64));
+                v.is_some_and(|v| v.is_finite() && v > 0.0)
+            }
             (ValueKind::OneOf(names), Value::String(_, s)) => names.contains(&s.as_str()),
+            (ValueKind::ListOf(names), Value::Array(_, items)) => {
+                let strings: Option<Vec<&str>> = items.iter().map(|v| v.as_str()).collect();
+                strings.is_some_and(|s| list_ok(names, &s))
+            }
             _ => false,
         }
     }
+}
+
+/// Whether every item is an allowed name and none repeats.
+fn list_ok(names: &[&str], items: &[&str]) -> bool {
+    items
+        .iter()
+        .enumerate()
+        .all(|(i, item)| names.contains(item) && !items[..i].contains(item))
 }
 
 /// One configuration key.
@@ -82,63 +166,12 @@ impl KeySpec {
     pub fn name(&self) -> &'static str {
         self.key.split_once('.').map_or(self.key, |(_, n)| n)
     }
-}
 
-/// Every configuration key, in display order (section by section).
-pub const KEYS: &[KeySpec] = &[
-    KeySpec {
-        key: "model.path",
-        kind: ValueKind::Text,
-        default: "tiny",
-        doc: "\"tiny\" for the embedded tiny model, otherwise a checkpoint directory \
-              (config.json, safetensors, tokenizer.json)",
-    },
-    KeySpec {
-        key: "model.seed",
-        kind: ValueKind::Unsigned,
-        default: "0",
-        doc: "seed of the embedded tiny model's weights; ignored for checkpoint directories",
-    },
-    KeySpec {
-        key: "backend.kind",
-        kind: ValueKind::OneOf(BACKEND_KINDS),
-        default: "reference",
-        doc: "registry name of the backend that runs the ops",
-    },
-    KeySpec {
-        key: "backend.device",
-        kind: ValueKind::OptionalText,
-        default: "",
-        doc: "backend-specific device selector (e.g. a GPU index); unset lets the backend choose",
-    },
-    KeySpec {
-        key: "numerics.kv_cache_dtype",
-        kind: ValueKind::OneOf(KvCacheDtype::NAMES),
-        default: "bf16",
-        doc: "storage of SWA/C4/C128 KV cache entries: bf16, or fp8 (e4m3 nope part with ue8m0 \
-              scales per 64, bf16 rope part)",
-    },
-    KeySpec {
-        key: "numerics.index_k_dtype",
-        kind: ValueKind::OneOf(IndexKDtype::NAMES),
-        default: "bf16",
-        doc: "storage of indexer keys and rounding of indexer queries: bf16, fp8 (e4m3, f32 scale \
-              per entry) or fp4 (e2m1, ue8m0 scale per 32)",
-    },
-    KeySpec {
-        key: "numerics.act_quant",
-        kind: ValueKind::OneOf(ActQuant::NAMES),
-        default: "none",
-        doc: "activation quantization in front of fp8/fp4-weight linears: none, or fp8 (1x128 \
-              blocks, power-of-two scales)",
-    },
-    KeySpec {
-        key: "exec.threads",
-        kind: ValueKind::Unsigned,
-        default: "0",
-        doc: "worker threads; 0 means one per available core",
-    },
-];
+    /// Whether the value is a secret (never displayed).
+    pub fn is_secret(&self) -> bool {
+        SECRET_KEYS.contains(&self.key)
+    }
+}
 
 /// The spec of a dotted key, if it exists.
 pub fn find_key(key: &str) -> Option<&'static KeySpec> {
@@ -154,85 +187,6 @@ pub fn sections() -> Vec<&'static str> {
         }
     }
     out
-}
-
-/// Edit distance between two strings (insertions, deletions, substitutions).
-pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let subst = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = subst.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
-/// The nearest candidate to `word`, if it is close enough to be a plausible typo.
-fn nearest<'a>(
-    word: &str,
-    candidates: impl Iterator<Item = (&'a str, &'a str)>,
-) -> Option<&'a str> {
-    let limit = (word.len() / 3).max(2);
-    candidates
-        .map(|(compare, answer)| (levenshtein(word, compare), answer))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, answer)| answer)
-}
-
-/// The known key most likely meant by an unknown dotted key (matching the whole key or its last part).
-pub fn suggest_key(unknown: &str) -> Option<&'static str> {
-    let leaf = unknown.rsplit('.').next().unwrap_or(unknown);
-    let whole = nearest(unknown, KEYS.iter().map(|k| (k.key, k.key)));
-    // A truncated name (`numerics.kv_cache`, `exec.thr`) is a prefix of the key that was meant.
-    let prefix = || {
-        KEYS.iter()
-            .filter(|k| leaf.len() >= 3 && k.name().starts_with(leaf))
-            .min_by_key(|k| (!unknown.starts_with(k.section()), k.key.len()))
-            .map(|k| k.key)
-    };
-    whole
-        .or_else(prefix)
-        .or_else(|| nearest(leaf, KEYS.iter().map(|k| (k.name(), k.key))))
-}
-
-/// The known section most likely meant by an unknown section name.
-pub fn suggest_section(unknown: &str) -> Option<&'static str> {
-    nearest(unknown, sections().into_iter().map(|s| (s, s)))
-}
-
-/// The advice that follows "unknown key `key`": a suggestion, or the keys that exist.
-pub fn unknown_key_hint(key: &str) -> String {
-    if sections().contains(&key) {
-        let keys: Vec<&str> = KEYS
-            .iter()
-            .filter(|k| k.section() == key)
-            .map(|k| k.key)
-            .collect();
-        return format!(
-            "`{key}` is a section; set one of its keys: {}",
-            keys.join(", ")
-        );
-    }
-    match suggest_key(key) {
-        Some(s) => format!("did you mean `{s}`? (every key is listed in docs/profiles.md)"),
-        None => {
-            let all: Vec<&str> = KEYS.iter().map(|k| k.key).collect();
-            format!("known keys: {}", all.join(", "))
-        }
-    }
-}
-
-/// The advice that follows "unknown section `name`": a suggestion, or the sections that exist.
-pub fn unknown_section_hint(name: &str) -> String {
-    match suggest_section(name) {
-        Some(s) => format!("did you mean `[{s}]`? (every key is listed in docs/profiles.md)"),
-        None => format!("known sections: {}", sections().join(", ")),
-    }
 }
 
 #[cfg(test)]
@@ -254,6 +208,20 @@ mod tests {
                     other => other.to_string(),
                 };
                 assert_eq!(spec.default, default, "documented default of {}", spec.key);
+                let typed = spec.kind.parse_text(&default).or_else(|| {
+                    // a list default is written `[]` in KEYS and parsed from its comma form
+                    (default == "[]")
+                        .then(|| spec.kind.parse_text(""))
+                        .flatten()
+                });
+                let typed = typed.unwrap_or_else(|| panic!("default of {} parses", spec.key));
+                // an unset default has no TOML spelling; every other default is a valid file value
+                let unset = matches!(typed, Value::Empty(..));
+                assert!(
+                    unset || spec.kind.accepts(&typed),
+                    "default of {} accepted",
+                    spec.key
+                );
             }
         }
         let mut from_table: Vec<String> = KEYS.iter().map(|k| k.key.to_string()).collect();
@@ -263,32 +231,28 @@ mod tests {
     }
 
     #[test]
-    fn levenshtein_counts_edits() {
-        assert_eq!(levenshtein("kitten", "sitting"), 3);
-        assert_eq!(levenshtein("", "abc"), 3);
-        assert_eq!(levenshtein("same", "same"), 0);
-    }
-
-    #[test]
-    fn suggestions_find_typos_and_misplaced_keys() {
+    fn every_section_has_keys_in_one_block() {
+        let mut seen: Vec<&str> = Vec::new();
+        for k in KEYS {
+            if seen.last() != Some(&k.section()) {
+                assert!(!seen.contains(&k.section()), "{} is split", k.section());
+                seen.push(k.section());
+            }
+        }
         assert_eq!(
-            suggest_key("numerics.kv_cache_dtyp"),
-            Some("numerics.kv_cache_dtype")
+            seen,
+            [
+                "model",
+                "backend",
+                "numerics",
+                "exec",
+                "cache",
+                "scheduler",
+                "server",
+                "debug",
+                "disagg"
+            ]
         );
-        assert_eq!(
-            suggest_key("exec.kv_cache_dtype"),
-            Some("numerics.kv_cache_dtype")
-        );
-        assert_eq!(suggest_key("exec.thread"), Some("exec.threads"));
-        assert_eq!(
-            suggest_key("numerics.kv_cache"),
-            Some("numerics.kv_cache_dtype")
-        );
-        assert_eq!(suggest_key("index_k"), Some("numerics.index_k_dtype"));
-        assert_eq!(suggest_key("zzzz.qqqqqqq"), None);
-        assert_eq!(suggest_section("numeric"), Some("numerics"));
-        assert!(unknown_key_hint("numerics").contains("numerics.act_quant"));
-        assert!(unknown_key_hint("zzzz.qqqqqqq").contains("known keys: model.path"));
     }
 
     #[test]
@@ -302,6 +266,27 @@ mod tests {
         assert!(kv.expected().contains("bf16, fp8"));
         let dev = find_key("backend.device").unwrap().kind;
         assert_eq!(dev.parse_text(""), Some(Value::from(Empty::None)));
+        let graphs = find_key("exec.cuda_graph").unwrap().kind;
+        assert_eq!(graphs.parse_text("true"), Some(Value::from(true)));
+        assert_eq!(graphs.parse_text("yes"), None);
+        let ratio = find_key("cache.hicache_ratio").unwrap().kind;
+        assert_eq!(ratio.parse_text("2.5"), Some(Value::from(2.5)));
+        for bad in ["0", "-1", "nan", "inf", "x"] {
+            assert_eq!(ratio.parse_text(bad), None, "{bad}");
+        }
+        let port = find_key("server.port").unwrap().kind;
+        assert_eq!(port.parse_text("8080"), Some(Value::from(8080u64)));
+        assert_eq!(port.parse_text("0"), None);
+        assert_eq!(port.parse_text("65536"), None);
+        let inject = find_key("debug.inject").unwrap().kind;
+        assert_eq!(
+            inject.parse_text(" host-tier-skips-layer-wait , "),
+            Some(Value::from(vec!["host-tier-skips-layer-wait"]))
+        );
+        assert_eq!(inject.parse_text(""), Some(Value::from(Vec::<&str>::new())));
+        assert_eq!(inject.parse_text("nope"), None);
+        let twice = "host-tier-skips-layer-wait,host-tier-skips-layer-wait";
+        assert_eq!(inject.parse_text(twice), None);
     }
 
     #[test]
@@ -312,6 +297,18 @@ mod tests {
         assert!(!threads.accepts(&Value::from(-2i64)));
         assert!(!threads.accepts(&Value::from("2")));
         assert!(!ValueKind::OneOf(&["a"]).accepts(&Value::from("b")));
+        assert!(ValueKind::Bool.accepts(&Value::from(false)));
+        assert!(!ValueKind::Bool.accepts(&Value::from("false")));
+        assert!(ValueKind::PositiveFloat.accepts(&Value::from(2i64)));
+        assert!(ValueKind::PositiveFloat.accepts(&Value::from(0.5)));
+        assert!(!ValueKind::PositiveFloat.accepts(&Value::from(0.0)));
+        assert!(!ValueKind::PositiveFloat.accepts(&Value::from(f64::NAN)));
+        assert!(!ValueKind::Range(1, 9).accepts(&Value::from(10u64)));
+        let list = ValueKind::ListOf(&["a", "b"]);
+        assert!(list.accepts(&Value::from(vec!["b", "a"])));
+        assert!(!list.accepts(&Value::from(vec!["a", "a"])));
+        assert!(!list.accepts(&Value::from(vec![1u64])));
+        assert!(!list.accepts(&Value::from("a")));
     }
 }
 
@@ -320,8 +317,8 @@ mod doc_tests {
     use super::*;
 
     #[test]
-    fn docs_profiles_md_lists_every_key_with_its_default() {
-        let doc = include_str!("../../../docs/profiles.md");
+    fn docs_profiles_md_lists_every_key_with_type_and_default() {
+        let doc = include_str!("../../../../docs/profiles.md");
         for spec in KEYS {
             let row = doc
                 .lines()
@@ -337,7 +334,13 @@ mod doc_tests {
                 "default of {}: {row}",
                 spec.key
             );
-            if let ValueKind::OneOf(names) = spec.kind {
+            assert!(
+                row.contains(&format!("| {} |", spec.kind.type_name())),
+                "type of {} should be `{}`: {row}",
+                spec.key,
+                spec.kind.type_name()
+            );
+            if let ValueKind::OneOf(names) | ValueKind::ListOf(names) = spec.kind {
                 for n in names {
                     assert!(
                         row.contains(&format!("`{n}`")),

@@ -1,0 +1,221 @@
+//! [`KEYS`]: every configuration key, section by section, with its type, default and meaning.
+//! docs/profiles.md documents the same keys at more length (a test keeps the two in step).
+
+use super::{BACKEND_KINDS, KeySpec, ValueKind};
+use crate::values::{DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser};
+use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
+
+/// Shorthand for one row.
+const fn key(
+    key: &'static str,
+    kind: ValueKind,
+    default: &'static str,
+    doc: &'static str,
+) -> KeySpec {
+    KeySpec {
+        key,
+        kind,
+        default,
+        doc,
+    }
+}
+
+/// Every configuration key, in display order (section by section).
+pub const KEYS: &[KeySpec] = &[
+    // [model]
+    key(
+        "model.path",
+        ValueKind::Text,
+        "tiny",
+        "\"tiny\" for the embedded tiny model, otherwise a checkpoint directory \
+         (config.json, safetensors, tokenizer.json)",
+    ),
+    key(
+        "model.seed",
+        ValueKind::Unsigned,
+        "0",
+        "seed of the embedded tiny model's weights; ignored for checkpoint directories",
+    ),
+    // [backend]
+    key(
+        "backend.kind",
+        ValueKind::OneOf(BACKEND_KINDS),
+        "reference",
+        "registry name of the backend that runs the ops",
+    ),
+    key(
+        "backend.device",
+        ValueKind::OptionalText,
+        "",
+        "backend-specific device selector (e.g. a GPU index); unset lets the backend choose",
+    ),
+    // [numerics]
+    key(
+        "numerics.kv_cache_dtype",
+        ValueKind::OneOf(KvCacheDtype::NAMES),
+        "bf16",
+        "storage of SWA/C4/C128 KV cache entries: bf16, or fp8 (e4m3 nope part with ue8m0 \
+         scales per 64, bf16 rope part)",
+    ),
+    key(
+        "numerics.index_k_dtype",
+        ValueKind::OneOf(IndexKDtype::NAMES),
+        "bf16",
+        "storage of indexer keys and rounding of indexer queries: bf16, fp8 (e4m3, f32 scale \
+         per entry) or fp4 (e2m1, ue8m0 scale per 32)",
+    ),
+    key(
+        "numerics.act_quant",
+        ValueKind::OneOf(ActQuant::NAMES),
+        "none",
+        "activation quantization in front of fp8/fp4-weight linears: none, or fp8 (1x128 \
+         blocks, power-of-two scales)",
+    ),
+    // [exec]
+    key(
+        "exec.cuda_graph",
+        ValueKind::Bool,
+        "false",
+        "decode steps run as captured plans (buffers fixed per batch-size bucket, replayed) \
+         instead of eagerly",
+    ),
+    key(
+        "exec.cuda_graph_max_bs",
+        ValueKind::Unsigned,
+        "0",
+        "largest batch size with a captured plan; larger batches run eagerly; 0 lets the \
+         backend choose",
+    ),
+    key(
+        "exec.multi_stream_overlap",
+        ValueKind::Bool,
+        "false",
+        "the KV, compressor and indexer chains run on side streams, overlapping the main stream",
+    ),
+    key(
+        "exec.overlap_schedule",
+        ValueKind::Bool,
+        "false",
+        "the scheduler prepares the next step while the current one runs",
+    ),
+    key(
+        "exec.threads",
+        ValueKind::Unsigned,
+        "0",
+        "worker threads; 0 means one per available core",
+    ),
+    // [cache]
+    key(
+        "cache.page_size",
+        ValueKind::Unsigned,
+        "64",
+        "tokens per KV cache page (a power of two)",
+    ),
+    key(
+        "cache.prefix_cache",
+        ValueKind::Bool,
+        "true",
+        "finished requests leave their KV pages in a prefix cache that later requests reuse",
+    ),
+    key(
+        "cache.hicache",
+        ValueKind::Bool,
+        "false",
+        "pages evicted from the device pool move to a host-memory tier instead of being dropped",
+    ),
+    key(
+        "cache.hicache_ratio",
+        ValueKind::PositiveFloat,
+        "2.0",
+        "size of the host tier as a multiple of the device pool (must exceed 1 with hicache on)",
+    ),
+    key(
+        "cache.max_total_tokens",
+        ValueKind::Unsigned,
+        "0",
+        "capacity of the device KV pool in tokens; 0 sizes it from free memory",
+    ),
+    // [scheduler]
+    key(
+        "scheduler.max_running_requests",
+        ValueKind::Unsigned,
+        "0",
+        "most requests in one running batch; 0 derives it from the pool size",
+    ),
+    key(
+        "scheduler.chunked_prefill_size",
+        ValueKind::Unsigned,
+        "0",
+        "prompt tokens prefilled per step for one request; 0 lets the engine choose",
+    ),
+    key(
+        "scheduler.schedule_policy",
+        ValueKind::OneOf(SchedulePolicy::NAMES),
+        "fcfs",
+        "order in which waiting requests are admitted: fcfs, or lpm (longest cached prefix \
+         first)",
+    ),
+    // [server]
+    key(
+        "server.host",
+        ValueKind::Text,
+        "127.0.0.1",
+        "address the HTTP server listens on",
+    ),
+    key(
+        "server.port",
+        ValueKind::Range(1, 65535),
+        "8000",
+        "TCP port the HTTP server listens on",
+    ),
+    key(
+        "server.api_key",
+        ValueKind::OptionalText,
+        "",
+        "bearer token clients must send; unset accepts every client (never displayed)",
+    ),
+    key(
+        "server.tool_call_parser",
+        ValueKind::OneOf(ToolCallParser::NAMES),
+        "deepseek-v4",
+        "how tool calls are parsed out of generated text: deepseek-v4 (DSML), or none",
+    ),
+    key(
+        "server.reasoning_parser",
+        ValueKind::OneOf(ReasoningParser::NAMES),
+        "deepseek-v4",
+        "how reasoning is split from the answer: deepseek-v4 (reasoning_content), or none",
+    ),
+    key(
+        "server.max_request_bytes",
+        ValueKind::Range(1, u64::MAX),
+        "16777216",
+        "largest accepted request body in bytes",
+    ),
+    // [debug]
+    key(
+        "debug.canary",
+        ValueKind::Bool,
+        "false",
+        "after each step, compare checksums of cache pages with the step's declared write set",
+    ),
+    key(
+        "debug.inject",
+        ValueKind::ListOf(Fault::NAMES),
+        "[]",
+        "faults to inject, each rehearsing one incident class (results are wrong on purpose)",
+    ),
+    // [disagg]
+    key(
+        "disagg.mode",
+        ValueKind::OneOf(DisaggMode::NAMES),
+        "none",
+        "role in prefill/decode disaggregation: none, prefill or decode",
+    ),
+    key(
+        "disagg.bootstrap",
+        ValueKind::OptionalText,
+        "",
+        "host:port of the prefill server's bootstrap endpoint, where KV transfers are arranged",
+    ),
+];

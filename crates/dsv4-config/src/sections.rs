@@ -1,0 +1,158 @@
+//! The sections of subsystems that later issues build (cache pools, scheduler, HTTP server, debug
+//! checks, disaggregation). They are validated configuration today; an engine that does not implement
+//! one of these settings yet must reject it with "not supported by backend X yet", never ignore it.
+
+use crate::values::{DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser};
+use serde::{Deserialize, Serialize};
+
+/// `[cache]`: KV cache pages, the prefix cache and the host tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// Tokens per KV cache page (a power of two).
+    pub page_size: u64,
+    /// Finished requests leave their KV pages in a prefix cache that later requests reuse.
+    pub prefix_cache: bool,
+    /// Pages evicted from the device pool move to a host-memory tier instead of being dropped.
+    pub hicache: bool,
+    /// Size of the host tier as a multiple of the device pool (must exceed 1 when `hicache` is on).
+    pub hicache_ratio: f64,
+    /// Capacity of the device KV pool in tokens; 0 sizes it from free memory.
+    pub max_total_tokens: u64,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        CacheSection {
+            page_size: 64,
+            prefix_cache: true,
+            hicache: false,
+            hicache_ratio: 2.0,
+            max_total_tokens: 0,
+        }
+    }
+}
+
+/// `[scheduler]`: how many requests run at once and how prompts are chunked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Most requests in one running batch; 0 lets the engine derive it from the pool size.
+    pub max_running_requests: u64,
+    /// Prompt tokens prefilled per step for one request; 0 lets the engine choose.
+    pub chunked_prefill_size: u64,
+    /// Order in which waiting requests are admitted.
+    pub schedule_policy: SchedulePolicy,
+}
+
+/// `[server]`: the OpenAI-compatible HTTP server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on.
+    pub host: String,
+    /// TCP port to listen on.
+    pub port: u16,
+    /// Bearer token clients must send; `None` accepts every client.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// How tool calls are parsed out of generated text.
+    pub tool_call_parser: ToolCallParser,
+    /// How reasoning is split from the answer.
+    pub reasoning_parser: ReasoningParser,
+    /// Largest accepted request body in bytes.
+    pub max_request_bytes: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            host: "127.0.0.1".to_string(),
+            port: 8000,
+            api_key: None,
+            tool_call_parser: ToolCallParser::default(),
+            reasoning_parser: ReasoningParser::default(),
+            max_request_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+impl ServerSection {
+    /// Whether `host` only accepts connections from this machine.
+    pub fn is_loopback(&self) -> bool {
+        let host = self.host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+/// `[debug]`: run-time checks and deliberate faults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DebugSection {
+    /// After each step, compare checksums of cache pages with the step's declared write set.
+    pub canary: bool,
+    /// Faults to inject (each rehearses one incident class; results are wrong on purpose).
+    pub inject: Vec<Fault>,
+}
+
+/// `[disagg]`: prefill/decode disaggregation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DisaggSection {
+    /// This server's role.
+    pub mode: DisaggMode,
+    /// `host:port` of the prefill server's bootstrap endpoint (where KV transfers are arranged).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
+}
+
+impl DisaggSection {
+    /// The port of `bootstrap`, when it is a valid `host:port` (port 1–65535, host non-empty).
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        parse_host_port(self.bootstrap.as_deref()?).map(|(_, port)| port)
+    }
+}
+
+/// Split `host:port` (IPv6 hosts in brackets), requiring a non-empty host and a port in 1–65535.
+pub fn parse_host_port(text: &str) -> Option<(&str, u16)> {
+    let (host, port) = text.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let ok = !bare.is_empty() && (!bare.contains(':') || host.starts_with('['));
+    ok.then_some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_parsing() {
+        assert_eq!(parse_host_port("10.0.0.2:8998"), Some(("10.0.0.2", 8998)));
+        assert_eq!(parse_host_port("[::1]:8998"), Some(("[::1]", 8998)));
+        assert_eq!(parse_host_port("::1:8998"), None);
+        assert_eq!(parse_host_port("host"), None);
+        assert_eq!(parse_host_port(":80"), None);
+        assert_eq!(parse_host_port("h:0"), None);
+        assert_eq!(parse_host_port("h:70000"), None);
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        let mut s = ServerSection::default();
+        assert!(s.is_loopback());
+        for (host, lo) in [
+            ("localhost", true),
+            ("::1", true),
+            ("[::1]", true),
+            ("0.0.0.0", false),
+            ("example.org", false),
+        ] {
+            s.host = host.to_string();
+            assert_eq!(s.is_loopback(), lo, "{host}");
+        }
+    }
+}

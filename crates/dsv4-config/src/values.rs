@@ -1,0 +1,132 @@
+//! Closed sets of values used by the schema (scheduling policy, output parsers, disaggregation mode,
+//! fault names): each is an enum that serializes as the spelling written in profiles.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Implements `NAMES`, `Display`, `FromStr` and serde for an enum from `Variant => "spelling"` pairs.
+macro_rules! spelled {
+    ($ty:ident, $what:literal, $($variant:ident => $text:literal),+ $(,)?) => {
+        impl $ty {
+            /// The accepted spellings, in display order.
+            pub const NAMES: &'static [&'static str] = &[$($text),+];
+
+            /// The spelling of this value.
+            pub fn as_str(&self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "unknown {} `{}` (allowed: {})", $what, other, Self::NAMES.join(", ")
+                    )),
+                }
+            }
+        }
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// The order in which waiting requests are admitted (`scheduler.schedule_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SchedulePolicy {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// Longest prefix match first: requests sharing the most cached prefix run first.
+    Lpm,
+}
+spelled!(SchedulePolicy, "schedule_policy", Fcfs => "fcfs", Lpm => "lpm");
+
+/// How tool calls are parsed out of generated text (`server.tool_call_parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ToolCallParser {
+    /// No parsing: tool-call markup stays in the content.
+    None,
+    /// The DeepSeek-V4 DSML tool-call format.
+    #[default]
+    DeepseekV4,
+}
+spelled!(ToolCallParser, "tool_call_parser", None => "none", DeepseekV4 => "deepseek-v4");
+
+/// How reasoning is split from the answer (`server.reasoning_parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReasoningParser {
+    /// No splitting: reasoning stays in the content.
+    None,
+    /// DeepSeek-V4 thinking blocks go to `reasoning_content`.
+    #[default]
+    DeepseekV4,
+}
+spelled!(ReasoningParser, "reasoning_parser", None => "none", DeepseekV4 => "deepseek-v4");
+
+/// The role of a server in prefill/decode disaggregation (`disagg.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DisaggMode {
+    /// One server runs both prefill and decode.
+    #[default]
+    None,
+    /// Prefill only; finished KV caches are handed to decode servers.
+    Prefill,
+    /// Decode only; KV caches arrive from prefill servers.
+    Decode,
+}
+spelled!(DisaggMode, "disagg mode", None => "none", Prefill => "prefill", Decode => "decode");
+
+/// A named fault that deliberately breaks one component, to rehearse an incident class (`debug.inject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// The buffer arena reuses bytes across streams without honouring cross-stream lifetimes
+    /// (the aliasing race of the multi-stream incident).
+    ArenaIgnoresStreamLifetimes,
+    /// A read from the host tier skips its layer-transfer wait.
+    HostTierSkipsLayerWait,
+}
+spelled!(
+    Fault,
+    "fault",
+    ArenaIgnoresStreamLifetimes => "arena-ignores-stream-lifetimes",
+    HostTierSkipsLayerWait => "host-tier-skips-layer-wait",
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_round_trip_through_text_and_serde() {
+        for name in Fault::NAMES {
+            let f: Fault = name.parse().unwrap();
+            assert_eq!(f.to_string(), *name);
+            let json = serde_json::to_string(&f).unwrap();
+            assert_eq!(serde_json::from_str::<Fault>(&json).unwrap(), f);
+        }
+        assert_eq!(
+            "deepseek-v4".parse::<ToolCallParser>(),
+            Ok(ToolCallParser::DeepseekV4)
+        );
+        let e = "lifo".parse::<SchedulePolicy>().unwrap_err();
+        assert!(e.contains("allowed: fcfs, lpm"), "{e}");
+        assert!(serde_json::from_str::<DisaggMode>("\"both\"").is_err());
+    }
+}
