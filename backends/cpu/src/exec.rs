@@ -1,0 +1,116 @@
+//! Execution context of the cpu backend: the owned rayon pool, the thread count and the
+//! instruction set the kernels use. Work is only ever split over independent outputs (rows,
+//! columns, heads, keys), so how it is split never changes a result.
+
+use rayon::prelude::*;
+
+/// Which kernel implementations run. Both compute bitwise identical results: every kernel is
+/// written in terms of exactly rounded operations (fused multiply-add, add, multiply) applied in
+/// the same order per output element; only the vector width differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust loops (any target).
+    Portable,
+    /// x86-64 AVX2 + FMA (+ F16C) kernels (selected only when the CPU has them).
+    Avx2Fma,
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2Fma;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// Work (multiply-adds) below which a call runs on the calling thread: dispatching to the pool
+/// costs a few microseconds.
+const INLINE_WORK: usize = 1 << 16;
+
+/// The pool, thread count and instruction set every op runs with.
+pub(crate) struct Exec {
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+    /// Kernel implementations in use.
+    pub isa: Isa,
+}
+
+impl Exec {
+    /// A context with `threads` workers (0 = one per core) and the given instruction set.
+    pub fn new(threads: usize, isa: Isa) -> Result<Self, rayon::ThreadPoolBuildError> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("dsv4-cpu-{i}"))
+                    .build()?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { pool, threads, isa })
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Run `f(i)` for every i < `items`, on the pool when `work` (multiply-adds, roughly) is
+    /// large enough to pay for the dispatch. Each item must write disjoint outputs.
+    pub fn for_each(&self, items: usize, work: usize, f: impl Fn(usize) + Sync + Send) {
+        match &self.pool {
+            Some(pool) if items > 1 && work >= INLINE_WORK => {
+                pool.install(|| (0..items).into_par_iter().for_each(f));
+            }
+            _ => (0..items).for_each(f),
+        }
+    }
+
+    /// Run `f(first_row, rows)` over `out` cut into whole rows of width `dim`, in chunks;
+    /// `work_per_row` sizes the chunks. `dim` must be positive.
+    pub fn rows_mut(
+        &self,
+        out: &mut [f32],
+        dim: usize,
+        work_per_row: usize,
+        f: impl Fn(usize, &mut [f32]) + Sync + Send,
+    ) {
+        let rows = out.len() / dim;
+        let work = rows.saturating_mul(work_per_row.max(1));
+        match &self.pool {
+            Some(pool) if rows > 1 && work >= INLINE_WORK => {
+                let per = rows.div_ceil(self.threads * 4).max(1);
+                pool.install(|| {
+                    out.par_chunks_mut(per * dim)
+                        .enumerate()
+                        .for_each(|(i, chunk)| f(i * per, chunk));
+                });
+            }
+            _ => f(0, out),
+        }
+    }
+}
+
+/// A raw output pointer shared by parallel items that write disjoint elements.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub *mut f32);
+
+// SAFETY: every user writes through the pointer only to elements no other item touches, and the
+// buffer outlives the parallel section (it is a `&mut` borrowed for the whole call).
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}

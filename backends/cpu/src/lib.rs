@@ -1,0 +1,222 @@
+//! dsv4-backend-cpu: the fast CPU backend (`cpu` in the registry). A rayon pool owned by the
+//! backend, AVX2+FMA kernels with a portable twin, weights decoded on the fly.
+//!
+//! # Batch invariance by construction
+//! Every output element is reduced in one fixed order that does not depend on the number of rows
+//! in the call, the thread count, or where the element lands in a tile:
+//! - products (`linear`, attention, indexer, mHC logits): the input dimension is cut into
+//!   blocks of 128; within a block a sequential fused multiply-add chain from +0.0 (i
+//!   ascending); block partials added in block order (see [`gemm`](crate::gemm));
+//! - every other reduction (RMSNorm, softmax sums, pooling, head sums, Sinkhorn) runs inside one
+//!   row/token/column in a fixed sequence;
+//! - threads only ever split independent outputs (rows, output columns, heads, keys); nothing
+//!   splits a reduction. The AVX2 and portable kernels use only exactly rounded operations in
+//!   the same per-element order, so they agree bitwise too.
+
+mod attention;
+mod exec;
+mod gemm;
+mod math;
+mod mhc;
+mod ops;
+
+pub use exec::Isa;
+
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::{CacheLayoutError, round_index_vector};
+use dsv4_kernels::registry::{BackendFactory, BackendOptions};
+use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
+use exec::Exec;
+use std::sync::Arc;
+
+/// Registry name of this backend.
+pub const NAME: &str = "cpu";
+
+/// The cpu backend: its own thread pool and kernel set.
+pub struct CpuBackend {
+    ex: Exec,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.ex.threads())
+            .field("isa", &self.ex.isa)
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    /// A backend with `threads` workers (0 = one per core) and the best kernels for this CPU.
+    pub fn new(threads: usize) -> Result<Self, KernelError> {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// A backend using the given kernel set; a set this CPU lacks falls back to the portable
+    /// one. Results are bitwise identical either way (for tests and diffs).
+    pub fn with_isa(threads: usize, isa: Isa) -> Result<Self, KernelError> {
+        let isa = if isa == Isa::Avx2Fma && Isa::detect() != Isa::Avx2Fma {
+            Isa::Portable
+        } else {
+            isa
+        };
+        let ex = Exec::new(threads, isa).map_err(|e| KernelError::Unavailable {
+            name: NAME.to_string(),
+            reason: format!("cannot start a thread pool: {e}"),
+        })?;
+        Ok(Self { ex })
+    }
+
+    /// Worker threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.ex.threads()
+    }
+
+    /// The kernel set in use.
+    pub fn isa(&self) -> Isa {
+        self.ex.isa
+    }
+}
+
+fn create(opts: &BackendOptions) -> Result<Arc<dyn Backend>, KernelError> {
+    Ok(Arc::new(CpuBackend::new(opts.threads)?))
+}
+
+inventory::submit! {
+    BackendFactory {
+        name: NAME,
+        summary: "threads + SIMD (AVX2/FMA or portable), weights decoded on the fly, batch-invariant",
+        probe: || Ok(()),
+        create,
+    }
+}
+
+/// Call from a binary or test so the linker keeps this crate's registry entry.
+pub fn link() {}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
+        assert_eq!(
+            x.len(),
+            rows * w.in_dim,
+            "linear {}: input is not [rows, in]",
+            w.name
+        );
+        assert_eq!(
+            out.len(),
+            rows * w.out_dim,
+            "linear {}: output is not [rows, out]",
+            w.name
+        );
+        gemm::gemm(&self.ex, &gemm::Weights::of_linear(w), x, rows, out);
+    }
+
+    fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
+        ops::act_quant_fp8(&self.ex, x, dim)
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: Option<&[f32]>, dim: usize, eps: f32, out: &mut [f32]) {
+        ops::rms_norm(&self.ex, x, weight, dim, eps, out)
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        dim: usize,
+        positions: &[usize],
+        table: &RopeTable,
+        inverse: bool,
+    ) {
+        ops::rope(&self.ex, x, dim, positions, table, inverse)
+    }
+
+    fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
+        mhc::pre(&self.ex, p, x, t)
+    }
+
+    fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]) {
+        mhc::post(&self.ex, x, y, pre, m, d, out)
+    }
+
+    fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+        mhc::head(&self.ex, p, x, t, out)
+    }
+
+    fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]) {
+        ops::softmax_pool(&self.ex, a, z, rows, width, out)
+    }
+
+    fn hadamard(&self, x: &mut [f32], dim: usize) {
+        ops::hadamard(&self.ex, x, dim)
+    }
+
+    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+        attention::indexer_scores(&self.ex, q, w, dim, keys, out)
+    }
+
+    fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
+        attention::topk(scores, k)
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        attention::sparse_attention(&self.ex, q, dim, keys, sink, scale, out)
+    }
+
+    fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
+        ops::router_scores(logits, out)
+    }
+
+    fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
+        ops::swiglu(self.ex.isa, g, u, limit, weight, out)
+    }
+
+    fn cache_store(
+        &self,
+        fmt: &RowFormat,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError> {
+        match fmt {
+            RowFormat::Kv(l) => l.write(page, slot, values),
+            RowFormat::IndexK(l) => l.write(page, slot, values),
+        }
+    }
+
+    fn cache_load(
+        &self,
+        fmt: &RowFormat,
+        page: &[u8],
+        slot: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        match fmt {
+            RowFormat::Kv(l) => l.read(page, slot, out),
+            RowFormat::IndexK(l) => l.read(page, slot, out),
+        }
+    }
+
+    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
+        if dim == 0 {
+            return;
+        }
+        self.ex.rows_mut(x, dim, dim * 16, |_, rows| {
+            for row in rows.chunks_mut(dim) {
+                let r = round_index_vector(dtype, row);
+                row.copy_from_slice(&r);
+            }
+        });
+    }
+}
