@@ -1,4 +1,7 @@
-//! `dsv4 generate`: greedy, deterministic generation from a prompt, streamed to stdout.
+//! `dsv4 generate`: greedy, deterministic generation from a prompt, streamed to stdout; or, with
+//! `--batch FILE`, many JSONL requests at once through the serving engine ([`batch`]).
+
+pub mod batch;
 
 use super::forward::open_model;
 use anyhow::Context;
@@ -11,11 +14,18 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
     /// The prompt text.
-    #[arg(long)]
-    pub prompt: String,
-    /// Tokens to generate at most.
+    #[arg(long, required_unless_present = "batch", conflicts_with = "batch")]
+    pub prompt: Option<String>,
+    /// Tokens to generate at most (with --batch: for requests without `max_tokens`).
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
+    /// Run the requests of a JSONL file through the engine (continuous batching, prefix cache;
+    /// see docs/engine.md) and print one JSON result per line, in input order.
+    #[arg(long, value_name = "FILE")]
+    pub batch: Option<PathBuf>,
+    /// With --batch: write the results to this file instead of stdout.
+    #[arg(long, value_name = "FILE", requires = "batch")]
+    pub output: Option<PathBuf>,
     /// Checkpoint directory; the embedded tiny model when omitted and the profile says "tiny".
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -56,8 +66,29 @@ pub fn run(args: &GenerateArgs, profile: &dsv4_config::Profile, json: bool) -> a
                 .with_context(|| format!("cannot load {}", path.display()))?
         }
     };
+    if let Some(file) = &args.batch {
+        return match &args.output {
+            Some(out) => {
+                let mut f = std::fs::File::create(out)
+                    .with_context(|| format!("cannot create {}", out.display()))?;
+                batch::run_batch(model, tok, profile, file, args.max_tokens, &mut f)
+            }
+            None => batch::run_batch(
+                model,
+                tok,
+                profile,
+                file,
+                args.max_tokens,
+                &mut std::io::stdout().lock(),
+            ),
+        };
+    }
+    let prompt = args
+        .prompt
+        .as_deref()
+        .context("give --prompt TEXT, or --batch FILE")?;
     let mut prompt_ids = vec![model.cfg.bos_token_id];
-    prompt_ids.extend(tok.encode(&args.prompt)?);
+    prompt_ids.extend(tok.encode(prompt)?);
     let mut seq = model.new_sequence();
     let out = model.forward(&mut seq, &prompt_ids)?;
     let v = out.vocab;

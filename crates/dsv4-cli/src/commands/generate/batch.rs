@@ -1,0 +1,379 @@
+//! `dsv4 generate --batch FILE`: many requests through the engine at once. JSONL in, one object
+//! per request (`id`, `prompt` or `messages`, `max_tokens`, optional `temperature`, `top_p`,
+//! `top_k`, `seed`, `stop`); JSONL out in input order (`id`, `text`, `tokens`,
+//! `finish_reason`, `usage`, `timing`, and `error` when it failed).
+
+use anyhow::{Context, bail};
+use dsv4_chat::tokenizer::Tokenizer;
+use dsv4_config::{Profile, SchedulePolicy as ProfilePolicy};
+use dsv4_engine::{
+    CacheBudget, Detokenizer, Engine, EngineConfig, Request, RequestStream, SamplingParams,
+    SchedulePolicy, Timing, Usage,
+};
+use dsv4_model::Model;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Prefill chunk when the profile leaves `scheduler.chunked_prefill_size` at 0.
+const DEFAULT_CHUNKED_PREFILL: usize = 8192;
+
+/// One chat message; `messages` are rendered by concatenating their contents (dsv4-chat has no
+/// chat template yet).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    #[allow(dead_code)]
+    role: String,
+    content: String,
+}
+
+/// `stop` may be one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// One input line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    id: serde_json::Value,
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+}
+
+/// One output line.
+#[derive(Debug, Serialize)]
+struct BatchResult {
+    id: serde_json::Value,
+    text: String,
+    tokens: Vec<u32>,
+    finish_reason: &'static str,
+    usage: Usage,
+    timing: Timing,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// The engine options of a profile's `[cache]` and `[scheduler]` sections.
+pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
+    let (cache, sched) = (&profile.cache, &profile.scheduler);
+    if cache.hicache {
+        bail!("cache.hicache = true is not supported by the engine yet; set cache.hicache = false");
+    }
+    let budget = match cache.max_total_tokens {
+        0 => CacheBudget::Auto,
+        n => {
+            CacheBudget::Tokens(usize::try_from(n).context("cache.max_total_tokens is too large")?)
+        }
+    };
+    let max_running = match sched.max_running_requests {
+        0 => match budget {
+            CacheBudget::Tokens(t) => (t / 256).clamp(1, 256),
+            _ => 64,
+        },
+        n => usize::try_from(n).context("scheduler.max_running_requests is too large")?,
+    };
+    let chunk = match sched.chunked_prefill_size {
+        0 => DEFAULT_CHUNKED_PREFILL,
+        n => usize::try_from(n).context("scheduler.chunked_prefill_size is too large")?,
+    };
+    let cfg = EngineConfig {
+        cache: budget,
+        page_size: usize::try_from(cache.page_size).context("cache.page_size is too large")?,
+        prefix_cache: cache.prefix_cache,
+        max_running_requests: max_running,
+        chunked_prefill_size: Some(chunk),
+        schedule_policy: match sched.schedule_policy {
+            ProfilePolicy::Fcfs => SchedulePolicy::Fcfs,
+            ProfilePolicy::Lpm => SchedulePolicy::Lpm,
+        },
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Parse the JSONL file into engine requests (BOS first), naming the line of any problem.
+fn read_requests(
+    path: &Path,
+    tok: &Tokenizer,
+    bos: u32,
+    default_max_tokens: usize,
+) -> anyhow::Result<Vec<(serde_json::Value, Request)>> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the batch file {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let r: BatchRequest = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "{}: not a request object (fields: id, prompt or messages, max_tokens, \
+                 temperature, top_p, top_k, seed, stop)",
+                at()
+            )
+        })?;
+        let text = match (r.prompt, r.messages) {
+            (Some(p), None) => p,
+            (None, Some(m)) => m
+                .into_iter()
+                .map(|m| m.content)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => bail!("{}: give exactly one of `prompt` and `messages`", at()),
+        };
+        let mut prompt = vec![bos];
+        prompt.extend(tok.encode(&text).with_context(at)?);
+        let stop = match r.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        let defaults = SamplingParams::default();
+        let req = Request {
+            prompt,
+            max_tokens: r.max_tokens.unwrap_or(default_max_tokens),
+            sampling: SamplingParams {
+                temperature: r.temperature.unwrap_or(defaults.temperature),
+                top_p: r.top_p.unwrap_or(defaults.top_p),
+                top_k: r.top_k.unwrap_or(defaults.top_k),
+                seed: r.seed.unwrap_or(defaults.seed),
+            },
+            stop,
+            ..Default::default()
+        };
+        out.push((r.id, req));
+    }
+    if out.is_empty() {
+        bail!(
+            "{} holds no requests (one JSON object per line)",
+            path.display()
+        );
+    }
+    Ok(out)
+}
+
+/// Run every request of `path` through an engine on `model`; write one result line each to
+/// `out`, in input order.
+pub fn run_batch(
+    model: Model,
+    tok: Tokenizer,
+    profile: &Profile,
+    path: &Path,
+    default_max_tokens: usize,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let cfg = engine_config(profile)?;
+    let requests = read_requests(path, &tok, model.cfg.bos_token_id, default_max_tokens)?;
+    let tok = Arc::new(tok);
+    let detok: Arc<dyn Detokenizer> = {
+        let tok = Arc::clone(&tok);
+        Arc::new(move |ids: &[u32]| tok.decode(ids).unwrap_or_default())
+    };
+    let engine = Engine::spawn_with(Arc::new(model), cfg, Some(detok))?;
+    tracing::info!(requests = requests.len(), pools = %engine.pool_report(), "batch started");
+    let streams: Vec<(serde_json::Value, anyhow::Result<RequestStream>)> = requests
+        .into_iter()
+        .map(|(id, r)| (id, engine.submit(r).map_err(anyhow::Error::from)))
+        .collect();
+    let mut failed = 0;
+    let total = streams.len();
+    for (id, stream) in streams {
+        let result = match stream {
+            Ok(s) => {
+                let c = s.collect_blocking();
+                let f = c.finished;
+                BatchResult {
+                    id,
+                    text: f.text.unwrap_or_default(),
+                    tokens: c.tokens,
+                    finish_reason: f.reason.as_str(),
+                    usage: f.usage,
+                    timing: f.timing,
+                    error: f.error,
+                }
+            }
+            Err(e) => BatchResult {
+                id,
+                text: String::new(),
+                tokens: Vec::new(),
+                finish_reason: "error",
+                usage: Usage::default(),
+                timing: Timing::default(),
+                error: Some(format!("{e:#}")),
+            },
+        };
+        failed += usize::from(result.error.is_some());
+        writeln!(out, "{}", serde_json::to_string(&result)?)?;
+        out.flush()?;
+    }
+    let m = engine.metrics();
+    tracing::info!(
+        generated = m.generated_tokens_total,
+        prefix_hit_rate = m.prefix_hit_rate,
+        preemptions = m.preemptions_total,
+        "batch done"
+    );
+    if failed > 0 {
+        bail!("{failed} of {total} requests failed (see their `error` fields)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_backend_reference::ReferenceBackend;
+    use dsv4_core::Numerics;
+    use dsv4_model::{ModelSource, load_model};
+
+    fn tiny() -> Model {
+        load_model(
+            &ModelSource::Tiny { seed: 0 },
+            Arc::new(ReferenceBackend),
+            Numerics::default(),
+        )
+        .unwrap()
+    }
+
+    fn profile() -> Profile {
+        let mut p = Profile::default();
+        p.cache.max_total_tokens = 2048;
+        p.scheduler.max_running_requests = 4;
+        p
+    }
+
+    fn run(lines: &str) -> (anyhow::Result<()>, Vec<serde_json::Value>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, lines).unwrap();
+        let mut out = Vec::new();
+        let r = run_batch(
+            tiny(),
+            Tokenizer::tiny().unwrap(),
+            &profile(),
+            &path,
+            5,
+            &mut out,
+        );
+        let rows = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (r, rows)
+    }
+
+    #[test]
+    fn batch_results_come_back_in_input_order_with_the_solo_tokens() {
+        let (r, rows) = run(concat!(
+            r#"{"id": "a", "prompt": "hello there", "max_tokens": 3}"#,
+            "\n\n",
+            r#"{"id": 7, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, "seed": 3}"#,
+            "\n",
+            r#"{"id": "c", "prompt": "hello there", "max_tokens": 4, "top_k": 1}"#,
+            "\n"
+        ));
+        r.unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0]["id"], "a");
+        assert_eq!(rows[1]["id"], 7);
+        assert_eq!(rows[0]["finish_reason"], "length");
+        assert_eq!(rows[0]["tokens"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            rows[1]["tokens"].as_array().unwrap().len(),
+            5,
+            "default max_tokens"
+        );
+        // top_k 1 is greedy: the same prompt gives the same first tokens.
+        assert_eq!(
+            rows[2]["tokens"].as_array().unwrap()[..3],
+            rows[0]["tokens"].as_array().unwrap()[..]
+        );
+        let tok = Tokenizer::tiny().unwrap();
+        let ids: Vec<u32> = rows[0]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(rows[0]["text"], tok.decode(&ids).unwrap());
+        assert!(rows[0]["timing"]["e2e_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(
+            rows[0]["usage"]["prompt_tokens"],
+            1 + tok.encode("hello there").unwrap().len()
+        );
+    }
+
+    #[test]
+    fn stop_strings_end_generation_and_cut_the_text() {
+        let (r, rows) = run(r#"{"id": 1, "prompt": "hello there", "max_tokens": 8}"#);
+        r.unwrap();
+        let text = rows[0]["text"].as_str().unwrap().to_string();
+        // Stop at the second generated character, wherever it came from.
+        let stop: String = text.chars().skip(1).take(1).collect();
+        assert!(!stop.is_empty(), "the tiny model generated text: {text:?}");
+        let line =
+            serde_json::json!({"id": 1, "prompt": "hello there", "max_tokens": 8, "stop": stop})
+                .to_string();
+        let (r, rows) = run(&line);
+        r.unwrap();
+        assert_eq!(rows[0]["finish_reason"], "stop");
+        let cut = rows[0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with(cut) && !cut.contains(&stop),
+            "{cut:?} from {text:?}"
+        );
+    }
+
+    #[test]
+    fn bad_lines_and_refused_requests_are_reported() {
+        let (r, rows) = run(r#"{"id": 1, "max_tokens": 3}"#);
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("line 1") && e.contains("`prompt`"), "{e}");
+        assert!(rows.is_empty());
+        let (r, _) = run(r#"{"id": 1, "prompt": "x", "temprature": 1}"#);
+        assert!(format!("{:#}", r.unwrap_err()).contains("line 1"));
+        let (r, rows) = run(concat!(
+            r#"{"id": 1, "prompt": "x", "max_tokens": 2, "top_p": 0}"#,
+            "\n",
+            r#"{"id": 2, "prompt": "x", "max_tokens": 2}"#
+        ));
+        assert!(format!("{:#}", r.unwrap_err()).contains("1 of 2 requests failed"));
+        assert_eq!(rows[0]["finish_reason"], "error");
+        assert!(rows[0]["error"].as_str().unwrap().contains("top_p"));
+        assert_eq!(rows[1]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn profile_values_map_to_engine_options() {
+        let mut p = profile();
+        p.scheduler.chunked_prefill_size = 0;
+        p.scheduler.schedule_policy = ProfilePolicy::Lpm;
+        let c = engine_config(&p).unwrap();
+        assert_eq!(c.cache, CacheBudget::Tokens(2048));
+        assert_eq!(c.chunked_prefill_size, Some(DEFAULT_CHUNKED_PREFILL));
+        assert_eq!(c.schedule_policy, SchedulePolicy::Lpm);
+        assert_eq!(c.max_running_requests, 4);
+        p.cache.hicache = true;
+        assert!(
+            engine_config(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("hicache")
+        );
+    }
+}
