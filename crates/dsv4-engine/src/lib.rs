@@ -17,6 +17,7 @@ pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod limits;
 pub mod metrics;
 pub mod pool;
 pub mod pools;

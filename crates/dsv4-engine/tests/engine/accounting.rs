@@ -104,3 +104,43 @@ fn requests_the_pools_cannot_hold_are_refused_up_front() {
     assert!(e.to_string().contains("tokenizer"), "{e}");
     assert!(s.is_idle() && s.pools().all_free());
 }
+
+#[test]
+fn cancelling_through_the_handle_and_dropping_streams_free_every_page() {
+    use dsv4_engine::{Engine, Event};
+    let cfg = EngineConfig {
+        cache: CacheBudget::Tokens(2048),
+        prefix_cache: false,
+        ..Default::default()
+    };
+    let engine = Engine::spawn(model(), cfg).unwrap();
+    let mut prompt = vec![0];
+    prompt.extend(tokens(10, 1));
+    let mut a = engine.submit(greedy(prompt.clone(), 1000)).unwrap();
+    let b = engine.submit(greedy(prompt, 1000)).unwrap();
+    assert!(matches!(a.blocking_next(), Some(Event::Token(_))), "a runs");
+    engine.cancel(a.id());
+    let reason = loop {
+        match a.blocking_next() {
+            Some(Event::Finished(f)) => break f.reason,
+            Some(Event::Token(_)) => {}
+            None => panic!("stream ended without Finished"),
+        }
+    };
+    assert_eq!(reason, FinishReason::Cancelled);
+    drop(b);
+    // The engine notices the dropped stream before its next step; wait for it to go idle.
+    let mut m = engine.metrics();
+    for _ in 0..10_000 {
+        if m.running_requests == 0 && m.queued_requests == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        m = engine.metrics();
+    }
+    assert_eq!((m.running_requests, m.queued_requests), (0, 0));
+    assert_eq!(m.requests_cancelled, 2);
+    for u in &m.pools {
+        assert_eq!(u.used_pages, 0, "pool {}", u.pool);
+    }
+}

@@ -2,6 +2,8 @@
 //! invariance, pool accounting, overload, and the raw byte layouts of the pools.
 
 mod accounting;
+mod backends;
+mod bench;
 mod invariance;
 mod layout;
 mod overload;

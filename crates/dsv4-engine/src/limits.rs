@@ -1,0 +1,77 @@
+//! What a request is checked against before it is queued: the model's vocabulary and context,
+//! sampling options, stop strings, and whether the pools could hold it even alone.
+
+use crate::error::EngineError;
+use crate::pool::PoolKind;
+use crate::pools::{CacheGeometry, PoolPages};
+use crate::request::Request;
+use crate::sampling;
+
+/// What a request is checked against before it is queued.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The model's vocabulary size.
+    pub vocab: usize,
+    /// The model's context limit.
+    pub max_position: usize,
+    /// Cache geometry.
+    pub geometry: CacheGeometry,
+    /// Pages of each pool.
+    pub capacity: PoolPages,
+    /// Whether stop strings can be checked (a detokenizer was given).
+    pub has_detokenizer: bool,
+}
+
+impl Limits {
+    /// Refuse a request the engine could never finish, saying why.
+    pub fn check(&self, req: &Request) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::BadRequest(m));
+        if req.prompt.is_empty() {
+            return bad("the prompt is empty; give at least one token (e.g. BOS)".into());
+        }
+        if let Some((i, t)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= self.vocab)
+        {
+            return bad(format!(
+                "prompt token {t} at index {i} is outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
+        if req.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        let total = req.prompt.len().saturating_add(req.max_tokens);
+        if total > self.max_position {
+            return bad(format!(
+                "prompt ({}) + max_tokens ({}) = {total} exceeds the model's context of {} \
+                 tokens; shorten the prompt or lower max_tokens",
+                req.prompt.len(),
+                req.max_tokens,
+                self.max_position
+            ));
+        }
+        sampling::validate(&req.sampling).map_err(EngineError::BadRequest)?;
+        if req.stop.iter().any(String::is_empty) {
+            return bad("stop strings must not be empty".into());
+        }
+        if !req.stop.is_empty() && !self.has_detokenizer {
+            return bad("stop strings need an engine started with a tokenizer".into());
+        }
+        let need = self.geometry.pages_for_len(total);
+        if let Some(k) = PoolKind::ALL
+            .into_iter()
+            .find(|k| need[k.index()] > self.capacity[k.index()])
+        {
+            return Err(EngineError::TooLarge {
+                tokens: total,
+                pool: k.name(),
+                needed: need[k.index()],
+                capacity: self.capacity[k.index()],
+            });
+        }
+        Ok(())
+    }
+}
