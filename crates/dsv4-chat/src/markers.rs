@@ -32,6 +32,10 @@ pub const DSML: &str = "｜DSML｜";
 pub const TOOL_CALLS_START: &str = "<｜DSML｜tool_calls>";
 /// Closes a block of tool calls.
 pub const TOOL_CALLS_END: &str = "</｜DSML｜tool_calls>";
+/// Opens a block of tool calls in the DeepSeek-V3.2 spelling (accepted by the parser).
+pub const FUNCTION_CALLS_START: &str = "<｜DSML｜function_calls>";
+/// Closes a V3.2 `function_calls` block.
+pub const FUNCTION_CALLS_END: &str = "</｜DSML｜function_calls>";
 /// Opens one call; followed by ` name="TOOL">`.
 pub const INVOKE_START: &str = "<｜DSML｜invoke";
 /// Closes one call.

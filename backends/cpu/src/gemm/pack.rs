@@ -373,3 +373,117 @@ mod avx2 {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pack one 32×128 panel with the detected kernels and with the scalar decoder; the bits of
+    /// the valid columns (columns past the last output are never read back).
+    fn both(w: &Weights<'_>, n0: usize, k0: usize) -> (Vec<u32>, Vec<u32>) {
+        let kb = KB.min(w.k - k0);
+        let nv = NR.min(w.n - n0);
+        let mut fast = Panel([1.0; KB * NR]);
+        let mut slow = Panel([2.0; KB * NR]);
+        pack(Isa::detect(), w, n0, k0, kb, &mut fast);
+        pack_scalar(w, n0, k0, 0, kb, &mut slow);
+        let bits = |p: &Panel| {
+            p.0[..kb * NR]
+                .chunks(NR)
+                .flat_map(|row| row[..nv].iter().map(|v| v.to_bits()))
+                .collect()
+        };
+        (bits(&fast), bits(&slow))
+    }
+
+    fn assert_same(a: &[u32], b: &[u32], what: &str) {
+        if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+            panic!("{what}: element {i}: {:#x} vs scalar {:#x}", a[i], b[i]);
+        }
+    }
+
+    #[test]
+    fn every_fp8_code_and_scale_decodes_exactly() {
+        let (n, k) = (40, 256);
+        // Every byte value appears in every 128-column block; NaN codes only in rows 32..40.
+        let data: Vec<u8> = (0..n * k)
+            .map(|i| {
+                let b = ((i / k) * 7 + i % k) as u8;
+                if i / k < 32 && b & 0x7F == 0x7F {
+                    0x00
+                } else {
+                    b
+                }
+            })
+            .collect();
+        for sc in [0u8, 1, 100, 127, 200, 246, 247, 254, 255] {
+            let scale = vec![sc, 127, 127, sc];
+            let w = Weights {
+                view: View::Fp8 {
+                    data: &data,
+                    scale: &scale,
+                },
+                n,
+                k,
+            };
+            for (n0, k0) in [(0, 0), (0, 128), (32, 0), (32, 128)] {
+                let (a, b) = both(&w, n0, k0);
+                assert_same(&a, &b, &format!("scale code {sc}, panel ({n0}, {k0})"));
+            }
+        }
+    }
+
+    #[test]
+    fn every_mxfp4_byte_bf16_pattern_and_f32_decodes_exactly() {
+        let (n, k) = (33, 512);
+        let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 13 + i / 256) as u8).collect();
+        let scale: Vec<u8> = (0..n * k / 32)
+            .map(|i| [0u8, 1, 127, 200, 254, 255][i % 6])
+            .collect();
+        let w = Weights {
+            view: View::Mxfp4 {
+                data: &data,
+                scale: &scale,
+            },
+            n,
+            k,
+        };
+        for (n0, k0) in [(0, 0), (0, 384), (32, 128)] {
+            let (a, b) = both(&w, n0, k0);
+            assert_same(&a, &b, &format!("mxfp4 panel ({n0}, {k0})"));
+        }
+        // All 65536 bf16 patterns in a 64×1024 weight; odd K exercises the scalar tail.
+        let (n, k) = (64, 1027);
+        let data: Vec<u8> = (0..n * k).flat_map(|i| (i as u16).to_le_bytes()).collect();
+        let w = Weights {
+            view: View::Bf16(&data),
+            n,
+            k,
+        };
+        for n0 in [0, 32] {
+            for k0 in (0..k).step_by(KB) {
+                let (a, b) = both(&w, n0, k0);
+                assert_same(&a, &b, &format!("bf16 panel ({n0}, {k0})"));
+            }
+        }
+        let vals: Vec<f32> = (0..50 * 77)
+            .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
+            .collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f32_bytes = Weights {
+            view: View::F32Bytes(&bytes),
+            n: 50,
+            k: 77,
+        };
+        for (name, w) in [
+            ("f32 bytes", f32_bytes),
+            ("f32 rows", Weights::rows(&vals, 50, 77)),
+            ("f32 columns", Weights::cols(&vals, 50, 77)),
+        ] {
+            for n0 in [0, 32] {
+                let (a, b) = both(&w, n0, 0);
+                assert_same(&a, &b, &format!("{name} panel {n0}"));
+            }
+        }
+    }
+}

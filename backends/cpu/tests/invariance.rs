@@ -1,0 +1,170 @@
+//! Batch invariance of the cpu backend by construction: a row's output is bitwise the same
+//! whatever else is in the call, however many threads run, and whichever kernel set (AVX2 or
+//! portable) computes it.
+
+mod common;
+
+use common::{FORMATS, same_bits, vec_sym};
+use dsv4_backend_cpu::{CpuBackend, Isa};
+use dsv4_core::{IndexKDtype, SplitMix64};
+use dsv4_kernels::{Backend, HcParams, RopeTable, WeightFormat};
+
+#[test]
+fn linear_rows_do_not_depend_on_the_other_rows() {
+    let be = CpuBackend::new(2).unwrap();
+    let mut g = SplitMix64::new(1);
+    for fmt in FORMATS {
+        let (n, k) = (200, if fmt == WeightFormat::Mxfp4 { 320 } else { 300 });
+        let w = common::random_linear(fmt, n, k, g.next_u64());
+        let x = vec_sym(&mut g, 200 * k, 1.0);
+        let alone: Vec<Vec<f32>> = (0..200)
+            .map(|r| {
+                let mut o = vec![0f32; n];
+                be.linear(&w, &x[r * k..(r + 1) * k], 1, &mut o);
+                o
+            })
+            .collect();
+        for m in [1, 2, 3, 7, 16, 33, 200] {
+            // Rows taken from an offset so that each lands at a different place in the tiles.
+            let start = 200 - m;
+            let mut out = vec![0f32; m * n];
+            be.linear(&w, &x[start * k..], m, &mut out);
+            for r in 0..m {
+                assert!(
+                    same_bits(&out[r * n..(r + 1) * n], &alone[start + r]),
+                    "{fmt:?}: row {r} of {m} differs from the 1-row call"
+                );
+            }
+        }
+    }
+}
+
+/// Every op on fixed inputs large enough to be split over threads; outputs concatenated.
+fn all_ops(be: &dyn Backend) -> Vec<Vec<f32>> {
+    let mut g = SplitMix64::new(7);
+    let mut outs = Vec::new();
+    for fmt in FORMATS {
+        let w = common::random_linear(fmt, 100, 256, g.next_u64());
+        let x = vec_sym(&mut g, 40 * 256, 1.0);
+        let mut o = vec![0f32; 40 * 100];
+        be.linear(&w, &x, 40, &mut o);
+        outs.push(o);
+    }
+    let x = vec_sym(&mut g, 300 * 256, 2.0);
+    let mut q = x.clone();
+    be.act_quant_fp8(&mut q, 256);
+    outs.push(q);
+    let mut o = vec![0f32; x.len()];
+    be.rms_norm(&x, Some(&x[..256]), 256, 1e-6, &mut o);
+    outs.push(o);
+    let mut r = x.clone();
+    let pos: Vec<usize> = (0..300).map(|i| i / 4).collect();
+    be.rope(&mut r, 256, &pos, &RopeTable::plain(64, 10000.0), false);
+    outs.push(r);
+    let mut h = x.clone();
+    be.hadamard(&mut h, 128);
+    outs.push(h);
+    let (m, d, t) = (4, 64, 30);
+    let (fw, base, scale) = (
+        vec_sym(&mut g, 24 * m * d, 0.05),
+        vec_sym(&mut g, 24, 1.0),
+        [1.0, 0.5, 2.0],
+    );
+    let p = HcParams {
+        fn_w: &fw,
+        base: &base,
+        scale: &scale,
+        m,
+        d,
+        norm_eps: 1e-6,
+        hc_eps: 1e-6,
+        sinkhorn_iters: 20,
+    };
+    let xs = &x[..t * m * d];
+    let pre = be.mhc_pre(&p, xs, t);
+    let mut post = vec![0f32; t * m * d];
+    be.mhc_post(xs, &x[..t * d], &pre, m, d, &mut post);
+    let mut head = vec![0f32; t * d];
+    be.hc_head(
+        &HcParams {
+            fn_w: &fw[..m * m * d],
+            base: &base[..m],
+            ..p
+        },
+        xs,
+        t,
+        &mut head,
+    );
+    outs.extend([pre.u, pre.post, pre.comb, post, head]);
+    let mut pooled = vec![0f32; 512];
+    be.softmax_pool(&x[..128 * 512], &x[512..129 * 512], 128, 512, &mut pooled);
+    outs.push(pooled);
+    let mut s = vec![0f32; 500];
+    be.indexer_scores(&x[..64 * 128], &x[..64], 128, &x[..500 * 128], &mut s);
+    outs.push(be.topk(&s, 16).iter().map(|&i| i as f32).collect());
+    outs.push(s);
+    let mut att = vec![0f32; 16 * 256];
+    be.sparse_attention(
+        &x[..16 * 256],
+        256,
+        &x[..200 * 256],
+        &x[..16],
+        0.0625,
+        &mut att,
+    );
+    outs.push(att);
+    let mut sw = vec![0f32; 5000];
+    be.swiglu(&x[..5000], &x[5000..10000], 10.0, 0.3, &mut sw);
+    outs.push(sw);
+    let mut ri = x[..64 * 128].to_vec();
+    be.round_index_rows(IndexKDtype::Fp4, &mut ri, 128);
+    outs.push(ri);
+    outs
+}
+
+#[test]
+fn thread_count_and_kernel_set_do_not_change_any_op() {
+    let base = all_ops(&CpuBackend::new(1).unwrap());
+    let others = [
+        ("2 threads", CpuBackend::new(2).unwrap()),
+        ("3 threads", CpuBackend::new(3).unwrap()),
+        (
+            "portable, 2 threads",
+            CpuBackend::with_isa(2, Isa::Portable).unwrap(),
+        ),
+    ];
+    for (what, be) in &others {
+        for (i, (a, b)) in all_ops(be).iter().zip(&base).enumerate() {
+            assert!(same_bits(a, b), "{what}: output {i} differs from 1 thread");
+        }
+    }
+}
+
+#[test]
+fn row_ops_do_not_depend_on_the_other_rows() {
+    let be = CpuBackend::new(2).unwrap();
+    let mut g = SplitMix64::new(3);
+    let dim = 200;
+    let x = vec_sym(&mut g, 64 * dim, 3.0);
+    let pos: Vec<usize> = (0..64).map(|i| 5 * i).collect();
+    let table = RopeTable::plain(64, 10000.0);
+    let run = |rows: std::ops::Range<usize>| {
+        let xs = &x[rows.start * dim..rows.end * dim];
+        let mut n = vec![0f32; xs.len()];
+        be.rms_norm(xs, None, dim, 1e-6, &mut n);
+        let mut q = xs.to_vec();
+        be.act_quant_fp8(&mut q, dim);
+        let mut r = xs.to_vec();
+        be.rope(&mut r, dim, &pos[rows], &table, true);
+        [n, q, r]
+    };
+    let all = run(0..64);
+    for r in [0, 17, 63] {
+        for (op, (one, many)) in run(r..r + 1).iter().zip(&all).enumerate() {
+            assert!(
+                same_bits(one, &many[r * dim..(r + 1) * dim]),
+                "op {op}, row {r}"
+            );
+        }
+    }
+}

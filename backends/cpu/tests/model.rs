@@ -1,0 +1,156 @@
+//! The embedded tiny model on the cpu backend: close to the reference backend, and bitwise
+//! batch-invariant (prefill vs decode vs chunked prefill, batched vs alone, 1 vs 2 threads).
+
+mod common;
+
+use common::{rel_l2, same_bits};
+use dsv4_backend_cpu::CpuBackend;
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_core::{ActQuant, IndexKDtype, KvCacheDtype, Numerics, SplitMix64, Tensor};
+use dsv4_kernels::Backend;
+use dsv4_model::{Model, ModelConfig, SequenceState};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+fn tensors() -> &'static HashMap<String, Tensor> {
+    static T: OnceLock<HashMap<String, Tensor>> = OnceLock::new();
+    T.get_or_init(|| {
+        dsv4_model::tiny::generate_weights(&ModelConfig::tiny(), 0)
+            .unwrap()
+            .into_iter()
+            .collect()
+    })
+}
+
+fn model(backend: Arc<dyn Backend>, numerics: Numerics) -> Model {
+    Model::load(ModelConfig::tiny(), tensors(), backend, numerics).unwrap()
+}
+
+fn cpu(threads: usize) -> Arc<dyn Backend> {
+    Arc::new(CpuBackend::new(threads).unwrap())
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n).map(|_| 2 + g.below(380) as u32).collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}
+
+const ALL_FP8: Numerics = Numerics {
+    kv_cache_dtype: KvCacheDtype::Fp8,
+    index_k_dtype: IndexKDtype::Fp8,
+    act_quant: ActQuant::Fp8,
+};
+
+#[test]
+fn prefill_logits_match_the_reference_backend() {
+    for numerics in [Numerics::default(), ALL_FP8] {
+        let toks = tokens(100, 1);
+        let run = |be: Arc<dyn Backend>| {
+            let m = model(be, numerics);
+            m.forward(&mut m.new_sequence(), &toks).unwrap()
+        };
+        let (got, want) = (run(cpu(2)), run(Arc::new(ReferenceBackend)));
+        let e = rel_l2(&got.logits, &want.logits);
+        assert!(e <= 1e-4, "{numerics}: relative L2 {e:e}");
+        let v = got.vocab;
+        let agree = got
+            .logits
+            .chunks(v)
+            .zip(want.logits.chunks(v))
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        assert!(agree >= 99, "{numerics}: argmax agrees on {agree}/100 rows");
+    }
+}
+
+#[test]
+fn prefill_decode_and_chunked_prefill_are_bitwise_equal() {
+    let m = model(cpu(2), ALL_FP8);
+    let toks = tokens(100, 2);
+    let full = m.forward(&mut m.new_sequence(), &toks).unwrap();
+    let v = full.vocab;
+    let mut st = m.new_sequence();
+    for (i, &t) in toks.iter().enumerate() {
+        let out = m.forward(&mut st, &[t]).unwrap();
+        assert!(
+            same_bits(&out.logits, &full.logits[i * v..(i + 1) * v]),
+            "decode step {i} differs from prefill row {i}"
+        );
+        for (l, sel) in &out.topk {
+            assert_eq!(sel[0], full.topk[l][i], "layer {l} token {i}: index set");
+        }
+    }
+    let mut st = m.new_sequence();
+    let mut chunked = Vec::new();
+    for c in toks.chunks(37) {
+        chunked.extend(m.forward(&mut st, c).unwrap().logits);
+    }
+    assert!(same_bits(&chunked, &full.logits), "chunked prefill differs");
+}
+
+#[test]
+fn batched_prompts_get_bitwise_their_solo_logits() {
+    let m = model(cpu(2), Numerics::default());
+    let prompts: Vec<Vec<u32>> = (0..8).map(|s| tokens(3 + 7 * s, 10 + s as u64)).collect();
+    let follow = [5u32, 6];
+    let solo: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut st = m.new_sequence();
+            let mut l = m.forward(&mut st, p).unwrap().logits;
+            for &f in &follow {
+                l.extend(m.forward(&mut st, &[f]).unwrap().logits);
+            }
+            l
+        })
+        .collect();
+    let mut states: Vec<SequenceState> = (0..8).map(|_| m.new_sequence()).collect();
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); 8];
+    let mut step = |toks: Vec<&[u32]>, states: &mut [SequenceState]| {
+        let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+        for (s, o) in m
+            .forward_batch(&mut refs, &toks)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            got[s].extend(o.logits);
+        }
+    };
+    step(prompts.iter().map(|p| p.as_slice()).collect(), &mut states);
+    for f in 0..follow.len() {
+        step(vec![&follow[f..f + 1]; 8], &mut states);
+    }
+    for s in 0..8 {
+        assert!(
+            same_bits(&got[s], &solo[s]),
+            "sequence {s}: batched differs from solo"
+        );
+    }
+}
+
+#[test]
+fn one_and_two_threads_give_bitwise_equal_logits() {
+    let toks = tokens(60, 3);
+    let run = |threads: usize| {
+        let m = model(cpu(threads), ALL_FP8);
+        let mut st = m.new_sequence();
+        let mut l = m.forward(&mut st, &toks).unwrap().logits;
+        l.extend(m.forward(&mut st, &[9]).unwrap().logits);
+        l
+    };
+    assert!(
+        same_bits(&run(1), &run(2)),
+        "thread count changed the logits"
+    );
+}

@@ -1,0 +1,69 @@
+//! DSML, DeepSeek's tool-call markup, and the strict streaming parser of completions.
+//!
+//! Grammar of a completion (thinking mode starts in the reasoning; chat mode in the content):
+//!
+//! ```text
+//! completion := [ "<think>" ] reasoning "</think>" ]? content [ block ] [ WS* EOS ]
+//! block      := "<｜DSML｜tool_calls>" ( WS* invoke )+ WS* "</｜DSML｜tool_calls>"
+//!             | the same with "function_calls" (DeepSeek-V3.2)
+//! invoke     := "<｜DSML｜invoke" WS+ 'name="' NAME '"' WS* ">" ( WS* param )* WS* "</｜DSML｜invoke>"
+//! param      := "<｜DSML｜parameter" WS+ 'name="' KEY '"' WS+ 'string="' ("true"|"false") '"' WS* ">"
+//!               VALUE "</｜DSML｜parameter>"
+//! ```
+//!
+//! Attributes may come in any order. `string="false"` means VALUE is strict JSON. Up to two
+//! newlines right before the block are the encoder's separator and are not content. In free
+//! text, markup inside code fences, inline code or double quotes is content; outside them any
+//! DSML markup other than a block start, a stray `<think>`/`</think>`, or BOS/User/Assistant
+//! tokens are `malformed`. Source: SGLang `encoding_dsv4.py` (`parse_message_from_completion_text`,
+//! `parse_tool_calls`) and DeepSeek-V3.2 `encoding_dsv32.py` for the `function_calls` name.
+
+mod call;
+mod error;
+mod message;
+mod parser;
+mod tag;
+mod text;
+
+use std::sync::Arc;
+
+use crate::tools::ToolSet;
+
+pub use error::{ErrorClass, ParseError};
+pub use message::{AssistantMessage, parse_completion, parse_completion_chunked};
+pub use parser::DsmlParser;
+
+/// A complete tool call parsed from the completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// Position among the completion's tool calls (0, 1, ...).
+    pub index: usize,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as a JSON object text (OpenAI `function.arguments`).
+    pub arguments: String,
+}
+
+/// What the parser found in the text fed so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// More reasoning text (thinking mode, before `</think>`).
+    Reasoning(String),
+    /// More visible content.
+    Content(String),
+    /// A tool call, complete and checked.
+    ToolCall(ToolCall),
+}
+
+/// How to parse a completion.
+#[derive(Debug, Clone, Default)]
+pub struct ParserOptions {
+    /// The prompt ended with `<think>`: the completion starts with reasoning.
+    pub thinking: bool,
+    /// The request's tools; when given, calls of other tools are `unknown_tool` and arguments
+    /// are validated against each tool's schema. When `None`, any tool name is accepted.
+    pub tools: Option<Arc<ToolSet>>,
+}
+
+#[cfg(test)]
+mod tests;
