@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, diff, forward, generate, model, profile};
+use commands::{bench, diff, forward, generate, model, profile, serve};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,9 +53,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Diff two configurations op by op (--ops) or tap by tap through the model (--model).
     Diff(diff::DiffArgs),
-    /// Inspect profiles: the resolved configuration and where each value came from.
+    /// Inspect profiles: list, show, explain, diff, and export to SGLang.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
+    /// Serve the profile's model over HTTP (today: with SGLang, `--engine sglang`).
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -84,12 +86,20 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-/// Resolve the profile named on the command line (or `name`, when a command takes one itself).
+/// The resolution options for profile `name` with the process environment and the global flags.
+fn options(global: &GlobalArgs, name: &str) -> ResolveOptions {
+    ResolveOptions::from_process(name, global.profile_dir.clone(), &global.sets)
+}
+
+/// Resolve and validate the profile named on the command line (or `name`, when a command takes one
+/// itself); validation warnings go to stderr.
 fn resolve(global: &GlobalArgs, name: Option<&str>) -> anyhow::Result<Resolved> {
     let name = name.unwrap_or(&global.profile);
-    let opts = ResolveOptions::from_process(name, global.profile_dir.clone(), &global.sets);
-    let resolved = Profile::resolve(&opts)?;
+    let resolved = Profile::resolve(&options(global, name))?;
     tracing::debug!(profile = name, files = ?resolved.files, "resolved profile");
+    for finding in &resolved.findings {
+        eprintln!("warning: {}", resolved.describe(finding));
+    }
     Ok(resolved)
 }
 
@@ -115,9 +125,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &cli.global.sets,
         ),
         Command::Profile(cmd) => {
-            let resolved = resolve(&cli.global, cmd.profile_name())?;
-            profile::run(cmd, &resolved)
+            profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }
+        Command::Serve(args) => serve::run(args, &resolve(&cli.global, None)?),
     }
 }
 

@@ -143,7 +143,10 @@ fn unknown_profile_lists_the_available_ones() {
         &["--profile", "prod-fp9", "profile", "show"],
     ));
     assert!(e.contains("unknown profile `prod-fp9`"), "{e}");
-    assert!(e.contains("available profiles: dev-cpu, reference"), "{e}");
+    assert!(
+        e.contains("available profiles: dev-cpu, prod-bf16, prod-fp8, reference"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -6,3 +6,4 @@ pub mod forward;
 pub mod generate;
 pub mod model;
 pub mod profile;
+pub mod serve;
