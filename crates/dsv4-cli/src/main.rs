@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, diff, forward, generate, model, profile, serve};
+use commands::{bench, chat, diff, forward, generate, model, profile, serve};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +53,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Diff two configurations op by op (--ops) or tap by tap through the model (--model).
     Diff(diff::DiffArgs),
+    /// DSV4 chat format: render a conversation's exact prompt, parse a raw completion.
+    #[command(subcommand)]
+    Chat(chat::ChatCommand),
     /// Inspect profiles: list, show, explain, diff, and export to SGLang.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
@@ -124,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cli.global.profile_dir.as_deref(),
             &cli.global.sets,
         ),
+        Command::Chat(cmd) => chat::run(cmd),
         Command::Profile(cmd) => {
             profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }

@@ -1,6 +1,7 @@
 //! One module per command group; each exposes clap argument structs and a `run`-style function.
 
 pub mod bench;
+pub mod chat;
 pub mod diff;
 pub mod forward;
 pub mod generate;
