@@ -14,6 +14,8 @@
 //! assert!(report.passed);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod error;
 #[cfg(any(test, feature = "faulty-backend"))]
 pub mod faulty;

@@ -85,13 +85,14 @@ fn ops_table(out: &mut String, ops: &OpsReport) {
 
 fn tap_line(t: &TapDiff) -> String {
     format!(
-        "{:<10} {:<28} nmse {:>9} (tol {:>7})  max|diff| {:>9}  [{}]",
+        "{:<10} {:<28} nmse {:>9} (tol {:>7})  max|diff| {:>9}  rows over tol {}/{}",
         t.call,
         format!("{}{}", t.layer, t.op),
         sci(Some(t.nmse)),
         sci(Some(t.tolerance)),
         sci(Some(t.max_abs)),
-        t.len
+        t.rows_over,
+        t.rows
     )
 }
 

@@ -124,8 +124,12 @@ pub struct TapDiff {
     pub nmse: f64,
     /// Largest absolute difference.
     pub max_abs: f64,
-    /// The op's NMSE tolerance.
+    /// The op's NMSE tolerance (coarse or fine, see `tolerance::coarse_rounding`).
     pub tolerance: f64,
+    /// Token rows of the tap (1 when its size is not a multiple of the call's tokens).
+    pub rows: usize,
+    /// Rows whose own NMSE exceeds the tolerance: few for a rounding flip, all for a bug.
+    pub rows_over: usize,
     /// nmse ≤ tolerance.
     pub passed: bool,
 }

@@ -59,6 +59,8 @@ fn the_model_diff_reports_the_first_divergent_tap_at_the_perturbed_op() {
         ("prefill", "layers.0.", "attn_norm")
     );
     assert!(first.nmse > first.tolerance);
+    // A systematic error: every token row is over the limit.
+    assert_eq!((first.rows, first.rows_over), (12, 12));
     // Every tap before it (the embedding) agrees exactly.
     assert!(report.taps[..first.index].iter().all(|t| t.nmse == 0.0));
     assert!(report.structure_error.is_none());

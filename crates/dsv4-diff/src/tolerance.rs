@@ -8,6 +8,7 @@
 //! 1e-9. Ops whose result is a rounding, a choice or a byte layout must match exactly.
 
 use crate::Op;
+use dsv4_core::{ActQuant, IndexKDtype, Numerics};
 use serde::Serialize;
 use std::fmt;
 
@@ -118,46 +119,84 @@ pub fn op_tolerance(op: Op) -> Tolerance {
     }
 }
 
-/// The default NMSE tolerance of a `--model` tap whose op has no row in [`TAP_TOLERANCES`].
-pub const DEFAULT_TAP_NMSE: f64 = 1e-6;
+/// The NMSE tolerances of one `--model` tap op.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TapTolerance {
+    /// Op name as the forward pass taps it ("attn.q", "moe.out", …).
+    pub op: &'static str,
+    /// Limit when no coarse rounding is involved (see [`coarse_rounding`]).
+    pub fine: f64,
+    /// Limit when coarse rounding is involved.
+    pub coarse: f64,
+    /// One line on why.
+    pub why: &'static str,
+}
 
-/// NMSE tolerance of `--model` taps by op name: (op, limit, why). Errors of f32 reorderings
-/// compound through the layers, so taps get more room than single ops; the first tap above its
-/// limit is where the candidate departs.
-pub const TAP_TOLERANCES: &[(&str, f64, &str)] = &[
-    ("embed", 0.0, "a copy of embedding rows"),
-    ("attn_norm", 1e-6, "after mHC mixing"),
-    ("attn.q", 1e-6, "two projections, norms, RoPE"),
-    ("attn.kv", 1e-6, "one projection, norm, RoPE"),
-    (
+const fn tap(op: &'static str, fine: f64, coarse: f64, why: &'static str) -> TapTolerance {
+    TapTolerance {
+        op,
+        fine,
+        coarse,
+        why,
+    }
+}
+
+/// The tolerances of a tap op that has no row in [`TAP_TOLERANCES`].
+pub const DEFAULT_TAP: TapTolerance = tap("(other)", 1e-6, 1e-3, "any new tap");
+
+/// NMSE tolerances of `--model` taps by op name. Errors of f32 reorderings compound through the
+/// layers, so taps get more room than single ops. Where a value is rounded coarsely (e4m3
+/// activations: steps of 1/8; fp8/fp4 index rows), a difference of one f32 ulp upstream can move
+/// a value across a rounding step, and such flips spread downstream: those taps get the
+/// `coarse` limit. Measured at the default 64 + 4 tokens of the tiny model, the cpu backend stays
+/// ≥ 6× below every limit.
+pub const TAP_TOLERANCES: &[TapTolerance] = &[
+    tap("embed", 0.0, 0.0, "a copy of embedding rows"),
+    tap("attn_norm", 1e-6, 1e-3, "after mHC mixing"),
+    tap("attn.q", 1e-6, 1e-3, "two projections, norms, RoPE"),
+    tap("attn.kv", 1e-6, 1e-3, "one projection, norm, RoPE"),
+    tap(
         "indexer.q",
-        1e-4,
-        "rounded to index_k_dtype: tiny upstream differences flip rounding steps",
+        1e-5,
+        1e-3,
+        "rounded to index_k_dtype after RoPE and Hadamard",
     ),
-    ("indexer.weights", 1e-6, "one projection"),
-    ("attn.o", 1e-5, "reads cache rows rounded to kv_cache_dtype"),
-    ("attn.out", 1e-5, "output projections of attn.o"),
-    (
-        "hc_attn_post",
-        1e-6,
-        "residual streams (dominated by the residual)",
+    tap("indexer.weights", 1e-6, 1e-3, "one projection"),
+    tap(
+        "attn.o",
+        1e-5,
+        1e-3,
+        "reads cache rows rounded to kv_cache_dtype",
     ),
-    ("ffn_norm", 1e-6, "after mHC mixing"),
-    (
+    tap("attn.out", 1e-5, 1e-3, "output projections of attn.o"),
+    tap("hc_attn_post", 1e-6, 1e-3, "residual streams"),
+    tap("ffn_norm", 1e-6, 1e-3, "after mHC mixing"),
+    tap(
         "moe.out",
         1e-5,
-        "routed experts (MXFP4), activations maybe fp8-quantized",
+        1e-2,
+        "expert choice and SwiGLU amplify input flips",
     ),
-    ("hc_ffn_post", 1e-6, "residual streams"),
-    ("logits", 1e-5, "head projection of the final streams"),
+    tap("hc_ffn_post", 1e-6, 1e-3, "residual streams"),
+    tap("logits", 1e-5, 1e-3, "head projection of the final streams"),
 ];
 
-/// The NMSE tolerance of a `--model` tap by op name.
-pub fn tap_tolerance(op: &str) -> f64 {
-    TAP_TOLERANCES
+/// Whether a tap of `op` sees coarse rounding when the sides run `a` and `b`: every tap but
+/// `embed` when either side quantizes activations to fp8; `indexer.q` also when either side
+/// rounds index rows to fp8 or fp4.
+pub fn coarse_rounding(op: &str, a: &Numerics, b: &Numerics) -> bool {
+    let act = [a, b].iter().any(|n| n.act_quant == ActQuant::Fp8);
+    let index = [a, b].iter().any(|n| n.index_k_dtype != IndexKDtype::Bf16);
+    act || (op == "indexer.q" && index)
+}
+
+/// The NMSE tolerance of a `--model` tap by op name, with or without coarse rounding.
+pub fn tap_tolerance(op: &str, coarse: bool) -> f64 {
+    let t = TAP_TOLERANCES
         .iter()
-        .find(|(name, _, _)| *name == op)
-        .map_or(DEFAULT_TAP_NMSE, |(_, limit, _)| *limit)
+        .find(|t| t.op == op)
+        .unwrap_or(&DEFAULT_TAP);
+    if coarse { t.coarse } else { t.fine }
 }
 
 /// The least fraction of tokens whose indexer selection must equal the oracle's, per ratio-4
@@ -190,11 +229,20 @@ pub fn op_table_rows() -> Vec<String> {
         .collect()
 }
 
-/// The per-tap table of docs/diff.md, one markdown row per tap op: op, NMSE limit, why.
+/// The per-tap table of docs/diff.md, one markdown row per tap op: op, fine and coarse limits, why.
 pub fn tap_table_rows() -> Vec<String> {
     TAP_TOLERANCES
         .iter()
-        .map(|(op, limit, why)| format!("| `{op}` | {} | {why} |", limit_text(*limit)))
+        .chain([&DEFAULT_TAP])
+        .map(|t| {
+            format!(
+                "| `{}` | {} | {} | {} |",
+                t.op,
+                limit_text(t.fine),
+                limit_text(t.coarse),
+                t.why
+            )
+        })
         .collect()
 }
 
@@ -222,9 +270,31 @@ mod tests {
                 assert!(t.limit == 0.0 || t.limit == 1.0, "{op}: {t:?}");
             }
         }
-        assert_eq!(tap_tolerance("embed"), 0.0);
-        assert_eq!(tap_tolerance("indexer.q"), 1e-4);
-        assert_eq!(tap_tolerance("something.new"), DEFAULT_TAP_NMSE);
+        assert_eq!(tap_tolerance("embed", true), 0.0);
+        assert_eq!(tap_tolerance("moe.out", false), 1e-5);
+        assert_eq!(tap_tolerance("moe.out", true), 1e-2);
+        assert_eq!(tap_tolerance("something.new", false), DEFAULT_TAP.fine);
+        for t in TAP_TOLERANCES {
+            assert!(t.coarse >= t.fine, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn coarse_rounding_follows_the_numerics_of_either_side() {
+        let fine = Numerics::default();
+        let act = Numerics {
+            act_quant: ActQuant::Fp8,
+            ..fine
+        };
+        let fp4 = Numerics {
+            index_k_dtype: IndexKDtype::Fp4,
+            ..fine
+        };
+        assert!(!coarse_rounding("attn.o", &fine, &fine));
+        assert!(coarse_rounding("attn.o", &fine, &act));
+        assert!(coarse_rounding("attn.o", &act, &fine));
+        assert!(coarse_rounding("indexer.q", &fp4, &fine));
+        assert!(!coarse_rounding("attn.o", &fp4, &fp4));
     }
 
     #[test]
@@ -235,6 +305,5 @@ mod tests {
         for row in rows {
             assert!(doc.contains(&row), "docs/diff.md lacks the row\n{row}");
         }
-        assert!(doc.contains(&limit_text(DEFAULT_TAP_NMSE)));
     }
 }
