@@ -219,6 +219,8 @@ fn running_commands_stop_on_errors_and_print_warnings() {
     let out = run(dsv4(
         dir.path(),
         &[
+            "--profile",
+            "reference",
             "generate",
             "--prompt",
             "hi",
@@ -234,7 +236,7 @@ fn running_commands_stop_on_errors_and_print_warnings() {
         "{e}"
     );
     assert!(
-        e.contains("backend.kind = reference  (embedded:dev-cpu.toml:"),
+        e.contains("backend.kind = reference  (embedded:reference.toml:"),
         "{e}"
     );
 
