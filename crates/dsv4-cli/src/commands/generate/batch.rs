@@ -1,10 +1,12 @@
 //! `dsv4 generate --batch FILE`: many requests through the engine at once. JSONL in, one object
 //! per request (`id`, `prompt` or `messages`, `max_tokens`, optional `temperature`, `top_p`,
 //! `top_k`, `seed`, `stop`); JSONL out in input order (`id`, `text`, `tokens`,
-//! `finish_reason`, `usage`, `timing`, and `error` when it failed).
+//! `finish_reason`, `usage`, `timing`, and `error` when it failed). `messages` are rendered with
+//! the DSV4 chat encoding of dsv4-chat (chat mode, no tools).
 
 use anyhow::{Context, bail};
 use dsv4_chat::tokenizer::Tokenizer;
+use dsv4_chat::{Conversation, EncodeOptions, encode_prompt_ids};
 use dsv4_config::{Profile, SchedulePolicy as ProfilePolicy};
 use dsv4_engine::{
     CacheBudget, Detokenizer, Engine, EngineConfig, Request, RequestStream, SamplingParams,
@@ -18,16 +20,6 @@ use std::sync::Arc;
 
 /// Prefill chunk when the profile leaves `scheduler.chunked_prefill_size` at 0.
 const DEFAULT_CHUNKED_PREFILL: usize = 8192;
-
-/// One chat message; `messages` are rendered by concatenating their contents (dsv4-chat has no
-/// chat template yet).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Message {
-    #[allow(dead_code)]
-    role: String,
-    content: String,
-}
 
 /// `stop` may be one string or a list.
 #[derive(Debug, Deserialize)]
@@ -43,7 +35,8 @@ enum Stop {
 struct BatchRequest {
     id: serde_json::Value,
     prompt: Option<String>,
-    messages: Option<Vec<Message>>,
+    /// OpenAI-style messages; rendered from the line's own JSON text (key order preserved).
+    messages: Option<serde_json::Value>,
     max_tokens: Option<usize>,
     temperature: Option<f32>,
     top_p: Option<f32>,
@@ -126,17 +119,21 @@ fn read_requests(
                 at()
             )
         })?;
-        let text = match (r.prompt, r.messages) {
-            (Some(p), None) => p,
-            (None, Some(m)) => m
-                .into_iter()
-                .map(|m| m.content)
-                .collect::<Vec<_>>()
-                .join("\n"),
+        let prompt = match (r.prompt, r.messages) {
+            (Some(p), None) => {
+                let mut ids = vec![bos];
+                ids.extend(tok.encode(&p).with_context(at)?);
+                ids
+            }
+            (None, Some(_)) => {
+                // The DSV4 prompt carries BOS as text.
+                let conv = Conversation::from_json_str(&line).with_context(at)?;
+                encode_prompt_ids(&conv, &EncodeOptions::default(), tok)
+                    .with_context(at)?
+                    .1
+            }
             _ => bail!("{}: give exactly one of `prompt` and `messages`", at()),
         };
-        let mut prompt = vec![bos];
-        prompt.extend(tok.encode(&text).with_context(at)?);
         let stop = match r.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s],
@@ -312,6 +309,13 @@ mod tests {
             .collect();
         assert_eq!(rows[0]["text"], tok.decode(&ids).unwrap());
         assert!(rows[0]["timing"]["e2e_ms"].as_f64().unwrap() > 0.0);
+        let conv = Conversation::from_json_str(r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+        let (_, chat_ids) = encode_prompt_ids(&conv, &EncodeOptions::default(), &tok).unwrap();
+        assert_eq!(
+            rows[1]["usage"]["prompt_tokens"],
+            chat_ids.len(),
+            "DSV4 chat encoding"
+        );
         assert_eq!(
             rows[0]["usage"]["prompt_tokens"],
             1 + tok.encode("hello there").unwrap().len()
@@ -346,6 +350,8 @@ mod tests {
         assert!(e.contains("line 1") && e.contains("`prompt`"), "{e}");
         assert!(rows.is_empty());
         let (r, _) = run(r#"{"id": 1, "prompt": "x", "temprature": 1}"#);
+        assert!(format!("{:#}", r.unwrap_err()).contains("line 1"));
+        let (r, _) = run(r#"{"id": 1, "messages": [{"role": "wizard", "content": "x"}]}"#);
         assert!(format!("{:#}", r.unwrap_err()).contains("line 1"));
         let (r, rows) = run(concat!(
             r#"{"id": 1, "prompt": "x", "max_tokens": 2, "top_p": 0}"#,
