@@ -52,7 +52,7 @@ pub enum DiffError {
     },
     /// The filters selected no case.
     #[error(
-        "no op case matches the filters (ops {ops:?}, pattern {pattern:?}); drop or widen -o/-p, or add --full"
+        "no op case matches the filters (ops {ops:?}, pattern {pattern:?}); widen the op and pattern filters, or include the full-size cases"
     )]
     NoCases {
         /// The `-o` names.

@@ -49,7 +49,7 @@ pub fn diff(
     if ops.is_none() && model.is_none() {
         return Err(DiffError::InvalidOption {
             what: "mode",
-            message: "choose --ops, --model or both".into(),
+            message: "run the op sweep, the model diff, or both".into(),
         });
     }
     let ops = ops

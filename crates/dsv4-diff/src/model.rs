@@ -173,7 +173,7 @@ pub fn run_model(
 ) -> Result<ModelReport, DiffError> {
     if opts.prefill == 0 {
         return Err(DiffError::InvalidOption {
-            what: "--tokens",
+            what: "prefill",
             message: "the prefill needs at least one token".into(),
         });
     }

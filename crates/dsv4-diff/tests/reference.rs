@@ -68,7 +68,7 @@ fn filters_select_cases_and_bad_filters_are_errors() {
         Err(DiffError::Pattern { .. })
     ));
     let e = only(&["topk"], Some("no-such-case"), false).unwrap_err();
-    assert!(e.to_string().contains("--full"), "{e}");
+    assert!(e.to_string().contains("full-size cases"), "{e}");
 }
 
 #[test]

@@ -89,7 +89,7 @@ pub fn run_ops(
     if opts.perf && opts.repeats == 0 {
         return Err(DiffError::InvalidOption {
             what: "repeats",
-            message: "--perf needs at least one timed call per case".into(),
+            message: "timing needs at least one timed call per case".into(),
         });
     }
     let start = Instant::now();
