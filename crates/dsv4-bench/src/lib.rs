@@ -27,6 +27,9 @@ pub struct BenchOptions {
     pub ops: bool,
     /// End-to-end plan (None = skip).
     pub e2e: Option<e2e::E2ePlan>,
+    /// Serving throughput through the engine (None = skip): the tiny model on every backend
+    /// but the reference.
+    pub serving: Option<dsv4_engine::bench::ServingBenchSpec>,
 }
 
 /// Everything one `dsv4 bench` run measured.
@@ -38,6 +41,8 @@ pub struct BenchReport {
     pub ops: Vec<ops::OpResult>,
     /// End-to-end results.
     pub e2e: Vec<e2e::E2eResult>,
+    /// Serving throughput at each concurrency level, per backend (engine, tiny model).
+    pub serving: Vec<dsv4_engine::bench::ServingBenchReport>,
     /// Active weight bytes per decode token of each config (for the decode floor).
     pub active_weight_bytes: Vec<(String, usize)>,
     /// The targets, evaluated on this run's numbers.
@@ -99,10 +104,37 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             }
         }
     }
+    let mut serving = Vec::new();
+    if let Some(spec) = &opts.serving {
+        let cfg = e2e::config("tiny").map_err(|e| BenchError::Model(e.to_string()))?;
+        let tensors = e2e::weights(&cfg).map_err(|e| BenchError::Model(e.to_string()))?;
+        for b in backends.iter().filter(|b| b.name() != "reference") {
+            eprintln!(
+                "serving throughput on {} (tiny model, concurrency {:?})…",
+                b.name(),
+                spec.concurrency
+            );
+            let model =
+                dsv4_model::Model::load(cfg.clone(), &tensors, b.clone(), Default::default())
+                    .map_err(|e| BenchError::Model(e.to_string()))?;
+            let engine_cfg = dsv4_engine::EngineConfig {
+                prefix_cache: false,
+                ..Default::default()
+            };
+            let r = dsv4_engine::bench::serving_throughput(
+                std::sync::Arc::new(model),
+                engine_cfg,
+                spec,
+            )
+            .map_err(|e| BenchError::Model(e.to_string()))?;
+            serving.push(r);
+        }
+    }
     let mut report = BenchReport {
         machine,
         ops: op_results,
         e2e: e2e_results,
+        serving,
         active_weight_bytes: active,
         targets: Vec::new(),
     };

@@ -181,6 +181,26 @@ pub fn render_table(r: &BenchReport) -> String {
         }
         s.push('\n');
     }
+    for sv in &r.serving {
+        let _ = writeln!(
+            s,
+            "{:<10} {:>11} {:>9} {:>12} {:>13} {:>12}",
+            "serving", "concurrency", "requests", "output tok/s", "mean TTFT ms", "mean TPOT ms"
+        );
+        for l in &sv.levels {
+            let _ = writeln!(
+                s,
+                "{:<10} {:>11} {:>9} {:>12.1} {:>13.1} {:>12.2}",
+                sv.backend,
+                l.concurrency,
+                l.completed,
+                l.output_throughput,
+                l.mean_ttft_ms,
+                l.mean_tpot_ms
+            );
+        }
+        s.push('\n');
+    }
     let _ = writeln!(s, "targets:");
     for t in &r.targets {
         let verdict = match t.met {

@@ -84,6 +84,7 @@ fn targets_compare_against_the_same_runs_peaks() {
             e("cpu", "small", "decode ms/token at context 1024", 10.0),
             e("cpu", "small", "decode ms/token at context 16384", 30.0),
         ],
+        serving: Vec::new(),
         active_weight_bytes: vec![("small".into(), 60_000_000)],
         targets: Vec::new(),
     };

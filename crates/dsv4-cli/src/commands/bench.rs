@@ -29,6 +29,13 @@ pub struct BenchArgs {
     /// Skip the end-to-end cases.
     #[arg(long)]
     pub no_e2e: bool,
+    /// Concurrency levels of the serving throughput case (engine, tiny model, non-reference
+    /// backends).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub serving_concurrency: Vec<usize>,
+    /// Skip the serving throughput case.
+    #[arg(long)]
+    pub no_serving: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -57,6 +64,13 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
             configs: args.configs.clone(),
             prefill_tokens: args.prefill_tokens,
             contexts: args.contexts.clone(),
+        }),
+        serving: (!args.no_serving).then(|| dsv4_engine::bench::ServingBenchSpec {
+            concurrency: args.serving_concurrency.clone(),
+            requests_per_level: 32,
+            prompt_len: 64,
+            max_tokens: 16,
+            seed: 0,
         }),
     };
     let report = dsv4_bench::run(&opts)?;
