@@ -4,7 +4,9 @@
 //! ("adapted from the DeepSeek-V4 release reference implementation") for BOS/EOS, `<｜User｜>`,
 //! `<｜Assistant｜>`, `<｜latest_reminder｜>`, the task tokens, `<think>`/`</think>`, the `｜DSML｜`
 //! tool-call markup and `<tool_result>`; DeepSeek-V3's tokenizer for the padding token, the
-//! legacy tool-call markers (`<｜tool▁calls▁begin｜>` …) and the fill-in-the-middle markers.
+//! legacy tool-call markers (`<｜tool▁calls▁begin｜>` …) and the fill-in-the-middle markers;
+//! DeepSeek-V3.2's `encoding_dsv32.py` for the `function_calls` block name, which the parser
+//! accepts but which is not in the tiny tokenizer's special-token table.
 //! The characters are the fullwidth bar ｜ (U+FF5C) and the lower one-eighth block ▁ (U+2581).
 //!
 //! The DSML tags that carry attributes (`<｜DSML｜invoke name="…">`) are split into a special
