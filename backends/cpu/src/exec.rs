@@ -2,7 +2,7 @@
 //! instruction set the kernels use. Work is only ever split over independent outputs (rows,
 //! columns, heads, keys), so how it is split never changes a result.
 
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Which kernel implementations run. Both compute bitwise identical results: every kernel is
 /// written in terms of exactly rounded operations (fused multiply-add, add, multiply) applied in
@@ -31,12 +31,13 @@ impl Isa {
     }
 }
 
-/// Work (multiply-adds) below which a call runs on the calling thread: dispatching to the pool
-/// costs a few microseconds.
-const INLINE_WORK: usize = 1 << 16;
+/// Work (multiply-adds, roughly) below which a call runs on the calling thread alone: waking
+/// the pool costs a few microseconds.
+const INLINE_WORK: usize = 1 << 18;
 
 /// The pool, thread count and instruction set every op runs with.
 pub(crate) struct Exec {
+    /// Helper workers (threads − 1); the calling thread is the remaining one.
     pool: Option<rayon::ThreadPool>,
     threads: usize,
     /// Kernel implementations in use.
@@ -54,7 +55,7 @@ impl Exec {
         let pool = if threads > 1 {
             Some(
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
+                    .num_threads(threads - 1)
                     .thread_name(|i| format!("dsv4-cpu-{i}"))
                     .build()?,
             )
@@ -64,24 +65,41 @@ impl Exec {
         Ok(Self { pool, threads, isa })
     }
 
-    /// Worker threads.
+    /// Worker threads (the calling thread included).
     pub fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Run `f(i)` for every i < `items`, on the pool when `work` (multiply-adds, roughly) is
-    /// large enough to pay for the dispatch. Each item must write disjoint outputs.
+    /// Run `f(i)` for every i < `items`: on the calling thread alone when `work` (multiply-adds,
+    /// roughly) is small, else on the calling thread and the helpers, each taking the next
+    /// unclaimed item. Each item must write disjoint outputs.
     pub fn for_each(&self, items: usize, work: usize, f: impl Fn(usize) + Sync + Send) {
         match &self.pool {
             Some(pool) if items > 1 && work >= INLINE_WORK => {
-                pool.install(|| (0..items).into_par_iter().for_each(f));
+                let next = AtomicUsize::new(0);
+                let run = || {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= items {
+                            break;
+                        }
+                        f(i);
+                    }
+                };
+                let helpers = (self.threads - 1).min(items - 1);
+                pool.in_place_scope(|s| {
+                    for _ in 0..helpers {
+                        s.spawn(|_| run());
+                    }
+                    run();
+                });
             }
             _ => (0..items).for_each(f),
         }
     }
 
     /// Run `f(first_row, rows)` over `out` cut into whole rows of width `dim`, in chunks;
-    /// `work_per_row` sizes the chunks. `dim` must be positive.
+    /// `work_per_row` sizes the decision to use the helpers. `dim` must be positive.
     pub fn rows_mut(
         &self,
         out: &mut [f32],
@@ -91,23 +109,35 @@ impl Exec {
     ) {
         let rows = out.len() / dim;
         let work = rows.saturating_mul(work_per_row.max(1));
-        match &self.pool {
-            Some(pool) if rows > 1 && work >= INLINE_WORK => {
-                let per = rows.div_ceil(self.threads * 4).max(1);
-                pool.install(|| {
-                    out.par_chunks_mut(per * dim)
-                        .enumerate()
-                        .for_each(|(i, chunk)| f(i * per, chunk));
-                });
-            }
-            _ => f(0, out),
+        if self.pool.is_none() || rows < 2 || work < INLINE_WORK {
+            f(0, out);
+            return;
         }
+        let per = rows.div_ceil(self.threads * 4).max(1);
+        let chunks = out.len().div_ceil(per * dim);
+        let (len, base) = (out.len(), SharedOut(out.as_mut_ptr()));
+        self.for_each(chunks, work, |c| {
+            let start = c * per * dim;
+            let end = len.min(start + per * dim);
+            // SAFETY: chunks are disjoint ranges of `out`, which is borrowed mutably for the
+            // whole call.
+            let chunk =
+                unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+            f(c * per, chunk);
+        });
     }
 }
 
 /// A raw output pointer shared by parallel items that write disjoint elements.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedOut(pub *mut f32);
+
+impl SharedOut {
+    /// The pointer (a method, so closures capture the Sync wrapper, not the raw field).
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 // SAFETY: every user writes through the pointer only to elements no other item touches, and the
 // buffer outlives the parallel section (it is a `&mut` borrowed for the whole call).

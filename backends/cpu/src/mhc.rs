@@ -4,6 +4,7 @@
 
 use crate::exec::Exec;
 use crate::gemm::{Weights, gemm};
+use crate::math::multiversion;
 use dsv4_kernels::{HcParams, MhcPre};
 
 fn sigmoid(x: f64) -> f64 {
@@ -72,15 +73,52 @@ fn sinkhorn(logits: &[f64], m: usize, eps: f64, iters: usize) -> Vec<f64> {
     c
 }
 
-/// u[c] = Σ_j pre_j·x[j, c] for one token (f64, streams in order).
-fn merge_streams(pre: &[f64], xt: &[f32], d: usize, u: &mut [f32]) {
-    for (c, uc) in u.iter_mut().enumerate() {
-        let s: f64 = pre
-            .iter()
-            .enumerate()
-            .map(|(j, &pj)| pj * f64::from(xt[j * d + c]))
-            .sum();
-        *uc = s as f32;
+/// Columns per step of the stream sums (a stack buffer of f64 partials).
+const COLS: usize = 64;
+
+multiversion! {
+    /// u[c] = Σ_j pre_j·x[j, c] for one token: f64 products summed over the streams in order
+    /// (the reference's arithmetic), vectorised across columns.
+    fn merge_streams(pre: &[f64], xt: &[f32], d: usize, u: &mut [f32]) {
+        for c0 in (0..d).step_by(COLS) {
+            let w = COLS.min(d - c0);
+            let mut acc = [0f64; COLS];
+            for (j, &pj) in pre.iter().enumerate() {
+                let xs = &xt[j * d + c0..j * d + c0 + w];
+                for (a, &v) in acc.iter_mut().zip(xs) {
+                    *a = if j == 0 { pj * f64::from(v) } else { *a + pj * f64::from(v) };
+                }
+            }
+            for (o, &a) in u[c0..c0 + w].iter_mut().zip(&acc) {
+                *o = a as f32;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// out[k, c] = post_k·y[c] + Σ_j C_{jk}·x[j, c] for one token, in the reference's f64
+    /// arithmetic, vectorised across columns.
+    fn post_token(xt: &[f32], y: &[f32], comb: &[f32], post: &[f32], d: usize, ot: &mut [f32]) {
+        let m = post.len();
+        for (k, &pk) in post.iter().enumerate() {
+            let pk = f64::from(pk);
+            for c0 in (0..d).step_by(COLS) {
+                let w = COLS.min(d - c0);
+                let mut acc = [0f64; COLS];
+                for j in 0..m {
+                    let cjk = f64::from(comb[j * m + k]);
+                    let xs = &xt[j * d + c0..j * d + c0 + w];
+                    for (a, &v) in acc.iter_mut().zip(xs) {
+                        *a = if j == 0 { cjk * f64::from(v) } else { *a + cjk * f64::from(v) };
+                    }
+                }
+                let outs = &mut ot[k * d + c0..k * d + c0 + w];
+                for ((o, &a), &yv) in outs.iter_mut().zip(&acc).zip(&y[c0..c0 + w]) {
+                    *o = (pk * f64::from(yv) + a) as f32;
+                }
+            }
+        }
     }
 }
 
@@ -140,7 +178,7 @@ pub fn pre(ex: &Exec, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
         for (i, u) in rows.chunks_mut(d).enumerate() {
             let ti = first + i;
             let pre = pre_of(&mix[ti * n_out..(ti + 1) * n_out]);
-            merge_streams(&pre, &x[ti * m * d..(ti + 1) * m * d], d, u);
+            merge_streams(ex.isa, &pre, &x[ti * m * d..(ti + 1) * m * d], d, u);
         }
     });
     out
@@ -163,17 +201,15 @@ pub fn post(ex: &Exec, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, o
     ex.rows_mut(out, m * d, m * m * d, |first, rows| {
         for (i, ot) in rows.chunks_mut(m * d).enumerate() {
             let ti = first + i;
-            let xt = &x[ti * m * d..(ti + 1) * m * d];
-            let comb = &pre.comb[ti * m * m..(ti + 1) * m * m];
-            for k in 0..m {
-                let post = f64::from(pre.post[ti * m + k]);
-                for c in 0..d {
-                    let mixed: f64 = (0..m)
-                        .map(|j| f64::from(comb[j * m + k]) * f64::from(xt[j * d + c]))
-                        .sum();
-                    ot[k * d + c] = (post * f64::from(y[ti * d + c]) + mixed) as f32;
-                }
-            }
+            post_token(
+                ex.isa,
+                &x[ti * m * d..(ti + 1) * m * d],
+                &y[ti * d..(ti + 1) * d],
+                &pre.comb[ti * m * m..(ti + 1) * m * m],
+                &pre.post[ti * m..(ti + 1) * m],
+                d,
+                ot,
+            );
         }
     });
 }
@@ -200,7 +236,7 @@ pub fn head(ex: &Exec, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
                         + f64::from(p.hc_eps)
                 })
                 .collect();
-            merge_streams(&pre, &x[ti * m * d..(ti + 1) * m * d], d, h);
+            merge_streams(ex.isa, &pre, &x[ti * m * d..(ti + 1) * m * d], d, h);
         }
     });
 }

@@ -162,7 +162,7 @@ unsafe fn run_item(
                     kb,
                     xr,
                     k,
-                    dst.0.add(r * n + p * NR),
+                    dst.get().add(r * n + p * NR),
                     n,
                     nv,
                     k0 == 0,
@@ -175,11 +175,6 @@ unsafe fn run_item(
         // Few rows: walk each panel's rows of W front to back (fewer concurrent streams).
         for p in cols {
             for k0 in (0..k).step_by(KB) {
-                if k0 + KB < k {
-                    pack::prefetch(w, p * NR, k0 + KB);
-                } else {
-                    pack::prefetch(w, (p + 1) * NR, 0);
-                }
                 block(p, k0, &mut panel);
             }
         }
