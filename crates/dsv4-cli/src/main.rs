@@ -138,6 +138,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// Reference every backend crate so the linker keeps their registry entries.
 fn link_backends() {
     dsv4_backend_reference::link();
+    dsv4_backend_cpu::link();
 }
 
 fn main() -> ExitCode {
@@ -160,7 +161,13 @@ mod tests {
     #[test]
     fn every_linked_backend_is_registered() {
         link_backends();
-        assert_eq!(dsv4_kernels::registry::names(), ["reference"]);
+        let names = dsv4_kernels::registry::names();
+        let expected: &[&str] = if cfg!(feature = "faulty-backend") {
+            &["cpu", "faulty-reference", "reference"]
+        } else {
+            &["cpu", "reference"]
+        };
+        assert_eq!(names, expected);
     }
 
     #[test]

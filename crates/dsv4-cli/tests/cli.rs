@@ -295,10 +295,10 @@ fn a_backend_missing_from_the_binary_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let e = fails(dsv4(
         dir.path(),
-        &["generate", "--prompt", "hi", "--set", "backend.kind=cpu"],
+        &["generate", "--prompt", "hi", "--set", "backend.kind=wgpu"],
     ));
     assert!(
-        e.contains("`cpu`") && e.contains("registered: reference"),
+        e.contains("`wgpu`") && e.contains("registered: cpu, reference"),
         "{e}"
     );
 }

@@ -1,5 +1,5 @@
 //! `dsv4 diff`: differential testing of two configurations (crate `dsv4-diff`). The oracle is the
-//! resolved profile on `--backend`; the candidate is the same profile plus `--against-set`
+//! resolved profile on `--backend` (default `reference`); the candidate is the same profile plus `--against-set`
 //! overrides on `--against`. Prints a table, or one JSON document with `--json`; exits 1 when
 //! anything fails.
 
@@ -11,11 +11,13 @@ use std::path::Path;
 
 /// The candidate backend when neither `--against` nor `--against-set backend.kind=…` names one.
 pub const DEFAULT_CANDIDATE: &str = "cpu";
+/// The oracle backend when `--backend` is not given: the reference defines what every op computes.
+pub const DEFAULT_ORACLE: &str = "reference";
 
 /// Arguments of `dsv4 diff`.
 #[derive(Debug, clap::Args)]
 pub struct DiffArgs {
-    /// Oracle backend (default: the profile's backend.kind).
+    /// Oracle backend (default: `reference`).
     #[arg(long, value_name = "NAME")]
     pub backend: Option<String>,
     /// Candidate backend (default: `cpu`, or the backend.kind given with --against-set).
@@ -120,7 +122,7 @@ pub fn run(
     let oracle_backend = args
         .backend
         .clone()
-        .unwrap_or_else(|| oracle_profile.backend.kind.clone());
+        .unwrap_or_else(|| DEFAULT_ORACLE.to_string());
     let cand_backend = match (&args.against, kind_overridden) {
         (Some(name), _) => name.clone(),
         (None, true) => cand_profile.backend.kind.clone(),

@@ -7,8 +7,8 @@
 #
 # error: model.path = tiny: the embedded tiny model exists only inside dsv4; write it with `dsv4
 #        model init-tiny --out DIR` and set model.path=DIR
-# warning: backend.kind = reference: SGLang runs its own CUDA kernels; the reference backend has no
-#          SGLang equivalent
+# warning: backend.kind = cpu: SGLang runs its own CUDA kernels; the cpu backend has no SGLang
+#          equivalent
 # warning: numerics.index_k_dtype = bf16: upstream SGLang has no bf16 index-key option (it stores
 #          fp8 keys, or fp4 with --enable-deepseek-v4-fp4-indexer); bf16 index keys need a patched
 #          SGLang
