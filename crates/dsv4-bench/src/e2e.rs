@@ -10,9 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The small bench config: hidden 1024, 8 layers with Flash-like compress ratios, 32 experts.
-pub const SMALL_CONFIG: &str = include_str!("../data/small-config.json");
-
 /// One end-to-end measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct E2eResult {
@@ -43,7 +40,7 @@ pub struct E2ePlan {
 pub fn config(name: &str) -> Result<ModelConfig, ModelError> {
     match name {
         "tiny" => Ok(ModelConfig::tiny()),
-        "small" => ModelConfig::from_json_str(SMALL_CONFIG),
+        "small" => Ok(ModelConfig::small()),
         other => Err(ModelError::invalid(
             "bench config",
             format!("unknown config `{other}` (known: tiny, small)"),

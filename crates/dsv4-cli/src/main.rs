@@ -67,6 +67,8 @@ enum Command {
 enum ModelCommand {
     /// Write the tiny model (config.json, model.safetensors, tokenizer.json) to a directory.
     InitTiny(model::InitTinyArgs),
+    /// Write a checkpoint of any config (embedded tiny/small, or a config.json) with random weights.
+    InitRandom(model::InitRandomArgs),
     /// Print parameter counts and per-token cache sizes of a config.
     Inspect(model::InspectArgs),
     /// Run a prefill over token ids and write the logits as .npy.
@@ -110,6 +112,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Model(ModelCommand::InitTiny(args)) => {
             model::init_tiny(args, &resolve(&cli.global, None)?.profile)
+        }
+        Command::Model(ModelCommand::InitRandom(args)) => {
+            model::init_random(args, &resolve(&cli.global, None)?.profile)
         }
         Command::Model(ModelCommand::Inspect(args)) => {
             model::inspect(args, &resolve(&cli.global, None)?.profile)

@@ -15,6 +15,7 @@ pub const ARCHITECTURE: &str = "DeepseekV4ForCausalLM";
 
 /// The embedded tiny model's config.json (spec §1, "tiny" column).
 const TINY_CONFIG_JSON: &str = include_str!("../data/tiny-config.json");
+const SMALL_CONFIG_JSON: &str = include_str!("../data/small-config.json");
 
 /// YaRN rope scaling parameters (`rope_scaling` in config.json).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,6 +161,22 @@ impl ModelConfig {
         serde_json::from_str(TINY_CONFIG_JSON).expect("embedded data/tiny-config.json parses")
     }
 
+    /// The embedded "small" config: hidden 1024, 8 layers with Flash-like compress ratios, 32
+    /// experts — big enough for benchmarks and long-context diffs, small enough for a laptop.
+    pub fn small() -> Self {
+        // The embedded file is checked by a unit test; a failure here is a build defect.
+        serde_json::from_str(SMALL_CONFIG_JSON).expect("embedded data/small-config.json parses")
+    }
+
+    /// An embedded config by name ("tiny" or "small").
+    pub fn embedded(name: &str) -> Option<Self> {
+        match name {
+            "tiny" => Some(Self::tiny()),
+            "small" => Some(Self::small()),
+            _ => None,
+        }
+    }
+
     /// The embedded tiny config as the JSON text it was built from.
     pub fn tiny_json() -> &'static str {
         TINY_CONFIG_JSON
@@ -250,6 +267,20 @@ mod tests {
             (16, 65536)
         );
         assert_eq!(cfg.expert_dtype(), "fp4");
+    }
+
+    #[test]
+    fn small_validates_and_is_flash_like() {
+        let cfg = ModelConfig::small();
+        cfg.validate().unwrap();
+        assert_eq!(ModelConfig::from_json_str(SMALL_CONFIG_JSON).unwrap(), cfg);
+        assert_eq!(
+            (cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts),
+            (1024, 8, 32)
+        );
+        assert_eq!(cfg.compress_ratios, vec![0, 0, 4, 128, 4, 128, 4, 0, 0]);
+        assert_eq!(ModelConfig::embedded("small"), Some(cfg));
+        assert_eq!(ModelConfig::embedded("huge"), None);
     }
 
     #[test]

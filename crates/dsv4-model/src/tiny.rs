@@ -39,9 +39,14 @@ pub fn generate_weights(cfg: &ModelConfig, seed: u64) -> Result<Vec<(String, Ten
 /// Write the tiny model (embedded config, weights from `seed`) to `dir` as config.json and
 /// model.safetensors.
 pub fn init_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
-    let cfg = ModelConfig::tiny();
-    let tensors = generate_weights(&cfg, seed)?;
-    write_checkpoint(dir, &cfg, &tensors, None)
+    init_random(dir, &ModelConfig::tiny(), seed)
+}
+
+/// Write a checkpoint of any valid config with weights generated from `seed` (as the tiny
+/// model's are) to `dir`: config.json and model.safetensors.
+pub fn init_random(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<(), ModelError> {
+    let tensors = generate_weights(cfg, seed)?;
+    write_checkpoint(dir, cfg, &tensors, None)
 }
 
 /// Quantize a row-major `[out, in]` matrix to e4m3 codes with one ue8m0 scale per 128×128

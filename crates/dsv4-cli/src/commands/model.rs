@@ -1,5 +1,5 @@
-//! `dsv4 model init-tiny` and `dsv4 model inspect`: write the tiny checkpoint; count a config's
-//! parameters and per-token cache bytes.
+//! `dsv4 model init-tiny`, `init-random` and `inspect`: write the tiny (or any config's) checkpoint
+//! with generated weights; count a config's parameters and per-token cache bytes.
 
 use anyhow::Context;
 use dsv4_config::{ModelSource, Profile};
@@ -12,6 +12,20 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, clap::Args)]
 pub struct InitTinyArgs {
     /// Directory to write config.json, model.safetensors and tokenizer.json into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Weight seed; the profile's `model.seed` when omitted.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Arguments of `dsv4 model init-random`.
+#[derive(Debug, clap::Args)]
+pub struct InitRandomArgs {
+    /// An embedded config ("tiny", "small") or a config.json file.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub config: String,
+    /// Directory to write config.json and model.safetensors into (created if missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Weight seed; the profile's `model.seed` when omitted.
@@ -45,6 +59,30 @@ pub fn init_tiny(args: &InitTinyArgs, profile: &Profile) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", tokenizer.display()))?;
     println!(
         "wrote the tiny model (seed {seed}) to {}: config.json, model.safetensors, tokenizer.json",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// Run `dsv4 model init-random`: any config, weights generated from a seed as the tiny model's.
+pub fn init_random(args: &InitRandomArgs, profile: &Profile) -> anyhow::Result<()> {
+    let seed = args.seed.unwrap_or(profile.model.seed);
+    let cfg = match ModelConfig::embedded(&args.config) {
+        Some(cfg) => cfg,
+        None => ModelConfig::from_file(Path::new(&args.config)).with_context(|| {
+            format!(
+                "`{}` is neither an embedded config (tiny, small) nor a readable config.json",
+                args.config
+            )
+        })?,
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create output directory {}", args.out.display()))?;
+    dsv4_model::tiny::init_random(&args.out, &cfg, seed)
+        .with_context(|| format!("cannot write the model to {}", args.out.display()))?;
+    println!(
+        "wrote a {}-layer model with random weights (seed {seed}) to {}: config.json, model.safetensors",
+        cfg.num_hidden_layers,
         args.out.display()
     );
     Ok(())
