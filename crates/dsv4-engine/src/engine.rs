@@ -26,6 +26,8 @@ enum Command {
     },
     Cancel(RequestId),
     ClearPrefixCache,
+    /// Block the loop until the sender is dropped (fault injection).
+    Stall(Receiver<()>),
     Shutdown,
 }
 
@@ -75,6 +77,12 @@ fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
             sched.cancel(id);
         }
         Command::ClearPrefixCache => sched.clear_prefix_cache(),
+        Command::Stall(release) => {
+            tracing::warn!("step loop stalled on purpose (fault injection)");
+            // Returns when the guard's sender is dropped.
+            let _ = release.recv();
+            tracing::warn!("step loop released");
+        }
         Command::Shutdown => return false,
     }
     true
@@ -170,6 +178,15 @@ impl EngineHandle {
             .clone()
     }
 
+    /// Fault injection: the step loop stops before its next step and waits, with requests
+    /// queued or running, until the returned guard is dropped (a wedged engine, for testing
+    /// health checks). Drop the guard before the last handle, or dropping the engine waits.
+    pub fn stall(&self) -> StallGuard {
+        let (tx, rx) = mpsc::channel();
+        let _ = self.inner.cmd.send(Command::Stall(rx));
+        StallGuard { _release: tx }
+    }
+
     /// The pool table of start-up.
     pub fn pool_report(&self) -> &PoolReport {
         &self.inner.report
@@ -179,4 +196,10 @@ impl EngineHandle {
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
     }
+}
+
+/// Keeps the step loop stalled (see [`EngineHandle::stall`]); dropping it releases the loop.
+#[must_use = "the loop is released as soon as the guard is dropped"]
+pub struct StallGuard {
+    _release: Sender<()>,
 }

@@ -15,6 +15,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod limits;
@@ -28,7 +29,8 @@ pub mod scheduler;
 pub mod sequence;
 
 pub use config::{CacheBudget, EngineConfig, SchedulePolicy};
-pub use engine::{Engine, EngineHandle};
+pub use constraint::{Constraint, ConstraintState, TokenConstraint};
+pub use engine::{Engine, EngineHandle, StallGuard};
 pub use error::EngineError;
 pub use metrics::EngineMetrics;
 pub use pool::PoolKind;

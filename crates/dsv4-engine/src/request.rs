@@ -1,6 +1,7 @@
 //! Requests and what comes back: [`Request`] with its [`SamplingParams`], the [`Event`]s of a
 //! [`RequestStream`] (tokens, then one [`Finished`] with reason, usage and timing).
 
+use crate::constraint::Constraint;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -56,6 +57,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Send the logits row each token was chosen from with its event.
     pub return_logits: bool,
+    /// Restricts which tokens may be generated (grammar-constrained decoding); None: any.
+    pub constraint: Option<Constraint>,
 }
 
 /// Why a request ended.

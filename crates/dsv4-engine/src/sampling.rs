@@ -30,13 +30,14 @@ pub fn argmax(row: &[f32]) -> u32 {
     best.unwrap_or(0) as u32
 }
 
-/// The next token from `row` under `p`, drawing from `rng` only when sampling.
+/// The next token from `row` under `p`, drawing from `rng` only when sampling. Tokens whose
+/// logit is −∞ (masked by a token constraint) are never drawn while another is left.
 pub fn sample(row: &[f32], p: &SamplingParams, rng: &mut SplitMix64) -> u32 {
     if p.temperature == 0.0 || p.top_k == 1 {
         return argmax(row);
     }
     let mut ids: Vec<u32> = (0..row.len() as u32)
-        .filter(|&i| !row[i as usize].is_nan())
+        .filter(|&i| row[i as usize] > f32::NEG_INFINITY)
         .collect();
     if ids.is_empty() {
         return 0;

@@ -473,11 +473,15 @@ impl Scheduler {
             let before = s.generated().len();
             let after = s.take_token(&out.logits[(n - 1) * v..n * v], eos, self.detok.as_ref());
             self.counters.generated_tokens += (s.generated().len() - before) as u64;
-            if let AfterToken::Finish(reason) = after {
-                let seq = self.running.remove(i);
-                tracing::debug!(id = %seq.id, reason = reason.as_str(), "finished");
-                self.counters.finished += 1;
-                self.retire(seq, reason, None);
+            match after {
+                AfterToken::Continue => {}
+                AfterToken::Finish(reason) => {
+                    let seq = self.running.remove(i);
+                    tracing::debug!(id = %seq.id, reason = reason.as_str(), "finished");
+                    self.counters.finished += 1;
+                    self.retire(seq, reason, None);
+                }
+                AfterToken::Fail(message) => self.fail(i, message),
             }
         }
     }

@@ -2,6 +2,7 @@
 //! (absent while queued or after preemption), its own random stream, its event channel, stop
 //! conditions and timing.
 
+use crate::constraint::{self, ConstraintState};
 use crate::request::{
     Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, Usage,
 };
@@ -43,18 +44,23 @@ pub(crate) struct Seq {
     pub preemptions: usize,
     /// Order of the latest admission (the latest admitted is preempted first).
     pub admit_order: u64,
+    /// The request's token constraint state, if it has one.
+    pub constraint: Option<Box<dyn ConstraintState>>,
 }
 
 /// What happened after a token was appended.
 pub(crate) enum AfterToken {
     Continue,
     Finish(FinishReason),
+    /// The token constraint failed (the message says why).
+    Fail(String),
 }
 
 impl Seq {
     /// A queued request.
     pub fn new(id: RequestId, req: Request, tx: UnboundedSender<Event>) -> Self {
         let rng = SplitMix64::new(req.sampling.seed);
+        let constraint = req.constraint.as_ref().map(|c| c.0.start());
         Self {
             id,
             tokens: req.prompt.clone(),
@@ -69,6 +75,7 @@ impl Seq {
             cached_tokens: None,
             preemptions: 0,
             admit_order: 0,
+            constraint,
         }
     }
 
@@ -89,10 +96,19 @@ impl Seq {
         eos: u32,
         detok: Option<&Arc<dyn Detokenizer>>,
     ) -> AfterToken {
-        let tok = sampling::sample(row, &self.req.sampling, &mut self.rng);
+        let tok = match self.constraint.as_deref_mut() {
+            None => sampling::sample(row, &self.req.sampling, &mut self.rng),
+            Some(c) => match constraint::apply(c, row) {
+                Ok(masked) => sampling::sample(&masked, &self.req.sampling, &mut self.rng),
+                Err(e) => return AfterToken::Fail(format!("token constraint: {e}")),
+            },
+        };
         self.first_token.get_or_insert_with(Instant::now);
         if tok == eos && !self.req.ignore_eos {
             return AfterToken::Finish(FinishReason::Eos);
+        }
+        if let Some(Err(e)) = self.constraint.as_deref_mut().map(|c| c.advance(tok)) {
+            return AfterToken::Fail(format!("token constraint: {e}"));
         }
         self.tokens.push(tok);
         let index = self.generated().len() - 1;
