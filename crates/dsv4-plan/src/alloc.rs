@@ -1,0 +1,144 @@
+//! The arena allocator of captured plans: every transient buffer gets a fixed byte offset in one
+//! arena, and two buffers may share bytes only when their lifetimes cannot overlap.
+//!
+//! With [`Lifetimes::StreamAware`], buffer b may reuse the bytes of buffer a only when every
+//! launch touching a happens before every launch touching b (stream order and events). With
+//! [`Lifetimes::IgnoreStreams`] — the fault `arena-ignores-streams` — a buffer is considered
+//! dead after its last use in issue order, as if all streams were one: the allocator that
+//! made a side stream's scratch alias main-stream tensors in the incident this project grew
+//! from. Placement is first fit at 64-byte alignment, buffers taken in order of first use.
+
+use crate::error::PlanError;
+use crate::hb::HappensBefore;
+use crate::ir::{Placement, Plan};
+use serde::Serialize;
+
+/// Alignment of every arena offset, in bytes.
+pub const ALIGN: u64 = 64;
+
+/// How the allocator decides that a buffer is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lifetimes {
+    /// Dead once every launch touching it happens before the next user (correct).
+    StreamAware,
+    /// Dead after its last use in issue order (the fault `arena-ignores-streams`).
+    IgnoreStreams,
+}
+
+/// Launch indices touching each buffer, ascending.
+fn accesses<O>(plan: &Plan<O>) -> Vec<Vec<usize>> {
+    let mut acc = vec![Vec::new(); plan.buffers.len()];
+    for (i, l) in plan.launches.iter().enumerate() {
+        for s in l.reads.iter().chain(&l.writes) {
+            let v: &mut Vec<usize> = &mut acc[s.buffer.0 as usize];
+            if v.last() != Some(&i) {
+                v.push(i);
+            }
+        }
+    }
+    acc
+}
+
+/// Whether buffer `a` (placed earlier) may still be live while buffer `b` is in use.
+fn overlaps_in_time(
+    hb: &HappensBefore,
+    lifetimes: Lifetimes,
+    a: &[usize],
+    a_host_read: bool,
+    b: &[usize],
+) -> bool {
+    if a_host_read {
+        return true;
+    }
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    match lifetimes {
+        Lifetimes::StreamAware => !a.iter().all(|&u| b.iter().all(|&v| hb.before(u, v))),
+        Lifetimes::IgnoreStreams => a[a.len() - 1] >= b[0],
+    }
+}
+
+/// Place the plan's transient buffers in one arena under `lifetimes`.
+pub fn place<O>(mut plan: Plan<O>, lifetimes: Lifetimes) -> Result<Plan<O>, PlanError> {
+    let hb = HappensBefore::of(&plan)?;
+    let acc = accesses(&plan);
+    let mut order: Vec<usize> = (0..plan.buffers.len())
+        .filter(|&i| plan.buffers[i].class.is_transient())
+        .collect();
+    order.sort_by_key(|&i| (acc[i].first().copied().unwrap_or(usize::MAX), i));
+    let mut offsets: Vec<Option<u64>> = vec![None; plan.buffers.len()];
+    let mut placed: Vec<(u64, u64, usize)> = Vec::new(); // (start, end, buffer)
+    let mut arena = 0u64;
+    for &b in &order {
+        let size = plan.buffers[b].bytes;
+        let mut busy: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|&&(_, _, a)| {
+                overlaps_in_time(&hb, lifetimes, &acc[a], plan.buffers[a].host_read, &acc[b])
+            })
+            .map(|&(s, e, _)| (s, e))
+            .collect();
+        busy.sort_unstable();
+        let mut at = 0u64;
+        for (s, e) in busy {
+            if at + size <= s {
+                break;
+            }
+            at = at.max(e.div_ceil(ALIGN) * ALIGN);
+        }
+        offsets[b] = Some(at);
+        placed.push((at, at + size, b));
+        arena = arena.max(at + size);
+    }
+    plan.placement = Placement::Arena {
+        offsets,
+        bytes: arena.div_ceil(ALIGN) * ALIGN,
+        lifetimes,
+    };
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::PlanBuilder;
+    use crate::ir::{BufferClass, Launch, StreamId};
+
+    /// main: w(a) → r(a),w(c); side (after fork): w(b). With stream-aware lifetimes b never
+    /// shares a's bytes; ignoring streams, b lands on a, which main still reads.
+    #[test]
+    fn stream_aware_lifetimes_keep_side_stream_buffers_apart() {
+        let mut pb = PlanBuilder::<()>::new();
+        let side = pb.stream("side");
+        let fork = pb.event("fork");
+        let a = pb.buffer(BufferClass::Transient, "", "a", 256);
+        let b = pb.buffer(BufferClass::Transient, "", "b", 256);
+        let c = pb.buffer(BufferClass::Transient, "", "c", 256);
+        let l = |stream, reads, writes, waits, records| Launch {
+            op: (),
+            scope: String::new(),
+            name: "op".into(),
+            stream,
+            reads,
+            writes,
+            waits,
+            records,
+        };
+        let (sa, sb, sc) = (pb.all(a), pb.all(b), pb.all(c));
+        pb.push(l(StreamId(0), vec![], vec![sa], vec![], vec![fork]));
+        pb.push(l(StreamId(0), vec![sa], vec![sc], vec![], vec![]));
+        pb.push(l(side, vec![], vec![sb], vec![fork], vec![]));
+        let plan = pb.finish();
+        let good = place(plan.clone(), Lifetimes::StreamAware).unwrap();
+        let bad = place(plan, Lifetimes::IgnoreStreams).unwrap();
+        assert_ne!(good.offset(a), good.offset(b));
+        assert_eq!(bad.offset(a), bad.offset(b), "b reuses a's bytes");
+        assert_ne!(
+            good.offset(a),
+            good.offset(c),
+            "c is written while a is read"
+        );
+    }
+}
