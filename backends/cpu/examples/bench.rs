@@ -2,8 +2,7 @@
 //! f32 GEMM and GB/s of 1-row GEMVs over quantized weights, next to a rough FMA peak and a
 //! streaming-read bandwidth measured in the same run.
 //!
-//! Also end-to-end prefill of the tiny model and of dsv4-bench's "small" config (when its
-//! config file is in the checkout), cpu against reference.
+//! Also end-to-end prefill of the tiny and small configs, cpu against reference.
 //!
 //! `cargo run --release -p dsv4-backend-cpu --example bench [threads] [filter]`
 
@@ -235,13 +234,13 @@ fn main() {
         if only.is_empty() || only == "prefill" {
             e2e("tiny", ModelConfig::tiny(), &cpu, 128, 512, true);
         }
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../crates/dsv4-bench/data/small-config.json"
+        e2e(
+            "small",
+            ModelConfig::small(),
+            &cpu,
+            64,
+            512,
+            !only.ends_with("cpu"),
         );
-        match std::fs::read_to_string(path).map(|t| ModelConfig::from_json_str(&t)) {
-            Ok(Ok(cfg)) => e2e("small", cfg, &cpu, 64, 512, !only.ends_with("cpu")),
-            _ => println!("prefill small: {path} not found or invalid, skipped"),
-        }
     }
 }

@@ -4,15 +4,18 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Which kernel implementations run. Both compute bitwise identical results: every kernel is
-/// written in terms of exactly rounded operations (fused multiply-add, add, multiply) applied in
-/// the same order per output element; only the vector width differs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which kernel implementations run. All compute bitwise identical results: every kernel is
+/// written with exactly rounded operations (f64 fused multiply-adds whose f32×f32 products are
+/// exact, adds, multiplies) applied in the same order per output element; only the vector width
+/// differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust loops (any target).
     Portable,
-    /// x86-64 AVX2 + FMA (+ F16C) kernels (selected only when the CPU has them).
+    /// x86-64 AVX2 + FMA + F16C.
     Avx2Fma,
+    /// x86-64 AVX-512F on top of AVX2 + FMA + F16C.
+    Avx512,
 }
 
 impl Isa {
@@ -20,14 +23,24 @@ impl Isa {
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                return Isa::Avx2Fma;
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return if has!("avx512f") {
+                    Isa::Avx512
+                } else {
+                    Isa::Avx2Fma
+                };
             }
         }
         Isa::Portable
+    }
+
+    /// Every instruction set this CPU can run, slowest first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Portable, Isa::Avx2Fma, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| i <= Isa::detect())
+            .collect()
     }
 }
 

@@ -1,19 +1,28 @@
 //! dsv4-backend-cpu: the fast CPU backend (`cpu` in the registry). A rayon pool owned by the
-//! backend, AVX2+FMA kernels with a portable twin, weights decoded on the fly.
+//! backend (the calling thread works too), AVX-512 / AVX2+FMA kernels with a portable twin,
+//! weights decoded on the fly (expert weights stay packed), f64 accumulation like the reference.
 //!
 //! # Batch invariance by construction
 //! Every output element is reduced in one fixed order that does not depend on the number of rows
-//! in the call, the thread count, or where the element lands in a tile:
-//! - products (`linear`, attention, indexer, mHC logits): the input dimension is cut into
-//!   blocks of 128; within a block a sequential fused multiply-add chain from +0.0 (i
-//!   ascending); block partials added in block order (see [`gemm`](crate::gemm));
-//! - every other reduction (RMSNorm, softmax sums, pooling, head sums, Sinkhorn) runs inside one
-//!   row/token/column in a fixed sequence;
+//! in the call, the thread count, the kernel set, or where the element lands in a tile:
+//! - `linear` and the mHC mixing logits: the input dimension is cut into blocks of 128; within a
+//!   block, lane l of 8 takes the elements i ≡ l (mod 8) in ascending order as f64 fused
+//!   multiply-adds from +0.0 (f32×f32 products are exact in f64); lanes combine as
+//!   ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); blocks add in order in f64; one final rounding;
+//! - attention logits and indexer scores: the same 8-lane rule over the whole row;
+//! - the attention's weighted sum of keys: sequential over the keys, fused f64 steps;
+//! - every other reduction (RMSNorm, softmax sums, pooling, stream sums, Sinkhorn) runs inside
+//!   one row/token/column in a fixed sequence, in f64 where the reference uses f64;
 //! - threads only ever split independent outputs (rows, output columns, heads, keys); nothing
-//!   splits a reduction. The AVX2 and portable kernels use only exactly rounded operations in
-//!   the same per-element order, so they agree bitwise too.
+//!   splits a reduction. All kernel sets use only exactly rounded operations in the same
+//!   per-element order, so they agree bitwise too.
+//!
+//! Because sums are exact-product f64 sums rounded once, results equal the reference backend's
+//! f32 values except where two f64 sums round differently (rare), so quantization points
+//! downstream (bf16/fp8 caches, e4m3 activations, top-k) make the same choices.
 
 mod attention;
+mod dots;
 mod exec;
 mod gemm;
 mod math;
@@ -52,14 +61,10 @@ impl CpuBackend {
         Self::with_isa(threads, Isa::detect())
     }
 
-    /// A backend using the given kernel set; a set this CPU lacks falls back to the portable
-    /// one. Results are bitwise identical either way (for tests and diffs).
+    /// A backend using the given kernel set, or the best this CPU has when it lacks that one.
+    /// Results are bitwise identical whichever runs (for tests and diffs).
     pub fn with_isa(threads: usize, isa: Isa) -> Result<Self, KernelError> {
-        let isa = if isa == Isa::Avx2Fma && Isa::detect() != Isa::Avx2Fma {
-            Isa::Portable
-        } else {
-            isa
-        };
+        let isa = isa.min(Isa::detect());
         let ex = Exec::new(threads, isa).map_err(|e| KernelError::Unavailable {
             name: NAME.to_string(),
             reason: format!("cannot start a thread pool: {e}"),

@@ -3,17 +3,13 @@
 //! f64 arithmetic in the reference's order, one token at a time.
 
 use crate::exec::Exec;
-use crate::gemm::{Weights, gemm};
+use crate::gemm::{Weights, gemm_f64};
 use crate::math::multiversion;
+use crate::ops::sum_squares_f64;
 use dsv4_kernels::{HcParams, MhcPre};
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
-}
-
-/// Σ v² in f64, sequential.
-fn sum_squares(v: &[f32]) -> f64 {
-    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
 }
 
 /// m = (W_fn·x̂)·r for every token: [t, n_out] in f64.
@@ -25,17 +21,13 @@ fn mix_logits(ex: &Exec, p: &HcParams<'_>, x: &[f32], t: usize) -> (Vec<f64>, us
         "mhc: fn weight is not [n, M·D]"
     );
     let n_out = p.fn_w.len() / md;
-    let mut raw = vec![0f32; t * n_out];
-    gemm(ex, &Weights::rows(p.fn_w, n_out, md), x, t, &mut raw);
     let mut mix = vec![0f64; t * n_out];
+    gemm_f64(ex, &Weights::rows(p.fn_w, n_out, md), x, t, &mut mix);
     for ti in 0..t {
-        let ms = sum_squares(&x[ti * md..(ti + 1) * md]) / md as f64;
+        let ms = sum_squares_f64(&x[ti * md..(ti + 1) * md]) / md as f64;
         let r = 1.0 / (ms + f64::from(p.norm_eps)).sqrt();
-        for (m, &v) in mix[ti * n_out..(ti + 1) * n_out]
-            .iter_mut()
-            .zip(&raw[ti * n_out..])
-        {
-            *m = f64::from(v) * r;
+        for m in &mut mix[ti * n_out..(ti + 1) * n_out] {
+            *m *= r;
         }
     }
     (mix, n_out)

@@ -3,13 +3,13 @@
 //! in a fixed order, and rows are independent, so splitting rows over threads changes nothing.
 
 use crate::exec::{Exec, Isa};
-use crate::math::{exp_f32, multiversion, round_e4m3};
+use crate::math::{exp_f64, multiversion, round_e4m3};
 use dsv4_core::codec::{E4M3_MAX, checked_pow2_ceil_exponent};
 use dsv4_kernels::RopeTable;
 use dsv4_kernels::linear::FP8_BLOCK;
 
 /// Σ v² in f64 over eight interleaved lanes, combined in a fixed tree.
-fn sum_squares_f64(v: &[f32]) -> f64 {
+pub(crate) fn sum_squares_f64(v: &[f32]) -> f64 {
     let mut acc = [0f64; 8];
     let mut chunks = v.chunks_exact(8);
     for c in &mut chunks {
@@ -134,7 +134,8 @@ pub fn rope(
 }
 
 multiversion! {
-    /// Per-column softmax-weighted sum over rows, columns `c0..c0+out.len()`.
+    /// Per-column softmax-weighted sum over rows (f64, as the reference), columns
+    /// `c0..c0+out.len()`.
     fn pool_columns(a: &[f32], z: &[f32], rows: usize, width: usize, c0: usize, out: &mut [f32]) {
         let w = out.len();
         let mut max = vec![f32::NEG_INFINITY; w];
@@ -151,9 +152,13 @@ multiversion! {
             let ar = &a[r * width + c0..r * width + c0 + w];
             for c in 0..w {
                 // Rows with z = −∞ get weight 0 (also when every row is −∞).
-                let e = if zr[c] == f32::NEG_INFINITY { 0.0 } else { exp_f32(zr[c] - max[c]) };
-                num[c] += f64::from(e) * f64::from(ar[c]);
-                den[c] += f64::from(e);
+                let e = if zr[c] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp_f64(f64::from(zr[c]) - f64::from(max[c]))
+                };
+                num[c] += e * f64::from(ar[c]);
+                den[c] += e;
             }
         }
         for c in 0..w {
@@ -232,13 +237,14 @@ pub fn router_scores(logits: &[f32], out: &mut [f32]) {
 }
 
 multiversion! {
-    /// silu(min(g, L))·clamp(u, −L, L)·weight in f32.
-    fn swiglu_f32(g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
+    /// silu(min(g, L))·clamp(u, −L, L)·weight in f64, as the reference.
+    fn swiglu_f64(g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
         for ((o, &gv), &uv) in out.iter_mut().zip(g).zip(u) {
-            let gv = gv.min(limit);
-            let uv = uv.max(-limit).min(limit);
-            let silu = gv / (1.0 + exp_f32(-gv));
-            *o = silu * uv * weight;
+            let gv = f64::from(gv.min(limit));
+            // As the reference (`clamp`), without its panic on a negative or NaN limit.
+            let uv = f64::from(if limit >= 0.0 { uv.clamp(-limit, limit) } else { uv.max(-limit).min(limit) });
+            let silu = gv / (1.0 + exp_f64(-gv));
+            *o = (silu * uv * f64::from(weight)) as f32;
         }
     }
 }
@@ -249,5 +255,5 @@ pub fn swiglu(isa: Isa, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut
         g.len() == out.len() && u.len() == out.len(),
         "swiglu: g, u and out differ in size"
     );
-    swiglu_f32(isa, g, u, limit, weight, out);
+    swiglu_f64(isa, g, u, limit, weight, out);
 }

@@ -51,25 +51,39 @@ const ALL_FP8: Numerics = Numerics {
     act_quant: ActQuant::Fp8,
 };
 
+/// Prefill of 100 tokens on both backends. Spec-level bound: relative L2 ≤ 1e-4 and the same
+/// argmax on ≥ 99 % of rows. The cpu backend accumulates in f64 like the reference, so every op
+/// rounds to the reference's f32 values but for rare ties, and no cache or activation rounding
+/// flips: we hold it to 1e-6 (an f32 implementation lands near 1e-4 here, through bf16 and e4m3
+/// rounding flips).
 #[test]
 fn prefill_logits_match_the_reference_backend() {
     for numerics in [Numerics::default(), ALL_FP8] {
-        let toks = tokens(100, 1);
-        let run = |be: Arc<dyn Backend>| {
-            let m = model(be, numerics);
-            m.forward(&mut m.new_sequence(), &toks).unwrap()
-        };
-        let (got, want) = (run(cpu(2)), run(Arc::new(ReferenceBackend)));
-        let e = rel_l2(&got.logits, &want.logits);
-        assert!(e <= 1e-4, "{numerics}: relative L2 {e:e}");
-        let v = got.vocab;
-        let agree = got
-            .logits
-            .chunks(v)
-            .zip(want.logits.chunks(v))
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
-        assert!(agree >= 99, "{numerics}: argmax agrees on {agree}/100 rows");
+        for seed in 1..=3 {
+            let toks = tokens(100, seed);
+            let run = |be: Arc<dyn Backend>| {
+                let m = model(be, numerics);
+                m.forward(&mut m.new_sequence(), &toks).unwrap()
+            };
+            let (got, want) = (run(cpu(2)), run(Arc::new(ReferenceBackend)));
+            let e = rel_l2(&got.logits, &want.logits);
+            assert!(e <= 1e-6, "{numerics}, prompt {seed}: relative L2 {e:e}");
+            let v = got.vocab;
+            let agree = got
+                .logits
+                .chunks(v)
+                .zip(want.logits.chunks(v))
+                .filter(|(a, b)| argmax(a) == argmax(b))
+                .count();
+            assert!(
+                agree >= 99,
+                "{numerics}, prompt {seed}: argmax agrees on {agree}/100 rows"
+            );
+            assert_eq!(
+                got.topk, want.topk,
+                "{numerics}, prompt {seed}: indexer selections"
+            );
+        }
     }
 }
 

@@ -51,7 +51,20 @@ fn linear_matches_reference_in_every_format() {
             let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![0f32; rows * n]);
             cpu.linear(&w, &x, rows, &mut a);
             rf.linear(&w, &x, rows, &mut b);
-            check(&format!("linear {fmt:?} {rows}x{n}x{k}"), &a, &b);
+            let what = format!("linear {fmt:?} {rows}x{n}x{k}");
+            check(&what, &a, &b);
+            // f64 accumulation of exact products: the reference's f32 result but for the rare
+            // sum that rounds the other way.
+            let differing = a
+                .iter()
+                .zip(&b)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            assert!(
+                differing * 1000 <= a.len(),
+                "{what}: {differing} of {} differ",
+                a.len()
+            );
         }
     }
 }

@@ -1,173 +1,376 @@
-//! Microkernels: one K-block of up to three rows against one packed 32-column panel. Each output
-//! lane is a sequential fused multiply-add chain over the block from +0.0, then stored (first
-//! block) or added to the running output; the AVX2 and portable kernels compute the same bits.
+//! Microkernels: up to three rows of x (f64) against one decoded panel of NB = 8 weight rows for
+//! one K-block. Each (row, output) pair keeps 8 f64 lanes (lane l takes the block's elements
+//! ≡ l mod 8, fused, ascending), reduces them in the fixed tree, and stores the block value
+//! (first block) or adds it to the running f64 sum. AVX-512, AVX2 and portable kernels compute
+//! the same bits.
 
-use super::{KB, NR, Panel};
+use super::{KB, NB, Panel, Weights};
 use crate::exec::Isa;
 
-/// out[r·ldo + j] = acc (first block) or out + acc, acc[r][j] = fused chain over kk < kb of
-/// panel[kk][j]·x[r·ldx + kk], for r < mr (≤ 3) and j < nv (≤ 32).
-///
-/// # Safety
-/// `out` must be valid for reads and writes of rows r < mr at offsets r·ldo + j, j < nv, and no
-/// other thread may access those elements during the call. `x` must hold rows r < mr of width
-/// `ldx` from its start, each with at least `kb` elements.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn block(
-    isa: Isa,
-    mr: usize,
-    panel: &Panel,
-    kb: usize,
-    x: &[f32],
-    ldx: usize,
-    out: *mut f32,
-    ldo: usize,
-    nv: usize,
-    first: bool,
-) {
-    debug_assert!((1..=3).contains(&mr) && kb <= KB && nv <= NR && nv > 0);
-    debug_assert!(x.len() >= (mr - 1) * ldx + kb);
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        if nv == NR {
-            // SAFETY: the caller guarantees the output rows; AVX2+FMA is present (Isa).
-            unsafe { avx2::block_any(mr, panel, kb, x.as_ptr(), ldx, out, ldo, first) };
-        } else {
-            // A partial panel: run on a full-width copy, write back the valid columns.
-            let mut tmp = [[0f32; NR]; 3];
-            for (r, t) in tmp.iter_mut().enumerate().take(mr) {
-                for (j, v) in t.iter_mut().enumerate().take(nv) {
-                    // SAFETY: inside the caller's rectangle.
-                    *v = unsafe { *out.add(r * ldo + j) };
-                }
-            }
-            let tp = tmp.as_mut_ptr().cast::<f32>();
-            // SAFETY: `tmp` holds 3 full rows of NR.
-            unsafe { avx2::block_any(mr, panel, kb, x.as_ptr(), ldx, tp, NR, first) };
-            for (r, t) in tmp.iter().enumerate().take(mr) {
-                for (j, v) in t.iter().enumerate().take(nv) {
-                    // SAFETY: inside the caller's rectangle.
-                    unsafe { *out.add(r * ldo + j) = *v };
-                }
-            }
-        }
-        return;
-    }
-    let _ = isa;
-    // SAFETY: forwarded caller guarantees.
-    unsafe { portable(mr, panel, kb, x, ldx, out, ldo, nv, first) };
+/// Most rows of x the fused decode-and-multiply kernel takes.
+pub(crate) const FUSED_ROWS: usize = 2;
+
+/// Whether `isa` has the fused decode-and-multiply kernel.
+pub(crate) fn can_fuse(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa == Isa::Avx512
 }
 
-/// The reference form of the microkernel: scalar fused multiply-adds.
-///
-/// # Safety
-/// As [`block`].
+/// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x64` (f64,
+/// stride k), decoded and multiplied in one pass, into acc like [`block`]; the same bits. False
+/// when this block must go through a panel instead (the caller then does that).
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable(
-    mr: usize,
+pub(crate) fn fused(
+    isa: Isa,
+    w: &Weights<'_>,
+    n0: usize,
+    k0: usize,
+    kb: usize,
+    x64: &[f64],
+    rows: usize,
+    acc: &mut [f64],
+    ld: usize,
+    nv: usize,
+) -> bool {
+    assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
+    assert!(k0 + kb <= w.k && x64.len() >= rows * w.k && acc.len() >= (rows - 1) * ld + nv);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && kb.is_multiple_of(16) {
+        use super::decode::with_decoder;
+        let (xp, ap, k) = (x64.as_ptr(), acc.as_mut_ptr(), w.k);
+        // SAFETY: AVX-512F, AVX2, FMA and F16C are present (Isa); rows, columns and the acc
+        // tile are bounded by the asserts above.
+        return with_decoder!(
+            w,
+            n0,
+            k0,
+            kb,
+            |d| unsafe {
+                if rows == 1 {
+                    x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv);
+                } else {
+                    x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv);
+                }
+                true
+            },
+            false
+        );
+    }
+    let _ = isa;
+    false
+}
+
+/// The fixed combination of eight lane partials.
+#[inline(always)]
+fn tree(l: &[f64; 8]) -> f64 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
+/// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each, read as zero from kb up
+/// to the next multiple of 8 (where the panel is zero too).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block(
+    isa: Isa,
+    rows: usize,
     panel: &Panel,
     kb: usize,
     x: &[f32],
     ldx: usize,
-    out: *mut f32,
-    ldo: usize,
+    acc: &mut [f64],
+    ld: usize,
     nv: usize,
     first: bool,
 ) {
-    for r in 0..mr {
-        let xr = &x[r * ldx..r * ldx + kb];
-        let mut acc = [0f32; NR];
-        for (kk, &xv) in xr.iter().enumerate() {
-            let prow = &panel.0[kk * NR..(kk + 1) * NR];
-            for (a, &w) in acc.iter_mut().zip(prow) {
-                *a = w.mul_add(xv, *a);
-            }
+    assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
+    assert!(x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv);
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        // SAFETY: the features are present (an Isa is only selected when detected); the
+        // asserts above bound every access.
+        Isa::Avx512 => {
+            return unsafe { x86::block512(rows, panel, kb, x, ldx, acc, ld, nv, first) };
         }
-        for (j, &a) in acc.iter().enumerate().take(nv) {
-            // SAFETY: inside the caller's rectangle.
-            unsafe {
-                let o = out.add(r * ldo + j);
-                *o = if first { a } else { *o + a };
+        // SAFETY: as above.
+        Isa::Avx2Fma => {
+            return unsafe { x86::block256(rows, panel, kb, x, ldx, acc, ld, nv, first) };
+        }
+        Isa::Portable => {}
+    }
+    let _ = isa;
+    let kb8 = kb.div_ceil(8) * 8;
+    for r in 0..rows {
+        let mut xr = [0f64; KB];
+        for (d, &v) in xr.iter_mut().zip(&x[r * ldx..r * ldx + kb]) {
+            *d = f64::from(v);
+        }
+        for j in 0..nv {
+            let wr = &panel.0[j * KB..j * KB + kb8];
+            let mut lanes = [0f64; 8];
+            for (xc, wc) in xr[..kb8].chunks_exact(8).zip(wr.chunks_exact(8)) {
+                for l in 0..8 {
+                    lanes[l] = wc[l].mul_add(xc[l], lanes[l]);
+                }
             }
+            let v = tree(&lanes);
+            let a = &mut acc[r * ld + j];
+            *a = if first { v } else { *a + v };
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{NR, Panel};
+mod x86 {
+    use super::{KB, NB, Panel};
+    use crate::gemm::decode::Dec16;
     use std::arch::x86_64::*;
 
-    /// Dispatch on the row count.
+    /// The fused kernel: R rows of x (f64, stride ldx) against W rows n0..n0+NB (clamped)
+    /// decoded 16 elements at a time; block values stored (k0 = 0) or added into acc.
     ///
     /// # Safety
-    /// AVX2 and FMA are available; `out` holds `mr` full rows of NR at stride `ldo`; `x` holds
-    /// `mr` rows of at least `kb` elements at stride `ldx`.
+    /// AVX-512F, AVX2, FMA and F16C are available; kb is a multiple of 16; the rows, columns
+    /// and acc tile are inside their buffers.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn block_any(
-        mr: usize,
-        panel: &Panel,
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn fused512<D: Dec16, const R: usize>(
+        dec: D,
+        n: usize,
+        n0: usize,
+        k0: usize,
         kb: usize,
-        x: *const f32,
+        x: *const f64,
         ldx: usize,
-        out: *mut f32,
-        ldo: usize,
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
+    ) {
+        let cur: [_; NB] = std::array::from_fn(|j| dec.cursor((n0 + j).min(n - 1), k0));
+        let mut a = [[_mm512_setzero_pd(); NB]; R];
+        for c in (0..kb).step_by(16) {
+            // SAFETY: x rows hold k ≥ k0 + kb values; panel rows decode inside W (caller).
+            unsafe {
+                let xv: [[__m512d; 2]; R] = std::array::from_fn(|r| {
+                    let p = x.add(r * ldx + k0 + c);
+                    [_mm512_loadu_pd(p), _mm512_loadu_pd(p.add(8))]
+                });
+                for j in 0..NB {
+                    let v = dec.load16z(cur[j], c);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                    let (w0, w1) = (
+                        _mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+                        _mm512_cvtps_pd(hi),
+                    );
+                    for (ar, xr) in a.iter_mut().zip(&xv) {
+                        ar[j] = _mm512_fmadd_pd(w0, xr[0], ar[j]);
+                        ar[j] = _mm512_fmadd_pd(w1, xr[1], ar[j]);
+                    }
+                }
+            }
+        }
+        // SAFETY: forwarded (the acc tile).
+        unsafe { finish::<R>(&a, acc, ld, nv, k0 == 0) };
+    }
+
+    /// Reduce each row's eight accumulators and store (first block) or add them into acc.
+    ///
+    /// # Safety
+    /// AVX-512F is available; acc holds R rows of stride ld with nv values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish<const R: usize>(
+        a: &[[__m512d; NB]; R],
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
         first: bool,
     ) {
-        // SAFETY: forwarded.
-        unsafe {
-            match mr {
-                1 => block::<1>(panel, kb, x, ldx, out, ldo, first),
-                2 => block::<2>(panel, kb, x, ldx, out, ldo, first),
-                _ => block::<3>(panel, kb, x, ldx, out, ldo, first),
+        let mask: __mmask8 = if nv >= 8 { 0xFF } else { (1u8 << nv) - 1 };
+        for (r, ar) in a.iter().enumerate() {
+            let v = reduce8(ar);
+            // SAFETY: nv values of row r of acc (caller); the mask keeps the rest untouched.
+            unsafe {
+                let d = acc.add(r * ld);
+                let s = if first {
+                    v
+                } else {
+                    _mm512_add_pd(_mm512_maskz_loadu_pd(mask, d), v)
+                };
+                _mm512_mask_storeu_pd(d, mask, s);
             }
         }
     }
 
-    /// MR rows × 32 columns, 4·MR ymm accumulators.
+    /// AVX-512: the rows three at a time.
     ///
     /// # Safety
-    /// As [`block_any`].
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block<const MR: usize>(
+    /// AVX-512F is available; bounds as checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn block512(
+        rows: usize,
         panel: &Panel,
+        kb: usize,
+        x: &[f32],
+        ldx: usize,
+        acc: &mut [f64],
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) {
+        let (p, xp, ap) = (panel.0.as_ptr(), x.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: forwarded; row triples stay below `rows`.
+        unsafe {
+            let mut r = 0;
+            while r + 3 <= rows {
+                tile512::<3>(p, kb, xp.add(r * ldx), ldx, ap.add(r * ld), ld, nv, first);
+                r += 3;
+            }
+            match rows - r {
+                2 => tile512::<2>(p, kb, xp.add(r * ldx), ldx, ap.add(r * ld), ld, nv, first),
+                1 => tile512::<1>(p, kb, xp.add(r * ldx), ldx, ap.add(r * ld), ld, nv, first),
+                _ => {}
+            }
+        }
+    }
+
+    /// The tree of eight 8-lane accumulators, as one vector [t(A0), …, t(A7)]:
+    /// lanes i and i+4 (256-bit halves), then i and i+2 (128-bit quarters), then the pair.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn reduce8(a: &[__m512d; NB]) -> __m512d {
+        let half = |x: __m512d, y: __m512d| {
+            _mm512_add_pd(
+                _mm512_shuffle_f64x2::<0x44>(x, y),
+                _mm512_shuffle_f64x2::<0xEE>(x, y),
+            )
+        };
+        let (b01, b23, b45, b67) = (
+            half(a[0], a[1]),
+            half(a[2], a[3]),
+            half(a[4], a[5]),
+            half(a[6], a[7]),
+        );
+        let quarter = |x: __m512d, y: __m512d| {
+            _mm512_add_pd(
+                _mm512_shuffle_f64x2::<0x88>(x, y),
+                _mm512_shuffle_f64x2::<0xDD>(x, y),
+            )
+        };
+        let (t0, t1) = (quarter(b01, b23), quarter(b45, b67));
+        // [A0, A4, A1, A5, A2, A6, A3, A7] → [A0, …, A7].
+        let u = _mm512_add_pd(_mm512_unpacklo_pd(t0, t1), _mm512_unpackhi_pd(t0, t1));
+        _mm512_permutexvar_pd(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), u)
+    }
+
+    /// MR rows × NB outputs, 8·MR zmm accumulators.
+    ///
+    /// # Safety
+    /// AVX-512F is available; panel rows hold kb8 values; x holds MR rows of stride ldx with kb8
+    /// values; acc holds MR rows of stride ld with nv values.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile512<const MR: usize>(
+        p: *const f64,
         kb: usize,
         x: *const f32,
         ldx: usize,
-        out: *mut f32,
-        ldo: usize,
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
         first: bool,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); 4]; MR];
-        let p = panel.0.as_ptr();
-        // SAFETY: kk < kb ≤ KB rows of the panel; x rows hold kb elements (caller).
-        unsafe {
-            for kk in 0..kb {
-                let row = p.add(kk * NR);
-                let mut xb = [_mm256_setzero_ps(); MR];
-                for (r, b) in xb.iter_mut().enumerate() {
-                    *b = _mm256_broadcast_ss(&*x.add(r * ldx + kk));
-                }
-                // One panel vector at a time against every row: 4·MR accumulators, MR
-                // broadcasts and one weight register.
-                for j in 0..4 {
-                    let wj = _mm256_load_ps(row.add(8 * j));
-                    for (a, &b) in acc.iter_mut().zip(&xb) {
-                        a[j] = _mm256_fmadd_ps(wj, b, a[j]);
-                    }
+        let mut a = [[_mm512_setzero_pd(); NB]; MR];
+        let step = |a: &mut [[__m512d; NB]; MR], c: usize, xv: [__m512d; MR]| {
+            for j in 0..NB {
+                // SAFETY: panel row j holds KB values; c < kb ≤ KB.
+                let w = unsafe { _mm512_loadu_pd(p.add(j * KB + c)) };
+                for (ar, &xr) in a.iter_mut().zip(&xv) {
+                    ar[j] = _mm512_fmadd_pd(w, xr, ar[j]);
                 }
             }
-            for (r, a) in acc.iter().enumerate() {
-                for (j, &aj) in a.iter().enumerate() {
-                    let o = out.add(r * ldo + 8 * j);
-                    let v = if first {
-                        aj
-                    } else {
-                        _mm256_add_ps(_mm256_loadu_ps(o), aj)
-                    };
-                    _mm256_storeu_ps(o, v);
+        };
+        let full = kb / 8 * 8;
+        // SAFETY: every load is inside the x rows (caller); the last partial chunk is masked
+        // to the block's kb values (the rest reads as zero).
+        unsafe {
+            for c in (0..full).step_by(8) {
+                let xv =
+                    std::array::from_fn(|r| _mm512_cvtps_pd(_mm256_loadu_ps(x.add(r * ldx + c))));
+                step(&mut a, c, xv);
+            }
+            if full < kb {
+                let m: __mmask16 = (1u16 << (kb - full)) - 1;
+                let xv = std::array::from_fn(|r| {
+                    _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(
+                        m,
+                        x.add(r * ldx + full),
+                    )))
+                });
+                step(&mut a, full, xv);
+            }
+        }
+        // SAFETY: forwarded (the acc tile).
+        unsafe { finish::<MR>(&a, acc, ld, nv, first) };
+    }
+
+    /// The tree of one accumulator held as lanes 0..4 (`lo`) and 4..8 (`hi`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn reduce2x4(lo: __m256d, hi: __m256d) -> f64 {
+        let s = _mm256_add_pd(lo, hi); // [l0+l4, l1+l5, l2+l6, l3+l7]
+        let t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd::<1>(s));
+        _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)))
+    }
+
+    /// AVX2: one row at a time (widened to f64 once per block), four outputs at a time, each
+    /// accumulator as two ymm.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; bounds as checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block256(
+        rows: usize,
+        panel: &Panel,
+        kb: usize,
+        x: &[f32],
+        ldx: usize,
+        acc: &mut [f64],
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) {
+        let p = panel.0.as_ptr();
+        let kb8 = kb.div_ceil(8) * 8;
+        let mut xr = [0f64; KB];
+        for r in 0..rows {
+            // x row widened once, zero past kb.
+            for (c, d) in xr[..kb8].iter_mut().enumerate() {
+                *d = if c < kb {
+                    f64::from(x[r * ldx + c])
+                } else {
+                    0.0
+                };
+            }
+            let xp = xr.as_ptr();
+            for j0 in (0..nv).step_by(4) {
+                let mut a = [[_mm256_setzero_pd(); 2]; 4];
+                // SAFETY: panel rows j0..j0+4 ≤ NB and the widened row hold kb8 values.
+                unsafe {
+                    for c in (0..kb8).step_by(8) {
+                        let (x0, x1) = (_mm256_loadu_pd(xp.add(c)), _mm256_loadu_pd(xp.add(c + 4)));
+                        for (j, aj) in a.iter_mut().enumerate() {
+                            let w = p.add((j0 + j) * KB + c);
+                            aj[0] = _mm256_fmadd_pd(_mm256_loadu_pd(w), x0, aj[0]);
+                            aj[1] = _mm256_fmadd_pd(_mm256_loadu_pd(w.add(4)), x1, aj[1]);
+                        }
+                    }
+                }
+                for (j, aj) in a.iter().enumerate().take(nv - j0) {
+                    let v = reduce2x4(aj[0], aj[1]);
+                    let d = &mut acc[r * ld + j0 + j];
+                    *d = if first { v } else { *d + v };
                 }
             }
         }

@@ -1,31 +1,38 @@
-//! The batch-invariant matrix product `out[r, o] = Σ_i W[o, i]·x[r, i]` behind `linear`, the
-//! attention and indexer products and the mHC mixing logits.
+//! The batch-invariant matrix product `out[r, o] = Σ_i W[o, i]·x[r, i]` behind `linear` and the
+//! mHC mixing logits.
 //!
-//! Reduction order (the same for every path, row count, thread count and tile): the input
-//! dimension is cut into blocks of [`KB`] = 128 (the last one may be shorter). Within a block,
-//! each output element accumulates `acc = fma(W[o, i], x[r, i], acc)` for i ascending, starting
-//! from +0.0. The block partials are then added in block order: `out = p₀`, `out = out + p₁`, ….
-//! Work is split only over rows and output columns, never over the input dimension.
+//! Reduction order (the same for every kernel set, row count, thread count and tile): the input
+//! dimension is cut into blocks of [`KB`] = 128 (the last may be shorter). Within a block, lane
+//! l of 8 accumulates the elements i ≡ l (mod 8) in ascending order as f64 fused multiply-adds
+//! from +0.0 (the f32×f32 products are exact in f64); the lanes are combined as
+//! ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the block values are added in block order in f64; the
+//! sum is rounded to f32 once. Work is split only over rows and output columns, never over the
+//! input dimension. With f64 accumulation the result is, but for rare ties, the f32 rounding of
+//! the reference backend's f64 dot product.
 //!
-//! The weight side is decoded on the fly, one panel of [`NR`] = 32 outputs × one K-block at a
-//! time, into a 16 KiB stack buffer laid out k-major (`panel[k][j]`); quantized weights are never
-//! materialised beyond that panel. The microkernel then runs up to three rows at a time against
-//! the panel, vectorised across the 32 outputs, each lane a plain sequential fused chain.
+//! The weight side is decoded on the fly, [`NB`] = 8 output rows × one K-block at a time: for
+//! one or two rows of x (decode) straight into the multiply-adds on AVX-512, otherwise into a
+//! small f64 panel that every row of the item reuses. Quantized weights are never materialised
+//! beyond that panel.
 
+#[cfg(target_arch = "x86_64")]
+mod decode;
 mod kernel;
 mod pack;
 
 use crate::exec::{Exec, SharedOut};
+use dsv4_kernels::linear::{FP8_BLOCK, MXFP4_BLOCK};
 use dsv4_kernels::{Linear, WeightFormat};
+use std::cell::RefCell;
 
-/// Depth of one reduction block (matches the fp8 weight block and divides by the MXFP4 block).
+/// Depth of one reduction block (the fp8 weight block; a multiple of the MXFP4 block).
 pub(crate) const KB: usize = 128;
-/// Output columns per packed panel.
-pub(crate) const NR: usize = 32;
-/// Rows per microkernel call.
-const MR: usize = 3;
-/// Rows an item covers when the row count is large.
-const MB: usize = 96;
+/// Output rows per decoded panel.
+pub(crate) const NB: usize = 8;
+/// Rows of x an item covers when the row count is large.
+const MB: usize = 192;
+/// Item rows up to which each panel's blocks run back to back (the GEMV order).
+const FEW_ROWS: usize = 12;
 
 /// How the weight elements are stored.
 #[derive(Debug, Clone, Copy)]
@@ -34,8 +41,6 @@ pub(crate) enum View<'a> {
     F32Bytes(&'a [u8]),
     /// f32 values, [n, k].
     F32Rows(&'a [f32]),
-    /// f32 values stored transposed, [k, n].
-    F32Cols(&'a [f32]),
     /// bf16 bytes, [n, k].
     Bf16(&'a [u8]),
     /// e4m3 bytes [n, k] with ue8m0 scales per 128×128 block.
@@ -86,52 +91,93 @@ impl<'a> Weights<'a> {
             k,
         }
     }
-
-    /// The transpose of f32 rows `data` [k, n], read as W [n, k].
-    pub fn cols(data: &'a [f32], n: usize, k: usize) -> Self {
-        debug_assert_eq!(data.len(), n * k);
-        Self {
-            view: View::F32Cols(data),
-            n,
-            k,
-        }
-    }
 }
 
-/// out [m, n] = x [m, k] · Wᵀ in the fixed reduction order of this module.
-pub(crate) fn gemm(ex: &Exec, w: &Weights<'_>, x: &[f32], m: usize, out: &mut [f32]) {
-    let (n, k) = (w.n, w.k);
-    assert_eq!(x.len(), m * k, "gemm: input is not [rows, in]");
-    assert_eq!(out.len(), m * n, "gemm: output is not [rows, out]");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out.fill(0.0);
-        return;
-    }
-    let panels = n.div_ceil(NR);
-    let mb = if m <= MB + MB / 2 { m } else { MB };
-    let m_blocks = m.div_ceil(mb);
-    let want = ex.threads() * 4;
-    let per_item = (panels * m_blocks).div_ceil(want).clamp(1, 16).min(panels);
-    let n_items = panels.div_ceil(per_item);
-    let dst = SharedOut(out.as_mut_ptr());
-    ex.for_each(m_blocks * n_items, m * n * k, |item| {
-        let (mi, ni) = (item / n_items, item % n_items);
-        let rows = mi * mb..(m.min((mi + 1) * mb));
-        let cols = ni * per_item..panels.min((ni + 1) * per_item);
-        // SAFETY: items cover disjoint (row block, panel range) rectangles of `out`, which is
-        // borrowed mutably for the whole parallel section.
-        unsafe { run_item(ex, w, x, rows, cols, dst) };
+/// A decoded weight panel: NB rows of one K-block, f64, zero past the block's end.
+#[repr(C, align(64))]
+pub(crate) struct Panel(pub [f64; NB * KB]);
+
+/// Per-thread scratch: the panel, the item's f64 running sums, and x widened to f64 for the
+/// fused decode-and-multiply kernel.
+struct Scratch {
+    panel: Box<Panel>,
+    acc: Vec<f64>,
+    x: Vec<f64>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        panel: Box::new(Panel([0.0; NB * KB])),
+        acc: Vec::new(),
+        x: Vec::new(),
     });
 }
 
-/// The 32-column panel buffer (k-major), aligned for vector loads.
-#[repr(C, align(64))]
-pub(crate) struct Panel(pub [f32; KB * NR]);
+/// Where an item's finished f64 sums go.
+#[derive(Clone, Copy)]
+enum Dst {
+    /// Rounded to f32.
+    F32(SharedOut),
+    /// Kept in f64.
+    F64(SharedOut64),
+}
 
-/// One item: rows `rows` × panels `cols`.
+/// A raw f64 output pointer shared by items that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut64(*mut f64);
+
+// SAFETY: items write disjoint elements of a buffer borrowed mutably for the whole call.
+unsafe impl Send for SharedOut64 {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut64 {}
+
+/// out [m, n] = x [m, k] · Wᵀ in the fixed reduction order of this module, rounded to f32.
+pub(crate) fn gemm(ex: &Exec, w: &Weights<'_>, x: &[f32], m: usize, out: &mut [f32]) {
+    assert_eq!(out.len(), m * w.n, "gemm: output is not [rows, out]");
+    if w.k == 0 {
+        out.fill(0.0);
+    }
+    run(ex, w, x, m, Dst::F32(SharedOut(out.as_mut_ptr())));
+}
+
+/// [`gemm`] with the f64 sums kept unrounded (for mHC's logits, which the reference keeps in f64).
+pub(crate) fn gemm_f64(ex: &Exec, w: &Weights<'_>, x: &[f32], m: usize, out: &mut [f64]) {
+    assert_eq!(out.len(), m * w.n, "gemm: output is not [rows, out]");
+    if w.k == 0 {
+        out.fill(0.0);
+    }
+    run(ex, w, x, m, Dst::F64(SharedOut64(out.as_mut_ptr())));
+}
+
+/// The parallel product into `dst` ([m, n], checked by the callers).
+fn run(ex: &Exec, w: &Weights<'_>, x: &[f32], m: usize, dst: Dst) {
+    let (n, k) = (w.n, w.k);
+    assert_eq!(x.len(), m * k, "gemm: input is not [rows, in]");
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let panels = n.div_ceil(NB);
+    let mb = if m <= MB + MB / 2 { m } else { MB };
+    let m_blocks = m.div_ceil(mb);
+    let want = ex.threads() * 4;
+    // Bound the item's f64 sums to ~256 KiB.
+    let max_panels = (32 * 1024 / (mb * NB)).max(1);
+    let per_item = (panels * m_blocks)
+        .div_ceil(want)
+        .clamp(1, max_panels)
+        .min(panels);
+    let n_items = panels.div_ceil(per_item);
+    ex.for_each(m_blocks * n_items, m * n * k, |item| {
+        let (mi, ni) = (item / n_items, item % n_items);
+        let rows = mi * mb..m.min((mi + 1) * mb);
+        let cols = ni * per_item..panels.min((ni + 1) * per_item);
+        // SAFETY: items cover disjoint (row block, panel range) rectangles of `out`, which is
+        // borrowed mutably for the whole parallel section.
+        SCRATCH.with_borrow_mut(|s| unsafe { run_item(ex, w, x, rows, cols, dst, s) });
+    });
+}
+
+/// One item: rows `rows` × panels `cols`, accumulated in f64 and rounded into `dst` at the end.
 ///
 /// # Safety
 /// `dst` points to the [m, n] output and no other thread touches this item's rectangle.
@@ -141,48 +187,75 @@ unsafe fn run_item(
     x: &[f32],
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
-    dst: SharedOut,
+    dst: Dst,
+    s: &mut Scratch,
 ) {
     let (n, k) = (w.n, w.k);
-    let mut panel = Panel([0.0; KB * NR]);
-    let block = |p: usize, k0: usize, panel: &mut Panel| {
+    let width = cols.len() * NB;
+    s.acc.clear();
+    s.acc.resize(rows.len() * width, 0.0);
+    let Scratch { panel, acc, x: x64 } = s;
+    // One or two rows: decode and multiply in one pass where the kernel set allows it.
+    let fuse = rows.len() <= kernel::FUSED_ROWS && kernel::can_fuse(ex.isa);
+    if fuse {
+        x64.clear();
+        x64.extend(
+            x[rows.start * k..rows.end * k]
+                .iter()
+                .map(|&v| f64::from(v)),
+        );
+    }
+    let mut block = |p: usize, k0: usize| {
         let kb = KB.min(k - k0);
-        pack::pack(ex.isa, w, p * NR, k0, kb, panel);
-        let nv = NR.min(n - p * NR);
-        let mut r = rows.start;
-        while r < rows.end {
-            let mr = MR.min(rows.end - r);
-            let xr = &x[r * k + k0..];
-            // SAFETY: rows r..r+mr and columns p·NR..p·NR+nv are inside this item's rectangle.
-            unsafe {
-                kernel::block(
-                    ex.isa,
-                    mr,
-                    panel,
-                    kb,
-                    xr,
-                    k,
-                    dst.get().add(r * n + p * NR),
-                    n,
-                    nv,
-                    k0 == 0,
-                );
-            }
-            r += mr;
+        let nv = NB.min(n - p * NB);
+        let col = (p - cols.start) * NB;
+        let tile = &mut acc[col..];
+        if fuse && kernel::fused(ex.isa, w, p * NB, k0, kb, x64, rows.len(), tile, width, nv) {
+            return;
         }
+        pack::pack(ex.isa, w, p * NB, k0, kb, panel);
+        let xr = &x[rows.start * k + k0..];
+        kernel::block(
+            ex.isa,
+            rows.len(),
+            panel,
+            kb,
+            xr,
+            k,
+            tile,
+            width,
+            nv,
+            k0 == 0,
+        );
     };
-    if rows.len() <= 4 * MR {
-        // Few rows: walk each panel's rows of W front to back (fewer concurrent streams).
-        for p in cols {
+    if rows.len() <= FEW_ROWS {
+        // Few rows: walk each panel's rows of W front to back.
+        for p in cols.clone() {
             for k0 in (0..k).step_by(KB) {
-                block(p, k0, &mut panel);
+                block(p, k0);
             }
         }
     } else {
         // Many rows: keep the item's K-block of x hot while the panels go by.
         for k0 in (0..k).step_by(KB) {
             for p in cols.clone() {
-                block(p, k0, &mut panel);
+                block(p, k0);
+            }
+        }
+    }
+    for (i, r) in rows.enumerate() {
+        for p in cols.clone() {
+            let nv = NB.min(n - p * NB);
+            let col = (p - cols.start) * NB;
+            for j in 0..nv {
+                let (at, v) = (r * n + p * NB + j, acc[i * width + col + j]);
+                // SAFETY: (r, p·NB + j) is inside this item's rectangle of the [m, n] output.
+                unsafe {
+                    match dst {
+                        Dst::F32(d) => *d.get().add(at) = v as f32,
+                        Dst::F64(d) => *d.0.add(at) = v,
+                    }
+                }
             }
         }
     }

@@ -1,22 +1,30 @@
-//! Panel packing: decode W[n0..n0+32, k0..k0+kb] into the k-major panel, exactly as
-//! `Linear::dequantized` would (element × block scale, one f32 multiply), zeros past the last
-//! output. The AVX2 path decodes 8 outputs × 8 inputs at a time and transposes in registers; it
-//! falls back to the scalar path for tails and for fp8 panels holding a NaN code.
+//! Panel decoding: W[n0..n0+8, k0..k0+kb] into an f64 panel (row-major, rows past the last output
+//! repeat it, columns past kb are zero), each element exactly as `Linear::dequantized` gives it
+//! (element × block scale, one f32 multiply) and then widened exactly. The AVX2 path decodes 8
+//! or 16 elements of a row at a time; it falls back to the scalar path for tails and for fp8
+//! blocks holding a NaN code.
 
-use super::{KB, NR, Panel, View, Weights};
+use super::{KB, NB, Panel, View, Weights};
 use crate::exec::Isa;
 use dsv4_core::codec::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32};
 use dsv4_kernels::linear::{FP8_BLOCK, MXFP4_BLOCK};
 
-/// Fill `panel` with W[n0 + j, k0 + kk] at [kk][j] for kk < kb, j < NR.
+/// Fill `panel` with W[min(n0 + j, n − 1), k0 + kk] at [j][kk] for kk < kb, zeros for kb ≤ kk
+/// up to the next multiple of 8.
 pub(crate) fn pack(isa: Isa, w: &Weights<'_>, n0: usize, k0: usize, kb: usize, panel: &mut Panel) {
     debug_assert!(kb <= KB && n0 < w.n && k0 + kb <= w.k);
+    let kb8 = kb.div_ceil(8) * 8;
+    for j in 0..NB {
+        panel.0[j * KB + kb..j * KB + kb8].fill(0.0);
+    }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        // SAFETY: AVX2 and FMA are present (Isa is only Avx2Fma when detected).
-        if unsafe { avx2::pack(w, n0, k0, kb, panel) } {
-            return;
+    if isa >= Isa::Avx2Fma {
+        // SAFETY: AVX2, FMA and F16C are present (an Isa is only selected when detected).
+        let done = unsafe { avx2::pack(w, n0, k0, kb, panel) };
+        if done < kb {
+            pack_scalar(w, n0, k0, done, kb, panel);
         }
+        return;
     }
     let _ = isa;
     pack_scalar(w, n0, k0, 0, kb, panel);
@@ -32,7 +40,6 @@ pub(crate) fn element(w: &Weights<'_>, o: usize, i: usize) -> f32 {
             f32::from_le_bytes([b[0], b[1], b[2], b[3]])
         }
         View::F32Rows(d) => d[o * k + i],
-        View::F32Cols(d) => d[i * w.n + o],
         View::Bf16(d) => bf16_to_f32(u16::from_le_bytes([
             d[(o * k + i) * 2],
             d[(o * k + i) * 2 + 1],
@@ -53,7 +60,7 @@ pub(crate) fn element(w: &Weights<'_>, o: usize, i: usize) -> f32 {
     }
 }
 
-/// Scalar packing of rows kk in `from..kb` of the panel.
+/// Scalar decoding of columns `from..kb` of the panel.
 pub(super) fn pack_scalar(
     w: &Weights<'_>,
     n0: usize,
@@ -62,24 +69,10 @@ pub(super) fn pack_scalar(
     kb: usize,
     panel: &mut Panel,
 ) {
-    let nv = NR.min(w.n - n0);
-    if let View::F32Cols(d) = w.view {
-        for kk in from..kb {
-            let src = &d[(k0 + kk) * w.n + n0..(k0 + kk) * w.n + n0 + nv];
-            let dst = &mut panel.0[kk * NR..(kk + 1) * NR];
-            dst[..nv].copy_from_slice(src);
-            dst[nv..].fill(0.0);
-        }
-        return;
-    }
-    for kk in from..kb {
-        let dst = &mut panel.0[kk * NR..(kk + 1) * NR];
-        for (j, v) in dst.iter_mut().enumerate() {
-            *v = if j < nv {
-                element(w, n0 + j, k0 + kk)
-            } else {
-                0.0
-            };
+    for j in 0..NB {
+        let o = (n0 + j).min(w.n - 1);
+        for (kk, v) in panel.0[j * KB + from..j * KB + kb].iter_mut().enumerate() {
+            *v = f64::from(element(w, o, k0 + from + kk));
         }
     }
 }
@@ -91,25 +84,25 @@ mod avx2;
 mod tests {
     use super::*;
 
-    /// Pack one 32×128 panel with the detected kernels and with the scalar decoder; the bits of
-    /// the valid columns (columns past the last output are never read back).
-    fn both(w: &Weights<'_>, n0: usize, k0: usize) -> (Vec<u32>, Vec<u32>) {
+    /// Decode one panel with the detected kernels and with the scalar decoder; the bits of the
+    /// valid rows (rows past the last output are never read back), zero padding included.
+    fn both(w: &Weights<'_>, n0: usize, k0: usize) -> (Vec<u64>, Vec<u64>) {
         let kb = KB.min(w.k - k0);
-        let nv = NR.min(w.n - n0);
-        let mut fast = Panel([1.0; KB * NR]);
-        let mut slow = Panel([2.0; KB * NR]);
+        let nv = NB.min(w.n - n0);
+        let mut fast = Panel([1.0; NB * KB]);
+        let mut slow = Panel([2.0; NB * KB]);
         pack(Isa::detect(), w, n0, k0, kb, &mut fast);
-        pack_scalar(w, n0, k0, 0, kb, &mut slow);
+        pack(Isa::Portable, w, n0, k0, kb, &mut slow);
         let bits = |p: &Panel| {
-            p.0[..kb * NR]
-                .chunks(NR)
-                .flat_map(|row| row[..nv].iter().map(|v| v.to_bits()))
+            p.0.chunks(KB)
+                .take(nv)
+                .flat_map(|row| row[..kb.div_ceil(8) * 8].iter().map(|v| v.to_bits()))
                 .collect()
         };
         (bits(&fast), bits(&slow))
     }
 
-    fn assert_same(a: &[u32], b: &[u32], what: &str) {
+    fn assert_same(a: &[u64], b: &[u64], what: &str) {
         if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
             panic!("{what}: element {i}: {:#x} vs scalar {:#x}", a[i], b[i]);
         }
@@ -139,7 +132,7 @@ mod tests {
                 n,
                 k,
             };
-            for (n0, k0) in [(0, 0), (0, 128), (32, 0), (32, 128)] {
+            for (n0, k0) in [(0, 0), (0, 128), (8, 128), (32, 0), (32, 128)] {
                 let (a, b) = both(&w, n0, k0);
                 assert_same(&a, &b, &format!("scale code {sc}, panel ({n0}, {k0})"));
             }
@@ -161,7 +154,7 @@ mod tests {
             n,
             k,
         };
-        for (n0, k0) in [(0, 0), (0, 384), (32, 128)] {
+        for (n0, k0) in [(0, 0), (0, 384), (24, 256), (32, 128)] {
             let (a, b) = both(&w, n0, k0);
             assert_same(&a, &b, &format!("mxfp4 panel ({n0}, {k0})"));
         }
@@ -173,7 +166,7 @@ mod tests {
             n,
             k,
         };
-        for n0 in [0, 32] {
+        for n0 in [0, 8, 56] {
             for k0 in (0..k).step_by(KB) {
                 let (a, b) = both(&w, n0, k0);
                 assert_same(&a, &b, &format!("bf16 panel ({n0}, {k0})"));
@@ -191,9 +184,8 @@ mod tests {
         for (name, w) in [
             ("f32 bytes", f32_bytes),
             ("f32 rows", Weights::rows(&vals, 50, 77)),
-            ("f32 columns", Weights::cols(&vals, 50, 77)),
         ] {
-            for n0 in [0, 32] {
+            for n0 in [0, 32, 48] {
                 let (a, b) = both(&w, n0, 0);
                 assert_same(&a, &b, &format!("{name} panel {n0}"));
             }
