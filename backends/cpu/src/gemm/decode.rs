@@ -40,9 +40,9 @@ pub(super) trait Dec16: Copy {
 #[derive(Clone, Copy)]
 pub(super) struct Plain<'a, const B: usize>(pub &'a [u8], pub usize);
 
-/// e4m3 elements [n, k] and the block's 2^8·scale.
+/// e4m3 elements [n, k] and 2^8·scale of the block's two 128-column halves.
 #[derive(Clone, Copy)]
-pub(super) struct Fp8<'a>(&'a [u8], usize, f32);
+pub(super) struct Fp8<'a>(&'a [u8], usize, [f32; 2]);
 
 /// e2m1 pairs [n, k/2], ue8m0 scales [n, k/32] and the scale table.
 #[derive(Clone, Copy)]
@@ -100,14 +100,14 @@ impl Dec16 for Fp8<'_> {
     unsafe fn load16(&self, at: Cursor, c: usize) -> (__m256, __m256) {
         // SAFETY: 16 bytes inside the row (caller).
         let h = unsafe { fp8_16(at.data.add(c)) };
-        halves(h, _mm256_set1_ps(self.2))
+        halves(h, _mm256_set1_ps(self.2[c / FP8_BLOCK]))
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn load16z(&self, at: Cursor, c: usize) -> __m512 {
         // SAFETY: 16 bytes inside the row (caller).
         let h = unsafe { fp8_16(at.data.add(c)) };
-        _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(self.2))
+        _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(self.2[c / FP8_BLOCK]))
     }
 }
 
@@ -182,8 +182,8 @@ pub(super) fn scales() -> &'static [f32; 256] {
 }
 
 impl<'a> Fp8<'a> {
-    /// The decoder of the block at (n0, k0) of width kb, or None for NaN codes or a scale code
-    /// above 246.
+    /// The decoder of the block at (n0, k0) of width kb (≤ 2 scale blocks, k0 a multiple of
+    /// 128), or None for NaN codes or a scale code above 246.
     pub fn new(
         data: &'a [u8],
         scale: &[u8],
@@ -193,12 +193,20 @@ impl<'a> Fp8<'a> {
         k0: usize,
         kb: usize,
     ) -> Option<Self> {
-        let code = scale[(n0 / FP8_BLOCK) * k.div_ceil(FP8_BLOCK) + k0 / FP8_BLOCK];
+        debug_assert!(k0.is_multiple_of(FP8_BLOCK) && kb <= 2 * FP8_BLOCK);
+        let row = (n0 / FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+        let codes = [
+            k0 / FP8_BLOCK,
+            ((k0 + kb - 1) / FP8_BLOCK).min(k0 / FP8_BLOCK + 1),
+        ]
+        .map(|b| scale[row + b]);
         let last = (n0 + NB).min(n);
-        if code > 246 || (n0..last).any(|o| has_e4m3_nan(&data[o * k + k0..o * k + k0 + kb])) {
+        if codes.iter().any(|&c| c > 246)
+            || (n0..last).any(|o| has_e4m3_nan(&data[o * k + k0..o * k + k0 + kb]))
+        {
             return None;
         }
-        Some(Fp8(data, k, UE8M0[usize::from(code)] * 256.0))
+        Some(Fp8(data, k, codes.map(|c| UE8M0[usize::from(c)] * 256.0)))
     }
 }
 

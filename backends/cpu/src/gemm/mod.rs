@@ -2,7 +2,7 @@
 //! mHC mixing logits.
 //!
 //! Reduction order (the same for every kernel set, row count, thread count and tile): the input
-//! dimension is cut into blocks of [`KB`] = 128 (the last may be shorter). Within a block, lane
+//! dimension is cut into blocks of [`KB`] = 256 (the last may be shorter). Within a block, lane
 //! l of 8 accumulates the elements i ≡ l (mod 8) in ascending order as f64 fused multiply-adds
 //! from +0.0 (the f32×f32 products are exact in f64); the lanes are combined as
 //! ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the block values are added in block order in f64; the
@@ -25,8 +25,8 @@ use dsv4_kernels::linear::{FP8_BLOCK, MXFP4_BLOCK};
 use dsv4_kernels::{Linear, WeightFormat};
 use std::cell::RefCell;
 
-/// Depth of one reduction block (the fp8 weight block; a multiple of the MXFP4 block).
-pub(crate) const KB: usize = 128;
+/// Depth of one reduction block (two fp8 weight blocks; a multiple of the MXFP4 block).
+pub(crate) const KB: usize = 256;
 /// Output rows per decoded panel.
 pub(crate) const NB: usize = 8;
 /// Rows of x an item covers when the row count is large.
