@@ -5,7 +5,7 @@
 //! # Batch invariance by construction
 //! Every output element is reduced in one fixed order that does not depend on the number of rows
 //! in the call, the thread count, the kernel set, or where the element lands in a tile:
-//! - `linear` and the mHC mixing logits: the input dimension is cut into blocks of 128; within a
+//! - `linear` and the mHC mixing logits: the input dimension is cut into blocks of 256; within a
 //!   block, lane l of 8 takes the elements i ≡ l (mod 8) in ascending order as f64 fused
 //!   multiply-adds from +0.0 (f32×f32 products are exact in f64); lanes combine as
 //!   ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); blocks add in order in f64; one final rounding;
