@@ -9,15 +9,18 @@ use std::time::Instant;
 pub struct MachinePeaks {
     /// Threads used for the measurements.
     pub threads: usize,
-    /// f32 FMA throughput with independent accumulator chains, GFLOP/s (2 flops per FMA).
+    /// f32 FMA throughput with independent accumulator chains, GFLOP/s (2 flops per FMA), with
+    /// the widest vector unit the CPU has.
     pub fma_gflops: f64,
+    /// The same with 256-bit AVX2 vectors (None when the CPU lacks AVX2+FMA).
+    pub fma_gflops_avx2: Option<f64>,
     /// Single-thread FMA throughput, GFLOP/s.
     pub fma_gflops_1t: f64,
     /// Streaming read bandwidth (sum of a large buffer), GB/s.
     pub read_gbs: f64,
     /// Triad a[i] = b[i] + s·c[i] bandwidth, GB/s (3 streams counted).
     pub triad_gbs: f64,
-    /// Which FMA kernel ran ("avx2+fma" or "portable").
+    /// Which FMA kernel gave `fma_gflops` ("avx512f", "avx2+fma" or "portable").
     pub fma_kernel: &'static str,
 }
 
@@ -44,9 +47,50 @@ unsafe fn fma_loop_avx2(iters: u64) -> f32 {
     out.iter().sum()
 }
 
-/// FLOPs of one iteration of the FMA kernel.
-fn fma_flops_per_iter(avx: bool) -> f64 {
-    if avx { 10.0 * 8.0 * 2.0 } else { 16.0 * 2.0 }
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_set1_ps(0.0); 10];
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut s = _mm512_set1_ps(0.0);
+    for v in acc {
+        s = _mm512_add_ps(s, v);
+    }
+    _mm512_reduce_add_ps(s)
+}
+
+/// The FMA kernels, widest last.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FmaIsa {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl FmaIsa {
+    fn name(self) -> &'static str {
+        match self {
+            FmaIsa::Portable => "portable",
+            FmaIsa::Avx2 => "avx2+fma",
+            FmaIsa::Avx512 => "avx512f",
+        }
+    }
+
+    /// FLOPs of one iteration of the kernel.
+    fn flops_per_iter(self) -> f64 {
+        match self {
+            FmaIsa::Portable => 16.0 * 2.0,
+            FmaIsa::Avx2 => 10.0 * 8.0 * 2.0,
+            FmaIsa::Avx512 => 10.0 * 16.0 * 2.0,
+        }
+    }
 }
 
 fn fma_loop_portable(iters: u64) -> f32 {
@@ -57,6 +101,17 @@ fn fma_loop_portable(iters: u64) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn has_avx2_fma() -> bool {
@@ -70,28 +125,31 @@ fn has_avx2_fma() -> bool {
     }
 }
 
-fn fma_run(iters: u64, avx: bool) -> f32 {
+fn fma_run(iters: u64, isa: FmaIsa) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        // SAFETY: the CPU supports avx2 and fma (checked by the caller).
-        return unsafe { fma_loop_avx2(iters) };
+    match isa {
+        // SAFETY: the CPU supports the kernel's features (checked by `measure`).
+        FmaIsa::Avx512 => return unsafe { fma_loop_avx512(iters) },
+        // SAFETY: as above.
+        FmaIsa::Avx2 => return unsafe { fma_loop_avx2(iters) },
+        FmaIsa::Portable => {}
     }
-    let _ = avx;
+    let _ = isa;
     fma_loop_portable(iters)
 }
 
 /// FMA GFLOP/s with `threads` threads each running the kernel for `iters` iterations.
-fn fma_gflops(threads: usize, iters: u64, avx: bool) -> f64 {
+fn fma_gflops(threads: usize, iters: u64, isa: FmaIsa) -> f64 {
     let t0 = Instant::now();
     let sink: f32 = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
-            .map(|_| s.spawn(move || fma_run(iters, avx)))
+            .map(|_| s.spawn(move || fma_run(iters, isa)))
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
     });
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    threads as f64 * iters as f64 * fma_flops_per_iter(avx) / secs / 1e9
+    threads as f64 * iters as f64 * isa.flops_per_iter() / secs / 1e9
 }
 
 /// Read bandwidth: each thread sums its share of `buf`.
@@ -151,13 +209,29 @@ pub fn measure(threads: usize) -> MachinePeaks {
     } else {
         threads
     };
-    let avx = has_avx2_fma();
-    let iters = if avx { 20_000_000 } else { 10_000_000 };
+    let avx2 = has_avx2_fma();
+    let widest = if has_avx512() {
+        FmaIsa::Avx512
+    } else if avx2 {
+        FmaIsa::Avx2
+    } else {
+        FmaIsa::Portable
+    };
+    let iters = if widest == FmaIsa::Portable {
+        10_000_000
+    } else {
+        20_000_000
+    };
     // Warm up, then take the best of three (the figure is a ceiling, so the max is the estimate).
-    fma_gflops(threads, iters / 10, avx);
+    fma_gflops(threads, iters / 10, widest);
     let best = |f: &dyn Fn() -> f64| (0..3).map(|_| f()).fold(0f64, f64::max);
-    let fma = best(&|| fma_gflops(threads, iters, avx));
-    let fma1 = best(&|| fma_gflops(1, iters, avx));
+    let fma = best(&|| fma_gflops(threads, iters, widest));
+    let fma1 = best(&|| fma_gflops(1, iters, widest));
+    let fma_avx2 = match widest {
+        FmaIsa::Avx2 => Some(fma),
+        FmaIsa::Avx512 if avx2 => Some(best(&|| fma_gflops(threads, iters, FmaIsa::Avx2))),
+        _ => None,
+    };
     let n = 64 << 20; // 64 Mi f32 = 256 MiB per buffer, far beyond the caches.
     let b: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
     let c: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
@@ -169,9 +243,10 @@ pub fn measure(threads: usize) -> MachinePeaks {
     MachinePeaks {
         threads,
         fma_gflops: fma,
+        fma_gflops_avx2: fma_avx2,
         fma_gflops_1t: fma1,
         read_gbs: read,
         triad_gbs: triad,
-        fma_kernel: if avx { "avx2+fma" } else { "portable" },
+        fma_kernel: widest.name(),
     }
 }

@@ -134,8 +134,15 @@ pub fn render_table(r: &BenchReport) -> String {
     if let Some(m) = &r.machine {
         let _ = writeln!(
             s,
-            "machine: {} threads, FMA peak {:.1} GFLOP/s ({:.1} on 1 thread, {}), read {:.1} GB/s, triad {:.1} GB/s\n",
-            m.threads, m.fma_gflops, m.fma_gflops_1t, m.fma_kernel, m.read_gbs, m.triad_gbs
+            "machine: {} threads, f32 FMA peak {:.1} GFLOP/s ({}; {:.1} on 1 thread; AVX2 {}), read {:.1} GB/s, triad {:.1} GB/s\n",
+            m.threads,
+            m.fma_gflops,
+            m.fma_kernel,
+            m.fma_gflops_1t,
+            m.fma_gflops_avx2
+                .map_or("n/a".to_string(), |g| format!("{g:.1}")),
+            m.read_gbs,
+            m.triad_gbs
         );
     }
     if !r.ops.is_empty() {

@@ -68,6 +68,7 @@ fn targets_compare_against_the_same_runs_peaks() {
         machine: Some(MachinePeaks {
             threads: 2,
             fma_gflops: 200.0,
+            fma_gflops_avx2: Some(200.0),
             fma_gflops_1t: 100.0,
             read_gbs: 20.0,
             triad_gbs: 28.0,
