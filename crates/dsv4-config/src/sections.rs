@@ -62,6 +62,9 @@ pub struct ServerSection {
     pub reasoning_parser: ReasoningParser,
     /// Largest accepted request body in bytes.
     pub max_request_bytes: u64,
+    /// `/health` answers 503 when requests are pending and no engine step completed for this
+    /// many seconds.
+    pub health_stall_s: u64,
 }
 
 impl Default for ServerSection {
@@ -73,6 +76,7 @@ impl Default for ServerSection {
             tool_call_parser: ToolCallParser::default(),
             reasoning_parser: ReasoningParser::default(),
             max_request_bytes: 16 * 1024 * 1024,
+            health_stall_s: 60,
         }
     }
 }

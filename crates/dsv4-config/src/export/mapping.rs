@@ -334,6 +334,14 @@ pub const SGLANG_MAP: &[MapRow] = &[
              it",
         ),
     ),
+    row(
+        "server.health_stall_s",
+        Always,
+        Same(
+            "SGLang's own hang detection applies instead: --watchdog-timeout (300 s by default) \
+             kills a server whose batch hangs",
+        ),
+    ),
     row("debug.canary", Is("false"), Same("no canary")),
     row(
         "debug.canary",

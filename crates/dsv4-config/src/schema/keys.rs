@@ -192,6 +192,13 @@ pub const KEYS: &[KeySpec] = &[
         "16777216",
         "largest accepted request body in bytes",
     ),
+    key(
+        "server.health_stall_s",
+        ValueKind::Range(1, 86400),
+        "60",
+        "/health answers 503 when requests are pending and the engine has completed no step for \
+         this many seconds",
+    ),
     // [debug]
     key(
         "debug.canary",
