@@ -151,6 +151,10 @@ impl PageStore for Pool {
         self.page_bytes
     }
 
+    fn capacity(&self) -> usize {
+        self.pages
+    }
+
     fn alloc(&self) -> Option<PageId> {
         let mut a = self.lock();
         let id = a.free.pop()?;

@@ -1,14 +1,79 @@
 //! The compressor (spec §3.4): per-token (a, z) rows pooled into one entry per window of `ratio`
-//! tokens; overlapping windows for ratio 4.
+//! tokens; overlapping windows for ratio 4. The pooling runs over any [`RingRows`]: a
+//! sequence's [`CompressorRing`], or a [`PhysicalRing`] page a plan's launch addresses directly.
 
-use super::state::CompressorRing;
+use super::pages::{PageId, PageStore};
+use super::state::{CompressorRing, ring_read_row, ring_write_row};
 use dsv4_kernels::Backend;
+use std::borrow::Cow;
+
+/// A ring of (a, z) rows, slot = position mod rows.
+pub trait RingRows {
+    /// Store token position `pos`'s rows.
+    fn put(&mut self, pos: usize, a: &[f32], z: &[f32]);
+    /// The (a, z) rows of position `pos`.
+    fn row(&self, pos: usize) -> (Cow<'_, [f32]>, Cow<'_, [f32]>);
+    /// All rows' a and z values, [rows, width] each.
+    fn window(&self) -> (Cow<'_, [f32]>, Cow<'_, [f32]>);
+}
+
+impl RingRows for CompressorRing {
+    fn put(&mut self, pos: usize, a: &[f32], z: &[f32]) {
+        CompressorRing::put(self, pos, a, z);
+    }
+
+    fn row(&self, pos: usize) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        CompressorRing::row(self, pos)
+    }
+
+    fn window(&self) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        CompressorRing::window(self)
+    }
+}
+
+/// A ring addressed by its page in a store (the location a plan's launch was given).
+pub struct PhysicalRing<'a> {
+    /// The store of ring pages.
+    pub store: &'a dyn PageStore,
+    /// The ring's page.
+    pub page: PageId,
+    /// Rows in the ring.
+    pub rows: usize,
+    /// Width of a and of z.
+    pub width: usize,
+}
+
+impl RingRows for PhysicalRing<'_> {
+    fn put(&mut self, pos: usize, a: &[f32], z: &[f32]) {
+        let (r, w) = (pos % self.rows, self.width);
+        self.store
+            .write(self.page, &mut |b| ring_write_row(b, r, w, a, z));
+    }
+
+    fn row(&self, pos: usize) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        let (r, w) = (pos % self.rows, self.width);
+        let mut row = (Vec::new(), Vec::new());
+        self.store
+            .read(self.page, &mut |b| row = ring_read_row(b, r, w));
+        (Cow::Owned(row.0), Cow::Owned(row.1))
+    }
+
+    fn window(&self) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        let (mut a, mut z) = (Vec::new(), Vec::new());
+        for r in 0..self.rows {
+            let (ra, rz) = self.row(r);
+            a.extend_from_slice(&ra);
+            z.extend_from_slice(&rz);
+        }
+        (Cow::Owned(a), Cow::Owned(z))
+    }
+}
 
 /// Store token `pos`'s rows (`a`, `z`, each coff·dim wide, z already including `ape`); when `pos`
 /// completes window w = pos / ratio, return (w, pooled entry of width `dim`) before norm and RoPE.
 pub fn push_and_pool(
     backend: &dyn Backend,
-    ring: &mut CompressorRing,
+    ring: &mut dyn RingRows,
     ratio: usize,
     dim: usize,
     pos: usize,

@@ -1,25 +1,45 @@
 //! The forward pass (spec §3): a [`Model`] (config, weights, backend, numerics) runs tokens of a
 //! [`SequenceState`] through embedding, mHC-wrapped attention and MoE blocks, and the head.
 //! Prefill of T tokens and T single-token decode steps compute the same function.
+//!
+//! Every step runs through its plan: [`build`] makes the plan of the step (launches on streams
+//! over buffers, `dsv4-plan`), [`prepare`] reserves the pages the step writes, and the executor
+//! ([`run`]) interprets the launches with the backend's ops — eagerly with fresh buffers, or by
+//! replaying a [`captured`] plan whose buffers sit in one verified arena.
 
-mod attention;
-mod compressor;
+pub mod build;
+mod cached;
+pub mod captured;
+pub mod compressor;
+mod dense;
+pub mod exec;
 mod moe;
 mod mtp;
+pub mod op;
 pub mod pages;
+mod prepare;
+pub mod ring;
+mod run;
 pub mod state;
+mod step;
+mod threaded;
 
 use crate::weights::{BlockWeights, HcWeights, ModelWeights, TensorSource};
 use crate::{ModelConfig, ModelError};
+use captured::CaptureCache;
 use dsv4_core::cache::{CacheLayoutError, INDEX_K_PAGE_ENTRIES, IndexKLayout, KvLayout};
 use dsv4_core::{ActQuant, Numerics};
 use dsv4_kernels::rope::Yarn;
 use dsv4_kernels::{Backend, HcParams, Linear, RopeTable};
+pub use exec::{ExecOptions, Executor, Fault, PageWrite, StepReport};
 pub use mtp::MtpState;
+use op::BlockRef;
 use pages::CacheStores;
-use state::LayerState;
+use ring::CompressorRing;
+use state::{LayerState, ring_coff, ring_rows};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 /// Why a forward call was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +76,12 @@ pub enum ForwardError {
     PoolExhausted {
         /// The pool's name.
         pool: String,
+    },
+    /// A plan could not be built, verified or executed.
+    #[error("plan: {message}")]
+    Plan {
+        /// What went wrong and what to do.
+        message: String,
     },
     /// A pooled store was asked for a page it never took (a bug in the page bookkeeping).
     #[error("cache pool `{pool}`: page {index} was asked for but the store holds only {held}")]
@@ -94,6 +120,10 @@ impl<'a> Taps<'a> {
             f(layer, op, values);
         }
     }
+
+    fn active(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 /// The per-request state of one sequence: its position and every layer's caches.
@@ -131,6 +161,10 @@ pub struct Model {
     rope_compress: RopeTable,
     kv_layout: KvLayout,
     ik_layout: IndexKLayout,
+    heap: CacheStores,
+    exec: ExecOptions,
+    captured: CaptureCache,
+    steps: AtomicU64,
 }
 
 impl Model {
@@ -171,7 +205,21 @@ impl Model {
             cfg.index_head_dim,
             INDEX_K_PAGE_ENTRIES,
         )?;
+        let ring = |r: usize, d: usize| CompressorRing::page_bytes(ring_rows(r), ring_coff(r) * d);
+        let heap = CacheStores::heap(
+            kv_layout.page_bytes(),
+            ik_layout.page_bytes(),
+            [
+                ring(4, cfg.head_dim),
+                ring(128, cfg.head_dim),
+                ring(4, cfg.index_head_dim),
+            ],
+        );
         Ok(Self {
+            heap,
+            exec: ExecOptions::default(),
+            captured: Default::default(),
+            steps: AtomicU64::new(0),
             kv_layout,
             ik_layout,
             rope_plain: RopeTable::plain(rd, cfg.rope_theta),
@@ -192,18 +240,21 @@ impl Model {
         self.cfg.rms_norm_eps as f32
     }
 
+    /// Empty caches of a block of `ratio` in the model's own page stores.
     fn layer_state(&self, ratio: usize) -> LayerState {
         let c = &self.cfg;
-        LayerState::new(
+        LayerState::new_in(
             ratio,
             c.head_dim,
             c.sliding_window,
             &self.kv_layout,
             &self.ik_layout,
+            &self.heap,
         )
+        .expect("heap page stores always have a free page")
     }
 
-    /// A fresh sequence at position 0.
+    /// A fresh sequence at position 0, its caches in the model's own growable page stores.
     pub fn new_sequence(&self) -> SequenceState {
         let layers = self
             .weights
@@ -212,6 +263,36 @@ impl Model {
             .map(|b| self.layer_state(b.ratio))
             .collect();
         SequenceState { pos: 0, layers }
+    }
+
+    /// The model's own page stores (where [`Model::new_sequence`] keeps caches).
+    pub fn heap_stores(&self) -> &CacheStores {
+        &self.heap
+    }
+
+    /// The execution options `forward`, `forward_batch` and `mtp_forward` use.
+    pub fn exec(&self) -> &ExecOptions {
+        &self.exec
+    }
+
+    /// Set the execution options (captured plans already built for other options are kept).
+    pub fn set_exec(&mut self, exec: ExecOptions) {
+        self.exec = exec;
+    }
+
+    /// The weights of a block (a main layer, the MTP layer; None: the first layer).
+    pub(crate) fn block_weights(&self, b: Option<BlockRef>) -> Result<&BlockWeights, ForwardError> {
+        let w = match b {
+            Some(BlockRef::Mtp) => self.weights.mtp.first().map(|m| &m.block),
+            Some(BlockRef::Main(i)) => self.weights.layers.get(i),
+            None => self.weights.layers.first(),
+        };
+        w.ok_or_else(|| ForwardError::Plan {
+            message: format!(
+                "{} has no weights; the plan was built for another config",
+                b.map_or("the model".into(), BlockRef::scope)
+            ),
+        })
     }
 
     /// A fresh sequence at position 0 whose caches live in `stores` (an engine's pools); its
@@ -278,41 +359,6 @@ impl Model {
         }
     }
 
-    /// One block over T tokens: X [T, M, D] → X'.
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &self,
-        name: &str,
-        b: &BlockWeights,
-        x: &[f32],
-        tokens: &[u32],
-        rows: &RowMap,
-        states: &mut [&mut LayerState],
-        taps: &mut Taps<'_>,
-    ) -> Result<(Vec<f32>, Option<Selections>), ForwardError> {
-        let (t, m, d) = (tokens.len(), self.cfg.hc_mult, self.cfg.hidden_size);
-        let pre = self.backend.mhc_pre(&self.hc_params(&b.hc_attn), x, t);
-        let mut xn = vec![0f32; t * d];
-        self.backend
-            .rms_norm(&pre.u, Some(&b.attn_norm), d, self.eps(), &mut xn);
-        taps.record(name, "attn_norm", &xn);
-        let att = self.attention(name, &b.attn, b.ratio, &xn, rows, states, taps)?;
-        let mut x1 = vec![0f32; t * m * d];
-        self.backend.mhc_post(x, &att.y, &pre, m, d, &mut x1);
-        taps.record(name, "hc_attn_post", &x1);
-
-        let pre = self.backend.mhc_pre(&self.hc_params(&b.hc_ffn), &x1, t);
-        self.backend
-            .rms_norm(&pre.u, Some(&b.ffn_norm), d, self.eps(), &mut xn);
-        taps.record(name, "ffn_norm", &xn);
-        let y = self.moe(&b.moe, &xn, tokens);
-        taps.record(name, "moe.out", &y);
-        let mut x2 = vec![0f32; t * m * d];
-        self.backend.mhc_post(&x1, &y, &pre, m, d, &mut x2);
-        taps.record(name, "hc_ffn_post", &x2);
-        Ok((x2, att.selected))
-    }
-
     fn check_tokens(&self, st_pos: usize, tokens: &[u32]) -> Result<Vec<usize>, ForwardError> {
         if tokens.is_empty() {
             return Err(ForwardError::Empty);
@@ -333,19 +379,6 @@ impl Model {
             });
         }
         Ok((st_pos..end).collect())
-    }
-
-    /// Logits of merged streams: hc-head merge, final norm, head projection.
-    fn head(&self, hc: &HcWeights, norm: &[f32], x: &[f32], t: usize) -> Vec<f32> {
-        let d = self.cfg.hidden_size;
-        let mut h = vec![0f32; t * d];
-        self.backend.hc_head(&self.hc_params(hc), x, t, &mut h);
-        let mut hn = vec![0f32; t * d];
-        self.backend
-            .rms_norm(&h, Some(norm), d, self.eps(), &mut hn);
-        let mut logits = vec![0f32; t * self.cfg.vocab_size];
-        self.backend.linear(&self.weights.head, &hn, t, &mut logits);
-        logits
     }
 
     /// Run `tokens` (a prefill chunk, or one decode token) through the model, advancing `st`.
@@ -388,65 +421,9 @@ impl Model {
         tokens: &[&[u32]],
         taps: &mut Taps<'_>,
     ) -> Result<Vec<ForwardOutput>, ForwardError> {
-        assert_eq!(seqs.len(), tokens.len(), "one token slice per sequence");
-        let mut rows = RowMap {
-            positions: Vec::new(),
-            seq: Vec::new(),
-        };
-        for (s, (st, toks)) in seqs.iter().zip(tokens).enumerate() {
-            rows.positions.extend(self.check_tokens(st.pos, toks)?);
-            rows.seq.extend(std::iter::repeat_n(s, toks.len()));
-        }
-        let all: Vec<u32> = tokens.concat();
-        let (t, m, d) = (all.len(), self.cfg.hc_mult, self.cfg.hidden_size);
-        let mut x = Vec::with_capacity(t * m * d);
-        for &tok in &all {
-            let row = &self.weights.embed[tok as usize * d..(tok as usize + 1) * d];
-            for _ in 0..m {
-                x.extend_from_slice(row);
-            }
-        }
-        taps.record("", "embed", &x);
-        let mut topk = BTreeMap::new();
-        for (li, b) in self.weights.layers.iter().enumerate() {
-            let name = format!("layers.{li}.");
-            let mut states: Vec<&mut LayerState> =
-                seqs.iter_mut().map(|s| &mut s.layers[li]).collect();
-            let (x2, selected) = self.block(&name, b, &x, &all, &rows, &mut states, taps)?;
-            x = x2;
-            if let Some(sel) = selected {
-                topk.insert(li, sel);
-            }
-        }
-        let logits = self.head(&self.weights.hc_head, &self.weights.norm, &x, t);
-        taps.record("", "logits", &logits);
-        let v = self.cfg.vocab_size;
-        let mut outs = Vec::with_capacity(seqs.len());
-        let mut start = 0;
-        for (st, toks) in seqs.iter_mut().zip(tokens) {
-            let n = toks.len();
-            st.pos += n;
-            outs.push(ForwardOutput {
-                logits: logits[start * v..(start + n) * v].to_vec(),
-                vocab: v,
-                topk: topk
-                    .iter()
-                    .map(|(l, sel)| (*l, sel[start..start + n].to_vec()))
-                    .collect(),
-                residual: x[start * m * d..(start + n) * m * d].to_vec(),
-            });
-            start += n;
-        }
-        Ok(outs)
+        let exec = self.exec.clone();
+        self.forward_step(seqs, tokens, &exec, taps).map(|(o, _)| o)
     }
-}
-
-/// Which sequence and position each row of a batched step belongs to.
-pub(crate) struct RowMap {
-    /// Position of each row.
-    pub positions: Vec<usize>,
-    /// Index of each row's sequence in the batch.
-    pub seq: Vec<usize>,
 }
 
 #[cfg(test)]

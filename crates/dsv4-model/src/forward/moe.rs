@@ -1,7 +1,10 @@
 //! The MoE sublayer (spec §3.6): sqrt-softplus router, hash or biased top-k routing, clamped
-//! SwiGLU experts and the shared expert.
+//! SwiGLU experts and the shared expert; and the plan launches that run them (router, shared
+//! expert, routed experts).
 
-use super::Model;
+use super::op::BlockRef;
+use super::run::Run;
+use super::{ForwardError, Model};
 use crate::weights::{ExpertWeights, MoeWeights, Routing};
 
 /// Per-token expert choice: (expert ids, their weights).
@@ -62,13 +65,12 @@ impl Model {
         self.project(&ew.w2, &h, rows)
     }
 
-    /// The MoE output for T tokens of normalised input `x` [T, D].
-    pub(crate) fn moe(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<f32> {
-        let (t, d) = (tokens.len(), self.cfg.hidden_size);
-        let routes = self.route(w, x, tokens);
-        let mut y = vec![0f32; t * d];
-        // Experts in ascending id order, so each token sums its experts in the same order however
-        // the batch is made up.
+    /// The routed experts' sum for T tokens of normalised input `x` [T, D], experts in
+    /// ascending id order (so each token sums its experts in the same order however the batch
+    /// is made up).
+    fn routed(&self, w: &MoeWeights, x: &[f32], routes: &[Route]) -> Vec<f32> {
+        let d = self.cfg.hidden_size;
+        let mut y = vec![0f32; routes.len() * d];
         for (e, ew) in w.experts.iter().enumerate() {
             let mut rows = Vec::new();
             let mut weights = Vec::new();
@@ -92,10 +94,73 @@ impl Model {
                 }
             }
         }
-        let shared = self.expert(&w.shared, x, &vec![1.0; t]);
-        for (a, b) in y.iter_mut().zip(&shared) {
-            *a += b;
-        }
         y
+    }
+}
+
+impl Run<'_> {
+    fn moe_weights(&self, b: Option<BlockRef>) -> Result<&MoeWeights, ForwardError> {
+        Ok(&self.weights(b)?.moe)
+    }
+
+    /// `[xn, (tokens)] → [routes]`: per row, k expert ids (as bits) then k weights.
+    pub(crate) fn router(
+        &self,
+        b: Option<BlockRef>,
+        xn: &[f32],
+        tokens: Option<&Vec<f32>>,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let w = self.moe_weights(b)?;
+        let t = self.bound.rows;
+        let vocab = self.model.cfg.vocab_size as u32;
+        let ids: Vec<u32> = match tokens {
+            // A corrupted token id is wrapped into the vocabulary (hash routing indexes by it).
+            Some(tok) => tok.iter().map(|v| v.to_bits() % vocab.max(1)).collect(),
+            None => vec![0; t],
+        };
+        let routes = self.model.route(w, xn, &ids);
+        let mut out = Vec::with_capacity(t * 2 * self.model.cfg.num_experts_per_tok);
+        for (idx, wt) in routes {
+            out.extend(idx.iter().map(|&j| f32::from_bits(j as u32)));
+            out.extend(wt);
+        }
+        Ok(out)
+    }
+
+    /// `[xn] → [ys]`: the shared expert with weight 1.
+    pub(crate) fn shared_expert(
+        &self,
+        b: Option<BlockRef>,
+        xn: &[f32],
+    ) -> Result<Vec<f32>, ForwardError> {
+        let w = self.moe_weights(b)?;
+        Ok(self
+            .model
+            .expert(&w.shared, xn, &vec![1.0; self.bound.rows]))
+    }
+
+    /// `[xn, routes] → [yr]`.
+    pub(crate) fn routed_experts(
+        &self,
+        b: Option<BlockRef>,
+        xn: &[f32],
+        routes: &[f32],
+    ) -> Result<Vec<f32>, ForwardError> {
+        let w = self.moe_weights(b)?;
+        let k = self.model.cfg.num_experts_per_tok;
+        let experts = w.experts.len().max(1);
+        let decoded: Vec<Route> = routes
+            .chunks(2 * k)
+            .take(self.bound.rows)
+            .map(|r| {
+                // A corrupted id is wrapped into the experts.
+                let ids = r[..k]
+                    .iter()
+                    .map(|v| v.to_bits() as usize % experts)
+                    .collect();
+                (ids, r[k..].to_vec())
+            })
+            .collect();
+        Ok(self.model.routed(w, xn, &decoded))
     }
 }

@@ -1,11 +1,11 @@
-//! Cache pages that live outside a sequence, in a store an engine owns (its pools): the
-//! [`PageStore`] trait, and [`PooledPages`], a list of page ids with shared ownership (clone
-//! retains, drop releases) and copy-on-write before any page shared with another holder is
-//! written.
+//! Cache pages that live outside a sequence, in a store (an engine's pools, or the model's own
+//! growable [`HeapStore`]s): the [`PageStore`] trait, and [`PooledPages`], a list of page ids
+//! with shared ownership (clone retains, drop releases) and copy-on-write before any page
+//! shared with another holder is written.
 
 use super::ForwardError;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Index of a page inside one [`PageStore`].
 pub type PageId = u32;
@@ -19,6 +19,8 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     fn name(&self) -> &str;
     /// Bytes of every page.
     fn page_bytes(&self) -> usize;
+    /// Page ids the store can name (ids are 0..capacity).
+    fn capacity(&self) -> usize;
     /// A free page with one reference, its bytes zeroed; None when the pool is full.
     fn alloc(&self) -> Option<PageId>;
     /// Add a reference to `page`.
@@ -155,4 +157,145 @@ pub struct CacheStores {
     pub c128_ring: Arc<dyn PageStore>,
     /// Indexer compressor rings of ratio-4 layers (one page per ring).
     pub index_ring: Arc<dyn PageStore>,
+}
+
+/// Pages of a [`HeapStore`].
+#[derive(Debug, Default)]
+struct HeapPages {
+    pages: Vec<Vec<u8>>,
+    refs: Vec<u32>,
+    free: Vec<PageId>,
+}
+
+/// A growable, unbounded page store in host memory: where sequences made with
+/// `Model::new_sequence` keep their caches (an engine uses its fixed pools instead).
+#[derive(Debug)]
+pub struct HeapStore {
+    name: &'static str,
+    page_bytes: usize,
+    inner: Mutex<HeapPages>,
+}
+
+impl HeapStore {
+    /// An empty store of pages of `page_bytes` bytes.
+    pub fn new(name: &'static str, page_bytes: usize) -> Self {
+        Self {
+            name,
+            page_bytes,
+            inner: Mutex::new(HeapPages::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HeapPages> {
+        // Every method completes its bookkeeping before calling out, so a poisoned lock is
+        // still consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PageStore for HeapStore {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn page_bytes(&self) -> usize {
+        self.page_bytes
+    }
+
+    fn capacity(&self) -> usize {
+        self.lock().pages.len()
+    }
+
+    fn alloc(&self) -> Option<PageId> {
+        let mut h = self.lock();
+        let id = match h.free.pop() {
+            Some(id) => {
+                h.pages[id as usize].fill(0);
+                id
+            }
+            None => {
+                let id = PageId::try_from(h.pages.len()).ok()?;
+                h.pages.push(vec![0; self.page_bytes]);
+                h.refs.push(0);
+                id
+            }
+        };
+        h.refs[id as usize] = 1;
+        Some(id)
+    }
+
+    fn retain(&self, page: PageId) {
+        if let Some(r) = self.lock().refs.get_mut(page as usize) {
+            *r += 1;
+        }
+    }
+
+    fn release(&self, page: PageId) {
+        let mut h = self.lock();
+        let freed = match h.refs.get_mut(page as usize) {
+            Some(r) if *r > 0 => {
+                *r -= 1;
+                *r == 0
+            }
+            _ => false,
+        };
+        if freed {
+            h.free.push(page);
+        }
+    }
+
+    fn refs(&self, page: PageId) -> u32 {
+        self.lock().refs.get(page as usize).copied().unwrap_or(0)
+    }
+
+    fn read(&self, page: PageId, f: &mut dyn FnMut(&[u8])) {
+        let h = self.lock();
+        f(h.pages.get(page as usize).map_or(&[][..], Vec::as_slice));
+    }
+
+    fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
+        let mut h = self.lock();
+        match h.pages.get_mut(page as usize) {
+            Some(p) => f(p),
+            None => f(&mut []),
+        }
+    }
+
+    fn copy(&self, from: PageId, to: PageId) {
+        let mut h = self.lock();
+        if (from as usize) < h.pages.len() && (to as usize) < h.pages.len() && from != to {
+            let src = h.pages[from as usize].clone();
+            h.pages[to as usize].copy_from_slice(&src);
+        }
+    }
+}
+
+impl CacheStores {
+    /// Heap stores for every cache kind, with page sizes `[kv, index_k, c4 ring, c128 ring,
+    /// index ring]` bytes, named like an engine's pools.
+    pub fn heap(kv: usize, index_k: usize, rings: [usize; 3]) -> Self {
+        let h = |name, bytes| -> Arc<dyn PageStore> { Arc::new(HeapStore::new(name, bytes)) };
+        Self {
+            swa: h("swa_kv", kv),
+            c4: h("c4_kv", kv),
+            c128: h("c128_kv", kv),
+            index_k: h("c4_index_k", index_k),
+            c4_ring: h("c4_state", rings[0]),
+            c128_ring: h("c128_state", rings[1]),
+            index_ring: h("c4_index_state", rings[2]),
+        }
+    }
+
+    /// Every store, in the engine's pool order.
+    pub fn all(&self) -> [&Arc<dyn PageStore>; 7] {
+        [
+            &self.swa,
+            &self.c4,
+            &self.c128,
+            &self.index_k,
+            &self.c4_ring,
+            &self.c128_ring,
+            &self.index_ring,
+        ]
+    }
 }

@@ -4,13 +4,29 @@
 
 use super::ForwardError;
 use super::pages::{CacheStores, PageStore, PooledPages};
+pub use super::ring::{CompressorRing, ring_read_row, ring_write_row};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_kernels::{Backend, RowFormat};
-use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Entries per page of every KV store (SWA ring, C4 and C128 entries).
 pub const KV_PAGE_ENTRIES: usize = 64;
+
+/// The location word of "no row is written here".
+pub const NO_LOCATION: u32 = u32::MAX;
+
+/// A row location as one 32-bit word (plans carry locations in f32-sized slots).
+fn location(loc: u64, store: &str) -> Result<u32, ForwardError> {
+    u32::try_from(loc)
+        .ok()
+        .filter(|&l| l != NO_LOCATION)
+        .ok_or_else(|| ForwardError::Plan {
+            message: format!(
+                "cache store `{store}` is too large for 32-bit row locations; size the pools \
+                 smaller (cache.max_total_tokens)"
+            ),
+        })
+}
 
 /// Where a store's pages live.
 #[derive(Debug, Clone)]
@@ -104,6 +120,74 @@ impl PagedRows {
         }
     }
 
+    /// Reserve rows `len..len + n` for writing by a plan's store launches: their pages are
+    /// allocated (or copied first when shared) and `len` advances. Returns each row's location,
+    /// `page id × page_entries + slot`, in the store the pages live in.
+    pub fn reserve(&mut self, n: usize) -> Result<Vec<u32>, ForwardError> {
+        let per = self.layout.page_entries() as u64;
+        let mut out = Vec::with_capacity(n);
+        for row in self.len..self.len + n {
+            let (page, slot) = self.place(row);
+            let Pages::Pooled(p) = &mut self.pages else {
+                return Err(ForwardError::Plan {
+                    message: "a cache store owns its pages; plans write rows into page \
+                              stores (make sequences with Model::new_sequence)"
+                        .into(),
+                });
+            };
+            let id = p.writable(page)?;
+            out.push(location(
+                u64::from(id) * per + slot as u64,
+                p.store().name(),
+            )?);
+        }
+        self.len += n;
+        Ok(out)
+    }
+
+    /// The store holding the pages (None when they are owned).
+    pub fn store(&self) -> Option<&Arc<dyn PageStore>> {
+        self.pooled_pages().map(PooledPages::store)
+    }
+
+    /// Dequantize row `row` into `out`, where the row may have been reserved ahead of rows
+    /// still to be written in the same step (no ring-eviction check).
+    pub fn load_row(
+        &self,
+        backend: &dyn Backend,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ForwardError> {
+        let (page, slot) = self.place(row);
+        match &self.pages {
+            Pages::Owned(pages) => backend.cache_load(&self.layout, &pages[page], slot, out)?,
+            Pages::Pooled(p) => {
+                let id = p.readable(page)?;
+                let mut r = Ok(());
+                p.store().read(id, &mut |b| {
+                    r = backend.cache_load(&self.layout, b, slot, out)
+                });
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` dequantized with [`Self::load_row`] into one [n, width] buffer.
+    pub fn load_rows(
+        &self,
+        backend: &dyn Backend,
+        rows: impl Iterator<Item = usize>,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let mut out = Vec::new();
+        let mut buf = vec![0f32; self.width];
+        for r in rows {
+            self.load_row(backend, r, &mut buf)?;
+            out.extend_from_slice(&buf);
+        }
+        Ok(out)
+    }
+
     fn place(&self, row: usize) -> (usize, usize) {
         let r = self.ring_capacity.map_or(row, |c| row % c);
         let per = self.layout.page_entries();
@@ -194,165 +278,6 @@ impl PagedRows {
             out.extend_from_slice(&buf);
         }
         Ok(out)
-    }
-}
-
-/// Where a ring's rows live.
-#[derive(Debug, Clone)]
-enum RingData {
-    /// Owned a and z values, [rows, width] each.
-    Owned { a: Vec<f32>, z: Vec<f32> },
-    /// One page of a store holding rows [a | z] of f32 little-endian (spec §4).
-    Pooled(PooledPages),
-}
-
-/// The unfinished window of a compressor: a ring of f32 rows [a | z] (spec §4), z starting at −∞.
-#[derive(Debug, Clone)]
-pub struct CompressorRing {
-    /// Width of a and of z (coff·d).
-    pub width: usize,
-    /// Rows kept: 2·ratio for ratio 4, ratio for 128.
-    pub rows: usize,
-    data: RingData,
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-impl CompressorRing {
-    /// An empty ring.
-    pub fn new(rows: usize, width: usize) -> Self {
-        Self {
-            width,
-            rows,
-            data: RingData::Owned {
-                a: vec![0.0; rows * width],
-                z: vec![f32::NEG_INFINITY; rows * width],
-            },
-        }
-    }
-
-    /// Bytes of a ring of `rows` rows of [a | z], each `width` f32 values wide.
-    pub fn page_bytes(rows: usize, width: usize) -> usize {
-        rows * 2 * width * 4
-    }
-
-    /// An empty ring in one page of `store` (whose pages must be [`Self::page_bytes`] long).
-    pub fn in_store(
-        rows: usize,
-        width: usize,
-        store: Arc<dyn PageStore>,
-    ) -> Result<Self, ForwardError> {
-        let mut pages = PooledPages::new(store);
-        let id = pages.writable(0)?;
-        let row_bytes = 2 * width * 4;
-        pages.store().write(id, &mut |b| {
-            for row in b.chunks_exact_mut(row_bytes) {
-                let (a, z) = row.split_at_mut(width * 4);
-                a.fill(0);
-                for c in z.chunks_exact_mut(4) {
-                    c.copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
-                }
-            }
-        });
-        Ok(Self {
-            width,
-            rows,
-            data: RingData::Pooled(pages),
-        })
-    }
-
-    /// The page id when the ring lives in a store (None when it is owned).
-    pub fn pooled_pages(&self) -> Option<&PooledPages> {
-        match &self.data {
-            RingData::Owned { .. } => None,
-            RingData::Pooled(p) => Some(p),
-        }
-    }
-
-    /// Pages of the store that the next write would take (1 when the ring's page is shared).
-    pub fn fresh_pages(&self) -> usize {
-        self.pooled_pages()
-            .map_or(0, |p| usize::from(p.needs_fresh(0)))
-    }
-
-    /// Make the ring's page exclusively this ring's (copying it when it is shared), so that
-    /// [`Self::put`] cannot need a page. The forward pass calls it before every write.
-    pub fn make_exclusive(&mut self) -> Result<(), ForwardError> {
-        if let RingData::Pooled(p) = &mut self.data {
-            p.writable(0)?;
-        }
-        Ok(())
-    }
-
-    /// Store token position `pos`'s (a, z) rows.
-    ///
-    /// # Panics
-    /// When the ring lives in a store, shares its page and the store has no free page for the
-    /// copy; call [`Self::make_exclusive`] first (as the forward pass does).
-    pub fn put(&mut self, pos: usize, a: &[f32], z: &[f32]) {
-        let r = pos % self.rows;
-        let w = self.width;
-        match &mut self.data {
-            RingData::Owned { a: ra, z: rz } => {
-                ra[r * w..(r + 1) * w].copy_from_slice(a);
-                rz[r * w..(r + 1) * w].copy_from_slice(z);
-            }
-            RingData::Pooled(p) => {
-                let id = p
-                    .writable(0)
-                    .expect("CompressorRing::make_exclusive is called before put");
-                p.store().write(id, &mut |b| {
-                    let row = &mut b[r * 2 * w * 4..(r + 1) * 2 * w * 4];
-                    for (dst, v) in row.chunks_exact_mut(4).zip(a.iter().chain(z)) {
-                        dst.copy_from_slice(&v.to_le_bytes());
-                    }
-                });
-            }
-        }
-    }
-
-    /// The (a, z) row of position `pos` (which must still be in the ring).
-    pub fn row(&self, pos: usize) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
-        let r = pos % self.rows;
-        let w = self.width;
-        match &self.data {
-            RingData::Owned { a, z } => (
-                Cow::Borrowed(&a[r * w..(r + 1) * w]),
-                Cow::Borrowed(&z[r * w..(r + 1) * w]),
-            ),
-            RingData::Pooled(p) => {
-                let mut row = Vec::new();
-                if let Some(&id) = p.ids().first() {
-                    p.store().read(id, &mut |b| {
-                        row = f32s(&b[r * 2 * w * 4..(r + 1) * 2 * w * 4]);
-                    });
-                }
-                row.resize(2 * w, 0.0);
-                let z = row.split_off(w);
-                (Cow::Owned(row), Cow::Owned(z))
-            }
-        }
-    }
-
-    /// All rows' a and z values, [rows, width] each (slot = position mod rows).
-    pub fn window(&self) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
-        match &self.data {
-            RingData::Owned { a, z } => (Cow::Borrowed(a), Cow::Borrowed(z)),
-            RingData::Pooled(_) => {
-                let (mut a, mut z) = (Vec::new(), Vec::new());
-                for r in 0..self.rows {
-                    let (ra, rz) = self.row(r);
-                    a.extend_from_slice(&ra);
-                    z.extend_from_slice(&rz);
-                }
-                (Cow::Owned(a), Cow::Owned(z))
-            }
-        }
     }
 }
 

@@ -1,0 +1,550 @@
+//! Builders of DSV4 step plans: the launches of one prefill or decode step of a batch, from the
+//! model's config alone (no weights), so `dsv4 plan show` works for any config.json.
+//!
+//! Serial plans put every launch on the main stream. Multi-stream overlap plans follow
+//! SGLang's DeepSeek-V4 attention (`MQALayer._forward_prepare_multi_stream` and the C4
+//! indexer's): after the attention norm the main stream records `fork`; the KV chain, the
+//! compressor and the indexer run on side streams that wait for it; the indexer's query
+//! waits for `q_lora_ready` (recorded after wq_a) and its head weights run on a fourth
+//! stream; the indexer's top-k waits for both (`indexer_q_ready`, `weights_ready`); the
+//! main stream joins all side streams before attention. The shared expert runs on its own
+//! stream after the FFN norm and is joined before the MoE sum. Launches are listed in the
+//! serial order in every mode, so observers see the same tap order.
+
+use super::op::{BlockRef, Chain, Op, OpKind, Sub};
+use crate::ModelConfig;
+use dsv4_plan::{BufferClass, BufferId, EventId, Launch, Plan, PlanBuilder, Slice, StreamId};
+use serde::Serialize;
+
+/// What a step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// Any mix of prompt chunks and decode tokens (attention stores each SWA row itself).
+    Prefill,
+    /// One token per sequence (SWA rows are stored by the KV chain before attention).
+    Decode,
+}
+
+/// The shape of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct PlanSpec {
+    /// Prefill or decode.
+    pub kind: StepKind,
+    /// Rows (tokens) the buffers hold: the batch, or its bucket for captured plans.
+    pub rows: usize,
+    /// KV, compressor, indexer and shared-expert chains on side streams.
+    pub overlap: bool,
+    /// The MTP draft layer instead of the main model.
+    pub mtp: bool,
+}
+
+/// Words per row of a block's location table (SWA; + ring, entry; + indexer ring, entry).
+pub fn loc_width(ratio: usize) -> usize {
+    match ratio {
+        0 => 1,
+        4 => 5,
+        _ => 3,
+    }
+}
+
+/// Nominal size of a pool region in a plan (pools live outside the arena).
+const POOL_REGION: u64 = 1 << 40;
+
+struct Builder<'c> {
+    pb: PlanBuilder<Op>,
+    cfg: &'c ModelConfig,
+    spec: PlanSpec,
+}
+
+/// The side streams of an overlap plan.
+struct Streams {
+    kv: StreamId,
+    comp: StreamId,
+    idx: StreamId,
+    idx_q: StreamId,
+    idx_w: StreamId,
+    shared: StreamId,
+}
+
+const MAIN: StreamId = StreamId(0);
+
+impl Builder<'_> {
+    fn t(&mut self, scope: &str, name: &str, width: usize) -> BufferId {
+        let bytes = (self.spec.rows * width * 4) as u64;
+        self.pb.buffer(BufferClass::Transient, scope, name, bytes)
+    }
+
+    fn all(&self, b: BufferId) -> Slice {
+        self.pb.all(b)
+    }
+
+    fn weight(&mut self, scope: &str, name: &str) -> Slice {
+        let b = self.pb.persistent(BufferClass::Weight, scope, name, 0);
+        self.pb.all(b)
+    }
+
+    fn pool(&mut self, scope: &str, name: &str) -> Slice {
+        let b = self
+            .pb
+            .persistent(BufferClass::Pool, scope, name, POOL_REGION);
+        self.pb.all(b)
+    }
+
+    fn event(&mut self, scope: &str, name: &str) -> Option<EventId> {
+        self.spec
+            .overlap
+            .then(|| self.pb.event(format!("{scope}.{name}")))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        kind: OpKind,
+        block: Option<BlockRef>,
+        stream: StreamId,
+        reads: Vec<Slice>,
+        writes: Vec<Slice>,
+        waits: &[Option<EventId>],
+        records: &[Option<EventId>],
+    ) {
+        let stream = if self.spec.overlap { stream } else { MAIN };
+        self.pb.push(Launch {
+            op: Op { kind, block },
+            scope: block.map_or(String::new(), BlockRef::scope),
+            name: kind.name().to_string(),
+            stream,
+            reads,
+            writes,
+            waits: waits.iter().flatten().copied().collect(),
+            records: records.iter().flatten().copied().collect(),
+        });
+    }
+
+    fn streams(&mut self) -> Streams {
+        if !self.spec.overlap {
+            return Streams {
+                kv: MAIN,
+                comp: MAIN,
+                idx: MAIN,
+                idx_q: MAIN,
+                idx_w: MAIN,
+                shared: MAIN,
+            };
+        }
+        Streams {
+            kv: self.pb.stream("kv"),
+            comp: self.pb.stream("compressor"),
+            idx: self.pb.stream("indexer"),
+            idx_q: self.pb.stream("indexer_q"),
+            idx_w: self.pb.stream("indexer_weights"),
+            shared: self.pb.stream("shared_expert"),
+        }
+    }
+
+    /// The attention half of a block: x → x1.
+    fn attention(&mut self, b: BlockRef, ratio: usize, x: BufferId, st: &Streams) -> BufferId {
+        let c = self.cfg;
+        let s = b.scope();
+        let blk = Some(b);
+        let (d, m, hd) = (c.hidden_size, c.hc_mult, c.head_dim);
+        let loc = self.t(&s, "loc", loc_width(ratio));
+        let sl = self.all(loc);
+        self.launch(OpKind::Locate, blk, MAIN, vec![], vec![sl], &[], &[]);
+        let (u, post, comb) = (
+            self.t(&s, "u", d),
+            self.t(&s, "post", m),
+            self.t(&s, "comb", m * m),
+        );
+        let w = self.weight(&s, "hc_attn");
+        let (sx, su, sp, sc) = (self.all(x), self.all(u), self.all(post), self.all(comb));
+        self.launch(
+            OpKind::HcPre(Sub::Attn),
+            blk,
+            MAIN,
+            vec![sx, w],
+            vec![su, sp, sc],
+            &[],
+            &[],
+        );
+        let xn = self.t(&s, "xn", d);
+        let fork = self.event(&s, "fork");
+        let (w, sxn) = (self.weight(&s, "attn_norm"), self.all(xn));
+        self.launch(
+            OpKind::Norm(Sub::Attn),
+            blk,
+            MAIN,
+            vec![su, w],
+            vec![sxn],
+            &[],
+            &[fork],
+        );
+
+        let cq = self.t(&s, "cq", c.q_lora_rank);
+        let q_ready = if ratio == 4 {
+            self.event(&s, "q_lora_ready")
+        } else {
+            None
+        };
+        let (w, scq) = (self.weight(&s, "attn.wq_a"), self.all(cq));
+        self.launch(
+            OpKind::QA,
+            blk,
+            MAIN,
+            vec![sxn, w],
+            vec![scq],
+            &[],
+            &[q_ready],
+        );
+        let q = self.t(&s, "q", c.num_attention_heads * hd);
+        let (w, sq) = (self.weight(&s, "attn.wq_b"), self.all(q));
+        self.launch(OpKind::QB, blk, MAIN, vec![scq, w], vec![sq], &[], &[]);
+
+        let kv = self.t(&s, "kv", hd);
+        let kv_done = self.event(&s, "kv_done");
+        let decode = self.spec.kind == StepKind::Decode;
+        let (w, skv) = (self.weight(&s, "attn.wkv"), self.all(kv));
+        let kv_rec = if decode { None } else { kv_done };
+        self.launch(
+            OpKind::Kv,
+            blk,
+            st.kv,
+            vec![sxn, w],
+            vec![skv],
+            &[fork],
+            &[kv_rec],
+        );
+        let swa = self.pool(&s, "swa_kv");
+        if decode {
+            let r = vec![skv, sl];
+            self.launch(OpKind::SwaStore, blk, st.kv, r, vec![swa], &[], &[kv_done]);
+        }
+        let mut join = vec![kv_done];
+        let mut att_reads = vec![sq];
+        let mut att_writes = Vec::new();
+        let mut pool_reads = vec![swa];
+        if !decode {
+            att_reads.extend([skv, sl]);
+            att_writes.push(swa);
+        }
+        if ratio > 0 {
+            let width = if ratio == 4 { 2 * hd } else { hd };
+            let (a, z) = (self.t(&s, "a", width), self.t(&s, "z", width));
+            let (sa, sz) = (self.all(a), self.all(z));
+            let (wk, wg) = (
+                self.weight(&s, "attn.compressor.wkv"),
+                self.weight(&s, "attn.compressor.wgate"),
+            );
+            let ci = OpKind::CompressorIn(Chain::Attn);
+            self.launch(
+                ci,
+                blk,
+                st.comp,
+                vec![sxn, wk, wg],
+                vec![sa, sz],
+                &[fork],
+                &[],
+            );
+            let done = self.event(&s, "compressor_done");
+            let (ring, kvp) = if ratio == 4 {
+                ("c4_state", "c4_kv")
+            } else {
+                ("c128_state", "c128_kv")
+            };
+            let (pr, pk) = (self.pool(&s, ring), self.pool(&s, kvp));
+            let cp = OpKind::Compress(Chain::Attn);
+            self.launch(
+                cp,
+                blk,
+                st.comp,
+                vec![sa, sz, sl, pr],
+                vec![pr, pk],
+                &[],
+                &[done],
+            );
+            join.push(done);
+            pool_reads.push(pk);
+        }
+        if ratio == 4 {
+            let id = c.index_head_dim;
+            let (a, z) = (self.t(&s, "ia", 2 * id), self.t(&s, "iz", 2 * id));
+            let (sa, sz) = (self.all(a), self.all(z));
+            let (wk, wg) = (
+                self.weight(&s, "attn.indexer.compressor.wkv"),
+                self.weight(&s, "attn.indexer.compressor.wgate"),
+            );
+            let ci = OpKind::CompressorIn(Chain::Indexer);
+            self.launch(
+                ci,
+                blk,
+                st.idx,
+                vec![sxn, wk, wg],
+                vec![sa, sz],
+                &[fork],
+                &[],
+            );
+            let (pr, pk) = (self.pool(&s, "c4_index_state"), self.pool(&s, "c4_index_k"));
+            let cp = OpKind::Compress(Chain::Indexer);
+            self.launch(
+                cp,
+                blk,
+                st.idx,
+                vec![sa, sz, sl, pr],
+                vec![pr, pk],
+                &[],
+                &[],
+            );
+            let qi = self.t(&s, "qi", c.index_n_heads * id);
+            let (iq_ready, w_ready) = (
+                self.event(&s, "indexer_q_ready"),
+                self.event(&s, "weights_ready"),
+            );
+            let (w, sqi) = (self.weight(&s, "attn.indexer.wq_b"), self.all(qi));
+            let waits = [fork, q_ready];
+            self.launch(
+                OpKind::IndexerQ,
+                blk,
+                st.idx_q,
+                vec![scq, w],
+                vec![sqi],
+                &waits,
+                &[iq_ready],
+            );
+            let hw = self.t(&s, "hw", c.index_n_heads);
+            let (w, shw) = (self.weight(&s, "attn.indexer.weights_proj"), self.all(hw));
+            let wr = OpKind::IndexerWeights;
+            self.launch(
+                wr,
+                blk,
+                st.idx_w,
+                vec![sxn, w],
+                vec![shw],
+                &[fork],
+                &[w_ready],
+            );
+            let topk = self.t(&s, "topk", c.index_topk);
+            let done = self.event(&s, "indexer_done");
+            let stk = self.all(topk);
+            let tk = OpKind::IndexerTopk;
+            let waits = [iq_ready, w_ready];
+            self.launch(
+                tk,
+                blk,
+                st.idx,
+                vec![sqi, shw, pk],
+                vec![stk],
+                &waits,
+                &[done],
+            );
+            join.push(done);
+            att_reads.push(stk);
+        }
+        let o = self.t(&s, "o", c.num_attention_heads * hd);
+        let so = self.all(o);
+        att_reads.extend(pool_reads);
+        att_writes.insert(0, so);
+        let w = self.weight(&s, "attn.attn_sink");
+        att_reads.push(w);
+        let att = OpKind::Attention { stores: !decode };
+        self.launch(att, blk, MAIN, att_reads, att_writes, &join, &[]);
+        let ou = self.t(&s, "ou", c.o_groups * c.o_lora_rank);
+        let (w, sou) = (self.weight(&s, "attn.wo_a"), self.all(ou));
+        self.launch(OpKind::OutA, blk, MAIN, vec![so, w], vec![sou], &[], &[]);
+        let y = self.t(&s, "y", d);
+        let (w, sy) = (self.weight(&s, "attn.wo_b"), self.all(y));
+        self.launch(OpKind::OutB, blk, MAIN, vec![sou, w], vec![sy], &[], &[]);
+        let x1 = self.t(&s, "x1", m * d);
+        let sx1 = self.all(x1);
+        self.launch(
+            OpKind::HcPost(Sub::Attn),
+            blk,
+            MAIN,
+            vec![sx, sy, sp, sc],
+            vec![sx1],
+            &[],
+            &[],
+        );
+        x1
+    }
+
+    /// The MoE half of a block: x1 → x2.
+    fn moe(
+        &mut self,
+        b: BlockRef,
+        hash: bool,
+        x1: BufferId,
+        tokens: BufferId,
+        st: &Streams,
+    ) -> BufferId {
+        let c = self.cfg;
+        let s = b.scope();
+        let blk = Some(b);
+        let (d, m) = (c.hidden_size, c.hc_mult);
+        let (u, post, comb) = (
+            self.t(&s, "u2", d),
+            self.t(&s, "post2", m),
+            self.t(&s, "comb2", m * m),
+        );
+        let w = self.weight(&s, "hc_ffn");
+        let (sx1, su, sp, sc) = (self.all(x1), self.all(u), self.all(post), self.all(comb));
+        self.launch(
+            OpKind::HcPre(Sub::Ffn),
+            blk,
+            MAIN,
+            vec![sx1, w],
+            vec![su, sp, sc],
+            &[],
+            &[],
+        );
+        let xn = self.t(&s, "xn2", d);
+        let fork = self.event(&s, "ffn_fork");
+        let (w, sxn) = (self.weight(&s, "ffn_norm"), self.all(xn));
+        self.launch(
+            OpKind::Norm(Sub::Ffn),
+            blk,
+            MAIN,
+            vec![su, w],
+            vec![sxn],
+            &[],
+            &[fork],
+        );
+        let k = c.num_experts_per_tok;
+        let routes = self.t(&s, "routes", 2 * k);
+        let mut reads = vec![sxn];
+        if hash {
+            reads.push(self.all(tokens));
+        }
+        reads.push(self.weight(&s, "ffn.gate"));
+        let sr = self.all(routes);
+        self.launch(OpKind::Router, blk, MAIN, reads, vec![sr], &[], &[]);
+        let ys = self.t(&s, "ys", d);
+        let done = self.event(&s, "shared_done");
+        let (w, sys) = (self.weight(&s, "ffn.shared_experts"), self.all(ys));
+        self.launch(
+            OpKind::SharedExpert,
+            blk,
+            st.shared,
+            vec![sxn, w],
+            vec![sys],
+            &[fork],
+            &[done],
+        );
+        let yr = self.t(&s, "yr", d);
+        let (w, syr) = (self.weight(&s, "ffn.experts"), self.all(yr));
+        self.launch(
+            OpKind::RoutedExperts,
+            blk,
+            MAIN,
+            vec![sxn, sr, w],
+            vec![syr],
+            &[],
+            &[],
+        );
+        let y = self.t(&s, "y2", d);
+        let sy = self.all(y);
+        self.launch(
+            OpKind::MoeSum,
+            blk,
+            MAIN,
+            vec![syr, sys],
+            vec![sy],
+            &[done],
+            &[],
+        );
+        let x2 = self.t(&s, "x2", m * d);
+        let sx2 = self.all(x2);
+        self.launch(
+            OpKind::HcPost(Sub::Ffn),
+            blk,
+            MAIN,
+            vec![sx1, sy, sp, sc],
+            vec![sx2],
+            &[],
+            &[],
+        );
+        x2
+    }
+
+    fn head(&mut self, blk: Option<BlockRef>, x: BufferId) {
+        let c = self.cfg;
+        let s = blk.map_or(String::new(), BlockRef::scope);
+        let d = c.hidden_size;
+        let (h, hn, logits) = (
+            self.t(&s, "h", d),
+            self.t(&s, "hn", d),
+            self.t(&s, "logits", c.vocab_size),
+        );
+        let (sx, sh, shn, sl) = (self.all(x), self.all(h), self.all(hn), self.all(logits));
+        let w = self.weight(&s, "hc_head");
+        self.launch(OpKind::HcHead, blk, MAIN, vec![sx, w], vec![sh], &[], &[]);
+        let w = self.weight(&s, "norm");
+        self.launch(
+            OpKind::FinalNorm,
+            blk,
+            MAIN,
+            vec![sh, w],
+            vec![shn],
+            &[],
+            &[],
+        );
+        let w = self.weight("", "head");
+        self.launch(OpKind::Logits, blk, MAIN, vec![shn, w], vec![sl], &[], &[]);
+        self.pb.host_read(logits);
+    }
+}
+
+/// The plan of one step of `spec` for a model of config `cfg`, with fresh (eager) buffers.
+pub fn build_plan(cfg: &ModelConfig, spec: PlanSpec) -> Plan<Op> {
+    let mut b = Builder {
+        pb: PlanBuilder::new(),
+        cfg,
+        spec,
+    };
+    let st = b.streams();
+    let (m, d) = (cfg.hc_mult, cfg.hidden_size);
+    let tokens = b.t("", "tokens", 1);
+    let stok = b.all(tokens);
+    let x0 = b.t("", "x", m * d);
+    let sx0 = b.all(x0);
+    if spec.mtp {
+        let resid = b.t("", "residual_in", m * d);
+        let sr = b.all(resid);
+        b.launch(OpKind::Upload, None, MAIN, vec![], vec![stok, sr], &[], &[]);
+        let mtp = Some(BlockRef::Mtp);
+        let (we, wh) = (b.weight("mtp.0", "e_proj"), b.weight("mtp.0", "h_proj"));
+        b.launch(
+            OpKind::MtpInput,
+            mtp,
+            MAIN,
+            vec![stok, sr, we, wh],
+            vec![sx0],
+            &[],
+            &[],
+        );
+        let ratio = cfg.compress_ratio(cfg.num_hidden_layers);
+        let x1 = b.attention(BlockRef::Mtp, ratio, x0, &st);
+        let x2 = b.moe(BlockRef::Mtp, false, x1, tokens, &st);
+        b.head(mtp, x2);
+        return b.pb.finish();
+    }
+    b.launch(OpKind::Upload, None, MAIN, vec![], vec![stok], &[], &[]);
+    let w = b.weight("", "embed");
+    b.launch(
+        OpKind::Embed,
+        None,
+        MAIN,
+        vec![stok, w],
+        vec![sx0],
+        &[],
+        &[],
+    );
+    let mut x = x0;
+    for i in 0..cfg.num_hidden_layers {
+        let blk = BlockRef::Main(i);
+        let x1 = b.attention(blk, cfg.compress_ratio(i), x, &st);
+        x = b.moe(blk, cfg.is_hash_layer(i), x1, tokens, &st);
+    }
+    b.pb.host_read(x);
+    b.head(None, x);
+    b.pb.finish()
+}

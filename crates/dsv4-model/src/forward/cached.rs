@@ -1,0 +1,260 @@
+//! Launches that touch the cache pools: SWA stores, the compressors (ring rows and finished
+//! entries), the indexer's top-k over index-K rows, and sparse attention.
+//!
+//! Writes go to the locations in the block's `loc` buffer (page id × entries + slot), as a
+//! device kernel writes where its location tensor points. A location that does not name a
+//! page of the store (only a corrupted `loc` buffer has one) is wrapped into the store, so the
+//! damage stays inside the pool where the canary can see it. Reads follow each sequence's own
+//! page tables; an indexer selection beyond the valid entries (again only from corrupted
+//! buffers) is wrapped into them.
+
+use super::ForwardError;
+use super::build::loc_width;
+use super::compressor::{PhysicalRing, push_and_pool};
+use super::dense::no_weights;
+use super::op::{BlockRef, Chain};
+use super::pages::PageStore;
+use super::run::{BoundBlock, Run};
+use super::state::{CompressorState, NO_LOCATION};
+use dsv4_kernels::{Backend, RowFormat};
+
+type Res = Result<Vec<f32>, ForwardError>;
+
+/// Quantize `values` into the row at location `loc` of `store` (nothing for [`NO_LOCATION`]).
+fn store_row(
+    be: &dyn Backend,
+    store: &dyn PageStore,
+    fmt: &RowFormat,
+    loc: u32,
+    values: &[f32],
+) -> Result<(), ForwardError> {
+    if loc == NO_LOCATION {
+        return Ok(());
+    }
+    let per = fmt.page_entries();
+    let cap = store.capacity().max(1);
+    let page = ((loc as usize / per) % cap) as u32;
+    let mut r = Ok(());
+    store.write(page, &mut |b| {
+        r = be.cache_store(fmt, b, loc as usize % per, values)
+    });
+    Ok(r?)
+}
+
+fn missing(what: &str) -> ForwardError {
+    ForwardError::Plan {
+        message: format!("a sequence of the step has no {what} in its page stores"),
+    }
+}
+
+impl Run<'_> {
+    fn row_state<'s>(&self, bb: &'s BoundBlock<'_>, i: usize) -> &'s super::state::LayerState {
+        bb.states[self.bound.row_seq[i]]
+    }
+
+    /// `[kv, loc] → []`: each row's SWA entry into its location.
+    pub(crate) fn swa_store(
+        &self,
+        b: Option<BlockRef>,
+        kv: &[f32],
+        loc: &[f32],
+    ) -> Result<(), ForwardError> {
+        let bb = self.bound_block(b)?;
+        let ratio = self.weights(b)?.ratio;
+        let (hd, w) = (self.model.cfg.head_dim, loc_width(ratio));
+        let be = self.model.backend.as_ref();
+        for i in 0..self.bound.rows {
+            let swa = &self.row_state(bb, i).swa;
+            let store = swa.store().ok_or_else(|| missing("SWA store"))?;
+            let l = loc[i * w].to_bits();
+            store_row(
+                be,
+                store.as_ref(),
+                swa.layout(),
+                l,
+                &kv[i * hd..(i + 1) * hd],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `[a, z, loc] → []`: push each row into its ring; when a window completes, normalise,
+    /// rotate (Hadamard for the indexer) and store the entry.
+    pub(crate) fn compress(
+        &self,
+        b: Option<BlockRef>,
+        chain: Chain,
+        a: &[f32],
+        z: &[f32],
+        loc: &[f32],
+    ) -> Result<(), ForwardError> {
+        let bw = self.weights(b)?;
+        let cw = match chain {
+            Chain::Attn => bw.attn.compressor.as_ref(),
+            Chain::Indexer => bw.attn.indexer.as_ref().map(|i| &i.compressor),
+        }
+        .ok_or_else(|| no_weights(b, "compressor"))?;
+        let bb = self.bound_block(b)?;
+        let (w, col) = (
+            loc_width(bw.ratio),
+            if chain == Chain::Attn { 1 } else { 3 },
+        );
+        let width = cw.coff * cw.dim;
+        let m = self.model;
+        let be = m.backend.as_ref();
+        for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
+            let st = self.row_state(bb, i);
+            let cs: &CompressorState = match chain {
+                Chain::Attn => st.compressor.as_ref(),
+                Chain::Indexer => st.indexer.as_ref(),
+            }
+            .ok_or_else(|| missing("compressor state"))?;
+            let ring_store = cs
+                .ring
+                .pooled_pages()
+                .ok_or_else(|| missing("ring page"))?
+                .store();
+            let ring_page = loc[i * w + col].to_bits() % ring_store.capacity().max(1) as u32;
+            let mut ring = PhysicalRing {
+                store: ring_store.as_ref(),
+                page: ring_page,
+                rows: cs.ring.rows,
+                width: cs.ring.width,
+            };
+            let span = i * width..(i + 1) * width;
+            let pooled = push_and_pool(
+                be,
+                &mut ring,
+                cw.ratio,
+                cw.dim,
+                p,
+                &a[span.clone()],
+                &z[span],
+            );
+            if let Some((win, raw)) = pooled {
+                let mut c = vec![0f32; cw.dim];
+                be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
+                be.rope(&mut c, cw.dim, &[cw.ratio * win], &m.rope_compress, false);
+                if chain == Chain::Indexer {
+                    be.hadamard(&mut c, cw.dim);
+                }
+                let store = cs.entries.store().ok_or_else(|| missing("entry store"))?;
+                let l = loc[i * w + col + 1].to_bits();
+                store_row(be, store.as_ref(), cs.entries.layout(), l, &c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `[qi, hw] → [topk]`: for each row, scores of its sequence's index-K rows 0..⌊(p+1)/4⌋
+    /// and the ids of the top index_topk (padded with [`NO_LOCATION`]).
+    pub(crate) fn indexer_topk(&self, b: Option<BlockRef>, qi: &[f32], hw: &[f32]) -> Res {
+        let bb = self.bound_block(b)?;
+        let cfg = &self.model.cfg;
+        let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
+        let be = self.model.backend.as_ref();
+        let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
+        for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
+            let is = self.row_state(bb, i).indexer.as_ref();
+            let is = is.ok_or_else(|| missing("indexer state"))?;
+            let n = (p + 1) / 4;
+            let keys = is.entries.load_rows(be, 0..n)?;
+            let mut scores = vec![0f32; n];
+            be.indexer_scores(
+                &qi[i * inh * id..(i + 1) * inh * id],
+                &hw[i * inh..(i + 1) * inh],
+                id,
+                &keys,
+                &mut scores,
+            );
+            for (slot, j) in out[i * k..(i + 1) * k].iter_mut().zip(be.topk(&scores, k)) {
+                *slot = f32::from_bits(j as u32);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `[q, (kv, loc), (topk)] → [o]`: per row, (store its SWA entry,) gather the window and
+    /// the compressed entries, attend; then inverse RoPE.
+    pub(crate) fn attention(&self, b: Option<BlockRef>, stores: bool, ins: &[Vec<f32>]) -> Res {
+        let bw = self.weights(b)?;
+        let bb = self.bound_block(b)?;
+        let cfg = &self.model.cfg;
+        let (h, hd, window, k) = (
+            cfg.num_attention_heads,
+            cfg.head_dim,
+            cfg.sliding_window,
+            cfg.index_topk,
+        );
+        let ratio = bw.ratio;
+        let q = &ins[0];
+        let (kv, loc) = if stores {
+            (Some(&ins[1]), Some(&ins[2]))
+        } else {
+            (None, None)
+        };
+        let topk = (ratio == 4).then(|| &ins[if stores { 3 } else { 1 }]);
+        let lw = loc_width(ratio);
+        let be = self.model.backend.as_ref();
+        let t = self.bound.rows;
+        let mut o = vec![0f32; t * h * hd];
+        let mut selected = Vec::new();
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (i, &p) in self.bound.positions[..t].iter().enumerate() {
+            let st = self.row_state(bb, i);
+            if let (Some(kv), Some(loc)) = (kv, loc) {
+                let store = st.swa.store().ok_or_else(|| missing("SWA store"))?;
+                let l = loc[i * lw].to_bits();
+                store_row(
+                    be,
+                    store.as_ref(),
+                    st.swa.layout(),
+                    l,
+                    &kv[i * hd..(i + 1) * hd],
+                )?;
+            }
+            let mut keys = st.swa.load_rows(be, (p + 1).saturating_sub(window)..=p)?;
+            if let Some(cs) = st.compressor.as_ref() {
+                let n = (p + 1) / ratio;
+                if let Some(topk) = topk {
+                    let chosen: Vec<usize> = topk[i * k..(i + 1) * k]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .take_while(|&j| j != NO_LOCATION)
+                        .map(|j| j as usize % n.max(1))
+                        .collect();
+                    keys.extend(cs.entries.load_rows(be, chosen.iter().copied())?);
+                    selected.push(chosen.iter().map(|&j| j as u32).collect());
+                } else {
+                    keys.extend(cs.entries.load_rows(be, 0..n)?);
+                }
+            }
+            be.sparse_attention(
+                &q[i * h * hd..(i + 1) * h * hd],
+                hd,
+                &keys,
+                &bw.attn.sink,
+                scale,
+                &mut o[i * h * hd..(i + 1) * h * hd],
+            );
+        }
+        let hp: Vec<usize> = self.bound.positions[..t]
+            .iter()
+            .flat_map(|&p| std::iter::repeat_n(p, h))
+            .collect();
+        let rope = if ratio == 0 {
+            &self.model.rope_plain
+        } else {
+            &self.model.rope_compress
+        };
+        be.rope(&mut o, hd, &hp, rope, true);
+        if let (Some(BlockRef::Main(layer)), true) = (b, ratio == 4) {
+            self.out
+                .selected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(layer, selected);
+        }
+        Ok(o)
+    }
+}

@@ -1,0 +1,111 @@
+//! Captured plans: one decode plan per batch-size bucket (up to `exec.cuda_graph_max_bs`),
+//! built once, its transient buffers placed in one arena by the liveness allocator and
+//! checked by the verifier when it is built, then replayed with only the inputs changing.
+//! The arena persists between replays, as a CUDA graph's memory pool does.
+
+use super::build::{PlanSpec, StepKind, build_plan};
+use super::exec::{ExecOptions, Fault};
+use super::op::Op;
+use super::{ForwardError, Model};
+use dsv4_plan::{Lifetimes, Placement, Plan, Verdict, place, render, verify};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What identifies a captured plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct CaptureKey {
+    /// Rows (the bucket).
+    pub bucket: usize,
+    /// Side streams.
+    pub overlap: bool,
+    /// How the arena computed lifetimes.
+    pub lifetimes: Lifetimes,
+}
+
+/// A captured plan with its arena.
+pub struct Captured {
+    /// The plan (arena placement).
+    pub plan: Plan<Op>,
+    /// The verifier's verdict at capture.
+    pub verdict: Verdict,
+    /// The arena (f32 words).
+    pub(crate) arena: Mutex<Vec<f32>>,
+    /// Held for the whole of a replay (one replay of an arena at a time).
+    pub(crate) replay: Mutex<()>,
+}
+
+/// The captured plans of one model.
+pub(crate) type CaptureCache = Mutex<HashMap<CaptureKey, Arc<Captured>>>;
+
+/// The arena placement of a plan under `exec` (stream-aware unless the arena fault is on).
+pub fn lifetimes_for(exec: &ExecOptions) -> Lifetimes {
+    if exec.has(Fault::ArenaIgnoresStreams) {
+        Lifetimes::IgnoreStreams
+    } else {
+        Lifetimes::StreamAware
+    }
+}
+
+/// Build, place and verify a captured decode plan of `bucket` rows.
+pub fn capture(
+    model_cfg: &crate::ModelConfig,
+    bucket: usize,
+    exec: &ExecOptions,
+) -> Result<Captured, ForwardError> {
+    let spec = PlanSpec {
+        kind: StepKind::Decode,
+        rows: bucket,
+        overlap: exec.overlap,
+        mtp: false,
+    };
+    let plan = place(build_plan(model_cfg, spec), lifetimes_for(exec)).map_err(|e| {
+        ForwardError::Plan {
+            message: e.to_string(),
+        }
+    })?;
+    let verdict = verify(&plan).map_err(|e| ForwardError::Plan {
+        message: e.to_string(),
+    })?;
+    let words = match &plan.placement {
+        Placement::Arena { bytes, .. } => *bytes as usize / 4,
+        Placement::Fresh => 0,
+    };
+    if let Some(f) = verdict.findings.first() {
+        tracing::error!(
+            bucket,
+            findings = verdict.findings.len(),
+            first = %render::finding(f),
+            "captured plan fails verification"
+        );
+    } else {
+        tracing::info!(bucket, arena_bytes = words * 4, "captured plan verified");
+    }
+    Ok(Captured {
+        plan,
+        verdict,
+        arena: Mutex::new(vec![0f32; words]),
+        replay: Mutex::new(()),
+    })
+}
+
+impl Model {
+    /// The captured decode plan for `bucket` rows under `exec`, capturing it on first use.
+    pub fn captured_plan(
+        &self,
+        bucket: usize,
+        exec: &ExecOptions,
+    ) -> Result<Arc<Captured>, ForwardError> {
+        let key = CaptureKey {
+            bucket,
+            overlap: exec.overlap,
+            lifetimes: lifetimes_for(exec),
+        };
+        let mut cache = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        let c = Arc::new(capture(&self.cfg, bucket, exec)?);
+        cache.insert(key, Arc::clone(&c));
+        Ok(c)
+    }
+}

@@ -1,0 +1,286 @@
+//! The plan executor: runs a [`Plan`]'s launches with the backend's op set, reading each
+//! launch's transient operands from, and writing its results to, the plan's memory — fresh
+//! buffers (eager: each allocated at its first write, dropped after its last use) or one
+//! arena at the plan's fixed offsets (captured). Launches run one at a time in an order
+//! ([`dsv4_plan::serial`] or a seeded [`dsv4_plan::interleaved`] order), or on one thread per
+//! stream ([`super::threaded`]).
+
+use super::op::{BlockRef, Op, OpKind};
+use super::state::LayerState;
+use super::{ForwardError, Model};
+use crate::weights::BlockWeights;
+use dsv4_plan::{BufferClass, Plan, Slice};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// One block's binding: its layer state per sequence and its write locations.
+pub(crate) struct BoundBlock<'a> {
+    /// Layer state of each sequence of the step (read-only while launches run).
+    pub states: Vec<&'a LayerState>,
+    /// `[rows × loc_width]` write locations.
+    pub loc: Vec<u32>,
+}
+
+/// A step's inputs bound to a plan: what changes between replays of the same plan.
+pub(crate) struct Bound<'a> {
+    /// Rows computed (≤ the plan's rows).
+    pub rows: usize,
+    /// Token of each row.
+    pub tokens: &'a [u32],
+    /// Position of each row.
+    pub positions: &'a [usize],
+    /// Sequence (index into each block's `states`) of each row.
+    pub row_seq: &'a [usize],
+    /// Per block of the plan (main layers in order, or the MTP block).
+    pub blocks: Vec<BoundBlock<'a>>,
+    /// The main model's final residual (MTP plans).
+    pub residual_in: Option<&'a [f32]>,
+}
+
+/// Where a plan's transient buffers live during one execution.
+pub(crate) enum Memory<'m> {
+    /// One allocation per buffer; `left` counts the launches still to touch each.
+    Fresh {
+        bufs: Vec<Mutex<Option<Vec<f32>>>>,
+        left: Vec<Mutex<usize>>,
+    },
+    /// A captured plan's arena (word offsets from the plan's byte offsets).
+    Arena(&'m Mutex<Vec<f32>>),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Launches complete their own writes before releasing; a panic elsewhere leaves data that
+    // is no less consistent than the step, which is abandoned anyway.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<'m> Memory<'m> {
+    /// Fresh buffers for `plan`.
+    pub fn fresh(plan: &Plan<Op>) -> Self {
+        let mut left = vec![0usize; plan.buffers.len()];
+        for l in &plan.launches {
+            let mut seen: Vec<u32> = l
+                .reads
+                .iter()
+                .chain(&l.writes)
+                .map(|s| s.buffer.0)
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            seen.into_iter().for_each(|b| left[b as usize] += 1);
+        }
+        Memory::Fresh {
+            bufs: plan.buffers.iter().map(|_| Mutex::new(None)).collect(),
+            left: left.into_iter().map(Mutex::new).collect(),
+        }
+    }
+}
+
+/// Per-step results gathered while launches run.
+#[derive(Default)]
+pub(crate) struct Gathered {
+    /// Selected compressed entries per ratio-4 main layer, per row.
+    pub selected: Mutex<BTreeMap<usize, Vec<Vec<u32>>>>,
+    /// Tap values per launch (when taps are on).
+    pub taps: Option<Mutex<Vec<Option<Vec<f32>>>>>,
+}
+
+/// One execution of a plan.
+pub(crate) struct Run<'a> {
+    pub model: &'a Model,
+    pub plan: &'a Plan<Op>,
+    pub bound: &'a Bound<'a>,
+    pub mem: Memory<'a>,
+    pub out: Gathered,
+}
+
+impl Run<'_> {
+    fn words_per_row(&self, s: &Slice) -> usize {
+        let rows = self.plan_rows();
+        (self.plan.buffer(s.buffer).bytes as usize / 4) / rows.max(1)
+    }
+
+    /// Rows of the plan's buffers.
+    pub fn plan_rows(&self) -> usize {
+        self.plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "tokens" && b.scope.is_empty())
+            .map_or(1, |b| b.bytes as usize / 4)
+    }
+
+    fn read(&self, s: &Slice) -> Result<Vec<f32>, ForwardError> {
+        let n = self.words_per_row(s) * self.bound.rows;
+        match &self.mem {
+            Memory::Fresh { bufs, .. } => lock(&bufs[s.buffer.0 as usize])
+                .as_ref()
+                .map(|v| v[..n].to_vec())
+                .ok_or_else(|| ForwardError::Plan {
+                    message: format!(
+                        "buffer `{}` was read before any launch wrote it",
+                        self.plan.buffer(s.buffer).label()
+                    ),
+                }),
+            Memory::Arena(arena) => {
+                let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
+                Ok(lock(arena)[off..off + n].to_vec())
+            }
+        }
+    }
+
+    fn write(&self, s: &Slice, values: &[f32]) {
+        match &self.mem {
+            Memory::Fresh { bufs, .. } => {
+                let len = self.plan.buffer(s.buffer).bytes as usize / 4;
+                let mut b = lock(&bufs[s.buffer.0 as usize]);
+                let buf = b.get_or_insert_with(|| vec![0f32; len]);
+                buf[..values.len()].copy_from_slice(values);
+            }
+            Memory::Arena(arena) => {
+                let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
+                lock(arena)[off..off + values.len()].copy_from_slice(values);
+            }
+        }
+    }
+
+    /// Drop fresh buffers no later launch touches (host-read buffers stay).
+    fn release(&self, i: usize) {
+        let Memory::Fresh { bufs, left } = &self.mem else {
+            return;
+        };
+        let l = &self.plan.launches[i];
+        let mut seen: Vec<u32> = l
+            .reads
+            .iter()
+            .chain(&l.writes)
+            .map(|s| s.buffer.0)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for b in seen {
+            let mut n = lock(&left[b as usize]);
+            *n = n.saturating_sub(1);
+            if *n == 0 && !self.plan.buffers[b as usize].host_read {
+                *lock(&bufs[b as usize]) = None;
+            }
+        }
+    }
+
+    /// A host-read buffer's live rows after the step.
+    pub fn result(&self, name: &str, scope: &str) -> Result<Vec<f32>, ForwardError> {
+        let id = self
+            .plan
+            .buffers
+            .iter()
+            .position(|b| b.name == name && b.scope == scope)
+            .ok_or_else(|| ForwardError::Plan {
+                message: format!("the plan has no buffer `{scope}.{name}`"),
+            })?;
+        let s = Slice {
+            buffer: dsv4_plan::BufferId(id as u32),
+            start: 0,
+            len: self.plan.buffers[id].bytes,
+        };
+        self.read(&s)
+    }
+
+    /// Run launch `i`.
+    pub fn launch(&self, i: usize) -> Result<(), ForwardError> {
+        let l = &self.plan.launches[i];
+        let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
+        let ins = l
+            .reads
+            .iter()
+            .filter(transient)
+            .map(|s| self.read(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = self.dispatch(l.op, &ins)?;
+        for (s, v) in l.writes.iter().filter(transient).zip(&outs) {
+            self.write(s, v);
+        }
+        if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
+            lock(taps)[i] = outs.first().cloned();
+        }
+        self.release(i);
+        Ok(())
+    }
+
+    /// Run the launches in `order`.
+    pub fn run_in(&self, order: &[usize]) -> Result<(), ForwardError> {
+        order.iter().try_for_each(|&i| self.launch(i))
+    }
+
+    /// Block `b`'s weights.
+    pub fn weights(&self, b: Option<BlockRef>) -> Result<&BlockWeights, ForwardError> {
+        self.model.block_weights(b)
+    }
+
+    /// Block `b`'s binding.
+    pub fn bound_block(&self, b: Option<BlockRef>) -> Result<&BoundBlock<'_>, ForwardError> {
+        let i = match b {
+            Some(BlockRef::Main(i)) => i,
+            _ => 0,
+        };
+        self.bound.blocks.get(i).ok_or_else(|| ForwardError::Plan {
+            message: format!("the step binds no state for block {i}"),
+        })
+    }
+
+    fn dispatch(&self, op: Op, ins: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let b = op.block;
+        match op.kind {
+            OpKind::Upload => Ok(self.upload()),
+            OpKind::Embed => self.embed(&ins[0]).map(|x| vec![x]),
+            OpKind::MtpInput => self.mtp_input(&ins[0], &ins[1]).map(|x| vec![x]),
+            OpKind::Locate => Ok(vec![
+                self.bound_block(b)?
+                    .loc
+                    .iter()
+                    .map(|&w| f32::from_bits(w))
+                    .collect(),
+            ]),
+            OpKind::HcPre(sub) => self.hc_pre(b, sub, &ins[0]),
+            OpKind::Norm(sub) => self.norm(b, sub, &ins[0]).map(|x| vec![x]),
+            OpKind::QA => self.q_a(b, &ins[0]).map(|x| vec![x]),
+            OpKind::QB => self.q_b(b, &ins[0]).map(|x| vec![x]),
+            OpKind::Kv => self.kv(b, &ins[0]).map(|x| vec![x]),
+            OpKind::SwaStore => self.swa_store(b, &ins[0], &ins[1]).map(|()| vec![]),
+            OpKind::CompressorIn(chain) => self.compressor_in(b, chain, &ins[0]),
+            OpKind::Compress(chain) => self
+                .compress(b, chain, &ins[0], &ins[1], &ins[2])
+                .map(|()| vec![]),
+            OpKind::IndexerQ => self.indexer_q(b, &ins[0]).map(|x| vec![x]),
+            OpKind::IndexerWeights => self.indexer_weights(b, &ins[0]).map(|x| vec![x]),
+            OpKind::IndexerTopk => self.indexer_topk(b, &ins[0], &ins[1]).map(|x| vec![x]),
+            OpKind::Attention { stores } => self.attention(b, stores, ins).map(|x| vec![x]),
+            OpKind::OutA => self.out_a(b, &ins[0]).map(|x| vec![x]),
+            OpKind::OutB => self.out_b(b, &ins[0]).map(|x| vec![x]),
+            OpKind::HcPost(_) => self
+                .hc_post(&ins[0], &ins[1], &ins[2], &ins[3])
+                .map(|x| vec![x]),
+            OpKind::Router => self.router(b, &ins[0], ins.get(1)).map(|x| vec![x]),
+            OpKind::SharedExpert => self.shared_expert(b, &ins[0]).map(|x| vec![x]),
+            OpKind::RoutedExperts => self.routed_experts(b, &ins[0], &ins[1]).map(|x| vec![x]),
+            OpKind::MoeSum => Ok(vec![
+                ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect(),
+            ]),
+            OpKind::HcHead => self.hc_head(b, &ins[0]).map(|x| vec![x]),
+            OpKind::FinalNorm => self.final_norm(b, &ins[0]).map(|x| vec![x]),
+            OpKind::Logits => Ok(vec![self.logits(&ins[0])]),
+        }
+    }
+
+    fn upload(&self) -> Vec<Vec<f32>> {
+        let mut out = vec![
+            self.bound
+                .tokens
+                .iter()
+                .map(|&t| f32::from_bits(t))
+                .collect(),
+        ];
+        if let Some(r) = self.bound.residual_in {
+            out.push(r.to_vec());
+        }
+        out
+    }
+}

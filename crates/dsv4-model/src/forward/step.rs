@@ -1,0 +1,236 @@
+//! One step through its plan: validate the inputs, pick the plan (a captured decode plan for
+//! the batch's bucket, or an eager plan of the step's rows), reserve the pages the step
+//! writes, bind the inputs, run the launches with the chosen executor, read the results.
+
+use super::build::{PlanSpec, StepKind, build_plan};
+use super::exec::{ExecOptions, Executor, StepReport};
+use super::op::{BlockRef, Op, OpKind};
+use super::prepare::{SeqRows, prepare};
+use super::run::{Bound, BoundBlock, Gathered, Memory, Run};
+use super::threaded::run_threaded;
+use super::{ForwardError, ForwardOutput, Model, SequenceState, Taps};
+use dsv4_plan::Plan;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+/// Run `run`'s launches with `executor`.
+fn execute(model: &Model, run: &Run<'_>, executor: Executor) -> Result<(), ForwardError> {
+    let plan_err = |e: dsv4_plan::PlanError| ForwardError::Plan {
+        message: e.to_string(),
+    };
+    match executor {
+        Executor::Serial => run.run_in(&dsv4_plan::serial(run.plan)),
+        Executor::Interleaved { seed } => {
+            let step = model.steps.fetch_add(1, Ordering::Relaxed);
+            let seed = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            run.run_in(&dsv4_plan::interleaved(run.plan, seed).map_err(plan_err)?)
+        }
+        Executor::Threaded => run_threaded(run),
+    }
+}
+
+/// Emit the recorded taps in issue order.
+fn emit_taps(plan: &Plan<Op>, out: &Gathered, taps: &mut Taps<'_>) {
+    let Some(rec) = &out.taps else {
+        return;
+    };
+    let rec = rec.lock().unwrap_or_else(|e| e.into_inner());
+    for (l, v) in plan.launches.iter().zip(rec.iter()) {
+        if let (Some(v), Some(name)) = (v, l.op.kind.tap()) {
+            let layer =
+                l.op.block
+                    .map_or(String::new(), |b| format!("{}.", b.scope()));
+            taps.record(&layer, name, v);
+        }
+    }
+}
+
+/// The buffer the head reads (the final residual streams).
+fn final_residual(plan: &Plan<Op>) -> Option<(String, String)> {
+    let l = plan.launches.iter().find(|l| l.op.kind == OpKind::HcHead)?;
+    let b = plan.buffer(l.reads.first()?.buffer);
+    Some((b.name.clone(), b.scope.clone()))
+}
+
+impl Model {
+    /// Run one step of several sequences under `exec`: `tokens[s]` continues `seqs[s]`. Also
+    /// returns what the step reports (plan kind, rows, captured or not, declared page writes).
+    pub fn forward_step(
+        &self,
+        seqs: &mut [&mut SequenceState],
+        tokens: &[&[u32]],
+        exec: &ExecOptions,
+        taps: &mut Taps<'_>,
+    ) -> Result<(Vec<ForwardOutput>, StepReport), ForwardError> {
+        if seqs.len() != tokens.len() || seqs.is_empty() {
+            return Err(ForwardError::Empty);
+        }
+        let (mut positions, mut row_seq) = (Vec::new(), Vec::new());
+        for (s, (st, toks)) in seqs.iter().zip(tokens).enumerate() {
+            positions.extend(self.check_tokens(st.pos, toks)?);
+            row_seq.extend(std::iter::repeat_n(s, toks.len()));
+        }
+        let all: Vec<u32> = tokens.concat();
+        let t = all.len();
+        let kind = if tokens.iter().all(|t| t.len() == 1) {
+            StepKind::Decode
+        } else {
+            StepKind::Prefill
+        };
+        let bucket = match kind {
+            StepKind::Decode => exec.bucket_for(seqs.len()),
+            StepKind::Prefill => None,
+        };
+        let ratios = self.layer_ratios();
+        let prepared = {
+            let mut rows: Vec<SeqRows<'_>> = seqs
+                .iter_mut()
+                .zip(tokens)
+                .map(|(s, toks)| SeqRows {
+                    pos: s.pos,
+                    rows: toks.len(),
+                    layers: s.layers.iter_mut().collect(),
+                })
+                .collect();
+            prepare(&mut rows, &ratios, Some)?
+        };
+        let blocks = prepared
+            .locs
+            .into_iter()
+            .enumerate()
+            .map(|(l, loc)| BoundBlock {
+                states: seqs.iter().map(|s| &s.layers[l]).collect(),
+                loc,
+            })
+            .collect();
+        let bound = Bound {
+            rows: t,
+            tokens: &all,
+            positions: &positions,
+            row_seq: &row_seq,
+            blocks,
+            residual_in: None,
+        };
+        let captured = bucket.map(|b| self.captured_plan(b, exec)).transpose()?;
+        let eager;
+        let (plan, mem, _replay) = match &captured {
+            Some(c) => (
+                &c.plan,
+                Memory::Arena(&c.arena),
+                Some(c.replay.lock().unwrap_or_else(|e| e.into_inner())),
+            ),
+            None => {
+                let spec = PlanSpec {
+                    kind,
+                    rows: t,
+                    overlap: exec.overlap,
+                    mtp: false,
+                };
+                eager = build_plan(&self.cfg, spec);
+                (&eager, Memory::fresh(&eager), None)
+            }
+        };
+        let run = Run {
+            model: self,
+            plan,
+            bound: &bound,
+            mem,
+            out: Gathered {
+                taps: taps
+                    .active()
+                    .then(|| Mutex::new(vec![None; plan.launches.len()])),
+                ..Gathered::default()
+            },
+        };
+        execute(self, &run, exec.executor)?;
+        emit_taps(plan, &run.out, taps);
+        let logits = run.result("logits", "")?;
+        let (rname, rscope) = final_residual(plan).unwrap_or_default();
+        let residual = run.result(&rname, &rscope)?;
+        let selected =
+            std::mem::take(&mut *run.out.selected.lock().unwrap_or_else(|e| e.into_inner()));
+        let (v, m, d) = (self.cfg.vocab_size, self.cfg.hc_mult, self.cfg.hidden_size);
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut start = 0;
+        for (st, toks) in seqs.iter_mut().zip(tokens) {
+            let n = toks.len();
+            st.pos += n;
+            outs.push(ForwardOutput {
+                logits: logits[start * v..(start + n) * v].to_vec(),
+                vocab: v,
+                topk: selected
+                    .iter()
+                    .map(|(l, sel)| (*l, sel[start..start + n].to_vec()))
+                    .collect(),
+                residual: residual[start * m * d..(start + n) * m * d].to_vec(),
+            });
+            start += n;
+        }
+        let report = StepReport {
+            kind,
+            rows: t,
+            plan_rows: bucket.unwrap_or(t),
+            captured: captured.is_some(),
+            launches: plan.launches.len(),
+            writes: prepared.writes,
+        };
+        Ok((outs, report))
+    }
+
+    /// Run the MTP layer's plan for `next_tokens` over `residual`, advancing `layer`'s caches.
+    pub(crate) fn mtp_step(
+        &self,
+        layer: &mut super::state::LayerState,
+        pos: usize,
+        residual: &[f32],
+        next_tokens: &[u32],
+    ) -> Result<Vec<f32>, ForwardError> {
+        let positions = self.check_tokens(pos, next_tokens)?;
+        let t = next_tokens.len();
+        let ratio = self.block_weights(Some(BlockRef::Mtp))?.ratio;
+        let prepared = {
+            let mut rows = [SeqRows {
+                layers: vec![&mut *layer],
+                pos,
+                rows: t,
+            }];
+            prepare(&mut rows, &[ratio], |_| None)?
+        };
+        let row_seq = vec![0; t];
+        let bound = Bound {
+            rows: t,
+            tokens: next_tokens,
+            positions: &positions,
+            row_seq: &row_seq,
+            blocks: prepared
+                .locs
+                .into_iter()
+                .map(|loc| BoundBlock {
+                    states: vec![&*layer],
+                    loc,
+                })
+                .collect(),
+            residual_in: Some(residual),
+        };
+        let spec = PlanSpec {
+            kind: StepKind::Prefill,
+            rows: t,
+            overlap: self.exec.overlap,
+            mtp: true,
+        };
+        let plan = build_plan(&self.cfg, spec);
+        let run = Run {
+            model: self,
+            plan: &plan,
+            bound: &bound,
+            mem: Memory::fresh(&plan),
+            out: Gathered::default(),
+        };
+        let executor = match self.exec.executor {
+            Executor::Threaded => Executor::Serial,
+            e => e,
+        };
+        execute(self, &run, executor)?;
+        run.result("logits", &BlockRef::Mtp.scope())
+    }
+}
