@@ -94,8 +94,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             let cfg = e2e::config(cfg_name).map_err(|e| BenchError::Model(e.to_string()))?;
             let tensors = e2e::weights(&cfg).map_err(|e| BenchError::Model(e.to_string()))?;
             for b in &backends {
-                let long = b.name() != "reference" && cfg_name == "small";
-                let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, long)
+                let fast = b.name() != "reference";
+                let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, fast)
                     .map_err(|e| BenchError::Model(e.to_string()))?;
                 e2e_results.extend(r);
                 if !active.iter().any(|(c, _): &(String, usize)| c == cfg_name) {
