@@ -3,6 +3,7 @@
 //! cancel by id, read [`EngineMetrics`]. Dropping the last handle stops the loop and cancels
 //! what is left.
 
+use crate::canary::DebugOptions;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
@@ -46,7 +47,17 @@ impl Engine {
         cfg: EngineConfig,
         detok: Option<Arc<dyn Detokenizer>>,
     ) -> Result<EngineHandle, EngineError> {
-        let mut sched = Scheduler::new(model, cfg, detok)?;
+        Self::spawn_debug(model, cfg, detok, DebugOptions::default())
+    }
+
+    /// [`Engine::spawn_with`] with run-time checks (the cache-page canary) on.
+    pub fn spawn_debug(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenizer>>,
+        debug: DebugOptions,
+    ) -> Result<EngineHandle, EngineError> {
+        let mut sched = Scheduler::new(model, cfg, detok)?.with_debug(debug);
         let limits = sched.limits().clone();
         let report = sched.pools().report().clone();
         let metrics = Arc::new(Mutex::new(sched.metrics()));

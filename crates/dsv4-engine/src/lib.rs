@@ -7,6 +7,7 @@
 //! - [`scheduler`]: admission, continuous batching, chunked prefill, preemption, sampling and
 //!   stop conditions, one synchronous step at a time.
 //! - [`engine`]: the step loop on its own thread behind [`EngineHandle`].
+//! - [`canary`]: per-round checksums of pool pages against the round's declared write set.
 //! - [`bench`]: serving throughput at several concurrency levels.
 //!
 //! Batch invariance: a request's tokens and logits do not depend on what else runs, because
@@ -14,6 +15,7 @@
 //! seeded generator.
 
 pub mod bench;
+pub mod canary;
 pub mod config;
 pub mod constraint;
 pub mod engine;
@@ -28,6 +30,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 
+pub use canary::{CanaryConfig, CanaryFinding, CanaryPools, DebugOptions};
 pub use config::{CacheBudget, EngineConfig, SchedulePolicy};
 pub use constraint::{Constraint, ConstraintState, TokenConstraint};
 pub use engine::{Engine, EngineHandle, StallGuard};

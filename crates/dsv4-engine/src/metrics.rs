@@ -45,6 +45,10 @@ pub struct EngineMetrics {
     pub requests_cancelled: u64,
     /// Preemptions (cache freed, recomputed later).
     pub preemptions_total: u64,
+    /// Forward rounds in which the canary saw pages change outside the declared write set.
+    pub canary_rounds_flagged: u64,
+    /// Pages the canary saw change outside the declared write sets.
+    pub canary_unexpected_pages: u64,
 }
 
 /// Counters the scheduler updates; [`EngineMetrics`] is built from them.
@@ -58,6 +62,8 @@ pub(crate) struct Counters {
     pub finished: u64,
     pub cancelled: u64,
     pub preemptions: u64,
+    pub canary_rounds: u64,
+    pub canary_pages: u64,
     pub last_step_ms: f64,
     /// (step ms, generated tokens, computed tokens) of recent steps.
     recent: VecDeque<(f64, u64, u64)>,
@@ -95,5 +101,7 @@ impl Counters {
         m.requests_finished = self.finished;
         m.requests_cancelled = self.cancelled;
         m.preemptions_total = self.preemptions;
+        m.canary_rounds_flagged = self.canary_rounds;
+        m.canary_unexpected_pages = self.canary_pages;
     }
 }

@@ -57,6 +57,20 @@ impl PoolKind {
     }
 }
 
+/// FNV-style mixing of 8-byte words (the canary needs change detection, not cryptography).
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 struct Arena {
     bytes: Vec<u8>,
     refs: Vec<u32>,
@@ -133,6 +147,16 @@ impl Pool {
     /// Pages in use now.
     pub fn used_pages(&self) -> usize {
         self.pages - self.free_pages()
+    }
+
+    /// A 64-bit checksum of every page's bytes, in page order (for the canary).
+    pub fn page_checksums(&self) -> Vec<u64> {
+        let a = self.lock();
+        a.bytes
+            .chunks(self.page_bytes.max(1))
+            .take(self.pages)
+            .map(checksum)
+            .collect()
     }
 
     /// A copy of page `page`'s raw bytes (None for an id outside the arena).

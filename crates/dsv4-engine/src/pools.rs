@@ -349,6 +349,11 @@ impl CachePools {
         &self.stores
     }
 
+    /// Every pool, in [`PoolKind::ALL`] order.
+    pub fn all(&self) -> &[Arc<Pool>] {
+        &self.pools
+    }
+
     /// The pool of `kind`.
     pub fn pool(&self, kind: PoolKind) -> &Arc<Pool> {
         &self.pools[kind.index()]

@@ -5,11 +5,13 @@
 //! A step: drop requests whose client is gone; admit waiting requests (restoring the longest
 //! cached prefix, or starting fresh) up to `max_running_requests`; give every running request
 //! its next tokens (one for a decode, a prefill chunk within the step's `chunked_prefill_size`
-//! budget); then run them in rounds of one `forward_batch` each — with the prefix cache on, a
+//! budget); then run them in rounds of one forward step each (through the model's plan, with
+//! the canary around it when `debug.canary` is on) — with the prefix cache on, a
 //! chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
 //! it will take are counted; when a pool is short the least recently used snapshots are dropped,
 //! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
 
+use crate::canary::{CanaryFinding, DebugOptions, Snapshot};
 use crate::config::{EngineConfig, SchedulePolicy};
 use crate::error::EngineError;
 pub use crate::limits::Limits;
@@ -19,6 +21,7 @@ use crate::pools::{CachePools, fresh_pages};
 use crate::prefix::PrefixCache;
 use crate::request::{Event, FinishReason, Request, RequestId, RequestStream};
 use crate::sequence::{AfterToken, Detokenizer, Seq};
+use dsv4_model::forward::Taps;
 use dsv4_model::{ForwardError, Model};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -41,7 +44,12 @@ pub struct Scheduler {
     counters: Counters,
     outbox: Vec<(UnboundedSender<Event>, Event)>,
     metrics_sink: Option<Arc<Mutex<EngineMetrics>>>,
+    debug: DebugOptions,
+    canary_log: VecDeque<CanaryFinding>,
 }
+
+/// Canary findings the scheduler keeps (the most recent).
+const CANARY_LOG: usize = 64;
 
 impl Scheduler {
     /// A scheduler with freshly sized pools; `detok` enables stop strings and final text.
@@ -73,7 +81,20 @@ impl Scheduler {
             counters: Counters::default(),
             outbox: Vec::new(),
             metrics_sink: None,
+            debug: DebugOptions::default(),
+            canary_log: VecDeque::new(),
         })
+    }
+
+    /// The same scheduler with run-time checks (the canary) on.
+    pub fn with_debug(mut self, debug: DebugOptions) -> Self {
+        self.debug = debug;
+        self
+    }
+
+    /// The most recent canary findings, oldest first.
+    pub fn canary_findings(&self) -> impl Iterator<Item = &CanaryFinding> {
+        self.canary_log.iter()
     }
 
     /// What requests are checked against.
@@ -405,6 +426,20 @@ impl Scheduler {
         }
     }
 
+    /// Log, count and keep canary findings; true when the round must be failed.
+    fn canary(&mut self, findings: Vec<CanaryFinding>) -> bool {
+        self.counters.canary_rounds += 1;
+        for f in findings {
+            tracing::error!(finding = %f, "canary: pages changed outside the step's write set");
+            self.counters.canary_pages += f.unexpected_total as u64;
+            if self.canary_log.len() == CANARY_LOG {
+                self.canary_log.pop_front();
+            }
+            self.canary_log.push_back(f);
+        }
+        self.debug.canary.as_ref().is_some_and(|c| c.abort)
+    }
+
     fn run_round(&mut self, round: Vec<(RequestId, usize)>) {
         let round = self.reserve(round);
         if round.is_empty() {
@@ -417,6 +452,12 @@ impl Scheduler {
             .collect();
         members.sort_by_key(|m| m.0);
         let ids: Vec<RequestId> = members.iter().map(|&(i, _)| self.running[i].id).collect();
+        let snapshot = self
+            .debug
+            .canary
+            .as_ref()
+            .map(|c| Snapshot::take(self.pools.all(), c));
+        let exec = self.model.exec().clone();
         let result = {
             let mut states = Vec::with_capacity(members.len());
             let mut toks: Vec<&[u32]> = Vec::with_capacity(members.len());
@@ -434,10 +475,28 @@ impl Scheduler {
                 toks.push(&tokens[st.pos..st.pos + n]);
                 states.push(st);
             }
-            self.model.forward_batch(&mut states, &toks)
+            self.model
+                .forward_step(&mut states, &toks, &exec, &mut Taps::none())
         };
         let outs = match result {
-            Ok(outs) => outs,
+            Ok((outs, report)) => {
+                let findings = snapshot
+                    .map_or_else(Vec::new, |s| s.compare(self.counters.steps, &report.writes));
+                if !findings.is_empty() && self.canary(findings) {
+                    for id in ids.iter().rev() {
+                        if let Some(i) = self.position(*id) {
+                            self.fail(
+                                i,
+                                "the cache-page canary saw pages change outside the \
+                                          step's write set (debug.canary)"
+                                    .into(),
+                            );
+                        }
+                    }
+                    return;
+                }
+                outs
+            }
             Err(e) => {
                 let pool = matches!(e, ForwardError::PoolExhausted { .. });
                 tracing::warn!(error = %e, "step failed");

@@ -7,6 +7,7 @@ mod bench;
 mod invariance;
 mod layout;
 mod overload;
+mod plans;
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{IndexKDtype, KvCacheDtype, Numerics, SplitMix64};
