@@ -194,10 +194,7 @@ impl Backend for CpuBackend {
         slot: usize,
         values: &[f32],
     ) -> Result<(), CacheLayoutError> {
-        match fmt {
-            RowFormat::Kv(l) => l.write(page, slot, values),
-            RowFormat::IndexK(l) => l.write(page, slot, values),
-        }
+        fmt.write(page, slot, values)
     }
 
     fn cache_load(
@@ -207,10 +204,7 @@ impl Backend for CpuBackend {
         slot: usize,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        match fmt {
-            RowFormat::Kv(l) => l.read(page, slot, out),
-            RowFormat::IndexK(l) => l.read(page, slot, out),
-        }
+        fmt.read(page, slot, out)
     }
 
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

@@ -6,6 +6,7 @@ use crate::exec::Exec;
 use crate::gemm::{Weights, gemm_f64};
 use crate::math::multiversion;
 use crate::ops::sum_squares_f64;
+use dsv4_kernels::mhc::sinkhorn;
 use dsv4_kernels::{HcParams, MhcPre};
 
 fn sigmoid(x: f64) -> f64 {
@@ -31,38 +32,6 @@ fn mix_logits(ex: &Exec, p: &HcParams<'_>, x: &[f32], t: usize) -> (Vec<f64>, us
         }
     }
     (mix, n_out)
-}
-
-/// Sinkhorn normalisation of an M×M matrix (row j, column k), as the reference.
-fn sinkhorn(logits: &[f64], m: usize, eps: f64, iters: usize) -> Vec<f64> {
-    let mut c = vec![0f64; m * m];
-    for j in 0..m {
-        let row = &logits[j * m..(j + 1) * m];
-        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
-        for k in 0..m {
-            c[j * m + k] = (row[k] - max).exp() / sum + eps;
-        }
-    }
-    let normalize_cols = |c: &mut [f64]| {
-        for k in 0..m {
-            let s: f64 = (0..m).map(|j| c[j * m + k]).sum();
-            for j in 0..m {
-                c[j * m + k] /= s + eps;
-            }
-        }
-    };
-    normalize_cols(&mut c);
-    for _ in 1..iters {
-        for j in 0..m {
-            let s: f64 = c[j * m..(j + 1) * m].iter().sum();
-            for v in &mut c[j * m..(j + 1) * m] {
-                *v /= s + eps;
-            }
-        }
-        normalize_cols(&mut c);
-    }
-    c
 }
 
 /// Columns per step of the stream sums (a stack buffer of f64 partials).

@@ -1,7 +1,7 @@
 //! Cache row formats as the op set sees them: KV entries (SWA, C4, C128) and index-K rows, each
 //! with its spec §4 paged byte layout from `dsv4_core::cache`.
 
-use dsv4_core::cache::{IndexKLayout, KvLayout};
+use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
 
 /// The byte layout of one kind of cache row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,6 +42,28 @@ impl RowFormat {
         match self {
             RowFormat::Kv(l) => l.entry_bytes(),
             RowFormat::IndexK(l) => l.entry_bytes(),
+        }
+    }
+
+    /// Quantize `values` into `slot` of `page` with the row's exact byte layout (the host codec
+    /// every host backend uses for `Backend::cache_store`).
+    pub fn write(
+        &self,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError> {
+        match self {
+            RowFormat::Kv(l) => l.write(page, slot, values),
+            RowFormat::IndexK(l) => l.write(page, slot, values),
+        }
+    }
+
+    /// Dequantize `slot` of `page` exactly into `out` (the host codec behind `Backend::cache_load`).
+    pub fn read(&self, page: &[u8], slot: usize, out: &mut [f32]) -> Result<(), CacheLayoutError> {
+        match self {
+            RowFormat::Kv(l) => l.read(page, slot, out),
+            RowFormat::IndexK(l) => l.read(page, slot, out),
         }
     }
 }

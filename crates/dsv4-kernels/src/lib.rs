@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cache_format;
 pub mod error;
 pub mod linear;
+pub mod mhc;
 pub mod registry;
 pub mod rope;
 
