@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, chat, diff, forward, generate, model, profile, serve};
+use commands::{bench, chat, diff, forward, generate, model, plan, profile, serve};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +56,9 @@ enum Command {
     /// DSV4 chat format: render a conversation's exact prompt, parse a raw completion.
     #[command(subcommand)]
     Chat(chat::ChatCommand),
+    /// Show and verify the step plans a profile runs (streams, buffers, hazards).
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
     /// Inspect profiles: list, show, explain, diff, and export to SGLang.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
@@ -133,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &cli.global.sets,
         ),
         Command::Chat(cmd) => chat::run(cmd),
+        Command::Plan(cmd) => plan::run(cmd, &resolve(&cli.global, None)?.profile),
         Command::Profile(cmd) => {
             profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }

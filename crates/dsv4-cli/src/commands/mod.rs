@@ -6,5 +6,6 @@ pub mod diff;
 pub mod forward;
 pub mod generate;
 pub mod model;
+pub mod plan;
 pub mod profile;
 pub mod serve;

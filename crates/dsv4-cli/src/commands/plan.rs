@@ -1,0 +1,293 @@
+//! `dsv4 plan show` and `dsv4 plan check`: the step plans a profile runs (launches on streams,
+//! buffers with arena offsets, events) and the verifier's verdict on each (cross-stream races,
+//! clobbers, uninitialised reads). Plans depend only on config.json and the `[exec]` and
+//! `debug.inject` keys, so no weights are loaded.
+
+use anyhow::{Context, bail};
+use dsv4_config::{ModelSource, Profile};
+use dsv4_model::ModelConfig;
+use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan};
+use dsv4_model::forward::captured::lifetimes_for;
+use dsv4_model::forward::op::Op;
+use dsv4_model::forward::{ExecOptions, Executor, Fault};
+use dsv4_plan::{Plan, Verdict, place, render, verify};
+use serde::Serialize;
+use std::path::Path;
+
+/// The published DeepSeek-V4-Flash config.json (used when the profile's checkpoint is absent).
+const FLASH_CONFIG: &str = include_str!("../../../dsv4-model/tests/data/flash-config.json");
+
+/// `dsv4 plan` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum PlanCommand {
+    /// Print the plan of one step: launches, streams, events, buffers.
+    Show(ShowArgs),
+    /// Verify the profile's plans: every captured bucket (or a few batch sizes) and a prefill.
+    Check(CheckArgs),
+}
+
+/// Options both subcommands take.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// An embedded config ("tiny", "small") or a config.json file (default: the profile's
+    /// model; its config.json, or the published Flash config when the checkpoint is absent).
+    #[arg(long, value_name = "NAME|FILE")]
+    pub config: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `dsv4 plan show`.
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Sequences in the step (decode: one row each).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    batch: usize,
+    /// A prefill step of `--batch` rows instead of a decode step.
+    #[arg(long)]
+    prefill: bool,
+    /// Also list the transient buffers with their arena offsets.
+    #[arg(long)]
+    buffers: bool,
+}
+
+/// Arguments of `dsv4 plan check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Only this decode batch size (default: every captured bucket, or 1 and 8 when eager).
+    #[arg(long, value_name = "N")]
+    batch: Option<usize>,
+    /// Rows of the prefill plan checked too (0: none).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    prefill_rows: usize,
+    /// Findings printed per plan.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    limit: usize,
+}
+
+/// The execution options a profile asks for (`[exec]`, `debug.inject`).
+pub fn exec_options(p: &Profile) -> anyhow::Result<ExecOptions> {
+    let faults = p
+        .debug
+        .inject
+        .iter()
+        .map(|f| {
+            Fault::parse(&f.to_string())
+                .with_context(|| format!("debug.inject: the engine does not know fault `{f}`"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(ExecOptions {
+        captured: p.exec.cuda_graph,
+        captured_max_bs: usize::try_from(p.exec.cuda_graph_max_bs)
+            .context("exec.cuda_graph_max_bs is too large")?,
+        overlap: p.exec.multi_stream_overlap,
+        executor: if p.exec.multi_stream_overlap {
+            Executor::Interleaved { seed: 0 }
+        } else {
+            Executor::Serial
+        },
+        faults,
+    })
+}
+
+/// The config a plan command describes, and where it came from.
+fn config(common: &Common, p: &Profile) -> anyhow::Result<(ModelConfig, String)> {
+    if let Some(name) = &common.config {
+        if let Some(cfg) = ModelConfig::embedded(name) {
+            return Ok((cfg, format!("embedded {name} config")));
+        }
+        let cfg = ModelConfig::from_file(Path::new(name)).with_context(|| {
+            format!(
+                "`{name}` is neither an embedded config (tiny, small) nor a readable config.json"
+            )
+        })?;
+        return Ok((cfg, name.clone()));
+    }
+    match p.model.source() {
+        ModelSource::Tiny { .. } => Ok((ModelConfig::tiny(), "embedded tiny config".into())),
+        ModelSource::Dir(dir) => {
+            let file = dir.join("config.json");
+            if file.exists() {
+                let cfg = ModelConfig::from_file(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                return Ok((cfg, file.display().to_string()));
+            }
+            eprintln!(
+                "note: {} does not exist; using the published DeepSeek-V4-Flash config.json \
+                 (plans depend only on the config; pass --config to choose another)",
+                file.display()
+            );
+            Ok((
+                ModelConfig::from_json_str(FLASH_CONFIG)?,
+                "published DeepSeek-V4-Flash config".into(),
+            ))
+        }
+    }
+}
+
+/// The plan of one step under `exec`: captured (arena) for a decode batch within a bucket.
+fn plan_for(
+    cfg: &ModelConfig,
+    exec: &ExecOptions,
+    kind: StepKind,
+    batch: usize,
+) -> anyhow::Result<(Plan<Op>, Option<usize>)> {
+    if batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let bucket = match kind {
+        StepKind::Decode => exec.bucket_for(batch),
+        StepKind::Prefill => None,
+    };
+    let spec = PlanSpec {
+        kind,
+        rows: bucket.unwrap_or(batch),
+        overlap: exec.overlap,
+        mtp: false,
+    };
+    let plan = build_plan(cfg, spec);
+    Ok(match bucket {
+        Some(b) => (place(plan, lifetimes_for(exec))?, Some(b)),
+        None => (plan, None),
+    })
+}
+
+fn describe(exec: &ExecOptions, source: &str) -> String {
+    format!(
+        "config: {source}; {}; multi-stream overlap {}; faults: {}",
+        if exec.captured {
+            format!("captured decode plans up to batch {}", exec.max_bs())
+        } else {
+            "eager plans".to_string()
+        },
+        if exec.overlap { "on" } else { "off" },
+        if exec.faults.is_empty() {
+            "none".to_string()
+        } else {
+            exec.faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    )
+}
+
+/// Run a `dsv4 plan` subcommand.
+pub fn run(cmd: &PlanCommand, profile: &Profile) -> anyhow::Result<()> {
+    match cmd {
+        PlanCommand::Show(a) => show(a, profile),
+        PlanCommand::Check(a) => check(a, profile),
+    }
+}
+
+fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
+    let exec = exec_options(p)?;
+    let (cfg, source) = config(&a.common, p)?;
+    let kind = if a.prefill {
+        StepKind::Prefill
+    } else {
+        StepKind::Decode
+    };
+    let (plan, bucket) = plan_for(&cfg, &exec, kind, a.batch)?;
+    if a.common.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    println!("{}", describe(&exec, &source));
+    let what = match (kind, bucket) {
+        (StepKind::Prefill, _) => format!("prefill of {} rows, eager", a.batch),
+        (StepKind::Decode, Some(b)) => format!("decode of batch {}, captured bucket {b}", a.batch),
+        (StepKind::Decode, None) => format!("decode of batch {}, eager", a.batch),
+    };
+    println!("{what}: {}\n", render::summary(&plan));
+    print!("{}", render::launch_table(&plan));
+    if a.buffers {
+        println!();
+        print!("{}", render::buffer_table(&plan));
+    }
+    Ok(())
+}
+
+/// One checked plan in `plan check --json`.
+#[derive(Serialize)]
+struct Checked {
+    kind: StepKind,
+    rows: usize,
+    captured: bool,
+    overlap: bool,
+    arena_bytes: Option<u64>,
+    verdict: Verdict,
+}
+
+fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
+    let exec = exec_options(p)?;
+    let (cfg, source) = config(&a.common, p)?;
+    let batches = match a.batch {
+        Some(b) => vec![b],
+        None if exec.captured => exec.buckets(),
+        None => vec![1, 8],
+    };
+    let mut shapes: Vec<(StepKind, usize)> =
+        batches.into_iter().map(|b| (StepKind::Decode, b)).collect();
+    if a.prefill_rows > 0 {
+        shapes.push((StepKind::Prefill, a.prefill_rows));
+    }
+    let mut checked = Vec::new();
+    for (kind, n) in shapes {
+        let (plan, bucket) = plan_for(&cfg, &exec, kind, n)?;
+        let verdict = verify(&plan)?;
+        let arena_bytes = match plan.placement {
+            dsv4_plan::Placement::Arena { bytes, .. } => Some(bytes),
+            dsv4_plan::Placement::Fresh => None,
+        };
+        checked.push(Checked {
+            kind,
+            rows: n,
+            captured: bucket.is_some(),
+            overlap: exec.overlap,
+            arena_bytes,
+            verdict,
+        });
+    }
+    let failed = checked.iter().filter(|c| !c.verdict.passed()).count();
+    if a.common.json {
+        let doc = serde_json::json!({
+            "schema": "dsv4.plan-check/1",
+            "config": source,
+            "exec": exec,
+            "plans": checked,
+            "passed": failed == 0,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!("{}", describe(&exec, &source));
+        for c in &checked {
+            let mode = match c.arena_bytes {
+                Some(b) => format!("captured, arena {b} B"),
+                None => "eager".to_string(),
+            };
+            let kind = match c.kind {
+                StepKind::Decode => "decode batch",
+                StepKind::Prefill => "prefill rows",
+            };
+            print!(
+                "{kind} {} ({mode}): {}",
+                c.rows,
+                render::verdict(&c.verdict, a.limit)
+            );
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} plans have hazards", checked.len());
+    }
+    if !a.common.json {
+        println!("all {} plans pass", checked.len());
+    }
+    Ok(())
+}

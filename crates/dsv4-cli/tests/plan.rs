@@ -1,0 +1,149 @@
+//! End-to-end tests of `dsv4 plan show` and `dsv4 plan check`: every shipped profile's plans
+//! verify clean in every batch bucket; with the arena fault injected the check fails and names
+//! both launches of a race.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn dsv4(args: &[&str]) -> Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
+    cmd.current_dir(root).args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DSV4_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.output().expect("the dsv4 binary runs")
+}
+
+fn json(args: &[&str]) -> (bool, Value) {
+    let out = dsv4(args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (out.status.success(), v)
+}
+
+#[test]
+fn every_shipped_profile_passes_in_every_bucket() {
+    for profile in ["dev-cpu", "reference", "prod-fp8", "prod-bf16"] {
+        let (ok, v) = json(&["plan", "check", "--profile", profile, "--json"]);
+        assert!(ok, "{profile}: {v}");
+        assert_eq!(v["passed"], true, "{profile}");
+        let plans = v["plans"].as_array().unwrap();
+        assert!(
+            plans
+                .iter()
+                .all(|p| p["verdict"]["findings"] == Value::Array(vec![]))
+        );
+        if profile.starts_with("prod") {
+            let captured: Vec<u64> = plans
+                .iter()
+                .filter(|p| p["captured"] == true)
+                .map(|p| p["rows"].as_u64().unwrap())
+                .collect();
+            assert_eq!(
+                captured,
+                [1, 2, 4, 8, 16, 32, 64, 128],
+                "{profile}: every bucket"
+            );
+            assert!(plans.iter().all(|p| p["overlap"] == true));
+        }
+    }
+}
+
+#[test]
+fn the_arena_fault_fails_the_check_with_both_launches_named() {
+    let (ok, v) = json(&[
+        "plan",
+        "check",
+        "--profile",
+        "prod-bf16",
+        "--set",
+        "debug.inject=arena-ignores-stream-lifetimes",
+        "--config",
+        "tiny",
+        "--batch",
+        "4",
+        "--prefill-rows",
+        "0",
+        "--json",
+    ]);
+    assert!(!ok, "the check fails");
+    assert_eq!(v["passed"], false);
+    let f = &v["plans"][0]["verdict"]["findings"][0];
+    assert_eq!(f["kind"], "race");
+    for side in [&f["first"], &f["second"]] {
+        for key in ["scope", "op", "stream", "buffer"] {
+            assert!(
+                side[key].as_str().is_some_and(|s| !s.is_empty()),
+                "{key}: {f}"
+            );
+        }
+        assert!(side["arena"].is_array(), "{f}");
+    }
+    assert_ne!(f["first"]["stream"], f["second"]["stream"]);
+    let text = dsv4(&[
+        "plan",
+        "check",
+        "--profile",
+        "prod-bf16",
+        "--set",
+        "debug.inject=arena-ignores-stream-lifetimes",
+        "--config",
+        "tiny",
+        "--batch",
+        "4",
+    ]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(out.contains("RACE: no ordering between"), "{out}");
+    assert!(String::from_utf8_lossy(&text.stderr).contains("plans have hazards"));
+}
+
+#[test]
+fn show_prints_streams_events_and_arena_offsets() {
+    let out = dsv4(&[
+        "plan",
+        "show",
+        "--profile",
+        "prod-fp8",
+        "--config",
+        "tiny",
+        "--batch",
+        "3",
+        "--buffers",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("decode of batch 3, captured bucket 4"),
+        "{text}"
+    );
+    for needle in [
+        "indexer_q",
+        "layers.1.q_lora_ready",
+        "arena offset",
+        "attn.swa_store",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let (ok, v) = json(&[
+        "plan",
+        "show",
+        "--profile",
+        "dev-cpu",
+        "--batch",
+        "2",
+        "--prefill",
+        "--json",
+    ]);
+    assert!(ok);
+    assert_eq!(v["streams"], serde_json::json!(["main"]));
+    assert!(v["launches"].as_array().unwrap().len() > 50);
+    assert_eq!(v["placement"]["kind"], "fresh");
+}
