@@ -1,0 +1,316 @@
+//! `/v1/chat/completions` bodies: [`ChatRequest`] (unknown fields are refused, naming them) and
+//! the response and stream-chunk objects.
+
+use super::common::{SamplingFields, Stop, StreamOptions, UsageBody};
+use crate::error::ApiError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A chat completion request. `messages` and `tools` are read again from the raw body by
+/// dsv4-chat (their key order matters to the prompt); here they are only type-checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    /// The served model's id.
+    pub model: String,
+    /// OpenAI messages (checked and encoded by dsv4-chat).
+    pub messages: Vec<Value>,
+    /// Function tools.
+    pub tools: Option<Vec<Value>>,
+    /// "none", "auto", "required", or {"type": "function", "function": {"name": ...}}.
+    pub tool_choice: Option<Value>,
+    /// Allow several tool calls in one answer (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Stream options.
+    pub stream_options: Option<StreamOptions>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (extension).
+    pub top_k: Option<i64>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Tokens to generate at most.
+    pub max_tokens: Option<u64>,
+    /// The newer name of `max_tokens`.
+    pub max_completion_tokens: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Choices (only 1).
+    pub n: Option<u32>,
+    /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
+    pub response_format: Option<ResponseFormat>,
+    /// "high" or "max" (thinking mode); others add nothing.
+    pub reasoning_effort: Option<String>,
+    /// {"thinking": bool} (or "enable_thinking") selects thinking mode.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Not supported (must be 0).
+    pub frequency_penalty: Option<f32>,
+    /// Not supported (must be 0).
+    pub presence_penalty: Option<f32>,
+    /// Not supported (must be false).
+    pub logprobs: Option<bool>,
+    /// Not supported.
+    pub top_logprobs: Option<u32>,
+    /// Not supported (must be empty).
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Accepted and ignored (an end-user id for abuse tracking).
+    pub user: Option<String>,
+    /// Accepted and ignored.
+    pub metadata: Option<Value>,
+    /// Accepted; must not be true (nothing is stored).
+    pub store: Option<bool>,
+    /// Accepted and ignored.
+    pub service_tier: Option<String>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    pub name: String,
+    /// What the schema is for.
+    pub description: Option<String>,
+    /// The JSON Schema (default: any JSON value).
+    pub schema: Option<Value>,
+    /// Always enforced here.
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model may answer or call tools.
+    Auto,
+    /// No tool calls (the tools are left out of the prompt).
+    None,
+    /// At least one tool call, enforced by the grammar.
+    Required,
+    /// A call of this tool, enforced by the grammar.
+    Named(String),
+}
+
+impl ChatRequest {
+    /// The sampling fields.
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+        }
+    }
+
+    /// Whether thinking mode is asked for (`chat_template_kwargs.thinking` or
+    /// `enable_thinking`).
+    pub fn thinking(&self) -> Result<bool, ApiError> {
+        let Some(kw) = &self.chat_template_kwargs else {
+            return Ok(false);
+        };
+        let mut thinking = false;
+        for key in ["thinking", "enable_thinking"] {
+            match kw.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::Bool(b)) => thinking |= b,
+                Some(other) => {
+                    return Err(ApiError::bad_param(
+                        format!("chat_template_kwargs.{key}"),
+                        format!("`{key}` must be true or false, not {other}"),
+                    ));
+                }
+            }
+        }
+        Ok(thinking)
+    }
+
+    /// The checked tool choice (default: auto with tools, none without).
+    pub fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
+        let has_tools = self.tools.as_ref().is_some_and(|t| !t.is_empty());
+        let bad = |m: String| ApiError::bad_param("tool_choice", m);
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => {
+                return Ok(if has_tools {
+                    ToolChoice::Auto
+                } else {
+                    ToolChoice::None
+                });
+            }
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(bad(format!(
+                        "unknown tool_choice {other:?}; use \"none\", \"auto\", \"required\" or \
+                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    )));
+                }
+            },
+            Some(Value::Object(o)) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str);
+                match (o.get("type").and_then(Value::as_str), name) {
+                    (Some("function"), Some(name)) => ToolChoice::Named(name.to_string()),
+                    _ => {
+                        return Err(bad(
+                            "a named tool_choice is {\"type\": \"function\", \"function\": \
+                             {\"name\": \"TOOL\"}}"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(bad(format!(
+                    "tool_choice must be a string or an object, not {other}"
+                )));
+            }
+        };
+        if !has_tools && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(bad(
+                "tool_choice asks for a tool call but the request declares no `tools`".into(),
+            ));
+        }
+        Ok(choice)
+    }
+}
+
+/// A tool call in a response (`function.arguments` is a JSON text).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallBody {
+    /// Position among the answer's calls (stream deltas only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// The call id (tool results refer to it).
+    pub id: String,
+    /// Always "function".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Name and arguments.
+    pub function: FunctionBody,
+}
+
+/// `tool_calls[].function`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionBody {
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// The assistant message of a non-streamed answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantBody {
+    /// Always "assistant".
+    pub role: &'static str,
+    /// The visible answer (null when empty and there are tool calls).
+    pub content: Option<String>,
+    /// The reasoning (thinking mode only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls, when there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallBody>,
+}
+
+/// One choice of a non-streamed answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChoiceBody {
+    /// Always 0.
+    pub index: usize,
+    /// The message.
+    pub message: AssistantBody,
+    /// "stop", "length" or "tool_calls".
+    pub finish_reason: &'static str,
+    /// Always null (log probabilities are not supported).
+    pub logprobs: Option<()>,
+}
+
+/// A non-streamed chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    /// "chatcmpl-…".
+    pub id: String,
+    /// "chat.completion".
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChoiceBody>,
+    /// Token counts.
+    pub usage: UsageBody,
+}
+
+/// The delta of one stream chunk.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeltaBody {
+    /// "assistant" on the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// More content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// More reasoning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Complete tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallBody>>,
+}
+
+/// One choice of a stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkChoice {
+    /// Always 0.
+    pub index: usize,
+    /// What is new.
+    pub delta: DeltaBody,
+    /// Set on the last content chunk.
+    pub finish_reason: Option<&'static str>,
+    /// Always null.
+    pub logprobs: Option<()>,
+}
+
+/// One `chat.completion.chunk` event.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk {
+    /// Same id on every chunk of a stream.
+    pub id: String,
+    /// "chat.completion.chunk".
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// One choice, or none on the usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// With `include_usage`: null, then the usage on the last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageBody>>,
+}

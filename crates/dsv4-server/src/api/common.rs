@@ -1,0 +1,219 @@
+//! What chat and text completions share: parsing a body into a request type (malformed JSON
+//! and wrong types become 400s that name the field), sampling fields, stop strings, stream
+//! options and the usage object.
+
+use crate::error::ApiError;
+use dsv4_engine::{SamplingParams, Usage};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Most stop strings a request may give (OpenAI allows 4; vLLM and SGLang have no limit).
+pub const MAX_STOPS: usize = 16;
+
+/// Parse `body` as `T`, naming the field at fault in the error.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let value = parsed.map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!(
+                "the request body is not valid JSON ({inner}); send one JSON object"
+            ))
+            .with_code("invalid_json")
+        } else if path == "." {
+            ApiError::bad_request(format!("invalid request body: {inner}"))
+        } else {
+            ApiError::bad_param(&path, format!("invalid value for `{path}`: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::bad_request(format!(
+            "the request body has data after its JSON object ({e}); send exactly one object"
+        ))
+        .with_code("invalid_json")
+    })?;
+    Ok(value)
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Up to [`MAX_STOPS`] stop strings.
+    Many(Vec<String>),
+}
+
+/// Check and flatten `stop`.
+pub fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ApiError::bad_param(
+            "stop",
+            format!(
+                "at most {MAX_STOPS} stop strings are accepted, got {}",
+                stops.len()
+            ),
+        ));
+    }
+    if stops.iter().any(String::is_empty) {
+        return Err(ApiError::bad_param(
+            "stop",
+            "stop strings must not be empty",
+        ));
+    }
+    Ok(stops)
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage (and `"usage": null` on the others).
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// The sampling fields both endpoints accept.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    /// 0 to 2; 0 is greedy (default 1, as OpenAI).
+    pub temperature: Option<f32>,
+    /// (0, 1] (default 1).
+    pub top_p: Option<f32>,
+    /// Keep the k most likely tokens; -1 or 0 keeps all (vLLM/SGLang extension).
+    pub top_k: Option<i64>,
+    /// Seed of the request's random stream (default: a fresh one per request).
+    pub seed: Option<u64>,
+    /// Not supported: must be 0 when given.
+    pub frequency_penalty: Option<f32>,
+    /// Not supported: must be 0 when given.
+    pub presence_penalty: Option<f32>,
+}
+
+impl SamplingFields {
+    /// The engine's sampling options; `fresh_seed` is used when the request gives none.
+    pub fn to_params(&self, fresh_seed: u64) -> Result<SamplingParams, ApiError> {
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
+            return Err(ApiError::bad_param(
+                "temperature",
+                format!("temperature must be from 0 to 2 (0 = greedy), got {temperature}"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::bad_param(
+                "top_p",
+                format!("top_p must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match self.top_k.unwrap_or(0) {
+            -1 | 0 => 0,
+            k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            k => {
+                return Err(ApiError::bad_param(
+                    "top_k",
+                    format!("top_k must be -1, 0 (all tokens) or positive, got {k}"),
+                ));
+            }
+        };
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if v.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("{name} is not supported by this server; leave it out or send 0"),
+                ));
+            }
+        }
+        Ok(SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed: self.seed.unwrap_or(fresh_seed),
+        })
+    }
+}
+
+/// Refuse an option this server does not implement when it is set to anything but `default`.
+pub fn unsupported<T: PartialEq>(name: &str, value: Option<T>, default: T) -> Result<(), ApiError> {
+    match value {
+        Some(v) if v != default => Err(ApiError::bad_param(
+            name,
+            format!("`{name}` is not supported by this server; leave it out"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Check `n` (only 1 is supported).
+pub fn check_n(n: Option<u32>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_param(
+            "n",
+            format!("only n = 1 is supported, got {n}; send {n} requests instead"),
+        )),
+    }
+}
+
+/// The OpenAI usage object.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct UsageBody {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Both.
+    pub total_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens reused from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+impl From<Usage> for UsageBody {
+    fn from(u: Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (the `created` field).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A short pseudo-random hex id from `serial` and the clock.
+pub fn random_hex(serial: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // SplitMix64 finalizer over the mix: unique per serial, unpredictable enough for ids.
+    let mut z = nanos ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    format!("{:016x}", z ^ (z >> 31))
+}

@@ -1,0 +1,138 @@
+//! `/v1/completions` bodies: [`CompletionRequest`] (one prompt: text or token ids) and the
+//! response and stream-chunk objects.
+
+use super::common::{SamplingFields, Stop, StreamOptions, UsageBody};
+use crate::error::ApiError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// OpenAI's default `max_tokens` for text completions.
+pub const DEFAULT_MAX_TOKENS: u64 = 16;
+
+/// A text completion request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The served model's id.
+    pub model: String,
+    /// Text, a list with one text, token ids, or a list with one list of token ids.
+    pub prompt: Value,
+    /// Tokens to generate at most (default 16, as OpenAI).
+    pub max_tokens: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (extension).
+    pub top_k: Option<i64>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Choices (only 1).
+    pub n: Option<u32>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Stream options.
+    pub stream_options: Option<StreamOptions>,
+    /// Not supported (must be false).
+    pub echo: Option<bool>,
+    /// Not supported.
+    pub logprobs: Option<u32>,
+    /// Not supported.
+    pub suffix: Option<String>,
+    /// Not supported (must be 1).
+    pub best_of: Option<u32>,
+    /// Not supported (must be 0).
+    pub frequency_penalty: Option<f32>,
+    /// Not supported (must be 0).
+    pub presence_penalty: Option<f32>,
+    /// Not supported (must be empty).
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// The prompt of a completion request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text (BOS is prepended unless it starts with the BOS marker).
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+}
+
+impl CompletionRequest {
+    /// The sampling fields.
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+        }
+    }
+
+    /// The one prompt, checked.
+    pub fn prompt(&self) -> Result<Prompt, ApiError> {
+        let bad = |m: &str| ApiError::bad_param("prompt", m.to_string());
+        let one = |v: &Value| -> Result<Prompt, ApiError> {
+            match v {
+                Value::String(s) => Ok(Prompt::Text(s.clone())),
+                Value::Array(ids) if ids.iter().all(Value::is_number) => ids
+                    .iter()
+                    .map(|i| i.as_u64().and_then(|i| u32::try_from(i).ok()))
+                    .collect::<Option<Vec<u32>>>()
+                    .map(Prompt::Tokens)
+                    .ok_or_else(|| bad("token ids must be non-negative integers")),
+                _ => Err(bad(
+                    "a prompt is a string, a list of token ids, or a list with one of those",
+                )),
+            }
+        };
+        match &self.prompt {
+            Value::Array(items) if !items.is_empty() && !items[0].is_number() => {
+                if items.len() > 1 {
+                    return Err(bad(
+                        "only one prompt per request is supported; send one request per prompt",
+                    ));
+                }
+                one(&items[0])
+            }
+            other => one(other),
+        }
+    }
+}
+
+/// One choice of a completion or a chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    /// Always 0.
+    pub index: usize,
+    /// The generated text (or its next piece).
+    pub text: String,
+    /// "stop" or "length" (null until the last chunk).
+    pub finish_reason: Option<&'static str>,
+    /// Always null.
+    pub logprobs: Option<()>,
+}
+
+/// A completion, or one chunk of a streamed one (`object` "text_completion" either way).
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    /// "cmpl-…".
+    pub id: String,
+    /// "text_completion".
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// One choice (none on a stream's usage chunk).
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (streams: only on the usage chunk, with `include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageBody>>,
+}

@@ -1,0 +1,71 @@
+//! [`ServerConfig`]: what the HTTP server is configured with, as plain values (the CLI maps the
+//! profile's `[server]` section here, so this crate does not depend on how a profile spells it).
+
+use crate::error::ServerError;
+use std::time::Duration;
+
+/// How completions are turned into assistant messages (`server.tool_call_parser` and
+/// `server.reasoning_parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputParsing {
+    /// The strict DSV4 parser: `reasoning_content`, content and DSML `tool_calls`.
+    Dsv4,
+    /// The DSV4 parser for tool calls, with the reasoning (and its `</think>`) left in the
+    /// content.
+    Dsv4ReasoningInContent,
+    /// No parsing: the raw completion text is the content.
+    Raw,
+}
+
+impl OutputParsing {
+    /// From the two profile switches; the reasoning parser needs the tool-call parser (one DSV4
+    /// parser does both).
+    pub fn from_switches(tool_calls: bool, reasoning: bool) -> Result<Self, ServerError> {
+        match (tool_calls, reasoning) {
+            (true, true) => Ok(Self::Dsv4),
+            (true, false) => Ok(Self::Dsv4ReasoningInContent),
+            (false, false) => Ok(Self::Raw),
+            (false, true) => Err(ServerError::Config {
+                option: "server.reasoning_parser",
+                message: "deepseek-v4 needs server.tool_call_parser = \"deepseek-v4\" too (one \
+                          DSV4 parser splits reasoning and tool calls); set both to \"none\" \
+                          for raw text"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// Everything the HTTP server is configured with.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (`server.host`).
+    pub host: String,
+    /// TCP port (`server.port`); 0 picks a free port.
+    pub port: u16,
+    /// Bearer token clients must send to `/v1/*` (`server.api_key`); None accepts everyone.
+    pub api_key: Option<String>,
+    /// Largest accepted request body (`server.max_request_bytes`).
+    pub max_request_bytes: usize,
+    /// `/health` answers 503 when requests are pending and the step loop has not completed a
+    /// step for this long (`server.health_stall_s`).
+    pub health_stall: Duration,
+    /// The model id clients name in `model` and `/v1/models` lists.
+    pub model_id: String,
+    /// How completions are parsed.
+    pub output: OutputParsing,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            max_request_bytes: 16 * 1024 * 1024,
+            health_stall: Duration::from_secs(60),
+            model_id: "dsv4-tiny".into(),
+            output: OutputParsing::Dsv4,
+        }
+    }
+}

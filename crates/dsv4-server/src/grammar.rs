@@ -1,0 +1,329 @@
+//! Grammar-constrained decoding with llguidance: `tool_choice` "required" or a named tool
+//! becomes a Lark grammar of the DSML tool-call block (each tool's JSON Schema constraining its
+//! arguments), `response_format` json_schema / json_object a grammar of one JSON value; the
+//! compiled grammar drives an engine [`TokenConstraint`] that masks every sampled token.
+//!
+//! The block is written exactly as the DSV4 encoder writes history tool calls (one tag per
+//! line). DSML markers that are single tokens of the vocabulary are named by id (`<[ID]>`), so
+//! the model emits them as the special tokens it was trained on. A parameter whose schema is a
+//! plain `{"type": "string"}` is written `string="true"` with raw text (which cannot contain
+//! the closing tag); every other parameter `string="false"` with JSON generated under its
+//! sub-schema (with the schema's `$defs`/`definitions`), compact, with Python's separators.
+//! Required parameters come in schema order; optional ones may be left out. Parallel calls are
+//! capped at [`MAX_PARALLEL_CALLS`].
+
+use dsv4_chat::markers;
+use dsv4_chat::pyjson::OrderedJson;
+use dsv4_chat::tools::ToolDef;
+use dsv4_chat::{Tokenizer, ToolSet};
+use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use std::sync::Mutex;
+use toktrie::TokEnv;
+
+/// Free text in a `string="true"` value: anything without the closing tag.
+const STRING_VALUE: &str = r#"/(?s:.+)/ & ~/(?s:.*)<\/｜DSML｜parameter>(?s:.*)/"#;
+/// Reasoning before `</think>` in thinking mode: text without `<` (so no markup).
+const REASONING: &str = "/[^<]+/";
+
+/// Most tool calls one constrained answer may make (so a model that keeps calling stops).
+pub const MAX_PARALLEL_CALLS: usize = 16;
+
+/// Compiles request grammars over one tokenizer's vocabulary.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+    tok: Tokenizer,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrammarCompiler")
+    }
+}
+
+/// What the constrained completion must be.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A DSML tool-call block (one call, or several when `parallel`).
+    ToolCalls {
+        /// Only this tool may be called (None: any of the request's tools).
+        only: Option<&'a str>,
+        /// Allow more than one call.
+        parallel: bool,
+    },
+    /// One JSON value valid under this schema.
+    Json(&'a serde_json::Value),
+}
+
+impl GrammarCompiler {
+    /// A compiler over `env` (see [`crate::vocab::Vocab::tok_env`]) for `tok`'s markers.
+    pub fn new(env: &TokEnv, tok: Tokenizer) -> Result<Self, String> {
+        let mut factory = ParserFactory::new_simple(env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory, tok })
+    }
+
+    /// The constraint for `target`; in thinking mode the completion starts with reasoning and
+    /// `</think>`. The error says what in the request cannot be turned into a grammar.
+    pub fn constraint(
+        &self,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Result<Constraint, String> {
+        let body = match target {
+            Target::ToolCalls { only, parallel } => {
+                let chosen: Vec<&ToolDef> = tools
+                    .tools()
+                    .iter()
+                    .filter(|t| only.is_none_or(|n| t.name() == n))
+                    .collect();
+                self.tool_calls(&chosen, parallel)?
+            }
+            Target::Json(schema) => format!("start_body: %json {}\n", compact(schema.clone())),
+        };
+        let start = if thinking {
+            format!(
+                "start: REASONING? {} start_body\nREASONING: {REASONING}\n",
+                self.marker(markers::THINK_END)
+            )
+        } else {
+            "start: start_body\n".to_string()
+        };
+        let lark = format!("{start}{body}");
+        tracing::debug!(grammar = %lark, "constraint grammar");
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_lark(lark))
+            .map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        Ok(Constraint::new(LlgConstraint {
+            proto: Mutex::new(matcher),
+        }))
+    }
+
+    /// A marker as a grammar atom: its token id when the vocabulary has it as one special
+    /// token, else its literal text.
+    fn marker(&self, text: &str) -> String {
+        match self.tok.token_id(text) {
+            Some(id) if self.tok.is_special(id) => format!("<[{id}]>"),
+            _ => lark_str(text),
+        }
+    }
+
+    fn tool_calls(&self, tools: &[&ToolDef], parallel: bool) -> Result<String, String> {
+        if tools.is_empty() {
+            return Err("no tool to call".into());
+        }
+        let calls = if parallel {
+            format!("call{{1,{MAX_PARALLEL_CALLS}}}")
+        } else {
+            "call".to_string()
+        };
+        let mut g = format!(
+            "start_body: {} \"\\n\" {calls} {}\n",
+            self.marker(markers::TOOL_CALLS_START),
+            self.marker(markers::TOOL_CALLS_END)
+        );
+        let names: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
+        g.push_str(&format!("call: {}\n", names.join(" | ")));
+        for (i, tool) in tools.iter().enumerate() {
+            g.push_str(&self.invoke(i, tool)?);
+        }
+        g.push_str(&format!("STRING_VALUE: {STRING_VALUE}\n"));
+        Ok(g)
+    }
+
+    /// The rule of one tool's invoke and its parameters.
+    fn invoke(&self, i: usize, tool: &ToolDef) -> Result<String, String> {
+        let name = tool.name();
+        let (props, required, defs) = object_shape(name, tool.function().get("parameters"))?;
+        let mut rule = format!(
+            "tool_{i}: {} {}",
+            self.marker(markers::INVOKE_START),
+            lark_str(&format!(" name=\"{name}\">\n"))
+        );
+        let mut params = String::new();
+        for (j, (key, sub)) in props.iter().enumerate() {
+            let optional = if required.contains(key) { "" } else { "?" };
+            rule.push_str(&format!(" param_{i}_{j}{optional}"));
+            let (flag, value) = if is_plain_string(sub) {
+                ("true", "STRING_VALUE?".to_string())
+            } else {
+                let mut sub = sub.clone();
+                if let (Some(obj), Some((k, d))) = (sub.as_object_mut(), defs.as_ref()) {
+                    obj.insert(k.to_string(), d.clone());
+                }
+                ("false", format!("%json {}", compact(sub)))
+            };
+            params.push_str(&format!(
+                "param_{i}_{j}: {} {} {value} {} \"\\n\"\n",
+                self.marker(markers::PARAMETER_START),
+                lark_str(&format!(" name=\"{key}\" string=\"{flag}\">")),
+                self.marker(markers::PARAMETER_END),
+            ));
+        }
+        rule.push_str(&format!(" {} \"\\n\"\n", self.marker(markers::INVOKE_END)));
+        Ok(rule + &params)
+    }
+}
+
+/// A tool's parameters as (properties in schema order, required names, shared definitions).
+type Shape = (
+    Vec<(String, serde_json::Value)>,
+    Vec<String>,
+    Option<(&'static str, serde_json::Value)>,
+);
+
+/// Keys a constrained tool's `parameters` may use (others cannot be enforced by the grammar).
+const OBJECT_KEYS: [&str; 11] = [
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "description",
+    "title",
+    "$schema",
+    "$defs",
+    "definitions",
+    "$id",
+    "strict",
+];
+
+/// Check that `schema` is a plain object schema the grammar can follow, and split it.
+fn object_shape(tool: &str, schema: Option<&OrderedJson>) -> Result<Shape, String> {
+    let fields = match schema {
+        None | Some(OrderedJson::Null) | Some(OrderedJson::Bool(true)) => {
+            return Ok((Vec::new(), Vec::new(), None));
+        }
+        Some(OrderedJson::Object(fields)) => fields,
+        Some(_) => {
+            return Err(format!(
+                "tool `{tool}`: `parameters` must be an object schema"
+            ));
+        }
+    };
+    if let Some((k, _)) = fields
+        .iter()
+        .find(|(k, _)| !OBJECT_KEYS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "tool `{tool}`: `parameters` uses `{k}`, which a DSML grammar cannot enforce; \
+             constrained tool calls need a plain object schema (type, properties, required, \
+             additionalProperties, $defs)"
+        ));
+    }
+    let get = |key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    if get("type").is_some_and(|t| t.as_str() != Some("object")) {
+        return Err(format!(
+            "tool `{tool}`: `parameters` must have type \"object\""
+        ));
+    }
+    let props: Vec<(String, serde_json::Value)> = match get("properties") {
+        None => Vec::new(),
+        Some(OrderedJson::Object(p)) => p.iter().map(|(k, v)| (k.clone(), v.to_value())).collect(),
+        Some(_) => return Err(format!("tool `{tool}`: `properties` must be an object")),
+    };
+    if let Some(k) = props
+        .iter()
+        .map(|(k, _)| k)
+        .find(|k| k.contains(['"', '<', '>']))
+    {
+        return Err(format!(
+            "tool `{tool}`: parameter name {k:?} cannot be written as a DSML attribute (no '\"', \
+             '<' or '>')"
+        ));
+    }
+    let required: Vec<String> = match get("required") {
+        None => Vec::new(),
+        Some(OrderedJson::Array(r)) => r
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        Some(_) => return Err(format!("tool `{tool}`: `required` must be an array")),
+    };
+    if let Some(k) = required
+        .iter()
+        .find(|k| !props.iter().any(|(p, _)| p == *k))
+    {
+        return Err(format!(
+            "tool `{tool}`: required parameter `{k}` is not in `properties`"
+        ));
+    }
+    let defs = ["$defs", "definitions"]
+        .into_iter()
+        .find_map(|k| get(k).map(|d| (k, d.to_value())));
+    Ok((props, required, defs))
+}
+
+/// Whether a property is an unconstrained string (written as raw text, `string="true"`).
+fn is_plain_string(sub: &serde_json::Value) -> bool {
+    sub.as_object().is_some_and(|o| {
+        o.get("type").is_some_and(|t| t == "string")
+            && o.keys()
+                .all(|k| matches!(k.as_str(), "type" | "description" | "title"))
+    })
+}
+
+/// `schema` with llguidance options for compact JSON with Python's separators (what the DSV4
+/// encoder writes), as JSON text.
+fn compact(mut schema: serde_json::Value) -> String {
+    let options = serde_json::json!({
+        "whitespace_flexible": false,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    });
+    match &mut schema {
+        serde_json::Value::Object(o) => {
+            o.insert("x-guidance".into(), options);
+        }
+        serde_json::Value::Bool(true) => {
+            schema = serde_json::json!({ "x-guidance": options });
+        }
+        _ => {}
+    }
+    schema.to_string()
+}
+
+/// A Lark string literal.
+fn lark_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// A compiled grammar; every request gets its own copy of the matcher.
+struct LlgConstraint {
+    proto: Mutex<Matcher>,
+}
+
+impl TokenConstraint for LlgConstraint {
+    fn start(&self) -> Box<dyn ConstraintState> {
+        let m = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        Box::new(LlgState(m.deep_clone()))
+    }
+}
+
+/// One request's position in the grammar.
+struct LlgState(Matcher);
+
+impl ConstraintState for LlgState {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = self.0.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        for (id, v) in logits.iter_mut().enumerate() {
+            if !allowed.is_allowed(id as u32) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, token: u32) -> Result<(), String> {
+        self.0.consume_token(token).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,34 @@
+//! dsv4-server: the OpenAI-compatible HTTP server (axum, tokio) in front of a
+//! [`dsv4_engine`] engine.
+//!
+//! - Routes ([`routes`]): `POST /v1/chat/completions` (DSV4 prompt encoding, tools,
+//!   `tool_choice`, thinking mode, SSE streaming, strict DSML parsing of every answer),
+//!   `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
+//! - Constrained decoding ([`grammar`]): `tool_choice` required/named and `response_format`
+//!   become llguidance grammars over the tokenizer's vocabulary ([`vocab`]), enforced by the
+//!   engine's per-request token constraint.
+//! - Output ([`output`]): per-request decoding of token bytes with stop strings and the
+//!   streaming DSML parser; [`run`] drives one request, [`state`] holds what handlers share
+//!   (with the step-loop stall watch behind `/health`), [`metrics`] renders Prometheus text.
+//! - [`Server`]: bind (port 0 picks one), serve, drain on shutdown.
+//!
+//! Bad input is answered with a 4xx OpenAI error object ([`ApiError`]); no request can panic
+//! the server.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod grammar;
+pub mod metrics;
+pub mod output;
+pub mod routes;
+pub mod run;
+pub mod server;
+pub mod state;
+pub mod vocab;
+
+pub use config::{OutputParsing, ServerConfig};
+pub use error::{ApiError, ServerError};
+pub use routes::router;
+pub use server::{Server, shutdown_signal};
+pub use state::{AppState, Health, Loaded};

@@ -1,0 +1,320 @@
+//! Server statistics and their Prometheus text exposition (`GET /metrics`). Names follow vLLM's
+//! (`vllm:time_to_first_token_seconds` → `dsv4:time_to_first_token_seconds`, …) so dashboards
+//! and the stress harness read either server. Engine gauges (running/queued requests, pool
+//! pages, prefix hit rate, steps) come from [`EngineMetrics`] at scrape time.
+
+use dsv4_engine::{EngineMetrics, FinishReason, Finished};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// Bucket upper bounds (seconds) of the time-to-first-token histogram (vLLM's).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+/// Bucket upper bounds (seconds) of the time-per-output-token histogram (vLLM's).
+const TPOT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Bucket upper bounds (seconds) of the end-to-end latency histogram.
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0,
+];
+
+/// A cumulative histogram.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(&mut self.counts) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: BTreeMap<(&'static str, u16), u64>,
+    finished: BTreeMap<&'static str, u64>,
+    output_errors: BTreeMap<&'static str, u64>,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    ttft: Histogram,
+    tpot: Histogram,
+    e2e: Histogram,
+}
+
+/// Counters and histograms the handlers update.
+#[derive(Debug)]
+pub struct Stats {
+    inner: Mutex<Inner>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                http: BTreeMap::new(),
+                finished: BTreeMap::new(),
+                output_errors: BTreeMap::new(),
+                prompt_tokens: 0,
+                generation_tokens: 0,
+                ttft: Histogram::new(TTFT_BUCKETS),
+                tpot: Histogram::new(TPOT_BUCKETS),
+                e2e: Histogram::new(E2E_BUCKETS),
+            }),
+        }
+    }
+}
+
+/// The `finished_reason` label of a finished request (vLLM's values plus ours).
+fn reason_label(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Eos | FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "abort",
+        FinishReason::Error => "error",
+    }
+}
+
+impl Stats {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An HTTP answer on `endpoint` with `status`.
+    pub fn http(&self, endpoint: &'static str, status: u16) {
+        *self.lock().http.entry((endpoint, status)).or_default() += 1;
+    }
+
+    /// A completion broke the DSV4 completion grammar (`class`: the parser's error class).
+    pub fn output_error(&self, class: &'static str) {
+        *self.lock().output_errors.entry(class).or_default() += 1;
+    }
+
+    /// A generation request ended (any way) with the engine's final event.
+    pub fn finished(&self, f: &Finished) {
+        let mut s = self.lock();
+        *s.finished.entry(reason_label(f.reason)).or_default() += 1;
+        s.prompt_tokens += f.usage.prompt_tokens as u64;
+        s.generation_tokens += f.usage.completion_tokens as u64;
+        let n = f.usage.completion_tokens;
+        if n > 0 {
+            s.ttft.observe(f.timing.ttft_ms / 1e3);
+            if n > 1 {
+                s.tpot
+                    .observe((f.timing.e2e_ms - f.timing.ttft_ms) / 1e3 / (n - 1) as f64);
+            }
+        }
+        s.e2e.observe(f.timing.e2e_ms / 1e3);
+    }
+
+    /// The Prometheus text of the server's counters and the engine's gauges (`engine` is None
+    /// while the model loads).
+    pub fn render(&self, engine: Option<&EngineMetrics>, in_flight: u64) -> String {
+        let s = self.lock();
+        let mut out = String::new();
+        let o = &mut out;
+        let name = header(
+            o,
+            "dsv4:http_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status code.",
+        );
+        for ((endpoint, status), n) in &s.http {
+            let _ = writeln!(
+                o,
+                "{name}{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let name = header(
+            o,
+            "dsv4:request_success_total",
+            "counter",
+            "Generation requests finished, by reason (stop, length, abort, error).",
+        );
+        for (reason, n) in &s.finished {
+            let _ = writeln!(o, "{name}{{finished_reason=\"{reason}\"}} {n}");
+        }
+        let name = header(
+            o,
+            "dsv4:model_output_errors_total",
+            "counter",
+            "Completions refused because they broke the DSV4 grammar, by parser error class.",
+        );
+        for (class, n) in &s.output_errors {
+            let _ = writeln!(o, "{name}{{class=\"{class}\"}} {n}");
+        }
+        scalar(
+            o,
+            "dsv4:prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished generation requests.",
+            s.prompt_tokens as f64,
+        );
+        scalar(
+            o,
+            "dsv4:generation_tokens_total",
+            "counter",
+            "Tokens generated for finished generation requests.",
+            s.generation_tokens as f64,
+        );
+        scalar(
+            o,
+            "dsv4:server_requests_in_flight",
+            "gauge",
+            "Generation requests the server is waiting on.",
+            in_flight as f64,
+        );
+        s.ttft.render(
+            o,
+            "dsv4:time_to_first_token_seconds",
+            "Submission to first generated token.",
+        );
+        s.tpot.render(
+            o,
+            "dsv4:time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per request.",
+        );
+        s.e2e.render(
+            o,
+            "dsv4:e2e_request_latency_seconds",
+            "Submission to the end of a generation request.",
+        );
+        if let Some(m) = engine {
+            render_engine(o, m);
+        }
+        out
+    }
+}
+
+/// Write the HELP and TYPE lines of `name`; returns the name.
+fn header<'a>(out: &mut String, name: &'a str, kind: &str, help: &str) -> &'a str {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    name
+}
+
+/// One unlabelled sample with its header.
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {v}");
+}
+
+/// The engine's gauges and counters, and its pools' pages.
+fn render_engine(o: &mut String, m: &EngineMetrics) {
+    scalar(
+        o,
+        "dsv4:num_requests_running",
+        "gauge",
+        "Requests in the engine's running batch.",
+        m.running_requests as f64,
+    );
+    scalar(
+        o,
+        "dsv4:num_requests_waiting",
+        "gauge",
+        "Requests queued for admission.",
+        m.queued_requests as f64,
+    );
+    scalar(
+        o,
+        "dsv4:prefix_cache_hit_rate",
+        "gauge",
+        "Cached prompt tokens / prompt tokens over admitted requests.",
+        m.prefix_hit_rate,
+    );
+    scalar(
+        o,
+        "dsv4:prefix_cache_snapshots",
+        "gauge",
+        "Prefix-cache state snapshots held.",
+        m.prefix_snapshots as f64,
+    );
+    scalar(
+        o,
+        "dsv4:num_preemptions_total",
+        "counter",
+        "Requests preempted (cache freed, recomputed later).",
+        m.preemptions_total as f64,
+    );
+    scalar(
+        o,
+        "dsv4:engine_requests_cancelled_total",
+        "counter",
+        "Requests the engine cancelled (client gone, or cancelled explicitly).",
+        m.requests_cancelled as f64,
+    );
+    scalar(
+        o,
+        "dsv4:engine_steps_total",
+        "counter",
+        "Steps the engine's loop has run.",
+        m.steps_total as f64,
+    );
+    scalar(
+        o,
+        "dsv4:engine_computed_tokens_total",
+        "counter",
+        "Tokens run through the model (prefill and decode, recomputation included).",
+        m.computed_tokens_total as f64,
+    );
+    let used: usize = m.pools.iter().map(|p| p.used_pages).sum();
+    let total: usize = m.pools.iter().map(|p| p.total_pages).sum();
+    scalar(
+        o,
+        "dsv4:cache_usage_perc",
+        "gauge",
+        "Used / total cache pages over all pools (0 to 1).",
+        used as f64 / total.max(1) as f64,
+    );
+    let name = header(
+        o,
+        "dsv4:cache_pool_used_pages",
+        "gauge",
+        "Pages in use, per cache pool.",
+    );
+    for p in &m.pools {
+        let _ = writeln!(o, "{name}{{pool=\"{}\"}} {}", p.pool, p.used_pages);
+    }
+    let name = header(
+        o,
+        "dsv4:cache_pool_total_pages",
+        "gauge",
+        "Pages of each cache pool.",
+    );
+    for p in &m.pools {
+        let _ = writeln!(o, "{name}{{pool=\"{}\"}} {}", p.pool, p.total_pages);
+    }
+}

@@ -1,0 +1,172 @@
+//! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
+//! on `/v1/*`, request counting, the body-size limit and the JSON 404/405 answers; helpers turn
+//! bodies into bytes (413 past the limit), check the model id, and stream server-sent events.
+
+pub mod chat;
+pub mod completions;
+pub mod info;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use serde::Serialize;
+use std::convert::Infallible;
+use std::future::Future;
+
+/// The application: every route with its middleware, over `state`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.cfg().max_request_bytes;
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// The endpoint label of a path (unknown paths share one label).
+fn endpoint(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/models" => "/v1/models",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        _ => "other",
+    }
+}
+
+/// Count every answer by endpoint and status.
+async fn count(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let label = endpoint(req.uri().path());
+    let response = next.run(req).await;
+    state.stats().http(label, response.status().as_u16());
+    response
+}
+
+/// Refuse `/v1/*` requests without the configured bearer key.
+async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = state.cfg().api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
+        Some(_) => {
+            ApiError::unauthorized("the API key is not valid for this server").into_response()
+        }
+        None => {
+            ApiError::unauthorized("this server needs an API key: send `Authorization: Bearer KEY`")
+                .into_response()
+        }
+    }
+}
+
+/// Compare without leaking where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
+         GET /v1/models, GET /health and GET /metrics",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+/// The body, or 413 past `server.max_request_bytes`.
+pub(crate) fn body_bytes(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.cfg().max_request_bytes)
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {}", r.body_text()))
+        }
+    })
+}
+
+/// 404 unless `model` is the served model's id.
+pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    let served = &state.cfg().model_id;
+    if model == served {
+        return Ok(());
+    }
+    Err(ApiError::not_found(format!(
+        "the model `{model}` does not exist; this server serves `{served}` (GET /v1/models)"
+    ))
+    .with_param("model")
+    .with_code("model_not_found"))
+}
+
+/// 200 with `body` as JSON.
+pub(crate) fn json_response<T: Serialize>(body: &T) -> Response {
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// The `data: {"error": ...}` event that ends a stream that failed after it started.
+pub(crate) fn error_event(e: &ApiError) -> SseEvent {
+    SseEvent::default().data(e.body().to_string())
+}
+
+/// A streamed answer: yields events until it is done.
+pub(crate) trait EventSource: Send + 'static {
+    /// The next events (possibly several).
+    fn next_events(&mut self) -> impl Future<Output = Vec<SseEvent>> + Send;
+    /// Whether the last event was produced.
+    fn is_done(&self) -> bool;
+}
+
+/// Stream `src` as server-sent events (dropping the response, e.g. when the client
+/// disconnects, drops `src` and so cancels its request).
+pub(crate) fn sse_response(src: impl EventSource) -> Response {
+    let stream = futures_util::stream::unfold(src, |mut src| async move {
+        if src.is_done() {
+            return None;
+        }
+        let events = src.next_events().await;
+        Some((
+            futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>)),
+            src,
+        ))
+    })
+    .flatten();
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,160 @@
+//! One generation in flight: a submitted engine request, its output decoder and its place in
+//! the server's accounting. [`Run::next`] waits for the next piece of answer. Dropping a run
+//! (the client went away, or the answer broke the grammar) drops its engine stream, which
+//! cancels the request and frees its cache before the engine's next step.
+
+use crate::error::ApiError;
+use crate::output::{Delta, OutputDecoder};
+use crate::state::{AppState, InFlight, Loaded};
+use dsv4_engine::limits::Limits;
+use dsv4_engine::{Event, FinishReason, Finished, Request, RequestStream};
+use std::sync::Arc;
+
+/// What [`Run::next`] produced.
+#[derive(Debug)]
+pub enum Step {
+    /// More of the answer.
+    Deltas(Vec<Delta>),
+    /// The last of the answer and how the request ended.
+    Done(Vec<Delta>, Finished),
+}
+
+/// A generation request in flight.
+pub struct Run {
+    state: AppState,
+    loaded: Arc<Loaded>,
+    stream: RequestStream,
+    decoder: OutputDecoder,
+    constrained: bool,
+    max_tokens: usize,
+    _in_flight: InFlight,
+}
+
+impl Run {
+    /// Submit `req`; its output goes through `decoder`.
+    pub fn start(
+        state: &AppState,
+        loaded: &Arc<Loaded>,
+        req: Request,
+        decoder: OutputDecoder,
+    ) -> Result<Self, ApiError> {
+        let in_flight = state.begin_request();
+        let (constrained, max_tokens) = (req.constraint.is_some(), req.max_tokens);
+        let stream = loaded.engine.submit(req)?;
+        tracing::debug!(id = %stream.id(), "submitted");
+        Ok(Self {
+            state: state.clone(),
+            loaded: Arc::clone(loaded),
+            stream,
+            decoder,
+            constrained,
+            max_tokens,
+            _in_flight: in_flight,
+        })
+    }
+
+    /// Wait for the next piece of the answer (tokens that only extend held-back text are
+    /// consumed silently). Errors: the answer broke the completion grammar, the engine
+    /// failed, or it stopped.
+    pub async fn next(&mut self) -> Result<Step, ApiError> {
+        loop {
+            let event = self.stream.next().await;
+            match event {
+                Some(Event::Token(t)) => {
+                    let bytes = self.loaded.vocab.bytes(t.token);
+                    let deltas = self
+                        .decoder
+                        .push(bytes)
+                        .map_err(|e| self.output_error(&e, false))?;
+                    if !deltas.is_empty() {
+                        return Ok(Step::Deltas(deltas));
+                    }
+                }
+                Some(Event::Finished(f)) => {
+                    self.state.stats().finished(&f);
+                    return match f.reason {
+                        FinishReason::Error => Err(ApiError::internal(format!(
+                            "the engine failed on this request: {}",
+                            f.error.as_deref().unwrap_or("no reason given")
+                        ))),
+                        FinishReason::Cancelled => Err(ApiError::unavailable(
+                            "the request was cancelled by the server (shutting down)",
+                        )),
+                        FinishReason::Eos | FinishReason::Stop | FinishReason::Length => {
+                            let cut = f.reason == FinishReason::Length;
+                            let deltas = self
+                                .decoder
+                                .finish()
+                                .map_err(|e| self.output_error(&e, cut))?;
+                            Ok(Step::Done(deltas, f))
+                        }
+                    };
+                }
+                None => {
+                    return Err(ApiError::unavailable(
+                        "the engine stopped before the request finished",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl Run {
+    /// Count a broken answer and say what could help (`cut`: it ended at max_tokens).
+    fn output_error(&self, e: &dsv4_chat::ParseError, cut: bool) -> ApiError {
+        self.state.stats().output_error(e.class.as_str());
+        let hint = if cut {
+            format!(
+                "the answer reached max_tokens ({}) before it was complete; raise max_tokens",
+                self.max_tokens
+            )
+        } else if self.constrained {
+            "the answer was constrained by a grammar, so stop strings must have cut it: remove \
+             them (otherwise this is a bug: please report it)"
+                .to_string()
+        } else {
+            "tool_choice \"required\", a named tool or a response_format constrain the answer \
+             to the grammar"
+                .to_string()
+        };
+        ApiError::model_output(e, &hint)
+    }
+}
+
+/// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made.
+pub fn finish_reason(reason: FinishReason, tool_calls: bool) -> &'static str {
+    match reason {
+        _ if tool_calls => "tool_calls",
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+/// The largest `max_tokens` up to `upper` that the engine accepts for `prompt` (its pools may
+/// hold less than the whole context); `upper` itself when even 1 is refused, so the engine's
+/// refusal reaches the client.
+pub fn fit_max_tokens(limits: &Limits, prompt: &[u32], upper: usize) -> usize {
+    let ok = |n: usize| {
+        limits
+            .check(&Request {
+                prompt: prompt.to_vec(),
+                max_tokens: n,
+                ..Default::default()
+            })
+            .is_ok()
+    };
+    if ok(upper) || !ok(1) {
+        return upper;
+    }
+    let (mut lo, mut hi) = (1, upper);
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}

@@ -1,0 +1,231 @@
+//! The server's shared state: its configuration, the loaded model ([`Loaded`]: engine handle,
+//! tokenizer, vocabulary bytes, grammar compiler) once it is ready, statistics, the count of
+//! generation requests in flight, and the step-loop progress watch behind `/health`.
+
+use crate::config::ServerConfig;
+use crate::error::ServerError;
+use crate::grammar::GrammarCompiler;
+use crate::metrics::Stats;
+use crate::vocab::Vocab;
+use dsv4_chat::Tokenizer;
+use dsv4_engine::{Detokenizer, Engine, EngineConfig, EngineHandle};
+use dsv4_model::Model;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// A model being served: its engine and what requests are encoded and decoded with.
+pub struct Loaded {
+    /// The engine running the model.
+    pub engine: EngineHandle,
+    /// The model's tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Token id → bytes.
+    pub vocab: Vocab,
+    /// Compiles constrained-decoding grammars over the vocabulary.
+    pub grammars: GrammarCompiler,
+    /// The model's context limit in tokens.
+    pub context: usize,
+    /// The beginning-of-sequence token id.
+    pub bos: u32,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded")
+            .field("context", &self.context)
+            .field("vocab", &self.vocab.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loaded {
+    /// Start an engine on `model` under `cfg`, with `tokenizer` for prompts, stop strings and
+    /// grammars.
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: Tokenizer,
+        cfg: EngineConfig,
+    ) -> Result<Self, ServerError> {
+        let vocab = Vocab::new(&tokenizer, model.cfg.vocab_size)?;
+        let grammars = GrammarCompiler::new(&vocab.tok_env(tokenizer.clone()), tokenizer.clone())
+            .map_err(ServerError::Grammar)?;
+        let detok: Arc<dyn Detokenizer> = {
+            let tok = tokenizer.clone();
+            Arc::new(move |ids: &[u32]| tok.decode(ids).unwrap_or_default())
+        };
+        let (context, bos) = (model.cfg.max_position_embeddings, model.cfg.bos_token_id);
+        let engine = Engine::spawn_with(model, cfg, Some(detok))?;
+        Ok(Self {
+            engine,
+            tokenizer,
+            vocab,
+            grammars,
+            context,
+            bos,
+        })
+    }
+}
+
+/// Last observed step count and when the loop last made progress (or was idle).
+#[derive(Debug)]
+struct Progress {
+    steps: u64,
+    at: Instant,
+}
+
+/// Everything handlers share.
+#[derive(Debug)]
+pub struct Shared {
+    /// The configuration.
+    pub cfg: ServerConfig,
+    /// Counters and histograms.
+    pub stats: Stats,
+    loaded: OnceLock<Arc<Loaded>>,
+    in_flight: AtomicU64,
+    draining: AtomicBool,
+    serial: AtomicU64,
+    progress: Mutex<Progress>,
+}
+
+/// The state handed to every handler (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct AppState(pub Arc<Shared>);
+
+/// What `/health` reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Health {
+    /// The model is still loading.
+    Loading,
+    /// Requests are pending and the step loop has not completed a step for `stalled_for`.
+    Stalled {
+        /// Time since the last step.
+        stalled_for: Duration,
+        /// Generation requests waiting on the engine.
+        pending: u64,
+    },
+    /// A shutdown is draining the requests in flight.
+    Draining,
+    /// Serving.
+    Ok,
+}
+
+impl AppState {
+    /// A state with no model yet (`/health` answers 503 "loading").
+    pub fn new(cfg: ServerConfig) -> Self {
+        Self(Arc::new(Shared {
+            cfg,
+            stats: Stats::default(),
+            loaded: OnceLock::new(),
+            in_flight: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            serial: AtomicU64::new(0),
+            progress: Mutex::new(Progress {
+                steps: 0,
+                at: Instant::now(),
+            }),
+        }))
+    }
+
+    /// The model is ready: start serving requests and watching the step loop's progress
+    /// (call inside a tokio runtime). A second call is ignored.
+    pub fn set_ready(&self, loaded: Loaded) {
+        if self.0.loaded.set(Arc::new(loaded)).is_err() {
+            tracing::warn!("the model was already set; ignoring the second one");
+            return;
+        }
+        let weak = Arc::downgrade(&self.0);
+        let tick =
+            (self.0.cfg.health_stall / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        tokio::spawn(watch_progress(weak, tick));
+        tracing::info!(model = %self.0.cfg.model_id, "model ready");
+    }
+
+    /// The loaded model, or 503 while it loads.
+    pub fn loaded(&self) -> Option<Arc<Loaded>> {
+        self.0.loaded.get().cloned()
+    }
+
+    /// The configuration.
+    pub fn cfg(&self) -> &ServerConfig {
+        &self.0.cfg
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> &Stats {
+        &self.0.stats
+    }
+
+    /// Generation requests in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.0.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Count a generation request until the guard is dropped.
+    pub fn begin_request(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(&self.0))
+    }
+
+    /// A number unique to this server process (ids, default seeds).
+    pub fn next_serial(&self) -> u64 {
+        self.0.serial.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Mark the server as shutting down (`/health` answers 503 "draining").
+    pub fn start_draining(&self) {
+        self.0.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The server's health now.
+    pub fn health(&self) -> Health {
+        if self.0.loaded.get().is_none() {
+            return Health::Loading;
+        }
+        if self.0.draining.load(Ordering::SeqCst) {
+            return Health::Draining;
+        }
+        let pending = self.in_flight();
+        let at = self.0.progress.lock().unwrap_or_else(|e| e.into_inner()).at;
+        let stalled_for = at.elapsed();
+        if pending > 0 && stalled_for >= self.0.cfg.health_stall {
+            return Health::Stalled {
+                stalled_for,
+                pending,
+            };
+        }
+        Health::Ok
+    }
+}
+
+/// Update the progress mark every `tick`: the loop progressed when its step count moved, and
+/// cannot be stalled while nothing is in flight. Ends with the server.
+async fn watch_progress(state: Weak<Shared>, tick: Duration) {
+    let mut interval = tokio::time::interval(tick);
+    loop {
+        interval.tick().await;
+        let Some(shared) = state.upgrade() else {
+            return;
+        };
+        let Some(loaded) = shared.loaded.get() else {
+            continue;
+        };
+        let steps = loaded.engine.metrics().steps_total;
+        let busy = shared.in_flight.load(Ordering::SeqCst) > 0;
+        let mut p = shared.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if !busy || steps != p.steps {
+            p.steps = steps;
+            p.at = Instant::now();
+        }
+    }
+}
+
+/// Counts one generation request in flight while it lives.
+#[derive(Debug)]
+pub struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,283 @@
+//! Test plumbing: a server on a free port over the tiny model, and a raw HTTP/1.1 client
+//! (one connection per request, `Connection: close`, chunked bodies decoded).
+
+use dsv4_core::Numerics;
+use dsv4_engine::{CacheBudget, EngineConfig};
+use dsv4_kernels::{BackendOptions, registry};
+use dsv4_model::{Model, ModelSource, load_model};
+use dsv4_server::{AppState, Loaded, Server, ServerConfig, ServerError};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The served model id.
+pub const MODEL: &str = "dsv4-tiny";
+
+/// Stop strings that end a tiny-model answer before any special token the strict DSV4 parser
+/// refuses in plain text (the tiny model's weights are random; it emits such tokens often).
+pub const CLEAN_STOPS: [&str; 7] = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜latest_reminder｜>",
+    "<think>",
+    "</think>",
+    "｜DSML｜",
+];
+
+/// The tiny model on the fastest registered CPU backend (loaded once per test binary).
+pub fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        dsv4_backend_reference::link();
+        dsv4_backend_cpu::link();
+        let names = registry::names();
+        let name = if names.contains(&"cpu") {
+            "cpu"
+        } else {
+            "reference"
+        };
+        let backend = registry::create(
+            name,
+            &BackendOptions {
+                threads: 2,
+                device: None,
+            },
+        )
+        .unwrap();
+        Arc::new(load_model(&ModelSource::Tiny { seed: 0 }, backend, Numerics::default()).unwrap())
+    })
+    .clone()
+}
+
+/// An engine on the tiny model with room for 64 concurrent requests.
+pub fn loaded() -> Loaded {
+    let cfg = EngineConfig {
+        cache: CacheBudget::Tokens(16384),
+        max_running_requests: 64,
+        ..Default::default()
+    };
+    Loaded::new(model(), dsv4_chat::Tokenizer::tiny().unwrap(), cfg).unwrap()
+}
+
+/// Server options for tests: a free port on 127.0.0.1.
+pub fn config() -> ServerConfig {
+    ServerConfig {
+        port: 0,
+        ..Default::default()
+    }
+}
+
+/// A running server.
+pub struct TestServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub state: AppState,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+/// Start a server with `cfg` and the tiny model.
+pub async fn start(cfg: ServerConfig) -> TestServer {
+    let s = start_loading(cfg).await;
+    s.state.set_ready(loaded());
+    s
+}
+
+/// Start a server with `cfg` whose model never finishes loading.
+pub async fn start_loading(cfg: ServerConfig) -> TestServer {
+    let state = AppState::new(cfg);
+    let server = Server::bind(state.clone()).await.unwrap();
+    let addr = server.local_addr();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    TestServer {
+        addr,
+        state,
+        stop: Some(tx),
+        task,
+    }
+}
+
+impl TestServer {
+    /// Begin a graceful shutdown (the server drains what is in flight).
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Shut down and wait until the server has drained.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        self.begin_shutdown();
+        self.task.await.unwrap()
+    }
+
+    /// A request to this server.
+    pub async fn send(&self, method: &str, path: &str, body: &Value) -> Reply {
+        request(self.addr, method, path, &[], body.to_string().as_bytes()).await
+    }
+
+    /// A GET request.
+    pub async fn get(&self, path: &str) -> Reply {
+        request(self.addr, "GET", path, &[], b"").await
+    }
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body (chunked encoding removed).
+    pub body: String,
+}
+
+impl Reply {
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent event stream (`[DONE]` as a JSON string).
+    pub fn events(&self) -> Vec<Value> {
+        self.body
+            .split("\n\n")
+            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.to_string())))
+            .collect()
+    }
+
+    /// Assert an OpenAI error object with `status`; returns it.
+    pub fn error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let v = self.json();
+        let e = v["error"].clone();
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        e
+    }
+}
+
+/// Write one raw request (bytes as given) and read the whole answer.
+pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    parse_reply(&buf)
+}
+
+/// One request with a body, `Connection: close`.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    raw(addr, &request_bytes(method, path, headers, body)).await
+}
+
+/// The bytes of one HTTP/1.1 request.
+pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+fn parse_reply(buf: &[u8]) -> Reply {
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(buf)));
+    let head = String::from_utf8_lossy(&buf[..split]).into_owned();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = buf[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+/// A chat request body.
+pub fn chat(content: &str, extra: Value) -> Value {
+    let mut v = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+    });
+    if let (Value::Object(o), Value::Object(x)) = (&mut v, extra) {
+        o.extend(x);
+    }
+    v
+}
+
+/// Poll `f` until it is true (panics after a generous deadline; no test asserts a duration).
+pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

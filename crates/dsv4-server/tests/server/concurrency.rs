@@ -1,0 +1,99 @@
+//! 64 concurrent streaming requests (greedy) each get exactly what the same request gets when
+//! sent alone: 48 text completions and 16 grammar-constrained tool calls.
+
+use super::common::*;
+use serde_json::{Value, json};
+
+/// The 64 requests: (path, body).
+fn requests() -> Vec<(&'static str, Value)> {
+    let tools = json!([{"type": "function", "function": {"name": "pick",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris", "Rome"]}}, "required": ["city"]}}}]);
+    (0..64)
+        .map(|i| {
+            if i % 4 == 3 {
+                let body = chat(
+                    &format!("Request {i}: where to?"),
+                    json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+                           "max_tokens": 200, "stream": true}),
+                );
+                ("/v1/chat/completions", body)
+            } else {
+                // Shared prefixes exercise the prefix cache under load.
+                let body = json!({"model": MODEL, "prompt": format!("Story {}: once upon a time {i}", i % 5),
+                                  "max_tokens": 6, "temperature": 0, "stream": true,
+                                  "stream_options": {"include_usage": true}});
+                ("/v1/completions", body)
+            }
+        })
+        .collect()
+}
+
+/// What a streamed answer said: text or tool calls, finish reason, usage.
+fn outcome(r: &Reply) -> Value {
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    assert_eq!(events.last().unwrap(), "[DONE]", "{}", r.body);
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    let mut finish = Value::Null;
+    let mut usage = Value::Null;
+    for e in events.iter().filter(|e| e.is_object()) {
+        assert!(e.get("error").is_none(), "{e}");
+        for c in e["choices"].as_array().unwrap() {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                calls.push(call["function"].clone());
+            }
+            if !c["finish_reason"].is_null() {
+                finish = c["finish_reason"].clone();
+            }
+        }
+        if !e["usage"].is_null() && e.get("usage").is_some() {
+            usage = e["usage"].clone();
+        }
+    }
+    json!({"text": text, "calls": calls, "finish": finish, "usage": usage["completion_tokens"]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_streams_equal_their_solo_runs() {
+    let s = start(config()).await;
+    let reqs = requests();
+    let mut solo = Vec::new();
+    for (path, body) in &reqs {
+        solo.push(outcome(&s.send("POST", path, body).await));
+    }
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|(path, body)| {
+            let addr = s.addr;
+            tokio::spawn(async move {
+                request(addr, "POST", path, &[], body.to_string().as_bytes()).await
+            })
+        })
+        .collect();
+    let mut together = Vec::new();
+    for t in tasks {
+        together.push(outcome(&t.await.unwrap()));
+    }
+    eprintln!(
+        "64 concurrent streams took {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "request {i}: solo vs concurrent");
+    }
+    assert!(
+        together
+            .iter()
+            .filter(|o| o["calls"].as_array().unwrap().len() == 1)
+            .count()
+            == 16,
+        "every tool request made its call"
+    );
+    let m = s.state.loaded().unwrap().engine.metrics();
+    assert_eq!(m.requests_cancelled, 0);
+    s.shutdown().await.unwrap();
+}
