@@ -62,7 +62,7 @@ enum Command {
     /// Inspect profiles: list, show, explain, diff, and export to SGLang.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
-    /// Serve the profile's model over HTTP (today: with SGLang, `--engine sglang`).
+    /// Serve the profile's model over an OpenAI-compatible HTTP API (or with SGLang).
     Serve(serve::ServeArgs),
 }
 

@@ -105,15 +105,16 @@ fn export_needs_a_target_and_a_valid_profile() {
 }
 
 #[test]
-fn serve_with_the_native_engine_is_not_available_yet() {
+fn serve_with_sglang_refuses_the_native_server_flags() {
+    // The native server is tested in tests/server_e2e.rs.
     let dir = tempfile::tempdir().unwrap();
-    let out = run(dsv4(dir.path(), &["serve"]));
+    let out = run(dsv4(
+        dir.path(),
+        &["serve", "--engine", "sglang", "--port", "9000"],
+    ));
     assert!(!out.status.success());
     let e = String::from_utf8(out.stderr).unwrap();
-    assert!(
-        e.contains("the built-in server is not available yet; use --engine sglang"),
-        "{e}"
-    );
+    assert!(e.contains("--set server.port=8001"), "{e}");
 }
 
 #[test]

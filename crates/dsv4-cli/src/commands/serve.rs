@@ -1,18 +1,43 @@
-//! `dsv4 serve`: serve the profile's model over HTTP. The built-in server is a later issue; today
-//! `--engine sglang` replaces this process with the SGLang launch command that reproduces the
-//! profile (`dsv4 profile export NAME --target sglang`).
+//! `dsv4 serve`: serve the profile's model over HTTP. The native engine is dsv4's own
+//! OpenAI-compatible server (crate dsv4-server): it binds first (printing the URL, so `--port 0`
+//! can be read back), loads the model while `/health` answers 503 "loading", and drains on
+//! SIGTERM. `--engine sglang` replaces this process with the SGLang launch command that
+//! reproduces the profile (`dsv4 profile export NAME --target sglang`).
 
+use super::forward::open_model;
+use super::generate::batch::engine_config;
 use anyhow::{Context, bail};
-use dsv4_config::Resolved;
+use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
+use dsv4_config::{ReasoningParser, Resolved, ToolCallParser};
+use dsv4_model::ModelSource;
+use dsv4_server::{AppState, Loaded, OutputParsing, Server, ServerConfig, shutdown_signal};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Arguments of `dsv4 serve` (the profile comes from the global --profile and --set).
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Which engine serves: dsv4's own server (`native`, not available yet) or SGLang.
+    /// Which engine serves: dsv4's own server (`native`) or SGLang.
     #[arg(long, value_enum, default_value_t = Engine::Native)]
     pub engine: Engine,
+    /// Port to listen on, overriding server.port; 0 picks a free port (the bound address is
+    /// printed on stdout).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Address to listen on, overriding server.host.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Checkpoint directory; the profile's model.path when omitted ("tiny": the embedded model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The model id clients send as `model` (default: "dsv4-tiny" for the embedded model, the
+    /// checkpoint directory's name otherwise).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
 }
 
 /// The engines `dsv4 serve` can run.
@@ -27,14 +52,122 @@ pub enum Engine {
 /// Serve the resolved profile with the chosen engine.
 pub fn run(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
     match args.engine {
-        Engine::Native => bail!(
-            "the built-in server is not available yet; use --engine sglang to serve profile `{}` \
-             with SGLang (see `dsv4 profile export {} --target sglang`)",
-            resolved.requested,
-            resolved.requested
-        ),
-        Engine::Sglang => exec_sglang(&sglang(resolved)),
+        Engine::Native => serve_native(args, resolved),
+        Engine::Sglang => {
+            if args.port.is_some()
+                || args.host.is_some()
+                || args.model.is_some()
+                || args.served_model_name.is_some()
+            {
+                bail!(
+                    "--port, --host, --model and --served-model-name apply to the native engine; \
+                     with --engine sglang set the profile keys instead (e.g. --set server.port=8001)"
+                );
+            }
+            exec_sglang(&sglang(resolved))
+        }
     }
+}
+
+/// The server options of the profile and the command line.
+fn server_config(
+    args: &ServeArgs,
+    resolved: &Resolved,
+    model_id: String,
+) -> anyhow::Result<ServerConfig> {
+    let s = &resolved.profile.server;
+    Ok(ServerConfig {
+        host: args.host.clone().unwrap_or_else(|| s.host.clone()),
+        port: args.port.unwrap_or(s.port),
+        api_key: s.api_key.clone(),
+        max_request_bytes: usize::try_from(s.max_request_bytes)
+            .context("server.max_request_bytes is too large for this machine")?,
+        health_stall: Duration::from_secs(s.health_stall_s),
+        model_id,
+        output: OutputParsing::from_switches(
+            s.tool_call_parser == ToolCallParser::DeepseekV4,
+            s.reasoning_parser == ReasoningParser::DeepseekV4,
+        )?,
+    })
+}
+
+/// The model id: `--served-model-name`, else "dsv4-tiny" or the checkpoint directory's name.
+fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
+    if let Some(name) = &args.served_model_name {
+        return name.clone();
+    }
+    let dir = match (&args.model, resolved.profile.model.source()) {
+        (Some(dir), _) => dir.clone(),
+        (None, dsv4_config::ModelSource::Dir(dir)) => dir,
+        (None, dsv4_config::ModelSource::Tiny { .. }) => return "dsv4-tiny".into(),
+    };
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// Load the model and its tokenizer and start the engine (blocking; runs beside the server).
+fn load(model_dir: Option<&Path>, resolved: &Resolved) -> anyhow::Result<Loaded> {
+    let profile = &resolved.profile;
+    let cfg = engine_config(profile)?;
+    let (model, source) = open_model(model_dir, profile)?;
+    let tok = match &source {
+        ModelSource::Tiny { .. } => Tokenizer::tiny()?,
+        ModelSource::Dir(dir) => {
+            let path = dir.join("tokenizer.json");
+            Tokenizer::from_file(&path)
+                .with_context(|| format!("cannot load {}", path.display()))?
+        }
+    };
+    let loaded = Loaded::new(Arc::new(model), tok, cfg)?;
+    tracing::info!(pools = %loaded.engine.pool_report(), "engine started");
+    Ok(loaded)
+}
+
+/// Serve with dsv4's own server until SIGTERM or Ctrl-C, then drain.
+fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
+    let id = model_id(args, resolved);
+    let cfg = server_config(args, resolved, id.clone())?;
+    let has_key = cfg.api_key.is_some();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let state = AppState::new(cfg);
+        let server = Server::bind(state.clone()).await?;
+        let url = format!("http://{}", server.local_addr());
+        let auth = if has_key {
+            " -H \"Authorization: Bearer $DSV4_API_KEY\""
+        } else {
+            ""
+        };
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "dsv4 serve: listening on {url} (model {id}, profile {}; loading the model)",
+            resolved.requested
+        )?;
+        writeln!(
+            out,
+            "try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d \
+             '{{\"model\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \
+             \"max_tokens\": 16}}'"
+        )?;
+        out.flush()?;
+        drop(out);
+        let serving = tokio::spawn(server.run(shutdown_signal()));
+        let model_dir = args.model.clone();
+        let resolved_owned = resolved.clone();
+        let loaded = tokio::task::spawn_blocking(move || load(model_dir.as_deref(), &resolved_owned))
+            .await
+            .context("the model loader panicked")??;
+        state.set_ready(loaded);
+        println!("dsv4 serve: ready ({url}/health answers 200)");
+        serving.await.context("the server task panicked")??;
+        Ok(())
+    })
 }
 
 /// Check the command can run and SGLang is importable, print the warnings, then exec it.

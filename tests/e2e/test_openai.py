@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `dsv4 serve` with the official `openai` Python client.
+
+Run against a running server:
+
+    python3 tests/e2e/test_openai.py --base-url http://127.0.0.1:8000/v1 [--model dsv4-tiny] [--api-key KEY]
+
+`cargo test -p dsv4-cli --test server_e2e` starts `dsv4 serve --port 0` and runs this script.
+Covers: models, chat, streaming chat (with usage), a tool-call round trip (tools declared,
+tool_choice "required", the DSML tool call parsed into `tool_calls`, the tool result sent
+back), JSON answers, completions (plain and streamed), usage, and OpenAI error types.
+
+The embedded tiny model has random weights: plain-text answers are noise, and it often emits
+special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
+pass CLEAN_STOPS, stop strings that end the answer before any such token; tool calls and JSON
+answers need nothing of the kind, since a grammar constrains them.
+"""
+
+import argparse
+import json
+import sys
+import traceback
+
+import openai
+
+CLEAN_STOPS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜latest_reminder｜>",
+    "<think>",
+    "</think>",
+    "｜DSML｜",
+]
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Oslo", "Paris"]},
+                "unit": {"type": "string", "enum": ["C", "F"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def test_models(client, model):
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    check(ids == [model], f"models: {ids}")
+    check(client.models.retrieve(model).id == model, "retrieve")
+
+
+def chat_messages():
+    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
+
+
+def test_chat(client, model):
+    r = client.chat.completions.create(
+        model=model, messages=chat_messages(), max_tokens=8, temperature=0, stop=CLEAN_STOPS
+    )
+    check(r.object == "chat.completion", r.object)
+    check(r.model == model, r.model)
+    choice = r.choices[0]
+    check(choice.message.role == "assistant", choice.message.role)
+    check(isinstance(choice.message.content, str), repr(choice.message.content))
+    check(choice.finish_reason in ("stop", "length"), choice.finish_reason)
+    check(not choice.message.tool_calls, choice.message.tool_calls)
+    u = r.usage
+    check(u.prompt_tokens > 0 and 1 <= u.completion_tokens <= 8, u)
+    check(u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
+    return r
+
+
+def test_streaming_chat(client, model):
+    plain = test_chat(client, model)
+    stream = client.chat.completions.create(
+        model=model,
+        messages=chat_messages(),
+        max_tokens=8,
+        temperature=0,
+        stop=CLEAN_STOPS,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    content, finish, usage, ids = "", None, None, set()
+    for chunk in stream:
+        ids.add(chunk.id)
+        check(chunk.object == "chat.completion.chunk", chunk.object)
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    check(len(ids) == 1, f"one id per stream: {ids}")
+    check(content == plain.choices[0].message.content, f"{content!r} != {plain.choices[0].message.content!r}")
+    check(finish == plain.choices[0].finish_reason, finish)
+    check(usage is not None and usage.completion_tokens == plain.usage.completion_tokens, usage)
+    check(usage.prompt_tokens == plain.usage.prompt_tokens, usage)
+
+
+def test_tool_call_round_trip(client, model):
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=300,
+    )
+    choice = r.choices[0]
+    check(choice.finish_reason == "tool_calls", choice.finish_reason)
+    calls = choice.message.tool_calls
+    check(calls is not None and len(calls) == 1, calls)
+    call = calls[0]
+    check(call.type == "function" and call.function.name == "get_weather", call)
+    args = json.loads(call.function.arguments)
+    check(args.get("city") in ("Oslo", "Paris"), args)
+    check(set(args) <= {"city", "unit"}, args)
+
+    # Streamed, the same call arrives in the deltas.
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=300,
+        stream=True,
+    )
+    deltas, finish = [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            deltas.extend(c.delta.tool_calls or [])
+            finish = c.finish_reason or finish
+    check(finish == "tool_calls", finish)
+    check(len(deltas) == 1 and deltas[0].function.arguments == call.function.arguments, deltas)
+
+    # The tool's result goes back and the model answers.
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 4})})
+    r2 = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_tokens=8,
+        stop=CLEAN_STOPS,
+    )
+    check(r2.choices[0].message.role == "assistant", r2)
+    check(r2.usage.prompt_tokens > r.usage.prompt_tokens, (r2.usage, r.usage))
+
+
+def test_json_answer(client, model):
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Answer in JSON"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        temperature=0,
+        max_tokens=200,
+    )
+    value = json.loads(r.choices[0].message.content)
+    check(isinstance(value["ok"], bool) and 0 <= value["n"] <= 9, value)
+
+
+def test_completions(client, model):
+    r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0)
+    check(r.object == "text_completion", r.object)
+    text = r.choices[0].text
+    check(isinstance(text, str), text)
+    check(r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+    check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, r.usage)
+    stream = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    streamed, usage = "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            streamed += c.text
+        usage = chunk.usage or usage
+    check(streamed == text, f"{streamed!r} != {text!r}")
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
+
+
+def test_errors(client, model):
+    try:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("unknown model accepted")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, e)
+    try:
+        client.chat.completions.create(model=model, messages=[])
+        raise AssertionError("empty messages accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "messages" in str(e), e)
+
+
+TESTS = [
+    test_models,
+    test_chat,
+    test_streaming_chat,
+    test_tool_call_round_trip,
+    test_json_answer,
+    test_completions,
+    test_errors,
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default="dsv4-tiny")
+    p.add_argument("--api-key", default="unused")
+    a = p.parse_args()
+    client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+    failed = 0
+    for t in TESTS:
+        try:
+            t(client, a.model)
+            print(f"PASS {t.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}")
+            traceback.print_exc(file=sys.stdout)
+    print(f"openai {openai.__version__}: {len(TESTS) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
