@@ -147,3 +147,51 @@ fn show_prints_streams_events_and_arena_offsets() {
     assert!(v["launches"].as_array().unwrap().len() > 50);
     assert_eq!(v["placement"]["kind"], "fresh");
 }
+
+#[test]
+fn diff_mode_shorthands_pass_clean_and_catch_the_arena_fault() {
+    let base = [
+        "diff",
+        "--backend",
+        "cpu",
+        "--tokens",
+        "8",
+        "--decode",
+        "3",
+        "--json",
+    ];
+    for mode in ["captured-vs-eager", "overlap-vs-serial"] {
+        let mut args = base.to_vec();
+        args.extend(["--mode", mode]);
+        let (ok, v) = json(&args);
+        assert!(ok, "{mode}: {v}");
+        assert_eq!(v["passed"], true, "{mode}");
+    }
+    let mut args = base.to_vec();
+    args.extend([
+        "--mode",
+        "captured-vs-eager",
+        "--set",
+        "exec.multi_stream_overlap=true",
+        "--against-set",
+        "debug.inject=arena-ignores-stream-lifetimes",
+    ]);
+    let (ok, v) = json(&args);
+    assert!(!ok, "the faulty arena diverges: {v}");
+    assert_eq!(v["passed"], false);
+    let out = dsv4(&[
+        "diff",
+        "--mode",
+        "captured-vs-eager",
+        "--tokens",
+        "4",
+        "--decode",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("graphs-unsupported"),
+        "the reference runs no captured plans: {err}"
+    );
+}

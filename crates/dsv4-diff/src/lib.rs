@@ -21,6 +21,7 @@ pub mod error;
 pub mod faulty;
 pub mod metrics;
 pub mod model;
+pub mod modes;
 pub mod op;
 pub mod ops;
 pub mod render;
@@ -33,6 +34,7 @@ mod tests;
 
 pub use error::DiffError;
 pub use model::{ModelOptions, run_model};
+pub use modes::ModeDiff;
 pub use op::Op;
 pub use ops::{OpsOptions, run_ops};
 pub use render::render;

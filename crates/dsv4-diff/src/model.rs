@@ -1,6 +1,8 @@
 //! `--model` mode: both sides load their model, run the same prefill and decode steps with a tap
 //! after every op of every layer, and the taps are compared in execution order. The report names
 //! the first tap above its tolerance and summarizes the final logits and the indexer selections.
+//! Two sides with the same backend and numerics (only the execution mode differs) must agree
+//! bitwise: every tap's tolerance is then 0.
 
 use crate::DiffError;
 use crate::metrics::{self, LogitsStats};
@@ -44,6 +46,7 @@ struct Tap {
 /// Running comparison state of the candidate's taps of one call against the oracle's.
 struct TapCompare<'r> {
     call: String,
+    exact: bool,
     tokens: usize,
     numerics: (Numerics, Numerics),
     oracle: &'r [Tap],
@@ -80,7 +83,11 @@ impl TapCompare<'_> {
         }
         let nmse = metrics::nmse(&o.values, values);
         let (a, b) = &self.numerics;
-        let tolerance = tap_tolerance(op, coarse_rounding(op, a, b));
+        let tolerance = if self.exact {
+            0.0
+        } else {
+            tap_tolerance(op, coarse_rounding(op, a, b))
+        };
         // Per-token rows: a flip touches a few rows, a systematic error all of them.
         let rows = if self.tokens > 0 && values.len().is_multiple_of(self.tokens) {
             self.tokens
@@ -114,12 +121,21 @@ impl TapCompare<'_> {
 }
 
 fn load(side: &Side, role: &'static str) -> Result<Model, DiffError> {
-    load_model(
+    let mut m = load_model(
         &side.config.model,
         side.backend.clone(),
         side.config.numerics,
     )
-    .map_err(|source| DiffError::Model { side: role, source })
+    .map_err(|source| DiffError::Model { side: role, source })?;
+    m.set_exec(side.config.exec.clone());
+    Ok(m)
+}
+
+/// Whether the two sides must agree bitwise: the same backend with the same numerics (only
+/// the execution differs — captured or eager plans, streams — which must never change a bit).
+pub fn exact(oracle: &Side, candidate: &Side) -> bool {
+    oracle.config.backend == candidate.config.backend
+        && oracle.config.numerics == candidate.config.numerics
 }
 
 fn forward(
@@ -212,6 +228,7 @@ pub fn run_model(
         })?;
         let mut cmp = TapCompare {
             call: call.clone(),
+            exact: exact(oracle, candidate),
             tokens: chunk.len(),
             numerics: (oracle.config.numerics, candidate.config.numerics),
             oracle: &recorded,

@@ -8,6 +8,7 @@ use dsv4_core::Numerics;
 use dsv4_kernels::Backend;
 use dsv4_kernels::registry::{self, BackendOptions};
 use dsv4_model::ModelSource;
+use dsv4_model::forward::ExecOptions;
 use std::sync::Arc;
 
 /// What a side is made of, before its backend is created.
@@ -23,6 +24,8 @@ pub struct SideConfig {
     pub numerics: Numerics,
     /// The model `--model` loads.
     pub model: ModelSource,
+    /// How `--model` executes steps (captured or eager plans, streams, executor, faults).
+    pub exec: ExecOptions,
 }
 
 impl SideConfig {
@@ -94,6 +97,7 @@ impl Default for SideConfig {
             device: None,
             numerics: Numerics::default(),
             model: ModelSource::Tiny { seed: 0 },
+            exec: ExecOptions::default(),
         }
     }
 }

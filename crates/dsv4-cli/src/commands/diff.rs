@@ -1,12 +1,12 @@
 //! `dsv4 diff`: differential testing of two configurations (crate `dsv4-diff`). The oracle is the
 //! resolved profile on `--backend` (default `reference`); the candidate is the same profile plus `--against-set`
-//! overrides on `--against`. Prints a table, or one JSON document with `--json`; exits 1 when
-//! anything fails.
+//! overrides on `--against`. `--mode` diffs one backend against itself with an execution knob
+//! flipped. Prints a table, or one JSON document with `--json`; exits 1 when anything fails.
 
 use anyhow::{Context, bail};
 use dsv4_config::{Profile, ResolveOptions};
 use dsv4_diff::ops::list_cases;
-use dsv4_diff::{DiffError, ModelOptions, OpsOptions, SideConfig, diff, render};
+use dsv4_diff::{DiffError, ModeDiff, ModelOptions, OpsOptions, SideConfig, diff, render};
 use std::path::Path;
 
 /// The candidate backend when neither `--against` nor `--against-set backend.kind=…` names one.
@@ -32,6 +32,10 @@ pub struct DiffArgs {
     /// Run the profile's model on both sides and compare every tap.
     #[arg(long)]
     pub model: bool,
+    /// An execution-mode diff on one backend (implies --model; the sides must agree bitwise):
+    /// captured-vs-eager flips exec.cuda_graph, overlap-vs-serial exec.multi_stream_overlap.
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
     /// Only this op, by Backend method name (repeatable), e.g. -o rms_norm.
     #[arg(short = 'o', long = "op", value_name = "OP")]
     pub op: Vec<String>,
@@ -65,18 +69,19 @@ pub struct DiffArgs {
 }
 
 /// The side a resolved profile describes.
-fn side_of(p: &Profile) -> SideConfig {
+fn side_of(p: &Profile) -> anyhow::Result<SideConfig> {
     let model = match p.model.source() {
         dsv4_config::ModelSource::Tiny { seed } => dsv4_model::ModelSource::Tiny { seed },
         dsv4_config::ModelSource::Dir(dir) => dsv4_model::ModelSource::Dir(dir),
     };
-    SideConfig {
+    Ok(SideConfig {
         backend: p.backend.kind.clone(),
         threads: p.exec.threads,
         device: p.backend.device.clone(),
         numerics: p.numerics(),
         model,
-    }
+        exec: super::plan::exec_options(p)?,
+    })
 }
 
 fn resolve(profile: &str, dir: Option<&Path>, sets: &[String]) -> anyhow::Result<Profile> {
@@ -110,8 +115,23 @@ pub fn run(
         }
         return Ok(());
     }
-    let oracle_profile = resolve(profile, profile_dir, sets)?;
+    let mode = args.mode.as_deref().map(ModeDiff::parse).transpose()?;
+    let mut oracle_sets = sets.to_vec();
     let mut cand_sets = sets.to_vec();
+    if let Some(m) = mode {
+        // One backend on both sides, validated as that backend (its capabilities decide
+        // whether it runs captured plans or side streams at all).
+        let kind = args.backend.as_deref().unwrap_or(DEFAULT_ORACLE);
+        for (sets, knob) in [
+            (&mut oracle_sets, m.oracle_set()),
+            (&mut cand_sets, m.candidate_set()),
+        ] {
+            sets.push(format!("backend.kind={kind}"));
+            sets.push(knob);
+        }
+    }
+    let oracle_profile = resolve(profile, profile_dir, &oracle_sets)
+        .context("resolving the oracle's profile (--set)")?;
     cand_sets.extend(args.against_sets.iter().cloned());
     let cand_profile = resolve(profile, profile_dir, &cand_sets)
         .context("resolving the candidate's profile (--set and --against-set)")?;
@@ -123,21 +143,22 @@ pub fn run(
         .backend
         .clone()
         .unwrap_or_else(|| DEFAULT_ORACLE.to_string());
-    let cand_backend = match (&args.against, kind_overridden) {
-        (Some(name), _) => name.clone(),
-        (None, true) => cand_profile.backend.kind.clone(),
-        (None, false) => DEFAULT_CANDIDATE.to_string(),
+    let cand_backend = match (&args.against, kind_overridden, mode) {
+        (Some(name), _, _) => name.clone(),
+        (None, true, _) => cand_profile.backend.kind.clone(),
+        (None, false, Some(_)) => oracle_backend.clone(),
+        (None, false, None) => DEFAULT_CANDIDATE.to_string(),
     };
-    let oracle = side_of(&oracle_profile)
+    let oracle = side_of(&oracle_profile)?
         .with_backend(oracle_backend)
         .open("oracle")
         .map_err(|e| hint(e, "--backend"))?;
-    let candidate = side_of(&cand_profile)
+    let candidate = side_of(&cand_profile)?
         .with_backend(cand_backend)
         .open("candidate")
         .map_err(|e| hint(e, "--against"))?;
-    let run_model = args.model;
-    let run_ops = args.ops || !args.model;
+    let run_model = args.model || mode.is_some();
+    let run_ops = args.ops || !run_model;
     let model = ModelOptions {
         prefill: args.tokens,
         decode: args.decode,
@@ -152,6 +173,15 @@ pub fn run(
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {
+        if let Some(m) = mode {
+            println!(
+                "mode {}: oracle {}, candidate {} (same backend and numerics: the sides must \
+                 agree bitwise)",
+                m.name(),
+                m.oracle_set(),
+                m.candidate_set()
+            );
+        }
         print!("{}", render(&report));
     }
     if !report.passed {
