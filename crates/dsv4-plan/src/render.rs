@@ -147,8 +147,9 @@ pub fn finding(f: &Finding) -> String {
     }
 }
 
-/// A verdict: the counts, then every finding (at most `limit`, then how many more).
-pub fn verdict(v: &Verdict, limit: usize) -> String {
+/// A verdict: the counts, the findings per pair of streams, then the findings (those with a
+/// stream whose name starts with `involving`, when given; at most `limit`).
+pub fn verdict(v: &Verdict, limit: usize, involving: Option<&str>) -> String {
     let mut out = format!(
         "{} launches, {} streams, {} events, {} conflicting access pairs checked: ",
         v.launches, v.streams, v.events, v.conflicting_pairs
@@ -164,11 +165,34 @@ pub fn verdict(v: &Verdict, limit: usize) -> String {
         v.count(FindingKind::Clobber),
         v.count(FindingKind::Uninitialised)
     );
-    for f in v.findings.iter().take(limit) {
+    let mut pairs: std::collections::BTreeMap<(String, String), usize> = Default::default();
+    for f in &v.findings {
+        let other = f.second.as_ref().map_or("-", |s| s.stream.as_str());
+        let mut key = [f.first.stream.clone(), other.to_string()];
+        key.sort();
+        let [a, b] = key;
+        *pairs.entry((a, b)).or_default() += 1;
+    }
+    let by: Vec<String> = pairs
+        .iter()
+        .map(|((a, b), n)| format!("{a}↔{b} {n}"))
+        .collect();
+    let _ = writeln!(out, "by streams: {}", by.join(", "));
+    let shown: Vec<&Finding> = v
+        .findings
+        .iter()
+        .filter(|f| {
+            involving.is_none_or(|s| {
+                f.first.stream.starts_with(s)
+                    || f.second.as_ref().is_some_and(|x| x.stream.starts_with(s))
+            })
+        })
+        .collect();
+    for f in shown.iter().take(limit) {
         let _ = writeln!(out, "{}", finding(f));
     }
-    if v.findings.len() > limit {
-        let _ = writeln!(out, "… and {} more", v.findings.len() - limit);
+    if shown.len() > limit {
+        let _ = writeln!(out, "… and {} more", shown.len() - limit);
     }
     out
 }

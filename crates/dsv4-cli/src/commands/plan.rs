@@ -68,6 +68,9 @@ pub struct CheckArgs {
     /// Findings printed per plan.
     #[arg(long, default_value_t = 8, value_name = "N")]
     limit: usize,
+    /// Print only findings with a launch on a stream whose name starts with this (e.g. indexer).
+    #[arg(long, value_name = "STREAM")]
+    involving: Option<String>,
 }
 
 /// The execution options a profile asks for (`[exec]`, `debug.inject`).
@@ -279,7 +282,7 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
             print!(
                 "{kind} {} ({mode}): {}",
                 c.rows,
-                render::verdict(&c.verdict, a.limit)
+                render::verdict(&c.verdict, a.limit, a.involving.as_deref())
             );
         }
     }
