@@ -59,6 +59,10 @@ fn serve(model: Arc<Model>) -> (Vec<Completion>, EngineMetrics) {
         })
         .collect();
     while sched.step() {}
+    // Shown with --nocapture (docs/plans.md quotes them).
+    for f in sched.canary_findings() {
+        eprintln!("canary: {f}");
+    }
     let metrics = sched.metrics();
     (
         streams.into_iter().map(|s| s.collect_blocking()).collect(),
