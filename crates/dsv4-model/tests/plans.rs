@@ -193,3 +193,31 @@ fn the_threaded_executor_refuses_a_plan_the_verifier_rejects() {
         report.writes
     );
 }
+
+#[test]
+fn a_step_with_mismatched_inputs_is_refused_without_changes() {
+    let model = load_model(
+        &ModelSource::Tiny { seed: 0 },
+        Arc::new(dsv4_backend_reference::ReferenceBackend),
+        Numerics::default(),
+    )
+    .unwrap();
+    let mut a = model.new_sequence();
+    let err = model
+        .forward_batch(&mut [&mut a], &[&[1], &[2]])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 sequences was given 2 token slices"),
+        "{err}"
+    );
+    let err = model
+        .forward_batch(&mut [&mut a], &[&[999_999]])
+        .unwrap_err();
+    assert!(matches!(err, ForwardError::InvalidToken { .. }), "{err}");
+    assert_eq!(a.pos, 0);
+    assert!(
+        a.layers.iter().all(|l| l.swa.is_empty()),
+        "no row was reserved"
+    );
+}

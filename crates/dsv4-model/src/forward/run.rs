@@ -89,24 +89,24 @@ pub(crate) struct Gathered {
 pub(crate) struct Run<'a> {
     pub model: &'a Model,
     pub plan: &'a Plan<Op>,
+    /// Rows of the plan's buffers (see [`plan_rows`]).
+    pub plan_rows: usize,
     pub bound: &'a Bound<'a>,
     pub mem: Memory<'a>,
     pub out: Gathered,
 }
 
+/// Rows of a plan's buffers: the length of its step-wide `tokens` buffer.
+pub(crate) fn plan_rows(plan: &Plan<Op>) -> usize {
+    plan.buffers
+        .iter()
+        .find(|b| b.name == "tokens" && b.scope.is_empty())
+        .map_or(1, |b| b.bytes as usize / 4)
+}
+
 impl Run<'_> {
     fn words_per_row(&self, s: &Slice) -> usize {
-        let rows = self.plan_rows();
-        (self.plan.buffer(s.buffer).bytes as usize / 4) / rows.max(1)
-    }
-
-    /// Rows of the plan's buffers.
-    pub fn plan_rows(&self) -> usize {
-        self.plan
-            .buffers
-            .iter()
-            .find(|b| b.name == "tokens" && b.scope.is_empty())
-            .map_or(1, |b| b.bytes as usize / 4)
+        (self.plan.buffer(s.buffer).bytes as usize / 4) / self.plan_rows.max(1)
     }
 
     fn read(&self, s: &Slice) -> Result<Vec<f32>, ForwardError> {

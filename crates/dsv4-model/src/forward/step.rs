@@ -6,7 +6,7 @@ use super::build::{PlanSpec, StepKind, build_plan};
 use super::exec::{ExecOptions, Executor, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
-use super::run::{Bound, BoundBlock, Gathered, Memory, Run};
+use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
 use super::{ForwardError, ForwardOutput, Model, SequenceState, Taps};
 use dsv4_plan::Plan;
@@ -62,7 +62,16 @@ impl Model {
         exec: &ExecOptions,
         taps: &mut Taps<'_>,
     ) -> Result<(Vec<ForwardOutput>, StepReport), ForwardError> {
-        if seqs.len() != tokens.len() || seqs.is_empty() {
+        if seqs.len() != tokens.len() {
+            return Err(ForwardError::Plan {
+                message: format!(
+                    "a step of {} sequences was given {} token slices; give one per sequence",
+                    seqs.len(),
+                    tokens.len()
+                ),
+            });
+        }
+        if seqs.is_empty() {
             return Err(ForwardError::Empty);
         }
         let (mut positions, mut row_seq) = (Vec::new(), Vec::new());
@@ -133,6 +142,7 @@ impl Model {
         let run = Run {
             model: self,
             plan,
+            plan_rows: plan_rows(plan),
             bound: &bound,
             mem,
             out: Gathered {
@@ -222,6 +232,7 @@ impl Model {
         let run = Run {
             model: self,
             plan: &plan,
+            plan_rows: plan_rows(&plan),
             bound: &bound,
             mem: Memory::fresh(&plan),
             out: Gathered::default(),
