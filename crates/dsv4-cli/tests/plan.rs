@@ -102,9 +102,15 @@ fn the_arena_fault_fails_the_check_with_both_launches_named() {
     ]);
     let out = String::from_utf8_lossy(&text.stdout);
     let shown = out.matches("RACE:").count();
-    assert!(shown > 0 && shown == out.matches("stream indexer_weights").count(), "{out}");
+    assert!(
+        shown > 0 && shown == out.matches("stream indexer_weights").count(),
+        "{out}"
+    );
     assert!(out.contains("RACE: no ordering between"), "{out}");
-    assert!(out.contains("by streams: ") && out.contains("indexer"), "{out}");
+    assert!(
+        out.contains("by streams: ") && out.contains("indexer"),
+        "{out}"
+    );
     assert!(String::from_utf8_lossy(&text.stderr).contains("plans have hazards"));
 }
 
