@@ -8,7 +8,7 @@ use crate::grammar::GrammarCompiler;
 use crate::metrics::Stats;
 use crate::vocab::Vocab;
 use dsv4_chat::Tokenizer;
-use dsv4_engine::{Detokenizer, Engine, EngineConfig, EngineHandle};
+use dsv4_engine::{DebugOptions, Detokenizer, Engine, EngineConfig, EngineHandle};
 use dsv4_model::Model;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -40,12 +40,13 @@ impl std::fmt::Debug for Loaded {
 }
 
 impl Loaded {
-    /// Start an engine on `model` under `cfg`, with `tokenizer` for prompts, stop strings and
-    /// grammars.
+    /// Start an engine on `model` under `cfg` with the run-time checks of `debug`, with
+    /// `tokenizer` for prompts, stop strings and grammars.
     pub fn new(
         model: Arc<Model>,
         tokenizer: Tokenizer,
         cfg: EngineConfig,
+        debug: DebugOptions,
     ) -> Result<Self, ServerError> {
         let vocab = Vocab::new(&tokenizer, model.cfg.vocab_size)?;
         let grammars = GrammarCompiler::new(&vocab.tok_env(tokenizer.clone()), tokenizer.clone())
@@ -55,7 +56,7 @@ impl Loaded {
             Arc::new(move |ids: &[u32]| tok.decode(ids).unwrap_or_default())
         };
         let (context, bos) = (model.cfg.max_position_embeddings, model.cfg.bos_token_id);
-        let engine = Engine::spawn_with(model, cfg, Some(detok))?;
+        let engine = Engine::spawn_debug(model, cfg, Some(detok), debug)?;
         Ok(Self {
             engine,
             tokenizer,

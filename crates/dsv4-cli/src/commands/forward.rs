@@ -27,7 +27,7 @@ pub struct ForwardArgs {
 }
 
 /// The model a command runs: `--model DIR` if given, else the profile's `[model]`, on the
-/// profile's backend with its numerics.
+/// profile's backend with its numerics and execution options.
 pub fn open_model(
     model_dir: Option<&Path>,
     profile: &dsv4_config::Profile,
@@ -45,8 +45,10 @@ pub fn open_model(
     };
     let backend = registry::create(&profile.backend.kind, &opts)?;
     tracing::info!(backend = backend.name(), numerics = %profile.numerics(), ?source, "loading model");
-    let model = load_model(&source, backend, profile.numerics())
+    let mut model = load_model(&source, backend, profile.numerics())
         .with_context(|| format!("cannot load the model ({source:?})"))?;
+    // The profile's execution mode (captured plans, multi-stream overlap, injected faults).
+    model.set_exec(super::plan::exec_options(profile)?);
     Ok((model, source))
 }
 

@@ -98,6 +98,13 @@ pub fn exec_options(p: &Profile) -> anyhow::Result<ExecOptions> {
     })
 }
 
+/// The engine's run-time checks a profile asks for (`debug.canary`: every pool, logging).
+pub fn debug_options(p: &Profile) -> dsv4_engine::DebugOptions {
+    dsv4_engine::DebugOptions {
+        canary: p.debug.canary.then(dsv4_engine::CanaryConfig::default),
+    }
+}
+
 /// The config a plan command describes, and where it came from.
 fn config(common: &Common, p: &Profile) -> anyhow::Result<(ModelConfig, String)> {
     if let Some(name) = &common.config {

@@ -120,7 +120,8 @@ fn load(model_dir: Option<&Path>, resolved: &Resolved) -> anyhow::Result<Loaded>
                 .with_context(|| format!("cannot load {}", path.display()))?
         }
     };
-    let loaded = Loaded::new(Arc::new(model), tok, cfg)?;
+    let debug = super::plan::debug_options(profile);
+    let loaded = Loaded::new(Arc::new(model), tok, cfg, debug)?;
     tracing::info!(pools = %loaded.engine.pool_report(), "engine started");
     Ok(loaded)
 }

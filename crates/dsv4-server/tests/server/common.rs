@@ -62,7 +62,13 @@ pub fn loaded() -> Loaded {
         max_running_requests: 64,
         ..Default::default()
     };
-    Loaded::new(model(), dsv4_chat::Tokenizer::tiny().unwrap(), cfg).unwrap()
+    Loaded::new(
+        model(),
+        dsv4_chat::Tokenizer::tiny().unwrap(),
+        cfg,
+        Default::default(),
+    )
+    .unwrap()
 }
 
 /// Server options for tests: a free port on 127.0.0.1.

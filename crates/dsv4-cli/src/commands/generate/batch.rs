@@ -180,7 +180,8 @@ pub fn run_batch(
         let tok = Arc::clone(&tok);
         Arc::new(move |ids: &[u32]| tok.decode(ids).unwrap_or_default())
     };
-    let engine = Engine::spawn_with(Arc::new(model), cfg, Some(detok))?;
+    let debug = crate::commands::plan::debug_options(profile);
+    let engine = Engine::spawn_debug(Arc::new(model), cfg, Some(detok), debug)?;
     tracing::info!(requests = requests.len(), pools = %engine.pool_report(), "batch started");
     let streams: Vec<(serde_json::Value, anyhow::Result<RequestStream>)> = requests
         .into_iter()
