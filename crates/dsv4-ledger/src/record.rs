@@ -1,0 +1,237 @@
+//! The record format: one TOML file per record under `ledger/entries/<id>.toml`. Records are
+//! append-only; a status change is a new record whose `supersedes` names the old one.
+
+use crate::error::LedgerError;
+use crate::evidence::EvidenceFile;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::path::Path;
+
+/// What a record is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// A change of one profile key.
+    ConfigChange,
+    /// A hypothesis about a cause.
+    Hypothesis,
+    /// Something observed.
+    Observation,
+}
+
+/// Where a record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Put forward, not yet tested.
+    Proposed,
+    /// Confirmed by its evidence.
+    Validated,
+    /// Refuted by its evidence.
+    Falsified,
+    /// Replaced by a later record.
+    Superseded,
+}
+
+impl Status {
+    /// Parse a status as written on the command line.
+    pub fn parse(text: &str) -> Result<Status, LedgerError> {
+        match text {
+            "proposed" => Ok(Status::Proposed),
+            "validated" => Ok(Status::Validated),
+            "falsified" => Ok(Status::Falsified),
+            "superseded" => Ok(Status::Superseded),
+            other => Err(LedgerError::Invalid(format!(
+                "unknown status {other:?}: expected proposed, validated, falsified or superseded"
+            ))),
+        }
+    }
+
+    /// The status as written in records and trailers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Proposed => "proposed",
+            Status::Validated => "validated",
+            Status::Falsified => "falsified",
+            Status::Superseded => "superseded",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A change of one key of one profile, values spelled as in a profile file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// The profile name (file `profiles/<profile>.toml`).
+    pub profile: String,
+    /// The dotted key.
+    pub key: String,
+    /// The value before.
+    pub from: String,
+    /// The value after.
+    pub to: String,
+}
+
+impl Change {
+    /// `key from→to`, as in commit subjects and the `Change` trailer.
+    pub fn summary(&self) -> String {
+        format!("{} {}→{}", self.key, self.from, self.to)
+    }
+}
+
+/// One ledger record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Collision-free id: `YYYYMMDDTHHMMSSZ-` and 12 hex digits of a content hash.
+    pub id: String,
+    /// One-line title.
+    pub title: String,
+    /// UTC time, RFC 3339 (`2026-11-29T19:30:00Z`).
+    pub date: String,
+    /// Who recorded it (`Name <email>`).
+    pub author: String,
+    /// The incident it belongs to.
+    pub incident: String,
+    /// What it is about.
+    pub kind: Kind,
+    /// Where it stands.
+    pub status: Status,
+    /// The hypothesis or finding, in prose.
+    #[serde(default)]
+    pub hypothesis: String,
+    /// Records this one replaces.
+    #[serde(default)]
+    pub supersedes: Vec<String>,
+    /// The profile change, for a config-change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<Change>,
+    /// The evidence files, copied under `ledger/evidence/<id>/`.
+    #[serde(default)]
+    pub evidence: Vec<EvidenceFile>,
+}
+
+impl Record {
+    /// The id for a record with these contents at `date` (hash over everything but the id).
+    pub fn make_id(&self) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            &self.title,
+            &self.date,
+            &self.author,
+            &self.incident,
+            &self.hypothesis,
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        h.update(self.status.as_str());
+        for s in &self.supersedes {
+            h.update(s.as_bytes());
+            h.update([0]);
+        }
+        if let Some(c) = &self.change {
+            h.update(format!("{}\0{}\0{}\0{}", c.profile, c.key, c.from, c.to));
+        }
+        for e in &self.evidence {
+            h.update(e.sha256.as_bytes());
+        }
+        let hex = hex(&h.finalize());
+        let stamp: String = self
+            .date
+            .chars()
+            .filter(|c| *c != '-' && *c != ':')
+            .collect();
+        format!("{stamp}-{}", &hex[..12])
+    }
+
+    /// The record as TOML text.
+    pub fn to_toml(&self) -> Result<String, LedgerError> {
+        toml::to_string(self).map_err(|e| LedgerError::Invalid(format!("record {}: {e}", self.id)))
+    }
+
+    /// Parse a record file's text (`path` is for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Record, LedgerError> {
+        toml::from_str(text).map_err(|e| LedgerError::BadRecord {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })
+    }
+
+    /// The commit subject: `ledger(profile): key from→to [status]`, or `ledger(incident): title
+    /// [status]` for a record without a change.
+    pub fn subject(&self) -> String {
+        match &self.change {
+            Some(c) => format!("ledger({}): {} [{}]", c.profile, c.summary(), self.status),
+            None => format!(
+                "ledger({}): {} [{}]",
+                self.incident, self.title, self.status
+            ),
+        }
+    }
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A UTC time in seconds since the Unix epoch as RFC 3339 (`2026-11-29T19:30:00Z`).
+pub fn rfc3339(unix_secs: i64) -> String {
+    let days = unix_secs.div_euclid(86_400);
+    let secs = unix_secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// Whether `date` looks like the RFC 3339 UTC form [`rfc3339`] writes.
+pub fn is_rfc3339(date: &str) -> bool {
+    let b = date.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_979_658), "2026-11-29T19:14:18Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert!(is_rfc3339(&rfc3339(1_795_979_658)));
+        assert!(!is_rfc3339("2026-11-29 19:14:18"));
+    }
+
+    #[test]
+    fn status_parse_rejects_unknown() {
+        assert_eq!(Status::parse("validated").unwrap(), Status::Validated);
+        assert!(Status::parse("done").is_err());
+    }
+}
