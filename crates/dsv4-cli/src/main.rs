@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, chat, diff, forward, generate, model, plan, profile, serve};
+use commands::{bench, chat, diff, forward, generate, ledger, model, plan, profile, serve};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +64,9 @@ enum Command {
     Profile(profile::ProfileCommand),
     /// Serve the profile's model over an OpenAI-compatible HTTP API (or with SGLang).
     Serve(serve::ServeArgs),
+    /// The change ledger: record profile changes with evidence as commits, verify, render incidents.
+    #[command(subcommand)]
+    Ledger(ledger::LedgerCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -141,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }
         Command::Serve(args) => serve::run(args, &resolve(&cli.global, None)?),
+        Command::Ledger(cmd) => ledger::run(cmd, &cli.global.profile, &cli.global.sets),
     }
 }
 

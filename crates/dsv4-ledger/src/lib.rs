@@ -17,5 +17,5 @@ pub use evidence::{AbSummary, ArmSummary, EvidenceFile};
 pub use record::{Change, Kind, Record, Status};
 pub use recorder::{RecordRequest, Recorded, record};
 pub use render::{DEFAULT_TEMPLATE, render_all, render_incident};
-pub use store::Ledger;
+pub use store::{Ledger, find_root};
 pub use verify::{Problem, VerifyReport, verify};

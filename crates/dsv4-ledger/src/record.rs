@@ -20,6 +20,17 @@ pub enum Kind {
     Observation,
 }
 
+impl Kind {
+    /// The kind as written in records (`config-change`, `hypothesis`, `observation`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ConfigChange => "config-change",
+            Kind::Hypothesis => "hypothesis",
+            Kind::Observation => "observation",
+        }
+    }
+}
+
 /// Where a record stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -227,6 +238,14 @@ mod tests {
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert!(is_rfc3339(&rfc3339(1_795_979_658)));
         assert!(!is_rfc3339("2026-11-29 19:14:18"));
+    }
+
+    #[test]
+    fn kind_names_match_the_record_format() {
+        for kind in [Kind::ConfigChange, Kind::Hypothesis, Kind::Observation] {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+        }
     }
 
     #[test]

@@ -98,3 +98,17 @@ pub fn entry_path(id: &str) -> String {
 pub fn incident_path(incident: &str) -> String {
     format!("{INCIDENTS_DIR}/{incident}.md")
 }
+
+/// The working tree root of the git repository containing `start`.
+pub fn find_root(start: &Path) -> Result<PathBuf, LedgerError> {
+    let repo = git2::Repository::discover(start).map_err(|e| {
+        LedgerError::Invalid(format!(
+            "{} is not inside a git repository ({})",
+            start.display(),
+            e.message()
+        ))
+    })?;
+    repo.workdir()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| LedgerError::Invalid("the repository is bare; run in a working tree".into()))
+}

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+pub mod ledger;
 pub mod model;
 pub mod plan;
 pub mod profile;
