@@ -238,3 +238,64 @@ fn unborn_head_is_refused() {
             .all(|e| e.unwrap().file_name() == ".git")
     );
 }
+
+#[test]
+fn evidence_hash_check_accepts_the_right_hash_and_refuses_duplicates() {
+    let fx = Fixture::new();
+    let sum = dsv4_ledger::evidence::sha256(&std::fs::read(&fx.bundle).unwrap());
+    let mut req = fx.request();
+    req.evidence = vec![
+        fx.bundle.display().to_string(),
+        fx.bundle.display().to_string(),
+    ];
+    assert!(
+        refused(&fx, &req)
+            .to_string()
+            .contains("two evidence files")
+    );
+    let mut req = fx.request();
+    req.set = Some("exec.multi_stream_overlap=false".into());
+    req.profile = None;
+    assert!(
+        refused(&fx, &req)
+            .to_string()
+            .contains("--set needs --profile")
+    );
+    let mut req = fx.request();
+    req.evidence = vec![format!("{}@sha256:{sum}", fx.bundle.display())];
+    let out = record(&fx.root, &req).unwrap();
+    assert_eq!(out.record.evidence[0].sha256, sum);
+}
+
+#[test]
+fn unborn_head_records_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = git2::Repository::init(dir.path()).unwrap();
+    let mut cfg = repo.config().unwrap();
+    cfg.set_str("user.name", "Tess Ter").unwrap();
+    cfg.set_str("user.email", "tess@example.com").unwrap();
+    let req = dsv4_ledger::RecordRequest {
+        profile: None,
+        set: None,
+        from: None,
+        evidence: Vec::new(),
+        incident: "first".into(),
+        status: Status::Proposed,
+        title: "A first hunch".into(),
+        hypothesis: "the cache is too small".into(),
+        supersedes: Vec::new(),
+        allow_detached: true,
+        date: Some("2026-11-29T19:00:00Z".into()),
+    };
+    let out = record(dir.path(), &req).unwrap();
+    let head = repo.head().unwrap().peel_to_commit().unwrap();
+    assert_eq!(head.parent_count(), 0);
+    assert_eq!(head.id().to_string(), out.commit);
+    assert_eq!(out.record.kind, dsv4_ledger::Kind::Hypothesis);
+    assert!(
+        head.message()
+            .unwrap()
+            .starts_with("ledger(first): A first hunch [proposed]\n")
+    );
+    assert_eq!(head.tree().unwrap().len(), 2, "ledger/ and docs/ only");
+}
