@@ -82,8 +82,9 @@ pub fn normalized_value(
 }
 
 /// `text` (a profile file) with `key` set to `to`, keeping comments, order and layout; the comment
-/// after an existing value stays with the new value.
-pub fn set_key(text: &str, key: &str, to: &str) -> Result<String, LedgerError> {
+/// after an existing value stays with the new value, and a key the file did not have gets `note`
+/// as its comment (the "why" that `dsv4 profile explain` shows).
+pub fn set_key(text: &str, key: &str, to: &str, note: &str) -> Result<String, LedgerError> {
     let spec = find_key(key).ok_or_else(|| {
         LedgerError::Invalid(format!("unknown key {key:?} (see `dsv4 profile explain`)"))
     })?;
@@ -106,6 +107,10 @@ pub fn set_key(text: &str, key: &str, to: &str) -> Result<String, LedgerError> {
             *old = value;
         }
         None => {
+            let note = note.replace(['\n', '\r'], " ");
+            if !note.trim().is_empty() {
+                value.decor_mut().set_suffix(format!(" # {}", note.trim()));
+            }
             table.insert(name, toml_edit::Item::Value(value));
         }
     }
@@ -138,12 +143,17 @@ mod tests {
     #[test]
     fn set_key_keeps_comments_and_layout() {
         let text = "# header\nextends = \"prod-fp8\"\n\n[numerics]\n# above\nindex_k_dtype = \"bf16\" # why\n";
-        let out = set_key(text, "numerics.index_k_dtype", "fp8").unwrap();
+        let out = set_key(text, "numerics.index_k_dtype", "fp8", "unused").unwrap();
         assert_eq!(
             out,
             "# header\nextends = \"prod-fp8\"\n\n[numerics]\n# above\nindex_k_dtype = \"fp8\" # why\n"
         );
-        assert!(set_key(text, "no.such_key", "1").is_err());
+        assert!(set_key(text, "no.such_key", "1", "").is_err());
+        let added = set_key(text, "exec.multi_stream_overlap", "false", "ledger X: off").unwrap();
+        assert!(
+            added.ends_with("\n[exec]\nmulti_stream_overlap = false # ledger X: off\n"),
+            "{added}"
+        );
         assert!(profile_path("../x").is_err());
     }
 }

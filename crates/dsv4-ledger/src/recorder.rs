@@ -80,10 +80,13 @@ pub fn record(root: &Path, req: &RecordRequest) -> Result<Recorded, LedgerError>
         .map(|id| ledger.get(id).map(|r| r.id.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut profile_text = None;
     let change = match (&req.set, &req.profile) {
         (Some(set), Some(profile)) => {
             let (change, text) = profile_change(&repo, &base, &workdir, profile, set, req)?;
-            files.push((profile_path(profile)?, text.into_bytes()));
+            // Checked now; applied below with the record id in the comment of a new key.
+            set_key(&text, &change.key, &change.to, "")?;
+            profile_text = Some(text);
             Some(change)
         }
         (Some(_), None) => return Err(LedgerError::Invalid("--set needs --profile".into())),
@@ -143,6 +146,11 @@ pub fn record(root: &Path, req: &RecordRequest) -> Result<Recorded, LedgerError>
             rec.id
         )));
     }
+    if let (Some(c), Some(text)) = (&rec.change, &profile_text) {
+        let note = format!("ledger {}: {}", rec.id, rec.title);
+        let edited = set_key(text, &c.key, &c.to, &note)?;
+        files.push((profile_path(&c.profile)?, edited.into_bytes()));
+    }
     for ((name, bytes, _, _), e) in evidence.into_iter().zip(rec.evidence.iter_mut()) {
         e.path = format!("{EVIDENCE_DIR}/{}/{name}", rec.id);
         files.push((e.path.clone(), bytes));
@@ -175,7 +183,7 @@ pub fn record(root: &Path, req: &RecordRequest) -> Result<Recorded, LedgerError>
 }
 
 /// Check the profile (committed, unmodified, current value as stated) and produce the change and
-/// the edited file text.
+/// the committed file text.
 fn profile_change(
     repo: &Repository,
     base: &Base<'_>,
@@ -220,14 +228,13 @@ fn profile_change(
     }
     let text = String::from_utf8(committed)
         .map_err(|_| LedgerError::Invalid(format!("{path} is not UTF-8")))?;
-    let edited = set_key(&text, key, &to)?;
     let change = Change {
         profile: profile.to_string(),
         key: key.to_string(),
         from,
         to,
     };
-    Ok((change, edited))
+    Ok((change, text))
 }
 
 /// Evidence file (name, bytes, sha256, A/B summary) for each argument, hashes checked.

@@ -229,3 +229,103 @@ fn render(root: &std::path::Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A repository with one committed profile and an evidence file beside it.
+    fn repo() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = git2::Repository::init(dir.path()).unwrap();
+        let mut cfg = repo.config().unwrap();
+        cfg.set_str("user.name", "Tess Ter").unwrap();
+        cfg.set_str("user.email", "tess@example.com").unwrap();
+        std::fs::create_dir_all(dir.path().join("profiles")).unwrap();
+        let profile = "[backend]\nkind = \"cuda-sm120\"\n\n[exec]\nmulti_stream_overlap = true\n";
+        std::fs::write(dir.path().join("profiles/p.toml"), profile).unwrap();
+        let mut index = repo.index().unwrap();
+        index
+            .add_path(std::path::Path::new("profiles/p.toml"))
+            .unwrap();
+        index.write().unwrap();
+        let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+        let sig = git2::Signature::now("Tess Ter", "tess@example.com").unwrap();
+        repo.commit(Some("HEAD"), &sig, &sig, "init", &tree, &[])
+            .unwrap();
+        let evidence = dir.path().join("run.log");
+        std::fs::write(&evidence, "12 of 200 sessions corrupted\n").unwrap();
+        (dir, evidence)
+    }
+
+    fn args(root: &std::path::Path, evidence: &std::path::Path) -> RecordArgs {
+        RecordArgs {
+            incident: "inc".into(),
+            status: "validated".into(),
+            title: "Overlap off".into(),
+            hypothesis: String::new(),
+            evidence: vec![evidence.display().to_string()],
+            supersedes: Vec::new(),
+            from: Some("true".into()),
+            date: Some("2026-11-29T19:30:00Z".into()),
+            allow_detached: false,
+            json: false,
+            repo: Some(root.to_path_buf()),
+        }
+    }
+
+    #[test]
+    fn record_then_log_show_verify_render() {
+        let (dir, evidence) = repo();
+        let root = Some(dir.path().to_path_buf());
+        let sets = vec!["exec.multi_stream_overlap=false".to_string()];
+        let two = vec![sets[0].clone(), "exec.cuda_graph=true".to_string()];
+        let cmd = LedgerCommand::Record(args(dir.path(), &evidence));
+        assert!(
+            run(&cmd, "p", &two)
+                .unwrap_err()
+                .to_string()
+                .contains("one --set")
+        );
+        run(&cmd, "p", &sets).unwrap();
+        let profile = std::fs::read_to_string(dir.path().join("profiles/p.toml")).unwrap();
+        assert!(
+            profile.contains("multi_stream_overlap = false"),
+            "{profile}"
+        );
+        let ledger = Ledger::load(dir.path()).unwrap();
+        assert_eq!(ledger.records.len(), 1);
+        let id = ledger.records[0].id.clone();
+        run(
+            &LedgerCommand::Log {
+                json: true,
+                repo: root.clone(),
+            },
+            "p",
+            &[],
+        )
+        .unwrap();
+        run(
+            &LedgerCommand::Show {
+                id: id[..18].to_string(),
+                json: false,
+                repo: root.clone(),
+            },
+            "p",
+            &[],
+        )
+        .unwrap();
+        let verify = |strict| LedgerCommand::Verify {
+            strict,
+            json: false,
+            repo: root.clone(),
+        };
+        run(&verify(false), "p", &[]).unwrap();
+        // backend.kind differs from the default without a record: strict fails.
+        assert!(run(&verify(true), "p", &[]).is_err());
+        std::fs::write(dir.path().join("docs/incidents/inc.md"), "edited\n").unwrap();
+        assert!(run(&verify(false), "p", &[]).is_err());
+        run(&LedgerCommand::Render { repo: root.clone() }, "p", &[]).unwrap();
+        run(&verify(false), "p", &[]).unwrap();
+    }
+}
