@@ -18,7 +18,7 @@ use std::path::Path;
 /// One thing verify found wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
-    /// The check: `record`, `evidence`, `supersedes`, `trailers`, `render`, `unjustified`.
+    /// The check: `record`, `evidence`, `supersedes`, `trailers`, `render`, `profile`, `unjustified`.
     pub check: &'static str,
     /// What is wrong and where.
     pub message: String,
@@ -54,6 +54,14 @@ pub fn verify(root: &Path) -> Result<VerifyReport, LedgerError> {
         Err(e) => return Err(e),
     };
     report.records = ledger.records.len();
+    for r in &ledger.records {
+        if r.make_id() != r.id {
+            report.problems.push(problem(
+                "record",
+                format!("{} was edited after it was recorded (its content hash differs); records are append-only: record a new one that supersedes it", r.id),
+            ));
+        }
+    }
     check_evidence(&ledger, &mut report.problems);
     check_links(&ledger, &mut report.problems);
     check_trailers(&ledger, &mut report.problems)?;

@@ -209,3 +209,28 @@ fn a_broken_template_is_an_error_not_a_panic() {
     );
     assert_eq!(fx.head(), before);
 }
+
+#[test]
+fn edited_and_unparsable_records_are_caught() {
+    let fx = Fixture::new();
+    let a = record(&fx.root, &fx.request()).unwrap().record;
+    let entry = fx.root.join(format!("ledger/entries/{}.toml", a.id));
+    let text = std::fs::read_to_string(&entry).unwrap();
+    let edited = text.replace("Turn off multi-stream overlap", "Something else");
+    assert_ne!(edited, text);
+    std::fs::write(&entry, edited).unwrap();
+    let found = verify(&fx.root).unwrap().problems;
+    assert!(
+        found
+            .iter()
+            .any(|p| p.check == "record" && p.message.contains("edited")),
+        "{found:?}"
+    );
+    std::fs::write(&entry, "id = 3\n").unwrap();
+    let found = verify(&fx.root).unwrap().problems;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].message.contains("not a ledger record"),
+        "{found:?}"
+    );
+}
