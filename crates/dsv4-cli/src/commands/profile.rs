@@ -291,6 +291,10 @@ struct SettingJson<'a> {
     /// What the key does (explain only).
     #[serde(skip_serializing_if = "Option::is_none")]
     what: Option<&'a str>,
+    /// The validated ledger record that justifies this value, "ID: title" (explain only, when
+    /// the current directory holds a ledger).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ledger: Option<String>,
 }
 
 /// The JSON document of `profile show --json` and `profile explain --json`.
@@ -319,7 +323,48 @@ fn explain_json(resolved: &Resolved) -> ShowJson<'_> {
     document(resolved, true)
 }
 
+/// The profile a file-origin value was set by: the file name without directory or `.toml`.
+fn origin_profile(origin: &dsv4_config::Origin) -> Option<String> {
+    match origin {
+        dsv4_config::Origin::File { file, .. } => {
+            let name = file.rsplit(['/', ':']).next().unwrap_or(file);
+            Some(name.trim_end_matches(".toml").to_string())
+        }
+        _ => None,
+    }
+}
+
+/// The validated ledger record justifying each key's value ("ID: title"), looked up in the ledger
+/// of the current directory (`ledger/entries`); empty when there is none or it cannot be read.
+fn justifications(resolved: &Resolved) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let ledger = match dsv4_ledger::store::Ledger::load(std::path::Path::new(".")) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("cannot read the ledger for profile explain: {e}");
+            return out;
+        }
+    };
+    for s in &resolved.settings {
+        let value = s.value_text();
+        let candidates = [Some(resolved.requested.clone()), origin_profile(&s.origin)];
+        let found = candidates
+            .iter()
+            .flatten()
+            .find_map(|p| dsv4_ledger::verify::justifying_record(&ledger, p, s.key, &value));
+        if let Some(r) = found {
+            out.insert(s.key.to_string(), format!("{}: {}", r.id, r.title));
+        }
+    }
+    out
+}
+
 fn document(resolved: &Resolved, explain: bool) -> ShowJson<'_> {
+    let justified = if explain {
+        justifications(resolved)
+    } else {
+        Default::default()
+    };
     ShowJson {
         profile: &resolved.requested,
         description: explain.then_some(resolved.description.as_str()),
@@ -334,6 +379,7 @@ fn document(resolved: &Resolved, explain: bool) -> ShowJson<'_> {
                 source: s.origin.to_string(),
                 why: s.comment.as_deref().filter(|_| explain),
                 what: find_key(s.key).map(|k| k.doc).filter(|_| explain),
+                ledger: justified.get(s.key).cloned(),
             })
             .collect(),
         resolved: resolved.nested_json(),
@@ -352,6 +398,7 @@ fn explain_text(resolved: &Resolved) -> String {
         "files, base first: {}\n",
         resolved.files.join(" <- ")
     ));
+    let justified = justifications(resolved);
     let mut section = "";
     for s in &resolved.settings {
         let spec = find_key(s.key);
@@ -367,6 +414,9 @@ fn explain_text(resolved: &Resolved) -> String {
         }
         if let Some(spec) = spec {
             out.push_str(&format!("    what:   {}\n", spec.doc));
+        }
+        if let Some(record) = justified.get(s.key) {
+            out.push_str(&format!("    ledger: {record}\n"));
         }
     }
     out.push_str(&findings_text(resolved));
