@@ -1,42 +1,10 @@
 //! End-to-end tests of the `dsv4` binary: profiles, `--set`, errors, `model init-tiny`, `model inspect`.
 
+mod common;
+
+use common::{dsv4, fails, json, ok};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-/// The binary, run in `cwd` with no `DSV4_*` variables inherited from the caller.
-fn dsv4(cwd: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
-    cmd.current_dir(cwd).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DSV4_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-fn run(mut cmd: Command) -> Output {
-    cmd.output().expect("the dsv4 binary runs")
-}
-
-fn ok(cmd: Command) -> String {
-    let out = run(cmd);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "dsv4 failed: {stderr}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails(cmd: Command) -> String {
-    let out = run(cmd);
-    assert!(!out.status.success(), "dsv4 should have failed");
-    String::from_utf8(out.stderr).unwrap()
-}
-
-fn json(cmd: Command) -> Value {
-    let text = ok(cmd);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
 
 /// The `source` of one key in `profile show --json`.
 fn source_of(doc: &Value, key: &str) -> String {

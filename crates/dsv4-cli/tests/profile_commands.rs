@@ -1,38 +1,12 @@
 //! End-to-end tests of `dsv4 profile list | show | explain | diff` and of validation as every
 //! command sees it (errors stop the command, warnings go to stderr).
 
+mod common;
+
+use common::{dsv4, json, ok, run};
 use dsv4_config::schema::KEYS;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-/// The binary, run in `cwd` (so only the embedded profiles are found) with no `DSV4_*` variables.
-fn dsv4(cwd: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
-    cmd.current_dir(cwd).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DSV4_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-fn run(mut cmd: Command) -> Output {
-    cmd.output().expect("the dsv4 binary runs")
-}
-
-fn ok(cmd: Command) -> String {
-    let out = run(cmd);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "dsv4 failed: {stderr}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn json(cmd: Command) -> Value {
-    let text = ok(cmd);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
 
 #[test]
 fn list_shows_every_shipped_profile_with_its_purpose() {

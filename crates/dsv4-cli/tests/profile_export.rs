@@ -1,25 +1,11 @@
 //! End-to-end tests of `dsv4 profile export --target sglang` (identical to the golden files of
-//! dsv4-config) and `dsv4 serve` (native not available yet; `--engine sglang` checks, then execs).
+//! dsv4-config) and `dsv4 serve --engine sglang` (checks python3 and sglang, then execs).
 
+mod common;
+
+use common::{dsv4, run};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-/// The binary, run in `cwd` (so only the embedded profiles are found) with no `DSV4_*` variables.
-fn dsv4(cwd: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
-    cmd.current_dir(cwd).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DSV4_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-fn run(mut cmd: Command) -> Output {
-    cmd.output().expect("the dsv4 binary runs")
-}
 
 fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
