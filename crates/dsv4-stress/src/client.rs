@@ -1,0 +1,442 @@
+//! The HTTP side: one OpenAI-compatible chat request, streamed (SSE) or not, turned into an
+//! [`Answer`] with timings, or a [`RequestFailure`]; and the server's identity from
+//! `GET /v1/models`.
+
+use crate::answer::{Answer, Outcome, RequestFailure, ToolCall};
+use crate::error::StressError;
+use crate::report::ServerIdentity;
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// The API root (`…/v1`) of a user-given URL: `http(s)://host[:port]` with or without `/v1`.
+pub fn base_url(url: &str) -> Result<String, StressError> {
+    let trimmed = url.trim().trim_end_matches('/');
+    if !(trimmed.starts_with("http://") || trimmed.starts_with("https://")) {
+        return Err(StressError::Options {
+            option: "url",
+            message: format!("`{url}` is not an http:// or https:// URL"),
+        });
+    }
+    Ok(if trimmed.ends_with("/v1") {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v1")
+    })
+}
+
+/// A client for one server.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    api: String,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// A client for `url` (see [`base_url`]) with a per-request timeout.
+    pub fn new(url: &str, api_key: Option<String>, timeout: Duration) -> Result<Self, StressError> {
+        let api = base_url(url)?;
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(1024)
+            .build()
+            .map_err(|e| StressError::Server {
+                url: api.clone(),
+                message: format!("cannot build an HTTP client: {e}"),
+            })?;
+        Ok(Self { http, api, api_key })
+    }
+
+    fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(k) => rb.bearer_auth(k),
+            None => rb,
+        }
+    }
+
+    /// `GET /v1/models`: the server's identity, with `model` (or the first listed id) as the
+    /// model to use. Unreachable servers and unusable answers are errors.
+    pub async fn identity(&self, model: Option<&str>) -> Result<ServerIdentity, StressError> {
+        let err = |message: String| StressError::Server {
+            url: self.api.clone(),
+            message,
+        };
+        let resp = self
+            .auth(self.http.get(format!("{}/models", self.api)))
+            .send()
+            .await
+            .map_err(|e| {
+                err(format!(
+                    "cannot reach GET /v1/models ({}); is the server running at this address?",
+                    error_chain(&e)
+                ))
+            })?;
+        let status = resp.status();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| err(format!("reading GET /v1/models: {e}")))?;
+        if !status.is_success() {
+            let hint = if status.as_u16() == 401 {
+                " (pass --api-key)"
+            } else {
+                ""
+            };
+            return Err(err(format!(
+                "GET /v1/models answered {status}{hint}: {}",
+                clip(&body)
+            )));
+        }
+        let models: Value = serde_json::from_str(&body)
+            .map_err(|e| err(format!("GET /v1/models is not JSON ({e}): {}", clip(&body))))?;
+        let list = models["data"].as_array().cloned().unwrap_or_default();
+        let chosen = match model {
+            Some(m) => m.to_owned(),
+            None => list
+                .iter()
+                .find_map(|m| m["id"].as_str())
+                .ok_or_else(|| err("GET /v1/models lists no model; pass --model".into()))?
+                .to_owned(),
+        };
+        let object = list.iter().find(|m| m["id"].as_str() == Some(&chosen));
+        let field = |k: &str| {
+            object
+                .and_then(|o| o["dsv4"][k].as_str())
+                .map(str::to_owned)
+        };
+        Ok(ServerIdentity {
+            url: self.api.clone(),
+            model: chosen.clone(),
+            max_model_len: object.and_then(|o| o["max_model_len"].as_u64()),
+            dsv4_profile: field("profile"),
+            dsv4_profile_sha256: field("profile_sha256"),
+            models,
+        })
+    }
+
+    /// Send one chat completion request (its `stream` field decides the mode).
+    pub async fn chat(&self, body: &Value) -> Outcome {
+        let stream = body["stream"].as_bool().unwrap_or(false);
+        let start = Instant::now();
+        let fail =
+            |status: Option<u16>, error_type: Option<String>, message: String| RequestFailure {
+                status,
+                error_type,
+                message,
+                e2el: start.elapsed().as_secs_f64(),
+            };
+        let resp = self
+            .auth(self.http.post(format!("{}/chat/completions", self.api)))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| fail(None, None, error_chain(&e)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            let (ty, msg) = error_object(&text);
+            return Err(fail(Some(status.as_u16()), ty, msg));
+        }
+        if !stream {
+            let text = resp
+                .text()
+                .await
+                .map_err(|e| fail(Some(status.as_u16()), None, error_chain(&e)))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| fail(None, None, format!("the answer is not JSON ({e})")))?;
+            let mut a = parse_message(&v).map_err(|m| fail(None, None, m))?;
+            a.e2el = start.elapsed().as_secs_f64();
+            return Ok(a);
+        }
+        let mut acc = StreamAccumulator::default();
+        let mut bytes = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut last_token: Option<Instant> = None;
+        while let Some(piece) = bytes.next().await {
+            let piece = piece.map_err(|e| fail(None, None, error_chain(&e)))?;
+            buf.extend_from_slice(&piece);
+            while let Some((event, used)) = next_event(&buf) {
+                buf.drain(..used);
+                let now = Instant::now();
+                match acc.feed(&event).map_err(|(ty, m)| fail(None, ty, m))? {
+                    Fed::Done => {
+                        let mut a = acc.finish().map_err(|m| fail(None, None, m))?;
+                        a.e2el = start.elapsed().as_secs_f64();
+                        return Ok(a);
+                    }
+                    Fed::Token => {
+                        match last_token {
+                            None => acc.answer.ttft = Some((now - start).as_secs_f64()),
+                            Some(t) => acc.answer.itl.push((now - t).as_secs_f64()),
+                        }
+                        last_token = Some(now);
+                    }
+                    Fed::Other => {}
+                }
+            }
+        }
+        Err(fail(
+            None,
+            None,
+            "the stream ended without `data: [DONE]`".into(),
+        ))
+    }
+}
+
+/// The type and message of an OpenAI error body (or the raw text).
+fn error_object(text: &str) -> (Option<String>, String) {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v["error"].is_object() => {
+            let e = &v["error"];
+            let ty = e["type"].as_str().map(str::to_owned);
+            let code = e["code"]
+                .as_str()
+                .map(|c| format!(" [{c}]"))
+                .unwrap_or_default();
+            (ty, format!("{}{code}", e["message"].as_str().unwrap_or("")))
+        }
+        _ => (None, clip(text)),
+    }
+}
+
+fn clip(s: &str) -> String {
+    let t: String = s.chars().take(300).collect();
+    if t.len() < s.len() { t + "…" } else { t }
+}
+
+/// An error with its causes (reqwest hides "connection refused" two levels down).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The choice and usage of a non-streamed answer.
+pub fn parse_message(v: &Value) -> Result<Answer, String> {
+    let choice = v["choices"]
+        .get(0)
+        .ok_or_else(|| format!("the answer has no choices: {}", clip(&v.to_string())))?;
+    let m = &choice["message"];
+    let mut tool_calls = Vec::new();
+    for c in m["tool_calls"].as_array().into_iter().flatten() {
+        tool_calls.push(ToolCall {
+            id: c["id"].as_str().unwrap_or("").to_owned(),
+            name: c["function"]["name"].as_str().unwrap_or("").to_owned(),
+            arguments: json_text(&c["function"]["arguments"]),
+        });
+    }
+    Ok(Answer {
+        stream: false,
+        content: m["content"].as_str().unwrap_or("").to_owned(),
+        reasoning: m["reasoning_content"].as_str().map(str::to_owned),
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
+        prompt_tokens: v["usage"]["prompt_tokens"].as_u64(),
+        completion_tokens: v["usage"]["completion_tokens"].as_u64(),
+        ..Default::default()
+    })
+}
+
+/// Arguments are a JSON text; a server that sends an object instead gets it re-serialised.
+fn json_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The data of the next complete SSE event in `buf` and the bytes it used; `data:` lines are
+/// joined with newlines, other fields ignored.
+pub fn next_event(buf: &[u8]) -> Option<(String, usize)> {
+    let text = std::str::from_utf8(buf).unwrap_or_else(|e| {
+        std::str::from_utf8(&buf[..e.valid_up_to()]).expect("valid up to here")
+    });
+    let (end, sep) = [("\r\n\r\n", 4), ("\n\n", 2)]
+        .iter()
+        .filter_map(|(pat, n)| text.find(pat).map(|i| (i, *n)))
+        .min()?;
+    let data: Vec<&str> = text[..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    Some((data.join("\n"), end + sep))
+}
+
+/// What one SSE event contributed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fed {
+    /// `[DONE]`.
+    Done,
+    /// Text, reasoning or a tool call arrived.
+    Token,
+    /// Role, finish reason, usage, comments.
+    Other,
+}
+
+/// Assembles `chat.completion.chunk` events into an [`Answer`].
+#[derive(Debug, Default)]
+pub struct StreamAccumulator {
+    /// The answer so far.
+    pub answer: Answer,
+    calls: Vec<ToolCall>,
+}
+
+impl StreamAccumulator {
+    /// Take one event's data. An error event is an `Err((type, message))`.
+    pub fn feed(&mut self, data: &str) -> Result<Fed, (Option<String>, String)> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(Fed::Other);
+        }
+        if data == "[DONE]" {
+            return Ok(Fed::Done);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            (
+                None,
+                format!("a stream event is not JSON ({e}): {}", clip(data)),
+            )
+        })?;
+        if v["error"].is_object() {
+            let (ty, msg) = error_object(data);
+            return Err((ty, format!("error event in the stream: {msg}")));
+        }
+        if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+            self.answer.prompt_tokens = Some(p);
+        }
+        if let Some(c) = v["usage"]["completion_tokens"].as_u64() {
+            self.answer.completion_tokens = Some(c);
+        }
+        let mut token = false;
+        for choice in v["choices"].as_array().into_iter().flatten() {
+            let d = &choice["delta"];
+            if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
+                self.answer.content.push_str(t);
+                token = true;
+            }
+            if let Some(t) = d["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+                self.answer.reasoning.get_or_insert_default().push_str(t);
+                token = true;
+            }
+            for c in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = c["index"].as_u64().unwrap_or(self.calls.len() as u64) as usize;
+                if i > 1024 {
+                    return Err((None, format!("tool call index {i} in the stream")));
+                }
+                while self.calls.len() <= i {
+                    self.calls.push(ToolCall {
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: String::new(),
+                    });
+                }
+                let call = &mut self.calls[i];
+                if let Some(id) = c["id"].as_str() {
+                    call.id = id.to_owned();
+                }
+                if let Some(n) = c["function"]["name"].as_str() {
+                    call.name.push_str(n);
+                }
+                call.arguments
+                    .push_str(&json_text(&c["function"]["arguments"]));
+                token = true;
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                self.answer.finish_reason = Some(f.to_owned());
+            }
+        }
+        if token {
+            self.answer.chunks += 1;
+            Ok(Fed::Token)
+        } else {
+            Ok(Fed::Other)
+        }
+    }
+
+    /// The assembled answer (after `[DONE]`).
+    pub fn finish(mut self) -> Result<Answer, String> {
+        self.answer.stream = true;
+        self.answer.tool_calls = self.calls;
+        Ok(self.answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_one_v1() {
+        assert_eq!(base_url("http://h:1").unwrap(), "http://h:1/v1");
+        assert_eq!(base_url("http://h:1/v1/").unwrap(), "http://h:1/v1");
+        assert!(base_url("h:1").is_err());
+    }
+
+    #[test]
+    fn sse_events_split_anywhere_assemble_the_same_answer() {
+        let events = [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a <｜DS"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"ML｜invoke"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{\"x\""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":": 1}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4}}"#,
+            "[DONE]",
+        ];
+        let wire: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let bytes = wire.as_bytes();
+        for cut in [1, 3, 17, 64] {
+            let mut acc = StreamAccumulator::default();
+            let mut buf = Vec::new();
+            let mut fed = Vec::new();
+            for piece in bytes.chunks(cut) {
+                buf.extend_from_slice(piece);
+                while let Some((ev, used)) = next_event(&buf) {
+                    buf.drain(..used);
+                    fed.push(acc.feed(&ev).unwrap());
+                }
+            }
+            assert_eq!(fed.last(), Some(&Fed::Done));
+            assert_eq!(fed.iter().filter(|f| **f == Fed::Token).count(), 4);
+            let a = acc.finish().unwrap();
+            assert_eq!(a.content, "a <｜DSML｜invoke");
+            assert_eq!(a.tool_calls.len(), 1);
+            assert_eq!(a.tool_calls[0].arguments, "{\"x\": 1}");
+            assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
+            assert_eq!((a.prompt_tokens, a.completion_tokens), (Some(7), Some(4)));
+        }
+    }
+
+    #[test]
+    fn error_events_carry_their_type() {
+        let mut acc = StreamAccumulator::default();
+        let e = acc
+            .feed(r#"{"error":{"type":"model_output_error","code":"malformed","message":"bad"}}"#)
+            .unwrap_err();
+        assert_eq!(e.0.as_deref(), Some("model_output_error"));
+        assert!(e.1.contains("bad [malformed]"), "{}", e.1);
+        assert!(acc.feed("not json").is_err());
+    }
+
+    #[test]
+    fn plain_answers_parse() {
+        let v: Value = serde_json::from_str(
+            r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        )
+        .unwrap();
+        let a = parse_message(&v).unwrap();
+        assert_eq!(a.content, "");
+        assert_eq!(a.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert!(parse_message(&serde_json::json!({"choices": []})).is_err());
+    }
+}

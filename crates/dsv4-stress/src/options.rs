@@ -1,0 +1,266 @@
+//! [`StressOptions`]: what one `dsv4 stress` run does (server, workload shape, bounds, checks).
+
+use crate::error::StressError;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Whether turns are sent as streaming (SSE) or plain JSON requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamMode {
+    /// Every turn streams.
+    Always,
+    /// No turn streams.
+    Never,
+    /// Each turn streams or not by the seeded workload (about half each).
+    #[default]
+    Mixed,
+}
+
+impl std::str::FromStr for StreamMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            "mixed" => Ok(Self::Mixed),
+            _ => Err(format!(
+                "unknown stream mode `{s}` (allowed: always, never, mixed)"
+            )),
+        }
+    }
+}
+
+/// A reference every turn is compared with after the concurrent run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Oracle {
+    /// Replay every turn alone (one request at a time, same body) and require the same answer
+    /// token for token; with [`StreamMode::Mixed`] also replay it in the other stream mode and
+    /// require the same answer. Exact only for greedy decoding on a batch-invariant server.
+    Solo,
+}
+
+impl std::str::FromStr for Oracle {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "solo" => Ok(Self::Solo),
+            _ => Err(format!("unknown oracle `{s}` (allowed: solo)")),
+        }
+    }
+}
+
+/// Stop strings that end an answer before any special token or tool/think markup: for models with
+/// random weights (dsv4's tiny model), whose free text is noise full of special tokens that would
+/// otherwise be (correctly) reported as signatures. Needs a server that accepts more than four stop
+/// strings (dsv4, vLLM, SGLang do; OpenAI itself allows four).
+pub const STOP_BEFORE_MARKUP: [&str; 6] = [
+    "<｜",
+    "</｜",
+    "<think>",
+    "</think>",
+    "<tool_result>",
+    "</tool_result>",
+];
+
+/// Everything a stress run needs. Build with `..Default::default()`; [`StressOptions::validate`]
+/// checks the values ([`crate::run_stress`] calls it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StressOptions {
+    /// Base URL of the server (`http://host:port`, with or without a trailing `/v1`).
+    pub url: String,
+    /// The `model` sent with every request; None: the first id `GET /v1/models` lists.
+    pub model: Option<String>,
+    /// Number of sessions (conversations).
+    pub sessions: usize,
+    /// Sessions run at the same time.
+    pub concurrency: usize,
+    /// Turns (requests) per session, at most; a session ends earlier when its prompt would not
+    /// fit the model's context or the time bound passes.
+    pub turns: usize,
+    /// Seed of the workload: the same seed gives the same sessions, prompts, tools, tool choices
+    /// and stream flags.
+    pub seed: u64,
+    /// Wall-clock bound: after it no new turn starts (sessions in flight finish their turn).
+    pub duration: Option<Duration>,
+    /// `max_tokens` of every request.
+    pub max_tokens: u32,
+    /// Streaming, non-streaming or mixed.
+    pub stream: StreamMode,
+    /// The reference answers are compared with, if any.
+    pub oracle: Option<Oracle>,
+    /// Sent as `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Show a progress bar on stderr (only when stderr is a terminal).
+    pub progress: bool,
+    /// `temperature` of every request (0: greedy, which the solo oracle needs).
+    pub temperature: f64,
+    /// Share of turns (0..=1) whose `tool_choice` forces a tool call ("required" or a named tool);
+    /// the rest use "auto".
+    pub forced_tool_rate: f64,
+    /// Stop strings sent with every request (see [`STOP_BEFORE_MARKUP`]).
+    pub stop: Vec<String>,
+    /// `repeated_token` fires when one unit of text (1..=16 characters) repeats back to back
+    /// more than this many times.
+    pub repeat_threshold: usize,
+    /// Approximate characters of new user text per turn (prompts grow by this much plus the
+    /// tool results and the answers).
+    pub growth_chars: usize,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+impl Default for StressOptions {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:8000".into(),
+            model: None,
+            sessions: 16,
+            concurrency: 8,
+            turns: 4,
+            seed: 0,
+            duration: None,
+            max_tokens: 32,
+            stream: StreamMode::Mixed,
+            oracle: None,
+            api_key: None,
+            progress: false,
+            temperature: 0.0,
+            forced_tool_rate: 0.5,
+            stop: Vec::new(),
+            repeat_threshold: 48,
+            growth_chars: 400,
+            request_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl StressOptions {
+    /// Check the values; the error names the option and what is allowed.
+    pub fn validate(&self) -> Result<(), StressError> {
+        let bad =
+            |option: &'static str, message: String| Err(StressError::Options { option, message });
+        if self.sessions == 0 {
+            return bad("sessions", "must be at least 1".into());
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency", "must be at least 1".into());
+        }
+        if self.turns == 0 {
+            return bad("turns", "must be at least 1".into());
+        }
+        if self.max_tokens == 0 {
+            return bad("max-tokens", "must be at least 1".into());
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return bad(
+                "temperature",
+                format!("{} is outside 0..=2", self.temperature),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.forced_tool_rate) {
+            return bad(
+                "forced-tool-rate",
+                format!("{} is outside 0..=1", self.forced_tool_rate),
+            );
+        }
+        if self.repeat_threshold < 2 {
+            return bad("repeat-threshold", "must be at least 2".into());
+        }
+        if self.oracle == Some(Oracle::Solo) && self.temperature != 0.0 {
+            return bad(
+                "oracle",
+                "the solo oracle compares answers exactly, which needs greedy decoding \
+                 (temperature 0)"
+                    .into(),
+            );
+        }
+        if self.request_timeout.is_zero() {
+            return bad("request-timeout", "must be positive".into());
+        }
+        crate::client::base_url(&self.url)?;
+        Ok(())
+    }
+}
+
+/// Parse a duration such as `90`, `90s`, `1500ms`, `5m` or `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 90s, 1500ms, 5m, 1h)"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{s}` (allowed: ms, s, m, h)"
+            ));
+        }
+    };
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("`{s}` must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_garbage() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            parse_duration("1500ms").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("0").is_err());
+    }
+
+    #[test]
+    fn validation_names_the_bad_option() {
+        let ok = StressOptions::default();
+        ok.validate().unwrap();
+        let e = StressOptions {
+            sessions: 0,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("--sessions"), "{e}");
+        let e = StressOptions {
+            oracle: Some(Oracle::Solo),
+            temperature: 0.7,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("greedy"), "{e}");
+        let e = StressOptions {
+            url: "ftp://x".into(),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("http"), "{e}");
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("mixed".parse::<StreamMode>().unwrap(), StreamMode::Mixed);
+        assert!("sometimes".parse::<StreamMode>().is_err());
+        assert_eq!("solo".parse::<Oracle>().unwrap(), Oracle::Solo);
+    }
+}
