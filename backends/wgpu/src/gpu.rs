@@ -1,0 +1,364 @@
+//! The device side of the backend: adapter selection, the pipeline cache, and [`Step`], one
+//! command encoder whose dispatches are submitted together with the read-backs they need.
+
+use crate::WgpuError;
+use crate::shaders;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wgpu::util::DeviceExt;
+
+/// Words of scalar parameters every kernel can read (`pu(i)` / `pf(i)` in common.wgsl).
+pub const PARAM_WORDS: usize = 16;
+
+/// Largest number of workgroups in one dispatch dimension (WebGPU's default limit).
+pub const MAX_GROUPS: u32 = 65_535;
+
+/// The adapter the backend runs on, as reported to the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterReport {
+    /// Adapter name ("llvmpipe (LLVM 15.0.6, 256 bits)", "NVIDIA GeForce …").
+    pub name: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Graphics API ("Vulkan", "Metal", …).
+    pub api: String,
+    /// Device type ("Cpu", "DiscreteGpu", …).
+    pub device_type: String,
+    /// Whether sums accumulate in f64 (SHADER_F64), which matches the reference bit for bit.
+    pub f64_accumulation: bool,
+    /// Largest storage buffer binding in bytes (weights above it are split across bindings).
+    pub max_binding_bytes: u64,
+}
+
+impl std::fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}, {} {}, {} accumulation, bindings up to {} MiB)",
+            self.name,
+            self.device_type,
+            self.api,
+            self.driver,
+            if self.f64_accumulation { "f64" } else { "f32" },
+            self.max_binding_bytes >> 20
+        )
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+}
+
+/// Every adapter wgpu can see on this machine.
+pub fn adapters() -> Vec<wgpu::Adapter> {
+    pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// Pick an adapter: `selector` is an index into [`adapters`] or a case-insensitive part of an
+/// adapter's name; without one, the first discrete GPU, else the first adapter.
+pub fn select_adapter(selector: Option<&str>) -> Result<wgpu::Adapter, WgpuError> {
+    let all = adapters();
+    if all.is_empty() {
+        return Err(WgpuError::NoAdapter);
+    }
+    let names = || {
+        all.iter()
+            .enumerate()
+            .map(|(i, a)| format!("{i}: {}", a.get_info().name))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match selector.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(sel) => {
+            if let Ok(i) = sel.parse::<usize>() {
+                return all.get(i).cloned().ok_or_else(|| WgpuError::NoSuchAdapter {
+                    selector: sel.to_string(),
+                    known: names(),
+                });
+            }
+            let low = sel.to_lowercase();
+            all.iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&low))
+                .cloned()
+                .ok_or_else(|| WgpuError::NoSuchAdapter {
+                    selector: sel.to_string(),
+                    known: names(),
+                })
+        }
+        None => Ok(all
+            .iter()
+            .find(|a| a.get_info().device_type == wgpu::DeviceType::DiscreteGpu)
+            .unwrap_or(&all[0])
+            .clone()),
+    }
+}
+
+/// One wgpu device with its queue and compiled kernels.
+pub struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    report: AdapterReport,
+    limits: wgpu::Limits,
+    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("adapter", &self.report)
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// Open a device on `adapter` with its full limits and f64 shaders when it has them.
+    /// `allow_f64 = false` forces the f32 accumulation path.
+    pub fn open(adapter: &wgpu::Adapter, allow_f64: bool) -> Result<Self, WgpuError> {
+        let info = adapter.get_info();
+        let f64_ok = allow_f64 && adapter.features().contains(wgpu::Features::SHADER_F64);
+        let mut features = wgpu::Features::empty();
+        if f64_ok {
+            features |= wgpu::Features::SHADER_F64;
+        }
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("dsv4"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| WgpuError::Device(e.to_string()))?;
+        let max_binding_bytes =
+            u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size) & !3;
+        let report = AdapterReport {
+            name: info.name.clone(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            api: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            f64_accumulation: f64_ok,
+            max_binding_bytes,
+        };
+        Ok(Self {
+            device,
+            queue,
+            report,
+            limits,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter this device runs on.
+    pub fn report(&self) -> &AdapterReport {
+        &self.report
+    }
+
+    /// The largest buffer one binding may cover, in bytes (a multiple of 4).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.report.max_binding_bytes
+    }
+
+    /// The device's limits as granted.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    fn pipeline(&self, kernel: &'static str) -> Arc<wgpu::ComputePipeline> {
+        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(kernel) {
+            return p.clone();
+        }
+        let source = shaders::module_source(kernel, self.report.f64_accumulation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let p = Arc::new(
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(kernel),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some(shaders::entry_point(kernel)),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }),
+        );
+        cache.insert(kernel, p.clone());
+        p
+    }
+
+    /// A storage buffer holding `bytes` (padded to whole words; at least one word).
+    pub fn upload(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let mut padded;
+        let contents = if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
+            padded = bytes.to_vec();
+            padded.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
+            &padded[..]
+        } else {
+            bytes
+        };
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            })
+    }
+
+    /// A zeroed storage buffer of at least `bytes` bytes.
+    pub fn scratch(&self, label: &str, bytes: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes.div_ceil(4).max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Start recording a step: dispatches are encoded in order and submitted once by
+    /// [`Step::finish`].
+    pub fn step(&self) -> Step<'_> {
+        Step {
+            gpu: self,
+            encoder: self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("step"),
+                }),
+        }
+    }
+}
+
+/// Workgroup counts for `n` invocations at `wg` per group: x up to [`MAX_GROUPS`], the rest in y
+/// (kernels rebuild the index with `flat_id`).
+pub fn grid(n: usize, wg: u32) -> [u32; 3] {
+    let groups = n.div_ceil(wg as usize).max(1) as u64;
+    let x = groups.min(u64::from(MAX_GROUPS));
+    let y = groups.div_ceil(x);
+    [x as u32, y as u32, 1]
+}
+
+/// One command encoder: a list of dispatches submitted with one `queue.submit`.
+pub struct Step<'g> {
+    gpu: &'g Gpu,
+    encoder: wgpu::CommandEncoder,
+}
+
+impl Step<'_> {
+    /// Encode one dispatch of `kernel` with `params` (u32 words) and storage `buffers` as
+    /// (binding, buffer) pairs; the bindings must be exactly those the entry point uses.
+    pub fn dispatch(
+        &mut self,
+        kernel: &'static str,
+        params: &[u32],
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+    ) {
+        assert!(
+            params.len() <= PARAM_WORDS,
+            "kernel {kernel}: too many parameters"
+        );
+        let mut words = [0u32; PARAM_WORDS];
+        words[..params.len()].copy_from_slice(params);
+        let pipeline = self.gpu.pipeline(kernel);
+        let ubuf = self
+            .gpu
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
+        for (binding, b) in buffers {
+            entries.push(wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bind = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+        let mut pass = self
+            .encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel),
+                timestamp_writes: None,
+            });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    /// Submit everything recorded and read back `reads` (buffer, bytes) in order.
+    pub fn finish(self, reads: &[(&wgpu::Buffer, usize)]) -> Vec<Vec<u8>> {
+        let Step { gpu, mut encoder } = self;
+        let staging: Vec<wgpu::Buffer> = reads
+            .iter()
+            .map(|(src, len)| {
+                let size = (len.div_ceil(4).max(1) * 4) as u64;
+                let dst = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("read-back"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                encoder.copy_buffer_to_buffer(src, 0, &dst, 0, size);
+                dst
+            })
+            .collect();
+        gpu.queue.submit([encoder.finish()]);
+        for s in &staging {
+            s.slice(..).map_async(wgpu::MapMode::Read, |r| {
+                if let Err(e) = r {
+                    panic!("wgpu read-back failed: {e}");
+                }
+            });
+        }
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap_or_else(|e| panic!("wgpu device lost while waiting for a step: {e}"));
+        staging
+            .iter()
+            .zip(reads)
+            .map(|(s, (_, len))| {
+                let view = s
+                    .slice(..)
+                    .get_mapped_range()
+                    .unwrap_or_else(|e| panic!("wgpu read-back mapping failed: {e}"));
+                let v = view[..*len].to_vec();
+                drop(view);
+                s.unmap();
+                v
+            })
+            .collect()
+    }
+}
+
+/// f32 slice → bytes for upload.
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Read-back bytes → f32 values into `out`.
+pub fn copy_f32(bytes: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}

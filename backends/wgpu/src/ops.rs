@@ -1,0 +1,368 @@
+//! Host glue of the linear, row-wise, element-wise and cache kernels: upload the op's inputs,
+//! encode its dispatches into one command buffer, submit once, read the output back.
+
+use crate::gpu::{Gpu, copy_f32, f32_bytes, grid};
+use crate::weights::DeviceWeight;
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::{Linear, RopeTable, RowFormat};
+
+/// Rows one linear thread accumulates (ROWS_PER_THREAD in linear.wgsl).
+const LINEAR_ROWS_PER_THREAD: usize = 4;
+/// Largest Hadamard width the workgroup-memory butterfly holds (HAD_MAX in rows.wgsl).
+const HADAMARD_MAX: usize = 1024;
+
+/// Upload f32 values as a storage buffer, refusing what one binding cannot hold.
+pub(crate) fn upload_f32(gpu: &Gpu, what: &str, v: &[f32]) -> wgpu::Buffer {
+    upload_bytes(gpu, what, f32_bytes(v))
+}
+
+/// Upload bytes as a storage buffer, refusing what one binding cannot hold.
+pub(crate) fn upload_bytes(gpu: &Gpu, what: &str, v: &[u8]) -> wgpu::Buffer {
+    fits(gpu, what, v.len());
+    gpu.upload(what, v)
+}
+
+/// A zeroed output buffer of `bytes`, refusing what one binding cannot hold.
+pub(crate) fn scratch(gpu: &Gpu, what: &str, bytes: usize) -> wgpu::Buffer {
+    fits(gpu, what, bytes);
+    gpu.scratch(what, bytes)
+}
+
+fn fits(gpu: &Gpu, what: &str, bytes: usize) {
+    let max = gpu.max_binding_bytes() as usize;
+    assert!(
+        bytes <= max,
+        "wgpu backend: {what} needs {bytes} bytes in one binding, more than this device's {max}; \
+         the batch or context does not fit this device"
+    );
+}
+
+/// One element-wise kernel over `n` values: inputs at bindings 1 (and 2), output at 3.
+fn elementwise(
+    gpu: &Gpu,
+    kernel: &'static str,
+    params: &[u32],
+    a: &[f32],
+    b: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    let ab = upload_f32(gpu, kernel, a);
+    let bb = b.map(|b| upload_f32(gpu, kernel, b));
+    let ob = scratch(gpu, kernel, n * 4);
+    let mut binds = vec![(1, &ab)];
+    if let Some(bb) = &bb {
+        binds.push((2, bb));
+    }
+    binds.push((3, &ob));
+    let mut step = gpu.step();
+    step.dispatch(kernel, params, &binds, grid(n, 256));
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], out);
+}
+
+pub fn linear(gpu: &Gpu, w: &Linear, dw: &DeviceWeight, x: &[f32], rows: usize, out: &mut [f32]) {
+    let (o, i) = (w.out_dim, w.in_dim);
+    assert_eq!(
+        x.len(),
+        rows * i,
+        "linear {}: input is not [rows, in]",
+        w.name
+    );
+    assert_eq!(
+        out.len(),
+        rows * o,
+        "linear {}: output is not [rows, out]",
+        w.name
+    );
+    if out.is_empty() {
+        return;
+    }
+    let xb = upload_f32(gpu, "linear input", x);
+    let ob = scratch(gpu, "linear output", out.len() * 4);
+    let mut step = gpu.step();
+    let gy = rows.div_ceil(LINEAR_ROWS_PER_THREAD) as u32;
+    for c in &dw.chunks {
+        let params = [
+            dw.format,
+            o as u32,
+            i as u32,
+            rows as u32,
+            c.col0 as u32,
+            c.cols as u32,
+        ];
+        let gx = c.cols.div_ceil(64) as u32;
+        step.dispatch(
+            "linear",
+            &params,
+            &[(1, &c.data), (2, &c.scale), (3, &xb), (4, &ob)],
+            [gx, gy, 1],
+        );
+    }
+    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
+}
+
+pub fn act_quant_fp8(gpu: &Gpu, x: &mut [f32], dim: usize) {
+    if x.is_empty() || dim == 0 {
+        return;
+    }
+    let input = x.to_vec();
+    elementwise(
+        gpu,
+        "act_quant",
+        &[x.len() as u32, dim as u32],
+        &input,
+        None,
+        x,
+    );
+}
+
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &[f32],
+    weight: Option<&[f32]>,
+    dim: usize,
+    eps: f32,
+    out: &mut [f32],
+) {
+    if x.is_empty() || dim == 0 {
+        return;
+    }
+    let rows = x.len() / dim;
+    let xb = upload_f32(gpu, "rms_norm input", x);
+    let wb = upload_f32(gpu, "rms_norm weight", weight.unwrap_or(&[0.0]));
+    let ob = scratch(gpu, "rms_norm output", out.len() * 4);
+    let params = [
+        rows as u32,
+        dim as u32,
+        eps.to_bits(),
+        u32::from(weight.is_some()),
+    ];
+    let mut step = gpu.step();
+    step.dispatch(
+        "rms_norm",
+        &params,
+        &[(1, &xb), (2, &wb), (3, &ob)],
+        grid(rows, 1),
+    );
+    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
+}
+
+/// θ split in three f32 parts whose f64 sum is exactly θ (see rows.wgsl `rope`).
+fn split3(theta: f64) -> [f32; 3] {
+    let hi = theta as f32;
+    let r1 = theta - f64::from(hi);
+    let mid = r1 as f32;
+    let lo = (r1 - f64::from(mid)) as f32;
+    [hi, mid, lo]
+}
+
+pub fn rope(
+    gpu: &Gpu,
+    x: &mut [f32],
+    dim: usize,
+    positions: &[usize],
+    table: &RopeTable,
+    inverse: bool,
+) {
+    if x.is_empty() || dim == 0 || table.rd == 0 {
+        return;
+    }
+    let rows = x.len() / dim;
+    assert!(
+        positions.len() >= rows,
+        "rope: {rows} rows but {} positions",
+        positions.len()
+    );
+    let mut aux: Vec<f32> = positions[..rows]
+        .iter()
+        .map(|&p| {
+            let p = u32::try_from(p).unwrap_or_else(|_| panic!("rope: position {p} beyond 2^32"));
+            f32::from_bits(p)
+        })
+        .collect();
+    aux.extend(table.freqs.iter().flat_map(|&t| split3(t)));
+    let params = [rows as u32, dim as u32, table.rd as u32, u32::from(inverse)];
+    let xb = upload_f32(gpu, "rope input", x);
+    let ab = upload_f32(gpu, "rope table", &aux);
+    let ob = upload_f32(gpu, "rope output", x);
+    let mut step = gpu.step();
+    step.dispatch(
+        "rope",
+        &params,
+        &[(1, &xb), (2, &ab), (3, &ob)],
+        grid(rows * table.rd / 2, 256),
+    );
+    let n = x.len() * 4;
+    copy_f32(&step.finish(&[(&ob, n)])[0], x);
+}
+
+pub fn hadamard(gpu: &Gpu, x: &mut [f32], dim: usize) {
+    assert!(
+        dim.is_power_of_two(),
+        "hadamard needs a power-of-two width, got {dim}"
+    );
+    assert!(
+        dim <= HADAMARD_MAX,
+        "wgpu hadamard: width {dim} is above the {HADAMARD_MAX} the kernel holds in workgroup memory"
+    );
+    if x.is_empty() {
+        return;
+    }
+    let rows = x.len() / dim;
+    let xb = upload_f32(gpu, "hadamard input", x);
+    let ob = scratch(gpu, "hadamard output", x.len() * 4);
+    let mut step = gpu.step();
+    step.dispatch(
+        "hadamard",
+        &[rows as u32, dim as u32],
+        &[(1, &xb), (3, &ob)],
+        grid(rows, 1),
+    );
+    let n = x.len() * 4;
+    copy_f32(&step.finish(&[(&ob, n)])[0], x);
+}
+
+pub fn router_scores(gpu: &Gpu, logits: &[f32], out: &mut [f32]) {
+    elementwise(gpu, "router_scores", &[out.len() as u32], logits, None, out);
+}
+
+pub fn swiglu(gpu: &Gpu, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
+    let params = [out.len() as u32, limit.to_bits(), weight.to_bits()];
+    elementwise(gpu, "swiglu", &params, g, Some(u), out);
+}
+
+/// The cache kernels' description of a row format: (kind, nd or dim, rd, data row bytes).
+fn cache_kind(fmt: &RowFormat) -> (u32, usize, usize, usize) {
+    use dsv4_core::KvCacheDtype;
+    match fmt {
+        RowFormat::Kv(l) => {
+            let kind = match l.dtype() {
+                KvCacheDtype::Bf16 => 0,
+                KvCacheDtype::Fp8 => 1,
+            };
+            (kind, l.nd(), l.rd(), l.data_row_bytes())
+        }
+        RowFormat::IndexK(l) => (index_kind(l.dtype()), l.dim(), 0, l.data_row_bytes()),
+    }
+}
+
+fn index_kind(d: IndexKDtype) -> u32 {
+    match d {
+        IndexKDtype::Bf16 => 2,
+        IndexKDtype::Fp8 => 3,
+        IndexKDtype::Fp4 => 4,
+    }
+}
+
+fn slot_bytes(
+    fmt: &RowFormat,
+    slot: usize,
+) -> Result<dsv4_core::cache::SlotBytes, CacheLayoutError> {
+    match fmt {
+        RowFormat::Kv(l) => l.slot_bytes(slot),
+        RowFormat::IndexK(l) => l.slot_bytes(slot),
+    }
+}
+
+fn check_access(fmt: &RowFormat, page: usize, values: usize) -> Result<(), CacheLayoutError> {
+    if page != fmt.page_bytes() {
+        return Err(CacheLayoutError::WrongPageSize {
+            expected: fmt.page_bytes(),
+            got: page,
+        });
+    }
+    if values != fmt.width() {
+        return Err(CacheLayoutError::WrongValueCount {
+            expected: fmt.width(),
+            got: values,
+        });
+    }
+    Ok(())
+}
+
+/// Encode the entry on the device; the host places its data and scale bytes at the slot's
+/// offsets of the page (which lives in host memory behind the trait).
+pub fn cache_store(
+    gpu: &Gpu,
+    fmt: &RowFormat,
+    page: &mut [u8],
+    slot: usize,
+    values: &[f32],
+) -> Result<(), CacheLayoutError> {
+    check_access(fmt, page.len(), values.len())?;
+    let at = slot_bytes(fmt, slot)?;
+    let (kind, nd, rd, data_row) = cache_kind(fmt);
+    let total = at.data.len() + at.scale.len();
+    let vb = upload_f32(gpu, "cache values", values);
+    let ob = scratch(gpu, "cache entry", total);
+    let params = [kind, nd as u32, rd as u32, total as u32, data_row as u32];
+    let mut step = gpu.step();
+    step.dispatch(
+        "cache_encode",
+        &params,
+        &[(1, &vb), (4, &ob)],
+        [total.div_ceil(4).div_ceil(64).max(1) as u32, 1, 1],
+    );
+    let bytes = step.finish(&[(&ob, total)]).remove(0);
+    let (d, s) = bytes.split_at(at.data.len());
+    page[at.data].copy_from_slice(d);
+    page[at.scale].copy_from_slice(s);
+    Ok(())
+}
+
+/// Upload the slot's data and scale bytes and decode them on the device.
+pub fn cache_load(
+    gpu: &Gpu,
+    fmt: &RowFormat,
+    page: &[u8],
+    slot: usize,
+    out: &mut [f32],
+) -> Result<(), CacheLayoutError> {
+    check_access(fmt, page.len(), out.len())?;
+    let at = slot_bytes(fmt, slot)?;
+    let (kind, nd, rd, data_row) = cache_kind(fmt);
+    let mut entry = page[at.data.clone()].to_vec();
+    entry.extend_from_slice(&page[at.scale.clone()]);
+    let eb = upload_bytes(gpu, "cache entry", &entry);
+    let ob = scratch(gpu, "cache values", out.len() * 4);
+    let params = [
+        kind,
+        nd as u32,
+        rd as u32,
+        entry.len() as u32,
+        data_row as u32,
+        out.len() as u32,
+    ];
+    let mut step = gpu.step();
+    step.dispatch(
+        "cache_decode",
+        &params,
+        &[(2, &eb), (3, &ob)],
+        [out.len().div_ceil(64).max(1) as u32, 1, 1],
+    );
+    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
+    Ok(())
+}
+
+pub fn round_index_rows(gpu: &Gpu, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
+    if x.is_empty() || dim == 0 {
+        return;
+    }
+    let input = x.to_vec();
+    let params = [index_kind(dtype), dim as u32, x.len() as u32];
+    let vb = upload_f32(gpu, "index rows", &input);
+    let ob = scratch(gpu, "index rows", x.len() * 4);
+    let mut step = gpu.step();
+    step.dispatch(
+        "round_index",
+        &params,
+        &[(1, &vb), (3, &ob)],
+        grid(x.len(), 256),
+    );
+    let n = x.len() * 4;
+    copy_f32(&step.finish(&[(&ob, n)])[0], x);
+}

@@ -1,0 +1,165 @@
+// Cache row codecs (spec §4): encode one entry into its exact bytes (data row then scale row,
+// as dsv4_core::cache lays them out), decode an entry's bytes, and round indexer query rows as
+// index keys are rounded. Kinds: 0 KV bf16, 1 KV fp8, 2 index-K bf16, 3 index-K fp8,
+// 4 index-K fp4.
+
+@group(0) @binding(1) var<storage, read> vals: array<f32>;
+@group(0) @binding(2) var<storage, read> bytes_in: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> bytes_out: array<u32>;
+
+const E2M1_FLOOR_BITS: u32 = 0x01c00000u; // 6·f32::MIN_POSITIVE
+
+// x / 2^e for a power-of-two scale exponent in −127..=127 (exact in the normal range).
+fn div_pow2(x: f32, e: i32) -> f32 {
+    if (e >= 127) { return x * pow2f(-126) * 0.5; }
+    if (e <= -127) { return x * pow2f(126) * 2.0; }
+    return x * pow2f(-e);
+}
+
+fn amax_range(lo: u32, hi: u32) -> f32 {
+    var m = 0.0;
+    for (var j = lo; j < hi; j = j + 1u) { m = rmax(m, abs(vals[j])); }
+    return m;
+}
+
+fn has_nan(lo: u32, hi: u32) -> bool {
+    for (var j = lo; j < hi; j = j + 1u) { if (is_nan32(vals[j])) { return true; } }
+    return false;
+}
+
+// The index-K fp8 entry scale: max(amax, 1e-4)/448 as an f32 division (formed in `acc` and
+// rounded once, which equals the f32 quotient).
+fn fp8_entry_scale(lo: u32, hi: u32) -> f32 {
+    return f32(acc(rmax(amax_range(lo, hi), 1e-4)) / acc(448.0));
+}
+
+fn div_acc(x: f32, y: f32) -> f32 { return f32(acc(x) / acc(y)); }
+
+// The e2m1 block exponent of values[lo..hi] (−1000 when the block holds a NaN).
+fn e2m1_exponent(lo: u32, hi: u32) -> i32 {
+    if (has_nan(lo, hi)) { return -1000; }
+    return pow2_scale_exponent(amax_range(lo, hi), bitcast<f32>(E2M1_FLOOR_BITS), 6.0);
+}
+
+fn e2m1_code(x: f32, e: i32) -> u32 {
+    if (e == -1000) { return 0u; }
+    return f32_to_e2m1(div_pow2(x, e));
+}
+
+// Byte i of an encoded entry; params 0 kind, 1 nd (or dim), 2 rd, 4 data row bytes.
+fn entry_byte(i: u32) -> u32 {
+    let kind = pu(0u);
+    let nd = pu(1u);
+    let data_row = pu(4u);
+    switch kind {
+        case 0u, 2u: {
+            if (i >= data_row) { return 0u; }
+            return (f32_to_bf16(vals[i / 2u]) >> ((i % 2u) * 8u)) & 0xffu;
+        }
+        case 1u: {
+            if (i < nd) {
+                let blk = (i / 64u) * 64u;
+                let e = pow2_scale_exponent(amax_range(blk, blk + 64u), 1e-4, 448.0);
+                return f32_to_e4m3(div_pow2(vals[i], e));
+            }
+            if (i < data_row) {
+                let k = i - nd;
+                return (f32_to_bf16(vals[nd + k / 2u]) >> ((k % 2u) * 8u)) & 0xffu;
+            }
+            let j = i - data_row;
+            if (j >= nd / 64u) { return 0u; }
+            let e = pow2_scale_exponent(amax_range(j * 64u, j * 64u + 64u), 1e-4, 448.0);
+            return u32(e + 127);
+        }
+        case 3u: {
+            let scale = fp8_entry_scale(0u, nd);
+            if (i < nd) { return f32_to_e4m3(div_acc(vals[i], scale)); }
+            return (bitcast<u32>(scale) >> ((i - nd) * 8u)) & 0xffu;
+        }
+        default: {
+            if (i < data_row) {
+                let blk = ((2u * i) / 32u) * 32u;
+                let e = e2m1_exponent(blk, blk + 32u);
+                return e2m1_code(vals[2u * i], e) | (e2m1_code(vals[2u * i + 1u], e) << 4u);
+            }
+            let j = i - data_row;
+            let e = e2m1_exponent(j * 32u, j * 32u + 32u);
+            if (e == -1000) { return 255u; }
+            return u32(e + 127);
+        }
+    }
+}
+
+// cache_encode: params 0 kind, 1 nd/dim, 2 rd, 3 entry bytes, 4 data row bytes. One thread per
+// output word (four bytes of the entry).
+@compute @workgroup_size(64)
+fn cache_encode(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let w = gid.x;
+    let total = pu(3u);
+    if (w * 4u >= total) { return; }
+    var word = 0u;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        let i = w * 4u + k;
+        if (i < total) { word = word | (entry_byte(i) << (8u * k)); }
+    }
+    bytes_out[w] = word;
+}
+
+fn byte_in(i: u32) -> u32 { return (bytes_in[i / 4u] >> ((i % 4u) * 8u)) & 0xffu; }
+
+// cache_decode: params as cache_encode plus 5 width. One thread per value.
+@compute @workgroup_size(64)
+fn cache_decode(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let kind = pu(0u);
+    let nd = pu(1u);
+    let data_row = pu(4u);
+    if (i >= pu(5u)) { return; }
+    switch kind {
+        case 0u, 2u: { out[i] = bf16_to_f32(byte_in(2u * i) | (byte_in(2u * i + 1u) << 8u)); }
+        case 1u: {
+            if (i < nd) {
+                out[i] = e4m3_to_f32(byte_in(i)) * ue8m0_to_f32(byte_in(data_row + i / 64u));
+            } else {
+                let k = nd + 2u * (i - nd);
+                out[i] = bf16_to_f32(byte_in(k) | (byte_in(k + 1u) << 8u));
+            }
+        }
+        case 3u: {
+            let sb = byte_in(nd) | (byte_in(nd + 1u) << 8u) | (byte_in(nd + 2u) << 16u)
+                | (byte_in(nd + 3u) << 24u);
+            out[i] = e4m3_to_f32(byte_in(i)) * bitcast<f32>(sb);
+        }
+        default: {
+            let code = (byte_in(i / 2u) >> ((i % 2u) * 4u)) & 0xfu;
+            out[i] = e2m1_to_f32(code) * ue8m0_to_f32(byte_in(data_row + i / 32u));
+        }
+    }
+}
+
+// round_index: params 0 kind (2, 3 or 4 as above), 1 dim, 2 n values. One thread per value;
+// each row of `dim` values is rounded on its own.
+@compute @workgroup_size(256)
+fn round_index(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_id(gid, nwg, 256u);
+    let kind = pu(0u);
+    let dim = pu(1u);
+    if (i >= pu(2u)) { return; }
+    let row0 = (i / dim) * dim;
+    let x = vals[i];
+    switch kind {
+        case 2u: { out[i] = bf16_to_f32(f32_to_bf16(x)); }
+        case 3u: {
+            let scale = fp8_entry_scale(row0, row0 + dim);
+            out[i] = e4m3_to_f32(f32_to_e4m3(div_acc(x, scale))) * scale;
+        }
+        default: {
+            let blk = row0 + ((i - row0) / 32u) * 32u;
+            let e = e2m1_exponent(blk, min(blk + 32u, row0 + dim));
+            var s = f32_nan();
+            if (e != -1000) { s = ue8m0_to_f32(u32(e + 127)); }
+            out[i] = e2m1_to_f32(e2m1_code(x, e)) * s;
+        }
+    }
+}
