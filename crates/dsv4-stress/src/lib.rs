@@ -31,6 +31,7 @@
 //!   ([`SessionRecord`] with its [`TurnRecord`]s);
 //! - [`Signature`] (names via [`Signature::name`]) and the detectors in [`signatures`].
 
+pub mod ab;
 pub mod answer;
 pub mod client;
 pub mod error;

@@ -180,7 +180,7 @@ pub struct PowerNote {
 /// `None` when p1 == p2.
 pub fn sessions_needed(p1: f64, p2: f64) -> Option<u64> {
     let effect = (p1 - p2).abs();
-    if !(effect > 0.0) || !p1.is_finite() || !p2.is_finite() {
+    if !p1.is_finite() || !p2.is_finite() || effect == 0.0 {
         return None;
     }
     let normal = Normal::standard();
