@@ -41,7 +41,7 @@ fn captured_and_overlap_modes_generate_the_eager_tokens() {
         &[
             "exec.cuda_graph=true",
             "exec.multi_stream_overlap=true",
-            "debug.canary=true",
+            "debug.canary=index_k,kv,state",
         ],
     ];
     for sets in modes {
@@ -70,7 +70,7 @@ fn batch_requests_run_with_the_canary_on_and_match_the_plain_run() {
     let (ok, checked, err) = generate(
         &[
             "cache.max_total_tokens=4096",
-            "debug.canary=true",
+            "debug.canary=index_k,kv,state",
             "exec.multi_stream_overlap=true",
         ],
         Some(&file),

@@ -59,9 +59,9 @@ fn the_arena_fault_fails_the_check_with_both_launches_named() {
         "plan",
         "check",
         "--profile",
-        "prod-bf16",
+        "rehearsal",
         "--set",
-        "debug.inject=arena-ignores-stream-lifetimes",
+        "debug.inject=arena-ignores-streams",
         "--config",
         "tiny",
         "--batch",
@@ -88,9 +88,9 @@ fn the_arena_fault_fails_the_check_with_both_launches_named() {
         "plan",
         "check",
         "--profile",
-        "prod-bf16",
+        "rehearsal",
         "--set",
-        "debug.inject=arena-ignores-stream-lifetimes",
+        "debug.inject=arena-ignores-streams",
         "--config",
         "tiny",
         "--batch",
@@ -187,7 +187,7 @@ fn diff_mode_shorthands_pass_clean_and_catch_the_arena_fault() {
         "--set",
         "exec.multi_stream_overlap=true",
         "--against-set",
-        "debug.inject=arena-ignores-stream-lifetimes",
+        "debug.inject=arena-ignores-streams",
     ]);
     let (ok, v) = json(&args);
     assert!(!ok, "the faulty arena diverges: {v}");

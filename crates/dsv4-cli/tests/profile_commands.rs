@@ -17,7 +17,10 @@ fn list_shows_every_shipped_profile_with_its_purpose() {
         .skip(1)
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
-    assert_eq!(names, ["dev-cpu", "prod-bf16", "prod-fp8", "reference"]);
+    assert_eq!(
+        names,
+        ["dev-cpu", "prod-bf16", "prod-fp8", "reference", "rehearsal"]
+    );
     assert!(text.contains("dev-cpu (default)"), "{text}");
     assert!(text.contains("embedded:prod-bf16.toml  prod-fp8"), "{text}");
 
@@ -29,7 +32,7 @@ fn list_shows_every_shipped_profile_with_its_purpose() {
     .unwrap();
     let doc = json(dsv4(dir.path(), &["profile", "list", "--json"]));
     let entries = doc.as_array().unwrap();
-    assert_eq!(entries.len(), 5);
+    assert_eq!(entries.len(), 6);
     let mine = entries.iter().find(|e| e["name"] == "mine").unwrap();
     assert_eq!(mine["extends"], "reference");
     assert_eq!(mine["summary"], "Mine.");

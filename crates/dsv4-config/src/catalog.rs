@@ -19,6 +19,10 @@ pub const EMBEDDED_PROFILES: &[(&str, &str)] = &[
     ),
     ("prod-fp8", include_str!("../../../profiles/prod-fp8.toml")),
     (
+        "rehearsal",
+        include_str!("../../../profiles/rehearsal.toml"),
+    ),
+    (
         "prod-bf16",
         include_str!("../../../profiles/prod-bf16.toml"),
     ),
@@ -37,6 +41,17 @@ pub enum ProfileLocation {
 }
 
 impl ProfileLocation {
+    /// The profile's name: the embedded name, or the file stem.
+    pub fn stem(&self) -> String {
+        match self {
+            ProfileLocation::File(p) => p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            ProfileLocation::Embedded(name) => (*name).to_string(),
+        }
+    }
+
     /// A key that is equal for two locations exactly when they are the same file.
     fn identity(&self) -> String {
         match self {
@@ -360,7 +375,10 @@ mod tests {
             embedded: true,
         };
         let names: Vec<String> = search.list().unwrap().into_iter().map(|e| e.name).collect();
-        assert_eq!(names, ["dev-cpu", "prod-bf16", "prod-fp8", "reference"]);
+        assert_eq!(
+            names,
+            ["dev-cpu", "prod-bf16", "prod-fp8", "reference", "rehearsal"]
+        );
         let f = search.find("dev-cpu", None).unwrap();
         assert_eq!(f.location.to_string(), "embedded:dev-cpu.toml");
         let e = search.find("dev-cpo", None).unwrap_err().to_string();

@@ -271,7 +271,11 @@ pub fn assemble(opts: &ResolveOptions) -> Result<Resolved, ConfigError> {
             }
         })
         .collect();
-    let findings = validate::check(&profile);
+    let names: Vec<String> = chain.iter().map(|f| f.location.stem()).collect();
+    let mut findings: Vec<Finding> = validate::check_lineage(&profile, &names)
+        .into_iter()
+        .collect();
+    findings.extend(validate::check(&profile));
     Ok(Resolved {
         profile,
         requested: opts.profile.clone(),

@@ -2,7 +2,9 @@
 //! checks, disaggregation). They are validated configuration today; an engine that does not implement
 //! one of these settings yet must reject it with "not supported by backend X yet", never ignore it.
 
-use crate::values::{DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser};
+use crate::values::{
+    CanaryPool, DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser,
+};
 use serde::{Deserialize, Serialize};
 
 /// `[cache]`: KV cache pages, the prefix cache and the host tier.
@@ -96,8 +98,11 @@ impl ServerSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct DebugSection {
-    /// After each step, compare checksums of cache pages with the step's declared write set.
-    pub canary: bool,
+    /// Pools whose page checksums are compared, around each step, with the step's declared write
+    /// set (empty: no canary).
+    pub canary: Vec<CanaryPool>,
+    /// Fail the step's requests when the canary finds a page changed outside the write set.
+    pub canary_abort: bool,
     /// Faults to inject (each rehearses one incident class; results are wrong on purpose).
     pub inject: Vec<Fault>,
 }

@@ -96,17 +96,39 @@ spelled!(DisaggMode, "disagg mode", None => "none", Prefill => "prefill", Decode
 /// A named fault that deliberately breaks one component, to rehearse an incident class (`debug.inject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fault {
-    /// The buffer arena reuses bytes across streams without honouring cross-stream lifetimes
-    /// (the aliasing race of the multi-stream incident).
-    ArenaIgnoresStreamLifetimes,
-    /// A read from the host tier skips its layer-transfer wait.
-    HostTierSkipsLayerWait,
+    /// The arena allocator of captured plans computes buffer lifetimes as if all streams were one,
+    /// so a side stream's scratch aliases buffers still in use on another stream (the incident's
+    /// aliasing race).
+    ArenaIgnoresStreams,
+    /// Host-tier load-back skips the wait on the index-K read path.
+    SkipIndexKTransferWait,
+    /// The overlap scheduler frees a finished request's pages one step early.
+    StalePageReuse,
 }
 spelled!(
     Fault,
     "fault",
-    ArenaIgnoresStreamLifetimes => "arena-ignores-stream-lifetimes",
-    HostTierSkipsLayerWait => "host-tier-skips-layer-wait",
+    ArenaIgnoresStreams => "arena-ignores-streams",
+    SkipIndexKTransferWait => "skip-index-k-transfer-wait",
+    StalePageReuse => "stale-page-reuse",
+);
+
+/// A class of cache pools the canary watches (`debug.canary`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CanaryPool {
+    /// Index-K pages of the lightning indexer.
+    IndexK,
+    /// SWA, C4 and C128 KV pages.
+    Kv,
+    /// Compressor ring (state) pages.
+    State,
+}
+spelled!(
+    CanaryPool,
+    "canary pool",
+    IndexK => "index_k",
+    Kv => "kv",
+    State => "state",
 );
 
 #[cfg(test)]
@@ -124,6 +146,16 @@ mod tests {
         assert_eq!(
             "deepseek-v4".parse::<ToolCallParser>(),
             Ok(ToolCallParser::DeepseekV4)
+        );
+        for name in CanaryPool::NAMES {
+            assert_eq!(name.parse::<CanaryPool>().unwrap().as_str(), *name);
+        }
+        let e = "arena-ignores-stream-lifetimes"
+            .parse::<Fault>()
+            .unwrap_err();
+        assert!(
+            e.contains("allowed: arena-ignores-streams, skip-index-k-transfer-wait"),
+            "{e}"
         );
         let e = "lifo".parse::<SchedulePolicy>().unwrap_err();
         assert!(e.contains("allowed: fcfs, lpm"), "{e}");

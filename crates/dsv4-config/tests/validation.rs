@@ -1,7 +1,9 @@
 //! Typed layering of the bool, float and list kinds; validation through resolution (errors name
 //! every key with value and source; warnings are carried); the "why" comments of profile files.
 
-use dsv4_config::{ConfigError, Fault, Profile, ProfileSearch, ResolveOptions, Severity};
+use dsv4_config::{
+    CanaryPool, ConfigError, Fault, Profile, ProfileSearch, ResolveOptions, Severity,
+};
 use std::path::Path;
 
 fn opts(dir: &Path, profile: &str) -> ResolveOptions {
@@ -27,14 +29,14 @@ fn bool_float_and_list_values_layer_with_provenance() {
     write(
         dir.path(),
         "p.toml",
-        "[cache]\nhicache = true\nhicache_ratio = 3\n\n[debug]\ninject = [\n  \"host-tier-skips-layer-wait\",\n]\n",
+        "[cache]\nhicache = true\nhicache_ratio = 3\n\n[debug]\ninject = [\n  \"skip-index-k-transfer-wait\",\n]\n",
     );
     let r = Profile::resolve(&opts(dir.path(), "p")).unwrap();
     assert!(r.profile.cache.hicache);
     assert_eq!(r.profile.cache.hicache_ratio, 3.0);
-    assert_eq!(r.profile.debug.inject, [Fault::HostTierSkipsLayerWait]);
+    assert_eq!(r.profile.debug.inject, [Fault::SkipIndexKTransferWait]);
     let inject = r.setting("debug.inject").unwrap();
-    assert_eq!(inject.value_text(), "[host-tier-skips-layer-wait]");
+    assert_eq!(inject.value_text(), "[skip-index-k-transfer-wait]");
     assert!(
         inject.origin.to_string().ends_with("p.toml:6"),
         "{}",
@@ -70,7 +72,7 @@ fn bad_typed_values_name_key_value_and_allowed_values() {
         ("exec.cuda_graph=yes", "true or false"),
         ("cache.hicache_ratio=0", "a number greater than 0"),
         ("server.port=0", "an integer from 1 to 65535"),
-        ("debug.inject=crash", "arena-ignores-stream-lifetimes"),
+        ("debug.inject=crash", "arena-ignores-streams"),
         ("scheduler.schedule_policy=lifo", "one of: fcfs, lpm"),
     ] {
         let mut o = opts(dir.path(), "ok");
@@ -166,4 +168,45 @@ fn comments_next_to_keys_become_their_why() {
         Some("Measured on 2 cores: see ledger 12")
     );
     assert_eq!(r.setting("model.path").unwrap().comment, None);
+}
+
+#[test]
+fn faults_are_refused_in_production_profiles_and_their_children() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "mine.toml", "extends = \"prod-bf16\"\n");
+    for profile in ["prod-bf16", "prod-fp8", "mine"] {
+        let mut o = opts(dir.path(), profile);
+        o.sets = vec!["debug.inject=arena-ignores-streams".into()];
+        let e = Profile::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("[faults-in-production]"), "{profile}: {e}");
+        assert!(e.contains("is in its chain prod-fp8"), "{profile}: {e}");
+        // Without the fault the same profile resolves.
+        assert!(
+            Profile::resolve(&opts(dir.path(), profile)).is_ok(),
+            "{profile}"
+        );
+    }
+    let mut o = opts(dir.path(), "rehearsal");
+    o.sets = vec!["debug.inject=arena-ignores-streams".into()];
+    let r = Profile::resolve(&o).unwrap();
+    assert_eq!(r.profile.debug.inject, [Fault::ArenaIgnoresStreams]);
+}
+
+#[test]
+fn the_canary_is_a_list_of_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Profile::resolve(&opts(dir.path(), "rehearsal")).unwrap();
+    assert_eq!(
+        r.profile.debug.canary,
+        [CanaryPool::IndexK, CanaryPool::Kv, CanaryPool::State]
+    );
+    let mut o = opts(dir.path(), "dev-cpu");
+    o.sets = vec!["debug.canary=true".into()];
+    let e = Profile::resolve(&o).unwrap_err().to_string();
+    assert!(e.contains("index_k"), "{e}");
+    o.sets = vec!["debug.canary=index_k".into()];
+    assert_eq!(
+        Profile::resolve(&o).unwrap().profile.debug.canary,
+        [CanaryPool::IndexK]
+    );
 }

@@ -98,10 +98,25 @@ pub fn exec_options(p: &Profile) -> anyhow::Result<ExecOptions> {
     })
 }
 
-/// The engine's run-time checks a profile asks for (`debug.canary`: every pool, logging).
+/// The engine's run-time checks a profile asks for (`debug.canary`, `debug.canary_abort`).
 pub fn debug_options(p: &Profile) -> dsv4_engine::DebugOptions {
+    use dsv4_config::values::CanaryPool;
+    use dsv4_engine::CanaryPools;
+    let pools: std::collections::BTreeSet<CanaryPools> = p
+        .debug
+        .canary
+        .iter()
+        .map(|c| match c {
+            CanaryPool::IndexK => CanaryPools::IndexK,
+            CanaryPool::Kv => CanaryPools::Kv,
+            CanaryPool::State => CanaryPools::State,
+        })
+        .collect();
     dsv4_engine::DebugOptions {
-        canary: p.debug.canary.then(dsv4_engine::CanaryConfig::default),
+        canary: (!pools.is_empty()).then(|| dsv4_engine::CanaryConfig {
+            pools,
+            abort: p.debug.canary_abort,
+        }),
     }
 }
 

@@ -342,9 +342,15 @@ pub const SGLANG_MAP: &[MapRow] = &[
              kills a server whose batch hangs",
         ),
     ),
-    row("debug.canary", Is("false"), Same("no canary")),
+    row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",
+        Always,
+        Unmapped("the cache-page canary exists only in dsv4"),
+    ),
+    row("debug.canary_abort", Is("false"), Same("no canary")),
+    row(
+        "debug.canary_abort",
         Is("true"),
         Unmapped("the cache-page canary exists only in dsv4"),
     ),

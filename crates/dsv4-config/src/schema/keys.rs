@@ -2,7 +2,9 @@
 //! docs/profiles.md documents the same keys at more length (a test keeps the two in step).
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
-use crate::values::{DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser};
+use crate::values::{
+    CanaryPool, DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser,
+};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
 /// Shorthand for one row.
@@ -202,9 +204,16 @@ pub const KEYS: &[KeySpec] = &[
     // [debug]
     key(
         "debug.canary",
+        ValueKind::ListOf(CanaryPool::NAMES),
+        "[]",
+        "pools (index_k, kv, state) whose page checksums are compared, around each step, with \
+         the step's declared write set; a page changed outside it is logged and counted",
+    ),
+    key(
+        "debug.canary_abort",
         ValueKind::Bool,
         "false",
-        "after each step, compare checksums of cache pages with the step's declared write set",
+        "a canary finding also fails the step's requests",
     ),
     key(
         "debug.inject",

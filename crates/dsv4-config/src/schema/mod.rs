@@ -280,13 +280,19 @@ mod tests {
         assert_eq!(port.parse_text("65536"), None);
         let inject = find_key("debug.inject").unwrap().kind;
         assert_eq!(
-            inject.parse_text(" host-tier-skips-layer-wait , "),
-            Some(Value::from(vec!["host-tier-skips-layer-wait"]))
+            inject.parse_text(" skip-index-k-transfer-wait , "),
+            Some(Value::from(vec!["skip-index-k-transfer-wait"]))
         );
         assert_eq!(inject.parse_text(""), Some(Value::from(Vec::<&str>::new())));
         assert_eq!(inject.parse_text("nope"), None);
-        let twice = "host-tier-skips-layer-wait,host-tier-skips-layer-wait";
+        let twice = "stale-page-reuse,stale-page-reuse";
         assert_eq!(inject.parse_text(twice), None);
+        let canary = find_key("debug.canary").unwrap().kind;
+        assert_eq!(
+            canary.parse_text("index_k,kv"),
+            Some(Value::from(vec!["index_k", "kv"]))
+        );
+        assert_eq!(canary.parse_text("true"), None);
     }
 
     #[test]

@@ -103,9 +103,49 @@ pub fn check_with(profile: &Profile, caps: &BackendCaps) -> Vec<Finding> {
         .collect()
 }
 
+/// Id of the rule that refuses injected faults in a production profile.
+pub const FAULTS_IN_PRODUCTION: &str = "faults-in-production";
+
+/// Keys of [`FAULTS_IN_PRODUCTION`].
+const FAULTS_IN_PRODUCTION_KEYS: &[&str] = &["debug.inject"];
+
+/// Whether a profile of this name is a production profile: its name starts with `prod`.
+/// A profile that extends one (at any depth) is one too.
+pub fn is_production_name(name: &str) -> bool {
+    name.starts_with("prod")
+}
+
+/// The finding for faults injected into a profile whose `extends` chain (`names`, base first)
+/// contains a production profile, if any: faults are for rehearsals on dev profiles only.
+pub fn check_lineage(profile: &Profile, names: &[String]) -> Option<Finding> {
+    let prod = names.iter().find(|n| is_production_name(n))?;
+    if profile.debug.inject.is_empty() {
+        return None;
+    }
+    let faults: Vec<&str> = profile.debug.inject.iter().map(|f| f.as_str()).collect();
+    Some(Finding {
+        rule: FAULTS_IN_PRODUCTION,
+        severity: Severity::Error,
+        keys: FAULTS_IN_PRODUCTION_KEYS,
+        message: format!(
+            "debug.inject = [{}] in a production profile (`{prod}` is in its chain {}): faults make \
+             results wrong on purpose and are refused there; rehearse them on a dev profile, \
+             e.g. --profile dev-cpu --set debug.inject={}",
+            faults.join(", "),
+            names.join(" → "),
+            faults.join(",")
+        ),
+    })
+}
+
 /// The rules as a Markdown table (printed in docs/profiles.md).
 pub fn markdown_table() -> String {
     let mut out = String::from("| rule | severity | keys | fires on |\n|---|---|---|---|\n");
+    out.push_str(&format!(
+        "| `{FAULTS_IN_PRODUCTION}` | {} | `debug.inject` | faults injected into a profile named \
+         `prod*` or extending one |\n",
+        Severity::Error
+    ));
     for r in RULES {
         let keys: Vec<String> = r.keys.iter().map(|k| format!("`{k}`")).collect();
         out.push_str(&format!(

@@ -118,13 +118,24 @@ pub const RULES: &[Rule] = &[
         "a bootstrap address that is not host:port",
         bootstrap_address,
     ),
-    error(
+    warning(
         "fault-needs-overlap",
-        &["debug.inject", "exec.multi_stream_overlap"],
-        "a cross-stream fault with a single stream (it could never fire)",
+        &[
+            "debug.inject",
+            "exec.multi_stream_overlap",
+            "exec.cuda_graph",
+        ],
+        "the arena fault without side streams or without captured plans (it could never fire)",
         fault_needs_overlap,
     ),
-    error(
+    warning(
+        "fault-needs-overlap-schedule",
+        &["debug.inject", "exec.overlap_schedule"],
+        "the early-free fault of the overlap scheduler with overlap scheduling off (it could \
+         never fire)",
+        fault_needs_overlap_schedule,
+    ),
+    warning(
         "fault-needs-hicache",
         &["debug.inject", "cache.hicache"],
         "a host-tier fault without a host tier (it could never fire)",
@@ -316,18 +327,32 @@ fn bootstrap_address(p: &Profile, _: &BackendCaps) -> Option<String> {
 }
 
 fn fault_needs_overlap(p: &Profile, _: &BackendCaps) -> Option<String> {
-    let fault = Fault::ArenaIgnoresStreamLifetimes;
-    (p.debug.inject.contains(&fault) && !p.exec.multi_stream_overlap).then(|| {
+    let fault = Fault::ArenaIgnoresStreams;
+    (p.debug.inject.contains(&fault) && !(p.exec.multi_stream_overlap && p.exec.cuda_graph)).then(
+        || {
+            format!(
+                "debug.inject contains {fault}, which only fires in the arena of captured plans \
+                 across side streams, but exec.multi_stream_overlap = {} and exec.cuda_graph = {}; \
+                 set both to true or remove the fault",
+                p.exec.multi_stream_overlap, p.exec.cuda_graph
+            )
+        },
+    )
+}
+
+fn fault_needs_overlap_schedule(p: &Profile, _: &BackendCaps) -> Option<String> {
+    let fault = Fault::StalePageReuse;
+    (p.debug.inject.contains(&fault) && !p.exec.overlap_schedule).then(|| {
         format!(
-            "debug.inject contains {fault}, which only fires across side streams, but \
-             exec.multi_stream_overlap = false; set exec.multi_stream_overlap=true or remove the \
-             fault"
+            "debug.inject contains {fault}, which only fires when the scheduler prepares the next \
+             step while one runs, but exec.overlap_schedule = false; set \
+             exec.overlap_schedule=true or remove the fault"
         )
     })
 }
 
 fn fault_needs_hicache(p: &Profile, _: &BackendCaps) -> Option<String> {
-    let fault = Fault::HostTierSkipsLayerWait;
+    let fault = Fault::SkipIndexKTransferWait;
     (p.debug.inject.contains(&fault) && !p.cache.hicache).then(|| {
         format!(
             "debug.inject contains {fault}, which only fires in the host tier, but cache.hicache \
@@ -368,7 +393,7 @@ fn incident_combination(p: &Profile, _: &BackendCaps) -> Option<String> {
          exec.cuda_graph = true is the combination under which DSV4-Flash corrupted tool calls \
          on SGLang (the indexer's side-stream scratch aliased main-stream tensors in the \
          captured graph's memory pool); set exec.multi_stream_overlap=false (the fix that took \
-         failures to 0% with no throughput loss), or keep debug.canary=true and verify the plan"
+         failures to 0% with no throughput loss), or keep debug.canary=index_k,kv,state and verify the plan"
             .to_string()
     })
 }

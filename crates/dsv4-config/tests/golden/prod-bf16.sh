@@ -14,7 +14,8 @@
 #          true and exec.cuda_graph = true is the combination under which DSV4-Flash corrupted tool
 #          calls on SGLang (the indexer's side-stream scratch aliased main-stream tensors in the
 #          captured graph's memory pool); set exec.multi_stream_overlap=false (the fix that took
-#          failures to 0% with no throughput loss), or keep debug.canary=true and verify the plan
+#          failures to 0% with no throughput loss), or keep debug.canary=index_k,kv,state and verify
+#          the plan
 set -eu
 export SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=1
 exec python3 -m sglang.launch_server \

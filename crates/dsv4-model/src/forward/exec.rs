@@ -56,18 +56,9 @@ impl Fault {
         }
     }
 
-    /// The fault of a name (also the profile schema's older spellings).
+    /// The fault of a name (as `debug.inject` spells it).
     pub fn parse(name: &str) -> Option<Fault> {
-        match name {
-            "arena-ignores-streams" | "arena-ignores-stream-lifetimes" => {
-                Some(Fault::ArenaIgnoresStreams)
-            }
-            "skip-index-k-transfer-wait" | "host-tier-skips-layer-wait" => {
-                Some(Fault::SkipIndexKTransferWait)
-            }
-            "stale-page-reuse" => Some(Fault::StalePageReuse),
-            _ => None,
-        }
+        Fault::ALL.into_iter().find(|f| f.name() == name)
     }
 }
 

@@ -196,16 +196,27 @@ fn bootstrap_address() {
 #[test]
 fn fault_needs_overlap() {
     let mut p = on("cpu");
-    p.debug.inject = vec![Fault::ArenaIgnoresStreamLifetimes];
+    p.debug.inject = vec![Fault::ArenaIgnoresStreams];
     fires("fault-needs-overlap", &p);
     p.exec.multi_stream_overlap = true;
+    assert!(fires("fault-needs-overlap", &p).contains("exec.cuda_graph = false"));
+    p.exec.cuda_graph = true;
     quiet("fault-needs-overlap", &p);
+}
+
+#[test]
+fn fault_needs_overlap_schedule() {
+    let mut p = on("cpu");
+    p.debug.inject = vec![Fault::StalePageReuse];
+    assert!(fires("fault-needs-overlap-schedule", &p).contains("exec.overlap_schedule=true"));
+    p.exec.overlap_schedule = true;
+    quiet("fault-needs-overlap-schedule", &p);
 }
 
 #[test]
 fn fault_needs_hicache() {
     let mut p = on("cpu");
-    p.debug.inject = vec![Fault::HostTierSkipsLayerWait];
+    p.debug.inject = vec![Fault::SkipIndexKTransferWait];
     fires("fault-needs-hicache", &p);
     p.cache.hicache = true;
     quiet("fault-needs-hicache", &p);
@@ -272,9 +283,9 @@ fn bootstrap_without_disagg() {
 fn faults_injected() {
     let mut p = on("cpu");
     quiet("faults-injected", &p);
-    p.debug.inject = vec![Fault::ArenaIgnoresStreamLifetimes];
+    p.debug.inject = vec![Fault::ArenaIgnoresStreams];
     p.exec.multi_stream_overlap = true;
-    assert!(fires("faults-injected", &p).contains("[arena-ignores-stream-lifetimes]"));
+    assert!(fires("faults-injected", &p).contains("[arena-ignores-streams]"));
 }
 
 #[test]
