@@ -148,12 +148,12 @@ fn exp_acc(x0: acc) -> acc {
     return ldexp(ldexp(p, half), ki - half);
 }
 
-// ln(x) for finite x > 0: x = 2^e·f with f in [√½, √2), atanh series in s = (f−1)/(f+1).
+// ln(x) for x in [1, 2] (all log1p_acc needs): x = 2^e·f with f in [√½, √2], atanh series in
+// s = (f−1)/(f+1).
 fn log_acc(x: acc) -> acc {
-    let fe = frexp(x);
-    var f = fe.fract;
-    var e = fe.exp;
-    if (f < acc(0.70710678118654752440)) { f = f * acc(2.0); e = e - 1; }
+    var f = x;
+    var e = 0.0;
+    if (f > acc(1.41421356237309504880)) { f = f * acc(0.5); e = 1.0; }
     let s = (f - acc(1.0)) / (f + acc(1.0));
     let s2 = s * s;
     var t = acc(0.0);
@@ -161,10 +161,10 @@ fn log_acc(x: acc) -> acc {
         t = (t + acc(1.0) / acc(f32(n))) * s2;
     }
     let lf = acc(2.0) * s + acc(2.0) * s * t;
-    return (acc(f32(e)) * acc(LN2_LO) + lf) + acc(f32(e)) * acc(LN2_HI);
+    return (acc(e) * acc(LN2_LO) + lf) + acc(e) * acc(LN2_HI);
 }
 
-// ln(1 + y) for y ≥ 0, accurate for small y (the u − 1 correction of Goldberg).
+// ln(1 + y) for y in [0, 1], accurate for small y (the u − 1 correction of Goldberg).
 fn log1p_acc(y: acc) -> acc {
     let u = acc(1.0) + y;
     if (u == acc(1.0)) { return y; }
