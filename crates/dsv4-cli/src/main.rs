@@ -3,7 +3,9 @@
 mod commands;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{bench, chat, diff, forward, generate, ledger, model, plan, profile, serve};
+use commands::{
+    bench, chat, diff, forward, generate, ledger, model, plan, profile, serve, stress,
+};
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +66,9 @@ enum Command {
     Profile(profile::ProfileCommand),
     /// Serve the profile's model over an OpenAI-compatible HTTP API (or with SGLang).
     Serve(serve::ServeArgs),
+    /// Multi-turn tool-calling load against any OpenAI-compatible server, with corruption
+    /// signatures and vLLM-named metrics (exit 1 when a session failed).
+    Stress(stress::StressArgs),
     /// The change ledger: record profile changes with evidence as commits, verify, render incidents.
     #[command(subcommand)]
     Ledger(ledger::LedgerCommand),
@@ -144,6 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }
         Command::Serve(args) => serve::run(args, &resolve(&cli.global, None)?),
+        Command::Stress(args) => stress::run(args),
         Command::Ledger(cmd) => ledger::run(cmd, &cli.global.profile, &cli.global.sets),
     }
 }

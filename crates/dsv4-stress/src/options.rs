@@ -99,7 +99,8 @@ pub struct StressOptions {
     /// Share of turns (0..=1) whose `tool_choice` forces a tool call ("required" or a named tool);
     /// the rest use "auto".
     pub forced_tool_rate: f64,
-    /// Stop strings sent with every request (see [`STOP_BEFORE_MARKUP`]).
+    /// Stop strings sent with every request whose `tool_choice` is "auto" (see
+    /// [`STOP_BEFORE_MARKUP`]); forced turns get none, so a stop string never cuts a forced call.
     pub stop: Vec<String>,
     /// `repeated_token` fires when one unit of text (1..=16 characters) repeats back to back
     /// more than this many times.
@@ -109,6 +110,9 @@ pub struct StressOptions {
     pub growth_chars: usize,
     /// Per-request timeout.
     pub request_timeout: Duration,
+    /// `parallel_tool_calls` of every request (off by default: one call per forced turn keeps
+    /// the answer length bounded).
+    pub parallel_tool_calls: bool,
 }
 
 impl Default for StressOptions {
@@ -132,6 +136,7 @@ impl Default for StressOptions {
             repeat_threshold: 48,
             growth_chars: 400,
             request_timeout: Duration::from_secs(300),
+            parallel_tool_calls: false,
         }
     }
 }

@@ -124,6 +124,7 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
         "messages": messages,
         "tools": tools_json(&plan.tools),
         "tool_choice": turn.tool_choice.to_json(),
+        "parallel_tool_calls": opts.parallel_tool_calls,
         "max_tokens": opts.max_tokens,
         "temperature": opts.temperature,
         "seed": plan.seed >> 33,
@@ -132,7 +133,8 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
     if turn.stream {
         body["stream_options"] = json!({"include_usage": true});
     }
-    if !opts.stop.is_empty() {
+    // A stop string could cut a forced (grammar-constrained) call, so forced turns get none.
+    if !opts.stop.is_empty() && turn.tool_choice == ToolChoice::Auto {
         body["stop"] = json!(opts.stop);
     }
     body

@@ -1,6 +1,6 @@
 //! A small JSON Schema checker for tool-call arguments: the keywords tool schemas use in practice
 //! (`type`, `properties`, `required`, `additionalProperties`, `enum`, `minimum`, `maximum`,
-//! `minLength`, `maxLength`, `items`, `minItems`, `maxItems`). Other keywords are ignored, so a
+//! `minLength`, `maxLength`, `pattern`, `items`, `minItems`, `maxItems`). Other keywords are ignored, so a
 //! schema the checker does not understand never produces a false violation.
 
 use serde_json::Value;
@@ -89,6 +89,13 @@ fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
         {
             out.push(format!("{path}: {n} characters, more than maxLength {max}"));
         }
+        // An invalid pattern is the schema's problem, not the answer's: it is skipped.
+        if let Some(p) = s.get("pattern").and_then(Value::as_str)
+            && let Ok(re) = regex::Regex::new(p)
+            && !re.is_match(text)
+        {
+            out.push(format!("{path}: {text:?} does not match the pattern {p:?}"));
+        }
     }
     if let Some(items) = value.as_array() {
         let n = items.len() as u64;
@@ -141,7 +148,7 @@ mod tests {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string", "minLength": 1},
+                "path": {"type": "string", "minLength": 1, "pattern": "^[a-z.]+$"},
                 "lines": {"type": "integer", "minimum": 1, "maximum": 100},
                 "mode": {"type": "string", "enum": ["r", "w"]},
                 "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
@@ -165,6 +172,7 @@ mod tests {
             (json!({}), "required property `path`"),
             (json!({"path": 3}), "$.path: expected string"),
             (json!({"path": ""}), "minLength"),
+            (json!({"path": "A.rs"}), "does not match the pattern"),
             (json!({"path": "a", "lines": 0}), "below the minimum"),
             (json!({"path": "a", "lines": 101}), "above the maximum"),
             (json!({"path": "a", "lines": 1.5}), "expected integer"),

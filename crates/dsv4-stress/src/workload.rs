@@ -9,6 +9,13 @@ use dsv4_core::SplitMix64;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+/// A short relative path.
+const PATH: &str = "^[a-z0-9_./-]{1,16}$";
+/// A few lowercase words.
+const WORDS_RE: &str = "^[a-z0-9 ]{1,16}$";
+/// A short arithmetic expression.
+const EXPR: &str = "^[0-9+*/() .-]{1,16}$";
+
 /// The tools a session may declare: file, search, calculator-like schemas with required and
 /// typed arguments (strings, bounded integers, booleans, enums).
 pub fn catalog() -> Vec<DeclaredTool> {
@@ -16,27 +23,29 @@ pub fn catalog() -> Vec<DeclaredTool> {
         name: name.into(),
         parameters,
     };
+    // Strings are bounded by patterns of a few ASCII characters, so a grammar-constrained call
+    // of a random-weight model (dsv4's tiny model: one token per byte) ends within a small
+    // max_tokens; for real models they are ordinary schema constraints.
     vec![
         tool(
             "read_file",
             json!({"type": "object", "properties": {
-                "path": {"type": "string", "description": "file to read"},
-                "start_line": {"type": "integer", "minimum": 1, "maximum": 100000},
+                "path": {"type": "string", "pattern": PATH},
                 "max_lines": {"type": "integer", "minimum": 1, "maximum": 500}},
               "required": ["path"], "additionalProperties": false}),
         ),
         tool(
             "write_file",
             json!({"type": "object", "properties": {
-                "path": {"type": "string"},
-                "content": {"type": "string"},
+                "path": {"type": "string", "pattern": PATH},
+                "content": {"type": "string", "pattern": WORDS_RE},
                 "append": {"type": "boolean"}},
               "required": ["path", "content"], "additionalProperties": false}),
         ),
         tool(
             "search",
             json!({"type": "object", "properties": {
-                "query": {"type": "string", "description": "text to look for"},
+                "query": {"type": "string", "pattern": WORDS_RE},
                 "scope": {"type": "string", "enum": ["code", "docs", "all"]},
                 "max_results": {"type": "integer", "minimum": 1, "maximum": 20}},
               "required": ["query", "scope"], "additionalProperties": false}),
@@ -44,14 +53,14 @@ pub fn catalog() -> Vec<DeclaredTool> {
         tool(
             "calculator",
             json!({"type": "object", "properties": {
-                "expression": {"type": "string"},
+                "expression": {"type": "string", "pattern": EXPR},
                 "precision": {"type": "integer", "minimum": 0, "maximum": 12}},
               "required": ["expression"], "additionalProperties": false}),
         ),
         tool(
             "list_dir",
             json!({"type": "object", "properties": {
-                "path": {"type": "string"},
+                "path": {"type": "string", "pattern": PATH},
                 "recursive": {"type": "boolean"}},
               "required": ["path", "recursive"], "additionalProperties": false}),
         ),
@@ -115,6 +124,10 @@ pub struct SessionPlan {
     pub turns: Vec<TurnPlan>,
 }
 
+/// The system prompt of every session.
+const SYSTEM: &str = "You are a coding agent working in a repository. Use the tools to read, \
+                      write and list files, to search, and to compute; answer briefly.";
+
 const WORDS: [&str; 48] = [
     "agent", "buffer", "cache", "compile", "config", "decode", "deploy", "error", "event", "file",
     "graph", "index", "kernel", "layer", "ledger", "load", "log", "memory", "metric", "model",
@@ -143,17 +156,12 @@ fn prose(g: &mut SplitMix64, n: usize) -> String {
 pub fn plan_session(opts: &StressOptions, index: usize) -> SessionPlan {
     let mut g = SplitMix64::for_name(opts.seed, &format!("session-{index}"));
     let seed = g.next_u64();
+    // Every session shares the system prompt and declares a prefix of the catalog (2 to 5
+    // tools), as sessions of one agent application do: the long tool prompt is a prefix the
+    // server's prefix cache can share, and what differs starts at the first user message.
     let mut tools = catalog();
-    for i in (1..tools.len()).rev() {
-        tools.swap(i, g.below(i as u64 + 1) as usize);
-    }
-    tools.truncate(2 + g.below(3) as usize);
-    let notes = 80 + g.below(120) as usize;
-    let system = format!(
-        "You are agent {index} working in a repository. Use the tools to inspect and change \
-         files, search, and compute. Notes: {}.",
-        prose(&mut g, notes)
-    );
+    tools.truncate(2 + g.below(4) as usize);
+    let system = SYSTEM.to_owned();
     let turns = (0..opts.turns)
         .map(|t| {
             let stream = match opts.stream {
@@ -171,7 +179,11 @@ pub fn plan_session(opts: &StressOptions, index: usize) -> SessionPlan {
                 ToolChoice::Auto
             };
             let len = opts.growth_chars / 2 + g.below(opts.growth_chars as u64 + 1) as usize;
-            let user_text = format!("Step {}: {}", t + 1, prose(&mut g, len));
+            let user_text = if t == 0 {
+                format!("Task {index}: {}", prose(&mut g, len))
+            } else {
+                format!("Step {}: {}", t + 1, prose(&mut g, len))
+            };
             TurnPlan {
                 stream,
                 tool_choice,
@@ -323,7 +335,7 @@ mod tests {
             "about half the turns force a call: {forced}"
         );
         for s in &a {
-            assert!((2..=4).contains(&s.tools.len()));
+            assert!((2..=5).contains(&s.tools.len()));
             for t in &s.turns {
                 if let ToolChoice::Named(n) = &t.tool_choice {
                     assert!(s.tools.iter().any(|d| &d.name == n));

@@ -10,3 +10,4 @@ pub mod model;
 pub mod plan;
 pub mod profile;
 pub mod serve;
+pub mod stress;

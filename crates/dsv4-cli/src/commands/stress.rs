@@ -1,0 +1,161 @@
+//! `dsv4 stress`: the multi-turn agentic workload against any OpenAI-compatible server (dsv4,
+//! vLLM, SGLang), with corruption signatures and vLLM-named metrics (crate dsv4-stress).
+//! Exit status: 0 when no session failed, 1 when some did, 2 when the run could not happen
+//! (bad options, server unreachable).
+
+use dsv4_stress::{
+    Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration, run_stress,
+};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `dsv4 stress`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Exit status: 0 when no session failed, 1 when at least one session \
+    showed a corruption signature or a failed request, 2 on usage errors or when the server \
+    cannot be reached.\nSignatures and metrics: docs/stress.md."
+)]
+pub struct StressArgs {
+    /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8000 or …/v1).
+    #[arg(long)]
+    pub url: String,
+    /// Model id to request (default: the first id GET /v1/models lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Number of sessions (conversations).
+    #[arg(long, default_value_t = 16)]
+    pub sessions: usize,
+    /// Sessions in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Turns (requests) per session, at most.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Workload seed: same seed, same sessions, prompts, tools, tool choices and stream flags.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Time bound (e.g. 90s, 5m): no turn starts after it.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// max_tokens of every request.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: u32,
+    /// Streaming: always, never, or mixed (seeded per turn).
+    #[arg(long, default_value = "mixed")]
+    pub stream: StreamMode,
+    /// Replay every turn alone afterwards and require the same answer ("solo"; greedy and a
+    /// batch-invariant server only). With --stream mixed also compares the two stream modes.
+    #[arg(long)]
+    pub oracle: Option<Oracle>,
+    /// Bearer key for the server.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Share of turns that force a tool call (tool_choice "required" or a named tool).
+    #[arg(long, default_value_t = 0.5)]
+    pub forced_tool_rate: f64,
+    /// A stop string sent with every request (repeatable).
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stops: Vec<String>,
+    /// Also stop every answer before special tokens and tool/think markup (for random-weight
+    /// models such as dsv4's tiny model; needs a server that accepts more than 4 stop strings).
+    #[arg(long)]
+    pub stop_before_markup: bool,
+    /// repeated_token fires when a unit of 1..=16 characters repeats back to back more than this
+    /// many times.
+    #[arg(long, default_value_t = 48)]
+    pub repeat_threshold: usize,
+    /// About this many characters of new user text (and of each tool result) per turn.
+    #[arg(long, default_value_t = 400)]
+    pub growth_chars: usize,
+    /// Per-request timeout (e.g. 300s).
+    #[arg(long, value_parser = parse_duration, default_value = "300s")]
+    pub request_timeout: Duration,
+    /// Let the model make several tool calls per answer (parallel_tool_calls: true).
+    #[arg(long)]
+    pub parallel_tool_calls: bool,
+    /// Write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write one JSON line per session to this file.
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl StressArgs {
+    /// The library options these arguments describe.
+    pub fn options(&self) -> StressOptions {
+        let mut stop = self.stops.clone();
+        if self.stop_before_markup {
+            stop.extend(STOP_BEFORE_MARKUP.iter().map(|s| (*s).to_owned()));
+        }
+        StressOptions {
+            url: self.url.clone(),
+            model: self.model.clone(),
+            sessions: self.sessions,
+            concurrency: self.concurrency,
+            turns: self.turns,
+            seed: self.seed,
+            duration: self.duration,
+            max_tokens: self.max_tokens,
+            stream: self.stream,
+            oracle: self.oracle,
+            api_key: self.api_key.clone(),
+            progress: !self.quiet,
+            temperature: self.temperature,
+            forced_tool_rate: self.forced_tool_rate,
+            stop,
+            repeat_threshold: self.repeat_threshold,
+            growth_chars: self.growth_chars,
+            request_timeout: self.request_timeout,
+            parallel_tool_calls: self.parallel_tool_calls,
+        }
+    }
+}
+
+/// Run `dsv4 stress`. Sessions that failed are an error (exit 1); a run that could not happen
+/// exits 2 here.
+pub fn run(args: &StressArgs) -> anyhow::Result<()> {
+    let opts = args.options();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = match rt.block_on(run_stress(&opts)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let written = args
+        .json
+        .as_ref()
+        .map(|p| report.write_json(p))
+        .transpose()
+        .and_then(|_| {
+            args.jsonl
+                .as_ref()
+                .map(|p| report.write_jsonl(p))
+                .transpose()
+        });
+    if let Err(e) = written {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+    print!("{}", report.summary());
+    if report.failed_sessions > 0 {
+        anyhow::bail!(
+            "{} of {} sessions failed ({:.1}%)",
+            report.failed_sessions,
+            report.sessions,
+            100.0 * report.failure_rate()
+        );
+    }
+    Ok(())
+}

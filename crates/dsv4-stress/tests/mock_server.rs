@@ -1,0 +1,251 @@
+//! `run_stress` end to end against a scripted OpenAI-compatible mock (not dsv4): a clean server
+//! gives no failed session; every corruption signature, streamed and not, is found through the
+//! real client; unreachable servers are errors; the workload is a function of the seed.
+
+mod mock;
+
+use dsv4_stress::{Oracle, Signature, StreamMode, StressError, StressOptions, run_stress};
+use mock::Script;
+
+fn opts(url: &str) -> StressOptions {
+    StressOptions {
+        url: url.into(),
+        sessions: 4,
+        concurrency: 2,
+        turns: 3,
+        seed: 7,
+        growth_chars: 120,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_server_gives_no_failed_sessions_with_the_solo_oracle() {
+    let url = mock::start(Script::Clean).await;
+    let o = StressOptions {
+        sessions: 6,
+        oracle: Some(Oracle::Solo),
+        ..opts(&url)
+    };
+    let r = run_stress(&o).await.unwrap();
+    assert_eq!(r.failed_sessions, 0, "{}", r.summary());
+    assert_eq!((r.sessions, r.completed, r.failed), (6, 18, 0));
+    assert!(r.signatures.values().all(|n| *n == 0));
+    assert_eq!(r.signatures.len(), Signature::ALL.len());
+    // Mixed mode replays every turn alone in both stream modes.
+    assert_eq!(r.oracle_requests, 36);
+    assert_eq!(r.server.model, "mock-model");
+    assert_eq!(r.server.max_model_len, Some(1_000_000));
+    let calls: usize = r
+        .records
+        .iter()
+        .flat_map(|s| &s.turns)
+        .map(|t| t.tool_calls.len())
+        .sum();
+    assert!(
+        calls > 0,
+        "forced turns made tool calls and got results back"
+    );
+    assert!(r.metrics.mean_e2el_ms > 0.0 && r.metrics.mean_ttft_ms > 0.0);
+    assert!(r.metrics.total_output_tokens > 0 && r.metrics.total_input_tokens > 0);
+    // Later turns carry more context than earlier ones.
+    let s = &r.records[0];
+    assert!(
+        s.turns.windows(2).all(|w| w[1].messages > w[0].messages),
+        "{s:?}"
+    );
+
+    let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    for key in [
+        "sessions",
+        "failed_sessions",
+        "completed",
+        "failed",
+        "signatures",
+        "duration",
+        "request_throughput",
+        "output_throughput",
+        "total_input_tokens",
+        "total_output_tokens",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p90_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "p90_tpot_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "median_itl_ms",
+        "p90_itl_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+        "median_e2el_ms",
+        "p90_e2el_ms",
+        "p99_e2el_ms",
+        "server",
+        "records",
+    ] {
+        assert!(json.get(key).is_some(), "the JSON report lacks `{key}`");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_signature_is_found_end_to_end_streamed_and_not() {
+    use Signature::*;
+    // (script, forced tool rate, oracle, the signature it must produce)
+    let cases = [
+        (Script::MarkupInContent, 0.0, MarkupInContent),
+        (Script::MarkupInContent, 0.0, StopWithMarkup),
+        (Script::MarkupInContent, 0.0, UnbalancedTags),
+        (Script::Unbalanced, 0.0, UnbalancedTags),
+        (Script::InvalidJson, 1.0, InvalidArgumentsJson),
+        (Script::SchemaViolation, 1.0, SchemaViolation),
+        (Script::UnknownTool, 1.0, UnknownTool),
+        (Script::IgnoreToolChoice, 1.0, ToolChoiceViolated),
+        (Script::SpecialToken, 0.0, SpecialTokenInText),
+        (Script::Repeat, 0.0, RepeatedToken),
+        (Script::EmptyLength, 0.0, EmptyLength),
+        (Script::ModelOutputError, 0.0, ServerOutputError),
+        (Script::Unavailable, 0.0, RequestError),
+    ];
+    for (script, rate, sig) in cases {
+        let url = mock::start(script).await;
+        for stream in [StreamMode::Always, StreamMode::Never] {
+            let o = StressOptions {
+                forced_tool_rate: rate,
+                stream,
+                ..opts(&url)
+            };
+            let r = run_stress(&o).await.unwrap();
+            assert!(
+                r.signatures[sig.name()] > 0 && r.failed_sessions == r.sessions,
+                "{script:?} {stream:?} should give {}:\n{}",
+                sig.name(),
+                r.summary()
+            );
+            assert_eq!(r.signature_sessions[sig.name()], r.sessions);
+            let rec = &r.records[0];
+            assert!(rec.failed && rec.signatures.contains_key(sig.name()));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_comparisons_find_stream_mismatch_and_solo_divergence() {
+    let url = mock::start(Script::StreamDiffers).await;
+    let o = StressOptions {
+        oracle: Some(Oracle::Solo),
+        stream: StreamMode::Mixed,
+        ..opts(&url)
+    };
+    let r = run_stress(&o).await.unwrap();
+    assert!(r.signatures["stream_mismatch"] > 0, "{}", r.summary());
+    assert_eq!(r.signatures["solo_divergence"], 0, "{}", r.summary());
+
+    let url = mock::start(Script::SecondTimeDiffers).await;
+    for stream in [StreamMode::Always, StreamMode::Never] {
+        let o = StressOptions {
+            oracle: Some(Oracle::Solo),
+            stream,
+            ..opts(&url)
+        };
+        let r = run_stress(&o).await.unwrap();
+        assert_eq!(
+            r.signatures["solo_divergence"],
+            r.completed,
+            "{}",
+            r.summary()
+        );
+        assert_eq!(r.failed_sessions, r.sessions);
+    }
+    // Without the oracle the same server looks clean: the comparison is what finds it.
+    let url = mock::start(Script::SecondTimeDiffers).await;
+    let r = run_stress(&opts(&url)).await.unwrap();
+    assert_eq!(r.failed_sessions, 0, "{}", r.summary());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_seed_sends_the_same_requests() {
+    let url = mock::start(Script::Clean).await;
+    let hashes = |r: &dsv4_stress::StressReport| -> Vec<String> {
+        r.records
+            .iter()
+            .flat_map(|s| s.turns.iter().map(|t| t.request_sha256.clone()))
+            .collect()
+    };
+    let a = run_stress(&opts(&url)).await.unwrap();
+    let b = run_stress(&StressOptions {
+        concurrency: 4,
+        ..opts(&url)
+    })
+    .await
+    .unwrap();
+    assert_eq!(hashes(&a), hashes(&b));
+    let c = run_stress(&StressOptions {
+        seed: 8,
+        ..opts(&url)
+    })
+    .await
+    .unwrap();
+    assert_ne!(hashes(&a), hashes(&c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_are_written_as_json_and_jsonl() {
+    let url = mock::start(Script::SpecialToken).await;
+    let r = run_stress(&opts(&url)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (json, jsonl) = (dir.path().join("r.json"), dir.path().join("r.jsonl"));
+    r.write_json(&json).unwrap();
+    r.write_jsonl(&jsonl).unwrap();
+    let back: dsv4_stress::StressReport =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(back, r);
+    let lines: Vec<dsv4_stress::SessionRecord> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, r.records);
+    let e = r
+        .write_json(&dir.path().join("no/such/dir.json"))
+        .unwrap_err();
+    assert!(e.to_string().contains("no/such/dir.json"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_servers_and_bad_options_are_errors() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let e = run_stress(&opts(&format!("http://127.0.0.1:{port}")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StressError::Server { .. }), "{e}");
+    assert!(e.to_string().contains("cannot reach"), "{e}");
+    let e = run_stress(&StressOptions {
+        concurrency: 0,
+        ..opts("http://127.0.0.1:1")
+    })
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("--concurrency"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_bound_stops_new_turns() {
+    let url = mock::start(Script::Clean).await;
+    let o = StressOptions {
+        duration: Some(std::time::Duration::from_nanos(1)),
+        ..opts(&url)
+    };
+    let r = run_stress(&o).await.unwrap();
+    assert!(
+        r.records.iter().all(|s| s.ended == "deadline"),
+        "{:?}",
+        r.records
+    );
+    assert_eq!(r.completed, 0);
+    assert_eq!(r.failed_sessions, 0);
+}
