@@ -4,7 +4,7 @@ mod commands;
 
 use clap::{Args, Parser, Subcommand};
 use commands::{
-    bench, chat, diff, forward, generate, ledger, model, plan, profile, serve, stress,
+    ab, bench, chat, diff, forward, generate, ledger, model, plan, profile, serve, stress,
 };
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
@@ -69,6 +69,9 @@ enum Command {
     /// Multi-turn tool-calling load against any OpenAI-compatible server, with corruption
     /// signatures and vLLM-named metrics (exit 1 when a session failed).
     Stress(stress::StressArgs),
+    /// A/B: the same stress workload against two configurations, each cold-booted per repeat
+    /// (A B A B), with failure rates, Fisher's exact test and an evidence bundle for the ledger.
+    Ab(Box<ab::AbArgs>),
     /// The change ledger: record profile changes with evidence as commits, verify, render incidents.
     #[command(subcommand)]
     Ledger(ledger::LedgerCommand),
@@ -150,6 +153,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve(args) => serve::run(args, &resolve(&cli.global, None)?),
         Command::Stress(args) => stress::run(args),
+        Command::Ab(args) => ab::run(
+            args,
+            &cli.global.profile,
+            cli.global.profile_dir.as_deref(),
+            &cli.global.sets,
+        ),
         Command::Ledger(cmd) => ledger::run(cmd, &cli.global.profile, &cli.global.sets),
     }
 }

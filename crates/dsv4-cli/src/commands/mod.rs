@@ -1,5 +1,6 @@
 //! One module per command group; each exposes clap argument structs and a `run`-style function.
 
+pub mod ab;
 pub mod bench;
 pub mod chat;
 pub mod diff;

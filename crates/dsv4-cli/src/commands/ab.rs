@@ -1,0 +1,332 @@
+//! `dsv4 ab`: compare two dsv4 configurations (or servers) under the same stress workload
+//! (crate dsv4-stress, module `ab`). Each booted arm is resolved here first, so a bad profile or
+//! `--set` fails before anything starts, and its settings with their origins go into the bundle.
+//!
+//! Arms: `--a` is a profile name/path or a URL (default: the global `--profile`); `--a-set` adds
+//! overrides to A. `--b` likewise; without `--b`, B is A's profile with A's overrides plus the
+//! `--b-set` ones — "the same, with this change". Global `--set` applies to both arms.
+
+use anyhow::{Context, bail};
+use dsv4_config::{Origin, Profile, ResolveOptions, Resolved};
+use dsv4_stress::ab::{AbOptions, ArmSpec, Target, run_ab};
+use dsv4_stress::{Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Arguments of `dsv4 ab`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example (the multi-stream aliasing fault, and the fix):\n  dsv4 ab --a dev-cpu \
+    --a-set exec.cuda_graph=true --a-set exec.multi_stream_overlap=true \
+    --a-set debug.inject=arena-ignores-streams --b-set exec.multi_stream_overlap=false \
+    --oracle solo --stop-before-markup --sessions 32 --repeat 2 --json ab.json\n\
+    The bundle (--json) is evidence for `dsv4 ledger record --evidence`. See docs/stress.md."
+)]
+pub struct AbArgs {
+    /// Arm A (the baseline): a profile name or path, or the URL of a running server (default:
+    /// the global --profile).
+    #[arg(long, value_name = "PROFILE|URL")]
+    pub a: Option<String>,
+    /// An override for arm A only (repeatable), e.g. --a-set exec.multi_stream_overlap=true.
+    #[arg(long = "a-set", value_name = "KEY=VALUE")]
+    pub a_sets: Vec<String>,
+    /// Arm B (the change): a profile name or path, or a URL (default: A's profile with A's
+    /// overrides, then the --b-set ones).
+    #[arg(long, value_name = "PROFILE|URL")]
+    pub b: Option<String>,
+    /// An override for arm B only (repeatable), e.g. --b-set exec.multi_stream_overlap=false.
+    #[arg(long = "b-set", value_name = "KEY=VALUE")]
+    pub b_sets: Vec<String>,
+    /// Repeats; each boots a fresh server per arm, in the order A B.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// How long a server may take to answer /health with 200 after it is started (e.g. 120s).
+    #[arg(long, value_parser = parse_duration, default_value = "300s")]
+    pub boot_timeout: Duration,
+    /// Write the evidence bundle (JSON, format dsv4-ab/1) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// The stress workload of every arm (the flags and defaults of `dsv4 stress`).
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Workload (as dsv4 stress)")]
+pub struct WorkloadArgs {
+    /// Model id to request (default: the first id GET /v1/models lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Sessions per arm per repeat.
+    #[arg(long, default_value_t = 16)]
+    pub sessions: usize,
+    /// Sessions in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Turns (requests) per session, at most.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Workload seed of the first repeat; repeat r uses seed + r (the same for both arms).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Time bound per arm and repeat (e.g. 90s, 5m): no turn starts after it.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// max_tokens of every request.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: u32,
+    /// Streaming: always, never, or mixed (seeded per turn).
+    #[arg(long, default_value = "mixed")]
+    pub stream: StreamMode,
+    /// Replay every turn alone afterwards and require the same answer ("solo"): what detects
+    /// token corruption on a batch-invariant server such as dsv4's.
+    #[arg(long)]
+    pub oracle: Option<Oracle>,
+    /// Bearer key for the servers.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Share of turns that force a tool call.
+    #[arg(long, default_value_t = 0.5)]
+    pub forced_tool_rate: f64,
+    /// A stop string sent with every request (repeatable).
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stops: Vec<String>,
+    /// Also stop every answer before special tokens and tool/think markup (for random-weight
+    /// models such as dsv4's tiny model).
+    #[arg(long)]
+    pub stop_before_markup: bool,
+    /// repeated_token threshold.
+    #[arg(long, default_value_t = 48)]
+    pub repeat_threshold: usize,
+    /// About this many characters of new user text per turn.
+    #[arg(long, default_value_t = 400)]
+    pub growth_chars: usize,
+    /// Per-request timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "300s")]
+    pub request_timeout: Duration,
+    /// Let the model make several tool calls per answer (parallel_tool_calls: true).
+    #[arg(long)]
+    pub parallel_tool_calls: bool,
+}
+
+impl WorkloadArgs {
+    /// The stress options (the URL is filled in per arm).
+    fn options(&self) -> StressOptions {
+        let mut stop = self.stops.clone();
+        if self.stop_before_markup {
+            stop.extend(STOP_BEFORE_MARKUP.iter().map(|s| (*s).to_owned()));
+        }
+        StressOptions {
+            url: "http://127.0.0.1:1".into(),
+            model: self.model.clone(),
+            sessions: self.sessions,
+            concurrency: self.concurrency,
+            turns: self.turns,
+            seed: self.seed,
+            duration: self.duration,
+            max_tokens: self.max_tokens,
+            stream: self.stream,
+            oracle: self.oracle,
+            api_key: self.api_key.clone(),
+            progress: false,
+            temperature: self.temperature,
+            forced_tool_rate: self.forced_tool_rate,
+            stop,
+            repeat_threshold: self.repeat_threshold,
+            growth_chars: self.growth_chars,
+            request_timeout: self.request_timeout,
+            parallel_tool_calls: self.parallel_tool_calls,
+        }
+    }
+}
+
+/// An arm before resolution.
+enum ArmArg {
+    Boot { profile: String, sets: Vec<String> },
+    Url(String),
+}
+
+fn is_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://")
+}
+
+/// The two arms from the flags.
+fn arms(args: &AbArgs, profile: &str, sets: &[String]) -> anyhow::Result<(ArmArg, ArmArg)> {
+    let arm = |given: &str, own: &[String], flag: &str| -> anyhow::Result<ArmArg> {
+        if is_url(given) {
+            if !own.is_empty() {
+                bail!("--{flag}-set cannot change a server given by URL ({given})");
+            }
+            return Ok(ArmArg::Url(given.to_owned()));
+        }
+        let mut all = sets.to_vec();
+        all.extend(own.iter().cloned());
+        Ok(ArmArg::Boot {
+            profile: given.to_owned(),
+            sets: all,
+        })
+    };
+    let a = arm(args.a.as_deref().unwrap_or(profile), &args.a_sets, "a")?;
+    let b = match (&args.b, &a) {
+        (Some(b), _) => arm(b, &args.b_sets, "b")?,
+        (None, ArmArg::Url(url)) => {
+            bail!("arm A is the server at {url}: give --b (a profile or URL) for arm B")
+        }
+        (None, ArmArg::Boot { profile, sets }) => {
+            if args.b_sets.is_empty() {
+                bail!(
+                    "arm B would be identical to A: give --b PROFILE|URL or at least one --b-set"
+                );
+            }
+            let mut all = sets.clone();
+            all.extend(args.b_sets.iter().cloned());
+            ArmArg::Boot {
+                profile: profile.clone(),
+                sets: all,
+            }
+        }
+    };
+    Ok((a, b))
+}
+
+/// Resolve a booted arm (an error for a bad profile or override, before anything starts).
+fn resolve(
+    profile: &str,
+    sets: &[String],
+    dir: Option<&Path>,
+    arm: &str,
+) -> anyhow::Result<Resolved> {
+    let opts = ResolveOptions::from_process(profile, dir.map(Path::to_path_buf), sets);
+    Profile::resolve(&opts).with_context(|| format!("arm {arm}: profile {profile}"))
+}
+
+/// The configuration recorded in the bundle: files, the values that differ from the built-in
+/// defaults with their origin and comment, and the whole resolved configuration.
+fn config_json(r: &Resolved) -> serde_json::Value {
+    let set: Vec<_> = r
+        .settings
+        .iter()
+        .filter(|s| s.origin != Origin::Default)
+        .collect();
+    serde_json::json!({
+        "requested": r.requested,
+        "files": r.files,
+        "settings": set,
+        "resolved": r.nested_json(),
+    })
+}
+
+/// `key=value` of every key whose value differs between the two resolved configurations.
+fn differing(a: &Resolved, b: &Resolved) -> (Vec<String>, Vec<String>) {
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
+    for sa in &a.settings {
+        if let Some(sb) = b.setting(sa.key)
+            && sa.value != sb.value
+        {
+            la.push(format!("{}={}", sa.key, sa.value_text()));
+            lb.push(format!("{}={}", sb.key, sb.value_text()));
+        }
+    }
+    (la, lb)
+}
+
+/// A shell-safe rendering of the command line.
+fn command_line() -> String {
+    let quote = |s: String| {
+        if !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@+".contains(c))
+        {
+            s
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    std::iter::once("dsv4".to_owned())
+        .chain(std::env::args().skip(1).map(quote))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Run `dsv4 ab` with the global profile, profile directory and `--set` overrides.
+pub fn run(
+    args: &AbArgs,
+    profile: &str,
+    profile_dir: Option<&Path>,
+    sets: &[String],
+) -> anyhow::Result<()> {
+    let (a, b) = arms(args, profile, sets)?;
+    let resolve_arm = |arm: &ArmArg, name: &str| -> anyhow::Result<Option<Resolved>> {
+        match arm {
+            ArmArg::Boot { profile, sets } => resolve(profile, sets, profile_dir, name).map(Some),
+            ArmArg::Url(_) => Ok(None),
+        }
+    };
+    let (ra, rb) = (resolve_arm(&a, "A")?, resolve_arm(&b, "B")?);
+    let (mut la, mut lb) = match (&ra, &rb) {
+        (Some(ra), Some(rb)) => differing(ra, rb),
+        _ => (Vec::new(), Vec::new()),
+    };
+    if let (Some(_), Some(_)) = (&ra, &rb)
+        && la.is_empty()
+    {
+        bail!("arms A and B resolve to the same configuration: nothing to compare");
+    }
+    let spec = |arm: ArmArg, resolved: Option<Resolved>, label: &mut Vec<String>| -> ArmSpec {
+        let (target, fallback) = match arm {
+            ArmArg::Url(url) => (Target::Url { url: url.clone() }, url),
+            ArmArg::Boot { profile, sets } => {
+                let text = std::iter::once(profile.clone())
+                    .chain(sets.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                (Target::Boot { profile, sets }, text)
+            }
+        };
+        if label.is_empty() {
+            label.push(fallback);
+        }
+        ArmSpec {
+            label: label.join(", "),
+            target,
+            config: resolved
+                .as_ref()
+                .map_or(serde_json::Value::Null, config_json),
+        }
+    };
+    let mut serve_extra = Vec::new();
+    if let Some(dir) = profile_dir {
+        serve_extra.push("--profile-dir".to_owned());
+        serve_extra.push(dir.display().to_string());
+    }
+    let opts = AbOptions {
+        a: spec(a, ra, &mut la),
+        b: spec(b, rb, &mut lb),
+        repeat: args.repeat,
+        workload: args.workload.options(),
+        binary: std::env::current_exe().context("cannot find the dsv4 binary itself")?,
+        serve_extra,
+        boot_timeout: args.boot_timeout,
+        command: command_line(),
+        progress: !args.quiet,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let bundle = rt.block_on(run_ab(&opts))?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, bundle.to_json() + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    print!("{}", bundle.summary());
+    if let Some(path) = &args.json {
+        println!("evidence bundle: {}", path.display());
+    }
+    Ok(())
+}
