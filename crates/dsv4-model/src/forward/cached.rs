@@ -109,11 +109,9 @@ impl Run<'_> {
                 Chain::Indexer => st.indexer.as_ref(),
             }
             .ok_or_else(|| missing("compressor state"))?;
-            let ring_store = cs
-                .ring
-                .pooled_pages()
-                .ok_or_else(|| missing("ring page"))?
-                .store();
+            let ring_pages = cs.ring.pooled_pages().ok_or_else(|| missing("ring page"))?;
+            ring_pages.wait_loaded();
+            let ring_store = ring_pages.store();
             let ring_page = loc[i * w + col].to_bits() % ring_store.capacity().max(1) as u32;
             let mut ring = PhysicalRing {
                 store: ring_store.as_ref(),
@@ -158,7 +156,12 @@ impl Run<'_> {
             let is = self.row_state(bb, i).indexer.as_ref();
             let is = is.ok_or_else(|| missing("indexer state"))?;
             let n = (p + 1) / 4;
-            let keys = is.entries.load_rows(be, 0..n)?;
+            // The `skip-index-k-transfer-wait` fault reads without waiting for a load-back.
+            let keys = if self.skip_index_k_wait {
+                is.entries.load_rows_unsynced(be, 0..n)?
+            } else {
+                is.entries.load_rows(be, 0..n)?
+            };
             let mut scores = vec![0f32; n];
             be.indexer_scores(
                 &qi[i * inh * id..(i + 1) * inh * id],

@@ -23,6 +23,7 @@ mod run;
 pub mod state;
 mod step;
 mod threaded;
+pub mod transfer;
 
 use crate::weights::{BlockWeights, HcWeights, ModelWeights, TensorSource};
 use crate::{ModelConfig, ModelError};

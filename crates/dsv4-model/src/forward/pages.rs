@@ -1,9 +1,11 @@
 //! Cache pages that live outside a sequence, in a store (an engine's pools, or the model's own
 //! growable [`HeapStore`]s): the [`PageStore`] trait, and [`PooledPages`], a list of page ids
 //! with shared ownership (clone retains, drop releases) and copy-on-write before any page
-//! shared with another holder is written.
+//! shared with another holder is written. Pages a host tier is still loading carry a
+//! [`LoadTag`]; every read through [`PooledPages`] waits on it first.
 
 use super::ForwardError;
+use super::transfer::LoadTag;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -41,6 +43,7 @@ pub trait PageStore: Send + Sync + fmt::Debug {
 pub struct PooledPages {
     store: Arc<dyn PageStore>,
     ids: Vec<PageId>,
+    pending: Option<LoadTag>,
 }
 
 impl PooledPages {
@@ -49,7 +52,47 @@ impl PooledPages {
         Self {
             store,
             ids: Vec::new(),
+            pending: None,
         }
+    }
+
+    /// The pending load-back of these pages, if a host tier put them here.
+    pub fn pending(&self) -> Option<&LoadTag> {
+        self.pending.as_ref()
+    }
+
+    /// Block until the pages are on the device (at once when no load-back is pending): the
+    /// wait every read of the pages goes through.
+    pub fn wait_loaded(&self) {
+        if let Some(t) = &self.pending {
+            t.wait();
+        }
+    }
+
+    /// A copy of logical page `index`'s bytes, after [`Self::wait_loaded`].
+    pub fn page_bytes(&self, index: usize) -> Result<Vec<u8>, ForwardError> {
+        let id = self.readable(index)?;
+        self.wait_loaded();
+        let mut v = Vec::new();
+        self.store.read(id, &mut |b| v = b.to_vec());
+        Ok(v)
+    }
+
+    /// Move these pages to other pages: release the current ids and hold `ids` of `store`
+    /// instead (each already holding one reference for this list), with `pending` naming the
+    /// load-back that fills them, if any. A host tier spills and loads back through this.
+    pub fn rehome(
+        &mut self,
+        store: Arc<dyn PageStore>,
+        ids: Vec<PageId>,
+        pending: Option<LoadTag>,
+    ) {
+        for &id in &self.ids {
+            self.store.release(id);
+        }
+        self.store = store;
+        self.ids = ids;
+        self.pending = pending;
     }
 
     /// The store the pages live in.
@@ -70,7 +113,8 @@ impl PooledPages {
     }
 
     /// The id of logical page `index`, ready to be written: allocated when it is the next page,
-    /// copied first when it is shared with another holder.
+    /// copied first when it is shared with another holder (after a pending load-back of the
+    /// pages is done).
     pub fn writable(&mut self, index: usize) -> Result<PageId, ForwardError> {
         let exhausted = || ForwardError::PoolExhausted {
             pool: self.store.name().to_string(),
@@ -87,6 +131,8 @@ impl PooledPages {
                 held: self.ids.len(),
             });
         };
+        // A page still being loaded is neither written nor copied before it has arrived.
+        self.wait_loaded();
         if self.store.refs(old) <= 1 {
             return Ok(old);
         }
@@ -119,6 +165,7 @@ impl Clone for PooledPages {
         Self {
             store: Arc::clone(&self.store),
             ids: self.ids.clone(),
+            pending: self.pending.clone(),
         }
     }
 }
@@ -136,6 +183,10 @@ impl fmt::Debug for PooledPages {
         f.debug_struct("PooledPages")
             .field("store", &self.store.name())
             .field("ids", &self.ids)
+            .field(
+                "pending",
+                &self.pending.as_ref().map(|t| (t.slot(), t.layer())),
+            )
             .finish()
     }
 }

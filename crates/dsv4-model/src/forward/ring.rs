@@ -99,6 +99,14 @@ impl CompressorRing {
         }
     }
 
+    /// The page id for changing where it lives (a host tier); None when the ring is owned.
+    pub fn pooled_pages_mut(&mut self) -> Option<&mut PooledPages> {
+        match &mut self.data {
+            RingData::Owned { .. } => None,
+            RingData::Pooled(p) => Some(p),
+        }
+    }
+
     /// Pages of the store that the next write would take (1 when the ring's page is shared).
     pub fn fresh_pages(&self) -> usize {
         self.pooled_pages()
@@ -161,6 +169,7 @@ impl CompressorRing {
             RingData::Pooled(p) => {
                 let mut row = (Vec::new(), Vec::new());
                 if let Some(&id) = p.ids().first() {
+                    p.wait_loaded();
                     p.store().read(id, &mut |b| row = ring_read_row(b, r, w));
                 }
                 (Cow::Owned(row.0), Cow::Owned(row.1))

@@ -94,6 +94,8 @@ pub(crate) struct Run<'a> {
     pub bound: &'a Bound<'a>,
     pub mem: Memory<'a>,
     pub out: Gathered,
+    /// The index-K read skips its load-back wait (`Fault::SkipIndexKTransferWait`).
+    pub skip_index_k_wait: bool,
 }
 
 /// Rows of a plan's buffers: the length of its step-wide `tokens` buffer.

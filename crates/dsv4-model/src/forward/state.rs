@@ -100,15 +100,25 @@ impl PagedRows {
     pub fn pages(&self) -> Vec<Vec<u8>> {
         match &self.pages {
             Pages::Owned(p) => p.clone(),
-            Pages::Pooled(p) => p
-                .ids()
-                .iter()
-                .map(|&id| {
-                    let mut v = Vec::new();
-                    p.store().read(id, &mut |b| v = b.to_vec());
-                    v
-                })
+            Pages::Pooled(p) => (0..p.ids().len())
+                .map(|i| p.page_bytes(i).unwrap_or_default())
                 .collect(),
+        }
+    }
+
+    /// The page ids for changing where they live (a host tier's spill and load-back); None
+    /// when the pages are owned.
+    pub fn pooled_pages_mut(&mut self) -> Option<&mut PooledPages> {
+        match &mut self.pages {
+            Pages::Owned(_) => None,
+            Pages::Pooled(p) => Some(p),
+        }
+    }
+
+    /// Block until a pending load-back of the pages is done (at once when none is).
+    pub fn wait_loaded(&self) {
+        if let Pages::Pooled(p) = &self.pages {
+            p.wait_loaded();
         }
     }
 
@@ -151,8 +161,21 @@ impl PagedRows {
     }
 
     /// Dequantize row `row` into `out`, where the row may have been reserved ahead of rows
-    /// still to be written in the same step (no ring-eviction check).
+    /// still to be written in the same step (no ring-eviction check). Waits for a pending
+    /// load-back of the pages first.
     pub fn load_row(
+        &self,
+        backend: &dyn Backend,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), ForwardError> {
+        self.wait_loaded();
+        self.load_row_unsynced(backend, row, out)
+    }
+
+    /// [`Self::load_row`] without the load-back wait: reads whatever the pages hold now (the
+    /// read path of the `skip-index-k-transfer-wait` fault).
+    pub fn load_row_unsynced(
         &self,
         backend: &dyn Backend,
         row: usize,
@@ -173,8 +196,19 @@ impl PagedRows {
         Ok(())
     }
 
-    /// Rows `rows` dequantized with [`Self::load_row`] into one [n, width] buffer.
+    /// Rows `rows` dequantized with [`Self::load_row`] into one [n, width] buffer (one wait
+    /// for a pending load-back first, even for no rows).
     pub fn load_rows(
+        &self,
+        backend: &dyn Backend,
+        rows: impl Iterator<Item = usize>,
+    ) -> Result<Vec<f32>, ForwardError> {
+        self.wait_loaded();
+        self.load_rows_unsynced(backend, rows)
+    }
+
+    /// [`Self::load_rows`] without the load-back wait (the faulty read path).
+    pub fn load_rows_unsynced(
         &self,
         backend: &dyn Backend,
         rows: impl Iterator<Item = usize>,
@@ -182,7 +216,7 @@ impl PagedRows {
         let mut out = Vec::new();
         let mut buf = vec![0f32; self.width];
         for r in rows {
-            self.load_row(backend, r, &mut buf)?;
+            self.load_row_unsynced(backend, r, &mut buf)?;
             out.extend_from_slice(&buf);
         }
         Ok(out)
@@ -255,6 +289,7 @@ impl PagedRows {
             }
             Pages::Pooled(p) => {
                 let id = p.readable(page)?;
+                p.wait_loaded();
                 let mut r = Ok(());
                 p.store().read(id, &mut |b| {
                     r = backend.cache_load(&self.layout, b, slot, out)
@@ -312,6 +347,21 @@ pub fn ring_coff(ratio: usize) -> usize {
 }
 
 impl LayerState {
+    /// Every list of pooled page ids of the layer (SWA, compressor entries and ring, indexer
+    /// entries and ring), for a host tier to move.
+    pub fn pooled_pages_mut(&mut self) -> Vec<&mut PooledPages> {
+        let mut out = Vec::new();
+        out.extend(self.swa.pooled_pages_mut());
+        for c in [self.compressor.as_mut(), self.indexer.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            out.extend(c.entries.pooled_pages_mut());
+            out.extend(c.ring.pooled_pages_mut());
+        }
+        out
+    }
+
     /// Empty state for a layer of the given ratio, with the sequence's cache layouts.
     pub fn new(
         ratio: usize,

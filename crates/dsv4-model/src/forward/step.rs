@@ -3,7 +3,7 @@
 //! writes, bind the inputs, run the launches with the chosen executor, read the results.
 
 use super::build::{PlanSpec, StepKind, build_plan};
-use super::exec::{ExecOptions, Executor, StepReport};
+use super::exec::{ExecOptions, Executor, Fault, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
@@ -151,6 +151,7 @@ impl Model {
                     .then(|| Mutex::new(vec![None; plan.launches.len()])),
                 ..Gathered::default()
             },
+            skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
         };
         execute(self, &run, exec.executor)?;
         emit_taps(plan, &run.out, taps);
@@ -236,6 +237,7 @@ impl Model {
             bound: &bound,
             mem: Memory::fresh(&plan),
             out: Gathered::default(),
+            skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
         };
         let executor = match self.exec.executor {
             Executor::Threaded => Executor::Serial,
