@@ -48,6 +48,38 @@ impl SchedulePolicy {
     }
 }
 
+/// How the host tier's transfer worker paces a load-back (see docs/engine.md, "Host tier").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferPace {
+    /// Once a load-back's first reader arrives, copy every layer as fast as possible, layer
+    /// by layer, ahead of the forward pass.
+    #[default]
+    Eager,
+    /// Debug: copy a pool's layer only when a reader waits for it (or when the round ends),
+    /// so the transfer always lags the forward pass: a read that skips its wait deterministically
+    /// sees the page before its data arrived. For tests of the load-back synchronisation.
+    Lagged,
+}
+
+/// The host cache tier (`cache.hicache`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HostTierConfig {
+    /// Host pages of each pool as a multiple of its device pages (`cache.hicache_ratio`).
+    pub ratio: f64,
+    /// How the transfer worker paces load-backs.
+    pub pace: TransferPace,
+}
+
+impl Default for HostTierConfig {
+    fn default() -> Self {
+        Self {
+            ratio: 2.0,
+            pace: TransferPace::Eager,
+        }
+    }
+}
+
 /// Everything the engine is configured with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineConfig {
@@ -65,6 +97,9 @@ pub struct EngineConfig {
     pub chunked_prefill_size: Option<usize>,
     /// Admission order (`scheduler.schedule_policy`).
     pub schedule_policy: SchedulePolicy,
+    /// Evicted prefix snapshots spill to a host tier and load back from it (`cache.hicache`);
+    /// None: they are dropped.
+    pub hicache: Option<HostTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +111,7 @@ impl Default for EngineConfig {
             max_running_requests: 32,
             chunked_prefill_size: Some(8192),
             schedule_policy: SchedulePolicy::Fcfs,
+            hicache: None,
         }
     }
 }
@@ -106,6 +142,25 @@ impl EngineConfig {
                 option: "scheduler.chunked_prefill_size",
                 message: "must be at least 1 token (or unset for whole prompts)".into(),
             });
+        }
+        if let Some(h) = &self.hicache {
+            if !self.prefix_cache {
+                return Err(EngineError::Config {
+                    option: "cache.hicache",
+                    message: "the host tier keeps evicted prefix snapshots; turn on \
+                              cache.prefix_cache or turn off cache.hicache"
+                        .into(),
+                });
+            }
+            if !(h.ratio.is_finite() && h.ratio > 0.0) {
+                return Err(EngineError::Config {
+                    option: "cache.hicache_ratio",
+                    message: format!(
+                        "{} is not a positive multiple of the device pool; use e.g. 2.0",
+                        h.ratio
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -7,6 +7,8 @@
 //! - [`scheduler`]: admission, continuous batching, chunked prefill, preemption, sampling and
 //!   stop conditions, one synchronous step at a time.
 //! - [`engine`]: the step loop on its own thread behind [`EngineHandle`].
+//! - [`hicache`]: the host tier — evicted prefix snapshots spill to host pools and load back
+//!   layer by layer on a transfer worker; every page read waits on its layer's counter.
 //! - [`canary`]: per-round checksums of pool pages against the round's declared write set.
 //! - [`bench`]: serving throughput at several concurrency levels.
 //!
@@ -20,6 +22,7 @@ pub mod config;
 pub mod constraint;
 pub mod engine;
 pub mod error;
+pub mod hicache;
 pub mod limits;
 pub mod metrics;
 pub mod pool;
@@ -31,13 +34,14 @@ pub mod scheduler;
 pub mod sequence;
 
 pub use canary::{CanaryConfig, CanaryFinding, CanaryPools, DebugOptions};
-pub use config::{CacheBudget, EngineConfig, SchedulePolicy};
+pub use config::{CacheBudget, EngineConfig, HostTierConfig, SchedulePolicy, TransferPace};
 pub use constraint::{Constraint, ConstraintState, TokenConstraint};
 pub use engine::{Engine, EngineHandle, StallGuard};
 pub use error::EngineError;
+pub use hicache::HostTierStats;
 pub use metrics::EngineMetrics;
 pub use pool::PoolKind;
-pub use pools::{PoolReport, PoolUsage};
+pub use pools::{HostTierReport, PoolReport, PoolUsage};
 pub use request::{
     Completion, Event, FinishReason, Finished, Request, RequestId, RequestStream, SamplingParams,
     Timing, TokenEvent, Usage,

@@ -49,6 +49,22 @@ pub struct EngineMetrics {
     pub canary_rounds_flagged: u64,
     /// Pages the canary saw change outside the declared write sets.
     pub canary_unexpected_pages: u64,
+    /// Prefix snapshots held in the host tier (`cache.hicache`; also in `prefix_snapshots`).
+    pub host_tier_snapshots: usize,
+    /// Host-tier pages in use.
+    pub host_tier_used_pages: usize,
+    /// Host-tier pages in all.
+    pub host_tier_pages: usize,
+    /// Pages spilled device → host (evicted snapshots).
+    pub host_tier_spilled_pages_total: u64,
+    /// Pages loaded back host → device.
+    pub host_tier_loaded_pages_total: u64,
+    /// Prefix hits served from the host tier.
+    pub host_tier_hits_total: u64,
+    /// Host hits that could not be loaded back for lack of device room (recomputed instead).
+    pub host_tier_load_failures_total: u64,
+    /// Snapshots dropped from the host tier to make room.
+    pub host_tier_dropped_snapshots_total: u64,
 }
 
 /// Counters the scheduler updates; [`EngineMetrics`] is built from them.

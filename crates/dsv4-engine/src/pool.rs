@@ -51,6 +51,24 @@ impl PoolKind {
         }
     }
 
+    /// The name of the pool's host-tier counterpart.
+    pub fn host_name(self) -> &'static str {
+        match self {
+            PoolKind::SwaKv => "host_swa_kv",
+            PoolKind::C4Kv => "host_c4_kv",
+            PoolKind::C128Kv => "host_c128_kv",
+            PoolKind::C4IndexK => "host_c4_index_k",
+            PoolKind::C4State => "host_c4_state",
+            PoolKind::C128State => "host_c128_state",
+            PoolKind::C4IndexState => "host_c4_index_state",
+        }
+    }
+
+    /// The kind of a device pool's name.
+    pub fn from_name(name: &str) -> Option<PoolKind> {
+        PoolKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// Position in [`PoolKind::ALL`].
     pub fn index(self) -> usize {
         self as usize
@@ -80,6 +98,7 @@ struct Arena {
 /// A pool of `pages` pages of `page_bytes` bytes, each holding `rows_per_page` rows.
 pub struct Pool {
     kind: PoolKind,
+    name: &'static str,
     page_bytes: usize,
     rows_per_page: usize,
     pages: usize,
@@ -99,9 +118,25 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// An arena of `pages` zeroed pages, all free (page 0 is handed out first).
     pub fn new(kind: PoolKind, pages: usize, page_bytes: usize, rows_per_page: usize) -> Self {
+        Self::named(kind, kind.name(), pages, page_bytes, rows_per_page)
+    }
+
+    /// Like [`Pool::new`], for the host tier's counterpart of `kind` (named e.g. "host_c4_kv").
+    pub fn host(kind: PoolKind, pages: usize, page_bytes: usize, rows_per_page: usize) -> Self {
+        Self::named(kind, kind.host_name(), pages, page_bytes, rows_per_page)
+    }
+
+    fn named(
+        kind: PoolKind,
+        name: &'static str,
+        pages: usize,
+        page_bytes: usize,
+        rows_per_page: usize,
+    ) -> Self {
         let free = (0..pages as PageId).rev().collect();
         Self {
             kind,
+            name,
             page_bytes,
             rows_per_page,
             pages,
@@ -168,7 +203,7 @@ impl Pool {
 
 impl PageStore for Pool {
     fn name(&self) -> &str {
-        self.kind.name()
+        self.name
     }
 
     fn page_bytes(&self) -> usize {
@@ -191,7 +226,7 @@ impl PageStore for Pool {
     fn retain(&self, page: PageId) {
         let mut a = self.lock();
         if let Some(r) = a.refs.get_mut(page as usize) {
-            debug_assert!(*r > 0, "retain of free page {page} in {}", self.kind.name());
+            debug_assert!(*r > 0, "retain of free page {page} in {}", self.name);
             *r += 1;
         }
     }
@@ -201,17 +236,9 @@ impl PageStore for Pool {
         let Some(r) = a.refs.get_mut(page as usize) else {
             return;
         };
-        debug_assert!(
-            *r > 0,
-            "release of free page {page} in {}",
-            self.kind.name()
-        );
+        debug_assert!(*r > 0, "release of free page {page} in {}", self.name);
         if *r == 0 {
-            tracing::error!(
-                pool = self.kind.name(),
-                page,
-                "release of a free page ignored"
-            );
+            tracing::error!(pool = self.name, page, "release of a free page ignored");
             return;
         }
         *r -= 1;

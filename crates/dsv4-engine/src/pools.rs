@@ -151,6 +151,19 @@ pub struct PoolReport {
     pub max_total_tokens: Option<usize>,
     /// Sequence slots (running requests and prefix snapshots) the fixed pools are sized for.
     pub sequence_slots: usize,
+    /// The host tier's pools (`cache.hicache`), one row per pool; None when it is off.
+    pub host_tier: Option<HostTierReport>,
+}
+
+/// The host tier as sized at start-up.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostTierReport {
+    /// Host pages per device page (`cache.hicache_ratio`).
+    pub ratio: f64,
+    /// One row per host pool.
+    pub pools: Vec<PoolRow>,
+    /// Bytes of all host pools.
+    pub total_bytes: u64,
 }
 
 impl fmt::Display for PoolReport {
@@ -167,7 +180,19 @@ impl fmt::Display for PoolReport {
                 r.pool, r.layers, r.pages, r.rows, r.page_bytes, r.bytes
             )?;
         }
-        write!(f, "{:<16} {:>69}", "total", self.total_bytes)
+        write!(f, "{:<16} {:>69}", "total", self.total_bytes)?;
+        if let Some(h) = &self.host_tier {
+            write!(f, "\nhost tier (cache.hicache, ratio {}):", h.ratio)?;
+            for r in &h.pools {
+                write!(
+                    f,
+                    "\n{:<16} {:>6} {:>10} {:>12} {:>10} {:>14}",
+                    r.pool, r.layers, r.pages, r.rows, r.page_bytes, r.bytes
+                )?;
+            }
+            write!(f, "\n{:<16} {:>69}", "host total", h.total_bytes)?;
+        }
+        Ok(())
     }
 }
 
@@ -266,6 +291,7 @@ pub fn plan_pools(
 /// The engine's pools and the stores a pooled sequence is built on.
 pub struct CachePools {
     pools: Vec<Arc<Pool>>,
+    host: Vec<Arc<Pool>>,
     stores: CacheStores,
     geom: CacheGeometry,
     report: PoolReport,
@@ -299,25 +325,54 @@ impl CachePools {
             c128_ring: store(PoolKind::C128State),
             index_ring: store(PoolKind::C4IndexState),
         };
+        let host_pages: PoolPages = match &cfg.hicache {
+            Some(h) => std::array::from_fn(|i| (pages[i] as f64 * h.ratio).ceil() as usize),
+            None => [0; 7],
+        };
+        let host: Vec<Arc<Pool>> = match &cfg.hicache {
+            Some(_) => PoolKind::ALL
+                .into_iter()
+                .map(|k| {
+                    let i = k.index();
+                    Arc::new(Pool::host(
+                        k,
+                        host_pages[i],
+                        geom.page_bytes[i],
+                        geom.rows_per_page[i],
+                    ))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let row = |k: PoolKind, name: &'static str, n: usize| {
+            let i = k.index();
+            PoolRow {
+                pool: name,
+                layers: geom.layers_of(k),
+                pages: n,
+                rows: n * geom.rows_per_page[i],
+                page_bytes: geom.page_bytes[i],
+                bytes: n as u64 * geom.page_bytes[i] as u64,
+            }
+        };
         let rows: Vec<PoolRow> = PoolKind::ALL
             .into_iter()
-            .map(|k| {
-                let i = k.index();
-                PoolRow {
-                    pool: k.name(),
-                    layers: geom.layers_of(k),
-                    pages: pages[i],
-                    rows: pages[i] * geom.rows_per_page[i],
-                    page_bytes: geom.page_bytes[i],
-                    bytes: pages[i] as u64 * geom.page_bytes[i] as u64,
-                }
-            })
+            .map(|k| row(k, k.name(), pages[k.index()]))
             .collect();
+        let host_tier = cfg.hicache.map(|h| HostTierReport {
+            ratio: h.ratio,
+            pools: PoolKind::ALL
+                .into_iter()
+                .map(|k| row(k, k.host_name(), host_pages[k.index()]))
+                .collect(),
+            total_bytes: geom.bytes(&host_pages),
+        });
         let report = PoolReport {
             total_bytes: geom.bytes(&pages),
             pools: rows,
             max_total_tokens: tokens,
             sequence_slots: cfg.sequence_slots(),
+            host_tier,
         };
         for r in &report.pools {
             tracing::info!(
@@ -336,8 +391,24 @@ impl CachePools {
             sequence_slots = report.sequence_slots,
             "cache pools allocated"
         );
+        if let Some(h) = &report.host_tier {
+            for r in &h.pools {
+                tracing::info!(
+                    pool = r.pool,
+                    pages = r.pages,
+                    bytes = r.bytes,
+                    "host tier pool"
+                );
+            }
+            tracing::info!(
+                ratio = h.ratio,
+                total_bytes = h.total_bytes,
+                "host tier allocated"
+            );
+        }
         Ok(Self {
             pools,
+            host,
             stores,
             geom,
             report,
@@ -352,6 +423,11 @@ impl CachePools {
     /// Every pool, in [`PoolKind::ALL`] order.
     pub fn all(&self) -> &[Arc<Pool>] {
         &self.pools
+    }
+
+    /// The host tier's pools, in [`PoolKind::ALL`] order (empty when it is off).
+    pub fn host(&self) -> &[Arc<Pool>] {
+        &self.host
     }
 
     /// The pool of `kind`.

@@ -3,7 +3,8 @@
 //! to continue a prefix — the SWA window and the compressor rings at the boundary — so a node
 //! keeps the whole [`SequenceState`] (sharing every page with its source by reference count;
 //! whoever writes a shared page copies it first). A prefix is reused only where a snapshot
-//! exists.
+//! exists. With a host tier, an evicted snapshot may move to host pages instead of being
+//! dropped (see [`crate::hicache`]); a node then says where its snapshot lives.
 
 use dsv4_model::SequenceState;
 use std::collections::BTreeMap;
@@ -13,7 +14,32 @@ struct Node {
     key: Vec<u32>,
     children: BTreeMap<Vec<u32>, usize>,
     snapshot: Option<SequenceState>,
+    /// The snapshot's pages are in the host tier.
+    on_host: bool,
     last_used: u64,
+}
+
+/// A prefix hit: the cached length, a state sharing the snapshot's pages, the node and
+/// whether the snapshot lives in the host tier.
+pub struct Hit {
+    /// Tokens of the cached prefix.
+    pub len: usize,
+    /// A state continuing the prefix (sharing the snapshot's pages).
+    pub state: SequenceState,
+    /// The node holding the snapshot.
+    pub node: usize,
+    /// The snapshot's pages are in the host tier (they must be loaded back before use).
+    pub on_host: bool,
+}
+
+/// What spilling a snapshot to the host tier did.
+pub enum Spill {
+    /// The state now names host pages.
+    Done,
+    /// The host tier has no room for it now.
+    NoRoom,
+    /// The state's pages cannot be spilled (they are not in the engine's pools).
+    Unsupported,
 }
 
 /// Snapshots of sequence states at page boundaries, found by their token prefix.
@@ -23,6 +49,8 @@ pub struct PrefixCache {
     free_nodes: Vec<usize>,
     clock: u64,
     snapshots: usize,
+    host_snapshots: usize,
+    host_dropped: u64,
 }
 
 const ROOT: usize = 0;
@@ -37,11 +65,14 @@ impl PrefixCache {
                 key: Vec::new(),
                 children: BTreeMap::new(),
                 snapshot: None,
+                on_host: false,
                 last_used: 0,
             })],
             free_nodes: Vec::new(),
             clock: 0,
             snapshots: 0,
+            host_snapshots: 0,
+            host_dropped: 0,
         }
     }
 
@@ -89,12 +120,89 @@ impl PrefixCache {
     /// The longest cached prefix of `tokens` no longer than `limit`: its length and a state
     /// that continues it (sharing the snapshot's pages).
     pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> Option<(usize, SequenceState)> {
+        self.lookup_node(tokens, limit).map(|h| (h.len, h.state))
+    }
+
+    /// [`Self::lookup`], also naming the node and whether its snapshot is in the host tier.
+    pub fn lookup_node(&mut self, tokens: &[u32], limit: usize) -> Option<Hit> {
         let (len, at) = self.deepest(tokens, limit)?;
         self.clock += 1;
         let clock = self.clock;
         let node = self.node_mut(at);
         node.last_used = clock;
-        node.snapshot.clone().map(|s| (len, s))
+        let on_host = node.on_host;
+        node.snapshot.clone().map(|state| Hit {
+            len,
+            state,
+            node: at,
+            on_host,
+        })
+    }
+
+    /// Snapshots held in the host tier.
+    pub fn host_snapshots(&self) -> usize {
+        self.host_snapshots
+    }
+
+    /// Host snapshots dropped so far to make room in the host tier.
+    pub fn host_dropped(&self) -> u64 {
+        self.host_dropped
+    }
+
+    /// Node `node`'s host snapshot was loaded back as `state`: keep that instead (nothing
+    /// happens when the node no longer holds a host snapshot).
+    pub fn promote(&mut self, node: usize, state: &SequenceState) {
+        let Some(Some(n)) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if n.on_host && n.snapshot.is_some() {
+            n.snapshot = Some(state.clone());
+            n.on_host = false;
+            self.host_snapshots -= 1;
+        }
+    }
+
+    /// Move the least recently used device snapshot to the host tier with `spill`, dropping
+    /// the least recently used host snapshots while the tier has no room (the snapshot itself
+    /// is dropped when it cannot be spilled); false when there is no device snapshot.
+    pub fn evict_lru_with(&mut self, spill: &mut dyn FnMut(&mut SequenceState) -> Spill) -> bool {
+        let Some(at) = self.lru(false) else {
+            return false;
+        };
+        // Spill a copy so that the node keeps its snapshot (and is not pruned) meanwhile.
+        let Some(mut st) = self.node(at).snapshot.clone() else {
+            return false;
+        };
+        loop {
+            match spill(&mut st) {
+                Spill::Done => {
+                    let n = self.node_mut(at);
+                    n.snapshot = Some(st);
+                    n.on_host = true;
+                    self.host_snapshots += 1;
+                    return true;
+                }
+                Spill::NoRoom if self.drop_at(self.lru(true)) => self.host_dropped += 1,
+                Spill::NoRoom | Spill::Unsupported => {
+                    drop(st);
+                    return self.drop_at(Some(at));
+                }
+            }
+        }
+    }
+
+    /// The least recently used snapshot in the host tier (`host`) or on the device.
+    fn lru(&self, host: bool) -> Option<usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                n.as_ref()
+                    .filter(|n| n.snapshot.is_some() && n.on_host == host)
+                    .map(|n| (n.last_used, i))
+            })
+            .min()
+            .map(|(_, i)| i)
     }
 
     /// Keep a snapshot of `state`, which has processed exactly `tokens` (a whole number of
@@ -114,6 +222,7 @@ impl PrefixCache {
                         key: key.to_vec(),
                         children: BTreeMap::new(),
                         snapshot: None,
+                        on_host: false,
                         last_used: 0,
                     };
                     let id = match self.free_nodes.pop() {
@@ -154,11 +263,21 @@ impl PrefixCache {
                     .map(|n| (n.last_used, i))
             })
             .min();
-        let Some((_, mut at)) = victim else {
+        self.drop_at(victim.map(|(_, i)| i))
+    }
+
+    /// Drop node `at`'s snapshot and prune; false for None.
+    fn drop_at(&mut self, at: Option<usize>) -> bool {
+        let Some(mut at) = at else {
             return false;
         };
-        self.node_mut(at).snapshot = None;
+        let n = self.node_mut(at);
+        let on_host = std::mem::replace(&mut n.on_host, false);
+        n.snapshot = None;
         self.snapshots -= 1;
+        if on_host {
+            self.host_snapshots -= 1;
+        }
         // Prune nodes left without snapshot and children.
         while at != ROOT {
             let n = self.node(at);

@@ -10,10 +10,13 @@
 //! chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
 //! it will take are counted; when a pool is short the least recently used snapshots are dropped,
 //! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
+//! With the host tier on, dropped snapshots spill to it and host hits load back
+//! ([`crate::hicache`]); each round's declared write set includes the load-backs' writes.
 
 use crate::canary::{CanaryFinding, DebugOptions, Snapshot};
 use crate::config::{EngineConfig, SchedulePolicy};
 use crate::error::EngineError;
+use crate::hicache::{self, HostTier};
 pub use crate::limits::Limits;
 use crate::metrics::{Counters, EngineMetrics};
 use crate::pool::PoolKind;
@@ -35,6 +38,7 @@ pub struct Scheduler {
     ratios: Vec<usize>,
     pools: CachePools,
     prefix: Option<PrefixCache>,
+    hicache: Option<HostTier>,
     detok: Option<Arc<dyn Detokenizer>>,
     limits: Limits,
     waiting: VecDeque<Seq>,
@@ -66,7 +70,12 @@ impl Scheduler {
             capacity: std::array::from_fn(|i| pools.pool(PoolKind::ALL[i]).capacity()),
             has_detokenizer: detok.is_some(),
         };
+        let hicache = match &cfg.hicache {
+            Some(h) => Some(HostTier::new(&pools, h).map_err(EngineError::Spawn)?),
+            None => None,
+        };
         Ok(Self {
+            hicache,
             ratios: model.layer_ratios(),
             prefix: cfg.prefix_cache.then(|| PrefixCache::new(cfg.page_size)),
             model,
@@ -203,9 +212,13 @@ impl Scheduler {
             queued_requests: self.waiting.len(),
             pools: self.pools.usage(),
             prefix_snapshots: self.prefix.as_ref().map_or(0, |p| p.snapshots()),
+            host_tier_snapshots: self.prefix.as_ref().map_or(0, |p| p.host_snapshots()),
             ..Default::default()
         };
         self.counters.fill(&mut m);
+        if let Some(h) = &self.hicache {
+            h.fill(&mut m);
+        }
         m
     }
 
@@ -285,7 +298,10 @@ impl Scheduler {
     }
 
     fn evict_snapshot(&mut self) -> bool {
-        self.prefix.as_mut().is_some_and(PrefixCache::evict_lru)
+        let tier = self.hicache.as_mut();
+        self.prefix
+            .as_mut()
+            .is_some_and(|p| hicache::evict(p, tier))
     }
 
     fn admit(&mut self) {
@@ -296,10 +312,10 @@ impl Scheduler {
                 .remove(i)
                 .expect("pick returns a waiting index");
             let limit = seq.tokens.len() - 1;
-            let hit = self
-                .prefix
-                .as_mut()
-                .and_then(|p| p.lookup(&seq.tokens, limit));
+            let hit = self.prefix.as_mut().and_then(|p| {
+                let hit = p.lookup_node(&seq.tokens, limit)?;
+                hicache::serve_hit(p, self.hicache.as_mut(), &self.pools, hit)
+            });
             let cached = hit.as_ref().map_or(0, |h| h.0);
             seq.state = match hit {
                 Some((_, st)) => Some(st),
@@ -478,8 +494,11 @@ impl Scheduler {
             self.model
                 .forward_step(&mut states, &toks, &exec, &mut Taps::none())
         };
+        // Finish the load-backs the round started; their waited-for writes are declared.
+        let transfers = self.hicache.as_mut().map(HostTier::settle);
         let outs = match result {
-            Ok((outs, report)) => {
+            Ok((outs, mut report)) => {
+                report.writes.extend(transfers.into_iter().flatten());
                 let findings = snapshot
                     .map_or_else(Vec::new, |s| s.compare(self.counters.steps, &report.writes));
                 if !findings.is_empty() && self.canary(findings) {

@@ -95,6 +95,7 @@ fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: Schedu
         max_running_requests: 32,
         chunked_prefill_size,
         schedule_policy: policy,
+        hicache: None,
     };
     let engine = Engine::spawn(model(), cfg).unwrap();
     let reqs = prompts()

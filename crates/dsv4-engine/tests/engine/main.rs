@@ -4,6 +4,7 @@
 mod accounting;
 mod backends;
 mod bench;
+mod hicache;
 mod invariance;
 mod layout;
 mod overload;

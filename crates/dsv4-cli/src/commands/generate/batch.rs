@@ -9,8 +9,8 @@ use dsv4_chat::tokenizer::Tokenizer;
 use dsv4_chat::{Conversation, EncodeOptions, encode_prompt_ids};
 use dsv4_config::{Profile, SchedulePolicy as ProfilePolicy};
 use dsv4_engine::{
-    CacheBudget, Detokenizer, Engine, EngineConfig, Request, RequestStream, SamplingParams,
-    SchedulePolicy, Timing, Usage,
+    CacheBudget, Detokenizer, Engine, EngineConfig, HostTierConfig, Request, RequestStream,
+    SamplingParams, SchedulePolicy, Timing, Usage,
 };
 use dsv4_model::Model;
 use serde::{Deserialize, Serialize};
@@ -61,9 +61,6 @@ struct BatchResult {
 /// The engine options of a profile's `[cache]` and `[scheduler]` sections.
 pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
     let (cache, sched) = (&profile.cache, &profile.scheduler);
-    if cache.hicache {
-        bail!("cache.hicache = true is not supported by the engine yet; set cache.hicache = false");
-    }
     let budget = match cache.max_total_tokens {
         0 => CacheBudget::Auto,
         n => {
@@ -91,6 +88,10 @@ pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
             ProfilePolicy::Fcfs => SchedulePolicy::Fcfs,
             ProfilePolicy::Lpm => SchedulePolicy::Lpm,
         },
+        hicache: cache.hicache.then(|| HostTierConfig {
+            ratio: cache.hicache_ratio,
+            ..Default::default()
+        }),
     };
     cfg.validate()?;
     Ok(cfg)
@@ -375,12 +376,18 @@ mod tests {
         assert_eq!(c.chunked_prefill_size, Some(DEFAULT_CHUNKED_PREFILL));
         assert_eq!(c.schedule_policy, SchedulePolicy::Lpm);
         assert_eq!(c.max_running_requests, 4);
+        assert_eq!(c.hicache, None);
         p.cache.hicache = true;
+        p.cache.hicache_ratio = 3.0;
+        let c = engine_config(&p).unwrap();
+        assert_eq!(c.hicache.map(|h| h.ratio), Some(3.0));
+        p.cache.prefix_cache = false;
         assert!(
             engine_config(&p)
                 .unwrap_err()
                 .to_string()
-                .contains("hicache")
+                .contains("cache.hicache"),
+            "the host tier needs the prefix cache"
         );
     }
 }

@@ -1,0 +1,236 @@
+//! The host tier (`cache.hicache`): prefix snapshots evicted under pool pressure spill to host
+//! pages and load back layer by layer when a later request hits them. With every read waiting
+//! on its layer's transfer counter, tokens and logits equal the solo runs bitwise (as with the
+//! tier off and with an ample device pool) and the canary is silent; the fault
+//! `skip-index-k-transfer-wait` under the lagged transfer pace (the worker copies a pool's
+//! layer only when a reader waits for it, or at the end of the round) is caught by the canary
+//! (index-K pages written by the load-back after the round read them) and diverges from the
+//! solo runs, the same way every time.
+
+use super::*;
+use dsv4_engine::pools::CacheGeometry;
+use dsv4_engine::{
+    CacheBudget, CanaryConfig, Completion, DebugOptions, EngineConfig, EngineMetrics,
+    HostTierConfig, PoolKind, Scheduler, TransferPace,
+};
+use dsv4_model::forward::{ExecOptions, Fault};
+use std::collections::BTreeMap;
+
+const MAX_TOKENS: usize = 4;
+/// Tokens of each shared prefix: 6 pages of 16, 24 index-K rows (more than index_topk = 16,
+/// so the indexer really selects).
+const PREFIX: usize = 96;
+
+/// Four prefixes, each first asked with one 3-token tail, then (after the others pushed its
+/// snapshots out of the device pools) with another. A 3-token tail after a 96-token hit
+/// completes no compressed window, so the hit's first round reads the loaded index-K pages
+/// without writing (or copying) any.
+fn prompts() -> Vec<Vec<u32>> {
+    let prefixes: Vec<Vec<u32>> = (0..4u64)
+        .map(|i| {
+            let mut p = vec![0];
+            p.extend(tokens(PREFIX - 1, 900 + i));
+            p
+        })
+        .collect();
+    let with = |p: &Vec<u32>, seed| {
+        let mut q = p.clone();
+        q.extend(tokens(3, seed));
+        q
+    };
+    let first = prefixes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| with(p, 950 + i as u64));
+    let again = prefixes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| with(p, 970 + i as u64));
+    first.chain(again).collect()
+}
+
+/// Device pools for `n` sequences of the prompts' length.
+fn pools_for(n: usize) -> CacheBudget {
+    let per = CacheGeometry::of(&model()).pages_for_len(PREFIX + 3 + MAX_TOKENS);
+    CacheBudget::Pages(
+        PoolKind::ALL
+            .into_iter()
+            .map(|k| (k, per[k.index()] * n))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+/// Room for one running request and about two prefix snapshots: older snapshots are evicted.
+fn tight() -> CacheBudget {
+    pools_for(3)
+}
+
+fn model_with(exec: ExecOptions) -> Arc<Model> {
+    let mut m = load_model(
+        &ModelSource::Tiny { seed: 0 },
+        Arc::new(ReferenceBackend),
+        numerics(),
+    )
+    .expect("tiny model loads");
+    m.set_exec(exec);
+    Arc::new(m)
+}
+
+/// The prompts, one at a time in order, with the canary on; the scheduler's pools are all free
+/// once the prefix cache is cleared.
+fn serve(model: Arc<Model>, cache: CacheBudget, hicache: Option<HostTierConfig>) -> Run {
+    let cfg = EngineConfig {
+        cache,
+        page_size: 16,
+        prefix_cache: true,
+        max_running_requests: 1,
+        chunked_prefill_size: None,
+        hicache,
+        ..Default::default()
+    };
+    let debug = DebugOptions {
+        canary: Some(CanaryConfig::default()),
+    };
+    let mut sched = Scheduler::new(model, cfg, None)
+        .expect("scheduler starts")
+        .with_debug(debug);
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| sched.submit(greedy(p, MAX_TOKENS)).expect("accepted"))
+        .collect();
+    while sched.step() {}
+    let findings: Vec<String> = sched.canary_findings().map(|f| f.to_string()).collect();
+    // Shown with --nocapture (docs/engine.md quotes them).
+    for f in &findings {
+        eprintln!("canary: {f}");
+    }
+    let metrics = sched.metrics();
+    let done = streams.into_iter().map(|s| s.collect_blocking()).collect();
+    sched.clear_prefix_cache();
+    assert!(sched.pools().all_free(), "every device page is free again");
+    assert_eq!(
+        sched.metrics().host_tier_used_pages,
+        0,
+        "and every host page"
+    );
+    Run {
+        done,
+        metrics,
+        findings,
+    }
+}
+
+struct Run {
+    done: Vec<Completion>,
+    metrics: EngineMetrics,
+    findings: Vec<String>,
+}
+
+fn solos() -> Vec<Solo> {
+    let m = model();
+    prompts().iter().map(|p| solo(&m, p, MAX_TOKENS)).collect()
+}
+
+fn tier(pace: TransferPace) -> Option<HostTierConfig> {
+    Some(HostTierConfig { ratio: 16.0, pace })
+}
+
+#[test]
+fn host_tier_hits_give_the_solo_and_ample_pool_results_bitwise_with_a_silent_canary() {
+    let solos = solos();
+    let ample = serve(model(), pools_for(64), None);
+    let off = serve(model(), tight(), None);
+    for (name, run) in [("ample device pool", &ample), ("tight, no host tier", &off)] {
+        for (i, c) in run.done.iter().enumerate() {
+            assert_same_as_solo(c, &solos[i], &format!("{name}: request {i}"));
+        }
+        assert_eq!(run.metrics.host_tier_hits_total, 0, "{name}");
+    }
+    assert!(
+        off.metrics.cached_tokens_total < ample.metrics.cached_tokens_total,
+        "the tight pool drops snapshots the second tails would have hit: {:?}",
+        off.metrics
+    );
+    for pace in [TransferPace::Eager, TransferPace::Lagged] {
+        let run = serve(model(), tight(), tier(pace));
+        for (i, c) in run.done.iter().enumerate() {
+            assert_same_as_solo(c, &solos[i], &format!("{pace:?} host tier: request {i}"));
+        }
+        let m = &run.metrics;
+        assert!(
+            m.host_tier_spilled_pages_total > 0
+                && m.host_tier_loaded_pages_total > 0
+                && m.host_tier_hits_total >= 4,
+            "{pace:?}: pages went device → host → device for every second tail: {m:?}"
+        );
+        assert_eq!(
+            m.cached_tokens_total, ample.metrics.cached_tokens_total,
+            "{pace:?}: the host tier serves every hit an ample device pool serves"
+        );
+        assert_eq!(
+            (m.canary_rounds_flagged, run.findings.len()),
+            (0, 0),
+            "{pace:?}: the canary stays silent when every read waits: {:?}",
+            run.findings
+        );
+    }
+}
+
+#[test]
+fn skipping_the_index_k_transfer_wait_is_caught_by_the_canary_and_diverges_reproducibly() {
+    let solos = solos();
+    let exec = ExecOptions {
+        faults: [Fault::SkipIndexKTransferWait].into(),
+        ..Default::default()
+    };
+    let runs: Vec<Run> = (0..2)
+        .map(|_| {
+            serve(
+                model_with(exec.clone()),
+                tight(),
+                tier(TransferPace::Lagged),
+            )
+        })
+        .collect();
+    let run = &runs[0];
+    let m = &run.metrics;
+    assert!(m.host_tier_hits_total >= 4, "host hits happened: {m:?}");
+    assert!(
+        m.canary_rounds_flagged > 0 && m.canary_unexpected_pages > 0,
+        "the canary sees load-back writes the round did not declare: {m:?}"
+    );
+    assert!(
+        run.findings.iter().all(|f| f.contains("pool c4_index_k")),
+        "only index-K pages change undeclared: {:?}",
+        run.findings
+    );
+    let diverged: Vec<usize> = run
+        .done
+        .iter()
+        .zip(&solos)
+        .enumerate()
+        .filter(|(_, (c, s))| {
+            c.tokens != s.0
+                || c.logits
+                    .iter()
+                    .zip(&s.1)
+                    .any(|(a, b)| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits()))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        !diverged.is_empty() && diverged.iter().all(|&i| i >= 4),
+        "requests served from the host tier (and only those) depart from their solo runs: \
+         {diverged:?}"
+    );
+    assert_eq!(
+        runs[0].findings, runs[1].findings,
+        "the same findings every time"
+    );
+    let tokens = |r: &Run| r.done.iter().map(|c| c.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        tokens(&runs[0]),
+        tokens(&runs[1]),
+        "the same tokens every time"
+    );
+}
