@@ -335,6 +335,43 @@ mod tests {
     }
 
     #[test]
+    fn evicted_snapshots_move_to_the_host_tier_and_are_promoted_when_loaded_back() {
+        let mut c = PrefixCache::new(1);
+        c.insert(&[1], &state(1));
+        c.insert(&[2], &state(1));
+        let room = std::cell::Cell::new(1);
+        let mut spill = |_: &mut SequenceState| {
+            if room.get() == 0 {
+                return Spill::NoRoom;
+            }
+            room.set(room.get() - 1);
+            Spill::Done
+        };
+        assert!(c.evict_lru_with(&mut spill), "[1] moves to the host tier");
+        assert_eq!((c.snapshots(), c.host_snapshots()), (2, 1));
+        let hit = c.lookup_node(&[1], 1).unwrap();
+        assert!(hit.on_host && hit.len == 1);
+        assert!(!c.lookup_node(&[2], 1).unwrap().on_host);
+        assert!(
+            c.evict_lru_with(&mut spill),
+            "[2] finds no host room: the host LRU ([1]) goes, then [2] itself"
+        );
+        assert_eq!(
+            (c.snapshots(), c.host_snapshots(), c.host_dropped()),
+            (0, 0, 1)
+        );
+        assert!(!c.evict_lru_with(&mut spill), "no device snapshot is left");
+        c.insert(&[3], &state(1));
+        room.set(1);
+        assert!(c.evict_lru_with(&mut spill));
+        let hit = c.lookup_node(&[3], 1).unwrap();
+        assert!(hit.on_host);
+        c.promote(hit.node, &state(1));
+        assert_eq!((c.snapshots(), c.host_snapshots()), (1, 0));
+        assert!(!c.lookup_node(&[3], 1).unwrap().on_host, "loaded back");
+    }
+
+    #[test]
     fn evicts_least_recently_used_and_prunes_empty_nodes() {
         let mut c = PrefixCache::new(1);
         c.insert(&[1], &state(1));

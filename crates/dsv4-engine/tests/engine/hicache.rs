@@ -234,3 +234,39 @@ fn skipping_the_index_k_transfer_wait_is_caught_by_the_canary_and_diverges_repro
         "the same tokens every time"
     );
 }
+
+#[test]
+fn concurrent_requests_with_the_host_tier_give_the_solo_results() {
+    let solos = solos();
+    let cfg = EngineConfig {
+        cache: pools_for(5),
+        page_size: 16,
+        prefix_cache: true,
+        max_running_requests: 3,
+        chunked_prefill_size: Some(40),
+        hicache: tier(TransferPace::Eager),
+        ..Default::default()
+    };
+    let debug = DebugOptions {
+        canary: Some(CanaryConfig::default()),
+    };
+    let engine = dsv4_engine::Engine::spawn_debug(model(), cfg, None, debug).expect("starts");
+    assert!(
+        engine.pool_report().to_string().contains("host tier"),
+        "the start-up table shows the host tier"
+    );
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| engine.submit(greedy(p, MAX_TOKENS)).expect("accepted"))
+        .collect();
+    let done: Vec<Completion> = streams.into_iter().map(|s| s.collect_blocking()).collect();
+    for (i, c) in done.iter().enumerate() {
+        assert_same_as_solo(c, &solos[i], &format!("concurrent host tier: request {i}"));
+    }
+    let m = engine.metrics();
+    assert!(
+        m.host_tier_spilled_pages_total > 0,
+        "snapshots spilled: {m:?}"
+    );
+    assert_eq!(m.canary_rounds_flagged, 0, "the canary stays silent: {m:?}");
+}
