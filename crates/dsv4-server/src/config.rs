@@ -54,6 +54,12 @@ pub struct ServerConfig {
     pub model_id: String,
     /// How completions are parsed.
     pub output: OutputParsing,
+    /// The name of the dsv4 profile being served, reported in `GET /v1/models` (`dsv4.profile`).
+    pub profile_name: Option<String>,
+    /// SHA-256 of the resolved profile (every key and value), reported in `GET /v1/models`
+    /// (`dsv4.profile_sha256`) so clients such as `dsv4 stress` can record which configuration
+    /// answered.
+    pub profile_sha256: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +72,8 @@ impl Default for ServerConfig {
             health_stall: Duration::from_secs(60),
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
+            profile_name: None,
+            profile_sha256: None,
         }
     }
 }

@@ -55,8 +55,9 @@ impl std::str::FromStr for Oracle {
 /// random weights (dsv4's tiny model), whose free text is noise full of special tokens that would
 /// otherwise be (correctly) reported as signatures. Needs a server that accepts more than four stop
 /// strings (dsv4, vLLM, SGLang do; OpenAI itself allows four).
-pub const STOP_BEFORE_MARKUP: [&str; 6] = [
+pub const STOP_BEFORE_MARKUP: [&str; 7] = [
     "<｜",
+    "｜DSML｜",
     "</｜",
     "<think>",
     "</think>",

@@ -88,7 +88,20 @@ fn server_config(
             s.tool_call_parser == ToolCallParser::DeepseekV4,
             s.reasoning_parser == ReasoningParser::DeepseekV4,
         )?,
+        profile_name: Some(resolved.requested.clone()),
+        profile_sha256: Some(profile_sha256(resolved)),
     })
+}
+
+/// SHA-256 (hex) of the resolved profile: every key with its value, one `key=value` line each,
+/// in the schema's key order (secrets are already redacted in the settings).
+fn profile_sha256(resolved: &Resolved) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for s in &resolved.settings {
+        h.update(format!("{}={}\n", s.key, s.value).as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The model id: `--served-model-name`, else "dsv4-tiny" or the checkpoint directory's name.

@@ -9,15 +9,21 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-/// The model object of the served model.
+/// The model object of the served model; with a profile, a `dsv4` object names it and its
+/// SHA-256 (`{"profile": NAME, "profile_sha256": HEX}`).
 fn model_object(state: &AppState) -> serde_json::Value {
-    json!({
-        "id": state.cfg().model_id,
+    let cfg = state.cfg();
+    let mut m = json!({
+        "id": cfg.model_id,
         "object": "model",
         "created": 0,
         "owned_by": "dsv4",
         "max_model_len": state.loaded().map(|l| l.context),
-    })
+    });
+    if cfg.profile_name.is_some() || cfg.profile_sha256.is_some() {
+        m["dsv4"] = json!({"profile": cfg.profile_name, "profile_sha256": cfg.profile_sha256});
+    }
+    m
 }
 
 /// `GET /v1/models`.
@@ -85,4 +91,27 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServerConfig;
+
+    #[test]
+    fn the_model_object_names_the_profile_when_it_is_known() {
+        let plain = AppState::new(ServerConfig::default());
+        assert!(model_object(&plain).get("dsv4").is_none());
+        let named = AppState::new(ServerConfig {
+            profile_name: Some("dev-cpu".into()),
+            profile_sha256: Some("ab12".into()),
+            ..Default::default()
+        });
+        let m = model_object(&named);
+        assert_eq!(
+            m["dsv4"],
+            json!({"profile": "dev-cpu", "profile_sha256": "ab12"})
+        );
+        assert_eq!(m["id"], "dsv4-tiny");
+    }
 }
