@@ -105,6 +105,16 @@ fn serve(model: Arc<Model>, cache: CacheBudget, hicache: Option<HostTierConfig>)
         eprintln!("canary: {f}");
     }
     let metrics = sched.metrics();
+    eprintln!(
+        "host tier {:?}: spilled {} pages, loaded {} pages, {} host hits, {} cached tokens, {} \
+         canary rounds flagged",
+        hicache.map(|h| h.pace),
+        metrics.host_tier_spilled_pages_total,
+        metrics.host_tier_loaded_pages_total,
+        metrics.host_tier_hits_total,
+        metrics.cached_tokens_total,
+        metrics.canary_rounds_flagged
+    );
     let done = streams.into_iter().map(|s| s.collect_blocking()).collect();
     sched.clear_prefix_cache();
     assert!(sched.pools().all_free(), "every device page is free again");
@@ -218,10 +228,11 @@ fn skipping_the_index_k_transfer_wait_is_caught_by_the_canary_and_diverges_repro
         })
         .map(|(i, _)| i)
         .collect();
-    assert!(
-        !diverged.is_empty() && diverged.iter().all(|&i| i >= 4),
-        "requests served from the host tier (and only those) depart from their solo runs: \
-         {diverged:?}"
+    eprintln!("requests departing from their solo runs: {diverged:?}");
+    assert_eq!(
+        diverged,
+        vec![4, 5, 6, 7],
+        "every request served from the host tier (and only those) departs from its solo run"
     );
     assert_eq!(
         runs[0].findings, runs[1].findings,
