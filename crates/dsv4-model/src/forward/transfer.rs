@@ -223,4 +223,37 @@ mod tests {
         assert!(rung.load(Ordering::SeqCst) >= 1, "the worker was woken");
         c.wait_all();
     }
+
+    #[test]
+    fn a_pooled_page_read_waits_for_its_load_back() {
+        use super::super::pages::{HeapStore, PageStore, PooledPages};
+        let store: Arc<dyn PageStore> = Arc::new(HeapStore::new("c4_index_k", 8));
+        let counter = Arc::new(LayerDoneCounter::new(1, Box::new(|| {})));
+        let id = store.alloc().unwrap();
+        let mut pages = PooledPages::new(Arc::clone(&store));
+        pages.rehome(
+            Arc::clone(&store),
+            vec![id],
+            Some(LoadTag::new(Arc::clone(&counter), INDEX_K_SLOT, 0)),
+        );
+        // The "transfer worker" writes the page only once a reader asks for it, so a read
+        // that did not wait would see zeros.
+        let worker = {
+            let (store, counter) = (Arc::clone(&store), Arc::clone(&counter));
+            std::thread::spawn(move || {
+                while counter.demanded()[INDEX_K_SLOT] == 0 {
+                    std::thread::yield_now();
+                }
+                store.write(id, &mut |b| b.fill(7));
+                (0..STORE_SLOTS).for_each(|s| counter.mark_done(s, 0));
+            })
+        };
+        assert_eq!(pages.page_bytes(0).unwrap(), vec![7; 8]);
+        worker.join().unwrap();
+        assert_eq!(
+            pages.clone().page_bytes(0).unwrap(),
+            vec![7; 8],
+            "clones keep the tag"
+        );
+    }
 }
