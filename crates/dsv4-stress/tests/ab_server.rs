@@ -1,8 +1,11 @@
 //! Booting a server for an A/B arm fails clearly: a binary that exits early, one that prints no
 //! URL, and one whose `/health` never answers each give an error naming the arm and showing the
-//! server's stderr. Stand-in "servers" are small shell scripts (skipped where there is no sh).
+//! server's stderr; a stopped run kills the server it booted. Stand-in "servers" are small shell scripts (skipped where there is no sh).
 
-use dsv4_stress::ab::{AbError, ServerProcess, serve_args};
+use dsv4_stress::StressOptions;
+use dsv4_stress::ab::{
+    AbError, AbOptions, ArmSpec, ServerProcess, Target, run_ab_until, serve_args,
+};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -81,4 +84,69 @@ async fn health_that_never_answers_times_out_with_the_stderr_tail() {
         "{e}"
     );
     assert!(e.contains("loading the model"), "{e}");
+}
+
+/// Whether process `pid` is gone (or only a zombie waiting to be reaped).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn stopping_a_run_kills_the_server_it_booted() {
+    if !Path::new("/proc/self/stat").exists() {
+        eprintln!("skipped: no /proc to check processes with");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let body = format!(
+        "echo $$ > {}; echo 'listening on http://127.0.0.1:9'; exec sleep 60",
+        pidfile.display()
+    );
+    let Some(bin) = script(dir.path(), "hangs", &body) else {
+        return;
+    };
+    let arm = |label: &str| ArmSpec {
+        label: label.into(),
+        target: Target::Boot {
+            profile: "dev-cpu".into(),
+            sets: vec![],
+        },
+        config: serde_json::Value::Null,
+    };
+    let opts = AbOptions {
+        a: arm("a"),
+        b: arm("b"),
+        repeat: 1,
+        workload: StressOptions::default(),
+        binary: bin,
+        serve_extra: vec![],
+        boot_timeout: Duration::from_secs(60),
+        command: "test".into(),
+        progress: false,
+    };
+    let stop = async {
+        // Stop once the server has started (it writes its pid first).
+        while !pidfile.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let result = run_ab_until(&opts, stop).await.unwrap();
+    assert!(result.is_none(), "the run was stopped");
+    let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone(&pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stand-in server {pid} still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

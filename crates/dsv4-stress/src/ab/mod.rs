@@ -221,3 +221,15 @@ pub async fn run_ab(opts: &AbOptions) -> Result<AbBundle, AbError> {
     }
     AbBundle::build(opts, runs, versions(&opts.binary), machine())
 }
+
+/// [`run_ab`], abandoned when `stop` completes first (e.g. on SIGTERM or Ctrl-C): the run is
+/// dropped, which kills every server it booted. `Ok(None)` when stopped.
+pub async fn run_ab_until(
+    opts: &AbOptions,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Option<AbBundle>, AbError> {
+    tokio::select! {
+        result = run_ab(opts) => result.map(Some),
+        () = stop => Ok(None),
+    }
+}
