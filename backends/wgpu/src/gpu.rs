@@ -45,13 +45,19 @@ impl std::fmt::Display for AdapterReport {
     }
 }
 
+/// Vulkan, Metal, DX12 (and WebGPU): the APIs with compute shaders and f64 where the device has
+/// it. The GL backend is left out (no f64, and probing EGL prints errors on headless machines).
+const APIS: wgpu::Backends = wgpu::Backends::PRIMARY;
+
 fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = APIS;
+    wgpu::Instance::new(desc)
 }
 
 /// Every adapter wgpu can see on this machine.
 pub fn adapters() -> Vec<wgpu::Adapter> {
-    pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+    pollster::block_on(instance().enumerate_adapters(APIS))
 }
 
 /// Pick an adapter: `selector` is an index into [`adapters`] or a case-insensitive part of an

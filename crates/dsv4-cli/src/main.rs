@@ -167,6 +167,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn link_backends() {
     dsv4_backend_reference::link();
     dsv4_backend_cpu::link();
+    dsv4_backend_wgpu::link();
 }
 
 fn main() -> ExitCode {
@@ -191,9 +192,9 @@ mod tests {
         link_backends();
         let names = dsv4_kernels::registry::names();
         let expected: &[&str] = if cfg!(feature = "faulty-backend") {
-            &["cpu", "faulty-reference", "reference"]
+            &["cpu", "faulty-reference", "reference", "wgpu"]
         } else {
-            &["cpu", "reference"]
+            &["cpu", "reference", "wgpu"]
         };
         assert_eq!(names, expected);
     }
