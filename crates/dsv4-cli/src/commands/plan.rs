@@ -113,7 +113,7 @@ pub fn debug_options(p: &Profile) -> dsv4_engine::DebugOptions {
         })
         .collect();
     dsv4_engine::DebugOptions {
-        canary: (!pools.is_empty()).then(|| dsv4_engine::CanaryConfig {
+        canary: (!pools.is_empty()).then_some(dsv4_engine::CanaryConfig {
             pools,
             abort: p.debug.canary_abort,
         }),
