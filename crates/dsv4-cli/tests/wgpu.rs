@@ -1,0 +1,147 @@
+//! The wgpu backend end to end through the `dsv4` binary: the op sweep and tiny-model diffs
+//! against the reference, and `dsv4 serve --set backend.kind=wgpu` answering a chat completion.
+//!
+//! Needs a wgpu adapter (on CPU-only Linux: Mesa's lavapipe, `apt-get install
+//! mesa-vulkan-drivers libvulkan1`). Without one each test prints why and skips, except under
+//! CI=true, where a missing adapter is a failure.
+
+mod common;
+
+use common::{dsv4, run};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// Whether the wgpu backend can run here; prints the reason and skips (or fails under CI).
+fn available(test: &str) -> bool {
+    match dsv4_backend_wgpu::probe() {
+        Ok(()) => true,
+        Err(reason) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the wgpu backend cannot run: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn diff(args: &[&str]) -> String {
+    let out = run(dsv4(&std::env::temp_dir(), args));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "dsv4 {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_op_sweep_passes_against_the_reference() {
+    if !available("the_op_sweep_passes_against_the_reference") {
+        return;
+    }
+    let out = diff(&[
+        "diff",
+        "--backend",
+        "reference",
+        "--against",
+        "wgpu",
+        "--ops",
+    ]);
+    assert!(out.contains("result: PASS"), "{out}");
+}
+
+#[test]
+fn the_tiny_model_matches_the_reference_in_contrasting_numerics() {
+    if !available("the_tiny_model_matches_the_reference_in_contrasting_numerics") {
+        return;
+    }
+    // The two ends of the numerics grid; scripts/diff-all-numerics.sh wgpu runs all twelve.
+    for (kv, ik, act) in [("bf16", "bf16", "none"), ("fp8", "fp4", "fp8")] {
+        let sets = [
+            format!("numerics.kv_cache_dtype={kv}"),
+            format!("numerics.index_k_dtype={ik}"),
+            format!("numerics.act_quant={act}"),
+        ];
+        let mut args = vec![];
+        for s in &sets {
+            args.extend(["--set", s.as_str()]);
+        }
+        args.extend([
+            "diff",
+            "--model",
+            "--against",
+            "wgpu",
+            "--tokens",
+            "24",
+            "--decode",
+            "2",
+        ]);
+        let out = diff(&args);
+        assert!(
+            out.contains("first divergence: none") && out.contains("result: PASS"),
+            "kv={kv} index_k={ik} act={act}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn serve_on_wgpu_answers_a_chat_completion() {
+    if !available("serve_on_wgpu_answers_a_chat_completion") {
+        return;
+    }
+    let mut cmd = dsv4(
+        &std::env::temp_dir(),
+        &["--set", "backend.kind=wgpu", "serve", "--port", "0"],
+    );
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("dsv4 serve starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a first line").unwrap();
+    std::thread::spawn(move || for _ in lines {});
+    let addr = first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("no URL in {first:?}"))
+        .trim_end_matches('/')
+        .to_string();
+    let body = r#"{"model":"dsv4-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let answer = loop {
+        let attempt = TcpStream::connect(&addr).and_then(|mut s| {
+            write!(
+                s,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        });
+        match attempt {
+            Ok(a) if a.starts_with("HTTP/1.1 200") => break a,
+            other => {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    panic!("no chat completion from dsv4 serve on wgpu: {other:?}");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let json = &answer[answer.find("\r\n\r\n").expect("a body") + 4..];
+    let doc: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(doc["object"], "chat.completion", "{doc}");
+    assert!(doc["choices"][0]["message"].is_object(), "{doc}");
+    assert!(
+        doc["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1,
+        "{doc}"
+    );
+}
