@@ -134,8 +134,10 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| WgpuError::Device(e.to_string()))?;
-        let max_binding_bytes =
-            u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size) & !3;
+        let max_binding_bytes = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size)
+            & !3;
         let report = AdapterReport {
             name: info.name.clone(),
             driver: format!("{} {}", info.driver, info.driver_info)

@@ -31,7 +31,7 @@ pub fn softmax_pool(gpu: &Gpu, a: &[f32], z: &[f32], rows: usize, width: usize, 
 }
 
 pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
-    let n = if dim == 0 { 0 } else { keys.len() / dim };
+    let n = keys.len().checked_div(dim).unwrap_or(0);
     if n == 0 {
         return;
     }
