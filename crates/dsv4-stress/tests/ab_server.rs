@@ -106,7 +106,8 @@ async fn stopping_a_run_kills_the_server_it_booted() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let body = format!(
-        "echo $$ > {}; echo 'listening on http://127.0.0.1:9'; exec sleep 60",
+        "[ \"$1\" = serve ] || exit 0; echo $$ > {}; echo 'listening on http://127.0.0.1:9'; \
+         exec sleep 60",
         pidfile.display()
     );
     let Some(bin) = script(dir.path(), "hangs", &body) else {

@@ -235,7 +235,7 @@ impl AbBundle {
                 let _ = writeln!(s, "  sessions per signature: {}", found.join(", "));
             }
             if arm.requests_failed > 0 {
-                let _ = writeln!(s, "  {} requests got no answer", arm.requests_failed);
+                let _ = writeln!(s, "  requests without an answer: {}", arm.requests_failed);
             }
         }
         let d = &self.difference;

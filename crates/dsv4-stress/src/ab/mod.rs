@@ -214,12 +214,14 @@ async fn run_arm(
 /// Run the comparison: for each repeat, arm A then arm B, then the statistics.
 pub async fn run_ab(opts: &AbOptions) -> Result<AbBundle, AbError> {
     opts.validate()?;
+    // What ran is recorded before the run (the checkout may change while it runs).
+    let (versions, machine) = (versions(&opts.binary).await, machine());
     let mut runs = Vec::with_capacity(2 * opts.repeat);
     for repeat in 0..opts.repeat {
         runs.push(run_arm(opts, &opts.a, "A", repeat).await?);
         runs.push(run_arm(opts, &opts.b, "B", repeat).await?);
     }
-    AbBundle::build(opts, runs, versions(&opts.binary), machine())
+    AbBundle::build(opts, runs, versions, machine)
 }
 
 /// [`run_ab`], abandoned when `stop` completes first (e.g. on SIGTERM or Ctrl-C): the run is

@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::Command;
 
 /// Versions of what ran.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -29,23 +31,39 @@ pub struct Machine {
     pub os: String,
 }
 
-/// Run a command and return its trimmed stdout when it succeeds.
-fn output(program: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).output().ok()?;
+/// How long a version probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Run a command and return its trimmed stdout when it succeeds within [`PROBE_TIMEOUT`].
+async fn output(program: &Path, args: &[&str]) -> Option<String> {
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PROBE_TIMEOUT, child)
+        .await
+        .ok()?
+        .ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// The versions of `binary` and of the git checkout in the current directory.
-pub fn versions(binary: &Path) -> Versions {
+/// The versions of `binary` and of the git checkout in the current directory (each probe is
+/// given up after 10 s).
+pub async fn versions(binary: &Path) -> Versions {
     let git = Path::new("git");
-    let git_rev = output(git, &["rev-parse", "HEAD"]);
-    let git_dirty = git_rev.as_ref().and_then(|_| {
-        output(git, &["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty())
-    });
+    let git_rev = output(git, &["rev-parse", "HEAD"]).await;
+    let git_dirty = match git_rev {
+        Some(_) => output(git, &["status", "--porcelain", "--untracked-files=no"])
+            .await
+            .map(|s| !s.is_empty()),
+        None => None,
+    };
     Versions {
-        dsv4: output(binary, &["--version"]),
+        dsv4: output(binary, &["--version"]).await,
         git_rev,
         git_dirty,
     }
