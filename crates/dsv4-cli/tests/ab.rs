@@ -9,7 +9,35 @@
 mod common;
 
 use common::{dsv4, fails};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Stdio};
+
+/// A `dsv4 serve --port 0` started by the test (killed when dropped).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `dsv4 serve --port 0` in `cwd`; the process and its URL (from its first stdout line).
+fn serve(cwd: &Path) -> (Running, String) {
+    let mut cmd = dsv4(cwd, &["serve", "--port", "0"]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = Running(cmd.spawn().expect("dsv4 serve starts"));
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a first line").unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {first:?}"))
+        .to_string();
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
 
 #[test]
 fn ab_shows_the_fix_of_the_aliasing_fault_with_p_below_0_05() {
@@ -133,4 +161,45 @@ fn bad_arms_are_refused_before_anything_boots() {
         &["ab", "--b-set", "exec.cuda_graph=true", "--repeat", "0"],
     ));
     assert!(e.contains("--repeat must be at least 1"), "{e}");
+}
+
+#[test]
+fn an_arm_can_be_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = serve(dir.path());
+    let bundle_path = dir.path().join("ab.json");
+    #[rustfmt::skip]
+    let args = [
+        "ab", "--a", "dev-cpu", "--b", &url,
+        "--stop-before-markup", "--forced-tool-rate", "0",
+        "--sessions", "2", "--concurrency", "2", "--turns", "1", "--max-tokens", "2",
+        "--growth-chars", "20", "--boot-timeout", "120s",
+        "--json", bundle_path.to_str().unwrap(),
+    ];
+    let out = dsv4(dir.path(), &args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "dsv4 ab failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("note: B ran against {url}, which was not booted")),
+        "{stdout}"
+    );
+    let bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&bundle_path).unwrap()).unwrap();
+    assert_eq!(bundle["a"]["label"], "dev-cpu");
+    assert_eq!(bundle["b"]["label"], url.as_str());
+    assert_eq!(bundle["b"]["target"]["kind"], "url");
+    assert_eq!(bundle["b"]["config"], serde_json::Value::Null);
+    let runs = bundle["runs"].as_array().unwrap();
+    assert_eq!(
+        (runs[0]["booted"].as_bool(), runs[1]["booted"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(runs[1]["url"], url.as_str());
+    assert!(runs[1]["server_command"].is_null());
+    assert_eq!(bundle["a"]["sessions"], 2);
+    assert_eq!(bundle["b"]["sessions"], 2);
 }

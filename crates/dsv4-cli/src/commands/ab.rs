@@ -8,7 +8,7 @@
 
 use anyhow::{Context, bail};
 use dsv4_config::{Origin, Profile, ResolveOptions, Resolved};
-use dsv4_stress::ab::{AbOptions, ArmSpec, Target, run_ab};
+use dsv4_stress::ab::{AbOptions, ArmSpec, Target, run_ab_until};
 use dsv4_stress::{Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -319,7 +319,11 @@ pub fn run(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let bundle = rt.block_on(run_ab(&opts))?;
+    // On SIGTERM or Ctrl-C the run is dropped, which kills the servers it booted (they would
+    // otherwise outlive this process when only it receives the signal).
+    let bundle = rt
+        .block_on(run_ab_until(&opts, dsv4_server::shutdown_signal()))?
+        .context("interrupted: the servers this run booted were stopped")?;
     if let Some(path) = &args.json {
         std::fs::write(path, bundle.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
