@@ -4,6 +4,8 @@
 //! per arm per repeat (A B A B) and the solo oracle finds the corrupted answers; the fix must
 //! show with p < 0.05 and the bundle must be one the ledger reads. Small sessions keep it short
 //! (the workload's prompts are ~2,300 tokens of tool schemas each, so it is not instant on 2 cores).
+//! 32 one-turn sessions per arm: about 40% of them fail under the fault, and p < 0.05 needs 6
+//! failures with B at 0, so a chance miss is rarer than 1 in 100.
 //! Also: bad arms are refused before anything boots.
 
 mod common;
@@ -52,7 +54,7 @@ fn ab_shows_the_fix_of_the_aliasing_fault_with_p_below_0_05() {
         "--a-set", "debug.inject=arena-ignores-streams",
         "--b-set", "exec.multi_stream_overlap=false",
         "--oracle", "solo", "--stop-before-markup", "--forced-tool-rate", "0",
-        "--sessions", "12", "--concurrency", "12", "--turns", "1", "--max-tokens", "4",
+        "--sessions", "16", "--concurrency", "16", "--turns", "1", "--max-tokens", "4",
         "--growth-chars", "20", "--repeat", "2", "--boot-timeout", "120s",
         "--json", bundle_arg,
     ];
@@ -86,7 +88,7 @@ fn ab_shows_the_fix_of_the_aliasing_fault_with_p_below_0_05() {
     for r in runs {
         assert_eq!(r["booted"], true);
         assert_eq!(r["server_exit"], "exit status: 0", "{}", r["server_exit"]);
-        assert_eq!(r["report"]["records"].as_array().unwrap().len(), 12);
+        assert_eq!(r["report"]["records"].as_array().unwrap().len(), 16);
     }
     // B's resolved configuration records where the fix came from.
     let settings = bundle["b"]["config"]["settings"].as_array().unwrap();
@@ -101,13 +103,13 @@ fn ab_shows_the_fix_of_the_aliasing_fault_with_p_below_0_05() {
     let summary = dsv4_ledger::evidence::ab_summary(&text, Path::new("ab.json"))
         .unwrap()
         .expect("a dsv4-ab/1 bundle");
-    assert_eq!(summary.a.sessions, 24);
-    assert_eq!(summary.b.sessions, 24);
+    assert_eq!(summary.a.sessions, 32);
+    assert_eq!(summary.b.sessions, 32);
     assert_eq!(summary.b.failures, 0, "the fix must remove every failure");
     assert!(summary.a.failures > 0, "the fault must show");
     assert!(
         summary.p_value < 0.05,
-        "A {}/24 vs B {}/24: p = {}",
+        "A {}/32 vs B {}/32: p = {}",
         summary.a.failures,
         summary.b.failures,
         summary.p_value
