@@ -334,3 +334,57 @@ pub fn run(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: AbArgs,
+    }
+
+    fn parse(args: &[&str]) -> AbArgs {
+        Wrap::try_parse_from(std::iter::once("ab").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn boot(arm: ArmArg) -> (String, Vec<String>) {
+        match arm {
+            ArmArg::Boot { profile, sets } => (profile, sets),
+            ArmArg::Url(url) => panic!("a URL arm: {url}"),
+        }
+    }
+
+    #[test]
+    fn b_is_a_plus_its_own_sets_and_global_sets_reach_both() {
+        let args = parse(&["--a-set", "x.a=1", "--b-set", "x.b=2"]);
+        let global = vec!["g.k=0".to_owned()];
+        let (a, b) = arms(&args, "dev-cpu", &global).unwrap();
+        assert_eq!(
+            boot(a),
+            ("dev-cpu".into(), vec!["g.k=0".into(), "x.a=1".into()])
+        );
+        assert_eq!(
+            boot(b),
+            (
+                "dev-cpu".into(),
+                vec!["g.k=0".into(), "x.a=1".into(), "x.b=2".into()]
+            )
+        );
+        // An explicit --b does not inherit A's overrides.
+        let args = parse(&[
+            "--a", "p1", "--a-set", "x.a=1", "--b", "p2", "--b-set", "x.b=2",
+        ]);
+        let (a, b) = arms(&args, "dev-cpu", &[]).unwrap();
+        assert_eq!(boot(a), ("p1".into(), vec!["x.a=1".into()]));
+        assert_eq!(boot(b), ("p2".into(), vec!["x.b=2".into()]));
+        // URLs are arms as they are.
+        let args = parse(&["--a", "p1", "--b", "http://127.0.0.1:8000"]);
+        let (_, b) = arms(&args, "dev-cpu", &["g.k=0".to_owned()]).unwrap();
+        assert!(matches!(b, ArmArg::Url(u) if u == "http://127.0.0.1:8000"));
+    }
+}
