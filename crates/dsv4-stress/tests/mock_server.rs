@@ -249,3 +249,42 @@ async fn the_time_bound_stops_new_turns() {
     assert_eq!(r.completed, 0);
     assert_eq!(r.failed_sessions, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_end_without_failing_when_the_next_prompt_would_not_fit() {
+    // The mock counts a token per request byte; a context 1024 tokens over the longest first
+    // prompt lets every first turn run and ends every session within a few turns, as each turn
+    // adds at least 1000 characters of user text.
+    let o = StressOptions {
+        growth_chars: 2000,
+        forced_tool_rate: 0.0,
+        turns: 20,
+        ..opts("")
+    };
+    let probe = run_stress(&StressOptions {
+        url: mock::start(Script::Clean).await,
+        turns: 1,
+        ..o.clone()
+    })
+    .await
+    .unwrap();
+    let first = probe
+        .records
+        .iter()
+        .map(|s| s.turns[0].prompt_tokens.unwrap())
+        .max()
+        .unwrap();
+    let url = mock::start_with_context(Script::Clean, first + 1024).await;
+    let r = run_stress(&StressOptions { url, ..o }).await.unwrap();
+    assert!(
+        r.records.iter().all(|s| s.ended == "context"),
+        "{:?}",
+        r.records
+    );
+    assert!(
+        r.records
+            .iter()
+            .all(|s| !s.turns.is_empty() && s.turns.len() < 3)
+    );
+    assert_eq!((r.failed_sessions, r.failed), (0, 0), "{}", r.summary());
+}

@@ -49,13 +49,20 @@ pub enum Script {
 #[derive(Clone)]
 struct Mock {
     script: Script,
+    max_model_len: u64,
     seen: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// Start the mock on a free loopback port; its base URL.
 pub async fn start(script: Script) -> String {
+    start_with_context(script, 1_000_000).await
+}
+
+/// Start the mock with this `max_model_len` in `GET /v1/models`; its base URL.
+pub async fn start_with_context(script: Script, max_model_len: u64) -> String {
     let mock = Mock {
         script,
+        max_model_len,
         seen: Arc::default(),
     };
     let app = Router::new()
@@ -68,9 +75,9 @@ pub async fn start(script: Script) -> String {
     format!("http://{addr}")
 }
 
-async fn models() -> Response {
+async fn models(State(mock): State<Mock>) -> Response {
     axum::Json(json!({"object": "list", "data": [
-        {"id": "mock-model", "object": "model", "max_model_len": 1_000_000}]}))
+        {"id": "mock-model", "object": "model", "max_model_len": mock.max_model_len}]}))
     .into_response()
 }
 
@@ -195,7 +202,8 @@ async fn chat(State(mock): State<Mock>, body: String) -> Response {
         }
     };
     let stream = req["stream"].as_bool().unwrap_or(false);
-    let usage = json!({"prompt_tokens": body.len() / 4, "completion_tokens": 5, "total_tokens": body.len() / 4 + 5});
+    // One token per byte of the request, as the tiny model's byte-level tokenizer would count.
+    let usage = json!({"prompt_tokens": body.len(), "completion_tokens": 5, "total_tokens": body.len() + 5});
     let r = reply(&mock, &req, stream);
     if !stream {
         return match r {
