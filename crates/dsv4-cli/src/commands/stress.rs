@@ -57,10 +57,11 @@ pub struct StressArgs {
     /// Share of turns that force a tool call (tool_choice "required" or a named tool).
     #[arg(long, default_value_t = 0.5)]
     pub forced_tool_rate: f64,
-    /// A stop string sent with every request (repeatable).
+    /// A stop string for turns whose tool_choice is "auto" (repeatable; forced turns get none,
+    /// so a stop string never cuts a forced call).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stops: Vec<String>,
-    /// Also stop every answer before special tokens and tool/think markup (for random-weight
+    /// Also stop "auto" answers before special tokens and tool/think markup (for random-weight
     /// models such as dsv4's tiny model; needs a server that accepts more than 4 stop strings).
     #[arg(long)]
     pub stop_before_markup: bool,
