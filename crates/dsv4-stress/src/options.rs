@@ -91,7 +91,8 @@ pub struct StressOptions {
     pub stream: StreamMode,
     /// The reference answers are compared with, if any.
     pub oracle: Option<Oracle>,
-    /// Sent as `Authorization: Bearer KEY`.
+    /// Sent as `Authorization: Bearer KEY`. Never written into reports.
+    #[serde(skip_serializing, default)]
     pub api_key: Option<String>,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
@@ -261,6 +262,21 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(e.to_string().contains("http"), "{e}");
+    }
+
+    #[test]
+    fn the_api_key_is_never_serialised() {
+        let o = StressOptions {
+            api_key: Some("sk-secret".into()),
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&o).unwrap();
+        assert!(
+            !text.contains("sk-secret") && !text.contains("api_key"),
+            "{text}"
+        );
+        let back: StressOptions = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.api_key, None);
     }
 
     #[test]
