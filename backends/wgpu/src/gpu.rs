@@ -172,7 +172,8 @@ impl Gpu {
         &self.limits
     }
 
-    fn pipeline(&self, kernel: &'static str) -> Arc<wgpu::ComputePipeline> {
+    /// The compiled pipeline of `kernel` (compiled on first use).
+    pub fn pipeline(&self, kernel: &'static str) -> Arc<wgpu::ComputePipeline> {
         let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(kernel) {
             return p.clone();
@@ -231,6 +232,24 @@ impl Gpu {
         })
     }
 
+    /// A bind group for group 1 of `kernel` with `buffers` at bindings 0, 1, …
+    pub fn bind_group1(&self, kernel: &'static str, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let pipeline = self.pipeline(kernel);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel),
+            layout: &pipeline.get_bind_group_layout(1),
+            entries: &entries,
+        })
+    }
+
     /// Start recording a step: dispatches are encoded in order and submitted once by
     /// [`Step::finish`].
     pub fn step(&self) -> Step<'_> {
@@ -268,6 +287,18 @@ impl Step<'_> {
         kernel: &'static str,
         params: &[u32],
         buffers: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+    ) {
+        self.dispatch_with(kernel, params, buffers, None, groups)
+    }
+
+    /// [`Step::dispatch`] plus a prepared bind group for group 1 (a resident weight).
+    pub fn dispatch_with(
+        &mut self,
+        kernel: &'static str,
+        params: &[u32],
+        buffers: &[(u32, &wgpu::Buffer)],
+        group1: Option<&wgpu::BindGroup>,
         groups: [u32; 3],
     ) {
         assert!(
@@ -311,6 +342,9 @@ impl Step<'_> {
             });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
+        if let Some(g) = group1 {
+            pass.set_bind_group(1, g, &[]);
+        }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 

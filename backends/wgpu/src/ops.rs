@@ -95,10 +95,11 @@ pub fn linear(gpu: &Gpu, w: &Linear, dw: &DeviceWeight, x: &[f32], rows: usize, 
             c.cols as u32,
         ];
         let gx = c.cols.div_ceil(64) as u32;
-        step.dispatch(
+        step.dispatch_with(
             "linear",
             &params,
-            &[(1, &c.data), (2, &c.scale), (3, &xb), (4, &ob)],
+            &[(3, &xb), (4, &ob)],
+            Some(&c.bind),
             [gx, gy, 1],
         );
     }

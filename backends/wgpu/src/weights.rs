@@ -13,10 +13,9 @@ pub struct Chunk {
     pub col0: usize,
     /// Output features in the chunk.
     pub cols: usize,
-    /// Element bytes.
-    pub data: wgpu::Buffer,
-    /// ue8m0 scale bytes (one zero word for unscaled formats).
-    pub scale: wgpu::Buffer,
+    /// The `linear` kernel's group-1 bind group over the chunk's element bytes and its ue8m0
+    /// scale bytes (one zero word for unscaled formats), made once; it keeps both buffers alive.
+    pub bind: wgpu::BindGroup,
 }
 
 /// A weight on the device.
@@ -117,12 +116,10 @@ pub fn upload(gpu: &Gpu, w: &Linear) -> Result<DeviceWeight, WgpuError> {
             WeightFormat::Mxfp4 => &w.scale[col0 * row_scale..(col0 + cols) * row_scale],
         };
         bytes += data.len() + scale.len();
-        chunks.push(Chunk {
-            col0,
-            cols,
-            data: gpu.upload(&w.name, data),
-            scale: gpu.upload(&w.name, scale),
-        });
+        let data = gpu.upload(&w.name, data);
+        let scale = gpu.upload(&w.name, scale);
+        let bind = gpu.bind_group1("linear", &[&data, &scale]);
+        chunks.push(Chunk { col0, cols, bind });
         col0 += cols;
     }
     Ok(DeviceWeight {

@@ -64,11 +64,13 @@ fn e4m3_to_f32(c: u32) -> f32 {
     return v;
 }
 
-const E2M1_VALUES = array<f32, 8>(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-
+// e2m1 code → value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives), computed rather than looked up:
+// lavapipe leaks memory on every dispatch of a shader that indexes a private array dynamically.
 fn e2m1_to_f32(c: u32) -> f32 {
-    var t = E2M1_VALUES;
-    let v = t[c & 7u];
+    let e = (c >> 1u) & 3u;
+    let m = f32(c & 1u);
+    var v = m * 0.5;
+    if (e != 0u) { v = (1.0 + m * 0.5) * f32(1u << (e - 1u)); }
     if ((c & 8u) != 0u) { return -v; }
     return v;
 }

@@ -7,8 +7,10 @@
 // 3 rows, 4 first output column of this weight chunk, 5 output columns in this chunk.
 // Dispatch: x = ceil(cols / 64), y = ceil(rows / ROWS_PER_THREAD).
 
-@group(0) @binding(1) var<storage, read> wdata: array<u32>;
-@group(0) @binding(2) var<storage, read> wscale: array<u32>;
+// The weight chunk lives in its own bind group, created once per chunk and reused by every call
+// (bind groups naming a long-lived buffer are otherwise re-created per call).
+@group(1) @binding(0) var<storage, read> wdata: array<u32>;
+@group(1) @binding(1) var<storage, read> wscale: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
@@ -21,24 +23,20 @@ fn byte_at(buf_is_scale: bool, i: u32) -> u32 {
 }
 
 fn weight(format: u32, o: u32, i: u32, in_dim: u32) -> f32 {
-    switch format {
-        case 0u: { return bitcast<f32>(wdata[o * in_dim + i]); }
-        case 1u: {
-            let e = o * in_dim + i;
-            return bf16_to_f32(wdata[e / 2u] >> ((e % 2u) * 16u));
-        }
-        case 2u: {
-            let sc = (in_dim + 127u) / 128u;
-            let s = ue8m0_to_f32(byte_at(true, (o / 128u) * sc + i / 128u));
-            return e4m3_to_f32(byte_at(false, o * in_dim + i)) * s;
-        }
-        default: {
-            let b = byte_at(false, o * (in_dim / 2u) + i / 2u);
-            let code = (b >> ((i % 2u) * 4u)) & 0xfu;
-            let s = ue8m0_to_f32(byte_at(true, o * (in_dim / 32u) + i / 32u));
-            return e2m1_to_f32(code) * s;
-        }
+    if (format == 0u) { return bitcast<f32>(wdata[o * in_dim + i]); }
+    if (format == 1u) {
+        let e = o * in_dim + i;
+        return bf16_to_f32(wdata[e / 2u] >> ((e % 2u) * 16u));
     }
+    if (format == 2u) {
+        let sc = (in_dim + 127u) / 128u;
+        let s = ue8m0_to_f32(byte_at(true, (o / 128u) * sc + i / 128u));
+        return e4m3_to_f32(byte_at(false, o * in_dim + i)) * s;
+    }
+    let b = byte_at(false, o * (in_dim / 2u) + i / 2u);
+    let code = (b >> ((i % 2u) * 4u)) & 0xfu;
+    let s = ue8m0_to_f32(byte_at(true, o * (in_dim / 32u) + i / 32u));
+    return e2m1_to_f32(code) * s;
 }
 
 @compute @workgroup_size(64)
@@ -54,14 +52,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r0 = gid.y * ROWS_PER_THREAD;
     if (r0 >= rows) { return; }
     let nr = min(ROWS_PER_THREAD, rows - r0);
-    var s = array<acc, 4>(acc(0.0), acc(0.0), acc(0.0), acc(0.0));
+    // Four named accumulators rather than a private array: lavapipe leaks memory on every
+    // dispatch of a shader that indexes a private array dynamically.
+    var s0 = acc(0.0);
+    var s1 = acc(0.0);
+    var s2 = acc(0.0);
+    var s3 = acc(0.0);
+    let x0 = r0 * in_dim;
+    let x1 = min(r0 + 1u, rows - 1u) * in_dim;
+    let x2 = min(r0 + 2u, rows - 1u) * in_dim;
+    let x3 = min(r0 + 3u, rows - 1u) * in_dim;
     for (var i = 0u; i < in_dim; i = i + 1u) {
         let w = acc(weight(format, o, i, in_dim));
-        for (var k = 0u; k < nr; k = k + 1u) {
-            s[k] = s[k] + w * acc(x[(r0 + k) * in_dim + i]);
-        }
+        s0 = s0 + w * acc(x[x0 + i]);
+        s1 = s1 + w * acc(x[x1 + i]);
+        s2 = s2 + w * acc(x[x2 + i]);
+        s3 = s3 + w * acc(x[x3 + i]);
     }
-    for (var k = 0u; k < nr; k = k + 1u) {
-        out[(r0 + k) * stride + col0 + o] = f32(s[k]);
-    }
+    out[r0 * stride + col0 + o] = f32(s0);
+    if (nr > 1u) { out[(r0 + 1u) * stride + col0 + o] = f32(s1); }
+    if (nr > 2u) { out[(r0 + 2u) * stride + col0 + o] = f32(s2); }
+    if (nr > 3u) { out[(r0 + 3u) * stride + col0 + o] = f32(s3); }
 }
