@@ -314,7 +314,7 @@ impl Step<'_> {
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("params"),
                 contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM,
+                usage: wgpu::BufferUsages::STORAGE,
             });
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,

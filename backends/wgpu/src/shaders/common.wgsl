@@ -3,10 +3,12 @@
 // the transcendental functions below are evaluated in it (WGSL's built-in exp/log/sin/cos are
 // f32-only on Vulkan), so with f64 they agree with the reference's libm to about one f64 ulp.
 
-// Every kernel gets its scalar parameters as an array of u32 words in a uniform buffer
-// (f32 parameters travel as their bits).
+// Every kernel gets its scalar parameters as an array of u32 words (f32 parameters travel as
+// their bits) in a small read-only *storage* buffer, not a uniform buffer: lavapipe inlines
+// uniform values that bound loops and compiles a shader variant per new uniform buffer, which it
+// never frees (140 KB per `linear` dispatch).
 struct Params { w: array<vec4<u32>, 4> }
-@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(0) var<storage, read> P: Params;
 
 fn pu(i: u32) -> u32 { return P.w[i / 4u][i % 4u]; }
 fn pf(i: u32) -> f32 { return bitcast<f32>(pu(i)); }
