@@ -2,8 +2,11 @@
 //! watched pools are taken before and after, and the pages that changed are compared with the
 //! round's declared write set (the pages its store launches were given). A page that changed
 //! outside the set is a write nobody declared — the signature of a race or an aliasing bug
-//! ("32 index-K pages changed, 2 expected"). Findings are logged, counted in the metrics and,
-//! when asked, fail the round's requests.
+//! ("32 index-K pages changed, 2 expected"). Under the overlap scheduler the declared writes are
+//! also checked against page ownership: every page a step writes must be held, per the
+//! allocator, by one of the step's own requests; a page written for a request that no longer
+//! holds it (freed, perhaps handed to another request) is a stale page reuse. Findings are
+//! logged, counted in the metrics and, when asked, fail the round's requests.
 
 use crate::pool::{Pool, PoolKind};
 use dsv4_model::forward::PageWrite;
@@ -63,9 +66,21 @@ pub struct DebugOptions {
     pub canary: Option<CanaryConfig>,
 }
 
+/// What a canary finding is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CanaryCheck {
+    /// Pages changed outside the step's declared write set.
+    WriteSet,
+    /// Pages the step declares it writes that none of its requests holds.
+    Ownership,
+}
+
 /// One pool's finding in one round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CanaryFinding {
+    /// Which check fired.
+    pub check: CanaryCheck,
     /// The engine step.
     pub step: u64,
     /// The pool.
@@ -74,16 +89,37 @@ pub struct CanaryFinding {
     pub layers: Vec<usize>,
     /// Pages the round declared it writes.
     pub expected: usize,
-    /// Pages that changed.
+    /// Pages that changed (for [`CanaryCheck::Ownership`]: declared pages held by no request
+    /// of the step).
     pub changed: usize,
-    /// Pages that changed outside the declared set (at most 32 listed).
+    /// The offending pages (at most 32 listed): changed outside the declared set, or written
+    /// without being held by the writer.
     pub unexpected: Vec<u32>,
-    /// How many pages changed outside the declared set.
+    /// How many pages offend.
     pub unexpected_total: usize,
+    /// For [`CanaryCheck::Ownership`]: of the offending pages, how many are free in the
+    /// allocator (the rest are held by other requests or prefix snapshots).
+    pub free: usize,
 }
 
 impl std::fmt::Display for CanaryFinding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.check == CanaryCheck::Ownership {
+            return write!(
+                f,
+                "step {}: pool {}: {} pages written, {} of them held by none of the step's \
+                 requests ({} free, {} held by other requests or snapshots; declared writes in \
+                 layers {:?}): {:?}",
+                self.step,
+                self.pool,
+                self.expected,
+                self.unexpected_total,
+                self.free,
+                self.unexpected_total - self.free,
+                self.layers,
+                self.unexpected
+            );
+        }
         write!(
             f,
             "step {}: pool {}: {} pages changed, {} expected (declared writes in layers {:?}); \
@@ -117,11 +153,21 @@ impl Snapshot {
 
     /// Compare with the pools now: one finding per pool with pages changed outside `writes`.
     pub fn compare(&self, step: u64, writes: &BTreeSet<PageWrite>) -> Vec<CanaryFinding> {
-        let mut declared: BTreeMap<&str, (BTreeSet<u32>, BTreeSet<usize>)> = BTreeMap::new();
-        for w in writes {
-            let e = declared.entry(w.store.as_str()).or_default();
-            e.0.insert(w.page);
-            e.1.extend(w.layer);
+        self.compare_except(step, writes, &BTreeMap::new())
+    }
+
+    /// [`Self::compare`], also allowing the pages in `except` (pool name → pages) to change:
+    /// the overlap scheduler's own writes while the step ran (the fresh pages of requests it
+    /// admitted meanwhile).
+    pub fn compare_except(
+        &self,
+        step: u64,
+        writes: &BTreeSet<PageWrite>,
+        except: &BTreeMap<&'static str, BTreeSet<u32>>,
+    ) -> Vec<CanaryFinding> {
+        let mut declared = declared(writes);
+        for (name, pages) in except {
+            declared.entry(name).or_default().0.extend(pages);
         }
         let mut out = Vec::new();
         for (pool, before) in &self.sums {
@@ -144,6 +190,7 @@ impl Snapshot {
                 continue;
             }
             out.push(CanaryFinding {
+                check: CanaryCheck::WriteSet,
                 step,
                 pool: name,
                 layers: layers.into_iter().collect(),
@@ -151,8 +198,67 @@ impl Snapshot {
                 changed: changed.len(),
                 unexpected_total: unexpected.len(),
                 unexpected: unexpected.into_iter().take(32).collect(),
+                free: 0,
             });
         }
         out
     }
+}
+
+/// Pool name → (declared pages, layers of the declarations).
+fn declared(writes: &BTreeSet<PageWrite>) -> BTreeMap<&str, (BTreeSet<u32>, BTreeSet<usize>)> {
+    let mut out: BTreeMap<&str, (BTreeSet<u32>, BTreeSet<usize>)> = BTreeMap::new();
+    for w in writes {
+        let e = out.entry(w.store.as_str()).or_default();
+        e.0.insert(w.page);
+        e.1.extend(w.layer);
+    }
+    out
+}
+
+/// The ownership check of one step of the watched `pools`: one finding per pool with declared
+/// writes to pages that none of the step's requests holds (`held`: pool name → pages the
+/// step's requests hold, with a reference, after the step).
+pub fn ownership(
+    step: u64,
+    pools: &[Arc<Pool>],
+    cfg: &CanaryConfig,
+    writes: &BTreeSet<PageWrite>,
+    held: &BTreeMap<&'static str, BTreeSet<u32>>,
+) -> Vec<CanaryFinding> {
+    let declared = declared(writes);
+    let mut out = Vec::new();
+    for pool in pools
+        .iter()
+        .filter(|p| cfg.pools.contains(&CanaryPools::of(p.kind())))
+    {
+        let name = pool.kind().name();
+        let Some((pages, layers)) = declared.get(name) else {
+            continue;
+        };
+        let mine = held.get(name);
+        let stray: Vec<u32> = pages
+            .iter()
+            .copied()
+            .filter(|p| !mine.is_some_and(|m| m.contains(p)))
+            .collect();
+        if stray.is_empty() {
+            continue;
+        }
+        out.push(CanaryFinding {
+            check: CanaryCheck::Ownership,
+            step,
+            pool: name,
+            layers: layers.iter().copied().collect(),
+            expected: pages.len(),
+            changed: stray.len(),
+            unexpected_total: stray.len(),
+            free: stray
+                .iter()
+                .filter(|&&p| dsv4_model::forward::pages::PageStore::refs(&**pool, p) == 0)
+                .count(),
+            unexpected: stray.into_iter().take(32).collect(),
+        });
+    }
+    out
 }

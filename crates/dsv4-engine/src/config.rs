@@ -100,6 +100,10 @@ pub struct EngineConfig {
     /// Evicted prefix snapshots spill to a host tier and load back from it (`cache.hicache`);
     /// None: they are dropped.
     pub hicache: Option<HostTierConfig>,
+    /// Prepare step N+1 on the scheduler thread while step N runs on a worker thread
+    /// (`exec.overlap_schedule`; see docs/engine.md, "Overlap scheduling").
+    #[serde(default)]
+    pub overlap_schedule: bool,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +116,7 @@ impl Default for EngineConfig {
             chunked_prefill_size: Some(8192),
             schedule_policy: SchedulePolicy::Fcfs,
             hicache: None,
+            overlap_schedule: false,
         }
     }
 }

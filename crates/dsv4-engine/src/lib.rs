@@ -33,7 +33,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 
-pub use canary::{CanaryConfig, CanaryFinding, CanaryPools, DebugOptions};
+pub use canary::{CanaryCheck, CanaryConfig, CanaryFinding, CanaryPools, DebugOptions};
 pub use config::{CacheBudget, EngineConfig, HostTierConfig, SchedulePolicy, TransferPace};
 pub use constraint::{Constraint, ConstraintState, TokenConstraint};
 pub use engine::{Engine, EngineHandle, StallGuard};
@@ -46,5 +46,5 @@ pub use request::{
     Completion, Event, FinishReason, Finished, Request, RequestId, RequestStream, SamplingParams,
     Timing, TokenEvent, Usage,
 };
-pub use scheduler::Scheduler;
+pub use scheduler::{Scheduler, StepTiming};
 pub use sequence::Detokenizer;

@@ -12,6 +12,10 @@
 //! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
 //! With the host tier on, dropped snapshots spill to it and host hits load back
 //! ([`crate::hicache`]); each round's declared write set includes the load-backs' writes.
+//! With `overlap_schedule` a step is pipelined with the next one instead (`scheduler/overlap.rs`).
+
+mod device;
+mod overlap;
 
 use crate::canary::{CanaryFinding, DebugOptions, Snapshot};
 use crate::config::{EngineConfig, SchedulePolicy};
@@ -24,12 +28,15 @@ use crate::pools::{CachePools, fresh_pages};
 use crate::prefix::PrefixCache;
 use crate::request::{Event, FinishReason, Request, RequestId, RequestStream};
 use crate::sequence::{AfterToken, Detokenizer, Seq};
+use dsv4_model::forward::Fault;
 use dsv4_model::forward::Taps;
 use dsv4_model::{ForwardError, Model};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+pub use overlap::StepTiming;
 
 /// The engine's request state machine over one model and its cache pools.
 pub struct Scheduler {
@@ -50,10 +57,19 @@ pub struct Scheduler {
     metrics_sink: Option<Arc<Mutex<EngineMetrics>>>,
     debug: DebugOptions,
     canary_log: VecDeque<CanaryFinding>,
+    /// The overlap pipeline (`overlap_schedule`).
+    overlap: Option<overlap::Pipeline>,
+    /// Recent step timings (for the serving benchmark).
+    timings: VecDeque<StepTiming>,
+    /// Forward time of the current (non-overlapped) step so far, ms.
+    forward_ms: f64,
 }
 
 /// Canary findings the scheduler keeps (the most recent).
 const CANARY_LOG: usize = 64;
+
+/// Step timings the scheduler keeps (the most recent).
+const TIMING_LOG: usize = 1 << 16;
 
 impl Scheduler {
     /// A scheduler with freshly sized pools; `detok` enables stop strings and final text.
@@ -74,8 +90,17 @@ impl Scheduler {
             Some(h) => Some(HostTier::new(&pools, h).map_err(EngineError::Spawn)?),
             None => None,
         };
+        let overlap = if cfg.overlap_schedule {
+            let fault = model.exec().has(Fault::StalePageReuse);
+            Some(overlap::Pipeline::new(Arc::clone(&model), fault)?)
+        } else {
+            None
+        };
         Ok(Self {
             hicache,
+            overlap,
+            timings: VecDeque::new(),
+            forward_ms: 0.0,
             ratios: model.layer_ratios(),
             prefix: cfg.prefix_cache.then(|| PrefixCache::new(cfg.page_size)),
             model,
@@ -104,6 +129,18 @@ impl Scheduler {
     /// The most recent canary findings, oldest first.
     pub fn canary_findings(&self) -> impl Iterator<Item = &CanaryFinding> {
         self.canary_log.iter()
+    }
+
+    /// The timings of the steps run since the last call, oldest first (the most recent 65536).
+    pub fn take_step_timings(&mut self) -> Vec<StepTiming> {
+        self.timings.drain(..).collect()
+    }
+
+    fn record_timing(&mut self, t: StepTiming) {
+        if self.timings.len() == TIMING_LOG {
+            self.timings.pop_front();
+        }
+        self.timings.push_back(t);
     }
 
     /// What requests are checked against.
@@ -192,9 +229,11 @@ impl Scheduler {
         }
     }
 
-    /// Whether no request is queued or running.
+    /// Whether no request is queued or running (and no overlapped step is in flight).
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
+        self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.overlap.as_ref().is_none_or(|p| !p.busy())
     }
 
     /// Drop every prefix snapshot (their pages are freed unless a request shares them).
@@ -224,6 +263,12 @@ impl Scheduler {
 
     /// Run one step; false when there was nothing to do.
     pub fn step(&mut self) -> bool {
+        if let Some(mut pipe) = self.overlap.take() {
+            let more = self.step_overlap(&mut pipe);
+            self.overlap = Some(pipe);
+            self.settle();
+            return more;
+        }
         let t0 = Instant::now();
         self.reap_disconnected();
         self.admit();
@@ -236,6 +281,8 @@ impl Scheduler {
             self.counters.generated_tokens,
         );
         let plan = self.plan();
+        let (members, decode) = (plan.len(), plan.iter().all(|p| p.2 == 1));
+        self.forward_ms = 0.0;
         let mut segments: Vec<(RequestId, VecDeque<usize>)> = plan
             .into_iter()
             .map(|(id, fed, n)| (id, self.segments(fed, n)))
@@ -254,6 +301,12 @@ impl Scheduler {
         let generated = self.counters.generated_tokens - generated0;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         self.counters.step(ms, generated, computed);
+        self.record_timing(StepTiming {
+            running: members,
+            decode,
+            run_ms: self.forward_ms,
+            exposed_ms: (ms - self.forward_ms).max(0.0),
+        });
         tracing::debug!(
             running = self.running.len(),
             queued = self.waiting.len(),
@@ -491,8 +544,12 @@ impl Scheduler {
                 toks.push(&tokens[st.pos..st.pos + n]);
                 states.push(st);
             }
-            self.model
-                .forward_step(&mut states, &toks, &exec, &mut Taps::none())
+            let t = Instant::now();
+            let r = self
+                .model
+                .forward_step(&mut states, &toks, &exec, &mut Taps::none());
+            self.forward_ms += t.elapsed().as_secs_f64() * 1e3;
+            r
         };
         // Finish the load-backs the round started; their waited-for writes are declared.
         let transfers = self.hicache.as_mut().map(HostTier::settle);

@@ -4,7 +4,7 @@
 
 use crate::constraint::{self, ConstraintState};
 use crate::request::{
-    Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, Usage,
+    Event, FinishReason, Finished, Request, RequestId, SamplingParams, Timing, TokenEvent, Usage,
 };
 use crate::sampling;
 use dsv4_core::SplitMix64;
@@ -46,6 +46,29 @@ pub(crate) struct Seq {
     pub admit_order: u64,
     /// The request's token constraint state, if it has one.
     pub constraint: Option<Box<dyn ConstraintState>>,
+}
+
+/// The next token from `row` under `params`, drawing from `rng`, masked and advanced by the
+/// request's token constraint (not advanced by an end-of-sequence that ends the request, given
+/// as `(eos, ignore_eos)`). Both schedulers choose tokens through this one function, so a
+/// request's tokens are the same whichever thread samples them. An error is the constraint's.
+pub(crate) fn choose_token(
+    row: &[f32],
+    params: &SamplingParams,
+    rng: &mut SplitMix64,
+    constraint: Option<&mut (dyn ConstraintState + 'static)>,
+    (eos, ignore_eos): (u32, bool),
+) -> Result<u32, String> {
+    let Some(c) = constraint else {
+        return Ok(sampling::sample(row, params, rng));
+    };
+    let masked = constraint::apply(c, row).map_err(|e| format!("token constraint: {e}"))?;
+    let tok = sampling::sample(&masked, params, rng);
+    if tok != eos || ignore_eos {
+        c.advance(tok)
+            .map_err(|e| format!("token constraint: {e}"))?;
+    }
+    Ok(tok)
 }
 
 /// What happened after a token was appended.
@@ -96,19 +119,31 @@ impl Seq {
         eos: u32,
         detok: Option<&Arc<dyn Detokenizer>>,
     ) -> AfterToken {
-        let tok = match self.constraint.as_deref_mut() {
-            None => sampling::sample(row, &self.req.sampling, &mut self.rng),
-            Some(c) => match constraint::apply(c, row) {
-                Ok(masked) => sampling::sample(&masked, &self.req.sampling, &mut self.rng),
-                Err(e) => return AfterToken::Fail(format!("token constraint: {e}")),
-            },
-        };
+        let chosen = choose_token(
+            row,
+            &self.req.sampling,
+            &mut self.rng,
+            self.constraint.as_deref_mut(),
+            (eos, self.req.ignore_eos),
+        );
+        match chosen {
+            Ok(tok) => self.accept_token(tok, row, eos, detok),
+            Err(message) => AfterToken::Fail(message),
+        }
+    }
+
+    /// Record a token chosen by [`choose_token`] from `row`: end on end-of-sequence, else
+    /// append it, send it, and check the stop strings and the length limit.
+    pub fn accept_token(
+        &mut self,
+        tok: u32,
+        row: &[f32],
+        eos: u32,
+        detok: Option<&Arc<dyn Detokenizer>>,
+    ) -> AfterToken {
         self.first_token.get_or_insert_with(Instant::now);
         if tok == eos && !self.req.ignore_eos {
             return AfterToken::Finish(FinishReason::Eos);
-        }
-        if let Some(Err(e)) = self.constraint.as_deref_mut().map(|c| c.advance(tok)) {
-            return AfterToken::Fail(format!("token constraint: {e}"));
         }
         self.tokens.push(tok);
         let index = self.generated().len() - 1;

@@ -96,6 +96,7 @@ fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: Schedu
         chunked_prefill_size,
         schedule_policy: policy,
         hicache: None,
+        overlap_schedule: false,
     };
     let engine = Engine::spawn(model(), cfg).unwrap();
     let reqs = prompts()

@@ -7,6 +7,7 @@ mod bench;
 mod hicache;
 mod invariance;
 mod layout;
+mod overlap;
 mod overload;
 mod plans;
 

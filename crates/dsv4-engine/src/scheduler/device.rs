@@ -1,0 +1,231 @@
+//! The overlap scheduler's "device": a worker thread that runs launched steps one at a time, in
+//! launch order, while the scheduler thread prepares the next one. A step's inputs that are the
+//! previous step's sampled tokens are [`Slot::Future`] placeholders; the worker resolves them
+//! from its future map (filled by the previous step's sampling) before the forward reads them,
+//! then samples the step's own rows and publishes those tokens as the next futures.
+
+use crate::constraint::ConstraintState;
+use crate::error::EngineError;
+use crate::request::{RequestId, SamplingParams};
+use crate::sequence::choose_token;
+use dsv4_core::SplitMix64;
+use dsv4_model::forward::{StepReport, Taps};
+use dsv4_model::{ForwardError, Model, SequenceState};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Names a token that a launched step will sample (valid for the next step only).
+pub(crate) type FutureId = u64;
+
+/// One input token of a launched step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Known when the step was prepared.
+    Known(u32),
+    /// Sampled by the previous step; resolved on the worker through the future map.
+    Future(FutureId),
+}
+
+/// What a member needs to choose its next token on the worker.
+pub(crate) struct Sampler {
+    pub params: SamplingParams,
+    pub rng: SplitMix64,
+    pub constraint: Option<Box<dyn ConstraintState>>,
+    /// (end-of-sequence id, ignore it).
+    pub eos: (u32, bool),
+    /// Where the chosen token is published.
+    pub future: FutureId,
+}
+
+/// One request's part of a launched step.
+pub(crate) struct Member {
+    pub id: RequestId,
+    pub state: SequenceState,
+    pub slots: Vec<Slot>,
+    /// Present when the step's last row is sampled.
+    pub sampler: Option<Sampler>,
+}
+
+/// A launched step.
+pub(crate) struct Job {
+    pub step: u64,
+    pub members: Vec<Member>,
+}
+
+/// One member after its step: its state and sampler handed back, the token chosen (or the
+/// constraint's error) with the logits row it was chosen from.
+pub(crate) struct MemberDone {
+    pub id: RequestId,
+    pub state: SequenceState,
+    pub sampler: Option<Sampler>,
+    /// Tokens the member ran.
+    pub rows: usize,
+    pub chosen: Option<Result<u32, String>>,
+    pub row: Vec<f32>,
+}
+
+/// A finished step.
+pub(crate) struct Done {
+    pub step: u64,
+    pub members: Vec<MemberDone>,
+    pub result: Result<StepReport, ForwardError>,
+    /// How long the worker sat idle waiting for this step after finishing the previous one
+    /// (scheduling time not hidden behind execution), ms; 0 for the first step.
+    pub idle_ms: f64,
+    /// The forward and sampling time, ms.
+    pub run_ms: f64,
+}
+
+/// The worker thread and its channels.
+pub(crate) struct Device {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Device {
+    /// Start the worker for `model`.
+    pub fn spawn(model: Arc<Model>) -> Result<Self, EngineError> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (tx, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("dsv4-device".into())
+            .spawn(move || work(&model, &rx, &tx))
+            .map_err(EngineError::Spawn)?;
+        Ok(Self {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queue a step behind the one running; the job comes back when the worker is gone.
+    pub fn launch(&self, job: Job) -> Result<(), Box<Job>> {
+        match &self.jobs {
+            Some(tx) => tx.send(job).map_err(|e| Box::new(e.0)),
+            None => Err(Box::new(job)),
+        }
+    }
+
+    /// The oldest launched step's results (None when the worker is gone).
+    pub fn wait(&self) -> Option<Done> {
+        self.done.recv().ok()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the overlap scheduler's device thread panicked");
+        }
+    }
+}
+
+/// The worker loop: resolve, run, sample, publish, report.
+fn work(model: &Model, jobs: &Receiver<Job>, done: &Sender<Done>) {
+    let mut futures: HashMap<FutureId, u32> = HashMap::new();
+    let mut last: Option<Instant> = None;
+    while let Ok(job) = jobs.recv() {
+        let idle_ms = last.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        let t0 = Instant::now();
+        let out = run(model, job, &mut futures);
+        let d = Done {
+            idle_ms,
+            run_ms: t0.elapsed().as_secs_f64() * 1e3,
+            ..out
+        };
+        last = Some(Instant::now());
+        if done.send(d).is_err() {
+            return;
+        }
+    }
+}
+
+/// Run one job: futures are consumed by the step after the one that made them, so the map is
+/// emptied once they are resolved and refilled with this step's tokens.
+fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
+    let Job { step, mut members } = job;
+    let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(members.len());
+    let mut unresolved = None;
+    for m in &members {
+        let t: Vec<u32> = m
+            .slots
+            .iter()
+            .map(|s| match *s {
+                Slot::Known(t) => t,
+                Slot::Future(f) => futures.get(&f).copied().unwrap_or_else(|| {
+                    unresolved = Some(f);
+                    0
+                }),
+            })
+            .collect();
+        tokens.push(t);
+    }
+    futures.clear();
+    let result = match unresolved {
+        Some(f) => Err(ForwardError::Plan {
+            message: format!(
+                "overlap scheduler: future token {f} was never sampled (its step failed)"
+            ),
+        }),
+        None => {
+            let mut states: Vec<&mut SequenceState> =
+                members.iter_mut().map(|m| &mut m.state).collect();
+            let toks: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+            model.forward_step(&mut states, &toks, model.exec(), &mut Taps::none())
+        }
+    };
+    let (outs, result) = match result {
+        Ok((outs, report)) => (Some(outs), Ok(report)),
+        Err(e) => (None, Err(e)),
+    };
+    let mut out_members = Vec::with_capacity(members.len());
+    let mut outs = outs.map(Vec::into_iter);
+    for (m, t) in members.into_iter().zip(&tokens) {
+        let Member {
+            id,
+            state,
+            mut sampler,
+            ..
+        } = m;
+        let n = t.len();
+        let o = outs.as_mut().and_then(Iterator::next);
+        let (mut chosen, mut row) = (None, Vec::new());
+        if let (Some(o), Some(s)) = (o, sampler.as_mut()) {
+            let v = o.vocab;
+            row = o.logits[(n - 1) * v..n * v].to_vec();
+            let c = choose_token(
+                &row,
+                &s.params,
+                &mut s.rng,
+                s.constraint.as_deref_mut(),
+                s.eos,
+            );
+            if let Ok(tok) = c {
+                futures.insert(s.future, tok);
+            }
+            chosen = Some(c);
+        }
+        out_members.push(MemberDone {
+            id,
+            state,
+            sampler,
+            rows: n,
+            chosen,
+            row,
+        });
+    }
+    Done {
+        step,
+        members: out_members,
+        result,
+        idle_ms: 0.0,
+        run_ms: 0.0,
+    }
+}

@@ -1,0 +1,522 @@
+//! Overlap scheduling (`exec.overlap_schedule`): the forward of step N runs on the device
+//! worker while this thread prepares step N+1. One [`Scheduler::step`] under overlap:
+//!
+//! 1. prepare (hidden behind step N): reap, admit (new requests take their pages now), plan
+//!    N+1 — a request whose step-N row is sampled gets a [`Slot::Future`] for that token;
+//! 2. collect step N: states and samplers come home, canary, prefix snapshots;
+//! 3. launch N+1 (exposed): make room (snapshot eviction, preemption), hand the states over;
+//! 4. process step N's tokens (hidden behind N+1): events, stop conditions, finishing.
+//!
+//! A request that finishes at step N is usually already in step N+1: it is retired at once (its
+//! stream ends), but its pages are freed only when N+1 completes, the last step that touches
+//! them, and its N+1 output is dropped. The `stale-page-reuse` fault frees them when N
+//! completes instead (as N+1 is handed over), so N+1's other requests can take them while the
+//! finished one still writes them. A step runs its prefill chunks before its decodes.
+
+use super::Scheduler;
+use super::device::{Device, Done, FutureId, Job, Member, MemberDone, Sampler, Slot};
+use crate::canary::{self, Snapshot};
+use crate::pool::PoolKind;
+use crate::request::{FinishReason, RequestId};
+use crate::sequence::AfterToken;
+use dsv4_core::SplitMix64;
+use dsv4_model::forward::pages::{PageStore, PooledPages};
+use dsv4_model::{ForwardError, Model, SequenceState};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Timing of one engine step, for `dsv4 bench --serving`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepTiming {
+    /// Requests in the step.
+    pub running: usize,
+    /// Whether every request ran one token (a decode step).
+    pub decode: bool,
+    /// Forward and sampling time, ms.
+    pub run_ms: f64,
+    /// Scheduling time not hidden behind execution, ms: the whole step minus its forwards
+    /// without overlap; the time the device waited for this step with overlap.
+    pub exposed_ms: f64,
+}
+
+/// The overlap scheduler's state between steps.
+pub(crate) struct Pipeline {
+    device: Device,
+    in_flight: Option<InFlight>,
+    next_future: FutureId,
+    launched: u64,
+    /// `stale-page-reuse` is injected.
+    fault: bool,
+    /// Requests retired while in flight whose pages the fault released early: those pages.
+    early: HashMap<RequestId, BTreeSet<(PoolKind, u32)>>,
+}
+
+/// The launched step.
+struct InFlight {
+    tracks: HashMap<RequestId, Track>,
+    decode: bool,
+    snapshot: Option<Snapshot>,
+    /// Pages of requests admitted while the step ran (the canary lets them change).
+    admitted: BTreeMap<&'static str, BTreeSet<u32>>,
+}
+
+/// A request in the launched step.
+struct Track {
+    /// Its position once the step has run.
+    pos_after: usize,
+    /// Where the token the step samples for it is published.
+    future: Option<FutureId>,
+    /// The pages it held at launch (recorded only under the fault).
+    pages: Vec<(PoolKind, u32)>,
+}
+
+/// A request's part of the next step, planned while the current one runs.
+struct Planned {
+    id: RequestId,
+    /// Its position when the step starts.
+    fed: usize,
+    slots: Vec<Slot>,
+    sample: bool,
+}
+
+/// A token chosen by a collected step, processed after the next step is launched.
+struct Outcome {
+    id: RequestId,
+    chosen: Result<u32, String>,
+    row: Vec<f32>,
+}
+
+impl Pipeline {
+    /// Start the device worker for `model`.
+    pub fn new(model: Arc<Model>, fault: bool) -> Result<Self, crate::EngineError> {
+        Ok(Self {
+            device: Device::spawn(model)?,
+            in_flight: None,
+            next_future: 0,
+            launched: 0,
+            fault,
+            early: HashMap::new(),
+        })
+    }
+
+    /// Whether a step is running on the device.
+    pub fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+}
+
+/// The pool kind of a store name.
+fn kind_of(name: &str) -> Option<PoolKind> {
+    PoolKind::ALL.into_iter().find(|k| k.name() == name)
+}
+
+/// Every pooled page a sequence's state holds.
+pub(crate) fn state_pages(st: &SequenceState) -> Vec<(PoolKind, u32)> {
+    let mut out = Vec::new();
+    let mut add = |p: Option<&PooledPages>| {
+        if let Some(p) = p
+            && let Some(k) = kind_of(p.store().name())
+        {
+            out.extend(p.ids().iter().map(|&id| (k, id)));
+        }
+    };
+    for l in &st.layers {
+        add(l.swa.pooled_pages());
+        for c in l.compressor.iter().chain(&l.indexer) {
+            add(c.ring.pooled_pages());
+            add(c.entries.pooled_pages());
+        }
+    }
+    out
+}
+
+impl Scheduler {
+    /// One overlapped step (see the module docs); false when there was nothing to do.
+    pub(super) fn step_overlap(&mut self, pipe: &mut Pipeline) -> bool {
+        let t0 = std::time::Instant::now();
+        self.reap_disconnected();
+        let before = self.running.len();
+        self.admit();
+        if let Some(f) = pipe.in_flight.as_mut()
+            && f.snapshot.is_some()
+        {
+            for st in self.running[before..]
+                .iter()
+                .filter_map(|s| s.state.as_ref())
+            {
+                for (k, p) in state_pages(st) {
+                    f.admitted.entry(k.name()).or_default().insert(p);
+                }
+            }
+        }
+        if self.running.is_empty() && !pipe.busy() {
+            return false;
+        }
+        let (computed0, generated0) = (
+            self.counters.computed_tokens,
+            self.counters.generated_tokens,
+        );
+        let mut plan = self.plan_overlap(pipe.in_flight.as_ref());
+        let mut outcomes = Vec::new();
+        if let Some(f) = pipe.in_flight.take() {
+            match pipe.device.wait() {
+                Some(done) => match self.collect(pipe, f, done) {
+                    Some(o) => outcomes = o,
+                    None => plan.clear(),
+                },
+                None => {
+                    for id in f.tracks.keys() {
+                        if let Some(i) = self.position(*id) {
+                            self.fail(i, "the overlap scheduler's device thread stopped".into());
+                        }
+                    }
+                    plan.clear();
+                }
+            }
+        }
+        if !plan.is_empty() {
+            self.launch(pipe, plan, &outcomes);
+        }
+        for o in outcomes {
+            self.accept(o);
+        }
+        let computed = self.counters.computed_tokens - computed0;
+        let generated = self.counters.generated_tokens - generated0;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.counters.step(ms, generated, computed);
+        true
+    }
+
+    /// The next step's members and inputs, given the step in flight.
+    fn plan_overlap(&self, in_flight: Option<&InFlight>) -> Vec<Planned> {
+        let mut budget = self.cfg.chunked_prefill_size.unwrap_or(usize::MAX);
+        let mut plan = Vec::new();
+        for s in &self.running {
+            let (fed, future) = match in_flight.and_then(|f| f.tracks.get(&s.id)) {
+                Some(t) => (t.pos_after, t.future),
+                None => (s.fed(), None),
+            };
+            let total = s.tokens.len() + usize::from(future.is_some());
+            let unfed = total.saturating_sub(fed);
+            let mut n = if unfed <= 1 { unfed } else { unfed.min(budget) };
+            if let Some(p) = &self.prefix {
+                let page = p.page_size();
+                n = n.min((fed / page + 1) * page - fed);
+            }
+            if unfed > 1 {
+                budget -= n;
+            }
+            if n == 0 {
+                continue;
+            }
+            let slots = (fed..fed + n)
+                .map(|i| match s.tokens.get(i) {
+                    Some(&t) => Slot::Known(t),
+                    // Unresolvable (and reported by the device) if there is no future.
+                    None => Slot::Future(future.unwrap_or(FutureId::MAX)),
+                })
+                .collect();
+            plan.push(Planned {
+                id: s.id,
+                fed,
+                slots,
+                sample: fed + n == total,
+            });
+        }
+        plan
+    }
+
+    /// Take a finished step back; None when its members failed or were preempted (the planned
+    /// next step is then dropped and planned again).
+    fn collect(&mut self, pipe: &mut Pipeline, f: InFlight, done: Done) -> Option<Vec<Outcome>> {
+        let Done {
+            step,
+            members,
+            result,
+            idle_ms,
+            run_ms,
+        } = done;
+        self.record_timing(super::StepTiming {
+            running: members.len(),
+            decode: f.decode,
+            run_ms,
+            exposed_ms: idle_ms,
+        });
+        let mut held: BTreeMap<&'static str, BTreeSet<u32>> = BTreeMap::new();
+        if f.snapshot.is_some() {
+            for m in &members {
+                let early = pipe.early.get(&m.id);
+                for (k, p) in state_pages(&m.state) {
+                    if !early.is_some_and(|e| e.contains(&(k, p))) {
+                        held.entry(k.name()).or_default().insert(p);
+                    }
+                }
+            }
+        }
+        let (mut live, mut outcomes) = (Vec::new(), Vec::new());
+        for m in members {
+            let MemberDone {
+                id,
+                state,
+                sampler,
+                rows,
+                chosen,
+                row,
+            } = m;
+            self.counters.computed_tokens += rows as u64;
+            let Some(i) = self.position(id) else {
+                self.release_retired(pipe, id, state);
+                continue;
+            };
+            let s = &mut self.running[i];
+            s.state = Some(state);
+            if let Some(sm) = sampler {
+                s.rng = sm.rng;
+                s.constraint = sm.constraint;
+            }
+            live.push(id);
+            if let Some(chosen) = chosen {
+                outcomes.push(Outcome { id, chosen, row });
+            }
+        }
+        let report = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let pool = matches!(e, ForwardError::PoolExhausted { .. });
+                tracing::warn!(error = %e, "step failed");
+                for id in live.iter().rev() {
+                    if let Some(i) = self.position(*id) {
+                        if pool {
+                            self.preempt(i);
+                        } else {
+                            self.fail(i, format!("forward pass failed: {e}"));
+                        }
+                    }
+                }
+                return None;
+            }
+        };
+        if let (Some(snap), Some(cfg)) = (f.snapshot, self.debug.canary.clone()) {
+            let mut findings = snap.compare_except(step, &report.writes, &f.admitted);
+            findings.extend(canary::ownership(
+                step,
+                self.pools.all(),
+                &cfg,
+                &report.writes,
+                &held,
+            ));
+            if !findings.is_empty() && self.canary(findings) {
+                for id in live.iter().rev() {
+                    if let Some(i) = self.position(*id) {
+                        self.fail(
+                            i,
+                            "the cache-page canary saw pages change outside the step's write \
+                             set, or written for a request that does not hold them (debug.canary)"
+                                .into(),
+                        );
+                    }
+                }
+                return None;
+            }
+        }
+        if let Some(p) = &mut self.prefix {
+            for id in &live {
+                let Some(s) = self.running.iter().find(|s| s.id == *id) else {
+                    continue;
+                };
+                if let Some(st) = &s.state
+                    && st.pos.is_multiple_of(p.page_size())
+                    && st.pos <= s.tokens.len()
+                {
+                    p.insert(&s.tokens[..st.pos], st);
+                }
+            }
+        }
+        Some(outcomes)
+    }
+
+    /// Free a request retired while its last step ran, now that the step is done; under the
+    /// fault its launch-time pages were already released, so only pages taken since are.
+    fn release_retired(&mut self, pipe: &mut Pipeline, id: RequestId, state: SequenceState) {
+        let Some(early) = pipe.early.remove(&id) else {
+            drop(state);
+            return;
+        };
+        for (k, p) in state_pages(&state) {
+            if !early.contains(&(k, p)) {
+                self.pools.pool(k).release(p);
+            }
+        }
+        // Dropping the state would release the early pages a second time.
+        std::mem::forget(state);
+    }
+
+    /// Make room for the planned step and hand it to the device.
+    fn launch(&mut self, pipe: &mut Pipeline, mut plan: Vec<Planned>, outcomes: &[Outcome]) {
+        // A request whose token could not be chosen fails once the outcomes are processed.
+        let failed: BTreeSet<RequestId> = outcomes
+            .iter()
+            .filter(|o| o.chosen.is_err())
+            .map(|o| o.id)
+            .collect();
+        plan.retain(|p| {
+            !failed.contains(&p.id)
+                && self
+                    .position(p.id)
+                    .and_then(|i| self.running[i].state.as_ref())
+                    .is_some_and(|st| st.pos == p.fed)
+        });
+        let kept = self.reserve(plan.iter().map(|p| (p.id, p.slots.len())).collect());
+        plan.retain(|p| kept.iter().any(|(id, _)| *id == p.id));
+        if plan.is_empty() {
+            return;
+        }
+        // Prefill chunks first, then decodes (rows are independent, so only the order of the
+        // store launches' writes changes).
+        plan.sort_by_key(|p| p.slots.len() == 1);
+        let snapshot = self
+            .debug
+            .canary
+            .as_ref()
+            .map(|c| Snapshot::take(self.pools.all(), c));
+        let eos = self.model.cfg.eos_token_id;
+        let decode = plan.iter().all(|p| p.slots.len() == 1);
+        let (mut tracks, mut members) = (HashMap::new(), Vec::new());
+        for p in plan {
+            let Some(i) = self.position(p.id) else {
+                continue;
+            };
+            let s = &mut self.running[i];
+            let Some(state) = s.state.take() else {
+                continue;
+            };
+            let sampler = p.sample.then(|| {
+                pipe.next_future += 1;
+                Sampler {
+                    params: s.req.sampling,
+                    rng: std::mem::replace(&mut s.rng, SplitMix64::new(0)),
+                    constraint: s.constraint.take(),
+                    eos: (eos, s.req.ignore_eos),
+                    future: pipe.next_future,
+                }
+            });
+            let track = Track {
+                pos_after: state.pos + p.slots.len(),
+                future: sampler.as_ref().map(|x| x.future),
+                pages: if pipe.fault {
+                    state_pages(&state)
+                } else {
+                    Vec::new()
+                },
+            };
+            tracks.insert(p.id, track);
+            members.push(Member {
+                id: p.id,
+                state,
+                slots: p.slots,
+                sampler,
+            });
+        }
+        if pipe.fault {
+            self.free_early(pipe, &tracks, outcomes);
+        }
+        let step = pipe.launched;
+        pipe.launched += 1;
+        match pipe.device.launch(Job { step, members }) {
+            Ok(()) => {
+                pipe.in_flight = Some(InFlight {
+                    tracks,
+                    decode,
+                    snapshot,
+                    admitted: BTreeMap::new(),
+                });
+            }
+            Err(job) => {
+                for m in job.members {
+                    if let Some(i) = self.position(m.id) {
+                        let s = &mut self.running[i];
+                        s.state = Some(m.state);
+                        if let Some(sm) = m.sampler {
+                            s.rng = sm.rng;
+                            s.constraint = sm.constraint;
+                        }
+                        self.fail(i, "the overlap scheduler's device thread stopped".into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `stale-page-reuse` fault: release now the pages of the step's requests that the
+    /// collected step's token finishes (end of sequence, or the length limit), although they
+    /// are in the step about to run.
+    fn free_early(
+        &mut self,
+        pipe: &mut Pipeline,
+        tracks: &HashMap<RequestId, Track>,
+        outcomes: &[Outcome],
+    ) {
+        let eos = self.model.cfg.eos_token_id;
+        for o in outcomes {
+            let (Ok(tok), Some(t)) = (&o.chosen, tracks.get(&o.id)) else {
+                continue;
+            };
+            let Some(s) = self.running.iter().find(|s| s.id == o.id) else {
+                continue;
+            };
+            let ends =
+                (*tok == eos && !s.req.ignore_eos) || s.generated().len() + 1 >= s.req.max_tokens;
+            if !ends {
+                continue;
+            }
+            tracing::debug!(id = %o.id, pages = t.pages.len(), "fault: pages freed a step early");
+            for &(k, p) in &t.pages {
+                self.pools.pool(k).release(p);
+            }
+            pipe.early.insert(o.id, t.pages.iter().copied().collect());
+        }
+    }
+
+    /// Process one collected token (the request may have been preempted meanwhile).
+    fn accept(&mut self, o: Outcome) {
+        let eos = self.model.cfg.eos_token_id;
+        let (running, i) = match self.position(o.id) {
+            Some(i) => (true, i),
+            None => match self.waiting.iter().position(|s| s.id == o.id) {
+                Some(i) => (false, i),
+                None => return,
+            },
+        };
+        let s = if running {
+            &mut self.running[i]
+        } else {
+            &mut self.waiting[i]
+        };
+        let (reason, error) = match o.chosen {
+            Ok(tok) => {
+                let before = s.generated().len();
+                let after = s.accept_token(tok, &o.row, eos, self.detok.as_ref());
+                self.counters.generated_tokens += (s.generated().len() - before) as u64;
+                match after {
+                    AfterToken::Continue => return,
+                    AfterToken::Finish(r) => (r, None),
+                    AfterToken::Fail(m) => (FinishReason::Error, Some(m)),
+                }
+            }
+            Err(m) => (FinishReason::Error, Some(m)),
+        };
+        let seq = if running {
+            self.running.remove(i)
+        } else {
+            self.waiting.remove(i).expect("index from position")
+        };
+        match &error {
+            Some(m) => tracing::warn!(id = %seq.id, error = %m, "request failed"),
+            None => tracing::debug!(id = %seq.id, reason = reason.as_str(), "finished"),
+        }
+        self.counters.finished += 1;
+        // If it is in the launched step, its pages are freed when that step completes.
+        self.retire(seq, reason, error);
+    }
+}
