@@ -1,12 +1,18 @@
 //! Serving throughput: a closed loop that keeps `concurrency` requests in flight on a fresh
 //! engine and reports vLLM-style numbers (request and token throughput; TTFT, TPOT, ITL and
 //! end-to-end latency, mean/median/p99) for each concurrency level. For `dsv4 bench`.
+//!
+//! [`overlap_schedule`] (`dsv4 bench --serving`) runs the same workload through the scheduler
+//! with overlap scheduling off and on and reports, per step, the CPU scheduling time that is
+//! exposed (not hidden behind execution), and a least-squares fit of decode step time =
+//! fixed + marginal × running requests.
 
 use crate::config::EngineConfig;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::pools::PoolReport;
 use crate::request::{Event, FinishReason, Request, SamplingParams};
+use crate::scheduler::{Scheduler, StepTiming};
 use dsv4_core::SplitMix64;
 use dsv4_model::Model;
 use serde::Serialize;
@@ -264,5 +270,169 @@ pub fn serving_throughput(
             EngineError::BadRequest("serving benchmark: give at least one concurrency".into())
         })?,
         levels,
+    })
+}
+
+/// One concurrency level of one scheduling mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleLevel {
+    /// Requests running at once (`max_running_requests`).
+    pub concurrency: usize,
+    /// Steps run.
+    pub steps: usize,
+    /// Mean exposed scheduling time per step, ms.
+    pub exposed_ms_per_step: f64,
+    /// Mean decode step time (forward plus exposed scheduling), ms.
+    pub mean_decode_step_ms: f64,
+    /// Generated tokens per second over the level.
+    pub output_throughput: f64,
+}
+
+/// One scheduling mode over every level.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleMode {
+    /// Overlap scheduling on.
+    pub overlap: bool,
+    /// Steps run over all levels.
+    pub steps: usize,
+    /// Mean exposed scheduling time per step over all levels, ms.
+    pub exposed_ms_per_step: f64,
+    /// Fit of decode step time = fixed + marginal × running requests: the fixed part, ms.
+    pub decode_fixed_ms: f64,
+    /// The marginal part, ms per running request (what caps throughput as concurrency grows).
+    pub decode_marginal_ms: f64,
+    /// R² of the fit.
+    pub decode_fit_r2: f64,
+    /// Decode steps the fit is over.
+    pub decode_steps: usize,
+    /// One entry per concurrency level.
+    pub levels: Vec<ScheduleLevel>,
+}
+
+/// The overlap scheduling benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleBenchReport {
+    /// Backend the model ran on.
+    pub backend: String,
+    /// The workload (every level runs `max(requests_per_level, concurrency)` requests).
+    pub spec: ServingBenchSpec,
+    /// Off, then on.
+    pub modes: Vec<ScheduleMode>,
+}
+
+/// Least-squares fit y = a + b·x: (a, b, R²); a flat fit when x does not vary.
+pub fn linear_fit(points: &[(f64, f64)]) -> (f64, f64, f64) {
+    let n = points.len() as f64;
+    if points.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &(x, y)| (a + x / n, b + y / n));
+    let sxx: f64 = points.iter().map(|&(x, _)| (x - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|&(x, y)| (x - mx) * (y - my)).sum();
+    let syy: f64 = points.iter().map(|&(_, y)| (y - my).powi(2)).sum();
+    if sxx == 0.0 {
+        return (my, 0.0, 0.0);
+    }
+    let b = sxy / sxx;
+    let r2 = if syy == 0.0 {
+        1.0
+    } else {
+        (sxy * sxy) / (sxx * syy)
+    };
+    (my - b * mx, b, r2)
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { s / n as f64 }
+}
+
+/// Run `spec`'s workload with overlap scheduling off and on: at each level, every request is
+/// queued at once on a fresh scheduler that runs `concurrency` of them at a time (a closed
+/// loop: a finished request's slot goes to the next), stepped to the end on this thread.
+pub fn overlap_schedule(
+    model: Arc<Model>,
+    cfg: EngineConfig,
+    spec: &ServingBenchSpec,
+) -> Result<ScheduleBenchReport, EngineError> {
+    if spec.prompt_len == 0
+        || spec.max_tokens == 0
+        || spec.concurrency.is_empty()
+        || spec.concurrency.contains(&0)
+    {
+        return Err(EngineError::BadRequest(
+            "overlap scheduling benchmark: prompt_len, max_tokens and every concurrency must \
+             be >= 1, with at least one concurrency"
+                .into(),
+        ));
+    }
+    let vocab = model.cfg.vocab_size as u64;
+    let bos = model.cfg.bos_token_id;
+    let mut modes = Vec::new();
+    for overlap in [false, true] {
+        let mut levels = Vec::new();
+        let mut all: Vec<StepTiming> = Vec::new();
+        for &c in &spec.concurrency {
+            let level_cfg = EngineConfig {
+                max_running_requests: c,
+                overlap_schedule: overlap,
+                ..cfg.clone()
+            };
+            let mut sched = Scheduler::new(Arc::clone(&model), level_cfg, None)?;
+            let mut g = SplitMix64::new(spec.seed);
+            let mut streams = Vec::new();
+            for _ in 0..spec.requests_per_level.max(c) {
+                let prompt = std::iter::once(bos)
+                    .chain((1..spec.prompt_len).map(|_| (2 + g.below(vocab - 2)) as u32))
+                    .collect();
+                streams.push(sched.submit(Request {
+                    prompt,
+                    max_tokens: spec.max_tokens,
+                    sampling: SamplingParams::default(),
+                    ignore_eos: true,
+                    ..Default::default()
+                })?);
+            }
+            let t0 = Instant::now();
+            while sched.step() {}
+            let secs = t0.elapsed().as_secs_f64();
+            let generated = sched.metrics().generated_tokens_total;
+            let t = sched.take_step_timings();
+            levels.push(ScheduleLevel {
+                concurrency: c,
+                steps: t.len(),
+                exposed_ms_per_step: mean(t.iter().map(|s| s.exposed_ms)),
+                mean_decode_step_ms: mean(
+                    t.iter()
+                        .filter(|s| s.decode)
+                        .map(|s| s.run_ms + s.exposed_ms),
+                ),
+                output_throughput: generated as f64 / secs.max(1e-9),
+            });
+            all.extend(t);
+        }
+        let points: Vec<(f64, f64)> = all
+            .iter()
+            .filter(|s| s.decode)
+            .map(|s| (s.running as f64, s.run_ms + s.exposed_ms))
+            .collect();
+        let (fixed, marginal, r2) = linear_fit(&points);
+        modes.push(ScheduleMode {
+            overlap,
+            steps: all.len(),
+            exposed_ms_per_step: mean(all.iter().map(|s| s.exposed_ms)),
+            decode_fixed_ms: fixed,
+            decode_marginal_ms: marginal,
+            decode_fit_r2: r2,
+            decode_steps: points.len(),
+            levels,
+        });
+    }
+    Ok(ScheduleBenchReport {
+        backend: model.backend().name().to_string(),
+        spec: spec.clone(),
+        modes,
     })
 }

@@ -5,6 +5,8 @@ use dsv4_bench::e2e::E2ePlan;
 use dsv4_bench::{BenchOptions, render_table};
 use std::path::PathBuf;
 
+mod serving;
+
 /// Arguments of `dsv4 bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -36,6 +38,11 @@ pub struct BenchArgs {
     /// Skip the serving throughput case.
     #[arg(long)]
     pub no_serving: bool,
+    /// Run only the serving case, through the scheduler with overlap scheduling off and on:
+    /// exposed CPU scheduling time per step and the fit decode step time = fixed + marginal ×
+    /// running requests (tiny model; default backends: all but reference).
+    #[arg(long, conflicts_with = "no_serving")]
+    pub serving: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -46,6 +53,9 @@ pub struct BenchArgs {
 
 /// Run `dsv4 bench`.
 pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<()> {
+    if args.serving {
+        return serving::run(args, profile);
+    }
     let backends = if args.backends.is_empty() {
         dsv4_kernels::registry::factories()
             .into_iter()

@@ -58,7 +58,8 @@ struct BatchResult {
     error: Option<String>,
 }
 
-/// The engine options of a profile's `[cache]` and `[scheduler]` sections.
+/// The engine options of a profile's `[cache]` and `[scheduler]` sections and
+/// `exec.overlap_schedule`.
 pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
     let (cache, sched) = (&profile.cache, &profile.scheduler);
     let budget = match cache.max_total_tokens {
@@ -92,6 +93,7 @@ pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
             ratio: cache.hicache_ratio,
             ..Default::default()
         }),
+        overlap_schedule: profile.exec.overlap_schedule,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -371,7 +373,13 @@ mod tests {
         let mut p = profile();
         p.scheduler.chunked_prefill_size = 0;
         p.scheduler.schedule_policy = ProfilePolicy::Lpm;
+        assert!(!engine_config(&p).unwrap().overlap_schedule);
+        p.exec.overlap_schedule = true;
         let c = engine_config(&p).unwrap();
+        assert!(
+            c.overlap_schedule,
+            "exec.overlap_schedule reaches the engine"
+        );
         assert_eq!(c.cache, CacheBudget::Tokens(2048));
         assert_eq!(c.chunked_prefill_size, Some(DEFAULT_CHUNKED_PREFILL));
         assert_eq!(c.schedule_policy, SchedulePolicy::Lpm);
