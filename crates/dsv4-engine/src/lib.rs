@@ -5,12 +5,15 @@
 //!   rows in the arenas in the exact byte layouts.
 //! - [`prefix`]: radix tree over token pages holding whole-state snapshots at page boundaries.
 //! - [`scheduler`]: admission, continuous batching, chunked prefill, preemption, sampling and
-//!   stop conditions, one synchronous step at a time.
+//!   stop conditions, one synchronous step at a time; with `overlap_schedule`, step N runs on a
+//!   worker thread while step N+1 is prepared (docs/engine.md, "Overlap scheduling").
 //! - [`engine`]: the step loop on its own thread behind [`EngineHandle`].
 //! - [`hicache`]: the host tier — evicted prefix snapshots spill to host pools and load back
 //!   layer by layer on a transfer worker; every page read waits on its layer's counter.
-//! - [`canary`]: per-round checksums of pool pages against the round's declared write set.
-//! - [`bench`]: serving throughput at several concurrency levels.
+//! - [`canary`]: per-round checksums of pool pages against the round's declared write set, and
+//!   the ownership check of overlapped steps.
+//! - [`bench`]: serving throughput at several concurrency levels; exposed scheduling time with
+//!   overlap off and on.
 //!
 //! Batch invariance: a request's tokens and logits do not depend on what else runs, because
 //! every row of a batched step reads only its own sequence's pages and samples from its own

@@ -287,3 +287,61 @@ fn the_fault_is_inert_without_overlap() {
     let run = serve(faulty_model(), false, false, false, Arrival::Trickle);
     check_clean(&run, "serial with stale-page-reuse injected");
 }
+
+#[test]
+fn overlap_frees_every_page_after_cancelled_finished_and_preempted_requests() {
+    let m = model();
+    let cfg = EngineConfig {
+        cache: CacheBudget::Pages(tight_pages(40, 12, 3)),
+        page_size: 8,
+        prefix_cache: true,
+        max_running_requests: 12,
+        chunked_prefill_size: Some(12),
+        overlap_schedule: true,
+        ..Default::default()
+    };
+    let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..12usize)
+        .map(|i| {
+            let mut p = vec![0];
+            if i % 2 == 0 {
+                p.extend(tokens(8, 500));
+            }
+            p.extend(tokens(8 + (i * 5) % 17, 600 + i as u64));
+            p
+        })
+        .collect();
+    let mut streams: Vec<Option<_>> = prompts
+        .iter()
+        .map(|p| Some(s.submit(greedy(p.clone(), 6)).unwrap()))
+        .collect();
+    for _ in 0..3 {
+        assert!(s.step());
+    }
+    // Request 0, admitted first, is in every step until it finishes, so in the one in flight:
+    // cancelled now, its pages are freed when that step returns.
+    let cancelled = streams[0].as_ref().unwrap().id();
+    assert!(s.cancel(cancelled), "request 0 is held");
+    assert!(!s.cancel(cancelled), "and gone after cancelling");
+    streams[5] = None; // the client went away
+    while s.step() {}
+    assert!(s.is_idle());
+    let metrics = s.metrics();
+    assert!(
+        metrics.preemptions_total > 0,
+        "the C4 pools forced preemptions"
+    );
+    assert_eq!(metrics.requests_cancelled, 2);
+    for (i, st) in streams.into_iter().enumerate() {
+        let Some(st) = st else { continue };
+        let c = st.collect_blocking();
+        if i == 0 {
+            assert_eq!(c.finished.reason, FinishReason::Cancelled);
+            continue;
+        }
+        assert_eq!(c.finished.reason, FinishReason::Length, "request {i}");
+        assert_same_as_solo(&c, &solo(&m, &prompts[i], 6), &format!("request {i}"));
+    }
+    s.clear_prefix_cache();
+    assert!(s.pools().all_free(), "every page is free again");
+}
