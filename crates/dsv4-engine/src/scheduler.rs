@@ -68,9 +68,6 @@ pub struct Scheduler {
 /// Canary findings the scheduler keeps (the most recent).
 const CANARY_LOG: usize = 64;
 
-/// Step timings the scheduler keeps (the most recent).
-const TIMING_LOG: usize = 1 << 16;
-
 impl Scheduler {
     /// A scheduler with freshly sized pools; `detok` enables stop strings and final text.
     pub fn new(
@@ -129,18 +126,6 @@ impl Scheduler {
     /// The most recent canary findings, oldest first.
     pub fn canary_findings(&self) -> impl Iterator<Item = &CanaryFinding> {
         self.canary_log.iter()
-    }
-
-    /// The timings of the steps run since the last call, oldest first (the most recent 65536).
-    pub fn take_step_timings(&mut self) -> Vec<StepTiming> {
-        self.timings.drain(..).collect()
-    }
-
-    fn record_timing(&mut self, t: StepTiming) {
-        if self.timings.len() == TIMING_LOG {
-            self.timings.pop_front();
-        }
-        self.timings.push_back(t);
     }
 
     /// What requests are checked against.

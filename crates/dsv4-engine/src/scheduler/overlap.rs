@@ -131,7 +131,22 @@ pub(crate) fn state_pages(st: &SequenceState) -> Vec<(PoolKind, u32)> {
     out
 }
 
+/// Step timings the scheduler keeps (the most recent).
+const TIMING_LOG: usize = 1 << 16;
+
 impl Scheduler {
+    /// The timings of the steps run since the last call, oldest first (the most recent 65536).
+    pub fn take_step_timings(&mut self) -> Vec<StepTiming> {
+        self.timings.drain(..).collect()
+    }
+
+    pub(super) fn record_timing(&mut self, t: StepTiming) {
+        if self.timings.len() == TIMING_LOG {
+            self.timings.pop_front();
+        }
+        self.timings.push_back(t);
+    }
+
     /// One overlapped step (see the module docs); false when there was nothing to do.
     pub(super) fn step_overlap(&mut self, pipe: &mut Pipeline) -> bool {
         let t0 = std::time::Instant::now();
@@ -237,7 +252,7 @@ impl Scheduler {
             idle_ms,
             run_ms,
         } = done;
-        self.record_timing(super::StepTiming {
+        self.record_timing(StepTiming {
             running: members.len(),
             decode: f.decode,
             run_ms,
