@@ -1,5 +1,5 @@
-//! The profile's execution knobs reach the engine: captured plans, multi-stream overlap, overlap
-//! scheduling and the canary change how a step runs, never what it computes.
+//! The profile's execution knobs reach the engine: captured plans, multi-stream overlap and the
+//! canary change how a step runs, never what it computes.
 
 use std::process::Command;
 
@@ -78,18 +78,4 @@ fn batch_requests_run_with_the_canary_on_and_match_the_plain_run() {
     assert!(ok, "{err}");
     assert_eq!(tokens(&checked), tokens(&plain));
     assert_eq!(tokens(&plain).len(), 2);
-    let (ok, overlapped, err) = generate(
-        &[
-            "cache.max_total_tokens=4096",
-            "debug.canary=true",
-            "exec.overlap_schedule=true",
-        ],
-        Some(&file),
-    );
-    assert!(ok, "exec.overlap_schedule: {err}");
-    assert_eq!(
-        tokens(&overlapped),
-        tokens(&plain),
-        "the overlap scheduler generates the same tokens"
-    );
 }
