@@ -51,3 +51,33 @@ fn batch_requests_give_the_same_tokens_with_overlap_scheduling() {
     }
     assert_eq!(tokens(&overlapped), tokens(&plain));
 }
+
+#[test]
+fn the_stale_page_reuse_fault_is_reported_by_the_canary() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("req.jsonl");
+    std::fs::write(
+        &file,
+        "{\"id\": 1, \"prompt\": \"hello\", \"max_tokens\": 6}\n\
+         {\"id\": 2, \"prompt\": \"bye now\", \"max_tokens\": 3}\n",
+    )
+    .unwrap();
+    let base = ["cache.max_total_tokens=4096", "exec.overlap_schedule=true"];
+    let canary = "debug.canary=index_k,kv,state";
+    let (ok, _, err) = batch(&[base[0], base[1], canary], &file);
+    assert!(ok, "{err}");
+    assert!(
+        !err.contains("canary finding"),
+        "silent on the clean run: {err}"
+    );
+    let (ok, _, err) = batch(
+        &[base[0], base[1], canary, "debug.inject=stale-page-reuse"],
+        &file,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("held by none of the step's requests"),
+        "the ownership check names the stale writes: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -484,7 +484,7 @@ impl Scheduler {
     fn canary(&mut self, findings: Vec<CanaryFinding>) -> bool {
         self.counters.canary_rounds += 1;
         for f in findings {
-            tracing::error!(finding = %f, "canary: pages changed outside the step's write set");
+            tracing::error!(finding = %f, "canary finding");
             self.counters.canary_pages += f.unexpected_total as u64;
             if self.canary_log.len() == CANARY_LOG {
                 self.canary_log.pop_front();

@@ -106,6 +106,22 @@ impl Pipeline {
     }
 }
 
+impl Drop for Pipeline {
+    /// Take back a step still running (the scheduler is going away): its states free their
+    /// pages as they drop, except those the fault already released early.
+    fn drop(&mut self) {
+        if self.in_flight.take().is_some()
+            && let Some(done) = self.device.wait()
+        {
+            for m in done.members {
+                if self.early.contains_key(&m.id) {
+                    std::mem::forget(m.state);
+                }
+            }
+        }
+    }
+}
+
 /// The pool kind of a store name.
 fn kind_of(name: &str) -> Option<PoolKind> {
     PoolKind::ALL.into_iter().find(|k| k.name() == name)
@@ -463,9 +479,10 @@ impl Scheduler {
         }
     }
 
-    /// The `stale-page-reuse` fault: release now the pages of the step's requests that the
-    /// collected step's token finishes (end of sequence, or the length limit), although they
-    /// are in the step about to run.
+    /// The `stale-page-reuse` fault: release now the pages held only by the step's requests
+    /// that the collected step's token finishes (end of sequence, or the length limit), although
+    /// they are in the step about to run. (A shared page is left alone: the finished request's
+    /// stale write would copy it and release it a second time.)
     fn free_early(
         &mut self,
         pipe: &mut Pipeline,
@@ -485,11 +502,19 @@ impl Scheduler {
             if !ends {
                 continue;
             }
-            tracing::debug!(id = %o.id, pages = t.pages.len(), "fault: pages freed a step early");
-            for &(k, p) in &t.pages {
+            // The pages only this request holds go back to the free list; pages it shares (with
+            // prefix snapshots) keep their other holders and are released when the step returns.
+            let early: BTreeSet<(PoolKind, u32)> = t
+                .pages
+                .iter()
+                .copied()
+                .filter(|&(k, p)| self.pools.pool(k).refs(p) == 1)
+                .collect();
+            tracing::debug!(id = %o.id, pages = early.len(), "fault: pages freed a step early");
+            for &(k, p) in &early {
                 self.pools.pool(k).release(p);
             }
-            pipe.early.insert(o.id, t.pages.iter().copied().collect());
+            pipe.early.insert(o.id, early);
         }
     }
 

@@ -345,3 +345,28 @@ fn overlap_frees_every_page_after_cancelled_finished_and_preempted_requests() {
     s.clear_prefix_cache();
     assert!(s.pools().all_free(), "every page is free again");
 }
+
+#[test]
+fn a_faulty_overlapped_scheduler_drops_cleanly_with_a_step_in_flight() {
+    let cfg = EngineConfig {
+        cache: CacheBudget::Tokens(4096),
+        page_size: 8,
+        prefix_cache: true,
+        max_running_requests: 4,
+        overlap_schedule: true,
+        ..Default::default()
+    };
+    let mut s = Scheduler::new(faulty_model(), cfg, None).expect("scheduler starts");
+    let reqs: Vec<Request> = requests().into_iter().take(4).collect();
+    let n = reqs.len() as u64;
+    let _streams: Vec<_> = reqs.into_iter().map(|r| s.submit(r).unwrap()).collect();
+    while s.metrics().requests_finished < n {
+        assert!(s.step(), "work is left");
+    }
+    assert!(
+        !s.is_idle(),
+        "the step the last request was already in when it finished is still running"
+    );
+    // Its stale state must not release the pages the fault already gave back.
+    drop(s);
+}
