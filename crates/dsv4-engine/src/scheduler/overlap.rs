@@ -311,6 +311,8 @@ impl Scheduler {
                 outcomes.push(Outcome { id, chosen, row });
             }
         }
+        // Finish the host-tier load-backs the step started; their waited-for writes are declared.
+        let transfers = self.hicache.as_mut().map(crate::hicache::HostTier::settle);
         let report = match result {
             Ok(r) => r,
             Err(e) => {
@@ -329,7 +331,11 @@ impl Scheduler {
             }
         };
         if let (Some(snap), Some(cfg)) = (f.snapshot, self.debug.canary.clone()) {
-            let mut findings = snap.compare_except(step, &report.writes, &f.admitted);
+            // Load-backs write pages of requests admitted while the step ran: they join the
+            // write set, not the ownership check of the step's own writes.
+            let mut writes = report.writes.clone();
+            writes.extend(transfers.into_iter().flatten());
+            let mut findings = snap.compare_except(step, &writes, &f.admitted);
             findings.extend(canary::ownership(
                 step,
                 self.pools.all(),

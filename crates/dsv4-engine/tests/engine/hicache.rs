@@ -79,6 +79,16 @@ fn model_with(exec: ExecOptions) -> Arc<Model> {
 /// The prompts, one at a time in order, with the canary on; the scheduler's pools are all free
 /// once the prefix cache is cleared.
 fn serve(model: Arc<Model>, cache: CacheBudget, hicache: Option<HostTierConfig>) -> Run {
+    serve_with(model, cache, hicache, false)
+}
+
+/// [`serve`], with overlap scheduling on or off.
+fn serve_with(
+    model: Arc<Model>,
+    cache: CacheBudget,
+    hicache: Option<HostTierConfig>,
+    overlap_schedule: bool,
+) -> Run {
     let cfg = EngineConfig {
         cache,
         page_size: 16,
@@ -86,6 +96,7 @@ fn serve(model: Arc<Model>, cache: CacheBudget, hicache: Option<HostTierConfig>)
         max_running_requests: 1,
         chunked_prefill_size: None,
         hicache,
+        overlap_schedule,
         ..Default::default()
     };
     let debug = DebugOptions {
@@ -181,6 +192,28 @@ fn host_tier_hits_give_the_solo_and_ample_pool_results_bitwise_with_a_silent_can
             (m.canary_rounds_flagged, run.findings.len()),
             (0, 0),
             "{pace:?}: the canary stays silent when every read waits: {:?}",
+            run.findings
+        );
+    }
+}
+
+#[test]
+fn host_tier_hits_under_overlap_scheduling_give_the_solo_results_with_a_silent_canary() {
+    let solos = solos();
+    for pace in [TransferPace::Eager, TransferPace::Lagged] {
+        let run = serve_with(model(), tight(), tier(pace), true);
+        for (i, c) in run.done.iter().enumerate() {
+            assert_same_as_solo(c, &solos[i], &format!("{pace:?} overlapped: request {i}"));
+        }
+        let m = &run.metrics;
+        assert!(
+            m.host_tier_loaded_pages_total > 0 && m.host_tier_hits_total >= 4,
+            "{pace:?} overlapped: hits loaded back from the host tier: {m:?}"
+        );
+        assert_eq!(
+            (m.canary_rounds_flagged, run.findings.len()),
+            (0, 0),
+            "{pace:?} overlapped: the canary stays silent: {:?}",
             run.findings
         );
     }
