@@ -32,6 +32,7 @@ exec python3 -m sglang.launch_server \
     --cuda-graph-max-bs 16 \
     --disable-overlap-schedule \
     --page-size 64 \
+    --max-total-tokens 32768 \
     --schedule-policy fcfs \
     --host 127.0.0.1 \
     --port 8000 \
