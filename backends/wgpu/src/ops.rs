@@ -185,8 +185,25 @@ pub fn rope(
             f32::from_bits(p)
         })
         .collect();
-    aux.extend(table.freqs.iter().flat_map(|&t| split3(t)));
-    let params = [rows as u32, dim as u32, table.rd as u32, u32::from(inverse)];
+    aux.extend(table.freqs.iter().flat_map(|&t| {
+        let [a, b, c] = split3(t);
+        let [d, e, f] = split3(t / std::f64::consts::TAU);
+        [a, b, c, d, e, f]
+    }));
+    let f32_angles = !gpu.report().f64_accumulation;
+    if f32_angles {
+        assert!(
+            positions[..rows].iter().all(|&p| p < 1 << 24),
+            "wgpu rope without f64: positions must be below 2^24"
+        );
+    }
+    let params = [
+        rows as u32,
+        dim as u32,
+        table.rd as u32,
+        u32::from(inverse),
+        u32::from(f32_angles),
+    ];
     let xb = upload_f32(gpu, "rope input", x);
     let ab = upload_f32(gpu, "rope table", &aux);
     let ob = upload_f32(gpu, "rope output", x);

@@ -43,15 +43,25 @@ fn the_op_sweep_passes_against_the_reference() {
     if !available("the_op_sweep_passes_against_the_reference") {
         return;
     }
-    let out = diff(&[
+    let args = [
         "diff",
         "--backend",
         "reference",
         "--against",
         "wgpu",
         "--ops",
-    ]);
+    ];
+    let out = diff(&args);
     assert!(out.contains("result: PASS"), "{out}");
+    // The f32 accumulation path of devices without SHADER_F64 passes the op tolerances too.
+    let mut cmd = dsv4(&std::env::temp_dir(), &args);
+    cmd.env(dsv4_backend_wgpu::FORCE_F32_ENV, "1");
+    let out = run(cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("result: PASS"),
+        "f32 path:\n{stdout}"
+    );
 }
 
 #[test]
@@ -108,7 +118,8 @@ fn serve_on_wgpu_answers_a_chat_completion() {
         .unwrap_or_else(|| panic!("no URL in {first:?}"))
         .trim_end_matches('/')
         .to_string();
-    let body = r#"{"model":"dsv4-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+    let body =
+        r#"{"model":"dsv4-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
     let deadline = Instant::now() + Duration::from_secs(120);
     let answer = loop {
         let attempt = TcpStream::connect(&addr).and_then(|mut s| {

@@ -66,8 +66,27 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
-// rope: params 0 rows, 1 dim, 2 rd, 3 inverse. `b` holds positions (as f32 bit patterns of u32)
-// for each row, then θ_i split in three f32 parts (hi, mid, lo) that sum exactly to the f64 θ.
+// frac(x) − 0.5 ≤ … : x − round(x), exact in f32.
+fn centred_frac(x: f32) -> f32 { return x - round(x); }
+
+// p·τ·2π reduced to about [−π, π] in f32 alone (devices without f64), τ = θ/2π in three f32 parts:
+// p < 2^24 and τ₁ are split into 12-bit halves so every partial product is exact, and only the
+// fractional turns of each are kept.
+fn turns_angle(p: u32, t1: f32, t2: f32, t3: f32) -> f32 {
+    let ph = f32(p & 0xfff000u);
+    let pl = f32(p & 0xfffu);
+    let th = bitcast<f32>(bitcast<u32>(t1) & 0xfffff000u);
+    let tl = t1 - th;
+    let pf = f32(p);
+    var f = centred_frac(ph * th) + centred_frac(ph * tl) + centred_frac(pl * th)
+        + centred_frac(pl * tl) + centred_frac(pf * t2) + pf * t3;
+    f = centred_frac(f);
+    return f * 6.28318530717958647692;
+}
+
+// rope: params 0 rows, 1 dim, 2 rd, 3 inverse, 4 f32 angles. `b` holds positions (as f32 bit
+// patterns of u32) for each row, then per pair θ_i split in three f32 parts (hi, mid, lo) that sum
+// exactly to the f64 θ, then θ_i/2π split the same way (used when `acc` is f32).
 // One thread per (row, pair); the tail of `out` starts as a copy of the input row.
 @compute @workgroup_size(256)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -79,10 +98,15 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (t >= rows * half) { return; }
     let row = t / half;
     let i = t % half;
-    let p = acc(bitcast<u32>(b[row]));
-    let tb = rows + 3u * i;
-    let theta = (acc(b[tb]) + acc(b[tb + 1u])) + acc(b[tb + 2u]);
-    var angle = p * theta;
+    let pos = bitcast<u32>(b[row]);
+    let tb = rows + 6u * i;
+    var angle: acc;
+    if (pu(4u) == 0u) {
+        let theta = (acc(b[tb]) + acc(b[tb + 1u])) + acc(b[tb + 2u]);
+        angle = acc(pos) * theta;
+    } else {
+        angle = acc(turns_angle(pos, b[tb + 3u], b[tb + 4u], b[tb + 5u]));
+    }
     if (pu(3u) != 0u) { angle = -angle; }
     let sc = sincos_acc(angle);
     let base = row * dim + dim - rd + 2u * i;
