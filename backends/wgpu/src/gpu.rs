@@ -167,6 +167,12 @@ impl Gpu {
         self.report.max_binding_bytes
     }
 
+    /// Use bindings of at most `bytes` (rounded down to whole words, never above the device's
+    /// limit): leaves headroom, and lets tests exercise the split of large weights.
+    pub fn cap_binding_bytes(&mut self, bytes: u64) {
+        self.report.max_binding_bytes = self.report.max_binding_bytes.min(bytes & !3);
+    }
+
     /// The device's limits as granted.
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits

@@ -64,6 +64,12 @@ impl WgpuBackend {
         self.gpu.report()
     }
 
+    /// Use storage bindings of at most `bytes` from now on (weights uploaded later are split
+    /// into chunks of at most that size); see [`gpu::Gpu::cap_binding_bytes`].
+    pub fn cap_binding_bytes(&mut self, bytes: u64) {
+        self.gpu.cap_binding_bytes(bytes)
+    }
+
     /// Bytes of linear weights resident on the device.
     pub fn resident_weight_bytes(&self) -> usize {
         self.lock_weights().values().map(|w| w.bytes).sum()

@@ -193,3 +193,25 @@ fn mhc_is_batch_invariant() {
         same_bits("mhc_pre post", &ours.post, &theirs.post);
     }
 }
+
+#[test]
+fn weights_above_the_binding_limit_are_split_and_give_the_same_bits() {
+    let Some(whole) = backend() else { return };
+    let Some(mut split) = backend() else { return };
+    // 300 × 256 weights: fp8 chunks of 128 rows (the scale-block granularity), others by row.
+    split.cap_binding_bytes(128 * 256);
+    let (rows, inp, out) = (3, 256, 300);
+    let x = values(rows * inp, 21);
+    for w in weights(out, inp) {
+        let (mut a, mut b) = (vec![0.0; rows * out], vec![0.0; rows * out]);
+        whole.linear(&w, &x, rows, &mut a);
+        split.linear(&w, &x, rows, &mut b);
+        same_bits(&format!("{} split", w.name), &b, &a);
+    }
+    assert!(split.resident_weight_bytes() > 0);
+    // A row group that cannot fit one binding is refused with the reason.
+    split.cap_binding_bytes(64);
+    let big = Linear::from_f32("big", 1, 64, &[0.5; 64]).unwrap();
+    let e = split.prepare(&big).unwrap_err().to_string();
+    assert!(e.contains("`big`") && e.contains("does not fit"), "{e}");
+}
