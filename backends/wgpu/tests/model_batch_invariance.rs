@@ -24,7 +24,6 @@ fn a_batch_gives_each_sequence_its_solo_logits() {
         kv_cache_dtype: KvCacheDtype::Fp8,
         index_k_dtype: IndexKDtype::Fp8,
         act_quant: ActQuant::Fp8,
-        ..Default::default()
     };
     let model = load_model(&ModelSource::Tiny { seed: 0 }, backend, numerics).unwrap();
     let prompts: Vec<Vec<u32>> = (0..3u32)
