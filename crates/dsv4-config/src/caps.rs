@@ -68,9 +68,9 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         captured_plans: true,
         streams: Streams::Single,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
-        index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8],
-        note: "one queue (no side streams); captured plans are pre-recorded command buffers; \
-               no fp4 (e2m1) indexer keys",
+        index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
+        note: "one queue (no side streams); captured plans replay a host arena per bucket, \
+               calling the shaders op by op (no pre-recorded command buffers yet)",
     },
     BackendCaps {
         kind: "cuda-sm120",

@@ -46,15 +46,27 @@ fn quiet(rule: &str, p: &Profile) {
 
 #[test]
 fn index_k_dtype_unsupported() {
+    let no_fp4 = BackendCaps {
+        index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8],
+        ..*caps("wgpu")
+    };
     let mut p = on("wgpu");
     p.numerics.index_k_dtype = IndexKDtype::Fp4;
-    let m = fires("index-k-dtype-unsupported", &p);
+    let all = check_with(&p, &no_fp4);
+    let f = all
+        .iter()
+        .find(|f| f.rule == "index-k-dtype-unsupported")
+        .unwrap();
+    let m = &f.message;
     assert!(
         m.contains("fp4") && m.contains("wgpu") && m.contains("bf16, fp8"),
         "{m}"
     );
-    p.backend.kind = "cuda-sm120".into();
-    quiet("index-k-dtype-unsupported", &p);
+    // Every shipped backend stores fp4 index keys.
+    for kind in ["reference", "cpu", "wgpu", "cuda-sm120"] {
+        p.backend.kind = kind.into();
+        quiet("index-k-dtype-unsupported", &p);
+    }
 }
 
 #[test]
