@@ -6,10 +6,11 @@
 //! overrides to A. `--b` likewise; without `--b`, B is A's profile with A's overrides plus the
 //! `--b-set` ones — "the same, with this change". Global `--set` applies to both arms.
 
+use super::stress::WorkloadArgs;
 use anyhow::{Context, bail};
 use dsv4_config::{Origin, Profile, ResolveOptions, Resolved};
 use dsv4_stress::ab::{AbOptions, ArmSpec, Target, run_ab_until};
-use dsv4_stress::{Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration};
+use dsv4_stress::parse_duration;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -51,99 +52,6 @@ pub struct AbArgs {
     pub quiet: bool,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-}
-
-/// The stress workload of every arm (the flags and defaults of `dsv4 stress`).
-#[derive(Debug, clap::Args)]
-#[command(next_help_heading = "Workload (as dsv4 stress)")]
-pub struct WorkloadArgs {
-    /// Model id to request (default: the first id GET /v1/models lists).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Sessions per arm per repeat.
-    #[arg(long, default_value_t = 16)]
-    pub sessions: usize,
-    /// Sessions in flight at once.
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: usize,
-    /// Turns (requests) per session, at most.
-    #[arg(long, default_value_t = 4)]
-    pub turns: usize,
-    /// Workload seed of the first repeat; repeat r uses seed + r (the same for both arms).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Time bound per arm and repeat (e.g. 90s, 5m): no turn starts after it.
-    #[arg(long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// max_tokens of every request.
-    #[arg(long, default_value_t = 32)]
-    pub max_tokens: u32,
-    /// Streaming: always, never, or mixed (seeded per turn).
-    #[arg(long, default_value = "mixed")]
-    pub stream: StreamMode,
-    /// Replay every turn alone afterwards and require the same answer ("solo"): what detects
-    /// token corruption on a batch-invariant server such as dsv4's.
-    #[arg(long)]
-    pub oracle: Option<Oracle>,
-    /// Bearer key for the servers.
-    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f64,
-    /// Share of turns that force a tool call.
-    #[arg(long, default_value_t = 0.5)]
-    pub forced_tool_rate: f64,
-    /// A stop string sent with every request (repeatable).
-    #[arg(long = "stop", value_name = "TEXT")]
-    pub stops: Vec<String>,
-    /// Also stop every answer before special tokens and tool/think markup (for random-weight
-    /// models such as dsv4's tiny model).
-    #[arg(long)]
-    pub stop_before_markup: bool,
-    /// repeated_token threshold.
-    #[arg(long, default_value_t = 48)]
-    pub repeat_threshold: usize,
-    /// About this many characters of new user text per turn.
-    #[arg(long, default_value_t = 400)]
-    pub growth_chars: usize,
-    /// Per-request timeout.
-    #[arg(long, value_parser = parse_duration, default_value = "300s")]
-    pub request_timeout: Duration,
-    /// Let the model make several tool calls per answer (parallel_tool_calls: true).
-    #[arg(long)]
-    pub parallel_tool_calls: bool,
-}
-
-impl WorkloadArgs {
-    /// The stress options (the URL is filled in per arm).
-    fn options(&self) -> StressOptions {
-        let mut stop = self.stops.clone();
-        if self.stop_before_markup {
-            stop.extend(STOP_BEFORE_MARKUP.iter().map(|s| (*s).to_owned()));
-        }
-        StressOptions {
-            url: "http://127.0.0.1:1".into(),
-            model: self.model.clone(),
-            sessions: self.sessions,
-            concurrency: self.concurrency,
-            turns: self.turns,
-            seed: self.seed,
-            duration: self.duration,
-            max_tokens: self.max_tokens,
-            stream: self.stream,
-            oracle: self.oracle,
-            api_key: self.api_key.clone(),
-            progress: false,
-            temperature: self.temperature,
-            forced_tool_rate: self.forced_tool_rate,
-            stop,
-            repeat_threshold: self.repeat_threshold,
-            growth_chars: self.growth_chars,
-            request_timeout: self.request_timeout,
-            parallel_tool_calls: self.parallel_tool_calls,
-        }
-    }
 }
 
 /// An arm before resolution.
@@ -309,7 +217,7 @@ pub fn run(
         a: spec(a, ra, &mut la),
         b: spec(b, rb, &mut lb),
         repeat: args.repeat,
-        workload: args.workload.options(),
+        workload: args.workload.options("http://127.0.0.1:1", false),
         binary: std::env::current_exe().context("cannot find the dsv4 binary itself")?,
         serve_extra,
         boot_timeout: args.boot_timeout,

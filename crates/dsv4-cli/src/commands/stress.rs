@@ -20,10 +20,35 @@ pub struct StressArgs {
     /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8000 or …/v1).
     #[arg(long)]
     pub url: String,
+    /// The workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write one JSON line per session to this file.
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl StressArgs {
+    /// The library options these arguments describe.
+    pub fn options(&self) -> StressOptions {
+        self.workload.options(&self.url, !self.quiet)
+    }
+}
+
+/// The stress workload (shared by `dsv4 stress` and every arm of `dsv4 ab`).
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Workload")]
+pub struct WorkloadArgs {
     /// Model id to request (default: the first id GET /v1/models lists).
     #[arg(long)]
     pub model: Option<String>,
-    /// Number of sessions (conversations).
+    /// Number of sessions (conversations); for `dsv4 ab`, per arm and repeat.
     #[arg(long, default_value_t = 16)]
     pub sessions: usize,
     /// Sessions in flight at once.
@@ -32,10 +57,11 @@ pub struct StressArgs {
     /// Turns (requests) per session, at most.
     #[arg(long, default_value_t = 4)]
     pub turns: usize,
-    /// Workload seed: same seed, same sessions, prompts, tools, tool choices and stream flags.
+    /// Workload seed: same seed, same sessions, prompts, tools, tool choices and stream flags
+    /// (`dsv4 ab`: repeat r uses seed + r, the same for both arms).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Time bound (e.g. 90s, 5m): no turn starts after it.
+    /// Time bound (e.g. 90s, 5m): no turn starts after it (`dsv4 ab`: per arm and repeat).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// max_tokens of every request.
@@ -45,7 +71,8 @@ pub struct StressArgs {
     #[arg(long, default_value = "mixed")]
     pub stream: StreamMode,
     /// Replay every turn alone afterwards and require the same answer ("solo"; greedy and a
-    /// batch-invariant server only). With --stream mixed also compares the two stream modes.
+    /// batch-invariant server only, such as dsv4's). With --stream mixed also compares the two
+    /// stream modes.
     #[arg(long)]
     pub oracle: Option<Oracle>,
     /// Bearer key for the server.
@@ -78,26 +105,17 @@ pub struct StressArgs {
     /// Let the model make several tool calls per answer (parallel_tool_calls: true).
     #[arg(long)]
     pub parallel_tool_calls: bool,
-    /// Write the JSON report to this file.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write one JSON line per session to this file.
-    #[arg(long, value_name = "FILE")]
-    pub jsonl: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
 }
 
-impl StressArgs {
-    /// The library options these arguments describe.
-    pub fn options(&self) -> StressOptions {
+impl WorkloadArgs {
+    /// The library options of this workload against `url`.
+    pub fn options(&self, url: &str, progress: bool) -> StressOptions {
         let mut stop = self.stops.clone();
         if self.stop_before_markup {
             stop.extend(STOP_BEFORE_MARKUP.iter().map(|s| (*s).to_owned()));
         }
         StressOptions {
-            url: self.url.clone(),
+            url: url.to_owned(),
             model: self.model.clone(),
             sessions: self.sessions,
             concurrency: self.concurrency,
@@ -108,7 +126,7 @@ impl StressArgs {
             stream: self.stream,
             oracle: self.oracle,
             api_key: self.api_key.clone(),
-            progress: !self.quiet,
+            progress,
             temperature: self.temperature,
             forced_tool_rate: self.forced_tool_rate,
             stop,
