@@ -263,10 +263,10 @@ fn a_backend_missing_from_the_binary_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let e = fails(dsv4(
         dir.path(),
-        &["generate", "--prompt", "hi", "--set", "backend.kind=wgpu"],
+        &["generate", "--prompt", "hi", "--set", "backend.kind=cuda-sm120"],
     ));
     assert!(
-        e.contains("`wgpu`") && e.contains("registered: cpu, reference"),
+        e.contains("`cuda-sm120`") && e.contains("registered: cpu, reference, wgpu"),
         "{e}"
     );
 }
