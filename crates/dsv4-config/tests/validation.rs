@@ -121,14 +121,13 @@ fn validation_errors_name_both_keys_with_values_and_sources() {
     o.sets = vec![
         "cache.hicache=true".into(),
         "cache.prefix_cache=false".into(),
-        "numerics.index_k_dtype=fp4".into(),
-        "backend.kind=wgpu".into(),
+        "cache.page_size=48".into(),
     ];
     let e = Profile::resolve(&o).unwrap_err().to_string();
     assert!(e.contains("2 problem(s)"), "{e}");
     assert!(e.contains("--set cache.prefix_cache=false"), "{e}");
     assert!(
-        e.contains("[index-k-dtype-unsupported]") && e.contains("--set backend.kind=wgpu"),
+        e.contains("[page-size-power-of-two]") && e.contains("--set cache.page_size=48"),
         "{e}"
     );
 }
