@@ -263,7 +263,13 @@ fn a_backend_missing_from_the_binary_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let e = fails(dsv4(
         dir.path(),
-        &["generate", "--prompt", "hi", "--set", "backend.kind=cuda-sm120"],
+        &[
+            "generate",
+            "--prompt",
+            "hi",
+            "--set",
+            "backend.kind=cuda-sm120",
+        ],
     ));
     assert!(
         e.contains("`cuda-sm120`") && e.contains("registered: cpu, reference, wgpu"),
