@@ -37,7 +37,10 @@ fn the_repository_ledger_verifies_and_its_incident_documents_are_current() {
     for doc in &docs {
         let incident = doc.file_stem().unwrap().to_str().unwrap();
         let n = records.iter().filter(|r| r["incident"] == incident).count();
-        assert!(n >= 3, "{incident}: {n} records; the rehearsal records at least 3");
+        assert!(
+            n >= 3,
+            "{incident}: {n} records; the rehearsal records at least 3"
+        );
         let text = std::fs::read_to_string(doc).unwrap();
         assert!(text.contains(incident), "{}", doc.display());
     }
