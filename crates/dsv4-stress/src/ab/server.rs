@@ -17,6 +17,9 @@ const STDERR_TAIL_LINES: usize = 30;
 /// How long a server may take to exit after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(30);
 
+/// errno of "text file busy": exec of a file some process still has open for writing (Linux).
+const ETXTBSY: i32 = 26;
+
 /// A running `dsv4 serve` child.
 pub struct ServerProcess {
     child: Child,
@@ -57,18 +60,33 @@ impl ServerProcess {
         let started = Instant::now();
         let mut command = vec![binary.display().to_string()];
         command.extend(args.iter().cloned());
-        let mut child = Command::new(binary)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| AbError::Boot {
-                what: what.into(),
-                message: format!("cannot start {}: {e}", binary.display()),
-                stderr_tail: String::new(),
-            })?;
+        let spawn = || {
+            Command::new(binary)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+        };
+        // A binary written a moment ago can be briefly "busy" (ETXTBSY) while another thread's
+        // fork still holds its write descriptor; retry a few times before giving up.
+        let mut attempt = 0;
+        let mut child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(ETXTBSY) && attempt < 20 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                other => {
+                    break other.map_err(|e| AbError::Boot {
+                        what: what.into(),
+                        message: format!("cannot start {}: {e}", binary.display()),
+                        stderr_tail: String::new(),
+                    })?;
+                }
+            }
+        };
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(err) = child.stderr.take() {
             let tail = Arc::clone(&stderr);
