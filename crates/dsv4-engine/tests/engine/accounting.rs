@@ -4,7 +4,9 @@
 
 use super::*;
 use dsv4_engine::pools::CacheGeometry;
-use dsv4_engine::{CacheBudget, EngineConfig, EngineError, FinishReason, PoolKind, Scheduler};
+use dsv4_engine::{
+    CacheBudget, EngineConfig, EngineError, FinishReason, PoolKind, RequestStream, Scheduler,
+};
 use std::collections::BTreeMap;
 
 /// Pools for `slots` sequences of `len` tokens, with the KV and index-K pools of ratio-4
@@ -24,15 +26,20 @@ pub fn tight_pages(len: usize, slots: usize, c4_slots: usize) -> BTreeMap<PoolKi
         .collect()
 }
 
-#[test]
-fn every_page_is_free_after_finished_cancelled_and_preempted_requests() {
-    let m = model();
+/// Twelve requests (half sharing an 8-token prefix) on pools cut so the C4 pools force
+/// preemptions, chunked prefill of 12 tokens, three steps run: the scheduler, the prompts and
+/// the streams (shared by the serial and the overlapped accounting tests).
+pub fn tight_mixed_workload(
+    m: &Arc<Model>,
+    overlap_schedule: bool,
+) -> (Scheduler, Vec<Vec<u32>>, Vec<Option<RequestStream>>) {
     let cfg = EngineConfig {
         cache: CacheBudget::Pages(tight_pages(40, 12, 3)),
         page_size: 8,
         prefix_cache: true,
         max_running_requests: 12,
         chunked_prefill_size: Some(12),
+        overlap_schedule,
         ..Default::default()
     };
     let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
@@ -46,13 +53,20 @@ fn every_page_is_free_after_finished_cancelled_and_preempted_requests() {
             p
         })
         .collect();
-    let mut streams: Vec<Option<_>> = prompts
+    let streams: Vec<Option<_>> = prompts
         .iter()
         .map(|p| Some(s.submit(greedy(p.clone(), 6)).unwrap()))
         .collect();
     for _ in 0..3 {
         assert!(s.step());
     }
+    (s, prompts, streams)
+}
+
+#[test]
+fn every_page_is_free_after_finished_cancelled_and_preempted_requests() {
+    let m = model();
+    let (mut s, prompts, mut streams) = tight_mixed_workload(&m, false);
     let cancelled = streams[3].as_ref().unwrap().id();
     assert!(s.cancel(cancelled), "request 3 is held");
     assert!(!s.cancel(cancelled), "and gone after cancelling");

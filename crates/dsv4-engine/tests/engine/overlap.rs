@@ -5,7 +5,7 @@
 //! end; the `stale-page-reuse` fault is caught by the canary's ownership check and shows as a
 //! divergence from the solo runs.
 
-use super::accounting::tight_pages;
+use super::accounting::{tight_mixed_workload, tight_pages};
 use super::invariance::staggered;
 use super::*;
 use dsv4_engine::{
@@ -291,33 +291,7 @@ fn the_fault_is_inert_without_overlap() {
 #[test]
 fn overlap_frees_every_page_after_cancelled_finished_and_preempted_requests() {
     let m = model();
-    let cfg = EngineConfig {
-        cache: CacheBudget::Pages(tight_pages(40, 12, 3)),
-        page_size: 8,
-        prefix_cache: true,
-        max_running_requests: 12,
-        chunked_prefill_size: Some(12),
-        overlap_schedule: true,
-        ..Default::default()
-    };
-    let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
-    let prompts: Vec<Vec<u32>> = (0..12usize)
-        .map(|i| {
-            let mut p = vec![0];
-            if i % 2 == 0 {
-                p.extend(tokens(8, 500));
-            }
-            p.extend(tokens(8 + (i * 5) % 17, 600 + i as u64));
-            p
-        })
-        .collect();
-    let mut streams: Vec<Option<_>> = prompts
-        .iter()
-        .map(|p| Some(s.submit(greedy(p.clone(), 6)).unwrap()))
-        .collect();
-    for _ in 0..3 {
-        assert!(s.step());
-    }
+    let (mut s, prompts, mut streams) = tight_mixed_workload(&m, true);
     // Request 0, admitted first, is in every step until it finishes, so in the one in flight:
     // cancelled now, its pages are freed when that step returns.
     let cancelled = streams[0].as_ref().unwrap().id();
