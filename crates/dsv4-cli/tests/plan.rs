@@ -27,7 +27,16 @@ fn json(args: &[&str]) -> (bool, Value) {
 
 #[test]
 fn every_shipped_profile_passes_in_every_bucket() {
-    for profile in ["dev-cpu", "reference", "prod-fp8", "prod-bf16"] {
+    let (ok, list) = json(&["profile", "list", "--json"]);
+    assert!(ok, "{list}");
+    let profiles: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(profiles.len() >= 5, "{profiles:?}");
+    for profile in profiles.iter().map(String::as_str) {
         let (ok, v) = json(&["plan", "check", "--profile", profile, "--json"]);
         assert!(ok, "{profile}: {v}");
         assert_eq!(v["passed"], true, "{profile}");
