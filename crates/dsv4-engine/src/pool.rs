@@ -75,20 +75,6 @@ impl PoolKind {
     }
 }
 
-/// FNV-style mixing of 8-byte words (the canary needs change detection, not cryptography).
-fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-        h = (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
-    }
-    for &b in words.remainder() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 struct Arena {
     bytes: Vec<u8>,
     refs: Vec<u32>,
@@ -190,7 +176,7 @@ impl Pool {
         a.bytes
             .chunks(self.page_bytes.max(1))
             .take(self.pages)
-            .map(checksum)
+            .map(dsv4_core::cache::page_checksum)
             .collect()
     }
 

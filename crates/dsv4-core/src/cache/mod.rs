@@ -15,6 +15,9 @@ mod kv_tests;
 
 use std::ops::Range;
 
+pub mod checksum;
+
+pub use checksum::page_checksum;
 pub use error::CacheLayoutError;
 pub use index_k::{INDEX_K_PAGE_ENTRIES, IndexKLayout, round_index_vector};
 pub use kv::KvLayout;
