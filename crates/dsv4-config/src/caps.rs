@@ -83,6 +83,16 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
                graph is captured (sgl-project/sglang python/sglang/srt/models/deepseek_v4.py, \
                MQALayer.forward: enable_multi_stream requires get_is_capture_mode())",
     },
+    BackendCaps {
+        kind: "cuda-emu",
+        host_memory: true,
+        captured_plans: true,
+        streams: Streams::CaptureOnly,
+        kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
+        index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
+        note: "the cuda-sm120 kernels on a CPU emulator (tests and CI without a GPU): the same \
+               design as cuda-sm120, its device memory is host memory",
+    },
 ];
 
 /// The capabilities of a backend kind, if the kind exists.

@@ -14,7 +14,7 @@ pub use suggest::{suggest_key, suggest_section, unknown_key_hint, unknown_sectio
 use figment::value::{Empty, Value};
 
 /// Registry names of the backends the project defines (the registry says which are built into a binary).
-pub const BACKEND_KINDS: &[&str] = &["reference", "cpu", "wgpu", "cuda-sm120"];
+pub const BACKEND_KINDS: &[&str] = &["reference", "cpu", "wgpu", "cuda-sm120", "cuda-emu"];
 
 /// Keys whose values are secrets: shown as [`REDACTED`] by `profile show/explain/diff`.
 pub const SECRET_KEYS: &[&str] = &["server.api_key"];
