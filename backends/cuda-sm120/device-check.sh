@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The cuda-sm120 device check: on a machine with an NVIDIA GPU, prove the backend against the
+# reference and time it, in under 8 minutes, writing a JSON summary.
+#
+#   backends/cuda-sm120/device-check.sh [OUT_DIR]        (default OUT_DIR: target/device-check)
+#
+# Steps (each one's full output is kept as OUT_DIR/<step>.log, JSON reports beside it):
+#   ops            dsv4 diff --backend reference --against cuda-sm120 --ops
+#   model-tiny     dsv4 diff ... --model on the tiny model (64 prompt tokens + 4 decode steps)
+#   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
+#   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
+#   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
+#                  side streams, canary on every pool, abort on a finding)
+#   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise)
+#   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
+#   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
+# The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds.
+#
+# The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
+# `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
+# nvidia-cuda-nvrtc-cu12; see docs/cuda.md. Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out=${1:-target/device-check}
+mkdir -p "$out"
+start_all=$(date +%s)
+
+if [ -n "${DSV4_BIN:-}" ]; then
+    dsv4=$DSV4_BIN
+else
+    echo "building dsv4 (release)…"
+    cargo build --release -q -p dsv4-cli || { echo "build failed" >&2; exit 1; }
+    dsv4=target/release/dsv4
+fi
+gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
+echo "GPU: ${gpu:-unknown (nvidia-smi not found)}"
+
+steps=()
+record() { # name status seconds
+    steps+=("{\"step\":\"$1\",\"status\":\"$2\",\"seconds\":$3}")
+    printf '%-12s %-5s %4ss\n' "$1" "$2" "$3"
+}
+run_step() { # name command...
+    local name=$1; shift
+    local t0; t0=$(date +%s)
+    if "$@" >"$out/$name.log" 2>&1; then
+        record "$name" pass $(( $(date +%s) - t0 ))
+    else
+        record "$name" FAIL $(( $(date +%s) - t0 ))
+        tail -n 15 "$out/$name.log" | sed 's/^/    /'
+    fi
+}
+
+cuda=(--set backend.kind=cuda-sm120)
+small="$out/small-model"
+[ -f "$small/model.safetensors" ] || "$dsv4" model init-random --config small --out "$small" >/dev/null
+
+run_step ops "$dsv4" diff --backend reference --against cuda-sm120 --ops
+run_step model-tiny "$dsv4" diff --backend reference --against cuda-sm120 --model --tokens 64 --decode 4
+run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against cuda-sm120 \
+    --model --tokens 64 --decode 4
+run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
+python3 - "$out/requests.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(24):
+        f.write(json.dumps({"id": i, "prompt": f"request {i}: " + "tool call " * (i % 7), "max_tokens": 24}) + "\n")
+PY
+run_step canary "$dsv4" --profile rehearsal "${cuda[@]}" --set debug.canary_abort=true \
+    generate --batch "$out/requests.jsonl" --output "$out/canary-out.jsonl"
+if [ -f "$out/canary-out.jsonl" ] && grep -q '"finish_reason":"error"' "$out/canary-out.jsonl"; then
+    record canary-errors FAIL 0
+fi
+run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend cuda-sm120 --tokens 64 --decode 8
+run_step overlap "$dsv4" "${cuda[@]}" diff --mode overlap-vs-serial --backend cuda-sm120 --tokens 64 --decode 8
+run_step bench "$dsv4" bench --backend cuda-sm120 --configs tiny --no-serving --out "$out/bench.json"
+
+total=$(( $(date +%s) - start_all ))
+failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
+{
+    printf '{"schema":"dsv4.device-check/1","date":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${gpu//\"/}" "$total" "$failed"
+    (IFS=,; printf '%s' "${steps[*]}")
+    printf ']}\n'
+} >"$out/summary.json"
+echo "summary: $out/summary.json ($failed failed, ${total}s)"
+[ "$failed" -eq 0 ]

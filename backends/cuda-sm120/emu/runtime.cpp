@@ -1,0 +1,427 @@
+// The cuda-emu scheduler: runs a kernel launch on the CPU. Blocks run one after another; the
+// threads of a block run as cooperative fibers in thread order, each until it finishes or waits at
+// a barrier (__syncthreads: every thread of the block; __syncwarp, shuffles, votes: every lane of
+// its warp). A barrier that can never complete (a thread exited, or threads wait at different
+// barriers) is reported as an error instead of hanging. Launches are serialized by the caller
+// (emu.rs holds a global mutex), so the globals below belong to the one running launch.
+//
+// Threads run in thread order; -DDSV4_EMU_REVERSE (through DSV4_EMU_CXXFLAGS) runs them in
+// reverse, so a kernel that reads another thread's shared/global writes without a barrier between
+// them gives different results under the two orders (a race a GPU may or may not show).
+//
+// Fibers switch with a minimal x86-64 context switch (callee-saved registers + rsp; no signal
+// mask syscall); other architectures, or -DDSV4_EMU_UCONTEXT, use ucontext.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#if !defined(__x86_64__) && !defined(DSV4_EMU_UCONTEXT)
+#define DSV4_EMU_UCONTEXT 1
+#endif
+#ifdef DSV4_EMU_UCONTEXT
+#include <ucontext.h>
+#endif
+
+dsv4_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace {
+
+const size_t kStack = 256 * 1024; // reserved per fiber; pages are committed on first touch
+const unsigned kMaxThreads = 1024;
+
+enum State { kReady, kWaitBlock, kWaitWarp, kDone };
+enum WarpKind { kNone, kSyncwarp, kShuffle, kBallot };
+
+// A stack and a saved context. A thread runs on a fiber from the free pool and gives it back when
+// it finishes, so threads that never wait all run on the same (cache-hot) stack; a waiting thread
+// keeps its fiber until it finishes.
+struct Fiber {
+    void* sp = nullptr; // saved stack pointer (asm switch)
+#ifdef DSV4_EMU_UCONTEXT
+    ucontext_t uc;
+#endif
+    char* stack = nullptr;
+    unsigned index = 0;
+    bool started = false; // has a live context (else (re)start it at its entry)
+};
+
+// One CUDA thread of the running block.
+struct Thread {
+    Fiber* fiber = nullptr;
+    State state = kReady;
+    dsv4_emu_dim3 tid{0, 0, 0};
+    unsigned linear = 0;
+    unsigned exchanges = 0; // warp exchanges (shuffles, votes) done: picks the slot buffer
+};
+
+struct Warp {
+    unsigned size = 0, arrived = 0;
+    WarpKind kind = kNone;
+    // Exchange k uses slots[k & 1]: a lane can write buffer k & 1 again (exchange k + 2) only
+    // after every lane passed exchange k + 1's barrier, i.e. after every lane read exchange k.
+    // So one barrier per exchange suffices.
+    uint64_t slots[2][32];
+};
+
+Fiber g_fibers[kMaxThreads];
+unsigned g_pool = 0; // fibers with a stack
+Fiber* g_free[kMaxThreads];
+unsigned g_nfree = 0;
+Thread g_threads[kMaxThreads];
+Warp g_warps[kMaxThreads / 32];
+void* g_sched_sp = nullptr;
+#ifdef DSV4_EMU_UCONTEXT
+ucontext_t g_sched_uc;
+#endif
+Thread* g_cur = nullptr;
+unsigned g_nthreads = 0, g_block_arrived = 0;
+void (*g_body)(void*) = nullptr;
+void* g_ctx = nullptr;
+const char* g_name = "";
+bool g_failed = false;
+char g_err[1024];
+
+void fail(const char* fmt, ...) {
+    if (g_failed) return;
+    g_failed = true;
+    int n = snprintf(g_err, sizeof g_err, "kernel %s: ", g_name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err + n, sizeof g_err - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+} // namespace
+
+#ifndef DSV4_EMU_UCONTEXT
+extern "C" __attribute__((visibility("hidden"))) void dsv4_emu_switch(void** save, void* load);
+extern "C" __attribute__((visibility("hidden"))) void dsv4_emu_fiber_start();
+__asm__(R"(
+    .text
+    .p2align 4
+    .globl dsv4_emu_switch
+    .hidden dsv4_emu_switch
+    .type dsv4_emu_switch,@function
+dsv4_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size dsv4_emu_switch, .-dsv4_emu_switch
+
+    .p2align 4
+    .globl dsv4_emu_fiber_start
+    .hidden dsv4_emu_fiber_start
+    .type dsv4_emu_fiber_start,@function
+dsv4_emu_fiber_start:
+    callq *%r12
+    ud2
+    .size dsv4_emu_fiber_start, .-dsv4_emu_fiber_start
+)");
+#endif
+
+namespace {
+
+// Switch from the running fiber back to the scheduler.
+inline void to_scheduler() {
+#ifdef DSV4_EMU_UCONTEXT
+    swapcontext(&g_cur->fiber->uc, &g_sched_uc);
+#else
+    dsv4_emu_switch(&g_cur->fiber->sp, g_sched_sp);
+#endif
+}
+
+// A fiber's whole life: run the kernel body for whichever thread it is given, report done, wait
+// to be given the next thread (without a new context).
+void fiber_main() {
+    for (;;) {
+        g_body(g_ctx);
+        g_cur->state = kDone;
+        to_scheduler();
+    }
+}
+
+void start_context(Fiber* f) {
+#ifdef DSV4_EMU_UCONTEXT
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = f->stack;
+    f->uc.uc_stack.ss_size = kStack;
+    f->uc.uc_link = nullptr;
+    makecontext(&f->uc, fiber_main, 0);
+#else
+    // The frame dsv4_emu_switch pops: r15 r14 r13 r12 rbx rbp, then the return address. After
+    // the ret, rsp must be 16-aligned for the call in dsv4_emu_fiber_start.
+    // Stagger the stack tops by a few cache lines per fiber: tops a multiple of 4 KiB apart
+    // would all map to the same cache sets and thrash L1 as the fibers take turns.
+    uintptr_t color = (uintptr_t)(f->index % 61) * 64 + (uintptr_t)(f->index % 7) * 4096;
+    uintptr_t top = ((uintptr_t)(f->stack + kStack) - color) & ~(uintptr_t)15;
+    void** sp = (void**)(top - 72);
+    for (int i = 0; i < 6; i++) sp[i] = nullptr;
+    sp[3] = (void*)&fiber_main; // r12
+    sp[6] = (void*)&dsv4_emu_fiber_start;
+    f->sp = sp;
+#endif
+    f->started = true;
+}
+
+bool grow_pool(unsigned n) {
+    while (g_pool < n) {
+        void* s = mmap(nullptr, kStack + 4096, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (s == MAP_FAILED) return false;
+        mprotect(s, 4096, PROT_NONE); // guard page below the stack
+        g_fibers[g_pool].stack = (char*)s + 4096;
+        g_fibers[g_pool].index = g_pool;
+        g_fibers[g_pool].started = false;
+        g_free[g_nfree++] = &g_fibers[g_pool];
+        g_pool++;
+    }
+    return true;
+}
+
+// Run (or resume) thread `t` until it waits or finishes; false when no stack can be mapped.
+bool run_thread(Thread* t) {
+    if (!t->fiber) {
+        if (g_nfree == 0 && !grow_pool(g_pool + 1)) return false;
+        t->fiber = g_free[--g_nfree];
+        if (!t->fiber->started) start_context(t->fiber);
+    }
+    g_cur = t;
+    threadIdx = t->tid;
+#ifdef DSV4_EMU_UCONTEXT
+    swapcontext(&g_sched_uc, &t->fiber->uc);
+#else
+    dsv4_emu_switch(&g_sched_sp, t->fiber->sp);
+#endif
+    g_cur = nullptr;
+    if (t->state == kDone) {
+        g_free[g_nfree++] = t->fiber;
+        t->fiber = nullptr;
+    }
+    return true;
+}
+
+const char* warp_kind_name(WarpKind k) {
+    switch (k) {
+    case kSyncwarp: return "__syncwarp";
+    case kShuffle: return "a warp shuffle";
+    case kBallot: return "a warp vote";
+    default: return "a warp barrier";
+    }
+}
+
+// Nothing can run: say why (exited threads at a barrier, or threads at different barriers).
+void report_stuck() {
+    const Thread *done = nullptr, *blk = nullptr, *warp = nullptr;
+    for (unsigned i = 0; i < g_nthreads; i++) {
+        const Thread* f = &g_threads[i];
+        if (f->state == kDone && !done) done = f;
+        if (f->state == kWaitBlock && !blk) blk = f;
+        if (f->state == kWaitWarp && !warp) warp = f;
+    }
+    const dsv4_emu_dim3 b = blockIdx;
+    if (blk && !warp && done) {
+        fail("thread (%u,%u,%u) of block (%u,%u,%u) exited while others wait at __syncthreads",
+             done->tid.x, done->tid.y, done->tid.z, b.x, b.y, b.z);
+        return;
+    }
+    if (warp) {
+        unsigned w = warp->linear / 32;
+        for (unsigned i = w * 32; i < w * 32 + g_warps[w].size; i++) {
+            const Thread* f = &g_threads[i];
+            if (f->state == kDone) {
+                fail("thread (%u,%u,%u) of block (%u,%u,%u) exited while others of its warp wait at %s",
+                     f->tid.x, f->tid.y, f->tid.z, b.x, b.y, b.z, warp_kind_name(g_warps[w].kind));
+                return;
+            }
+            if (f->state == kWaitBlock) {
+                fail("deadlock in block (%u,%u,%u): thread (%u,%u,%u) waits at __syncthreads while "
+                     "thread (%u,%u,%u) of its warp waits at %s",
+                     b.x, b.y, b.z, f->tid.x, f->tid.y, f->tid.z, warp->tid.x, warp->tid.y,
+                     warp->tid.z, warp_kind_name(g_warps[w].kind));
+                return;
+            }
+        }
+    }
+    fail("deadlock in block (%u,%u,%u): no thread can proceed", b.x, b.y, b.z);
+}
+
+// Run one block to completion; false on an error (g_err set).
+bool run_block() {
+    unsigned n = g_nthreads;
+    for (unsigned i = 0; i < n; i++) {
+        g_threads[i].state = kReady;
+        g_threads[i].exchanges = 0;
+    }
+    for (unsigned w = 0; w * 32 < n; w++) {
+        g_warps[w].size = n - w * 32 < 32 ? n - w * 32 : 32;
+        g_warps[w].arrived = 0;
+        g_warps[w].kind = kNone;
+    }
+    g_block_arrived = 0;
+    unsigned live = n;
+    while (live > 0) {
+        bool progress = false;
+        for (unsigned k = 0; k < n; k++) {
+#ifdef DSV4_EMU_REVERSE
+            Thread* f = &g_threads[n - 1 - k];
+#else
+            Thread* f = &g_threads[k];
+#endif
+            if (f->state != kReady) continue;
+            if (!run_thread(f)) {
+                fail("cannot map a fiber stack");
+                return false;
+            }
+            progress = true;
+            if (g_failed) return false;
+            if (f->state == kDone) live--;
+        }
+        if (!progress) {
+            report_stuck();
+            return false;
+        }
+    }
+    return true;
+}
+
+// The running fiber arrives at its warp's barrier of kind `k`; returns when all lanes are there.
+void warp_barrier(WarpKind k) {
+    Thread* me = g_cur;
+    Warp* w = &g_warps[me->linear / 32];
+    if (w->arrived == 0) {
+        w->kind = k;
+    } else if (w->kind != k) {
+        fail("threads of warp %u of block (%u,%u,%u) wait at different warp operations (%s and %s)",
+             me->linear / 32, blockIdx.x, blockIdx.y, blockIdx.z, warp_kind_name(w->kind),
+             warp_kind_name(k));
+        to_scheduler();
+        return; // not reached after a failure: the launch is abandoned
+    }
+    if (++w->arrived == w->size) {
+        unsigned base = (me->linear / 32) * 32;
+        for (unsigned i = base; i < base + w->size; i++)
+            if (g_threads[i].state == kWaitWarp) g_threads[i].state = kReady;
+        w->arrived = 0;
+        w->kind = kNone;
+        return;
+    }
+    me->state = kWaitWarp;
+    to_scheduler();
+    threadIdx = me->tid;
+}
+
+} // namespace
+
+extern "C" void dsv4_emu_syncthreads(void) {
+    Thread* me = g_cur;
+    if (++g_block_arrived == g_nthreads) {
+        for (unsigned i = 0; i < g_nthreads; i++)
+            if (g_threads[i].state == kWaitBlock) g_threads[i].state = kReady;
+        g_block_arrived = 0;
+        return;
+    }
+    me->state = kWaitBlock;
+    to_scheduler();
+    threadIdx = me->tid;
+}
+
+extern "C" void dsv4_emu_syncwarp(void) { warp_barrier(kSyncwarp); }
+
+extern "C" uint64_t dsv4_emu_shfl(uint64_t bits, int kind, int arg, int width) {
+    Thread* me = g_cur;
+    unsigned lane = me->linear % 32;
+    Warp* w = &g_warps[me->linear / 32];
+    if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
+        fail("shuffle width %d is not a power of two in 1..32", width);
+        to_scheduler();
+    }
+    unsigned seg = lane & ~(unsigned)(width - 1); // first lane of this lane's width-segment
+    int src;
+    switch (kind) {
+    case 0: src = (int)seg + (arg & (width - 1)); break;
+    case 1: src = (int)(lane ^ (unsigned)arg); if (src >= (int)seg + width) src = (int)lane; break;
+    case 2: src = (int)lane - arg; if (src < (int)seg) src = (int)lane; break;
+    default: src = (int)lane + arg; if (src >= (int)seg + width) src = (int)lane; break;
+    }
+    if (src < 0 || src >= (int)w->size) src = (int)lane; // a lane the block does not have
+    uint64_t* slots = w->slots[me->exchanges++ & 1];
+    slots[lane] = bits;
+    warp_barrier(kShuffle);
+    return slots[src];
+}
+
+extern "C" unsigned int dsv4_emu_ballot(int pred) {
+    Thread* me = g_cur;
+    unsigned lane = me->linear % 32;
+    Warp* w = &g_warps[me->linear / 32];
+    uint64_t* slots = w->slots[me->exchanges++ & 1];
+    slots[lane] = pred != 0;
+    warp_barrier(kBallot);
+    unsigned b = 0;
+    for (unsigned i = 0; i < w->size; i++) b |= (unsigned)(slots[i] != 0) << i;
+    return b;
+}
+
+extern "C" void dsv4_emu_trap(void) {
+    fail("thread (%u,%u,%u) of block (%u,%u,%u) called __trap()", threadIdx.x, threadIdx.y,
+         threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z);
+    to_scheduler();
+}
+
+extern "C" int dsv4_emu_schedule(const char* name, dsv4_emu_dim3 grid, dsv4_emu_dim3 block,
+                                 void (*body)(void*), void* ctx, char* err, size_t errlen) {
+    g_name = name;
+    g_failed = false;
+    g_err[0] = 0;
+    unsigned long long n = (unsigned long long)block.x * block.y * block.z;
+    if (block.x == 0 || block.y == 0 || block.z == 0 || n > kMaxThreads || block.z > 64) {
+        fail("invalid block (%u,%u,%u): CUDA allows 1..1024 threads per block, z <= 64", block.x,
+             block.y, block.z);
+    } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+        fail("invalid grid (%u,%u,%u): CUDA allows x < 2^31, y and z <= 65535", grid.x, grid.y,
+             grid.z);
+    }
+    if (!g_failed) {
+        g_nthreads = (unsigned)n;
+        g_body = body;
+        g_ctx = ctx;
+        gridDim = grid;
+        blockDim = block;
+        for (unsigned i = 0; i < n; i++) {
+            g_threads[i].fiber = nullptr;
+            g_threads[i].linear = i;
+            g_threads[i].tid = dsv4_emu_dim3{i % block.x, (i / block.x) % block.y,
+                                            i / (block.x * block.y)};
+        }
+        for (unsigned z = 0; z < grid.z && !g_failed; z++)
+            for (unsigned y = 0; y < grid.y && !g_failed; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    blockIdx = dsv4_emu_dim3{x, y, z};
+                    if (!run_block()) break;
+                }
+    }
+    if (g_failed) {
+        // Fibers stopped mid-kernel are abandoned: restart their contexts on the next launch.
+        g_nfree = 0;
+        for (unsigned i = 0; i < g_pool; i++) {
+            g_fibers[i].started = false;
+            g_free[g_nfree++] = &g_fibers[i];
+        }
+        snprintf(err, errlen, "%s", g_err);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,91 @@
+#include "common.cuh"
+// Kernels that measure the device itself for `dsv4 bench --backend cuda-sm120`: the copy
+// bandwidth decode GEMV is judged against, the SIMT f32 FMA rate, and the tensor-core
+// (mma.sync) bf16 and fp8 rates prefill GEMM is judged against. The mma kernels are inline PTX,
+// so they only exist on the device (sm_80+ for bf16, sm_89+ for fp8); the emulator compiles an
+// empty body and the host does not time them there.
+
+struct alignas(16) dsv4_v4 {
+    u32 x, y, z, w;
+};
+
+// dst = src, `n_vec` 16-byte vectors, grid-stride loop (coalesced 128-bit loads and stores).
+extern "C" __global__ void bench_copy(const dsv4_v4* __restrict__ src, dsv4_v4* __restrict__ dst,
+                                      u64 n_vec) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) dst[i] = src[i];
+}
+
+// Eight independent f32 FMA chains of `iters` steps per thread: 16·iters flops per thread.
+extern "C" __global__ void bench_fma(float* out, u32 iters, float b, float c) {
+    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    float a0 = (float)(t & 7), a1 = a0 + 1.0f, a2 = a0 + 2.0f, a3 = a0 + 3.0f;
+    float a4 = a0 + 4.0f, a5 = a0 + 5.0f, a6 = a0 + 6.0f, a7 = a0 + 7.0f;
+    for (u32 i = 0; i < iters; ++i) {
+        a0 = fmaf(a0, b, c);
+        a1 = fmaf(a1, b, c);
+        a2 = fmaf(a2, b, c);
+        a3 = fmaf(a3, b, c);
+        a4 = fmaf(a4, b, c);
+        a5 = fmaf(a5, b, c);
+        a6 = fmaf(a6, b, c);
+        a7 = fmaf(a7, b, c);
+    }
+    out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+// Four independent m16n8k16 bf16 mma.sync chains per warp per step: 4·4096 flops per warp-step.
+extern "C" __global__ void bench_mma_bf16(float* out, u32 iters) {
+    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 a = 0x3c003c00u + (t & 1u), b = 0x3c003c00u;
+    float d[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 4; ++k) d[j][k] = 0.0f;
+    for (u32 i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                "{%8,%9}, {%0,%1,%2,%3};\n"
+                : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 4; ++k) s += d[j][k];
+    out[t] = s;
+#else
+    out[t] = (float)iters;
+#endif
+}
+
+// Four independent m16n8k32 e4m3 mma.sync chains per warp per step: 4·8192 flops per warp-step.
+extern "C" __global__ void bench_mma_fp8(float* out, u32 iters) {
+    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    u32 a = 0x30303030u + (t & 1u), b = 0x30303030u;
+    float d[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 4; ++k) d[j][k] = 0.0f;
+    for (u32 i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            asm volatile(
+                "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                "{%8,%9}, {%0,%1,%2,%3};\n"
+                : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 4; ++k) s += d[j][k];
+    out[t] = s;
+#else
+    out[t] = (float)iters;
+#endif
+}

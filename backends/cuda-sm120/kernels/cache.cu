@@ -1,0 +1,112 @@
+// Cache row codecs (spec §4): encode one entry into its exact bytes — the slot's data row
+// followed by its scale row, as dsv4_core::cache lays them out — and decode an entry's bytes.
+// The host (ops/cache.rs) validates the layout and copies the bytes to and from the page.
+// Codecs come from namespace codec (linear.cu).
+//
+// Launch shapes: bf16 kernels and every decode kernel one thread per value (256 per block);
+// kv_fp8 encode one 256-thread block (a warp per 64-value block, then the bf16 rope part);
+// index_fp8 encode one warp; index_fp4 encode one warp per 32-value block.
+#include "common.cuh"
+
+#define CACHE_THREADS 256
+
+// bf16 entries (KV bf16 and index-K bf16): value i → bytes 2i, 2i+1 (little endian).
+extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __restrict__ out,
+                                             u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u32 b = codec::f32_to_bf16(v[i]);
+    out[2u * i] = (u8)(b & 0xffu);
+    out[2u * i + 1u] = (u8)(b >> 8);
+}
+
+extern "C" __global__ void cache_decode_bf16(const u8* __restrict__ in, float* __restrict__ out,
+                                             u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = codec::bf16_to_f32((u32)in[2u * i] | ((u32)in[2u * i + 1u] << 8));
+}
+
+// fp8 KV entry: data row = nd e4m3 codes (64-value blocks, power-of-two scales with floor 1e-4)
+// then rd bf16 values; scale row = nd/64 ue8m0 codes then one zero pad byte. One block.
+extern "C" __global__ void cache_encode_kv_fp8(const float* __restrict__ v, u8* __restrict__ out,
+                                               u32 nd, u32 rd) {
+    const u32 lane = threadIdx.x % DSV4_WARP;
+    const u32 warp = threadIdx.x / DSV4_WARP;
+    const u32 data_row = nd + 2u * rd;
+    const u32 nblk = nd / 64u;
+    for (u32 b = warp; b < nblk; b += CACHE_THREADS / DSV4_WARP) { // uniform per warp
+        const float x0 = v[b * 64u + lane];
+        const float x1 = v[b * 64u + 32u + lane];
+        const float amax = warp_max(fmaxf(fabsf(x0), fabsf(x1)));
+        const int e = codec::pow2_scale_exponent(fmaxf(amax, 0.0f), 1e-4f, 448.0f);
+        const float scale = codec::pow2_scale(e);
+        out[b * 64u + lane] = (u8)codec::f32_to_e4m3(x0 / scale);
+        out[b * 64u + 32u + lane] = (u8)codec::f32_to_e4m3(x1 / scale);
+        if (lane == 0u) out[data_row + b] = (u8)(e + 127);
+    }
+    for (u32 k = threadIdx.x; k < rd; k += CACHE_THREADS) {
+        const u32 bf = codec::f32_to_bf16(v[nd + k]);
+        out[nd + 2u * k] = (u8)(bf & 0xffu);
+        out[nd + 2u * k + 1u] = (u8)(bf >> 8);
+    }
+    if (threadIdx.x == 0u) out[data_row + nblk] = 0;
+}
+
+extern "C" __global__ void cache_decode_kv_fp8(const u8* __restrict__ in, float* __restrict__ out,
+                                               u32 nd, u32 rd) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nd + rd) return;
+    if (i < nd) {
+        out[i] = codec::e4m3_to_f32(in[i]) * codec::ue8m0_to_f32(in[nd + 2u * rd + i / 64u]);
+    } else {
+        const u32 k = nd + 2u * (i - nd);
+        out[i] = codec::bf16_to_f32((u32)in[k] | ((u32)in[k + 1u] << 8));
+    }
+}
+
+// fp8 index-K entry: dim e4m3 codes of x / scale, then the f32 scale max(amax, 1e-4)/448
+// (little endian). One warp.
+extern "C" __global__ void cache_encode_index_fp8(const float* __restrict__ v,
+                                                  u8* __restrict__ out, u32 dim) {
+    const u32 lane = threadIdx.x % DSV4_WARP;
+    float m = 0.0f;
+    for (u32 j = lane; j < dim; j += DSV4_WARP) m = fmaxf(m, fabsf(v[j]));
+    const float scale = fmaxf(warp_max(m), 1e-4f) / 448.0f;
+    for (u32 j = lane; j < dim; j += DSV4_WARP) out[j] = (u8)codec::f32_to_e4m3(v[j] / scale);
+    if (lane < 4u) out[dim + lane] = (u8)((__float_as_uint(scale) >> (8u * lane)) & 0xffu);
+}
+
+extern "C" __global__ void cache_decode_index_fp8(const u8* __restrict__ in,
+                                                  float* __restrict__ out, u32 dim) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= dim) return;
+    const u32 sb = (u32)in[dim] | ((u32)in[dim + 1u] << 8) | ((u32)in[dim + 2u] << 16) |
+                   ((u32)in[dim + 3u] << 24);
+    out[i] = codec::e4m3_to_f32(in[i]) * __uint_as_float(sb);
+}
+
+// fp4 index-K entry: dim/2 bytes of e2m1 pairs (low nibble first), then dim/32 ue8m0 codes (255
+// for a block holding NaN, whose codes are 0). One warp per 32-value block, lane = value.
+extern "C" __global__ void cache_encode_index_fp4(const float* __restrict__ v,
+                                                  u8* __restrict__ out, u32 dim) {
+    const u32 lane = threadIdx.x % DSV4_WARP;
+    const u32 b = blockIdx.x * (blockDim.x / DSV4_WARP) + threadIdx.x / DSV4_WARP;
+    if (b >= dim / 32u) return; // whole warps
+    const float x = v[b * 32u + lane];
+    const bool nan = codec::warp_any(isnan(x));
+    const float amax = warp_max(fabsf(x));
+    const int e = codec::pow2_scale_exponent(amax, codec::e2m1_floor(), 6.0f);
+    const u32 code = nan ? 0u : codec::f32_to_e2m1(x / codec::pow2_scale(e));
+    const u32 hi = (u32)__shfl_xor_sync(0xffffffffu, code, 1);
+    if (lane % 2u == 0u) out[b * 16u + lane / 2u] = (u8)(code | (hi << 4));
+    if (lane == 0u) out[dim / 2u + b] = (u8)(nan ? 255 : e + 127);
+}
+
+extern "C" __global__ void cache_decode_index_fp4(const u8* __restrict__ in,
+                                                  float* __restrict__ out, u32 dim) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= dim) return;
+    const u32 code = ((u32)in[i / 2u] >> ((i % 2u) * 4u)) & 0xfu;
+    out[i] = codec::e2m1_to_f32(code) * codec::ue8m0_to_f32(in[dim / 2u + i / 32u]);
+}

@@ -1,0 +1,328 @@
+// linear: out[r, o] = Σ_i W[o, i]·x[r, i] with W resident in its stored format (f32, bf16,
+// fp8 e4m3 with ue8m0 scales per 128×128 block, MXFP4 e2m1 with ue8m0 scales per 32 of a row)
+// and decoded in registers. Also the number codecs (namespace codec) that rows.cu and cache.cu
+// use: bit-exact ports of dsv4_core::codec (this file comes first in the translation unit).
+//
+// Launch (ops/linear.rs): block LIN_THREADS = 128 threads (4 warps). Each weight row is stored
+// with a pitch that is a multiple of 16 bytes (the host pads odd widths with zeros, and input
+// rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
+// (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
+// computes 4 output columns, loading each input chunk once for all 4; grid (ceil(out / 16), 1).
+// Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
+// 8 rows; grid (ceil(out / 4), ceil(rows / 8)). A (row, column) sum is: per lane, chunks in
+// order and elements in order, in acc_t; then warp_sum. That order does not depend on the
+// variant or on how many rows the call has (batch invariance).
+#include "common.cuh"
+
+namespace codec {
+
+// 2^e for e in −126..=127 (normal range), from its bits.
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+
+__device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
+
+// ue8m0 code → 2^(b−127); 255 is NaN, 0 is the f32 subnormal 2^-127.
+__device__ __forceinline__ float ue8m0_to_f32(u32 b) {
+    if (b == 255u) return nan_f32();
+    if (b == 0u) return __uint_as_float(0x00400000u);
+    return __uint_as_float(b << 23);
+}
+
+// 2^e for e in −127..=127 (dsv4_core::quant::pow2_f32).
+__device__ __forceinline__ float pow2_scale(int e) { return ue8m0_to_f32((u32)(e + 127)); }
+
+__device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float((b & 0xffffu) << 16); }
+
+__device__ __forceinline__ u32 f32_to_bf16(float x) {
+    const u32 bits = __float_as_uint(x);
+    if (isnan(x)) return ((bits >> 16) | 0x40u) & 0xffffu;
+    const u32 lsb = (bits >> 16) & 1u;
+    return ((bits + 0x7fffu + lsb) >> 16) & 0xffffu;
+}
+
+// e4m3 code → f32, exactly: the magnitude bits placed in an f32 at exponent offset 120 (its
+// subnormals become f32 subnormals), times 2^120; 0x7f/0xff are NaN.
+__device__ __forceinline__ float e4m3_to_f32(u32 c) {
+    const u32 mag = c & 0x7fu;
+    float v = __uint_as_float(mag << 20) * __uint_as_float(0x7b800000u);
+    if (mag == 0x7fu) v = nan_f32();
+    return (c & 0x80u) ? -v : v;
+}
+
+// e2m1 code (low 4 bits) → f32 (0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives), exactly.
+__device__ __forceinline__ float e2m1_to_f32(u32 c) {
+    const float v = __uint_as_float((c & 7u) << 22) * __uint_as_float(0x7e800000u);
+    return (c & 8u) ? -v : v;
+}
+
+// Round-to-nearest-even of 0 ≤ q < 2^22 (the f32 addition of 2^23 rounds to an integer).
+__device__ __forceinline__ u32 rne_small(float q) {
+    return (u32)((q + 8388608.0f) - 8388608.0f);
+}
+
+// dsv4_core's encode_magnitude for a finite x ≥ 0 (the caller saturates); every step is exact
+// in f32: scaling by powers of two, then one rounding to an integer.
+__device__ __forceinline__ u32 encode_magnitude(float x, int man, int bias) {
+    if (x == 0.0f) return 0u;
+    const int emin = 1 - bias;
+    const u32 biased = (__float_as_uint(x) >> 23) & 0xffu;
+    if (biased == 0u) return 0u; // f32 subnormals are below every minifloat's half-ulp
+    const int ex = (int)biased - 127;
+    if (ex < emin) return rne_small(x * pow2f(man - emin));
+    const u32 q = rne_small(x * pow2f(man - ex));
+    return ((u32)(ex + bias) << man) + (q - (1u << man));
+}
+
+__device__ __forceinline__ u32 f32_to_e4m3(float x) {
+    const u32 sign = (__float_as_uint(x) >> 24) & 0x80u;
+    if (isnan(x)) return sign | 0x7fu;
+    if (isinf(x)) return sign | 0x7eu;
+    return sign | min(encode_magnitude(fabsf(x), 3, 7), 0x7eu);
+}
+
+__device__ __forceinline__ u32 f32_to_e2m1(float x) {
+    if (isnan(x)) return 0u;
+    const u32 sign = (__float_as_uint(x) >> 28) & 0x8u;
+    if (isinf(x)) return sign | 7u;
+    return sign | min(encode_magnitude(fabsf(x), 1, 1), 7u);
+}
+
+// ceil(log2 v) for a finite v > 0, exactly (dsv4_core's checked_pow2_ceil_exponent).
+__device__ __forceinline__ int ceil_log2(double v) {
+    const u64 bits = (u64)__double_as_longlong(v);
+    int biased = (int)((bits >> 52) & 0x7ffu);
+    u64 mant = bits & ((1ull << 52) - 1ull);
+    if (biased == 0) {
+        // f64 subnormal: mant·2^-1074.
+        int hi = 63;
+        while (((mant >> hi) & 1ull) == 0ull) hi--;
+        const bool exact = (mant & (mant - 1ull)) == 0ull;
+        return hi - 1074 + (exact ? 0 : 1);
+    }
+    return biased - 1023 + (mant == 0ull ? 0 : 1);
+}
+
+// dsv4_core::quant::pow2_scale_exponent: 2^e ≥ max(amax, floor)/qmax, the quotient in f32.
+__device__ __forceinline__ int pow2_scale_exponent(float amax, float floor_, float qmax) {
+    const float q = fmaxf(amax, floor_) / qmax;
+    if (isinf(q)) return 127;
+    if (!(q > 0.0f)) return -127;
+    return max(-127, min(127, ceil_log2((double)q)));
+}
+
+// 6·f32::MIN_POSITIVE, the e2m1 block-maximum floor.
+__device__ __forceinline__ float e2m1_floor() { return __uint_as_float(0x01c00000u); }
+
+// Whether any lane's flag is set (every lane of the warp must call it).
+__device__ __forceinline__ bool warp_any(bool flag) {
+    u32 v = flag ? 1u : 0u;
+    for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+    return v != 0u;
+}
+
+} // namespace codec
+
+// ---- linear ----
+
+#define LIN_THREADS 128
+#define LIN_WARPS (LIN_THREADS / DSV4_WARP)
+
+// One 16-byte chunk of a weight row, and four floats of an input row.
+struct alignas(16) lin_chunk {
+    u32 w[4];
+};
+struct alignas(16) lin_f4 {
+    float v[4];
+};
+
+// Weight formats (ops/linear.rs passes the matching kernel): elements per 16-byte chunk.
+#define LIN_F32 0
+#define LIN_BF16 1
+#define LIN_FP8 2
+#define LIN_MXFP4 3
+
+template <int FMT> struct lin_fmt;
+template <> struct lin_fmt<LIN_F32> { static const int E = 4; };
+template <> struct lin_fmt<LIN_BF16> { static const int E = 8; };
+template <> struct lin_fmt<LIN_FP8> { static const int E = 16; };
+template <> struct lin_fmt<LIN_MXFP4> { static const int E = 32; };
+
+// Decode chunk `c` of output row `o` into E f32 weights (the exact values of
+// dsv4_kernels::Linear::dequantized: the same f32 multiplication by the scale).
+template <int FMT>
+__device__ __forceinline__ void lin_decode(const lin_chunk& ch, const u8* __restrict__ scale,
+                                           u32 o, u32 c, u32 in_dim, float* w) {
+    if constexpr (FMT == LIN_F32) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = __uint_as_float(ch.w[k]);
+    } else if constexpr (FMT == LIN_BF16) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[2 * k] = codec::bf16_to_f32(ch.w[k]);
+            w[2 * k + 1] = codec::bf16_to_f32(ch.w[k] >> 16);
+        }
+    } else if constexpr (FMT == LIN_FP8) {
+        const u32 sc_row = (in_dim + 127u) / 128u;
+        const float s = codec::ue8m0_to_f32(scale[(u64)(o / 128u) * sc_row + (c * 16u) / 128u]);
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            w[k] = codec::e4m3_to_f32((ch.w[k / 4] >> (8 * (k % 4))) & 0xffu) * s;
+        }
+    } else {
+        const float s = codec::ue8m0_to_f32(scale[(u64)o * (in_dim / 32u) + c]);
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            w[k] = codec::e2m1_to_f32((ch.w[k / 8] >> (4 * (k % 8))) & 0xfu) * s;
+        }
+    }
+}
+
+// E input values at xr (16-byte aligned: the host pads input rows to the weight's pitch).
+template <int E>
+__device__ __forceinline__ void lin_load_x(const float* __restrict__ xr, float* xv) {
+    const lin_f4* p = reinterpret_cast<const lin_f4*>(xr);
+#pragma unroll
+    for (int q = 0; q < E / 4; q++) {
+        const lin_f4 f = p[q];
+#pragma unroll
+        for (int k = 0; k < 4; k++) xv[4 * q + k] = f.v[k];
+    }
+}
+
+// acc += Σ_k w[k]·x[k] over the chunk's first `lim` elements, in element order.
+template <int E>
+__device__ __forceinline__ void lin_dot(acc_t& acc, const float* w, const float* xv, u32 lim) {
+    if (lim == (u32)E) {
+#pragma unroll
+        for (int k = 0; k < E; k++) acc += (acc_t)w[k] * (acc_t)xv[k];
+    } else {
+        // The row's last, partial chunk: the zero padding past in_dim is skipped.
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            if ((u32)k < lim) acc += (acc_t)w[k] * (acc_t)xv[k];
+        }
+    }
+}
+
+// One warp computes COLS consecutive output columns for ROWS consecutive rows. Every (row,
+// column) sum has the same order whatever ROWS, COLS and the row count are: lane l adds chunks
+// l, l + 32, … in order, each chunk's elements in order; then warp_sum.
+template <int FMT, int ROWS, int COLS>
+__device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
+                                            const u8* __restrict__ scale,
+                                            const float* __restrict__ x, float* __restrict__ out,
+                                            u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch,
+                                            u32 rows) {
+    const int E = lin_fmt<FMT>::E;
+    const u32 lane = threadIdx.x % DSV4_WARP;
+    const u32 o0 = (blockIdx.x * LIN_WARPS + threadIdx.x / DSV4_WARP) * COLS;
+    const u32 r0 = blockIdx.y * ROWS;
+    // Whole warps leave together; the kernel has no __syncthreads.
+    if (o0 >= out_dim || r0 >= rows) return;
+    const u32 nr = min((u32)ROWS, rows - r0);
+    const u32 nc = min((u32)COLS, out_dim - o0);
+    acc_t acc[ROWS][COLS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int j = 0; j < COLS; j++) acc[r][j] = (acc_t)0;
+    }
+    const u32 nchunks = pitch / 16u;
+    const float* xr0 = x + (u64)r0 * xpitch;
+    for (u32 c = lane; c < nchunks; c += DSV4_WARP) {
+        const u32 i0 = c * (u32)E;
+        const u32 lim = min((u32)E, in_dim - i0);
+        if constexpr (ROWS == 1) {
+            // Decode: the input chunk is loaded once and used for COLS weight rows.
+            float xv[E];
+            lin_load_x<E>(xr0 + i0, xv);
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                if ((u32)j < nc) {
+                    const u32 o = o0 + (u32)j;
+                    const lin_chunk ch =
+                        reinterpret_cast<const lin_chunk*>(wdata + (u64)o * pitch)[c];
+                    float w[E];
+                    lin_decode<FMT>(ch, scale, o, c, in_dim, w);
+                    lin_dot<E>(acc[0][j], w, xv, lim);
+                }
+            }
+        } else {
+            // Batched: each decoded weight chunk is used for up to ROWS input rows.
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                if ((u32)j < nc) {
+                    const u32 o = o0 + (u32)j;
+                    const lin_chunk ch =
+                        reinterpret_cast<const lin_chunk*>(wdata + (u64)o * pitch)[c];
+                    float w[E];
+                    lin_decode<FMT>(ch, scale, o, c, in_dim, w);
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) {
+                        if ((u32)r < nr) {
+                            float xv[E];
+                            lin_load_x<E>(xr0 + (u64)r * xpitch + i0, xv);
+                            lin_dot<E>(acc[r][j], w, xv, lim);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int j = 0; j < COLS; j++) {
+            if ((u32)r < nr && (u32)j < nc) { // the same on every lane: no divergent shuffle
+                const acc_t s = warp_sum(acc[r][j]);
+                if (lane == 0u) out[(u64)(r0 + r) * out_dim + o0 + j] = (float)s;
+            }
+        }
+    }
+}
+
+// Decode variants (one row; LIN_R1_COLS = 4 columns per warp share each input chunk) and
+// batched variants (up to 8 rows per weight pass; one column per warp) of each format; a row
+// gets the same bits from either. Parameters: weight bytes (out_dim rows of `pitch` bytes),
+// scale bytes, x [rows, xpitch], out [rows, out_dim], out_dim, in_dim, pitch, xpitch, rows.
+// Grid: (ceil(out_dim / (4 · COLS)), ceil(rows / ROWS)), block LIN_THREADS.
+extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_F32, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_F32, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_BF16, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_BF16, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_FP8, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_FP8, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_mxfp4_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_MXFP4, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_impl<LIN_MXFP4, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}

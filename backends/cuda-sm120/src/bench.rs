@@ -1,0 +1,314 @@
+//! Device measurements for `dsv4 bench --backend cuda-sm120`: the device's own limits measured
+//! in the same run (copy bandwidth, SIMT f32 FMA rate, mma.sync bf16/fp8 rates), and the linear
+//! kernels timed on device-resident operands, reported as fractions of those limits.
+//!
+//! Kernel times are wall-clock around a batch of launches followed by one synchronize (launches
+//! are asynchronous on a GPU), the median of several batches. On the emulator the same code runs
+//! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
+
+use crate::ops::linear::time_linear;
+use crate::{CudaBackend, CudaError, Device, KArg};
+use dsv4_kernels::{Linear, WeightFormat};
+use serde::Serialize;
+use std::time::Instant;
+
+/// The device's limits, measured in this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DevicePeaks {
+    /// The device, as [`crate::DeviceInfo`] prints it.
+    pub device: String,
+    /// True on the CPU emulator (numbers are meaningless).
+    pub emulated: bool,
+    /// Device-to-device copy bandwidth, bytes read + written per second / 1e9.
+    pub copy_gbs: f64,
+    /// SIMT f32 FMA rate, TFLOP/s.
+    pub fma_f32_tflops: f64,
+    /// mma.sync m16n8k16 bf16 rate with f32 accumulation, TFLOP/s (None on the emulator).
+    pub mma_bf16_tflops: Option<f64>,
+    /// mma.sync m16n8k32 e4m3 rate (sm_89+; None elsewhere and on the emulator), TFLOP/s.
+    pub mma_fp8_tflops: Option<f64>,
+}
+
+/// One linear case timed on the device.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinearTiming {
+    /// What was timed ("gemv_fp8 decode 4096x4096").
+    pub case: String,
+    /// Rows (tokens) per call.
+    pub rows: usize,
+    /// Seconds per call (median).
+    pub seconds: f64,
+    /// Weight bytes read per call.
+    pub weight_bytes: usize,
+    /// Weight bytes per second / 1e9.
+    pub weight_gbs: f64,
+    /// 2·rows·out·in / seconds / 1e12.
+    pub tflops: f64,
+    /// weight_gbs / copy_gbs (decode cases).
+    pub of_copy_bandwidth: f64,
+    /// tflops / the matching matrix rate (bf16 mma for bf16/f32 weights, fp8 mma for fp8/fp4),
+    /// when measured.
+    pub of_matrix_rate: Option<f64>,
+}
+
+/// Everything the device bench measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceBenchReport {
+    /// Device limits of this run.
+    pub peaks: DevicePeaks,
+    /// Linear cases (decode GEMV and prefill GEMM).
+    pub linear: Vec<LinearTiming>,
+}
+
+/// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
+/// `per_batch` calls each, after one warm-up call.
+pub fn time_launches(
+    dev: &Device,
+    per_batch: usize,
+    batches: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    f()?;
+    dev.synchronize()?;
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches.max(1) {
+        let t = Instant::now();
+        for _ in 0..per_batch.max(1) {
+            f()?;
+        }
+        dev.synchronize()?;
+        v.push(t.elapsed().as_secs_f64() / per_batch.max(1) as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+/// Sizes of the peak measurements: real ones on a GPU, tiny ones on the emulator.
+struct PeakSizes {
+    copy_bytes: usize,
+    fma_blocks: u32,
+    fma_iters: u32,
+    mma_blocks: u32,
+    mma_iters: u32,
+    batches: usize,
+}
+
+impl PeakSizes {
+    fn for_device(emulated: bool) -> Self {
+        if emulated {
+            PeakSizes {
+                copy_bytes: 64 << 10,
+                fma_blocks: 2,
+                fma_iters: 16,
+                mma_blocks: 0,
+                mma_iters: 0,
+                batches: 1,
+            }
+        } else {
+            PeakSizes {
+                copy_bytes: 512 << 20,
+                fma_blocks: 8192,
+                fma_iters: 4096,
+                mma_blocks: 4096,
+                mma_iters: 512,
+                batches: 5,
+            }
+        }
+    }
+}
+
+/// Measure the device's copy bandwidth and arithmetic rates.
+pub fn peaks(dev: &Device) -> Result<DevicePeaks, CudaError> {
+    let info = dev.info();
+    let s = PeakSizes::for_device(info.emulated);
+    let src = dev.alloc(s.copy_bytes)?;
+    let dst = dev.alloc(s.copy_bytes)?;
+    let n_vec = (s.copy_bytes / 16) as u64;
+    let copy_blocks = u32::try_from((n_vec / 256).clamp(1, 65_535)).unwrap_or(65_535);
+    let copy_s = time_launches(dev, 4, s.batches, || unsafe {
+        dev.launch(
+            "bench_copy",
+            (copy_blocks, 1, 1),
+            (256, 1, 1),
+            &[KArg::Buf(&src), KArg::Buf(&dst), KArg::U64(n_vec)],
+        )
+    })?;
+    let copy_gbs = 2.0 * s.copy_bytes as f64 / copy_s / 1e9;
+
+    let threads = 256u32;
+    let out = dev.alloc(s.fma_blocks.max(s.mma_blocks) as usize * threads as usize * 4)?;
+    let fma_s = time_launches(dev, 2, s.batches, || unsafe {
+        dev.launch(
+            "bench_fma",
+            (s.fma_blocks, 1, 1),
+            (threads, 1, 1),
+            &[
+                KArg::Buf(&out),
+                KArg::U32(s.fma_iters),
+                KArg::F32(0.999_9),
+                KArg::F32(1e-4),
+            ],
+        )
+    })?;
+    let fma_flops = 16.0 * f64::from(s.fma_iters) * f64::from(s.fma_blocks * threads);
+
+    let mma = |kernel: &str, flops_per_warp_step: f64| -> Result<Option<f64>, CudaError> {
+        if info.emulated || s.mma_blocks == 0 {
+            return Ok(None);
+        }
+        let secs = time_launches(dev, 2, s.batches, || unsafe {
+            dev.launch(
+                kernel,
+                (s.mma_blocks, 1, 1),
+                (threads, 1, 1),
+                &[KArg::Buf(&out), KArg::U32(s.mma_iters)],
+            )
+        })?;
+        let warps = f64::from(s.mma_blocks * threads / 32);
+        Ok(Some(
+            warps * f64::from(s.mma_iters) * 4.0 * flops_per_warp_step / secs / 1e12,
+        ))
+    };
+    let (major, minor) = info.capability;
+    let mma_bf16_tflops = mma("bench_mma_bf16", 4096.0)?;
+    let mma_fp8_tflops = if (major, minor) >= (8, 9) {
+        mma("bench_mma_fp8", 8192.0)?
+    } else {
+        None
+    };
+    Ok(DevicePeaks {
+        device: info.to_string(),
+        emulated: info.emulated,
+        copy_gbs,
+        fma_f32_tflops: fma_flops / fma_s / 1e12,
+        mma_bf16_tflops,
+        mma_fp8_tflops,
+    })
+}
+
+/// The linear cases: DSV4-Flash decode GEMV shapes and a prefill GEMM (tiny shapes on the
+/// emulator).
+fn linear_cases(emulated: bool) -> Vec<(&'static str, usize, usize, usize, WeightFormat)> {
+    if emulated {
+        return vec![
+            (
+                "gemv_fp8 decode 256x256",
+                1,
+                256,
+                256,
+                WeightFormat::Fp8Block,
+            ),
+            (
+                "gemm_bf16 prefill 16x128x128",
+                16,
+                128,
+                128,
+                WeightFormat::Bf16,
+            ),
+        ];
+    }
+    vec![
+        (
+            "gemv_fp8 decode 4096x4096",
+            1,
+            4096,
+            4096,
+            WeightFormat::Fp8Block,
+        ),
+        (
+            "gemv_fp8 decode wq_b 1024->32768",
+            1,
+            32768,
+            1024,
+            WeightFormat::Fp8Block,
+        ),
+        (
+            "gemv_mxfp4 decode expert w1 4096->2048",
+            1,
+            2048,
+            4096,
+            WeightFormat::Mxfp4,
+        ),
+        (
+            "gemv_bf16 decode head 4096->129280",
+            1,
+            129_280,
+            4096,
+            WeightFormat::Bf16,
+        ),
+        (
+            "gemm_fp8 prefill 512x4096->4096",
+            512,
+            4096,
+            4096,
+            WeightFormat::Fp8Block,
+        ),
+        (
+            "gemm_bf16 prefill 512x4096->4096",
+            512,
+            4096,
+            4096,
+            WeightFormat::Bf16,
+        ),
+    ]
+}
+
+/// Deterministic weights of a format (bytes from a fixed LCG; scales near 1).
+fn bench_weight(
+    name: &str,
+    out: usize,
+    inp: usize,
+    fmt: WeightFormat,
+) -> Result<Linear, CudaError> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bytes = |n: usize, mask: u8, or: u8| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                ((state >> 56) as u8 & mask) | or
+            })
+            .collect()
+    };
+    let (data, scale) = match fmt {
+        WeightFormat::F32 => (bytes(out * inp * 4, 0x3f, 0), vec![]),
+        WeightFormat::Bf16 => (bytes(out * inp * 2, 0x3f, 0), vec![]),
+        WeightFormat::Fp8Block => (
+            bytes(out * inp, 0x77, 0),
+            vec![127u8; out.div_ceil(128) * inp.div_ceil(128)],
+        ),
+        WeightFormat::Mxfp4 => (bytes(out * inp / 2, 0x77, 0), vec![127u8; out * inp / 32]),
+    };
+    Linear::new(name, out, inp, fmt, data, scale).map_err(|e| CudaError::BadOperands(e.to_string()))
+}
+
+/// Measure the peaks, then time each linear case on device-resident operands.
+pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
+    let dev = backend.device();
+    let peaks = peaks(dev)?;
+    let mut linear = Vec::new();
+    for (case, rows, out, inp, fmt) in linear_cases(peaks.emulated) {
+        let w = bench_weight(case, out, inp, fmt)?;
+        let batches = if peaks.emulated { 1 } else { 5 };
+        let seconds = time_linear(backend, &w, rows, batches)?;
+        let weight_bytes = w.data.len() + w.scale.len();
+        let weight_gbs = weight_bytes as f64 / seconds / 1e9;
+        let tflops = 2.0 * (rows * out * inp) as f64 / seconds / 1e12;
+        let matrix = match fmt {
+            WeightFormat::Fp8Block | WeightFormat::Mxfp4 => peaks.mma_fp8_tflops,
+            WeightFormat::Bf16 | WeightFormat::F32 => peaks.mma_bf16_tflops,
+        };
+        linear.push(LinearTiming {
+            case: case.to_string(),
+            rows,
+            seconds,
+            weight_bytes,
+            weight_gbs,
+            tflops,
+            of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
+            of_matrix_rate: matrix.map(|m| tflops / m),
+        });
+    }
+    Ok(DeviceBenchReport { peaks, linear })
+}

@@ -1,0 +1,256 @@
+//! The CUDA driver device (registry name `cuda-sm120`): a context on one GPU, the kernels compiled
+//! by NVRTC for its compute capability and loaded as one module, and [`RawDevice`] over the
+//! driver API (cudarc's `result` level: raw device pointers, synchronous copies, launches on the
+//! legacy default stream, so every copy waits for the launches before it). libcuda is loaded
+//! dynamically; [`probe`] checks for it before any cudarc driver call (cudarc panics when the
+//! library is missing).
+
+use crate::device::{Dim3, RawDevice};
+use crate::{CudaError, Device, DeviceInfo, kernels, nvrtc, registry};
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, OnceLock};
+
+/// Ok when the NVIDIA driver is loadable, initializes, has at least one device, and NVRTC is
+/// loadable; else why not. Checked once.
+pub fn probe() -> Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE.get_or_init(probe_once).clone()
+}
+
+fn probe_once() -> Result<(), String> {
+    let mut names = cudarc::get_lib_name_candidates("cuda");
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    // SAFETY: loading libcuda runs only the driver's own initializers.
+    let found = names
+        .iter()
+        .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+    if !found {
+        return Err(format!(
+            "libcuda not found (no NVIDIA driver): tried {}",
+            names.join(", ")
+        ));
+    }
+    result::init().map_err(|e| format!("cuInit failed: {}", err_name(e)))?;
+    let count = result::device::get_count()
+        .map_err(|e| format!("cuDeviceGetCount failed: {}", err_name(e)))?;
+    if count <= 0 {
+        return Err("no CUDA device (the driver loads but reports no GPU)".to_string());
+    }
+    nvrtc::nvrtc_probe()
+}
+
+fn err_name(e: DriverError) -> String {
+    match e.error_name() {
+        Ok(n) => n.to_string_lossy().into_owned(),
+        Err(_) => format!("CUresult {}", e.0 as i32),
+    }
+}
+
+fn drv(what: &str) -> impl Fn(DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver(format!("{what}: {}", err_name(e)))
+}
+
+/// Whether a device of this compute capability accumulates in f64 by default: the ones with
+/// full-rate FP64 (A100 sm_80, H100/H200 sm_90, B200 sm_100).
+pub fn default_acc_f64(capability: (u32, u32)) -> bool {
+    matches!(capability, (8, 0) | (9, 0) | (10, 0))
+}
+
+/// The GPU `device_index` with the backend's kernels compiled for it and loaded. Accumulation
+/// is [`default_acc_f64`] unless `DSV4_CUDA_ACC=f32|f64` says otherwise.
+pub fn open(device_index: usize) -> Result<Device, CudaError> {
+    probe().map_err(CudaError::Unavailable)?;
+    let count = result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    let ordinal = i32::try_from(device_index)
+        .ok()
+        .filter(|&i| i < count)
+        .ok_or_else(|| {
+            CudaError::Unavailable(format!(
+                "CUDA device {device_index} does not exist ({count} device(s))"
+            ))
+        })?;
+    let dev = result::device::get(ordinal).map_err(drv("cuDeviceGet"))?;
+    // SAFETY: dev is a valid device handle from cuDeviceGet.
+    let ctx =
+        unsafe { result::primary_ctx::retain(dev) }.map_err(drv("cuDevicePrimaryCtxRetain"))?;
+    // From here on the device (and its Drop) owns the context reference.
+    let mut d = CudaDevice {
+        dev,
+        ctx,
+        module: std::ptr::null_mut(),
+        funcs: HashMap::new(),
+        info: DeviceInfo {
+            name: String::new(),
+            capability: (0, 0),
+            memory_bytes: 0,
+            f64_accumulation: false,
+            emulated: false,
+        },
+    };
+    d.current()?;
+    let attr = |a| {
+        // SAFETY: dev is valid; the attribute enum value is a valid CUdevice_attribute.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(drv("cuDeviceGetAttribute"))
+    };
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let capability = (major as u32, minor as u32);
+    d.info = DeviceInfo {
+        name: result::device::get_name(dev).map_err(drv("cuDeviceGetName"))?,
+        capability,
+        // SAFETY: dev is valid.
+        memory_bytes: unsafe { result::device::total_mem(dev) }.map_err(drv("cuDeviceTotalMem"))?
+            as u64,
+        f64_accumulation: registry::acc_override()?.unwrap_or(default_acc_f64(capability)),
+        emulated: false,
+    };
+    d.module = load_module(capability, d.info.f64_accumulation)?;
+    for name in kernels::kernel_names() {
+        let cname =
+            CString::new(name.clone()).map_err(|_| CudaError::NoSuchKernel(name.clone()))?;
+        // SAFETY: the module is loaded and stays loaded while `d` lives.
+        let f = unsafe { result::module::get_function(d.module, cname) }.map_err(|e| {
+            CudaError::Driver(format!("cuModuleGetFunction({name}): {}", err_name(e)))
+        })?;
+        d.funcs.insert(name, f);
+    }
+    Ok(Device::new(Arc::new(d)))
+}
+
+/// Compile for `sm_XY` and load the CUBIN; if the driver refuses it, load PTX for `compute_XY`
+/// instead (JIT-compiled by the driver). The context must be current.
+fn load_module(capability: (u32, u32), acc_f64: bool) -> Result<sys::CUmodule, CudaError> {
+    let cubin = nvrtc::compile_cubin(capability, acc_f64)?;
+    // SAFETY: cubin is a complete ELF image produced by NVRTC; the driver copies it.
+    let cubin_err = match unsafe { result::module::load_data(cubin.as_ptr().cast()) } {
+        Ok(m) => return Ok(m),
+        Err(e) => err_name(e),
+    };
+    let ptx = nvrtc::compile_ptx(capability, acc_f64)?;
+    let ptx = CString::new(ptx).map_err(|_| CudaError::Driver("PTX with a NUL byte".into()))?;
+    // SAFETY: a NUL-terminated PTX string; the driver copies it.
+    unsafe { result::module::load_data(ptx.as_ptr().cast()) }.map_err(|e| {
+        CudaError::Driver(format!(
+            "cuModuleLoadData: the CUBIN failed ({cubin_err}) and the PTX failed ({}); \
+             is the driver older than NVRTC {:?}?",
+            err_name(e),
+            nvrtc::version().ok()
+        ))
+    })
+}
+
+/// One GPU: its primary context, the kernel module and its functions by name.
+struct CudaDevice {
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    module: sys::CUmodule,
+    funcs: HashMap<String, sys::CUfunction>,
+    info: DeviceInfo,
+}
+
+// SAFETY: CUDA driver handles may be used from any host thread once the context is current
+// there; every method makes it current first, and the driver API is thread safe.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; the handles are never mutated after `open`.
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    /// Make this device's context current on the calling thread.
+    fn current(&self) -> Result<(), CudaError> {
+        // SAFETY: ctx is the retained primary context of `dev`.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent"))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.current().is_ok() && !self.module.is_null() {
+            // SAFETY: the module was loaded by `open` and no function of it is used after this.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+        // SAFETY: releases the reference `open` retained.
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
+    }
+}
+
+impl RawDevice for CudaDevice {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<u64, CudaError> {
+        self.current()?;
+        // SAFETY: a plain allocation; it is zero-filled below before anyone reads it.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                CudaError::TooLarge {
+                    what: format!(
+                        "allocating {bytes} bytes on {}: out of device memory",
+                        self.info.name
+                    ),
+                }
+            } else {
+                CudaError::Driver(format!("cuMemAlloc({bytes}): {}", err_name(e)))
+            }
+        })?;
+        // SAFETY: ptr holds `bytes` bytes.
+        if let Err(e) = unsafe { result::memset_d8_sync(ptr, 0, bytes) } {
+            // SAFETY: ptr was just allocated and is not used elsewhere.
+            let _ = unsafe { result::free_sync(ptr) };
+            return Err(drv("cuMemsetD8")(e));
+        }
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: u64) {
+        // Launches are asynchronous: wait for any still reading or writing this buffer.
+        if self.current().is_ok() && result::ctx::synchronize().is_ok() {
+            // SAFETY: the caller guarantees ptr came from alloc and is not used again.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+
+    fn upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: Device only uploads into buffers at least data.len() bytes long; the copy is
+        // synchronous, so `data` is not used after the call.
+        unsafe { result::memcpy_htod_sync(ptr, data) }.map_err(drv("cuMemcpyHtoD"))
+    }
+
+    fn download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: Device only downloads from buffers at least out.len() bytes long.
+        unsafe { result::memcpy_dtoh_sync(out, ptr) }.map_err(drv("cuMemcpyDtoH"))
+    }
+
+    unsafe fn launch_raw(
+        &self,
+        name: &str,
+        grid: Dim3,
+        block: Dim3,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        let f = *self
+            .funcs
+            .get(name)
+            .ok_or_else(|| CudaError::NoSuchKernel(name.to_string()))?;
+        self.current()?;
+        // SAFETY: the caller guarantees params match the kernel; cuLaunchKernel copies the
+        // parameter values before it returns. The launch goes to the legacy default stream, so
+        // it runs after every earlier launch and copy and before every later one (copies from
+        // and to pageable host memory wait for it); CUDA_LAUNCH_BLOCKING=1 makes each launch
+        // wait, for debugging.
+        unsafe { result::launch_kernel(f, grid, block, 0, std::ptr::null_mut(), params) }
+            .map_err(|e| CudaError::Driver(format!("launching {name}: {}", err_name(e))))
+    }
+
+    fn synchronize(&self) -> Result<(), CudaError> {
+        self.current()?;
+        result::ctx::synchronize()
+            .map_err(|e| CudaError::Driver(format!("running kernels: {}", err_name(e))))
+    }
+}

@@ -1,0 +1,268 @@
+//! The device a kernel runs on, behind one small trait: the CUDA driver (`cuda.rs`, cudarc) or the
+//! CPU emulator (`emu.rs`) that runs the same `.cu` sources. The op wrappers in `ops/` only see
+//! [`Device`]: allocate, copy, launch by kernel name with arguments in the kernel's order.
+
+use crate::CudaError;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// A grid or block shape (x, y, z).
+pub type Dim3 = (u32, u32, u32);
+
+/// What a device is, as reported to the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name ("NVIDIA H200", or "cuda-emu (CPU emulator)").
+    pub name: String,
+    /// Compute capability (major, minor) the kernels were compiled for.
+    pub capability: (u32, u32),
+    /// Device memory in bytes (0 when unknown).
+    pub memory_bytes: u64,
+    /// Whether sums accumulate in f64 (`DSV4_ACC_F64`) or f32.
+    pub f64_accumulation: bool,
+    /// True for the CPU emulator.
+    pub emulated: bool,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (sm_{}{}, {} MiB, {} accumulation)",
+            self.name,
+            self.capability.0,
+            self.capability.1,
+            self.memory_bytes >> 20,
+            if self.f64_accumulation { "f64" } else { "f32" }
+        )
+    }
+}
+
+/// The raw operations a device implementation provides. Addresses are device addresses (for
+/// the emulator: host addresses); `params` is what `cuLaunchKernel` takes: one pointer per
+/// kernel parameter, pointing at that parameter's value.
+pub trait RawDevice: Send + Sync {
+    /// What the device is.
+    fn info(&self) -> DeviceInfo;
+    /// Allocate `bytes` (> 0) zero-filled bytes.
+    fn alloc(&self, bytes: usize) -> Result<u64, CudaError>;
+    /// Free an address `alloc` returned.
+    ///
+    /// # Safety
+    /// `ptr` came from this device's `alloc` and is not used afterwards.
+    unsafe fn free(&self, ptr: u64);
+    /// Copy `data` to `ptr` (which holds at least `data.len()` bytes).
+    fn upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError>;
+    /// Copy `out.len()` bytes from `ptr` into `out`.
+    fn download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError>;
+    /// Launch kernel `name`; it runs after every earlier launch and copy on this device and
+    /// before every later one (it may still be running when this returns).
+    ///
+    /// # Safety
+    /// `params` matches the kernel's parameter list in number and types, and every buffer the
+    /// kernel touches through them is large enough for the launch.
+    unsafe fn launch_raw(
+        &self,
+        name: &str,
+        grid: Dim3,
+        block: Dim3,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError>;
+    /// Wait until every launch and copy issued so far has finished (for timing; launches and
+    /// copies are already ordered among themselves).
+    fn synchronize(&self) -> Result<(), CudaError> {
+        Ok(())
+    }
+}
+
+/// Device memory: `bytes` bytes at a device address, freed when dropped.
+pub struct DevBuf {
+    ptr: u64,
+    bytes: usize,
+    owner: Arc<dyn RawDevice>,
+}
+
+impl DevBuf {
+    /// Size in bytes as requested.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from owner.alloc and this is its only owner.
+        unsafe { self.owner.free(self.ptr) }
+    }
+}
+
+impl std::fmt::Debug for DevBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevBuf({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+/// One kernel argument, given in the order of the kernel's parameters.
+#[derive(Debug, Clone, Copy)]
+pub enum KArg<'a> {
+    /// A pointer parameter (`const float*`, `uint8_t*`, …).
+    Buf(&'a DevBuf),
+    /// `unsigned int` / `uint32_t`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `unsigned long long` / `uint64_t`.
+    U64(u64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+/// A device the ops run on: the raw device plus typed helpers.
+#[derive(Clone)]
+pub struct Device {
+    raw: Arc<dyn RawDevice>,
+}
+
+impl Device {
+    /// Wrap a raw device.
+    pub fn new(raw: Arc<dyn RawDevice>) -> Self {
+        Self { raw }
+    }
+
+    /// What the device is.
+    pub fn info(&self) -> DeviceInfo {
+        self.raw.info()
+    }
+
+    /// A zero-filled buffer of `bytes` bytes (at least 16 are allocated, so empty tensors
+    /// still have an address).
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        let ptr = self.raw.alloc(bytes.max(16))?;
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            owner: self.raw.clone(),
+        })
+    }
+
+    /// A new buffer holding `data`.
+    pub fn upload(&self, data: &[u8]) -> Result<DevBuf, CudaError> {
+        let b = self.alloc(data.len())?;
+        if !data.is_empty() {
+            self.raw.upload(b.ptr, data)?;
+        }
+        Ok(b)
+    }
+
+    /// A new buffer holding `data` as f32.
+    pub fn upload_f32(&self, data: &[f32]) -> Result<DevBuf, CudaError> {
+        self.upload(f32_bytes(data))
+    }
+
+    /// Overwrite the start of `buf` with `data`.
+    pub fn write(&self, buf: &DevBuf, data: &[u8]) -> Result<(), CudaError> {
+        check_len("write", buf, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.raw.upload(buf.ptr, data)
+    }
+
+    /// Copy the first `out.len()` bytes of `buf` into `out`.
+    pub fn download(&self, buf: &DevBuf, out: &mut [u8]) -> Result<(), CudaError> {
+        check_len("download", buf, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.raw.download(buf.ptr, out)
+    }
+
+    /// Copy the first `out.len()` f32 of `buf` into `out`.
+    pub fn download_f32(&self, buf: &DevBuf, out: &mut [f32]) -> Result<(), CudaError> {
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.download(buf, &mut bytes)?;
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(())
+    }
+
+    /// Launch `kernel` on `grid` × `block` with `args` (in the kernel's parameter order); it
+    /// finishes before any later launch or copy on this device starts. A grid with a zero dimension launches nothing.
+    ///
+    /// # Safety
+    /// The argument list matches the kernel's parameters and every buffer is as large as the
+    /// launch reads or writes; the op wrappers check sizes before they launch.
+    pub unsafe fn launch(
+        &self,
+        kernel: &str,
+        grid: Dim3,
+        block: Dim3,
+        args: &[KArg<'_>],
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // Each value lives in its own 8-byte, 8-aligned slot; smaller values sit in the low
+        // bytes (little endian), which is where the driver reads a 4-byte parameter.
+        let mut store: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                KArg::Buf(b) => b.ptr,
+                KArg::U32(v) => u64::from(v),
+                KArg::I32(v) => u64::from(v as u32),
+                KArg::U64(v) => v,
+                KArg::F32(v) => u64::from(v.to_bits()),
+                KArg::F64(v) => v.to_bits(),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = store
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the caller guarantees the parameter list; `store` outlives the call.
+        unsafe { self.raw.launch_raw(kernel, grid, block, &mut params) }
+    }
+}
+
+impl Device {
+    /// Wait for everything issued so far (see [`RawDevice::synchronize`]).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.raw.synchronize()
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.info())
+    }
+}
+
+fn check_len(what: &'static str, buf: &DevBuf, len: usize) -> Result<(), CudaError> {
+    if len > buf.bytes {
+        return Err(CudaError::OutOfBounds {
+            what,
+            len,
+            bytes: buf.bytes,
+        });
+    }
+    Ok(())
+}
+
+/// The bytes of an f32 slice (little endian, as the device reads them).
+pub fn f32_bytes(data: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the targets are little endian.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+/// Grid size for `n` items at `per_block` items per block (at least one block when n > 0).
+pub fn blocks_for(n: usize, per_block: usize) -> u32 {
+    u32::try_from(n.div_ceil(per_block.max(1))).expect("grid dimension exceeds u32")
+}

@@ -1,0 +1,206 @@
+//! dsv4-backend-cuda: the optimized NVIDIA backend (registry name `cuda-sm120`). Kernels are
+//! CUDA C++ in `kernels/*.cu`, compiled at run time by NVRTC for the device's own compute
+//! capability (sm_80 … sm_120) and launched through cudarc, loaded dynamically so the binary
+//! builds and runs without CUDA. The same sources also run on a CPU emulator (registry name
+//! `cuda-emu`, needs a host C++ compiler), which is how CI diffs these kernels against the
+//! reference without a GPU. See docs/cuda.md.
+//!
+//! Like the wgpu backend, ops take host slices (the `Backend` trait): linear weights are uploaded
+//! once and stay resident in their stored format; each op uploads its inputs, launches its
+//! kernels and reads its output back.
+
+pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod device;
+pub mod emu;
+mod error;
+pub mod kernels;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+mod ops;
+mod registry;
+
+pub use registry::{link, open_backend};
+
+pub use device::{DevBuf, Device, DeviceInfo, KArg};
+pub use error::CudaError;
+
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+
+/// Registry name of the CUDA backend.
+pub const NAME: &str = "cuda-sm120";
+/// Registry name of the same kernels on the CPU emulator.
+pub const EMU_NAME: &str = "cuda-emu";
+
+/// The device and what the ops keep on it (resident weights).
+pub(crate) struct Core {
+    pub(crate) dev: Device,
+    pub(crate) weights: ops::linear::WeightCache,
+}
+
+/// The CUDA backend over one device (a GPU, or the emulator).
+pub struct CudaBackend {
+    name: &'static str,
+    core: Core,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("name", &self.name)
+            .field("device", &self.core.dev.info())
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// A backend named `name` ([`NAME`] or [`EMU_NAME`]) over `dev`.
+    pub fn new(name: &'static str, dev: Device) -> Self {
+        Self {
+            name,
+            core: Core {
+                dev,
+                weights: ops::linear::WeightCache::default(),
+            },
+        }
+    }
+
+    /// The device the kernels run on.
+    pub fn device(&self) -> &Device {
+        &self.core.dev
+    }
+
+    /// Upload `w` now (it is otherwise uploaded on first use); an error says why the device
+    /// cannot hold it.
+    pub fn prepare(&self, w: &Linear) -> Result<(), CudaError> {
+        self.core.weights.get(&self.core.dev, w).map(|_| ())
+    }
+
+    /// Bytes of linear weights resident on the device.
+    pub fn resident_weight_bytes(&self) -> usize {
+        self.core.weights.resident_bytes()
+    }
+
+    /// The canary's checksum ([`dsv4_core::cache::page_checksum`]) of each of the `pages`
+    /// pages of `page_bytes` bytes in `bytes`, computed by the checksum kernel.
+    pub fn page_checksums(&self, bytes: &[u8], page_bytes: usize) -> Result<Vec<u64>, CudaError> {
+        ops::checksum::page_checksums(&self.core, bytes, page_bytes)
+    }
+}
+
+fn fail(name: &str, e: CudaError) -> ! {
+    panic!("{name} backend: {e}")
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
+        ops::linear::linear(&self.core, w, x, rows, out).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
+        ops::rows::act_quant_fp8(&self.core, x, dim).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: Option<&[f32]>, dim: usize, eps: f32, out: &mut [f32]) {
+        ops::rows::rms_norm(&self.core, x, weight, dim, eps, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        dim: usize,
+        positions: &[usize],
+        table: &RopeTable,
+        inverse: bool,
+    ) {
+        ops::rows::rope(&self.core, x, dim, positions, table, inverse)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
+        ops::mhc::mhc_pre(&self.core, p, x, t).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]) {
+        ops::mhc::mhc_post(&self.core, x, y, pre, m, d, out).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+        ops::mhc::hc_head(&self.core, p, x, t, out).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]) {
+        ops::attention::softmax_pool(&self.core, a, z, rows, width, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn hadamard(&self, x: &mut [f32], dim: usize) {
+        ops::rows::hadamard(&self.core, x, dim).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+        ops::attention::indexer_scores(&self.core, q, w, dim, keys, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
+        ops::attention::topk(&self.core, scores, k).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        ops::attention::sparse_attention(&self.core, q, dim, keys, sink, scale, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
+        ops::rows::router_scores(&self.core, logits, out).unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
+        ops::rows::swiglu(&self.core, g, u, limit, weight, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn cache_store(
+        &self,
+        fmt: &RowFormat,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops::cache::cache_store(&self.core, fmt, page, slot, values)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn cache_load(
+        &self,
+        fmt: &RowFormat,
+        page: &[u8],
+        slot: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops::cache::cache_load(&self.core, fmt, page, slot, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
+        ops::rows::round_index_rows(&self.core, dtype, x, dim)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+}

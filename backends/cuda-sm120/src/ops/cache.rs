@@ -1,0 +1,159 @@
+//! `cache_store` / `cache_load` on the device (kernels/cache.cu). The page lives in host memory
+//! behind the trait: the host validates the access exactly as the shared codec does (same
+//! errors, same order), the device encodes the entry's data and scale bytes (or decodes them),
+//! and the host copies only that slot's bytes into (or out of) the page.
+
+use crate::device::{KArg, blocks_for};
+use crate::{Core, CudaError};
+use dsv4_core::cache::{CacheLayoutError, SlotBytes};
+use dsv4_core::{IndexKDtype, KvCacheDtype};
+use dsv4_kernels::RowFormat;
+
+/// Threads per block of the per-value kernels and of the fp8 KV encoder.
+const THREADS: u32 = 256;
+
+/// The kernels' view of a row format.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// bf16 values (KV bf16 and index-K bf16).
+    Bf16 { n: u32 },
+    /// fp8 KV: nd e4m3 values in 64-blocks, then rd bf16.
+    KvFp8 { nd: u32, rd: u32 },
+    /// fp8 index-K: dim e4m3 values and one f32 scale.
+    IndexFp8 { dim: u32 },
+    /// fp4 index-K: dim e2m1 values with a ue8m0 scale per 32.
+    IndexFp4 { dim: u32 },
+}
+
+fn kind(fmt: &RowFormat) -> Result<Kind, CudaError> {
+    let n = |v: usize| {
+        u32::try_from(v).map_err(|_| CudaError::BadOperands(format!("cache row of {v} values")))
+    };
+    Ok(match fmt {
+        RowFormat::Kv(l) => match l.dtype() {
+            KvCacheDtype::Bf16 => Kind::Bf16 {
+                n: n(l.head_dim())?,
+            },
+            KvCacheDtype::Fp8 => Kind::KvFp8 {
+                nd: n(l.nd())?,
+                rd: n(l.rd())?,
+            },
+        },
+        RowFormat::IndexK(l) => match l.dtype() {
+            IndexKDtype::Bf16 => Kind::Bf16 { n: n(l.dim())? },
+            IndexKDtype::Fp8 => Kind::IndexFp8 { dim: n(l.dim())? },
+            IndexKDtype::Fp4 => Kind::IndexFp4 { dim: n(l.dim())? },
+        },
+    })
+}
+
+/// The slot's byte ranges after the checks `KvLayout::write`/`read` make, in their order:
+/// page size, value count, slot.
+fn access(
+    fmt: &RowFormat,
+    page: usize,
+    values: usize,
+    slot: usize,
+) -> Result<SlotBytes, CacheLayoutError> {
+    if page != fmt.page_bytes() {
+        return Err(CacheLayoutError::WrongPageSize {
+            expected: fmt.page_bytes(),
+            got: page,
+        });
+    }
+    if values != fmt.width() {
+        return Err(CacheLayoutError::WrongValueCount {
+            expected: fmt.width(),
+            got: values,
+        });
+    }
+    match fmt {
+        RowFormat::Kv(l) => l.slot_bytes(slot),
+        RowFormat::IndexK(l) => l.slot_bytes(slot),
+    }
+}
+
+/// Quantize `values` into `slot` of `page` in the format's spec §4 byte layout; only that
+/// slot's bytes change. The inner error is the layout's, exactly as the reference returns it.
+pub fn cache_store(
+    c: &Core,
+    fmt: &RowFormat,
+    page: &mut [u8],
+    slot: usize,
+    values: &[f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let at = match access(fmt, page.len(), values.len(), slot) {
+        Ok(at) => at,
+        Err(e) => return Ok(Err(e)),
+    };
+    let total = at.data.len() + at.scale.len();
+    let vb = c.dev.upload_f32(values)?;
+    let ob = c.dev.alloc(total)?;
+    let (kernel, grid, block, args) = match kind(fmt)? {
+        Kind::Bf16 { n } => (
+            "cache_encode_bf16",
+            blocks_for(n as usize, THREADS as usize),
+            THREADS,
+            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(n)],
+        ),
+        Kind::KvFp8 { nd, rd } => (
+            "cache_encode_kv_fp8",
+            1,
+            THREADS,
+            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(nd), KArg::U32(rd)],
+        ),
+        Kind::IndexFp8 { dim } => (
+            "cache_encode_index_fp8",
+            1,
+            32,
+            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(dim)],
+        ),
+        Kind::IndexFp4 { dim } => (
+            "cache_encode_index_fp4",
+            blocks_for(dim as usize / 32, 4),
+            128,
+            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(dim)],
+        ),
+    };
+    // SAFETY: parameter order of the encoder; `vb` holds the row's width in f32 and `ob` the
+    // entry's data and scale bytes, which is exactly what the encoder writes.
+    unsafe { c.dev.launch(kernel, (grid, 1, 1), (block, 1, 1), &args)? };
+    let mut bytes = vec![0u8; total];
+    c.dev.download(&ob, &mut bytes)?;
+    let (d, s) = bytes.split_at(at.data.len());
+    page[at.data].copy_from_slice(d);
+    page[at.scale].copy_from_slice(s);
+    Ok(Ok(()))
+}
+
+/// Dequantize `slot` of `page` exactly into `out`.
+pub fn cache_load(
+    c: &Core,
+    fmt: &RowFormat,
+    page: &[u8],
+    slot: usize,
+    out: &mut [f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let at = match access(fmt, page.len(), out.len(), slot) {
+        Ok(at) => at,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut entry = page[at.data].to_vec();
+    entry.extend_from_slice(&page[at.scale]);
+    let eb = c.dev.upload(&entry)?;
+    let ob = c.dev.alloc(out.len() * 4)?;
+    let (kernel, scalars) = match kind(fmt)? {
+        Kind::Bf16 { n } => ("cache_decode_bf16", vec![KArg::U32(n)]),
+        Kind::KvFp8 { nd, rd } => ("cache_decode_kv_fp8", vec![KArg::U32(nd), KArg::U32(rd)]),
+        Kind::IndexFp8 { dim } => ("cache_decode_index_fp8", vec![KArg::U32(dim)]),
+        Kind::IndexFp4 { dim } => ("cache_decode_index_fp4", vec![KArg::U32(dim)]),
+    };
+    let mut args = vec![KArg::Buf(&eb), KArg::Buf(&ob)];
+    args.extend(scalars);
+    let grid = blocks_for(out.len(), THREADS as usize);
+    // SAFETY: parameter order of the decoder; `eb` holds the entry's data and scale bytes and
+    // `ob` the row's width in f32, one value per thread.
+    unsafe { c.dev.launch(kernel, (grid, 1, 1), (THREADS, 1, 1), &args)? };
+    c.dev.download_f32(&ob, out)?;
+    Ok(Ok(()))
+}

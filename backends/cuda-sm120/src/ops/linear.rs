@@ -1,0 +1,282 @@
+//! `linear` on the device: weights are uploaded once, in their stored format, into a
+//! [`WeightCache`] and decoded by the `linear_*` kernels (kernels/linear.cu); each call uploads
+//! its input rows and reads the output back.
+
+use crate::device::{DevBuf, KArg, blocks_for};
+use crate::{Core, CudaError, Device};
+use dsv4_kernels::{Linear, WeightFormat};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Threads per block of the linear kernels (LIN_THREADS): four warps.
+const THREADS: u32 = 128;
+/// Warps per block.
+const WARPS: usize = THREADS as usize / 32;
+/// Output columns one warp computes in the decode (`_r1`) kernels (LIN_R1_COLS).
+const R1_COLS: usize = 4;
+/// Rows one warp multiplies per weight pass in the batched (`_r8`) kernels.
+const ROWS_PER_PASS: usize = 8;
+/// Weight rows are stored with a pitch that is a multiple of this many bytes (one chunk).
+const CHUNK: usize = 16;
+
+/// A weight resident on the device in its stored format.
+#[derive(Debug)]
+pub struct ResidentWeight {
+    format: WeightFormat,
+    out_dim: usize,
+    in_dim: usize,
+    /// Bytes per stored weight row on the device (a multiple of 16; zero padded).
+    pitch: usize,
+    /// Elements per stored weight row (in_dim rounded up to whole 16-byte chunks): the row
+    /// pitch the kernels read inputs with.
+    xpitch: usize,
+    data: DevBuf,
+    scale: DevBuf,
+}
+
+impl ResidentWeight {
+    /// Bytes this weight holds on the device.
+    pub fn bytes(&self) -> usize {
+        self.data.bytes() + self.scale.bytes()
+    }
+
+    fn upload(dev: &Device, w: &Linear) -> Result<Self, CudaError> {
+        let (o, i) = (w.out_dim, w.in_dim);
+        // Elements per 16-byte chunk.
+        let per_chunk = match w.format {
+            WeightFormat::F32 => 4,
+            WeightFormat::Bf16 => 8,
+            WeightFormat::Fp8Block => 16,
+            WeightFormat::Mxfp4 => 32,
+        };
+        let row = i * CHUNK / per_chunk;
+        let pitch = row.next_multiple_of(CHUNK);
+        let xpitch = pitch / CHUNK * per_chunk;
+        if u32::try_from(o).is_err()
+            || u32::try_from(i).is_err()
+            || u32::try_from(pitch).is_err()
+            || u32::try_from(xpitch).is_err()
+        {
+            return Err(CudaError::TooLarge {
+                what: format!("weight `{}` [{o}, {i}] has dimensions beyond 2^32", w.name),
+            });
+        }
+        let data = if pitch == row {
+            dev.upload(&w.data)?
+        } else {
+            let mut padded = vec![0u8; o * pitch];
+            for (dst, src) in padded.chunks_exact_mut(pitch).zip(w.data.chunks_exact(row)) {
+                dst[..row].copy_from_slice(src);
+            }
+            dev.upload(&padded)?
+        };
+        if data.ptr() % CHUNK as u64 != 0 {
+            return Err(CudaError::BadOperands(format!(
+                "weight `{}`: the device returned an address ({:#x}) that is not 16-byte aligned",
+                w.name,
+                data.ptr()
+            )));
+        }
+        let scale = dev.upload(&w.scale)?;
+        Ok(Self {
+            format: w.format,
+            out_dim: o,
+            in_dim: i,
+            pitch,
+            xpitch,
+            data,
+            scale,
+        })
+    }
+}
+
+/// Identity of a [`Linear`] in the cache: where its bytes live, its shape and format, and a
+/// sample of its contents (so a new weight allocated where a dropped one lived is not mistaken
+/// for it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct WeightKey {
+    data_ptr: usize,
+    scale_ptr: usize,
+    shape: (usize, usize, usize, usize),
+    format: u8,
+    sample: u64,
+}
+
+impl WeightKey {
+    fn of(w: &Linear) -> Self {
+        // FNV-1a over up to 256 evenly spaced bytes of data and of scales.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for bytes in [&w.data, &w.scale] {
+            let step = (bytes.len() / 256).max(1);
+            for b in bytes.iter().step_by(step) {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        Self {
+            data_ptr: w.data.as_ptr() as usize,
+            scale_ptr: w.scale.as_ptr() as usize,
+            shape: (w.out_dim, w.in_dim, w.data.len(), w.scale.len()),
+            format: format_index(w.format),
+            sample: h,
+        }
+    }
+}
+
+fn format_index(f: WeightFormat) -> u8 {
+    match f {
+        WeightFormat::F32 => 0,
+        WeightFormat::Bf16 => 1,
+        WeightFormat::Fp8Block => 2,
+        WeightFormat::Mxfp4 => 3,
+    }
+}
+
+/// Linear weights resident on the device, uploaded on first use and kept for the backend's life.
+#[derive(Default)]
+pub struct WeightCache {
+    map: Mutex<HashMap<WeightKey, Arc<ResidentWeight>>>,
+}
+
+impl WeightCache {
+    /// The resident copy of `w`, uploading it on first use.
+    pub fn get(&self, dev: &Device, w: &Linear) -> Result<Arc<ResidentWeight>, CudaError> {
+        let key = WeightKey::of(w);
+        // Held across the upload so concurrent first uses upload once.
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = map.get(&key) {
+            return Ok(Arc::clone(r));
+        }
+        let r = Arc::new(ResidentWeight::upload(dev, w)?);
+        map.insert(key, Arc::clone(&r));
+        Ok(r)
+    }
+
+    /// Bytes of weights resident on the device.
+    pub fn resident_bytes(&self) -> usize {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().map(|r| r.bytes()).sum()
+    }
+}
+
+/// `out[r, o] = Σ_i W[o, i]·x[r, i]` for `rows` rows (x [rows, in], out [rows, out]).
+pub fn linear(
+    c: &Core,
+    w: &Linear,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let (o, i) = (w.out_dim, w.in_dim);
+    if x.len() != rows * i {
+        return Err(CudaError::BadOperands(format!(
+            "linear {}: input of {} values is not [rows {rows}, in {i}]",
+            w.name,
+            x.len()
+        )));
+    }
+    if out.len() != rows * o {
+        return Err(CudaError::BadOperands(format!(
+            "linear {}: output of {} values is not [rows {rows}, out {o}]",
+            w.name,
+            out.len()
+        )));
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    let rw = c.weights.get(&c.dev, w)?;
+    let xb = if rw.xpitch == i {
+        c.dev.upload_f32(x)?
+    } else {
+        // Input rows padded to the weight's pitch, so every chunk's inputs are aligned.
+        let mut padded = vec![0f32; rows * rw.xpitch];
+        for (dst, src) in padded.chunks_exact_mut(rw.xpitch).zip(x.chunks_exact(i)) {
+            dst[..i].copy_from_slice(src);
+        }
+        c.dev.upload_f32(&padded)?
+    };
+    let ob = c.dev.alloc(out.len() * 4)?;
+    launch(c, &rw, &xb, &ob, rows, &w.name)?;
+    c.dev.download_f32(&ob, out)
+}
+
+/// Launch the linear kernel for `rows` rows on device-resident operands: `xb` holds
+/// rows·xpitch f32 (rows padded to the weight's pitch), `ob` rows·out_dim f32.
+fn launch(
+    c: &Core,
+    rw: &ResidentWeight,
+    xb: &DevBuf,
+    ob: &DevBuf,
+    rows: usize,
+    name: &str,
+) -> Result<(), CudaError> {
+    let o = rw.out_dim;
+    let rows32 = u32::try_from(rows)
+        .map_err(|_| CudaError::BadOperands(format!("linear {name}: {rows} rows")))?;
+    let (cols_per_block, rows_per_block, suffix) = if rows == 1 {
+        (WARPS * R1_COLS, 1, "r1")
+    } else {
+        (WARPS, ROWS_PER_PASS, "r8")
+    };
+    let gy = blocks_for(rows, rows_per_block);
+    if gy > 65535 {
+        return Err(CudaError::BadOperands(format!(
+            "linear {name}: {rows} rows exceed one launch (at most {} rows)",
+            65535 * ROWS_PER_PASS
+        )));
+    }
+    if xb.bytes() < rows * rw.xpitch * 4 || ob.bytes() < rows * o * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "linear {name}: device operands of {} and {} bytes are too small for {rows} rows",
+            xb.bytes(),
+            ob.bytes()
+        )));
+    }
+    let fmt = match rw.format {
+        WeightFormat::F32 => "f32",
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::Fp8Block => "fp8",
+        WeightFormat::Mxfp4 => "mxfp4",
+    };
+    let args = [
+        KArg::Buf(&rw.data),
+        KArg::Buf(&rw.scale),
+        KArg::Buf(xb),
+        KArg::Buf(ob),
+        KArg::U32(rw.out_dim as u32),
+        KArg::U32(rw.in_dim as u32),
+        KArg::U32(rw.pitch as u32),
+        KArg::U32(rw.xpitch as u32),
+        KArg::U32(rows32),
+    ];
+    let grid = (blocks_for(o, cols_per_block), gy, 1);
+    // SAFETY: the arguments follow the kernel's parameter list; the weight holds out_dim rows
+    // of `pitch` bytes (and its scales as Linear::new checked them), and the operand sizes were
+    // checked above.
+    unsafe {
+        c.dev.launch(
+            &format!("linear_{fmt}_{suffix}"),
+            grid,
+            (THREADS, 1, 1),
+            &args,
+        )
+    }
+}
+
+/// Median seconds per `linear` of `w` over `rows` rows with weights, inputs and outputs all
+/// resident on the device (no copies timed): what `dsv4 bench` reports for the kernels.
+pub fn time_linear(
+    backend: &crate::CudaBackend,
+    w: &Linear,
+    rows: usize,
+    batches: usize,
+) -> Result<f64, CudaError> {
+    let c = &backend.core;
+    let rw = c.weights.get(&c.dev, w)?;
+    let xb = c.dev.alloc(rows * rw.xpitch * 4)?;
+    let ob = c.dev.alloc(rows * rw.out_dim * 4)?;
+    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
+    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+        launch(c, &rw, &xb, &ob, rows, &w.name)
+    })
+}

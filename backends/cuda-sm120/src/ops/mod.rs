@@ -1,0 +1,9 @@
+//! The op wrappers: check operand sizes, upload inputs, launch the kernels of `kernels/*.cu`,
+//! read results back. One file per kernel file.
+
+pub mod attention;
+pub mod cache;
+pub mod checksum;
+pub mod linear;
+pub mod mhc;
+pub mod rows;

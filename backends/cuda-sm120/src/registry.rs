@@ -1,0 +1,119 @@
+//! The backend registry entries of this crate: `cuda-sm120` (the kernels on an NVIDIA GPU through
+//! the CUDA driver) and `cuda-emu` (the same kernels on the CPU emulator, for tests).
+
+use crate::{CudaBackend, CudaError, EMU_NAME, NAME, emu};
+use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
+use std::sync::Arc;
+
+/// Environment variable choosing the accumulation type of the kernels: `f64` or `f32`. The GPU
+/// default is f64 on devices with full-rate FP64 (sm_80, sm_90, sm_100), f32 elsewhere; the
+/// emulator's default is f64.
+pub(crate) const ACC_ENV: &str = "DSV4_CUDA_ACC";
+
+/// The accumulation `DSV4_CUDA_ACC` asks for (true = f64), None when unset.
+pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
+    match std::env::var(ACC_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim() {
+            "" => Ok(None),
+            "f64" => Ok(Some(true)),
+            "f32" => Ok(Some(false)),
+            other => Err(CudaError::BadOperands(format!(
+                "{ACC_ENV}={other}: expected f64 or f32"
+            ))),
+        },
+    }
+}
+
+fn unavailable(name: &str, e: CudaError) -> KernelError {
+    KernelError::Unavailable {
+        name: name.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// The GPU index `opts.device` selects (default 0).
+fn device_index(opts: &BackendOptions) -> Result<usize, KernelError> {
+    match opts.device.as_deref().map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(s) => s.parse().map_err(|_| KernelError::Unavailable {
+            name: NAME.to_string(),
+            reason: format!("device selector `{s}` is not a CUDA device index (0, 1, …)"),
+        }),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_probe() -> Result<(), String> {
+    crate::cuda::probe()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_probe() -> Result<(), String> {
+    Err("dsv4 was built without the `cuda` feature of dsv4-backend-cuda".to_string())
+}
+
+/// The backend registered as `name` ([`NAME`] or [`EMU_NAME`]) as its concrete type, for
+/// callers that need more than the `Backend` trait (the device bench of `dsv4 bench`).
+pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
+    match name {
+        NAME => open_gpu(opts),
+        EMU_NAME => {
+            let acc_f64 = acc_override()
+                .map_err(|e| unavailable(EMU_NAME, e))?
+                .unwrap_or(true);
+            let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
+            Ok(CudaBackend::new(EMU_NAME, dev))
+        }
+        other => Err(KernelError::UnknownBackend {
+            name: other.to_string(),
+            known: format!("{NAME}, {EMU_NAME}"),
+        }),
+    }
+}
+
+fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
+    let index = device_index(opts)?;
+    #[cfg(feature = "cuda")]
+    {
+        let dev = crate::cuda::open(index).map_err(|e| unavailable(NAME, e))?;
+        Ok(CudaBackend::new(NAME, dev))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = index;
+        Err(unavailable(
+            NAME,
+            CudaError::Unavailable(gpu_probe().unwrap_err()),
+        ))
+    }
+}
+
+fn gpu_create(opts: &BackendOptions) -> Result<Arc<dyn Backend>, KernelError> {
+    Ok(Arc::new(open_backend(NAME, opts)?))
+}
+
+fn emu_create(opts: &BackendOptions) -> Result<Arc<dyn Backend>, KernelError> {
+    Ok(Arc::new(open_backend(EMU_NAME, opts)?))
+}
+
+inventory::submit! {
+    BackendFactory {
+        name: NAME,
+        summary: "CUDA C++ kernels on an NVIDIA GPU (sm_80 and newer), compiled at run time by NVRTC; needs the NVIDIA driver and libnvrtc",
+        probe: gpu_probe,
+        create: gpu_create,
+    }
+}
+
+inventory::submit! {
+    BackendFactory {
+        name: EMU_NAME,
+        summary: "the cuda-sm120 kernels on a CPU emulator (one fiber per CUDA thread), for tests without a GPU; slow; needs a C++ compiler",
+        probe: emu::probe,
+        create: emu_create,
+    }
+}
+
+/// Call from a binary or test so the linker keeps this crate's registry entries.
+pub fn link() {}

@@ -1,0 +1,70 @@
+//! The device bench (`dsv4 bench --backend cuda-sm120`) on the CPU emulator: its kernels do what
+//! they claim (the copy kernel copies) and the report's numbers are finite and consistent. The
+//! emulator's timings mean nothing; this proves the path a GPU run takes.
+//!
+//! Needs a host C++ compiler; without one each test prints why and skips, except under CI=true.
+
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, bench, emu};
+
+fn available(test: &str) -> bool {
+    match emu::probe() {
+        Ok(()) => true,
+        Err(reason) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the cuda emulator cannot run: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+#[test]
+fn the_copy_kernel_copies_every_vector_and_nothing_beyond() {
+    if !available("the_copy_kernel_copies_every_vector_and_nothing_beyond") {
+        return;
+    }
+    let dev = emu::open(true).unwrap();
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    let a = dev.upload(&src).unwrap();
+    let b = dev.alloc(src.len()).unwrap();
+    // 200 of the 256 vectors, on fewer threads than vectors (the grid-stride loop).
+    unsafe {
+        dev.launch(
+            "bench_copy",
+            (3, 1, 1),
+            (32, 1, 1),
+            &[KArg::Buf(&a), KArg::Buf(&b), KArg::U64(200)],
+        )
+        .unwrap()
+    };
+    let mut got = vec![0u8; src.len()];
+    dev.download(&b, &mut got).unwrap();
+    assert_eq!(got[..3200], src[..3200]);
+    assert!(got[3200..].iter().all(|&x| x == 0), "wrote past n_vec");
+}
+
+#[test]
+fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
+    if !available("the_device_bench_reports_finite_fractions_of_its_own_peaks") {
+        return;
+    }
+    let backend = CudaBackend::new(EMU_NAME, emu::open(true).unwrap());
+    let r = bench::run(&backend).unwrap();
+    assert!(r.peaks.emulated);
+    assert!(r.peaks.copy_gbs.is_finite() && r.peaks.copy_gbs > 0.0);
+    assert!(r.peaks.fma_f32_tflops.is_finite() && r.peaks.fma_f32_tflops > 0.0);
+    assert_eq!(r.peaks.mma_bf16_tflops, None, "no mma on the emulator");
+    assert_eq!(r.linear.len(), 2);
+    for t in &r.linear {
+        assert!(t.seconds > 0.0 && t.seconds.is_finite(), "{t:?}");
+        let ratio = t.weight_gbs / r.peaks.copy_gbs;
+        assert!(
+            (t.of_copy_bandwidth - ratio).abs() <= 1e-12 * ratio,
+            "{t:?}"
+        );
+        assert!(t.of_matrix_rate.is_none());
+    }
+    // The weights the bench timed stay resident for the next call.
+    assert!(backend.resident_weight_bytes() >= 256 * 256);
+}

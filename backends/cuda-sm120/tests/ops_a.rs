@@ -1,0 +1,315 @@
+//! The linear, row-wise and cache kernels (kernels/{linear,rows,cache}.cu) on the CPU emulator,
+//! diffed against the reference backend: the op sweep of `dsv4 diff --ops` with f64 and with
+//! f32 accumulation, batch invariance of `linear` in every weight format, weight residency, and
+//! the cache layout errors.
+//!
+//! The emulator needs a host C++ compiler; without one each test prints why and skips, except
+//! under CI=true, where that is a failure.
+
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_core::cache::{IndexKLayout, KvLayout};
+use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
+use dsv4_diff::ops::{OpsOptions, run_ops};
+use dsv4_kernels::{Backend, Linear, RowFormat, WeightFormat};
+
+/// The ops these kernels implement, by trait method name.
+const OPS: &[&str] = &[
+    "linear",
+    "act_quant_fp8",
+    "rms_norm",
+    "rope",
+    "hadamard",
+    "router_scores",
+    "swiglu",
+    "round_index_rows",
+    "cache_store",
+    "cache_load",
+];
+
+/// Whether the emulator can run here; prints the reason and skips (or fails under CI).
+fn available(test: &str) -> bool {
+    match emu::probe() {
+        Ok(()) => true,
+        Err(reason) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the cuda emulator cannot run: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn backend(acc_f64: bool) -> CudaBackend {
+    let dev = emu::open(acc_f64).expect("open the emulator");
+    CudaBackend::new(EMU_NAME, dev)
+}
+
+/// Run the op sweep for OPS and return (failures, worst NMSE per op) after printing every row.
+fn sweep(acc_f64: bool) -> (Vec<String>, Vec<(String, f64)>) {
+    let cand = backend(acc_f64);
+    let opts = OpsOptions {
+        ops: OPS.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let report = run_ops(&ReferenceBackend, &cand, &opts).expect("run the op sweep");
+    let mut failures = Vec::new();
+    let mut nmse = Vec::new();
+    for row in &report.cases {
+        println!(
+            "{:<60} {:<11} {}={:?} (tol {}) {}",
+            row.name,
+            row.status.name(),
+            row.metric.name(),
+            row.value,
+            row.tolerance,
+            row.detail.as_deref().unwrap_or("")
+        );
+        if row.status.name() != "pass" {
+            failures.push(format!(
+                "{}: {} {:?} {}",
+                row.name,
+                row.status.name(),
+                row.value,
+                row.detail.as_deref().unwrap_or("")
+            ));
+        }
+        if row.metric.name() == "nmse" {
+            nmse.push((row.name.clone(), row.value.unwrap_or(f64::NAN)));
+        }
+    }
+    assert!(!report.cases.is_empty(), "the sweep selected no cases");
+    (failures, nmse)
+}
+
+#[test]
+fn op_sweep_matches_the_reference_with_f64_accumulation() {
+    if !available("op_sweep_matches_the_reference_with_f64_accumulation") {
+        return;
+    }
+    let (failures, nmse) = sweep(true);
+    assert!(
+        failures.is_empty(),
+        "failing cases:\n{}",
+        failures.join("\n")
+    );
+    // With f64 sums the results are the reference's up to an occasional last-ulp flip.
+    for (name, v) in nmse {
+        assert!(v <= 1e-13, "{name}: NMSE {v:e} is more than last-ulp flips");
+    }
+}
+
+#[test]
+fn op_sweep_matches_the_reference_with_f32_accumulation() {
+    if !available("op_sweep_matches_the_reference_with_f32_accumulation") {
+        return;
+    }
+    let (failures, _) = sweep(false);
+    assert!(
+        failures.is_empty(),
+        "failing cases:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// A random weight: f32/bf16 from uniform values; fp8 and MXFP4 from random codes (every code
+/// but NaN) and random scales, so subnormal and saturated codes appear.
+fn random_weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp: usize) -> Linear {
+    let n = out * inp;
+    let mut byte = |lo: u8, hi: u8| lo + (rng.next_u64() % (u64::from(hi - lo) + 1)) as u8;
+    let (data, scale): (Vec<u8>, Vec<u8>) = match format {
+        WeightFormat::F32 => {
+            let mut r = SplitMix64::new(n as u64);
+            let v: Vec<u8> = (0..n)
+                .flat_map(|_| r.uniform_sym(0.1).to_le_bytes())
+                .collect();
+            (v, vec![])
+        }
+        WeightFormat::Bf16 => (
+            (0..n)
+                .flat_map(|_| [byte(0, 255), byte(0x3a, 0x3e) | (byte(0, 1) << 7)])
+                .collect(),
+            vec![],
+        ),
+        WeightFormat::Fp8Block => {
+            let data = (0..n)
+                .map(|_| {
+                    let c = byte(0, 255);
+                    if c & 0x7f == 0x7f { c - 1 } else { c }
+                })
+                .collect();
+            let scale = (0..out.div_ceil(128) * inp.div_ceil(128))
+                .map(|_| byte(118, 126))
+                .collect();
+            (data, scale)
+        }
+        WeightFormat::Mxfp4 => {
+            let data = (0..n / 2).map(|_| byte(0, 255)).collect();
+            let scale = (0..n / 32).map(|_| byte(120, 126)).collect();
+            (data, scale)
+        }
+    };
+    Linear::new(format!("{format:?}"), out, inp, format, data, scale).expect("valid weight")
+}
+
+fn nmse(want: &[f32], got: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&w, &g) in want.iter().zip(got) {
+        num += (f64::from(w) - f64::from(g)).powi(2);
+        den += f64::from(w).powi(2);
+    }
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn linear_is_batch_invariant_in_every_format() {
+    if !available("linear_is_batch_invariant_in_every_format") {
+        return;
+    }
+    let mut rng = SplitMix64::new(7);
+    // fp8 with out and in not multiples of 128 (partial scale blocks, padded row pitch).
+    let shapes = [
+        (WeightFormat::F32, 37, 67),
+        (WeightFormat::Bf16, 45, 333),
+        (WeightFormat::Fp8Block, 200, 333),
+        (WeightFormat::Fp8Block, 130, 256),
+        (WeightFormat::Mxfp4, 77, 320),
+    ];
+    for acc_f64 in [true, false] {
+        let be = backend(acc_f64);
+        for &(format, out, inp) in &shapes {
+            let w = random_weight(&mut rng, format, out, inp);
+            let x: Vec<f32> = (0..9 * inp).map(|_| rng.uniform_sym(2.0)).collect();
+            let mut alone = vec![0f32; 9 * out];
+            for r in 0..9 {
+                be.linear(
+                    &w,
+                    &x[r * inp..(r + 1) * inp],
+                    1,
+                    &mut alone[r * out..(r + 1) * out],
+                );
+            }
+            let mut want = vec![0f32; 9 * out];
+            ReferenceBackend.linear(&w, &x, 9, &mut want);
+            let e = nmse(&want, &alone);
+            let limit = if acc_f64 { 1e-13 } else { 1e-7 };
+            assert!(
+                e <= limit,
+                "{format:?} [{out}, {inp}] f64={acc_f64}: NMSE {e:e} vs the reference"
+            );
+            for n in 1..=9 {
+                // Rows 0..n together, and the same rows placed after 9 − n others.
+                let mut together = vec![0f32; n * out];
+                be.linear(&w, &x[..n * inp], n, &mut together);
+                let skip = 9 - n;
+                let mut shifted = vec![0f32; 9 * out];
+                let xs: Vec<f32> = x[(9 - skip) * inp..]
+                    .iter()
+                    .chain(&x[..n * inp])
+                    .copied()
+                    .collect();
+                be.linear(&w, &xs, 9, &mut shifted);
+                for r in 0..n {
+                    let a = &alone[r * out..(r + 1) * out];
+                    let t = &together[r * out..(r + 1) * out];
+                    let s = &shifted[(skip + r) * out..(skip + r + 1) * out];
+                    for c in 0..out {
+                        assert_eq!(
+                            (a[c].to_bits(), a[c].to_bits()),
+                            (t[c].to_bits(), s[c].to_bits()),
+                            "{format:?} [{out}, {inp}] f64={acc_f64}: row {r} col {c} alone vs in {n} rows / at {}",
+                            skip + r
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_are_uploaded_once() {
+    if !available("weights_are_uploaded_once") {
+        return;
+    }
+    let be = backend(true);
+    let mut rng = SplitMix64::new(3);
+    assert_eq!(be.resident_weight_bytes(), 0);
+    let a = random_weight(&mut rng, WeightFormat::Fp8Block, 200, 256);
+    let b = random_weight(&mut rng, WeightFormat::Mxfp4, 64, 128);
+    let x: Vec<f32> = (0..2 * 256).map(|_| rng.uniform_sym(1.0)).collect();
+    let mut y = vec![0f32; 2 * 200];
+    be.linear(&a, &x, 2, &mut y);
+    let after_a = be.resident_weight_bytes();
+    assert!(
+        after_a >= a.stored_bytes(),
+        "{after_a} < {}",
+        a.stored_bytes()
+    );
+    let first = y.clone();
+    be.linear(&a, &x, 2, &mut y);
+    be.linear(&a, &x[..256], 1, &mut y[..200]);
+    assert_eq!(
+        be.resident_weight_bytes(),
+        after_a,
+        "a second call re-uploaded"
+    );
+    assert_eq!(&y[..200], &first[..200]);
+    be.prepare(&b).expect("upload b");
+    let after_b = be.resident_weight_bytes();
+    assert_eq!(after_b, after_a + b.stored_bytes());
+    let mut z = vec![0f32; 64];
+    be.linear(&b, &x[..128], 1, &mut z);
+    assert_eq!(
+        be.resident_weight_bytes(),
+        after_b,
+        "prepare did not make b resident"
+    );
+}
+
+#[test]
+fn cache_layout_errors_are_the_references() {
+    if !available("cache_layout_errors_are_the_references") {
+        return;
+    }
+    let be = backend(false);
+    let formats = [
+        RowFormat::Kv(KvLayout::from_head_dims(KvCacheDtype::Fp8, 192, 64, 3).unwrap()),
+        RowFormat::Kv(KvLayout::from_head_dims(KvCacheDtype::Bf16, 10, 4, 2).unwrap()),
+        RowFormat::IndexK(IndexKLayout::new(IndexKDtype::Fp4, 64, 2).unwrap()),
+        RowFormat::IndexK(IndexKLayout::new(IndexKDtype::Fp8, 32, 2).unwrap()),
+    ];
+    for fmt in formats {
+        let (pb, w, per) = (fmt.page_bytes(), fmt.width(), fmt.page_entries());
+        let cases = [
+            (pb, w, per),
+            (pb + 1, w, 0),
+            (pb, w - 1, 0),
+            (pb - 1, w + 1, per + 5),
+            (pb, w, 0),
+        ];
+        for (page_len, width, slot) in cases {
+            let values: Vec<f32> = (0..width).map(|i| i as f32 * 0.37 - 1.0).collect();
+            let mut p_ref = vec![0x5au8; page_len];
+            let mut p_cand = p_ref.clone();
+            let want = ReferenceBackend.cache_store(&fmt, &mut p_ref, slot, &values);
+            let got = be.cache_store(&fmt, &mut p_cand, slot, &values);
+            assert_eq!(
+                want, got,
+                "{fmt:?} store page {page_len} width {width} slot {slot}"
+            );
+            assert_eq!(p_ref, p_cand, "{fmt:?} store page bytes");
+            let mut o_ref = vec![0f32; width];
+            let mut o_cand = vec![0f32; width];
+            let want = ReferenceBackend.cache_load(&fmt, &p_ref, slot, &mut o_ref);
+            let got = be.cache_load(&fmt, &p_cand, slot, &mut o_cand);
+            assert_eq!(
+                want, got,
+                "{fmt:?} load page {page_len} width {width} slot {slot}"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o_ref), bits(&o_cand), "{fmt:?} loaded values");
+        }
+    }
+}
