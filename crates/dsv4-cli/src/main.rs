@@ -168,6 +168,7 @@ fn link_backends() {
     dsv4_backend_reference::link();
     dsv4_backend_cpu::link();
     dsv4_backend_wgpu::link();
+    dsv4_backend_cuda::link();
 }
 
 fn main() -> ExitCode {
@@ -192,9 +193,16 @@ mod tests {
         link_backends();
         let names = dsv4_kernels::registry::names();
         let expected: &[&str] = if cfg!(feature = "faulty-backend") {
-            &["cpu", "faulty-reference", "reference", "wgpu"]
+            &[
+                "cpu",
+                "cuda-emu",
+                "cuda-sm120",
+                "faulty-reference",
+                "reference",
+                "wgpu",
+            ]
         } else {
-            &["cpu", "reference", "wgpu"]
+            &["cpu", "cuda-emu", "cuda-sm120", "reference", "wgpu"]
         };
         assert_eq!(names, expected);
     }

@@ -5,6 +5,7 @@ use dsv4_bench::e2e::E2ePlan;
 use dsv4_bench::{BenchOptions, render_table};
 use std::path::PathBuf;
 
+mod device;
 mod serving;
 
 /// Arguments of `dsv4 bench`.
@@ -88,7 +89,18 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         }),
     };
     let report = dsv4_bench::run(&opts)?;
-    let json = serde_json::to_string_pretty(&report)?;
+    let device = device::measure(
+        &opts.backends,
+        &dsv4_kernels::BackendOptions {
+            threads: opts.threads,
+            device: profile.backend.device.clone(),
+        },
+    )?;
+    let mut value = serde_json::to_value(&report)?;
+    if !device.is_empty() {
+        value["device"] = serde_json::to_value(&device)?;
+    }
+    let json = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &args.out {
         std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -96,6 +108,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         println!("{json}");
     } else {
         print!("{}", render_table(&report));
+        print!("{}", device::render(&device));
     }
     Ok(())
 }

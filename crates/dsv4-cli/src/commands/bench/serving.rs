@@ -16,7 +16,10 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
     let names: Vec<String> = if args.backends.is_empty() {
         registry::factories()
             .into_iter()
-            .filter(|f| (f.probe)().is_ok() && !f.name.starts_with("faulty"))
+            // Emulators (cuda-emu) are for correctness, not speed.
+            .filter(|f| {
+                (f.probe)().is_ok() && !f.name.starts_with("faulty") && !f.name.ends_with("-emu")
+            })
             .map(|f| f.name.to_string())
             .filter(|n| n != "reference")
             .collect()

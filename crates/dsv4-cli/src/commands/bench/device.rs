@@ -1,0 +1,83 @@
+//! The device section of `dsv4 bench` for the CUDA backends: the device's own limits (copy
+//! bandwidth, FMA and mma rates) and the linear kernels timed on resident operands, as fractions
+//! of those limits (dsv4_backend_cuda::bench).
+
+use dsv4_backend_cuda::bench::DeviceBenchReport;
+use dsv4_kernels::BackendOptions;
+use serde::Serialize;
+
+/// One CUDA backend's device measurements.
+#[derive(Debug, Serialize)]
+pub struct DeviceSection {
+    /// Registry name (cuda-sm120 or cuda-emu).
+    pub backend: String,
+    /// What was measured.
+    #[serde(flatten)]
+    pub report: DeviceBenchReport,
+}
+
+/// Measure every CUDA backend among `backends`.
+pub fn measure(backends: &[String], opts: &BackendOptions) -> anyhow::Result<Vec<DeviceSection>> {
+    let mut out = Vec::new();
+    for name in backends
+        .iter()
+        .filter(|b| [dsv4_backend_cuda::NAME, dsv4_backend_cuda::EMU_NAME].contains(&b.as_str()))
+    {
+        eprintln!(
+            "measuring the {name} device (copy bandwidth, FMA and mma rates, linear kernels)…"
+        );
+        let backend = dsv4_backend_cuda::open_backend(name, opts)?;
+        let report = dsv4_backend_cuda::bench::run(&backend)
+            .map_err(|e| anyhow::anyhow!("{name} device bench: {e}"))?;
+        out.push(DeviceSection {
+            backend: name.clone(),
+            report,
+        });
+    }
+    Ok(out)
+}
+
+/// The device sections as Markdown tables.
+pub fn render(sections: &[DeviceSection]) -> String {
+    let mut s = String::new();
+    for d in sections {
+        let p = &d.report.peaks;
+        let opt =
+            |v: Option<f64>| v.map_or("not measured".to_string(), |v| format!("{v:.1} TFLOP/s"));
+        s.push_str(&format!("\n### Device: {} on {}\n\n", d.backend, p.device));
+        if p.emulated {
+            s.push_str("(CPU emulator: these numbers only show that the path runs.)\n\n");
+        }
+        s.push_str("| device limit (same run) | value |\n|---|---|\n");
+        s.push_str(&format!(
+            "| copy bandwidth (read + write) | {:.1} GB/s |\n",
+            p.copy_gbs
+        ));
+        s.push_str(&format!(
+            "| SIMT f32 FMA | {:.2} TFLOP/s |\n",
+            p.fma_f32_tflops
+        ));
+        s.push_str(&format!("| mma.sync bf16 | {} |\n", opt(p.mma_bf16_tflops)));
+        s.push_str(&format!(
+            "| mma.sync fp8 (e4m3) | {} |\n\n",
+            opt(p.mma_fp8_tflops)
+        ));
+        s.push_str(
+            "| case | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate |\n\
+             |---|---:|---:|---:|---:|---:|\n",
+        );
+        for t in &d.report.linear {
+            s.push_str(&format!(
+                "| {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} |\n",
+                t.case,
+                t.seconds * 1e3,
+                t.weight_gbs,
+                t.of_copy_bandwidth * 100.0,
+                t.tflops,
+                t.of_matrix_rate
+                    .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0))
+            ));
+        }
+    }
+    s
+}

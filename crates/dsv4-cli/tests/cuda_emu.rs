@@ -1,0 +1,184 @@
+//! The cuda-sm120 kernels end to end through the `dsv4` binary, on the CPU emulator (`cuda-emu`):
+//! the op sweep and tiny-model diffs against the reference in every numerics combination, the
+//! execution-mode diffs, generation, and the device section of `dsv4 bench`. The same binary
+//! runs the same kernels on a GPU as `cuda-sm120` (backends/cuda-sm120/device-check.sh).
+//!
+//! Needs a host C++ compiler (the emulator builds the kernels with it). Without one each test
+//! prints why and skips, except under CI=true, where that is a failure.
+
+mod common;
+
+use common::{dsv4, json, run};
+
+fn available(test: &str) -> bool {
+    match dsv4_backend_cuda::emu::probe() {
+        Ok(()) => true,
+        Err(reason) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the cuda emulator cannot run: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn passes(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = dsv4(&std::env::temp_dir(), args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run(cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("result: PASS"),
+        "dsv4 {args:?} {env:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
+    if !available("the_op_sweep_passes_with_f64_and_f32_accumulation") {
+        return;
+    }
+    let args = [
+        "diff",
+        "--backend",
+        "reference",
+        "--against",
+        "cuda-emu",
+        "--ops",
+    ];
+    let out = passes(&args, &[("DSV4_CUDA_ACC", "f64")]);
+    assert!(out.contains("136 pass, 0 fail"), "{out}");
+    passes(&args, &[("DSV4_CUDA_ACC", "f32")]);
+}
+
+#[test]
+fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
+    if !available("the_tiny_model_matches_the_reference_in_every_numerics_combination") {
+        return;
+    }
+    for kv in ["bf16", "fp8"] {
+        for ik in ["bf16", "fp8", "fp4"] {
+            for act in ["none", "fp8"] {
+                let sets = [
+                    format!("numerics.kv_cache_dtype={kv}"),
+                    format!("numerics.index_k_dtype={ik}"),
+                    format!("numerics.act_quant={act}"),
+                ];
+                let mut args = vec![];
+                for s in &sets {
+                    args.extend(["--set", s.as_str()]);
+                }
+                args.extend([
+                    "diff",
+                    "--model",
+                    "--against",
+                    "cuda-emu",
+                    "--tokens",
+                    "24",
+                    "--decode",
+                    "2",
+                ]);
+                let out = passes(&args, &[]);
+                assert!(
+                    out.contains("first divergence: none") && out.contains("max abs 0,"),
+                    "kv={kv} index_k={ik} act={act}: f64 accumulation should give the \
+                     reference's logits bit for bit:\n{out}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn captured_and_overlapped_plans_compute_the_eager_bits() {
+    if !available("captured_and_overlapped_plans_compute_the_eager_bits") {
+        return;
+    }
+    for mode in ["captured-vs-eager", "overlap-vs-serial"] {
+        let out = passes(
+            &[
+                "--set",
+                "backend.kind=cuda-emu",
+                "--set",
+                "exec.cuda_graph=true",
+                "diff",
+                "--mode",
+                mode,
+                "--backend",
+                "cuda-emu",
+                "--tokens",
+                "24",
+                "--decode",
+                "4",
+            ],
+            &[],
+        );
+        assert!(out.contains("first divergence: none"), "{mode}:\n{out}");
+    }
+}
+
+#[test]
+fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
+    if !available("generation_on_the_emulated_kernels_gives_the_reference_tokens") {
+        return;
+    }
+    let ids = |kind: &str| {
+        let v = json(dsv4(
+            &std::env::temp_dir(),
+            &[
+                "--set",
+                &format!("backend.kind={kind}"),
+                "generate",
+                "--prompt",
+                "hello there",
+                "--max-tokens",
+                "8",
+                "--json",
+            ],
+        ));
+        v["completion_ids"].clone()
+    };
+    let emu = ids("cuda-emu");
+    assert_eq!(emu.as_array().map(Vec::len), Some(8), "{emu}");
+    assert_eq!(emu, ids("reference"));
+}
+
+#[test]
+fn bench_reports_the_device_section_for_a_cuda_backend() {
+    if !available("bench_reports_the_device_section_for_a_cuda_backend") {
+        return;
+    }
+    let v = json(dsv4(
+        &std::env::temp_dir(),
+        &[
+            "bench",
+            "--backend",
+            "cuda-emu",
+            "--no-machine",
+            "--no-ops",
+            "--no-e2e",
+            "--no-serving",
+            "--json",
+        ],
+    ));
+    let d = &v["device"][0];
+    assert_eq!(d["backend"], "cuda-emu", "{v}");
+    assert_eq!(d["peaks"]["emulated"], true, "{d}");
+    assert!(
+        d["peaks"]["copy_gbs"].as_f64().is_some_and(|x| x > 0.0),
+        "{d}"
+    );
+    let linear = d["linear"].as_array().expect("linear cases");
+    assert!(!linear.is_empty());
+    for t in linear {
+        assert!(
+            t["of_copy_bandwidth"].as_f64().is_some_and(f64::is_finite),
+            "{t}"
+        );
+    }
+}
