@@ -18,7 +18,9 @@
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
-# nvidia-cuda-nvrtc-cu12; see docs/cuda.md. Exit status: 0 when every step passed.
+# nvidia-cuda-nvrtc-cu12; see docs/cuda.md. DSV4_CHECK_BACKEND=cuda-emu runs every step on the
+# CPU emulator instead (a dry run of this script without a GPU; the numbers mean nothing).
+# Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${1:-target/device-check}
@@ -32,6 +34,28 @@ else
     cargo build --release -q -p dsv4-cli || { echo "build failed" >&2; exit 1; }
     dsv4=target/release/dsv4
 fi
+backend=${DSV4_CHECK_BACKEND:-cuda-sm120}
+
+# NVRTC: cudarc (built for CUDA 12.8) loads libnvrtc by the names CUDA 12 uses (libnvrtc.so,
+# libnvrtc.so.12). A machine with only a newer toolkit (CUDA 13: libnvrtc.so.13) gets a
+# libnvrtc.so symlink to it on LD_LIBRARY_PATH; the NVRTC C API is the same.
+if [ "$backend" = cuda-sm120 ] && ! ldconfig -p 2>/dev/null | grep -qE 'libnvrtc\.so(\.12)? '; then
+    lib=$(ls /usr/local/cuda/lib64/libnvrtc.so.* /usr/local/cuda/targets/*/lib/libnvrtc.so.* \
+        /usr/lib/x86_64-linux-gnu/libnvrtc.so.* 2>/dev/null | grep -v -e builtins -e alt | sort -V | tail -n 1)
+    if [ -z "$lib" ]; then
+        lib=$(python3 -c 'import glob, site, sys
+hits = [p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/libnvrtc.so.*", recursive=True)
+        if "builtins" not in p and ".alt." not in p]
+print(sorted(hits)[-1] if hits else "")' 2>/dev/null)
+    fi
+    if [ -n "$lib" ]; then
+        shim=$(mktemp -d)
+        ln -sf "$lib" "$shim/libnvrtc.so"
+        export LD_LIBRARY_PATH="$shim:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "NVRTC: $lib"
+    fi
+fi
+
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-unknown (nvidia-smi not found)}"
 
@@ -51,19 +75,21 @@ run_step() { # name command...
     fi
 }
 
-cuda=(--set backend.kind=cuda-sm120)
-small="$out/small-model"
+cuda=(--set backend.kind="$backend")
+small=${DSV4_SMALL_DIR:-target/small-model} # kept out of OUT_DIR: it is 100+ MB
 [ -f "$small/model.safetensors" ] || "$dsv4" model init-random --config small --out "$small" >/dev/null
 
-run_step ops "$dsv4" diff --backend reference --against cuda-sm120 --ops
-run_step model-tiny "$dsv4" diff --backend reference --against cuda-sm120 --model --tokens 64 --decode 4
-run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against cuda-sm120 \
+run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
+run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 64 --decode 4
+run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
-python3 - "$out/requests.jsonl" <<'PY'
+requests=24
+[ "$backend" = cuda-emu ] && requests=6 # the emulator is slow; the path is what is checked
+python3 - "$out/requests.jsonl" "$requests" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
-    for i in range(24):
+    for i in range(int(sys.argv[2])):
         f.write(json.dumps({"id": i, "prompt": f"request {i}: " + "tool call " * (i % 7), "max_tokens": 24}) + "\n")
 PY
 run_step canary "$dsv4" --profile rehearsal "${cuda[@]}" --set debug.canary_abort=true \
@@ -71,15 +97,20 @@ run_step canary "$dsv4" --profile rehearsal "${cuda[@]}" --set debug.canary_abor
 if [ -f "$out/canary-out.jsonl" ] && grep -q '"finish_reason":"error"' "$out/canary-out.jsonl"; then
     record canary-errors FAIL 0
 fi
-run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend cuda-sm120 --tokens 64 --decode 8
-run_step overlap "$dsv4" "${cuda[@]}" diff --mode overlap-vs-serial --backend cuda-sm120 --tokens 64 --decode 8
-run_step bench "$dsv4" bench --backend cuda-sm120 --configs tiny --no-serving --out "$out/bench.json"
+run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend "$backend" --tokens 64 --decode 8
+run_step overlap "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode overlap-vs-serial --backend "$backend" --tokens 64 --decode 8
+if [ "$backend" = cuda-emu ]; then
+    bench_scope=(--no-machine --no-ops --no-e2e) # only the device section's path on the emulator
+else
+    bench_scope=(--configs tiny)
+fi
+run_step bench "$dsv4" bench --backend "$backend" "${bench_scope[@]}" --no-serving --out "$out/bench.json"
 
 total=$(( $(date +%s) - start_all ))
 failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
 {
-    printf '{"schema":"dsv4.device-check/1","date":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
-        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${gpu//\"/}" "$total" "$failed"
+    printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
     printf ']}\n'
 } >"$out/summary.json"

@@ -60,9 +60,15 @@ pub enum BenchError {
     Model(String),
 }
 
-/// The reference backend is orders of magnitude slower: it skips the biggest op cases and the
-/// long-context decode runs.
+/// Slow backends ([`is_slow`]) skip the op cases above this many flops and the long-context
+/// decode runs.
 const SLOW_BACKEND_FLOPS: f64 = 2.5e9;
+
+/// The reference and the CPU emulators of device backends (cuda-emu) run orders of magnitude
+/// slower than the fast backends.
+fn is_slow(backend: &str) -> bool {
+    backend == "reference" || backend.ends_with("-emu")
+}
 
 /// Run the benchmark.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
@@ -82,7 +88,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let mut op_results = Vec::new();
     if opts.ops {
         for b in &backends {
-            let slow = (b.name() == "reference").then_some(SLOW_BACKEND_FLOPS);
+            let slow = is_slow(b.name()).then_some(SLOW_BACKEND_FLOPS);
             op_results.extend(ops::run(b.as_ref(), slow, Duration::from_millis(400)));
         }
     }
@@ -94,7 +100,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             let cfg = e2e::config(cfg_name).map_err(|e| BenchError::Model(e.to_string()))?;
             let tensors = e2e::weights(&cfg).map_err(|e| BenchError::Model(e.to_string()))?;
             for b in &backends {
-                let fast = b.name() != "reference";
+                let fast = !is_slow(b.name());
                 let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, fast)
                     .map_err(|e| BenchError::Model(e.to_string()))?;
                 e2e_results.extend(r);
