@@ -34,57 +34,40 @@ extern "C" __global__ void bench_fma(float* out, u32 iters, float b, float c) {
     out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
 }
 
-// Four independent m16n8k16 bf16 mma.sync chains per warp per step: 4·4096 flops per warp-step.
+// The body of an mma peak kernel: four independent accumulator chains of `iters` steps per warp,
+// each step one `INSTR` (an m16n8kK mma.sync with f32 accumulators) per chain, operands `A`
+// (4 registers) and `B` (2 registers); the sum is stored so nothing is optimized away.
+#define DSV4_MMA_PEAK(INSTR, A, B)                                                            \
+    u32 a = (A) + (t & 1u), b = (B);                                                         \
+    float d[4][4];                                                                           \
+    for (int j = 0; j < 4; ++j)                                                              \
+        for (int k = 0; k < 4; ++k) d[j][k] = 0.0f;                                          \
+    for (u32 i = 0; i < iters; ++i) {                                                        \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) asm volatile(                          \
+            INSTR " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                  \
+            : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])                     \
+            : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));                               \
+    }                                                                                        \
+    float s = 0.0f;                                                                          \
+    for (int j = 0; j < 4; ++j)                                                              \
+        for (int k = 0; k < 4; ++k) s += d[j][k];                                            \
+    out[t] = s;
+
+// m16n8k16 bf16 mma.sync: 4·4096 flops per warp-step.
 extern "C" __global__ void bench_mma_bf16(float* out, u32 iters) {
     u32 t = blockIdx.x * blockDim.x + threadIdx.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    u32 a = 0x3c003c00u + (t & 1u), b = 0x3c003c00u;
-    float d[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 4; ++k) d[j][k] = 0.0f;
-    for (u32 i = 0; i < iters; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                "{%8,%9}, {%0,%1,%2,%3};\n"
-                : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-                : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 4; ++k) s += d[j][k];
-    out[t] = s;
+    DSV4_MMA_PEAK("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 0x3c003c00u, 0x3c003c00u)
 #else
     out[t] = (float)iters;
 #endif
 }
 
-// Four independent m16n8k32 e4m3 mma.sync chains per warp per step: 4·8192 flops per warp-step.
+// m16n8k32 e4m3 mma.sync (sm_89+): 4·8192 flops per warp-step.
 extern "C" __global__ void bench_mma_fp8(float* out, u32 iters) {
     u32 t = blockIdx.x * blockDim.x + threadIdx.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    u32 a = 0x30303030u + (t & 1u), b = 0x30303030u;
-    float d[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 4; ++k) d[j][k] = 0.0f;
-    for (u32 i = 0; i < iters; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            asm volatile(
-                "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                "{%8,%9}, {%0,%1,%2,%3};\n"
-                : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-                : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 4; ++k) s += d[j][k];
-    out[t] = s;
+    DSV4_MMA_PEAK("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 0x30303030u, 0x30303030u)
 #else
     out[t] = (float)iters;
 #endif
