@@ -6,7 +6,8 @@
 #
 # Steps (each one's full output is kept as OUT_DIR/<step>.log, JSON reports beside it):
 #   ops            dsv4 diff --backend reference --against cuda-sm120 --ops
-#   model-tiny     dsv4 diff ... --model on the tiny model (64 prompt tokens + 4 decode steps)
+#   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
+#                  selecting indexer top-k; + 4 decode steps)
 #   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
@@ -80,7 +81,7 @@ small=${DSV4_SMALL_DIR:-target/small-model} # kept out of OUT_DIR: it is 100+ MB
 [ -f "$small/model.safetensors" ] || "$dsv4" model init-random --config small --out "$small" >/dev/null
 
 run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
-run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 64 --decode 4
+run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 136 --decode 4
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check

@@ -64,38 +64,73 @@ fn the_op_sweep_passes_against_the_reference() {
     );
 }
 
+/// The model diff against the reference in all 12 numerics combinations (KV cache bf16/fp8 ×
+/// index keys bf16/fp8/fp4 × activations none/fp8), with `extra` global arguments; every run must
+/// find no divergence.
+fn every_numerics_combination_passes(extra: &[&str], tokens: &str, what: &str) {
+    for kv in ["bf16", "fp8"] {
+        for ik in ["bf16", "fp8", "fp4"] {
+            for act in ["none", "fp8"] {
+                let sets = [
+                    format!("numerics.kv_cache_dtype={kv}"),
+                    format!("numerics.index_k_dtype={ik}"),
+                    format!("numerics.act_quant={act}"),
+                ];
+                let mut args = extra.to_vec();
+                for s in &sets {
+                    args.extend(["--set", s.as_str()]);
+                }
+                args.extend([
+                    "diff",
+                    "--model",
+                    "--against",
+                    "wgpu",
+                    "--tokens",
+                    tokens,
+                    "--decode",
+                    "2",
+                ]);
+                let out = diff(&args);
+                assert!(
+                    out.contains("first divergence: none") && out.contains("result: PASS"),
+                    "{what} kv={kv} index_k={ik} act={act}:\n{out}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
-fn the_tiny_model_matches_the_reference_in_contrasting_numerics() {
-    if !available("the_tiny_model_matches_the_reference_in_contrasting_numerics") {
+fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
+    if !available("the_tiny_model_matches_the_reference_in_every_numerics_combination") {
         return;
     }
-    // The two ends of the numerics grid; scripts/diff-all-numerics.sh wgpu runs all twelve.
-    for (kv, ik, act) in [("bf16", "bf16", "none"), ("fp8", "fp4", "fp8")] {
-        let sets = [
-            format!("numerics.kv_cache_dtype={kv}"),
-            format!("numerics.index_k_dtype={ik}"),
-            format!("numerics.act_quant={act}"),
-        ];
-        let mut args = vec![];
-        for s in &sets {
-            args.extend(["--set", s.as_str()]);
-        }
-        args.extend([
-            "diff",
-            "--model",
-            "--against",
-            "wgpu",
-            "--tokens",
-            "24",
-            "--decode",
-            "2",
-        ]);
-        let out = diff(&args);
-        assert!(
-            out.contains("first divergence: none") && out.contains("result: PASS"),
-            "kv={kv} index_k={ik} act={act}:\n{out}"
-        );
+    // 72 prompt tokens: 18 entries in the C4 layers, so the indexer's top-16 really selects.
+    every_numerics_combination_passes(&[], "72", "tiny");
+}
+
+#[test]
+fn the_small_config_matches_the_reference_in_every_numerics_combination() {
+    if !available("the_small_config_matches_the_reference_in_every_numerics_combination") {
+        return;
     }
+    // The small config (hidden 1024, 32 experts, 8 layers) with random weights; a short prompt
+    // keeps twelve runs on lavapipe to a few minutes (compression and top-k selection at
+    // length are the tiny test's job; scripts/diff-all-numerics.sh wgpu runs 192 tokens).
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("small");
+    let model = model.to_str().unwrap();
+    let out = run(dsv4(
+        dir.path(),
+        &["model", "init-random", "--config", "small", "--out", model],
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = format!("model.path={model}");
+    every_numerics_combination_passes(&["--set", &path], "24", "small");
 }
 
 #[test]
