@@ -4,19 +4,14 @@
 //!
 //! Needs a host C++ compiler; without one each test prints why and skips, except under CI=true.
 
+mod common;
+
+use common::emu_available;
+
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, bench, emu};
 
 fn available(test: &str) -> bool {
-    match emu::probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the cuda emulator cannot run: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
+    emu_available(test)
 }
 
 #[test]

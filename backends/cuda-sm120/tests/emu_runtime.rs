@@ -2,6 +2,10 @@
 //! test-only kernels of kernels/selftest.cu: barriers and shared memory, shuffles, warp
 //! reductions, grid indices, atomics, parameter passing, and the errors a launch can report.
 
+mod common;
+
+use common::emu_available;
+
 use dsv4_backend_cuda::{CudaError, DevBuf, Device, KArg, emu, kernels};
 use std::sync::OnceLock;
 
@@ -26,16 +30,7 @@ fn selftest_tu() -> String {
 }
 
 fn available(test: &str) -> bool {
-    match emu::probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the cuda-emu emulator cannot run: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
+    emu_available(test)
 }
 
 fn dev(acc_f64: bool) -> &'static Device {

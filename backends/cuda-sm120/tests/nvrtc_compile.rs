@@ -2,23 +2,19 @@
 //! both accumulation modes without a single error or warning, and the PTX has an entry for every
 //! kernel. Needs only libnvrtc (no GPU): `python3 -m pip install nvidia-cuda-nvrtc-cu12`.
 //! Skips with a reason when NVRTC is missing, except under CI=true, where that fails.
+
 #![cfg(feature = "cuda")]
+
+mod common;
+
+use common::can_run;
 
 use dsv4_backend_cuda::{CudaError, kernels, nvrtc};
 
 const ARCHS: [(u32, u32); 3] = [(8, 0), (9, 0), (12, 0)];
 
 fn available(test: &str) -> bool {
-    match nvrtc::nvrtc_probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and NVRTC cannot be loaded: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
+    can_run(test, "NVRTC", nvrtc::nvrtc_probe())
 }
 
 fn assert_entries(ptx: &str, names: &[String], what: &str) {

@@ -6,6 +6,10 @@
 //! The emulator needs a host C++ compiler; without one each test prints why and skips, except
 //! under CI=true, where that is a failure.
 
+mod common;
+
+use common::emu_available;
+
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
@@ -29,16 +33,7 @@ const OPS: &[&str] = &[
 
 /// Whether the emulator can run here; prints the reason and skips (or fails under CI).
 fn available(test: &str) -> bool {
-    match emu::probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the cuda emulator cannot run: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
+    emu_available(test)
 }
 
 fn backend(acc_f64: bool) -> CudaBackend {

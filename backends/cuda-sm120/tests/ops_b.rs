@@ -6,6 +6,10 @@
 //! Needs a host C++ compiler (`apt-get install g++`); without one each test prints why and
 //! skips, except under CI=true, where that is a failure.
 
+mod common;
+
+use common::emu_available;
+
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::SplitMix64;
@@ -17,11 +21,7 @@ use dsv4_kernels::{Backend, HcParams};
 /// The emulated backend with f64 (`acc_f64`) or f32 accumulation, or None (printing why) when
 /// the emulator cannot run here; under CI=true that panics instead.
 fn backend(test: &str, acc_f64: bool) -> Option<CudaBackend> {
-    if let Err(reason) = emu::probe() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("CI=true and the cuda emulator cannot run: {reason}");
-        }
-        eprintln!("SKIP {test}: {reason}");
+    if !emu_available(test) {
         return None;
     }
     let dev = emu::open(acc_f64).unwrap_or_else(|e| panic!("{test}: opening the emulator: {e}"));

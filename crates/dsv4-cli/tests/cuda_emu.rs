@@ -8,34 +8,10 @@
 
 mod common;
 
-use common::{dsv4, json, run};
+use common::{can_run, diff_passes, dsv4, json, model_diff_in_every_numerics};
 
 fn available(test: &str) -> bool {
-    match dsv4_backend_cuda::emu::probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the cuda emulator cannot run: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
-}
-
-fn passes(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut cmd = dsv4(&std::env::temp_dir(), args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = run(cmd);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && stdout.contains("result: PASS"),
-        "dsv4 {args:?} {env:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    can_run(test, "cuda-emu", dsv4_backend_cuda::emu::probe())
 }
 
 #[test]
@@ -51,9 +27,9 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
         "cuda-emu",
         "--ops",
     ];
-    let out = passes(&args, &[("DSV4_CUDA_ACC", "f64")]);
+    let out = diff_passes(&args, &[("DSV4_CUDA_ACC", "f64")]);
     assert!(out.contains("136 pass, 0 fail"), "{out}");
-    passes(&args, &[("DSV4_CUDA_ACC", "f32")]);
+    diff_passes(&args, &[("DSV4_CUDA_ACC", "f32")]);
 }
 
 #[test]
@@ -62,37 +38,10 @@ fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
         return;
     }
     // 72 prompt tokens: 18 entries in the C4 layers, so the indexer's top-16 really selects.
-    for kv in ["bf16", "fp8"] {
-        for ik in ["bf16", "fp8", "fp4"] {
-            for act in ["none", "fp8"] {
-                let sets = [
-                    format!("numerics.kv_cache_dtype={kv}"),
-                    format!("numerics.index_k_dtype={ik}"),
-                    format!("numerics.act_quant={act}"),
-                ];
-                let mut args = vec![];
-                for s in &sets {
-                    args.extend(["--set", s.as_str()]);
-                }
-                args.extend([
-                    "diff",
-                    "--model",
-                    "--against",
-                    "cuda-emu",
-                    "--tokens",
-                    "72",
-                    "--decode",
-                    "2",
-                ]);
-                let out = passes(&args, &[]);
-                assert!(
-                    out.contains("first divergence: none") && out.contains("max abs 0,"),
-                    "kv={kv} index_k={ik} act={act}: f64 accumulation should give the \
-                     reference's logits bit for bit:\n{out}"
-                );
-            }
-        }
-    }
+    // f64 accumulation gives the reference's logits bit for bit.
+    model_diff_in_every_numerics("cuda-emu", &[], "72", |out, what| {
+        assert!(out.contains("max abs 0,"), "{what}: logits differ:\n{out}");
+    });
 }
 
 #[test]
@@ -101,7 +50,7 @@ fn captured_and_overlapped_plans_compute_the_eager_bits() {
         return;
     }
     for mode in ["captured-vs-eager", "overlap-vs-serial"] {
-        let out = passes(
+        let out = diff_passes(
             &[
                 "--set",
                 "backend.kind=cuda-emu",

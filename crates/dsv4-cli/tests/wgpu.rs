@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{dsv4, run};
+use common::{can_run, diff_passes, dsv4, model_diff_in_every_numerics, run};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
@@ -15,27 +15,7 @@ use std::time::{Duration, Instant};
 
 /// Whether the wgpu backend can run here; prints the reason and skips (or fails under CI).
 fn available(test: &str) -> bool {
-    match dsv4_backend_wgpu::probe() {
-        Ok(()) => true,
-        Err(reason) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the wgpu backend cannot run: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason}");
-            false
-        }
-    }
-}
-
-fn diff(args: &[&str]) -> String {
-    let out = run(dsv4(&std::env::temp_dir(), args));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "dsv4 {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    can_run(test, "wgpu", dsv4_backend_wgpu::probe())
 }
 
 #[test]
@@ -51,53 +31,9 @@ fn the_op_sweep_passes_against_the_reference() {
         "wgpu",
         "--ops",
     ];
-    let out = diff(&args);
-    assert!(out.contains("result: PASS"), "{out}");
+    diff_passes(&args, &[]);
     // The f32 accumulation path of devices without SHADER_F64 passes the op tolerances too.
-    let mut cmd = dsv4(&std::env::temp_dir(), &args);
-    cmd.env(dsv4_backend_wgpu::FORCE_F32_ENV, "1");
-    let out = run(cmd);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("result: PASS"),
-        "f32 path:\n{stdout}"
-    );
-}
-
-/// The model diff against the reference in all 12 numerics combinations (KV cache bf16/fp8 ×
-/// index keys bf16/fp8/fp4 × activations none/fp8), with `extra` global arguments; every run must
-/// find no divergence.
-fn every_numerics_combination_passes(extra: &[&str], tokens: &str, what: &str) {
-    for kv in ["bf16", "fp8"] {
-        for ik in ["bf16", "fp8", "fp4"] {
-            for act in ["none", "fp8"] {
-                let sets = [
-                    format!("numerics.kv_cache_dtype={kv}"),
-                    format!("numerics.index_k_dtype={ik}"),
-                    format!("numerics.act_quant={act}"),
-                ];
-                let mut args = extra.to_vec();
-                for s in &sets {
-                    args.extend(["--set", s.as_str()]);
-                }
-                args.extend([
-                    "diff",
-                    "--model",
-                    "--against",
-                    "wgpu",
-                    "--tokens",
-                    tokens,
-                    "--decode",
-                    "2",
-                ]);
-                let out = diff(&args);
-                assert!(
-                    out.contains("first divergence: none") && out.contains("result: PASS"),
-                    "{what} kv={kv} index_k={ik} act={act}:\n{out}"
-                );
-            }
-        }
-    }
+    diff_passes(&args, &[(dsv4_backend_wgpu::FORCE_F32_ENV, "1")]);
 }
 
 #[test]
@@ -106,7 +42,7 @@ fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
         return;
     }
     // 72 prompt tokens: 18 entries in the C4 layers, so the indexer's top-16 really selects.
-    every_numerics_combination_passes(&[], "72", "tiny");
+    model_diff_in_every_numerics("wgpu", &[], "72", |_, _| {});
 }
 
 #[test]
@@ -130,7 +66,7 @@ fn the_small_config_matches_the_reference_in_every_numerics_combination() {
         String::from_utf8_lossy(&out.stderr)
     );
     let path = format!("model.path={model}");
-    every_numerics_combination_passes(&["--set", &path], "24", "small");
+    model_diff_in_every_numerics("wgpu", &["--set", &path], "24", |_, _| {});
 }
 
 #[test]

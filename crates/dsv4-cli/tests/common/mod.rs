@@ -44,3 +44,76 @@ pub fn json(cmd: Command) -> Value {
     let text = ok(cmd);
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
+
+/// Whether a backend that needs something this machine may lack can run: `probe` is its
+/// registry probe's answer. Prints the reason and skips (false), except under CI=true, where a
+/// missing requirement fails the test.
+pub fn can_run(test: &str, backend: &str, probe: Result<(), String>) -> bool {
+    match probe {
+        Ok(()) => true,
+        Err(reason) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the {backend} backend cannot run: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+/// Run `dsv4 args` (with `env` set) that must succeed and print `result: PASS`; its stdout.
+pub fn diff_passes(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = dsv4(&std::env::temp_dir(), args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run(cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("result: PASS"),
+        "dsv4 {args:?} {env:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `dsv4 diff --model --against candidate` in all 12 numerics combinations (KV cache bf16/fp8 ×
+/// index keys bf16/fp8/fp4 × activations none/fp8), `tokens` prompt tokens and 2 decode steps,
+/// after the global arguments `extra`; every run must find no divergence, and `check` gets each
+/// run's report and its combination for anything more.
+pub fn model_diff_in_every_numerics(
+    candidate: &str,
+    extra: &[&str],
+    tokens: &str,
+    check: impl Fn(&str, &str),
+) {
+    for kv in ["bf16", "fp8"] {
+        for ik in ["bf16", "fp8", "fp4"] {
+            for act in ["none", "fp8"] {
+                let sets = [
+                    format!("numerics.kv_cache_dtype={kv}"),
+                    format!("numerics.index_k_dtype={ik}"),
+                    format!("numerics.act_quant={act}"),
+                ];
+                let mut args = extra.to_vec();
+                for s in &sets {
+                    args.extend(["--set", s.as_str()]);
+                }
+                args.extend([
+                    "diff",
+                    "--model",
+                    "--against",
+                    candidate,
+                    "--tokens",
+                    tokens,
+                    "--decode",
+                    "2",
+                ]);
+                let out = diff_passes(&args, &[]);
+                let what = format!("{candidate} {extra:?} kv={kv} index_k={ik} act={act}");
+                assert!(out.contains("first divergence: none"), "{what}:\n{out}");
+                check(&out, &what);
+            }
+        }
+    }
+}
