@@ -22,10 +22,12 @@ pub use gpu::AdapterReport;
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_kernels::registry::{BackendFactory, BackendOptions};
-use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{
+    Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat, WeightKey,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use weights::{DeviceWeight, WeightKey};
+use weights::DeviceWeight;
 
 /// Registry name of this backend.
 pub const NAME: &str = "wgpu";

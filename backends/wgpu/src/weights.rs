@@ -29,38 +29,6 @@ pub struct DeviceWeight {
     pub bytes: usize,
 }
 
-/// Identity of a `Linear` in the cache: where its bytes live, its shape, and a sample of its
-/// contents (so a new weight allocated where a dropped one lived is not mistaken for it).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct WeightKey {
-    data_ptr: usize,
-    scale_ptr: usize,
-    shape: (usize, usize, usize, usize),
-    format: u8,
-    sample: u64,
-}
-
-impl WeightKey {
-    /// The key of `w`.
-    pub fn of(w: &Linear) -> Self {
-        // FNV-1a over up to 256 evenly spaced bytes of data and of scales.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for bytes in [&w.data, &w.scale] {
-            let step = (bytes.len() / 256).max(1);
-            for b in bytes.iter().step_by(step) {
-                h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        Self {
-            data_ptr: w.data.as_ptr() as usize,
-            scale_ptr: w.scale.as_ptr() as usize,
-            shape: (w.out_dim, w.in_dim, w.data.len(), w.scale.len()),
-            format: format_code(w.format) as u8,
-            sample: h,
-        }
-    }
-}
-
 fn format_code(f: WeightFormat) -> u32 {
     match f {
         WeightFormat::F32 => 0,

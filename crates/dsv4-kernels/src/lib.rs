@@ -12,6 +12,6 @@ pub mod rope;
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
 pub use error::KernelError;
-pub use linear::{Linear, WeightFormat};
+pub use linear::{Linear, WeightFormat, WeightKey};
 pub use registry::{BackendFactory, BackendOptions};
 pub use rope::RopeTable;
