@@ -4,7 +4,7 @@
 //! Activations are host f32 slices, row-major; `rows` counts independent rows (tokens, or
 //! token×head pairs). An op never mixes rows, which is what makes prefill and decode agree.
 
-use crate::{Linear, RopeTable, RowFormat};
+use crate::{DeviceOps, Linear, RopeTable, RowFormat};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 
@@ -131,4 +131,10 @@ pub trait Backend: Send + Sync {
     /// Round each row of width `dim` of indexer queries as index-K entries are rounded (spec §5:
     /// bf16; fp8 with one f32 scale per row; fp4 per 32 values), in place.
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize);
+
+    /// The backend's device-resident op set, when it keeps activations in its own memory
+    /// (GPU backends); host backends have none and run every op on host slices.
+    fn device(&self) -> Option<&dyn DeviceOps> {
+        None
+    }
 }

@@ -27,4 +27,10 @@ pub enum KernelError {
         /// What is wrong.
         what: String,
     },
+    /// A device-resident op failed or was given inconsistent buffers.
+    #[error("device: {message}")]
+    Device {
+        /// What went wrong.
+        message: String,
+    },
 }

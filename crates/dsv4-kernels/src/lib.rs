@@ -3,7 +3,10 @@
 
 pub mod backend;
 pub mod cache_format;
+pub mod device;
+pub mod device_check;
 pub mod error;
+pub mod host_device;
 pub mod linear;
 pub mod mhc;
 pub mod registry;
@@ -11,7 +14,9 @@ pub mod rope;
 
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
+pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats};
 pub use error::KernelError;
+pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};
 pub use registry::{BackendFactory, BackendOptions};
 pub use rope::RopeTable;

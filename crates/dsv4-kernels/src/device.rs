@@ -1,0 +1,305 @@
+//! Device-resident activations: the op set a GPU backend offers over its own buffers
+//! ([`DeviceOps`], reached through [`crate::Backend::device`]), so that a plan's transient
+//! buffers stay on the device for a whole step and only the host-side ops (cache pages,
+//! routing, top-k) read anything back.
+//!
+//! Every op computes exactly what the host op of the same name computes on the same backend
+//! (same kernels, same reduction order), so a step run resident is bitwise equal to the same
+//! step run through host slices. Ops are queued: nothing waits for the device until
+//! [`DeviceOps::read`] (which completes everything queued before it).
+//!
+//! Slices are f32 words. Their offsets must be multiples of [`DeviceOps::offset_alignment`]
+//! bytes (every plan arena offset is a multiple of 256, the most any wgpu device asks for).
+
+use crate::{HcParams, KernelError, Linear, RopeTable};
+use dsv4_core::IndexKDtype;
+use serde::Serialize;
+
+/// A buffer of a backend's [`DeviceOps`], by id (ids are never reused while a backend lives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevBufId(pub u64);
+
+/// A range of f32 words of a device buffer: `len` words from word `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DevSlice {
+    /// The buffer.
+    pub buf: DevBufId,
+    /// First word.
+    pub off: usize,
+    /// Words.
+    pub len: usize,
+}
+
+impl DevSlice {
+    /// The first `len` words of `buf`.
+    pub fn whole(buf: DevBufId, len: usize) -> Self {
+        Self { buf, off: 0, len }
+    }
+
+    /// Words `[start, start + len)` of this slice.
+    ///
+    /// # Panics
+    /// If the range is not inside the slice (a bug in the caller's shapes).
+    pub fn sub(self, start: usize, len: usize) -> Self {
+        assert!(
+            start + len <= self.len,
+            "device slice [{start}, {}) outside a slice of {} words",
+            start + len,
+            self.len
+        );
+        Self {
+            buf: self.buf,
+            off: self.off + start,
+            len,
+        }
+    }
+
+    /// The first `len` words of this slice.
+    pub fn prefix(self, len: usize) -> Self {
+        self.sub(0, len)
+    }
+}
+
+/// The shape of a [`DeviceOps::copy2d`]: `rows` rows of `width` words, read at column `src_col`
+/// of rows `src_stride` words apart and written at column `dst_col` of rows `dst_stride` apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Copy2d {
+    /// Rows copied.
+    pub rows: usize,
+    /// Words per row copied.
+    pub width: usize,
+    /// Distance between source rows, in words.
+    pub src_stride: usize,
+    /// First source column.
+    pub src_col: usize,
+    /// Distance between destination rows, in words.
+    pub dst_stride: usize,
+    /// First destination column.
+    pub dst_col: usize,
+}
+
+impl Copy2d {
+    /// A plain copy of `words` contiguous words (one row).
+    pub fn contiguous(words: usize) -> Self {
+        Copy2d {
+            rows: 1,
+            width: words,
+            src_stride: words,
+            src_col: 0,
+            dst_stride: words,
+            dst_col: 0,
+        }
+    }
+
+    /// Whether every element read lies inside `src_len` words and every element written
+    /// inside `dst_len` words.
+    pub fn fits(&self, src_len: usize, dst_len: usize) -> bool {
+        let end = |stride: usize, col: usize| {
+            if self.rows == 0 || self.width == 0 {
+                0
+            } else {
+                (self.rows - 1) * stride + col + self.width
+            }
+        };
+        end(self.src_stride, self.src_col) <= src_len
+            && end(self.dst_stride, self.dst_col) <= dst_len
+    }
+}
+
+/// Counters of a device's traffic since it was opened: what a step cost in submissions and
+/// host↔device copies (reported by `dsv4 bench` and step reports as differences).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceStats {
+    /// Command submissions (wgpu queue submits; CUDA synchronisations).
+    pub submissions: u64,
+    /// Kernel dispatches queued.
+    pub dispatches: u64,
+    /// Reads back to the host.
+    pub reads: u64,
+    /// Bytes read back.
+    pub read_bytes: u64,
+    /// Host-to-device writes (activations and per-call parameters).
+    pub writes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Buffers allocated.
+    pub allocs: u64,
+    /// Dispatch setups (wgpu bind groups) reused from an earlier dispatch instead of created.
+    pub setups_reused: u64,
+    /// Dispatch setups created.
+    pub setups_created: u64,
+}
+
+impl DeviceStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &DeviceStats) -> DeviceStats {
+        DeviceStats {
+            submissions: self.submissions - earlier.submissions,
+            dispatches: self.dispatches - earlier.dispatches,
+            reads: self.reads - earlier.reads,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            writes: self.writes - earlier.writes,
+            write_bytes: self.write_bytes - earlier.write_bytes,
+            allocs: self.allocs - earlier.allocs,
+            setups_reused: self.setups_reused - earlier.setups_reused,
+            setups_created: self.setups_created - earlier.setups_created,
+        }
+    }
+}
+
+/// The op set over device-resident f32 buffers. Shapes follow the host ops of
+/// [`crate::Backend`]; `x`/`out` slices hold exactly `rows × width` words. In-place ops take
+/// one slice. An op whose inputs are inconsistent (a slice of the wrong length) returns
+/// [`KernelError::Device`] rather than panicking.
+pub trait DeviceOps: Send + Sync {
+    /// Byte alignment every slice offset must have.
+    fn offset_alignment(&self) -> usize;
+
+    /// A zeroed buffer of `words` f32 words (at least one).
+    fn alloc(&self, words: usize) -> Result<DevBufId, KernelError>;
+
+    /// Release a buffer (after the work queued on it completes).
+    fn free(&self, buf: DevBufId);
+
+    /// Queue a copy of `src` (host) into `dst`; `src.len() == dst.len`.
+    fn write(&self, dst: DevSlice, src: &[f32]) -> Result<(), KernelError>;
+
+    /// Complete everything queued, then copy `src` to the host.
+    fn read(&self, src: DevSlice) -> Result<Vec<f32>, KernelError>;
+
+    /// Submit queued work without waiting for it.
+    fn flush(&self) -> Result<(), KernelError>;
+
+    /// The traffic counters.
+    fn stats(&self) -> DeviceStats;
+
+    /// Strided copy of a block of columns (see [`Copy2d`]): for r < rows and c < width,
+    /// `dst[r·dst_stride + dst_col + c] = src[r·src_stride + src_col + c]`. Column offsets need
+    /// no alignment (they are not slice offsets).
+    fn copy2d(&self, src: DevSlice, dst: DevSlice, shape: Copy2d) -> Result<(), KernelError>;
+
+    /// Gather rows: `dst[r] = src[idx[r]]` for rows of `width` words.
+    fn gather_rows(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// Scatter-add rows: `dst[idx[r]] += src[r]` (f32 adds) for rows of `width` words; the
+    /// indices are distinct.
+    fn scatter_add_rows(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// Element-wise f32 sum `out = a + b`.
+    fn add(&self, a: DevSlice, b: DevSlice, out: DevSlice) -> Result<(), KernelError>;
+
+    /// In place `x = (f64(x) · s) as f32`.
+    fn scale(&self, x: DevSlice, s: f64) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::linear`]: x [rows, in] → out [rows, out].
+    fn linear(
+        &self,
+        w: &Linear,
+        x: DevSlice,
+        rows: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::act_quant_fp8`], in place.
+    fn act_quant_fp8(&self, x: DevSlice, dim: usize) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::rms_norm`].
+    fn rms_norm(
+        &self,
+        x: DevSlice,
+        weight: Option<&[f32]>,
+        dim: usize,
+        eps: f32,
+        out: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::rope`], in place; `positions` has one entry per row.
+    fn rope(
+        &self,
+        x: DevSlice,
+        dim: usize,
+        positions: &[usize],
+        table: &RopeTable,
+        inverse: bool,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::hadamard`], in place.
+    fn hadamard(&self, x: DevSlice, dim: usize) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::round_index_rows`], in place.
+    fn round_index_rows(
+        &self,
+        dtype: IndexKDtype,
+        x: DevSlice,
+        dim: usize,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::mhc_pre`] of `t` tokens: x [t, M, D] → u [t, D], post [t, M],
+    /// comb [t, M, M].
+    fn mhc_pre(
+        &self,
+        p: &HcParams<'_>,
+        x: DevSlice,
+        t: usize,
+        u: DevSlice,
+        post: DevSlice,
+        comb: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::mhc_post`] with the pre step's `post` [t, M] and `comb` [t, M, M].
+    #[allow(clippy::too_many_arguments)]
+    fn mhc_post(
+        &self,
+        x: DevSlice,
+        y: DevSlice,
+        post: DevSlice,
+        comb: DevSlice,
+        m: usize,
+        d: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::hc_head`].
+    fn hc_head(
+        &self,
+        p: &HcParams<'_>,
+        x: DevSlice,
+        t: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError>;
+
+    /// [`crate::Backend::swiglu`] row by row: rows of `width` words, row r scaled by
+    /// `weights[r]` (rows = `weights.len()`).
+    fn swiglu_rows(
+        &self,
+        g: DevSlice,
+        u: DevSlice,
+        limit: f32,
+        weights: &[f32],
+        width: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError>;
+}
+
+/// The error of a slice whose length does not match what an op needs.
+pub fn check_len(op: &str, what: &str, s: DevSlice, want: usize) -> Result<(), KernelError> {
+    if s.len == want {
+        Ok(())
+    } else {
+        Err(KernelError::Device {
+            message: format!("{op}: {what} has {} words, the op needs {want}", s.len),
+        })
+    }
+}
