@@ -157,6 +157,8 @@ pub struct ExecSection {
     pub cuda_graph_max_bs: u64,
     /// The KV, compressor and indexer chains run on side streams, overlapping the main stream.
     pub multi_stream_overlap: bool,
+    /// Activations stay in host memory even on a backend with device memory.
+    pub host_activations: bool,
     /// The scheduler prepares the next step while the current one runs.
     pub overlap_schedule: bool,
     /// Worker threads; 0 means one per available core.

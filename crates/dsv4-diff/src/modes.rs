@@ -12,17 +12,25 @@ pub enum ModeDiff {
     /// One stream (oracle) against the KV, compressor, indexer and shared-expert chains on side
     /// streams, run as seeded interleavings (candidate).
     OverlapVsSerial,
+    /// Activations in host memory, every op uploading and reading back (oracle), against
+    /// device-resident activations (candidate); the same on backends without device memory.
+    ResidentVsHost,
 }
 
 impl ModeDiff {
     /// Every shorthand.
-    pub const ALL: [ModeDiff; 2] = [ModeDiff::CapturedVsEager, ModeDiff::OverlapVsSerial];
+    pub const ALL: [ModeDiff; 3] = [
+        ModeDiff::CapturedVsEager,
+        ModeDiff::OverlapVsSerial,
+        ModeDiff::ResidentVsHost,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             ModeDiff::CapturedVsEager => "captured-vs-eager",
             ModeDiff::OverlapVsSerial => "overlap-vs-serial",
+            ModeDiff::ResidentVsHost => "resident-vs-host",
         }
     }
 
@@ -34,8 +42,8 @@ impl ModeDiff {
             .ok_or_else(|| DiffError::InvalidOption {
                 what: "mode",
                 message: format!(
-                    "unknown mode `{name}`; use {}",
-                    Self::ALL.map(ModeDiff::name).join(" or ")
+                    "unknown mode `{name}`; use one of {}",
+                    Self::ALL.map(ModeDiff::name).join(", ")
                 ),
             })
     }
@@ -45,17 +53,23 @@ impl ModeDiff {
         match self {
             ModeDiff::CapturedVsEager => "exec.cuda_graph",
             ModeDiff::OverlapVsSerial => "exec.multi_stream_overlap",
+            ModeDiff::ResidentVsHost => "exec.host_activations",
         }
     }
 
-    /// `KEY=false`: the oracle's override.
-    pub fn oracle_set(self) -> String {
-        format!("{}=false", self.key())
+    /// The key's value on the candidate side (the oracle gets the other).
+    fn candidate_value(self) -> bool {
+        !matches!(self, ModeDiff::ResidentVsHost)
     }
 
-    /// `KEY=true`: the candidate's override (as `--against-set`).
+    /// `KEY=VALUE`: the oracle's override.
+    pub fn oracle_set(self) -> String {
+        format!("{}={}", self.key(), !self.candidate_value())
+    }
+
+    /// `KEY=VALUE`: the candidate's override (as `--against-set`).
     pub fn candidate_set(self) -> String {
-        format!("{}=true", self.key())
+        format!("{}={}", self.key(), self.candidate_value())
     }
 }
 
@@ -67,13 +81,21 @@ mod tests {
     fn shorthands_flip_one_exec_key() {
         for m in ModeDiff::ALL {
             assert_eq!(ModeDiff::parse(m.name()).unwrap(), m);
-            assert!(m.oracle_set().ends_with("=false") && m.candidate_set().ends_with("=true"));
+            assert_ne!(m.oracle_set(), m.candidate_set());
+            assert!(m.oracle_set().starts_with(m.key()) && m.candidate_set().starts_with(m.key()));
         }
+        assert_eq!(
+            ModeDiff::ResidentVsHost.oracle_set(),
+            "exec.host_activations=true"
+        );
         assert_eq!(
             ModeDiff::CapturedVsEager.candidate_set(),
             "exec.cuda_graph=true"
         );
         let e = ModeDiff::parse("graphs").unwrap_err().to_string();
-        assert!(e.contains("captured-vs-eager or overlap-vs-serial"), "{e}");
+        assert!(
+            e.contains("captured-vs-eager, overlap-vs-serial, resident-vs-host"),
+            "{e}"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! [`Lifetimes::IgnoreStreams`] — the fault `arena-ignores-streams` — a buffer is considered
 //! dead after its last use in issue order, as if all streams were one: the allocator that
 //! made a side stream's scratch alias main-stream tensors in the incident this project grew
-//! from. Placement is first fit at 64-byte alignment, buffers taken in order of first use.
+//! from. Placement is first fit at 256-byte alignment (the most any wgpu device asks of a binding offset), buffers taken in order of first use.
 
 use crate::error::PlanError;
 use crate::hb::HappensBefore;
@@ -14,7 +14,7 @@ use crate::ir::{Placement, Plan};
 use serde::Serialize;
 
 /// Alignment of every arena offset, in bytes.
-pub const ALIGN: u64 = 64;
+pub const ALIGN: u64 = 256;
 
 /// How the allocator decides that a buffer is dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -33,7 +33,8 @@ pub struct DiffArgs {
     #[arg(long)]
     pub model: bool,
     /// An execution-mode diff on one backend (implies --model; the sides must agree bitwise):
-    /// captured-vs-eager flips exec.cuda_graph, overlap-vs-serial exec.multi_stream_overlap.
+    /// captured-vs-eager flips exec.cuda_graph, overlap-vs-serial exec.multi_stream_overlap,
+    /// resident-vs-host exec.host_activations.
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
     /// Only this op, by Backend method name (repeatable), e.g. -o rms_norm.

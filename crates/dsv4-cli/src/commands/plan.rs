@@ -89,6 +89,7 @@ pub fn exec_options(p: &Profile) -> anyhow::Result<ExecOptions> {
         captured_max_bs: usize::try_from(p.exec.cuda_graph_max_bs)
             .context("exec.cuda_graph_max_bs is too large")?,
         overlap: p.exec.multi_stream_overlap,
+        host_activations: p.exec.host_activations,
         executor: if p.exec.multi_stream_overlap {
             Executor::Interleaved { seed: 0 }
         } else {

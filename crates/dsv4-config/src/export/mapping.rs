@@ -220,6 +220,19 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Env("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", "0"),
     ),
     row(
+        "exec.host_activations",
+        Is("false"),
+        Same("SGLang keeps activations on the GPU"),
+    ),
+    row(
+        "exec.host_activations",
+        Is("true"),
+        Unmapped(
+            "exec.host_activations is a dsv4 debugging mode (activations in host memory); \
+             SGLang has no equivalent",
+        ),
+    ),
+    row(
         "exec.overlap_schedule",
         Is("false"),
         Flag("--disable-overlap-schedule"),

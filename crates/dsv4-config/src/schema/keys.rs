@@ -95,6 +95,14 @@ pub const KEYS: &[KeySpec] = &[
         "the KV, compressor and indexer chains run on side streams, overlapping the main stream",
     ),
     key(
+        "exec.host_activations",
+        ValueKind::Bool,
+        "false",
+        "keep each step's activations in host memory even on a backend with device memory \
+         (every op uploads its inputs and reads its output back); for diffing the \
+         device-resident path",
+    ),
+    key(
         "exec.overlap_schedule",
         ValueKind::Bool,
         "false",

@@ -6,7 +6,9 @@
 use super::build::{PlanSpec, StepKind, build_plan};
 use super::exec::{ExecOptions, Fault};
 use super::op::Op;
+use super::resident::DeviceArena;
 use super::{ForwardError, Model};
+use dsv4_kernels::Backend;
 use dsv4_plan::{Lifetimes, Placement, Plan, Verdict, place, render, verify};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,33 @@ pub struct Captured {
     pub(crate) arena: Mutex<Vec<f32>>,
     /// Held for the whole of a replay (one replay of an arena at a time).
     pub(crate) replay: Mutex<()>,
+    /// The arena in device memory, allocated at the first device-resident replay.
+    pub(crate) device_arena: Mutex<Option<Arc<DeviceArena>>>,
+}
+
+impl Captured {
+    /// The arena's words.
+    fn words(&self) -> usize {
+        match &self.plan.placement {
+            Placement::Arena { bytes, .. } => *bytes as usize / 4,
+            Placement::Fresh => 0,
+        }
+    }
+
+    /// The plan's arena in `backend`'s device memory (one allocation, made on first use and
+    /// kept for every later replay).
+    pub(crate) fn device_arena(
+        &self,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<Arc<DeviceArena>, ForwardError> {
+        let mut slot = self.device_arena.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = slot.as_ref() {
+            return Ok(Arc::clone(a));
+        }
+        let a = Arc::new(DeviceArena::new(Arc::clone(backend), self.words())?);
+        *slot = Some(Arc::clone(&a));
+        Ok(a)
+    }
 }
 
 /// The captured plans of one model.
@@ -85,6 +114,7 @@ pub fn capture(
         verdict,
         arena: Mutex::new(vec![0f32; words]),
         replay: Mutex::new(()),
+        device_arena: Mutex::new(None),
     })
 }
 

@@ -10,7 +10,7 @@ use dsv4_kernels::{MhcPre, RopeTable};
 type Res = Result<Vec<f32>, ForwardError>;
 
 /// Each position repeated `n` times (one per head).
-fn repeat(positions: &[usize], n: usize) -> Vec<usize> {
+pub(crate) fn repeat(positions: &[usize], n: usize) -> Vec<usize> {
     positions
         .iter()
         .flat_map(|&p| std::iter::repeat_n(p, n))
@@ -26,7 +26,7 @@ impl Run<'_> {
         &self.bound.positions[..self.bound.rows]
     }
 
-    fn rope_of(&self, b: Option<BlockRef>) -> Result<&RopeTable, ForwardError> {
+    pub(crate) fn rope_of(&self, b: Option<BlockRef>) -> Result<&RopeTable, ForwardError> {
         let ratio = self.weights(b)?.ratio;
         Ok(if ratio == 0 {
             &self.model.rope_plain
@@ -184,8 +184,7 @@ impl Run<'_> {
         be.linear(&cw.wkv, xn, t, &mut a);
         be.linear(&cw.wgate, xn, t, &mut z);
         for (i, &p) in self.positions().iter().enumerate() {
-            let ape = &cw.ape[(p % cw.ratio) * width..(p % cw.ratio + 1) * width];
-            for (zv, av) in z[i * width..(i + 1) * width].iter_mut().zip(ape) {
+            for (zv, av) in z[i * width..(i + 1) * width].iter_mut().zip(ape_row(cw, p)) {
                 *zv += av;
             }
         }
@@ -211,12 +210,12 @@ impl Run<'_> {
     pub(crate) fn indexer_weights(&self, b: Option<BlockRef>, xn: &[f32]) -> Res {
         let iw = self.weights(b)?.attn.indexer.as_ref();
         let iw = iw.ok_or_else(|| no_weights(b, "indexer"))?;
-        let (inh, id) = (self.model.cfg.index_n_heads, self.model.cfg.index_head_dim);
+        let inh = self.model.cfg.index_n_heads;
         let mut hw = vec![0f32; self.t() * inh];
         self.model
             .backend
             .linear(&iw.weights_proj, xn, self.t(), &mut hw);
-        let s = 1.0 / ((id as f64).sqrt() * (inh as f64).sqrt());
+        let s = self.model.indexer_weight_scale();
         hw.iter_mut().for_each(|v| *v = (f64::from(*v) * s) as f32);
         Ok(hw)
     }
@@ -298,6 +297,20 @@ impl Run<'_> {
         let mut logits = vec![0f32; self.t() * m.cfg.vocab_size];
         m.backend.linear(&m.weights.head, hn, self.t(), &mut logits);
         logits
+    }
+}
+
+/// The absolute-position embedding a compressor adds to the gate of a row at position `p`.
+pub(crate) fn ape_row(cw: &crate::weights::CompressorWeights, p: usize) -> &[f32] {
+    let width = cw.coff * cw.dim;
+    &cw.ape[(p % cw.ratio) * width..(p % cw.ratio + 1) * width]
+}
+
+impl super::Model {
+    /// The indexer's head-weight scale Id^−½·In^−½.
+    pub(crate) fn indexer_weight_scale(&self) -> f64 {
+        let (inh, id) = (self.cfg.index_n_heads, self.cfg.index_head_dim);
+        1.0 / ((id as f64).sqrt() * (inh as f64).sqrt())
     }
 }
 

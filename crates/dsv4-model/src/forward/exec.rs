@@ -2,6 +2,7 @@
 //! executor, injected faults) and what a step reports besides its outputs ([`StepReport`]).
 
 use super::build::StepKind;
+use dsv4_kernels::DeviceStats;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -73,6 +74,9 @@ pub struct ExecOptions {
     /// KV, compressor, indexer and shared-expert chains on side streams
     /// (`exec.multi_stream_overlap`).
     pub overlap: bool,
+    /// Activations stay in host memory even when the backend has device memory
+    /// (`exec.host_activations`).
+    pub host_activations: bool,
     /// The executor.
     pub executor: Executor,
     /// Injected faults.
@@ -140,4 +144,6 @@ pub struct StepReport {
     pub launches: usize,
     /// The pages the step's store launches were given (its declared write set).
     pub writes: BTreeSet<PageWrite>,
+    /// The step's device traffic when its activations were device-resident.
+    pub device: Option<DeviceStats>,
 }

@@ -18,6 +18,8 @@ mod mtp;
 pub mod op;
 pub mod pages;
 mod prepare;
+pub mod resident;
+mod resident_ops;
 pub mod ring;
 mod run;
 pub mod state;
@@ -82,6 +84,12 @@ pub enum ForwardError {
     #[error("plan: {message}")]
     Plan {
         /// What went wrong and what to do.
+        message: String,
+    },
+    /// A device-resident op failed (device memory, a binding limit, inconsistent buffers).
+    #[error("device: {message}")]
+    Device {
+        /// What went wrong.
         message: String,
     },
     /// A pooled store was asked for a page it never took (a bug in the page bookkeeping).

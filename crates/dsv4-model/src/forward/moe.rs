@@ -10,6 +10,35 @@ use crate::weights::{ExpertWeights, MoeWeights, Routing};
 /// Per-token expert choice: (expert ids, their weights).
 pub type Route = (Vec<usize>, Vec<f32>);
 
+/// The rows routed to expert `e` and their routing weights, in row order.
+pub(crate) fn expert_rows(routes: &[Route], e: usize) -> (Vec<usize>, Vec<f32>) {
+    let (mut rows, mut weights) = (Vec::new(), Vec::new());
+    for (i, (idx, wt)) in routes.iter().enumerate() {
+        if let Some(pos) = idx.iter().position(|&j| j == e) {
+            rows.push(i);
+            weights.push(wt[pos]);
+        }
+    }
+    (rows, weights)
+}
+
+/// The routes of the first `rows` rows of a `routes` buffer (per row, k expert ids as bits
+/// then k weights); a corrupted id is wrapped into the `experts`.
+pub(crate) fn decode_routes(routes: &[f32], k: usize, experts: usize, rows: usize) -> Vec<Route> {
+    let experts = experts.max(1);
+    routes
+        .chunks(2 * k)
+        .take(rows)
+        .map(|r| {
+            let ids = r[..k]
+                .iter()
+                .map(|v| v.to_bits() as usize % experts)
+                .collect();
+            (ids, r[k..].to_vec())
+        })
+        .collect()
+}
+
 impl Model {
     /// Routes of T tokens: experts and normalised, scaled weights.
     pub(crate) fn route(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<Route> {
@@ -72,14 +101,7 @@ impl Model {
         let d = self.cfg.hidden_size;
         let mut y = vec![0f32; routes.len() * d];
         for (e, ew) in w.experts.iter().enumerate() {
-            let mut rows = Vec::new();
-            let mut weights = Vec::new();
-            for (i, (idx, wt)) in routes.iter().enumerate() {
-                if let Some(pos) = idx.iter().position(|&j| j == e) {
-                    rows.push(i);
-                    weights.push(wt[pos]);
-                }
-            }
+            let (rows, weights) = expert_rows(routes, e);
             if rows.is_empty() {
                 continue;
             }
@@ -148,19 +170,7 @@ impl Run<'_> {
     ) -> Result<Vec<f32>, ForwardError> {
         let w = self.moe_weights(b)?;
         let k = self.model.cfg.num_experts_per_tok;
-        let experts = w.experts.len().max(1);
-        let decoded: Vec<Route> = routes
-            .chunks(2 * k)
-            .take(self.bound.rows)
-            .map(|r| {
-                // A corrupted id is wrapped into the experts.
-                let ids = r[..k]
-                    .iter()
-                    .map(|v| v.to_bits() as usize % experts)
-                    .collect();
-                (ids, r[k..].to_vec())
-            })
-            .collect();
+        let decoded = decode_routes(routes, k, w.experts.len(), self.bound.rows);
         Ok(self.model.routed(w, xn, &decoded))
     }
 }

@@ -6,6 +6,7 @@
 //! stream ([`super::threaded`]).
 
 use super::op::{BlockRef, Op, OpKind};
+use super::resident::DeviceMemory;
 use super::state::LayerState;
 use super::{ForwardError, Model};
 use crate::weights::BlockWeights;
@@ -46,32 +47,52 @@ pub(crate) enum Memory<'m> {
     },
     /// A captured plan's arena (word offsets from the plan's byte offsets).
     Arena(&'m Mutex<Vec<f32>>),
+    /// Buffers in the backend's device memory ([`DeviceMemory`]).
+    Device(DeviceMemory<'m>),
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Launches complete their own writes before releasing; a panic elsewhere leaves data that
     // is no less consistent than the step, which is abandoned anyway.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The buffers launch `l` touches, each once.
+pub(crate) fn touched(l: &dsv4_plan::Launch<Op>) -> Vec<u32> {
+    let mut seen: Vec<u32> = l
+        .reads
+        .iter()
+        .chain(&l.writes)
+        .map(|s| s.buffer.0)
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen
+}
+
+/// How many launches touch each buffer of `plan`.
+pub(crate) fn uses(plan: &Plan<Op>) -> Vec<Mutex<usize>> {
+    let mut left = vec![0usize; plan.buffers.len()];
+    for l in &plan.launches {
+        touched(l).into_iter().for_each(|b| left[b as usize] += 1);
+    }
+    left.into_iter().map(Mutex::new).collect()
+}
+
 impl<'m> Memory<'m> {
     /// Fresh buffers for `plan`.
     pub fn fresh(plan: &Plan<Op>) -> Self {
-        let mut left = vec![0usize; plan.buffers.len()];
-        for l in &plan.launches {
-            let mut seen: Vec<u32> = l
-                .reads
-                .iter()
-                .chain(&l.writes)
-                .map(|s| s.buffer.0)
-                .collect();
-            seen.sort_unstable();
-            seen.dedup();
-            seen.into_iter().for_each(|b| left[b as usize] += 1);
-        }
         Memory::Fresh {
             bufs: plan.buffers.iter().map(|_| Mutex::new(None)).collect(),
-            left: left.into_iter().map(Mutex::new).collect(),
+            left: uses(plan),
+        }
+    }
+
+    /// Fresh buffers for `plan`, in `dev`'s memory when there is one.
+    pub fn fresh_on(dev: Option<&'m dyn dsv4_kernels::DeviceOps>, plan: &Plan<Op>) -> Self {
+        match dev {
+            Some(dev) => Memory::Device(DeviceMemory::fresh(dev, plan)),
+            None => Memory::fresh(plan),
         }
     }
 }
@@ -107,7 +128,7 @@ pub(crate) fn plan_rows(plan: &Plan<Op>) -> usize {
 }
 
 impl Run<'_> {
-    fn words_per_row(&self, s: &Slice) -> usize {
+    pub(crate) fn words_per_row(&self, s: &Slice) -> usize {
         (self.plan.buffer(s.buffer).bytes as usize / 4) / self.plan_rows.max(1)
     }
 
@@ -127,10 +148,11 @@ impl Run<'_> {
                 let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
                 Ok(lock(arena)[off..off + n].to_vec())
             }
+            Memory::Device(dm) => dm.read(self.plan, s.buffer, n),
         }
     }
 
-    fn write(&self, s: &Slice, values: &[f32]) {
+    fn write(&self, s: &Slice, values: &[f32]) -> Result<(), ForwardError> {
         match &self.mem {
             Memory::Fresh { bufs, .. } => {
                 let len = self.plan.buffer(s.buffer).bytes as usize / 4;
@@ -142,24 +164,20 @@ impl Run<'_> {
                 let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
                 lock(arena)[off..off + values.len()].copy_from_slice(values);
             }
+            Memory::Device(dm) => return dm.write(self.plan, s.buffer, values),
         }
+        Ok(())
     }
 
     /// Drop fresh buffers no later launch touches (host-read buffers stay).
     fn release(&self, i: usize) {
+        if let Memory::Device(dm) = &self.mem {
+            return dm.release(self.plan, i);
+        }
         let Memory::Fresh { bufs, left } = &self.mem else {
             return;
         };
-        let l = &self.plan.launches[i];
-        let mut seen: Vec<u32> = l
-            .reads
-            .iter()
-            .chain(&l.writes)
-            .map(|s| s.buffer.0)
-            .collect();
-        seen.sort_unstable();
-        seen.dedup();
-        for b in seen {
+        for b in touched(&self.plan.launches[i]) {
             let mut n = lock(&left[b as usize]);
             *n = n.saturating_sub(1);
             if *n == 0 && !self.plan.buffers[b as usize].host_read {
@@ -188,6 +206,10 @@ impl Run<'_> {
 
     /// Run launch `i`.
     pub fn launch(&self, i: usize) -> Result<(), ForwardError> {
+        if self.launch_resident(i)? {
+            self.release(i);
+            return Ok(());
+        }
         let l = &self.plan.launches[i];
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
         let ins = l
@@ -198,7 +220,7 @@ impl Run<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let outs = self.dispatch(l.op, &ins)?;
         for (s, v) in l.writes.iter().filter(transient).zip(&outs) {
-            self.write(s, v);
+            self.write(s, v)?;
         }
         if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
             lock(taps)[i] = outs.first().cloned();

@@ -6,6 +6,7 @@ use super::build::{PlanSpec, StepKind, build_plan};
 use super::exec::{ExecOptions, Executor, Fault, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
+use super::resident::DeviceMemory;
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
 use super::{ForwardError, ForwardOutput, Model, SequenceState, Taps};
@@ -53,6 +54,15 @@ fn final_residual(plan: &Plan<Op>) -> Option<(String, String)> {
 }
 
 impl Model {
+    /// The device op set a step under `exec` keeps its activations in, if any.
+    fn device_for(&self, exec: &ExecOptions) -> Option<&dyn dsv4_kernels::DeviceOps> {
+        if exec.host_activations {
+            None
+        } else {
+            self.backend.device()
+        }
+    }
+
     /// Run one step of several sequences under `exec`: `tokens[s]` continues `seqs[s]`. Also
     /// returns what the step reports (plan kind, rows, captured or not, declared page writes).
     pub fn forward_step(
@@ -121,13 +131,21 @@ impl Model {
             residual_in: None,
         };
         let captured = bucket.map(|b| self.captured_plan(b, exec)).transpose()?;
+        let dev = self.device_for(exec);
         let eager;
         let (plan, mem, _replay) = match &captured {
-            Some(c) => (
-                &c.plan,
-                Memory::Arena(&c.arena),
-                Some(c.replay.lock().unwrap_or_else(|e| e.into_inner())),
-            ),
+            Some(c) => {
+                let replay = c.replay.lock().unwrap_or_else(|e| e.into_inner());
+                let mem = match dev {
+                    Some(dev) => Memory::Device(DeviceMemory::arena(
+                        dev,
+                        &c.plan,
+                        c.device_arena(&self.backend)?,
+                    )?),
+                    None => Memory::Arena(&c.arena),
+                };
+                (&c.plan, mem, Some(replay))
+            }
             None => {
                 let spec = PlanSpec {
                     kind,
@@ -136,7 +154,7 @@ impl Model {
                     mtp: false,
                 };
                 eager = build_plan(&self.cfg, spec);
-                (&eager, Memory::fresh(&eager), None)
+                (&eager, Memory::fresh_on(dev, &eager), None)
             }
         };
         let run = Run {
@@ -160,6 +178,12 @@ impl Model {
         let residual = run.result(&rname, &rscope)?;
         let selected =
             std::mem::take(&mut *run.out.selected.lock().unwrap_or_else(|e| e.into_inner()));
+        let device = match &run.mem {
+            Memory::Device(dm) => Some(dm.stats()),
+            _ => None,
+        };
+        // Frees the step's device buffers and ends its borrows of the sequences.
+        drop(run);
         let (v, m, d) = (self.cfg.vocab_size, self.cfg.hc_mult, self.cfg.hidden_size);
         let mut outs = Vec::with_capacity(seqs.len());
         let mut start = 0;
@@ -184,6 +208,7 @@ impl Model {
             captured: captured.is_some(),
             launches: plan.launches.len(),
             writes: prepared.writes,
+            device,
         };
         Ok((outs, report))
     }
@@ -235,7 +260,7 @@ impl Model {
             plan: &plan,
             plan_rows: plan_rows(&plan),
             bound: &bound,
-            mem: Memory::fresh(&plan),
+            mem: Memory::fresh_on(self.device_for(&self.exec), &plan),
             out: Gathered::default(),
             skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
         };

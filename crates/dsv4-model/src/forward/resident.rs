@@ -1,0 +1,346 @@
+//! Device-resident execution: when the backend has a device op set
+//! ([`dsv4_kernels::Backend::device`]) and `exec.device_resident` is on, a plan's transient
+//! buffers live in device memory — one buffer per plan buffer for eager plans (freed after
+//! its last use), or one arena allocation at the plan's verified offsets for captured plans
+//! (kept across replays, as a CUDA graph's pool is). Row-wise launches run as device ops
+//! ([`super::resident_ops`]); the launches that touch host state (cache pages, routing,
+//! top-k, attention) read their operands back and write their results in.
+
+use super::ForwardError;
+use super::op::Op;
+use super::run::{Memory, Run, lock, touched, uses};
+use dsv4_kernels::{Backend, DevBufId, DevSlice, DeviceOps, DeviceStats, KernelError};
+use dsv4_plan::{BufferClass, BufferId, Plan};
+use std::sync::{Arc, Mutex};
+
+impl From<KernelError> for ForwardError {
+    fn from(e: KernelError) -> Self {
+        ForwardError::Device {
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Temporary device buffers of one execution's launches, reused launch after launch (so a
+/// captured plan's replays bind the same buffers every time).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// Buffers not in use: (buffer, words).
+    free: Mutex<Vec<(DevBufId, usize)>>,
+    /// Every buffer allocated.
+    all: Mutex<Vec<DevBufId>>,
+}
+
+/// A scratch buffer lent to one launch; returned when dropped.
+pub(crate) struct Tmp<'a> {
+    /// The words asked for.
+    pub s: DevSlice,
+    words: usize,
+    pool: &'a Scratch,
+}
+
+impl Drop for Tmp<'_> {
+    fn drop(&mut self) {
+        lock(&self.pool.free).push((self.s.buf, self.words));
+    }
+}
+
+impl Scratch {
+    /// A buffer of at least `words` words (the smallest free one that fits, else a new one).
+    pub fn take(&self, dev: &dyn DeviceOps, words: usize) -> Result<Tmp<'_>, ForwardError> {
+        let words = words.max(1);
+        let mut free = lock(&self.free);
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, w))| *w >= words)
+            .min_by_key(|(_, (_, w))| *w)
+            .map(|(i, _)| i);
+        let (buf, cap) = match best {
+            Some(i) => free.swap_remove(i),
+            None => {
+                // Round up so later, slightly larger asks reuse the buffer.
+                let cap = words.next_multiple_of(256);
+                let buf = dev.alloc(cap)?;
+                lock(&self.all).push(buf);
+                (buf, cap)
+            }
+        };
+        Ok(Tmp {
+            s: DevSlice::whole(buf, words),
+            words: cap,
+            pool: self,
+        })
+    }
+
+    fn free_all(&self, dev: &dyn DeviceOps) {
+        lock(&self.free).clear();
+        lock(&self.all).drain(..).for_each(|b| dev.free(b));
+    }
+}
+
+/// A captured plan's device memory: the arena allocation and the replays' scratch buffers.
+pub struct DeviceArena {
+    backend: Arc<dyn Backend>,
+    /// The arena (the plan's placement bytes / 4 words).
+    pub(crate) buf: DevBufId,
+    pub(crate) scratch: Scratch,
+}
+
+impl DeviceArena {
+    /// Allocate `words` on `backend`'s device.
+    pub(crate) fn new(backend: Arc<dyn Backend>, words: usize) -> Result<Self, ForwardError> {
+        let dev = backend.device().ok_or_else(no_device)?;
+        let buf = dev.alloc(words)?;
+        Ok(Self {
+            backend,
+            buf,
+            scratch: Scratch::default(),
+        })
+    }
+}
+
+impl Drop for DeviceArena {
+    fn drop(&mut self) {
+        if let Some(dev) = self.backend.device() {
+            self.scratch.free_all(dev);
+            dev.free(self.buf);
+        }
+    }
+}
+
+/// Whether two slices share a word.
+fn overlap(a: DevSlice, b: DevSlice) -> bool {
+    a.buf == b.buf && a.off < b.off + b.len && b.off < a.off + a.len
+}
+
+fn no_device() -> ForwardError {
+    ForwardError::Device {
+        message: "the backend has no device op set".into(),
+    }
+}
+
+/// Where one execution's buffers live on the device.
+pub(crate) struct DeviceMemory<'m> {
+    pub dev: &'m dyn DeviceOps,
+    /// Each plan buffer's slice (its whole size), once it has one.
+    slots: Vec<Mutex<Option<DevSlice>>>,
+    /// Eager plans: launches still to touch each buffer.
+    left: Option<Vec<Mutex<usize>>>,
+    /// Captured plans: the arena (which also holds the scratch buffers).
+    arena: Option<Arc<DeviceArena>>,
+    /// Eager plans' scratch buffers.
+    own_scratch: Scratch,
+    /// Host copies of buffers the host wrote or read back, by buffer, valid until a launch
+    /// writes anything overlapping them on the device (so host launches reading what host
+    /// launches wrote — write locations, token ids, routes, top-k — read nothing back).
+    shadows: Mutex<Vec<(BufferId, DevSlice, Vec<f32>)>>,
+    /// The device's counters when the execution began.
+    pub start: DeviceStats,
+}
+
+impl<'m> DeviceMemory<'m> {
+    /// Fresh device buffers for an eager plan.
+    pub fn fresh(dev: &'m dyn DeviceOps, plan: &Plan<Op>) -> Self {
+        Self {
+            dev,
+            slots: plan.buffers.iter().map(|_| Mutex::new(None)).collect(),
+            left: Some(uses(plan)),
+            arena: None,
+            own_scratch: Scratch::default(),
+            shadows: Mutex::new(Vec::new()),
+            start: dev.stats(),
+        }
+    }
+
+    /// A captured plan's buffers at their offsets in `arena`.
+    pub fn arena(
+        dev: &'m dyn DeviceOps,
+        plan: &Plan<Op>,
+        arena: Arc<DeviceArena>,
+    ) -> Result<Self, ForwardError> {
+        let align = dev.offset_alignment().max(1) as u64;
+        let slots = plan
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let off = match plan.offset(BufferId(i as u32)) {
+                    Some(off) if b.class == BufferClass::Transient => off,
+                    _ => return Ok(Mutex::new(None)),
+                };
+                if !off.is_multiple_of(align) {
+                    return Err(ForwardError::Device {
+                        message: format!(
+                            "arena offset {off} of `{}` is not a multiple of the device's \
+                             {align}-byte binding alignment",
+                            b.label()
+                        ),
+                    });
+                }
+                Ok(Mutex::new(Some(DevSlice {
+                    buf: arena.buf,
+                    off: off as usize / 4,
+                    len: b.bytes as usize / 4,
+                })))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            dev,
+            slots,
+            left: None,
+            arena: Some(arena),
+            own_scratch: Scratch::default(),
+            shadows: Mutex::new(Vec::new()),
+            start: dev.stats(),
+        })
+    }
+
+    /// The scratch pool of this execution.
+    pub fn scratch(&self) -> &Scratch {
+        self.arena
+            .as_ref()
+            .map_or(&self.own_scratch, |a| &a.scratch)
+    }
+
+    /// The slice of buffer `b`, allocating it (eager plans) on first use.
+    fn slot(&self, plan: &Plan<Op>, b: BufferId) -> Result<DevSlice, ForwardError> {
+        let mut s = lock(&self.slots[b.0 as usize]);
+        if let Some(s) = *s {
+            return Ok(s);
+        }
+        if self.arena.is_some() {
+            return Err(ForwardError::Plan {
+                message: format!(
+                    "buffer `{}` has no place in the captured arena",
+                    plan.buffer(b).label()
+                ),
+            });
+        }
+        let words = (plan.buffer(b).bytes as usize / 4).max(1);
+        let slice = DevSlice::whole(self.dev.alloc(words)?, words);
+        *s = Some(slice);
+        Ok(slice)
+    }
+
+    /// The first `n` words of buffer `b`, which a launch reads (it must have been written).
+    pub fn input(&self, plan: &Plan<Op>, b: BufferId, n: usize) -> Result<DevSlice, ForwardError> {
+        let s = *lock(&self.slots[b.0 as usize]);
+        match s {
+            Some(s) => Ok(s.prefix(n.min(s.len))),
+            None => Err(ForwardError::Plan {
+                message: format!(
+                    "buffer `{}` was read before any launch wrote it",
+                    plan.buffer(b).label()
+                ),
+            }),
+        }
+    }
+
+    /// The first `n` words of buffer `b`, which a launch writes.
+    pub fn output(&self, plan: &Plan<Op>, b: BufferId, n: usize) -> Result<DevSlice, ForwardError> {
+        let s = self.slot(plan, b)?;
+        Ok(s.prefix(n.min(s.len)))
+    }
+
+    /// Read the first `n` words of buffer `b` back to the host (from its host copy when it
+    /// has a valid one).
+    pub fn read(&self, plan: &Plan<Op>, b: BufferId, n: usize) -> Result<Vec<f32>, ForwardError> {
+        let s = self.input(plan, b, n)?;
+        let mut shadows = lock(&self.shadows);
+        if let Some((_, _, v)) = shadows.iter().find(|(id, _, v)| *id == b && v.len() >= n) {
+            return Ok(v[..n].to_vec());
+        }
+        let v = self.dev.read(s)?;
+        shadows.retain(|(id, _, _)| *id != b);
+        shadows.push((b, s, v.clone()));
+        Ok(v)
+    }
+
+    /// Write host values into the start of buffer `b`.
+    pub fn write(&self, plan: &Plan<Op>, b: BufferId, values: &[f32]) -> Result<(), ForwardError> {
+        let s = self.output(plan, b, values.len())?;
+        self.dev.write(s, values)?;
+        let mut shadows = lock(&self.shadows);
+        shadows.retain(|(id, other, _)| *id != b && !overlap(s, *other));
+        shadows.push((b, s, values.to_vec()));
+        Ok(())
+    }
+
+    /// Forget host copies overlapping `s`, which a device launch is about to write.
+    pub fn written_on_device(&self, s: DevSlice) {
+        lock(&self.shadows).retain(|(_, other, _)| !overlap(s, *other));
+    }
+
+    /// After launch `i`: free eager buffers no later launch touches (host-read ones stay).
+    pub fn release(&self, plan: &Plan<Op>, i: usize) {
+        let Some(left) = &self.left else {
+            return;
+        };
+        for b in touched(&plan.launches[i]) {
+            let mut n = lock(&left[b as usize]);
+            *n = n.saturating_sub(1);
+            if *n == 0
+                && !plan.buffers[b as usize].host_read
+                && let Some(s) = lock(&self.slots[b as usize]).take()
+            {
+                lock(&self.shadows).retain(|(id, _, _)| id.0 != b);
+                self.dev.free(s.buf);
+            }
+        }
+    }
+
+    /// The device traffic of this execution so far.
+    pub fn stats(&self) -> DeviceStats {
+        self.dev.stats().since(&self.start)
+    }
+}
+
+impl Drop for DeviceMemory<'_> {
+    fn drop(&mut self) {
+        if self.arena.is_none() {
+            for s in &self.slots {
+                if let Some(s) = lock(s).take() {
+                    self.dev.free(s.buf);
+                }
+            }
+        }
+        self.own_scratch.free_all(self.dev);
+    }
+}
+
+impl Run<'_> {
+    /// Run launch `i` as device ops when the memory is on the device and the op has a device
+    /// form; false when it must run through host slices instead.
+    pub(crate) fn launch_resident(&self, i: usize) -> Result<bool, ForwardError> {
+        let Memory::Device(dm) = &self.mem else {
+            return Ok(false);
+        };
+        let l = &self.plan.launches[i];
+        if !super::resident_ops::has_device_form(l.op.kind) {
+            return Ok(false);
+        }
+        let transient =
+            |s: &&dsv4_plan::Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
+        let n = |s: &dsv4_plan::Slice| self.words_per_row(s) * self.bound.rows;
+        let ins = l
+            .reads
+            .iter()
+            .filter(transient)
+            .map(|s| dm.input(self.plan, s.buffer, n(s)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = l
+            .writes
+            .iter()
+            .filter(transient)
+            .map(|s| dm.output(self.plan, s.buffer, n(s)))
+            .collect::<Result<Vec<_>, _>>()?;
+        outs.iter().for_each(|&s| dm.written_on_device(s));
+        self.dispatch_resident(dm, l.op, &ins, &outs)?;
+        if let (Some(taps), Some(_), Some(first)) = (&self.out.taps, l.op.kind.tap(), outs.first())
+        {
+            lock(taps)[i] = Some(dm.dev.read(*first)?);
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,212 @@
+//! Device-resident execution on CPU: the tiny model on `HostResident` (the reference backend
+//! behind a device op set whose buffers live in host memory) keeps its activations "on the
+//! device" and must give bitwise what the same model gives through host slices — prefill,
+//! decode, batches, captured replays, side streams, the threaded executor, taps and MTP — while
+//! reading back only at the launches that touch host state, and leaking no device buffer.
+
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_core::{Numerics, SplitMix64};
+use dsv4_kernels::{Backend, HostResident};
+use dsv4_model::forward::{ExecOptions, Executor, ForwardOutput, SequenceState, StepReport, Taps};
+use dsv4_model::{Model, ModelSource, load_model};
+use std::sync::Arc;
+
+fn model(backend: Arc<dyn Backend>, numerics: Numerics) -> Model {
+    load_model(&ModelSource::Tiny { seed: 3 }, backend, numerics).expect("tiny model loads")
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n).map(|_| 2 + g.below(380) as u32).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Two sequences: prefills of 24 and 9 tokens in one step, then `decode` batched decode steps.
+/// Returns every step's outputs and reports.
+fn session(m: &Model, exec: &ExecOptions, decode: usize) -> Vec<(Vec<ForwardOutput>, StepReport)> {
+    let (mut a, mut b): (SequenceState, SequenceState) = (m.new_sequence(), m.new_sequence());
+    let (pa, pb) = (tokens(24, 1), tokens(9, 2));
+    let mut out = vec![
+        m.forward_step(&mut [&mut a, &mut b], &[&pa, &pb], exec, &mut Taps::none())
+            .expect("prefill step"),
+    ];
+    let next = tokens(2 * decode, 3);
+    for s in 0..decode {
+        let (ta, tb) = ([next[2 * s]], [next[2 * s + 1]]);
+        out.push(
+            m.forward_step(&mut [&mut a, &mut b], &[&ta, &tb], exec, &mut Taps::none())
+                .expect("decode step"),
+        );
+    }
+    out
+}
+
+fn assert_same(
+    host: &[(Vec<ForwardOutput>, StepReport)],
+    dev: &[(Vec<ForwardOutput>, StepReport)],
+    what: &str,
+) {
+    assert_eq!(host.len(), dev.len());
+    for (step, ((ho, hr), (do_, dr))) in host.iter().zip(dev).enumerate() {
+        assert!(
+            hr.device.is_none(),
+            "{what}: the host path reports no device traffic"
+        );
+        let stats = dr
+            .device
+            .unwrap_or_else(|| panic!("{what}: step {step} was not resident"));
+        assert_eq!(hr.launches, dr.launches, "{what}: step {step}: same plan");
+        assert!(
+            stats.reads < dr.launches as u64 / 2,
+            "{what}: step {step}: {} read-backs for {} launches — the row-wise launches must \
+             stay on the device",
+            stats.reads,
+            dr.launches
+        );
+        for (s, (h, d)) in ho.iter().zip(do_).enumerate() {
+            assert_eq!(
+                bits(&h.logits),
+                bits(&d.logits),
+                "{what}: step {step} seq {s}: logits"
+            );
+            assert_eq!(
+                bits(&h.residual),
+                bits(&d.residual),
+                "{what}: step {step} seq {s}: residual"
+            );
+            assert_eq!(
+                h.topk, d.topk,
+                "{what}: step {step} seq {s}: indexer selections"
+            );
+        }
+    }
+}
+
+#[test]
+fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
+    let host_exec = |e: &ExecOptions| ExecOptions {
+        host_activations: true,
+        ..e.clone()
+    };
+    let modes = [
+        ("eager serial", ExecOptions::default()),
+        (
+            "captured",
+            ExecOptions {
+                captured: true,
+                ..ExecOptions::default()
+            },
+        ),
+        (
+            "captured overlap interleaved",
+            ExecOptions {
+                captured: true,
+                overlap: true,
+                executor: Executor::Interleaved { seed: 9 },
+                ..ExecOptions::default()
+            },
+        ),
+        (
+            "overlap threaded",
+            ExecOptions {
+                overlap: true,
+                executor: Executor::Threaded,
+                ..ExecOptions::default()
+            },
+        ),
+    ];
+    for numerics in Numerics::all() {
+        let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+        let m = model(resident.clone(), numerics);
+        for (name, exec) in &modes {
+            // The oracle runs on the same backend with activations kept in host memory.
+            let host = session(&m, &host_exec(exec), 3);
+            let dev = session(&m, exec, 3);
+            assert_same(&host, &dev, &format!("{numerics} {name}"));
+            if exec.captured {
+                // Replays of a captured bucket reuse its arena and scratch: no allocation.
+                let last = dev.last().and_then(|(_, r)| r.device).unwrap();
+                assert!(dev.last().unwrap().1.captured);
+                assert_eq!(last.allocs, 0, "{numerics} {name}: a replay allocated");
+            }
+        }
+        drop(m);
+        assert_eq!(
+            resident.live_buffers(),
+            0,
+            "{numerics}: device buffers leaked"
+        );
+    }
+}
+
+#[test]
+fn resident_path_equals_the_plain_reference_backend() {
+    // Not only the host path of the wrapper: the reference backend itself.
+    let numerics = Numerics::default();
+    let plain = model(Arc::new(ReferenceBackend), numerics);
+    let resident = model(
+        Arc::new(HostResident::new(Arc::new(ReferenceBackend))),
+        numerics,
+    );
+    let exec = ExecOptions::default();
+    let (p, r) = (session(&plain, &exec, 2), session(&resident, &exec, 2));
+    for ((po, _), (ro, rr)) in p.iter().zip(&r) {
+        assert!(rr.device.is_some());
+        for (a, b) in po.iter().zip(ro) {
+            assert_eq!(bits(&a.logits), bits(&b.logits));
+        }
+    }
+}
+
+#[test]
+fn taps_and_mtp_read_the_same_values_from_the_device() {
+    let numerics = Numerics::default();
+    let host = model(Arc::new(ReferenceBackend), numerics);
+    let dev = model(
+        Arc::new(HostResident::new(Arc::new(ReferenceBackend))),
+        numerics,
+    );
+    let toks = tokens(20, 5);
+    let collect = |m: &Model| {
+        let mut seen: Vec<(String, String, Vec<u32>)> = Vec::new();
+        let mut f = |l: &str, op: &str, v: &[f32]| seen.push((l.into(), op.into(), bits(v)));
+        let mut st = m.new_sequence();
+        let out = m
+            .forward_with_taps(&mut st, &toks, &mut Taps::new(&mut f))
+            .expect("prefill with taps");
+        let mut mtp = m.new_mtp_state().expect("the tiny model has an MTP layer");
+        let draft = m
+            .mtp_forward(&mut mtp, &out.residual, &tokens(20, 6))
+            .expect("MTP draft");
+        (seen, bits(&draft))
+    };
+    let (h, d) = (collect(&host), collect(&dev));
+    assert!(!h.0.is_empty());
+    assert_eq!(h.0.len(), d.0.len(), "same taps");
+    for (a, b) in h.0.iter().zip(&d.0) {
+        assert_eq!(a, b, "tap {} {}", a.0, a.1);
+    }
+    assert_eq!(h.1, d.1, "MTP draft logits");
+}
+
+#[test]
+fn a_refused_step_on_the_device_changes_nothing_and_leaks_nothing() {
+    let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+    let m = model(resident.clone(), Numerics::default());
+    let mut st = m.new_sequence();
+    let bad = [5u32, u32::MAX];
+    let e = m
+        .forward_step(
+            &mut [&mut st],
+            &[&bad],
+            &ExecOptions::default(),
+            &mut Taps::none(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    assert_eq!(st.pos, 0);
+    assert_eq!(resident.live_buffers(), 0);
+}
