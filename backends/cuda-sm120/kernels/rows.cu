@@ -1,6 +1,6 @@
 // Row-wise and element-wise kernels: act_quant_fp8, rms_norm, rope, hadamard, router_scores,
-// swiglu and round_index_rows (bf16 / fp8 / fp4). Every one works in place or writes a separate
-// output; none mixes rows. Codecs come from namespace codec (linear.cu).
+// swiglu (and swiglu_rows) and round_index_rows (bf16 / fp8 / fp4). Every one works in place or
+// writes a separate output; none mixes rows. Codecs come from namespace codec (linear.cu).
 //
 // Launch shapes (ops/rows.rs): element kernels 256 threads per block, one thread per value;
 // act_quant_fp8 and round_index_fp4 one warp per block of 128 / 32 values of a row (4 warps per
@@ -118,16 +118,32 @@ extern "C" __global__ void router_scores(const float* __restrict__ logits, float
     out[i] = (float)sqrt(sp);
 }
 
-// swiglu: silu(min(g, L))·clamp(u, −L, L)·weight element-wise, in f64. min ignores a NaN g as
-// f32::min does; the clamp keeps a NaN u as f32::clamp does.
+// silu(min(g, L))·clamp(u, −L, L)·weight of one value, in f64. min ignores a NaN g as f32::min
+// does; the clamp keeps a NaN u as f32::clamp does.
+__device__ __forceinline__ float swiglu_one(float g, float u, float limit, float weight) {
+    const double gv = (double)fminf(g, limit);
+    const float uc = u < -limit ? -limit : (u > limit ? limit : u);
+    const double silu = gv / (1.0 + exp(-gv));
+    return (float)(silu * (double)uc * (double)weight);
+}
+
+// swiglu: swiglu_one element-wise with one weight.
 extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u,
                                   float* __restrict__ out, u64 n, float limit, float weight) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const double gv = (double)fminf(g[i], limit);
-    const float uc = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
-    const double silu = gv / (1.0 + exp(-gv));
-    out[i] = (float)(silu * (double)uc * (double)weight);
+    out[i] = swiglu_one(g[i], u[i], limit, weight);
+}
+
+// swiglu_rows: swiglu_one element-wise over rows of `width` values, row r weighted by w[r] (the
+// device-resident form of one swiglu call per row). No __restrict__: out may be g or u (each
+// thread reads its own element before it writes it).
+extern "C" __global__ void swiglu_rows(const float* g, const float* u, float* out,
+                                       const float* __restrict__ w, u64 n, u32 width,
+                                       float limit) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = swiglu_one(g[i], u[i], limit, w[i / width]);
 }
 
 // round_index_rows, bf16: round every value to bf16 in place.

@@ -92,6 +92,24 @@ impl DevBuf {
     pub fn ptr(&self) -> u64 {
         self.ptr
     }
+
+    /// The whole buffer as a [`DevPtr`].
+    pub fn at(&self) -> DevPtr {
+        DevPtr {
+            ptr: self.ptr,
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// A range of device memory that something else keeps alive (a whole [`DevBuf`] or part of
+/// one): its address and length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevPtr {
+    /// The device address.
+    pub ptr: u64,
+    /// Bytes from `ptr`.
+    pub bytes: usize,
 }
 
 impl Drop for DevBuf {
@@ -112,6 +130,8 @@ impl std::fmt::Debug for DevBuf {
 pub enum KArg<'a> {
     /// A pointer parameter (`const float*`, `uint8_t*`, …).
     Buf(&'a DevBuf),
+    /// A pointer parameter into memory the caller keeps alive for the launch.
+    Ptr(DevPtr),
     /// `unsigned int` / `uint32_t`.
     U32(u32),
     /// `int`.
@@ -216,6 +236,7 @@ impl Device {
             .iter()
             .map(|a| match *a {
                 KArg::Buf(b) => b.ptr,
+                KArg::Ptr(p) => p.ptr,
                 KArg::U32(v) => u64::from(v),
                 KArg::I32(v) => u64::from(v as u32),
                 KArg::U64(v) => v,
@@ -236,6 +257,41 @@ impl Device {
     /// Wait for everything issued so far (see [`RawDevice::synchronize`]).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.raw.synchronize()
+    }
+
+    /// Copy `data` into the start of `dst` (which the caller keeps alive).
+    pub fn upload_to(&self, dst: DevPtr, data: &[u8]) -> Result<(), CudaError> {
+        if data.len() > dst.bytes {
+            return Err(CudaError::OutOfBounds {
+                what: "upload",
+                len: data.len(),
+                bytes: dst.bytes,
+            });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.raw.upload(dst.ptr, data)
+    }
+
+    /// Copy the first `out.len()` f32 of `src` (which the caller keeps alive) into `out`.
+    pub fn download_f32_from(&self, src: DevPtr, out: &mut [f32]) -> Result<(), CudaError> {
+        if out.len() * 4 > src.bytes {
+            return Err(CudaError::OutOfBounds {
+                what: "download",
+                len: out.len() * 4,
+                bytes: src.bytes,
+            });
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.raw.download(src.ptr, &mut bytes)?;
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(())
     }
 }
 
@@ -259,6 +315,12 @@ fn check_len(what: &'static str, buf: &DevBuf, len: usize) -> Result<(), CudaErr
 /// The bytes of an f32 slice (little endian, as the device reads them).
 pub fn f32_bytes(data: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and any byte pattern is a valid u8; the targets are little endian.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+/// The bytes of an f64 slice (little endian, as the device reads them).
+pub fn f64_bytes(data: &[f64]) -> &[u8] {
+    // SAFETY: f64 has no padding and any byte pattern is a valid u8; the targets are little endian.
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
 }
 

@@ -14,6 +14,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("topk.cu", include_str!("../kernels/topk.cu")),
     ("checksum.cu", include_str!("../kernels/checksum.cu")),
     ("bench.cu", include_str!("../kernels/bench.cu")),
+    ("resident.cu", include_str!("../kernels/resident.cu")),
 ];
 
 /// Every header and kernel file in one translation unit: headers first, then each file with its

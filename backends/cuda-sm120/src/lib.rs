@@ -5,9 +5,10 @@
 //! `cuda-emu`, needs a host C++ compiler), which is how CI diffs these kernels against the
 //! reference without a GPU. See docs/cuda.md.
 //!
-//! Like the wgpu backend, ops take host slices (the `Backend` trait): linear weights are uploaded
-//! once and stay resident in their stored format; each op uploads its inputs, launches its
-//! kernels and reads its output back.
+//! The host ops (the `Backend` trait) take host slices: linear weights are uploaded once and stay
+//! resident in their stored format; each op uploads its inputs, launches its kernels and reads its
+//! output back. The device-resident op set ([`DeviceOps`], `Backend::device`) runs the same
+//! kernels on activations kept in device buffers for a whole step (`resident/`).
 
 pub mod bench;
 #[cfg(feature = "cuda")]
@@ -20,31 +21,35 @@ pub mod kernels;
 pub mod nvrtc;
 mod ops;
 mod registry;
+mod resident;
 
 pub use registry::{link, open_backend};
 
-pub use device::{DevBuf, Device, DeviceInfo, KArg};
+pub use device::{DevBuf, DevPtr, Device, DeviceInfo, KArg};
 pub use error::CudaError;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{Backend, DeviceOps, HcParams, Linear, MhcPre, RopeTable, RowFormat};
 
 /// Registry name of the CUDA backend.
 pub const NAME: &str = "cuda-sm120";
 /// Registry name of the same kernels on the CPU emulator.
 pub const EMU_NAME: &str = "cuda-emu";
 
-/// The device and what the ops keep on it (resident weights).
+/// The device and what the ops keep on it (resident weights), shared by the host ops and the
+/// device-resident ones.
+#[derive(Clone)]
 pub(crate) struct Core {
     pub(crate) dev: Device,
-    pub(crate) weights: ops::linear::WeightCache,
+    pub(crate) weights: std::sync::Arc<ops::linear::WeightCache>,
 }
 
 /// The CUDA backend over one device (a GPU, or the emulator).
 pub struct CudaBackend {
     name: &'static str,
     core: Core,
+    resident: resident::Resident,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -59,12 +64,14 @@ impl std::fmt::Debug for CudaBackend {
 impl CudaBackend {
     /// A backend named `name` ([`NAME`] or [`EMU_NAME`]) over `dev`.
     pub fn new(name: &'static str, dev: Device) -> Self {
+        let core = Core {
+            dev,
+            weights: Default::default(),
+        };
         Self {
             name,
-            core: Core {
-                dev,
-                weights: ops::linear::WeightCache::default(),
-            },
+            resident: resident::Resident::new(core.clone()),
+            core,
         }
     }
 
@@ -202,5 +209,9 @@ impl Backend for CudaBackend {
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
         ops::rows::round_index_rows(&self.core, dtype, x, dim)
             .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn device(&self) -> Option<&dyn DeviceOps> {
+        Some(&self.resident)
     }
 }

@@ -2,7 +2,7 @@
 //! [`WeightCache`] and decoded by the `linear_*` kernels (kernels/linear.cu); each call uploads
 //! its input rows and reads the output back.
 
-use crate::device::{DevBuf, KArg, blocks_for};
+use crate::device::{DevBuf, DevPtr, KArg, blocks_for};
 use crate::{Core, CudaError, Device};
 use dsv4_kernels::{Linear, WeightFormat, WeightKey};
 use std::collections::HashMap;
@@ -35,6 +35,11 @@ pub struct ResidentWeight {
 }
 
 impl ResidentWeight {
+    /// Elements per padded input row the kernels read (`in_dim` rounded up to whole chunks).
+    pub fn xpitch(&self) -> usize {
+        self.xpitch
+    }
+
     /// Bytes this weight holds on the device.
     pub fn bytes(&self) -> usize {
         self.data.bytes() + self.scale.bytes()
@@ -155,17 +160,18 @@ pub fn linear(
         c.dev.upload_f32(&padded)?
     };
     let ob = c.dev.alloc(out.len() * 4)?;
-    launch(c, &rw, &xb, &ob, rows, &w.name)?;
+    launch(c, &rw, xb.at(), ob.at(), rows, &w.name)?;
     c.dev.download_f32(&ob, out)
 }
 
 /// Launch the linear kernel for `rows` rows on device-resident operands: `xb` holds
-/// rows·xpitch f32 (rows padded to the weight's pitch), `ob` rows·out_dim f32.
-fn launch(
+/// rows·xpitch f32 (rows padded to the weight's pitch) at a 16-byte aligned address, `ob`
+/// rows·out_dim f32.
+pub(crate) fn launch(
     c: &Core,
     rw: &ResidentWeight,
-    xb: &DevBuf,
-    ob: &DevBuf,
+    xb: DevPtr,
+    ob: DevPtr,
     rows: usize,
     name: &str,
 ) -> Result<(), CudaError> {
@@ -184,11 +190,16 @@ fn launch(
             65535 * ROWS_PER_PASS
         )));
     }
-    if xb.bytes() < rows * rw.xpitch * 4 || ob.bytes() < rows * o * 4 {
+    if xb.bytes < rows * rw.xpitch * 4 || ob.bytes < rows * o * 4 {
         return Err(CudaError::BadOperands(format!(
             "linear {name}: device operands of {} and {} bytes are too small for {rows} rows",
-            xb.bytes(),
-            ob.bytes()
+            xb.bytes, ob.bytes
+        )));
+    }
+    if !xb.ptr.is_multiple_of(CHUNK as u64) {
+        return Err(CudaError::BadOperands(format!(
+            "linear {name}: the input at {:#x} is not 16-byte aligned",
+            xb.ptr
         )));
     }
     let fmt = match rw.format {
@@ -200,8 +211,8 @@ fn launch(
     let args = [
         KArg::Buf(&rw.data),
         KArg::Buf(&rw.scale),
-        KArg::Buf(xb),
-        KArg::Buf(ob),
+        KArg::Ptr(xb),
+        KArg::Ptr(ob),
         KArg::U32(rw.out_dim as u32),
         KArg::U32(rw.in_dim as u32),
         KArg::U32(rw.pitch as u32),
@@ -236,6 +247,6 @@ pub fn time_linear(
     let ob = c.dev.alloc(rows * rw.out_dim * 4)?;
     let per_batch = if c.dev.info().emulated { 1 } else { 20 };
     crate::bench::time_launches(&c.dev, per_batch, batches, || {
-        launch(c, &rw, &xb, &ob, rows, &w.name)
+        launch(c, &rw, xb.at(), ob.at(), rows, &w.name)
     })
 }

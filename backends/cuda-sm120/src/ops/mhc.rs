@@ -3,7 +3,8 @@
 //! merge `hc_head` reusing the mixing and weighting kernels. Mixing logits and pre coefficients
 //! stay on the device (f64 scratch) between launches.
 
-use crate::device::{DevBuf, blocks_for};
+use crate::device::{DevPtr, blocks_for};
+use crate::ops::rows::fits;
 use crate::{Core, CudaError, KArg};
 use dsv4_kernels::{HcParams, MhcPre};
 
@@ -40,71 +41,95 @@ fn check_streams(m: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// `base` then `scale`: the coefficient table `mhc_coef` reads.
-fn coef_table(p: &HcParams<'_>, nout: usize, scales: usize) -> Result<Vec<f32>, CudaError> {
-    need("mHC base", p.base.len(), nout)?;
-    need("mHC scale", p.scale.len(), scales)?;
-    let mut v = p.base[..nout].to_vec();
-    v.extend_from_slice(&p.scale[..scales]);
-    Ok(v)
+/// The host operands of an mHC mixing, checked: the `fn` rows [nout, M·D] `mhc_mix` reads and
+/// the `base` [nout] and `scale` values whose concatenation is the table `mhc_coef` reads.
+pub(crate) struct HcOperands<'a> {
+    pub(crate) fn_w: &'a [f32],
+    pub(crate) base: &'a [f32],
+    pub(crate) scale: &'a [f32],
 }
 
-/// The mixing logits [t, nout] (f64) of the t tokens in `xb` ([t, M·D]).
+impl HcOperands<'_> {
+    /// `base` then `scale`: the coefficient table.
+    pub(crate) fn coef(&self) -> Vec<f32> {
+        [self.base, self.scale].concat()
+    }
+}
+
+/// The operands of `p` for a sublayer (`full`: pre, post and comb) or the head.
+pub(crate) fn hc_operands<'a>(p: &HcParams<'a>, full: bool) -> Result<HcOperands<'a>, CudaError> {
+    check_streams(p.m)?;
+    let m = p.m;
+    let (nout, scales) = if full { ((2 + m) * m, 3) } else { (m, 1) };
+    let len = nout * p.m * p.d;
+    need("mHC fn", p.fn_w.len(), len)?;
+    need("mHC base", p.base.len(), nout)?;
+    need("mHC scale", p.scale.len(), scales)?;
+    Ok(HcOperands {
+        fn_w: &p.fn_w[..len],
+        base: &p.base[..nout],
+        scale: &p.scale[..scales],
+    })
+}
+
+/// The mixing logits [t, nout] (f64) of the t tokens at `x` ([t, M·D]) into `mixb`; `fb`
+/// holds the `fn` rows [nout, M·D].
 fn mix(
     c: &Core,
     p: &HcParams<'_>,
-    xb: &DevBuf,
+    x: DevPtr,
+    fb: DevPtr,
+    mixb: DevPtr,
     t: usize,
     nout: usize,
-) -> Result<DevBuf, CudaError> {
+) -> Result<(), CudaError> {
     let md = p.m * p.d;
-    need("mHC fn", p.fn_w.len(), nout * md)?;
+    fits("mHC streams", x, t * md)?;
+    fits("mHC fn", fb, nout * md)?;
+    fits("mHC mixing scratch", mixb, 2 * t * nout)?;
     let dev = &c.dev;
-    let fb = dev.upload_f32(&p.fn_w[..nout * md])?;
-    let mixb = dev.alloc(t * nout * 8)?;
     let args = [
-        KArg::Buf(xb),
-        KArg::Buf(&fb),
-        KArg::Buf(&mixb),
+        KArg::Ptr(x),
+        KArg::Ptr(fb),
+        KArg::Ptr(mixb),
         KArg::U32(u32_arg("M·D", md)?),
         KArg::U32(u32_arg("mixing outputs", nout)?),
         KArg::F32(p.norm_eps),
     ];
     let grid = (u32_arg("tokens × mixing outputs", t * nout)?, 1, 1);
     // SAFETY: x holds t·M·D floats, fn nout·M·D, mix t·nout doubles, as the kernel reads.
-    unsafe { dev.launch("mhc_mix", grid, (MIX_THREADS, 1, 1), &args)? };
-    Ok(mixb)
+    unsafe { dev.launch("mhc_mix", grid, (MIX_THREADS, 1, 1), &args) }
 }
 
-/// The coefficients of `mhc_coef`: pre [t, M] (f64) always; post and comb when `full`.
-struct Coefs {
-    pre: DevBuf,
-    post: DevBuf,
-    comb: DevBuf,
-}
-
+/// `mhc_coef`: pre [t, M] (f64, into `pre`) always; post [t, M] and comb [t, M, M] (f32) when
+/// `full`. `cb` holds the coefficient table of [`hc_operands`].
+#[allow(clippy::too_many_arguments)]
 fn coefs(
     c: &Core,
     p: &HcParams<'_>,
-    mixb: &DevBuf,
+    mixb: DevPtr,
+    cb: DevPtr,
+    pre: DevPtr,
     t: usize,
     full: bool,
-) -> Result<Coefs, CudaError> {
+    post: DevPtr,
+    comb: DevPtr,
+) -> Result<(), CudaError> {
     let m = p.m;
     let (nout, scales) = if full { ((2 + m) * m, 3) } else { (m, 1) };
+    fits("mHC coefficients", cb, nout + scales)?;
+    if full {
+        fits("mHC post", post, t * m)?;
+        fits("mHC comb", comb, t * m * m)?;
+    }
+    fits("mHC pre scratch", pre, 2 * t * m)?;
     let dev = &c.dev;
-    let cb = dev.upload_f32(&coef_table(p, nout, scales)?)?;
-    let out = Coefs {
-        pre: dev.alloc(t * m * 8)?,
-        post: dev.alloc(if full { t * m * 4 } else { 0 })?,
-        comb: dev.alloc(if full { t * m * m * 4 } else { 0 })?,
-    };
     let args = [
-        KArg::Buf(mixb),
-        KArg::Buf(&cb),
-        KArg::Buf(&out.pre),
-        KArg::Buf(&out.post),
-        KArg::Buf(&out.comb),
+        KArg::Ptr(mixb),
+        KArg::Ptr(cb),
+        KArg::Ptr(pre),
+        KArg::Ptr(post),
+        KArg::Ptr(comb),
         KArg::U32(u32_arg("tokens", t)?),
         KArg::U32(m as u32),
         KArg::U32(nout as u32),
@@ -115,33 +140,76 @@ fn coefs(
     let grid = (blocks_for(t, COEF_THREADS as usize), 1, 1);
     // SAFETY: mix holds t·nout doubles, coef nout + scales floats; the outputs are sized above
     // (post and comb are only written when full).
-    unsafe { dev.launch("mhc_coef", grid, (COEF_THREADS, 1, 1), &args)? };
-    Ok(out)
+    unsafe { dev.launch("mhc_coef", grid, (COEF_THREADS, 1, 1), &args) }
 }
 
-/// Σ_j pre_j·x[t, j] for the t tokens of `xb`, as a [t, D] device buffer.
+/// Σ_j pre_j·x[t, j] for the t tokens at `x`, into `out` [t, D].
 fn weighted(
     c: &Core,
-    xb: &DevBuf,
-    pre: &DevBuf,
+    x: DevPtr,
+    pre: DevPtr,
+    out: DevPtr,
     t: usize,
     m: usize,
     d: usize,
-) -> Result<DevBuf, CudaError> {
-    let dev = &c.dev;
-    let ob = dev.alloc(t * d * 4)?;
+) -> Result<(), CudaError> {
+    fits("mHC output", out, t * d)?;
     let args = [
-        KArg::Buf(xb),
-        KArg::Buf(pre),
-        KArg::Buf(&ob),
+        KArg::Ptr(x),
+        KArg::Ptr(pre),
+        KArg::Ptr(out),
         KArg::U32(u32_arg("tokens", t)?),
         KArg::U32(m as u32),
         KArg::U32(u32_arg("hidden size", d)?),
     ];
     let grid = (blocks_for(t * d, THREADS as usize), 1, 1);
-    // SAFETY: x holds t·M·D floats, pre t·M doubles, out t·D floats.
-    unsafe { dev.launch("mhc_weighted", grid, (THREADS, 1, 1), &args)? };
-    Ok(ob)
+    // SAFETY: x holds t·M·D floats (checked by mix), pre t·M doubles, out t·D floats.
+    unsafe { c.dev.launch("mhc_weighted", grid, (THREADS, 1, 1), &args) }
+}
+
+/// Bytes of f64 scratch (mixing logits and pre coefficients) an mHC mixing of `t` tokens over
+/// `m` streams needs; `full` = a sublayer.
+pub(crate) fn mixing_scratch_bytes(t: usize, m: usize, full: bool) -> usize {
+    let nout = if full { (2 + m) * m } else { m };
+    8 * t * (nout + m)
+}
+
+/// The launches (three) of an mHC mixing of `t` tokens at `x` [t, M, D] (operands from
+/// [`hc_operands`] at `fb` and `cb`; `scratch` of [`mixing_scratch_bytes`], 8-byte aligned):
+/// u or the head's merge into `out` [t, D], and post / comb when `full`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mixing(
+    c: &Core,
+    p: &HcParams<'_>,
+    x: DevPtr,
+    fb: DevPtr,
+    cb: DevPtr,
+    scratch: DevPtr,
+    t: usize,
+    full: bool,
+    out: DevPtr,
+    post: DevPtr,
+    comb: DevPtr,
+) -> Result<(), CudaError> {
+    check_streams(p.m)?;
+    let nout = if full { (2 + p.m) * p.m } else { p.m };
+    if scratch.bytes < mixing_scratch_bytes(t, p.m, full) || !scratch.ptr.is_multiple_of(8) {
+        return Err(CudaError::BadOperands(format!(
+            "mHC: {} bytes of scratch at {:#x} for {t} tokens",
+            scratch.bytes, scratch.ptr
+        )));
+    }
+    let mixb = DevPtr {
+        ptr: scratch.ptr,
+        bytes: 8 * t * nout,
+    };
+    let pre = DevPtr {
+        ptr: scratch.ptr + 8 * (t * nout) as u64,
+        bytes: 8 * t * p.m,
+    };
+    mix(c, p, x, fb, mixb, t, nout)?;
+    coefs(c, p, mixb, cb, pre, t, full, post, comb)?;
+    weighted(c, x, pre, out, t, p.m, p.d)
 }
 
 /// mHC pre step of `t` tokens of streams `x` [t, M, D].
@@ -157,16 +225,68 @@ pub fn mhc_pre(c: &Core, p: &HcParams<'_>, x: &[f32], t: usize) -> Result<MhcPre
         return Ok(out);
     }
     need("mhc_pre streams", x.len(), t * m * d)?;
-    let nout = (2 + m) * m;
+    let ops = hc_operands(p, true)?;
     let dev = &c.dev;
     let xb = dev.upload_f32(&x[..t * m * d])?;
-    let mixb = mix(c, p, &xb, t, nout)?;
-    let k = coefs(c, p, &mixb, t, true)?;
-    let ub = weighted(c, &xb, &k.pre, t, m, d)?;
+    let fb = dev.upload_f32(ops.fn_w)?;
+    let cb = dev.upload_f32(&ops.coef())?;
+    let ub = dev.alloc(t * d * 4)?;
+    let pb = dev.alloc(t * m * 4)?;
+    let kb = dev.alloc(t * m * m * 4)?;
+    let sb = dev.alloc(mixing_scratch_bytes(t, m, true))?;
+    let (x, s) = (xb.at(), sb.at());
+    launch_mixing(
+        c,
+        p,
+        x,
+        fb.at(),
+        cb.at(),
+        s,
+        t,
+        true,
+        ub.at(),
+        pb.at(),
+        kb.at(),
+    )?;
     dev.download_f32(&ub, &mut out.u)?;
-    dev.download_f32(&k.post, &mut out.post)?;
-    dev.download_f32(&k.comb, &mut out.comb)?;
+    dev.download_f32(&pb, &mut out.post)?;
+    dev.download_f32(&kb, &mut out.comb)?;
     Ok(out)
+}
+
+/// mhc_post of `t` tokens on device operands: x, out [t, M, D], y [t, D], post [t, M], comb
+/// [t, M, M].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_post(
+    c: &Core,
+    x: DevPtr,
+    y: DevPtr,
+    post: DevPtr,
+    comb: DevPtr,
+    out: DevPtr,
+    t: usize,
+    m: usize,
+    d: usize,
+) -> Result<(), CudaError> {
+    let n = t * m * d;
+    fits("mhc_post streams", x, n)?;
+    fits("mhc_post y", y, t * d)?;
+    fits("mhc_post post", post, t * m)?;
+    fits("mhc_post comb", comb, t * m * m)?;
+    fits("mhc_post output", out, n)?;
+    let args = [
+        KArg::Ptr(x),
+        KArg::Ptr(y),
+        KArg::Ptr(post),
+        KArg::Ptr(comb),
+        KArg::Ptr(out),
+        KArg::U32(u32_arg("tokens", t)?),
+        KArg::U32(u32_arg("streams", m)?),
+        KArg::U32(u32_arg("hidden size", d)?),
+    ];
+    let grid = (blocks_for(n, THREADS as usize), 1, 1);
+    // SAFETY: every operand holds what the kernel reads or writes for t tokens (checked above).
+    unsafe { c.dev.launch("mhc_post", grid, (THREADS, 1, 1), &args) }
 }
 
 /// mHC post step: out[t, k] = post_k·y[t] + Σ_j C_jk·x[t, j]; t = y.len() / D.
@@ -197,19 +317,7 @@ pub fn mhc_post(
     let pb = dev.upload_f32(&pre.post[..t * m])?;
     let cb = dev.upload_f32(&pre.comb[..t * m * m])?;
     let ob = dev.alloc(n * 4)?;
-    let args = [
-        KArg::Buf(&xb),
-        KArg::Buf(&yb),
-        KArg::Buf(&pb),
-        KArg::Buf(&cb),
-        KArg::Buf(&ob),
-        KArg::U32(u32_arg("tokens", t)?),
-        KArg::U32(u32_arg("streams", m)?),
-        KArg::U32(u32_arg("hidden size", d)?),
-    ];
-    let grid = (blocks_for(n, THREADS as usize), 1, 1);
-    // SAFETY: every buffer holds what the kernel reads or writes for t tokens.
-    unsafe { dev.launch("mhc_post", grid, (THREADS, 1, 1), &args)? };
+    launch_post(c, xb.at(), yb.at(), pb.at(), cb.at(), ob.at(), t, m, d)?;
     dev.download_f32(&ob, &mut out[..n])
 }
 
@@ -228,9 +336,14 @@ pub fn hc_head(
     }
     need("hc_head streams", x.len(), t * m * d)?;
     need("hc_head output", out.len(), t * d)?;
-    let xb = c.dev.upload_f32(&x[..t * m * d])?;
-    let mixb = mix(c, p, &xb, t, m)?;
-    let k = coefs(c, p, &mixb, t, false)?;
-    let ob = weighted(c, &xb, &k.pre, t, m, d)?;
-    c.dev.download_f32(&ob, &mut out[..t * d])
+    let ops = hc_operands(p, false)?;
+    let dev = &c.dev;
+    let xb = dev.upload_f32(&x[..t * m * d])?;
+    let fb = dev.upload_f32(ops.fn_w)?;
+    let cb = dev.upload_f32(&ops.coef())?;
+    let ob = dev.alloc(t * d * 4)?;
+    let sb = dev.alloc(mixing_scratch_bytes(t, m, false))?;
+    let (x, o) = (xb.at(), ob.at());
+    launch_mixing(c, p, x, fb.at(), cb.at(), sb.at(), t, false, o, o, o)?;
+    dev.download_f32(&ob, &mut out[..t * d])
 }

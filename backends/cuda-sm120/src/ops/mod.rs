@@ -1,9 +1,11 @@
 //! The op wrappers: check operand sizes, upload inputs, launch the kernels of `kernels/*.cu`,
-//! read results back. One file per kernel file.
+//! read results back (the `launch_*` functions are what the device-resident ops of `resident/`
+//! call on their own buffers). One file per kernel file.
 
 pub mod attention;
 pub mod cache;
 pub mod checksum;
 pub mod linear;
 pub mod mhc;
+pub mod resident;
 pub mod rows;

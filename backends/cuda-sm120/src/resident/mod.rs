@@ -1,0 +1,486 @@
+//! [`DeviceOps`] for the CUDA backend: activations in device buffers for a whole step.
+//!
+//! Buffers are a slab `id -> DevBuf` (zeroed at allocation); a slice is the buffer's address
+//! plus `off·4` bytes. Every op checks its slices, then launches the same `launch_*` functions
+//! the host ops of `ops/` use (so results are bitwise the host op's) on the stream the backend
+//! already uses (the legacy default stream on a GPU; the emulator runs each launch at once).
+//! Nothing waits for the device except [`DeviceOps::read`].
+//!
+//! Small per-call parameters (rope positions, swiglu row weights, gather indices, linear's
+//! padded inputs) live in a bump arena that is rewound after each synchronisation; larger ones
+//! that come from the model's weights (norm weights, mHC `fn`/`base`/`scale`, rope θ) are
+//! uploaded once and cached by address, length and content hash, like linear weights.
+//! Buffers freed while work may still use them wait in a pending list until the next
+//! synchronisation (a CUDA free would otherwise synchronise the device each time).
+
+mod ops;
+
+use crate::{Core, CudaError, DevBuf, DevPtr};
+use dsv4_kernels::{DevBufId, DevSlice, DeviceStats, KernelError};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Byte alignment of slice offsets: linear's kernels load inputs as 16-byte vectors.
+pub(crate) const ALIGN: usize = 16;
+/// Alignment of arena chunks (what cudaMalloc gives).
+const CHUNK_ALIGN: usize = 256;
+/// Smallest parameter arena.
+const ARENA_MIN: usize = 1 << 20;
+/// Pending (freed, maybe still in use) bytes past which the next op synchronises and drops them.
+const PENDING_MAX: usize = 256 << 20;
+/// Cached parameter bytes past which the parameter cache starts over.
+const CACHE_MAX: usize = 1 << 30;
+
+/// A live buffer of the slab.
+struct Slot {
+    buf: DevBuf,
+    words: usize,
+}
+
+/// The key of a cached parameter: host address, length and a hash of the contents (all of
+/// them up to 64 KiB, 4096 evenly spaced 8-byte words beyond).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct ParamKey {
+    ptr: usize,
+    bytes: usize,
+    hash: u64,
+}
+
+impl ParamKey {
+    fn of(v: &[u8]) -> Self {
+        let words = v.len() / 8;
+        let step = if v.len() <= 64 << 10 { 1 } else { words / 4096 };
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |x: u64| h = (h ^ x).wrapping_mul(0x0100_0000_01b3);
+        for c in v.chunks_exact(8).step_by(step) {
+            mix(u64::from_le_bytes([
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+            ]));
+        }
+        for &b in v.chunks_exact(8).remainder() {
+            mix(u64::from(b));
+        }
+        Self {
+            ptr: v.as_ptr() as usize,
+            bytes: v.len(),
+            hash: h,
+        }
+    }
+}
+
+/// Everything the resident ops share, behind one lock (an op holds it while it queues its
+/// launches, so a synchronisation never rewinds the arena under an op).
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    bufs: HashMap<u64, Slot>,
+    /// Freed buffers and retired arenas, dropped after the next synchronisation.
+    pending: Vec<DevBuf>,
+    pending_bytes: usize,
+    arena: Option<DevBuf>,
+    arena_used: usize,
+    cache: HashMap<[ParamKey; 2], DevBuf>,
+    cache_bytes: usize,
+    stats: DeviceStats,
+}
+
+/// The device-resident op set of a [`crate::CudaBackend`] (its `Backend::device`).
+pub(crate) struct Resident {
+    core: Core,
+    state: Mutex<State>,
+}
+
+impl Resident {
+    /// The op set over `core` (the backend's device and weight cache).
+    pub(crate) fn new(core: Core) -> Self {
+        Self {
+            core,
+            state: Mutex::default(),
+        }
+    }
+}
+
+/// A `KernelError::Device` for a device failure of `op`.
+fn dev_err(op: &str, e: CudaError) -> KernelError {
+    KernelError::Device {
+        message: format!("{op}: {e}"),
+    }
+}
+
+/// A `KernelError::Device` with `message`.
+pub(crate) fn op_err(message: String) -> KernelError {
+    KernelError::Device { message }
+}
+
+/// What an op works with: the device, the locked state, the op's name.
+pub(crate) struct Ctx<'a> {
+    core: &'a Core,
+    st: MutexGuard<'a, State>,
+    op: &'static str,
+}
+
+impl Ctx<'_> {
+    /// The device address range of `s` (`what` names it in errors).
+    fn slice(&self, what: &str, s: DevSlice) -> Result<DevPtr, KernelError> {
+        let op = self.op;
+        let slot = self.st.bufs.get(&s.buf.0).ok_or_else(|| {
+            op_err(format!(
+                "{op}: {what} is in buffer {}, which is not allocated",
+                s.buf.0
+            ))
+        })?;
+        if s.off.checked_add(s.len).is_none_or(|end| end > slot.words) {
+            return Err(op_err(format!(
+                "{op}: {what} [{}, +{}) is outside its buffer of {} words",
+                s.off, s.len, slot.words
+            )));
+        }
+        if !(s.off * 4).is_multiple_of(ALIGN) {
+            return Err(op_err(format!(
+                "{op}: {what} starts at word {}, not a multiple of {ALIGN} bytes",
+                s.off
+            )));
+        }
+        Ok(DevPtr {
+            ptr: slot.buf.ptr() + (s.off * 4) as u64,
+            bytes: s.len * 4,
+        })
+    }
+
+    /// `bytes` bytes of the arena (256-byte aligned), valid until the next synchronisation.
+    fn scratch(&mut self, bytes: usize) -> Result<DevPtr, KernelError> {
+        let need = bytes.max(1).next_multiple_of(CHUNK_ALIGN);
+        let st = &mut *self.st;
+        let cap = st.arena.as_ref().map_or(0, DevBuf::bytes);
+        if cap - st.arena_used < need {
+            // Queued launches may still read the old arena: retire it until the next sync.
+            if let Some(old) = st.arena.take() {
+                st.pending_bytes += old.bytes();
+                st.pending.push(old);
+            }
+            let cap = need.max(2 * cap).max(ARENA_MIN);
+            st.arena = Some(self.core.dev.alloc(cap).map_err(|e| dev_err(self.op, e))?);
+            st.stats.allocs += 1;
+            st.arena_used = 0;
+        }
+        let base = st.arena.as_ref().map_or(0, DevBuf::ptr);
+        let p = DevPtr {
+            ptr: base + st.arena_used as u64,
+            bytes,
+        };
+        st.arena_used += need;
+        Ok(p)
+    }
+
+    /// `data` copied into the arena (a per-call parameter). The copy is a synchronous
+    /// host-to-device copy from pageable memory, which on the legacy stream also waits for
+    /// the launches before it: correct, but it is why the big parameters are cached instead.
+    fn param(&mut self, data: &[u8]) -> Result<DevPtr, KernelError> {
+        let p = self.scratch(data.len())?;
+        self.core
+            .dev
+            .upload_to(p, data)
+            .map_err(|e| dev_err(self.op, e))?;
+        self.st.stats.writes += 1;
+        self.st.stats.write_bytes += data.len() as u64;
+        Ok(p)
+    }
+
+    /// `v` on the device, uploaded once per distinct host array (see [`ParamKey`]).
+    fn cached(&mut self, v: &[u8]) -> Result<DevPtr, KernelError> {
+        self.cached_as([ParamKey::of(v), ParamKey::default()], || v.to_vec())
+    }
+
+    /// The concatenation of `a` and `b` on the device, uploaded once per distinct pair.
+    fn cached_pair(&mut self, a: &[u8], b: &[u8]) -> Result<DevPtr, KernelError> {
+        self.cached_as([ParamKey::of(a), ParamKey::of(b)], || [a, b].concat())
+    }
+
+    fn cached_as(
+        &mut self,
+        key: [ParamKey; 2],
+        data: impl FnOnce() -> Vec<u8>,
+    ) -> Result<DevPtr, KernelError> {
+        if let Some(b) = self.st.cache.get(&key) {
+            return Ok(b.at());
+        }
+        let v = data();
+        let st = &mut *self.st;
+        if st.cache_bytes + v.len() > CACHE_MAX {
+            for (_, b) in st.cache.drain() {
+                st.pending_bytes += b.bytes();
+                st.pending.push(b);
+            }
+            st.cache_bytes = 0;
+        }
+        let b = self.core.dev.upload(&v).map_err(|e| dev_err(self.op, e))?;
+        st.stats.allocs += 1;
+        st.stats.writes += 1;
+        st.stats.write_bytes += v.len() as u64;
+        st.cache_bytes += v.len();
+        let p = b.at();
+        st.cache.insert(key, b);
+        Ok(p)
+    }
+
+    /// Count `n` queued kernel launches.
+    fn dispatched(&mut self, n: u64) {
+        self.st.stats.dispatches += n;
+    }
+
+    /// A device result of this op as the trait's error.
+    fn run(&self, r: Result<(), CudaError>) -> Result<(), KernelError> {
+        r.map_err(|e| dev_err(self.op, e))
+    }
+}
+
+/// Whether two device ranges overlap.
+fn overlap(a: DevPtr, b: DevPtr) -> bool {
+    a.bytes > 0 && b.bytes > 0 && a.ptr < b.ptr + b.bytes as u64 && b.ptr < a.ptr + a.bytes as u64
+}
+
+impl Resident {
+    /// Run resident op `op` with the state locked.
+    fn resident_op(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Ctx<'_>) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cx = Ctx {
+            core: &self.core,
+            st,
+            op,
+        };
+        if cx.st.pending_bytes > PENDING_MAX {
+            sync_and_drain(&self.core, &mut cx.st).map_err(|e| dev_err(op, e))?;
+        }
+        f(&mut cx)
+    }
+}
+
+/// Wait for the device (one submission), then drop what waited for it and rewind the arena.
+fn sync_and_drain(core: &Core, st: &mut State) -> Result<(), CudaError> {
+    st.stats.submissions += 1;
+    core.dev.synchronize()?;
+    st.pending.clear();
+    st.pending_bytes = 0;
+    st.arena_used = 0;
+    Ok(())
+}
+
+impl dsv4_kernels::DeviceOps for Resident {
+    fn offset_alignment(&self) -> usize {
+        ALIGN
+    }
+
+    fn alloc(&self, words: usize) -> Result<DevBufId, KernelError> {
+        if words == 0 {
+            return Err(op_err("alloc: a buffer of 0 words".into()));
+        }
+        let bytes = words
+            .checked_mul(4)
+            .ok_or_else(|| op_err(format!("alloc: {words} words")))?;
+        let buf = self
+            .core
+            .dev
+            .alloc(bytes)
+            .map_err(|e| dev_err("alloc", e))?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.next_id += 1;
+        let id = st.next_id;
+        st.bufs.insert(id, Slot { buf, words });
+        st.stats.allocs += 1;
+        Ok(DevBufId(id))
+    }
+
+    fn free(&self, buf: DevBufId) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = st.bufs.remove(&buf.0) {
+            st.pending_bytes += slot.buf.bytes();
+            st.pending.push(slot.buf);
+        }
+    }
+
+    fn write(&self, dst: DevSlice, src: &[f32]) -> Result<(), KernelError> {
+        self.resident_op("write", |cx| {
+            dsv4_kernels::device::check_len("write", "dst", dst, src.len())?;
+            let p = cx.slice("dst", dst)?;
+            // A synchronous copy from pageable memory: on the legacy stream it also waits for
+            // the launches queued before it, so it cannot overtake a kernel still using dst.
+            let r = cx.core.dev.upload_to(p, crate::device::f32_bytes(src));
+            cx.run(r)?;
+            cx.st.stats.writes += 1;
+            cx.st.stats.write_bytes += src.len() as u64 * 4;
+            Ok(())
+        })
+    }
+
+    fn read(&self, src: DevSlice) -> Result<Vec<f32>, KernelError> {
+        let mut out = vec![0f32; src.len];
+        self.resident_op("read", |cx| {
+            let p = cx.slice("src", src)?;
+            sync_and_drain(cx.core, &mut cx.st).map_err(|e| dev_err("read", e))?;
+            let r = cx.core.dev.download_f32_from(p, &mut out);
+            cx.run(r)?;
+            cx.st.stats.reads += 1;
+            cx.st.stats.read_bytes += src.len as u64 * 4;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn flush(&self) -> Result<(), KernelError> {
+        // Launches are submitted as they are queued (cuLaunchKernel); nothing is batched.
+        Ok(())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    fn copy2d(
+        &self,
+        src: DevSlice,
+        dst: DevSlice,
+        shape: dsv4_kernels::device::Copy2d,
+    ) -> Result<(), KernelError> {
+        self.resident_op("copy2d", |cx| ops::copy2d(cx, src, dst, shape))
+    }
+
+    fn gather_rows(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("gather_rows", |cx| {
+            ops::by_index(cx, false, src, idx, width, dst)
+        })
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("scatter_add_rows", |cx| {
+            ops::by_index(cx, true, src, idx, width, dst)
+        })
+    }
+
+    fn add(&self, a: DevSlice, b: DevSlice, out: DevSlice) -> Result<(), KernelError> {
+        self.resident_op("add", |cx| ops::add(cx, a, b, out))
+    }
+
+    fn scale(&self, x: DevSlice, s: f64) -> Result<(), KernelError> {
+        self.resident_op("scale", |cx| ops::scale(cx, x, s))
+    }
+
+    fn linear(
+        &self,
+        w: &dsv4_kernels::Linear,
+        x: DevSlice,
+        rows: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("linear", |cx| ops::linear(cx, w, x, rows, out))
+    }
+
+    fn act_quant_fp8(&self, x: DevSlice, dim: usize) -> Result<(), KernelError> {
+        self.resident_op("act_quant_fp8", |cx| ops::act_quant_fp8(cx, x, dim))
+    }
+
+    fn rms_norm(
+        &self,
+        x: DevSlice,
+        weight: Option<&[f32]>,
+        dim: usize,
+        eps: f32,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("rms_norm", |cx| ops::rms_norm(cx, x, weight, dim, eps, out))
+    }
+
+    fn rope(
+        &self,
+        x: DevSlice,
+        dim: usize,
+        positions: &[usize],
+        table: &dsv4_kernels::RopeTable,
+        inverse: bool,
+    ) -> Result<(), KernelError> {
+        self.resident_op("rope", |cx| {
+            ops::rope(cx, x, dim, positions, table, inverse)
+        })
+    }
+
+    fn hadamard(&self, x: DevSlice, dim: usize) -> Result<(), KernelError> {
+        self.resident_op("hadamard", |cx| ops::hadamard(cx, x, dim))
+    }
+
+    fn round_index_rows(
+        &self,
+        dtype: dsv4_core::IndexKDtype,
+        x: DevSlice,
+        dim: usize,
+    ) -> Result<(), KernelError> {
+        self.resident_op("round_index_rows", |cx| {
+            ops::round_index_rows(cx, dtype, x, dim)
+        })
+    }
+
+    fn mhc_pre(
+        &self,
+        p: &dsv4_kernels::HcParams<'_>,
+        x: DevSlice,
+        t: usize,
+        u: DevSlice,
+        post: DevSlice,
+        comb: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("mhc_pre", |cx| ops::mhc_pre(cx, p, x, t, u, post, comb))
+    }
+
+    fn mhc_post(
+        &self,
+        x: DevSlice,
+        y: DevSlice,
+        post: DevSlice,
+        comb: DevSlice,
+        m: usize,
+        d: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("mhc_post", |cx| {
+            ops::mhc_post(cx, x, y, post, comb, m, d, out)
+        })
+    }
+
+    fn hc_head(
+        &self,
+        p: &dsv4_kernels::HcParams<'_>,
+        x: DevSlice,
+        t: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("hc_head", |cx| ops::hc_head(cx, p, x, t, out))
+    }
+
+    fn swiglu_rows(
+        &self,
+        g: DevSlice,
+        u: DevSlice,
+        limit: f32,
+        weights: &[f32],
+        width: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("swiglu_rows", |cx| {
+            ops::swiglu_rows(cx, g, u, limit, weights, width, out)
+        })
+    }
+}
