@@ -1,10 +1,14 @@
-//! The device side of the backend: adapter selection, the pipeline cache, and [`Step`], one
-//! command encoder whose dispatches are submitted together with the read-backs they need.
+//! The device side of the backend: adapter selection, the pipeline cache, the traffic counters,
+//! and [`Step`], one command encoder whose dispatches are submitted together with the
+//! read-backs they need (host ops) or kept pending (device-resident ops).
 
 use crate::WgpuError;
+use crate::setup::{Bind, Setups};
 use crate::shaders;
+use dsv4_kernels::DeviceStats;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
 /// Words of scalar parameters every kernel can read (`pu(i)` / `pf(i)` in common.wgsl).
@@ -101,11 +105,14 @@ pub fn select_adapter(selector: Option<&str>) -> Result<wgpu::Adapter, WgpuError
 
 /// One wgpu device with its queue and compiled kernels.
 pub struct Gpu {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
     report: AdapterReport,
     limits: wgpu::Limits,
     pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    stats: Mutex<DeviceStats>,
+    setups: Mutex<Setups>,
+    next_id: AtomicU64,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -154,7 +161,30 @@ impl Gpu {
             report,
             limits,
             pipelines: Mutex::new(HashMap::new()),
+            stats: Mutex::new(DeviceStats::default()),
+            setups: Mutex::new(Setups::default()),
+            next_id: AtomicU64::new(1),
         })
+    }
+
+    /// A fresh resource id (never 0, never reused): names a buffer in setup-cache keys.
+    pub fn fresh_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The traffic counters so far.
+    pub fn stats(&self) -> DeviceStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Update the traffic counters.
+    pub fn count(&self, f: impl FnOnce(&mut DeviceStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The params and bind-group caches.
+    pub(crate) fn setups(&self) -> MutexGuard<'_, Setups> {
+        self.setups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The adapter this device runs on.
@@ -261,12 +291,92 @@ impl Gpu {
     pub fn step(&self) -> Step<'_> {
         Step {
             gpu: self,
-            encoder: self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("step"),
-                }),
+            encoder: self.encoder(),
+            cached: false,
         }
+    }
+
+    /// A new command encoder.
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            })
+    }
+
+    /// Continue recording into `encoder` (the pending work of the resident ops), reusing bind
+    /// groups of identical earlier dispatches; [`Step::into_encoder`] hands it back.
+    pub(crate) fn resume(&self, encoder: wgpu::CommandEncoder) -> Step<'_> {
+        Step {
+            gpu: self,
+            encoder,
+            cached: true,
+        }
+    }
+
+    /// Submit `encoder` after copying each `(buffer, byte offset, bytes)` of `reads` into a
+    /// mappable buffer; wait, and return the bytes read.
+    pub(crate) fn submit_and_read(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        reads: &[(&wgpu::Buffer, u64, usize)],
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let staging: Vec<wgpu::Buffer> = reads
+            .iter()
+            .map(|(src, off, len)| {
+                let size = (len.div_ceil(4).max(1) * 4) as u64;
+                let dst = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("read-back"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                encoder.copy_buffer_to_buffer(src, *off, &dst, 0, size);
+                dst
+            })
+            .collect();
+        self.queue.submit([encoder.finish()]);
+        let bytes: usize = reads.iter().map(|r| r.2).sum();
+        self.count(|s| {
+            s.submissions += 1;
+            s.reads += reads.len() as u64;
+            s.read_bytes += bytes as u64;
+        });
+        let failed = Arc::new(Mutex::new(None));
+        for s in &staging {
+            let failed = failed.clone();
+            s.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                if let Err(e) = r {
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                }
+            });
+        }
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| format!("wgpu device lost while waiting for a step: {e}"))?;
+        if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(format!("wgpu read-back failed: {e}"));
+        }
+        staging
+            .iter()
+            .zip(reads)
+            .map(|(s, (_, _, len))| {
+                let view = s
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| format!("wgpu read-back mapping failed: {e}"))?;
+                let v = view[..*len].to_vec();
+                drop(view);
+                s.unmap();
+                Ok(v)
+            })
+            .collect()
+    }
+
+    /// Submit `encoder` without waiting.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) {
+        self.queue.submit([encoder.finish()]);
+        self.count(|s| s.submissions += 1);
     }
 }
 
@@ -279,10 +389,12 @@ pub fn grid(n: usize, wg: u32) -> [u32; 3] {
     [x as u32, y as u32, 1]
 }
 
-/// One command encoder: a list of dispatches submitted with one `queue.submit`.
+/// One command encoder: a list of dispatches submitted with one `queue.submit` (host ops), or
+/// the pending work of the resident ops (`cached`: bind groups are reused across dispatches).
 pub struct Step<'g> {
     gpu: &'g Gpu,
     encoder: wgpu::CommandEncoder,
+    cached: bool,
 }
 
 impl Step<'_> {
@@ -292,7 +404,7 @@ impl Step<'_> {
         &mut self,
         kernel: &'static str,
         params: &[u32],
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, Bind<'_>)],
         groups: [u32; 3],
     ) {
         self.dispatch_with(kernel, params, buffers, None, groups)
@@ -303,7 +415,7 @@ impl Step<'_> {
         &mut self,
         kernel: &'static str,
         params: &[u32],
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, Bind<'_>)],
         group1: Option<&wgpu::BindGroup>,
         groups: [u32; 3],
     ) {
@@ -314,32 +426,10 @@ impl Step<'_> {
         let mut words = [0u32; PARAM_WORDS];
         words[..params.len()].copy_from_slice(params);
         let pipeline = self.gpu.pipeline(kernel);
-        let ubuf = self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::STORAGE,
-            });
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        }];
-        for (binding, b) in buffers {
-            entries.push(wgpu::BindGroupEntry {
-                binding: *binding,
-                resource: b.as_entire_binding(),
-            });
-        }
-        let bind = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
+        let bind =
+            self.gpu
+                .setups()
+                .bind_group(self.gpu, &pipeline, kernel, words, buffers, self.cached);
         let mut pass = self
             .encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -352,50 +442,58 @@ impl Step<'_> {
             pass.set_bind_group(1, g, &[]);
         }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        drop(pass);
+        self.gpu.count(|s| s.dispatches += 1);
+    }
+
+    /// Encode a copy of `bytes` bytes from `src` to `dst` (different buffers), ordered after
+    /// everything encoded before it.
+    pub fn copy(&mut self, src: Bind<'_>, dst: Bind<'_>, bytes: u64) {
+        self.encoder
+            .copy_buffer_to_buffer(src.buf, src.off, dst.buf, dst.off, bytes);
+    }
+
+    /// Encode a host-to-device write of `data` into `dst`: the data goes to a fresh staging
+    /// buffer now and is copied in order with the dispatches (unlike `queue.write_buffer`, which
+    /// would land before every command of the next submission).
+    pub fn write(&mut self, data: &[u8], dst: Bind<'_>) {
+        if data.is_empty() {
+            return;
+        }
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("write staging"),
+            size: data.len() as u64,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        staging
+            .slice(..)
+            .get_mapped_range_mut()
+            .expect("a buffer mapped at creation maps")
+            .copy_from_slice(data);
+        staging.unmap();
+        self.encoder
+            .copy_buffer_to_buffer(&staging, 0, dst.buf, dst.off, data.len() as u64);
+        self.gpu.count(|s| {
+            s.writes += 1;
+            s.write_bytes += data.len() as u64;
+        });
+    }
+
+    /// The encoder, with everything recorded (the resident ops keep it pending).
+    pub(crate) fn into_encoder(self) -> wgpu::CommandEncoder {
+        self.encoder
     }
 
     /// Submit everything recorded and read back `reads` (buffer, bytes) in order.
+    ///
+    /// # Panics
+    /// If the device is lost or the read-back fails (the host ops have no error channel).
     pub fn finish(self, reads: &[(&wgpu::Buffer, usize)]) -> Vec<Vec<u8>> {
-        let Step { gpu, mut encoder } = self;
-        let staging: Vec<wgpu::Buffer> = reads
-            .iter()
-            .map(|(src, len)| {
-                let size = (len.div_ceil(4).max(1) * 4) as u64;
-                let dst = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("read-back"),
-                    size,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                encoder.copy_buffer_to_buffer(src, 0, &dst, 0, size);
-                dst
-            })
-            .collect();
-        gpu.queue.submit([encoder.finish()]);
-        for s in &staging {
-            s.slice(..).map_async(wgpu::MapMode::Read, |r| {
-                if let Err(e) = r {
-                    panic!("wgpu read-back failed: {e}");
-                }
-            });
-        }
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .unwrap_or_else(|e| panic!("wgpu device lost while waiting for a step: {e}"));
-        staging
-            .iter()
-            .zip(reads)
-            .map(|(s, (_, len))| {
-                let view = s
-                    .slice(..)
-                    .get_mapped_range()
-                    .unwrap_or_else(|e| panic!("wgpu read-back mapping failed: {e}"));
-                let v = view[..*len].to_vec();
-                drop(view);
-                s.unmap();
-                v
-            })
-            .collect()
+        let reads: Vec<_> = reads.iter().map(|(b, n)| (*b, 0, *n)).collect();
+        self.gpu
+            .submit_and_read(self.encoder, &reads)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 

@@ -8,11 +8,18 @@
 //! SHADER_F64 every sum is accumulated in f64 in the reference's order, so results match the
 //! reference backend bit for bit up to the last f64 ulp of exp/log/sin/cos; without f64 the same
 //! kernels accumulate in f32.
+//!
+//! The backend also implements [`DeviceOps`] (resident.rs, resident_ops.rs): the same kernels
+//! over device-resident buffers, recorded into one pending encoder and submitted only by a
+//! read or a flush, with bind groups reused across identical dispatches (setup.rs).
 
 mod error;
 pub mod gpu;
 mod ops;
 mod ops_attn;
+mod resident;
+mod resident_ops;
+pub mod setup;
 pub mod shaders;
 mod weights;
 
@@ -23,7 +30,7 @@ use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_kernels::registry::{BackendFactory, BackendOptions};
 use dsv4_kernels::{
-    Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat, WeightKey,
+    Backend, DeviceOps, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat, WeightKey,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,10 +43,12 @@ pub const NAME: &str = "wgpu";
 /// what a device without SHADER_F64 computes.
 pub const FORCE_F32_ENV: &str = "DSV4_WGPU_F32";
 
-/// The wgpu backend: one device, its compiled kernels and the weights resident on it.
+/// The wgpu backend: one device, its compiled kernels, the weights resident on it, and the
+/// device-resident activation buffers of its [`DeviceOps`].
 pub struct WgpuBackend {
     gpu: gpu::Gpu,
     weights: Mutex<HashMap<WeightKey, Arc<DeviceWeight>>>,
+    resident: resident::Resident,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -58,6 +67,7 @@ impl WgpuBackend {
         Ok(Self {
             gpu: gpu::Gpu::open(&adapter, allow_f64)?,
             weights: Mutex::new(HashMap::new()),
+            resident: resident::Resident::default(),
         })
     }
 
@@ -236,5 +246,9 @@ impl Backend for WgpuBackend {
 
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
         ops::round_index_rows(&self.gpu, dtype, x, dim)
+    }
+
+    fn device(&self) -> Option<&dyn DeviceOps> {
+        Some(self)
     }
 }

@@ -1,7 +1,10 @@
 //! Host glue of the linear, row-wise, element-wise and cache kernels: upload the op's inputs,
-//! encode its dispatches into one command buffer, submit once, read the output back.
+//! encode its dispatches into one command buffer, submit once, read the output back. The
+//! `enc_*` functions encode an op's dispatches over bound buffer ranges; the device-resident
+//! ops (resident_ops.rs) call the same functions on their slices.
 
-use crate::gpu::{Gpu, copy_f32, f32_bytes, grid};
+use crate::gpu::{Gpu, Step, copy_f32, f32_bytes, grid};
+use crate::setup::Bind;
 use crate::weights::DeviceWeight;
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
@@ -10,7 +13,7 @@ use dsv4_kernels::{Linear, RopeTable, RowFormat};
 /// Rows one linear thread accumulates (ROWS_PER_THREAD in linear.wgsl).
 const LINEAR_ROWS_PER_THREAD: usize = 4;
 /// Largest Hadamard width the workgroup-memory butterfly holds (HAD_MAX in rows.wgsl).
-const HADAMARD_MAX: usize = 1024;
+pub(crate) const HADAMARD_MAX: usize = 1024;
 
 /// Upload f32 values as a storage buffer, refusing what one binding cannot hold.
 pub(crate) fn upload_f32(gpu: &Gpu, what: &str, v: &[f32]) -> wgpu::Buffer {
@@ -20,6 +23,10 @@ pub(crate) fn upload_f32(gpu: &Gpu, what: &str, v: &[f32]) -> wgpu::Buffer {
 /// Upload bytes as a storage buffer, refusing what one binding cannot hold.
 pub(crate) fn upload_bytes(gpu: &Gpu, what: &str, v: &[u8]) -> wgpu::Buffer {
     fits(gpu, what, v.len());
+    gpu.count(|s| {
+        s.writes += 1;
+        s.write_bytes += v.len() as u64;
+    });
     gpu.upload(what, v)
 }
 
@@ -54,11 +61,11 @@ fn elementwise(
     let ab = upload_f32(gpu, kernel, a);
     let bb = b.map(|b| upload_f32(gpu, kernel, b));
     let ob = scratch(gpu, kernel, n * 4);
-    let mut binds = vec![(1, &ab)];
+    let mut binds = vec![(1, Bind::whole(&ab))];
     if let Some(bb) = &bb {
-        binds.push((2, bb));
+        binds.push((2, Bind::whole(bb)));
     }
-    binds.push((3, &ob));
+    binds.push((3, Bind::whole(&ob)));
     let mut step = gpu.step();
     step.dispatch(kernel, params, &binds, grid(n, 256));
     copy_f32(&step.finish(&[(&ob, n * 4)])[0], out);
@@ -84,6 +91,28 @@ pub fn linear(gpu: &Gpu, w: &Linear, dw: &DeviceWeight, x: &[f32], rows: usize, 
     let xb = upload_f32(gpu, "linear input", x);
     let ob = scratch(gpu, "linear output", out.len() * 4);
     let mut step = gpu.step();
+    enc_linear(
+        &mut step,
+        dw,
+        o,
+        i,
+        rows,
+        Bind::whole(&xb),
+        Bind::whole(&ob),
+    );
+    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
+}
+
+/// Encode `out [rows, o] = x [rows, i] · Wᵀ`, one dispatch per weight chunk.
+pub(crate) fn enc_linear(
+    step: &mut Step<'_>,
+    dw: &DeviceWeight,
+    o: usize,
+    i: usize,
+    rows: usize,
+    x: Bind<'_>,
+    out: Bind<'_>,
+) {
     let gy = rows.div_ceil(LINEAR_ROWS_PER_THREAD) as u32;
     for c in &dw.chunks {
         let params = [
@@ -98,26 +127,38 @@ pub fn linear(gpu: &Gpu, w: &Linear, dw: &DeviceWeight, x: &[f32], rows: usize, 
         step.dispatch_with(
             "linear",
             &params,
-            &[(3, &xb), (4, &ob)],
+            &[(3, x), (4, out)],
             Some(&c.bind),
             [gx, gy, 1],
         );
     }
-    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
 }
 
 pub fn act_quant_fp8(gpu: &Gpu, x: &mut [f32], dim: usize) {
     if x.is_empty() || dim == 0 {
         return;
     }
-    let input = x.to_vec();
-    elementwise(
-        gpu,
+    let n = x.len();
+    let xb = upload_f32(gpu, "act_quant input", x);
+    let ob = scratch(gpu, "act_quant output", n * 4);
+    let mut step = gpu.step();
+    enc_act_quant(&mut step, n, dim, Bind::whole(&xb), Bind::whole(&ob));
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], x);
+}
+
+/// Encode act_quant_fp8 of the `n` values of `input` into `out` (different ranges).
+pub(crate) fn enc_act_quant(
+    step: &mut Step<'_>,
+    n: usize,
+    dim: usize,
+    input: Bind<'_>,
+    out: Bind<'_>,
+) {
+    step.dispatch(
         "act_quant",
-        &[x.len() as u32, dim as u32],
-        &input,
-        None,
-        x,
+        &[n as u32, dim as u32],
+        &[(1, input), (3, out)],
+        grid(n, 256),
     );
 }
 
@@ -136,24 +177,43 @@ pub fn rms_norm(
     let xb = upload_f32(gpu, "rms_norm input", x);
     let wb = upload_f32(gpu, "rms_norm weight", weight.unwrap_or(&[0.0]));
     let ob = scratch(gpu, "rms_norm output", out.len() * 4);
-    let params = [
-        rows as u32,
-        dim as u32,
-        eps.to_bits(),
-        u32::from(weight.is_some()),
-    ];
     let mut step = gpu.step();
-    step.dispatch(
-        "rms_norm",
-        &params,
-        &[(1, &xb), (2, &wb), (3, &ob)],
-        grid(rows, 1),
+    enc_rms_norm(
+        &mut step,
+        rows,
+        dim,
+        eps,
+        weight.is_some(),
+        [Bind::whole(&xb), Bind::whole(&wb), Bind::whole(&ob)],
     );
     copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
 }
 
+/// Encode rms_norm of `rows` rows: `[x, weight (one word when absent), out]`.
+pub(crate) fn enc_rms_norm(
+    step: &mut Step<'_>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    has_weight: bool,
+    [x, w, out]: [Bind<'_>; 3],
+) {
+    let params = [
+        rows as u32,
+        dim as u32,
+        eps.to_bits(),
+        u32::from(has_weight),
+    ];
+    step.dispatch(
+        "rms_norm",
+        &params,
+        &[(1, x), (2, w), (3, out)],
+        grid(rows, 1),
+    );
+}
+
 /// θ split in three f32 parts whose f64 sum is exactly θ (see rows.wgsl `rope`).
-fn split3(theta: f64) -> [f32; 3] {
+pub(crate) fn split3(theta: f64) -> [f32; 3] {
     let hi = theta as f32;
     let r1 = theta - f64::from(hi);
     let mid = r1 as f32;
@@ -173,60 +233,77 @@ pub fn rope(
         return;
     }
     let rows = x.len() / dim;
-    assert!(
-        positions.len() >= rows,
-        "rope: {rows} rows but {} positions",
-        positions.len()
-    );
-    let mut aux: Vec<f32> = positions[..rows]
-        .iter()
-        .map(|&p| {
-            let p = u32::try_from(p).unwrap_or_else(|_| panic!("rope: position {p} beyond 2^32"));
-            f32::from_bits(p)
-        })
-        .collect();
+    let (aux, f32_angles) = rope_aux(gpu, rows, positions, table).unwrap_or_else(|e| panic!("{e}"));
+    let xb = upload_f32(gpu, "rope input", x);
+    let ab = upload_f32(gpu, "rope table", &aux);
+    let ob = upload_f32(gpu, "rope output", x);
+    let mut step = gpu.step();
+    let binds = [Bind::whole(&xb), Bind::whole(&ab), Bind::whole(&ob)];
+    enc_rope(&mut step, rows, dim, table.rd, inverse, f32_angles, binds);
+    let n = x.len() * 4;
+    copy_f32(&step.finish(&[(&ob, n)])[0], x);
+}
+
+/// The rope kernel's table (positions of `rows` rows as u32 bits, then θ and θ/2π of each
+/// pair in three f32 parts) and whether angles are reduced in f32; Err on positions it cannot
+/// take.
+pub(crate) fn rope_aux(
+    gpu: &Gpu,
+    rows: usize,
+    positions: &[usize],
+    table: &RopeTable,
+) -> Result<(Vec<f32>, bool), String> {
+    if positions.len() < rows {
+        return Err(format!(
+            "rope: {rows} rows but {} positions",
+            positions.len()
+        ));
+    }
+    let f32_angles = !gpu.report().f64_accumulation;
+    let mut aux = Vec::with_capacity(rows + 6 * table.freqs.len());
+    for &p in &positions[..rows] {
+        let p = u32::try_from(p).map_err(|_| format!("rope: position {p} beyond 2^32"))?;
+        if f32_angles && p >= 1 << 24 {
+            return Err("wgpu rope without f64: positions must be below 2^24".to_string());
+        }
+        aux.push(f32::from_bits(p));
+    }
     aux.extend(table.freqs.iter().flat_map(|&t| {
         let [a, b, c] = split3(t);
         let [d, e, f] = split3(t / std::f64::consts::TAU);
         [a, b, c, d, e, f]
     }));
-    let f32_angles = !gpu.report().f64_accumulation;
-    if f32_angles {
-        assert!(
-            positions[..rows].iter().all(|&p| p < 1 << 24),
-            "wgpu rope without f64: positions must be below 2^24"
-        );
-    }
+    Ok((aux, f32_angles))
+}
+
+/// Encode rope over `rows` rows: `[input, table, out]` (out may be the input's range: each
+/// thread reads and writes only its own pair).
+pub(crate) fn enc_rope(
+    step: &mut Step<'_>,
+    rows: usize,
+    dim: usize,
+    rd: usize,
+    inverse: bool,
+    f32_angles: bool,
+    [x, aux, out]: [Bind<'_>; 3],
+) {
     let params = [
         rows as u32,
         dim as u32,
-        table.rd as u32,
+        rd as u32,
         u32::from(inverse),
         u32::from(f32_angles),
     ];
-    let xb = upload_f32(gpu, "rope input", x);
-    let ab = upload_f32(gpu, "rope table", &aux);
-    let ob = upload_f32(gpu, "rope output", x);
-    let mut step = gpu.step();
     step.dispatch(
         "rope",
         &params,
-        &[(1, &xb), (2, &ab), (3, &ob)],
-        grid(rows * table.rd / 2, 256),
+        &[(1, x), (2, aux), (3, out)],
+        grid(rows * rd / 2, 256),
     );
-    let n = x.len() * 4;
-    copy_f32(&step.finish(&[(&ob, n)])[0], x);
 }
 
 pub fn hadamard(gpu: &Gpu, x: &mut [f32], dim: usize) {
-    assert!(
-        dim.is_power_of_two(),
-        "hadamard needs a power-of-two width, got {dim}"
-    );
-    assert!(
-        dim <= HADAMARD_MAX,
-        "wgpu hadamard: width {dim} is above the {HADAMARD_MAX} the kernel holds in workgroup memory"
-    );
+    check_hadamard(dim).unwrap_or_else(|e| panic!("{e}"));
     if x.is_empty() {
         return;
     }
@@ -234,14 +311,39 @@ pub fn hadamard(gpu: &Gpu, x: &mut [f32], dim: usize) {
     let xb = upload_f32(gpu, "hadamard input", x);
     let ob = scratch(gpu, "hadamard output", x.len() * 4);
     let mut step = gpu.step();
+    enc_hadamard(&mut step, rows, dim, Bind::whole(&xb), Bind::whole(&ob));
+    let n = x.len() * 4;
+    copy_f32(&step.finish(&[(&ob, n)])[0], x);
+}
+
+/// Whether the Hadamard kernel takes width `dim`.
+pub(crate) fn check_hadamard(dim: usize) -> Result<(), String> {
+    if !dim.is_power_of_two() {
+        return Err(format!("hadamard needs a power-of-two width, got {dim}"));
+    }
+    if dim > HADAMARD_MAX {
+        return Err(format!(
+            "wgpu hadamard: width {dim} is above the {HADAMARD_MAX} the kernel holds in workgroup memory"
+        ));
+    }
+    Ok(())
+}
+
+/// Encode the Hadamard transform of `rows` rows from `x` into `out` (may be the same range: a
+/// workgroup reads its row into workgroup memory before writing it).
+pub(crate) fn enc_hadamard(
+    step: &mut Step<'_>,
+    rows: usize,
+    dim: usize,
+    x: Bind<'_>,
+    out: Bind<'_>,
+) {
     step.dispatch(
         "hadamard",
         &[rows as u32, dim as u32],
-        &[(1, &xb), (3, &ob)],
+        &[(1, x), (3, out)],
         grid(rows, 1),
     );
-    let n = x.len() * 4;
-    copy_f32(&step.finish(&[(&ob, n)])[0], x);
 }
 
 pub fn router_scores(gpu: &Gpu, logits: &[f32], out: &mut [f32]) {
@@ -322,7 +424,7 @@ pub fn cache_store(
     step.dispatch(
         "cache_encode",
         &params,
-        &[(1, &vb), (4, &ob)],
+        &[(1, Bind::whole(&vb)), (4, Bind::whole(&ob))],
         [total.div_ceil(4).div_ceil(64).max(1) as u32, 1, 1],
     );
     let bytes = step.finish(&[(&ob, total)]).remove(0);
@@ -359,7 +461,7 @@ pub fn cache_load(
     step.dispatch(
         "cache_decode",
         &params,
-        &[(2, &eb), (3, &ob)],
+        &[(2, Bind::whole(&eb)), (3, Bind::whole(&ob))],
         [out.len().div_ceil(64).max(1) as u32, 1, 1],
     );
     copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
@@ -370,17 +472,27 @@ pub fn round_index_rows(gpu: &Gpu, dtype: IndexKDtype, x: &mut [f32], dim: usize
     if x.is_empty() || dim == 0 {
         return;
     }
-    let input = x.to_vec();
-    let params = [index_kind(dtype), dim as u32, x.len() as u32];
-    let vb = upload_f32(gpu, "index rows", &input);
-    let ob = scratch(gpu, "index rows", x.len() * 4);
+    let n = x.len();
+    let vb = upload_f32(gpu, "index rows", x);
+    let ob = scratch(gpu, "index rows", n * 4);
     let mut step = gpu.step();
+    enc_round_index(&mut step, dtype, dim, n, Bind::whole(&vb), Bind::whole(&ob));
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], x);
+}
+
+/// Encode index-K rounding of the `n` values of `input` into `out` (different ranges).
+pub(crate) fn enc_round_index(
+    step: &mut Step<'_>,
+    dtype: IndexKDtype,
+    dim: usize,
+    n: usize,
+    input: Bind<'_>,
+    out: Bind<'_>,
+) {
     step.dispatch(
         "round_index",
-        &params,
-        &[(1, &vb), (3, &ob)],
-        grid(x.len(), 256),
+        &[index_kind(dtype), dim as u32, n as u32],
+        &[(1, input), (3, out)],
+        grid(n, 256),
     );
-    let n = x.len() * 4;
-    copy_f32(&step.finish(&[(&ob, n)])[0], x);
 }

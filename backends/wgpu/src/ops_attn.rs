@@ -2,14 +2,16 @@
 //! ops (sparse attention, mHC pre) encode all their passes into one command buffer; the
 //! intermediate `acc` scratch never leaves the device.
 
-use crate::gpu::{Gpu, copy_f32, grid};
+use crate::gpu::{Gpu, Step, copy_f32, grid};
 use crate::ops::{scratch, upload_f32};
+use crate::setup::Bind;
 use dsv4_kernels::{HcParams, MhcPre};
 
 /// Largest stream count the Sinkhorn kernel holds (an 8×8 matrix per thread).
 const MAX_STREAMS: usize = 8;
 
-fn acc_bytes(gpu: &Gpu) -> usize {
+/// Bytes of one `acc` value (f64 with SHADER_F64, else f32).
+pub(crate) fn acc_bytes(gpu: &Gpu) -> usize {
     if gpu.report().f64_accumulation { 8 } else { 4 }
 }
 
@@ -24,7 +26,11 @@ pub fn softmax_pool(gpu: &Gpu, a: &[f32], z: &[f32], rows: usize, width: usize, 
     step.dispatch(
         "softmax_pool",
         &[rows as u32, width as u32],
-        &[(1, &ab), (2, &zb), (3, &ob)],
+        &[
+            (1, Bind::whole(&ab)),
+            (2, Bind::whole(&zb)),
+            (3, Bind::whole(&ob)),
+        ],
         [width.div_ceil(64) as u32, 1, 1],
     );
     copy_f32(&step.finish(&[(&ob, width * 4)])[0], out);
@@ -44,7 +50,11 @@ pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32],
     step.dispatch(
         "indexer_scores",
         &[n as u32, dim as u32, w.len() as u32],
-        &[(1, &qb), (2, &kb), (3, &ob)],
+        &[
+            (1, Bind::whole(&qb)),
+            (2, Bind::whole(&kb)),
+            (3, Bind::whole(&ob)),
+        ],
         grid(n, 64),
     );
     copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
@@ -62,7 +72,7 @@ pub fn topk(gpu: &Gpu, scores: &[f32], k: usize) -> Vec<usize> {
     step.dispatch(
         "topk",
         &[n as u32, k as u32],
-        &[(1, &sb), (3, &ob)],
+        &[(1, Bind::whole(&sb)), (3, Bind::whole(&ob))],
         grid(n, 64),
     );
     let mut flags = vec![0f32; n];
@@ -104,43 +114,60 @@ pub fn sparse_attention(
         step.dispatch(
             "attn_logits",
             &params,
-            &[(1, &qb), (2, &kb), (4, &sb)],
+            &[
+                (1, Bind::whole(&qb)),
+                (2, Bind::whole(&kb)),
+                (4, Bind::whole(&sb)),
+            ],
             grid(n * heads, 64),
         );
     }
     step.dispatch(
         "attn_weights",
         &params,
-        &[(1, &sinkb), (4, &sb)],
+        &[(1, Bind::whole(&sinkb)), (4, Bind::whole(&sb))],
         [heads.div_ceil(64) as u32, 1, 1],
     );
     step.dispatch(
         "attn_out",
         &params,
-        &[(2, &kb), (3, &ob), (4, &sb)],
+        &[
+            (2, Bind::whole(&kb)),
+            (3, Bind::whole(&ob)),
+            (4, Bind::whole(&sb)),
+        ],
         grid(heads * dim, 64),
     );
     copy_f32(&step.finish(&[(&ob, heads * dim * 4)])[0], out);
 }
 
 /// `base` followed by `scale`: the coefficient table of mhc.wgsl.
-fn coef_table(p: &HcParams<'_>) -> Vec<f32> {
+pub(crate) fn coef_table(p: &HcParams<'_>) -> Vec<f32> {
     let mut v = p.base.to_vec();
     v.extend_from_slice(p.scale);
     v
 }
 
-fn check_streams(m: usize) {
-    assert!(
-        (1..=MAX_STREAMS).contains(&m),
-        "wgpu mHC: {m} residual streams; the kernels hold 1 to {MAX_STREAMS}"
-    );
+/// Whether the mHC kernels take `m` streams.
+pub(crate) fn check_streams(m: usize) -> Result<(), String> {
+    if (1..=MAX_STREAMS).contains(&m) {
+        Ok(())
+    } else {
+        Err(format!(
+            "wgpu mHC: {m} residual streams; the kernels hold 1 to {MAX_STREAMS}"
+        ))
+    }
+}
+
+/// Mixing outputs of mHC pre: (2 + M)·M.
+pub(crate) fn mhc_nout(m: usize) -> usize {
+    (2 + m) * m
 }
 
 pub fn mhc_pre(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
     let (m, d) = (p.m, p.d);
-    check_streams(m);
-    let nout = (2 + m) * m;
+    check_streams(m).unwrap_or_else(|e| panic!("{e}"));
+    let nout = mhc_nout(m);
     let mut pre = MhcPre {
         u: vec![0.0; t * d],
         post: vec![0.0; t * m],
@@ -157,13 +184,44 @@ pub fn mhc_pre(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
     let postb = scratch(gpu, "mhc post", t * m * 4);
     let combb = scratch(gpu, "mhc comb", t * m * m * 4);
     let mut step = gpu.step();
+    let w = |b| Bind::whole(b);
+    let binds = [
+        w(&xb),
+        w(&fb),
+        w(&cb),
+        w(&mixb),
+        w(&ub),
+        w(&postb),
+        w(&combb),
+    ];
+    enc_mhc_pre(&mut step, p, t, binds);
+    let r = step.finish(&[
+        (&ub, t * d * 4),
+        (&postb, t * m * 4),
+        (&combb, t * m * m * 4),
+    ]);
+    copy_f32(&r[0], &mut pre.u);
+    copy_f32(&r[1], &mut pre.post);
+    copy_f32(&r[2], &mut pre.comb);
+    pre
+}
+
+/// Encode mHC pre of `t` tokens: `[x, fn, coef table, mix scratch, u, post, comb]`.
+pub(crate) fn enc_mhc_pre(
+    step: &mut Step<'_>,
+    p: &HcParams<'_>,
+    t: usize,
+    [x, f, coef, mix, u, post, comb]: [Bind<'_>; 7],
+) {
+    let (m, d) = (p.m, p.d);
+    let nout = mhc_nout(m);
     step.dispatch(
         "mhc_mix",
         &[t as u32, (m * d) as u32, nout as u32, p.norm_eps.to_bits()],
-        &[(1, &xb), (2, &fb), (4, &mixb)],
+        &[(1, x), (2, f), (4, mix)],
         grid(t * nout, 64),
     );
-    let coef = [
+    let cparams = [
         t as u32,
         m as u32,
         nout as u32,
@@ -172,8 +230,8 @@ pub fn mhc_pre(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
     ];
     step.dispatch(
         "mhc_coef",
-        &coef,
-        &[(2, &cb), (3, &postb), (4, &mixb), (5, &combb)],
+        &cparams,
+        &[(2, coef), (3, post), (4, mix), (5, comb)],
         [t.div_ceil(64) as u32, 1, 1],
     );
     let wparams = [
@@ -187,18 +245,9 @@ pub fn mhc_pre(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
     step.dispatch(
         "mhc_weighted",
         &wparams,
-        &[(1, &xb), (2, &cb), (3, &ub), (4, &mixb)],
+        &[(1, x), (2, coef), (3, u), (4, mix)],
         grid(t * d, 64),
     );
-    let r = step.finish(&[
-        (&ub, t * d * 4),
-        (&postb, t * m * 4),
-        (&combb, t * m * m * 4),
-    ]);
-    copy_f32(&r[0], &mut pre.u);
-    copy_f32(&r[1], &mut pre.post);
-    copy_f32(&r[2], &mut pre.comb);
-    pre
 }
 
 pub fn mhc_post(
@@ -214,39 +263,61 @@ pub fn mhc_post(
         return;
     }
     let t = y.len() / d;
-    let mut xy = x[..t * m * d].to_vec();
-    xy.extend_from_slice(&y[..t * d]);
-    let mut pc = pre.post[..t * m].to_vec();
-    pc.extend_from_slice(&pre.comb[..t * m * m]);
-    let xb = upload_f32(gpu, "mhc streams", &xy);
-    let pb = upload_f32(gpu, "mhc post/comb", &pc);
+    let xb = upload_f32(gpu, "mhc streams", &x[..t * m * d]);
+    let yb = upload_f32(gpu, "mhc block output", &y[..t * d]);
+    let pb = upload_f32(gpu, "mhc post", &pre.post[..t * m]);
+    let cb = upload_f32(gpu, "mhc comb", &pre.comb[..t * m * m]);
     let ob = scratch(gpu, "mhc post output", t * m * d * 4);
     let mut step = gpu.step();
-    step.dispatch(
-        "mhc_post",
-        &[t as u32, m as u32, d as u32],
-        &[(1, &xb), (2, &pb), (3, &ob)],
-        grid(t * m * d, 64),
-    );
+    let w = |b| Bind::whole(b);
+    enc_mhc_post(&mut step, t, m, d, [w(&xb), w(&yb), w(&pb), w(&cb), w(&ob)]);
     copy_f32(&step.finish(&[(&ob, t * m * d * 4)])[0], out);
 }
 
+/// Encode mHC post of `t` tokens: `[x, y, post, comb, out]`.
+pub(crate) fn enc_mhc_post(
+    step: &mut Step<'_>,
+    t: usize,
+    m: usize,
+    d: usize,
+    [x, y, post, comb, out]: [Bind<'_>; 5],
+) {
+    step.dispatch(
+        "mhc_post",
+        &[t as u32, m as u32, d as u32],
+        &[(1, x), (2, post), (3, out), (6, y), (7, comb)],
+        grid(t * m * d, 64),
+    );
+}
+
 pub fn hc_head(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
-    let (m, d) = (p.m, p.d);
-    check_streams(m);
+    check_streams(p.m).unwrap_or_else(|e| panic!("{e}"));
     if t == 0 {
         return;
     }
     let xb = upload_f32(gpu, "head streams", x);
     let fb = upload_f32(gpu, "head fn", p.fn_w);
     let cb = upload_f32(gpu, "head base/scale", &coef_table(p));
-    let mixb = scratch(gpu, "head mix", t * m * acc_bytes(gpu));
-    let ob = scratch(gpu, "head output", t * d * 4);
+    let mixb = scratch(gpu, "head mix", t * p.m * acc_bytes(gpu));
+    let ob = scratch(gpu, "head output", t * p.d * 4);
     let mut step = gpu.step();
+    let w = |b| Bind::whole(b);
+    enc_hc_head(&mut step, p, t, [w(&xb), w(&fb), w(&cb), w(&mixb), w(&ob)]);
+    copy_f32(&step.finish(&[(&ob, t * p.d * 4)])[0], out);
+}
+
+/// Encode the head's stream merge of `t` tokens: `[x, fn, coef table, mix scratch, out]`.
+pub(crate) fn enc_hc_head(
+    step: &mut Step<'_>,
+    p: &HcParams<'_>,
+    t: usize,
+    [x, f, coef, mix, out]: [Bind<'_>; 5],
+) {
+    let (m, d) = (p.m, p.d);
     step.dispatch(
         "mhc_mix",
         &[t as u32, (m * d) as u32, m as u32, p.norm_eps.to_bits()],
-        &[(1, &xb), (2, &fb), (4, &mixb)],
+        &[(1, x), (2, f), (4, mix)],
         grid(t * m, 64),
     );
     let wparams = [
@@ -260,8 +331,7 @@ pub fn hc_head(gpu: &Gpu, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]
     step.dispatch(
         "mhc_weighted",
         &wparams,
-        &[(1, &xb), (2, &cb), (3, &ob), (4, &mixb)],
+        &[(1, x), (2, coef), (3, out), (4, mix)],
         grid(t * d, 64),
     );
-    copy_f32(&step.finish(&[(&ob, t * d * 4)])[0], out);
 }

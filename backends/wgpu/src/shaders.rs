@@ -7,6 +7,7 @@ const ROWS: &str = include_str!("shaders/rows.wgsl");
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 const MHC: &str = include_str!("shaders/mhc.wgsl");
 const CACHE: &str = include_str!("shaders/cache.wgsl");
+const RESIDENT: &str = include_str!("shaders/resident.wgsl");
 
 /// Every kernel: (name, source file, entry point).
 pub const KERNELS: &[(&str, &str, &str)] = &[
@@ -17,6 +18,7 @@ pub const KERNELS: &[(&str, &str, &str)] = &[
     ("hadamard", ROWS, "hadamard"),
     ("router_scores", ROWS, "router_scores"),
     ("swiglu", ROWS, "swiglu"),
+    ("swiglu_rows", ROWS, "swiglu_rows"),
     ("softmax_pool", ATTENTION, "softmax_pool"),
     ("indexer_scores", ATTENTION, "indexer_scores"),
     ("topk", ATTENTION, "topk"),
@@ -30,6 +32,11 @@ pub const KERNELS: &[(&str, &str, &str)] = &[
     ("cache_encode", CACHE, "cache_encode"),
     ("cache_decode", CACHE, "cache_decode"),
     ("round_index", CACHE, "round_index"),
+    ("copy2d", RESIDENT, "copy2d"),
+    ("gather_rows", RESIDENT, "gather_rows"),
+    ("scatter_add_rows", RESIDENT, "scatter_add_rows"),
+    ("add", RESIDENT, "add"),
+    ("scale", RESIDENT, "scale"),
 ];
 
 fn find(kernel: &str) -> &'static (&'static str, &'static str, &'static str) {

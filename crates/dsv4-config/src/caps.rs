@@ -69,8 +69,10 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         streams: Streams::Single,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
-        note: "one queue (no side streams); captured plans replay a host arena per bucket, \
-               calling the shaders op by op (no pre-recorded command buffers yet)",
+        note: "one queue (no side streams); activations stay on the device, a captured plan's \
+               buffers are one device arena per bucket whose bind groups are reused on every \
+               replay; wgpu cannot resubmit a command buffer, so each replay re-encodes its \
+               dispatches",
     },
     BackendCaps {
         kind: "cuda-sm120",

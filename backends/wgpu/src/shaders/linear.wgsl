@@ -11,7 +11,8 @@
 // (bind groups naming a long-lived buffer are otherwise re-created per call).
 @group(1) @binding(0) var<storage, read> wdata: array<u32>;
 @group(1) @binding(1) var<storage, read> wscale: array<u32>;
-@group(0) @binding(3) var<storage, read> x: array<f32>;
+// read_write: a resident op may bind x and out as ranges of one buffer (see mhc.wgsl).
+@group(0) @binding(3) var<storage, read_write> x: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 const ROWS_PER_THREAD: u32 = 4u;

@@ -2,11 +2,15 @@
 // coefficients (post, Sinkhorn-normalised comb), the pre-weighted stream sum u, the post mix,
 // and the head's merge. Mixing logits stay in `acc` between passes.
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> wt: array<f32>;
+// Inputs are read_write too: a resident op binds ranges of one buffer for inputs and outputs,
+// and wgpu refuses a buffer bound read-only and read-write in the same dispatch.
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> wt: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> mix: array<acc>;
 @group(0) @binding(5) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@group(0) @binding(7) var<storage, read_write> comb: array<f32>;
 
 // mhc_mix: params 0 t, 1 md (M·D), 2 n_out, 3 norm_eps; x = streams [T, M·D], wt = fn [n_out, M·D].
 // One thread per (token, output): (W_n·x̂)·r with r = 1/sqrt(mean(x̂²) + eps), ordered sums.
@@ -104,8 +108,8 @@ fn mhc_weighted(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     out[id] = f32(s);
 }
 
-// mhc_post: params 0 t, 1 m, 2 d; x = streams [T, M, D] then y [T, D]; wt = post [T, M] then
-// comb [T, M, M]. One thread per (token, stream k, channel).
+// mhc_post: params 0 t, 1 m, 2 d; x = streams [T, M, D], y = block output [T, D],
+// wt = post [T, M], comb [T, M, M]. One thread per (token, stream k, channel).
 @compute @workgroup_size(64)
 fn mhc_post(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = flat_id(gid, nwg, 64u);
@@ -118,8 +122,8 @@ fn mhc_post(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let c = id % d;
     var mixed = acc(0.0);
     for (var j = 0u; j < m; j = j + 1u) {
-        mixed = mixed + acc(wt[t * m + ti * m * m + j * m + k]) * acc(x[ti * m * d + j * d + c]);
+        mixed = mixed + acc(comb[ti * m * m + j * m + k]) * acc(x[ti * m * d + j * d + c]);
     }
     let post = acc(wt[ti * m + k]);
-    out[id] = f32(post * acc(x[t * m * d + ti * d + c]) + mixed);
+    out[id] = f32(post * acc(y[ti * d + c]) + mixed);
 }

@@ -1,9 +1,13 @@
 // Row-wise and element-wise kernels: act_quant_fp8, rms_norm, rope, hadamard, router_scores,
 // swiglu. Element kernels use 256 threads per workgroup on a 2-D grid (`flat_id`).
 
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+// Inputs are read_write too: a resident op binds ranges of one buffer for inputs and outputs,
+// and wgpu refuses a buffer bound read-only and read-write in the same dispatch.
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// swiglu_rows: one weight per row.
+@group(0) @binding(4) var<storage, read> row_w: array<f32>;
 
 // ceil(log2 q) for q > 0 in `acc` (the reference's pow2_ceil_exponent on an f64 quotient):
 // an estimate from the f32 rounding, corrected by exact power-of-two comparisons.
@@ -160,14 +164,27 @@ fn router_scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     out[i] = f32(sqrt(sp));
 }
 
+// silu(min(g, L))·clamp(u, −L, L)·weight of element i.
+fn swiglu_at(i: u32, lim: f32, weight: f32) -> f32 {
+    let g = acc(min(a[i], lim));
+    let u = acc(clamp(b[i], -lim, lim));
+    let silu = g / (acc(1.0) + exp_acc(-g));
+    return f32(silu * u * acc(weight));
+}
+
 // swiglu: silu(min(g, L))·clamp(u, −L, L)·weight; params 0 n, 1 limit, 2 weight (f32 bits).
 @compute @workgroup_size(256)
 fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_id(gid, nwg, 256u);
     if (i >= pu(0u)) { return; }
-    let lim = pf(1u);
-    let g = acc(min(a[i], lim));
-    let u = acc(clamp(b[i], -lim, lim));
-    let silu = g / (acc(1.0) + exp_acc(-g));
-    out[i] = f32(silu * u * acc(pf(2u)));
+    out[i] = swiglu_at(i, pf(1u), pf(2u));
+}
+
+// swiglu_rows: swiglu with row r (of `width` values) weighted by row_w[r]; params 0 n,
+// 1 limit (f32 bits), 2 width.
+@compute @workgroup_size(256)
+fn swiglu_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_id(gid, nwg, 256u);
+    if (i >= pu(0u)) { return; }
+    out[i] = swiglu_at(i, pf(1u), row_w[i / pu(2u)]);
 }
