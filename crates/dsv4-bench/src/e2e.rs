@@ -3,7 +3,8 @@
 
 use crate::timing::median_secs;
 use dsv4_core::{Numerics, SplitMix64, Tensor};
-use dsv4_kernels::{Backend, Linear};
+use dsv4_kernels::{Backend, DeviceStats, Linear};
+use dsv4_model::forward::{ExecOptions, Taps};
 use dsv4_model::{Model, ModelConfig, ModelError, SequenceState};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -96,6 +97,42 @@ pub fn active_weight_bytes(model: &Model) -> usize {
     total
 }
 
+/// Batch-16 decode throughput with activations resident (`host = false`) or in host memory,
+/// and the device traffic of the last step.
+fn decode_mode(
+    model: &Model,
+    prompt_len: usize,
+    host: bool,
+) -> Result<(f64, DeviceStats), dsv4_model::ForwardError> {
+    let batch = 16;
+    let v = model.cfg.vocab_size;
+    let exec = ExecOptions {
+        host_activations: host,
+        ..model.exec().clone()
+    };
+    let mut states: Vec<SequenceState> = (0..batch).map(|_| model.new_sequence()).collect();
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|s| tokens(prompt_len, v, 10 + s as u64))
+        .collect();
+    let step = |states: &mut [SequenceState], toks: Vec<&[u32]>| {
+        let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+        model.forward_step(&mut refs, &toks, &exec, &mut Taps::none())
+    };
+    step(&mut states, prompts.iter().map(|p| p.as_slice()).collect())?;
+    let next = [5u32];
+    let mut traffic = DeviceStats::default();
+    let secs = median_secs(
+        || {
+            let (_, report) = step(&mut states, vec![&next[..]; batch]).expect("decode step");
+            traffic = report.device.unwrap_or_default();
+        },
+        4,
+        16,
+        Duration::from_secs(3),
+    );
+    Ok((batch as f64 / secs, traffic))
+}
+
 fn prefill_chunks(
     model: &Model,
     st: &mut SequenceState,
@@ -174,6 +211,30 @@ pub fn run(
             batch as f64 / step,
             "tokens/s",
         );
+    }
+
+    // A backend with device memory: the same batch-16 decode with activations in host memory
+    // (every op uploading and reading back), and what one step costs in device traffic.
+    if backend.device().is_some() {
+        for (mode, host) in [("device-resident", false), ("host activations", true)] {
+            let (rate, traffic) = decode_mode(&model, prompt_len, host)?;
+            push(format!("decode batch 16, {mode}"), rate, "tokens/s");
+            push(
+                format!("  {mode}: read-backs/step"),
+                traffic.reads as f64,
+                "reads",
+            );
+            push(
+                format!("  {mode}: KiB read back/step"),
+                traffic.read_bytes as f64 / 1024.0,
+                "KiB",
+            );
+            push(
+                format!("  {mode}: submissions/step"),
+                traffic.submissions as f64,
+                "submits",
+            );
+        }
     }
 
     // Decode time per token against context (fast backends only: it needs long prefills).

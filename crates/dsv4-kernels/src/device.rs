@@ -149,7 +149,8 @@ impl DeviceStats {
 
 /// The op set over device-resident f32 buffers. Shapes follow the host ops of
 /// [`crate::Backend`]; `x`/`out` slices hold exactly `rows × width` words. In-place ops take
-/// one slice. An op whose inputs are inconsistent (a slice of the wrong length) returns
+/// one slice. An op's output slices must not overlap its input slices (a backend may refuse
+/// them: a wgpu binding cannot be both read and written). An op whose inputs are inconsistent (a slice of the wrong length) returns
 /// [`KernelError::Device`] rather than panicking.
 pub trait DeviceOps: Send + Sync {
     /// Byte alignment every slice offset must have.

@@ -144,6 +144,6 @@ pub struct StepReport {
     pub launches: usize,
     /// The pages the step's store launches were given (its declared write set).
     pub writes: BTreeSet<PageWrite>,
-    /// The step's device traffic when its activations were device-resident.
+    /// The step's device traffic, on a backend with device memory (either mode).
     pub device: Option<DeviceStats>,
 }

@@ -9,7 +9,7 @@
 use super::ForwardError;
 use super::op::Op;
 use super::run::{Memory, Run, lock, touched, uses};
-use dsv4_kernels::{Backend, DevBufId, DevSlice, DeviceOps, DeviceStats, KernelError};
+use dsv4_kernels::{Backend, DevBufId, DevSlice, DeviceOps, KernelError};
 use dsv4_plan::{BufferClass, BufferId, Plan};
 use std::sync::{Arc, Mutex};
 
@@ -135,8 +135,6 @@ pub(crate) struct DeviceMemory<'m> {
     /// writes anything overlapping them on the device (so host launches reading what host
     /// launches wrote — write locations, token ids, routes, top-k — read nothing back).
     shadows: Mutex<Vec<(BufferId, DevSlice, Vec<f32>)>>,
-    /// The device's counters when the execution began.
-    pub start: DeviceStats,
 }
 
 impl<'m> DeviceMemory<'m> {
@@ -149,7 +147,6 @@ impl<'m> DeviceMemory<'m> {
             arena: None,
             own_scratch: Scratch::default(),
             shadows: Mutex::new(Vec::new()),
-            start: dev.stats(),
         }
     }
 
@@ -192,7 +189,6 @@ impl<'m> DeviceMemory<'m> {
             arena: Some(arena),
             own_scratch: Scratch::default(),
             shadows: Mutex::new(Vec::new()),
-            start: dev.stats(),
         })
     }
 
@@ -288,11 +284,6 @@ impl<'m> DeviceMemory<'m> {
                 self.dev.free(s.buf);
             }
         }
-    }
-
-    /// The device traffic of this execution so far.
-    pub fn stats(&self) -> DeviceStats {
-        self.dev.stats().since(&self.start)
     }
 }
 

@@ -171,6 +171,7 @@ impl Model {
             },
             skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
         };
+        let traffic_start = self.backend.device().map(|d| d.stats());
         execute(self, &run, exec.executor)?;
         emit_taps(plan, &run.out, taps);
         let logits = run.result("logits", "")?;
@@ -178,10 +179,13 @@ impl Model {
         let residual = run.result(&rname, &rscope)?;
         let selected =
             std::mem::take(&mut *run.out.selected.lock().unwrap_or_else(|e| e.into_inner()));
-        let device = match &run.mem {
-            Memory::Device(dm) => Some(dm.stats()),
-            _ => None,
-        };
+        // A backend with device memory counts the step's traffic in either mode (host ops
+        // submit and read back too).
+        let device = self
+            .backend
+            .device()
+            .zip(traffic_start)
+            .map(|(d, start)| d.stats().since(&start));
         // Frees the step's device buffers and ends its borrows of the sequences.
         drop(run);
         let (v, m, d) = (self.cfg.vocab_size, self.cfg.hc_mult, self.cfg.hidden_size);
