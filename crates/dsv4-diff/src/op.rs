@@ -29,10 +29,16 @@ pub enum Op {
     Hadamard,
     /// `Backend::indexer_scores`.
     IndexerScores,
+    /// `Backend::indexer_scores_rows`.
+    IndexerScoresRows,
     /// `Backend::topk`.
     Topk,
+    /// `Backend::topk_rows`.
+    TopkRows,
     /// `Backend::sparse_attention`.
     SparseAttention,
+    /// `Backend::sparse_attention_rows`.
+    SparseAttentionRows,
     /// `Backend::router_scores`.
     RouterScores,
     /// `Backend::swiglu`.
@@ -41,13 +47,15 @@ pub enum Op {
     CacheStore,
     /// `Backend::cache_load`.
     CacheLoad,
+    /// `Backend::cache_load_rows`.
+    CacheLoadRows,
     /// `Backend::round_index_rows`.
     RoundIndexRows,
 }
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 21] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -58,12 +66,16 @@ impl Op {
         Op::SoftmaxPool,
         Op::Hadamard,
         Op::IndexerScores,
+        Op::IndexerScoresRows,
         Op::Topk,
+        Op::TopkRows,
         Op::SparseAttention,
+        Op::SparseAttentionRows,
         Op::RouterScores,
         Op::Swiglu,
         Op::CacheStore,
         Op::CacheLoad,
+        Op::CacheLoadRows,
         Op::RoundIndexRows,
     ];
 
@@ -80,12 +92,16 @@ impl Op {
             Op::SoftmaxPool => "softmax_pool",
             Op::Hadamard => "hadamard",
             Op::IndexerScores => "indexer_scores",
+            Op::IndexerScoresRows => "indexer_scores_rows",
             Op::Topk => "topk",
+            Op::TopkRows => "topk_rows",
             Op::SparseAttention => "sparse_attention",
+            Op::SparseAttentionRows => "sparse_attention_rows",
             Op::RouterScores => "router_scores",
             Op::Swiglu => "swiglu",
             Op::CacheStore => "cache_store",
             Op::CacheLoad => "cache_load",
+            Op::CacheLoadRows => "cache_load_rows",
             Op::RoundIndexRows => "round_index_rows",
         }
     }

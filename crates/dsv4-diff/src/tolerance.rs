@@ -105,16 +105,20 @@ pub fn op_tolerance(op: Op) -> Tolerance {
         Op::SoftmaxPool => tol(Nmse, 1e-9, "short per-channel softmax"),
         Op::Hadamard => tol(Nmse, 1e-9, "log2(d) butterfly stages, or d-term sums"),
         Op::IndexerScores => tol(Nmse, 1e-7, "head-weighted sums with cancellation"),
+        Op::IndexerScoresRows => tol(Nmse, 1e-7, "indexer_scores, several rows per call"),
         Op::Topk => tol(
             Recall,
             1.0,
             "same scores must give the same set (ties to the lower index)",
         ),
+        Op::TopkRows => tol(Recall, 1.0, "topk, several rows per call"),
         Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
+        Op::SparseAttentionRows => tol(Nmse, 1e-7, "sparse_attention, several rows per call"),
         Op::RouterScores => tol(Nmse, 1e-9, "element-wise"),
         Op::Swiglu => tol(Nmse, 1e-9, "element-wise"),
         Op::CacheStore => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),
         Op::CacheLoad => tol(Mismatches, 0.0, "dequantization is exact"),
+        Op::CacheLoadRows => tol(Mismatches, 0.0, "dequantization is exact"),
         Op::RoundIndexRows => tol(Mismatches, 0.0, "the rounding is exact"),
     }
 }

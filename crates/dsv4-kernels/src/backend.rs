@@ -103,6 +103,68 @@ pub trait Backend: Send + Sync {
         out: &mut [f32],
     );
 
+    /// [`Backend::indexer_scores`] of several queries at once, each over its own keys: query r
+    /// (`q[r·heads·dim ..]`, head weights `w[r·heads ..]`) scores key rows
+    /// `key_starts[r] .. key_starts[r+1]` of `keys` [n, dim] into the same range of `out` [n].
+    /// Row for row equal to `indexer_scores`; a GPU backend runs them in one submission.
+    fn indexer_scores_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        out: &mut [f32],
+    ) {
+        let heads = w.len() / key_starts.len().saturating_sub(1).max(1);
+        for (r, k) in key_starts.windows(2).enumerate() {
+            self.indexer_scores(
+                &q[r * heads * dim..(r + 1) * heads * dim],
+                &w[r * heads..(r + 1) * heads],
+                dim,
+                &keys[k[0] * dim..k[1] * dim],
+                &mut out[k[0]..k[1]],
+            );
+        }
+    }
+
+    /// [`Backend::topk`] of several score ranges at once: range r is
+    /// `scores[starts[r] .. starts[r+1]]`; each result is as `topk` gives it.
+    fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+        starts
+            .windows(2)
+            .map(|s| self.topk(&scores[s[0]..s[1]], k))
+            .collect()
+    }
+
+    /// [`Backend::sparse_attention`] of several queries at once, each over its own keys: query
+    /// r (`q[r·heads·dim ..]`) attends over key rows `key_starts[r] .. key_starts[r+1]` of
+    /// `keys` [n, dim], into `out[r·heads·dim ..]`. Row for row equal to `sparse_attention`; a
+    /// GPU backend runs them in one submission. `key_starts` has one more entry than queries.
+    #[allow(clippy::too_many_arguments)]
+    fn sparse_attention_rows(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = sink.len() * dim;
+        for (r, w) in key_starts.windows(2).enumerate() {
+            self.sparse_attention(
+                &q[r * hd..(r + 1) * hd],
+                dim,
+                &keys[w[0] * dim..w[1] * dim],
+                sink,
+                scale,
+                &mut out[r * hd..(r + 1) * hd],
+            );
+        }
+    }
+
     /// Router scores sqrt(softplus(x)) element-wise.
     fn router_scores(&self, logits: &[f32], out: &mut [f32]);
 
@@ -127,6 +189,35 @@ pub trait Backend: Send + Sync {
         slot: usize,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError>;
+
+    /// Dequantize many rows at once: row r is slot `rows[r].1` of page `pages[rows[r].0]`,
+    /// written to `out[r·width .. (r+1)·width]` (width = `fmt.width()`). Row for row equal to
+    /// [`Backend::cache_load`]; a GPU backend decodes them in one submission instead of one per
+    /// row.
+    fn cache_load_rows(
+        &self,
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        let width = fmt.width();
+        if out.len() != rows.len() * width {
+            return Err(CacheLayoutError::WrongValueCount {
+                expected: rows.len() * width,
+                got: out.len(),
+            });
+        }
+        for (r, (&(page, slot), o)) in rows.iter().zip(out.chunks_mut(width.max(1))).enumerate() {
+            let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
+                row: r,
+                page,
+                pages: pages.len(),
+            })?;
+            self.cache_load(fmt, bytes, slot, o)?;
+        }
+        Ok(())
+    }
 
     /// Round each row of width `dim` of indexer queries as index-K entries are rounded (spec §5:
     /// bf16; fp8 with one f32 scale per row; fp4 per 32 values), in place.

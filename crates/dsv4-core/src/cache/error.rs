@@ -61,6 +61,16 @@ pub enum CacheLayoutError {
         /// Bytes that were given.
         got: usize,
     },
+    /// A row names a page the call was not given.
+    #[error("row {row} names page {page}, but only {pages} pages were given")]
+    PageOutOfRange {
+        /// The row (index into the call's rows).
+        row: usize,
+        /// The page index it names.
+        page: usize,
+        /// Pages given.
+        pages: usize,
+    },
     /// The slot is not inside the page.
     #[error("slot {slot} is outside a page of {page_entries} entries")]
     SlotOutOfRange {

@@ -20,6 +20,10 @@ use dsv4_kernels::{Backend, RowFormat};
 
 type Res = Result<Vec<f32>, ForwardError>;
 
+/// Rows whose attention (or indexer scoring) runs in one call: bounds the keys gathered for
+/// one call to this many rows' windows and selections (or index-K rows).
+const ATTENTION_CHUNK: usize = 16;
+
 /// Quantize `values` into the row at location `loc` of `store` (nothing for [`NO_LOCATION`]).
 fn store_row(
     be: &dyn Backend,
@@ -152,26 +156,40 @@ impl Run<'_> {
         let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
         let be = self.model.backend.as_ref();
         let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
-        for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
+        // Rows in chunks: a chunk's index-K rows are gathered, then scored and ranked in one
+        // call each.
+        let (mut keys, mut starts, mut first) = (Vec::new(), vec![0usize], 0usize);
+        let rows = self.bound.rows;
+        for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
             let is = self.row_state(bb, i).indexer.as_ref();
             let is = is.ok_or_else(|| missing("indexer state"))?;
             let n = (p + 1) / 4;
             // The `skip-index-k-transfer-wait` fault reads without waiting for a load-back.
-            let keys = if self.skip_index_k_wait {
+            keys.extend(if self.skip_index_k_wait {
                 is.entries.load_rows_unsynced(be, 0..n)?
             } else {
                 is.entries.load_rows(be, 0..n)?
-            };
-            let mut scores = vec![0f32; n];
-            be.indexer_scores(
-                &qi[i * inh * id..(i + 1) * inh * id],
-                &hw[i * inh..(i + 1) * inh],
-                id,
-                &keys,
-                &mut scores,
-            );
-            for (slot, j) in out[i * k..(i + 1) * k].iter_mut().zip(be.topk(&scores, k)) {
-                *slot = f32::from_bits(j as u32);
+            });
+            starts.push(starts[starts.len() - 1] + n);
+            if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
+                let c = starts.len() - 1;
+                let mut scores = vec![0f32; starts[c]];
+                be.indexer_scores_rows(
+                    &qi[first * inh * id..(first + c) * inh * id],
+                    &hw[first * inh..(first + c) * inh],
+                    id,
+                    &keys,
+                    &starts,
+                    &mut scores,
+                );
+                for (r, chosen) in be.topk_rows(&scores, &starts, k).into_iter().enumerate() {
+                    let at = (first + r) * k;
+                    for (slot, j) in out[at..at + k].iter_mut().zip(chosen) {
+                        *slot = f32::from_bits(j as u32);
+                    }
+                }
+                (first, starts) = (first + c, vec![0]);
+                keys.clear();
             }
         }
         Ok(out)
@@ -203,6 +221,10 @@ impl Run<'_> {
         let mut o = vec![0f32; t * h * hd];
         let mut selected = Vec::new();
         let scale = 1.0 / (hd as f32).sqrt();
+        // Rows attend in chunks: each row's keys are gathered right after its own SWA store
+        // (a later row's store may overwrite a ring slot this row reads), then a chunk's rows
+        // attend in one call.
+        let (mut keys, mut starts, mut first) = (Vec::new(), vec![0usize], 0usize);
         for (i, &p) in self.bound.positions[..t].iter().enumerate() {
             let st = self.row_state(bb, i);
             if let (Some(kv), Some(loc)) = (kv, loc) {
@@ -216,7 +238,7 @@ impl Run<'_> {
                     &kv[i * hd..(i + 1) * hd],
                 )?;
             }
-            let mut keys = st.swa.load_rows(be, (p + 1).saturating_sub(window)..=p)?;
+            keys.extend(st.swa.load_rows(be, (p + 1).saturating_sub(window)..=p)?);
             if let Some(cs) = st.compressor.as_ref() {
                 let n = (p + 1) / ratio;
                 if let Some(topk) = topk {
@@ -232,14 +254,21 @@ impl Run<'_> {
                     keys.extend(cs.entries.load_rows(be, 0..n)?);
                 }
             }
-            be.sparse_attention(
-                &q[i * h * hd..(i + 1) * h * hd],
-                hd,
-                &keys,
-                &bw.attn.sink,
-                scale,
-                &mut o[i * h * hd..(i + 1) * h * hd],
-            );
+            starts.push(keys.len() / hd.max(1));
+            if starts.len() > ATTENTION_CHUNK || i + 1 == t {
+                let rows = starts.len() - 1;
+                be.sparse_attention_rows(
+                    &q[first * h * hd..(first + rows) * h * hd],
+                    hd,
+                    &keys,
+                    &starts,
+                    &bw.attn.sink,
+                    scale,
+                    &mut o[first * h * hd..(first + rows) * h * hd],
+                );
+                (first, starts) = (first + rows, vec![0]);
+                keys.clear();
+            }
         }
         let hp: Vec<usize> = self.bound.positions[..t]
             .iter()

@@ -207,17 +207,56 @@ impl PagedRows {
         self.load_rows_unsynced(backend, rows)
     }
 
-    /// [`Self::load_rows`] without the load-back wait (the faulty read path).
+    /// [`Self::load_rows`] without the load-back wait (the faulty read path). Owned pages, and
+    /// pooled pages on a backend with device memory, are decoded in one
+    /// [`Backend::cache_load_rows`] call (one submission on a GPU; pooled pages are copied out
+    /// first); pooled pages on a host backend row by row, without copies.
     pub fn load_rows_unsynced(
         &self,
         backend: &dyn Backend,
         rows: impl Iterator<Item = usize>,
     ) -> Result<Vec<f32>, ForwardError> {
-        let mut out = Vec::new();
-        let mut buf = vec![0f32; self.width];
+        if let (Pages::Pooled(_), None) = (&self.pages, backend.device()) {
+            let mut out = Vec::new();
+            let mut buf = vec![0f32; self.width];
+            for r in rows {
+                self.load_row_unsynced(backend, r, &mut buf)?;
+                out.extend_from_slice(&buf);
+            }
+            return Ok(out);
+        }
+        // Distinct pages in first-use order, and each row's (page index, slot).
+        let (mut order, mut picks) = (Vec::new(), Vec::new());
         for r in rows {
-            self.load_row_unsynced(backend, r, &mut buf)?;
-            out.extend_from_slice(&buf);
+            let (page, slot) = self.place(r);
+            let i = match order.iter().position(|&p| p == page) {
+                Some(i) => i,
+                None => {
+                    order.push(page);
+                    order.len() - 1
+                }
+            };
+            picks.push((i, slot));
+        }
+        let mut out = vec![0f32; picks.len() * self.width];
+        match &self.pages {
+            Pages::Owned(pages) => {
+                let refs: Vec<&[u8]> = order.iter().map(|&p| pages[p].as_slice()).collect();
+                backend.cache_load_rows(&self.layout, &refs, &picks, &mut out)?;
+            }
+            Pages::Pooled(p) => {
+                let copies = order
+                    .iter()
+                    .map(|&page| {
+                        let id = p.readable(page)?;
+                        let mut bytes = Vec::new();
+                        p.store().read(id, &mut |b| bytes = b.to_vec());
+                        Ok(bytes)
+                    })
+                    .collect::<Result<Vec<_>, ForwardError>>()?;
+                let refs: Vec<&[u8]> = copies.iter().map(Vec::as_slice).collect();
+                backend.cache_load_rows(&self.layout, &refs, &picks, &mut out)?;
+            }
         }
         Ok(out)
     }

@@ -146,6 +146,130 @@ fn attention_case(class: SizeClass, heads: usize, dim: usize, n: usize, hot: boo
     )
 }
 
+/// `[0, n0, n0+n1, …]`.
+fn starts_of(ns: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(ns.iter().scan(0, |acc, &n| {
+            *acc += n;
+            Some(*acc)
+        }))
+        .collect()
+}
+
+fn indexer_rows_case(class: SizeClass, heads: usize, dim: usize, ns: &'static [usize]) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let rows = ns.len();
+        let starts = starts_of(ns);
+        let q = uniform_std(rng, rows * heads * dim, 1.0);
+        let w = uniform(rng, rows * heads, 1.0 / (heads as f32).sqrt());
+        let keys = uniform_std(rng, starts[rows] * dim, 1.0);
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(starts[rows]);
+            let ((), elapsed) =
+                call(|| be.indexer_scores_rows(&q, &w, dim, &keys, &starts, out.slice_mut()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (heads as f64, dim as f64, ns.iter().sum::<usize>() as f64);
+    let r = ns.len() as f64;
+    Case::new(
+        Op::IndexerScoresRows,
+        class,
+        format!("h{heads}.d{dim}.n{}", label_of(ns)),
+        None,
+        (
+            2.0 * nf * h * (d + 1.0),
+            4.0 * (nf * d + r * (h * d + h) + nf),
+        ),
+        build,
+    )
+}
+
+fn topk_rows_case(class: SizeClass, ns: &'static [usize], k: usize) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let starts = starts_of(ns);
+        // Multiples of 1/4: ties, so the lower-index rule decides within each range.
+        let s: Vec<f32> = uniform(rng, starts[ns.len()], 2.0)
+            .into_iter()
+            .map(|v| (v * 4.0).round() / 4.0)
+            .collect();
+        Ok(Box::new(move |be| {
+            let (per_row, elapsed) = call(|| be.topk_rows(&s, &starts, k))?;
+            if per_row.len() != ns.len() {
+                return Err(Problem::OpError(format!(
+                    "{} results for {} ranges",
+                    per_row.len(),
+                    ns.len()
+                )));
+            }
+            let mut all = Vec::new();
+            for (r, idx) in per_row.iter().enumerate() {
+                let n = ns[r];
+                if idx.iter().any(|&i| i >= n) || idx.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(Problem::OpError(format!(
+                        "range {r}: indices not strictly ascending inside {n} scores"
+                    )));
+                }
+                all.extend(idx.iter().map(|&i| i + starts[r]));
+            }
+            Ok(Ran {
+                out: Produced::Indices(all),
+                elapsed,
+            })
+        }))
+    });
+    Case::new(
+        Op::TopkRows,
+        class,
+        format!("n{}.k{k}", label_of(ns)),
+        None,
+        (0.0, 4.0 * ns.iter().sum::<usize>() as f64),
+        build,
+    )
+}
+
+/// "a+b+c" of a list of counts.
+fn label_of(ns: &[usize]) -> String {
+    ns.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+fn attention_rows_case(class: SizeClass, heads: usize, dim: usize, ns: &'static [usize]) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let rows = ns.len();
+        let q = uniform_std(rng, rows * heads * dim, 1.0);
+        let starts = starts_of(ns);
+        let keys = uniform_std(rng, starts[rows] * dim, 1.0);
+        let sink = uniform(rng, heads, 2.0);
+        let scale = 1.0 / (dim as f32).sqrt();
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(rows * heads * dim);
+            let ((), elapsed) = call(|| {
+                be.sparse_attention_rows(&q, dim, &keys, &starts, &sink, scale, out.slice_mut())
+            })?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (heads as f64, dim as f64, ns.iter().sum::<usize>() as f64);
+    let r = ns.len() as f64;
+    Case::new(
+        Op::SparseAttentionRows,
+        class,
+        format!("h{heads}.d{dim}.n{}", label_of(ns)),
+        None,
+        (4.0 * h * nf * d, 4.0 * (nf * d + r * (2.0 * h * d + h))),
+        build,
+    )
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     use SizeClass::*;
@@ -178,5 +302,14 @@ pub(crate) fn cases() -> Vec<Case> {
         attention_case(Flash, 64, 512, 640, false),
         attention_case(Flash, 64, 512, 192, false),
         attention_case(Flash, 64, 512, 4224, false).full_only(),
+        indexer_rows_case(Tiny, 4, 128, &[16, 0, 37, 5]),
+        indexer_rows_case(Odd, 3, 32, &[1, 9]),
+        indexer_rows_case(Flash, 64, 128, &[4096, 1024, 2048]),
+        topk_rows_case(Tiny, &[16, 0, 37, 40], 16),
+        topk_rows_case(Odd, &[10, 1, 3], 4),
+        topk_rows_case(Flash, &[4096, 1000, 4096], 512),
+        attention_rows_case(Tiny, 4, 128, &[32, 17, 1, 40]),
+        attention_rows_case(Odd, 3, 72, &[1, 9, 2]),
+        attention_rows_case(Flash, 64, 512, &[640, 192, 640]),
     ]
 }

@@ -156,6 +156,45 @@ fn formats() -> Vec<(SizeClass, RowFormat)> {
     v
 }
 
+fn load_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let width = fmt.width();
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        // Three pages fully written by the shared codec; eleven rows in scattered order, one
+        // of them twice.
+        let per = fmt.page_entries();
+        let mut pages = Vec::new();
+        for _ in 0..3 {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..per {
+                let v = row_values(rng, width);
+                match &fmt {
+                    RowFormat::Kv(l) => l.write(&mut page, slot, &v),
+                    RowFormat::IndexK(l) => l.write(&mut page, slot, &v),
+                }
+                .map_err(|e| e.to_string())?;
+            }
+            pages.push(page);
+        }
+        let mut rows: Vec<(usize, usize)> = (0..10)
+            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+            .collect();
+        rows.push(rows[3]);
+        Ok(Box::new(move |be| {
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let mut out = GuardedF32::poisoned(rows.len() * width);
+            let (res, elapsed) = call(|| be.cache_load_rows(&fmt, &refs, &rows, out.slice_mut()))?;
+            res.map_err(|e| Problem::OpError(e.to_string()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let cost = (0.0, 11.0 * (4 * width + fmt.entry_bytes()) as f64);
+    Case::new(Op::CacheLoadRows, class, label, Some(numerics), cost, build)
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -165,6 +204,7 @@ pub(crate) fn cases() -> Vec<Case> {
             v.push(store_case(class, fmt, true));
         }
         v.push(load_case(class, fmt));
+        v.push(load_rows_case(class, fmt));
     }
     v
 }

@@ -54,5 +54,6 @@ mod tests {
         assert_eq!(tags(Op::RoundIndexRows).len(), 3);
         assert_eq!(tags(Op::CacheStore).len(), 5);
         assert_eq!(tags(Op::CacheLoad).len(), 5);
+        assert_eq!(tags(Op::CacheLoadRows).len(), 5);
     }
 }
