@@ -216,6 +216,19 @@ impl Backend for WgpuBackend {
         ops_attn::sparse_attention(&self.gpu, q, dim, keys, sink, scale, out)
     }
 
+    fn sparse_attention_rows(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        ops_attn::sparse_attention_rows(&self.gpu, q, dim, keys, key_starts, sink, scale, out)
+    }
+
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
         ops::router_scores(&self.gpu, logits, out)
     }
@@ -242,6 +255,16 @@ impl Backend for WgpuBackend {
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
         ops::cache_load(&self.gpu, fmt, page, slot, out)
+    }
+
+    fn cache_load_rows(
+        &self,
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops::cache_load_rows(&self.gpu, fmt, pages, rows, out)
     }
 
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

@@ -444,28 +444,111 @@ pub fn cache_load(
 ) -> Result<(), CacheLayoutError> {
     check_access(fmt, page.len(), out.len())?;
     let at = slot_bytes(fmt, slot)?;
-    let (kind, nd, rd, data_row) = cache_kind(fmt);
     let mut entry = page[at.data.clone()].to_vec();
     entry.extend_from_slice(&page[at.scale.clone()]);
-    let eb = upload_bytes(gpu, "cache entry", &entry);
-    let ob = scratch(gpu, "cache values", out.len() * 4);
-    let params = [
-        kind,
-        nd as u32,
-        rd as u32,
-        entry.len() as u32,
-        data_row as u32,
-        out.len() as u32,
-    ];
+    decode_rows(gpu, fmt, &entry, &[0, at.data.len() as u32], out);
+    Ok(())
+}
+
+/// Decode many rows in one submission: the pages the rows use are uploaded once, concatenated
+/// (or, when they would not fit one binding, just the rows' entries), with one decode dispatch
+/// over all rows and one read-back. Errors are those the per-row loop of the default
+/// `Backend::cache_load_rows` returns, found before anything runs; `out` is then unchanged.
+pub fn cache_load_rows(
+    gpu: &Gpu,
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    out: &mut [f32],
+) -> Result<(), CacheLayoutError> {
+    let width = fmt.width();
+    if out.len() != rows.len() * width {
+        return Err(CacheLayoutError::WrongValueCount {
+            expected: rows.len() * width,
+            got: out.len(),
+        });
+    }
+    let mut at = Vec::with_capacity(rows.len());
+    for (r, &(page, slot)) in rows.iter().enumerate() {
+        let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
+            row: r,
+            page,
+            pages: pages.len(),
+        })?;
+        check_access(fmt, bytes.len(), width)?;
+        at.push(slot_bytes(fmt, slot)?);
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    // The used pages in first-use order, and where each starts in their concatenation.
+    let mut page_at: Vec<Option<usize>> = vec![None; pages.len()];
+    let mut used = Vec::new();
+    let mut total = 0;
+    for &(page, _) in rows {
+        if page_at[page].is_none() {
+            page_at[page] = Some(total);
+            used.push(page);
+            total += pages[page].len();
+        }
+    }
+    let entry_bytes = at
+        .iter()
+        .map(|a| a.data.len() + a.scale.len())
+        .sum::<usize>();
+    let (bytes, table) = if total <= gpu.max_binding_bytes() as usize {
+        let mut bytes = Vec::with_capacity(total);
+        for &p in &used {
+            bytes.extend_from_slice(pages[p]);
+        }
+        let table = rows
+            .iter()
+            .zip(&at)
+            .flat_map(|(&(page, _), a)| {
+                let p0 = page_at[page].unwrap_or(0);
+                [(p0 + a.data.start) as u32, (p0 + a.scale.start) as u32]
+            })
+            .collect::<Vec<_>>();
+        (bytes, table)
+    } else {
+        let mut bytes = Vec::with_capacity(entry_bytes);
+        let mut table = Vec::with_capacity(2 * rows.len());
+        for (&(page, _), a) in rows.iter().zip(&at) {
+            table.push(bytes.len() as u32);
+            bytes.extend_from_slice(&pages[page][a.data.clone()]);
+            table.push(bytes.len() as u32);
+            bytes.extend_from_slice(&pages[page][a.scale.clone()]);
+        }
+        (bytes, table)
+    };
+    decode_rows(gpu, fmt, &bytes, &table, out);
+    Ok(())
+}
+
+/// Decode `table.len() / 2` rows from `bytes` into `out` (row r's data row at byte
+/// `table[2r]`, its scale row at `table[2r + 1]`): one upload of each, one dispatch, one
+/// read-back.
+fn decode_rows(gpu: &Gpu, fmt: &RowFormat, bytes: &[u8], table: &[u32], out: &mut [f32]) {
+    let rows = table.len() / 2;
+    let (kind, nd, _, _) = cache_kind(fmt);
+    let width = fmt.width();
+    let n = rows * width;
+    let eb = upload_bytes(gpu, "cache entries", bytes);
+    let tb = upload_bytes(gpu, "cache row offsets", bytemuck::cast_slice(table));
+    let ob = scratch(gpu, "cache values", n * 4);
+    let params = [kind, nd as u32, width as u32, rows as u32];
     let mut step = gpu.step();
     step.dispatch(
         "cache_decode",
         &params,
-        &[(2, Bind::whole(&eb)), (3, Bind::whole(&ob))],
-        [out.len().div_ceil(64).max(1) as u32, 1, 1],
+        &[
+            (2, Bind::whole(&eb)),
+            (3, Bind::whole(&ob)),
+            (5, Bind::whole(&tb)),
+        ],
+        grid(n, 64),
     );
-    copy_f32(&step.finish(&[(&ob, out.len() * 4)])[0], out);
-    Ok(())
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
 }
 
 pub fn round_index_rows(gpu: &Gpu, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

@@ -3,7 +3,7 @@
 //! intermediate `acc` scratch never leaves the device.
 
 use crate::gpu::{Gpu, Step, copy_f32, grid};
-use crate::ops::{scratch, upload_f32};
+use crate::ops::{scratch, upload_bytes, upload_f32};
 use crate::setup::Bind;
 use dsv4_kernels::{HcParams, MhcPre};
 
@@ -94,21 +94,90 @@ pub fn sparse_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let heads = sink.len();
-    if heads == 0 || dim == 0 {
+    if sink.is_empty() || dim == 0 {
         return;
     }
     let n = keys.len() / dim;
-    let params = [n as u32, dim as u32, heads as u32, scale.to_bits()];
+    attention_rows(gpu, q, dim, &keys[..n * dim], &[0, n], sink, scale, out);
+}
+
+/// Sparse attention of several queries, each over its own key range (see
+/// `Backend::sparse_attention_rows`), in one submission. Panics where the default per-row loop
+/// would (a key range or a query/output row outside its slice).
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_attention_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = sink.len() * dim;
+    for (r, w) in key_starts.windows(2).enumerate() {
+        let (k0, k1) = (w[0] * dim, w[1] * dim);
+        assert!(
+            k0 <= k1 && k1 <= keys.len(),
+            "sparse_attention_rows: row {r} has keys {k0}..{k1} of {}",
+            keys.len()
+        );
+        assert!(
+            (r + 1) * hd <= q.len() && (r + 1) * hd <= out.len(),
+            "sparse_attention_rows: row {r} needs {} query and output values, got {} and {}",
+            (r + 1) * hd,
+            q.len(),
+            out.len()
+        );
+    }
+    if hd == 0 || key_starts.len() < 2 {
+        return;
+    }
+    let rows = key_starts.len() - 1;
+    let first = key_starts[0];
+    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
+    let keys = &keys[first * dim..key_starts[rows] * dim];
+    attention_rows(gpu, &q[..rows * hd], dim, keys, &starts, sink, scale, out);
+}
+
+/// Attention of `starts.len() - 1` queries (q [rows, heads, dim]), query r over keys
+/// `starts[r] .. starts[r+1]` of `keys` [starts[rows], dim] (starts[0] = 0, non-decreasing), into
+/// `out[.. rows·heads·dim]`: the three passes in one command buffer, one read-back.
+#[allow(clippy::too_many_arguments)]
+fn attention_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let heads = sink.len();
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let params = [
+        n as u32,
+        dim as u32,
+        heads as u32,
+        scale.to_bits(),
+        rows as u32,
+    ];
     let qb = upload_f32(gpu, "attention queries", q);
     let kb = upload_f32(gpu, "attention keys", keys);
     let sinkb = upload_f32(gpu, "attention sinks", sink);
+    let starts: Vec<u32> = starts.iter().map(|&k| k as u32).collect();
+    let stb = upload_bytes(gpu, "attention key ranges", bytemuck::cast_slice(&starts));
     let sb = scratch(
         gpu,
         "attention weights",
-        (heads * n + heads) * acc_bytes(gpu),
+        (heads * n + rows * heads) * acc_bytes(gpu),
     );
-    let ob = scratch(gpu, "attention output", heads * dim * 4);
+    let len = rows * heads * dim;
+    let ob = scratch(gpu, "attention output", len * 4);
+    let st = Bind::whole(&stb);
     let mut step = gpu.step();
     if n > 0 {
         step.dispatch(
@@ -118,6 +187,7 @@ pub fn sparse_attention(
                 (1, Bind::whole(&qb)),
                 (2, Bind::whole(&kb)),
                 (4, Bind::whole(&sb)),
+                (5, st),
             ],
             grid(n * heads, 64),
         );
@@ -125,8 +195,8 @@ pub fn sparse_attention(
     step.dispatch(
         "attn_weights",
         &params,
-        &[(1, Bind::whole(&sinkb)), (4, Bind::whole(&sb))],
-        [heads.div_ceil(64) as u32, 1, 1],
+        &[(1, Bind::whole(&sinkb)), (4, Bind::whole(&sb)), (5, st)],
+        grid(rows * heads, 64),
     );
     step.dispatch(
         "attn_out",
@@ -135,10 +205,11 @@ pub fn sparse_attention(
             (2, Bind::whole(&kb)),
             (3, Bind::whole(&ob)),
             (4, Bind::whole(&sb)),
+            (5, st),
         ],
-        grid(heads * dim, 64),
+        grid(len, 64),
     );
-    copy_f32(&step.finish(&[(&ob, heads * dim * 4)])[0], out);
+    copy_f32(&step.finish(&[(&ob, len * 4)])[0], out);
 }
 
 /// `base` followed by `scale`: the coefficient table of mhc.wgsl.

@@ -73,60 +73,93 @@ fn topk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     out[i] = select(0.0, 1.0, rank < k);
 }
 
-// Sparse attention pass 1: params 0 n keys, 1 dim, 2 heads, 3 scale (f32 bits);
-// a = q [heads, dim], b = keys [n, dim]; s[h·n + t] = scale·q_h·K_t. One thread per (h, t).
+// Sparse attention of `rows` queries, each over its own keys, in three passes. Params: 0 N keys
+// in all, 1 dim, 2 heads, 3 scale (f32 bits), 4 rows; `starts` [rows + 1]: query r attends over
+// keys starts[r] .. starts[r+1]. Scratch: query r's logits (then weights) of head h at
+// s[heads·starts[r] + h·n_r + t]; its denominators at s[heads·N + r·heads + h].
+@group(0) @binding(5) var<storage, read> starts: array<u32>;
+
+// The query whose key range holds key t (the last r with starts[r] ≤ t).
+fn row_of_key(t: u32) -> u32 {
+    var lo = 0u;
+    var hi = pu(4u);
+    while (hi - lo > 1u) {
+        let mid = (lo + hi) / 2u;
+        if (starts[mid] <= t) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
+// Pass 1: a = q [rows, heads, dim], b = keys [N, dim]; the logit scale·q_h·K_t of every (h, t).
+// One thread per (h, t).
 @compute @workgroup_size(64)
 fn attn_logits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = flat_id(gid, nwg, 64u);
-    let n = pu(0u);
+    let total = pu(0u);
     let dim = pu(1u);
     let heads = pu(2u);
-    if (id >= n * heads) { return; }
-    let h = id / n;
-    let t = id % n;
+    if (id >= total * heads) { return; }
+    let h = id / total;
+    let t = id % total;
+    let r = row_of_key(t);
+    let k0 = starts[r];
+    let n = starts[r + 1u] - k0;
+    let q0 = (r * heads + h) * dim;
     var d = acc(0.0);
     for (var c = 0u; c < dim; c = c + 1u) {
-        d = d + acc(a[h * dim + c]) * acc(b[t * dim + c]);
+        d = d + acc(a[q0 + c]) * acc(b[t * dim + c]);
     }
-    s[id] = d * acc(pf(3u));
+    s[heads * k0 + h * n + (t - k0)] = d * acc(pf(3u));
 }
 
-// Pass 2: params as pass 1, plus a = sinks [heads] here. One thread per head turns its logits
-// into e^(l−max) in place and stores the denominator (with the sink) at s[heads·n + h].
+// Pass 2: params as pass 1, plus a = sinks [heads] here. One thread per (r, h) turns its logits
+// into e^(l−max) in place and stores the denominator (with the sink).
 @compute @workgroup_size(64)
-fn attn_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let n = pu(0u);
+fn attn_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = flat_id(gid, nwg, 64u);
+    let total = pu(0u);
     let heads = pu(2u);
-    let h = gid.x;
-    if (h >= heads) { return; }
+    if (id >= pu(4u) * heads) { return; }
+    let r = id / heads;
+    let h = id % heads;
+    let k0 = starts[r];
+    let n = starts[r + 1u] - k0;
+    let base = heads * k0 + h * n;
     let sink = acc(a[h]);
     var mx = sink;
     for (var t = 0u; t < n; t = t + 1u) {
-        let l = s[h * n + t];
+        let l = s[base + t];
         if (l > mx || mx != mx) { mx = l; }
     }
     var den = acc(0.0);
     for (var t = 0u; t < n; t = t + 1u) {
-        let e = exp_acc(s[h * n + t] - mx);
-        s[h * n + t] = e;
+        let e = exp_acc(s[base + t] - mx);
+        s[base + t] = e;
         den = den + e;
     }
-    s[heads * n + h] = den + exp_acc(sink - mx);
+    s[heads * total + id] = den + exp_acc(sink - mx);
 }
 
-// Pass 3: params as pass 1; b = keys (= values). One thread per (h, c): Σ_t w_t·K[t, c] / den.
+// Pass 3: params as pass 1; b = keys (= values). One thread per (r, h, c):
+// Σ_t w_t·K[t, c] / den into out[(r·heads + h)·dim + c]. The sum starts at −0 as Rust's float
+// `sum` does (−0 + x = x for every x), so a query without keys gives −0 like the reference.
 @compute @workgroup_size(64)
 fn attn_out(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = flat_id(gid, nwg, 64u);
-    let n = pu(0u);
+    let total = pu(0u);
     let dim = pu(1u);
     let heads = pu(2u);
-    if (id >= heads * dim) { return; }
-    let h = id / dim;
+    if (id >= pu(4u) * heads * dim) { return; }
+    let rh = id / dim;
     let c = id % dim;
-    var num = acc(0.0);
+    let r = rh / heads;
+    let h = rh % heads;
+    let k0 = starts[r];
+    let n = starts[r + 1u] - k0;
+    let base = heads * k0 + h * n;
+    var num = acc(bitcast<f32>(0x80000000u));
     for (var t = 0u; t < n; t = t + 1u) {
-        num = num + s[h * n + t] * acc(b[t * dim + c]);
+        num = num + s[base + t] * acc(b[(k0 + t) * dim + c]);
     }
-    out[id] = f32(num / s[heads * n + h]);
+    out[id] = f32(num / s[heads * total + rh]);
 }

@@ -108,32 +108,41 @@ fn cache_encode(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 fn byte_in(i: u32) -> u32 { return (bytes_in[i / 4u] >> ((i % 4u) * 8u)) & 0xffu; }
 
-// cache_decode: params as cache_encode plus 5 width. One thread per value.
+// cache_decode: params 0 kind, 1 nd/dim, 2 width, 3 rows. `bytes_in`
+// holds the entries' bytes (whole pages, or gathered entries); `row_at[2r]` and `row_at[2r + 1]`
+// are the byte offsets of row r's data row and scale row in it. Row r decodes into
+// out[r·width ..]. One thread per value.
+@group(0) @binding(5) var<storage, read> row_at: array<u32>;
+
 @compute @workgroup_size(64)
-fn cache_decode(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn cache_decode(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = flat_id(gid, nwg, 64u);
     let kind = pu(0u);
     let nd = pu(1u);
-    let data_row = pu(4u);
-    if (i >= pu(5u)) { return; }
+    let width = pu(2u);
+    if (id >= width * pu(3u)) { return; }
+    let r = id / width;
+    let i = id % width;
+    let d0 = row_at[2u * r];
+    let s0 = row_at[2u * r + 1u];
     switch kind {
-        case 0u, 2u: { out[i] = bf16_to_f32(byte_in(2u * i) | (byte_in(2u * i + 1u) << 8u)); }
+        case 0u, 2u: { out[id] = bf16_to_f32(byte_in(d0 + 2u * i) | (byte_in(d0 + 2u * i + 1u) << 8u)); }
         case 1u: {
             if (i < nd) {
-                out[i] = e4m3_to_f32(byte_in(i)) * ue8m0_to_f32(byte_in(data_row + i / 64u));
+                out[id] = e4m3_to_f32(byte_in(d0 + i)) * ue8m0_to_f32(byte_in(s0 + i / 64u));
             } else {
-                let k = nd + 2u * (i - nd);
-                out[i] = bf16_to_f32(byte_in(k) | (byte_in(k + 1u) << 8u));
+                let k = d0 + nd + 2u * (i - nd);
+                out[id] = bf16_to_f32(byte_in(k) | (byte_in(k + 1u) << 8u));
             }
         }
         case 3u: {
-            let sb = byte_in(nd) | (byte_in(nd + 1u) << 8u) | (byte_in(nd + 2u) << 16u)
-                | (byte_in(nd + 3u) << 24u);
-            out[i] = e4m3_to_f32(byte_in(i)) * bitcast<f32>(sb);
+            let sb = byte_in(s0) | (byte_in(s0 + 1u) << 8u) | (byte_in(s0 + 2u) << 16u)
+                | (byte_in(s0 + 3u) << 24u);
+            out[id] = e4m3_to_f32(byte_in(d0 + i)) * bitcast<f32>(sb);
         }
         default: {
-            let code = (byte_in(i / 2u) >> ((i % 2u) * 4u)) & 0xfu;
-            out[i] = e2m1_to_f32(code) * ue8m0_to_f32(byte_in(data_row + i / 32u));
+            let code = (byte_in(d0 + i / 2u) >> ((i % 2u) * 4u)) & 0xfu;
+            out[id] = e2m1_to_f32(code) * ue8m0_to_f32(byte_in(s0 + i / 32u));
         }
     }
 }

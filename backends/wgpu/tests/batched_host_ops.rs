@@ -1,0 +1,441 @@
+//! On the device: the batched host ops `cache_load_rows` and `sparse_attention_rows` give bit for
+//! bit what the trait's default per-row loops give on the same backend, return the same errors,
+//! and run in one submission per call (none for zero rows). Skips with the reason when no
+//! adapter exists, except under CI=true.
+
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_backend_wgpu::WgpuBackend;
+use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
+use dsv4_core::{IndexKDtype, KvCacheDtype};
+use dsv4_kernels::{Backend, DeviceStats, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+fn backend(allow_f64: bool) -> Option<WgpuBackend> {
+    match WgpuBackend::new(None, allow_f64) {
+        Ok(b) => {
+            eprintln!("wgpu adapter: {}", b.adapter());
+            Some(b)
+        }
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and the wgpu backend cannot run: {e}");
+            }
+            eprintln!("SKIP: the wgpu backend cannot run here: {e}");
+            None
+        }
+    }
+}
+
+/// Deterministic values in about [-2, 2] with varied magnitudes.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            (u - 0.5) * 4.0 * if s & 0x100 != 0 { 0.01 } else { 1.0 }
+        })
+        .collect()
+}
+
+/// Deterministic bytes (cache pages with slots never written hold garbage).
+fn garbage(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 32) as u8
+        })
+        .collect()
+}
+
+/// The wgpu backend with the trait's default `cache_load_rows` and `sparse_attention_rows`
+/// (every other op delegated): the per-row loops the overrides must equal.
+struct PerRow<'a>(&'a WgpuBackend);
+
+impl Backend for PerRow<'_> {
+    fn name(&self) -> &'static str {
+        "wgpu per-row"
+    }
+    fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.0.linear(w, x, rows, out)
+    }
+    fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
+        self.0.act_quant_fp8(x, dim)
+    }
+    fn rms_norm(&self, x: &[f32], weight: Option<&[f32]>, dim: usize, eps: f32, out: &mut [f32]) {
+        self.0.rms_norm(x, weight, dim, eps, out)
+    }
+    fn rope(&self, x: &mut [f32], dim: usize, pos: &[usize], table: &RopeTable, inverse: bool) {
+        self.0.rope(x, dim, pos, table, inverse)
+    }
+    fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
+        self.0.mhc_pre(p, x, t)
+    }
+    fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]) {
+        self.0.mhc_post(x, y, pre, m, d, out)
+    }
+    fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+        self.0.hc_head(p, x, t, out)
+    }
+    fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]) {
+        self.0.softmax_pool(a, z, rows, width, out)
+    }
+    fn hadamard(&self, x: &mut [f32], dim: usize) {
+        self.0.hadamard(x, dim)
+    }
+    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+        self.0.indexer_scores(q, w, dim, keys, out)
+    }
+    fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
+        self.0.topk(scores, k)
+    }
+    fn sparse_attention(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        self.0.sparse_attention(q, dim, keys, sink, scale, out)
+    }
+    fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
+        self.0.router_scores(logits, out)
+    }
+    fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
+        self.0.swiglu(g, u, limit, weight, out)
+    }
+    fn cache_store(
+        &self,
+        fmt: &RowFormat,
+        page: &mut [u8],
+        slot: usize,
+        values: &[f32],
+    ) -> Result<(), CacheLayoutError> {
+        self.0.cache_store(fmt, page, slot, values)
+    }
+    fn cache_load(
+        &self,
+        fmt: &RowFormat,
+        page: &[u8],
+        slot: usize,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        self.0.cache_load(fmt, page, slot, out)
+    }
+    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
+        self.0.round_index_rows(dtype, x, dim)
+    }
+}
+
+/// (page index, slot) of each row.
+type Rows = Vec<(usize, usize)>;
+
+fn stats(b: &WgpuBackend) -> DeviceStats {
+    b.device().expect("wgpu has device ops").stats()
+}
+
+fn same_bits(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    let bad = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(bad, 0, "{what}: {bad} of {} values differ", a.len());
+}
+
+/// The formats of the cache op tests: KV bf16/fp8 (128 wide, 64 rope) and index-K
+/// bf16/fp8/fp4 (128 wide), 16 entries a page.
+fn formats() -> Vec<(String, RowFormat)> {
+    let mut f = Vec::new();
+    for dt in [KvCacheDtype::Bf16, KvCacheDtype::Fp8] {
+        let l = KvLayout::from_head_dims(dt, 128, 64, 16).unwrap();
+        f.push((format!("KV {dt:?}"), RowFormat::Kv(l)));
+    }
+    for dt in [IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4] {
+        let l = IndexKLayout::new(dt, 128, 16).unwrap();
+        f.push((format!("index-K {dt:?}"), RowFormat::IndexK(l)));
+    }
+    f
+}
+
+/// `n` pages of `fmt`: garbage bytes, with most slots then written from values.
+fn pages(fmt: &RowFormat, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|p| {
+            let mut page = garbage(fmt.page_bytes(), 100 + p as u64);
+            for slot in (0..fmt.page_entries()).filter(|s| s % 5 != 3) {
+                let v = values(fmt.width(), (p * 1000 + slot) as u64);
+                fmt.write(&mut page, slot, &v).unwrap();
+            }
+            page
+        })
+        .collect()
+}
+
+#[test]
+fn cache_load_rows_matches_the_per_row_loop_in_one_submission() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    for (name, fmt) in formats() {
+        let owned = pages(&fmt, 5);
+        let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        let last = fmt.page_entries() - 1;
+        // Arbitrary order, pages used repeatedly, one row twice, page 3 unused, garbage slots.
+        let rows = [
+            (4, 7),
+            (0, 0),
+            (2, last),
+            (0, 3),
+            (4, 7),
+            (1, 8),
+            (2, 1),
+            (0, last),
+            (1, 13),
+        ];
+        let w = fmt.width();
+        let mut want = vec![0f32; rows.len() * w];
+        per_row
+            .cache_load_rows(&fmt, &refs, &rows, &mut want)
+            .unwrap();
+        let mut got = vec![0f32; rows.len() * w];
+        let before = stats(&gpu);
+        gpu.cache_load_rows(&fmt, &refs, &rows, &mut got).unwrap();
+        let after = stats(&gpu);
+        same_bits(&name, &got, &want);
+        assert_eq!(after.submissions - before.submissions, 1, "{name}");
+        assert_eq!(after.reads - before.reads, 1, "{name}");
+        assert_eq!(after.dispatches - before.dispatches, 1, "{name}");
+        // The host codec agrees too (bit for bit; NaN payloads included).
+        let mut host = vec![0f32; w];
+        for (r, &(p, s)) in rows.iter().enumerate() {
+            ReferenceBackend
+                .cache_load(&fmt, refs[p], s, &mut host)
+                .unwrap();
+            let ok = host
+                .iter()
+                .zip(&got[r * w..(r + 1) * w])
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+            assert!(ok, "{name}: row {r} differs from the reference codec");
+        }
+        // Zero rows: nothing submitted.
+        let before = stats(&gpu);
+        gpu.cache_load_rows(&fmt, &refs, &[], &mut []).unwrap();
+        gpu.cache_load_rows(&fmt, &[], &[], &mut []).unwrap();
+        assert_eq!(stats(&gpu).submissions, before.submissions, "{name}");
+    }
+}
+
+#[test]
+fn cache_load_rows_gathers_entries_when_the_pages_do_not_fit_one_binding() {
+    let Some(gpu) = backend(true) else { return };
+    let Some(mut small) = backend(true) else {
+        return;
+    };
+    for (name, fmt) in formats() {
+        let owned = pages(&fmt, 4);
+        let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        let rows = [(3, 2), (1, 15), (0, 4), (2, 9)];
+        let w = fmt.width();
+        let mut want = vec![0f32; rows.len() * w];
+        PerRow(&gpu)
+            .cache_load_rows(&fmt, &refs, &rows, &mut want)
+            .unwrap();
+        // Room for the output, not for the four pages.
+        let cap = rows.len() * w * 4;
+        assert!(4 * fmt.page_bytes() > cap, "{name}: pages must not fit");
+        small.cap_binding_bytes(cap as u64);
+        let mut got = vec![0f32; rows.len() * w];
+        let before = stats(&small);
+        small.cache_load_rows(&fmt, &refs, &rows, &mut got).unwrap();
+        let after = stats(&small);
+        same_bits(&format!("{name} gathered"), &got, &want);
+        assert_eq!(after.submissions - before.submissions, 1, "{name}");
+        let uploaded = after.write_bytes - before.write_bytes;
+        assert!(
+            uploaded < (4 * fmt.page_bytes()) as u64,
+            "{name}: {uploaded} bytes uploaded, the pages were not left behind"
+        );
+        // The uncapped backend uploads the pages.
+        let before = stats(&gpu);
+        gpu.cache_load_rows(&fmt, &refs, &rows, &mut got).unwrap();
+        let uploaded = stats(&gpu).write_bytes - before.write_bytes;
+        assert!(uploaded >= (4 * fmt.page_bytes()) as u64, "{name}");
+        same_bits(&format!("{name} pages"), &got, &want);
+    }
+}
+
+#[test]
+fn cache_load_rows_returns_the_per_row_errors_without_running() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    for (name, fmt) in formats() {
+        let owned = pages(&fmt, 3);
+        let short = vec![0u8; fmt.page_bytes() - 1];
+        let mut refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        refs.push(&short);
+        let w = fmt.width();
+        let n = fmt.page_entries();
+        let cases: [(&str, Rows, usize); 7] = [
+            ("output too short", vec![(0, 1), (1, 2)], 2 * w - 1),
+            ("output too long", vec![(0, 1)], w + 1),
+            ("no rows, some output", vec![], 1),
+            ("page out of range", vec![(0, 1), (7, 0), (1, n)], 3 * w),
+            ("wrong page size", vec![(2, 1), (3, 0), (9, 0)], 3 * w),
+            ("slot out of range", vec![(1, 1), (0, n), (5, 0)], 3 * w),
+            ("first error wins", vec![(0, n + 4), (8, 0)], 2 * w),
+        ];
+        for (case, rows, len) in cases {
+            let mut want = vec![0f32; len];
+            let e_default = per_row
+                .cache_load_rows(&fmt, &refs, &rows, &mut want)
+                .unwrap_err();
+            let mut got = vec![7f32; len];
+            let before = stats(&gpu);
+            let e = gpu
+                .cache_load_rows(&fmt, &refs, &rows, &mut got)
+                .unwrap_err();
+            assert_eq!(e.to_string(), e_default.to_string(), "{name}: {case}");
+            assert_eq!(
+                stats(&gpu).submissions,
+                before.submissions,
+                "{name}: {case}"
+            );
+            assert!(got.iter().all(|&v| v == 7.0), "{name}: {case} wrote");
+        }
+    }
+}
+
+/// Attention inputs: `rows` queries of `heads`×`dim`, over key ranges with `counts` keys each,
+/// laid out after `skip` keys that no query uses (and followed by two more).
+struct Attn {
+    q: Vec<f32>,
+    keys: Vec<f32>,
+    starts: Vec<usize>,
+    sink: Vec<f32>,
+}
+
+fn attn(heads: usize, dim: usize, counts: &[usize], skip: usize) -> Attn {
+    let mut starts = vec![skip];
+    for c in counts {
+        starts.push(starts.last().unwrap() + c);
+    }
+    let n = starts.last().unwrap() + 2;
+    Attn {
+        q: values(counts.len() * heads * dim, 31),
+        keys: values(n * dim, 32),
+        starts,
+        sink: values(heads, 33),
+    }
+}
+
+#[test]
+fn sparse_attention_rows_matches_the_per_row_loop_in_one_submission() {
+    for allow_f64 in [true, false] {
+        let Some(gpu) = backend(allow_f64) else {
+            return;
+        };
+        let exact = gpu.adapter().f64_accumulation;
+        let per_row = PerRow(&gpu);
+        let (heads, dim, scale) = (4, 64, 0.125);
+        // Unequal key counts, a row with none, keys before and after the ranges used.
+        for (counts, skip) in [
+            (vec![3, 0, 7, 1, 12], 5),
+            (vec![0], 0),
+            (vec![9], 0),
+            (vec![0, 0, 4], 1),
+        ] {
+            let a = attn(heads, dim, &counts, skip);
+            let len = counts.len() * heads * dim;
+            let mut want = vec![0f32; len + 3];
+            per_row.sparse_attention_rows(&a.q, dim, &a.keys, &a.starts, &a.sink, scale, &mut want);
+            let mut got = vec![0f32; len + 3];
+            let before = stats(&gpu);
+            gpu.sparse_attention_rows(&a.q, dim, &a.keys, &a.starts, &a.sink, scale, &mut got);
+            let after = stats(&gpu);
+            let what = format!("f64 {allow_f64}, keys {counts:?}");
+            same_bits(&what, &got, &want);
+            assert_eq!(after.submissions - before.submissions, 1, "{what}");
+            assert_eq!(after.reads - before.reads, 1, "{what}");
+            if exact {
+                let mut reference = vec![0f32; len + 3];
+                ReferenceBackend.sparse_attention_rows(
+                    &a.q,
+                    dim,
+                    &a.keys,
+                    &a.starts,
+                    &a.sink,
+                    scale,
+                    &mut reference,
+                );
+                same_bits(&format!("{what} vs reference"), &got, &reference);
+            }
+        }
+        // Zero queries: nothing runs, nothing is written.
+        let a = attn(heads, dim, &[2], 0);
+        let before = stats(&gpu);
+        for starts in [&[][..], &[1][..]] {
+            let mut out = vec![5f32; 3];
+            gpu.sparse_attention_rows(&a.q, dim, &a.keys, starts, &a.sink, scale, &mut out);
+            assert_eq!(out, [5.0; 3]);
+        }
+        assert_eq!(stats(&gpu).submissions, before.submissions);
+    }
+}
+
+#[test]
+fn sparse_attention_with_no_keys_matches_the_reference() {
+    let Some(gpu) = backend(true) else { return };
+    let (heads, dim) = (3, 16);
+    let q = values(heads * dim, 41);
+    let sink = values(heads, 42);
+    let (mut a, mut b) = (vec![1f32; heads * dim], vec![2f32; heads * dim]);
+    gpu.sparse_attention(&q, dim, &[], &sink, 0.3, &mut a);
+    ReferenceBackend.sparse_attention(&q, dim, &[], &sink, 0.3, &mut b);
+    same_bits("no keys", &a, &b);
+    // −0: the reference's empty f64 sum (Rust's float `sum` starts at −0) over its denominator.
+    assert!(a.iter().all(|&v| v.to_bits() == (-0f32).to_bits()));
+}
+
+#[test]
+fn sparse_attention_rows_panics_where_the_per_row_loop_does() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    let (heads, dim) = (2, 8);
+    let a = attn(heads, dim, &[3, 2], 0);
+    let hd = heads * dim;
+    let n = a.keys.len() / dim;
+    let cases: Vec<(&str, Vec<usize>, usize, usize)> = vec![
+        ("decreasing starts", vec![3, 1, 4], 2 * hd, 2 * hd),
+        ("keys past the end", vec![0, 2, n + 1], 2 * hd, 2 * hd),
+        ("query too short", vec![0, 2, 4], 2 * hd - 1, 2 * hd),
+        ("output too short", vec![0, 2, 4], 2 * hd, 2 * hd - 1),
+        ("fine", vec![0, 2, 4], 2 * hd, 2 * hd),
+    ];
+    for (case, starts, qlen, olen) in cases {
+        let run = |b: &dyn Backend| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let mut out = vec![0f32; olen];
+                b.sparse_attention_rows(
+                    &a.q[..qlen],
+                    dim,
+                    &a.keys,
+                    &starts,
+                    &a.sink,
+                    1.0,
+                    &mut out,
+                );
+            }))
+            .is_err()
+        };
+        assert_eq!(run(&gpu), run(&per_row), "{case}");
+        assert_eq!(run(&gpu), case != "fine", "{case}");
+    }
+}
