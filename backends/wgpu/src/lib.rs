@@ -204,6 +204,22 @@ impl Backend for WgpuBackend {
         ops_attn::topk(&self.gpu, scores, k)
     }
 
+    fn indexer_scores_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        out: &mut [f32],
+    ) {
+        ops_attn::indexer_scores_rows(&self.gpu, q, w, dim, keys, key_starts, out)
+    }
+
+    fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+        ops_attn::topk_rows(&self.gpu, scores, starts, k)
+    }
+
     fn sparse_attention(
         &self,
         q: &[f32],

@@ -41,47 +41,166 @@ pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32],
     if n == 0 {
         return;
     }
+    scores_rows(gpu, q, w, dim, &keys[..n * dim], &[0, n], &mut out[..n]);
+}
+
+/// Indexer scores of several queries, each over its own key range (see
+/// `Backend::indexer_scores_rows`), in one submission. Panics where the default per-row loop
+/// would (a key range outside `keys` or `out`, a query row outside `q`).
+pub fn indexer_scores_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    out: &mut [f32],
+) {
+    let rows = key_starts.len().saturating_sub(1);
+    let heads = w.len() / rows.max(1);
+    let hd = heads * dim;
+    for (r, k) in key_starts.windows(2).enumerate() {
+        assert!(
+            k[0] <= k[1] && k[1] * dim <= keys.len() && k[1] <= out.len(),
+            "indexer_scores_rows: row {r} has keys {}..{} of {} ({} outputs)",
+            k[0],
+            k[1],
+            keys.len().checked_div(dim).unwrap_or(0),
+            out.len()
+        );
+        assert!(
+            (r + 1) * hd <= q.len(),
+            "indexer_scores_rows: row {r} needs {} query values, got {}",
+            (r + 1) * hd,
+            q.len()
+        );
+    }
+    if rows == 0 || dim == 0 || key_starts[0] == key_starts[rows] {
+        return;
+    }
+    let (first, last) = (key_starts[0], key_starts[rows]);
+    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
+    scores_rows(
+        gpu,
+        &q[..rows * hd],
+        &w[..rows * heads],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
+        &mut out[first..last],
+    );
+}
+
+/// Indexer scores of `starts.len() - 1` queries (q [rows, heads, dim], w [rows, heads]), query r
+/// over keys `starts[r] .. starts[r+1]` of `keys` [starts[rows], dim] (starts[0] = 0,
+/// non-decreasing, at least one key), into `out[.. starts[rows]]`: one dispatch, one read-back.
+fn scores_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    out: &mut [f32],
+) {
+    let rows = starts.len() - 1;
+    let n = starts[rows];
     let mut qw = q.to_vec();
     qw.extend_from_slice(w);
     let qb = upload_f32(gpu, "indexer queries", &qw);
     let kb = upload_f32(gpu, "indexer keys", keys);
+    let stb = upload_starts(gpu, "indexer key ranges", starts);
     let ob = scratch(gpu, "indexer scores", n * 4);
     let mut step = gpu.step();
     step.dispatch(
         "indexer_scores",
-        &[n as u32, dim as u32, w.len() as u32],
+        &[
+            n as u32,
+            dim as u32,
+            (w.len() / rows) as u32,
+            0,
+            rows as u32,
+        ],
         &[
             (1, Bind::whole(&qb)),
             (2, Bind::whole(&kb)),
             (3, Bind::whole(&ob)),
+            (5, Bind::whole(&stb)),
         ],
         grid(n, 64),
     );
     copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
 }
 
+/// Row boundaries as the u32 `starts` table of attention.wgsl.
+fn upload_starts(gpu: &Gpu, what: &str, starts: &[usize]) -> wgpu::Buffer {
+    let starts: Vec<u32> = starts.iter().map(|&k| k as u32).collect();
+    upload_bytes(gpu, what, bytemuck::cast_slice(&starts))
+}
+
 pub fn topk(gpu: &Gpu, scores: &[f32], k: usize) -> Vec<usize> {
-    let n = scores.len();
-    let k = k.min(n);
-    if k == 0 {
+    topk_ranges(gpu, scores, &[0, scores.len()], k)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Top-k of several score ranges (see `Backend::topk_rows`) in one submission. Panics where the
+/// default per-row loop would (a range outside `scores`).
+pub fn topk_rows(gpu: &Gpu, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+    for (r, s) in starts.windows(2).enumerate() {
+        assert!(
+            s[0] <= s[1] && s[1] <= scores.len(),
+            "topk_rows: range {r} is {}..{} of {} scores",
+            s[0],
+            s[1],
+            scores.len()
+        );
+    }
+    let rows = starts.len().saturating_sub(1);
+    if rows == 0 {
         return Vec::new();
     }
+    let first = starts[0];
+    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
+    topk_ranges(gpu, &scores[first..starts[rows]], &rel, k)
+}
+
+/// Top-k of each range `starts[r] .. starts[r+1]` of `scores` [starts[rows]] (starts[0] = 0,
+/// non-decreasing), indices relative to the range: one dispatch, one read-back (none when no
+/// range selects anything).
+fn topk_ranges(gpu: &Gpu, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+    let rows = starts.len() - 1;
+    let longest = starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
+    // Capping at the longest range changes no range's selection (rank < len ≤ k selects all).
+    let k = k.min(longest);
+    if k == 0 {
+        return vec![Vec::new(); rows];
+    }
+    let n = starts[rows];
     let sb = upload_f32(gpu, "top-k scores", scores);
+    let stb = upload_starts(gpu, "top-k ranges", starts);
     let ob = scratch(gpu, "top-k flags", n * 4);
     let mut step = gpu.step();
     step.dispatch(
         "topk",
-        &[n as u32, k as u32],
-        &[(1, Bind::whole(&sb)), (3, Bind::whole(&ob))],
+        &[n as u32, k as u32, 0, 0, rows as u32],
+        &[
+            (1, Bind::whole(&sb)),
+            (3, Bind::whole(&ob)),
+            (5, Bind::whole(&stb)),
+        ],
         grid(n, 64),
     );
     let mut flags = vec![0f32; n];
     copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut flags);
-    flags
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| **f != 0.0)
-        .map(|(i, _)| i)
+    starts
+        .windows(2)
+        .map(|s| {
+            (s[0]..s[1])
+                .filter(|&i| flags[i] != 0.0)
+                .map(|i| i - s[0])
+                .collect()
+        })
         .collect()
 }
 
@@ -168,8 +287,7 @@ fn attention_rows(
     let qb = upload_f32(gpu, "attention queries", q);
     let kb = upload_f32(gpu, "attention keys", keys);
     let sinkb = upload_f32(gpu, "attention sinks", sink);
-    let starts: Vec<u32> = starts.iter().map(|&k| k as u32).collect();
-    let stb = upload_bytes(gpu, "attention key ranges", bytemuck::cast_slice(&starts));
+    let stb = upload_starts(gpu, "attention key ranges", starts);
     let sb = scratch(
         gpu,
         "attention weights",

@@ -1,7 +1,8 @@
-//! On the device: the batched host ops `cache_load_rows` and `sparse_attention_rows` give bit for
-//! bit what the trait's default per-row loops give on the same backend, return the same errors,
-//! and run in one submission per call (none for zero rows). Skips with the reason when no
-//! adapter exists, except under CI=true.
+//! On the device: the batched host ops `cache_load_rows`, `sparse_attention_rows`,
+//! `indexer_scores_rows` and `topk_rows` give bit for bit (index for index) what the trait's
+//! default per-row loops give on the same backend, return the same errors (or panic where they
+//! do), and run in one submission per call (none when there is nothing to compute). Skips with
+//! the reason when no adapter exists, except under CI=true.
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_backend_wgpu::WgpuBackend;
@@ -53,8 +54,9 @@ fn garbage(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// The wgpu backend with the trait's default `cache_load_rows` and `sparse_attention_rows`
-/// (every other op delegated): the per-row loops the overrides must equal.
+/// The wgpu backend with the trait's default batched ops (`cache_load_rows`,
+/// `sparse_attention_rows`, `indexer_scores_rows`, `topk_rows`; every other op delegated): the
+/// per-row loops the overrides must equal.
 struct PerRow<'a>(&'a WgpuBackend);
 
 impl Backend for PerRow<'_> {
@@ -437,5 +439,206 @@ fn sparse_attention_rows_panics_where_the_per_row_loop_does() {
         };
         assert_eq!(run(&gpu), run(&per_row), "{case}");
         assert_eq!(run(&gpu), case != "fine", "{case}");
+    }
+}
+
+/// Indexer inputs: `counts.len()` queries of `heads`×`dim` with their head weights, over key
+/// ranges with `counts` keys each, laid out after `skip` unused keys (and two more after).
+struct Scores {
+    q: Vec<f32>,
+    w: Vec<f32>,
+    keys: Vec<f32>,
+    starts: Vec<usize>,
+}
+
+fn scores_input(heads: usize, dim: usize, counts: &[usize], skip: usize) -> Scores {
+    let mut starts = vec![skip];
+    for c in counts {
+        starts.push(starts.last().unwrap() + c);
+    }
+    let n = starts.last().unwrap() + 2;
+    Scores {
+        q: values(counts.len() * heads * dim, 51),
+        w: values(counts.len() * heads, 52),
+        keys: values(n * dim, 53),
+        starts,
+    }
+}
+
+#[test]
+fn indexer_scores_rows_matches_the_per_row_loop_in_one_submission() {
+    for allow_f64 in [true, false] {
+        let Some(gpu) = backend(allow_f64) else {
+            return;
+        };
+        let exact = gpu.adapter().f64_accumulation;
+        let per_row = PerRow(&gpu);
+        // Unequal key counts, rows with none or one key, keys before and after the ranges used.
+        for (heads, dim, counts, skip) in [
+            (4, 64, vec![3, 0, 7, 1, 12], 5),
+            (4, 64, vec![0], 0),
+            (4, 64, vec![1], 0),
+            (4, 64, vec![9], 0),
+            (4, 64, vec![0, 0, 4], 1),
+            (3, 7, vec![70, 2, 0, 1, 65], 3),
+            (1, 128, vec![1; 16], 0),
+        ] {
+            let a = scores_input(heads, dim, &counts, skip);
+            let len = a.keys.len() / dim;
+            let mut want = vec![9f32; len];
+            per_row.indexer_scores_rows(&a.q, &a.w, dim, &a.keys, &a.starts, &mut want);
+            let mut got = vec![9f32; len];
+            let before = stats(&gpu);
+            gpu.indexer_scores_rows(&a.q, &a.w, dim, &a.keys, &a.starts, &mut got);
+            let after = stats(&gpu);
+            let what = format!("f64 {allow_f64}, {heads}x{dim}, keys {counts:?}");
+            same_bits(&what, &got, &want);
+            let runs = u64::from(counts.iter().any(|&c| c > 0));
+            assert_eq!(after.submissions - before.submissions, runs, "{what}");
+            assert_eq!(after.reads - before.reads, runs, "{what}");
+            assert_eq!(after.dispatches - before.dispatches, runs, "{what}");
+            if exact {
+                let mut reference = vec![9f32; len];
+                ReferenceBackend.indexer_scores_rows(
+                    &a.q,
+                    &a.w,
+                    dim,
+                    &a.keys,
+                    &a.starts,
+                    &mut reference,
+                );
+                same_bits(&format!("{what} vs reference"), &got, &reference);
+            }
+        }
+        // Zero queries: nothing runs, nothing is written.
+        let a = scores_input(2, 8, &[2], 0);
+        let before = stats(&gpu);
+        for starts in [&[][..], &[1][..]] {
+            let mut out = vec![5f32; 3];
+            gpu.indexer_scores_rows(&a.q, &a.w, 8, &a.keys, starts, &mut out);
+            assert_eq!(out, [5.0; 3]);
+        }
+        assert_eq!(stats(&gpu).submissions, before.submissions);
+    }
+}
+
+#[test]
+fn indexer_scores_rows_panics_where_the_per_row_loop_does() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    let (heads, dim) = (2, 8);
+    let a = scores_input(heads, dim, &[3, 2], 0);
+    let hd = heads * dim;
+    let n = a.keys.len() / dim;
+    let cases: Vec<(&str, Vec<usize>, usize, usize)> = vec![
+        ("decreasing starts", vec![3, 1, 4], 2 * hd, n),
+        ("keys past the end", vec![0, 2, n + 1], 2 * hd, n + 1),
+        ("query too short", vec![0, 2, 4], 2 * hd - 1, n),
+        ("output too short", vec![0, 2, 4], 2 * hd, 3),
+        ("fine", vec![0, 2, 4], 2 * hd, 4),
+        ("fine, offset", vec![1, 2, n], 2 * hd, n),
+    ];
+    for (case, starts, qlen, olen) in cases {
+        let run = |b: &dyn Backend| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let mut out = vec![0f32; olen];
+                b.indexer_scores_rows(&a.q[..qlen], &a.w, dim, &a.keys, &starts, &mut out);
+            }))
+            .is_err()
+        };
+        assert_eq!(run(&gpu), run(&per_row), "{case}");
+        assert_eq!(run(&gpu), !case.starts_with("fine"), "{case}");
+    }
+}
+
+/// Scores with many ties (values rounded to halves), NaN, ±inf and ±0 scattered in.
+fn tied_scores(n: usize, seed: u64) -> Vec<f32> {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        -f32::NAN,
+    ];
+    values(n, seed)
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            if (i * 7 + seed as usize).is_multiple_of(5) {
+                specials[(i / 5 + seed as usize) % specials.len()]
+            } else {
+                (v * 2.0).round() / 2.0
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn topk_rows_matches_the_per_row_loop_in_one_submission() {
+    for allow_f64 in [true, false] {
+        let Some(gpu) = backend(allow_f64) else {
+            return;
+        };
+        let per_row = PerRow(&gpu);
+        // Range lengths (0, 1, short, past one workgroup), after `skip` unused scores.
+        let layouts: [(Vec<usize>, usize); 6] = [
+            (vec![5, 0, 1, 9, 3, 12], 2),
+            (vec![0], 0),
+            (vec![1], 0),
+            (vec![0, 0, 0], 4),
+            (vec![130, 1, 0, 77, 64, 65, 2], 1),
+            (vec![16; 16], 0),
+        ];
+        for (lens, skip) in layouts {
+            let mut starts = vec![skip];
+            for l in &lens {
+                starts.push(starts.last().unwrap() + l);
+            }
+            let scores = tied_scores(starts.last().unwrap() + 3, lens.len() as u64);
+            for k in [0, 1, 2, 3, 8, 64, 100, 1000, usize::MAX] {
+                let want = per_row.topk_rows(&scores, &starts, k);
+                let before = stats(&gpu);
+                let got = gpu.topk_rows(&scores, &starts, k);
+                let after = stats(&gpu);
+                let what = format!("f64 {allow_f64}, lengths {lens:?}, k {k}");
+                assert_eq!(got, want, "{what}");
+                assert_eq!(
+                    got,
+                    ReferenceBackend.topk_rows(&scores, &starts, k),
+                    "{what}"
+                );
+                let runs = u64::from(k > 0 && lens.iter().any(|&l| l > 0));
+                assert_eq!(after.submissions - before.submissions, runs, "{what}");
+                assert_eq!(after.reads - before.reads, runs, "{what}");
+            }
+        }
+        // Zero ranges: nothing runs.
+        let before = stats(&gpu);
+        assert!(gpu.topk_rows(&[1.0, 2.0], &[], 3).is_empty());
+        assert!(gpu.topk_rows(&[1.0, 2.0], &[1], 3).is_empty());
+        assert_eq!(stats(&gpu).submissions, before.submissions);
+    }
+}
+
+#[test]
+fn topk_rows_panics_where_the_per_row_loop_does() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    let scores = tied_scores(10, 3);
+    let cases: [(&str, Vec<usize>, usize); 6] = [
+        ("decreasing starts", vec![4, 2, 6], 2),
+        ("past the end", vec![0, 5, 11], 2),
+        ("decreasing, k = 0", vec![4, 2], 0),
+        ("past the end, k = 0", vec![9, 12], 0),
+        ("fine", vec![0, 5, 10], 2),
+        ("fine, empty", vec![10, 10], 2),
+    ];
+    for (case, starts, k) in cases {
+        let run = |b: &dyn Backend| {
+            catch_unwind(AssertUnwindSafe(|| b.topk_rows(&scores, &starts, k))).is_err()
+        };
+        assert_eq!(run(&gpu), run(&per_row), "{case}");
+        assert_eq!(run(&gpu), !case.starts_with("fine"), "{case}");
     }
 }

@@ -6,6 +6,21 @@
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> s: array<acc>;
 
+// Key (or score) ranges of the row-batched kernels: row r owns entries starts[r] .. starts[r+1]
+// (rows = param 4).
+@group(0) @binding(5) var<storage, read> starts: array<u32>;
+
+// The row whose range holds entry t (the last r with starts[r] ≤ t).
+fn row_of_key(t: u32) -> u32 {
+    var lo = 0u;
+    var hi = pu(4u);
+    while (hi - lo > 1u) {
+        let mid = (lo + hi) / 2u;
+        if (starts[mid] <= t) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
 // softmax_pool: params 0 rows, 1 width; a = values, b = logits z, both [rows, width].
 // One thread per channel: max, then the ordered sums of e^(z−max)·a and e^(z−max).
 @compute @workgroup_size(64)
@@ -28,8 +43,10 @@ fn softmax_pool(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (den > acc(0.0)) { out[c] = f32(num / den); } else { out[c] = 0.0; }
 }
 
-// indexer_scores: params 0 n keys, 1 dim, 2 heads; a = q [heads, dim] then w [heads],
-// b = keys [n, dim]. One thread per key.
+// indexer_scores: params 0 N keys in all, 1 dim, 2 heads, 4 rows; a = q [rows, heads, dim] then
+// w [rows, heads], b = keys [N, dim]; `starts` [rows + 1]: query r scores keys starts[r] ..
+// starts[r+1]. One thread per key. The head sum starts at −0 as Rust's float `sum` does, so a key
+// whose every head term is −0 (negative weights, no positive dot) scores −0 like the reference.
 @compute @workgroup_size(64)
 fn indexer_scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let j = flat_id(gid, nwg, 64u);
@@ -37,13 +54,16 @@ fn indexer_scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let dim = pu(1u);
     let heads = pu(2u);
     if (j >= n) { return; }
-    var total = acc(0.0);
+    let r = row_of_key(j);
+    let q0 = r * heads * dim;
+    let w0 = pu(4u) * heads * dim + r * heads;
+    var total = acc(bitcast<f32>(0x80000000u));
     for (var h = 0u; h < heads; h = h + 1u) {
         var d = acc(0.0);
         for (var c = 0u; c < dim; c = c + 1u) {
-            d = d + acc(a[h * dim + c]) * acc(b[j * dim + c]);
+            d = d + acc(a[q0 + h * dim + c]) * acc(b[j * dim + c]);
         }
-        total = total + acc(a[heads * dim + h]) * max(d, acc(0.0));
+        total = total + acc(a[w0 + h]) * max(d, acc(0.0));
     }
     out[j] = f32(total);
 }
@@ -57,17 +77,21 @@ fn ranks_before(si: f32, i: u32, sj: f32, j: u32) -> bool {
     return i < j;
 }
 
-// topk: params 0 n, 1 k; a = scores. One thread per index counts the entries ranked before it;
-// out[i] = 1 when fewer than k are (the host lists the selected indices in ascending order).
+// topk: params 0 N scores in all, 1 k, 4 rows; a = scores [N]; `starts` [rows + 1]: range r is
+// starts[r] .. starts[r+1]. One thread per index counts the entries of its range ranked before
+// it; out[i] = 1 when fewer than k are (the host lists each range's selected indices in
+// ascending order).
 @compute @workgroup_size(64)
 fn topk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_id(gid, nwg, 64u);
     let n = pu(0u);
     let k = pu(1u);
     if (i >= n) { return; }
+    let r = row_of_key(i);
+    let end = starts[r + 1u];
     let si = a[i];
     var rank = 0u;
-    for (var j = 0u; j < n && rank < k; j = j + 1u) {
+    for (var j = starts[r]; j < end && rank < k; j = j + 1u) {
         if (j != i && ranks_before(a[j], j, si, i)) { rank = rank + 1u; }
     }
     out[i] = select(0.0, 1.0, rank < k);
@@ -77,18 +101,6 @@ fn topk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 // in all, 1 dim, 2 heads, 3 scale (f32 bits), 4 rows; `starts` [rows + 1]: query r attends over
 // keys starts[r] .. starts[r+1]. Scratch: query r's logits (then weights) of head h at
 // s[heads·starts[r] + h·n_r + t]; its denominators at s[heads·N + r·heads + h].
-@group(0) @binding(5) var<storage, read> starts: array<u32>;
-
-// The query whose key range holds key t (the last r with starts[r] ≤ t).
-fn row_of_key(t: u32) -> u32 {
-    var lo = 0u;
-    var hi = pu(4u);
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (starts[mid] <= t) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
 
 // Pass 1: a = q [rows, heads, dim], b = keys [N, dim]; the logit scale·q_h·K_t of every (h, t).
 // One thread per (h, t).
