@@ -39,26 +39,37 @@ extern "C" __global__ void attn_softmax_pool(const float* __restrict__ a,
     out[c] = den > (acc_t)0.0 ? (float)(num / den) : 0.0f;
 }
 
-// attn_indexer_scores: q = [heads, dim], w = [heads], keys = [n, dim];
-// out[j] = Σ_h w[h]·max(q_h·K_j, 0). One thread per key: each dot runs over the channels in
-// order and the heads are summed in order, as the reference does. The queries sit in shared
-// memory (read as broadcasts). Grid ceil(n/128) × 128.
+// attn_indexer_scores over a batch of queries, each over its own keys: q = [rows, heads, dim],
+// w = [rows, heads], keys = [N, dim]; query r scores key rows starts[r] .. starts[r+1] (n_r of
+// them): out[j] = Σ_h w[r, h]·max(q_rh·K_j, 0) for j in that range. One thread per key: each dot
+// runs over the channels in order and the heads are summed in order, as the reference does, so a
+// score never depends on the batch. The block's query sits in shared memory (read as broadcasts).
+// Grid (ceil(max n_r/128), rows) × 128; each launch covers queries row0 + blockIdx.y, so more
+// than 65535 queries are a few launches.
 extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ keys,
-                                               float* __restrict__ out, u32 n, u32 dim,
-                                               u32 heads) {
+                                               const u32* __restrict__ starts,
+                                               float* __restrict__ out, u32 dim, u32 heads,
+                                               u32 row0) {
     __shared__ float sq[ATTN_Q_SHARED];
+    const u32 r = row0 + blockIdx.y;
+    const u32 k0 = starts[r];
+    const u32 n = starts[r + 1u] - k0;
+    // The whole block leaves together (before any barrier) when it has no key of this query.
+    if ((u64)blockIdx.x * blockDim.x >= n) return;
     const u64 hd = (u64)heads * dim;
+    const float* qr = q + (u64)r * hd;
+    const float* wr = w + (u64)r * heads;
     const bool shared_q = hd <= ATTN_Q_SHARED;
     if (shared_q) {
-        for (u32 i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = __ldg(q + i);
+        for (u32 i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = __ldg(qr + i);
     }
     __syncthreads();
-    const float* qq = shared_q ? sq : q;
+    const float* qq = shared_q ? sq : qr;
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (j < n) {
-        const float* kj = keys + j * dim;
+        const float* kj = keys + ((u64)k0 + j) * dim;
         acc_t total = (acc_t)-0.0;
         for (u32 h0 = 0; h0 < heads; h0 += ATTN_HT) {
             const u32 hn = min(heads - h0, (u32)ATTN_HT);
@@ -75,25 +86,35 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
             }
 #pragma unroll
             for (u32 i = 0; i < ATTN_HT; ++i) {
-                if (i < hn) total += (acc_t)__ldg(w + h0 + i) * fmax(d[i], (acc_t)0.0);
+                if (i < hn) total += (acc_t)__ldg(wr + h0 + i) * fmax(d[i], (acc_t)0.0);
             }
         }
-        out[j] = (float)total;
+        out[(u64)k0 + j] = (float)total;
     }
 }
 
-// Sparse attention, launch 1: q = [heads, dim], keys = [n, dim];
-// logits[h·n + s] = (q_h·K_s)·scale, each dot over the channels in order. One thread per
-// (key, group of ATTN_HT heads): grid (ceil(n/128), ceil(heads/ATTN_HT)) × 128.
+// Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],
+// keys = [N, dim]; query r attends over key rows starts[r] .. starts[r+1] (n_r of them). The
+// logits/weights scratch holds query r's [heads, n_r] doubles at heads·starts[r], sinkw [rows,
+// heads], out [rows, heads, dim]. Each launch covers queries row0 + (its row grid index), so a
+// batch of more than 65535 queries is a few launches.
+//
+// Launch 1: logits[h, s] = (q_h·K_s)·scale, each dot over the channels in order. One thread per
+// (key, group of ATTN_HT heads, query): grid (ceil(max n_r/128), ceil(heads/ATTN_HT), rows) × 128.
 extern "C" __global__ void attn_logits(const float* __restrict__ q, const float* __restrict__ keys,
-                                       double* __restrict__ logits, u32 n, u32 dim, u32 heads,
-                                       float scale) {
+                                       const u32* __restrict__ starts,
+                                       double* __restrict__ logits, u32 dim, u32 heads,
+                                       float scale, u32 row0) {
+    const u32 r = row0 + blockIdx.z;
+    const u32 k0 = starts[r];
+    const u32 n = starts[r + 1u] - k0;
     const u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 h0 = blockIdx.y * ATTN_HT;
     if (s >= n) return;
     const u32 hn = min(heads - h0, (u32)ATTN_HT);
-    const float* ks = keys + s * dim;
-    const float* qh = q + (u64)h0 * dim;
+    const float* ks = keys + ((u64)k0 + s) * dim;
+    const float* qh = q + ((u64)r * heads + h0) * dim;
+    double* lr = logits + (u64)heads * k0;
     acc_t d[ATTN_HT];
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) d[i] = (acc_t)-0.0;
@@ -106,18 +127,23 @@ extern "C" __global__ void attn_logits(const float* __restrict__ q, const float*
     }
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) {
-        if (i < hn) logits[(u64)(h0 + i) * n + s] = (double)(d[i] * (acc_t)scale);
+        if (i < hn) lr[(u64)(h0 + i) * n + s] = (double)(d[i] * (acc_t)scale);
     }
 }
 
-// Launch 2: one 256-thread block per head. mx = max(sink_h, max_s logits[h, s]) (NaN ignored, as
-// f64::max does), then logits[h, s] ← e^(logits[h, s] − mx) in place and
-// sinkw[h] = e^(sink_h − mx), all in f64.
-extern "C" __global__ void attn_softmax(double* __restrict__ logits, const float* __restrict__ sink,
-                                        double* __restrict__ sinkw, u32 n) {
+// Launch 2: one 256-thread block per (head, query): grid (heads, rows). mx = max(sink_h,
+// max_s logits[h, s]) (NaN ignored, as f64::max does), then logits[h, s] ← e^(logits[h, s] − mx)
+// in place and sinkw[r, h] = e^(sink_h − mx), all in f64.
+extern "C" __global__ void attn_softmax(double* __restrict__ logits,
+                                        const u32* __restrict__ starts,
+                                        const float* __restrict__ sink,
+                                        double* __restrict__ sinkw, u32 heads, u32 row0) {
     __shared__ double part[32];
+    const u32 r = row0 + blockIdx.y;
+    const u32 k0 = starts[r];
+    const u32 n = starts[r + 1u] - k0;
     const u64 h = blockIdx.x;
-    double* lh = logits + h * n;
+    double* lh = logits + (u64)heads * k0 + h * n;
     const double sk = (double)sink[h];
     double mx = attn_neg_inf_d();
     for (u32 s = threadIdx.x; s < n; s += blockDim.x) mx = fmax(mx, lh[s]);
@@ -127,25 +153,31 @@ extern "C" __global__ void attn_softmax(double* __restrict__ logits, const float
     mx = sk;
     for (u32 wi = 0; wi < (blockDim.x >> 5); ++wi) mx = fmax(mx, part[wi]);
     for (u32 s = threadIdx.x; s < n; s += blockDim.x) lh[s] = exp(lh[s] - mx);
-    if (threadIdx.x == 0) sinkw[h] = exp(sk - mx);
+    if (threadIdx.x == 0) sinkw[(u64)r * heads + h] = exp(sk - mx);
 }
 
-// Launch 3: out[h, c] = Σ_s w[h, s]·K[s, c] / (Σ_s w[h, s] + sinkw[h]), both sums over s in
-// order (each thread of head h forms the same denominator). One thread per (head, channel):
-// grid (ceil(dim/256), heads).
+// Launch 3: out[r, h, c] = Σ_s w[h, s]·K[s, c] / (Σ_s w[h, s] + sinkw[r, h]), both sums over s in
+// order (each thread of head h forms the same denominator). One thread per (channel, head,
+// query): grid (ceil(dim/256), heads, rows).
 extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
-                                    const float* __restrict__ keys, float* __restrict__ out, u32 n,
-                                    u32 dim) {
+                                    const float* __restrict__ keys,
+                                    const u32* __restrict__ starts, float* __restrict__ out,
+                                    u32 dim, u32 heads, u32 row0) {
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 h = blockIdx.y;
+    const u32 r = row0 + blockIdx.z;
     if (c >= dim) return;
-    const double* wh = wts + h * n;
+    const u32 k0 = starts[r];
+    const u32 n = starts[r + 1u] - k0;
+    const double* wh = wts + (u64)heads * k0 + h * n;
+    const float* kr = keys + (u64)k0 * dim;
+    const u64 rh = (u64)r * heads + h;
     acc_t num = (acc_t)-0.0;
     acc_t den = (acc_t)-0.0;
     for (u32 s = 0; s < n; ++s) {
         const acc_t wv = (acc_t)wh[s];
-        num += wv * (acc_t)__ldg(keys + (u64)s * dim + c);
+        num += wv * (acc_t)__ldg(kr + (u64)s * dim + c);
         den += wv;
     }
-    out[h * dim + c] = (float)(num / (den + (acc_t)sinkw[h]));
+    out[rh * dim + c] = (float)(num / (den + (acc_t)sinkw[rh]));
 }

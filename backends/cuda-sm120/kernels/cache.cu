@@ -3,12 +3,19 @@
 // The host (ops/cache.rs) validates the layout and copies the bytes to and from the page.
 // Codecs come from namespace codec (linear.cu).
 //
-// Launch shapes: bf16 kernels and every decode kernel one thread per value (256 per block);
-// kv_fp8 encode one 256-thread block (a warp per 64-value block, then the bf16 rope part);
-// index_fp8 encode one warp; index_fp4 encode one warp per 32-value block.
+// Launch shapes: bf16 encode one thread per value (256 per block); kv_fp8 encode one 256-thread
+// block (a warp per 64-value block, then the bf16 rope part); index_fp8 encode one warp;
+// index_fp4 encode one warp per 32-value block. The decoders take a batch: `rows` entries of
+// `stride` bytes each, entry r's values to out[r·width ..], one thread per value of the batch
+// (grid ceil(rows·width/256) × 256).
 #include "common.cuh"
 
 #define CACHE_THREADS 256
+
+// A decoder thread's place in the batch: the value t of rows·width (its output index).
+__device__ __forceinline__ u64 cache_decode_thread() {
+    return (u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
 
 // bf16 entries (KV bf16 and index-K bf16): value i → bytes 2i, 2i+1 (little endian).
 extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __restrict__ out,
@@ -21,10 +28,12 @@ extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __
 }
 
 extern "C" __global__ void cache_decode_bf16(const u8* __restrict__ in, float* __restrict__ out,
-                                             u32 n) {
-    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    out[i] = codec::bf16_to_f32((u32)in[2u * i] | ((u32)in[2u * i + 1u] << 8));
+                                             u32 n, u32 rows, u32 stride) {
+    const u64 t = cache_decode_thread();
+    if (t >= (u64)rows * n) return;
+    const u8* e = in + (t / n) * stride;
+    const u32 i = (u32)(t % n);
+    out[t] = codec::bf16_to_f32((u32)e[2u * i] | ((u32)e[2u * i + 1u] << 8));
 }
 
 // fp8 KV entry: data row = nd e4m3 codes (64-value blocks, power-of-two scales with floor 1e-4)
@@ -54,14 +63,16 @@ extern "C" __global__ void cache_encode_kv_fp8(const float* __restrict__ v, u8* 
 }
 
 extern "C" __global__ void cache_decode_kv_fp8(const u8* __restrict__ in, float* __restrict__ out,
-                                               u32 nd, u32 rd) {
-    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= nd + rd) return;
+                                               u32 nd, u32 rd, u32 rows, u32 stride) {
+    const u64 t = cache_decode_thread();
+    if (t >= (u64)rows * (nd + rd)) return;
+    const u8* e = in + (t / (nd + rd)) * stride;
+    const u32 i = (u32)(t % (nd + rd));
     if (i < nd) {
-        out[i] = codec::e4m3_to_f32(in[i]) * codec::ue8m0_to_f32(in[nd + 2u * rd + i / 64u]);
+        out[t] = codec::e4m3_to_f32(e[i]) * codec::ue8m0_to_f32(e[nd + 2u * rd + i / 64u]);
     } else {
         const u32 k = nd + 2u * (i - nd);
-        out[i] = codec::bf16_to_f32((u32)in[k] | ((u32)in[k + 1u] << 8));
+        out[t] = codec::bf16_to_f32((u32)e[k] | ((u32)e[k + 1u] << 8));
     }
 }
 
@@ -78,12 +89,15 @@ extern "C" __global__ void cache_encode_index_fp8(const float* __restrict__ v,
 }
 
 extern "C" __global__ void cache_decode_index_fp8(const u8* __restrict__ in,
-                                                  float* __restrict__ out, u32 dim) {
-    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= dim) return;
-    const u32 sb = (u32)in[dim] | ((u32)in[dim + 1u] << 8) | ((u32)in[dim + 2u] << 16) |
-                   ((u32)in[dim + 3u] << 24);
-    out[i] = codec::e4m3_to_f32(in[i]) * __uint_as_float(sb);
+                                                  float* __restrict__ out, u32 dim, u32 rows,
+                                                  u32 stride) {
+    const u64 t = cache_decode_thread();
+    if (t >= (u64)rows * dim) return;
+    const u8* e = in + (t / dim) * stride;
+    const u32 i = (u32)(t % dim);
+    const u32 sb = (u32)e[dim] | ((u32)e[dim + 1u] << 8) | ((u32)e[dim + 2u] << 16) |
+                   ((u32)e[dim + 3u] << 24);
+    out[t] = codec::e4m3_to_f32(e[i]) * __uint_as_float(sb);
 }
 
 // fp4 index-K entry: dim/2 bytes of e2m1 pairs (low nibble first), then dim/32 ue8m0 codes (255
@@ -104,9 +118,12 @@ extern "C" __global__ void cache_encode_index_fp4(const float* __restrict__ v,
 }
 
 extern "C" __global__ void cache_decode_index_fp4(const u8* __restrict__ in,
-                                                  float* __restrict__ out, u32 dim) {
-    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= dim) return;
-    const u32 code = ((u32)in[i / 2u] >> ((i % 2u) * 4u)) & 0xfu;
-    out[i] = codec::e2m1_to_f32(code) * codec::ue8m0_to_f32(in[dim / 2u + i / 32u]);
+                                                  float* __restrict__ out, u32 dim, u32 rows,
+                                                  u32 stride) {
+    const u64 t = cache_decode_thread();
+    if (t >= (u64)rows * dim) return;
+    const u8* e = in + (t / dim) * stride;
+    const u32 i = (u32)(t % dim);
+    const u32 code = ((u32)e[i / 2u] >> ((i % 2u) * 4u)) & 0xfu;
+    out[t] = codec::e2m1_to_f32(code) * codec::ue8m0_to_f32(e[dim / 2u + i / 32u]);
 }

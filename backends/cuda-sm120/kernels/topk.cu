@@ -1,13 +1,14 @@
-// Top-k selection by radix select, in one block per call. Each score maps to an order-preserving
-// u32 key (larger score → larger key; NaN → 0, below −∞, so NaN ranks last; −0.0 and +0.0 share
-// a key, as they compare equal). Four passes of 8-bit histograms, most significant byte first,
-// find the k-th largest key T and how many keys equal to T to take; then every key > T is
-// selected plus the lowest-index keys == T, and the indices are written in ascending order by a
-// block-wide prefix scan over index order. The result is exactly the reference's (larger score
-// first, ties to the lower index, NaN last, indices ascending).
+// Top-k selection by radix select, one block per score range (a batch of ranges is one launch).
+// Each score maps to an order-preserving u32 key (larger score → larger key; NaN → 0, below −∞,
+// so NaN ranks last; −0.0 and +0.0 share a key, as they compare equal). Four passes of 8-bit
+// histograms, most significant byte first, find the k-th largest key T and how many keys equal
+// to T to take; then every key > T is selected plus the lowest-index keys == T, and the indices
+// are written in ascending order by a block-wide prefix scan over index order. The result is
+// exactly the reference's (larger score first, ties to the lower index, NaN last, indices
+// ascending).
 #include "common.cuh"
 
-// Threads of the one block (a multiple of 32, at least 256).
+// Threads of each block (a multiple of 32, at least 256).
 #define TOPK_THREADS 512
 // Consecutive scores each thread handles per chunk of the selection pass.
 #define TOPK_ITEMS 8
@@ -29,13 +30,24 @@ __device__ __forceinline__ u32 topk_warp_scan(u32 v, u32 lane) {
     return v;
 }
 
-// topk_select: scores [n] → out [k] (indices, ascending), for 1 ≤ k ≤ n. Grid 1 × TOPK_THREADS.
-extern "C" __global__ void topk_select(const float* __restrict__ scores, u32* __restrict__ out,
-                                       u32 n, u32 k) {
+// topk_select over a batch of score ranges: range r is scores[starts[r] .. starts[r+1]] (n_r
+// scores); its min(k, n_r) indices (relative to the range, ascending) go to out[offs[r] ..]. One
+// block per range: grid rows × TOPK_THREADS.
+extern "C" __global__ void topk_select(const float* __restrict__ all_scores,
+                                       const u32* __restrict__ starts,
+                                       const u32* __restrict__ offs, u32* __restrict__ all_out,
+                                       u32 k_max) {
     __shared__ u32 hist[256];
     __shared__ u32 found[2];     // bucket, count of keys above it (radix passes)
     __shared__ u32 warp_off[32]; // per-warp exclusive offsets (selection pass)
     __shared__ u32 chunk_total[1];
+    const u32 r = blockIdx.x;
+    const float* scores = all_scores + starts[r];
+    const u32 n = starts[r + 1u] - starts[r];
+    const u32 k = min(k_max, n);
+    // The whole block leaves together (before any barrier) when the range selects nothing.
+    if (k == 0) return;
+    u32* out = all_out + offs[r];
     const u32 tid = threadIdx.x;
     const u32 lane = tid & 31u;
     const u32 warp = tid >> 5;

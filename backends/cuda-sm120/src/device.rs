@@ -3,8 +3,9 @@
 //! [`Device`]: allocate, copy, launch by kernel name with arguments in the kernel's order.
 
 use crate::CudaError;
+use dsv4_kernels::DeviceStats;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A grid or block shape (x, y, z).
 pub type Dim3 = (u32, u32, u32);
@@ -148,12 +149,47 @@ pub enum KArg<'a> {
 #[derive(Clone)]
 pub struct Device {
     raw: Arc<dyn RawDevice>,
+    /// Where this handle counts its traffic, if it does (see [`Device::counted`]).
+    traffic: Option<Arc<Mutex<DeviceStats>>>,
 }
 
 impl Device {
     /// Wrap a raw device.
     pub fn new(raw: Arc<dyn RawDevice>) -> Self {
-        Self { raw }
+        Self { raw, traffic: None }
+    }
+
+    /// The same device, through a handle that counts its traffic into `stats`: an allocation,
+    /// a host-to-device copy, a launch, and a read-back or synchronisation (one submission:
+    /// a device-to-host copy waits for everything before it).
+    pub(crate) fn counted(&self, stats: Arc<Mutex<DeviceStats>>) -> Self {
+        Self {
+            raw: self.raw.clone(),
+            traffic: Some(stats),
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut DeviceStats)) {
+        if let Some(t) = &self.traffic {
+            f(&mut t.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    fn raw_upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
+        self.count(|s| {
+            s.writes += 1;
+            s.write_bytes += data.len() as u64;
+        });
+        self.raw.upload(ptr, data)
+    }
+
+    fn raw_download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        self.count(|s| {
+            s.submissions += 1;
+            s.reads += 1;
+            s.read_bytes += out.len() as u64;
+        });
+        self.raw.download(ptr, out)
     }
 
     /// What the device is.
@@ -165,6 +201,7 @@ impl Device {
     /// still have an address).
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
         let ptr = self.raw.alloc(bytes.max(16))?;
+        self.count(|s| s.allocs += 1);
         Ok(DevBuf {
             ptr,
             bytes,
@@ -176,7 +213,7 @@ impl Device {
     pub fn upload(&self, data: &[u8]) -> Result<DevBuf, CudaError> {
         let b = self.alloc(data.len())?;
         if !data.is_empty() {
-            self.raw.upload(b.ptr, data)?;
+            self.raw_upload(b.ptr, data)?;
         }
         Ok(b)
     }
@@ -192,7 +229,7 @@ impl Device {
         if data.is_empty() {
             return Ok(());
         }
-        self.raw.upload(buf.ptr, data)
+        self.raw_upload(buf.ptr, data)
     }
 
     /// Copy the first `out.len()` bytes of `buf` into `out`.
@@ -201,7 +238,7 @@ impl Device {
         if out.is_empty() {
             return Ok(());
         }
-        self.raw.download(buf.ptr, out)
+        self.raw_download(buf.ptr, out)
     }
 
     /// Copy the first `out.len()` f32 of `buf` into `out`.
@@ -248,6 +285,7 @@ impl Device {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
+        self.count(|s| s.dispatches += 1);
         // SAFETY: the caller guarantees the parameter list; `store` outlives the call.
         unsafe { self.raw.launch_raw(kernel, grid, block, &mut params) }
     }
@@ -256,6 +294,7 @@ impl Device {
 impl Device {
     /// Wait for everything issued so far (see [`RawDevice::synchronize`]).
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.count(|s| s.submissions += 1);
         self.raw.synchronize()
     }
 
@@ -271,7 +310,7 @@ impl Device {
         if data.is_empty() {
             return Ok(());
         }
-        self.raw.upload(dst.ptr, data)
+        self.raw_upload(dst.ptr, data)
     }
 
     /// Copy the first `out.len()` f32 of `src` (which the caller keeps alive) into `out`.
@@ -287,7 +326,7 @@ impl Device {
             return Ok(());
         }
         let mut bytes = vec![0u8; out.len() * 4];
-        self.raw.download(src.ptr, &mut bytes)?;
+        self.raw_download(src.ptr, &mut bytes)?;
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }

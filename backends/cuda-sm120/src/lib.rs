@@ -7,8 +7,10 @@
 //!
 //! The host ops (the `Backend` trait) take host slices: linear weights are uploaded once and stay
 //! resident in their stored format; each op uploads its inputs, launches its kernels and reads its
-//! output back. The device-resident op set ([`DeviceOps`], `Backend::device`) runs the same
-//! kernels on activations kept in device buffers for a whole step (`resident/`).
+//! output back, one synchronisation each (the batched `cache_load_rows`,
+//! `indexer_scores_rows`, `topk_rows` and `sparse_attention_rows` do a whole batch in one). The device-resident op set ([`DeviceOps`], `Backend::device`) runs the
+//! same kernels on activations kept in device buffers for a whole step (`resident/`); its
+//! `stats` include the host ops' traffic.
 
 pub mod bench;
 #[cfg(feature = "cuda")]
@@ -64,13 +66,20 @@ impl std::fmt::Debug for CudaBackend {
 impl CudaBackend {
     /// A backend named `name` ([`NAME`] or [`EMU_NAME`]) over `dev`.
     pub fn new(name: &'static str, dev: Device) -> Self {
-        let core = Core {
-            dev,
+        // The host ops count their traffic through their own handle of the device; the
+        // resident ops count theirs themselves, and `stats` reports both.
+        let host_traffic = std::sync::Arc::default();
+        let resident = Core {
+            dev: dev.clone(),
             weights: Default::default(),
+        };
+        let core = Core {
+            dev: dev.counted(std::sync::Arc::clone(&host_traffic)),
+            weights: resident.weights.clone(),
         };
         Self {
             name,
-            resident: resident::Resident::new(core.clone()),
+            resident: resident::Resident::new(resident, host_traffic),
             core,
         }
     }
@@ -162,6 +171,24 @@ impl Backend for CudaBackend {
         ops::attention::topk(&self.core, scores, k).unwrap_or_else(|e| fail(self.name, e))
     }
 
+    fn indexer_scores_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        out: &mut [f32],
+    ) {
+        ops::attention::indexer_scores_rows(&self.core, q, w, dim, keys, key_starts, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+        ops::attention::topk_rows(&self.core, scores, starts, k)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
     fn sparse_attention(
         &self,
         q: &[f32],
@@ -173,6 +200,22 @@ impl Backend for CudaBackend {
     ) {
         ops::attention::sparse_attention(&self.core, q, dim, keys, sink, scale, out)
             .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn sparse_attention_rows(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        ops::attention::sparse_attention_rows(
+            &self.core, q, dim, keys, key_starts, sink, scale, out,
+        )
+        .unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
@@ -203,6 +246,17 @@ impl Backend for CudaBackend {
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
         ops::cache::cache_load(&self.core, fmt, page, slot, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn cache_load_rows(
+        &self,
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops::cache::cache_load_rows(&self.core, fmt, pages, rows, out)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 

@@ -1,6 +1,7 @@
 //! Attention-side ops (`kernels/attention.cu`, `kernels/topk.cu`): compressor softmax pooling,
-//! indexer scores, top-k by radix select in one block, and sparse attention with a sink as three
-//! launches (logits, per-head max and weights, weighted sum with its denominator).
+//! indexer scores, top-k by radix select in one block per score range, and sparse attention with
+//! a sink as three launches (logits, per-head max and weights, weighted sum with its
+//! denominator); each for one query (range) or a batch of them, each over its own keys.
 
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
@@ -12,11 +13,11 @@ const THREADS: u32 = 256;
 const KEY_THREADS: u32 = 128;
 /// Heads one thread of `attn_logits` handles (`ATTN_HT` in attention.cu).
 const HEADS_PER_THREAD: usize = 8;
-/// Threads of the one `topk_select` block (`TOPK_THREADS` in topk.cu).
+/// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
 const TOPK_THREADS: u32 = 512;
 /// Most scores `topk_select` takes (its u32 index arithmetic stays below 2^32).
 const MAX_TOPK: usize = 1 << 31;
-/// Largest grid y dimension (heads of sparse attention).
+/// Largest grid y and z dimension (heads and queries of sparse attention and the indexer).
 const MAX_GRID_Y: usize = 65_535;
 
 /// Compressor pooling: out[c] = Σ_r softmax_r(z[·, c])·a[r, c]; a, z are [rows, width].
@@ -68,55 +69,193 @@ pub fn indexer_scores(
     let heads = w.len();
     need("indexer queries", q.len(), heads * dim)?;
     need("indexer output", out.len(), n)?;
+    score(
+        c,
+        &q[..heads * dim],
+        w,
+        dim,
+        &keys[..n * dim],
+        &[0, n],
+        &mut out[..n],
+    )
+}
+
+/// Several queries at once, query r (`q[r·heads·dim ..]`, weights `w[r·heads ..]`, heads =
+/// `w.len()` / queries) over key rows `key_starts[r] .. key_starts[r+1]` of `keys` [n, dim],
+/// into the same range of `out`: row for row [`indexer_scores`], in one upload of each operand,
+/// one launch and one read-back. Operands the row-by-row definition would slice out of range
+/// (decreasing `key_starts`, a start past `keys` or `out`, a short `q`) are `BadOperands`.
+pub fn indexer_scores_rows(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let rows = key_starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Ok(());
+    }
+    let heads = w.len() / rows;
+    let (first, last) = ranges("indexer_scores_rows", key_starts)?;
+    need("indexer_scores_rows output", out.len(), last)?;
+    if dim > 0 {
+        let end = last.checked_mul(dim).ok_or_else(|| {
+            CudaError::BadOperands(format!("indexer_scores_rows: key {last} × dim {dim}"))
+        })?;
+        need("indexer_scores_rows keys", keys.len(), end)?;
+    }
+    let hd = heads * dim;
+    need("indexer_scores_rows queries", q.len(), rows * hd)?;
+    // A row of no keys (or of zero-width keys, which the per-row op skips) writes nothing.
+    if dim == 0 || first == last {
+        return Ok(());
+    }
+    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    score(
+        c,
+        &q[..rows * hd],
+        &w[..rows * heads],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
+        &mut out[first..last],
+    )
+}
+
+/// Check that `starts` (two entries at least) never decreases; its first and last entries.
+fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
+    if let Some(w) = starts.windows(2).find(|w| w[0] > w[1]) {
+        return Err(CudaError::BadOperands(format!(
+            "{what}: starts decrease ({} then {})",
+            w[0], w[1]
+        )));
+    }
+    Ok((starts[0], starts[starts.len() - 1]))
+}
+
+/// The indexer launch over `starts.len() − 1` queries (q [rows, heads, dim], w [rows, heads]),
+/// query r over key rows `starts[r] .. starts[r+1]` of `keys` (starts from 0, nondecreasing, the
+/// last = keys.len() / dim = out.len() > 0), then one read-back; dim > 0.
+fn score(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let heads = w.len() / rows;
+    let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let starts32 = u32_words("keys", starts)?;
+    let dim32 = u32_arg("dim", dim)?;
+    let h32 = u32_arg("heads", heads)?;
     let dev = &c.dev;
-    let qb = dev.upload_f32(&q[..heads * dim])?;
+    let qb = dev.upload_f32(q)?;
     let wb = dev.upload_f32(w)?;
-    let kb = dev.upload_f32(&keys[..n * dim])?;
+    let kb = dev.upload_f32(keys)?;
+    let stb = dev.upload(&starts32)?;
     let ob = dev.alloc(n * 4)?;
-    let args = [
-        KArg::Buf(&qb),
-        KArg::Buf(&wb),
-        KArg::Buf(&kb),
-        KArg::Buf(&ob),
-        KArg::U32(u32_arg("keys", n)?),
-        KArg::U32(u32_arg("dim", dim)?),
-        KArg::U32(u32_arg("heads", heads)?),
-    ];
-    let grid = (blocks_for(n, KEY_THREADS as usize), 1, 1);
-    // SAFETY: q holds heads·dim floats, w heads, keys n·dim, out n.
-    unsafe { dev.launch("attn_indexer_scores", grid, (KEY_THREADS, 1, 1), &args)? };
+    for row0 in (0..rows).step_by(MAX_GRID_Y) {
+        let nr = (rows - row0).min(MAX_GRID_Y) as u32;
+        let args = [
+            KArg::Buf(&qb),
+            KArg::Buf(&wb),
+            KArg::Buf(&kb),
+            KArg::Buf(&stb),
+            KArg::Buf(&ob),
+            KArg::U32(dim32),
+            KArg::U32(h32),
+            KArg::U32(row0 as u32),
+        ];
+        let grid = (blocks_for(max_n, KEY_THREADS as usize), nr, 1);
+        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n·dim, starts rows + 1
+        // nondecreasing u32 ending at n, out n; the launch covers queries row0 .. row0 + nr.
+        unsafe { dev.launch("attn_indexer_scores", grid, (KEY_THREADS, 1, 1), &args)? };
+    }
     dev.download_f32(&ob, &mut out[..n])
+}
+
+/// `v` as little-endian u32 words (a kernel's index array), or `Err(BadOperands)` naming `what`.
+fn u32_words(what: &str, v: &[usize]) -> Result<Vec<u8>, CudaError> {
+    let mut bytes = Vec::with_capacity(v.len() * 4);
+    for &x in v {
+        bytes.extend(u32_arg(what, x)?.to_le_bytes());
+    }
+    Ok(bytes)
 }
 
 /// Indices of the `k` largest scores (ties to the lower index, NaN last), ascending.
 pub fn topk(c: &Core, s: &[f32], k: usize) -> Result<Vec<usize>, CudaError> {
-    let n = s.len();
-    let k = k.min(n);
-    if k == 0 {
+    let mut all = topk_rows(c, s, &[0, s.len()], k)?;
+    Ok(all.pop().unwrap_or_default())
+}
+
+/// [`topk`] of each range `scores[starts[r] .. starts[r+1]]`, all in one upload, one launch (a
+/// block per range) and one read-back. Ranges the per-range definition would slice out of range
+/// (decreasing `starts`, past `scores`) are `BadOperands`.
+pub fn topk_rows(
+    c: &Core,
+    scores: &[f32],
+    starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let rows = starts.len().saturating_sub(1);
+    if rows == 0 {
         return Ok(Vec::new());
     }
-    if n > MAX_TOPK {
+    let (first, last) = ranges("topk_rows", starts)?;
+    need("topk_rows scores", scores.len(), last)?;
+    let counts: Vec<usize> = starts.windows(2).map(|w| (w[1] - w[0]).min(k)).collect();
+    if let Some(n) = starts
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .find(|&n| n > MAX_TOPK && k > 0)
+    {
         return Err(CudaError::BadOperands(format!(
             "topk over {n} scores; the kernel takes up to {MAX_TOPK}"
         )));
     }
+    let total: usize = counts.iter().sum();
+    if total == 0 {
+        return Ok(vec![Vec::new(); rows]);
+    }
+    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
+    let mut offs = Vec::with_capacity(rows + 1);
+    offs.push(0);
+    for n in &counts {
+        offs.push(offs[offs.len() - 1] + n);
+    }
+    let k32 = u32::try_from(k).unwrap_or(u32::MAX);
     let dev = &c.dev;
-    let sb = dev.upload_f32(s)?;
-    let ob = dev.alloc(k * 4)?;
+    let sb = dev.upload_f32(&scores[first..last])?;
+    let stb = dev.upload(&u32_words("scores", &rel)?)?;
+    let offb = dev.upload(&u32_words("selected", &offs)?)?;
+    let ob = dev.alloc(total * 4)?;
     let args = [
         KArg::Buf(&sb),
+        KArg::Buf(&stb),
+        KArg::Buf(&offb),
         KArg::Buf(&ob),
-        KArg::U32(n as u32),
-        KArg::U32(k as u32),
+        KArg::U32(k32),
     ];
-    // SAFETY: scores holds n floats, out k u32 (1 ≤ k ≤ n).
-    unsafe { dev.launch("topk_select", (1, 1, 1), (TOPK_THREADS, 1, 1), &args)? };
-    let mut bytes = vec![0u8; k * 4];
+    let grid = (u32_arg("topk ranges", rows)?, 1, 1);
+    // SAFETY: scores holds the last start's count of floats, starts and offs rows + 1
+    // nondecreasing u32 (offs[r+1] − offs[r] = min(k, n_r) ≤ n_r ≤ 2^31), out offs[rows] u32;
+    // one block per range.
+    unsafe { dev.launch("topk_select", grid, (TOPK_THREADS, 1, 1), &args)? };
+    let mut bytes = vec![0u8; total * 4];
     dev.download(&ob, &mut bytes)?;
-    Ok(bytes
+    let idx: Vec<usize> = bytes
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .collect())
+        .collect();
+    Ok(offs.windows(2).map(|o| idx[o[0]..o[1]].to_vec()).collect())
 }
 
 /// Attention of one query over `keys` [n, dim] (K = V) with a per-head sink; q, out [heads, dim].
@@ -133,68 +272,178 @@ pub fn sparse_attention(
     if heads == 0 || dim == 0 {
         return Ok(());
     }
+    let n = keys.len() / dim;
+    need("attention queries", q.len(), heads * dim)?;
+    need("attention output", out.len(), heads * dim)?;
+    let hd = heads * dim;
+    attend(
+        c,
+        &q[..hd],
+        dim,
+        &keys[..n * dim],
+        &[0, n],
+        sink,
+        scale,
+        &mut out[..hd],
+    )
+}
+
+/// Several queries at once, query r (`q[r·heads·dim ..]`) over key rows `key_starts[r] ..
+/// key_starts[r+1]` of `keys` [n, dim], into `out[r·heads·dim ..]`: row for row
+/// [`sparse_attention`], in one upload of each operand, three launches and one read-back.
+/// Operands the row-by-row definition would slice out of range (decreasing `key_starts`, a
+/// start past `keys`, a short `q` or `out`) are `BadOperands`.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_attention_rows(
+    c: &Core,
+    q: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let rows = key_starts.len().saturating_sub(1);
+    let hd = sink.len() * dim;
+    need("attention queries", q.len(), rows * hd)?;
+    need("attention output", out.len(), rows * hd)?;
+    if rows == 0 || hd == 0 {
+        if let Some(n) = keys.len().checked_div(dim) {
+            key_range(n, key_starts)?;
+        }
+        return Ok(());
+    }
+    let first = key_range(keys.len() / dim, key_starts)?;
+    let last = key_starts[rows];
+    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    attend(
+        c,
+        &q[..rows * hd],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
+        sink,
+        scale,
+        &mut out[..rows * hd],
+    )
+}
+
+/// Check that `starts` never decreases and ends within `n` keys; the first start.
+fn key_range(n: usize, starts: &[usize]) -> Result<usize, CudaError> {
+    if let Some(w) = starts.windows(2).find(|w| w[0] > w[1]) {
+        return Err(CudaError::BadOperands(format!(
+            "sparse_attention_rows: key starts decrease ({} then {})",
+            w[0], w[1]
+        )));
+    }
+    match (starts.first(), starts.last()) {
+        (Some(&f), Some(&l)) if starts.len() > 1 => {
+            need("sparse_attention_rows keys", n, l)?;
+            Ok(f)
+        }
+        _ => Ok(0),
+    }
+}
+
+/// The three launches of sparse attention over `starts.len() − 1` queries (q, out [rows,
+/// heads, dim]), query r over key rows `starts[r] .. starts[r+1]` of `keys` (starts from 0,
+/// nondecreasing, the last = keys.len() / dim), then one read-back; heads, dim > 0.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    c: &Core,
+    q: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let heads = sink.len();
     if heads > MAX_GRID_Y {
         return Err(CudaError::BadOperands(format!(
             "sparse_attention with {heads} heads; the kernels take up to {MAX_GRID_Y}"
         )));
     }
-    let n = keys.len() / dim;
-    need("attention queries", q.len(), heads * dim)?;
-    need("attention output", out.len(), heads * dim)?;
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let starts32 = starts
+        .iter()
+        .map(|&s| u32_arg("keys", s))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let dim32 = u32_arg("dim", dim)?;
+    let h32 = heads as u32;
     let dev = &c.dev;
-    let qb = dev.upload_f32(&q[..heads * dim])?;
-    let kb = dev.upload_f32(&keys[..n * dim])?;
+    let qb = dev.upload_f32(q)?;
+    let kb = dev.upload_f32(keys)?;
+    let stb = dev.upload(
+        &starts32
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )?;
     let sb = dev.upload_f32(sink)?;
     let lb = dev.alloc(heads * n * 8)?;
-    let swb = dev.alloc(heads * 8)?;
-    let ob = dev.alloc(heads * dim * 4)?;
-    let (n32, dim32) = (u32_arg("keys", n)?, u32_arg("dim", dim)?);
-    let h32 = heads as u32;
-    // SAFETY (all three): q holds heads·dim floats, keys n·dim, sink heads; the logits/weights
-    // scratch heads·n doubles, sinkw heads doubles, out heads·dim floats.
-    unsafe {
-        dev.launch(
-            "attn_logits",
-            (
-                blocks_for(n, KEY_THREADS as usize),
-                blocks_for(heads, HEADS_PER_THREAD),
-                1,
-            ),
-            (KEY_THREADS, 1, 1),
-            &[
-                KArg::Buf(&qb),
-                KArg::Buf(&kb),
-                KArg::Buf(&lb),
-                KArg::U32(n32),
-                KArg::U32(dim32),
-                KArg::U32(h32),
-                KArg::F32(scale),
-            ],
-        )?;
-        dev.launch(
-            "attn_softmax",
-            (h32, 1, 1),
-            (THREADS, 1, 1),
-            &[
-                KArg::Buf(&lb),
-                KArg::Buf(&sb),
-                KArg::Buf(&swb),
-                KArg::U32(n32),
-            ],
-        )?;
-        dev.launch(
-            "attn_out",
-            (blocks_for(dim, THREADS as usize), h32, 1),
-            (THREADS, 1, 1),
-            &[
-                KArg::Buf(&lb),
-                KArg::Buf(&swb),
-                KArg::Buf(&kb),
-                KArg::Buf(&ob),
-                KArg::U32(n32),
-                KArg::U32(dim32),
-            ],
-        )?;
+    let swb = dev.alloc(rows * heads * 8)?;
+    let ob = dev.alloc(rows * heads * dim * 4)?;
+    for row0 in (0..rows).step_by(MAX_GRID_Y) {
+        let nr = (rows - row0).min(MAX_GRID_Y) as u32;
+        let r0 = row0 as u32;
+        // SAFETY (all three): q holds rows·heads·dim floats, keys n·dim, starts rows + 1
+        // nondecreasing u32 ending at n, sink heads; the logits/weights scratch heads·n
+        // doubles, sinkw rows·heads doubles, out rows·heads·dim floats; the launches cover
+        // queries row0 .. row0 + nr ≤ rows.
+        unsafe {
+            dev.launch(
+                "attn_logits",
+                (
+                    blocks_for(max_n, KEY_THREADS as usize),
+                    blocks_for(heads, HEADS_PER_THREAD),
+                    nr,
+                ),
+                (KEY_THREADS, 1, 1),
+                &[
+                    KArg::Buf(&qb),
+                    KArg::Buf(&kb),
+                    KArg::Buf(&stb),
+                    KArg::Buf(&lb),
+                    KArg::U32(dim32),
+                    KArg::U32(h32),
+                    KArg::F32(scale),
+                    KArg::U32(r0),
+                ],
+            )?;
+            dev.launch(
+                "attn_softmax",
+                (h32, nr, 1),
+                (THREADS, 1, 1),
+                &[
+                    KArg::Buf(&lb),
+                    KArg::Buf(&stb),
+                    KArg::Buf(&sb),
+                    KArg::Buf(&swb),
+                    KArg::U32(h32),
+                    KArg::U32(r0),
+                ],
+            )?;
+            dev.launch(
+                "attn_out",
+                (blocks_for(dim, THREADS as usize), h32, nr),
+                (THREADS, 1, 1),
+                &[
+                    KArg::Buf(&lb),
+                    KArg::Buf(&swb),
+                    KArg::Buf(&kb),
+                    KArg::Buf(&stb),
+                    KArg::Buf(&ob),
+                    KArg::U32(dim32),
+                    KArg::U32(h32),
+                    KArg::U32(r0),
+                ],
+            )?;
+        }
     }
-    dev.download_f32(&ob, &mut out[..heads * dim])
+    dev.download_f32(&ob, &mut out[..rows * heads * dim])
 }

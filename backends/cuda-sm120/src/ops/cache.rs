@@ -1,8 +1,10 @@
 //! `cache_store` / `cache_load` on the device (kernels/cache.cu). The page lives in host memory
 //! behind the trait: the host validates the access exactly as the shared codec does (same
 //! errors, same order), the device encodes the entry's data and scale bytes (or decodes them),
-//! and the host copies only that slot's bytes into (or out of) the page.
+//! and the host copies only that slot's bytes into (or out of) the page. `cache_load_rows`
+//! gathers many slots' bytes and decodes them in one launch.
 
+use super::mhc::u32_arg;
 use crate::device::{KArg, blocks_for};
 use crate::{Core, CudaError};
 use dsv4_core::cache::{CacheLayoutError, SlotBytes};
@@ -140,7 +142,70 @@ pub fn cache_load(
     };
     let mut entry = page[at.data].to_vec();
     entry.extend_from_slice(&page[at.scale]);
-    let eb = c.dev.upload(&entry)?;
+    decode(c, fmt, &entry, 1, out)?;
+    Ok(Ok(()))
+}
+
+/// Dequantize many rows in one upload, one launch and one read-back: row r is slot
+/// `rows[r].1` of `pages[rows[r].0]`, into `out[r·width ..]`. Every row is checked first, in
+/// the order `Backend::cache_load_rows`'s row-by-row definition checks them (the output
+/// length, then per row the page index and `cache_load`'s checks), so a bad row returns that
+/// definition's error and nothing is written. The host gathers just the rows' entry bytes
+/// (data then scale row, as `cache_load` uploads one), so no more than the distinct pages'
+/// bytes cross to the device.
+pub fn cache_load_rows(
+    c: &Core,
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    out: &mut [f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let width = fmt.width();
+    if out.len() != rows.len() * width {
+        return Ok(Err(CacheLayoutError::WrongValueCount {
+            expected: rows.len() * width,
+            got: out.len(),
+        }));
+    }
+    if width == 0 {
+        // The row-by-row definition pairs rows with width-sized chunks of an empty output:
+        // it visits (and checks) none.
+        return Ok(Ok(()));
+    }
+    let mut entries = Vec::new();
+    for (r, &(page, slot)) in rows.iter().enumerate() {
+        let Some(bytes) = pages.get(page) else {
+            return Ok(Err(CacheLayoutError::PageOutOfRange {
+                row: r,
+                page,
+                pages: pages.len(),
+            }));
+        };
+        let at = match access(fmt, bytes.len(), width, slot) {
+            Ok(at) => at,
+            Err(e) => return Ok(Err(e)),
+        };
+        entries.extend_from_slice(&bytes[at.data]);
+        entries.extend_from_slice(&bytes[at.scale]);
+    }
+    decode(c, fmt, &entries, rows.len(), out)?;
+    Ok(Ok(()))
+}
+
+/// Decode `rows` entries laid end to end in `entries` (equal sizes) into `out` (rows × the
+/// format's width): one upload, one launch of the format's decoder, one read-back.
+fn decode(
+    c: &Core,
+    fmt: &RowFormat,
+    entries: &[u8],
+    rows: usize,
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    if rows == 0 || out.is_empty() {
+        return Ok(());
+    }
+    let stride = u32_arg("cache entry bytes", entries.len() / rows)?;
+    let eb = c.dev.upload(entries)?;
     let ob = c.dev.alloc(out.len() * 4)?;
     let (kernel, scalars) = match kind(fmt)? {
         Kind::Bf16 { n } => ("cache_decode_bf16", vec![KArg::U32(n)]),
@@ -150,10 +215,10 @@ pub fn cache_load(
     };
     let mut args = vec![KArg::Buf(&eb), KArg::Buf(&ob)];
     args.extend(scalars);
+    args.extend([KArg::U32(u32_arg("cache rows", rows)?), KArg::U32(stride)]);
     let grid = blocks_for(out.len(), THREADS as usize);
-    // SAFETY: parameter order of the decoder; `eb` holds the entry's data and scale bytes and
-    // `ob` the row's width in f32, one value per thread.
+    // SAFETY: parameter order of the decoder; `eb` holds `rows` entries of `stride` bytes
+    // (data and scale bytes each) and `ob` rows × width f32, one value per thread.
     unsafe { c.dev.launch(kernel, (grid, 1, 1), (THREADS, 1, 1), &args)? };
-    c.dev.download_f32(&ob, out)?;
-    Ok(Ok(()))
+    c.dev.download_f32(&ob, out)
 }

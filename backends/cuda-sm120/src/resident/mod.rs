@@ -12,13 +12,16 @@
 //! uploaded once and cached by address, length and content hash, like linear weights.
 //! Buffers freed while work may still use them wait in a pending list until the next
 //! synchronisation (a CUDA free would otherwise synchronise the device each time).
+//!
+//! `stats` counts the resident ops' traffic and adds the host ops' (counted by the host ops'
+//! handle of the device: each host op's read-back is one submission).
 
 mod ops;
 
 use crate::{Core, CudaError, DevBuf, DevPtr};
 use dsv4_kernels::{DevBufId, DevSlice, DeviceStats, KernelError};
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Byte alignment of slice offsets: linear's kernels load inputs as 16-byte vectors.
 pub(crate) const ALIGN: usize = 16;
@@ -88,15 +91,34 @@ struct State {
 pub(crate) struct Resident {
     core: Core,
     state: Mutex<State>,
+    /// The host ops' traffic (counted by their device handle), included in `stats`.
+    host_traffic: Arc<Mutex<DeviceStats>>,
 }
 
 impl Resident {
-    /// The op set over `core` (the backend's device and weight cache).
-    pub(crate) fn new(core: Core) -> Self {
+    /// The op set over `core` (the backend's device and weight cache); `stats` adds
+    /// `host_traffic`, what the backend's host ops count.
+    pub(crate) fn new(core: Core, host_traffic: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             core,
             state: Mutex::default(),
+            host_traffic,
         }
+    }
+}
+
+/// The sum of two sets of counters.
+fn sum(a: DeviceStats, b: DeviceStats) -> DeviceStats {
+    DeviceStats {
+        submissions: a.submissions + b.submissions,
+        dispatches: a.dispatches + b.dispatches,
+        reads: a.reads + b.reads,
+        read_bytes: a.read_bytes + b.read_bytes,
+        writes: a.writes + b.writes,
+        write_bytes: a.write_bytes + b.write_bytes,
+        allocs: a.allocs + b.allocs,
+        setups_reused: a.setups_reused + b.setups_reused,
+        setups_created: a.setups_created + b.setups_created,
     }
 }
 
@@ -336,7 +358,11 @@ impl dsv4_kernels::DeviceOps for Resident {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).stats
+        let own = self.state.lock().unwrap_or_else(|e| e.into_inner()).stats;
+        sum(
+            own,
+            *self.host_traffic.lock().unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     fn copy2d(
