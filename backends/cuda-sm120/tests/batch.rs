@@ -14,92 +14,11 @@ use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
-use dsv4_kernels::{Backend, DeviceStats, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{Backend, DeviceStats, PerRow, RowFormat};
 
 fn backend(acc_f64: bool) -> CudaBackend {
     let dev = emu::open(acc_f64).expect("open the emulator");
     CudaBackend::new(EMU_NAME, dev)
-}
-
-/// The backend's op set with the trait's default `cache_load_rows`, `indexer_scores_rows`,
-/// `topk_rows` and `sparse_attention_rows`: the row-by-row definitions the overrides must equal.
-struct Looped<'a>(&'a CudaBackend);
-
-impl Backend for Looped<'_> {
-    fn name(&self) -> &'static str {
-        "looped"
-    }
-    fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.0.linear(w, x, rows, out)
-    }
-    fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
-        self.0.act_quant_fp8(x, dim)
-    }
-    fn rms_norm(&self, x: &[f32], weight: Option<&[f32]>, dim: usize, eps: f32, out: &mut [f32]) {
-        self.0.rms_norm(x, weight, dim, eps, out)
-    }
-    fn rope(&self, x: &mut [f32], dim: usize, pos: &[usize], t: &RopeTable, inverse: bool) {
-        self.0.rope(x, dim, pos, t, inverse)
-    }
-    fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre {
-        self.0.mhc_pre(p, x, t)
-    }
-    fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]) {
-        self.0.mhc_post(x, y, pre, m, d, out)
-    }
-    fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]) {
-        self.0.hc_head(p, x, t, out)
-    }
-    fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]) {
-        self.0.softmax_pool(a, z, rows, width, out)
-    }
-    fn hadamard(&self, x: &mut [f32], dim: usize) {
-        self.0.hadamard(x, dim)
-    }
-    fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
-        self.0.indexer_scores(q, w, dim, keys, out)
-    }
-    fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
-        self.0.topk(scores, k)
-    }
-    fn sparse_attention(
-        &self,
-        q: &[f32],
-        dim: usize,
-        keys: &[f32],
-        sink: &[f32],
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        self.0.sparse_attention(q, dim, keys, sink, scale, out)
-    }
-    fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
-        self.0.router_scores(logits, out)
-    }
-    fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
-        self.0.swiglu(g, u, limit, weight, out)
-    }
-    fn cache_store(
-        &self,
-        fmt: &RowFormat,
-        page: &mut [u8],
-        slot: usize,
-        values: &[f32],
-    ) -> Result<(), CacheLayoutError> {
-        self.0.cache_store(fmt, page, slot, values)
-    }
-    fn cache_load(
-        &self,
-        fmt: &RowFormat,
-        page: &[u8],
-        slot: usize,
-        out: &mut [f32],
-    ) -> Result<(), CacheLayoutError> {
-        self.0.cache_load(fmt, page, slot, out)
-    }
-    fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {
-        self.0.round_index_rows(dtype, x, dim)
-    }
 }
 
 /// The backend's traffic counters (host ops included).
@@ -154,7 +73,7 @@ fn cache_load_rows_equals_the_row_loop_in_one_submission() {
         return;
     }
     let be = backend(true);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let mut rng = SplitMix64::new(11);
     for fmt in formats() {
         let owned = pages(&fmt, 4, &mut rng);
@@ -214,7 +133,7 @@ fn cache_load_rows_errors_are_the_row_loops() {
         return;
     }
     let be = backend(false);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let mut rng = SplitMix64::new(5);
     for fmt in formats() {
         let mut owned = pages(&fmt, 3, &mut rng);
@@ -297,7 +216,7 @@ fn sparse_attention_rows_equals_the_row_loop_in_one_submission() {
     }
     for acc_f64 in [true, false] {
         let be = backend(acc_f64);
-        let looped = Looped(&be);
+        let looped = PerRow(&be);
         let mut rng = SplitMix64::new(u64::from(acc_f64) + 3);
         // Unequal key counts, one query with none, one past a 128-key block; heads above and
         // below a head group of 8; keys before the first start and after the last unused.
@@ -371,7 +290,7 @@ fn sparse_attention_rows_panics_where_the_row_loop_does() {
         return;
     }
     let be = backend(true);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let (heads, dim) = (2usize, 4usize);
     let sink = [0.0f32; 2];
     let q = vec![0.25f32; 2 * heads * dim];
@@ -408,7 +327,7 @@ fn indexer_scores_rows_equals_the_row_loop_in_one_submission() {
     }
     for acc_f64 in [true, false] {
         let be = backend(acc_f64);
-        let looped = Looped(&be);
+        let looped = PerRow(&be);
         let mut rng = SplitMix64::new(u64::from(acc_f64) + 21);
         // Unequal key counts, queries with none or one, one past a 128-key block; heads above
         // and below a head group of 8; queries too large for shared memory (heads·dim > 8192);
@@ -480,7 +399,7 @@ fn indexer_scores_rows_panics_where_the_row_loop_does() {
         return;
     }
     let be = backend(true);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let (heads, dim) = (2usize, 4usize);
     let q = vec![0.25f32; 2 * heads * dim];
     let w = vec![0.5f32; 2 * heads];
@@ -551,7 +470,7 @@ fn topk_rows_equals_the_row_loop_in_one_submission() {
         return;
     }
     let be = backend(true);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let mut rng = SplitMix64::new(17);
     // Ranges of 0 and 1 scores, unequal lengths, one past a selection chunk (4096); k = 0,
     // k > every range, k between.
@@ -610,7 +529,7 @@ fn topk_rows_panics_where_the_row_loop_does() {
         return;
     }
     let be = backend(true);
-    let looped = Looped(&be);
+    let looped = PerRow(&be);
     let scores = vec![0.5f32; 6];
     // Decreasing starts, a start past the scores; with k = 0 too.
     for starts in [&[0usize, 4, 2][..], &[0, 3, 7], &[7, 7], &[3, 2, 2]] {
