@@ -14,6 +14,8 @@
 #                  side streams, canary on every pool, abort on a finding)
 #   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise)
 #   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
+#   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
+#                  (device-resident activations against host slices, bitwise)
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds.
 #
@@ -100,6 +102,7 @@ if [ -f "$out/canary-out.jsonl" ] && grep -q '"finish_reason":"error"' "$out/can
 fi
 run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend "$backend" --tokens 64 --decode 8
 run_step overlap "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode overlap-vs-serial --backend "$backend" --tokens 64 --decode 8
+run_step resident "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode resident-vs-host --backend "$backend" --tokens 64 --decode 8
 if [ "$backend" = cuda-emu ]; then
     bench_scope=(--no-machine --no-ops --no-e2e) # only the device section's path on the emulator
 else
