@@ -2,41 +2,14 @@
 //! runs alone or in a batch, and (where the adapter has SHADER_F64) the same bits as the
 //! reference backend. Skips with the reason when no adapter exists, except under CI=true.
 
+mod common;
+
+use common::{backend, values};
+
 use dsv4_backend_reference::ReferenceBackend;
-use dsv4_backend_wgpu::WgpuBackend;
 use dsv4_core::IndexKDtype;
 use dsv4_core::codec::{f32_to_bf16, f32_to_e4m3, pack_e2m1};
 use dsv4_kernels::{Backend, HcParams, Linear, RopeTable, WeightFormat};
-
-fn backend() -> Option<WgpuBackend> {
-    match WgpuBackend::new(None, true) {
-        Ok(b) => {
-            eprintln!("wgpu adapter: {}", b.adapter());
-            Some(b)
-        }
-        Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the wgpu backend cannot run: {e}");
-            }
-            eprintln!("SKIP: the wgpu backend cannot run here: {e}");
-            None
-        }
-    }
-}
-
-/// Deterministic values in about [-2, 2] with varied magnitudes.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            (u - 0.5) * 4.0 * if s & 0x100 != 0 { 0.01 } else { 1.0 }
-        })
-        .collect()
-}
 
 fn weights(out: usize, inp: usize) -> Vec<Linear> {
     let w = values(out * inp, 7);
@@ -103,7 +76,7 @@ fn same_bits(name: &str, a: &[f32], b: &[f32]) {
 
 #[test]
 fn row_ops_are_batch_invariant_and_match_the_reference() {
-    let Some(gpu) = backend() else { return };
+    let Some(gpu) = backend(true) else { return };
     let exact = gpu.adapter().f64_accumulation;
     let reference = ReferenceBackend;
     let (rows, inp, out) = (7, 256, 160);
@@ -166,7 +139,7 @@ fn row_ops_are_batch_invariant_and_match_the_reference() {
 
 #[test]
 fn mhc_is_batch_invariant() {
-    let Some(gpu) = backend() else { return };
+    let Some(gpu) = backend(true) else { return };
     let (m, d) = (4, 64);
     let fn_w = values((2 + m) * m * m * d, 11);
     let base = values((2 + m) * m, 12);
@@ -196,8 +169,10 @@ fn mhc_is_batch_invariant() {
 
 #[test]
 fn weights_above_the_binding_limit_are_split_and_give_the_same_bits() {
-    let Some(whole) = backend() else { return };
-    let Some(mut split) = backend() else { return };
+    let Some(whole) = backend(true) else { return };
+    let Some(mut split) = backend(true) else {
+        return;
+    };
     // 300 × 256 weights: fp8 chunks of 128 rows (the scale-block granularity), others by row.
     split.cap_binding_bytes(128 * 256);
     let (rows, inp, out) = (3, 256, 300);

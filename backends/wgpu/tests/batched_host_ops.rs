@@ -4,42 +4,16 @@
 //! do), and run in one submission per call (none when there is nothing to compute). Skips with
 //! the reason when no adapter exists, except under CI=true.
 
+mod common;
+
+use common::{backend, values};
+
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_backend_wgpu::WgpuBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype};
 use dsv4_kernels::{Backend, DeviceStats, PerRow, RowFormat};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-
-fn backend(allow_f64: bool) -> Option<WgpuBackend> {
-    match WgpuBackend::new(None, allow_f64) {
-        Ok(b) => {
-            eprintln!("wgpu adapter: {}", b.adapter());
-            Some(b)
-        }
-        Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true and the wgpu backend cannot run: {e}");
-            }
-            eprintln!("SKIP: the wgpu backend cannot run here: {e}");
-            None
-        }
-    }
-}
-
-/// Deterministic values in about [-2, 2] with varied magnitudes.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            (u - 0.5) * 4.0 * if s & 0x100 != 0 { 0.01 } else { 1.0 }
-        })
-        .collect()
-}
 
 /// Deterministic bytes (cache pages with slots never written hold garbage).
 fn garbage(n: usize, seed: u64) -> Vec<u8> {
