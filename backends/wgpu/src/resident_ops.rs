@@ -16,33 +16,12 @@ use crate::ops_attn::{
 };
 use crate::resident::{Held, dev_err};
 use dsv4_core::IndexKDtype;
-use dsv4_kernels::device::check_len;
+use dsv4_kernels::device::{check_len, check_rope, ensure, rows_of};
 use dsv4_kernels::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, HcParams, KernelError, Linear, RopeTable,
 };
 
 type R<T> = Result<T, KernelError>;
-
-/// Rows of `dim` words in `s` (dim > 0 and a whole number of rows).
-fn rows_of(op: &str, what: &str, s: DevSlice, dim: usize) -> R<usize> {
-    if dim > 0 && s.len.is_multiple_of(dim) {
-        Ok(s.len / dim)
-    } else {
-        Err(dev_err(format!(
-            "{op}: {what} has {} words, not rows of {dim}",
-            s.len
-        )))
-    }
-}
-
-/// `Err` with `msg` unless `ok`.
-fn ensure(ok: bool, op: &str, msg: impl FnOnce() -> String) -> R<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(dev_err(format!("{op}: {}", msg())))
-    }
-}
 
 /// The HcParams table sizes an mHC op needs.
 fn check_hc(op: &str, p: &HcParams<'_>, n_out: usize, n_scale: usize) -> R<()> {
@@ -358,15 +337,7 @@ impl DeviceOps for WgpuBackend {
         table: &RopeTable,
         inverse: bool,
     ) -> R<()> {
-        let rows = rows_of("rope", "x", x, dim)?;
-        ensure(positions.len() == rows, "rope", || {
-            format!("{} positions for {rows} rows", positions.len())
-        })?;
-        ensure(
-            table.rd <= dim && table.rd.is_multiple_of(2) && table.freqs.len() >= table.rd / 2,
-            "rope",
-            || format!("a table of rd {} does not fit rows of {dim}", table.rd),
-        )?;
+        let rows = check_rope(x, dim, positions, table)?;
         let h = self.bound("rope", "x", x)?;
         if rows == 0 || table.rd == 0 {
             return Ok(());

@@ -304,3 +304,42 @@ pub fn check_len(op: &str, what: &str, s: DevSlice, want: usize) -> Result<(), K
         })
     }
 }
+
+/// `Err` (a [`KernelError::Device`] naming `op`) with the message `what()` unless `ok`.
+pub fn ensure(ok: bool, op: &str, what: impl FnOnce() -> String) -> Result<(), KernelError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::Device {
+            message: format!("{op}: {}", what()),
+        })
+    }
+}
+
+/// Rows of `s` for rows of `dim` words (dim > 0 and dividing the length).
+pub fn rows_of(op: &str, what: &str, s: DevSlice, dim: usize) -> Result<usize, KernelError> {
+    ensure(dim > 0 && s.len.is_multiple_of(dim), op, || {
+        format!("{what} has {} words, not rows of {dim}", s.len)
+    })?;
+    Ok(s.len / dim)
+}
+
+/// The operands of [`DeviceOps::rope`] checked: one position per row of `x`, and a table whose
+/// rotated dims fit the rows. Returns the rows.
+pub fn check_rope(
+    x: DevSlice,
+    dim: usize,
+    positions: &[usize],
+    table: &RopeTable,
+) -> Result<usize, KernelError> {
+    let rows = rows_of("rope", "x", x, dim)?;
+    ensure(positions.len() == rows, "rope", || {
+        format!("{} positions for {rows} rows", positions.len())
+    })?;
+    ensure(
+        table.rd <= dim && table.rd.is_multiple_of(2) && table.freqs.len() >= table.rd / 2,
+        "rope",
+        || format!("a table of rd {} does not fit rows of {dim}", table.rd),
+    )?;
+    Ok(rows)
+}

@@ -7,7 +7,9 @@
 //! dispatches queued since the last submission is one submission; a write is one write; an
 //! alloc is one alloc. Failed calls count nothing.
 
-use crate::device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len};
+use crate::device::{
+    Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
+};
 use crate::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
@@ -57,23 +59,6 @@ type R<T> = Result<T, KernelError>;
 
 fn err(message: String) -> KernelError {
     KernelError::Device { message }
-}
-
-/// `Err` unless `ok`, with the message `what()`.
-fn ensure(ok: bool, op: &str, what: impl FnOnce() -> String) -> R<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(err(format!("{op}: {}", what())))
-    }
-}
-
-/// Rows of `s` for rows of `dim` words (dim > 0 and dividing the length).
-fn rows_of(op: &str, what: &str, s: DevSlice, dim: usize) -> R<usize> {
-    ensure(dim > 0 && s.len.is_multiple_of(dim), op, || {
-        format!("{what} has {} words, not rows of {dim}", s.len)
-    })?;
-    Ok(s.len / dim)
 }
 
 impl HostDevice {
@@ -368,15 +353,7 @@ impl DeviceOps for HostDevice {
         table: &RopeTable,
         inverse: bool,
     ) -> R<()> {
-        let rows = rows_of("rope", "x", x, dim)?;
-        ensure(positions.len() == rows, "rope", || {
-            format!("{} positions for {rows} rows", positions.len())
-        })?;
-        ensure(
-            table.rd <= dim && table.rd.is_multiple_of(2) && table.freqs.len() >= table.rd / 2,
-            "rope",
-            || format!("a table of rd {} does not fit rows of {dim}", table.rd),
-        )?;
+        check_rope(x, dim, positions, table)?;
         self.in_place("rope", x, dim, |be, v| {
             be.rope(v, dim, positions, table, inverse)
         })
