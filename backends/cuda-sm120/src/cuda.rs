@@ -1,11 +1,11 @@
 //! The CUDA driver device (registry name `cuda-sm120`): a context on one GPU, the kernels compiled
 //! by NVRTC for its compute capability and loaded as one module, and [`RawDevice`] over the
-//! driver API (cudarc's `result` level: raw device pointers, synchronous copies, launches on the
-//! legacy default stream, so every copy waits for the launches before it). libcuda is loaded
+//! driver API (cudarc's `result` level: raw device pointers, stream-ordered copies and launches on
+//! the legacy default stream or on non-blocking streams a plan's streams map to, events). libcuda is loaded
 //! dynamically; [`probe`] checks for it before any cudarc driver call (cudarc panics when the
 //! library is missing).
 
-use crate::device::{Dim3, RawDevice};
+use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::{CudaError, Device, DeviceInfo, kernels, nvrtc, registry};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -177,12 +177,17 @@ impl Drop for CudaDevice {
     }
 }
 
+/// A stream handle as the driver's `CUstream` ([`DEFAULT_STREAM`] is the legacy stream, null).
+fn cu_stream(s: StreamHandle) -> sys::CUstream {
+    s as usize as sys::CUstream
+}
+
 impl RawDevice for CudaDevice {
     fn info(&self) -> DeviceInfo {
         self.info.clone()
     }
 
-    fn alloc(&self, bytes: usize) -> Result<u64, CudaError> {
+    fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError> {
         self.current()?;
         // SAFETY: a plain allocation; it is zero-filled below before anyone reads it.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
@@ -197,38 +202,45 @@ impl RawDevice for CudaDevice {
                 CudaError::Driver(format!("cuMemAlloc({bytes}): {}", err_name(e)))
             }
         })?;
-        // SAFETY: ptr holds `bytes` bytes.
-        if let Err(e) = unsafe { result::memset_d8_sync(ptr, 0, bytes) } {
+        // SAFETY: ptr holds `bytes` bytes; the memset is ordered before later work on `stream`.
+        if let Err(e) = unsafe { result::memset_d8_async(ptr, 0, bytes, cu_stream(stream)) } {
             // SAFETY: ptr was just allocated and is not used elsewhere.
             let _ = unsafe { result::free_sync(ptr) };
-            return Err(drv("cuMemsetD8")(e));
+            return Err(drv("cuMemsetD8Async")(e));
         }
         Ok(ptr)
     }
 
     unsafe fn free(&self, ptr: u64) {
-        // Launches are asynchronous: wait for any still reading or writing this buffer.
+        // Launches are asynchronous: wait for any still reading or writing this buffer, on
+        // any stream.
         if self.current().is_ok() && result::ctx::synchronize().is_ok() {
             // SAFETY: the caller guarantees ptr came from alloc and is not used again.
             let _ = unsafe { result::free_sync(ptr) };
         }
     }
 
-    fn upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
+    fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
         self.current()?;
-        // SAFETY: Device only uploads into buffers at least data.len() bytes long; the copy is
-        // synchronous, so `data` is not used after the call.
-        unsafe { result::memcpy_htod_sync(ptr, data) }.map_err(drv("cuMemcpyHtoD"))
+        // SAFETY: Device only uploads into buffers at least data.len() bytes long. `data` is
+        // pageable memory, which the driver stages before cuMemcpyHtoDAsync returns, so it is
+        // not used after the call.
+        unsafe { result::memcpy_htod_async(ptr, data, cu_stream(stream)) }
+            .map_err(drv("cuMemcpyHtoDAsync"))
     }
 
-    fn download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
+    fn download(&self, stream: StreamHandle, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
         self.current()?;
-        // SAFETY: Device only downloads from buffers at least out.len() bytes long.
-        unsafe { result::memcpy_dtoh_sync(out, ptr) }.map_err(drv("cuMemcpyDtoH"))
+        // SAFETY: Device only downloads from buffers at least out.len() bytes long; the
+        // stream is synchronised before `out` is used.
+        unsafe { result::memcpy_dtoh_async(out, ptr, cu_stream(stream)) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.stream_synchronize(stream)
     }
 
     unsafe fn launch_raw(
         &self,
+        stream: StreamHandle,
         name: &str,
         grid: Dim3,
         block: Dim3,
@@ -240,11 +252,9 @@ impl RawDevice for CudaDevice {
             .ok_or_else(|| CudaError::NoSuchKernel(name.to_string()))?;
         self.current()?;
         // SAFETY: the caller guarantees params match the kernel; cuLaunchKernel copies the
-        // parameter values before it returns. The launch goes to the legacy default stream, so
-        // it runs after every earlier launch and copy and before every later one (copies from
-        // and to pageable host memory wait for it); CUDA_LAUNCH_BLOCKING=1 makes each launch
-        // wait, for debugging.
-        unsafe { result::launch_kernel(f, grid, block, 0, std::ptr::null_mut(), params) }
+        // parameter values before it returns. The launch runs after the work issued on
+        // `stream` before it; CUDA_LAUNCH_BLOCKING=1 makes each launch wait, for debugging.
+        unsafe { result::launch_kernel(f, grid, block, 0, cu_stream(stream), params) }
             .map_err(|e| CudaError::Driver(format!("launching {name}: {}", err_name(e))))
     }
 
@@ -252,5 +262,63 @@ impl RawDevice for CudaDevice {
         self.current()?;
         result::ctx::synchronize()
             .map_err(|e| CudaError::Driver(format!("running kernels: {}", err_name(e))))
+    }
+
+    fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: the stream is the legacy stream or one stream_create made and not destroyed.
+        unsafe { result::stream::synchronize(cu_stream(stream)) }
+            .map_err(|e| CudaError::Driver(format!("running kernels: {}", err_name(e))))
+    }
+
+    fn stream_create(&self) -> Result<StreamHandle, CudaError> {
+        self.current()?;
+        // Non-blocking: no implicit synchronisation with the legacy stream, so only a plan's
+        // events order its streams.
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(drv("cuStreamCreate"))?;
+        Ok(s as usize as StreamHandle)
+    }
+
+    unsafe fn stream_destroy(&self, stream: StreamHandle) {
+        if stream != DEFAULT_STREAM && self.current().is_ok() {
+            // SAFETY: the caller guarantees the stream came from stream_create. The driver
+            // finishes the stream's work before releasing it.
+            let _ = unsafe { result::stream::destroy(cu_stream(stream)) };
+        }
+    }
+
+    fn event_create(&self) -> Result<u64, CudaError> {
+        self.current()?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(drv("cuEventCreate"))?;
+        Ok(e as usize as u64)
+    }
+
+    unsafe fn event_destroy(&self, event: u64) {
+        if self.current().is_ok() {
+            // SAFETY: the caller guarantees the event came from event_create.
+            let _ = unsafe { result::event::destroy(event as usize as sys::CUevent) };
+        }
+    }
+
+    fn event_record(&self, event: u64, stream: StreamHandle) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: the event came from event_create; the stream is valid (see above).
+        unsafe { result::event::record(event as usize as sys::CUevent, cu_stream(stream)) }
+            .map_err(drv("cuEventRecord"))
+    }
+
+    fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: as for event_record.
+        unsafe {
+            result::stream::wait_event(
+                cu_stream(stream),
+                event as usize as sys::CUevent,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent"))
     }
 }

@@ -39,41 +39,78 @@ impl std::fmt::Display for DeviceInfo {
     }
 }
 
+/// A stream of a [`RawDevice`] by handle; [`DEFAULT_STREAM`] is the device's default stream.
+pub type StreamHandle = u64;
+/// The default (legacy) stream: work issued on it runs in issue order.
+pub const DEFAULT_STREAM: StreamHandle = 0;
+
 /// The raw operations a device implementation provides. Addresses are device addresses (for
 /// the emulator: host addresses); `params` is what `cuLaunchKernel` takes: one pointer per
-/// kernel parameter, pointing at that parameter's value.
+/// kernel parameter, each pointing at an 8-byte slot holding that parameter's value in its low
+/// bytes ([`Device::launch`] lays them out so).
+///
+/// Work is issued on a stream: work on one stream runs in issue order; work on different
+/// streams runs in any order unless an event orders it (the streams a device creates do not
+/// synchronise with the default stream either).
 pub trait RawDevice: Send + Sync {
     /// What the device is.
     fn info(&self) -> DeviceInfo;
-    /// Allocate `bytes` (> 0) zero-filled bytes.
-    fn alloc(&self, bytes: usize) -> Result<u64, CudaError>;
-    /// Free an address `alloc` returned.
+    /// Allocate `bytes` (> 0) bytes, zero-filled before any later work on `stream` runs.
+    fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError>;
+    /// Free an address `alloc` returned, after all work on every stream has finished.
     ///
     /// # Safety
     /// `ptr` came from this device's `alloc` and is not used afterwards.
     unsafe fn free(&self, ptr: u64);
-    /// Copy `data` to `ptr` (which holds at least `data.len()` bytes).
-    fn upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError>;
-    /// Copy `out.len()` bytes from `ptr` into `out`.
-    fn download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError>;
-    /// Launch kernel `name`; it runs after every earlier launch and copy on this device and
-    /// before every later one (it may still be running when this returns).
+    /// Copy `data` to `ptr` (which holds at least `data.len()` bytes) after the work issued on
+    /// `stream` so far; `data` is not used after the call returns.
+    fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError>;
+    /// Wait for the work issued on `stream`, then copy `out.len()` bytes from `ptr` into `out`.
+    fn download(&self, stream: StreamHandle, ptr: u64, out: &mut [u8]) -> Result<(), CudaError>;
+    /// Launch kernel `name` on `stream`, after the work issued there so far (it may still be
+    /// running when this returns).
     ///
     /// # Safety
-    /// `params` matches the kernel's parameter list in number and types, and every buffer the
-    /// kernel touches through them is large enough for the launch.
+    /// `params` matches the kernel's parameter list in number and types (8-byte slots, see
+    /// above), and every buffer the kernel touches through them is large enough for the launch.
     unsafe fn launch_raw(
         &self,
+        stream: StreamHandle,
         name: &str,
         grid: Dim3,
         block: Dim3,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError>;
-    /// Wait until every launch and copy issued so far has finished (for timing; launches and
-    /// copies are already ordered among themselves).
-    fn synchronize(&self) -> Result<(), CudaError> {
-        Ok(())
-    }
+    /// Wait until the work issued so far on every stream has finished.
+    fn synchronize(&self) -> Result<(), CudaError>;
+    /// Wait until the work issued so far on `stream` has finished.
+    fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError>;
+    /// A new stream (not [`DEFAULT_STREAM`]), independent of every other.
+    fn stream_create(&self) -> Result<StreamHandle, CudaError>;
+    /// Destroy a stream `stream_create` returned, after its work has finished.
+    ///
+    /// # Safety
+    /// `stream` came from this device's `stream_create` and is not used afterwards.
+    unsafe fn stream_destroy(&self, stream: StreamHandle);
+    /// A new event (never recorded).
+    fn event_create(&self) -> Result<u64, CudaError>;
+    /// Destroy an event `event_create` returned.
+    ///
+    /// # Safety
+    /// `event` came from this device's `event_create` and is not used afterwards.
+    unsafe fn event_destroy(&self, event: u64);
+    /// Record `event` on `stream`, after the work issued there so far.
+    fn event_record(&self, event: u64, stream: StreamHandle) -> Result<(), CudaError>;
+    /// Make `stream`'s later work wait until the last record of `event` issued so far has
+    /// been reached (nothing to wait for when it was never recorded).
+    fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError>;
+}
+
+thread_local! {
+    /// The stream the calling thread issues to: (device identity, stream). Work for any other
+    /// device goes to that device's default stream.
+    static CURRENT: std::cell::Cell<(usize, StreamHandle)> =
+        const { std::cell::Cell::new((0, DEFAULT_STREAM)) };
 }
 
 /// Device memory: `bytes` bytes at a device address, freed when dropped.
@@ -169,6 +206,71 @@ impl Device {
         }
     }
 
+    /// The identity of the raw device (what [`CURRENT`] is keyed by).
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.raw).cast::<()>() as usize
+    }
+
+    /// The stream the calling thread issues this device's work to.
+    pub fn stream(&self) -> StreamHandle {
+        let (dev, s) = CURRENT.with(std::cell::Cell::get);
+        if dev == self.identity() {
+            s
+        } else {
+            DEFAULT_STREAM
+        }
+    }
+
+    /// Issue the calling thread's later work on this device to `stream` (one this device
+    /// created, or [`DEFAULT_STREAM`]).
+    pub fn set_stream(&self, stream: StreamHandle) {
+        CURRENT.with(|c| c.set((self.identity(), stream)));
+    }
+
+    /// A new stream of this device.
+    pub fn stream_create(&self) -> Result<StreamHandle, CudaError> {
+        self.raw.stream_create()
+    }
+
+    /// Destroy a stream of this device after its work has finished.
+    ///
+    /// # Safety
+    /// `stream` came from [`Device::stream_create`] and is not used afterwards.
+    pub unsafe fn stream_destroy(&self, stream: StreamHandle) {
+        // SAFETY: as the caller guarantees.
+        unsafe { self.raw.stream_destroy(stream) }
+    }
+
+    /// A new event of this device.
+    pub fn event_create(&self) -> Result<u64, CudaError> {
+        self.raw.event_create()
+    }
+
+    /// Destroy an event of this device.
+    ///
+    /// # Safety
+    /// `event` came from [`Device::event_create`] and is not used afterwards.
+    pub unsafe fn event_destroy(&self, event: u64) {
+        // SAFETY: as the caller guarantees.
+        unsafe { self.raw.event_destroy(event) }
+    }
+
+    /// Record `event` on the calling thread's stream.
+    pub fn event_record(&self, event: u64) -> Result<(), CudaError> {
+        self.raw.event_record(event, self.stream())
+    }
+
+    /// Make the calling thread's stream wait for the last record of `event`.
+    pub fn wait_event(&self, event: u64) -> Result<(), CudaError> {
+        self.raw.stream_wait_event(self.stream(), event)
+    }
+
+    /// Wait until the work issued on `stream` so far has finished.
+    pub fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError> {
+        self.count(|s| s.submissions += 1);
+        self.raw.stream_synchronize(stream)
+    }
+
     fn count(&self, f: impl FnOnce(&mut DeviceStats)) {
         if let Some(t) = &self.traffic {
             f(&mut t.lock().unwrap_or_else(|e| e.into_inner()));
@@ -180,7 +282,7 @@ impl Device {
             s.writes += 1;
             s.write_bytes += data.len() as u64;
         });
-        self.raw.upload(ptr, data)
+        self.raw.upload(self.stream(), ptr, data)
     }
 
     fn raw_download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
@@ -189,7 +291,7 @@ impl Device {
             s.reads += 1;
             s.read_bytes += out.len() as u64;
         });
-        self.raw.download(ptr, out)
+        self.raw.download(self.stream(), ptr, out)
     }
 
     /// What the device is.
@@ -198,9 +300,9 @@ impl Device {
     }
 
     /// A zero-filled buffer of `bytes` bytes (at least 16 are allocated, so empty tensors
-    /// still have an address).
+    /// still have an address); zero before any later work on the calling thread's stream.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
-        let ptr = self.raw.alloc(bytes.max(16))?;
+        let ptr = self.raw.alloc(self.stream(), bytes.max(16))?;
         self.count(|s| s.allocs += 1);
         Ok(DevBuf {
             ptr,
@@ -209,12 +311,14 @@ impl Device {
         })
     }
 
-    /// A new buffer holding `data`.
+    /// A new buffer holding `data`, complete when this returns (so work on any stream may
+    /// read it: weights and cached parameters are uploaded this way).
     pub fn upload(&self, data: &[u8]) -> Result<DevBuf, CudaError> {
         let b = self.alloc(data.len())?;
         if !data.is_empty() {
             self.raw_upload(b.ptr, data)?;
         }
+        self.raw.stream_synchronize(self.stream())?;
         Ok(b)
     }
 
@@ -223,7 +327,7 @@ impl Device {
         self.upload(f32_bytes(data))
     }
 
-    /// Overwrite the start of `buf` with `data`.
+    /// Overwrite the start of `buf` with `data`, after the calling thread's stream's earlier work.
     pub fn write(&self, buf: &DevBuf, data: &[u8]) -> Result<(), CudaError> {
         check_len("write", buf, data.len())?;
         if data.is_empty() {
@@ -232,7 +336,8 @@ impl Device {
         self.raw_upload(buf.ptr, data)
     }
 
-    /// Copy the first `out.len()` bytes of `buf` into `out`.
+    /// Copy the first `out.len()` bytes of `buf` into `out` (after the calling thread's
+    /// stream's earlier work).
     pub fn download(&self, buf: &DevBuf, out: &mut [u8]) -> Result<(), CudaError> {
         check_len("download", buf, out.len())?;
         if out.is_empty() {
@@ -251,8 +356,9 @@ impl Device {
         Ok(())
     }
 
-    /// Launch `kernel` on `grid` × `block` with `args` (in the kernel's parameter order); it
-    /// finishes before any later launch or copy on this device starts. A grid with a zero dimension launches nothing.
+    /// Launch `kernel` on `grid` × `block` with `args` (in the kernel's parameter order) on the
+    /// calling thread's stream; it finishes before any later launch or copy on that stream
+    /// starts. A grid with a zero dimension launches nothing.
     ///
     /// # Safety
     /// The argument list matches the kernel's parameters and every buffer is as large as the
@@ -287,18 +393,22 @@ impl Device {
             .collect();
         self.count(|s| s.dispatches += 1);
         // SAFETY: the caller guarantees the parameter list; `store` outlives the call.
-        unsafe { self.raw.launch_raw(kernel, grid, block, &mut params) }
+        unsafe {
+            self.raw
+                .launch_raw(self.stream(), kernel, grid, block, &mut params)
+        }
     }
 }
 
 impl Device {
-    /// Wait for everything issued so far (see [`RawDevice::synchronize`]).
+    /// Wait for everything issued so far on every stream (see [`RawDevice::synchronize`]).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.count(|s| s.submissions += 1);
         self.raw.synchronize()
     }
 
-    /// Copy `data` into the start of `dst` (which the caller keeps alive).
+    /// Copy `data` into the start of `dst` (which the caller keeps alive), after the calling
+    /// thread's stream's earlier work.
     pub fn upload_to(&self, dst: DevPtr, data: &[u8]) -> Result<(), CudaError> {
         if data.len() > dst.bytes {
             return Err(CudaError::OutOfBounds {

@@ -2,15 +2,20 @@
 //! C++ compiler under `emu/shim.h` into a shared library (cached on disk, keyed by a hash of every
 //! input), loads it, and runs launches on cooperative fibers (`emu/runtime.cpp`: blocks one after
 //! another, one fiber per thread, `__syncthreads`/shuffles emulated). Device memory is host memory.
+//! Work on created streams is queued and run in an adversarial order (`emu/streams.rs`), so a
+//! plan's missing event shows up here as it might on a GPU.
 //! This is how the kernels are diffed against the reference backend on machines without a GPU.
 
-use crate::device::{Dim3, RawDevice};
+mod streams;
+
+use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::{CudaError, Device, DeviceInfo, kernels};
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use streams::{Item, Streams};
 
 /// The device name the emulator reports.
 pub const DEVICE_NAME: &str = "cuda-emu (CPU emulator)";
@@ -331,6 +336,7 @@ fn open_tu(tu: &str, names: &[String], acc_f64: bool) -> Result<Device, CudaErro
         launch,
         acc_f64,
         allocs: Mutex::new(BTreeMap::new()),
+        streams: Mutex::new(Streams::default()),
     })))
 }
 
@@ -341,6 +347,9 @@ struct EmuDevice {
     acc_f64: bool,
     /// Live allocations: address -> size in bytes (each between two guards of GUARD bytes).
     allocs: Mutex<BTreeMap<u64, usize>>,
+    /// Created streams' queued work and the events (see `streams.rs`). Held while queued work
+    /// runs, so one stream's items never run concurrently or out of order.
+    streams: Mutex<Streams>,
 }
 
 impl EmuDevice {
@@ -391,71 +400,56 @@ impl EmuDevice {
     }
 }
 
-impl RawDevice for EmuDevice {
-    fn info(&self) -> DeviceInfo {
-        DeviceInfo {
-            name: DEVICE_NAME.to_string(),
-            capability: (12, 0),
-            memory_bytes: 0,
-            f64_accumulation: self.acc_f64,
-            emulated: true,
+impl EmuDevice {
+    fn streams(&self) -> std::sync::MutexGuard<'_, Streams> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run every stream's queued work (see `streams.rs`).
+    fn run_all(&self) -> Result<(), CudaError> {
+        self.streams().run_all(&mut |item| self.execute(item))
+    }
+
+    /// Run stream `s`'s queued work and what it waits for (see `streams.rs`).
+    fn run_stream(&self, s: StreamHandle) -> Result<(), CudaError> {
+        self.streams().run_stream(&mut |item| self.execute(item), s)
+    }
+
+    /// Run one queued launch or copy.
+    fn execute(&self, item: &Item) -> Result<(), CudaError> {
+        match item {
+            Item::Launch {
+                name,
+                grid,
+                block,
+                params,
+            } => {
+                let mut slots = params.clone();
+                let mut ptrs: Vec<*mut c_void> = slots
+                    .iter_mut()
+                    .map(|s| s as *mut u64 as *mut c_void)
+                    .collect();
+                // SAFETY: the values were copied from a parameter list the issuer guaranteed;
+                // the buffers are alive (frees run the queues first).
+                unsafe { self.launch_now(name, *grid, *block, &mut ptrs) }
+            }
+            Item::Upload { ptr, data } => self.copy_in(*ptr, data),
+            Item::Record { .. } | Item::Wait { .. } => Ok(()),
         }
     }
 
-    fn alloc(&self, bytes: usize) -> Result<u64, CudaError> {
-        let bytes = bytes.max(1);
-        let too_large = || CudaError::TooLarge {
-            what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
-        };
-        let layout = alloc_layout(bytes).ok_or_else(too_large)?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc(layout) };
-        if p.is_null() {
-            return Err(too_large());
-        }
-        // SAFETY: p holds GUARD + bytes + GUARD bytes.
-        unsafe {
-            std::ptr::write_bytes(p, GUARD_BYTE, GUARD);
-            std::ptr::write_bytes(p.add(GUARD), 0, bytes);
-            std::ptr::write_bytes(p.add(GUARD + bytes), GUARD_BYTE, GUARD);
-        }
-        let ptr = p as u64 + GUARD as u64;
-        self.allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ptr, bytes);
-        Ok(ptr)
-    }
-
-    unsafe fn free(&self, ptr: u64) {
-        let size = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ptr);
-        if let Some(bytes) = size {
-            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
-            // SAFETY: ptr - GUARD was allocated by `alloc` with this layout and is removed
-            // from the map.
-            unsafe { std::alloc::dealloc((ptr - GUARD as u64) as *mut u8, layout) }
-        }
-    }
-
-    fn upload(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
+    fn copy_in(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
         self.check("upload", ptr, data.len())?;
         // SAFETY: the range lies inside a live allocation (checked above).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, data.len()) };
         Ok(())
     }
 
-    fn download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
-        self.check("download", ptr, out.len())?;
-        // SAFETY: the range lies inside a live allocation (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-
-    unsafe fn launch_raw(
+    /// Run a launch at once.
+    ///
+    /// # Safety
+    /// As [`RawDevice::launch_raw`].
+    unsafe fn launch_now(
         &self,
         name: &str,
         grid: Dim3,
@@ -488,6 +482,153 @@ impl RawDevice for EmuDevice {
             0 => self.check_guards(name),
             2 => Err(CudaError::NoSuchKernel(name.to_string())),
             _ => Err(CudaError::Driver(format!("cuda-emu: {}", msg()))),
+        }
+    }
+}
+
+impl RawDevice for EmuDevice {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: DEVICE_NAME.to_string(),
+            capability: (12, 0),
+            memory_bytes: 0,
+            f64_accumulation: self.acc_f64,
+            emulated: true,
+        }
+    }
+
+    fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError> {
+        // Zero-filled at once, which is before any later work on any stream.
+        self.streams().knows(stream)?;
+        let bytes = bytes.max(1);
+        let too_large = || CudaError::TooLarge {
+            what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
+        };
+        let layout = alloc_layout(bytes).ok_or_else(too_large)?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(too_large());
+        }
+        // SAFETY: p holds GUARD + bytes + GUARD bytes.
+        unsafe {
+            std::ptr::write_bytes(p, GUARD_BYTE, GUARD);
+            std::ptr::write_bytes(p.add(GUARD), 0, bytes);
+            std::ptr::write_bytes(p.add(GUARD + bytes), GUARD_BYTE, GUARD);
+        }
+        let ptr = p as u64 + GUARD as u64;
+        self.allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ptr, bytes);
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: u64) {
+        // Queued work may still use the buffer: run it all first (a CUDA free waits for the
+        // device too). A free cannot fail: an error of that work goes to the next wait.
+        if let Err(e) = self.run_all() {
+            self.streams().fail(e);
+        }
+        let size = self
+            .allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ptr);
+        if let Some(bytes) = size {
+            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
+            // SAFETY: ptr - GUARD was allocated by `alloc` with this layout and is removed
+            // from the map.
+            unsafe { std::alloc::dealloc((ptr - GUARD as u64) as *mut u8, layout) }
+        }
+    }
+
+    fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
+        self.check("upload", ptr, data.len())?;
+        if stream == DEFAULT_STREAM {
+            return self.copy_in(ptr, data);
+        }
+        let item = Item::Upload {
+            ptr,
+            data: data.to_vec(),
+        };
+        self.streams().push(stream, item)
+    }
+
+    fn download(&self, stream: StreamHandle, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        self.check("download", ptr, out.len())?;
+        self.stream_synchronize(stream)?;
+        // SAFETY: the range lies inside a live allocation (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    unsafe fn launch_raw(
+        &self,
+        stream: StreamHandle,
+        name: &str,
+        grid: Dim3,
+        block: Dim3,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        if stream == DEFAULT_STREAM {
+            // SAFETY: as the caller guarantees.
+            return unsafe { self.launch_now(name, grid, block, params) };
+        }
+        // SAFETY: each parameter points at an 8-byte slot (the trait's contract).
+        let values = params
+            .iter()
+            .map(|&p| unsafe { *p.cast::<u64>() })
+            .collect();
+        let item = Item::Launch {
+            name: name.to_string(),
+            grid,
+            block,
+            params: values,
+        };
+        self.streams().push(stream, item)
+    }
+
+    fn synchronize(&self) -> Result<(), CudaError> {
+        self.run_all()
+    }
+
+    fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError> {
+        self.streams().knows(stream)?;
+        self.run_stream(stream)
+    }
+
+    fn stream_create(&self) -> Result<StreamHandle, CudaError> {
+        Ok(self.streams().create_stream())
+    }
+
+    unsafe fn stream_destroy(&self, stream: StreamHandle) {
+        if let Err(e) = self.run_stream(stream) {
+            self.streams().fail(e);
+        }
+        self.streams().destroy_stream(stream);
+    }
+
+    fn event_create(&self) -> Result<u64, CudaError> {
+        Ok(self.streams().create_event())
+    }
+
+    unsafe fn event_destroy(&self, event: u64) {
+        self.streams().destroy_event(event);
+    }
+
+    fn event_record(&self, event: u64, stream: StreamHandle) -> Result<(), CudaError> {
+        self.streams().record(event, stream)
+    }
+
+    fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError> {
+        let wait = self.streams().wait(stream, event)?;
+        match wait {
+            // The default stream runs at once, so it waits here.
+            Some((e, n)) => self
+                .streams()
+                .run_to_record(&mut |item| self.execute(item), e, n),
+            None => Ok(()),
         }
     }
 }

@@ -147,6 +147,27 @@ impl DeviceStats {
     }
 }
 
+/// A plan's streams and events on a device with several queues (CUDA streams and events).
+/// Which stream a thread's device work goes to is per thread: the executor enters a launch's
+/// stream on the thread that issues the launch, makes it wait for the launch's events, issues
+/// the launch, records the events it records, and at the end of the execution leaves on every
+/// issuing thread and joins once. Work issued on different streams runs in any order unless an
+/// event orders it; [`DeviceOps::read`] still completes everything issued before it, on every
+/// stream.
+pub trait DeviceStreams: Send + Sync {
+    /// Issue the calling thread's later device work on stream `stream` (< the count asked for).
+    fn enter(&self, stream: usize) -> Result<(), KernelError>;
+    /// Record event `event` on the calling thread's stream, after the work issued there so far.
+    fn record(&self, event: usize) -> Result<(), KernelError>;
+    /// Make the calling thread's stream wait for the last record of event `event` issued so
+    /// far (no wait when it was never recorded).
+    fn wait(&self, event: usize) -> Result<(), KernelError>;
+    /// Issue the calling thread's later work on the device's default queue again.
+    fn leave(&self);
+    /// Wait until the work of every stream has finished.
+    fn join(&self) -> Result<(), KernelError>;
+}
+
 /// The op set over device-resident f32 buffers. Shapes follow the host ops of
 /// [`crate::Backend`]; `x`/`out` slices hold exactly `rows × width` words. In-place ops take
 /// one slice. An op's output slices must not overlap its input slices (a backend may refuse
@@ -173,6 +194,19 @@ pub trait DeviceOps: Send + Sync {
 
     /// The traffic counters.
     fn stats(&self) -> DeviceStats;
+
+    /// `streams` device streams and `events` events onto which a plan's streams and events
+    /// map for one execution (see [`DeviceStreams`]), or `None` when the device runs all work
+    /// in one in-order queue (then a plan's streams and events need nothing from it). The
+    /// default is `None`.
+    fn streams(
+        &self,
+        streams: usize,
+        events: usize,
+    ) -> Result<Option<std::sync::Arc<dyn DeviceStreams>>, KernelError> {
+        let _ = (streams, events);
+        Ok(None)
+    }
 
     /// Strided copy of a block of columns (see [`Copy2d`]): for r < rows and c < width,
     /// `dst[r·dst_stride + dst_col + c] = src[r·src_stride + src_col + c]`. Column offsets need

@@ -15,7 +15,7 @@ pub mod rope;
 
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
-pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats};
+pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStreams};
 pub use error::KernelError;
 pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};

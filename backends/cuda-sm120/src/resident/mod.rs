@@ -2,9 +2,12 @@
 //!
 //! Buffers are a slab `id -> DevBuf` (zeroed at allocation); a slice is the buffer's address
 //! plus `off·4` bytes. Every op checks its slices, then launches the same `launch_*` functions
-//! the host ops of `ops/` use (so results are bitwise the host op's) on the stream the backend
-//! already uses (the legacy default stream on a GPU; the emulator runs each launch at once).
-//! Nothing waits for the device except [`DeviceOps::read`].
+//! the host ops of `ops/` use (so results are bitwise the host op's) on the calling thread's
+//! stream: the legacy default stream, or the device stream a plan's stream maps to
+//! ([`DeviceOps::streams`], `streams.rs`). Nothing waits for the device except
+//! [`DeviceOps::read`]: on the default stream it waits for every stream, on a plan stream for
+//! that stream only (the plan's events order what it depends on before it); the execution's
+//! join waits for every stream.
 //!
 //! Small per-call parameters (rope positions, swiglu row weights, gather indices, linear's
 //! padded inputs) live in a bump arena that is rewound after each synchronisation; larger ones
@@ -17,6 +20,7 @@
 //! handle of the device: each host op's read-back is one submission).
 
 mod ops;
+mod streams;
 
 use crate::{Core, CudaError, DevBuf, DevPtr};
 use dsv4_kernels::{DevBufId, DevSlice, DeviceStats, KernelError};
@@ -71,7 +75,7 @@ impl ParamKey {
     }
 }
 
-/// Everything the resident ops share, behind one lock (an op holds it while it queues its
+/// Everything the resident ops (and the executions' stream sets) share, behind one lock (an op holds it while it queues its
 /// launches, so a synchronisation never rewinds the arena under an op).
 #[derive(Default)]
 struct State {
@@ -90,9 +94,17 @@ struct State {
 /// The device-resident op set of a [`crate::CudaBackend`] (its `Backend::device`).
 pub(crate) struct Resident {
     core: Core,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     /// The host ops' traffic (counted by their device handle), included in `stats`.
     host_traffic: Arc<Mutex<DeviceStats>>,
+    /// Idle stream sets for plan executions ([`DeviceOps::streams`]).
+    streams: Arc<streams::StreamPool>,
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        self.streams.destroy(&self.core.dev);
+    }
 }
 
 impl Resident {
@@ -101,8 +113,9 @@ impl Resident {
     pub(crate) fn new(core: Core, host_traffic: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             core,
-            state: Mutex::default(),
+            state: Arc::default(),
             host_traffic,
+            streams: Arc::default(),
         }
     }
 }
@@ -169,7 +182,8 @@ impl Ctx<'_> {
         })
     }
 
-    /// `bytes` bytes of the arena (256-byte aligned), valid until the next synchronisation.
+    /// `bytes` bytes of the arena (256-byte aligned), valid until the next wait for every
+    /// stream.
     fn scratch(&mut self, bytes: usize) -> Result<DevPtr, KernelError> {
         let need = bytes.max(1).next_multiple_of(CHUNK_ALIGN);
         let st = &mut *self.st;
@@ -194,9 +208,9 @@ impl Ctx<'_> {
         Ok(p)
     }
 
-    /// `data` copied into the arena (a per-call parameter). The copy is a synchronous
-    /// host-to-device copy from pageable memory, which on the legacy stream also waits for
-    /// the launches before it: correct, but it is why the big parameters are cached instead.
+    /// `data` copied into the arena (a per-call parameter), ordered on the calling thread's
+    /// stream before the launches that read it. The arena is rewound only after a wait for
+    /// every stream, so no queued launch can still read a chunk that is handed out again.
     fn param(&mut self, data: &[u8]) -> Result<DevPtr, KernelError> {
         let p = self.scratch(data.len())?;
         self.core
@@ -275,16 +289,17 @@ impl Resident {
             op,
         };
         if cx.st.pending_bytes > PENDING_MAX {
-            sync_and_drain(&self.core, &mut cx.st).map_err(|e| dev_err(op, e))?;
+            sync_and_drain(&self.core.dev, &mut cx.st).map_err(|e| dev_err(op, e))?;
         }
         f(&mut cx)
     }
 }
 
-/// Wait for the device (one submission), then drop what waited for it and rewind the arena.
-fn sync_and_drain(core: &Core, st: &mut State) -> Result<(), CudaError> {
+/// Wait for every stream of the device (one submission), then drop what waited for it and
+/// rewind the arena.
+fn sync_and_drain(dev: &crate::Device, st: &mut State) -> Result<(), CudaError> {
     st.stats.submissions += 1;
-    core.dev.synchronize()?;
+    dev.synchronize()?;
     st.pending.clear();
     st.pending_bytes = 0;
     st.arena_used = 0;
@@ -328,8 +343,8 @@ impl dsv4_kernels::DeviceOps for Resident {
         self.resident_op("write", |cx| {
             dsv4_kernels::device::check_len("write", "dst", dst, src.len())?;
             let p = cx.slice("dst", dst)?;
-            // A synchronous copy from pageable memory: on the legacy stream it also waits for
-            // the launches queued before it, so it cannot overtake a kernel still using dst.
+            // Ordered after the work issued on the calling thread's stream; work on other
+            // streams that uses dst is ordered by the plan's events.
             let r = cx.core.dev.upload_to(p, crate::device::f32_bytes(src));
             cx.run(r)?;
             cx.st.stats.writes += 1;
@@ -342,7 +357,14 @@ impl dsv4_kernels::DeviceOps for Resident {
         let mut out = vec![0f32; src.len];
         self.resident_op("read", |cx| {
             let p = cx.slice("src", src)?;
-            sync_and_drain(cx.core, &mut cx.st).map_err(|e| dev_err("read", e))?;
+            if cx.core.dev.stream() == crate::device::DEFAULT_STREAM {
+                sync_and_drain(&cx.core.dev, &mut cx.st).map_err(|e| dev_err("read", e))?;
+            } else {
+                // On a plan stream: wait for that stream only (the plan's events order whatever
+                // the value depends on before it), so the other streams keep running; the
+                // arena is rewound when the execution joins its streams.
+                cx.st.stats.submissions += 1;
+            }
             let r = cx.core.dev.download_f32_from(p, &mut out);
             cx.run(r)?;
             cx.st.stats.reads += 1;
@@ -363,6 +385,19 @@ impl dsv4_kernels::DeviceOps for Resident {
             own,
             *self.host_traffic.lock().unwrap_or_else(|e| e.into_inner()),
         )
+    }
+
+    fn streams(
+        &self,
+        streams: usize,
+        events: usize,
+    ) -> Result<Option<Arc<dyn dsv4_kernels::DeviceStreams>>, KernelError> {
+        // Joining counts as submissions, with the host ops' traffic.
+        let dev = self.core.dev.counted(Arc::clone(&self.host_traffic));
+        let set = self
+            .streams
+            .take(&dev, Arc::clone(&self.state), streams, events)?;
+        Ok(Some(Arc::new(set)))
     }
 
     fn copy2d(
