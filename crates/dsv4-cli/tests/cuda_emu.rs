@@ -1,6 +1,7 @@
 //! The cuda-sm120 kernels end to end through the `dsv4` binary, on the CPU emulator (`cuda-emu`):
 //! the op sweep and tiny-model diffs against the reference in every numerics combination, the
-//! execution-mode diffs, generation, and the device section of `dsv4 bench`. The same binary
+//! execution-mode diffs (plan streams on the emulator's device streams; a missing event fails
+//! the overlap diff), generation, and the device section of `dsv4 bench`. The same binary
 //! runs the same kernels on a GPU as `cuda-sm120` (backends/cuda-sm120/device-check.sh).
 //!
 //! Needs a host C++ compiler (the emulator builds the kernels with it). Without one each test
@@ -44,32 +45,65 @@ fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
     });
 }
 
+/// `dsv4 diff --mode <mode> --backend cuda-emu` over 24 tokens and 4 decode steps, with captured
+/// plans on and `sets` (more `--set` overrides).
+fn mode_diff(mode: &str, sets: &[&str]) -> std::process::Command {
+    let mut args = vec![
+        "--set",
+        "backend.kind=cuda-emu",
+        "--set",
+        "exec.cuda_graph=true",
+    ];
+    sets.iter().for_each(|s| args.extend(["--set", s]));
+    args.extend([
+        "diff",
+        "--mode",
+        mode,
+        "--backend",
+        "cuda-emu",
+        "--tokens",
+        "24",
+        "--decode",
+        "4",
+    ]);
+    dsv4(&std::env::temp_dir(), &args)
+}
+
 #[test]
 fn captured_and_overlapped_plans_compute_the_eager_bits() {
     if !available("captured_and_overlapped_plans_compute_the_eager_bits") {
         return;
     }
     for mode in ["captured-vs-eager", "overlap-vs-serial"] {
-        let out = diff_passes(
-            &[
-                "--set",
-                "backend.kind=cuda-emu",
-                "--set",
-                "exec.cuda_graph=true",
-                "diff",
-                "--mode",
-                mode,
-                "--backend",
-                "cuda-emu",
-                "--tokens",
-                "24",
-                "--decode",
-                "4",
-            ],
-            &[],
+        let out = common::run(mode_diff(mode, &[]));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("first divergence: none"),
+            "{mode}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        assert!(out.contains("first divergence: none"), "{mode}:\n{out}");
     }
+}
+
+#[test]
+fn a_missing_stream_event_fails_the_overlap_diff_at_the_moe_sum() {
+    if !available("a_missing_stream_event_fails_the_overlap_diff_at_the_moe_sum") {
+        return;
+    }
+    // Without the shared expert's event the MoE sum may run first: under the interleaving
+    // executor and on the device streams (backends/cuda-sm120/tests/streams.rs shows the
+    // streams alone catching it in serial issue order).
+    let out = common::run(mode_diff(
+        "overlap-vs-serial",
+        &["debug.inject=missing-stream-event"],
+    ));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    let first = stdout
+        .lines()
+        .find(|l| l.starts_with("FIRST DIVERGENCE"))
+        .unwrap_or_else(|| panic!("no divergence reported:\n{stdout}"));
+    assert!(first.contains("moe.out"), "{first}");
 }
 
 #[test]

@@ -124,6 +124,42 @@ fn the_arena_fault_fails_the_check_with_both_launches_named() {
 }
 
 #[test]
+fn the_missing_event_fault_is_a_race_between_the_shared_expert_and_the_moe_sum() {
+    let args = |inject: &'static str| {
+        [
+            "plan",
+            "check",
+            "--profile",
+            "rehearsal",
+            "--set",
+            inject,
+            "--config",
+            "tiny",
+            "--batch",
+            "2",
+            "--json",
+        ]
+    };
+    let (ok, v) = json(&args("debug.inject=missing-stream-event"));
+    assert!(!ok, "the check fails");
+    let plans = v["plans"].as_array().expect("plans");
+    for p in plans {
+        let findings = p["verdict"]["findings"].as_array().expect("findings");
+        let races: Vec<_> = findings.iter().filter(|f| f["kind"] == "race").collect();
+        assert!(!races.is_empty(), "{p}");
+        for f in races {
+            let ops = [&f["first"]["op"], &f["second"]["op"]];
+            assert!(
+                ops.contains(&&"moe.shared".into()) && ops.contains(&&"moe.out".into()),
+                "every race is the dropped wait: {f}"
+            );
+        }
+    }
+    let (ok, v) = json(&args("debug.inject="));
+    assert!(ok, "the same plans without the fault pass: {v}");
+}
+
+#[test]
 fn show_prints_streams_events_and_arena_offsets() {
     let out = dsv4(&[
         "plan",

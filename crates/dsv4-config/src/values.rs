@@ -104,6 +104,9 @@ pub enum Fault {
     SkipIndexKTransferWait,
     /// The overlap scheduler frees a finished request's pages one step early.
     StalePageReuse,
+    /// Overlap plans drop the MoE sum's wait for the shared-expert stream, so the sum may read
+    /// the shared expert's output before it is written (a missing stream synchronisation).
+    MissingStreamEvent,
 }
 spelled!(
     Fault,
@@ -111,6 +114,7 @@ spelled!(
     ArenaIgnoresStreams => "arena-ignores-streams",
     SkipIndexKTransferWait => "skip-index-k-transfer-wait",
     StalePageReuse => "stale-page-reuse",
+    MissingStreamEvent => "missing-stream-event",
 );
 
 /// A class of cache pools the canary watches (`debug.canary`).

@@ -6,7 +6,7 @@
 use anyhow::{Context, bail};
 use dsv4_config::{ModelSource, Profile};
 use dsv4_model::ModelConfig;
-use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan};
+use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan_under};
 use dsv4_model::forward::captured::lifetimes_for;
 use dsv4_model::forward::op::Op;
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
@@ -176,7 +176,7 @@ fn plan_for(
         overlap: exec.overlap,
         mtp: false,
     };
-    let plan = build_plan(cfg, spec);
+    let plan = build_plan_under(cfg, spec, exec);
     Ok(match bucket {
         Some(b) => (place(plan, lifetimes_for(exec))?, Some(b)),
         None => (plan, None),

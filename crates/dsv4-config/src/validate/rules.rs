@@ -129,6 +129,12 @@ pub const RULES: &[Rule] = &[
         fault_needs_overlap,
     ),
     warning(
+        "fault-needs-streams",
+        &["debug.inject", "exec.multi_stream_overlap"],
+        "the missing-event fault without side streams (it could never fire)",
+        fault_needs_streams,
+    ),
+    warning(
         "fault-needs-overlap-schedule",
         &["debug.inject", "exec.overlap_schedule"],
         "the early-free fault of the overlap scheduler with overlap scheduling off (it could \
@@ -338,6 +344,17 @@ fn fault_needs_overlap(p: &Profile, _: &BackendCaps) -> Option<String> {
             )
         },
     )
+}
+
+fn fault_needs_streams(p: &Profile, _: &BackendCaps) -> Option<String> {
+    let fault = Fault::MissingStreamEvent;
+    (p.debug.inject.contains(&fault) && !p.exec.multi_stream_overlap).then(|| {
+        format!(
+            "debug.inject contains {fault}, which drops a wait between side streams, but \
+             exec.multi_stream_overlap = false (one stream, no events); set \
+             exec.multi_stream_overlap=true or remove the fault"
+        )
+    })
 }
 
 fn fault_needs_overlap_schedule(p: &Profile, _: &BackendCaps) -> Option<String> {

@@ -11,6 +11,7 @@
 //! stream after the FFN norm and is joined before the MoE sum. Launches are listed in the
 //! serial order in every mode, so observers see the same tap order.
 
+use super::exec::{ExecOptions, Fault};
 use super::op::{BlockRef, Chain, Op, OpKind, Sub};
 use crate::ModelConfig;
 use dsv4_plan::{BufferClass, BufferId, EventId, Launch, Plan, PlanBuilder, Slice, StreamId};
@@ -494,6 +495,26 @@ impl Builder<'_> {
 }
 
 /// The plan of one step of `spec` for a model of config `cfg`, with fresh (eager) buffers.
+/// [`build_plan`] with the plan-level faults of `exec` applied: under `missing-stream-event`
+/// no launch waits for a block's `shared_done` event, so in an overlap plan the MoE sum on the
+/// main stream may read the shared expert's output (written on its side stream) before it is
+/// written. Serial issue order hides that; the verifier, the threaded executor and device
+/// streams do not.
+pub fn build_plan_under(cfg: &ModelConfig, spec: PlanSpec, exec: &ExecOptions) -> Plan<Op> {
+    let mut plan = build_plan(cfg, spec);
+    if exec.has(Fault::MissingStreamEvent) {
+        let dropped: Vec<EventId> = (0..plan.events.len())
+            .filter(|&i| plan.events[i].ends_with(".shared_done"))
+            .map(|i| EventId(i as u32))
+            .collect();
+        for l in &mut plan.launches {
+            l.waits.retain(|e| !dropped.contains(e));
+        }
+    }
+    plan
+}
+
+/// The plan of one step (fault-free; see [`build_plan_under`] for a profile's faults).
 pub fn build_plan(cfg: &ModelConfig, spec: PlanSpec) -> Plan<Op> {
     let mut b = Builder {
         pb: PlanBuilder::new(),

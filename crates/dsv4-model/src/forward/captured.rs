@@ -3,7 +3,7 @@
 //! checked by the verifier when it is built, then replayed with only the inputs changing.
 //! The arena persists between replays, as a CUDA graph's memory pool does.
 
-use super::build::{PlanSpec, StepKind, build_plan};
+use super::build::{PlanSpec, StepKind, build_plan_under};
 use super::exec::{ExecOptions, Fault};
 use super::op::Op;
 use super::resident::DeviceArena;
@@ -22,6 +22,8 @@ pub(crate) struct CaptureKey {
     pub overlap: bool,
     /// How the arena computed lifetimes.
     pub lifetimes: Lifetimes,
+    /// The plan lacks the shared-expert waits (`Fault::MissingStreamEvent`).
+    pub missing_event: bool,
 }
 
 /// A captured plan with its arena.
@@ -87,11 +89,12 @@ pub fn capture(
         overlap: exec.overlap,
         mtp: false,
     };
-    let plan = place(build_plan(model_cfg, spec), lifetimes_for(exec)).map_err(|e| {
-        ForwardError::Plan {
-            message: e.to_string(),
-        }
-    })?;
+    let plan =
+        place(build_plan_under(model_cfg, spec, exec), lifetimes_for(exec)).map_err(|e| {
+            ForwardError::Plan {
+                message: e.to_string(),
+            }
+        })?;
     let verdict = verify(&plan).map_err(|e| ForwardError::Plan {
         message: e.to_string(),
     })?;
@@ -129,6 +132,7 @@ impl Model {
             bucket,
             overlap: exec.overlap,
             lifetimes: lifetimes_for(exec),
+            missing_event: exec.has(Fault::MissingStreamEvent),
         };
         let mut cache = self.captured.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = cache.get(&key) {

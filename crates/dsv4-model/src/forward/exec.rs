@@ -38,14 +38,17 @@ pub enum Fault {
     SkipIndexKTransferWait,
     /// The overlap scheduler frees pages one step early.
     StalePageReuse,
+    /// Overlap plans drop the MoE sum's wait for the shared-expert stream.
+    MissingStreamEvent,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 3] = [
+    pub const ALL: [Fault; 4] = [
         Fault::ArenaIgnoresStreams,
         Fault::SkipIndexKTransferWait,
         Fault::StalePageReuse,
+        Fault::MissingStreamEvent,
     ];
 
     /// Its name in `debug.inject`.
@@ -54,6 +57,7 @@ impl Fault {
             Fault::ArenaIgnoresStreams => "arena-ignores-streams",
             Fault::SkipIndexKTransferWait => "skip-index-k-transfer-wait",
             Fault::StalePageReuse => "stale-page-reuse",
+            Fault::MissingStreamEvent => "missing-stream-event",
         }
     }
 

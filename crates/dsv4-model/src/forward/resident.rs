@@ -9,7 +9,7 @@
 use super::ForwardError;
 use super::op::Op;
 use super::run::{Memory, Run, lock, touched, uses};
-use dsv4_kernels::{Backend, DevBufId, DevSlice, DeviceOps, KernelError};
+use dsv4_kernels::{Backend, DevBufId, DevSlice, DeviceOps, DeviceStreams, KernelError};
 use dsv4_plan::{BufferClass, BufferId, Plan};
 use std::sync::{Arc, Mutex};
 
@@ -22,11 +22,14 @@ impl From<KernelError> for ForwardError {
 }
 
 /// Temporary device buffers of one execution's launches, reused launch after launch (so a
-/// captured plan's replays bind the same buffers every time).
+/// captured plan's replays bind the same buffers every time). A buffer is reused only by a
+/// launch on the stream it was last used on: work on one device stream runs in order, work on
+/// two may overlap, so handing a buffer to another stream could let its new user overwrite it
+/// before its old user has read it.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// Buffers not in use: (buffer, words).
-    free: Mutex<Vec<(DevBufId, usize)>>,
+    /// Buffers not in use: (stream of the last use, buffer, words).
+    free: Mutex<Vec<(usize, DevBufId, usize)>>,
     /// Every buffer allocated.
     all: Mutex<Vec<DevBufId>>,
 }
@@ -36,28 +39,38 @@ pub(crate) struct Tmp<'a> {
     /// The words asked for.
     pub s: DevSlice,
     words: usize,
+    stream: usize,
     pool: &'a Scratch,
 }
 
 impl Drop for Tmp<'_> {
     fn drop(&mut self) {
-        lock(&self.pool.free).push((self.s.buf, self.words));
+        lock(&self.pool.free).push((self.stream, self.s.buf, self.words));
     }
 }
 
 impl Scratch {
-    /// A buffer of at least `words` words (the smallest free one that fits, else a new one).
-    pub fn take(&self, dev: &dyn DeviceOps, words: usize) -> Result<Tmp<'_>, ForwardError> {
+    /// A buffer of at least `words` words for a launch on plan stream `stream` (the smallest
+    /// free one last used on that stream that fits, else a new one).
+    pub fn take(
+        &self,
+        dev: &dyn DeviceOps,
+        stream: usize,
+        words: usize,
+    ) -> Result<Tmp<'_>, ForwardError> {
         let words = words.max(1);
         let mut free = lock(&self.free);
         let best = free
             .iter()
             .enumerate()
-            .filter(|(_, (_, w))| *w >= words)
-            .min_by_key(|(_, (_, w))| *w)
+            .filter(|(_, (s, _, w))| *s == stream && *w >= words)
+            .min_by_key(|(_, (_, _, w))| *w)
             .map(|(i, _)| i);
         let (buf, cap) = match best {
-            Some(i) => free.swap_remove(i),
+            Some(i) => {
+                let (_, buf, cap) = free.swap_remove(i);
+                (buf, cap)
+            }
             None => {
                 // Round up so later, slightly larger asks reuse the buffer.
                 let cap = words.next_multiple_of(256);
@@ -69,6 +82,7 @@ impl Scratch {
         Ok(Tmp {
             s: DevSlice::whole(buf, words),
             words: cap,
+            stream,
             pool: self,
         })
     }
@@ -85,6 +99,8 @@ pub struct DeviceArena {
     /// The arena (the plan's placement bytes / 4 words).
     pub(crate) buf: DevBufId,
     pub(crate) scratch: Scratch,
+    /// The device streams the plan's streams map to, kept across replays (made at the first).
+    streams: Mutex<Option<Arc<dyn DeviceStreams>>>,
 }
 
 impl DeviceArena {
@@ -96,12 +112,27 @@ impl DeviceArena {
             backend,
             buf,
             scratch: Scratch::default(),
+            streams: Mutex::new(None),
         })
     }
 }
 
+/// The device streams for an execution of `plan`: `None` for a one-stream plan, or when the
+/// device runs everything in one queue.
+fn plan_streams(
+    dev: &dyn DeviceOps,
+    plan: &Plan<Op>,
+) -> Result<Option<Arc<dyn DeviceStreams>>, ForwardError> {
+    if plan.streams.len() <= 1 {
+        return Ok(None);
+    }
+    Ok(dev.streams(plan.streams.len(), plan.events.len())?)
+}
+
 impl Drop for DeviceArena {
     fn drop(&mut self) {
+        // The streams go back to the backend's pool while the backend is surely alive.
+        lock(&self.streams).take();
         if let Some(dev) = self.backend.device() {
             self.scratch.free_all(dev);
             dev.free(self.buf);
@@ -135,19 +166,22 @@ pub(crate) struct DeviceMemory<'m> {
     /// writes anything overlapping them on the device (so host launches reading what host
     /// launches wrote — write locations, token ids, routes, top-k — read nothing back).
     shadows: Mutex<Vec<(BufferId, DevSlice, Vec<f32>)>>,
+    /// The device streams the plan's streams map to, when the device has several queues.
+    pub streams: Option<Arc<dyn DeviceStreams>>,
 }
 
 impl<'m> DeviceMemory<'m> {
     /// Fresh device buffers for an eager plan.
-    pub fn fresh(dev: &'m dyn DeviceOps, plan: &Plan<Op>) -> Self {
-        Self {
+    pub fn fresh(dev: &'m dyn DeviceOps, plan: &Plan<Op>) -> Result<Self, ForwardError> {
+        Ok(Self {
             dev,
             slots: plan.buffers.iter().map(|_| Mutex::new(None)).collect(),
             left: Some(uses(plan)),
             arena: None,
             own_scratch: Scratch::default(),
             shadows: Mutex::new(Vec::new()),
-        }
+            streams: plan_streams(dev, plan)?,
+        })
     }
 
     /// A captured plan's buffers at their offsets in `arena`.
@@ -182,6 +216,13 @@ impl<'m> DeviceMemory<'m> {
                 })))
             })
             .collect::<Result<_, _>>()?;
+        let streams = {
+            let mut kept = lock(&arena.streams);
+            if kept.is_none() {
+                *kept = plan_streams(dev, plan)?;
+            }
+            kept.clone()
+        };
         Ok(Self {
             dev,
             slots,
@@ -189,6 +230,7 @@ impl<'m> DeviceMemory<'m> {
             arena: Some(arena),
             own_scratch: Scratch::default(),
             shadows: Mutex::new(Vec::new()),
+            streams,
         })
     }
 
@@ -327,7 +369,7 @@ impl Run<'_> {
             .map(|s| dm.output(self.plan, s.buffer, n(s)))
             .collect::<Result<Vec<_>, _>>()?;
         outs.iter().for_each(|&s| dm.written_on_device(s));
-        self.dispatch_resident(dm, l.op, &ins, &outs)?;
+        self.dispatch_resident(dm, l.op, l.stream.0 as usize, &ins, &outs)?;
         if let (Some(taps), Some(_), Some(first)) = (&self.out.taps, l.op.kind.tap(), outs.first())
         {
             lock(taps)[i] = Some(dm.dev.read(*first)?);

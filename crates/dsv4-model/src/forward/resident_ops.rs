@@ -40,10 +40,11 @@ pub(crate) fn has_device_form(kind: OpKind) -> bool {
 
 type Res = Result<(), ForwardError>;
 
-/// The device and scratch pool a launch runs with.
+/// The device, scratch pool and plan stream a launch runs with.
 struct Dev<'a> {
     ops: &'a dyn DeviceOps,
     scratch: &'a Scratch,
+    stream: usize,
 }
 
 impl Run<'_> {
@@ -52,12 +53,14 @@ impl Run<'_> {
         &self,
         dm: &DeviceMemory<'_>,
         op: Op,
+        stream: usize,
         ins: &[DevSlice],
         outs: &[DevSlice],
     ) -> Res {
         let dev = Dev {
             ops: dm.dev,
             scratch: dm.scratch(),
+            stream,
         };
         let b = op.block;
         let m = self.model;
@@ -294,6 +297,6 @@ impl Run<'_> {
 impl Dev<'_> {
     /// A scratch slice of `words` words for the rest of the launch.
     fn tmp(&self, words: usize) -> Result<super::resident::Tmp<'_>, ForwardError> {
-        self.scratch.take(self.ops, words)
+        self.scratch.take(self.ops, self.stream, words)
     }
 }

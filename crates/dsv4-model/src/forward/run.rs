@@ -89,11 +89,14 @@ impl<'m> Memory<'m> {
     }
 
     /// Fresh buffers for `plan`, in `dev`'s memory when there is one.
-    pub fn fresh_on(dev: Option<&'m dyn dsv4_kernels::DeviceOps>, plan: &Plan<Op>) -> Self {
-        match dev {
-            Some(dev) => Memory::Device(DeviceMemory::fresh(dev, plan)),
+    pub fn fresh_on(
+        dev: Option<&'m dyn dsv4_kernels::DeviceOps>,
+        plan: &Plan<Op>,
+    ) -> Result<Self, ForwardError> {
+        Ok(match dev {
+            Some(dev) => Memory::Device(DeviceMemory::fresh(dev, plan)?),
             None => Memory::fresh(plan),
-        }
+        })
     }
 }
 
@@ -204,8 +207,40 @@ impl Run<'_> {
         self.read(&s)
     }
 
-    /// Run launch `i`.
+    /// The device streams the plan's streams map to, if the run has any.
+    pub fn device_streams(&self) -> Option<&dyn dsv4_kernels::DeviceStreams> {
+        match &self.mem {
+            Memory::Device(dm) => dm.streams.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Run launch `i`: on device streams, on its stream after its waits, recording its events.
     pub fn launch(&self, i: usize) -> Result<(), ForwardError> {
+        let Some(st) = self.device_streams() else {
+            return self.launch_here(i);
+        };
+        let l = &self.plan.launches[i];
+        st.enter(l.stream.0 as usize)?;
+        l.waits.iter().try_for_each(|e| st.wait(e.0 as usize))?;
+        self.launch_here(i)?;
+        l.records.iter().try_for_each(|e| st.record(e.0 as usize))?;
+        Ok(())
+    }
+
+    /// Finish the run's device streams (when it has any): the calling thread issues to the
+    /// default queue again, and every stream's work has finished. `result` is the run's.
+    pub fn finish_streams(&self, result: Result<(), ForwardError>) -> Result<(), ForwardError> {
+        let Some(st) = self.device_streams() else {
+            return result;
+        };
+        st.leave();
+        let joined = st.join();
+        result?;
+        Ok(joined?)
+    }
+
+    fn launch_here(&self, i: usize) -> Result<(), ForwardError> {
         if self.launch_resident(i)? {
             self.release(i);
             return Ok(());

@@ -2,7 +2,7 @@
 //! the batch's bucket, or an eager plan of the step's rows), reserve the pages the step
 //! writes, bind the inputs, run the launches with the chosen executor, read the results.
 
-use super::build::{PlanSpec, StepKind, build_plan};
+use super::build::{PlanSpec, StepKind, build_plan_under};
 use super::exec::{ExecOptions, Executor, Fault, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
@@ -19,15 +19,18 @@ fn execute(model: &Model, run: &Run<'_>, executor: Executor) -> Result<(), Forwa
     let plan_err = |e: dsv4_plan::PlanError| ForwardError::Plan {
         message: e.to_string(),
     };
-    match executor {
+    let result = match executor {
         Executor::Serial => run.run_in(&dsv4_plan::serial(run.plan)),
         Executor::Interleaved { seed } => {
             let step = model.steps.fetch_add(1, Ordering::Relaxed);
             let seed = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            run.run_in(&dsv4_plan::interleaved(run.plan, seed).map_err(plan_err)?)
+            dsv4_plan::interleaved(run.plan, seed)
+                .map_err(plan_err)
+                .and_then(|order| run.run_in(&order))
         }
         Executor::Threaded => run_threaded(run),
-    }
+    };
+    run.finish_streams(result)
 }
 
 /// Emit the recorded taps in issue order.
@@ -153,8 +156,8 @@ impl Model {
                     overlap: exec.overlap,
                     mtp: false,
                 };
-                eager = build_plan(&self.cfg, spec);
-                (&eager, Memory::fresh_on(dev, &eager), None)
+                eager = build_plan_under(&self.cfg, spec, exec);
+                (&eager, Memory::fresh_on(dev, &eager)?, None)
             }
         };
         let run = Run {
@@ -258,13 +261,13 @@ impl Model {
             overlap: self.exec.overlap,
             mtp: true,
         };
-        let plan = build_plan(&self.cfg, spec);
+        let plan = build_plan_under(&self.cfg, spec, &self.exec);
         let run = Run {
             model: self,
             plan: &plan,
             plan_rows: plan_rows(&plan),
             bound: &bound,
-            mem: Memory::fresh_on(self.device_for(&self.exec), &plan),
+            mem: Memory::fresh_on(self.device_for(&self.exec), &plan)?,
             out: Gathered::default(),
             skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
         };

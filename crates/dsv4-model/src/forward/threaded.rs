@@ -67,6 +67,10 @@ pub(crate) fn run_threaded(run: &Run<'_>) -> Result<(), ForwardError> {
                     drop(g);
                     cv.notify_all();
                 }
+                // This thread issued on a device stream: back to the default queue.
+                if let Some(st) = run.device_streams() {
+                    st.leave();
+                }
             });
         }
     });

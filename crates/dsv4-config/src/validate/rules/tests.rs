@@ -217,6 +217,15 @@ fn fault_needs_overlap() {
 }
 
 #[test]
+fn fault_needs_streams() {
+    let mut p = on("cpu");
+    p.debug.inject = vec![Fault::MissingStreamEvent];
+    assert!(fires("fault-needs-streams", &p).contains("exec.multi_stream_overlap=true"));
+    p.exec.multi_stream_overlap = true;
+    quiet("fault-needs-streams", &p);
+}
+
+#[test]
 fn fault_needs_overlap_schedule() {
     let mut p = on("cpu");
     p.debug.inject = vec![Fault::StalePageReuse];
