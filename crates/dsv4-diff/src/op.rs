@@ -49,13 +49,15 @@ pub enum Op {
     CacheLoad,
     /// `Backend::cache_load_rows`.
     CacheLoadRows,
+    /// `Backend::cache_encode_rows`.
+    CacheEncodeRows,
     /// `Backend::round_index_rows`.
     RoundIndexRows,
 }
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 22] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -76,6 +78,7 @@ impl Op {
         Op::CacheStore,
         Op::CacheLoad,
         Op::CacheLoadRows,
+        Op::CacheEncodeRows,
         Op::RoundIndexRows,
     ];
 
@@ -102,6 +105,7 @@ impl Op {
             Op::CacheStore => "cache_store",
             Op::CacheLoad => "cache_load",
             Op::CacheLoadRows => "cache_load_rows",
+            Op::CacheEncodeRows => "cache_encode_rows",
             Op::RoundIndexRows => "round_index_rows",
         }
     }

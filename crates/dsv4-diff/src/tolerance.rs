@@ -119,6 +119,7 @@ pub fn op_tolerance(op: Op) -> Tolerance {
         Op::CacheStore => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),
         Op::CacheLoad => tol(Mismatches, 0.0, "dequantization is exact"),
         Op::CacheLoadRows => tol(Mismatches, 0.0, "dequantization is exact"),
+        Op::CacheEncodeRows => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),
         Op::RoundIndexRows => tol(Mismatches, 0.0, "the rounding is exact"),
     }
 }

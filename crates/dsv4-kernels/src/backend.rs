@@ -181,6 +181,34 @@ pub trait Backend: Send + Sync {
         values: &[f32],
     ) -> Result<(), CacheLayoutError>;
 
+    /// Quantize whole cache rows into their entry bytes: `values` holds rows of `fmt.width()`
+    /// values, and row r's entry — its slot's data bytes, then its scale bytes: exactly what
+    /// [`Backend::cache_store`] writes into a slot ([`RowFormat::put_entry`] puts it there) — is
+    /// at `[r·e, (r+1)·e)` of the result, e = [`RowFormat::entry_bytes`]. A GPU backend encodes
+    /// them in one submission instead of one per row.
+    fn cache_encode_rows(
+        &self,
+        fmt: &RowFormat,
+        values: &[f32],
+    ) -> Result<Vec<u8>, CacheLayoutError> {
+        let width = fmt.width();
+        if width == 0 || !values.len().is_multiple_of(width) {
+            return Err(CacheLayoutError::PartialRow {
+                width,
+                got: values.len(),
+            });
+        }
+        let mut page = vec![0u8; fmt.page_bytes()];
+        let at = fmt.slot_bytes(0)?;
+        let mut out = Vec::with_capacity(values.len() / width * fmt.entry_bytes());
+        for row in values.chunks_exact(width) {
+            self.cache_store(fmt, &mut page, 0, row)?;
+            out.extend_from_slice(&page[at.data.clone()]);
+            out.extend_from_slice(&page[at.scale.clone()]);
+        }
+        Ok(out)
+    }
+
     /// Dequantize `slot` of `page` (exactly) into `out`.
     fn cache_load(
         &self,

@@ -1,7 +1,7 @@
 //! Cache row formats as the op set sees them: KV entries (SWA, C4, C128) and index-K rows, each
 //! with its spec §4 paged byte layout from `dsv4_core::cache`.
 
-use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
+use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout, SlotBytes};
 
 /// The byte layout of one kind of cache row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +57,42 @@ impl RowFormat {
             RowFormat::Kv(l) => l.write(page, slot, values),
             RowFormat::IndexK(l) => l.write(page, slot, values),
         }
+    }
+
+    /// The byte ranges of `slot` in a page (an error when the slot is past the page's entries).
+    pub fn slot_bytes(&self, slot: usize) -> Result<SlotBytes, CacheLayoutError> {
+        match self {
+            RowFormat::Kv(l) => l.slot_bytes(slot),
+            RowFormat::IndexK(l) => l.slot_bytes(slot),
+        }
+    }
+
+    /// Copy one entry's bytes (its data bytes, then its scale bytes, as
+    /// `Backend::cache_encode_rows` returns them) into `slot` of `page`; only that slot's bytes
+    /// change. Errors as [`RowFormat::write`]'s: the page size, then the slot.
+    pub fn put_entry(
+        &self,
+        page: &mut [u8],
+        slot: usize,
+        entry: &[u8],
+    ) -> Result<(), CacheLayoutError> {
+        if page.len() != self.page_bytes() {
+            return Err(CacheLayoutError::WrongPageSize {
+                expected: self.page_bytes(),
+                got: page.len(),
+            });
+        }
+        let at = self.slot_bytes(slot)?;
+        let (data, scale) = entry.split_at(at.data.len().min(entry.len()));
+        if data.len() != at.data.len() || scale.len() != at.scale.len() {
+            return Err(CacheLayoutError::WrongEntrySize {
+                expected: self.entry_bytes(),
+                got: entry.len(),
+            });
+        }
+        page[at.data].copy_from_slice(data);
+        page[at.scale].copy_from_slice(scale);
+        Ok(())
     }
 
     /// Dequantize `slot` of `page` exactly into `out` (the host codec behind `Backend::cache_load`).

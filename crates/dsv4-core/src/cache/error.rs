@@ -53,6 +53,22 @@ pub enum CacheLayoutError {
         /// Values that were given.
         got: usize,
     },
+    /// Encoded entry bytes of the wrong length.
+    #[error("expected {expected} bytes for one encoded cache entry, got {got}")]
+    WrongEntrySize {
+        /// Bytes per entry of this layout (data and scales).
+        expected: usize,
+        /// Bytes that were given.
+        got: usize,
+    },
+    /// A row batch that is not a whole number of rows.
+    #[error("expected whole cache rows of {width} values, got {got} values")]
+    PartialRow {
+        /// Values per row of this layout.
+        width: usize,
+        /// Values that were given.
+        got: usize,
+    },
     /// The page slice has the wrong length.
     #[error("expected a page of {expected} bytes for this layout, got {got} bytes")]
     WrongPageSize {

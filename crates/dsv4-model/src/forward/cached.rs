@@ -45,6 +45,27 @@ fn store_row(
     Ok(r?)
 }
 
+/// Put one encoded entry (see [`Backend::cache_encode_rows`]) into the row at location `loc`
+/// of `store` (nothing for [`NO_LOCATION`]).
+fn store_entry(
+    store: &dyn PageStore,
+    fmt: &RowFormat,
+    loc: u32,
+    entry: &[u8],
+) -> Result<(), ForwardError> {
+    if loc == NO_LOCATION {
+        return Ok(());
+    }
+    let per = fmt.page_entries();
+    let cap = store.capacity().max(1);
+    let page = ((loc as usize / per) % cap) as u32;
+    let mut r = Ok(());
+    store.write(page, &mut |b| {
+        r = fmt.put_entry(b, loc as usize % per, entry)
+    });
+    Ok(r?)
+}
+
 fn missing(what: &str) -> ForwardError {
     ForwardError::Plan {
         message: format!("a sequence of the step has no {what} in its page stores"),
@@ -56,6 +77,25 @@ impl Run<'_> {
         bb.states[self.bound.row_seq[i]]
     }
 
+    /// The SWA entries of the step's rows of `kv`, encoded in one call: the format every row's
+    /// SWA store shares, and the entries (one per row).
+    fn encode_swa(
+        &self,
+        bb: &BoundBlock<'_>,
+        kv: &[f32],
+    ) -> Result<(RowFormat, Vec<u8>), ForwardError> {
+        let t = self.bound.rows;
+        let fmt = *self.row_state(bb, 0).swa.layout();
+        if (1..t).any(|i| *self.row_state(bb, i).swa.layout() != fmt) {
+            return Err(ForwardError::Plan {
+                message: "the step's sequences have SWA stores of different formats".into(),
+            });
+        }
+        let hd = self.model.cfg.head_dim;
+        let entries = self.model.backend.cache_encode_rows(&fmt, &kv[..t * hd])?;
+        Ok((fmt, entries))
+    }
+
     /// `[kv, loc] → []`: each row's SWA entry into its location.
     pub(crate) fn swa_store(
         &self,
@@ -64,20 +104,14 @@ impl Run<'_> {
         loc: &[f32],
     ) -> Result<(), ForwardError> {
         let bb = self.bound_block(b)?;
-        let ratio = self.weights(b)?.ratio;
-        let (hd, w) = (self.model.cfg.head_dim, loc_width(ratio));
-        let be = self.model.backend.as_ref();
+        let w = loc_width(self.weights(b)?.ratio);
+        let (fmt, entries) = self.encode_swa(bb, kv)?;
+        let e = fmt.entry_bytes();
         for i in 0..self.bound.rows {
             let swa = &self.row_state(bb, i).swa;
             let store = swa.store().ok_or_else(|| missing("SWA store"))?;
-            let l = loc[i * w].to_bits();
-            store_row(
-                be,
-                store.as_ref(),
-                swa.layout(),
-                l,
-                &kv[i * hd..(i + 1) * hd],
-            )?;
+            let entry = &entries[i * e..(i + 1) * e];
+            store_entry(store.as_ref(), &fmt, loc[i * w].to_bits(), entry)?;
         }
         Ok(())
     }
@@ -225,18 +259,19 @@ impl Run<'_> {
         // (a later row's store may overwrite a ring slot this row reads), then a chunk's rows
         // attend in one call.
         let (mut keys, mut starts, mut first) = (Vec::new(), vec![0usize], 0usize);
+        // Every row's SWA entry is encoded up front in one call (the encoding does not depend
+        // on the pages); each is put into its page right before the row's gather.
+        let encoded = match kv {
+            Some(kv) => Some(self.encode_swa(bb, kv)?),
+            None => None,
+        };
         for (i, &p) in self.bound.positions[..t].iter().enumerate() {
             let st = self.row_state(bb, i);
-            if let (Some(kv), Some(loc)) = (kv, loc) {
+            if let (Some((fmt, entries)), Some(loc)) = (&encoded, loc) {
                 let store = st.swa.store().ok_or_else(|| missing("SWA store"))?;
-                let l = loc[i * lw].to_bits();
-                store_row(
-                    be,
-                    store.as_ref(),
-                    st.swa.layout(),
-                    l,
-                    &kv[i * hd..(i + 1) * hd],
-                )?;
+                let e = fmt.entry_bytes();
+                let entry = &entries[i * e..(i + 1) * e];
+                store_entry(store.as_ref(), fmt, loc[i * lw].to_bits(), entry)?;
             }
             keys.extend(st.swa.load_rows(be, (p + 1).saturating_sub(window)..=p)?);
             if let Some(cs) = st.compressor.as_ref() {

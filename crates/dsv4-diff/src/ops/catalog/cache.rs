@@ -1,21 +1,27 @@
 //! Cases of the cache ops: `cache_store` (exact page bytes; only the slot's bytes may change,
-//! and every one of them must be written) and `cache_load` (exact values), for every KV and
-//! index-K storage format.
+//! and every one of them must be written), `cache_encode_rows` (exact entry bytes of many rows),
+//! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format.
 
 use crate::Op;
 use crate::ops::case::{Case, Runner, SizeClass, uniform};
-use crate::ops::harness::{GuardedBytes, GuardedF32, Problem, Produced, Ran, call};
+use crate::ops::harness::{GuardedBytes, GuardedF32, Problem, Produced, Ran, call, check_len};
 use dsv4_core::cache::{IndexKLayout, KvLayout, SlotBytes};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use dsv4_kernels::RowFormat;
 
 /// The byte ranges of `slot` in a page of `fmt`.
 fn slot_bytes(fmt: &RowFormat, slot: usize) -> Result<SlotBytes, String> {
-    match fmt {
-        RowFormat::Kv(l) => l.slot_bytes(slot),
-        RowFormat::IndexK(l) => l.slot_bytes(slot),
+    fmt.slot_bytes(slot).map_err(|e| e.to_string())
+}
+
+/// A page with every slot written by the shared codec (not by either backend).
+fn codec_page(rng: &mut SplitMix64, fmt: &RowFormat) -> Result<Vec<u8>, String> {
+    let mut page = vec![0u8; fmt.page_bytes()];
+    for slot in 0..fmt.page_entries() {
+        let v = row_values(rng, fmt.width());
+        fmt.write(&mut page, slot, &v).map_err(|e| e.to_string())?;
     }
-    .map_err(|e| e.to_string())
+    Ok(page)
 }
 
 /// One row of values whose 32-value blocks span 10^[-3, 2], with block 1 all zeros.
@@ -102,16 +108,7 @@ fn load_case(class: SizeClass, fmt: RowFormat) -> Case {
     let (label, numerics) = describe(&fmt);
     let width = fmt.width();
     let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
-        // A page fully written by the shared codec (not by either backend).
-        let mut page = vec![0u8; fmt.page_bytes()];
-        for slot in 0..fmt.page_entries() {
-            let v = row_values(rng, width);
-            match &fmt {
-                RowFormat::Kv(l) => l.write(&mut page, slot, &v),
-                RowFormat::IndexK(l) => l.write(&mut page, slot, &v),
-            }
-            .map_err(|e| e.to_string())?;
-        }
+        let page = codec_page(rng, &fmt)?;
         let slot = rng.below(fmt.page_entries() as u64) as usize;
         Ok(Box::new(move |be| {
             let mut out = GuardedF32::poisoned(width);
@@ -163,19 +160,9 @@ fn load_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
         // Three pages fully written by the shared codec; eleven rows in scattered order, one
         // of them twice.
         let per = fmt.page_entries();
-        let mut pages = Vec::new();
-        for _ in 0..3 {
-            let mut page = vec![0u8; fmt.page_bytes()];
-            for slot in 0..per {
-                let v = row_values(rng, width);
-                match &fmt {
-                    RowFormat::Kv(l) => l.write(&mut page, slot, &v),
-                    RowFormat::IndexK(l) => l.write(&mut page, slot, &v),
-                }
-                .map_err(|e| e.to_string())?;
-            }
-            pages.push(page);
-        }
+        let pages = (0..3)
+            .map(|_| codec_page(rng, &fmt))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut rows: Vec<(usize, usize)> = (0..10)
             .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
             .collect();
@@ -195,6 +182,33 @@ fn load_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
     Case::new(Op::CacheLoadRows, class, label, Some(numerics), cost, build)
 }
 
+fn encode_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let width = fmt.width();
+    const ROWS: usize = 9;
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let values: Vec<f32> = (0..ROWS).flat_map(|_| row_values(rng, width)).collect();
+        Ok(Box::new(move |be| {
+            let (res, elapsed) = call(|| be.cache_encode_rows(&fmt, &values))?;
+            let bytes = res.map_err(|e| Problem::OpError(e.to_string()))?;
+            check_len("entries", ROWS * fmt.entry_bytes(), bytes.len())?;
+            Ok(Ran {
+                out: Produced::Bytes(bytes),
+                elapsed,
+            })
+        }))
+    });
+    let cost = (0.0, ROWS as f64 * (4 * width + fmt.entry_bytes()) as f64);
+    Case::new(
+        Op::CacheEncodeRows,
+        class,
+        label,
+        Some(numerics),
+        cost,
+        build,
+    )
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -205,6 +219,7 @@ pub(crate) fn cases() -> Vec<Case> {
         }
         v.push(load_case(class, fmt));
         v.push(load_rows_case(class, fmt));
+        v.push(encode_rows_case(class, fmt));
     }
     v
 }

@@ -55,5 +55,6 @@ mod tests {
         assert_eq!(tags(Op::CacheStore).len(), 5);
         assert_eq!(tags(Op::CacheLoad).len(), 5);
         assert_eq!(tags(Op::CacheLoadRows).len(), 5);
+        assert_eq!(tags(Op::CacheEncodeRows).len(), 5);
     }
 }
