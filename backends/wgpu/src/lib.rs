@@ -17,6 +17,7 @@ mod error;
 pub mod gpu;
 mod ops;
 mod ops_attn;
+mod ops_cache;
 mod resident;
 mod resident_ops;
 pub mod setup;
@@ -260,7 +261,15 @@ impl Backend for WgpuBackend {
         slot: usize,
         values: &[f32],
     ) -> Result<(), CacheLayoutError> {
-        ops::cache_store(&self.gpu, fmt, page, slot, values)
+        ops_cache::cache_store(&self.gpu, fmt, page, slot, values)
+    }
+
+    fn cache_encode_rows(
+        &self,
+        fmt: &RowFormat,
+        values: &[f32],
+    ) -> Result<Vec<u8>, CacheLayoutError> {
+        ops_cache::cache_encode_rows(&self.gpu, fmt, values)
     }
 
     fn cache_load(
@@ -270,7 +279,7 @@ impl Backend for WgpuBackend {
         slot: usize,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        ops::cache_load(&self.gpu, fmt, page, slot, out)
+        ops_cache::cache_load(&self.gpu, fmt, page, slot, out)
     }
 
     fn cache_load_rows(
@@ -280,7 +289,7 @@ impl Backend for WgpuBackend {
         rows: &[(usize, usize)],
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        ops::cache_load_rows(&self.gpu, fmt, pages, rows, out)
+        ops_cache::cache_load_rows(&self.gpu, fmt, pages, rows, out)
     }
 
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

@@ -1,14 +1,13 @@
-//! Host glue of the linear, row-wise, element-wise and cache kernels: upload the op's inputs,
-//! encode its dispatches into one command buffer, submit once, read the output back. The
-//! `enc_*` functions encode an op's dispatches over bound buffer ranges; the device-resident
-//! ops (resident_ops.rs) call the same functions on their slices.
+//! Host glue of the linear, row-wise and element-wise kernels (the cache codecs are in
+//! ops_cache.rs): upload the op's inputs, encode its dispatches into one command buffer, submit
+//! once, read the output back. The `enc_*` functions encode an op's dispatches over bound buffer
+//! ranges; the device-resident ops (resident_ops.rs) call the same functions on their slices.
 
 use crate::gpu::{Gpu, Step, copy_f32, f32_bytes, grid};
 use crate::setup::Bind;
 use crate::weights::DeviceWeight;
 use dsv4_core::IndexKDtype;
-use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{Linear, RopeTable, RowFormat};
+use dsv4_kernels::{Linear, RopeTable};
 
 /// Rows one linear thread accumulates (ROWS_PER_THREAD in linear.wgsl).
 const LINEAR_ROWS_PER_THREAD: usize = 4;
@@ -355,200 +354,13 @@ pub fn swiglu(gpu: &Gpu, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mu
     elementwise(gpu, "swiglu", &params, g, Some(u), out);
 }
 
-/// The cache kernels' description of a row format: (kind, nd or dim, rd, data row bytes).
-fn cache_kind(fmt: &RowFormat) -> (u32, usize, usize, usize) {
-    use dsv4_core::KvCacheDtype;
-    match fmt {
-        RowFormat::Kv(l) => {
-            let kind = match l.dtype() {
-                KvCacheDtype::Bf16 => 0,
-                KvCacheDtype::Fp8 => 1,
-            };
-            (kind, l.nd(), l.rd(), l.data_row_bytes())
-        }
-        RowFormat::IndexK(l) => (index_kind(l.dtype()), l.dim(), 0, l.data_row_bytes()),
-    }
-}
-
-fn index_kind(d: IndexKDtype) -> u32 {
+/// The cache kernels' kind number of an index-K dtype.
+pub(crate) fn index_kind(d: IndexKDtype) -> u32 {
     match d {
         IndexKDtype::Bf16 => 2,
         IndexKDtype::Fp8 => 3,
         IndexKDtype::Fp4 => 4,
     }
-}
-
-fn slot_bytes(
-    fmt: &RowFormat,
-    slot: usize,
-) -> Result<dsv4_core::cache::SlotBytes, CacheLayoutError> {
-    match fmt {
-        RowFormat::Kv(l) => l.slot_bytes(slot),
-        RowFormat::IndexK(l) => l.slot_bytes(slot),
-    }
-}
-
-fn check_access(fmt: &RowFormat, page: usize, values: usize) -> Result<(), CacheLayoutError> {
-    if page != fmt.page_bytes() {
-        return Err(CacheLayoutError::WrongPageSize {
-            expected: fmt.page_bytes(),
-            got: page,
-        });
-    }
-    if values != fmt.width() {
-        return Err(CacheLayoutError::WrongValueCount {
-            expected: fmt.width(),
-            got: values,
-        });
-    }
-    Ok(())
-}
-
-/// Encode the entry on the device; the host places its data and scale bytes at the slot's
-/// offsets of the page (which lives in host memory behind the trait).
-pub fn cache_store(
-    gpu: &Gpu,
-    fmt: &RowFormat,
-    page: &mut [u8],
-    slot: usize,
-    values: &[f32],
-) -> Result<(), CacheLayoutError> {
-    check_access(fmt, page.len(), values.len())?;
-    let at = slot_bytes(fmt, slot)?;
-    let (kind, nd, rd, data_row) = cache_kind(fmt);
-    let total = at.data.len() + at.scale.len();
-    let vb = upload_f32(gpu, "cache values", values);
-    let ob = scratch(gpu, "cache entry", total);
-    let params = [kind, nd as u32, rd as u32, total as u32, data_row as u32];
-    let mut step = gpu.step();
-    step.dispatch(
-        "cache_encode",
-        &params,
-        &[(1, Bind::whole(&vb)), (4, Bind::whole(&ob))],
-        [total.div_ceil(4).div_ceil(64).max(1) as u32, 1, 1],
-    );
-    let bytes = step.finish(&[(&ob, total)]).remove(0);
-    let (d, s) = bytes.split_at(at.data.len());
-    page[at.data].copy_from_slice(d);
-    page[at.scale].copy_from_slice(s);
-    Ok(())
-}
-
-/// Upload the slot's data and scale bytes and decode them on the device.
-pub fn cache_load(
-    gpu: &Gpu,
-    fmt: &RowFormat,
-    page: &[u8],
-    slot: usize,
-    out: &mut [f32],
-) -> Result<(), CacheLayoutError> {
-    check_access(fmt, page.len(), out.len())?;
-    let at = slot_bytes(fmt, slot)?;
-    let mut entry = page[at.data.clone()].to_vec();
-    entry.extend_from_slice(&page[at.scale.clone()]);
-    decode_rows(gpu, fmt, &entry, &[0, at.data.len() as u32], out);
-    Ok(())
-}
-
-/// Decode many rows in one submission: the pages the rows use are uploaded once, concatenated
-/// (or, when they would not fit one binding, just the rows' entries), with one decode dispatch
-/// over all rows and one read-back. Errors are those the per-row loop of the default
-/// `Backend::cache_load_rows` returns, found before anything runs; `out` is then unchanged.
-pub fn cache_load_rows(
-    gpu: &Gpu,
-    fmt: &RowFormat,
-    pages: &[&[u8]],
-    rows: &[(usize, usize)],
-    out: &mut [f32],
-) -> Result<(), CacheLayoutError> {
-    let width = fmt.width();
-    if out.len() != rows.len() * width {
-        return Err(CacheLayoutError::WrongValueCount {
-            expected: rows.len() * width,
-            got: out.len(),
-        });
-    }
-    let mut at = Vec::with_capacity(rows.len());
-    for (r, &(page, slot)) in rows.iter().enumerate() {
-        let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
-            row: r,
-            page,
-            pages: pages.len(),
-        })?;
-        check_access(fmt, bytes.len(), width)?;
-        at.push(slot_bytes(fmt, slot)?);
-    }
-    if rows.is_empty() {
-        return Ok(());
-    }
-    // The used pages in first-use order, and where each starts in their concatenation.
-    let mut page_at: Vec<Option<usize>> = vec![None; pages.len()];
-    let mut used = Vec::new();
-    let mut total = 0;
-    for &(page, _) in rows {
-        if page_at[page].is_none() {
-            page_at[page] = Some(total);
-            used.push(page);
-            total += pages[page].len();
-        }
-    }
-    let entry_bytes = at
-        .iter()
-        .map(|a| a.data.len() + a.scale.len())
-        .sum::<usize>();
-    let (bytes, table) = if total <= gpu.max_binding_bytes() as usize {
-        let mut bytes = Vec::with_capacity(total);
-        for &p in &used {
-            bytes.extend_from_slice(pages[p]);
-        }
-        let table = rows
-            .iter()
-            .zip(&at)
-            .flat_map(|(&(page, _), a)| {
-                let p0 = page_at[page].unwrap_or(0);
-                [(p0 + a.data.start) as u32, (p0 + a.scale.start) as u32]
-            })
-            .collect::<Vec<_>>();
-        (bytes, table)
-    } else {
-        let mut bytes = Vec::with_capacity(entry_bytes);
-        let mut table = Vec::with_capacity(2 * rows.len());
-        for (&(page, _), a) in rows.iter().zip(&at) {
-            table.push(bytes.len() as u32);
-            bytes.extend_from_slice(&pages[page][a.data.clone()]);
-            table.push(bytes.len() as u32);
-            bytes.extend_from_slice(&pages[page][a.scale.clone()]);
-        }
-        (bytes, table)
-    };
-    decode_rows(gpu, fmt, &bytes, &table, out);
-    Ok(())
-}
-
-/// Decode `table.len() / 2` rows from `bytes` into `out` (row r's data row at byte
-/// `table[2r]`, its scale row at `table[2r + 1]`): one upload of each, one dispatch, one
-/// read-back.
-fn decode_rows(gpu: &Gpu, fmt: &RowFormat, bytes: &[u8], table: &[u32], out: &mut [f32]) {
-    let rows = table.len() / 2;
-    let (kind, nd, _, _) = cache_kind(fmt);
-    let width = fmt.width();
-    let n = rows * width;
-    let eb = upload_bytes(gpu, "cache entries", bytes);
-    let tb = upload_bytes(gpu, "cache row offsets", bytemuck::cast_slice(table));
-    let ob = scratch(gpu, "cache values", n * 4);
-    let params = [kind, nd as u32, width as u32, rows as u32];
-    let mut step = gpu.step();
-    step.dispatch(
-        "cache_decode",
-        &params,
-        &[
-            (2, Bind::whole(&eb)),
-            (3, Bind::whole(&ob)),
-            (5, Bind::whole(&tb)),
-        ],
-        grid(n, 64),
-    );
-    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
 }
 
 pub fn round_index_rows(gpu: &Gpu, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

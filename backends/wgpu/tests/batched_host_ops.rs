@@ -6,13 +6,10 @@
 
 mod common;
 
-use common::{backend, values};
+use common::{backend, formats, stats, values};
 
 use dsv4_backend_reference::ReferenceBackend;
-use dsv4_backend_wgpu::WgpuBackend;
-use dsv4_core::cache::{IndexKLayout, KvLayout};
-use dsv4_core::{IndexKDtype, KvCacheDtype};
-use dsv4_kernels::{Backend, DeviceStats, PerRow, RowFormat};
+use dsv4_kernels::{Backend, PerRow, RowFormat};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Deterministic bytes (cache pages with slots never written hold garbage).
@@ -31,10 +28,6 @@ fn garbage(n: usize, seed: u64) -> Vec<u8> {
 /// (page index, slot) of each row.
 type Rows = Vec<(usize, usize)>;
 
-fn stats(b: &WgpuBackend) -> DeviceStats {
-    b.device().expect("wgpu has device ops").stats()
-}
-
 fn same_bits(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     let bad = a
@@ -43,21 +36,6 @@ fn same_bits(what: &str, a: &[f32], b: &[f32]) {
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
     assert_eq!(bad, 0, "{what}: {bad} of {} values differ", a.len());
-}
-
-/// The formats of the cache op tests: KV bf16/fp8 (128 wide, 64 rope) and index-K
-/// bf16/fp8/fp4 (128 wide), 16 entries a page.
-fn formats() -> Vec<(String, RowFormat)> {
-    let mut f = Vec::new();
-    for dt in [KvCacheDtype::Bf16, KvCacheDtype::Fp8] {
-        let l = KvLayout::from_head_dims(dt, 128, 64, 16).unwrap();
-        f.push((format!("KV {dt:?}"), RowFormat::Kv(l)));
-    }
-    for dt in [IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4] {
-        let l = IndexKLayout::new(dt, 128, 16).unwrap();
-        f.push((format!("index-K {dt:?}"), RowFormat::IndexK(l)));
-    }
-    f
 }
 
 /// `n` pages of `fmt`: garbage bytes, with most slots then written from values.

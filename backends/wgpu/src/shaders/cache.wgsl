@@ -1,4 +1,4 @@
-// Cache row codecs (spec §4): encode one entry into its exact bytes (data row then scale row,
+// Cache row codecs (spec §4): encode entries into their exact bytes (data row then scale row,
 // as dsv4_core::cache lays them out), decode an entry's bytes, and round indexer query rows as
 // index keys are rounded. Kinds: 0 KV bf16, 1 KV fp8, 2 index-K bf16, 3 index-K fp8,
 // 4 index-K fp4.
@@ -47,63 +47,73 @@ fn e2m1_code(x: f32, e: i32) -> u32 {
     return f32_to_e2m1(div_pow2(x, e));
 }
 
-// Byte i of an encoded entry; params 0 kind, 1 nd (or dim), 2 rd, 4 data row bytes.
-fn entry_byte(i: u32) -> u32 {
+// Byte i of the encoded entry of the row whose values start at vals[v0]; params 0 kind, 1 nd
+// (or dim), 2 rd, 4 data row bytes.
+fn entry_byte(v0: u32, i: u32) -> u32 {
     let kind = pu(0u);
     let nd = pu(1u);
     let data_row = pu(4u);
     switch kind {
         case 0u, 2u: {
             if (i >= data_row) { return 0u; }
-            return (f32_to_bf16(vals[i / 2u]) >> ((i % 2u) * 8u)) & 0xffu;
+            return (f32_to_bf16(vals[v0 + i / 2u]) >> ((i % 2u) * 8u)) & 0xffu;
         }
         case 1u: {
             if (i < nd) {
-                let blk = (i / 64u) * 64u;
+                let blk = v0 + (i / 64u) * 64u;
                 let e = pow2_scale_exponent(amax_range(blk, blk + 64u), 1e-4, 448.0);
-                return f32_to_e4m3(div_pow2(vals[i], e));
+                return f32_to_e4m3(div_pow2(vals[v0 + i], e));
             }
             if (i < data_row) {
                 let k = i - nd;
-                return (f32_to_bf16(vals[nd + k / 2u]) >> ((k % 2u) * 8u)) & 0xffu;
+                return (f32_to_bf16(vals[v0 + nd + k / 2u]) >> ((k % 2u) * 8u)) & 0xffu;
             }
             let j = i - data_row;
             if (j >= nd / 64u) { return 0u; }
-            let e = pow2_scale_exponent(amax_range(j * 64u, j * 64u + 64u), 1e-4, 448.0);
+            let blk = v0 + j * 64u;
+            let e = pow2_scale_exponent(amax_range(blk, blk + 64u), 1e-4, 448.0);
             return u32(e + 127);
         }
         case 3u: {
-            let scale = fp8_entry_scale(0u, nd);
-            if (i < nd) { return f32_to_e4m3(div_acc(vals[i], scale)); }
+            let scale = fp8_entry_scale(v0, v0 + nd);
+            if (i < nd) { return f32_to_e4m3(div_acc(vals[v0 + i], scale)); }
             return (bitcast<u32>(scale) >> ((i - nd) * 8u)) & 0xffu;
         }
         default: {
             if (i < data_row) {
-                let blk = ((2u * i) / 32u) * 32u;
+                let blk = v0 + ((2u * i) / 32u) * 32u;
                 let e = e2m1_exponent(blk, blk + 32u);
-                return e2m1_code(vals[2u * i], e) | (e2m1_code(vals[2u * i + 1u], e) << 4u);
+                let x = v0 + 2u * i;
+                return e2m1_code(vals[x], e) | (e2m1_code(vals[x + 1u], e) << 4u);
             }
-            let j = i - data_row;
-            let e = e2m1_exponent(j * 32u, j * 32u + 32u);
+            let blk = v0 + (i - data_row) * 32u;
+            let e = e2m1_exponent(blk, blk + 32u);
             if (e == -1000) { return 255u; }
             return u32(e + 127);
         }
     }
 }
 
-// cache_encode: params 0 kind, 1 nd/dim, 2 rd, 3 entry bytes, 4 data row bytes. One thread per
-// output word (four bytes of the entry).
+// cache_encode: params 0 kind, 1 nd/dim, 2 rd, 3 entry bytes e, 4 data row bytes, 5 rows,
+// 6 width (values a row), 7 first output word. `vals` holds the rows' values back to back; row
+// r's entry goes to bytes [r·e, (r + 1)·e) after the first word of `bytes_out`. One thread per
+// output word (four bytes, which may straddle two entries when e is not a multiple of 4).
 @compute @workgroup_size(64)
-fn cache_encode(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let w = gid.x;
-    let total = pu(3u);
-    if (w * 4u >= total) { return; }
+fn cache_encode(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = flat_id(gid, nwg, 64u);
+    let e = pu(3u);
+    let total = e * pu(5u);
+    if (w >= total / 4u + min(total % 4u, 1u)) { return; }
+    let width = pu(6u);
     var word = 0u;
     for (var k = 0u; k < 4u; k = k + 1u) {
-        let i = w * 4u + k;
-        if (i < total) { word = word | (entry_byte(i) << (8u * k)); }
+        let b = w * 4u + k;
+        if (b < total) {
+            let r = b / e;
+            word = word | (entry_byte(r * width, b - r * e) << (8u * k));
+        }
     }
-    bytes_out[w] = word;
+    bytes_out[pu(7u) + w] = word;
 }
 
 fn byte_in(i: u32) -> u32 { return (bytes_in[i / 4u] >> ((i % 4u) * 8u)) & 0xffu; }
