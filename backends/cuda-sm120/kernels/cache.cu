@@ -3,14 +3,21 @@
 // The host (ops/cache.rs) validates the layout and copies the bytes to and from the page.
 // Codecs come from namespace codec (linear.cu).
 //
-// Launch shapes: bf16 encode one thread per value (256 per block); kv_fp8 encode one 256-thread
-// block (a warp per 64-value block, then the bf16 rope part); index_fp8 encode one warp;
-// index_fp4 encode one warp per 32-value block. The decoders take a batch: `rows` entries of
-// `stride` bytes each, entry r's values to out[r·width ..], one thread per value of the batch
-// (grid ceil(rows·width/256) × 256).
+// Launch shapes: the encoders take a batch of rows, row row0 + blockIdx.y (grid.y rows per
+// launch, so more than 65535 rows are a few launches) reading its width values at v[r·width ..]
+// and writing its entry at out[r·stride ..] (stride = the entry's bytes). Per row: bf16 encode
+// one thread per value (256 per block); kv_fp8 encode one 256-thread block (a warp per 64-value
+// block, then the bf16 rope part); index_fp8 encode one warp; index_fp4 encode one warp per
+// 32-value block. The decoders take a batch: `rows` entries of `stride` bytes each, entry r's
+// values to out[r·width ..], one thread per value of the batch (grid ceil(rows·width/256) × 256).
 #include "common.cuh"
 
 #define CACHE_THREADS 256
+
+// An encoder block's row: row0 + blockIdx.y.
+__device__ __forceinline__ u64 cache_encode_row(u32 row0) {
+    return (u64)row0 + blockIdx.y;
+}
 
 // A decoder thread's place in the batch: the value t of rows·width (its output index).
 __device__ __forceinline__ u64 cache_decode_thread() {
@@ -19,9 +26,12 @@ __device__ __forceinline__ u64 cache_decode_thread() {
 
 // bf16 entries (KV bf16 and index-K bf16): value i → bytes 2i, 2i+1 (little endian).
 extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __restrict__ out,
-                                             u32 n) {
+                                             u32 n, u32 row0, u32 stride) {
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    const u64 r = cache_encode_row(row0);
+    v += r * n;
+    out += r * stride;
     const u32 b = codec::f32_to_bf16(v[i]);
     out[2u * i] = (u8)(b & 0xffu);
     out[2u * i + 1u] = (u8)(b >> 8);
@@ -39,7 +49,10 @@ extern "C" __global__ void cache_decode_bf16(const u8* __restrict__ in, float* _
 // fp8 KV entry: data row = nd e4m3 codes (64-value blocks, power-of-two scales with floor 1e-4)
 // then rd bf16 values; scale row = nd/64 ue8m0 codes then one zero pad byte. One block.
 extern "C" __global__ void cache_encode_kv_fp8(const float* __restrict__ v, u8* __restrict__ out,
-                                               u32 nd, u32 rd) {
+                                               u32 nd, u32 rd, u32 row0, u32 stride) {
+    const u64 r = cache_encode_row(row0);
+    v += r * (nd + rd);
+    out += r * stride;
     const u32 lane = threadIdx.x % DSV4_WARP;
     const u32 warp = threadIdx.x / DSV4_WARP;
     const u32 data_row = nd + 2u * rd;
@@ -79,7 +92,11 @@ extern "C" __global__ void cache_decode_kv_fp8(const u8* __restrict__ in, float*
 // fp8 index-K entry: dim e4m3 codes of x / scale, then the f32 scale max(amax, 1e-4)/448
 // (little endian). One warp.
 extern "C" __global__ void cache_encode_index_fp8(const float* __restrict__ v,
-                                                  u8* __restrict__ out, u32 dim) {
+                                                  u8* __restrict__ out, u32 dim, u32 row0,
+                                                  u32 stride) {
+    const u64 r = cache_encode_row(row0);
+    v += r * dim;
+    out += r * stride;
     const u32 lane = threadIdx.x % DSV4_WARP;
     float m = 0.0f;
     for (u32 j = lane; j < dim; j += DSV4_WARP) m = fmaxf(m, fabsf(v[j]));
@@ -103,10 +120,14 @@ extern "C" __global__ void cache_decode_index_fp8(const u8* __restrict__ in,
 // fp4 index-K entry: dim/2 bytes of e2m1 pairs (low nibble first), then dim/32 ue8m0 codes (255
 // for a block holding NaN, whose codes are 0). One warp per 32-value block, lane = value.
 extern "C" __global__ void cache_encode_index_fp4(const float* __restrict__ v,
-                                                  u8* __restrict__ out, u32 dim) {
+                                                  u8* __restrict__ out, u32 dim, u32 row0,
+                                                  u32 stride) {
     const u32 lane = threadIdx.x % DSV4_WARP;
     const u32 b = blockIdx.x * (blockDim.x / DSV4_WARP) + threadIdx.x / DSV4_WARP;
     if (b >= dim / 32u) return; // whole warps
+    const u64 r = cache_encode_row(row0);
+    v += r * dim;
+    out += r * stride;
     const float x = v[b * 32u + lane];
     const bool nan = codec::warp_any(isnan(x));
     const float amax = warp_max(fabsf(x));

@@ -7,7 +7,7 @@
 //!
 //! The host ops (the `Backend` trait) take host slices: linear weights are uploaded once and stay
 //! resident in their stored format; each op uploads its inputs, launches its kernels and reads its
-//! output back, one synchronisation each (the batched `cache_load_rows`,
+//! output back, one synchronisation each (the batched `cache_encode_rows`, `cache_load_rows`,
 //! `indexer_scores_rows`, `topk_rows` and `sparse_attention_rows` do a whole batch in one). The device-resident op set ([`DeviceOps`], `Backend::device`) runs the
 //! same kernels on activations kept in device buffers for a whole step (`resident/`); its
 //! `stats` include the host ops' traffic.
@@ -235,6 +235,15 @@ impl Backend for CudaBackend {
         values: &[f32],
     ) -> Result<(), CacheLayoutError> {
         ops::cache::cache_store(&self.core, fmt, page, slot, values)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
+    fn cache_encode_rows(
+        &self,
+        fmt: &RowFormat,
+        values: &[f32],
+    ) -> Result<Vec<u8>, CacheLayoutError> {
+        ops::cache::cache_encode_rows(&self.core, fmt, values)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 

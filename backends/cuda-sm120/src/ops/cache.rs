@@ -2,10 +2,11 @@
 //! behind the trait: the host validates the access exactly as the shared codec does (same
 //! errors, same order), the device encodes the entry's data and scale bytes (or decodes them),
 //! and the host copies only that slot's bytes into (or out of) the page. `cache_load_rows`
-//! gathers many slots' bytes and decodes them in one launch.
+//! gathers many slots' bytes and decodes them in one launch; `cache_encode_rows` encodes many
+//! rows' entries in one launch (a few past 65535 rows).
 
 use super::mhc::u32_arg;
-use crate::device::{KArg, blocks_for};
+use crate::device::{DevBuf, KArg, blocks_for};
 use crate::{Core, CudaError};
 use dsv4_core::cache::{CacheLayoutError, SlotBytes};
 use dsv4_core::{IndexKDtype, KvCacheDtype};
@@ -13,6 +14,8 @@ use dsv4_kernels::RowFormat;
 
 /// Threads per block of the per-value kernels and of the fp8 KV encoder.
 const THREADS: u32 = 256;
+/// Rows per encoder launch (the grid's y limit).
+const MAX_GRID_Y: usize = 65_535;
 
 /// The kernels' view of a row format.
 #[derive(Debug, Clone, Copy)]
@@ -91,41 +94,94 @@ pub fn cache_store(
     let total = at.data.len() + at.scale.len();
     let vb = c.dev.upload_f32(values)?;
     let ob = c.dev.alloc(total)?;
-    let (kernel, grid, block, args) = match kind(fmt)? {
-        Kind::Bf16 { n } => (
-            "cache_encode_bf16",
-            blocks_for(n as usize, THREADS as usize),
-            THREADS,
-            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(n)],
-        ),
-        Kind::KvFp8 { nd, rd } => (
-            "cache_encode_kv_fp8",
-            1,
-            THREADS,
-            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(nd), KArg::U32(rd)],
-        ),
-        Kind::IndexFp8 { dim } => (
-            "cache_encode_index_fp8",
-            1,
-            32,
-            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(dim)],
-        ),
-        Kind::IndexFp4 { dim } => (
-            "cache_encode_index_fp4",
-            blocks_for(dim as usize / 32, 4),
-            128,
-            vec![KArg::Buf(&vb), KArg::Buf(&ob), KArg::U32(dim)],
-        ),
-    };
-    // SAFETY: parameter order of the encoder; `vb` holds the row's width in f32 and `ob` the
-    // entry's data and scale bytes, which is exactly what the encoder writes.
-    unsafe { c.dev.launch(kernel, (grid, 1, 1), (block, 1, 1), &args)? };
+    encode(c, fmt, &vb, &ob, 1, total)?;
     let mut bytes = vec![0u8; total];
     c.dev.download(&ob, &mut bytes)?;
     let (d, s) = bytes.split_at(at.data.len());
     page[at.data].copy_from_slice(d);
     page[at.scale].copy_from_slice(s);
     Ok(Ok(()))
+}
+
+/// Quantize whole rows of `values` (rows of the format's width) into their entries, end to end
+/// (each its data bytes then its scale bytes, as `cache_store` writes a slot): one upload, one
+/// launch per [`MAX_GRID_Y`] rows and one read-back. The inner error is the row-by-row
+/// definition's (`Backend::cache_encode_rows`): a partial row; no rows is an empty result with
+/// nothing submitted.
+pub fn cache_encode_rows(
+    c: &Core,
+    fmt: &RowFormat,
+    values: &[f32],
+) -> Result<Result<Vec<u8>, CacheLayoutError>, CudaError> {
+    let width = fmt.width();
+    if width == 0 || !values.len().is_multiple_of(width) {
+        return Ok(Err(CacheLayoutError::PartialRow {
+            width,
+            got: values.len(),
+        }));
+    }
+    let at = match fmt.slot_bytes(0) {
+        Ok(at) => at,
+        Err(e) => return Ok(Err(e)),
+    };
+    let rows = values.len() / width;
+    let entry = at.data.len() + at.scale.len();
+    let mut bytes = vec![0u8; rows * entry];
+    if rows == 0 {
+        return Ok(Ok(bytes));
+    }
+    let vb = c.dev.upload_f32(values)?;
+    let ob = c.dev.alloc(bytes.len())?;
+    encode(c, fmt, &vb, &ob, rows, entry)?;
+    c.dev.download(&ob, &mut bytes)?;
+    Ok(Ok(bytes))
+}
+
+/// Launch the format's encoder over `rows` rows: row r's values at `vb[r·width ..]` (f32), its
+/// entry (`entry` bytes: data then scale bytes) to `ob[r·entry ..]`; a launch per
+/// [`MAX_GRID_Y`] rows, the row on the grid's y axis.
+fn encode(
+    c: &Core,
+    fmt: &RowFormat,
+    vb: &DevBuf,
+    ob: &DevBuf,
+    rows: usize,
+    entry: usize,
+) -> Result<(), CudaError> {
+    let stride = u32_arg("cache entry bytes", entry)?;
+    u32_arg("cache rows", rows)?;
+    let (kernel, grid, block, scalars) = match kind(fmt)? {
+        Kind::Bf16 { n } => (
+            "cache_encode_bf16",
+            blocks_for(n as usize, THREADS as usize),
+            THREADS,
+            vec![KArg::U32(n)],
+        ),
+        Kind::KvFp8 { nd, rd } => (
+            "cache_encode_kv_fp8",
+            1,
+            THREADS,
+            vec![KArg::U32(nd), KArg::U32(rd)],
+        ),
+        Kind::IndexFp8 { dim } => ("cache_encode_index_fp8", 1, 32, vec![KArg::U32(dim)]),
+        Kind::IndexFp4 { dim } => (
+            "cache_encode_index_fp4",
+            blocks_for(dim as usize / 32, 4),
+            128,
+            vec![KArg::U32(dim)],
+        ),
+    };
+    for row0 in (0..rows).step_by(MAX_GRID_Y) {
+        let nr = (rows - row0).min(MAX_GRID_Y) as u32;
+        let mut args = vec![KArg::Buf(vb), KArg::Buf(ob)];
+        args.extend(scalars.iter().copied());
+        args.extend([KArg::U32(row0 as u32), KArg::U32(stride)]);
+        // SAFETY: parameter order of the encoder; the launch covers rows row0 .. row0 + nr ≤
+        // rows, whose values `vb` holds (rows × width f32) and whose entries `ob` holds (rows ×
+        // `entry` bytes), which is exactly what the encoder reads and writes.
+        unsafe { c.dev.launch(kernel, (grid, nr, 1), (block, 1, 1), &args)? };
+    }
+    Ok(())
 }
 
 /// Dequantize `slot` of `page` exactly into `out`.
