@@ -23,32 +23,6 @@ fn cache_kind(fmt: &RowFormat) -> (u32, usize, usize, usize) {
     }
 }
 
-fn slot_bytes(
-    fmt: &RowFormat,
-    slot: usize,
-) -> Result<dsv4_core::cache::SlotBytes, CacheLayoutError> {
-    match fmt {
-        RowFormat::Kv(l) => l.slot_bytes(slot),
-        RowFormat::IndexK(l) => l.slot_bytes(slot),
-    }
-}
-
-fn check_access(fmt: &RowFormat, page: usize, values: usize) -> Result<(), CacheLayoutError> {
-    if page != fmt.page_bytes() {
-        return Err(CacheLayoutError::WrongPageSize {
-            expected: fmt.page_bytes(),
-            got: page,
-        });
-    }
-    if values != fmt.width() {
-        return Err(CacheLayoutError::WrongValueCount {
-            expected: fmt.width(),
-            got: values,
-        });
-    }
-    Ok(())
-}
-
 /// Encode the entry on the device; the host places its data and scale bytes at the slot's
 /// offsets of the page (which lives in host memory behind the trait).
 pub fn cache_store(
@@ -58,8 +32,7 @@ pub fn cache_store(
     slot: usize,
     values: &[f32],
 ) -> Result<(), CacheLayoutError> {
-    check_access(fmt, page.len(), values.len())?;
-    let at = slot_bytes(fmt, slot)?;
+    let at = fmt.checked_slot(page.len(), values.len(), slot)?;
     let bytes = encode_rows(gpu, fmt, values);
     let (d, s) = bytes.split_at(at.data.len());
     page[at.data].copy_from_slice(d);
@@ -83,7 +56,7 @@ pub fn cache_encode_rows(
             got: values.len(),
         });
     }
-    slot_bytes(fmt, 0)?;
+    fmt.slot_bytes(0)?;
     if values.is_empty() {
         return Ok(Vec::new());
     }
@@ -148,8 +121,7 @@ pub fn cache_load(
     slot: usize,
     out: &mut [f32],
 ) -> Result<(), CacheLayoutError> {
-    check_access(fmt, page.len(), out.len())?;
-    let at = slot_bytes(fmt, slot)?;
+    let at = fmt.checked_slot(page.len(), out.len(), slot)?;
     let mut entry = page[at.data.clone()].to_vec();
     entry.extend_from_slice(&page[at.scale.clone()]);
     decode_rows(gpu, fmt, &entry, &[0, at.data.len() as u32], out);
@@ -167,24 +139,8 @@ pub fn cache_load_rows(
     rows: &[(usize, usize)],
     out: &mut [f32],
 ) -> Result<(), CacheLayoutError> {
-    let width = fmt.width();
-    if out.len() != rows.len() * width {
-        return Err(CacheLayoutError::WrongValueCount {
-            expected: rows.len() * width,
-            got: out.len(),
-        });
-    }
-    let mut at = Vec::with_capacity(rows.len());
-    for (r, &(page, slot)) in rows.iter().enumerate() {
-        let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
-            row: r,
-            page,
-            pages: pages.len(),
-        })?;
-        check_access(fmt, bytes.len(), width)?;
-        at.push(slot_bytes(fmt, slot)?);
-    }
-    if rows.is_empty() {
+    let at = fmt.checked_rows(pages, rows, out.len())?;
+    if at.is_empty() {
         return Ok(());
     }
     // The used pages in first-use order, and where each starts in their concatenation.

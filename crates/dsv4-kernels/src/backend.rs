@@ -230,19 +230,9 @@ pub trait Backend: Send + Sync {
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
         let width = fmt.width();
-        if out.len() != rows.len() * width {
-            return Err(CacheLayoutError::WrongValueCount {
-                expected: rows.len() * width,
-                got: out.len(),
-            });
-        }
-        for (r, (&(page, slot), o)) in rows.iter().zip(out.chunks_mut(width.max(1))).enumerate() {
-            let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
-                row: r,
-                page,
-                pages: pages.len(),
-            })?;
-            self.cache_load(fmt, bytes, slot, o)?;
+        fmt.checked_rows(pages, rows, out.len())?;
+        for (&(page, slot), o) in rows.iter().zip(out.chunks_mut(width.max(1))) {
+            self.cache_load(fmt, pages[page], slot, o)?;
         }
         Ok(())
     }

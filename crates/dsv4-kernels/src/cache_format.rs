@@ -67,6 +67,62 @@ impl RowFormat {
         }
     }
 
+    /// The byte ranges of `slot` after the checks the codec makes before it writes or reads a
+    /// slot, in its order: the page size, the value count, the slot.
+    pub fn checked_slot(
+        &self,
+        page_len: usize,
+        values: usize,
+        slot: usize,
+    ) -> Result<SlotBytes, CacheLayoutError> {
+        if page_len != self.page_bytes() {
+            return Err(CacheLayoutError::WrongPageSize {
+                expected: self.page_bytes(),
+                got: page_len,
+            });
+        }
+        if values != self.width() {
+            return Err(CacheLayoutError::WrongValueCount {
+                expected: self.width(),
+                got: values,
+            });
+        }
+        self.slot_bytes(slot)
+    }
+
+    /// The byte ranges of each row of a batched load (row r is slot `rows[r].1` of page
+    /// `pages[rows[r].0]`, into an output of `out_len` values), after the checks the per-row
+    /// loop of `Backend::cache_load_rows` makes, in its order: the output length, then per row
+    /// the page, then [`RowFormat::checked_slot`]. No row is visited when the width is 0.
+    pub fn checked_rows(
+        &self,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        out_len: usize,
+    ) -> Result<Vec<SlotBytes>, CacheLayoutError> {
+        let width = self.width();
+        if out_len != rows.len() * width {
+            return Err(CacheLayoutError::WrongValueCount {
+                expected: rows.len() * width,
+                got: out_len,
+            });
+        }
+        if width == 0 {
+            return Ok(Vec::new());
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(r, &(page, slot))| {
+                let bytes = pages.get(page).ok_or(CacheLayoutError::PageOutOfRange {
+                    row: r,
+                    page,
+                    pages: pages.len(),
+                })?;
+                self.checked_slot(bytes.len(), width, slot)
+            })
+            .collect()
+    }
+
     /// Copy one entry's bytes (its data bytes, then its scale bytes, as
     /// `Backend::cache_encode_rows` returns them) into `slot` of `page`; only that slot's bytes
     /// change. Errors as [`RowFormat::write`]'s: the page size, then the slot.

@@ -8,7 +8,7 @@
 use super::mhc::u32_arg;
 use crate::device::{DevBuf, KArg, blocks_for};
 use crate::{Core, CudaError};
-use dsv4_core::cache::{CacheLayoutError, SlotBytes};
+use dsv4_core::cache::CacheLayoutError;
 use dsv4_core::{IndexKDtype, KvCacheDtype};
 use dsv4_kernels::RowFormat;
 
@@ -52,32 +52,6 @@ fn kind(fmt: &RowFormat) -> Result<Kind, CudaError> {
     })
 }
 
-/// The slot's byte ranges after the checks `KvLayout::write`/`read` make, in their order:
-/// page size, value count, slot.
-fn access(
-    fmt: &RowFormat,
-    page: usize,
-    values: usize,
-    slot: usize,
-) -> Result<SlotBytes, CacheLayoutError> {
-    if page != fmt.page_bytes() {
-        return Err(CacheLayoutError::WrongPageSize {
-            expected: fmt.page_bytes(),
-            got: page,
-        });
-    }
-    if values != fmt.width() {
-        return Err(CacheLayoutError::WrongValueCount {
-            expected: fmt.width(),
-            got: values,
-        });
-    }
-    match fmt {
-        RowFormat::Kv(l) => l.slot_bytes(slot),
-        RowFormat::IndexK(l) => l.slot_bytes(slot),
-    }
-}
-
 /// Quantize `values` into `slot` of `page` in the format's spec §4 byte layout; only that
 /// slot's bytes change. The inner error is the layout's, exactly as the reference returns it.
 pub fn cache_store(
@@ -87,7 +61,7 @@ pub fn cache_store(
     slot: usize,
     values: &[f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let at = match access(fmt, page.len(), values.len(), slot) {
+    let at = match fmt.checked_slot(page.len(), values.len(), slot) {
         Ok(at) => at,
         Err(e) => return Ok(Err(e)),
     };
@@ -192,7 +166,7 @@ pub fn cache_load(
     slot: usize,
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let at = match access(fmt, page.len(), out.len(), slot) {
+    let at = match fmt.checked_slot(page.len(), out.len(), slot) {
         Ok(at) => at,
         Err(e) => return Ok(Err(e)),
     };
@@ -216,33 +190,14 @@ pub fn cache_load_rows(
     rows: &[(usize, usize)],
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let width = fmt.width();
-    if out.len() != rows.len() * width {
-        return Ok(Err(CacheLayoutError::WrongValueCount {
-            expected: rows.len() * width,
-            got: out.len(),
-        }));
-    }
-    if width == 0 {
-        // The row-by-row definition pairs rows with width-sized chunks of an empty output:
-        // it visits (and checks) none.
-        return Ok(Ok(()));
-    }
+    let at = match fmt.checked_rows(pages, rows, out.len()) {
+        Ok(at) => at,
+        Err(e) => return Ok(Err(e)),
+    };
     let mut entries = Vec::new();
-    for (r, &(page, slot)) in rows.iter().enumerate() {
-        let Some(bytes) = pages.get(page) else {
-            return Ok(Err(CacheLayoutError::PageOutOfRange {
-                row: r,
-                page,
-                pages: pages.len(),
-            }));
-        };
-        let at = match access(fmt, bytes.len(), width, slot) {
-            Ok(at) => at,
-            Err(e) => return Ok(Err(e)),
-        };
-        entries.extend_from_slice(&bytes[at.data]);
-        entries.extend_from_slice(&bytes[at.scale]);
+    for (&(page, _), at) in rows.iter().zip(at) {
+        entries.extend_from_slice(&pages[page][at.data]);
+        entries.extend_from_slice(&pages[page][at.scale]);
     }
     decode(c, fmt, &entries, rows.len(), out)?;
     Ok(Ok(()))

@@ -35,14 +35,7 @@ fn store_row(
     if loc == NO_LOCATION {
         return Ok(());
     }
-    let per = fmt.page_entries();
-    let cap = store.capacity().max(1);
-    let page = ((loc as usize / per) % cap) as u32;
-    let mut r = Ok(());
-    store.write(page, &mut |b| {
-        r = be.cache_store(fmt, b, loc as usize % per, values)
-    });
-    Ok(r?)
+    store_entry(store, fmt, loc, &be.cache_encode_rows(fmt, values)?)
 }
 
 /// Put one encoded entry (see [`Backend::cache_encode_rows`]) into the row at location `loc`
