@@ -49,14 +49,7 @@ pub fn cache_encode_rows(
     fmt: &RowFormat,
     values: &[f32],
 ) -> Result<Vec<u8>, CacheLayoutError> {
-    let width = fmt.width();
-    if width == 0 || !values.len().is_multiple_of(width) {
-        return Err(CacheLayoutError::PartialRow {
-            width,
-            got: values.len(),
-        });
-    }
-    fmt.slot_bytes(0)?;
+    fmt.checked_encode(values.len())?;
     if values.is_empty() {
         return Ok(Vec::new());
     }

@@ -191,17 +191,10 @@ pub trait Backend: Send + Sync {
         fmt: &RowFormat,
         values: &[f32],
     ) -> Result<Vec<u8>, CacheLayoutError> {
-        let width = fmt.width();
-        if width == 0 || !values.len().is_multiple_of(width) {
-            return Err(CacheLayoutError::PartialRow {
-                width,
-                got: values.len(),
-            });
-        }
+        let (rows, at) = fmt.checked_encode(values.len())?;
         let mut page = vec![0u8; fmt.page_bytes()];
-        let at = fmt.slot_bytes(0)?;
-        let mut out = Vec::with_capacity(values.len() / width * fmt.entry_bytes());
-        for row in values.chunks_exact(width) {
+        let mut out = Vec::with_capacity(rows * fmt.entry_bytes());
+        for row in values.chunks_exact(fmt.width()) {
             self.cache_store(fmt, &mut page, 0, row)?;
             out.extend_from_slice(&page[at.data.clone()]);
             out.extend_from_slice(&page[at.scale.clone()]);

@@ -90,6 +90,17 @@ impl RowFormat {
         self.slot_bytes(slot)
     }
 
+    /// The rows of a batched encode of `values` values and slot 0's byte ranges (where an
+    /// entry's data and scale bytes lie), after the checks `Backend::cache_encode_rows` makes:
+    /// a positive whole number of rows (else [`CacheLayoutError::PartialRow`]), then slot 0.
+    pub fn checked_encode(&self, values: usize) -> Result<(usize, SlotBytes), CacheLayoutError> {
+        let width = self.width();
+        if width == 0 || !values.is_multiple_of(width) {
+            return Err(CacheLayoutError::PartialRow { width, got: values });
+        }
+        Ok((values / width, self.slot_bytes(0)?))
+    }
+
     /// The byte ranges of each row of a batched load (row r is slot `rows[r].1` of page
     /// `pages[rows[r].0]`, into an output of `out_len` values), after the checks the per-row
     /// loop of `Backend::cache_load_rows` makes, in its order: the output length, then per row

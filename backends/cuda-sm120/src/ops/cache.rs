@@ -87,18 +87,10 @@ pub fn cache_encode_rows(
     fmt: &RowFormat,
     values: &[f32],
 ) -> Result<Result<Vec<u8>, CacheLayoutError>, CudaError> {
-    let width = fmt.width();
-    if width == 0 || !values.len().is_multiple_of(width) {
-        return Ok(Err(CacheLayoutError::PartialRow {
-            width,
-            got: values.len(),
-        }));
-    }
-    let at = match fmt.slot_bytes(0) {
-        Ok(at) => at,
+    let (rows, at) = match fmt.checked_encode(values.len()) {
+        Ok(checked) => checked,
         Err(e) => return Ok(Err(e)),
     };
-    let rows = values.len() / width;
     let entry = at.data.len() + at.scale.len();
     let mut bytes = vec![0u8; rows * entry];
     if rows == 0 {
