@@ -16,7 +16,7 @@ use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
 use super::run::{BoundBlock, Run};
 use super::state::{CompressorState, NO_LOCATION};
-use dsv4_kernels::{Backend, RowFormat};
+use dsv4_kernels::RowFormat;
 
 type Res = Result<Vec<f32>, ForwardError>;
 
@@ -24,22 +24,8 @@ type Res = Result<Vec<f32>, ForwardError>;
 /// one call to this many rows' windows and selections (or index-K rows).
 const ATTENTION_CHUNK: usize = 16;
 
-/// Quantize `values` into the row at location `loc` of `store` (nothing for [`NO_LOCATION`]).
-fn store_row(
-    be: &dyn Backend,
-    store: &dyn PageStore,
-    fmt: &RowFormat,
-    loc: u32,
-    values: &[f32],
-) -> Result<(), ForwardError> {
-    if loc == NO_LOCATION {
-        return Ok(());
-    }
-    store_entry(store, fmt, loc, &be.cache_encode_rows(fmt, values)?)
-}
-
-/// Put one encoded entry (see [`Backend::cache_encode_rows`]) into the row at location `loc`
-/// of `store` (nothing for [`NO_LOCATION`]).
+/// Put one encoded entry (see [`dsv4_kernels::Backend::cache_encode_rows`]) into the row at
+/// location `loc` of `store` (nothing for [`NO_LOCATION`]).
 fn store_entry(
     store: &dyn PageStore,
     fmt: &RowFormat,
@@ -109,8 +95,24 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// `[a, z, loc] → []`: push each row into its ring; when a window completes, normalise,
-    /// rotate (Hadamard for the indexer) and store the entry.
+    /// The compressor state of `chain` of row `i`'s sequence.
+    fn compressor_of<'s>(
+        &self,
+        bb: &'s BoundBlock<'_>,
+        i: usize,
+        chain: Chain,
+    ) -> Result<&'s CompressorState, ForwardError> {
+        let st = self.row_state(bb, i);
+        match chain {
+            Chain::Attn => st.compressor.as_ref(),
+            Chain::Indexer => st.indexer.as_ref(),
+        }
+        .ok_or_else(|| missing("compressor state"))
+    }
+
+    /// `[a, z, loc] → []`: push each row into its ring, pooling the windows that complete;
+    /// then normalise, rotate (Hadamard for the indexer), encode and store all the step's
+    /// completed entries at once (nothing in the loop reads them).
     pub(crate) fn compress(
         &self,
         b: Option<BlockRef>,
@@ -133,13 +135,10 @@ impl Run<'_> {
         let width = cw.coff * cw.dim;
         let m = self.model;
         let be = m.backend.as_ref();
+        // (row, window) of each completed entry, and the entries before norm and RoPE.
+        let (mut done, mut raw) = (Vec::new(), Vec::new());
         for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
-            let st = self.row_state(bb, i);
-            let cs: &CompressorState = match chain {
-                Chain::Attn => st.compressor.as_ref(),
-                Chain::Indexer => st.indexer.as_ref(),
-            }
-            .ok_or_else(|| missing("compressor state"))?;
+            let cs = self.compressor_of(bb, i, chain)?;
             let ring_pages = cs.ring.pooled_pages().ok_or_else(|| missing("ring page"))?;
             ring_pages.wait_loaded();
             let ring_store = ring_pages.store();
@@ -160,17 +159,36 @@ impl Run<'_> {
                 &a[span.clone()],
                 &z[span],
             );
-            if let Some((win, raw)) = pooled {
-                let mut c = vec![0f32; cw.dim];
-                be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
-                be.rope(&mut c, cw.dim, &[cw.ratio * win], &m.rope_compress, false);
-                if chain == Chain::Indexer {
-                    be.hadamard(&mut c, cw.dim);
-                }
-                let store = cs.entries.store().ok_or_else(|| missing("entry store"))?;
-                let l = loc[i * w + col + 1].to_bits();
-                store_row(be, store.as_ref(), cs.entries.layout(), l, &c)?;
+            if let Some((win, entry)) = pooled {
+                done.push((i, win));
+                raw.extend_from_slice(&entry);
             }
+        }
+        let Some(&(first, _)) = done.first() else {
+            return Ok(());
+        };
+        let mut c = vec![0f32; raw.len()];
+        be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
+        let positions: Vec<usize> = done.iter().map(|&(_, win)| cw.ratio * win).collect();
+        be.rope(&mut c, cw.dim, &positions, &m.rope_compress, false);
+        if chain == Chain::Indexer {
+            be.hadamard(&mut c, cw.dim);
+        }
+        let fmt = *self.compressor_of(bb, first, chain)?.entries.layout();
+        let entries = be.cache_encode_rows(&fmt, &c)?;
+        let e = fmt.entry_bytes();
+        for (k, &(i, _)) in done.iter().enumerate() {
+            let cs = self.compressor_of(bb, i, chain)?;
+            if *cs.entries.layout() != fmt {
+                return Err(ForwardError::Plan {
+                    message: "the step's sequences have compressed-entry stores of different \
+                              formats"
+                        .into(),
+                });
+            }
+            let store = cs.entries.store().ok_or_else(|| missing("entry store"))?;
+            let l = loc[i * w + col + 1].to_bits();
+            store_entry(store.as_ref(), &fmt, l, &entries[k * e..(k + 1) * e])?;
         }
         Ok(())
     }
