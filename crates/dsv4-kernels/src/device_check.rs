@@ -21,9 +21,15 @@ const GUARD: u32 = 0x3A8F_5C29;
 
 /// Check `be.device()` against `be`'s host ops; one line per failure, empty when it conforms.
 pub fn conformance(be: &dyn Backend) -> Vec<String> {
-    let Some(dev) = be.device() else {
-        return vec!["backend has no device op set".into()];
-    };
+    match be.device() {
+        Some(dev) => conformance_of(be, dev),
+        None => vec!["backend has no device op set".into()],
+    }
+}
+
+/// Check the device op set `dev` against the host ops of `be` (normally `be.device()`; a test
+/// may pair a backend with a deliberately broken op set); one line per failure.
+pub fn conformance_of(be: &dyn Backend, dev: &dyn DeviceOps) -> Vec<String> {
     let align = dev.offset_alignment();
     if align == 0 || !align.is_multiple_of(4) || !256usize.is_multiple_of(align) {
         return vec![format!(
