@@ -6,6 +6,7 @@
 //! library is missing).
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
+use crate::graphs::GraphLaunch;
 use crate::{CudaError, Device, DeviceInfo, kernels, nvrtc, registry};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -177,6 +178,58 @@ impl Drop for CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// Add `launches` to `graph` as a chain of kernel nodes and instantiate it.
+    ///
+    /// # Safety
+    /// As [`RawDevice::graph_create`]; `graph` is a valid, empty graph.
+    unsafe fn instantiate(
+        &self,
+        graph: sys::CUgraph,
+        launches: &[GraphLaunch],
+    ) -> Result<sys::CUgraphExec, CudaError> {
+        let mut prev: Option<sys::CUgraphNode> = None;
+        for l in launches {
+            let func = *self
+                .funcs
+                .get(&l.name)
+                .ok_or_else(|| CudaError::NoSuchKernel(l.name.clone()))?;
+            let mut slots = l.params.clone();
+            let mut ptrs = crate::graphs::param_ptrs(&mut slots);
+            let params = sys::CUDA_KERNEL_NODE_PARAMS {
+                func,
+                gridDimX: l.grid.0,
+                gridDimY: l.grid.1,
+                gridDimZ: l.grid.2,
+                blockDimX: l.block.0,
+                blockDimY: l.block.1,
+                blockDimZ: l.block.2,
+                sharedMemBytes: 0,
+                kernelParams: ptrs.as_mut_ptr(),
+                extra: std::ptr::null_mut(),
+                kern: std::ptr::null_mut(),
+                ctx: std::ptr::null_mut(),
+            };
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            let (deps, n) = match &prev {
+                Some(p) => (p as *const sys::CUgraphNode, 1),
+                None => (std::ptr::null(), 0),
+            };
+            // SAFETY: graph is valid, deps points at `n` nodes of it, params and the slots it
+            // points at live across the call (the driver copies the values).
+            unsafe { sys::cuGraphAddKernelNode_v2(&mut node, graph, deps, n, &params) }
+                .result()
+                .map_err(|e| {
+                    CudaError::Driver(format!("cuGraphAddKernelNode({}): {}", l.name, err_name(e)))
+                })?;
+            prev = Some(node);
+        }
+        // SAFETY: graph is valid and complete.
+        unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(drv("cuGraphInstantiate"))
+    }
+}
+
 /// A stream handle as the driver's `CUstream` ([`DEFAULT_STREAM`] is the legacy stream, null).
 fn cu_stream(s: StreamHandle) -> sys::CUstream {
     s as usize as sys::CUstream
@@ -307,6 +360,37 @@ impl RawDevice for CudaDevice {
         // SAFETY: the event came from event_create; the stream is valid (see above).
         unsafe { result::event::record(event as usize as sys::CUevent, cu_stream(stream)) }
             .map_err(drv("cuEventRecord"))
+    }
+
+    unsafe fn graph_create(&self, launches: &[GraphLaunch]) -> Result<u64, CudaError> {
+        self.current()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: graph is a valid out-pointer; flags must be 0.
+        unsafe { sys::cuGraphCreate(&mut graph, 0) }
+            .result()
+            .map_err(drv("cuGraphCreate"))?;
+        // SAFETY: each node's parameters match its kernel (the caller's guarantee); the driver
+        // copies the parameter values when the node is added. The graph is destroyed on every
+        // path, the executable graph keeps what it needs.
+        let exec = unsafe { self.instantiate(graph, launches) };
+        // SAFETY: graph came from cuGraphCreate above and is not used again.
+        let _ = unsafe { result::graph::destroy(graph) };
+        Ok(exec? as usize as u64)
+    }
+
+    fn graph_launch(&self, stream: StreamHandle, graph: u64) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: graph came from graph_create and was not destroyed; the stream is valid.
+        unsafe { result::graph::launch(graph as usize as sys::CUgraphExec, cu_stream(stream)) }
+            .map_err(drv("cuGraphLaunch"))
+    }
+
+    unsafe fn graph_destroy(&self, graph: u64) {
+        if self.current().is_ok() {
+            // SAFETY: the caller guarantees graph came from graph_create; the driver waits for
+            // its launches before releasing it.
+            let _ = unsafe { result::graph::exec_destroy(graph as usize as sys::CUgraphExec) };
+        }
     }
 
     fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError> {

@@ -3,6 +3,7 @@
 //! [`Device`]: allocate, copy, launch by kernel name with arguments in the kernel's order.
 
 use crate::CudaError;
+use crate::graphs::{GraphLaunch, Recorder};
 use dsv4_kernels::DeviceStats;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,20 @@ pub trait RawDevice: Send + Sync {
     /// Make `stream`'s later work wait until the last record of `event` issued so far has
     /// been reached (nothing to wait for when it was never recorded).
     fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError>;
+    /// An executable graph that runs `launches` in order, each after the previous (CUDA: a
+    /// graph of kernel nodes, instantiated).
+    ///
+    /// # Safety
+    /// Each launch's parameters match its kernel (as for [`RawDevice::launch_raw`]), and the
+    /// graph is launched only while every buffer they address is alive and large enough.
+    unsafe fn graph_create(&self, launches: &[GraphLaunch]) -> Result<u64, CudaError>;
+    /// Launch `graph` on `stream`, after the work issued there so far.
+    fn graph_launch(&self, stream: StreamHandle, graph: u64) -> Result<(), CudaError>;
+    /// Destroy a graph `graph_create` returned, after its launches have finished.
+    ///
+    /// # Safety
+    /// `graph` came from this device's `graph_create` and is not used afterwards.
+    unsafe fn graph_destroy(&self, graph: u64);
 }
 
 thread_local! {
@@ -117,7 +132,7 @@ thread_local! {
 pub struct DevBuf {
     ptr: u64,
     bytes: usize,
-    owner: Arc<dyn RawDevice>,
+    owner: Arc<Recorder>,
 }
 
 impl DevBuf {
@@ -152,8 +167,10 @@ pub struct DevPtr {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
+        // Held launches may use the buffer: issue them before it goes.
+        self.owner.flush_all_deferred();
         // SAFETY: ptr came from owner.alloc and this is its only owner.
-        unsafe { self.owner.free(self.ptr) }
+        unsafe { self.owner.raw().free(self.ptr) }
     }
 }
 
@@ -185,7 +202,8 @@ pub enum KArg<'a> {
 /// A device the ops run on: the raw device plus typed helpers.
 #[derive(Clone)]
 pub struct Device {
-    raw: Arc<dyn RawDevice>,
+    /// The raw device with its graph recorder (shared by every handle of the device).
+    rec: Arc<Recorder>,
     /// Where this handle counts its traffic, if it does (see [`Device::counted`]).
     traffic: Option<Arc<Mutex<DeviceStats>>>,
 }
@@ -193,7 +211,31 @@ pub struct Device {
 impl Device {
     /// Wrap a raw device.
     pub fn new(raw: Arc<dyn RawDevice>) -> Self {
-        Self { raw, traffic: None }
+        Self {
+            rec: Arc::new(Recorder::new(raw)),
+            traffic: None,
+        }
+    }
+
+    fn raw(&self) -> &dyn RawDevice {
+        self.rec.raw()
+    }
+
+    /// Open (`true`) or close (`false`) a graph span (see `graphs.rs`): while one is open,
+    /// launches and staged copies are held per stream and issued as segments, repeated
+    /// segments as graphs. Closing the last span issues everything held.
+    pub fn graphs(&self, on: bool) -> Result<(), CudaError> {
+        self.rec.span(on)
+    }
+
+    /// The graph counters (graph launches, kernels run by them, graphs built).
+    pub fn graph_stats(&self) -> DeviceStats {
+        self.rec.stats()
+    }
+
+    /// Issue what the calling thread's stream holds (before anything that is not a launch).
+    fn flush(&self) -> Result<(), CudaError> {
+        self.rec.flush(self.stream())
     }
 
     /// The same device, through a handle that counts its traffic into `stats`: an allocation,
@@ -201,14 +243,14 @@ impl Device {
     /// a device-to-host copy waits for everything before it).
     pub(crate) fn counted(&self, stats: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
-            raw: self.raw.clone(),
+            rec: self.rec.clone(),
             traffic: Some(stats),
         }
     }
 
     /// The identity of the raw device (what [`CURRENT`] is keyed by).
     fn identity(&self) -> usize {
-        Arc::as_ptr(&self.raw).cast::<()>() as usize
+        Arc::as_ptr(&self.rec) as usize
     }
 
     /// The stream the calling thread issues this device's work to.
@@ -229,7 +271,7 @@ impl Device {
 
     /// A new stream of this device.
     pub fn stream_create(&self) -> Result<StreamHandle, CudaError> {
-        self.raw.stream_create()
+        self.raw().stream_create()
     }
 
     /// Destroy a stream of this device after its work has finished.
@@ -237,13 +279,14 @@ impl Device {
     /// # Safety
     /// `stream` came from [`Device::stream_create`] and is not used afterwards.
     pub unsafe fn stream_destroy(&self, stream: StreamHandle) {
+        self.rec.flush_all_deferred();
         // SAFETY: as the caller guarantees.
-        unsafe { self.raw.stream_destroy(stream) }
+        unsafe { self.raw().stream_destroy(stream) }
     }
 
     /// A new event of this device.
     pub fn event_create(&self) -> Result<u64, CudaError> {
-        self.raw.event_create()
+        self.raw().event_create()
     }
 
     /// Destroy an event of this device.
@@ -252,23 +295,26 @@ impl Device {
     /// `event` came from [`Device::event_create`] and is not used afterwards.
     pub unsafe fn event_destroy(&self, event: u64) {
         // SAFETY: as the caller guarantees.
-        unsafe { self.raw.event_destroy(event) }
+        unsafe { self.raw().event_destroy(event) }
     }
 
     /// Record `event` on the calling thread's stream.
     pub fn event_record(&self, event: u64) -> Result<(), CudaError> {
-        self.raw.event_record(event, self.stream())
+        self.flush()?;
+        self.raw().event_record(event, self.stream())
     }
 
     /// Make the calling thread's stream wait for the last record of `event`.
     pub fn wait_event(&self, event: u64) -> Result<(), CudaError> {
-        self.raw.stream_wait_event(self.stream(), event)
+        self.flush()?;
+        self.raw().stream_wait_event(self.stream(), event)
     }
 
     /// Wait until the work issued on `stream` so far has finished.
     pub fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError> {
         self.count(|s| s.submissions += 1);
-        self.raw.stream_synchronize(stream)
+        self.rec.flush(stream)?;
+        self.raw().stream_synchronize(stream)
     }
 
     fn count(&self, f: impl FnOnce(&mut DeviceStats)) {
@@ -282,7 +328,8 @@ impl Device {
             s.writes += 1;
             s.write_bytes += data.len() as u64;
         });
-        self.raw.upload(self.stream(), ptr, data)
+        self.flush()?;
+        self.raw().upload(self.stream(), ptr, data)
     }
 
     fn raw_download(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
@@ -291,23 +338,24 @@ impl Device {
             s.reads += 1;
             s.read_bytes += out.len() as u64;
         });
-        self.raw.download(self.stream(), ptr, out)
+        self.flush()?;
+        self.raw().download(self.stream(), ptr, out)
     }
 
     /// What the device is.
     pub fn info(&self) -> DeviceInfo {
-        self.raw.info()
+        self.raw().info()
     }
 
     /// A zero-filled buffer of `bytes` bytes (at least 16 are allocated, so empty tensors
     /// still have an address); zero before any later work on the calling thread's stream.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
-        let ptr = self.raw.alloc(self.stream(), bytes.max(16))?;
+        let ptr = self.raw().alloc(self.stream(), bytes.max(16))?;
         self.count(|s| s.allocs += 1);
         Ok(DevBuf {
             ptr,
             bytes,
-            owner: self.raw.clone(),
+            owner: self.rec.clone(),
         })
     }
 
@@ -318,7 +366,7 @@ impl Device {
         if !data.is_empty() {
             self.raw_upload(b.ptr, data)?;
         }
-        self.raw.stream_synchronize(self.stream())?;
+        self.raw().stream_synchronize(self.stream())?;
         Ok(b)
     }
 
@@ -387,14 +435,20 @@ impl Device {
                 KArg::F64(v) => v.to_bits(),
             })
             .collect();
-        let mut params: Vec<*mut c_void> = store
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
         self.count(|s| s.dispatches += 1);
+        if self.rec.holding() {
+            let launch = GraphLaunch {
+                name: kernel.to_string(),
+                grid,
+                block,
+                params: store,
+            };
+            return self.rec.launch(self.stream(), launch);
+        }
+        let mut params = crate::graphs::param_ptrs(&mut store);
         // SAFETY: the caller guarantees the parameter list; `store` outlives the call.
         unsafe {
-            self.raw
+            self.raw()
                 .launch_raw(self.stream(), kernel, grid, block, &mut params)
         }
     }
@@ -404,7 +458,8 @@ impl Device {
     /// Wait for everything issued so far on every stream (see [`RawDevice::synchronize`]).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.count(|s| s.submissions += 1);
-        self.raw.synchronize()
+        self.rec.flush_all()?;
+        self.raw().synchronize()
     }
 
     /// Copy `data` into the start of `dst` (which the caller keeps alive), after the calling
@@ -421,6 +476,31 @@ impl Device {
             return Ok(());
         }
         self.raw_upload(dst.ptr, data)
+    }
+
+    /// Copy `data` into `dst`, a parameter chunk no launch issued or held on the calling
+    /// thread's stream since the device's last synchronisation reads (the resident ops'
+    /// per-call parameter arena). Ordered before later launches on that stream; inside a graph
+    /// span it may be issued ahead of the held launches before it (see `graphs.rs`).
+    pub fn stage(&self, dst: DevPtr, data: &[u8]) -> Result<(), CudaError> {
+        if data.len() > dst.bytes {
+            return Err(CudaError::OutOfBounds {
+                what: "stage",
+                len: data.len(),
+                bytes: dst.bytes,
+            });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        if !self.rec.holding() {
+            return self.raw_upload(dst.ptr, data);
+        }
+        self.count(|s| {
+            s.writes += 1;
+            s.write_bytes += data.len() as u64;
+        });
+        self.rec.stage(self.stream(), dst.ptr, data)
     }
 
     /// Copy the first `out.len()` f32 of `src` (which the caller keeps alive) into `out`.

@@ -9,9 +9,10 @@
 mod streams;
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
+use crate::graphs::GraphLaunch;
 use crate::{CudaError, Device, DeviceInfo, kernels};
 use std::alloc::Layout;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -337,6 +338,9 @@ fn open_tu(tu: &str, names: &[String], acc_f64: bool) -> Result<Device, CudaErro
         acc_f64,
         allocs: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(Streams::default()),
+        kernels: names.iter().cloned().collect(),
+        graphs: Mutex::default(),
+        next_graph: Default::default(),
     })))
 }
 
@@ -350,6 +354,11 @@ struct EmuDevice {
     /// Created streams' queued work and the events (see `streams.rs`). Held while queued work
     /// runs, so one stream's items never run concurrently or out of order.
     streams: Mutex<Streams>,
+    /// The kernels the library has.
+    kernels: HashSet<String>,
+    /// Graphs by handle: the launches each runs (copied when it was built).
+    graphs: Mutex<HashMap<u64, Arc<Vec<GraphLaunch>>>>,
+    next_graph: std::sync::atomic::AtomicU64,
 }
 
 impl EmuDevice {
@@ -434,6 +443,12 @@ impl EmuDevice {
                 unsafe { self.launch_now(name, *grid, *block, &mut ptrs) }
             }
             Item::Upload { ptr, data } => self.copy_in(*ptr, data),
+            Item::Graph(launches) => launches.iter().try_for_each(|l| {
+                let mut slots = l.params.clone();
+                let mut ptrs = crate::graphs::param_ptrs(&mut slots);
+                // SAFETY: as for a queued launch; graph_create's caller guaranteed the lists.
+                unsafe { self.launch_now(&l.name, l.grid, l.block, &mut ptrs) }
+            }),
             Item::Record { .. } | Item::Wait { .. } => Ok(()),
         }
     }
@@ -619,6 +634,42 @@ impl RawDevice for EmuDevice {
 
     fn event_record(&self, event: u64, stream: StreamHandle) -> Result<(), CudaError> {
         self.streams().record(event, stream)
+    }
+
+    unsafe fn graph_create(&self, launches: &[GraphLaunch]) -> Result<u64, CudaError> {
+        if let Some(l) = launches.iter().find(|l| !self.kernels.contains(&l.name)) {
+            return Err(CudaError::NoSuchKernel(l.name.clone()));
+        }
+        let g = 1 + self
+            .next_graph
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(g, Arc::new(launches.to_vec()));
+        Ok(g)
+    }
+
+    fn graph_launch(&self, stream: StreamHandle, graph: u64) -> Result<(), CudaError> {
+        let launches = self
+            .graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&graph)
+            .cloned()
+            .ok_or_else(|| CudaError::BadOperands(format!("cuda-emu: no graph {graph}")))?;
+        let item = Item::Graph(launches);
+        if stream == DEFAULT_STREAM {
+            return self.execute(&item);
+        }
+        self.streams().push(stream, item)
+    }
+
+    unsafe fn graph_destroy(&self, graph: u64) {
+        self.graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&graph);
     }
 
     fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError> {

@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod device;
 pub mod emu;
 mod error;
+pub mod graphs;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

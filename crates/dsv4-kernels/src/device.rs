@@ -128,22 +128,55 @@ pub struct DeviceStats {
     pub setups_reused: u64,
     /// Dispatch setups created.
     pub setups_created: u64,
+    /// Recorded graphs launched (CUDA graphs of captured plans; each one submission's worth of
+    /// launches issued at once).
+    pub graph_launches: u64,
+    /// Kernels those graph launches ran (also counted in `dispatches`).
+    pub graph_kernels: u64,
+    /// Graphs built (instantiated) from recorded launches.
+    pub graphs_built: u64,
 }
 
 impl DeviceStats {
+    /// Every counter by name, in declaration order.
+    pub fn named(&self) -> [(&'static str, u64); 12] {
+        [
+            ("submissions", self.submissions),
+            ("dispatches", self.dispatches),
+            ("reads", self.reads),
+            ("read_bytes", self.read_bytes),
+            ("writes", self.writes),
+            ("write_bytes", self.write_bytes),
+            ("allocs", self.allocs),
+            ("setups_reused", self.setups_reused),
+            ("setups_created", self.setups_created),
+            ("graph_launches", self.graph_launches),
+            ("graph_kernels", self.graph_kernels),
+            ("graphs_built", self.graphs_built),
+        ]
+    }
+
+    /// `f` applied to each pair of counters of `self` and `other`.
+    pub fn zip(&self, other: &DeviceStats, f: impl Fn(u64, u64) -> u64) -> DeviceStats {
+        DeviceStats {
+            submissions: f(self.submissions, other.submissions),
+            dispatches: f(self.dispatches, other.dispatches),
+            reads: f(self.reads, other.reads),
+            read_bytes: f(self.read_bytes, other.read_bytes),
+            writes: f(self.writes, other.writes),
+            write_bytes: f(self.write_bytes, other.write_bytes),
+            allocs: f(self.allocs, other.allocs),
+            setups_reused: f(self.setups_reused, other.setups_reused),
+            setups_created: f(self.setups_created, other.setups_created),
+            graph_launches: f(self.graph_launches, other.graph_launches),
+            graph_kernels: f(self.graph_kernels, other.graph_kernels),
+            graphs_built: f(self.graphs_built, other.graphs_built),
+        }
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &DeviceStats) -> DeviceStats {
-        DeviceStats {
-            submissions: self.submissions - earlier.submissions,
-            dispatches: self.dispatches - earlier.dispatches,
-            reads: self.reads - earlier.reads,
-            read_bytes: self.read_bytes - earlier.read_bytes,
-            writes: self.writes - earlier.writes,
-            write_bytes: self.write_bytes - earlier.write_bytes,
-            allocs: self.allocs - earlier.allocs,
-            setups_reused: self.setups_reused - earlier.setups_reused,
-            setups_created: self.setups_created - earlier.setups_created,
-        }
+        self.zip(earlier, |a, b| a - b)
     }
 }
 
@@ -206,6 +239,18 @@ pub trait DeviceOps: Send + Sync {
     ) -> Result<Option<std::sync::Arc<dyn DeviceStreams>>, KernelError> {
         let _ = (streams, events);
         Ok(None)
+    }
+
+    /// Begin (`true`) or end (`false`) a span in which the device may record runs of launches
+    /// into graphs and replay them (CUDA graphs for captured plans, `exec.cuda_graph`): a run
+    /// of launches between two host interactions (a read, a write, an event, a wait) that
+    /// repeats exactly — kernels, shapes, addresses, scalars — is built into a graph the second
+    /// time it is seen and launched as one graph after that. Results are bitwise those of
+    /// launching each kernel. Spans nest; ending the outermost issues whatever is still held
+    /// back. The default does nothing (the device launches as it goes).
+    fn graphs(&self, on: bool) -> Result<(), KernelError> {
+        let _ = on;
+        Ok(())
     }
 
     /// Strided copy of a block of columns (see [`Copy2d`]): for r < rows and c < width,

@@ -146,8 +146,7 @@ fn stats_count_as_documented() {
             writes: 1,
             write_bytes: 512,
             allocs: 1,
-            setups_reused: 0,
-            setups_created: 0,
+            ..DeviceStats::default()
         }
     );
     assert_eq!(be.live_buffers(), 1);

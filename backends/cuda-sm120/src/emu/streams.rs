@@ -25,6 +25,8 @@ pub(super) enum Item {
     },
     /// A host-to-device copy of bytes staged when it was issued.
     Upload { ptr: u64, data: Vec<u8> },
+    /// A graph's launches, run in order as one item.
+    Graph(std::sync::Arc<Vec<crate::graphs::GraphLaunch>>),
     /// Event `event` reaches its `n`-th record.
     Record { event: u64, n: u64 },
     /// Wait until event `event` has reached its `n`-th record.
@@ -216,7 +218,7 @@ impl Streams {
                 }
             }
             Item::Wait { .. } => {}
-            Item::Launch { .. } | Item::Upload { .. } => {
+            Item::Launch { .. } | Item::Upload { .. } | Item::Graph(_) => {
                 if let Err(e) = exec(&item) {
                     self.failed.get_or_insert(e);
                 }

@@ -122,17 +122,7 @@ impl Resident {
 
 /// The sum of two sets of counters.
 fn sum(a: DeviceStats, b: DeviceStats) -> DeviceStats {
-    DeviceStats {
-        submissions: a.submissions + b.submissions,
-        dispatches: a.dispatches + b.dispatches,
-        reads: a.reads + b.reads,
-        read_bytes: a.read_bytes + b.read_bytes,
-        writes: a.writes + b.writes,
-        write_bytes: a.write_bytes + b.write_bytes,
-        allocs: a.allocs + b.allocs,
-        setups_reused: a.setups_reused + b.setups_reused,
-        setups_created: a.setups_created + b.setups_created,
-    }
+    a.zip(&b, |x, y| x + y)
 }
 
 /// A `KernelError::Device` for a device failure of `op`.
@@ -215,7 +205,7 @@ impl Ctx<'_> {
         let p = self.scratch(data.len())?;
         self.core
             .dev
-            .upload_to(p, data)
+            .stage(p, data)
             .map_err(|e| dev_err(self.op, e))?;
         self.st.stats.writes += 1;
         self.st.stats.write_bytes += data.len() as u64;
@@ -381,10 +371,12 @@ impl dsv4_kernels::DeviceOps for Resident {
 
     fn stats(&self) -> DeviceStats {
         let own = self.state.lock().unwrap_or_else(|e| e.into_inner()).stats;
-        sum(
-            own,
-            *self.host_traffic.lock().unwrap_or_else(|e| e.into_inner()),
-        )
+        let host = *self.host_traffic.lock().unwrap_or_else(|e| e.into_inner());
+        sum(sum(own, host), self.core.dev.graph_stats())
+    }
+
+    fn graphs(&self, on: bool) -> Result<(), KernelError> {
+        self.core.dev.graphs(on).map_err(|e| dev_err("graphs", e))
     }
 
     fn streams(

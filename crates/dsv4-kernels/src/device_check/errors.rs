@@ -188,16 +188,9 @@ impl Check<'_> {
 
 /// The name of a counter that went down from `a` to `b`.
 fn decreased(a: &DeviceStats, b: &DeviceStats) -> Option<&'static str> {
-    let pairs = [
-        (a.submissions, b.submissions, "submissions"),
-        (a.dispatches, b.dispatches, "dispatches"),
-        (a.reads, b.reads, "reads"),
-        (a.read_bytes, b.read_bytes, "read_bytes"),
-        (a.writes, b.writes, "writes"),
-        (a.write_bytes, b.write_bytes, "write_bytes"),
-        (a.allocs, b.allocs, "allocs"),
-        (a.setups_reused, b.setups_reused, "setups_reused"),
-        (a.setups_created, b.setups_created, "setups_created"),
-    ];
-    pairs.iter().find(|(x, y, _)| y < x).map(|(_, _, n)| *n)
+    a.named()
+        .into_iter()
+        .zip(b.named())
+        .find(|((_, x), (_, y))| y < x)
+        .map(|((n, _), _)| n)
 }

@@ -51,7 +51,7 @@ impl Drop for Tmp<'_> {
 
 impl Scratch {
     /// A buffer of at least `words` words for a launch on plan stream `stream` (the smallest
-    /// free one last used on that stream that fits, else a new one).
+    /// free one last used on that stream that fits, the oldest of equals, else a new one).
     pub fn take(
         &self,
         dev: &dyn DeviceOps,
@@ -64,7 +64,9 @@ impl Scratch {
             .iter()
             .enumerate()
             .filter(|(_, (s, _, w))| *s == stream && *w >= words)
-            .min_by_key(|(_, (_, _, w))| *w)
+            // Ties go to the oldest buffer, so a replay takes the buffers the last one took
+            // whatever order they were returned in (a device graph replays fixed addresses).
+            .min_by_key(|(_, (_, b, w))| (*w, *b))
             .map(|(i, _)| i);
         let (buf, cap) = match best {
             Some(i) => {
@@ -114,6 +116,37 @@ impl DeviceArena {
             scratch: Scratch::default(),
             streams: Mutex::new(None),
         })
+    }
+}
+
+/// A graph span of a device ([`DeviceOps::graphs`]) around a captured plan's execution: its
+/// repeated runs of launches replay as device graphs. Closed by [`GraphSpan::close`], or
+/// when dropped on an error path.
+pub(crate) struct GraphSpan<'d>(Option<&'d dyn DeviceOps>);
+
+impl<'d> GraphSpan<'d> {
+    /// Open a span on `dev`.
+    pub fn open(dev: &'d dyn DeviceOps) -> Result<Self, ForwardError> {
+        dev.graphs(true)?;
+        Ok(Self(Some(dev)))
+    }
+
+    /// Close the span: whatever the device still holds is issued.
+    pub fn close(mut self) -> Result<(), ForwardError> {
+        match self.0.take() {
+            Some(dev) => Ok(dev.graphs(false)?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for GraphSpan<'_> {
+    fn drop(&mut self) {
+        if let Some(dev) = self.0.take()
+            && let Err(e) = dev.graphs(false)
+        {
+            tracing::warn!(error = %e, "closing a graph span after a failed step");
+        }
     }
 }
 

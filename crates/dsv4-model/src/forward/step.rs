@@ -6,7 +6,7 @@ use super::build::{PlanSpec, StepKind, build_plan_under};
 use super::exec::{ExecOptions, Executor, Fault, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
-use super::resident::DeviceMemory;
+use super::resident::{DeviceMemory, GraphSpan};
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
 use super::{ForwardError, ForwardOutput, Model, SequenceState, Taps};
@@ -175,7 +175,15 @@ impl Model {
             skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
         };
         let traffic_start = self.backend.device().map(|d| d.stats());
-        execute(self, &run, exec.executor)?;
+        // A captured plan on a device replays its repeated runs of launches as graphs.
+        let span = match (&captured, &run.mem) {
+            (Some(_), Memory::Device(dm)) => Some(GraphSpan::open(dm.dev)?),
+            _ => None,
+        };
+        let executed = execute(self, &run, exec.executor);
+        let closed = span.map_or(Ok(()), GraphSpan::close);
+        executed?;
+        closed?;
         emit_taps(plan, &run.out, taps);
         let logits = run.result("logits", "")?;
         let (rname, rscope) = final_residual(plan).unwrap_or_default();

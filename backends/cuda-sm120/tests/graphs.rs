@@ -1,0 +1,199 @@
+//! Graphs for captured plans (`DeviceOps::graphs`), on the CPU emulator, which runs a graph's
+//! launches as one queued item from the launch list copied when the graph was built: a run of
+//! launches that repeats is built into a graph the second time and replayed after that, each
+//! replay reading the parameters staged for it (not the ones it was built with); a run that
+//! differs in any launch runs launch by launch; and on the tiny model captured decode steps
+//! replay graphs and give the eager plan's bits, in serial issue order and on the threaded
+//! executor with overlap streams.
+//!
+//! The emulator needs a host C++ compiler; without one each test prints why and skips, except
+//! under CI=true, where that is a failure.
+
+mod common;
+
+use common::emu_available;
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_core::Numerics;
+use dsv4_kernels::{Backend, DevSlice, DeviceOps, DeviceStats};
+use dsv4_model::forward::{ExecOptions, Executor, Taps};
+use dsv4_model::{ModelSource, load_model};
+use std::sync::Arc;
+
+fn backend() -> CudaBackend {
+    CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"))
+}
+
+fn buffer(d: &dyn DeviceOps, words: usize) -> DevSlice {
+    DevSlice::whole(d.alloc(words).expect("alloc"), words)
+}
+
+/// out = s · src[idx] + b over rows of 4 words (gather with staged indices, scale, add), read
+/// back; in a graph span when `span`.
+fn gather_scale_add(
+    d: &dyn DeviceOps,
+    bufs: [DevSlice; 4],
+    idx: &[u32],
+    s: f64,
+    span: bool,
+) -> Vec<f32> {
+    let [src, dst, b, out] = bufs;
+    if span {
+        d.graphs(true).unwrap();
+    }
+    d.gather_rows(src, idx, 4, dst).unwrap();
+    d.scale(dst, s).unwrap();
+    d.add(dst, b, out).unwrap();
+    let v = d.read(out).unwrap();
+    if span {
+        d.graphs(false).unwrap();
+    }
+    v
+}
+
+/// What [`gather_scale_add`] computes, on the host.
+fn expected(src: &[f32], idx: &[u32], s: f32, b: &[f32]) -> Vec<f32> {
+    idx.iter()
+        .flat_map(|&r| &src[r as usize * 4..r as usize * 4 + 4])
+        .zip(b)
+        .map(|(x, y)| x * s + y)
+        .collect()
+}
+
+#[test]
+fn a_repeated_run_becomes_a_graph_whose_replays_read_their_own_parameters() {
+    if !emu_available("a_repeated_run_becomes_a_graph_whose_replays_read_their_own_parameters") {
+        return;
+    }
+    let be = backend();
+    let d = Backend::device(&be).expect("device op set");
+    let src_v: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+    let b_v: Vec<f32> = (0..12).map(|i| 100.0 + i as f32).collect();
+    let bufs = [buffer(d, 16), buffer(d, 12), buffer(d, 12), buffer(d, 12)];
+    d.write(bufs[0], &src_v).unwrap();
+    d.write(bufs[2], &b_v).unwrap();
+    let start = d.stats();
+    // Each replay gathers different rows: the indices are staged per call, not baked in.
+    let orders: [[u32; 3]; 5] = [[0, 1, 2], [3, 2, 1], [1, 1, 0], [2, 0, 3], [3, 3, 3]];
+    for (i, idx) in orders.iter().enumerate() {
+        let got = gather_scale_add(d, bufs, idx, 2.0, true);
+        assert_eq!(got, expected(&src_v, idx, 2.0, &b_v), "replay {i}");
+    }
+    let s = d.stats().since(&start);
+    assert_eq!(s.graphs_built, 1, "built the second time it ran: {s:?}");
+    assert_eq!(
+        s.graph_launches, 4,
+        "launched from the second run on: {s:?}"
+    );
+    assert_eq!(s.graph_kernels, 4 * 3, "three kernels a replay: {s:?}");
+    // A different scalar is a different run: launch by launch, then a graph of its own.
+    let before = d.stats();
+    let got = gather_scale_add(d, bufs, &orders[0], 3.0, true);
+    assert_eq!(got, expected(&src_v, &orders[0], 3.0, &b_v));
+    assert_eq!(d.stats().since(&before).graph_launches, 0);
+    // Outside a span nothing is recorded, and the results are the same bits.
+    let before = d.stats();
+    let eager = gather_scale_add(d, bufs, &orders[1], 2.0, false);
+    let graphed = gather_scale_add(d, bufs, &orders[1], 2.0, true);
+    assert_eq!(
+        eager.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        graphed.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    let s = d.stats().since(&before);
+    assert_eq!((s.graph_launches, s.graphs_built), (1, 0), "{s:?}");
+    bufs.iter().for_each(|b| d.free(b.buf));
+}
+
+#[test]
+fn closing_a_span_issues_held_work_and_an_unmatched_close_is_an_error() {
+    if !emu_available("closing_a_span_issues_held_work_and_an_unmatched_close_is_an_error") {
+        return;
+    }
+    let be = backend();
+    let d = Backend::device(&be).expect("device op set");
+    let a = buffer(d, 4);
+    d.write(a, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    d.graphs(true).unwrap();
+    d.graphs(true).unwrap();
+    d.scale(a, 10.0).unwrap();
+    d.scale(a, 10.0).unwrap();
+    // The inner close leaves the work held; the outer one issues it.
+    d.graphs(false).unwrap();
+    d.graphs(false).unwrap();
+    assert_eq!(d.read(a).unwrap(), [100.0, 200.0, 300.0, 400.0]);
+    let e = d.graphs(false).expect_err("no span is open");
+    assert!(e.to_string().contains("without an open graph span"), "{e}");
+    // A buffer freed while launches on it are held stays alive until they have run.
+    d.graphs(true).unwrap();
+    let t = buffer(d, 4);
+    d.add(a, a, t).unwrap();
+    d.scale(t, 0.5).unwrap();
+    d.free(t.buf);
+    assert_eq!(d.read(a).unwrap(), [100.0, 200.0, 300.0, 400.0]);
+    d.graphs(false).unwrap();
+    d.free(a.buf);
+}
+
+/// The logits' bits of a 16-token prefill and four decode steps of the tiny model under
+/// `exec`, and the graph counters of the decode steps.
+fn decode(m: &dsv4_model::Model, exec: &ExecOptions) -> (Vec<u32>, Vec<DeviceStats>) {
+    let mut seq = m.new_sequence();
+    let (mut bits, mut stats) = (Vec::new(), Vec::new());
+    let prompt: Vec<u32> = (0..16).map(|i| 3 + 7 * i).collect();
+    for (i, step) in [&prompt[..], &[11], &[12], &[13], &[14]].iter().enumerate() {
+        let (out, report) = m
+            .forward_step(&mut [&mut seq], &[step], exec, &mut Taps::none())
+            .expect("step");
+        bits.extend(out[0].logits.iter().map(|x| x.to_bits()));
+        if i > 0 {
+            stats.push(report.device.expect("device traffic is reported"));
+        }
+    }
+    (bits, stats)
+}
+
+#[test]
+fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
+    if !emu_available("captured_decode_steps_replay_graphs_with_the_eager_bits") {
+        return;
+    }
+    let be: Arc<dyn Backend> = Arc::new(backend());
+    let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
+    let eager = ExecOptions {
+        captured: false,
+        executor: Executor::Serial,
+        ..Default::default()
+    };
+    let (want, eager_stats) = decode(&m, &eager);
+    assert!(eager_stats.iter().all(|s| s.graph_launches == 0));
+    let captured = ExecOptions {
+        captured: true,
+        ..eager.clone()
+    };
+    let threaded = ExecOptions {
+        overlap: true,
+        executor: Executor::Threaded,
+        ..captured.clone()
+    };
+    for (what, exec) in [("serial", captured), ("threaded overlap", threaded)] {
+        let (bits, stats) = decode(&m, &exec);
+        assert!(
+            bits == want,
+            "{what}: captured with graphs gives the eager bits"
+        );
+        let last = stats.last().unwrap();
+        eprintln!(
+            "{what}: the fourth decode step ran {} of {} kernels inside {} graph launches",
+            last.graph_kernels, last.dispatches, last.graph_launches
+        );
+        assert!(
+            last.graph_launches > 0 && last.graph_kernels >= 2 * last.graph_launches,
+            "{what}: the fourth decode step replays graphs: {stats:?}"
+        );
+        // The host ops' launches (cache reads, attention, routing, top-k) use buffers of
+        // their own each call, so only the resident runs between them repeat exactly.
+        assert!(
+            what != "serial" || last.graph_kernels * 2 > last.dispatches,
+            "{what}: most of a replayed step's kernels run inside graphs: {last:?}"
+        );
+    }
+}
