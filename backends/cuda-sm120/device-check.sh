@@ -12,7 +12,8 @@
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
 #                  side streams, canary on every pool, abort on a finding)
-#   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise)
+#   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise; the captured
+#                  side must replay CUDA graphs, else a captured-graphs FAIL is recorded)
 #   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
 #   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
 #                  (device-resident activations against host slices, bitwise)
@@ -101,6 +102,10 @@ if [ -f "$out/canary-out.jsonl" ] && grep -q '"finish_reason":"error"' "$out/can
     record canary-errors FAIL 0
 fi
 run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend "$backend" --tokens 64 --decode 8
+# The captured side's decode steps must have replayed device graphs (docs/cuda.md, CUDA graphs).
+if ! grep -Eq '^candidate device: [0-9]+ kernels \([0-9]+ inside [1-9][0-9]* graph launches' "$out/captured.log"; then
+    record captured-graphs FAIL 0
+fi
 run_step overlap "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode overlap-vs-serial --backend "$backend" --tokens 64 --decode 8
 run_step resident "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode resident-vs-host --backend "$backend" --tokens 64 --decode 8
 if [ "$backend" = cuda-emu ]; then

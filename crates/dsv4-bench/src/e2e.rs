@@ -98,16 +98,19 @@ pub fn active_weight_bytes(model: &Model) -> usize {
 }
 
 /// Batch-16 decode throughput with activations resident (`host = false`) or in host memory,
-/// and the mean device traffic (submissions, reads, bytes read) of the measured steps.
+/// replaying captured plans (`captured`, with device graphs where the backend has them) or
+/// not, and the mean device traffic (every counter) of the measured steps.
 fn decode_mode(
     model: &Model,
     prompt_len: usize,
     host: bool,
+    captured: bool,
 ) -> Result<(f64, DeviceStats), dsv4_model::ForwardError> {
     let batch = 16;
     let v = model.cfg.vocab_size;
     let exec = ExecOptions {
         host_activations: host,
+        captured,
         ..model.exec().clone()
     };
     let mut states: Vec<SequenceState> = (0..batch).map(|_| model.new_sequence()).collect();
@@ -124,10 +127,7 @@ fn decode_mode(
     let secs = median_secs(
         || {
             let (_, report) = step(&mut states, vec![&next[..]; batch]).expect("decode step");
-            let d = report.device.unwrap_or_default();
-            total.submissions += d.submissions;
-            total.reads += d.reads;
-            total.read_bytes += d.read_bytes;
+            total = total.zip(&report.device.unwrap_or_default(), |a, b| a + b);
             steps += 1;
         },
         4,
@@ -136,13 +136,7 @@ fn decode_mode(
     );
     // Traffic varies by step (a compressor window completes every few steps): the mean.
     let n = steps.max(1);
-    let mean = DeviceStats {
-        submissions: total.submissions / n,
-        reads: total.reads / n,
-        read_bytes: total.read_bytes / n,
-        ..DeviceStats::default()
-    };
-    Ok((batch as f64 / secs, mean))
+    Ok((batch as f64 / secs, total.zip(&total, |a, _| a / n)))
 }
 
 fn prefill_chunks(
@@ -228,8 +222,13 @@ pub fn run(
     // A backend with device memory: the same batch-16 decode with activations in host memory
     // (every op uploading and reading back), and what one step costs in device traffic.
     if backend.device().is_some() {
-        for (mode, host) in [("device-resident", false), ("host activations", true)] {
-            let (rate, traffic) = decode_mode(&model, prompt_len, host)?;
+        let modes = [
+            ("device-resident", false, false),
+            ("captured", false, true),
+            ("host activations", true, false),
+        ];
+        for (mode, host, captured) in modes {
+            let (rate, traffic) = decode_mode(&model, prompt_len, host, captured)?;
             push(format!("decode batch 16, {mode}"), rate, "tokens/s");
             push(
                 format!("  {mode}: read-backs/step (mean)"),
@@ -246,6 +245,24 @@ pub fn run(
                 traffic.submissions as f64,
                 "submits",
             );
+            // Captured plans on a device with graphs (CUDA): how much of a step replays.
+            if traffic.graph_launches > 0 {
+                push(
+                    format!("  {mode}: graph launches/step (mean)"),
+                    traffic.graph_launches as f64,
+                    "graphs",
+                );
+                push(
+                    format!("  {mode}: kernels in graphs/step (mean)"),
+                    traffic.graph_kernels as f64,
+                    "kernels",
+                );
+                push(
+                    format!("  {mode}: kernels/step (mean)"),
+                    traffic.dispatches as f64,
+                    "kernels",
+                );
+            }
         }
     }
 

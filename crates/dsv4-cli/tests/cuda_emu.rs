@@ -82,6 +82,18 @@ fn captured_and_overlapped_plans_compute_the_eager_bits() {
             "{mode}:\n{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // The captured side's decode steps replay device graphs (two steps to build them).
+        let graphs = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("candidate device: "))
+            .and_then(|l| l.split(" inside ").nth(1))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{mode}: no candidate device line:\n{stdout}"));
+        assert!(
+            graphs > 0,
+            "{mode}: the candidate launched no graphs:\n{stdout}"
+        );
     }
 }
 

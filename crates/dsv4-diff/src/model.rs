@@ -11,6 +11,7 @@ use crate::side::Side;
 use crate::tolerance::{MIN_INDEXER_AGREEMENT, Metric, coarse_rounding, tap_tolerance};
 use dsv4_core::Numerics;
 use dsv4_core::SplitMix64;
+use dsv4_kernels::DeviceStats;
 use dsv4_model::forward::Taps;
 use dsv4_model::{ForwardOutput, Model, SequenceState, load_model};
 use std::collections::BTreeMap;
@@ -212,6 +213,7 @@ pub fn run_model(
     let (mut taps, mut structure_error) = (Vec::new(), None);
     let (mut lo, mut lc) = (Vec::new(), Vec::new());
     let mut indexer = BTreeMap::new();
+    let mut candidate_device: Option<DeviceStats> = None;
     for (ci, chunk) in calls.iter().enumerate() {
         let call = if ci == 0 {
             "prefill".to_string()
@@ -236,9 +238,16 @@ pub fn run_model(
             diffs: Vec::new(),
             structure_error: None,
         };
+        let dev = candidate.backend.device();
+        let before = dev.map(|d| d.stats());
         let out_c = forward(&mc, &mut sc, chunk, "candidate", &mut |l, o, v| {
             cmp.observe(l, o, v)
         })?;
+        if let (Some(d), Some(b)) = (dev, before) {
+            let spent = d.stats().since(&b);
+            let total = candidate_device.get_or_insert_with(DeviceStats::default);
+            *total = total.zip(&spent, |x, y| x + y);
+        }
         if cmp.structure_error.is_none() && cmp.next != recorded.len() {
             cmp.structure_error = Some(format!(
                 "{call}: the candidate made {} taps, the oracle {}",
@@ -291,6 +300,7 @@ pub fn run_model(
         indexer,
         worst_taps: worst,
         taps,
+        candidate_device,
         passed,
     })
 }

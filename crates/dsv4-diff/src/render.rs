@@ -134,6 +134,14 @@ fn model_summary(out: &mut String, m: &ModelReport) {
             100.0 * a.rate
         );
     }
+    if let Some(d) = &m.candidate_device {
+        let _ = writeln!(
+            out,
+            "candidate device: {} kernels ({} inside {} graph launches, {} graphs built), {} \
+             submissions",
+            d.dispatches, d.graph_kernels, d.graph_launches, d.graphs_built, d.submissions
+        );
+    }
     let differing: Vec<&TapDiff> = m.worst_taps.iter().filter(|t| t.nmse != 0.0).collect();
     if !differing.is_empty() {
         out.push_str("closest to (or past) tolerance:\n");

@@ -168,6 +168,9 @@ pub struct ModelReport {
     pub worst_taps: Vec<TapDiff>,
     /// Every tap compared, in execution order.
     pub taps: Vec<TapDiff>,
+    /// The candidate's device traffic over its calls, on a backend with device memory
+    /// (kernels, and how many ran inside replayed graphs under captured plans).
+    pub candidate_device: Option<dsv4_kernels::DeviceStats>,
     /// No divergence, no structure error, full indexer agreement.
     pub passed: bool,
 }
