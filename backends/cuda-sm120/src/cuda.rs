@@ -273,6 +273,13 @@ impl RawDevice for CudaDevice {
         }
     }
 
+    fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: Device only zeroes inside its own temporaries; ordered on `stream`.
+        unsafe { result::memset_d8_async(ptr, 0, bytes, cu_stream(stream)) }
+            .map_err(drv("cuMemsetD8Async"))
+    }
+
     fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
         self.current()?;
         // SAFETY: Device only uploads into buffers at least data.len() bytes long. `data` is

@@ -4,6 +4,7 @@
 
 use crate::CudaError;
 use crate::graphs::{GraphLaunch, Recorder};
+use crate::temp::{self, TempPool};
 use dsv4_kernels::DeviceStats;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -63,6 +64,8 @@ pub trait RawDevice: Send + Sync {
     /// # Safety
     /// `ptr` came from this device's `alloc` and is not used afterwards.
     unsafe fn free(&self, ptr: u64);
+    /// Zero `bytes` bytes at `ptr` after the work issued on `stream` so far.
+    fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError>;
     /// Copy `data` to `ptr` (which holds at least `data.len()` bytes) after the work issued on
     /// `stream` so far; `data` is not used after the call returns.
     fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError>;
@@ -128,11 +131,14 @@ thread_local! {
         const { std::cell::Cell::new((0, DEFAULT_STREAM)) };
 }
 
-/// Device memory: `bytes` bytes at a device address, freed when dropped.
+/// Device memory: `bytes` bytes at a device address, freed when dropped (or, for a
+/// temporary, given back to its stream's pool).
 pub struct DevBuf {
     ptr: u64,
     bytes: usize,
     owner: Arc<Recorder>,
+    /// A temporary's pool, stream and size class.
+    home: Option<(Arc<TempPool>, StreamHandle, usize)>,
 }
 
 impl DevBuf {
@@ -167,6 +173,12 @@ pub struct DevPtr {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
+        // A temporary's next user is ordered after its last on the same stream.
+        if let Some((pool, stream, class)) = &self.home
+            && pool.give(*stream, *class, self.ptr)
+        {
+            return;
+        }
         // Held launches may use the buffer: issue them before it goes.
         self.owner.flush_all_deferred();
         // SAFETY: ptr came from owner.alloc and this is its only owner.
@@ -204,6 +216,8 @@ pub enum KArg<'a> {
 pub struct Device {
     /// The raw device with its graph recorder (shared by every handle of the device).
     rec: Arc<Recorder>,
+    /// The host ops' temporaries (shared by every handle of the device).
+    temps: Arc<TempPool>,
     /// Where this handle counts its traffic, if it does (see [`Device::counted`]).
     traffic: Option<Arc<Mutex<DeviceStats>>>,
 }
@@ -212,7 +226,8 @@ impl Device {
     /// Wrap a raw device.
     pub fn new(raw: Arc<dyn RawDevice>) -> Self {
         Self {
-            rec: Arc::new(Recorder::new(raw)),
+            rec: Arc::new(Recorder::new(raw.clone())),
+            temps: Arc::new(TempPool::new(raw)),
             traffic: None,
         }
     }
@@ -244,6 +259,7 @@ impl Device {
     pub(crate) fn counted(&self, stats: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             rec: self.rec.clone(),
+            temps: self.temps.clone(),
             traffic: Some(stats),
         }
     }
@@ -356,7 +372,60 @@ impl Device {
             ptr,
             bytes,
             owner: self.rec.clone(),
+            home: None,
         })
+    }
+
+    /// A zero-filled temporary of `bytes` bytes for work on the calling thread's stream only,
+    /// given back to that stream's pool when dropped (see `temp.rs`): no allocation once the
+    /// pool is warm, and no synchronisation when it goes.
+    pub fn temp(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        self.take_temp(bytes, true)
+    }
+
+    /// A temporary (see [`Device::temp`]) holding `data`, ordered on the calling thread's
+    /// stream before later work there.
+    pub fn temp_upload(&self, data: &[u8]) -> Result<DevBuf, CudaError> {
+        let b = self.take_temp(data.len(), false)?;
+        if !data.is_empty() {
+            self.raw_upload(b.ptr, data)?;
+        }
+        Ok(b)
+    }
+
+    /// A temporary holding `data` as f32.
+    pub fn temp_f32(&self, data: &[f32]) -> Result<DevBuf, CudaError> {
+        self.temp_upload(f32_bytes(data))
+    }
+
+    /// Bytes of temporaries waiting in the pools for reuse.
+    pub fn pooled_temp_bytes(&self) -> usize {
+        self.temps.pooled_bytes()
+    }
+
+    fn take_temp(&self, bytes: usize, zero: bool) -> Result<DevBuf, CudaError> {
+        let stream = self.stream();
+        let class = temp::class_of(bytes);
+        let (ptr, reused) = match self.temps.take(stream, class) {
+            Some(p) => (p, true),
+            None => {
+                let p = self.raw().alloc(stream, class)?;
+                self.count(|s| s.allocs += 1);
+                (p, false)
+            }
+        };
+        let b = DevBuf {
+            ptr,
+            bytes,
+            owner: self.rec.clone(),
+            home: Some((self.temps.clone(), stream, class)),
+        };
+        if reused && zero && bytes > 0 {
+            // After the held work of its last user, which may still read it.
+            self.flush()?;
+            self.raw().zero(stream, ptr, bytes)?;
+        }
+        Ok(b)
     }
 
     /// A new buffer holding `data`, complete when this returns (so work on any stream may

@@ -558,6 +558,10 @@ impl RawDevice for EmuDevice {
         }
     }
 
+    fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        self.upload(stream, ptr, &vec![0; bytes])
+    }
+
     fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
         self.check("upload", ptr, data.len())?;
         if stream == DEFAULT_STREAM {

@@ -25,6 +25,7 @@ pub mod nvrtc;
 mod ops;
 mod registry;
 mod resident;
+mod temp;
 
 pub use registry::{link, open_backend};
 

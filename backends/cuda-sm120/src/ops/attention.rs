@@ -37,9 +37,9 @@ pub fn softmax_pool(
     need("softmax_pool logits", z.len(), n)?;
     need("softmax_pool output", out.len(), width)?;
     let dev = &c.dev;
-    let ab = dev.upload_f32(&a[..n])?;
-    let zb = dev.upload_f32(&z[..n])?;
-    let ob = dev.alloc(width * 4)?;
+    let ab = dev.temp_f32(&a[..n])?;
+    let zb = dev.temp_f32(&z[..n])?;
+    let ob = dev.temp(width * 4)?;
     let args = [
         KArg::Buf(&ab),
         KArg::Buf(&zb),
@@ -156,11 +156,11 @@ fn score(
     let dim32 = u32_arg("dim", dim)?;
     let h32 = u32_arg("heads", heads)?;
     let dev = &c.dev;
-    let qb = dev.upload_f32(q)?;
-    let wb = dev.upload_f32(w)?;
-    let kb = dev.upload_f32(keys)?;
-    let stb = dev.upload(&starts32)?;
-    let ob = dev.alloc(n * 4)?;
+    let qb = dev.temp_f32(q)?;
+    let wb = dev.temp_f32(w)?;
+    let kb = dev.temp_f32(keys)?;
+    let stb = dev.temp_upload(&starts32)?;
+    let ob = dev.temp(n * 4)?;
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let args = [
@@ -233,10 +233,10 @@ pub fn topk_rows(
     }
     let k32 = u32::try_from(k).unwrap_or(u32::MAX);
     let dev = &c.dev;
-    let sb = dev.upload_f32(&scores[first..last])?;
-    let stb = dev.upload(&u32_words("scores", &rel)?)?;
-    let offb = dev.upload(&u32_words("selected", &offs)?)?;
-    let ob = dev.alloc(total * 4)?;
+    let sb = dev.temp_f32(&scores[first..last])?;
+    let stb = dev.temp_upload(&u32_words("scores", &rel)?)?;
+    let offb = dev.temp_upload(&u32_words("selected", &offs)?)?;
+    let ob = dev.temp(total * 4)?;
     let args = [
         KArg::Buf(&sb),
         KArg::Buf(&stb),
@@ -376,18 +376,18 @@ fn attend(
     let dim32 = u32_arg("dim", dim)?;
     let h32 = heads as u32;
     let dev = &c.dev;
-    let qb = dev.upload_f32(q)?;
-    let kb = dev.upload_f32(keys)?;
-    let stb = dev.upload(
+    let qb = dev.temp_f32(q)?;
+    let kb = dev.temp_f32(keys)?;
+    let stb = dev.temp_upload(
         &starts32
             .iter()
             .flat_map(|s| s.to_le_bytes())
             .collect::<Vec<u8>>(),
     )?;
-    let sb = dev.upload_f32(sink)?;
-    let lb = dev.alloc(heads * n * 8)?;
-    let swb = dev.alloc(rows * heads * 8)?;
-    let ob = dev.alloc(rows * heads * dim * 4)?;
+    let sb = dev.temp_f32(sink)?;
+    let lb = dev.temp(heads * n * 8)?;
+    let swb = dev.temp(rows * heads * 8)?;
+    let ob = dev.temp(rows * heads * dim * 4)?;
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let r0 = row0 as u32;

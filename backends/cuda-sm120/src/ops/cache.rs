@@ -66,8 +66,8 @@ pub fn cache_store(
         Err(e) => return Ok(Err(e)),
     };
     let total = at.data.len() + at.scale.len();
-    let vb = c.dev.upload_f32(values)?;
-    let ob = c.dev.alloc(total)?;
+    let vb = c.dev.temp_f32(values)?;
+    let ob = c.dev.temp(total)?;
     encode(c, fmt, &vb, &ob, 1, total)?;
     let mut bytes = vec![0u8; total];
     c.dev.download(&ob, &mut bytes)?;
@@ -96,8 +96,8 @@ pub fn cache_encode_rows(
     if rows == 0 {
         return Ok(Ok(bytes));
     }
-    let vb = c.dev.upload_f32(values)?;
-    let ob = c.dev.alloc(bytes.len())?;
+    let vb = c.dev.temp_f32(values)?;
+    let ob = c.dev.temp(bytes.len())?;
     encode(c, fmt, &vb, &ob, rows, entry)?;
     c.dev.download(&ob, &mut bytes)?;
     Ok(Ok(bytes))
@@ -208,8 +208,8 @@ fn decode(
         return Ok(());
     }
     let stride = u32_arg("cache entry bytes", entries.len() / rows)?;
-    let eb = c.dev.upload(entries)?;
-    let ob = c.dev.alloc(out.len() * 4)?;
+    let eb = c.dev.temp_upload(entries)?;
+    let ob = c.dev.temp(out.len() * 4)?;
     let (kernel, scalars) = match kind(fmt)? {
         Kind::Bf16 { n } => ("cache_decode_bf16", vec![KArg::U32(n)]),
         Kind::KvFp8 { nd, rd } => ("cache_decode_kv_fp8", vec![KArg::U32(nd), KArg::U32(rd)]),

@@ -20,8 +20,8 @@ pub fn page_checksums(c: &Core, bytes: &[u8], page_bytes: usize) -> Result<Vec<u
     }
     let pages = bytes.len() / page_bytes;
     let dev = &c.dev;
-    let bb = dev.upload(bytes)?;
-    let ob = dev.alloc(pages * 8)?;
+    let bb = dev.temp_upload(bytes)?;
+    let ob = dev.temp(pages * 8)?;
     let args = [
         KArg::Buf(&bb),
         KArg::Buf(&ob),

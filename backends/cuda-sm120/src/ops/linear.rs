@@ -150,16 +150,16 @@ pub fn linear(
     }
     let rw = c.weights.get(&c.dev, w)?;
     let xb = if rw.xpitch == i {
-        c.dev.upload_f32(x)?
+        c.dev.temp_f32(x)?
     } else {
         // Input rows padded to the weight's pitch, so every chunk's inputs are aligned.
         let mut padded = vec![0f32; rows * rw.xpitch];
         for (dst, src) in padded.chunks_exact_mut(rw.xpitch).zip(x.chunks_exact(i)) {
             dst[..i].copy_from_slice(src);
         }
-        c.dev.upload_f32(&padded)?
+        c.dev.temp_f32(&padded)?
     };
-    let ob = c.dev.alloc(out.len() * 4)?;
+    let ob = c.dev.temp(out.len() * 4)?;
     launch(c, &rw, xb.at(), ob.at(), rows, &w.name)?;
     c.dev.download_f32(&ob, out)
 }
@@ -243,8 +243,8 @@ pub fn time_linear(
 ) -> Result<f64, CudaError> {
     let c = &backend.core;
     let rw = c.weights.get(&c.dev, w)?;
-    let xb = c.dev.alloc(rows * rw.xpitch * 4)?;
-    let ob = c.dev.alloc(rows * rw.out_dim * 4)?;
+    let xb = c.dev.temp(rows * rw.xpitch * 4)?;
+    let ob = c.dev.temp(rows * rw.out_dim * 4)?;
     let per_batch = if c.dev.info().emulated { 1 } else { 20 };
     crate::bench::time_launches(&c.dev, per_batch, batches, || {
         launch(c, &rw, xb.at(), ob.at(), rows, &w.name)

@@ -227,13 +227,13 @@ pub fn mhc_pre(c: &Core, p: &HcParams<'_>, x: &[f32], t: usize) -> Result<MhcPre
     need("mhc_pre streams", x.len(), t * m * d)?;
     let ops = hc_operands(p, true)?;
     let dev = &c.dev;
-    let xb = dev.upload_f32(&x[..t * m * d])?;
-    let fb = dev.upload_f32(ops.fn_w)?;
-    let cb = dev.upload_f32(&ops.coef())?;
-    let ub = dev.alloc(t * d * 4)?;
-    let pb = dev.alloc(t * m * 4)?;
-    let kb = dev.alloc(t * m * m * 4)?;
-    let sb = dev.alloc(mixing_scratch_bytes(t, m, true))?;
+    let xb = dev.temp_f32(&x[..t * m * d])?;
+    let fb = dev.temp_f32(ops.fn_w)?;
+    let cb = dev.temp_f32(&ops.coef())?;
+    let ub = dev.temp(t * d * 4)?;
+    let pb = dev.temp(t * m * 4)?;
+    let kb = dev.temp(t * m * m * 4)?;
+    let sb = dev.temp(mixing_scratch_bytes(t, m, true))?;
     let (x, s) = (xb.at(), sb.at());
     launch_mixing(
         c,
@@ -312,11 +312,11 @@ pub fn mhc_post(
     need("mhc_post comb", pre.comb.len(), t * m * m)?;
     need("mhc_post output", out.len(), n)?;
     let dev = &c.dev;
-    let xb = dev.upload_f32(&x[..n])?;
-    let yb = dev.upload_f32(&y[..t * d])?;
-    let pb = dev.upload_f32(&pre.post[..t * m])?;
-    let cb = dev.upload_f32(&pre.comb[..t * m * m])?;
-    let ob = dev.alloc(n * 4)?;
+    let xb = dev.temp_f32(&x[..n])?;
+    let yb = dev.temp_f32(&y[..t * d])?;
+    let pb = dev.temp_f32(&pre.post[..t * m])?;
+    let cb = dev.temp_f32(&pre.comb[..t * m * m])?;
+    let ob = dev.temp(n * 4)?;
     launch_post(c, xb.at(), yb.at(), pb.at(), cb.at(), ob.at(), t, m, d)?;
     dev.download_f32(&ob, &mut out[..n])
 }
@@ -338,11 +338,11 @@ pub fn hc_head(
     need("hc_head output", out.len(), t * d)?;
     let ops = hc_operands(p, false)?;
     let dev = &c.dev;
-    let xb = dev.upload_f32(&x[..t * m * d])?;
-    let fb = dev.upload_f32(ops.fn_w)?;
-    let cb = dev.upload_f32(&ops.coef())?;
-    let ob = dev.alloc(t * d * 4)?;
-    let sb = dev.alloc(mixing_scratch_bytes(t, m, false))?;
+    let xb = dev.temp_f32(&x[..t * m * d])?;
+    let fb = dev.temp_f32(ops.fn_w)?;
+    let cb = dev.temp_f32(&ops.coef())?;
+    let ob = dev.temp(t * d * 4)?;
+    let sb = dev.temp(mixing_scratch_bytes(t, m, false))?;
     let (x, o) = (xb.at(), ob.at());
     launch_mixing(c, p, x, fb.at(), cb.at(), sb.at(), t, false, o, o, o)?;
     dev.download_f32(&ob, &mut out[..t * d])

@@ -48,7 +48,7 @@ fn in_place(
     x: &mut [f32],
     launch: impl FnOnce(DevPtr) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
-    let xb = c.dev.upload_f32(x)?;
+    let xb = c.dev.temp_f32(x)?;
     launch(xb.at())?;
     c.dev.download_f32(&xb, x)
 }
@@ -148,9 +148,9 @@ pub fn rms_norm(
     }
     let rows = rows_of("rms_norm", x.len(), dim)?;
     check_norm_weight(weight, dim)?;
-    let xb = c.dev.upload_f32(x)?;
-    let wb = c.dev.upload_f32(weight.map_or(&[][..], |w| &w[..dim]))?;
-    let ob = c.dev.alloc(x.len() * 4)?;
+    let xb = c.dev.temp_f32(x)?;
+    let wb = c.dev.temp_f32(weight.map_or(&[][..], |w| &w[..dim]))?;
+    let ob = c.dev.temp(x.len() * 4)?;
     launch_rms_norm(
         c,
         xb.at(),
@@ -250,8 +250,8 @@ pub fn rope(
     let Some(RopeParams { pos, theta }) = rope_params(rows, dim, positions, table)? else {
         return Ok(());
     };
-    let pb = c.dev.upload(&pos)?;
-    let tb = c.dev.upload(&theta)?;
+    let pb = c.dev.temp_upload(&pos)?;
+    let tb = c.dev.temp_upload(&theta)?;
     in_place(c, x, |xb| {
         launch_rope(c, xb, pb.at(), tb.at(), rows, dim, table, inverse)
     })
@@ -309,9 +309,9 @@ fn elementwise(
     if n == 0 {
         return Ok(());
     }
-    let ab = c.dev.upload_f32(a)?;
-    let bb = b.map(|b| c.dev.upload_f32(b)).transpose()?;
-    let ob = c.dev.alloc(n * 4)?;
+    let ab = c.dev.temp_f32(a)?;
+    let bb = b.map(|b| c.dev.temp_f32(b)).transpose()?;
+    let ob = c.dev.temp(n * 4)?;
     let mut args = vec![KArg::Buf(&ab)];
     if let Some(bb) = &bb {
         args.push(KArg::Buf(bb));
