@@ -1,0 +1,267 @@
+//! Building the emulator: the host C++ compiler, the on-disk cache keyed by every input, and the
+//! generated kernel table.
+
+use crate::CudaError;
+use std::path::{Path, PathBuf};
+
+const SHIM: &str = include_str!("../../emu/shim.h");
+const RUNTIME: &str = include_str!("../../emu/runtime.cpp");
+/// Bump when the build recipe changes (it is part of the cache key).
+const RECIPE: &str =
+    "cuda-emu build v2: -O2 -std=c++17 -ffp-contract=off -fPIC -shared -fvisibility=hidden";
+/// Extra C++ compiler flags for the emulator build, part of the cache key: `-g` to debug,
+/// `-DDSV4_EMU_REVERSE` to run each block's threads in reverse order (a kernel that reads other
+/// threads' writes without a barrier then gives different results: a race), `-DDSV4_EMU_UCONTEXT`
+/// for the portable (slower) fiber switch.
+pub const EXTRA_FLAGS_ENV: &str = "DSV4_EMU_CXXFLAGS";
+
+pub(super) fn find_compiler() -> Result<PathBuf, String> {
+    find_compiler_from(std::env::var("CXX").ok())
+}
+
+/// The compiler `$CXX` names (when set), else the first of c++, g++, clang++ on PATH.
+fn find_compiler_from(cxx: Option<String>) -> Result<PathBuf, String> {
+    let from_env = cxx.filter(|s| !s.trim().is_empty());
+    let candidates: Vec<String> = match &from_env {
+        Some(cxx) => vec![cxx.trim().to_string()],
+        None => ["c++", "g++", "clang++"].map(String::from).to_vec(),
+    };
+    for c in &candidates {
+        if let Some(p) = which(c) {
+            return Ok(p);
+        }
+    }
+    Err(match from_env {
+        Some(cxx) => format!(
+            "the C++ compiler CXX={cxx} is not found; the cuda-emu emulator needs one (unset CXX, or `apt-get install g++`)"
+        ),
+        None => "no C++ compiler (c++, g++ or clang++) on PATH; the cuda-emu emulator needs one: `apt-get install g++`".to_string(),
+    })
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.components().count() > 1 {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|c| c.is_file())
+}
+
+/// FNV-1a, 64 bit: a stable cache key (std's hasher may change between Rust releases).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in part.iter().chain(&(part.len() as u64).to_le_bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn cache_base() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("DSV4_CACHE_DIR") {
+        return d;
+    }
+    if let Some(d) = env("XDG_CACHE_HOME") {
+        return d.join("dsv4");
+    }
+    if let Some(d) = env("HOME") {
+        return d.join(".cache").join("dsv4");
+    }
+    std::env::temp_dir().join("dsv4")
+}
+
+/// The C++ that maps kernel names to launchers (appended to the kernel translation unit, where
+/// each kernel's parameter types are known).
+fn registry_source(names: &[String]) -> String {
+    let mut s = String::from(
+        "\n#line 1 \"dsv4_emu_registry.cpp\"\n\
+         #include <stdio.h>\n\
+         typedef int (*dsv4_emu_launcher)(dsv4_emu_dim3, dsv4_emu_dim3, void**, char*, size_t);\n\
+         struct dsv4_emu_entry { const char* name; dsv4_emu_launcher launch; };\n\
+         static const dsv4_emu_entry dsv4_emu_registry[] = {\n",
+    );
+    let mut seen = std::collections::HashSet::new();
+    for n in names.iter().filter(|n| seen.insert(n.as_str())) {
+        s.push_str(&format!(
+            "    {{\"{n}\", [](dsv4_emu_dim3 g, dsv4_emu_dim3 b, void** p, char* e, size_t el) {{ \
+             return dsv4_emu_launch_kernel(\"{n}\", &{n}, g, b, p, e, el); }}}},\n"
+        ));
+    }
+    s.push_str(
+        "    {nullptr, nullptr},\n};\n\
+         extern \"C\" __attribute__((visibility(\"default\"))) int dsv4_emu_launch(\
+         const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+         unsigned bz, void** params, char* err, size_t errlen) {\n\
+         \x20   for (const dsv4_emu_entry* k = dsv4_emu_registry; k->name; k++)\n\
+         \x20       if (strcmp(k->name, name) == 0)\n\
+         \x20           return k->launch(dsv4_emu_dim3{gx, gy, gz}, dsv4_emu_dim3{bx, by, bz}, params, err, errlen);\n\
+         \x20   snprintf(err, errlen, \"no kernel named %s\", name);\n\
+         \x20   return 2;\n\
+         }\n",
+    );
+    s
+}
+
+/// Write `text` to `path` atomically (racing writers write identical text).
+fn write_atomic(path: &Path, text: &str, tag: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{tag}"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Build (or find cached) the emulator library for `tu` and return its path.
+pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf, CudaError> {
+    let cxx = find_compiler().map_err(CudaError::Unavailable)?;
+    let unit = format!("{tu}\n{}", registry_source(names));
+    let extra = std::env::var(EXTRA_FLAGS_ENV).unwrap_or_default();
+    let meta = std::fs::metadata(&cxx).ok();
+    let cxx_id = format!(
+        "{} {:?} {:?}",
+        cxx.display(),
+        meta.as_ref().map(|m| m.len()),
+        meta.and_then(|m| m.modified().ok())
+    );
+    let key = fnv1a(&[
+        RECIPE.as_bytes(),
+        SHIM.as_bytes(),
+        RUNTIME.as_bytes(),
+        unit.as_bytes(),
+        &[u8::from(acc_f64)],
+        cxx_id.as_bytes(),
+        extra.as_bytes(),
+        std::env::consts::ARCH.as_bytes(),
+    ]);
+    let mut dir = cache_base().join("cuda-emu").join(format!("{key:016x}"));
+    if dir.join("libdsv4emu.so").is_file() {
+        return Ok(dir.join("libdsv4emu.so"));
+    }
+    if std::fs::create_dir_all(&dir).is_err() {
+        // An unwritable cache (read-only home): build under the temp dir instead.
+        dir = std::env::temp_dir()
+            .join("dsv4")
+            .join("cuda-emu")
+            .join(format!("{key:016x}"));
+    }
+    let lib = dir.join("libdsv4emu.so");
+    if lib.is_file() {
+        return Ok(lib);
+    }
+    let io = |e: std::io::Error| CudaError::Compile {
+        target: "cuda-emu (c++)".into(),
+        log: format!("cannot write the emulator build to {}: {e}", dir.display()),
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    write_atomic(&dir.join("shim.h"), SHIM, &tag).map_err(io)?;
+    write_atomic(&dir.join("runtime.cpp"), RUNTIME, &tag).map_err(io)?;
+    write_atomic(&dir.join("kernels.cpp"), &unit, &tag).map_err(io)?;
+    let out = dir.join(format!("libdsv4emu.so.tmp-{tag}"));
+    let mut cmd = std::process::Command::new(&cxx);
+    // Hidden symbols: the kernels' names (rope, swiglu, …) never interpose on anything in the
+    // process; only dsv4_emu_launch is exported.
+    cmd.args([
+        "-O2",
+        "-std=c++17",
+        "-ffp-contract=off",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+    ]);
+    if acc_f64 {
+        cmd.arg("-DDSV4_ACC_F64");
+    }
+    cmd.args(extra.split_whitespace());
+    cmd.arg("-include")
+        .arg(dir.join("shim.h"))
+        .arg(dir.join("kernels.cpp"))
+        .arg(dir.join("runtime.cpp"))
+        .arg("-o")
+        .arg(&out)
+        .current_dir(&dir);
+    let res = cmd.output().map_err(|e| CudaError::Compile {
+        target: "cuda-emu (c++)".into(),
+        log: format!("cannot run {}: {e}", cxx.display()),
+    })?;
+    if !res.status.success() {
+        let _ = std::fs::remove_file(&out);
+        return Err(CudaError::Compile {
+            target: "cuda-emu (c++)".into(),
+            log: format!(
+                "{}{}",
+                String::from_utf8_lossy(&res.stderr),
+                String::from_utf8_lossy(&res.stdout)
+            ),
+        });
+    }
+    std::fs::rename(&out, &lib).map_err(io)?;
+    if let Some(parent) = dir.parent() {
+        prune(parent, &dir);
+    }
+    Ok(lib)
+}
+
+/// Remove emulator builds (cache dirs named by a 16-hex-digit key) not modified for 14 days:
+/// every kernel edit makes a new one. Best effort; a process still using one keeps its mapping.
+fn prune(cache: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    let max_age = std::time::Duration::from_secs(14 * 24 * 3600);
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        let is_key = name.len() == 16
+            && name
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_hexdigit());
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > max_age);
+        if is_key && old && path != keep {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_compiler_is_named_with_how_to_install_one() {
+        let e = find_compiler_from(Some("/nonexistent/dsv4-c++".into())).unwrap_err();
+        assert!(
+            e.contains("CXX=/nonexistent/dsv4-c++") && e.contains("apt-get install g++"),
+            "{e}"
+        );
+        assert!(find_compiler_from(Some("no-such-dsv4-compiler".into())).is_err());
+    }
+
+    #[test]
+    fn the_cache_key_depends_on_every_part() {
+        let a = fnv1a(&[b"ab", b"c"]);
+        assert_ne!(a, fnv1a(&[b"a", b"bc"]));
+        assert_ne!(a, fnv1a(&[b"ab", b"d"]));
+        assert_eq!(a, fnv1a(&[b"ab", b"c"]));
+    }
+}
