@@ -273,6 +273,41 @@ impl RawDevice for CudaDevice {
         }
     }
 
+    fn host_alloc(&self, bytes: usize) -> Result<u64, CudaError> {
+        self.current()?;
+        // SAFETY: a plain page-locked allocation (flags 0), zeroed below before any use.
+        let p = unsafe { result::malloc_host(bytes, 0) }.map_err(drv("cuMemHostAlloc"))?;
+        // SAFETY: p holds `bytes` bytes of host memory.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+        Ok(p as usize as u64)
+    }
+
+    unsafe fn host_free(&self, ptr: u64) {
+        // Copies from it may still be queued on any stream.
+        if self.current().is_ok() && result::ctx::synchronize().is_ok() {
+            // SAFETY: the caller guarantees ptr came from host_alloc and is not used again.
+            let _ = unsafe { result::free_host(ptr as usize as *mut c_void) };
+        }
+    }
+
+    unsafe fn upload_from_host(
+        &self,
+        stream: StreamHandle,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        self.current()?;
+        // SAFETY: the caller guarantees src..src+len is page-locked memory that stays unchanged
+        // until the copy runs, and that dst holds len bytes. From page-locked memory the copy is
+        // truly asynchronous: no staging, no stall.
+        unsafe {
+            let data = std::slice::from_raw_parts(src as usize as *const u8, len);
+            result::memcpy_htod_async(dst, data, cu_stream(stream))
+        }
+        .map_err(drv("cuMemcpyHtoDAsync"))
+    }
+
     fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError> {
         self.current()?;
         // SAFETY: Device only zeroes inside its own temporaries; ordered on `stream`.

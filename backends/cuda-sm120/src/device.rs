@@ -2,194 +2,23 @@
 //! CPU emulator (`emu.rs`) that runs the same `.cu` sources. The op wrappers in `ops/` only see
 //! [`Device`]: allocate, copy, launch by kernel name with arguments in the kernel's order.
 
+mod memory;
+mod raw;
+
+pub use memory::{DevBuf, DevPtr, HostBuf};
+pub use raw::{DEFAULT_STREAM, DeviceInfo, Dim3, RawDevice, StreamHandle};
+
 use crate::CudaError;
 use crate::graphs::{GraphLaunch, Recorder};
 use crate::temp::{self, TempPool};
 use dsv4_kernels::DeviceStats;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
-
-/// A grid or block shape (x, y, z).
-pub type Dim3 = (u32, u32, u32);
-
-/// What a device is, as reported to the user.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// Device name ("NVIDIA H200", or "cuda-emu (CPU emulator)").
-    pub name: String,
-    /// Compute capability (major, minor) the kernels were compiled for.
-    pub capability: (u32, u32),
-    /// Device memory in bytes (0 when unknown).
-    pub memory_bytes: u64,
-    /// Whether sums accumulate in f64 (`DSV4_ACC_F64`) or f32.
-    pub f64_accumulation: bool,
-    /// True for the CPU emulator.
-    pub emulated: bool,
-}
-
-impl std::fmt::Display for DeviceInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} (sm_{}{}, {} MiB, {} accumulation)",
-            self.name,
-            self.capability.0,
-            self.capability.1,
-            self.memory_bytes >> 20,
-            if self.f64_accumulation { "f64" } else { "f32" }
-        )
-    }
-}
-
-/// A stream of a [`RawDevice`] by handle; [`DEFAULT_STREAM`] is the device's default stream.
-pub type StreamHandle = u64;
-/// The default (legacy) stream: work issued on it runs in issue order.
-pub const DEFAULT_STREAM: StreamHandle = 0;
-
-/// The raw operations a device implementation provides. Addresses are device addresses (for
-/// the emulator: host addresses); `params` is what `cuLaunchKernel` takes: one pointer per
-/// kernel parameter, each pointing at an 8-byte slot holding that parameter's value in its low
-/// bytes ([`Device::launch`] lays them out so).
-///
-/// Work is issued on a stream: work on one stream runs in issue order; work on different
-/// streams runs in any order unless an event orders it (the streams a device creates do not
-/// synchronise with the default stream either).
-pub trait RawDevice: Send + Sync {
-    /// What the device is.
-    fn info(&self) -> DeviceInfo;
-    /// Allocate `bytes` (> 0) bytes, zero-filled before any later work on `stream` runs.
-    fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError>;
-    /// Free an address `alloc` returned, after all work on every stream has finished.
-    ///
-    /// # Safety
-    /// `ptr` came from this device's `alloc` and is not used afterwards.
-    unsafe fn free(&self, ptr: u64);
-    /// Zero `bytes` bytes at `ptr` after the work issued on `stream` so far.
-    fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError>;
-    /// Copy `data` to `ptr` (which holds at least `data.len()` bytes) after the work issued on
-    /// `stream` so far; `data` is not used after the call returns.
-    fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError>;
-    /// Wait for the work issued on `stream`, then copy `out.len()` bytes from `ptr` into `out`.
-    fn download(&self, stream: StreamHandle, ptr: u64, out: &mut [u8]) -> Result<(), CudaError>;
-    /// Launch kernel `name` on `stream`, after the work issued there so far (it may still be
-    /// running when this returns).
-    ///
-    /// # Safety
-    /// `params` matches the kernel's parameter list in number and types (8-byte slots, see
-    /// above), and every buffer the kernel touches through them is large enough for the launch.
-    unsafe fn launch_raw(
-        &self,
-        stream: StreamHandle,
-        name: &str,
-        grid: Dim3,
-        block: Dim3,
-        params: &mut [*mut c_void],
-    ) -> Result<(), CudaError>;
-    /// Wait until the work issued so far on every stream has finished.
-    fn synchronize(&self) -> Result<(), CudaError>;
-    /// Wait until the work issued so far on `stream` has finished.
-    fn stream_synchronize(&self, stream: StreamHandle) -> Result<(), CudaError>;
-    /// A new stream (not [`DEFAULT_STREAM`]), independent of every other.
-    fn stream_create(&self) -> Result<StreamHandle, CudaError>;
-    /// Destroy a stream `stream_create` returned, after its work has finished.
-    ///
-    /// # Safety
-    /// `stream` came from this device's `stream_create` and is not used afterwards.
-    unsafe fn stream_destroy(&self, stream: StreamHandle);
-    /// A new event (never recorded).
-    fn event_create(&self) -> Result<u64, CudaError>;
-    /// Destroy an event `event_create` returned.
-    ///
-    /// # Safety
-    /// `event` came from this device's `event_create` and is not used afterwards.
-    unsafe fn event_destroy(&self, event: u64);
-    /// Record `event` on `stream`, after the work issued there so far.
-    fn event_record(&self, event: u64, stream: StreamHandle) -> Result<(), CudaError>;
-    /// Make `stream`'s later work wait until the last record of `event` issued so far has
-    /// been reached (nothing to wait for when it was never recorded).
-    fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError>;
-    /// An executable graph that runs `launches` in order, each after the previous (CUDA: a
-    /// graph of kernel nodes, instantiated).
-    ///
-    /// # Safety
-    /// Each launch's parameters match its kernel (as for [`RawDevice::launch_raw`]), and the
-    /// graph is launched only while every buffer they address is alive and large enough.
-    unsafe fn graph_create(&self, launches: &[GraphLaunch]) -> Result<u64, CudaError>;
-    /// Launch `graph` on `stream`, after the work issued there so far.
-    fn graph_launch(&self, stream: StreamHandle, graph: u64) -> Result<(), CudaError>;
-    /// Destroy a graph `graph_create` returned, after its launches have finished.
-    ///
-    /// # Safety
-    /// `graph` came from this device's `graph_create` and is not used afterwards.
-    unsafe fn graph_destroy(&self, graph: u64);
-}
 
 thread_local! {
     /// The stream the calling thread issues to: (device identity, stream). Work for any other
     /// device goes to that device's default stream.
     static CURRENT: std::cell::Cell<(usize, StreamHandle)> =
         const { std::cell::Cell::new((0, DEFAULT_STREAM)) };
-}
-
-/// Device memory: `bytes` bytes at a device address, freed when dropped (or, for a
-/// temporary, given back to its stream's pool).
-pub struct DevBuf {
-    ptr: u64,
-    bytes: usize,
-    owner: Arc<Recorder>,
-    /// A temporary's pool, stream and size class.
-    home: Option<(Arc<TempPool>, StreamHandle, usize)>,
-}
-
-impl DevBuf {
-    /// Size in bytes as requested.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// The device address.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// The whole buffer as a [`DevPtr`].
-    pub fn at(&self) -> DevPtr {
-        DevPtr {
-            ptr: self.ptr,
-            bytes: self.bytes,
-        }
-    }
-}
-
-/// A range of device memory that something else keeps alive (a whole [`DevBuf`] or part of
-/// one): its address and length in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DevPtr {
-    /// The device address.
-    pub ptr: u64,
-    /// Bytes from `ptr`.
-    pub bytes: usize,
-}
-
-impl Drop for DevBuf {
-    fn drop(&mut self) {
-        // A temporary's next user is ordered after its last on the same stream.
-        if let Some((pool, stream, class)) = &self.home
-            && pool.give(*stream, *class, self.ptr)
-        {
-            return;
-        }
-        // Held launches may use the buffer: issue them before it goes.
-        self.owner.flush_all_deferred();
-        // SAFETY: ptr came from owner.alloc and this is its only owner.
-        unsafe { self.owner.raw().free(self.ptr) }
-    }
-}
-
-impl std::fmt::Debug for DevBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DevBuf({:#x}, {} bytes)", self.ptr, self.bytes)
-    }
 }
 
 /// One kernel argument, given in the order of the kernel's parameters.
@@ -547,29 +376,53 @@ impl Device {
         self.raw_upload(dst.ptr, data)
     }
 
-    /// Copy `data` into `dst`, a parameter chunk no launch issued or held on the calling
-    /// thread's stream since the device's last synchronisation reads (the resident ops'
-    /// per-call parameter arena). Ordered before later launches on that stream; inside a graph
-    /// span it may be issued ahead of the held launches before it (see `graphs.rs`).
-    pub fn stage(&self, dst: DevPtr, data: &[u8]) -> Result<(), CudaError> {
-        if data.len() > dst.bytes {
+    /// `bytes` bytes of page-locked host memory (see [`HostBuf`]).
+    pub fn host_alloc(&self, bytes: usize) -> Result<HostBuf, CudaError> {
+        let ptr = self.raw().host_alloc(bytes.max(16))?;
+        Ok(HostBuf {
+            ptr,
+            bytes,
+            owner: self.rec.clone(),
+        })
+    }
+
+    /// Copy bytes `off..off + len` of `src` into `dst` asynchronously: `dst` is a parameter
+    /// chunk no launch issued or held on the calling thread's stream since the device's last
+    /// synchronisation reads, and the caller leaves the source range unchanged until the
+    /// device's next device-wide synchronisation (the resident ops' per-call parameter arena
+    /// and its host mirror). Ordered before later launches on that stream; inside a graph span
+    /// it may be issued ahead of the held launches before it (see `graphs.rs`).
+    pub fn stage(
+        &self,
+        dst: DevPtr,
+        src: &HostBuf,
+        off: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        if len > dst.bytes || off.checked_add(len).is_none_or(|end| end > src.bytes) {
             return Err(CudaError::OutOfBounds {
                 what: "stage",
-                len: data.len(),
-                bytes: dst.bytes,
+                len,
+                bytes: dst.bytes.min(src.bytes.saturating_sub(off)),
             });
         }
-        if data.is_empty() {
+        if len == 0 {
             return Ok(());
-        }
-        if !self.rec.holding() {
-            return self.raw_upload(dst.ptr, data);
         }
         self.count(|s| {
             s.writes += 1;
-            s.write_bytes += data.len() as u64;
+            s.write_bytes += len as u64;
         });
-        self.rec.stage(self.stream(), dst.ptr, data)
+        let from = src.ptr + off as u64;
+        if self.rec.holding() {
+            return self.rec.stage(self.stream(), dst.ptr, from, len);
+        }
+        self.flush()?;
+        // SAFETY: both ranges were checked above; the caller keeps the source unchanged.
+        unsafe {
+            self.raw()
+                .upload_from_host(self.stream(), dst.ptr, from, len)
+        }
     }
 
     /// Copy the first `out.len()` f32 of `src` (which the caller keeps alive) into `out`.

@@ -103,6 +103,7 @@ fn open_tu(tu: &str, names: &[String], acc_f64: bool) -> Result<Device, CudaErro
         acc_f64,
         allocs: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(Streams::default()),
+        host_allocs: Mutex::new(BTreeMap::new()),
         kernels: names.iter().cloned().collect(),
         graphs: Mutex::default(),
         next_graph: Default::default(),
@@ -119,6 +120,8 @@ struct EmuDevice {
     /// Created streams' queued work and the events (see `streams.rs`). Held while queued work
     /// runs, so one stream's items never run concurrently or out of order.
     streams: Mutex<Streams>,
+    /// Live page-locked host allocations: address -> size in bytes.
+    host_allocs: Mutex<BTreeMap<u64, usize>>,
     /// The kernels the library has.
     kernels: HashSet<String>,
     /// Graphs by handle: the launches each runs (copied when it was built).
@@ -208,6 +211,7 @@ impl EmuDevice {
                 unsafe { self.launch_now(name, *grid, *block, &mut ptrs) }
             }
             Item::Upload { ptr, data } => self.copy_in(*ptr, data),
+            Item::CopyHost { dst, src, len } => self.copy_from_host(*dst, *src, *len),
             Item::Graph(launches) => launches.iter().try_for_each(|l| {
                 let mut slots = l.params.clone();
                 let mut ptrs = crate::graphs::param_ptrs(&mut slots);
@@ -216,6 +220,24 @@ impl EmuDevice {
             }),
             Item::Record { .. } | Item::Wait { .. } => Ok(()),
         }
+    }
+
+    /// Copy `len` bytes of host memory `host_alloc` returned, read now, to device memory.
+    fn copy_from_host(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+        let hosts = self.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let inside = hosts
+            .range(..=src)
+            .next_back()
+            .is_some_and(|(&base, &bytes)| src + len as u64 <= base + bytes as u64);
+        if !inside {
+            return Err(CudaError::BadOperands(format!(
+                "cuda-emu: a copy of {len} bytes from {src:#x}, which is not page-locked host memory"
+            )));
+        }
+        // SAFETY: the source range lies in a live host allocation (checked above, which stays
+        // alive while the map is locked); copy_in checks the destination.
+        let data = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+        self.copy_in(dst, data)
     }
 
     fn copy_in(&self, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
@@ -321,6 +343,59 @@ impl RawDevice for EmuDevice {
             // from the map.
             unsafe { std::alloc::dealloc((ptr - GUARD as u64) as *mut u8, layout) }
         }
+    }
+
+    fn host_alloc(&self, bytes: usize) -> Result<u64, CudaError> {
+        let layout = alloc_layout(bytes).ok_or_else(|| CudaError::TooLarge {
+            what: format!("cuda-emu: {bytes} bytes of host memory"),
+        })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(CudaError::TooLarge {
+                what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
+            });
+        }
+        let ptr = p as u64;
+        self.host_allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ptr, bytes);
+        Ok(ptr)
+    }
+
+    unsafe fn host_free(&self, ptr: u64) {
+        // Queued copies may still read it: run everything first.
+        if let Err(e) = self.run_all() {
+            self.streams().fail(e);
+        }
+        let size = self
+            .host_allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ptr);
+        if let Some(bytes) = size {
+            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
+            // SAFETY: ptr was allocated by host_alloc with this layout and is removed from the map.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
+        }
+    }
+
+    unsafe fn upload_from_host(
+        &self,
+        stream: StreamHandle,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        self.check("upload", dst, len)?;
+        if stream == DEFAULT_STREAM {
+            return self.copy_from_host(dst, src, len);
+        }
+        // Read when it runs, as a GPU's asynchronous copy does: a source overwritten before
+        // then shows up as a wrong value.
+        self.streams()
+            .push(stream, Item::CopyHost { dst, src, len })
     }
 
     fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError> {

@@ -6,7 +6,7 @@
 //! synchronisation, a free — first issues what the stream holds: a *segment*, the run of
 //! launches between two host interactions. A segment is identified by what it does exactly
 //! (each launch's kernel, grid, block and parameter values — device addresses included — and
-//! each staged copy's destination and length, not its bytes). The first time a segment is
+//! each staged copy's destination, source and length, not its bytes). The first time a segment is
 //! seen its launches are issued one by one; the second time it is built into a graph; from
 //! then on its staged copies are issued, then the graph is launched as one unit. A decode step
 //! of a captured plan repeats its segments step after step (the plan's arena, scratch buffers
@@ -14,8 +14,9 @@
 //!
 //! Hoisting the staged copies before the graph is safe because each goes to a parameter-arena
 //! chunk handed out since the last wait for the device, which no earlier launch of the segment
-//! reads. Results are bitwise those of issuing each launch: the same kernels with the same
-//! parameters run in the same order on the same stream.
+//! reads, from the chunk's range of the arena's page-locked host mirror, which nobody rewrites
+//! before that wait either. Results are bitwise those of issuing each launch: the same kernels
+//! with the same parameters run in the same order on the same stream.
 //!
 //! Graphs are built node by node (`cuGraphAddKernelNode`, each node after the previous) rather
 //! than by stream capture, which the legacy default stream does not allow.
@@ -68,8 +69,8 @@ pub fn param_ptrs(slots: &mut [u64]) -> Vec<*mut c_void> {
 
 /// Work held back on a stream.
 enum Held {
-    /// A copy into a fresh parameter chunk.
-    Stage { ptr: u64, data: Vec<u8> },
+    /// A copy of `len` bytes of page-locked host memory at `src` into a fresh parameter chunk.
+    Stage { ptr: u64, src: u64, len: usize },
     /// A kernel launch.
     Launch(GraphLaunch),
 }
@@ -77,16 +78,17 @@ enum Held {
 /// What identifies a held item in a segment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Sig {
-    Stage { ptr: u64, len: usize },
+    Stage { ptr: u64, src: u64, len: usize },
     Launch(GraphLaunch),
 }
 
 impl Held {
     fn sig(&self) -> Sig {
         match self {
-            Held::Stage { ptr, data } => Sig::Stage {
+            Held::Stage { ptr, src, len } => Sig::Stage {
                 ptr: *ptr,
-                len: data.len(),
+                src: *src,
+                len: *len,
             },
             Held::Launch(l) => Sig::Launch(l.clone()),
         }
@@ -94,7 +96,10 @@ impl Held {
 
     fn issue(&self, raw: &dyn RawDevice, stream: StreamHandle) -> Result<(), CudaError> {
         match self {
-            Held::Stage { ptr, data } => raw.upload(stream, *ptr, data),
+            // SAFETY: `Device::stage` checked both ranges; its caller keeps the source.
+            Held::Stage { ptr, src, len } => unsafe {
+                raw.upload_from_host(stream, *ptr, *src, *len)
+            },
             Held::Launch(l) => l.issue(raw, stream),
         }
     }
@@ -179,11 +184,16 @@ impl Recorder {
         }
     }
 
-    /// Hold a copy of `data` to `ptr` (a fresh parameter chunk) on `stream` while a span is
-    /// open, else copy it now.
-    pub fn stage(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
-        let data = data.to_vec();
-        match self.hold(stream, Held::Stage { ptr, data }) {
+    /// Hold a copy of `len` bytes of page-locked host memory at `src` to `ptr` (a fresh
+    /// parameter chunk) on `stream` while a span is open, else copy it now.
+    pub fn stage(
+        &self,
+        stream: StreamHandle,
+        ptr: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        match self.hold(stream, Held::Stage { ptr, src, len }) {
             Some(item) => item.issue(&*self.raw, stream),
             None => Ok(()),
         }
@@ -297,10 +307,8 @@ impl Recorder {
                 }
             }
         };
-        for i in &items {
-            if let Held::Stage { ptr, data } = i {
-                raw.upload(stream, *ptr, data)?;
-            }
+        for i in items.iter().filter(|i| matches!(i, Held::Stage { .. })) {
+            i.issue(raw, stream)?;
         }
         raw.graph_launch(stream, graph)?;
         st.stats.graph_launches += 1;

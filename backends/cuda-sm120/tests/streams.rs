@@ -117,6 +117,34 @@ fn unknown_streams_and_events_are_errors_not_panics() {
     d.free(a.buf);
 }
 
+#[test]
+fn queued_parameter_copies_read_their_own_host_bytes() {
+    if !emu_available("queued_parameter_copies_read_their_own_host_bytes") {
+        return;
+    }
+    // On a created stream the gathers' index copies stay queued until the join and read the
+    // page-locked mirror only then: each must still find its own indices there.
+    let be = backend();
+    let d = Backend::device(&be).expect("device op set");
+    let st = streams(d, 1, 0);
+    let src = buffer(d, 8);
+    d.write(src, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+        .unwrap();
+    let orders: [[u32; 4]; 3] = [[7, 6, 5, 4], [0, 0, 1, 1], [3, 1, 4, 1]];
+    let outs: Vec<DevSlice> = (0..3).map(|_| buffer(d, 4)).collect();
+    st.enter(0).unwrap();
+    for (idx, out) in orders.iter().zip(&outs) {
+        d.gather_rows(src, idx, 1, *out).unwrap();
+    }
+    st.leave();
+    st.join().unwrap();
+    for (idx, out) in orders.iter().zip(&outs) {
+        let want: Vec<f32> = idx.iter().map(|&i| i as f32).collect();
+        assert_eq!(d.read(*out).unwrap(), want);
+    }
+    outs.iter().chain([&src]).for_each(|s| d.free(s.buf));
+}
+
 /// The logits' bits of a 16-token prefill and three decode steps of the tiny model under `exec`.
 fn logits_bits(m: &dsv4_model::Model, exec: &ExecOptions) -> Vec<u32> {
     let mut seq = m.new_sequence();

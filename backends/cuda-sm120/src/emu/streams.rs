@@ -25,6 +25,8 @@ pub(super) enum Item {
     },
     /// A host-to-device copy of bytes staged when it was issued.
     Upload { ptr: u64, data: Vec<u8> },
+    /// A copy of host memory at `src` (read when the item runs) to `dst`.
+    CopyHost { dst: u64, src: u64, len: usize },
     /// A graph's launches, run in order as one item.
     Graph(std::sync::Arc<Vec<crate::graphs::GraphLaunch>>),
     /// Event `event` reaches its `n`-th record.
@@ -218,7 +220,7 @@ impl Streams {
                 }
             }
             Item::Wait { .. } => {}
-            Item::Launch { .. } | Item::Upload { .. } | Item::Graph(_) => {
+            Item::Launch { .. } | Item::Upload { .. } | Item::CopyHost { .. } | Item::Graph(_) => {
                 if let Err(e) = exec(&item) {
                     self.failed.get_or_insert(e);
                 }

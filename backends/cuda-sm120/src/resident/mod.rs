@@ -10,7 +10,8 @@
 //! join waits for every stream.
 //!
 //! Small per-call parameters (rope positions, swiglu row weights, gather indices, linear's
-//! padded inputs) live in a bump arena that is rewound after each synchronisation; larger ones
+//! padded inputs) live in a bump arena that is rewound after each synchronisation, written
+//! into its page-locked host mirror and copied from there asynchronously; larger ones
 //! that come from the model's weights (norm weights, mHC `fn`/`base`/`scale`, rope θ) are
 //! uploaded once and cached by address, length and content hash, like linear weights.
 //! Buffers freed while work may still use them wait in a pending list until the next
@@ -22,6 +23,7 @@
 mod ops;
 mod streams;
 
+use crate::device::HostBuf;
 use crate::{Core, CudaError, DevBuf, DevPtr};
 use dsv4_kernels::{DevBufId, DevSlice, DeviceStats, KernelError};
 use std::collections::HashMap;
@@ -85,6 +87,11 @@ struct State {
     pending: Vec<DevBuf>,
     pending_bytes: usize,
     arena: Option<DevBuf>,
+    /// The arena's page-locked host mirror: a parameter is written at its chunk's offset here
+    /// and copied from here, asynchronously (same capacity as the arena).
+    mirror: Option<HostBuf>,
+    /// Retired mirrors, dropped after the next synchronisation (copies may still read them).
+    pending_host: Vec<HostBuf>,
     arena_used: usize,
     cache: HashMap<[ParamKey; 2], DevBuf>,
     cache_bytes: usize,
@@ -179,13 +186,17 @@ impl Ctx<'_> {
         let st = &mut *self.st;
         let cap = st.arena.as_ref().map_or(0, DevBuf::bytes);
         if cap - st.arena_used < need {
-            // Queued launches may still read the old arena: retire it until the next sync.
+            // Queued launches may still read the old arena, queued copies the old mirror:
+            // retire both until the next sync.
             if let Some(old) = st.arena.take() {
                 st.pending_bytes += old.bytes();
                 st.pending.push(old);
             }
+            st.pending_host.extend(st.mirror.take());
             let cap = need.max(2 * cap).max(ARENA_MIN);
-            st.arena = Some(self.core.dev.alloc(cap).map_err(|e| dev_err(self.op, e))?);
+            let dev = &self.core.dev;
+            st.arena = Some(dev.alloc(cap).map_err(|e| dev_err(self.op, e))?);
+            st.mirror = Some(dev.host_alloc(cap).map_err(|e| dev_err(self.op, e))?);
             st.stats.allocs += 1;
             st.arena_used = 0;
         }
@@ -198,15 +209,23 @@ impl Ctx<'_> {
         Ok(p)
     }
 
-    /// `data` copied into the arena (a per-call parameter), ordered on the calling thread's
-    /// stream before the launches that read it. The arena is rewound only after a wait for
-    /// every stream, so no queued launch can still read a chunk that is handed out again.
+    /// `data` copied into the arena (a per-call parameter): written into the host mirror at
+    /// the chunk's offset and copied from there asynchronously, ordered on the calling thread's
+    /// stream before the launches that read it. The arena and its mirror are rewound only
+    /// after a wait for every stream, so no queued launch can still read a chunk, nor a queued
+    /// copy its mirror range, when it is handed out again.
     fn param(&mut self, data: &[u8]) -> Result<DevPtr, KernelError> {
         let p = self.scratch(data.len())?;
-        self.core
-            .dev
-            .stage(p, data)
-            .map_err(|e| dev_err(self.op, e))?;
+        let st = &mut *self.st;
+        let off = st.arena.as_ref().map_or(0, |a| (p.ptr - a.ptr()) as usize);
+        let mirror = st
+            .mirror
+            .as_mut()
+            .ok_or_else(|| op_err(format!("{}: the parameter arena has no mirror", self.op)))?;
+        let r = mirror
+            .write(off, data)
+            .and_then(|()| self.core.dev.stage(p, mirror, off, data.len()));
+        r.map_err(|e| dev_err(self.op, e))?;
         self.st.stats.writes += 1;
         self.st.stats.write_bytes += data.len() as u64;
         Ok(p)
@@ -291,6 +310,7 @@ fn sync_and_drain(dev: &crate::Device, st: &mut State) -> Result<(), CudaError> 
     st.stats.submissions += 1;
     dev.synchronize()?;
     st.pending.clear();
+    st.pending_host.clear();
     st.pending_bytes = 0;
     st.arena_used = 0;
     Ok(())
