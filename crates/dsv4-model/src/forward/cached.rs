@@ -12,6 +12,7 @@ use super::ForwardError;
 use super::build::loc_width;
 use super::compressor::{PhysicalRing, push_and_pool};
 use super::dense::no_weights;
+use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
 use super::run::{BoundBlock, Run};
@@ -201,22 +202,19 @@ impl Run<'_> {
         let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
         let be = self.model.backend.as_ref();
         let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
-        // Rows in chunks: a chunk's index-K rows are gathered, then scored and ranked in one
-        // call each.
-        let (mut keys, mut starts, mut first) = (Vec::new(), vec![0usize], 0usize);
+        // Rows in chunks: a chunk's index-K rows are gathered (decoded in one call), then
+        // scored and ranked in one call each.
+        let (mut gather, mut starts, mut first) = (RowGather::new(be), vec![0usize], 0usize);
         let rows = self.bound.rows;
         for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
             let is = self.row_state(bb, i).indexer.as_ref();
             let is = is.ok_or_else(|| missing("indexer state"))?;
             let n = (p + 1) / 4;
             // The `skip-index-k-transfer-wait` fault reads without waiting for a load-back.
-            keys.extend(if self.skip_index_k_wait {
-                is.entries.load_rows_unsynced(be, 0..n)?
-            } else {
-                is.entries.load_rows(be, 0..n)?
-            });
+            gather.add(&is.entries, 0..n, self.skip_index_k_wait)?;
             starts.push(starts[starts.len() - 1] + n);
             if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
+                let keys = std::mem::replace(&mut gather, RowGather::new(be)).finish()?;
                 let c = starts.len() - 1;
                 let mut scores = vec![0f32; starts[c]];
                 be.indexer_scores_rows(
@@ -234,7 +232,6 @@ impl Run<'_> {
                     }
                 }
                 (first, starts) = (first + c, vec![0]);
-                keys.clear();
             }
         }
         Ok(out)
@@ -267,9 +264,11 @@ impl Run<'_> {
         let mut selected = Vec::new();
         let scale = 1.0 / (hd as f32).sqrt();
         // Rows attend in chunks: each row's keys are gathered right after its own SWA store
-        // (a later row's store may overwrite a ring slot this row reads), then a chunk's rows
-        // attend in one call.
-        let (mut keys, mut starts, mut first) = (Vec::new(), vec![0usize], 0usize);
+        // (a later row's store may overwrite a ring slot this row reads; the gather copies the
+        // pages then), a chunk's window rows and compressed entries are decoded in one call
+        // each, and its rows attend in one call.
+        let (mut swa, mut comp) = (RowGather::new(be), RowGather::new(be));
+        let (mut counts, mut first) = (Vec::new(), 0usize);
         // Every row's SWA entry is encoded up front in one call (the encoding does not depend
         // on the pages); each is put into its page right before the row's gather.
         let encoded = match kv {
@@ -284,7 +283,8 @@ impl Run<'_> {
                 let entry = &entries[i * e..(i + 1) * e];
                 store_entry(store.as_ref(), fmt, loc[i * lw].to_bits(), entry)?;
             }
-            keys.extend(st.swa.load_rows(be, (p + 1).saturating_sub(window)..=p)?);
+            let in_window = swa.add(&st.swa, (p + 1).saturating_sub(window)..=p, false)?;
+            let mut compressed = 0;
             if let Some(cs) = st.compressor.as_ref() {
                 let n = (p + 1) / ratio;
                 if let Some(topk) = topk {
@@ -294,15 +294,26 @@ impl Run<'_> {
                         .take_while(|&j| j != NO_LOCATION)
                         .map(|j| j as usize % n.max(1))
                         .collect();
-                    keys.extend(cs.entries.load_rows(be, chosen.iter().copied())?);
+                    compressed = comp.add(&cs.entries, chosen.iter().copied(), false)?;
                     selected.push(chosen.iter().map(|&j| j as u32).collect());
                 } else {
-                    keys.extend(cs.entries.load_rows(be, 0..n)?);
+                    compressed = comp.add(&cs.entries, 0..n, false)?;
                 }
             }
-            starts.push(keys.len() / hd.max(1));
-            if starts.len() > ATTENTION_CHUNK || i + 1 == t {
-                let rows = starts.len() - 1;
+            counts.push((in_window, compressed));
+            if counts.len() >= ATTENTION_CHUNK || i + 1 == t {
+                let rows = counts.len();
+                let w = std::mem::replace(&mut swa, RowGather::new(be)).finish()?;
+                let c = std::mem::replace(&mut comp, RowGather::new(be)).finish()?;
+                // Each row's keys: its window rows, then its compressed entries.
+                let (mut keys, mut starts) = (Vec::with_capacity(w.len() + c.len()), vec![0]);
+                let (mut wi, mut ci) = (0, 0);
+                for (nw, nc) in counts.drain(..) {
+                    keys.extend_from_slice(&w[wi..wi + nw * hd]);
+                    keys.extend_from_slice(&c[ci..ci + nc * hd]);
+                    (wi, ci) = (wi + nw * hd, ci + nc * hd);
+                    starts.push(keys.len() / hd.max(1));
+                }
                 be.sparse_attention_rows(
                     &q[first * h * hd..(first + rows) * h * hd],
                     hd,
@@ -312,8 +323,7 @@ impl Run<'_> {
                     scale,
                     &mut o[first * h * hd..(first + rows) * h * hd],
                 );
-                (first, starts) = (first + rows, vec![0]);
-                keys.clear();
+                first += rows;
             }
         }
         let hp: Vec<usize> = self.bound.positions[..t]

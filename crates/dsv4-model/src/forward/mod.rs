@@ -13,6 +13,7 @@ pub mod captured;
 pub mod compressor;
 mod dense;
 pub mod exec;
+mod gather;
 mod moe;
 mod mtp;
 pub mod op;

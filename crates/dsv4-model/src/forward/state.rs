@@ -225,7 +225,31 @@ impl PagedRows {
             }
             return Ok(out);
         }
-        // Distinct pages in first-use order, and each row's (page index, slot).
+        let mut out = Vec::new();
+        match &self.pages {
+            Pages::Owned(pages) => {
+                let (order, picks) = self.picks(rows, 0);
+                let refs: Vec<&[u8]> = order.iter().map(|&p| pages[p].as_slice()).collect();
+                out.resize(picks.len() * self.width, 0.0);
+                backend.cache_load_rows(&self.layout, &refs, &picks, &mut out)?;
+            }
+            Pages::Pooled(_) => {
+                // A device backend (the host one returned above): copies, one decode.
+                let mut g = super::gather::RowGather::new(backend);
+                g.add(self, rows, true)?;
+                out = g.finish()?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The distinct pages of `rows` in first-use order, and each row's (`base` + index of its
+    /// page in that order, slot).
+    fn picks(
+        &self,
+        rows: impl Iterator<Item = usize>,
+        base: usize,
+    ) -> (Vec<usize>, Vec<(usize, usize)>) {
         let (mut order, mut picks) = (Vec::new(), Vec::new());
         for r in rows {
             let (page, slot) = self.place(r);
@@ -236,29 +260,39 @@ impl PagedRows {
                     order.len() - 1
                 }
             };
-            picks.push((i, slot));
+            picks.push((base + i, slot));
         }
-        let mut out = vec![0f32; picks.len() * self.width];
-        match &self.pages {
-            Pages::Owned(pages) => {
-                let refs: Vec<&[u8]> = order.iter().map(|&p| pages[p].as_slice()).collect();
-                backend.cache_load_rows(&self.layout, &refs, &picks, &mut out)?;
-            }
-            Pages::Pooled(p) => {
-                let copies = order
-                    .iter()
-                    .map(|&page| {
-                        let id = p.readable(page)?;
-                        let mut bytes = Vec::new();
-                        p.store().read(id, &mut |b| bytes = b.to_vec());
-                        Ok(bytes)
-                    })
-                    .collect::<Result<Vec<_>, ForwardError>>()?;
-                let refs: Vec<&[u8]> = copies.iter().map(Vec::as_slice).collect();
-                backend.cache_load_rows(&self.layout, &refs, &picks, &mut out)?;
-            }
+        (order, picks)
+    }
+
+    /// Copy the pages holding `rows` onto `pages` now (without the load-back wait) and append
+    /// each row's (index in `pages`, slot) to `picks`: a snapshot that a later
+    /// [`Backend::cache_load_rows`] decodes, whatever is written to the store in between.
+    pub fn copy_rows(
+        &self,
+        rows: impl Iterator<Item = usize>,
+        pages: &mut Vec<Vec<u8>>,
+        picks: &mut Vec<(usize, usize)>,
+    ) -> Result<(), ForwardError> {
+        let (order, mine) = self.picks(rows, pages.len());
+        for page in order {
+            pages.push(match &self.pages {
+                Pages::Owned(own) => own[page].clone(),
+                Pages::Pooled(p) => {
+                    let id = p.readable(page)?;
+                    let mut bytes = Vec::new();
+                    p.store().read(id, &mut |b| bytes = b.to_vec());
+                    bytes
+                }
+            });
         }
-        Ok(out)
+        picks.extend(mine);
+        Ok(())
+    }
+
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        self.width
     }
 
     fn place(&self, row: usize) -> (usize, usize) {

@@ -1,0 +1,85 @@
+//! Rows of several sequences' paged stores decoded together ([`RowGather`]): on a backend with
+//! device memory each row's pages are copied out when the row is added (so a later write to
+//! the store — the next row's SWA store into a ring slot — cannot change what this row reads)
+//! and every row added is decoded in one [`dsv4_kernels::Backend::cache_load_rows`] call, one
+//! submission instead of one per sequence; on a host backend rows are decoded as they are
+//! added, without copies. Either way the values are bitwise what each store's own
+//! `load_rows` gives (the batched decode is row for row the single one).
+
+use super::ForwardError;
+use super::state::PagedRows;
+use dsv4_kernels::{Backend, RowFormat};
+
+/// Rows gathered from [`PagedRows`] stores of one format, in the order added.
+pub(crate) struct RowGather<'b> {
+    backend: &'b dyn Backend,
+    /// Snapshot mode: the format, the copied pages and each row's (page, slot).
+    layout: Option<(RowFormat, usize)>,
+    pages: Vec<Vec<u8>>,
+    picks: Vec<(usize, usize)>,
+    /// Direct mode (no device memory): the rows decoded so far.
+    direct: Option<Vec<f32>>,
+}
+
+impl<'b> RowGather<'b> {
+    /// An empty gather decoding with `backend`.
+    pub fn new(backend: &'b dyn Backend) -> Self {
+        Self {
+            backend,
+            layout: None,
+            pages: Vec::new(),
+            picks: Vec::new(),
+            direct: backend.device().is_none().then(Vec::new),
+        }
+    }
+
+    /// Add rows `rows` of `store`, after its load-back wait unless `unsynced` (the faulty read
+    /// path); the number of rows added.
+    pub fn add(
+        &mut self,
+        store: &PagedRows,
+        rows: impl Iterator<Item = usize>,
+        unsynced: bool,
+    ) -> Result<usize, ForwardError> {
+        if !unsynced {
+            store.wait_loaded();
+        }
+        if let Some(out) = &mut self.direct {
+            let v = store.load_rows_unsynced(self.backend, rows)?;
+            let n = v.len() / store.width().max(1);
+            out.extend(v);
+            return Ok(n);
+        }
+        let fmt = (*store.layout(), store.width());
+        match self.layout {
+            None => self.layout = Some(fmt),
+            Some(l) if l != fmt => {
+                return Err(ForwardError::Plan {
+                    message: format!(
+                        "rows of stores of different formats gathered together ({:?} and {:?})",
+                        l.0, fmt.0
+                    ),
+                });
+            }
+            Some(_) => {}
+        }
+        let before = self.picks.len();
+        store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
+        Ok(self.picks.len() - before)
+    }
+
+    /// Every row added, decoded, in order: [rows, width].
+    pub fn finish(self) -> Result<Vec<f32>, ForwardError> {
+        if let Some(out) = self.direct {
+            return Ok(out);
+        }
+        let Some((fmt, width)) = self.layout else {
+            return Ok(Vec::new());
+        };
+        let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0f32; self.picks.len() * width];
+        self.backend
+            .cache_load_rows(&fmt, &refs, &self.picks, &mut out)?;
+        Ok(out)
+    }
+}
