@@ -51,6 +51,18 @@ impl Model {
         self.backend.linear(&w.gate, x, t, &mut logits);
         let mut s = vec![0f32; t * e];
         self.backend.router_scores(&logits, &mut s);
+        // Biased routing ranks every row in one call (one submission on a GPU backend).
+        let ranked = match &w.routing {
+            Routing::Hash(_) => Vec::new(),
+            Routing::Bias(bias) => {
+                let biased: Vec<f32> = s
+                    .chunks(e.max(1))
+                    .flat_map(|si| si.iter().zip(bias).map(|(a, b)| a + b))
+                    .collect();
+                let starts: Vec<usize> = (0..=t).map(|i| i * e).collect();
+                self.backend.topk_rows(&biased, &starts, k)
+            }
+        };
         (0..t)
             .map(|i| {
                 let si = &s[i * e..(i + 1) * e];
@@ -59,10 +71,7 @@ impl Model {
                         let row = tokens[i] as usize * k;
                         tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
                     }
-                    Routing::Bias(bias) => {
-                        let biased: Vec<f32> = si.iter().zip(bias).map(|(a, b)| a + b).collect();
-                        self.backend.topk(&biased, k)
-                    }
+                    Routing::Bias(_) => ranked[i].clone(),
                 };
                 let total: f64 = idx.iter().map(|&j| f64::from(si[j])).sum();
                 let scale = self.cfg.routed_scaling_factor;
