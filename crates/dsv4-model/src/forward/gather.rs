@@ -83,3 +83,58 @@ impl<'b> RowGather<'b> {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_backend_reference::ReferenceBackend;
+    use dsv4_core::KvCacheDtype;
+    use dsv4_core::cache::KvLayout;
+    use dsv4_kernels::HostResident;
+    use std::sync::Arc;
+
+    fn row(v: f32) -> Vec<f32> {
+        vec![v; 8]
+    }
+
+    /// A 4-row ring of 8-wide bf16 rows holding rows 0..6 (rows 2..6 are kept).
+    fn ring(be: &dyn Backend) -> PagedRows {
+        let kv = KvLayout::new(KvCacheDtype::Bf16, 0, 8, 2).unwrap();
+        let mut r = PagedRows::ring(RowFormat::Kv(kv), 8, 4);
+        (0..6).for_each(|i| r.push(be, &row(i as f32)).unwrap());
+        r
+    }
+
+    #[test]
+    fn rows_read_what_the_store_held_when_they_were_added() {
+        let device = HostResident::new(Arc::new(ReferenceBackend));
+        let host = ReferenceBackend;
+        for be in [&device as &dyn Backend, &host] {
+            let mut r = ring(be);
+            let mut g = RowGather::new(be);
+            assert_eq!(g.add(&r, 2..=5, false).unwrap(), 4);
+            // Row 6 overwrites row 2's ring slot after row 2 was gathered.
+            r.push(be, &row(6.0)).unwrap();
+            assert_eq!(g.add(&r, [6, 5].into_iter(), false).unwrap(), 2);
+            let want: Vec<f32> = [2.0, 3.0, 4.0, 5.0, 6.0, 5.0]
+                .iter()
+                .flat_map(|&v| row(v))
+                .collect();
+            assert_eq!(g.finish().unwrap(), want);
+            assert!(RowGather::new(be).finish().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn stores_of_different_formats_are_refused_not_mixed() {
+        let be = HostResident::new(Arc::new(ReferenceBackend));
+        let a = ring(&be);
+        let kv = KvLayout::new(KvCacheDtype::Bf16, 0, 16, 2).unwrap();
+        let mut b = PagedRows::growing(RowFormat::Kv(kv), 16);
+        b.push(&be, &[1.0; 16]).unwrap();
+        let mut g = RowGather::new(&be);
+        g.add(&a, 2..3, false).unwrap();
+        let e = g.add(&b, 0..1, false).unwrap_err();
+        assert!(e.to_string().contains("different formats"), "{e}");
+    }
+}
