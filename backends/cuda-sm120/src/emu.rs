@@ -178,6 +178,52 @@ impl EmuDevice {
 }
 
 impl EmuDevice {
+    /// `bytes` (at least one) zeroed bytes between two guards, registered in `map`.
+    fn allocate(&self, map: &Mutex<BTreeMap<u64, usize>>, bytes: usize) -> Result<u64, CudaError> {
+        let bytes = bytes.max(1);
+        let too_large = || CudaError::TooLarge {
+            what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
+        };
+        let layout = alloc_layout(bytes).ok_or_else(too_large)?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(too_large());
+        }
+        // SAFETY: p holds GUARD + bytes + GUARD bytes.
+        unsafe {
+            std::ptr::write_bytes(p, GUARD_BYTE, GUARD);
+            std::ptr::write_bytes(p.add(GUARD), 0, bytes);
+            std::ptr::write_bytes(p.add(GUARD + bytes), GUARD_BYTE, GUARD);
+        }
+        let ptr = p as u64 + GUARD as u64;
+        map.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ptr, bytes);
+        Ok(ptr)
+    }
+
+    /// Release `ptr` of `map` after every queued item has run (queued work may still use it,
+    /// as a CUDA free waits for the device). A free cannot fail: an error of that work goes to
+    /// the next wait.
+    ///
+    /// # Safety
+    /// `ptr` came from `allocate` with this `map` and is not used afterwards.
+    unsafe fn release(&self, map: &Mutex<BTreeMap<u64, usize>>, ptr: u64) {
+        if let Err(e) = self.run_all() {
+            self.streams().fail(e);
+        }
+        let size = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr);
+        if let Some(bytes) = size {
+            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
+            // SAFETY: ptr - GUARD was allocated by `allocate` with this layout and is removed
+            // from the map.
+            unsafe { std::alloc::dealloc((ptr - GUARD as u64) as *mut u8, layout) }
+        }
+    }
+}
+
+impl EmuDevice {
     fn streams(&self) -> std::sync::MutexGuard<'_, Streams> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -302,83 +348,21 @@ impl RawDevice for EmuDevice {
     fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError> {
         // Zero-filled at once, which is before any later work on any stream.
         self.streams().knows(stream)?;
-        let bytes = bytes.max(1);
-        let too_large = || CudaError::TooLarge {
-            what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
-        };
-        let layout = alloc_layout(bytes).ok_or_else(too_large)?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc(layout) };
-        if p.is_null() {
-            return Err(too_large());
-        }
-        // SAFETY: p holds GUARD + bytes + GUARD bytes.
-        unsafe {
-            std::ptr::write_bytes(p, GUARD_BYTE, GUARD);
-            std::ptr::write_bytes(p.add(GUARD), 0, bytes);
-            std::ptr::write_bytes(p.add(GUARD + bytes), GUARD_BYTE, GUARD);
-        }
-        let ptr = p as u64 + GUARD as u64;
-        self.allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ptr, bytes);
-        Ok(ptr)
+        self.allocate(&self.allocs, bytes)
     }
 
     unsafe fn free(&self, ptr: u64) {
-        // Queued work may still use the buffer: run it all first (a CUDA free waits for the
-        // device too). A free cannot fail: an error of that work goes to the next wait.
-        if let Err(e) = self.run_all() {
-            self.streams().fail(e);
-        }
-        let size = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ptr);
-        if let Some(bytes) = size {
-            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
-            // SAFETY: ptr - GUARD was allocated by `alloc` with this layout and is removed
-            // from the map.
-            unsafe { std::alloc::dealloc((ptr - GUARD as u64) as *mut u8, layout) }
-        }
+        // SAFETY: as the caller guarantees.
+        unsafe { self.release(&self.allocs, ptr) }
     }
 
     fn host_alloc(&self, bytes: usize) -> Result<u64, CudaError> {
-        let layout = alloc_layout(bytes).ok_or_else(|| CudaError::TooLarge {
-            what: format!("cuda-emu: {bytes} bytes of host memory"),
-        })?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(CudaError::TooLarge {
-                what: format!("cuda-emu: out of host memory allocating {bytes} bytes"),
-            });
-        }
-        let ptr = p as u64;
-        self.host_allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ptr, bytes);
-        Ok(ptr)
+        self.allocate(&self.host_allocs, bytes)
     }
 
     unsafe fn host_free(&self, ptr: u64) {
-        // Queued copies may still read it: run everything first.
-        if let Err(e) = self.run_all() {
-            self.streams().fail(e);
-        }
-        let size = self
-            .host_allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ptr);
-        if let Some(bytes) = size {
-            let layout = alloc_layout(bytes).expect("layout was valid at alloc");
-            // SAFETY: ptr was allocated by host_alloc with this layout and is removed from the map.
-            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
-        }
+        // SAFETY: as the caller guarantees.
+        unsafe { self.release(&self.host_allocs, ptr) }
     }
 
     unsafe fn upload_from_host(

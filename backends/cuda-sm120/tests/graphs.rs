@@ -11,11 +11,11 @@
 
 mod common;
 
-use common::emu_available;
+use common::{emu_available, tiny_decode};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_core::Numerics;
-use dsv4_kernels::{Backend, DevSlice, DeviceOps, DeviceStats};
-use dsv4_model::forward::{ExecOptions, Executor, Taps};
+use dsv4_kernels::{Backend, DevSlice, DeviceOps};
+use dsv4_model::forward::{ExecOptions, Executor};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -133,24 +133,6 @@ fn closing_a_span_issues_held_work_and_an_unmatched_close_is_an_error() {
     d.free(a.buf);
 }
 
-/// The logits' bits of a 16-token prefill and four decode steps of the tiny model under
-/// `exec`, and the graph counters of the decode steps.
-fn decode(m: &dsv4_model::Model, exec: &ExecOptions) -> (Vec<u32>, Vec<DeviceStats>) {
-    let mut seq = m.new_sequence();
-    let (mut bits, mut stats) = (Vec::new(), Vec::new());
-    let prompt: Vec<u32> = (0..16).map(|i| 3 + 7 * i).collect();
-    for (i, step) in [&prompt[..], &[11], &[12], &[13], &[14]].iter().enumerate() {
-        let (out, report) = m
-            .forward_step(&mut [&mut seq], &[step], exec, &mut Taps::none())
-            .expect("step");
-        bits.extend(out[0].logits.iter().map(|x| x.to_bits()));
-        if i > 0 {
-            stats.push(report.device.expect("device traffic is reported"));
-        }
-    }
-    (bits, stats)
-}
-
 #[test]
 fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
     if !emu_available("captured_decode_steps_replay_graphs_with_the_eager_bits") {
@@ -163,7 +145,7 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
         executor: Executor::Serial,
         ..Default::default()
     };
-    let (want, eager_stats) = decode(&m, &eager);
+    let (want, eager_stats) = tiny_decode(&m, &eager);
     assert!(eager_stats.iter().all(|s| s.graph_launches == 0));
     let captured = ExecOptions {
         captured: true,
@@ -175,7 +157,7 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
         ..captured.clone()
     };
     for (what, exec) in [("serial", captured), ("threaded overlap", threaded)] {
-        let (bits, stats) = decode(&m, &exec);
+        let (bits, stats) = tiny_decode(&m, &exec);
         assert!(
             bits == want,
             "{what}: captured with graphs gives the eager bits"

@@ -15,7 +15,7 @@ use common::emu_available;
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_core::Numerics;
 use dsv4_kernels::{Backend, DevSlice, DeviceOps, DeviceStreams};
-use dsv4_model::forward::{ExecOptions, Executor, Fault, Taps};
+use dsv4_model::forward::{ExecOptions, Executor, Fault};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -145,18 +145,9 @@ fn queued_parameter_copies_read_their_own_host_bytes() {
     outs.iter().chain([&src]).for_each(|s| d.free(s.buf));
 }
 
-/// The logits' bits of a 16-token prefill and three decode steps of the tiny model under `exec`.
+/// The logits' bits of the tiny model's prefill and decode steps under `exec`.
 fn logits_bits(m: &dsv4_model::Model, exec: &ExecOptions) -> Vec<u32> {
-    let mut seq = m.new_sequence();
-    let mut bits = Vec::new();
-    let prompt: Vec<u32> = (0..16).map(|i| 3 + 7 * i).collect();
-    for step in [&prompt[..], &[11], &[12], &[13]] {
-        let (out, _) = m
-            .forward_step(&mut [&mut seq], &[step], exec, &mut Taps::none())
-            .expect("step");
-        bits.extend(out[0].logits.iter().map(|x| x.to_bits()));
-    }
-    bits
+    common::tiny_decode(m, exec).0
 }
 
 #[test]

@@ -20,3 +20,29 @@ pub fn can_run(test: &str, what: &str, probe: Result<(), String>) -> bool {
 pub fn emu_available(test: &str) -> bool {
     can_run(test, "the cuda emulator", dsv4_backend_cuda::emu::probe())
 }
+
+/// The logits' bits of a 16-token prefill and four decode steps of the tiny model `m` under
+/// `exec`, and the device traffic of each decode step.
+pub fn tiny_decode(
+    m: &dsv4_model::Model,
+    exec: &dsv4_model::forward::ExecOptions,
+) -> (Vec<u32>, Vec<dsv4_kernels::DeviceStats>) {
+    let mut seq = m.new_sequence();
+    let (mut bits, mut stats) = (Vec::new(), Vec::new());
+    let prompt: Vec<u32> = (0..16).map(|i| 3 + 7 * i).collect();
+    for (i, step) in [&prompt[..], &[11], &[12], &[13], &[14]].iter().enumerate() {
+        let (out, report) = m
+            .forward_step(
+                &mut [&mut seq],
+                &[step],
+                exec,
+                &mut dsv4_model::forward::Taps::none(),
+            )
+            .expect("step");
+        bits.extend(out[0].logits.iter().map(|x| x.to_bits()));
+        if i > 0 {
+            stats.push(report.device.expect("device traffic is reported"));
+        }
+    }
+    (bits, stats)
+}
