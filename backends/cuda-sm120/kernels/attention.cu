@@ -17,26 +17,29 @@ __device__ __forceinline__ double attn_neg_inf_d() {
     return __longlong_as_double((long long)0xfff0000000000000ull);
 }
 
-// attn_softmax_pool: a, z = [rows, width]; out[c] = Σ_r e^(z_rc − max_c)·a_rc / Σ_r e^(z_rc − max_c)
-// over the rows with z_rc ≠ −∞ (0 when there are none). One thread per column, rows in order;
-// grid ceil(width/256) × 256.
+// attn_softmax_pool: a, z = [windows, rows, width]; for window w and column c, out[w, c] =
+// Σ_r e^(z_wrc − max)·a_wrc / Σ_r e^(z_wrc − max) over the rows with z_wrc ≠ −∞ (0 when there are
+// none). One thread per (window, column), rows in order, so a window's result never depends on
+// the others; grid ceil(windows·width/256) × 256.
 extern "C" __global__ void attn_softmax_pool(const float* __restrict__ a,
                                              const float* __restrict__ z, float* __restrict__ out,
-                                             u32 rows, u32 width) {
-    const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= width) return;
+                                             u32 rows, u32 width, u32 windows) {
+    const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (u64)windows * width) return;
+    const u64 c = t % width;
+    const u64 base = (t / width) * rows * width + c;
     float mx = attn_neg_inf_f();
-    for (u32 r = 0; r < rows; ++r) mx = fmaxf(mx, __ldg(z + (u64)r * width + c));
+    for (u32 r = 0; r < rows; ++r) mx = fmaxf(mx, __ldg(z + base + (u64)r * width));
     acc_t num = (acc_t)-0.0;
     acc_t den = (acc_t)-0.0;
     for (u32 r = 0; r < rows; ++r) {
-        const float zr = __ldg(z + (u64)r * width + c);
+        const float zr = __ldg(z + base + (u64)r * width);
         if (zr == attn_neg_inf_f()) continue;
         const acc_t e = (acc_t)exp((double)zr - (double)mx);
-        num += e * (acc_t)__ldg(a + (u64)r * width + c);
+        num += e * (acc_t)__ldg(a + base + (u64)r * width);
         den += e;
     }
-    out[c] = den > (acc_t)0.0 ? (float)(num / den) : 0.0f;
+    out[t] = den > (acc_t)0.0 ? (float)(num / den) : 0.0f;
 }
 
 // attn_indexer_scores over a batch of queries, each over its own keys: q = [rows, heads, dim],

@@ -160,6 +160,19 @@ impl Backend for CudaBackend {
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
+    fn softmax_pool_rows(
+        &self,
+        a: &[f32],
+        z: &[f32],
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        ops::attention::softmax_pool_rows(&self.core, a, z, windows, rows, width, out)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
     fn hadamard(&self, x: &mut [f32], dim: usize) {
         ops::rows::hadamard(&self.core, x, dim).unwrap_or_else(|e| fail(self.name, e))
     }

@@ -1,5 +1,5 @@
-//! The batched host ops `cache_load_rows`, `indexer_scores_rows`, `topk_rows` and
-//! `sparse_attention_rows` on the CPU emulator:
+//! The batched host ops `cache_load_rows`, `indexer_scores_rows`, `topk_rows`,
+//! `sparse_attention_rows` and `softmax_pool_rows` on the CPU emulator:
 //! bitwise equal to the trait's row-by-row definitions (run through a wrapper that keeps the
 //! default methods), with the same errors, and one submission (one synchronisation) per call.
 //!
@@ -543,5 +543,70 @@ fn topk_rows_panics_where_the_row_loop_does() {
             assert!(run(&looped), "the row loop accepts {starts:?} k {k}");
             assert!(run(&be), "the batched op accepts {starts:?} k {k}");
         }
+    }
+}
+
+#[test]
+fn softmax_pool_rows_equals_the_window_loop_in_one_submission() {
+    if !emu_available("softmax_pool_rows_equals_the_window_loop_in_one_submission") {
+        return;
+    }
+    let be = backend(true);
+    let looped = PerRow(&be);
+    let mut rng = SplitMix64::new(29);
+    // (windows, rows, width): ratio-4 and ratio-128 windows, one window, no rows, widths off
+    // the block size, nothing to pool.
+    for (windows, rows, width) in [
+        (16usize, 8usize, 128usize),
+        (3, 128, 33),
+        (1, 8, 64),
+        (5, 0, 7),
+        (70, 4, 300),
+        (0, 8, 16),
+        (4, 8, 0),
+    ] {
+        let n = windows * rows * width;
+        let a: Vec<f32> = (0..n).map(|_| rng.normalish(1.0)).collect();
+        // Scattered −∞ logits, and column 0 of window 1 fully masked (it pools to 0).
+        let z: Vec<f32> = (0..n)
+            .map(|i| {
+                let (w, c) = (i / (rows * width).max(1), i % width.max(1));
+                if (w == 1 && c == 0) || rng.below(9) == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.normalish(4.0)
+                }
+            })
+            .collect();
+        let what = format!("{windows} windows of {rows}x{width}");
+        let mut want = vec![f32::NAN; windows * width];
+        looped.softmax_pool_rows(&a, &z, windows, rows, width, &mut want);
+        let mut got = vec![f32::NAN; windows * width];
+        let before = stats(&be);
+        be.softmax_pool_rows(&a, &z, windows, rows, width, &mut got);
+        let s = stats(&be).since(&before);
+        assert_eq!(bits(&want), bits(&got), "{what}");
+        let runs = u64::from(windows * width > 0);
+        assert_eq!((s.submissions, s.reads), (runs, runs), "{what}: {s:?}");
+        if windows > 1 && rows > 0 && width > 0 {
+            assert_eq!(got[width], 0.0, "{what}: a fully masked column pools to 0");
+        }
+    }
+    // Operands shorter than the windows need panic, as the window loop does.
+    let (a, z) = (vec![0.5f32; 3 * 8 * 16], vec![0f32; 3 * 8 * 16]);
+    for (na, nz, no) in [
+        (a.len() - 1, z.len(), 48),
+        (a.len(), 100, 48),
+        (a.len(), z.len(), 47),
+    ] {
+        let run = |b: &dyn Backend| {
+            let mut out = vec![0f32; no];
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                b.softmax_pool_rows(&a[..na], &z[..nz], 3, 8, 16, &mut out)
+            }))
+            .is_err()
+        };
+        assert!(run(&looped), "the window loop accepts {na}, {nz}, {no}");
+        assert!(run(&be), "the batched op accepts {na}, {nz}, {no}");
     }
 }

@@ -193,6 +193,18 @@ impl Backend for WgpuBackend {
         ops_attn::softmax_pool(&self.gpu, a, z, rows, width, out)
     }
 
+    fn softmax_pool_rows(
+        &self,
+        a: &[f32],
+        z: &[f32],
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        ops_attn::softmax_pool_rows(&self.gpu, a, z, windows, rows, width, out)
+    }
+
     fn hadamard(&self, x: &mut [f32], dim: usize) {
         ops::hadamard(&self.gpu, x, dim)
     }

@@ -16,24 +16,49 @@ pub(crate) fn acc_bytes(gpu: &Gpu) -> usize {
 }
 
 pub fn softmax_pool(gpu: &Gpu, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]) {
-    if width == 0 {
+    softmax_pool_rows(gpu, a, z, 1, rows, width, out)
+}
+
+/// Compressor pooling of several windows (see `Backend::softmax_pool_rows`) in one submission.
+/// Panics where the default per-window loop would (operands shorter than the windows need).
+pub fn softmax_pool_rows(
+    gpu: &Gpu,
+    a: &[f32],
+    z: &[f32],
+    windows: usize,
+    rows: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let n = windows * rows * width;
+    assert!(
+        a.len() >= n && z.len() >= n && out.len() >= windows * width,
+        "softmax_pool_rows: {windows} windows of {rows}×{width} need {n} values and logits and \
+         {} outputs, got {}, {} and {}",
+        windows * width,
+        a.len(),
+        z.len(),
+        out.len()
+    );
+    let cols = windows * width;
+    if cols == 0 {
         return;
     }
-    let ab = upload_f32(gpu, "pool values", a);
-    let zb = upload_f32(gpu, "pool logits", z);
-    let ob = scratch(gpu, "pool output", width * 4);
+    let ab = upload_f32(gpu, "pool values", &a[..n]);
+    let zb = upload_f32(gpu, "pool logits", &z[..n]);
+    let ob = scratch(gpu, "pool output", cols * 4);
     let mut step = gpu.step();
     step.dispatch(
         "softmax_pool",
-        &[rows as u32, width as u32],
+        &[rows as u32, width as u32, windows as u32],
         &[
             (1, Bind::whole(&ab)),
             (2, Bind::whole(&zb)),
             (3, Bind::whole(&ob)),
         ],
-        [width.div_ceil(64) as u32, 1, 1],
+        grid(cols, 64),
     );
-    copy_f32(&step.finish(&[(&ob, width * 4)])[0], out);
+    copy_f32(&step.finish(&[(&ob, cols * 4)])[0], &mut out[..cols]);
 }
 
 pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {

@@ -1,8 +1,8 @@
 //! On the device: the batched host ops `cache_load_rows`, `sparse_attention_rows`,
-//! `indexer_scores_rows` and `topk_rows` give bit for bit (index for index) what the trait's
-//! default per-row loops give on the same backend, return the same errors (or panic where they
-//! do), and run in one submission per call (none when there is nothing to compute). Skips with
-//! the reason when no adapter exists, except under CI=true.
+//! `indexer_scores_rows`, `topk_rows` and `softmax_pool_rows` give bit for bit (index for
+//! index) what the trait's default per-row loops give on the same backend, return the same
+//! errors (or panic where they do), and run in one submission per call (none when there is
+//! nothing to compute). Skips with the reason when no adapter exists, except under CI=true.
 
 mod common;
 
@@ -507,6 +507,84 @@ fn topk_rows_panics_where_the_per_row_loop_does() {
     for (case, starts, k) in cases {
         let run = |b: &dyn Backend| {
             catch_unwind(AssertUnwindSafe(|| b.topk_rows(&scores, &starts, k))).is_err()
+        };
+        assert_eq!(run(&gpu), run(&per_row), "{case}");
+        assert_eq!(run(&gpu), !case.starts_with("fine"), "{case}");
+    }
+}
+
+/// Pooling operands of `windows` windows of [rows, width]: values, and logits with scattered
+/// −∞ (column 0 of window 1 fully masked: its output is 0).
+fn pool_operands(windows: usize, rows: usize, width: usize) -> (Vec<f32>, Vec<f32>) {
+    let n = windows * rows * width;
+    let a = values(n, 7);
+    let z = values(n, 8)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (w, r, c) = (i / (rows * width), (i / width) % rows, i % width);
+            let masked = (w == 1 && c == 0) || (r * 7 + c * 3 + w) % 11 == 0;
+            if masked { f32::NEG_INFINITY } else { 4.0 * v }
+        })
+        .collect();
+    (a, z)
+}
+
+#[test]
+fn softmax_pool_rows_matches_the_per_window_loop_in_one_submission() {
+    for allow_f64 in [true, false] {
+        let Some(gpu) = backend(allow_f64) else {
+            return;
+        };
+        let per_row = PerRow(&gpu);
+        // (windows, rows, width): ratio-4 and ratio-128 windows, one window, no rows, widths
+        // that are not a multiple of a workgroup, nothing to do.
+        for (windows, rows, width) in [
+            (16, 8, 128),
+            (3, 128, 33),
+            (1, 8, 64),
+            (5, 0, 7),
+            (300, 4, 65),
+            (0, 8, 16),
+            (4, 8, 0),
+        ] {
+            let (a, z) = pool_operands(windows, rows, width);
+            let what = format!("f64 {allow_f64}, {windows} windows of {rows}x{width}");
+            let mut want = vec![f32::NAN; windows * width];
+            per_row.softmax_pool_rows(&a, &z, windows, rows, width, &mut want);
+            let mut got = vec![f32::NAN; windows * width];
+            let before = stats(&gpu);
+            gpu.softmax_pool_rows(&a, &z, windows, rows, width, &mut got);
+            let runs = u64::from(windows * width > 0);
+            assert_eq!(stats(&gpu).submissions - before.submissions, runs, "{what}");
+            same_bits(&what, &got, &want);
+            if windows > 1 && rows > 0 && width > 0 {
+                assert_eq!(got[width], 0.0, "{what}: a fully masked column pools to 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_pool_rows_panics_where_the_per_window_loop_does() {
+    let Some(gpu) = backend(true) else { return };
+    let per_row = PerRow(&gpu);
+    let (a, z) = pool_operands(3, 8, 16);
+    // (case, values, logits, outputs) for 3 windows of 8×16.
+    let cases: [(&str, usize, usize, usize); 5] = [
+        ("short values", a.len() - 1, z.len(), 48),
+        ("short logits", a.len(), 100, 48),
+        ("short output", a.len(), z.len(), 47),
+        ("fine", a.len(), z.len(), 48),
+        ("fine, long output", a.len(), z.len(), 60),
+    ];
+    for (case, na, nz, no) in cases {
+        let run = |b: &dyn Backend| {
+            let mut out = vec![0f32; no];
+            catch_unwind(AssertUnwindSafe(|| {
+                b.softmax_pool_rows(&a[..na], &z[..nz], 3, 8, 16, &mut out)
+            }))
+            .is_err()
         };
         assert_eq!(run(&gpu), run(&per_row), "{case}");
         assert_eq!(run(&gpu), !case.starts_with("fine"), "{case}");

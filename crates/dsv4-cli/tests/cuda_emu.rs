@@ -29,7 +29,7 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
         "--ops",
     ];
     let out = diff_passes(&args, &[("DSV4_CUDA_ACC", "f64")]);
-    assert!(out.contains("171 pass, 0 fail"), "{out}");
+    assert!(out.contains("176 pass, 0 fail"), "{out}");
     diff_passes(&args, &[("DSV4_CUDA_ACC", "f32")]);
 }
 

@@ -25,6 +25,8 @@ pub enum Op {
     HcHead,
     /// `Backend::softmax_pool`.
     SoftmaxPool,
+    /// `Backend::softmax_pool_rows`.
+    SoftmaxPoolRows,
     /// `Backend::hadamard`.
     Hadamard,
     /// `Backend::indexer_scores`.
@@ -57,7 +59,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 22] = [
+    pub const ALL: [Op; 23] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -66,6 +68,7 @@ impl Op {
         Op::MhcPost,
         Op::HcHead,
         Op::SoftmaxPool,
+        Op::SoftmaxPoolRows,
         Op::Hadamard,
         Op::IndexerScores,
         Op::IndexerScoresRows,
@@ -93,6 +96,7 @@ impl Op {
             Op::MhcPost => "mhc_post",
             Op::HcHead => "hc_head",
             Op::SoftmaxPool => "softmax_pool",
+            Op::SoftmaxPoolRows => "softmax_pool_rows",
             Op::Hadamard => "hadamard",
             Op::IndexerScores => "indexer_scores",
             Op::IndexerScoresRows => "indexer_scores_rows",

@@ -103,6 +103,7 @@ pub fn op_tolerance(op: Op) -> Tolerance {
         Op::MhcPost => tol(Nmse, 1e-9, "M + 1 terms per output"),
         Op::HcHead => tol(Nmse, 1e-7, "M·D = 16384-term mixing dot products"),
         Op::SoftmaxPool => tol(Nmse, 1e-9, "short per-channel softmax"),
+        Op::SoftmaxPoolRows => tol(Nmse, 1e-9, "softmax_pool, several windows per call"),
         Op::Hadamard => tol(Nmse, 1e-9, "log2(d) butterfly stages, or d-term sums"),
         Op::IndexerScores => tol(Nmse, 1e-7, "head-weighted sums with cancellation"),
         Op::IndexerScoresRows => tol(Nmse, 1e-7, "indexer_scores, several rows per call"),

@@ -79,6 +79,30 @@ pub trait Backend: Send + Sync {
     /// Rows with z = −∞ get weight 0.
     fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]);
 
+    /// [`Backend::softmax_pool`] of `windows` windows at once: window w pools
+    /// `a[w·rows·width ..]`, `z[w·rows·width ..]` ([rows, width] each) into `out[w·width ..]`.
+    /// Window for window equal to `softmax_pool`; a GPU backend runs them in one submission.
+    fn softmax_pool_rows(
+        &self,
+        a: &[f32],
+        z: &[f32],
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        let n = rows * width;
+        for w in 0..windows {
+            self.softmax_pool(
+                &a[w * n..(w + 1) * n],
+                &z[w * n..(w + 1) * n],
+                rows,
+                width,
+                &mut out[w * width..(w + 1) * width],
+            );
+        }
+    }
+
     /// Multiply each row of width `dim` (a power of two) by the Sylvester Hadamard matrix / sqrt(dim).
     fn hadamard(&self, x: &mut [f32], dim: usize);
 

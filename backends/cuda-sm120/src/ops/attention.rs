@@ -29,28 +29,45 @@ pub fn softmax_pool(
     width: usize,
     out: &mut [f32],
 ) -> Result<(), CudaError> {
-    if width == 0 {
-        return Ok(());
-    }
-    let n = rows * width;
+    softmax_pool_rows(c, a, z, 1, rows, width, out)
+}
+
+/// [`softmax_pool`] of `windows` windows at once — window w pools `a`, `z` rows
+/// `w·rows .. (w+1)·rows` into `out[w·width ..]` — in one upload of each operand, one launch
+/// and one read-back. Operands shorter than the windows need are `BadOperands`.
+pub fn softmax_pool_rows(
+    c: &Core,
+    a: &[f32],
+    z: &[f32],
+    windows: usize,
+    rows: usize,
+    width: usize,
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let cols = windows * width;
+    let n = rows * cols;
     need("softmax_pool values", a.len(), n)?;
     need("softmax_pool logits", z.len(), n)?;
-    need("softmax_pool output", out.len(), width)?;
+    need("softmax_pool output", out.len(), cols)?;
+    if cols == 0 {
+        return Ok(());
+    }
     let dev = &c.dev;
     let ab = dev.temp_f32(&a[..n])?;
     let zb = dev.temp_f32(&z[..n])?;
-    let ob = dev.temp(width * 4)?;
+    let ob = dev.temp(cols * 4)?;
     let args = [
         KArg::Buf(&ab),
         KArg::Buf(&zb),
         KArg::Buf(&ob),
         KArg::U32(u32_arg("rows", rows)?),
         KArg::U32(u32_arg("width", width)?),
+        KArg::U32(u32_arg("windows", windows)?),
     ];
-    let grid = (blocks_for(width, THREADS as usize), 1, 1);
-    // SAFETY: a and z hold rows·width floats, out width.
+    let grid = (blocks_for(cols, THREADS as usize), 1, 1);
+    // SAFETY: a and z hold windows·rows·width floats, out windows·width.
     unsafe { dev.launch("attn_softmax_pool", grid, (THREADS, 1, 1), &args)? };
-    dev.download_f32(&ob, &mut out[..width])
+    dev.download_f32(&ob, &mut out[..cols])
 }
 
 /// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); q [heads, dim], keys [n, dim].

@@ -21,26 +21,29 @@ fn row_of_key(t: u32) -> u32 {
     return lo;
 }
 
-// softmax_pool: params 0 rows, 1 width; a = values, b = logits z, both [rows, width].
-// One thread per channel: max, then the ordered sums of e^(z−max)·a and e^(z−max).
+// softmax_pool: params 0 rows, 1 width, 2 windows; a = values, b = logits z, both
+// [windows, rows, width]; out [windows, width]. One thread per (window, channel): max, then the
+// ordered sums of e^(z−max)·a and e^(z−max) over the window's rows.
 @compute @workgroup_size(64)
-fn softmax_pool(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn softmax_pool(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let rows = pu(0u);
     let width = pu(1u);
-    let c = gid.x;
-    if (c >= width) { return; }
+    let t = flat_id(gid, nwg, 64u);
+    if (t >= width * pu(2u)) { return; }
+    let c = t % width;
+    let base = (t / width) * rows * width + c;
     var mx = -f32_inf();
-    for (var r = 0u; r < rows; r = r + 1u) { mx = rmax(mx, b[r * width + c]); }
+    for (var r = 0u; r < rows; r = r + 1u) { mx = rmax(mx, b[base + r * width]); }
     var num = acc(0.0);
     var den = acc(0.0);
     for (var r = 0u; r < rows; r = r + 1u) {
-        let z = b[r * width + c];
+        let z = b[base + r * width];
         if (z == -f32_inf()) { continue; }
         let e = exp_acc(acc(z) - acc(mx));
-        num = num + e * acc(a[r * width + c]);
+        num = num + e * acc(a[base + r * width]);
         den = den + e;
     }
-    if (den > acc(0.0)) { out[c] = f32(num / den); } else { out[c] = 0.0; }
+    if (den > acc(0.0)) { out[t] = f32(num / den); } else { out[t] = 0.0; }
 }
 
 // indexer_scores: params 0 N keys in all, 1 dim, 2 heads, 4 rows; a = q [rows, heads, dim] then

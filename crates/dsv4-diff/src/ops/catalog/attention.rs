@@ -1,5 +1,5 @@
-//! Cases of the attention-side ops: `softmax_pool` (compressor pooling), `indexer_scores`,
-//! `topk` and `sparse_attention`.
+//! Cases of the attention-side ops: `softmax_pool` (compressor pooling, one window or many),
+//! `indexer_scores`, `topk` and `sparse_attention`.
 
 use crate::Op;
 use crate::ops::case::{Case, Runner, SizeClass, uniform, uniform_std};
@@ -17,44 +17,55 @@ enum Mask {
     Scattered,
 }
 
-fn softmax_pool_case(class: SizeClass, rows: usize, width: usize, mask: Mask) -> Case {
+/// A pooling case: `windows` = None runs `softmax_pool` on one window, Some(n) runs
+/// `softmax_pool_rows` on n windows of the same shape.
+fn softmax_pool_case(
+    class: SizeClass,
+    windows: Option<usize>,
+    rows: usize,
+    width: usize,
+    mask: Mask,
+) -> Case {
     let tag = match mask {
         Mask::None => "",
         Mask::FirstHalf => ".first-half-masked",
         Mask::Scattered => ".masked",
     };
+    let nw = windows.unwrap_or(1);
     let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
-        let a = uniform(rng, rows * width, 1.0);
-        let mut z = uniform(rng, rows * width, 4.0);
+        let a = uniform(rng, nw * rows * width, 1.0);
+        let mut z = uniform(rng, nw * rows * width, 4.0);
         for (i, v) in z.iter_mut().enumerate() {
-            let (r, c) = (i / width, i % width);
+            let (r, c) = ((i / width) % rows.max(1), i % width);
             let masked = match mask {
                 Mask::None => false,
                 Mask::FirstHalf => r < rows / 2,
-                Mask::Scattered => c == 0 || (r * 7 + c * 3) % 11 == 0,
+                Mask::Scattered => {
+                    c == 0 || (r * 7 + c * 3 + i / (rows * width)).is_multiple_of(11)
+                }
             };
             if masked {
                 *v = f32::NEG_INFINITY;
             }
         }
         Ok(Box::new(move |be| {
-            let mut out = GuardedF32::poisoned(width);
-            let ((), elapsed) = call(|| be.softmax_pool(&a, &z, rows, width, out.slice_mut()))?;
+            let mut out = GuardedF32::poisoned(nw * width);
+            let ((), elapsed) = call(|| match windows {
+                None => be.softmax_pool(&a, &z, rows, width, out.slice_mut()),
+                Some(n) => be.softmax_pool_rows(&a, &z, n, rows, width, out.slice_mut()),
+            })?;
             Ok(Ran {
                 out: Produced::Values(out.into_output("out")?),
                 elapsed,
             })
         }))
     });
-    let n = (rows * width) as f64;
-    Case::new(
-        Op::SoftmaxPool,
-        class,
-        format!("{rows}x{width}{tag}"),
-        None,
-        (4.0 * n, 8.0 * n),
-        build,
-    )
+    let n = (nw * rows * width) as f64;
+    let (op, label) = match windows {
+        None => (Op::SoftmaxPool, format!("{rows}x{width}{tag}")),
+        Some(w) => (Op::SoftmaxPoolRows, format!("{w}w.{rows}x{width}{tag}")),
+    };
+    Case::new(op, class, label, None, (4.0 * n, 8.0 * n), build)
 }
 
 fn indexer_case(class: SizeClass, heads: usize, dim: usize, n: usize) -> Case {
@@ -274,14 +285,19 @@ fn attention_rows_case(class: SizeClass, heads: usize, dim: usize, ns: &'static 
 pub(crate) fn cases() -> Vec<Case> {
     use SizeClass::*;
     vec![
-        softmax_pool_case(Tiny, 8, 128, Mask::FirstHalf),
-        softmax_pool_case(Tiny, 8, 128, Mask::None),
-        softmax_pool_case(Tiny, 128, 128, Mask::None),
-        softmax_pool_case(Odd, 5, 33, Mask::Scattered),
-        softmax_pool_case(Odd, 1, 3, Mask::None),
-        softmax_pool_case(Flash, 8, 512, Mask::None),
-        softmax_pool_case(Flash, 128, 512, Mask::None),
-        softmax_pool_case(Flash, 8, 128, Mask::FirstHalf),
+        softmax_pool_case(Tiny, None, 8, 128, Mask::FirstHalf),
+        softmax_pool_case(Tiny, None, 8, 128, Mask::None),
+        softmax_pool_case(Tiny, None, 128, 128, Mask::None),
+        softmax_pool_case(Odd, None, 5, 33, Mask::Scattered),
+        softmax_pool_case(Odd, None, 1, 3, Mask::None),
+        softmax_pool_case(Flash, None, 8, 512, Mask::None),
+        softmax_pool_case(Flash, None, 128, 512, Mask::None),
+        softmax_pool_case(Flash, None, 8, 128, Mask::FirstHalf),
+        softmax_pool_case(Tiny, Some(16), 8, 128, Mask::FirstHalf),
+        softmax_pool_case(Tiny, Some(3), 128, 128, Mask::None),
+        softmax_pool_case(Odd, Some(5), 5, 33, Mask::Scattered),
+        softmax_pool_case(Flash, Some(64), 8, 512, Mask::None),
+        softmax_pool_case(Flash, Some(16), 128, 512, Mask::Scattered),
         indexer_case(Tiny, 4, 128, 16),
         indexer_case(Odd, 3, 32, 37),
         indexer_case(Odd, 1, 1, 1),
