@@ -10,7 +10,7 @@
 
 use super::ForwardError;
 use super::build::loc_width;
-use super::compressor::{PhysicalRing, push_and_pool};
+use super::compressor::{PhysicalRing, WindowPool};
 use super::dense::no_weights;
 use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
@@ -136,8 +136,8 @@ impl Run<'_> {
         let width = cw.coff * cw.dim;
         let m = self.model;
         let be = m.backend.as_ref();
-        // (row, window) of each completed entry, and the entries before norm and RoPE.
-        let (mut done, mut raw) = (Vec::new(), Vec::new());
+        // (row, window) of each completed entry; the windows pool in one call after the loop.
+        let (mut done, mut pool) = (Vec::new(), WindowPool::new(cw.ratio, cw.dim));
         for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
             let cs = self.compressor_of(bb, i, chain)?;
             let ring_pages = cs.ring.pooled_pages().ok_or_else(|| missing("ring page"))?;
@@ -151,23 +151,14 @@ impl Run<'_> {
                 width: cs.ring.width,
             };
             let span = i * width..(i + 1) * width;
-            let pooled = push_and_pool(
-                be,
-                &mut ring,
-                cw.ratio,
-                cw.dim,
-                p,
-                &a[span.clone()],
-                &z[span],
-            );
-            if let Some((win, entry)) = pooled {
+            if let Some(win) = pool.push(&mut ring, p, &a[span.clone()], &z[span]) {
                 done.push((i, win));
-                raw.extend_from_slice(&entry);
             }
         }
         let Some(&(first, _)) = done.first() else {
             return Ok(());
         };
+        let raw = pool.finish(be);
         let mut c = vec![0f32; raw.len()];
         be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
         let positions: Vec<usize> = done.iter().map(|&(_, win)| cw.ratio * win).collect();

@@ -3,7 +3,7 @@
 //! sequence's [`CompressorRing`], or a [`PhysicalRing`] page a plan's launch addresses directly.
 
 use super::pages::{PageId, PageStore};
-use super::state::{CompressorRing, ring_read_row, ring_write_row};
+use super::state::{CompressorRing, ring_read_row, ring_rows, ring_write_row};
 use dsv4_kernels::Backend;
 use std::borrow::Cow;
 
@@ -69,43 +69,85 @@ impl RingRows for PhysicalRing<'_> {
     }
 }
 
-/// Store token `pos`'s rows (`a`, `z`, each coff·dim wide, z already including `ape`); when `pos`
-/// completes window w = pos / ratio, return (w, pooled entry of width `dim`) before norm and RoPE.
-pub fn push_and_pool(
-    backend: &dyn Backend,
-    ring: &mut dyn RingRows,
+/// The windows a step completes, pooled in one [`Backend::softmax_pool_rows`] call: each
+/// completed window's rows are copied out of its ring when its last token is pushed (a later
+/// push of the same step may overwrite them), and [`WindowPool::finish`] pools them all.
+pub struct WindowPool {
     ratio: usize,
     dim: usize,
-    pos: usize,
-    a: &[f32],
-    z: &[f32],
-) -> Option<(usize, Vec<f32>)> {
-    ring.put(pos, a, z);
-    if !(pos + 1).is_multiple_of(ratio) {
-        return None;
-    }
-    let w = pos / ratio;
-    let mut out = vec![0f32; dim];
-    if ratio == 4 {
-        // Rows 0..3: the previous window's first halves (absent for w = 0: a = 0, z = −∞);
-        // rows 4..7: the current window's second halves.
-        let mut pa = vec![0f32; 8 * dim];
-        let mut pz = vec![f32::NEG_INFINITY; 8 * dim];
-        for r in 0..4 {
-            if w > 0 {
-                let (ra, rz) = ring.row(4 * (w - 1) + r);
-                pa[r * dim..(r + 1) * dim].copy_from_slice(&ra[..dim]);
-                pz[r * dim..(r + 1) * dim].copy_from_slice(&rz[..dim]);
-            }
-            let (ra, rz) = ring.row(4 * w + r);
-            pa[(4 + r) * dim..(5 + r) * dim].copy_from_slice(&ra[dim..]);
-            pz[(4 + r) * dim..(5 + r) * dim].copy_from_slice(&rz[dim..]);
+    /// Each window's a and z, [rows, dim] per window.
+    a: Vec<f32>,
+    z: Vec<f32>,
+    windows: usize,
+}
+
+impl WindowPool {
+    /// No windows yet, for a compressor of `ratio` whose entries are `dim` wide.
+    pub fn new(ratio: usize, dim: usize) -> Self {
+        WindowPool {
+            ratio,
+            dim,
+            a: Vec::new(),
+            z: Vec::new(),
+            windows: 0,
         }
-        backend.softmax_pool(&pa, &pz, 8, dim, &mut out);
-    } else {
-        // The ring holds exactly this window's `ratio` rows, slot = position mod ratio.
-        let (a, z) = ring.window();
-        backend.softmax_pool(&a, &z, ratio, dim, &mut out);
     }
-    Some((w, out))
+
+    /// Rows one window pools — as many as its ring holds: 8 for ratio 4 (the previous
+    /// window's first halves and this window's second halves), else `ratio`.
+    fn rows(&self) -> usize {
+        ring_rows(self.ratio)
+    }
+
+    /// Store token `pos`'s rows (`a`, `z`, each coff·dim wide, z already including `ape`) in
+    /// `ring`; when `pos` completes window w = pos / ratio, take w's rows and return w.
+    pub fn push(
+        &mut self,
+        ring: &mut dyn RingRows,
+        pos: usize,
+        a: &[f32],
+        z: &[f32],
+    ) -> Option<usize> {
+        ring.put(pos, a, z);
+        if !(pos + 1).is_multiple_of(self.ratio) {
+            return None;
+        }
+        let (w, dim) = (pos / self.ratio, self.dim);
+        if self.ratio == 4 {
+            // Rows 0..3: the previous window's first halves (absent for w = 0: a = 0, z = −∞);
+            // rows 4..7: the current window's second halves.
+            let at = self.a.len();
+            self.a.resize(at + 8 * dim, 0.0);
+            self.z.resize(at + 8 * dim, f32::NEG_INFINITY);
+            let (pa, pz) = (&mut self.a[at..], &mut self.z[at..]);
+            for r in 0..4 {
+                if w > 0 {
+                    let (ra, rz) = ring.row(4 * (w - 1) + r);
+                    pa[r * dim..(r + 1) * dim].copy_from_slice(&ra[..dim]);
+                    pz[r * dim..(r + 1) * dim].copy_from_slice(&rz[..dim]);
+                }
+                let (ra, rz) = ring.row(4 * w + r);
+                pa[(4 + r) * dim..(5 + r) * dim].copy_from_slice(&ra[dim..]);
+                pz[(4 + r) * dim..(5 + r) * dim].copy_from_slice(&rz[dim..]);
+            }
+        } else {
+            // The ring holds exactly this window's `ratio` rows, slot = position mod ratio.
+            let (ra, rz) = ring.window();
+            self.a.extend_from_slice(&ra);
+            self.z.extend_from_slice(&rz);
+        }
+        self.windows += 1;
+        Some(w)
+    }
+
+    /// The pooled entries (`dim` wide, before norm and RoPE) of the windows in the order they
+    /// completed, in one call.
+    pub fn finish(self, backend: &dyn Backend) -> Vec<f32> {
+        let mut out = vec![0f32; self.windows * self.dim];
+        if self.windows > 0 {
+            let rows = self.rows();
+            backend.softmax_pool_rows(&self.a, &self.z, self.windows, rows, self.dim, &mut out);
+        }
+        out
+    }
 }

@@ -1,6 +1,6 @@
 //! Forward-pass tests on the embedded tiny model with the reference backend.
 
-use super::compressor::push_and_pool;
+use super::compressor::WindowPool;
 use super::state::CompressorRing;
 use super::*;
 use dsv4_backend_reference::ReferenceBackend;
@@ -202,26 +202,40 @@ fn c4_windows_overlap_the_previous_windows_first_halves() {
         ]
     };
     let z = vec![0f32; 2 * d];
-    let mut outs = Vec::new();
+    // Both windows pool in one call.
+    let mut pool = WindowPool::new(4, d);
+    let mut done = Vec::new();
     for p in 0..8 {
-        if let Some(e) = push_and_pool(&be, &mut ring, 4, d, p, &a_of(p), &z) {
-            outs.push(e);
-        }
+        done.extend(pool.push(&mut ring, p, &a_of(p), &z));
     }
-    assert_eq!(outs.len(), 2);
+    assert_eq!(done, vec![0, 1]);
+    let both = pool.finish(&be);
     // w = 0: rows 0..3 absent (z = −∞), rows 4..7 = second halves of tokens 0..3.
-    assert_eq!(outs[0].0, 0);
-    assert_eq!(outs[0].1, vec![101.5, 1001.5]);
+    assert_eq!(both[..2], [101.5, 1001.5]);
     // w = 1: first halves of tokens 0..3 and second halves of tokens 4..7.
     let mean = |v: [f32; 8]| v.iter().sum::<f32>() / 8.0;
-    assert_eq!(outs[1].0, 1);
     assert_eq!(
-        outs[1].1,
-        vec![
+        both[2..],
+        [
             mean([0., 1., 2., 3., 104., 105., 106., 107.]),
             mean([0., 10., 20., 30., 1004., 1005., 1006., 1007.])
         ]
     );
+}
+
+#[test]
+fn a_window_pools_the_rows_it_had_when_it_completed() {
+    // Ratio 2 in a 2-row ring: window 0's rows are overwritten by tokens 2 and 3 before the
+    // step's windows pool, which must still see tokens 0 and 1.
+    let be = ReferenceBackend;
+    let mut ring = CompressorRing::new(2, 1);
+    let mut pool = WindowPool::new(2, 1);
+    let z = [0f32];
+    let done: Vec<usize> = (0..4)
+        .filter_map(|p| pool.push(&mut ring, p, &[p as f32], &z))
+        .collect();
+    assert_eq!(done, vec![0, 1]);
+    assert_eq!(pool.finish(&be), vec![0.5, 2.5]);
 }
 
 #[test]
