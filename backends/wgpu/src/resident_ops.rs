@@ -234,6 +234,26 @@ impl DeviceOps for WgpuBackend {
         Ok(())
     }
 
+    fn router_scores(&self, logits: DevSlice, out: DevSlice) -> R<()> {
+        check_len("router_scores", "out", out, logits.len)?;
+        let (xh, oh) = (
+            self.bound("router_scores", "logits", logits)?,
+            self.bound("router_scores", "out", out)?,
+        );
+        if logits.len == 0 {
+            return Ok(());
+        }
+        self.resident.encode(&self.gpu, |st| {
+            st.dispatch(
+                "router_scores",
+                &[logits.len as u32],
+                &[(1, xh.bind()), (3, oh.bind())],
+                grid(logits.len, 256),
+            )
+        });
+        Ok(())
+    }
+
     fn scale(&self, x: DevSlice, s: f64) -> R<()> {
         let h = self.bound("scale", "x", x)?;
         if x.len == 0 {

@@ -283,6 +283,10 @@ pub trait DeviceOps: Send + Sync {
     /// In place `x = (f64(x) · s) as f32`.
     fn scale(&self, x: DevSlice, s: f64) -> Result<(), KernelError>;
 
+    /// Router scores sqrt(softplus(x)) of `logits` into `out` (same length), as
+    /// [`crate::Backend::router_scores`] computes them.
+    fn router_scores(&self, logits: DevSlice, out: DevSlice) -> Result<(), KernelError>;
+
     /// [`crate::Backend::linear`]: x [rows, in] → out [rows, out].
     fn linear(
         &self,

@@ -172,6 +172,16 @@ impl Check<'_> {
                 c.dev.add(da, db, dout)?;
                 c.expect(&label, dout, &host)
             });
+            let label = format!("router_scores n={n}");
+            self.case(&label, |c| {
+                // Logits from −60 to 60: softplus's both branches and its saturation.
+                let x = c.vec(n, 60.0);
+                let mut host = vec![0f32; n];
+                c.be.router_scores(&x, &mut host);
+                let (dx, dout) = (c.put(&x)?, c.out(n)?);
+                c.dev.router_scores(dx, dout)?;
+                c.expect(&label, dout, &host)
+            });
             for s in [0.088_388_347_648_318_44f64, -3.0, 1.0 / 3.0] {
                 let label = format!("scale n={n} s={s}");
                 self.case(&label, |c| {

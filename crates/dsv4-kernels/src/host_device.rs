@@ -301,6 +301,15 @@ impl DeviceOps for HostDevice {
         self.store("add", &[(out, &o)])
     }
 
+    fn router_scores(&self, logits: DevSlice, out: DevSlice) -> R<()> {
+        check_len("router_scores", "out", out, logits.len)?;
+        let [x] = self.load("router_scores", [("logits", logits)])?;
+        self.check_out("router_scores", &[("out", out)])?;
+        let mut o = vec![0f32; out.len];
+        self.host("router_scores", |be| be.router_scores(&x, &mut o))?;
+        self.store("router_scores", &[(out, &o)])
+    }
+
     fn scale(&self, x: DevSlice, s: f64) -> R<()> {
         let [mut v] = self.load("scale", [("x", x)])?;
         v.iter_mut().for_each(|e| *e = (f64::from(*e) * s) as f32);

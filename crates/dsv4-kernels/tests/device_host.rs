@@ -236,6 +236,9 @@ impl DeviceOps for Faulty {
         }
         Ok(())
     }
+    fn router_scores(&self, logits: DevSlice, out: DevSlice) -> Result<(), KernelError> {
+        self.d().router_scores(logits, out)
+    }
     fn scale(&self, x: DevSlice, s: f64) -> Result<(), KernelError> {
         self.d().scale(x, s)?;
         if self.1 == Fault::ScalePastEnd {

@@ -328,6 +328,21 @@ pub fn router_scores(c: &Core, logits: &[f32], out: &mut [f32]) -> Result<(), Cu
     elementwise(c, "router_scores", logits, None, out, &[])
 }
 
+/// Router scores of `n` logits at `logits` into `out` (device-resident operands).
+pub(crate) fn launch_router_scores(
+    c: &Core,
+    logits: DevPtr,
+    out: DevPtr,
+    n: usize,
+) -> Result<(), CudaError> {
+    for p in [logits, out] {
+        fits("router_scores", p, n)?;
+    }
+    let args = [KArg::Ptr(logits), KArg::Ptr(out), KArg::U64(n as u64)];
+    let grid = blocks_for(n, THREADS as usize);
+    launch1(c, "router_scores", grid, THREADS, &args)
+}
+
 /// Clamped SwiGLU: out = silu(min(g, L))·clamp(u, −L, L)·weight.
 pub fn swiglu(
     c: &Core,

@@ -449,6 +449,10 @@ impl dsv4_kernels::DeviceOps for Resident {
         self.resident_op("add", |cx| ops::add(cx, a, b, out))
     }
 
+    fn router_scores(&self, logits: DevSlice, out: DevSlice) -> Result<(), KernelError> {
+        self.resident_op("router_scores", |cx| ops::router_scores(cx, logits, out))
+    }
+
     fn scale(&self, x: DevSlice, s: f64) -> Result<(), KernelError> {
         self.resident_op("scale", |cx| ops::scale(cx, x, s))
     }

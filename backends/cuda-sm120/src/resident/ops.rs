@@ -172,6 +172,23 @@ pub(super) fn add(
     Ok(())
 }
 
+pub(super) fn router_scores(
+    cx: &mut Ctx<'_>,
+    logits: DevSlice,
+    out: DevSlice,
+) -> Result<(), KernelError> {
+    check_len("router_scores", "out", out, logits.len)?;
+    let (xp, op) = (cx.slice("logits", logits)?, cx.slice("out", out)?);
+    disjoint(cx, op, &[xp], true)?;
+    if logits.len == 0 {
+        return Ok(());
+    }
+    let r = rows::launch_router_scores(cx.core, xp, op, logits.len);
+    cx.run(r)?;
+    cx.dispatched(1);
+    Ok(())
+}
+
 pub(super) fn scale(cx: &mut Ctx<'_>, x: DevSlice, s: f64) -> Result<(), KernelError> {
     let xp = cx.slice("x", x)?;
     if x.len == 0 {

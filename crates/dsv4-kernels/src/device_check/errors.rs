@@ -75,6 +75,10 @@ impl Check<'_> {
             let (src, dst) = (c.out(4 * 128)?, c.out(2 * 128)?);
             Ok(c.dev.gather_rows(src, &[1, 4], 128, dst))
         });
+        self.must_fail("router_scores into a shorter output", |c| {
+            let (x, out) = (c.out(256)?, c.out(255)?);
+            Ok(c.dev.router_scores(x, out))
+        });
         self.must_fail("swiglu_rows with one weight too many", |c| {
             let (g, u, out) = (c.out(256)?, c.out(256)?, c.out(256)?);
             Ok(c.dev.swiglu_rows(g, u, 7.0, &[1.0, 1.0, 1.0], 128, out))
