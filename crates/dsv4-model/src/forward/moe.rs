@@ -42,15 +42,23 @@ pub(crate) fn decode_routes(routes: &[f32], k: usize, experts: usize, rows: usiz
 impl Model {
     /// Routes of T tokens: experts and normalised, scaled weights.
     pub(crate) fn route(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<Route> {
+        let (t, e) = (tokens.len(), self.cfg.n_routed_experts);
+        let mut logits = vec![0f32; t * e];
+        self.backend.linear(&w.gate, x, t, &mut logits);
+        let mut s = vec![0f32; t * e];
+        self.backend.router_scores(&logits, &mut s);
+        self.route_scores(w, &s, tokens)
+    }
+
+    /// Routes of T tokens from their router scores `s` [T, n_routed_experts]: hash routing by
+    /// token id, or the top-k of the biased scores; weights are the chosen scores normalised
+    /// (in f64) and scaled.
+    pub(crate) fn route_scores(&self, w: &MoeWeights, s: &[f32], tokens: &[u32]) -> Vec<Route> {
         let (t, e, k) = (
             tokens.len(),
             self.cfg.n_routed_experts,
             self.cfg.num_experts_per_tok,
         );
-        let mut logits = vec![0f32; t * e];
-        self.backend.linear(&w.gate, x, t, &mut logits);
-        let mut s = vec![0f32; t * e];
-        self.backend.router_scores(&logits, &mut s);
         // Biased routing ranks every row in one call (one submission on a GPU backend).
         let ranked = match &w.routing {
             Routing::Hash(_) => Vec::new(),
@@ -139,23 +147,33 @@ impl Run<'_> {
         &self,
         b: Option<BlockRef>,
         xn: &[f32],
-        tokens: Option<&Vec<f32>>,
+        tokens: Option<&[f32]>,
     ) -> Result<Vec<f32>, ForwardError> {
         let w = self.moe_weights(b)?;
-        let t = self.bound.rows;
+        let routes = self.model.route(w, xn, &self.routing_tokens(tokens));
+        Ok(self.encode_routes(routes))
+    }
+
+    /// The step's token ids from a `tokens` operand (all 0 without one: biased routing does
+    /// not read them); a corrupted id is wrapped into the vocabulary (hash routing indexes by
+    /// it).
+    pub(crate) fn routing_tokens(&self, tokens: Option<&[f32]>) -> Vec<u32> {
         let vocab = self.model.cfg.vocab_size as u32;
-        let ids: Vec<u32> = match tokens {
-            // A corrupted token id is wrapped into the vocabulary (hash routing indexes by it).
+        match tokens {
             Some(tok) => tok.iter().map(|v| v.to_bits() % vocab.max(1)).collect(),
-            None => vec![0; t],
-        };
-        let routes = self.model.route(w, xn, &ids);
-        let mut out = Vec::with_capacity(t * 2 * self.model.cfg.num_experts_per_tok);
+            None => vec![0; self.bound.rows],
+        }
+    }
+
+    /// A `routes` buffer: per row, k expert ids (as bits) then k weights.
+    pub(crate) fn encode_routes(&self, routes: Vec<Route>) -> Vec<f32> {
+        let k = self.model.cfg.num_experts_per_tok;
+        let mut out = Vec::with_capacity(routes.len() * 2 * k);
         for (idx, wt) in routes {
             out.extend(idx.iter().map(|&j| f32::from_bits(j as u32)));
             out.extend(wt);
         }
-        Ok(out)
+        out
     }
 
     /// `[xn] → [ys]`: the shared expert with weight 1.

@@ -1,8 +1,9 @@
 //! The device forms of the row-wise launches: each computes what its host form in
 //! [`super::dense`] / [`super::moe`] computes, with the backend's device ops on device-resident
-//! operands, so nothing is read back. Launches without a device form (embedding, cache
-//! stores, compressor pooling, the indexer's top-k, attention, the router, the MTP input) run
-//! their host form on operands read back from the device.
+//! operands, so nothing is read back (the router reads back only its scores, the routed
+//! experts their routes). Launches without a device form (embedding, cache stores, compressor
+//! pooling, the indexer's top-k, attention, the MTP input) run their host form on operands read
+//! back from the device.
 
 use super::ForwardError;
 use super::dense::{ape_row, no_weights, repeat};
@@ -29,6 +30,7 @@ pub(crate) fn has_device_form(kind: OpKind) -> bool {
             | OpKind::OutA
             | OpKind::OutB
             | OpKind::HcPost(_)
+            | OpKind::Router
             | OpKind::SharedExpert
             | OpKind::RoutedExperts
             | OpKind::MoeSum
@@ -142,6 +144,7 @@ impl Run<'_> {
                 let w = &self.weights(b)?.moe.shared;
                 self.expert_dev(d, w, ins[0], &vec![1.0; t], outs[0])
             }
+            OpKind::Router => self.router_dev(d, b, ins, outs[0]),
             OpKind::RoutedExperts => self.routed_dev(d, b, ins, outs[0]),
             OpKind::MoeSum => Ok(d.ops.add(ins[0], ins[1], outs[0])?),
             OpKind::HcHead => {
@@ -263,6 +266,24 @@ impl Run<'_> {
         let limit = self.model.cfg.swiglu_limit as f32;
         d.ops.swiglu_rows(g.s, u.s, limit, weights, i, h.s)?;
         self.project_dev(d, &ew.w2, h.s, out)
+    }
+
+    /// `[xn, (tokens)] → [routes]` on the device: gate and scores run there; the scores (and
+    /// the token ids of hash routing) are read back, ranked and weighted as the host form does,
+    /// and the routes written.
+    fn router_dev(&self, d: &Dev<'_>, b: Option<BlockRef>, ins: &[DevSlice], out: DevSlice) -> Res {
+        let w = &self.weights(b)?.moe;
+        let t = self.bound.rows;
+        let e = self.model.cfg.n_routed_experts;
+        let logits = d.tmp(t * e)?;
+        let scores = d.tmp(t * e)?;
+        d.ops.linear(&w.gate, ins[0], t, logits.s)?;
+        d.ops.router_scores(logits.s, scores.s)?;
+        let s = d.ops.read(scores.s)?;
+        let tokens = ins.get(1).map(|&tok| d.ops.read(tok)).transpose()?;
+        let ids = self.routing_tokens(tokens.as_deref());
+        let routes = self.model.route_scores(w, &s, &ids);
+        Ok(d.ops.write(out, &self.encode_routes(routes))?)
     }
 
     /// `[xn, routes] → [yr]` on the device: the routes are read back (a few words per row);

@@ -317,7 +317,9 @@ impl Run<'_> {
             OpKind::HcPost(_) => self
                 .hc_post(&ins[0], &ins[1], &ins[2], &ins[3])
                 .map(|x| vec![x]),
-            OpKind::Router => self.router(b, &ins[0], ins.get(1)).map(|x| vec![x]),
+            OpKind::Router => self
+                .router(b, &ins[0], ins.get(1).map(Vec::as_slice))
+                .map(|x| vec![x]),
             OpKind::SharedExpert => self.shared_expert(b, &ins[0]).map(|x| vec![x]),
             OpKind::RoutedExperts => self.routed_experts(b, &ins[0], &ins[1]).map(|x| vec![x]),
             OpKind::MoeSum => Ok(vec![
