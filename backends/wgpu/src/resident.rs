@@ -238,14 +238,15 @@ impl Resident {
         r
     }
 
-    /// Submit the pending work, then read `len` bytes of `h` back.
-    pub fn read(&self, gpu: &Gpu, h: &Held) -> Result<Vec<u8>, KernelError> {
+    /// Submit the pending work, then read each range back (one submission for all).
+    pub fn read(&self, gpu: &Gpu, hs: &[&Held]) -> Result<Vec<Vec<u8>>, KernelError> {
         let mut pending = lock(&self.pending);
         let encoder = pending.take().unwrap_or_else(|| gpu.encoder());
-        let mut r = gpu
-            .submit_and_read(encoder, &[(&h.buf, h.off, h.size as usize)])
-            .map_err(dev_err)?;
-        Ok(r.remove(0))
+        let ranges: Vec<_> = hs
+            .iter()
+            .map(|h| (&h.buf, h.off, h.size as usize))
+            .collect();
+        gpu.submit_and_read(encoder, &ranges).map_err(dev_err)
     }
 
     /// Submit the pending work without waiting.

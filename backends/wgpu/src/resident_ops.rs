@@ -108,15 +108,37 @@ impl DeviceOps for WgpuBackend {
     }
 
     fn read(&self, src: DevSlice) -> R<Vec<f32>> {
-        let h = self.resident.slice(&self.gpu, "read", "src", src, false)?;
-        if src.len == 0 {
+        Ok(self.read_many(&[src])?.remove(0))
+    }
+
+    fn read_many(&self, srcs: &[DevSlice]) -> R<Vec<Vec<f32>>> {
+        let held = srcs
+            .iter()
+            .map(|&s| self.resident.slice(&self.gpu, "read", "src", s, false))
+            .collect::<R<Vec<_>>>()?;
+        let wanted: Vec<&_> = held
+            .iter()
+            .zip(srcs)
+            .filter(|(_, s)| s.len > 0)
+            .map(|(h, _)| h)
+            .collect();
+        if wanted.is_empty() {
             self.flush()?;
-            return Ok(Vec::new());
+            return Ok(vec![Vec::new(); srcs.len()]);
         }
-        let bytes = self.resident.read(&self.gpu, &h)?;
-        let mut v = vec![0f32; src.len];
-        copy_f32(&bytes, &mut v);
-        Ok(v)
+        let mut bytes = self.resident.read(&self.gpu, &wanted)?.into_iter();
+        let mut out = Vec::with_capacity(srcs.len());
+        for s in srcs {
+            let mut v = vec![0f32; s.len];
+            if s.len > 0 {
+                let b = bytes.next().ok_or_else(|| KernelError::Device {
+                    message: "read: fewer ranges came back than were read".into(),
+                })?;
+                copy_f32(&b, &mut v);
+            }
+            out.push(v);
+        }
+        Ok(out)
     }
 
     fn flush(&self) -> R<()> {

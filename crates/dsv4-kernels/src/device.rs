@@ -222,6 +222,12 @@ pub trait DeviceOps: Send + Sync {
     /// Complete everything queued, then copy `src` to the host.
     fn read(&self, src: DevSlice) -> Result<Vec<f32>, KernelError>;
 
+    /// [`DeviceOps::read`] of several slices at once, in order, waiting for the device once
+    /// (one submission) for all of them; the default is the one-by-one loop.
+    fn read_many(&self, srcs: &[DevSlice]) -> Result<Vec<Vec<f32>>, KernelError> {
+        srcs.iter().map(|&s| self.read(s)).collect()
+    }
+
     /// Submit queued work without waiting for it.
     fn flush(&self) -> Result<(), KernelError>;
 

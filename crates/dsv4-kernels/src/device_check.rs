@@ -73,6 +73,7 @@ impl Check<'_> {
         self.chain_case();
         self.error_cases();
         self.stats_case();
+        self.read_many_case();
     }
 
     // ---- plumbing -------------------------------------------------------------------------

@@ -229,6 +229,21 @@ impl DeviceOps for HostDevice {
         Ok(v)
     }
 
+    fn read_many(&self, srcs: &[DevSlice]) -> R<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(srcs.len());
+        for &s in srcs {
+            let [v] = self.load("read", [("src", s)])?;
+            out.push(v);
+        }
+        self.pending.store(0, Ordering::Relaxed);
+        self.count(|st| {
+            st.submissions += 1;
+            st.reads += srcs.len() as u64;
+            st.read_bytes += 4 * out.iter().map(Vec::len).sum::<usize>() as u64;
+        });
+        Ok(out)
+    }
+
     fn flush(&self) -> R<()> {
         if self.pending.swap(0, Ordering::Relaxed) > 0 {
             self.count(|st| st.submissions += 1);

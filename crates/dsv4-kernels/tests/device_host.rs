@@ -236,6 +236,9 @@ impl DeviceOps for Faulty {
         }
         Ok(())
     }
+    fn read_many(&self, srcs: &[DevSlice]) -> Result<Vec<Vec<f32>>, KernelError> {
+        self.d().read_many(srcs)
+    }
     fn router_scores(&self, logits: DevSlice, out: DevSlice) -> Result<(), KernelError> {
         self.d().router_scores(logits, out)
     }

@@ -179,6 +179,23 @@ impl Ctx<'_> {
         })
     }
 
+    /// Wait for what a read depends on, then copy `out.len()` words at `p` to the host: on the
+    /// default stream after every stream's work (rewinding the arena), on a plan stream after
+    /// that stream's only (the plan's events order whatever the value depends on before it, so
+    /// the other streams keep running; the arena is rewound when the execution joins them).
+    fn download(&mut self, p: DevPtr, out: &mut [f32]) -> Result<(), KernelError> {
+        if self.core.dev.stream() == crate::device::DEFAULT_STREAM {
+            sync_and_drain(&self.core.dev, &mut self.st).map_err(|e| dev_err(self.op, e))?;
+        } else {
+            self.st.stats.submissions += 1;
+        }
+        let r = self.core.dev.download_f32_from(p, out);
+        self.run(r)?;
+        self.st.stats.reads += 1;
+        self.st.stats.read_bytes += out.len() as u64 * 4;
+        Ok(())
+    }
+
     /// `bytes` bytes of the arena (256-byte aligned), valid until the next wait for every
     /// stream.
     fn scratch(&mut self, bytes: usize) -> Result<DevPtr, KernelError> {
@@ -367,20 +384,24 @@ impl dsv4_kernels::DeviceOps for Resident {
         let mut out = vec![0f32; src.len];
         self.resident_op("read", |cx| {
             let p = cx.slice("src", src)?;
-            if cx.core.dev.stream() == crate::device::DEFAULT_STREAM {
-                sync_and_drain(&cx.core.dev, &mut cx.st).map_err(|e| dev_err("read", e))?;
-            } else {
-                // On a plan stream: wait for that stream only (the plan's events order whatever
-                // the value depends on before it), so the other streams keep running; the
-                // arena is rewound when the execution joins its streams.
-                cx.st.stats.submissions += 1;
-            }
-            let r = cx.core.dev.download_f32_from(p, &mut out);
-            cx.run(r)?;
-            cx.st.stats.reads += 1;
-            cx.st.stats.read_bytes += src.len as u64 * 4;
-            Ok(())
+            cx.download(p, &mut out)
         })?;
+        Ok(out)
+    }
+
+    fn read_many(&self, srcs: &[DevSlice]) -> Result<Vec<Vec<f32>>, KernelError> {
+        if srcs.len() < 2 {
+            return srcs.iter().map(|&s| self.read(s)).collect();
+        }
+        let mut all = vec![0f32; srcs.iter().map(|s| s.len).sum()];
+        self.resident_op("read", |cx| ops::read_many(cx, srcs, &mut all))?;
+        let mut rest = &all[..];
+        let mut out = Vec::with_capacity(srcs.len());
+        for s in srcs {
+            let (v, tail) = rest.split_at(s.len);
+            out.push(v.to_vec());
+            rest = tail;
+        }
         Ok(out)
     }
 

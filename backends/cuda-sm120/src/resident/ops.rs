@@ -172,6 +172,34 @@ pub(super) fn add(
     Ok(())
 }
 
+/// Several slices read back with one wait: each is copied (`copy2d`, on the stream) into one
+/// arena chunk, `out` [Σ len], which is then downloaded once.
+pub(super) fn read_many(
+    cx: &mut Ctx<'_>,
+    srcs: &[DevSlice],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let ptrs = srcs
+        .iter()
+        .map(|&s| cx.slice("src", s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let packed = cx.scratch(out.len() * 4)?;
+    let mut at = packed.ptr;
+    for (&p, s) in ptrs.iter().zip(srcs) {
+        if s.len > 0 {
+            let dst = DevPtr {
+                ptr: at,
+                bytes: s.len * 4,
+            };
+            let r = res::launch_copy2d(cx.core, p, s.len, dst, s.len, 1, s.len, s.len);
+            cx.run(r)?;
+            cx.dispatched(1);
+        }
+        at += 4 * s.len as u64;
+    }
+    cx.download(packed, out)
+}
+
 pub(super) fn router_scores(
     cx: &mut Ctx<'_>,
     logits: DevSlice,

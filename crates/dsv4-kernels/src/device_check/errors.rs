@@ -119,6 +119,44 @@ impl Check<'_> {
         });
     }
 
+    /// `read_many` gives what one `read` per slice gives (an empty slice, two slices of one
+    /// buffer, a slice at an offset) in one submission; a bad slice among good ones is an error.
+    pub(super) fn read_many_case(&mut self) {
+        self.case("read_many", |c| {
+            let (a, b) = (c.vec(300, 1.0), c.vec(7, 2.0));
+            let (da, db) = (c.put(&a)?, c.put(&b)?);
+            let srcs = [da, db.sub(0, 0), db, da.sub(64, 100)];
+            let s0 = c.dev.stats();
+            let got = c.dev.read_many(&srcs)?;
+            let s1 = c.dev.stats();
+            let want = [&a[..], &[][..], &b[..], &a[64..164]];
+            if got.len() != want.len() {
+                c.fails.push(format!(
+                    "read_many of {} slices returned {}",
+                    want.len(),
+                    got.len()
+                ));
+            }
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                c.cmp(&format!("read_many slice {i}"), w, g);
+            }
+            let submits = s1.submissions.saturating_sub(s0.submissions);
+            if submits != 1 {
+                c.fails.push(format!(
+                    "read_many of four slices counted {submits} submissions, not 1"
+                ));
+            }
+            Ok(())
+        });
+        self.must_fail("read_many with a freed buffer among live ones", |c| {
+            let live = c.out(64)?;
+            let dead = c.dev.alloc(64)?;
+            c.dev.free(dead);
+            let srcs = [live, DevSlice::whole(dead, 64), live];
+            Ok(c.dev.read_many(&srcs).map(|_| ()))
+        });
+    }
+
     /// Fresh buffers are zeroed; the counters move as documented.
     pub(super) fn stats_case(&mut self) {
         self.case("alloc/write/read/stats", |c| {
