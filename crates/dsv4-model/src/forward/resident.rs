@@ -317,15 +317,46 @@ impl<'m> DeviceMemory<'m> {
     /// Read the first `n` words of buffer `b` back to the host (from its host copy when it
     /// has a valid one).
     pub fn read(&self, plan: &Plan<Op>, b: BufferId, n: usize) -> Result<Vec<f32>, ForwardError> {
-        let s = self.input(plan, b, n)?;
+        let mut v = self.read_many(plan, &[(b, n)])?;
+        Ok(v.remove(0))
+    }
+
+    /// [`DeviceMemory::read`] of several (buffer, words) at once: the ones without a valid
+    /// host copy come back in one device read.
+    pub fn read_many(
+        &self,
+        plan: &Plan<Op>,
+        wanted: &[(BufferId, usize)],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let slices = wanted
+            .iter()
+            .map(|&(b, n)| self.input(plan, b, n))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut shadows = lock(&self.shadows);
-        if let Some((_, _, v)) = shadows.iter().find(|(id, _, v)| *id == b && v.len() >= n) {
-            return Ok(v[..n].to_vec());
+        let mut out: Vec<Option<Vec<f32>>> = wanted
+            .iter()
+            .map(|&(b, n)| {
+                let copy = shadows.iter().find(|(id, _, v)| *id == b && v.len() >= n);
+                copy.map(|(_, _, v)| v[..n].to_vec())
+            })
+            .collect();
+        let missing: Vec<usize> = (0..wanted.len()).filter(|&i| out[i].is_none()).collect();
+        if !missing.is_empty() {
+            let read: Vec<DevSlice> = missing.iter().map(|&i| slices[i]).collect();
+            for (&i, v) in missing.iter().zip(self.dev.read_many(&read)?) {
+                let b = wanted[i].0;
+                shadows.retain(|(id, _, _)| *id != b);
+                shadows.push((b, slices[i], v.clone()));
+                out[i] = Some(v);
+            }
         }
-        let v = self.dev.read(s)?;
-        shadows.retain(|(id, _, _)| *id != b);
-        shadows.push((b, s, v.clone()));
-        Ok(v)
+        out.into_iter()
+            .map(|v| {
+                v.ok_or_else(|| ForwardError::Plan {
+                    message: "a device read returned fewer slices than it was given".into(),
+                })
+            })
+            .collect()
     }
 
     /// Write host values into the start of buffer `b`.

@@ -279,9 +279,18 @@ impl Run<'_> {
         let scores = d.tmp(t * e)?;
         d.ops.linear(&w.gate, ins[0], t, logits.s)?;
         d.ops.router_scores(logits.s, scores.s)?;
-        let s = d.ops.read(scores.s)?;
-        let tokens = ins.get(1).map(|&tok| d.ops.read(tok)).transpose()?;
-        let ids = self.routing_tokens(tokens.as_deref());
+        // Scores and token ids in one read.
+        let srcs: Vec<DevSlice> = std::iter::once(scores.s)
+            .chain(ins.get(1).copied())
+            .collect();
+        let mut back = d.ops.read_many(&srcs)?.into_iter();
+        let s = back
+            .next()
+            .filter(|s| s.len() == t * e)
+            .ok_or_else(|| ForwardError::Plan {
+                message: "the router's scores did not come back from the device".into(),
+            })?;
+        let ids = self.routing_tokens(back.next().as_deref());
         let routes = self.model.route_scores(w, &s, &ids);
         Ok(d.ops.write(out, &self.encode_routes(routes))?)
     }

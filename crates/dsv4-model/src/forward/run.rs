@@ -247,12 +247,19 @@ impl Run<'_> {
         }
         let l = &self.plan.launches[i];
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
-        let ins = l
-            .reads
-            .iter()
-            .filter(transient)
-            .map(|s| self.read(s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
+        let ins = match &self.mem {
+            // The launch's operands without a host copy come back in one device read.
+            Memory::Device(dm) => {
+                let n = |s: &Slice| self.words_per_row(s) * self.bound.rows;
+                let wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s))).collect();
+                dm.read_many(self.plan, &wanted)?
+            }
+            _ => reads
+                .iter()
+                .map(|s| self.read(s))
+                .collect::<Result<_, _>>()?,
+        };
         let outs = self.dispatch(l.op, &ins)?;
         for (s, v) in l.writes.iter().filter(transient).zip(&outs) {
             self.write(s, v)?;
