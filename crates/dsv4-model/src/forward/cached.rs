@@ -254,12 +254,13 @@ impl Run<'_> {
         let mut o = vec![0f32; t * h * hd];
         let mut selected = Vec::new();
         let scale = 1.0 / (hd as f32).sqrt();
-        // Rows attend in chunks: each row's keys are gathered right after its own SWA store
-        // (a later row's store may overwrite a ring slot this row reads; the gather copies the
-        // pages then), a chunk's window rows and compressed entries are decoded in one call
-        // each, and its rows attend in one call.
-        let (mut swa, mut comp) = (RowGather::new(be), RowGather::new(be));
-        let (mut counts, mut first) = (Vec::new(), 0usize);
+        // Rows attend in chunks: each row's keys — its window rows, then its compressed entries
+        // (SWA and compressed stores share one KV format) — are gathered right after its own
+        // SWA store (a later row's store may overwrite a ring slot this row reads; the gather
+        // copies the pages then), a chunk's keys are decoded in one call, and its rows attend
+        // in one call.
+        let mut gather = RowGather::new(be);
+        let (mut starts, mut first) = (vec![0usize], 0usize);
         // Every row's SWA entry is encoded up front in one call (the encoding does not depend
         // on the pages); each is put into its page right before the row's gather.
         let encoded = match kv {
@@ -274,8 +275,7 @@ impl Run<'_> {
                 let entry = &entries[i * e..(i + 1) * e];
                 store_entry(store.as_ref(), fmt, loc[i * lw].to_bits(), entry)?;
             }
-            let in_window = swa.add(&st.swa, (p + 1).saturating_sub(window)..=p, false)?;
-            let mut compressed = 0;
+            let mut keys_of_row = gather.add(&st.swa, (p + 1).saturating_sub(window)..=p, false)?;
             if let Some(cs) = st.compressor.as_ref() {
                 let n = (p + 1) / ratio;
                 if let Some(topk) = topk {
@@ -285,26 +285,16 @@ impl Run<'_> {
                         .take_while(|&j| j != NO_LOCATION)
                         .map(|j| j as usize % n.max(1))
                         .collect();
-                    compressed = comp.add(&cs.entries, chosen.iter().copied(), false)?;
+                    keys_of_row += gather.add(&cs.entries, chosen.iter().copied(), false)?;
                     selected.push(chosen.iter().map(|&j| j as u32).collect());
                 } else {
-                    compressed = comp.add(&cs.entries, 0..n, false)?;
+                    keys_of_row += gather.add(&cs.entries, 0..n, false)?;
                 }
             }
-            counts.push((in_window, compressed));
-            if counts.len() >= ATTENTION_CHUNK || i + 1 == t {
-                let rows = counts.len();
-                let w = std::mem::replace(&mut swa, RowGather::new(be)).finish()?;
-                let c = std::mem::replace(&mut comp, RowGather::new(be)).finish()?;
-                // Each row's keys: its window rows, then its compressed entries.
-                let (mut keys, mut starts) = (Vec::with_capacity(w.len() + c.len()), vec![0]);
-                let (mut wi, mut ci) = (0, 0);
-                for (nw, nc) in counts.drain(..) {
-                    keys.extend_from_slice(&w[wi..wi + nw * hd]);
-                    keys.extend_from_slice(&c[ci..ci + nc * hd]);
-                    (wi, ci) = (wi + nw * hd, ci + nc * hd);
-                    starts.push(keys.len() / hd.max(1));
-                }
+            starts.push(starts[starts.len() - 1] + keys_of_row);
+            if starts.len() > ATTENTION_CHUNK || i + 1 == t {
+                let rows = starts.len() - 1;
+                let keys = std::mem::replace(&mut gather, RowGather::new(be)).finish()?;
                 be.sparse_attention_rows(
                     &q[first * h * hd..(first + rows) * h * hd],
                     hd,
@@ -314,7 +304,7 @@ impl Run<'_> {
                     scale,
                     &mut o[first * h * hd..(first + rows) * h * hd],
                 );
-                first += rows;
+                (first, starts) = (first + rows, vec![0]);
             }
         }
         let hp: Vec<usize> = self.bound.positions[..t]
