@@ -369,6 +369,30 @@ impl<'m> DeviceMemory<'m> {
         Ok(())
     }
 
+    /// Write `values` into `s` (a slice of a plan buffer a device launch writes) and keep them
+    /// as that buffer's host copy, as [`DeviceMemory::write`] does.
+    pub fn write_slice(&self, s: DevSlice, values: &[f32]) -> Result<(), ForwardError> {
+        self.dev.write(s, values)?;
+        let owner = self.slots.iter().position(|slot| {
+            lock(slot).is_some_and(|whole| whole.buf == s.buf && whole.off == s.off)
+        });
+        let mut shadows = lock(&self.shadows);
+        shadows.retain(|(_, other, _)| !overlap(s, *other));
+        if let Some(b) = owner {
+            shadows.push((BufferId(b as u32), s, values.to_vec()));
+        }
+        Ok(())
+    }
+
+    /// The host copy of slice `s` (a prefix of a buffer the host wrote or read back), if it
+    /// has a valid one.
+    pub fn host_copy(&self, s: DevSlice) -> Option<Vec<f32>> {
+        lock(&self.shadows)
+            .iter()
+            .find(|(_, other, v)| other.buf == s.buf && other.off == s.off && v.len() >= s.len)
+            .map(|(_, _, v)| v[..s.len].to_vec())
+    }
+
     /// Forget host copies overlapping `s`, which a device launch is about to write.
     pub fn written_on_device(&self, s: DevSlice) {
         lock(&self.shadows).retain(|(_, other, _)| !overlap(s, *other));
@@ -439,5 +463,48 @@ impl Run<'_> {
             lock(taps)[i] = Some(dm.dev.read(*first)?);
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ModelConfig;
+    use crate::forward::build::{PlanSpec, StepKind, build_plan};
+    use dsv4_backend_reference::ReferenceBackend;
+    use dsv4_kernels::{Backend, HostResident};
+
+    #[test]
+    fn a_host_written_slice_is_read_from_its_copy_until_the_device_writes_over_it() {
+        let spec = PlanSpec {
+            kind: StepKind::Decode,
+            rows: 2,
+            overlap: false,
+            mtp: false,
+        };
+        let plan = build_plan(&ModelConfig::tiny(), spec);
+        let be = HostResident::new(Arc::new(ReferenceBackend));
+        let dev = be.device().unwrap();
+        let dm = DeviceMemory::fresh(dev, &plan).unwrap();
+        let routes = plan
+            .buffers
+            .iter()
+            .position(|b| b.name == "routes")
+            .unwrap();
+        let s = dm.output(&plan, BufferId(routes as u32), 8).unwrap();
+        dm.write_slice(s, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+            .unwrap();
+        let reads = dev.stats().reads;
+        // Its prefix and the buffer read through the plan come from the copy, not the device.
+        assert_eq!(dm.host_copy(s.prefix(3)), Some(vec![1.0, 2.0, 3.0]));
+        let back = dm.read(&plan, BufferId(routes as u32), 8).unwrap();
+        assert_eq!(back, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(dev.stats().reads, reads);
+        // A device launch writing over part of it drops the copy: the next read goes to the
+        // device (which holds what was written).
+        dm.written_on_device(s.sub(4, 1));
+        assert_eq!(dm.host_copy(s), None);
+        assert_eq!(dm.read(&plan, BufferId(routes as u32), 8).unwrap(), back);
+        assert_eq!(dev.stats().reads, reads + 1);
     }
 }

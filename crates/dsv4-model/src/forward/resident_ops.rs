@@ -45,6 +45,8 @@ type Res = Result<(), ForwardError>;
 /// The device, scratch pool and plan stream a launch runs with.
 struct Dev<'a> {
     ops: &'a dyn DeviceOps,
+    /// The step's device memory (for host copies of what the host writes and reads).
+    mem: &'a DeviceMemory<'a>,
     scratch: &'a Scratch,
     stream: usize,
 }
@@ -61,6 +63,7 @@ impl Run<'_> {
     ) -> Res {
         let dev = Dev {
             ops: dm.dev,
+            mem: dm,
             scratch: dm.scratch(),
             stream,
         };
@@ -292,17 +295,23 @@ impl Run<'_> {
             })?;
         let ids = self.routing_tokens(back.next().as_deref());
         let routes = self.model.route_scores(w, &s, &ids);
-        Ok(d.ops.write(out, &self.encode_routes(routes))?)
+        // Kept as the buffer's host copy: the routed experts read the routes from it.
+        d.mem.write_slice(out, &self.encode_routes(routes))
     }
 
-    /// `[xn, routes] → [yr]` on the device: the routes are read back (a few words per row);
+    /// `[xn, routes] → [yr]` on the device: the routes come from their host copy (the router
+    /// wrote them from the host), else are read back (a few words per row);
     /// each expert's rows are gathered, run and added into `y` in ascending expert order.
     fn routed_dev(&self, d: &Dev<'_>, b: Option<BlockRef>, ins: &[DevSlice], y: DevSlice) -> Res {
         let w = &self.weights(b)?.moe;
         let cfg = &self.model.cfg;
         let dim = cfg.hidden_size;
+        let routes = match d.mem.host_copy(ins[1]) {
+            Some(v) => v,
+            None => d.ops.read(ins[1])?,
+        };
         let routes = decode_routes(
-            &d.ops.read(ins[1])?,
+            &routes,
             cfg.num_experts_per_tok,
             w.experts.len(),
             self.bound.rows,
