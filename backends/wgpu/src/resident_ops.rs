@@ -76,6 +76,36 @@ impl WgpuBackend {
     }
 
     /// `x = (f64(x)·s) as f32` on the host: read, scale, write (devices without f64).
+    /// An element-wise kernel over device slices, bound as the host ops bind it (ops.rs
+    /// `elementwise`): `a` at 1, `b` (if any) at 2, `out` at 3, one thread per value.
+    fn elementwise_dev(
+        &self,
+        kernel: &'static str,
+        a: DevSlice,
+        b: Option<DevSlice>,
+        out: DevSlice,
+    ) -> R<()> {
+        if let Some(b) = b {
+            check_len(kernel, "b", b, a.len)?;
+        }
+        check_len(kernel, "out", out, a.len)?;
+        let ah = self.bound(kernel, "a", a)?;
+        let bh = b.map(|b| self.bound(kernel, "b", b)).transpose()?;
+        let oh = self.bound(kernel, "out", out)?;
+        if a.len == 0 {
+            return Ok(());
+        }
+        let mut binds = vec![(1, ah.bind())];
+        if let Some(bh) = &bh {
+            binds.push((2, bh.bind()));
+        }
+        binds.push((3, oh.bind()));
+        self.resident.encode(&self.gpu, |st| {
+            st.dispatch(kernel, &[a.len as u32], &binds, grid(a.len, 256))
+        });
+        Ok(())
+    }
+
     fn scale_on_host(&self, x: DevSlice, s: f64) -> R<()> {
         let mut v = self.read(x)?;
         v.iter_mut().for_each(|e| *e = (f64::from(*e) * s) as f32);
@@ -235,45 +265,11 @@ impl DeviceOps for WgpuBackend {
     }
 
     fn add(&self, a: DevSlice, b: DevSlice, out: DevSlice) -> R<()> {
-        check_len("add", "b", b, a.len)?;
-        check_len("add", "out", out, a.len)?;
-        let (ah, bh, oh) = (
-            self.bound("add", "a", a)?,
-            self.bound("add", "b", b)?,
-            self.bound("add", "out", out)?,
-        );
-        if a.len == 0 {
-            return Ok(());
-        }
-        self.resident.encode(&self.gpu, |st| {
-            st.dispatch(
-                "add",
-                &[a.len as u32],
-                &[(1, ah.bind()), (2, bh.bind()), (3, oh.bind())],
-                grid(a.len, 256),
-            )
-        });
-        Ok(())
+        self.elementwise_dev("add", a, Some(b), out)
     }
 
     fn router_scores(&self, logits: DevSlice, out: DevSlice) -> R<()> {
-        check_len("router_scores", "out", out, logits.len)?;
-        let (xh, oh) = (
-            self.bound("router_scores", "logits", logits)?,
-            self.bound("router_scores", "out", out)?,
-        );
-        if logits.len == 0 {
-            return Ok(());
-        }
-        self.resident.encode(&self.gpu, |st| {
-            st.dispatch(
-                "router_scores",
-                &[logits.len as u32],
-                &[(1, xh.bind()), (3, oh.bind())],
-                grid(logits.len, 256),
-            )
-        });
-        Ok(())
+        self.elementwise_dev("router_scores", logits, None, out)
     }
 
     fn scale(&self, x: DevSlice, s: f64) -> R<()> {

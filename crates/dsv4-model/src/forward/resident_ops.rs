@@ -282,10 +282,14 @@ impl Run<'_> {
         let scores = d.tmp(t * e)?;
         d.ops.linear(&w.gate, ins[0], t, logits.s)?;
         d.ops.router_scores(logits.s, scores.s)?;
-        // Scores and token ids in one read.
-        let srcs: Vec<DevSlice> = std::iter::once(scores.s)
-            .chain(ins.get(1).copied())
-            .collect();
+        // The token ids from their host copy (the upload wrote them), else read back with
+        // the scores in one read.
+        let tokens = ins.get(1).map(|&tok| (tok, d.mem.host_copy(tok)));
+        let unread = tokens
+            .iter()
+            .filter(|(_, copy)| copy.is_none())
+            .map(|&(tok, _)| tok);
+        let srcs: Vec<DevSlice> = std::iter::once(scores.s).chain(unread).collect();
         let mut back = d.ops.read_many(&srcs)?.into_iter();
         let s = back
             .next()
@@ -293,7 +297,19 @@ impl Run<'_> {
             .ok_or_else(|| ForwardError::Plan {
                 message: "the router's scores did not come back from the device".into(),
             })?;
-        let ids = self.routing_tokens(back.next().as_deref());
+        let ids = match tokens {
+            Some((_, copy)) => {
+                Some(
+                    copy.or_else(|| back.next())
+                        .ok_or_else(|| ForwardError::Plan {
+                            message: "the router's token ids did not come back from the device"
+                                .into(),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let ids = self.routing_tokens(ids.as_deref());
         let routes = self.model.route_scores(w, &s, &ids);
         // Kept as the buffer's host copy: the routed experts read the routes from it.
         d.mem.write_slice(out, &self.encode_routes(routes))
