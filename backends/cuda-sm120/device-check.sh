@@ -23,7 +23,10 @@
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
 # nvidia-cuda-nvrtc-cu12; see docs/cuda.md. DSV4_CHECK_BACKEND=cuda-emu runs every step on the
-# CPU emulator instead (a dry run of this script without a GPU; the numbers mean nothing).
+# CPU emulator instead (a dry run of this script without a GPU; the numbers mean nothing), and
+# DSV4_CUDA_DRIVER=emu runs the cuda-sm120 backend itself on the emulated CUDA driver (its driver
+# calls, NVRTC's CUBIN, graphs and streams checked, the kernels on the CPU; any failed driver
+# call fails the driver-calls step).
 # Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -39,6 +42,10 @@ else
     dsv4=target/release/dsv4
 fi
 backend=${DSV4_CHECK_BACKEND:-cuda-sm120}
+# On the CPU (the emulator, or the emulated driver) fewer requests and a smaller bench: the path
+# is what is checked there, not the speed.
+on_cpu=0
+if [ "$backend" = cuda-emu ] || [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then on_cpu=1; fi
 
 # NVRTC: cudarc (built for CUDA 12.8) loads libnvrtc by the names CUDA 12 uses (libnvrtc.so,
 # libnvrtc.so.12). A machine with only a newer toolkit (CUDA 13: libnvrtc.so.13) gets a
@@ -61,6 +68,7 @@ print(sorted(hits)[-1] if hits else "")' 2>/dev/null)
 fi
 
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[ "${DSV4_CUDA_DRIVER:-}" = emu ] && gpu="the emulated CUDA driver (DSV4_CUDA_DRIVER=emu, CPU)"
 echo "GPU: ${gpu:-unknown (nvidia-smi not found)}"
 
 steps=()
@@ -89,7 +97,7 @@ run_step model-small "$dsv4" --set model.path="$small" diff --backend reference 
     --model --tokens 64 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24
-[ "$backend" = cuda-emu ] && requests=6 # the emulator is slow; the path is what is checked
+[ "$on_cpu" = 1 ] && requests=6
 python3 - "$out/requests.jsonl" "$requests" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
@@ -108,12 +116,20 @@ if ! grep -Eq '^candidate device: [0-9]+ kernels \([0-9]+ inside [1-9][0-9]* gra
 fi
 run_step overlap "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode overlap-vs-serial --backend "$backend" --tokens 64 --decode 8
 run_step resident "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode resident-vs-host --backend "$backend" --tokens 64 --decode 8
-if [ "$backend" = cuda-emu ]; then
-    bench_scope=(--no-machine --no-ops --no-e2e) # only the device section's path on the emulator
+if [ "$on_cpu" = 1 ]; then
+    bench_scope=(--no-machine --no-ops --no-e2e) # only the device section's path on the CPU
 else
     bench_scope=(--configs tiny)
 fi
 run_step bench "$dsv4" bench --backend "$backend" "${bench_scope[@]}" --no-serving --out "$out/bench.json"
+# The emulated driver prints every call it refuses; a clean run has none.
+if [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then
+    refused=$(grep -h 'dsv4 emulated driver:' "$out"/*.log | head -n 5)
+    if [ -n "$refused" ]; then
+        record driver-calls FAIL 0
+        printf '%s\n' "$refused" | sed 's/^/    /'
+    fi
+fi
 
 total=$(( $(date +%s) - start_all ))
 failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')

@@ -208,6 +208,14 @@ template <typename... A, size_t... I>
 static inline std::tuple<std::decay_t<A>...> dsv4_emu_unpack(void** p, std::index_sequence<I...>) {
     return std::tuple<std::decay_t<A>...>(*static_cast<std::decay_t<A>*>(p[I])...);
 }
+// The byte size of each of a kernel's parameters, in order (what a driver copies when a graph
+// node is added); returns the parameter count, writing at most `cap` sizes.
+template <typename... A>
+static inline int dsv4_emu_param_sizes(void (*)(A...), size_t* out, int cap) {
+    const size_t sizes[] = {sizeof(std::decay_t<A>)..., 0};
+    for (int i = 0; i < (int)sizeof...(A) && i < cap; i++) out[i] = sizes[i];
+    return (int)sizeof...(A);
+}
 template <typename... A>
 static inline int dsv4_emu_launch_kernel(const char* name, void (*f)(A...), dsv4_emu_dim3 grid,
                                          dsv4_emu_dim3 block, void** params, char* err,

@@ -3,7 +3,8 @@
 //! driver API (cudarc's `result` level: raw device pointers, stream-ordered copies and launches on
 //! the legacy default stream or on non-blocking streams a plan's streams map to, events). libcuda is loaded
 //! dynamically; [`probe`] checks for it before any cudarc driver call (cudarc panics when the
-//! library is missing).
+//! library is missing). `DSV4_CUDA_DRIVER=emu` loads the emulated driver instead
+//! (`emu/driver.cpp`), so this file's calls run and are checked without a GPU.
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::graphs::GraphLaunch;
@@ -14,26 +15,60 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Arc, OnceLock};
 
-/// Ok when the NVIDIA driver is loadable, initializes, has at least one device, and NVRTC is
-/// loadable; else why not. Checked once.
+/// Environment variable choosing the driver library: unset for NVIDIA's `libcuda`, `emu` for the
+/// emulated driver (`emu/driver.cpp`: the same calls, checked, with the kernels run on the CPU),
+/// which lets this device's code run without a GPU.
+pub const DRIVER_ENV: &str = "DSV4_CUDA_DRIVER";
+
+/// The compute capability the emulated driver reports (the lent test machine's, an H200).
+pub const EMULATED_CAPABILITY: (u32, u32) = (9, 0);
+
+/// The driver library this process loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverLib {
+    /// NVIDIA's `libcuda`, found by the loader.
+    System,
+    /// The emulated driver, built from the kernels with the host C++ compiler.
+    Emulated,
+}
+
+static DRIVER: OnceLock<Result<DriverLib, String>> = OnceLock::new();
+
+/// Choose the driver library for this process (tests without a GPU choose
+/// [`DriverLib::Emulated`]). Must come before the first probe; afterwards it is an error to ask
+/// for a different one.
+pub fn select_driver(lib: DriverLib) -> Result<(), String> {
+    match DRIVER.get_or_init(|| Ok(lib)) {
+        Ok(chosen) if *chosen == lib => Ok(()),
+        Ok(chosen) => Err(format!("the CUDA driver library is already {chosen:?}")),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+/// The driver library this process loads: the one [`select_driver`] chose, else [`DRIVER_ENV`]'s.
+pub fn driver_lib() -> Result<DriverLib, String> {
+    DRIVER
+        .get_or_init(|| match std::env::var(DRIVER_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("") => Ok(DriverLib::System),
+            Ok("emu") => Ok(DriverLib::Emulated),
+            Ok(other) => Err(format!(
+                "{DRIVER_ENV}={other}: expected `emu` (the emulated driver) or unset (NVIDIA's libcuda)"
+            )),
+        })
+        .clone()
+}
+
+/// Ok when the NVIDIA driver (or the emulated one) is loadable, initializes, has at least one
+/// device, and NVRTC is loadable; else why not. Checked once.
 pub fn probe() -> Result<(), String> {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     PROBE.get_or_init(probe_once).clone()
 }
 
 fn probe_once() -> Result<(), String> {
-    let mut names = cudarc::get_lib_name_candidates("cuda");
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|n| seen.insert(n.clone()));
-    // SAFETY: loading libcuda runs only the driver's own initializers.
-    let found = names
-        .iter()
-        .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
-    if !found {
-        return Err(format!(
-            "libcuda not found (no NVIDIA driver): tried {}",
-            names.join(", ")
-        ));
+    match driver_lib()? {
+        DriverLib::System => find_libcuda()?,
+        DriverLib::Emulated => load_emulated()?,
     }
     result::init().map_err(|e| format!("cuInit failed: {}", err_name(e)))?;
     let count = result::device::get_count()
@@ -42,6 +77,66 @@ fn probe_once() -> Result<(), String> {
         return Err("no CUDA device (the driver loads but reports no GPU)".to_string());
     }
     nvrtc::nvrtc_probe()
+}
+
+fn find_libcuda() -> Result<(), String> {
+    let mut names = cudarc::get_lib_name_candidates("cuda");
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    // SAFETY: loading libcuda runs only the driver's own initializers.
+    let found = names
+        .iter()
+        .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+    if found {
+        Ok(())
+    } else {
+        Err(format!(
+            "libcuda not found (no NVIDIA driver): tried {}",
+            names.join(", ")
+        ))
+    }
+}
+
+/// The accumulation the emulated driver's kernels use: what `open` picks for its device.
+fn emulated_acc_f64() -> Result<bool, String> {
+    Ok(registry::acc_override()
+        .map_err(|e| e.to_string())?
+        .unwrap_or(default_acc_f64(EMULATED_CAPABILITY)))
+}
+
+/// Build the emulated driver and load it by path, for good: its soname is `libcuda.so`, the
+/// first name cudarc asks the loader for, which then finds it loaded instead of searching.
+fn load_emulated() -> Result<(), String> {
+    let path = crate::emu::build_driver(EMULATED_CAPABILITY, emulated_acc_f64()?)
+        .map_err(|e| format!("{DRIVER_ENV}=emu: cannot build the emulated driver: {e}"))?;
+    // SAFETY: the library is ours (built above); its initializers only set up plain globals.
+    let lib = unsafe { libloading::Library::new(&path) }
+        .map_err(|e| format!("{DRIVER_ENV}=emu: cannot load {}: {e}", path.display()))?;
+    std::mem::forget(lib);
+    Ok(())
+}
+
+/// The emulated driver's count of failed calls and its last message (0 and empty until the
+/// emulated driver is loaded): a run that should be clean asserts a count of 0.
+pub fn emulated_driver_failures() -> (u64, String) {
+    type Failures = unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> std::ffi::c_ulong;
+    if driver_lib() != Ok(DriverLib::Emulated) || probe().is_err() {
+        return (0, String::new());
+    }
+    // SAFETY: the emulated driver is loaded (probed) under this soname; dlopen by it returns
+    // that library without loading anything.
+    let Ok(lib) = (unsafe { libloading::Library::new("libcuda.so") }) else {
+        return (0, String::new());
+    };
+    // SAFETY: emu/driver.cpp defines the function with this signature.
+    let Ok(f) = (unsafe { lib.get::<Failures>(b"dsv4_emu_driver_failures\0") }) else {
+        return (0, String::new());
+    };
+    let mut buf = vec![0u8; 1024];
+    // SAFETY: buf is writable for its length; the function NUL-terminates within it.
+    let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    (n as u64, String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 fn err_name(e: DriverError) -> String {
@@ -107,7 +202,7 @@ pub fn open(device_index: usize) -> Result<Device, CudaError> {
         memory_bytes: unsafe { result::device::total_mem(dev) }.map_err(drv("cuDeviceTotalMem"))?
             as u64,
         f64_accumulation: registry::acc_override()?.unwrap_or(default_acc_f64(capability)),
-        emulated: false,
+        emulated: driver_lib() == Ok(DriverLib::Emulated),
     };
     d.module = load_module(capability, d.info.f64_accumulation)?;
     for name in kernels::kernel_names() {

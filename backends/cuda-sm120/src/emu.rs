@@ -14,7 +14,7 @@ pub use build::EXTRA_FLAGS_ENV;
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::graphs::GraphLaunch;
 use crate::{CudaError, Device, DeviceInfo, kernels};
-use build::{build, find_compiler};
+use build::{Library, build, find_compiler};
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CString, c_char, c_void};
@@ -67,6 +67,21 @@ pub fn open(acc_f64: bool) -> Result<Device, CudaError> {
     )
 }
 
+/// Build (or find cached) the emulated CUDA driver (`emu/driver.cpp`): a `libcuda.so` whose
+/// device has compute capability `capability` and runs the backend's kernels on the CPU with
+/// f64 accumulation when `acc_f64`. The `cuda-sm120` device loads it for `DSV4_CUDA_DRIVER=emu`.
+pub fn build_driver(
+    capability: (u32, u32),
+    acc_f64: bool,
+) -> Result<std::path::PathBuf, CudaError> {
+    build(
+        &kernels::translation_unit(),
+        &kernels::kernel_names(),
+        acc_f64,
+        Library::Driver(capability),
+    )
+}
+
 /// The emulator running the kernels of `tu` instead (tests of the emulator itself); the kernels
 /// are the `__global__` functions found in `tu`.
 pub fn open_with_source(tu: &str, acc_f64: bool) -> Result<Device, CudaError> {
@@ -88,7 +103,7 @@ fn scan_kernel_names(text: &str) -> Vec<String> {
 }
 
 fn open_tu(tu: &str, names: &[String], acc_f64: bool) -> Result<Device, CudaError> {
-    let path = build(tu, names, acc_f64)?;
+    let path = build(tu, names, acc_f64, Library::Emulator)?;
     // SAFETY: the library is ours (built above); its initializers only set up plain globals.
     let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
         CudaError::Unavailable(format!("cannot load the emulator {}: {e}", path.display()))

@@ -1,7 +1,8 @@
 //! The cuda-sm120 kernels end to end through the `dsv4` binary, on the CPU emulator (`cuda-emu`):
 //! the op sweep and tiny-model diffs against the reference in every numerics combination, the
 //! execution-mode diffs (plan streams on the emulator's device streams; a missing event fails
-//! the overlap diff), generation, and the device section of `dsv4 bench`. The same binary
+//! the overlap diff), generation (also by `cuda-sm120` on the emulated driver,
+//! `DSV4_CUDA_DRIVER=emu`), and the device section of `dsv4 bench`. The same binary
 //! runs the same kernels on a GPU as `cuda-sm120` (backends/cuda-sm120/device-check.sh).
 //!
 //! Needs a host C++ compiler (the emulator builds the kernels with it). Without one each test
@@ -123,8 +124,8 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
     if !available("generation_on_the_emulated_kernels_gives_the_reference_tokens") {
         return;
     }
-    let ids = |kind: &str| {
-        let v = json(dsv4(
+    let ids = |kind: &str, env: &[(&str, &str)]| {
+        let mut cmd = dsv4(
             &std::env::temp_dir(),
             &[
                 "--set",
@@ -136,12 +137,51 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
                 "8",
                 "--json",
             ],
-        ));
-        v["completion_ids"].clone()
+        );
+        cmd.envs(env.iter().copied());
+        let out = common::run(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{kind}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        (v["completion_ids"].clone(), stderr)
     };
-    let emu = ids("cuda-emu");
+    let (emu, _) = ids("cuda-emu", &[]);
     assert_eq!(emu.as_array().map(Vec::len), Some(8), "{emu}");
-    assert_eq!(emu, ids("reference"));
+    assert_eq!(emu, ids("reference", &[]).0);
+    // cuda-sm120 itself, its driver calls on the emulated driver (NVRTC compiles the CUBIN).
+    let nvrtc = dsv4_backend_cuda::nvrtc::nvrtc_probe();
+    if can_run(
+        "generation on the emulated driver",
+        "cuda-sm120 (emulated driver)",
+        nvrtc,
+    ) {
+        let (gpu, stderr) = ids("cuda-sm120", &[("DSV4_CUDA_DRIVER", "emu")]);
+        assert_eq!(gpu, emu, "{stderr}");
+        assert!(
+            !stderr.contains("dsv4 emulated driver:"),
+            "refused calls: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_driver_choice_is_a_clear_error() {
+    let mut cmd = dsv4(
+        &std::env::temp_dir(),
+        &[
+            "--set",
+            "backend.kind=cuda-sm120",
+            "generate",
+            "--prompt",
+            "hi",
+        ],
+    );
+    cmd.env("DSV4_CUDA_DRIVER", "gpu-please");
+    let e = common::fails(cmd);
+    assert!(
+        e.contains("DSV4_CUDA_DRIVER=gpu-please: expected `emu`"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 const SHIM: &str = include_str!("../../emu/shim.h");
 const RUNTIME: &str = include_str!("../../emu/runtime.cpp");
+const DRIVER: &str = include_str!("../../emu/driver.cpp");
 /// Bump when the build recipe changes (it is part of the cache key).
 const RECIPE: &str =
     "cuda-emu build v2: -O2 -std=c++17 -ffp-contract=off -fPIC -shared -fvisibility=hidden";
@@ -79,33 +80,44 @@ fn cache_base() -> PathBuf {
     std::env::temp_dir().join("dsv4")
 }
 
-/// The C++ that maps kernel names to launchers (appended to the kernel translation unit, where
-/// each kernel's parameter types are known).
+/// The C++ that maps kernel names to launchers and to their parameters' sizes (appended to the
+/// kernel translation unit, where each kernel's parameter types are known).
 fn registry_source(names: &[String]) -> String {
     let mut s = String::from(
         "\n#line 1 \"dsv4_emu_registry.cpp\"\n\
          #include <stdio.h>\n\
          typedef int (*dsv4_emu_launcher)(dsv4_emu_dim3, dsv4_emu_dim3, void**, char*, size_t);\n\
-         struct dsv4_emu_entry { const char* name; dsv4_emu_launcher launch; };\n\
+         typedef int (*dsv4_emu_sizer)(size_t*, int);\n\
+         struct dsv4_emu_entry { const char* name; dsv4_emu_launcher launch; dsv4_emu_sizer sizes; };\n\
          static const dsv4_emu_entry dsv4_emu_registry[] = {\n",
     );
     let mut seen = std::collections::HashSet::new();
     for n in names.iter().filter(|n| seen.insert(n.as_str())) {
         s.push_str(&format!(
             "    {{\"{n}\", [](dsv4_emu_dim3 g, dsv4_emu_dim3 b, void** p, char* e, size_t el) {{ \
-             return dsv4_emu_launch_kernel(\"{n}\", &{n}, g, b, p, e, el); }}}},\n"
+             return dsv4_emu_launch_kernel(\"{n}\", &{n}, g, b, p, e, el); }}, \
+             [](size_t* o, int c) {{ return dsv4_emu_param_sizes(&{n}, o, c); }}}},\n"
         ));
     }
     s.push_str(
-        "    {nullptr, nullptr},\n};\n\
+        "    {nullptr, nullptr, nullptr},\n};\n\
+         static const dsv4_emu_entry* dsv4_emu_find(const char* name) {\n\
+         \x20   for (const dsv4_emu_entry* k = dsv4_emu_registry; k->name; k++)\n\
+         \x20       if (strcmp(k->name, name) == 0) return k;\n\
+         \x20   return nullptr;\n\
+         }\n\
          extern \"C\" __attribute__((visibility(\"default\"))) int dsv4_emu_launch(\
          const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
          unsigned bz, void** params, char* err, size_t errlen) {\n\
-         \x20   for (const dsv4_emu_entry* k = dsv4_emu_registry; k->name; k++)\n\
-         \x20       if (strcmp(k->name, name) == 0)\n\
-         \x20           return k->launch(dsv4_emu_dim3{gx, gy, gz}, dsv4_emu_dim3{bx, by, bz}, params, err, errlen);\n\
+         \x20   if (const dsv4_emu_entry* k = dsv4_emu_find(name))\n\
+         \x20       return k->launch(dsv4_emu_dim3{gx, gy, gz}, dsv4_emu_dim3{bx, by, bz}, params, err, errlen);\n\
          \x20   snprintf(err, errlen, \"no kernel named %s\", name);\n\
          \x20   return 2;\n\
+         }\n\
+         extern \"C\" __attribute__((visibility(\"default\"))) int dsv4_emu_params(\
+         const char* name, size_t* sizes, int cap) {\n\
+         \x20   const dsv4_emu_entry* k = dsv4_emu_find(name);\n\
+         \x20   return k ? k->sizes(sizes, cap) : -1;\n\
          }\n",
     );
     s
@@ -118,8 +130,46 @@ fn write_atomic(path: &Path, text: &str, tag: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Build (or find cached) the emulator library for `tu` and return its path.
-pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf, CudaError> {
+/// Which library to build from the kernels and the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Library {
+    /// `libdsv4emu.so`, loaded by the `cuda-emu` device: exports `dsv4_emu_launch`.
+    Emulator,
+    /// `libcuda.so`: the emulated CUDA driver (`emu/driver.cpp`) reporting a device of this
+    /// compute capability, which the `cuda-sm120` device loads in place of NVIDIA's.
+    Driver((u32, u32)),
+}
+
+impl Library {
+    fn file_name(self) -> &'static str {
+        match self {
+            Library::Emulator => "libdsv4emu.so",
+            Library::Driver(_) => "libcuda.so",
+        }
+    }
+
+    /// The library's own compiler arguments and what they add to the cache key.
+    fn args(self) -> Vec<String> {
+        match self {
+            Library::Emulator => Vec::new(),
+            Library::Driver((major, minor)) => vec![
+                format!("-DDSV4_DRIVER_CC_MAJOR={major}"),
+                format!("-DDSV4_DRIVER_CC_MINOR={minor}"),
+                // cudarc opens "libcuda.so" by name: once this file is loaded by path, the
+                // loader finds it under that soname instead of searching.
+                "-Wl,-soname,libcuda.so".to_string(),
+            ],
+        }
+    }
+}
+
+/// Build (or find cached) `library` for the translation unit `tu` and return its path.
+pub(super) fn build(
+    tu: &str,
+    names: &[String],
+    acc_f64: bool,
+    library: Library,
+) -> Result<PathBuf, CudaError> {
     let cxx = find_compiler().map_err(CudaError::Unavailable)?;
     let unit = format!("{tu}\n{}", registry_source(names));
     let extra = std::env::var(EXTRA_FLAGS_ENV).unwrap_or_default();
@@ -130,6 +180,11 @@ pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf
         meta.as_ref().map(|m| m.len()),
         meta.and_then(|m| m.modified().ok())
     );
+    let lib_args = library.args().join(" ");
+    let driver = match library {
+        Library::Emulator => "",
+        Library::Driver(_) => DRIVER,
+    };
     let key = fnv1a(&[
         RECIPE.as_bytes(),
         SHIM.as_bytes(),
@@ -139,10 +194,13 @@ pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf
         cxx_id.as_bytes(),
         extra.as_bytes(),
         std::env::consts::ARCH.as_bytes(),
+        lib_args.as_bytes(),
+        driver.as_bytes(),
     ]);
+    let file = library.file_name();
     let mut dir = cache_base().join("cuda-emu").join(format!("{key:016x}"));
-    if dir.join("libdsv4emu.so").is_file() {
-        return Ok(dir.join("libdsv4emu.so"));
+    if dir.join(file).is_file() {
+        return Ok(dir.join(file));
     }
     if std::fs::create_dir_all(&dir).is_err() {
         // An unwritable cache (read-only home): build under the temp dir instead.
@@ -151,7 +209,7 @@ pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf
             .join("cuda-emu")
             .join(format!("{key:016x}"));
     }
-    let lib = dir.join("libdsv4emu.so");
+    let lib = dir.join(file);
     if lib.is_file() {
         return Ok(lib);
     }
@@ -171,10 +229,13 @@ pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf
     write_atomic(&dir.join("shim.h"), SHIM, &tag).map_err(io)?;
     write_atomic(&dir.join("runtime.cpp"), RUNTIME, &tag).map_err(io)?;
     write_atomic(&dir.join("kernels.cpp"), &unit, &tag).map_err(io)?;
-    let out = dir.join(format!("libdsv4emu.so.tmp-{tag}"));
+    if !driver.is_empty() {
+        write_atomic(&dir.join("driver.cpp"), driver, &tag).map_err(io)?;
+    }
+    let out = dir.join(format!("{file}.tmp-{tag}"));
     let mut cmd = std::process::Command::new(&cxx);
     // Hidden symbols: the kernels' names (rope, swiglu, …) never interpose on anything in the
-    // process; only dsv4_emu_launch is exported.
+    // process; only dsv4_emu_launch, dsv4_emu_params and the driver's entry points are exported.
     cmd.args([
         "-O2",
         "-std=c++17",
@@ -190,7 +251,11 @@ pub(super) fn build(tu: &str, names: &[String], acc_f64: bool) -> Result<PathBuf
     cmd.arg("-include")
         .arg(dir.join("shim.h"))
         .arg(dir.join("kernels.cpp"))
-        .arg(dir.join("runtime.cpp"))
+        .arg(dir.join("runtime.cpp"));
+    if !driver.is_empty() {
+        cmd.arg(dir.join("driver.cpp"));
+    }
+    cmd.args(library.args())
         .arg("-o")
         .arg(&out)
         .current_dir(&dir);

@@ -1,0 +1,132 @@
+//! The `cuda-sm120` device's own code (`src/cuda.rs`: cudarc's driver calls, NVRTC's CUBIN,
+//! streams, events, page-locked memory, graphs) run without a GPU, on the emulated driver
+//! (`emu/driver.cpp`, `DSV4_CUDA_DRIVER=emu`), which checks each call as a driver would and runs
+//! the kernels on the CPU: the op sweep passes against the reference, the tiny model's decode
+//! steps give exactly the bits of the `cuda-emu` device (the same kernels on the same CPU), in
+//! eager, captured (graphs built and replayed) and threaded-overlap execution, and not one driver
+//! call fails.
+//!
+//! Needs NVRTC and a host C++ compiler; without them each test prints why and skips, except
+//! under CI=true, where that is a failure.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::{can_run, tiny_decode};
+use dsv4_backend_cuda::cuda::{self, DriverLib};
+use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, NAME, emu, open_backend};
+use dsv4_backend_reference::ReferenceBackend;
+use dsv4_core::Numerics;
+use dsv4_diff::ops::{OpsOptions, run_ops};
+use dsv4_diff::report::Status;
+use dsv4_kernels::{Backend, BackendOptions};
+use dsv4_model::forward::{ExecOptions, Executor};
+use dsv4_model::{ModelSource, load_model};
+use std::sync::Arc;
+
+/// The GPU backend on the emulated driver, or None (skipped) when NVRTC or a compiler is missing.
+fn gpu_backend(test: &str) -> Option<CudaBackend> {
+    cuda::select_driver(DriverLib::Emulated).expect("nothing chose another driver");
+    if !can_run(test, "the emulated CUDA driver", cuda::probe()) {
+        return None;
+    }
+    Some(open_backend(NAME, &BackendOptions::default()).expect("open cuda-sm120"))
+}
+
+/// No driver call has failed in this process so far.
+fn assert_clean(what: &str) {
+    let (n, last) = cuda::emulated_driver_failures();
+    assert_eq!(n, 0, "{what}: {n} driver call(s) failed, the last: {last}");
+}
+
+#[test]
+fn the_device_opens_on_the_emulated_driver_and_says_so() {
+    let Some(be) = gpu_backend("the_device_opens_on_the_emulated_driver_and_says_so") else {
+        return;
+    };
+    let info = be.device().info();
+    assert!(info.name.contains("emulated driver"), "{info:?}");
+    assert_eq!(info.capability, cuda::EMULATED_CAPABILITY);
+    assert!(
+        info.emulated,
+        "reports and the bench must not mistake it for a GPU"
+    );
+    assert!(info.f64_accumulation, "sm_90 accumulates in f64 by default");
+    // Out of device memory is the backend's clear error, not a driver failure.
+    match be.device().alloc(16 << 30) {
+        Err(CudaError::TooLarge { what }) => {
+            assert!(what.contains("out of device memory"), "{what}")
+        }
+        other => panic!("a 16 GiB allocation on an 8 GiB device: {other:?}"),
+    }
+    assert_clean("open");
+}
+
+#[test]
+fn the_op_sweep_passes_through_the_driver_calls() {
+    let Some(be) = gpu_backend("the_op_sweep_passes_through_the_driver_calls") else {
+        return;
+    };
+    let report = run_ops(&ReferenceBackend, &be, &OpsOptions::default()).expect("op sweep");
+    let failed: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|c| c.status == Status::Fail)
+        .map(|c| format!("{} {}={:?}", c.name, c.metric.name(), c.value))
+        .collect();
+    assert!(
+        report.passed() && failed.is_empty(),
+        "cases off the reference: {failed:?}"
+    );
+    assert!(report.cases.len() > 100, "{} cases", report.cases.len());
+    assert_clean("op sweep");
+}
+
+#[test]
+fn decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped() {
+    let Some(gpu) =
+        gpu_backend("decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped")
+    else {
+        return;
+    };
+    let emu_be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let load = |be: Arc<dyn Backend>| {
+        load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).expect("tiny model")
+    };
+    let eager = ExecOptions {
+        captured: false,
+        executor: Executor::Serial,
+        ..Default::default()
+    };
+    let (want, _) = tiny_decode(&load(Arc::new(emu_be)), &eager);
+    let m = load(Arc::new(gpu));
+    let captured = ExecOptions {
+        captured: true,
+        ..eager.clone()
+    };
+    let threaded = ExecOptions {
+        overlap: true,
+        executor: Executor::Threaded,
+        ..captured.clone()
+    };
+    for (what, exec) in [
+        ("eager", eager),
+        ("captured", captured),
+        ("threaded overlap", threaded),
+    ] {
+        let (bits, stats) = tiny_decode(&m, &exec);
+        assert!(
+            bits == want,
+            "{what}: the driver path gives the emulator device's bits"
+        );
+        let last = stats.last().expect("decode steps");
+        if what != "eager" {
+            assert!(
+                last.graph_launches > 0,
+                "{what}: the fourth decode step replays CUDA graphs: {last:?}"
+            );
+        }
+        assert_clean(what);
+    }
+}
