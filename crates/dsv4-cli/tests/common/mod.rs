@@ -77,43 +77,73 @@ pub fn diff_passes(args: &[&str], env: &[(&str, &str)]) -> String {
     stdout
 }
 
-/// `dsv4 diff --model --against candidate` in all 12 numerics combinations (KV cache bf16/fp8 ×
-/// index keys bf16/fp8/fp4 × activations none/fp8), `tokens` prompt tokens and 2 decode steps,
-/// after the global arguments `extra`; every run must find no divergence, and `check` gets each
-/// run's report and its combination for anything more.
+/// Every numerics combination: (kv cache dtype, index-K dtype, activation quantization).
+pub fn every_numerics() -> Vec<[&'static str; 3]> {
+    let mut v = Vec::new();
+    for kv in ["bf16", "fp8"] {
+        for ik in ["bf16", "fp8", "fp4"] {
+            for act in ["none", "fp8"] {
+                v.push([kv, ik, act]);
+            }
+        }
+    }
+    v
+}
+
+/// Six combinations that hold every pair of two knobs' values (a pairwise covering of
+/// [`every_numerics`]): for a large model, where the full product costs too much test time.
+pub const PAIRWISE_NUMERICS: [[&str; 3]; 6] = [
+    ["bf16", "bf16", "none"],
+    ["fp8", "bf16", "fp8"],
+    ["bf16", "fp8", "fp8"],
+    ["fp8", "fp8", "none"],
+    ["bf16", "fp4", "fp8"],
+    ["fp8", "fp4", "none"],
+];
+
+/// `dsv4 diff --model --against candidate` (`extra` before the subcommand) over `tokens` prompt
+/// tokens and 2 decode steps in every numerics combination, each passing with no divergence;
+/// `check(stdout, what)` asserts more.
 pub fn model_diff_in_every_numerics(
     candidate: &str,
     extra: &[&str],
     tokens: &str,
     check: impl Fn(&str, &str),
 ) {
-    for kv in ["bf16", "fp8"] {
-        for ik in ["bf16", "fp8", "fp4"] {
-            for act in ["none", "fp8"] {
-                let sets = [
-                    format!("numerics.kv_cache_dtype={kv}"),
-                    format!("numerics.index_k_dtype={ik}"),
-                    format!("numerics.act_quant={act}"),
-                ];
-                let mut args = extra.to_vec();
-                for s in &sets {
-                    args.extend(["--set", s.as_str()]);
-                }
-                args.extend([
-                    "diff",
-                    "--model",
-                    "--against",
-                    candidate,
-                    "--tokens",
-                    tokens,
-                    "--decode",
-                    "2",
-                ]);
-                let out = diff_passes(&args, &[]);
-                let what = format!("{candidate} {extra:?} kv={kv} index_k={ik} act={act}");
-                assert!(out.contains("first divergence: none"), "{what}:\n{out}");
-                check(&out, &what);
-            }
+    model_diff_in_numerics(candidate, extra, tokens, &every_numerics(), check);
+}
+
+/// [`model_diff_in_every_numerics`] over the given combinations only.
+pub fn model_diff_in_numerics(
+    candidate: &str,
+    extra: &[&str],
+    tokens: &str,
+    combos: &[[&str; 3]],
+    check: impl Fn(&str, &str),
+) {
+    for [kv, ik, act] in combos {
+        let sets = [
+            format!("numerics.kv_cache_dtype={kv}"),
+            format!("numerics.index_k_dtype={ik}"),
+            format!("numerics.act_quant={act}"),
+        ];
+        let mut args = extra.to_vec();
+        for s in &sets {
+            args.extend(["--set", s.as_str()]);
         }
+        args.extend([
+            "diff",
+            "--model",
+            "--against",
+            candidate,
+            "--tokens",
+            tokens,
+            "--decode",
+            "2",
+        ]);
+        let out = diff_passes(&args, &[]);
+        let what = format!("{candidate} {extra:?} kv={kv} index_k={ik} act={act}");
+        assert!(out.contains("first divergence: none"), "{what}:\n{out}");
+        check(&out, &what);
     }
 }
