@@ -35,6 +35,41 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
 }
 
 #[test]
+fn threads_run_in_reverse_order_give_the_same_results() {
+    if !available("threads_run_in_reverse_order_give_the_same_results") {
+        return;
+    }
+    // The emulator runs a block's threads one after another between barriers, so a thread that
+    // reads what a lower thread wrote without a barrier sees it here and maybe not on a GPU. In
+    // reverse order it never does: a missing barrier then changes the results.
+    let reverse = [("DSV4_EMU_CXXFLAGS", "-DDSV4_EMU_REVERSE")];
+    let ops = [
+        "diff",
+        "--backend",
+        "reference",
+        "--against",
+        "cuda-emu",
+        "--ops",
+    ];
+    let out = diff_passes(&ops, &reverse);
+    assert!(out.contains("176 pass, 0 fail"), "{out}");
+    let model = [
+        "diff",
+        "--backend",
+        "reference",
+        "--against",
+        "cuda-emu",
+        "--model",
+        "--tokens",
+        "72",
+        "--decode",
+        "2",
+    ];
+    let out = diff_passes(&model, &reverse);
+    assert!(out.contains("max abs 0,"), "logits differ:\n{out}");
+}
+
+#[test]
 fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
     if !available("the_tiny_model_matches_the_reference_in_every_numerics_combination") {
         return;
