@@ -7,10 +7,11 @@
 // It checks what a GPU's driver checks, and somewhat more: cuInit first; a current context on the
 // calling thread for every call that needs one; handles that exist and are not destroyed; copies
 // and memsets inside one live allocation; no dynamic shared memory or `extra` launch arguments;
+// a block's registers (ptxas's count per kernel, read from the CUBIN) within the 64K CUDA has;
 // graph nodes depending only on nodes of their own graph; writes outside a buffer (guard bytes,
 // checked after every kernel). A kernel fault is sticky, as on a GPU: every later call returns
 // it. Every failed call is counted and printed to stderr as "dsv4 emulated driver: ...";
-// dsv4_emu_driver_failures() returns the count and the last message.
+// dsv4_emu_driver_failures() returns the count and the messages.
 //
 // What it does not model is asynchrony: each call's work is done before the call returns, in
 // issue order (one valid schedule of a GPU's). Queued streams and missing events are what the
@@ -54,6 +55,7 @@ enum : int {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
 };
 
@@ -74,11 +76,14 @@ struct KernelNodeParams {
 struct Module {
     std::vector<unsigned char> image;
     bool elf;
+    // Registers per thread of each kernel of a CUBIN (what ptxas allocated).
+    std::map<std::string, unsigned> regs;
 };
 struct Func {
     std::string name;
     std::vector<size_t> sizes;
     Module* module;
+    unsigned regs;  // 0 when unknown (a PTX image: the driver's JIT allocates them)
 };
 struct Stream {
     unsigned flags;
@@ -117,7 +122,7 @@ struct State {
     unsigned long long device_bytes = 0;
     CUresult sticky = CUDA_SUCCESS;
     unsigned long failures = 0;
-    std::string last;
+    std::string messages;  // one line per failed call (the first 64 KiB)
 };
 
 // Never destroyed: calls may still come while the process exits.
@@ -136,7 +141,7 @@ CUresult fail(CUresult rc, const char* fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     S().failures++;
-    S().last = buf;
+    if (S().messages.size() < 65536) S().messages += std::string(buf) + "\n";
     fprintf(stderr, "dsv4 emulated driver: %s\n", buf);
     return rc;
 }
@@ -196,10 +201,23 @@ CUresult check_guards(const char* kernel) {
     return CUDA_SUCCESS;
 }
 
+// CUDA's check at launch: registers are allocated per warp in units of 256, and a block may
+// use at most 64K of them (sm_80 through sm_120).
+bool registers_fit(unsigned regs, unsigned threads) {
+    unsigned long long per_warp = ((unsigned long long)regs * 32 + 255) / 256 * 256;
+    return per_warp * ((threads + 31) / 32) <= 65536;
+}
+
 CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], void** params) {
     if (!f->sizes.empty() && params == nullptr)
         return fail(CUDA_ERROR_INVALID_VALUE, "launching %s: no kernelParams for %zu parameters",
                     f->name.c_str(), f->sizes.size());
+    unsigned threads = block[0] * block[1] * block[2];
+    if (f->regs != 0 && !registers_fit(f->regs, threads))
+        return fail(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+                    "launching %s: %u threads of %u registers each exceed the 64K registers of a "
+                    "block",
+                    f->name.c_str(), threads, f->regs);
     char err[2048] = {0};
     int rc = dsv4_emu_launch(f->name.c_str(), grid[0], grid[1], grid[2], block[0], block[1],
                              block[2], params, err, sizeof err);
@@ -232,6 +250,43 @@ size_t cuda_elf_size(const unsigned char* p) {
         if (e > end) end = e;
     }
     return (size_t)end;
+}
+
+// The register count of every kernel of a CUBIN, from the EIATTR_REGCOUNT (0x2f) attributes
+// of its .nv.info sections: (symbol index, registers), the symbol named in the symbol table.
+// Attributes are (format, attribute, 2 bytes) with `size` more bytes for format 4 (EIFMT_SVAL).
+std::map<std::string, unsigned> cubin_regcounts(const std::vector<unsigned char>& img) {
+    std::map<std::string, unsigned> regs;
+    const unsigned char* p = img.data();
+    uint64_t shoff = rd(p + 0x28, 8), shent = rd(p + 0x3A, 2), shnum = rd(p + 0x3C, 2);
+    uint64_t shstrndx = rd(p + 0x3E, 2);
+    auto sec = [&](uint64_t i) { return p + shoff + i * shent; };
+    auto str = [&](uint64_t strsec, uint64_t off) -> std::string {
+        uint64_t o = rd(sec(strsec) + 0x18, 8) + off;
+        if (o >= img.size()) return std::string();
+        return std::string((const char*)p + o, strnlen((const char*)p + o, img.size() - o));
+    };
+    const unsigned char* symtab = nullptr;
+    for (uint64_t i = 0; i < shnum; i++)
+        if (rd(sec(i) + 4, 4) == 2) symtab = sec(i);  // SHT_SYMTAB
+    if (symtab == nullptr) return regs;
+    uint64_t symoff = rd(symtab + 0x18, 8), symsize = rd(symtab + 0x20, 8);
+    uint64_t symstr = rd(symtab + 0x28, 4);
+    for (uint64_t i = 0; i < shnum; i++) {
+        if (str(shstrndx, rd(sec(i), 4)).rfind(".nv.info", 0) != 0) continue;
+        uint64_t off = rd(sec(i) + 0x18, 8), end = off + rd(sec(i) + 0x20, 8);
+        while (off + 4 <= end && end <= img.size()) {
+            unsigned fmt = p[off], attr = p[off + 1];
+            uint64_t size = fmt == 4 ? rd(p + off + 2, 2) : 0;
+            if (fmt == 4 && attr == 0x2f && size >= 8) {
+                uint64_t sym = rd(p + off + 4, 4), val = rd(p + off + 8, 4);
+                if ((sym + 1) * 24 <= symsize)
+                    regs[str(symstr, rd(p + symoff + sym * 24, 4))] = (unsigned)val;
+            }
+            off += 4 + size;
+        }
+    }
+    return regs;
 }
 
 bool image_names(const Module* m, const char* name) {
@@ -358,6 +413,7 @@ API CUresult cuModuleLoadData(void** module, const void* image) {
         }
         m->image.assign(p, p + n);
         m->elf = true;
+        m->regs = cubin_regcounts(m->image);
     } else {
         size_t n = strlen((const char*)p);
         m->image.assign(p, p + n);
@@ -388,7 +444,15 @@ API CUresult cuModuleGetFunction(void** func, void* module, const char* name) {
     if (n < 0 || n > 64)
         return fail(CUDA_ERROR_NOT_FOUND,
                     "cuModuleGetFunction(%s): the emulator has no such kernel", name);
-    Func* f = new Func{name, std::vector<size_t>(sizes, sizes + n), m};
+    unsigned regs = 0;
+    if (m->elf) {
+        auto r = m->regs.find(name);
+        if (r == m->regs.end())
+            return fail(CUDA_ERROR_INVALID_IMAGE,
+                        "cuModuleGetFunction(%s): the CUBIN has no register count for it", name);
+        regs = r->second;
+    }
+    Func* f = new Func{name, std::vector<size_t>(sizes, sizes + n), m, regs};
     S().funcs.insert(f);
     *func = f;
     return CUDA_SUCCESS;
@@ -676,6 +740,7 @@ const char* error_name(CUresult rc) {
         case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
         case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
         case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
         case CUDA_ERROR_LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
         default: return nullptr;
     }
@@ -691,9 +756,10 @@ API CUresult cuGetErrorString(CUresult rc, const char** out) {
     return cuGetErrorName(rc, out);
 }
 
-// The number of failed calls so far, and the last one's message in `last` (NUL-terminated).
-API unsigned long dsv4_emu_driver_failures(char* last, size_t len) {
+// The number of failed calls so far; their messages, one per line, into `out` (NUL-terminated,
+// cut at `len`).
+API unsigned long dsv4_emu_driver_failures(char* out, size_t len) {
     std::lock_guard<std::mutex> lock(S().mu);
-    if (last != nullptr && len > 0) snprintf(last, len, "%s", S().last.c_str());
+    if (out != nullptr && len > 0) snprintf(out, len, "%s", S().messages.c_str());
     return S().failures;
 }

@@ -116,27 +116,33 @@ fn load_emulated() -> Result<(), String> {
     Ok(())
 }
 
-/// The emulated driver's count of failed calls and its last message (0 and empty until the
-/// emulated driver is loaded): a run that should be clean asserts a count of 0.
-pub fn emulated_driver_failures() -> (u64, String) {
+/// The emulated driver's failed calls so far, one message each (none until the emulated driver
+/// is loaded): a run that should be clean asserts there are none.
+pub fn emulated_driver_failures() -> Vec<String> {
     type Failures = unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> std::ffi::c_ulong;
     if driver_lib() != Ok(DriverLib::Emulated) || probe().is_err() {
-        return (0, String::new());
+        return Vec::new();
     }
     // SAFETY: the emulated driver is loaded (probed) under this soname; dlopen by it returns
     // that library without loading anything.
     let Ok(lib) = (unsafe { libloading::Library::new("libcuda.so") }) else {
-        return (0, String::new());
+        return Vec::new();
     };
     // SAFETY: emu/driver.cpp defines the function with this signature.
     let Ok(f) = (unsafe { lib.get::<Failures>(b"dsv4_emu_driver_failures\0") }) else {
-        return (0, String::new());
+        return Vec::new();
     };
-    let mut buf = vec![0u8; 1024];
+    let mut buf = vec![0u8; 1 << 17];
     // SAFETY: buf is writable for its length; the function NUL-terminates within it.
-    let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) } as usize;
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    (n as u64, String::from_utf8_lossy(&buf[..end]).into_owned())
+    let mut v: Vec<String> = String::from_utf8_lossy(&buf[..end])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // Past the driver's 64 KiB of messages, the rest are only counted.
+    v.extend((v.len()..n).map(|_| "(message not kept)".to_string()));
+    v
 }
 
 fn err_name(e: DriverError) -> String {

@@ -4,7 +4,7 @@
 //! the kernels on the CPU: the op sweep passes against the reference, the tiny model's decode
 //! steps give exactly the bits of the `cuda-emu` device (the same kernels on the same CPU), in
 //! eager, captured (graphs built and replayed) and threaded-overlap execution, and not one driver
-//! call fails.
+//! call fails; a block needing more registers than a GPU has is refused as a GPU refuses it.
 //!
 //! Needs NVRTC and a host C++ compiler; without them each test prints why and skips, except
 //! under CI=true, where that is a failure.
@@ -15,7 +15,7 @@ mod common;
 
 use common::{can_run, tiny_decode};
 use dsv4_backend_cuda::cuda::{self, DriverLib};
-use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, NAME, emu, open_backend};
+use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, KArg, NAME, emu, open_backend};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::Numerics;
 use dsv4_diff::ops::{OpsOptions, run_ops};
@@ -34,10 +34,19 @@ fn gpu_backend(test: &str) -> Option<CudaBackend> {
     Some(open_backend(NAME, &BackendOptions::default()).expect("open cuda-sm120"))
 }
 
-/// No driver call has failed in this process so far.
+/// The one call a test here makes fail on purpose (see `a_block_needing_more_registers_...`).
+const DELIBERATE: &str = "launching linear_fp8_r8: 1024 threads";
+
+/// No driver call has failed in this process so far (but the deliberate one).
 fn assert_clean(what: &str) {
-    let (n, last) = cuda::emulated_driver_failures();
-    assert_eq!(n, 0, "{what}: {n} driver call(s) failed, the last: {last}");
+    let failed: Vec<String> = cuda::emulated_driver_failures()
+        .into_iter()
+        .filter(|m| !m.starts_with(DELIBERATE))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: driver calls failed: {failed:#?}"
+    );
 }
 
 #[test]
@@ -61,6 +70,47 @@ fn the_device_opens_on_the_emulated_driver_and_says_so() {
         other => panic!("a 16 GiB allocation on an 8 GiB device: {other:?}"),
     }
     assert_clean("open");
+}
+
+#[test]
+fn a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would() {
+    let Some(be) =
+        gpu_backend("a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would")
+    else {
+        return;
+    };
+    // linear_fp8_r8 uses more than 64 registers per thread for sm_90 (ptxas's count, read from
+    // the CUBIN), so 1024 threads need more than a block's 64K; the backend launches 128. With
+    // no output columns the kernel itself does nothing.
+    let dev = be.device();
+    let bufs: Vec<_> = (0..4).map(|_| dev.alloc(256).expect("alloc")).collect();
+    let launch = |threads: u32| {
+        let mut args = bufs.iter().map(KArg::Buf).collect::<Vec<_>>();
+        args.extend([
+            KArg::U32(0),
+            KArg::U32(0),
+            KArg::U32(0),
+            KArg::U32(0),
+            KArg::U32(0),
+        ]);
+        // SAFETY: the arguments follow linear_fp8_r8's parameters; with out_dim 0 and rows 0
+        // it reads and writes nothing.
+        unsafe { dev.launch("linear_fp8_r8", (1, 1, 1), (threads, 1, 1), &args) }
+    };
+    launch(128).expect("the backend's own block size fits");
+    let e = launch(1024).expect_err("1024 threads exceed the register file");
+    assert!(
+        e.to_string().contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+        "{e}"
+    );
+    let refused = cuda::emulated_driver_failures();
+    assert!(
+        refused.iter().any(|m| m.starts_with(DELIBERATE)),
+        "{refused:?}"
+    );
+    // Not sticky (as on a GPU): the device still works.
+    launch(128).expect("a launch after the refused one");
+    dev.synchronize().expect("synchronize");
 }
 
 #[test]
