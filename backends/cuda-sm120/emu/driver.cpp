@@ -1,137 +1,15 @@
-// The CUDA driver API on the CPU emulator: a stand-in libcuda.so that lets the cuda-sm120 device
-// (src/cuda.rs, through cudarc) run without a GPU. src/emu/build.rs (Library::Driver) builds it
-// with the kernels and emu/runtime.cpp; cuda.rs loads it when DSV4_CUDA_DRIVER=emu. The kernel
-// image cuModuleLoadData gets is NVRTC's real CUBIN (or PTX): it is checked to be a CUDA ELF
-// (or PTX) naming every function asked for, and launches run the same kernels built for the CPU.
-//
-// It checks what a GPU's driver checks, and somewhat more: cuInit first; a current context on the
-// calling thread for every call that needs one; handles that exist and are not destroyed; copies
-// and memsets inside one live allocation; no dynamic shared memory or `extra` launch arguments;
-// a block's registers (ptxas's count per kernel, read from the CUBIN) within the 64K CUDA has;
-// graph nodes depending only on nodes of their own graph; writes outside a buffer (guard bytes,
-// checked after every kernel). A kernel fault is sticky, as on a GPU: every later call returns
-// it. Every failed call is counted and printed to stderr as "dsv4 emulated driver: ...";
-// dsv4_emu_driver_failures() returns the count and the messages.
-//
-// What it does not model is asynchrony: each call's work is done before the call returns, in
-// issue order (one valid schedule of a GPU's). Queued streams and missing events are what the
-// cuda-emu device (src/emu/streams.rs) exercises.
+// The emulated CUDA driver: state, devices and contexts, memory, launches, streams, events and
+// errors (see driver.h for what it is and checks).
 
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "driver.h"
 
-#include <algorithm>
-#include <map>
-#include <mutex>
-#include <set>
-#include <string>
-#include <vector>
+namespace emu_driver {
 
-#ifndef DSV4_DRIVER_CC_MAJOR
-#error "build with -DDSV4_DRIVER_CC_MAJOR=N -DDSV4_DRIVER_CC_MINOR=M"
-#endif
-
-extern "C" int dsv4_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,
-                               unsigned bx, unsigned by, unsigned bz, void** params, char* err,
-                               size_t errlen);
-extern "C" int dsv4_emu_params(const char* name, size_t* sizes, int cap);
-
-#define API extern "C" __attribute__((visibility("default")))
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-
-enum : int {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
-    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
-    CUDA_ERROR_LAUNCH_FAILED = 719,
-};
-
-namespace {
-
-// The 12.x layout of CUDA_KERNEL_NODE_PARAMS (the _v2 entry points take it).
-struct KernelNodeParams {
-    void* func;
-    unsigned grid[3];
-    unsigned block[3];
-    unsigned shared_mem_bytes;
-    void** kernel_params;
-    void** extra;
-    void* kern;
-    void* ctx;
-};
-
-struct Module {
-    std::vector<unsigned char> image;
-    bool elf;
-    // Registers per thread of each kernel of a CUBIN (what ptxas allocated).
-    std::map<std::string, unsigned> regs;
-};
-struct Func {
-    std::string name;
-    std::vector<size_t> sizes;
-    Module* module;
-    unsigned regs;  // 0 when unknown (a PTX image: the driver's JIT allocates them)
-};
-struct Stream {
-    unsigned flags;
-};
-struct Event {
-    bool recorded;
-};
-// A kernel node, or one launch of an instantiated graph: the argument values are copies.
-struct Node {
-    void* graph;
-    Func* func;
-    unsigned grid[3], block[3];
-    std::vector<std::vector<unsigned char>> args;
-};
-struct Graph {
-    std::vector<Node*> nodes;
-};
-struct Exec {
-    std::vector<Node> nodes;
-};
-
-constexpr size_t kAlign = 256;
-constexpr size_t kGuard = 256;
-constexpr unsigned char kGuardByte = 0xA5;
-constexpr unsigned long long kTotalMem = 8ull << 30;
-constexpr int kPrimaryCtx = 0x51c7;
-const char* const kName = "dsv4 emulated driver (cuda-emu kernels on the CPU)";
-
-struct State {
-    std::mutex mu;
-    bool initialized = false;
-    int ctx_refs = 0;
-    std::set<void*> modules, funcs, streams, events, graphs, nodes, execs;
-    std::map<CUdeviceptr, size_t> device;  // address -> bytes, between two guards
-    std::map<CUdeviceptr, size_t> host;
-    unsigned long long device_bytes = 0;
-    CUresult sticky = CUDA_SUCCESS;
-    unsigned long failures = 0;
-    std::string messages;  // one line per failed call (the first 64 KiB)
-};
-
-// Never destroyed: calls may still come while the process exits.
 State& S() {
     static State* s = new State;
     return *s;
 }
 
-// The context this thread made current (only the primary context exists).
 thread_local const void* t_current = nullptr;
 
 CUresult fail(CUresult rc, const char* fmt, ...) {
@@ -161,23 +39,17 @@ bool stream_ok(void* st) {
     return st == nullptr || st == (void*)1 || st == (void*)2 || S().streams.count(st) != 0;
 }
 
-#define NEED_CTX(fn)                                 \
-    std::lock_guard<std::mutex> lock_(S().mu);       \
-    if (CUresult rc_ = need_ctx(fn)) return rc_
-#define NEED_STREAM(fn, st) \
-    if (!stream_ok(st))     \
-        return fail(CUDA_ERROR_INVALID_HANDLE, "%s: stream %p is not a live stream", fn, st)
-
-// Whether [p, p+n) lies inside one live device allocation (an empty range always does).
-bool in_device(CUdeviceptr p, size_t n) {
-    if (n == 0) return true;
-    const auto& d = S().device;
+// Whether [p, p+n) lies inside one allocation of `d` (address -> bytes).
+bool in_map(const std::map<CUdeviceptr, size_t>& d, CUdeviceptr p, size_t n) {
     auto it = d.upper_bound(p);
     if (it == d.begin()) return false;
     --it;
     size_t off = (size_t)(p - it->first);
     return off < it->second && n <= it->second - off;
 }
+
+// Whether [p, p+n) lies inside one live device allocation (an empty range always does).
+bool in_device(CUdeviceptr p, size_t n) { return n == 0 || in_map(S().device, p, n); }
 
 // After `kernel` ran: every guard intact, else an illegal-address fault (guards restored).
 CUresult check_guards(const char* kernel) {
@@ -218,6 +90,17 @@ CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], voi
                     "launching %s: %u threads of %u registers each exceed the 64K registers of a "
                     "block",
                     f->name.c_str(), threads, f->regs);
+    // A pointer argument into memory freed since (no live allocation holds it): on a GPU the
+    // kernel would read or write whatever took the memory over, or fault.
+    for (size_t i = 0; i < f->sizes.size(); i++) {
+        if (f->sizes[i] != 8) continue;
+        CUdeviceptr v;
+        memcpy(&v, params[i], 8);
+        if (!in_device(v, 1) && in_map(S().freed, v, 1))
+            return fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                        "launching %s: argument %zu (0x%llx) points into freed device memory",
+                        f->name.c_str(), i, v);
+    }
     char err[2048] = {0};
     int rc = dsv4_emu_launch(f->name.c_str(), grid[0], grid[1], grid[2], block[0], block[1],
                              block[2], params, err, sizeof err);
@@ -228,76 +111,9 @@ CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], voi
     return check_guards(f->name.c_str());
 }
 
-uint64_t rd(const unsigned char* p, int bytes) {
-    uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
+}  // namespace emu_driver
 
-// The size of a 64-bit little-endian ELF image for a CUDA device (EM_CUDA), 0 when it is not one.
-size_t cuda_elf_size(const unsigned char* p) {
-    if (p[4] != 2 || p[5] != 1 || rd(p + 0x12, 2) != 190) return 0;
-    uint64_t phoff = rd(p + 0x20, 8), shoff = rd(p + 0x28, 8);
-    uint64_t phent = rd(p + 0x36, 2), phnum = rd(p + 0x38, 2);
-    uint64_t shent = rd(p + 0x3A, 2), shnum = rd(p + 0x3C, 2);
-    uint64_t end = 64;
-    if (phoff + phent * phnum > end) end = phoff + phent * phnum;
-    if (shoff + shent * shnum > end) end = shoff + shent * shnum;
-    for (uint64_t i = 0; i < shnum; i++) {
-        const unsigned char* sh = p + shoff + i * shent;
-        if (rd(sh + 4, 4) == 8) continue;  // SHT_NOBITS occupies no file bytes
-        uint64_t e = rd(sh + 0x18, 8) + rd(sh + 0x20, 8);
-        if (e > end) end = e;
-    }
-    return (size_t)end;
-}
-
-// The register count of every kernel of a CUBIN, from the EIATTR_REGCOUNT (0x2f) attributes
-// of its .nv.info sections: (symbol index, registers), the symbol named in the symbol table.
-// Attributes are (format, attribute, 2 bytes) with `size` more bytes for format 4 (EIFMT_SVAL).
-std::map<std::string, unsigned> cubin_regcounts(const std::vector<unsigned char>& img) {
-    std::map<std::string, unsigned> regs;
-    const unsigned char* p = img.data();
-    uint64_t shoff = rd(p + 0x28, 8), shent = rd(p + 0x3A, 2), shnum = rd(p + 0x3C, 2);
-    uint64_t shstrndx = rd(p + 0x3E, 2);
-    auto sec = [&](uint64_t i) { return p + shoff + i * shent; };
-    auto str = [&](uint64_t strsec, uint64_t off) -> std::string {
-        uint64_t o = rd(sec(strsec) + 0x18, 8) + off;
-        if (o >= img.size()) return std::string();
-        return std::string((const char*)p + o, strnlen((const char*)p + o, img.size() - o));
-    };
-    const unsigned char* symtab = nullptr;
-    for (uint64_t i = 0; i < shnum; i++)
-        if (rd(sec(i) + 4, 4) == 2) symtab = sec(i);  // SHT_SYMTAB
-    if (symtab == nullptr) return regs;
-    uint64_t symoff = rd(symtab + 0x18, 8), symsize = rd(symtab + 0x20, 8);
-    uint64_t symstr = rd(symtab + 0x28, 4);
-    for (uint64_t i = 0; i < shnum; i++) {
-        if (str(shstrndx, rd(sec(i), 4)).rfind(".nv.info", 0) != 0) continue;
-        uint64_t off = rd(sec(i) + 0x18, 8), end = off + rd(sec(i) + 0x20, 8);
-        while (off + 4 <= end && end <= img.size()) {
-            unsigned fmt = p[off], attr = p[off + 1];
-            uint64_t size = fmt == 4 ? rd(p + off + 2, 2) : 0;
-            if (fmt == 4 && attr == 0x2f && size >= 8) {
-                uint64_t sym = rd(p + off + 4, 4), val = rd(p + off + 8, 4);
-                if ((sym + 1) * 24 <= symsize)
-                    regs[str(symstr, rd(p + symoff + sym * 24, 4))] = (unsigned)val;
-            }
-            off += 4 + size;
-        }
-    }
-    return regs;
-}
-
-bool image_names(const Module* m, const char* name) {
-    std::string needle = m->elf ? std::string(1, '\0') + name + std::string(1, '\0')
-                                : std::string(".entry ") + name + "(";
-    const unsigned char* b = m->image.data();
-    return std::search(b, b + m->image.size(), needle.begin(), needle.end()) !=
-           b + m->image.size();
-}
-
-}  // namespace
+using namespace emu_driver;
 
 // ---- initialization, devices, contexts ----
 
@@ -313,12 +129,6 @@ API CUresult cuDriverGetVersion(int* v) {
     *v = 12080;
     return CUDA_SUCCESS;
 }
-
-#define NEED_INIT(fn)                           \
-    std::lock_guard<std::mutex> lock_(S().mu);  \
-    if (!S().initialized) return fail(CUDA_ERROR_NOT_INITIALIZED, "%s before cuInit", fn)
-#define NEED_DEV(fn, d) \
-    if ((d) != 0) return fail(CUDA_ERROR_INVALID_DEVICE, "%s: device %d does not exist", fn, d)
 
 API CUresult cuDeviceGetCount(int* n) {
     NEED_INIT("cuDeviceGetCount");
@@ -397,83 +207,6 @@ API CUresult cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 
-// ---- modules and functions ----
-
-API CUresult cuModuleLoadData(void** module, const void* image) {
-    NEED_CTX("cuModuleLoadData");
-    const unsigned char* p = (const unsigned char*)image;
-    if (p == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, "cuModuleLoadData: no image");
-    Module* m = new Module;
-    if (memcmp(p, "\x7f" "ELF", 4) == 0) {
-        size_t n = cuda_elf_size(p);
-        if (n == 0) {
-            delete m;
-            return fail(CUDA_ERROR_INVALID_IMAGE,
-                        "cuModuleLoadData: an ELF image, but not a 64-bit CUDA one");
-        }
-        m->image.assign(p, p + n);
-        m->elf = true;
-        m->regs = cubin_regcounts(m->image);
-    } else {
-        size_t n = strlen((const char*)p);
-        m->image.assign(p, p + n);
-        m->elf = false;
-        std::string text((const char*)p, n);
-        if (text.find(".version") == std::string::npos ||
-            text.find(".target sm_") == std::string::npos) {
-            delete m;
-            return fail(CUDA_ERROR_INVALID_IMAGE, "cuModuleLoadData: neither a CUBIN nor PTX");
-        }
-    }
-    S().modules.insert(m);
-    *module = m;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuModuleGetFunction(void** func, void* module, const char* name) {
-    NEED_CTX("cuModuleGetFunction");
-    if (S().modules.count(module) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE,
-                    "cuModuleGetFunction(%s): not a loaded module", name);
-    Module* m = (Module*)module;
-    if (!image_names(m, name))
-        return fail(CUDA_ERROR_NOT_FOUND, "cuModuleGetFunction(%s): the %s does not name it", name,
-                    m->elf ? "CUBIN" : "PTX");
-    size_t sizes[64];
-    int n = dsv4_emu_params(name, sizes, 64);
-    if (n < 0 || n > 64)
-        return fail(CUDA_ERROR_NOT_FOUND,
-                    "cuModuleGetFunction(%s): the emulator has no such kernel", name);
-    unsigned regs = 0;
-    if (m->elf) {
-        auto r = m->regs.find(name);
-        if (r == m->regs.end())
-            return fail(CUDA_ERROR_INVALID_IMAGE,
-                        "cuModuleGetFunction(%s): the CUBIN has no register count for it", name);
-        regs = r->second;
-    }
-    Func* f = new Func{name, std::vector<size_t>(sizes, sizes + n), m, regs};
-    S().funcs.insert(f);
-    *func = f;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuModuleUnload(void* module) {
-    NEED_CTX("cuModuleUnload");
-    if (S().modules.erase(module) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload(%p): not a loaded module", module);
-    for (auto it = S().funcs.begin(); it != S().funcs.end();) {
-        if (((Func*)*it)->module == module) {
-            delete (Func*)*it;
-            it = S().funcs.erase(it);
-        } else {
-            ++it;
-        }
-    }
-    delete (Module*)module;
-    return CUDA_SUCCESS;
-}
-
 // ---- memory ----
 
 API CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
@@ -490,6 +223,13 @@ API CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
     *ptr = (CUdeviceptr)(uintptr_t)(base + kGuard);
     S().device[*ptr] = bytes;
     S().device_bytes += bytes;
+    // The new block may reuse freed memory: that is live again (freed ranges are disjoint).
+    auto& fr = S().freed;
+    const CUdeviceptr b0 = (CUdeviceptr)(uintptr_t)base, b1 = b0 + total;
+    auto it = fr.upper_bound(b0);
+    if (it != fr.begin() && std::prev(it)->first + std::prev(it)->second > b0)
+        fr.erase(std::prev(it));
+    for (it = fr.lower_bound(b0); it != fr.end() && it->first < b1;) it = fr.erase(it);
     return CUDA_SUCCESS;
 }
 
@@ -499,6 +239,8 @@ API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     if (it == S().device.end())
         return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFree(0x%llx): not an allocation", ptr);
     S().device_bytes -= it->second;
+    S().freed[ptr] = it->second;
+    if (S().freed.size() > 65536) S().freed.erase(S().freed.begin());
     S().device.erase(it);
     free((unsigned char*)(uintptr_t)ptr - kGuard);
     return CUDA_SUCCESS;
@@ -629,102 +371,6 @@ API CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     return CUDA_SUCCESS;
 }
 
-// ---- graphs ----
-
-API CUresult cuGraphCreate(void** graph, unsigned flags) {
-    NEED_CTX("cuGraphCreate");
-    if (flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphCreate: flags must be 0");
-    Graph* g = new Graph;
-    S().graphs.insert(g);
-    *graph = g;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuGraphAddKernelNode_v2(void** node, void* graph, void* const* deps, size_t ndeps,
-                                     const KernelNodeParams* p) {
-    NEED_CTX("cuGraphAddKernelNode");
-    if (S().graphs.count(graph) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphAddKernelNode: %p is not a graph", graph);
-    if (p == nullptr || S().funcs.count(p->func) == 0 || p->kern != nullptr)
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuGraphAddKernelNode: no function in the parameters");
-    const Func* f = (const Func*)p->func;
-    if (p->shared_mem_bytes != 0 || p->extra != nullptr)
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuGraphAddKernelNode(%s): dynamic shared memory or extra",
-                    f->name.c_str());
-    if (!f->sizes.empty() && p->kernel_params == nullptr)
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuGraphAddKernelNode(%s): no kernelParams", f->name.c_str());
-    for (size_t i = 0; i < ndeps; i++) {
-        if (S().nodes.count(deps[i]) == 0 || ((Node*)deps[i])->graph != graph)
-            return fail(CUDA_ERROR_INVALID_VALUE,
-                        "cuGraphAddKernelNode(%s): dependency %zu is not a node of this graph",
-                        f->name.c_str(), i);
-    }
-    Node* n = new Node{graph, (Func*)f, {p->grid[0], p->grid[1], p->grid[2]},
-                       {p->block[0], p->block[1], p->block[2]}, {}};
-    // The driver copies the argument values now: the caller may free them after this call.
-    for (size_t i = 0; i < f->sizes.size(); i++) {
-        const unsigned char* a = (const unsigned char*)p->kernel_params[i];
-        n->args.emplace_back(a, a + f->sizes[i]);
-    }
-    S().nodes.insert(n);
-    ((Graph*)graph)->nodes.push_back(n);
-    *node = n;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
-    NEED_CTX("cuGraphInstantiateWithFlags");
-    if (S().graphs.count(graph) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphInstantiate: %p is not a graph", graph);
-    if (flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphInstantiate: flags %llu", flags);
-    // Nodes only depend on nodes added before them, so insertion order is a topological order.
-    Exec* e = new Exec;
-    for (const Node* n : ((Graph*)graph)->nodes) e->nodes.push_back(*n);
-    S().execs.insert(e);
-    *exec = e;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuGraphLaunch(void* exec, void* stream) {
-    NEED_CTX("cuGraphLaunch");
-    NEED_STREAM("cuGraphLaunch", stream);
-    if (S().execs.count(exec) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE,
-                    "cuGraphLaunch: %p is not an executable graph", exec);
-    for (Node& n : ((Exec*)exec)->nodes) {
-        if (S().funcs.count(n.func) == 0)
-            return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphLaunch: a node's module was unloaded");
-        std::vector<void*> ptrs;
-        for (auto& a : n.args) ptrs.push_back(a.data());
-        if (CUresult rc = run(n.func, n.grid, n.block, ptrs.data())) return rc;
-    }
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuGraphExecDestroy(void* exec) {
-    NEED_CTX("cuGraphExecDestroy");
-    if (S().execs.erase(exec) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE,
-                    "cuGraphExecDestroy(%p): not an executable graph", exec);
-    delete (Exec*)exec;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuGraphDestroy(void* graph) {
-    NEED_CTX("cuGraphDestroy");
-    if (S().graphs.erase(graph) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphDestroy(%p): not a graph", graph);
-    for (Node* n : ((Graph*)graph)->nodes) {
-        S().nodes.erase(n);
-        delete n;
-    }
-    delete (Graph*)graph;
-    return CUDA_SUCCESS;
-}
-
 // ---- errors ----
 
 namespace {
@@ -763,3 +409,4 @@ API unsigned long dsv4_emu_driver_failures(char* out, size_t len) {
     if (out != nullptr && len > 0) snprintf(out, len, "%s", S().messages.c_str());
     return S().failures;
 }
+

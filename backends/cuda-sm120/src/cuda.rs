@@ -4,7 +4,7 @@
 //! the legacy default stream or on non-blocking streams a plan's streams map to, events). libcuda is loaded
 //! dynamically; [`probe`] checks for it before any cudarc driver call (cudarc panics when the
 //! library is missing). `DSV4_CUDA_DRIVER=emu` loads the emulated driver instead
-//! (`emu/driver.cpp`), so this file's calls run and are checked without a GPU.
+//! (`emu/driver*.cpp`), so this file's calls run and are checked without a GPU.
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::graphs::GraphLaunch;
@@ -16,7 +16,7 @@ use std::ffi::{CString, c_void};
 use std::sync::{Arc, OnceLock};
 
 /// Environment variable choosing the driver library: unset for NVIDIA's `libcuda`, `emu` for the
-/// emulated driver (`emu/driver.cpp`: the same calls, checked, with the kernels run on the CPU),
+/// emulated driver (`emu/driver*.cpp`: the same calls, checked, with the kernels run on the CPU),
 /// which lets this device's code run without a GPU.
 pub const DRIVER_ENV: &str = "DSV4_CUDA_DRIVER";
 

@@ -67,7 +67,7 @@ pub fn open(acc_f64: bool) -> Result<Device, CudaError> {
     )
 }
 
-/// Build (or find cached) the emulated CUDA driver (`emu/driver.cpp`): a `libcuda.so` whose
+/// Build (or find cached) the emulated CUDA driver (`emu/driver*.cpp`): a `libcuda.so` whose
 /// device has compute capability `capability` and runs the backend's kernels on the CPU with
 /// f64 accumulation when `acc_f64`. The `cuda-sm120` device loads it for `DSV4_CUDA_DRIVER=emu`.
 pub fn build_driver(

@@ -1,10 +1,11 @@
 //! The `cuda-sm120` device's own code (`src/cuda.rs`: cudarc's driver calls, NVRTC's CUBIN,
 //! streams, events, page-locked memory, graphs) run without a GPU, on the emulated driver
-//! (`emu/driver.cpp`, `DSV4_CUDA_DRIVER=emu`), which checks each call as a driver would and runs
+//! (`emu/driver*.cpp`, `DSV4_CUDA_DRIVER=emu`), which checks each call as a driver would and runs
 //! the kernels on the CPU: the op sweep passes against the reference, the tiny model's decode
 //! steps give exactly the bits of the `cuda-emu` device (the same kernels on the same CPU), in
 //! eager, captured (graphs built and replayed) and threaded-overlap execution, and not one driver
-//! call fails; a block needing more registers than a GPU has is refused as a GPU refuses it.
+//! call fails; a block needing more registers than a GPU has is refused as a GPU refuses it, and
+//! a launch with a pointer into freed memory is refused.
 //!
 //! Needs NVRTC and a host C++ compiler; without them each test prints why and skips, except
 //! under CI=true, where that is a failure.
@@ -34,14 +35,18 @@ fn gpu_backend(test: &str) -> Option<CudaBackend> {
     Some(open_backend(NAME, &BackendOptions::default()).expect("open cuda-sm120"))
 }
 
-/// The one call a test here makes fail on purpose (see `a_block_needing_more_registers_...`).
-const DELIBERATE: &str = "launching linear_fp8_r8: 1024 threads";
+/// The calls tests here make fail on purpose (`a_block_needing_more_registers_...`,
+/// `a_launch_reading_freed_memory_...`).
+const DELIBERATE: [&str; 2] = [
+    "launching linear_fp8_r8: 1024 threads",
+    "launching scale_f64: argument 0",
+];
 
-/// No driver call has failed in this process so far (but the deliberate one).
+/// No driver call has failed in this process so far (but the deliberate ones).
 fn assert_clean(what: &str) {
     let failed: Vec<String> = cuda::emulated_driver_failures()
         .into_iter()
-        .filter(|m| !m.starts_with(DELIBERATE))
+        .filter(|m| !DELIBERATE.iter().any(|d| m.starts_with(d)))
         .collect();
     assert!(
         failed.is_empty(),
@@ -105,12 +110,46 @@ fn a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would() {
     );
     let refused = cuda::emulated_driver_failures();
     assert!(
-        refused.iter().any(|m| m.starts_with(DELIBERATE)),
+        refused.iter().any(|m| m.starts_with(DELIBERATE[0])),
         "{refused:?}"
     );
     // Not sticky (as on a GPU): the device still works.
     launch(128).expect("a launch after the refused one");
     dev.synchronize().expect("synchronize");
+}
+
+#[test]
+fn a_launch_reading_freed_memory_is_refused() {
+    let Some(be) = gpu_backend("a_launch_reading_freed_memory_is_refused") else {
+        return;
+    };
+    let dev = be.device();
+    // Another test's allocation may take the freed memory over at once (then it is live and
+    // the launch is fine): a few tries, of which one must be refused.
+    let refused = (0..4).any(|_| {
+        let buf = dev.alloc(48 << 20).expect("alloc");
+        let stale = buf.at();
+        drop(buf);
+        let args = [KArg::Ptr(stale), KArg::U64(0), KArg::F64(1.0)];
+        // SAFETY: scale_f64's parameters; with n = 0 it touches nothing even if it ran.
+        match unsafe { dev.launch("scale_f64", (1, 1, 1), (32, 1, 1), &args) } {
+            Ok(()) => false,
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+                true
+            }
+        }
+    });
+    assert!(refused, "a pointer into freed memory was never refused");
+    let messages = cuda::emulated_driver_failures();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with(DELIBERATE[1]) && m.contains("freed device memory")),
+        "{messages:?}"
+    );
+    dev.synchronize().expect("the refusal is not sticky");
 }
 
 #[test]

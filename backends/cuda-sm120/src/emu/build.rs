@@ -6,7 +6,19 @@ use std::path::{Path, PathBuf};
 
 const SHIM: &str = include_str!("../../emu/shim.h");
 const RUNTIME: &str = include_str!("../../emu/runtime.cpp");
-const DRIVER: &str = include_str!("../../emu/driver.cpp");
+/// The emulated driver's sources (`Library::Driver`): the header, then the files compiled.
+const DRIVER: &[(&str, &str)] = &[
+    ("driver.h", include_str!("../../emu/driver.h")),
+    ("driver.cpp", include_str!("../../emu/driver.cpp")),
+    (
+        "driver_modules.cpp",
+        include_str!("../../emu/driver_modules.cpp"),
+    ),
+    (
+        "driver_graphs.cpp",
+        include_str!("../../emu/driver_graphs.cpp"),
+    ),
+];
 /// Bump when the build recipe changes (it is part of the cache key).
 const RECIPE: &str =
     "cuda-emu build v2: -O2 -std=c++17 -ffp-contract=off -fPIC -shared -fvisibility=hidden";
@@ -135,7 +147,7 @@ fn write_atomic(path: &Path, text: &str, tag: &str) -> std::io::Result<()> {
 pub(super) enum Library {
     /// `libdsv4emu.so`, loaded by the `cuda-emu` device: exports `dsv4_emu_launch`.
     Emulator,
-    /// `libcuda.so`: the emulated CUDA driver (`emu/driver.cpp`) reporting a device of this
+    /// `libcuda.so`: the emulated CUDA driver (`emu/driver*.cpp`) reporting a device of this
     /// compute capability, which the `cuda-sm120` device loads in place of NVIDIA's.
     Driver((u32, u32)),
 }
@@ -181,10 +193,11 @@ pub(super) fn build(
         meta.and_then(|m| m.modified().ok())
     );
     let lib_args = library.args().join(" ");
-    let driver = match library {
-        Library::Emulator => "",
+    let driver: &[(&str, &str)] = match library {
+        Library::Emulator => &[],
         Library::Driver(_) => DRIVER,
     };
+    let driver_text: String = driver.iter().map(|(n, t)| format!("{n}\n{t}")).collect();
     let key = fnv1a(&[
         RECIPE.as_bytes(),
         SHIM.as_bytes(),
@@ -195,7 +208,7 @@ pub(super) fn build(
         extra.as_bytes(),
         std::env::consts::ARCH.as_bytes(),
         lib_args.as_bytes(),
-        driver.as_bytes(),
+        driver_text.as_bytes(),
     ]);
     let file = library.file_name();
     let mut dir = cache_base().join("cuda-emu").join(format!("{key:016x}"));
@@ -229,8 +242,8 @@ pub(super) fn build(
     write_atomic(&dir.join("shim.h"), SHIM, &tag).map_err(io)?;
     write_atomic(&dir.join("runtime.cpp"), RUNTIME, &tag).map_err(io)?;
     write_atomic(&dir.join("kernels.cpp"), &unit, &tag).map_err(io)?;
-    if !driver.is_empty() {
-        write_atomic(&dir.join("driver.cpp"), driver, &tag).map_err(io)?;
+    for (name, text) in driver {
+        write_atomic(&dir.join(name), text, &tag).map_err(io)?;
     }
     let out = dir.join(format!("{file}.tmp-{tag}"));
     let mut cmd = std::process::Command::new(&cxx);
@@ -252,8 +265,8 @@ pub(super) fn build(
         .arg(dir.join("shim.h"))
         .arg(dir.join("kernels.cpp"))
         .arg(dir.join("runtime.cpp"));
-    if !driver.is_empty() {
-        cmd.arg(dir.join("driver.cpp"));
+    for (name, _) in driver.iter().filter(|(n, _)| n.ends_with(".cpp")) {
+        cmd.arg(dir.join(name));
     }
     cmd.args(library.args())
         .arg("-o")
