@@ -35,14 +35,20 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
 }
 
 #[test]
-fn threads_run_in_reverse_order_give_the_same_results() {
-    if !available("threads_run_in_reverse_order_give_the_same_results") {
+fn reversed_threads_and_checked_alignment_give_the_same_results() {
+    if !available("reversed_threads_and_checked_alignment_give_the_same_results") {
         return;
     }
-    // The emulator runs a block's threads one after another between barriers, so a thread that
-    // reads what a lower thread wrote without a barrier sees it here and maybe not on a GPU. In
-    // reverse order it never does: a missing barrier then changes the results.
-    let reverse = [("DSV4_EMU_CXXFLAGS", "-DDSV4_EMU_REVERSE")];
+    // Two things a GPU punishes that a CPU forgives. The emulator runs a block's threads one
+    // after another between barriers, so a thread that reads what a lower thread wrote without a
+    // barrier sees it here and maybe not on a GPU; in reverse order it never does, and a missing
+    // barrier changes the results. And x86 loads from any address, where a GPU faults on an
+    // access not aligned to its size (a 16-byte vector load, an 8-byte position): built with
+    // -fsanitize=alignment, such an access traps here too.
+    let flags = [(
+        "DSV4_EMU_CXXFLAGS",
+        "-DDSV4_EMU_REVERSE -fsanitize=alignment -fsanitize-undefined-trap-on-error",
+    )];
     let ops = [
         "diff",
         "--backend",
@@ -51,7 +57,7 @@ fn threads_run_in_reverse_order_give_the_same_results() {
         "cuda-emu",
         "--ops",
     ];
-    let out = diff_passes(&ops, &reverse);
+    let out = diff_passes(&ops, &flags);
     assert!(out.contains("176 pass, 0 fail"), "{out}");
     let model = [
         "diff",
@@ -65,7 +71,7 @@ fn threads_run_in_reverse_order_give_the_same_results() {
         "--decode",
         "2",
     ];
-    let out = diff_passes(&model, &reverse);
+    let out = diff_passes(&model, &flags);
     assert!(out.contains("max abs 0,"), "logits differ:\n{out}");
 }
 
