@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{can_run, tiny_decode};
+use common::{can_run, exec_modes, tiny_decode};
 use dsv4_backend_cuda::cuda::{self, DriverLib};
 use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, KArg, NAME, emu, open_backend};
 use dsv4_backend_reference::ReferenceBackend;
@@ -22,7 +22,6 @@ use dsv4_core::Numerics;
 use dsv4_diff::ops::{OpsOptions, run_ops};
 use dsv4_diff::report::Status;
 use dsv4_kernels::{Backend, BackendOptions};
-use dsv4_model::forward::{ExecOptions, Executor};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -183,27 +182,10 @@ fn decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped() {
     let load = |be: Arc<dyn Backend>| {
         load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).expect("tiny model")
     };
-    let eager = ExecOptions {
-        captured: false,
-        executor: Executor::Serial,
-        ..Default::default()
-    };
+    let [(_, eager), ..] = exec_modes();
     let (want, _) = tiny_decode(&load(Arc::new(emu_be)), &eager);
     let m = load(Arc::new(gpu));
-    let captured = ExecOptions {
-        captured: true,
-        ..eager.clone()
-    };
-    let threaded = ExecOptions {
-        overlap: true,
-        executor: Executor::Threaded,
-        ..captured.clone()
-    };
-    for (what, exec) in [
-        ("eager", eager),
-        ("captured", captured),
-        ("threaded overlap", threaded),
-    ] {
+    for (what, exec) in exec_modes() {
         let (bits, stats) = tiny_decode(&m, &exec);
         assert!(
             bits == want,

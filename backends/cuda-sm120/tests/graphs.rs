@@ -11,11 +11,10 @@
 
 mod common;
 
-use common::{emu_available, tiny_decode};
+use common::{emu_available, exec_modes, tiny_decode};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_core::Numerics;
 use dsv4_kernels::{Backend, DevSlice, DeviceOps};
-use dsv4_model::forward::{ExecOptions, Executor};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -140,23 +139,10 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
     }
     let be: Arc<dyn Backend> = Arc::new(backend());
     let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
-    let eager = ExecOptions {
-        captured: false,
-        executor: Executor::Serial,
-        ..Default::default()
-    };
+    let [(_, eager), captured, threaded] = exec_modes();
     let (want, eager_stats) = tiny_decode(&m, &eager);
     assert!(eager_stats.iter().all(|s| s.graph_launches == 0));
-    let captured = ExecOptions {
-        captured: true,
-        ..eager.clone()
-    };
-    let threaded = ExecOptions {
-        overlap: true,
-        executor: Executor::Threaded,
-        ..captured.clone()
-    };
-    for (what, exec) in [("serial", captured), ("threaded overlap", threaded)] {
+    for (what, exec) in [captured, threaded] {
         let (bits, stats) = tiny_decode(&m, &exec);
         assert!(
             bits == want,
@@ -174,7 +160,7 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
         // The host ops' launches (cache reads, attention, routing, top-k) use buffers of
         // their own each call, so only the resident runs between them repeat exactly.
         assert!(
-            what != "serial" || last.graph_kernels * 2 > last.dispatches,
+            what != "captured" || last.graph_kernels * 2 > last.dispatches,
             "{what}: most of a replayed step's kernels run inside graphs: {last:?}"
         );
     }

@@ -12,6 +12,16 @@ mod common;
 
 use common::{can_run, diff_passes, dsv4, json, model_diff_in_every_numerics};
 
+/// `dsv4 diff --ops` of the emulated kernels against the reference.
+const OP_SWEEP: [&str; 6] = [
+    "diff",
+    "--backend",
+    "reference",
+    "--against",
+    "cuda-emu",
+    "--ops",
+];
+
 fn available(test: &str) -> bool {
     can_run(test, "cuda-emu", dsv4_backend_cuda::emu::probe())
 }
@@ -21,17 +31,9 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
     if !available("the_op_sweep_passes_with_f64_and_f32_accumulation") {
         return;
     }
-    let args = [
-        "diff",
-        "--backend",
-        "reference",
-        "--against",
-        "cuda-emu",
-        "--ops",
-    ];
-    let out = diff_passes(&args, &[("DSV4_CUDA_ACC", "f64")]);
+    let out = diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f64")]);
     assert!(out.contains("176 pass, 0 fail"), "{out}");
-    diff_passes(&args, &[("DSV4_CUDA_ACC", "f32")]);
+    diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f32")]);
 }
 
 #[test]
@@ -49,15 +51,7 @@ fn reversed_threads_and_checked_alignment_give_the_same_results() {
         "DSV4_EMU_CXXFLAGS",
         "-DDSV4_EMU_REVERSE -fsanitize=alignment -fsanitize-undefined-trap-on-error",
     )];
-    let ops = [
-        "diff",
-        "--backend",
-        "reference",
-        "--against",
-        "cuda-emu",
-        "--ops",
-    ];
-    let out = diff_passes(&ops, &flags);
+    let out = diff_passes(&OP_SWEEP, &flags);
     assert!(out.contains("176 pass, 0 fail"), "{out}");
     let model = [
         "diff",

@@ -46,3 +46,28 @@ pub fn tiny_decode(
     }
     (bits, stats)
 }
+
+/// The execution modes a decode test compares, named: eager (serial, not captured), captured
+/// (graphs on a device backend) and captured with overlap streams on the threaded executor.
+pub fn exec_modes() -> [(&'static str, dsv4_model::forward::ExecOptions); 3] {
+    use dsv4_model::forward::{ExecOptions, Executor};
+    let eager = ExecOptions {
+        captured: false,
+        executor: Executor::Serial,
+        ..Default::default()
+    };
+    let captured = ExecOptions {
+        captured: true,
+        ..eager.clone()
+    };
+    let threaded = ExecOptions {
+        overlap: true,
+        executor: Executor::Threaded,
+        ..captured.clone()
+    };
+    [
+        ("eager", eager),
+        ("captured", captured),
+        ("threaded overlap", threaded),
+    ]
+}
