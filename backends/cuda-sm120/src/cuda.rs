@@ -20,8 +20,28 @@ use std::sync::{Arc, OnceLock};
 /// which lets this device's code run without a GPU.
 pub const DRIVER_ENV: &str = "DSV4_CUDA_DRIVER";
 
-/// The compute capability the emulated driver reports (the lent test machine's, an H200).
-pub const EMULATED_CAPABILITY: (u32, u32) = (9, 0);
+/// Environment variable setting the compute capability the emulated driver reports and NVRTC
+/// compiles for, `MAJOR.MINOR`: 9.0 (the lent test machine's, an H200) unless set, e.g. 12.0
+/// for the Blackwell target (f32 accumulation by default there).
+pub const EMU_CC_ENV: &str = "DSV4_CUDA_EMU_CC";
+
+/// The compute capability the emulated driver reports: [`EMU_CC_ENV`]'s, else 9.0.
+pub fn emulated_capability() -> Result<(u32, u32), String> {
+    let Ok(v) = std::env::var(EMU_CC_ENV) else {
+        return Ok((9, 0));
+    };
+    let bad =
+        || format!("{EMU_CC_ENV}={v}: expected MAJOR.MINOR of sm_80 or newer, e.g. 9.0 or 12.0");
+    let (major, minor) = v.trim().split_once('.').ok_or_else(bad)?;
+    let cc = (
+        major.parse::<u32>().map_err(|_| bad())?,
+        minor.parse::<u32>().map_err(|_| bad())?,
+    );
+    if cc < (8, 0) || cc.0 > 12 || cc.1 > 9 {
+        return Err(bad());
+    }
+    Ok(cc)
+}
 
 /// The driver library this process loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,13 +121,13 @@ fn find_libcuda() -> Result<(), String> {
 fn emulated_acc_f64() -> Result<bool, String> {
     Ok(registry::acc_override()
         .map_err(|e| e.to_string())?
-        .unwrap_or(default_acc_f64(EMULATED_CAPABILITY)))
+        .unwrap_or(default_acc_f64(emulated_capability()?)))
 }
 
 /// Build the emulated driver and load it by path, for good: its soname is `libcuda.so`, the
 /// first name cudarc asks the loader for, which then finds it loaded instead of searching.
 fn load_emulated() -> Result<(), String> {
-    let path = crate::emu::build_driver(EMULATED_CAPABILITY, emulated_acc_f64()?)
+    let path = crate::emu::build_driver(emulated_capability()?, emulated_acc_f64()?)
         .map_err(|e| format!("{DRIVER_ENV}=emu: cannot build the emulated driver: {e}"))?;
     // SAFETY: the library is ours (built above); its initializers only set up plain globals.
     let lib = unsafe { libloading::Library::new(&path) }

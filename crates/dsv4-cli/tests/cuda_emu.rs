@@ -183,14 +183,21 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
     let (emu, _) = ids("cuda-emu", &[]);
     assert_eq!(emu.as_array().map(Vec::len), Some(8), "{emu}");
     assert_eq!(emu, ids("reference", &[]).0);
-    // cuda-sm120 itself, its driver calls on the emulated driver (NVRTC compiles the CUBIN).
+    // cuda-sm120 itself, its driver calls on the emulated driver, as a Blackwell part (NVRTC
+    // compiles an sm_120 CUBIN; backends/cuda-sm120/tests/driver_emu.rs runs sm_90), with f64
+    // accumulation for the emulator's bits.
     let nvrtc = dsv4_backend_cuda::nvrtc::nvrtc_probe();
     if can_run(
         "generation on the emulated driver",
         "cuda-sm120 (emulated driver)",
         nvrtc,
     ) {
-        let (gpu, stderr) = ids("cuda-sm120", &[("DSV4_CUDA_DRIVER", "emu")]);
+        let env = [
+            ("DSV4_CUDA_DRIVER", "emu"),
+            ("DSV4_CUDA_EMU_CC", "12.0"),
+            ("DSV4_CUDA_ACC", "f64"),
+        ];
+        let (gpu, stderr) = ids("cuda-sm120", &env);
         assert_eq!(gpu, emu, "{stderr}");
         assert!(
             !stderr.contains("dsv4 emulated driver:"),
@@ -200,23 +207,32 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
 }
 
 #[test]
-fn an_unknown_driver_choice_is_a_clear_error() {
-    let mut cmd = dsv4(
-        &std::env::temp_dir(),
-        &[
-            "--set",
-            "backend.kind=cuda-sm120",
-            "generate",
-            "--prompt",
-            "hi",
-        ],
+fn an_unknown_driver_choice_or_capability_is_a_clear_error() {
+    let fails_with = |env: &[(&str, &str)], want: &str| {
+        let mut cmd = dsv4(
+            &std::env::temp_dir(),
+            &[
+                "--set",
+                "backend.kind=cuda-sm120",
+                "generate",
+                "--prompt",
+                "hi",
+            ],
+        );
+        cmd.envs(env.iter().copied());
+        let e = common::fails(cmd);
+        assert!(e.contains(want), "{env:?}: {e}");
+    };
+    fails_with(
+        &[("DSV4_CUDA_DRIVER", "gpu-please")],
+        "DSV4_CUDA_DRIVER=gpu-please: expected `emu`",
     );
-    cmd.env("DSV4_CUDA_DRIVER", "gpu-please");
-    let e = common::fails(cmd);
-    assert!(
-        e.contains("DSV4_CUDA_DRIVER=gpu-please: expected `emu`"),
-        "{e}"
-    );
+    for cc in ["7.5", "nine", "9"] {
+        fails_with(
+            &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
+            &format!("DSV4_CUDA_EMU_CC={cc}: expected MAJOR.MINOR of sm_80 or newer"),
+        );
+    }
 }
 
 #[test]
