@@ -5,9 +5,11 @@
 // barriers) is reported as an error instead of hanging. Launches are serialized by the caller
 // (emu.rs holds a global mutex), so the globals below belong to the one running launch.
 //
-// Threads run in thread order; -DDSV4_EMU_REVERSE (through DSV4_EMU_CXXFLAGS) runs them in
-// reverse, so a kernel that reads another thread's shared/global writes without a barrier between
-// them gives different results under the two orders (a race a GPU may or may not show).
+// Threads run in thread order and blocks in block order; -DDSV4_EMU_REVERSE (through
+// DSV4_EMU_CXXFLAGS) runs both in reverse, so a kernel that reads another thread's shared/global
+// writes without a barrier between them, or another block's global writes of the same launch
+// (which no barrier orders on a GPU), gives different results under the two orders (a race a GPU
+// may or may not show).
 //
 // Fibers switch with a minimal x86-64 context switch (callee-saved registers + rsp; no signal
 // mask syscall); other architectures, or -DDSV4_EMU_UCONTEXT, use ucontext.
@@ -409,7 +411,11 @@ extern "C" int dsv4_emu_schedule(const char* name, dsv4_emu_dim3 grid, dsv4_emu_
         for (unsigned z = 0; z < grid.z && !g_failed; z++)
             for (unsigned y = 0; y < grid.y && !g_failed; y++)
                 for (unsigned x = 0; x < grid.x; x++) {
+#ifdef DSV4_EMU_REVERSE
+                    blockIdx = dsv4_emu_dim3{grid.x - 1 - x, grid.y - 1 - y, grid.z - 1 - z};
+#else
                     blockIdx = dsv4_emu_dim3{x, y, z};
+#endif
                     if (!run_block()) break;
                 }
     }

@@ -42,9 +42,9 @@ fn reversed_threads_and_checked_alignment_give_the_same_results() {
         return;
     }
     // Two things a GPU punishes that a CPU forgives. The emulator runs a block's threads one
-    // after another between barriers, so a thread that reads what a lower thread wrote without a
-    // barrier sees it here and maybe not on a GPU; in reverse order it never does, and a missing
-    // barrier changes the results. And x86 loads from any address, where a GPU faults on an
+    // after another between barriers, and blocks one after another, so a thread that reads what
+    // a lower thread (or block) wrote without a barrier sees it here and maybe not on a GPU; in
+    // reverse order it never does, and a missing barrier changes the results. And x86 loads from any address, where a GPU faults on an
     // access not aligned to its size (a 16-byte vector load, an 8-byte position): built with
     // -fsanitize=alignment, such an access traps here too.
     let flags = [(

@@ -23,8 +23,9 @@ const DRIVER: &[(&str, &str)] = &[
 const RECIPE: &str =
     "cuda-emu build v2: -O2 -std=c++17 -ffp-contract=off -fPIC -shared -fvisibility=hidden";
 /// Extra C++ compiler flags for the emulator build, part of the cache key: `-g` to debug,
-/// `-DDSV4_EMU_REVERSE` to run each block's threads in reverse order (a kernel that reads other
-/// threads' writes without a barrier then gives different results: a race), `-DDSV4_EMU_UCONTEXT`
+/// `-DDSV4_EMU_REVERSE` to run each block's threads and the grid's blocks in reverse order (a
+/// kernel that reads other threads' writes without a barrier, or other blocks' writes of the same
+/// launch, then gives different results: a race), `-DDSV4_EMU_UCONTEXT`
 /// for the portable (slower) fiber switch.
 pub const EXTRA_FLAGS_ENV: &str = "DSV4_EMU_CXXFLAGS";
 
