@@ -383,6 +383,11 @@ extern "C" void dsv4_emu_trap(void) {
     to_scheduler();
 }
 
+// The bounds of the section every __shared__ array is in (emu/shim.h), defined by the linker;
+// weak, so a translation unit without shared memory links too.
+extern "C" char __start_dsv4_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_dsv4_shared[] __attribute__((weak, visibility("hidden")));
+
 extern "C" int dsv4_emu_schedule(const char* name, dsv4_emu_dim3 grid, dsv4_emu_dim3 block,
                                  void (*body)(void*), void* ctx, char* err, size_t errlen) {
     g_name = name;
@@ -397,6 +402,8 @@ extern "C" int dsv4_emu_schedule(const char* name, dsv4_emu_dim3 grid, dsv4_emu_
              grid.z);
     }
     if (!g_failed) {
+        if (__start_dsv4_shared != nullptr && __stop_dsv4_shared > __start_dsv4_shared)
+            memset(__start_dsv4_shared, 0xFF, (size_t)(__stop_dsv4_shared - __start_dsv4_shared));
         g_nthreads = (unsigned)n;
         g_body = body;
         g_ctx = ctx;

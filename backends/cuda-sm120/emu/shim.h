@@ -3,8 +3,8 @@
 // threads of a block run as cooperative fibers (emu/runtime.cpp) that switch only inside
 // __syncthreads, __syncwarp, the warp shuffles/votes and at thread exit. So:
 //   - `__shared__` is `static`: a function-static array is exactly the running block's shared
-//     memory (it is NOT cleared between blocks; reading shared memory before writing it is
-//     undefined on a GPU too);
+//     memory (poisoned before each launch, NOT cleared between blocks; reading shared memory
+//     before writing it is undefined on a GPU too);
 //   - threadIdx/blockIdx/blockDim/gridDim are globals the scheduler sets before a fiber runs;
 //   - integer atomics are plain read-modify-writes (no fiber can interrupt them).
 // Only what common.cuh documents as the kernel dialect is promised to match NVRTC.
@@ -25,7 +25,10 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-#define __shared__ static
+// Every __shared__ array lives in one section, which the scheduler fills with 0xFF bytes (NaN,
+// -1) before each launch: a kernel reading shared memory it never wrote gets garbage, as on a
+// GPU, instead of the zeros of static storage.
+#define __shared__ __attribute__((section("dsv4_shared"))) static
 
 struct dsv4_emu_dim3 {
     unsigned int x, y, z;
