@@ -50,7 +50,9 @@ if [ "$backend" = cuda-emu ] || [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then on_cpu=1
 # NVRTC: cudarc (built for CUDA 12.8) loads libnvrtc by the names CUDA 12 uses (libnvrtc.so,
 # libnvrtc.so.12). A machine with only a newer toolkit (CUDA 13: libnvrtc.so.13) gets a
 # libnvrtc.so symlink to it on LD_LIBRARY_PATH; the NVRTC C API is the same.
-if [ "$backend" = cuda-sm120 ] && ! ldconfig -p 2>/dev/null | grep -qE 'libnvrtc\.so(\.12)? '; then
+# With DSV4_CUDA_KERNELS=cached the kernels come from DSV4_CACHE_DIR and NVRTC is not needed.
+if [ "$backend" = cuda-sm120 ] && [ "${DSV4_CUDA_KERNELS:-}" != cached ] &&
+    ! ldconfig -p 2>/dev/null | grep -qE 'libnvrtc\.so(\.12)? '; then
     lib=$(ls /usr/local/cuda/lib64/libnvrtc.so.* /usr/local/cuda/targets/*/lib/libnvrtc.so.* \
         /usr/lib/x86_64-linux-gnu/libnvrtc.so.* 2>/dev/null | grep -v -e builtins -e alt | sort -V | tail -n 1)
     if [ -z "$lib" ]; then

@@ -8,6 +8,7 @@
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::graphs::GraphLaunch;
+use crate::kernel_cache::{self, KernelSource};
 use crate::{CudaError, Device, DeviceInfo, kernels, nvrtc, registry};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -96,7 +97,16 @@ fn probe_once() -> Result<(), String> {
     if count <= 0 {
         return Err("no CUDA device (the driver loads but reports no GPU)".to_string());
     }
-    nvrtc::nvrtc_probe()
+    match kernel_cache::source()? {
+        // open() says which cached CUBIN is missing, if one is.
+        KernelSource::CachedOnly => Ok(()),
+        KernelSource::Auto => nvrtc::nvrtc_probe().map_err(|e| {
+            format!(
+                "{e}; or set {}=cached to run CUBINs compiled before",
+                kernel_cache::KERNELS_ENV
+            )
+        }),
+    }
 }
 
 fn find_libcuda() -> Result<(), String> {
@@ -243,13 +253,50 @@ pub fn open(device_index: usize) -> Result<Device, CudaError> {
     Ok(Device::new(Arc::new(d)))
 }
 
-/// Compile for `sm_XY` and load the CUBIN; if the driver refuses it, load PTX for `compute_XY`
-/// instead (JIT-compiled by the driver). The context must be current.
+/// Load the cached CUBIN for `sm_XY` (see `kernel_cache.rs`), else compile one, load it and
+/// cache it; if the driver refuses a fresh CUBIN, load PTX for `compute_XY` instead
+/// (JIT-compiled by the driver). The context must be current.
 fn load_module(capability: (u32, u32), acc_f64: bool) -> Result<sys::CUmodule, CudaError> {
+    let source = kernel_cache::source().map_err(CudaError::Unavailable)?;
+    let cached = kernel_cache::path(capability, acc_f64);
+    if let Some(cubin) = kernel_cache::load(capability, acc_f64) {
+        // SAFETY: an ELF image (checked by load); the driver validates and copies it.
+        match unsafe { result::module::load_data(cubin.as_ptr().cast()) } {
+            Ok(m) => return Ok(m),
+            Err(e) if source == KernelSource::CachedOnly => {
+                return Err(CudaError::Driver(format!(
+                    "cuModuleLoadData refused the cached CUBIN {}: {}",
+                    cached.display(),
+                    err_name(e)
+                )));
+            }
+            Err(e) => tracing::warn!(
+                "the cached CUBIN {} does not load ({}); compiling",
+                cached.display(),
+                err_name(e)
+            ),
+        }
+    } else if source == KernelSource::CachedOnly {
+        return Err(CudaError::Unavailable(format!(
+            "{}=cached and no cached CUBIN for sm_{}{} ({} accumulation) at {}: run once where \
+             NVRTC is, with the same DSV4_CACHE_DIR (without a GPU: {DRIVER_ENV}=emu \
+             {EMU_CC_ENV}={}.{})",
+            kernel_cache::KERNELS_ENV,
+            capability.0,
+            capability.1,
+            if acc_f64 { "f64" } else { "f32" },
+            cached.display(),
+            capability.0,
+            capability.1
+        )));
+    }
     let cubin = nvrtc::compile_cubin(capability, acc_f64)?;
     // SAFETY: cubin is a complete ELF image produced by NVRTC; the driver copies it.
     let cubin_err = match unsafe { result::module::load_data(cubin.as_ptr().cast()) } {
-        Ok(m) => return Ok(m),
+        Ok(m) => {
+            kernel_cache::store(capability, acc_f64, &cubin);
+            return Ok(m);
+        }
         Err(e) => err_name(e),
     };
     let ptx = nvrtc::compile_ptx(capability, acc_f64)?;

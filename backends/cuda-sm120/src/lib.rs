@@ -16,9 +16,12 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+mod disk_cache;
 pub mod emu;
 mod error;
 pub mod graphs;
+#[cfg(feature = "cuda")]
+pub mod kernel_cache;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

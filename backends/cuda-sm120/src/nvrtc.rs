@@ -144,6 +144,25 @@ pub fn compile_cubin(arch: (u32, u32), acc_f64: bool) -> Result<Vec<u8>, CudaErr
     )
 }
 
+/// NVRTC's options for `arch`: `--fmad=false -std=c++17`, the architecture (`sm_XY` for a
+/// CUBIN, `compute_XY` for PTX), `-DDSV4_ACC_F64` when `acc_f64` (part of the kernel cache's key).
+pub fn options(arch: (u32, u32), acc_f64: bool, cubin: bool) -> Vec<String> {
+    let mut opts = vec![
+        "--fmad=false".to_string(),
+        "-std=c++17".to_string(),
+        format!(
+            "--gpu-architecture={}_{}{}",
+            if cubin { "sm" } else { "compute" },
+            arch.0,
+            arch.1
+        ),
+    ];
+    if acc_f64 {
+        opts.push("-DDSV4_ACC_F64".to_string());
+    }
+    opts
+}
+
 fn compile(
     src: &str,
     name: &str,
@@ -159,19 +178,7 @@ fn compile(
     };
     let csrc = CString::new(src).map_err(|_| fail("the source contains a NUL byte".into()))?;
     let cname = CString::new(name).map_err(|_| fail("the name contains a NUL byte".into()))?;
-    let mut opts = vec![
-        "--fmad=false".to_string(),
-        "-std=c++17".to_string(),
-        format!(
-            "--gpu-architecture={}_{}{}",
-            if cubin { "sm" } else { "compute" },
-            arch.0,
-            arch.1
-        ),
-    ];
-    if acc_f64 {
-        opts.push("-DDSV4_ACC_F64".to_string());
-    }
+    let opts = options(arch, acc_f64, cubin);
     let prog = result::create_program(&csrc, Some(&cname))
         .map_err(|e| fail(format!("nvrtcCreateProgram: {e}")))?;
     // SAFETY: prog was created above and is destroyed once, below; csrc/cname outlive it.

@@ -207,7 +207,77 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
 }
 
 #[test]
-fn an_unknown_driver_choice_or_capability_is_a_clear_error() {
+fn kernels_compiled_once_run_from_the_cache_without_nvrtc() {
+    if !available("kernels_compiled_once_run_from_the_cache_without_nvrtc")
+        || !can_run(
+            "kernels_compiled_once_run_from_the_cache_without_nvrtc",
+            "cuda-sm120 (emulated driver)",
+            dsv4_backend_cuda::nvrtc::nvrtc_probe(),
+        )
+    {
+        return;
+    }
+    // A relative cache directory (taken from the working directory, as a user would give it).
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("kernel-cache");
+    let run = |cached_only: bool| {
+        let mut cmd = dsv4(
+            dir.path(),
+            &[
+                "--set",
+                "backend.kind=cuda-sm120",
+                "generate",
+                "--prompt",
+                "hello there",
+                "--max-tokens",
+                "4",
+                "--json",
+            ],
+        );
+        cmd.env("DSV4_CACHE_DIR", "kernel-cache")
+            .env("DSV4_CUDA_DRIVER", "emu");
+        if cached_only {
+            cmd.env("DSV4_CUDA_KERNELS", "cached");
+        }
+        common::run(cmd)
+    };
+    // Nothing cached yet: cached-only is a clear error naming what to do.
+    let out = run(true);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(
+        e.contains("DSV4_CUDA_KERNELS=cached and no cached CUBIN for sm_90 (f64 accumulation)")
+            && e.contains("DSV4_CUDA_EMU_CC=9.0"),
+        "{e}"
+    );
+    // One run with NVRTC compiles and caches the CUBIN; then no compiler is needed.
+    let compiled = run(false);
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let cubins: Vec<_> = std::fs::read_dir(cache.join("cuda-kernels"))
+        .expect("the kernel cache")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sm_90-f64-"))
+        .collect();
+    assert_eq!(cubins.len(), 1, "one cached CUBIN");
+    let cached = run(true);
+    assert!(
+        cached.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cached.stderr)
+    );
+    let ids = |o: &std::process::Output| {
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("JSON")["completion_ids"]
+            .clone()
+    };
+    assert_eq!(ids(&cached), ids(&compiled));
+}
+
+#[test]
+fn an_unknown_driver_choice_capability_or_kernel_source_is_a_clear_error() {
     let fails_with = |env: &[(&str, &str)], want: &str| {
         let mut cmd = dsv4(
             &std::env::temp_dir(),
@@ -226,6 +296,13 @@ fn an_unknown_driver_choice_or_capability_is_a_clear_error() {
     fails_with(
         &[("DSV4_CUDA_DRIVER", "gpu-please")],
         "DSV4_CUDA_DRIVER=gpu-please: expected `emu`",
+    );
+    fails_with(
+        &[
+            ("DSV4_CUDA_DRIVER", "emu"),
+            ("DSV4_CUDA_KERNELS", "sometimes"),
+        ],
+        "DSV4_CUDA_KERNELS=sometimes: expected `auto`",
     );
     for cc in ["7.5", "nine", "9"] {
         fails_with(

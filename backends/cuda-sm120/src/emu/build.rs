@@ -2,6 +2,7 @@
 //! generated kernel table.
 
 use crate::CudaError;
+use crate::disk_cache::{cache_base, fnv1a};
 use std::path::{Path, PathBuf};
 
 const SHIM: &str = include_str!("../../emu/shim.h");
@@ -61,36 +62,6 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(name))
         .find(|c| c.is_file())
-}
-
-/// FNV-1a, 64 bit: a stable cache key (std's hasher may change between Rust releases).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in part.iter().chain(&(part.len() as u64).to_le_bytes()) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
-fn cache_base() -> PathBuf {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = env("DSV4_CACHE_DIR") {
-        return d;
-    }
-    if let Some(d) = env("XDG_CACHE_HOME") {
-        return d.join("dsv4");
-    }
-    if let Some(d) = env("HOME") {
-        return d.join(".cache").join("dsv4");
-    }
-    std::env::temp_dir().join("dsv4")
 }
 
 /// The C++ that maps kernel names to launchers and to their parameters' sizes (appended to the
@@ -334,13 +305,5 @@ mod tests {
             "{e}"
         );
         assert!(find_compiler_from(Some("no-such-dsv4-compiler".into())).is_err());
-    }
-
-    #[test]
-    fn the_cache_key_depends_on_every_part() {
-        let a = fnv1a(&[b"ab", b"c"]);
-        assert_ne!(a, fnv1a(&[b"a", b"bc"]));
-        assert_ne!(a, fnv1a(&[b"ab", b"d"]));
-        assert_eq!(a, fnv1a(&[b"ab", b"c"]));
     }
 }
