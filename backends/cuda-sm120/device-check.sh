@@ -66,6 +66,12 @@ print(sorted(hits)[-1] if hits else "")' 2>/dev/null)
         ln -sf "$lib" "$shim/libnvrtc.so"
         export LD_LIBRARY_PATH="$shim:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         echo "NVRTC: $lib"
+    elif ls "${DSV4_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dsv4}"/cuda-kernels/*.cubin >/dev/null 2>&1; then
+        # No NVRTC here, but CUBINs compiled elsewhere were carried along (docs/cuda.md).
+        export DSV4_CUDA_KERNELS=cached
+        echo "NVRTC: not found; running the cached CUBINs (DSV4_CUDA_KERNELS=cached)"
+    else
+        echo "NVRTC: not found, and no cached CUBINs: cuda-sm120 will be unavailable (docs/cuda.md)"
     fi
 fi
 
