@@ -7,6 +7,11 @@
 //! (`emu/driver*.cpp`), so this file's calls run and are checked without a GPU.
 
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
+use crate::driver_lib::find_libcuda;
+pub use crate::driver_lib::{
+    DRIVER_ENV, DriverLib, EMU_CC_ENV, driver_lib, emulated_capability, emulated_driver_failures,
+    select_driver,
+};
 use crate::graphs::GraphLaunch;
 use crate::kernel_cache::{self, KernelSource};
 use crate::{CudaError, Device, DeviceInfo, kernels, nvrtc, registry};
@@ -15,69 +20,6 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Arc, OnceLock};
-
-/// Environment variable choosing the driver library: unset for NVIDIA's `libcuda`, `emu` for the
-/// emulated driver (`emu/driver*.cpp`: the same calls, checked, with the kernels run on the CPU),
-/// which lets this device's code run without a GPU.
-pub const DRIVER_ENV: &str = "DSV4_CUDA_DRIVER";
-
-/// Environment variable setting the compute capability the emulated driver reports and NVRTC
-/// compiles for, `MAJOR.MINOR`: 9.0 (the lent test machine's, an H200) unless set, e.g. 12.0
-/// for the Blackwell target (f32 accumulation by default there).
-pub const EMU_CC_ENV: &str = "DSV4_CUDA_EMU_CC";
-
-/// The compute capability the emulated driver reports: [`EMU_CC_ENV`]'s, else 9.0.
-pub fn emulated_capability() -> Result<(u32, u32), String> {
-    let Ok(v) = std::env::var(EMU_CC_ENV) else {
-        return Ok((9, 0));
-    };
-    let bad =
-        || format!("{EMU_CC_ENV}={v}: expected MAJOR.MINOR of sm_80 or newer, e.g. 9.0 or 12.0");
-    let (major, minor) = v.trim().split_once('.').ok_or_else(bad)?;
-    let cc = (
-        major.parse::<u32>().map_err(|_| bad())?,
-        minor.parse::<u32>().map_err(|_| bad())?,
-    );
-    if cc < (8, 0) || cc.0 > 12 || cc.1 > 9 {
-        return Err(bad());
-    }
-    Ok(cc)
-}
-
-/// The driver library this process loads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DriverLib {
-    /// NVIDIA's `libcuda`, found by the loader.
-    System,
-    /// The emulated driver, built from the kernels with the host C++ compiler.
-    Emulated,
-}
-
-static DRIVER: OnceLock<Result<DriverLib, String>> = OnceLock::new();
-
-/// Choose the driver library for this process (tests without a GPU choose
-/// [`DriverLib::Emulated`]). Must come before the first probe; afterwards it is an error to ask
-/// for a different one.
-pub fn select_driver(lib: DriverLib) -> Result<(), String> {
-    match DRIVER.get_or_init(|| Ok(lib)) {
-        Ok(chosen) if *chosen == lib => Ok(()),
-        Ok(chosen) => Err(format!("the CUDA driver library is already {chosen:?}")),
-        Err(e) => Err(e.clone()),
-    }
-}
-
-/// The driver library this process loads: the one [`select_driver`] chose, else [`DRIVER_ENV`]'s.
-pub fn driver_lib() -> Result<DriverLib, String> {
-    DRIVER
-        .get_or_init(|| match std::env::var(DRIVER_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("") => Ok(DriverLib::System),
-            Ok("emu") => Ok(DriverLib::Emulated),
-            Ok(other) => Err(format!(
-                "{DRIVER_ENV}={other}: expected `emu` (the emulated driver) or unset (NVIDIA's libcuda)"
-            )),
-        })
-        .clone()
-}
 
 /// Ok when the NVIDIA driver (or the emulated one) is loadable, initializes, has at least one
 /// device, and NVRTC is loadable; else why not. Checked once.
@@ -89,7 +31,7 @@ pub fn probe() -> Result<(), String> {
 fn probe_once() -> Result<(), String> {
     match driver_lib()? {
         DriverLib::System => find_libcuda()?,
-        DriverLib::Emulated => load_emulated()?,
+        DriverLib::Emulated => crate::driver_lib::load_emulated()?,
     }
     result::init().map_err(|e| format!("cuInit failed: {}", err_name(e)))?;
     let count = result::device::get_count()
@@ -107,72 +49,6 @@ fn probe_once() -> Result<(), String> {
             )
         }),
     }
-}
-
-fn find_libcuda() -> Result<(), String> {
-    let mut names = cudarc::get_lib_name_candidates("cuda");
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|n| seen.insert(n.clone()));
-    // SAFETY: loading libcuda runs only the driver's own initializers.
-    let found = names
-        .iter()
-        .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
-    if found {
-        Ok(())
-    } else {
-        Err(format!(
-            "libcuda not found (no NVIDIA driver): tried {}",
-            names.join(", ")
-        ))
-    }
-}
-
-/// The accumulation the emulated driver's kernels use: what `open` picks for its device.
-fn emulated_acc_f64() -> Result<bool, String> {
-    Ok(registry::acc_override()
-        .map_err(|e| e.to_string())?
-        .unwrap_or(default_acc_f64(emulated_capability()?)))
-}
-
-/// Build the emulated driver and load it by path, for good: its soname is `libcuda.so`, the
-/// first name cudarc asks the loader for, which then finds it loaded instead of searching.
-fn load_emulated() -> Result<(), String> {
-    let path = crate::emu::build_driver(emulated_capability()?, emulated_acc_f64()?)
-        .map_err(|e| format!("{DRIVER_ENV}=emu: cannot build the emulated driver: {e}"))?;
-    // SAFETY: the library is ours (built above); its initializers only set up plain globals.
-    let lib = unsafe { libloading::Library::new(&path) }
-        .map_err(|e| format!("{DRIVER_ENV}=emu: cannot load {}: {e}", path.display()))?;
-    std::mem::forget(lib);
-    Ok(())
-}
-
-/// The emulated driver's failed calls so far, one message each (none until the emulated driver
-/// is loaded): a run that should be clean asserts there are none.
-pub fn emulated_driver_failures() -> Vec<String> {
-    type Failures = unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> std::ffi::c_ulong;
-    if driver_lib() != Ok(DriverLib::Emulated) || probe().is_err() {
-        return Vec::new();
-    }
-    // SAFETY: the emulated driver is loaded (probed) under this soname; dlopen by it returns
-    // that library without loading anything.
-    let Ok(lib) = (unsafe { libloading::Library::new("libcuda.so") }) else {
-        return Vec::new();
-    };
-    // SAFETY: emu/driver.cpp defines the function with this signature.
-    let Ok(f) = (unsafe { lib.get::<Failures>(b"dsv4_emu_driver_failures\0") }) else {
-        return Vec::new();
-    };
-    let mut buf = vec![0u8; 1 << 17];
-    // SAFETY: buf is writable for its length; the function NUL-terminates within it.
-    let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) } as usize;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let mut v: Vec<String> = String::from_utf8_lossy(&buf[..end])
-        .lines()
-        .map(str::to_string)
-        .collect();
-    // Past the driver's 64 KiB of messages, the rest are only counted.
-    v.extend((v.len()..n).map(|_| "(message not kept)".to_string()));
-    v
 }
 
 fn err_name(e: DriverError) -> String {

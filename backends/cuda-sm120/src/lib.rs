@@ -17,6 +17,8 @@ pub mod bench;
 pub mod cuda;
 pub mod device;
 mod disk_cache;
+#[cfg(feature = "cuda")]
+mod driver_lib;
 pub mod emu;
 mod error;
 pub mod graphs;
