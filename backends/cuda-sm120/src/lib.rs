@@ -209,6 +209,19 @@ impl Backend for CudaBackend {
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
+    fn indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        ops::attention::indexer_topk_rows(&self.core, q, w, dim, keys, key_starts, k)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
     fn sparse_attention(
         &self,
         q: &[f32],

@@ -18,6 +18,7 @@ pub mod gpu;
 mod ops;
 mod ops_attn;
 mod ops_cache;
+mod ops_indexer;
 mod resident;
 mod resident_ops;
 pub mod setup;
@@ -210,11 +211,11 @@ impl Backend for WgpuBackend {
     }
 
     fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
-        ops_attn::indexer_scores(&self.gpu, q, w, dim, keys, out)
+        ops_indexer::indexer_scores(&self.gpu, q, w, dim, keys, out)
     }
 
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
-        ops_attn::topk(&self.gpu, scores, k)
+        ops_indexer::topk(&self.gpu, scores, k)
     }
 
     fn indexer_scores_rows(
@@ -226,11 +227,23 @@ impl Backend for WgpuBackend {
         key_starts: &[usize],
         out: &mut [f32],
     ) {
-        ops_attn::indexer_scores_rows(&self.gpu, q, w, dim, keys, key_starts, out)
+        ops_indexer::indexer_scores_rows(&self.gpu, q, w, dim, keys, key_starts, out)
     }
 
     fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
-        ops_attn::topk_rows(&self.gpu, scores, starts, k)
+        ops_indexer::topk_rows(&self.gpu, scores, starts, k)
+    }
+
+    fn indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        ops_indexer::indexer_topk_rows(&self.gpu, q, w, dim, keys, key_starts, k)
     }
 
     fn sparse_attention(

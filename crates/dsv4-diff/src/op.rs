@@ -37,6 +37,8 @@ pub enum Op {
     Topk,
     /// `Backend::topk_rows`.
     TopkRows,
+    /// `Backend::indexer_topk_rows`.
+    IndexerTopkRows,
     /// `Backend::sparse_attention`.
     SparseAttention,
     /// `Backend::sparse_attention_rows`.
@@ -59,7 +61,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 23] = [
+    pub const ALL: [Op; 24] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -74,6 +76,7 @@ impl Op {
         Op::IndexerScoresRows,
         Op::Topk,
         Op::TopkRows,
+        Op::IndexerTopkRows,
         Op::SparseAttention,
         Op::SparseAttentionRows,
         Op::RouterScores,
@@ -102,6 +105,7 @@ impl Op {
             Op::IndexerScoresRows => "indexer_scores_rows",
             Op::Topk => "topk",
             Op::TopkRows => "topk_rows",
+            Op::IndexerTopkRows => "indexer_topk_rows",
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
             Op::RouterScores => "router_scores",

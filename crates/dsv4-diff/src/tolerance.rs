@@ -113,6 +113,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
             "same scores must give the same set (ties to the lower index)",
         ),
         Op::TopkRows => tol(Recall, 1.0, "topk, several rows per call"),
+        Op::IndexerTopkRows => tol(
+            Recall,
+            1.0,
+            "indexer scores then topk (scores exact in f32: the same set on every backend)",
+        ),
         Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
         Op::SparseAttentionRows => tol(Nmse, 1e-7, "sparse_attention, several rows per call"),
         Op::RouterScores => tol(Nmse, 1e-9, "element-wise"),

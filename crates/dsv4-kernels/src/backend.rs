@@ -161,6 +161,25 @@ pub trait Backend: Send + Sync {
             .collect()
     }
 
+    /// The indexer's selection for several queries at once: [`Backend::indexer_scores_rows`]
+    /// over `key_starts`, then [`Backend::topk_rows`] of those scores over the same ranges —
+    /// the indices (relative to each query's range) of its `k` best-scoring keys. The scores
+    /// stay on the device of a GPU backend, which runs both in one submission.
+    #[allow(clippy::too_many_arguments)]
+    fn indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        let mut scores = vec![0f32; key_starts.last().copied().unwrap_or(0)];
+        self.indexer_scores_rows(q, w, dim, keys, key_starts, &mut scores);
+        self.topk_rows(&scores, key_starts, k)
+    }
+
     /// [`Backend::sparse_attention`] of several queries at once, each over its own keys: query
     /// r (`q[r·heads·dim ..]`) attends over key rows `key_starts[r] .. key_starts[r+1]` of
     /// `keys` [n, dim], into `out[r·heads·dim ..]`. Row for row equal to `sparse_attention`; a

@@ -5,7 +5,7 @@
 
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
-use crate::{Core, CudaError, KArg};
+use crate::{Core, CudaError, DevBuf, KArg};
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -111,21 +111,12 @@ pub fn indexer_scores_rows(
     key_starts: &[usize],
     out: &mut [f32],
 ) -> Result<(), CudaError> {
-    let rows = key_starts.len().saturating_sub(1);
-    if rows == 0 {
+    let Some((rows, heads, first, last)) =
+        indexer_operands("indexer_scores_rows", q, w, dim, keys, key_starts)?
+    else {
         return Ok(());
-    }
-    let heads = w.len() / rows;
-    let (first, last) = ranges("indexer_scores_rows", key_starts)?;
+    };
     need("indexer_scores_rows output", out.len(), last)?;
-    if dim > 0 {
-        let end = last.checked_mul(dim).ok_or_else(|| {
-            CudaError::BadOperands(format!("indexer_scores_rows: key {last} × dim {dim}"))
-        })?;
-        need("indexer_scores_rows keys", keys.len(), end)?;
-    }
-    let hd = heads * dim;
-    need("indexer_scores_rows queries", q.len(), rows * hd)?;
     // A row of no keys (or of zero-width keys, which the per-row op skips) writes nothing.
     if dim == 0 || first == last {
         return Ok(());
@@ -133,13 +124,75 @@ pub fn indexer_scores_rows(
     let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
     score(
         c,
-        &q[..rows * hd],
+        &q[..rows * heads * dim],
         &w[..rows * heads],
         dim,
         &keys[first * dim..last * dim],
         &starts,
         &mut out[first..last],
     )
+}
+
+/// The indexer's operands checked as the row-by-row definition would slice them: (queries,
+/// heads, first key, last key), or None for no queries.
+fn indexer_operands(
+    what: &str,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+) -> Result<Option<(usize, usize, usize, usize)>, CudaError> {
+    let rows = key_starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Ok(None);
+    }
+    let heads = w.len() / rows;
+    let (first, last) = ranges(what, key_starts)?;
+    if dim > 0 {
+        let end = last
+            .checked_mul(dim)
+            .ok_or_else(|| CudaError::BadOperands(format!("{what}: key {last} × dim {dim}")))?;
+        need(&format!("{what} keys"), keys.len(), end)?;
+    }
+    need(&format!("{what} queries"), q.len(), rows * heads * dim)?;
+    Ok(Some((rows, heads, first, last)))
+}
+
+/// [`indexer_scores_rows`] then [`topk_rows`] over the same ranges, the scores left on the
+/// device: two launches and one read-back of the chosen indices (relative to each range).
+/// Operands either op would refuse are `BadOperands`.
+pub fn indexer_topk_rows(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let Some((rows, heads, first, last)) =
+        indexer_operands("indexer_topk_rows", q, w, dim, keys, key_starts)?
+    else {
+        return Ok(Vec::new());
+    };
+    topk_fits(key_starts, k)?;
+    if dim == 0 || first == last || k == 0 {
+        // Nothing to score on the device (zero scores, or no keys) or nothing to choose.
+        let mut scores = vec![0f32; last];
+        indexer_scores_rows(c, q, w, dim, keys, key_starts, &mut scores)?;
+        return topk_rows(c, &scores, key_starts, k);
+    }
+    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    let sb = score_on_device(
+        c,
+        &q[..rows * heads * dim],
+        &w[..rows * heads],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
+    )?;
+    topk_on_device(c, &sb, &starts, k)
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
@@ -155,16 +208,15 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 
 /// The indexer launch over `starts.len() − 1` queries (q [rows, heads, dim], w [rows, heads]),
 /// query r over key rows `starts[r] .. starts[r+1]` of `keys` (starts from 0, nondecreasing, the
-/// last = keys.len() / dim = out.len() > 0), then one read-back; dim > 0.
-fn score(
+/// last = keys.len() / dim > 0), into a device buffer of `starts[rows]` scores; dim > 0.
+fn score_on_device(
     c: &Core,
     q: &[f32],
     w: &[f32],
     dim: usize,
     keys: &[f32],
     starts: &[usize],
-    out: &mut [f32],
-) -> Result<(), CudaError> {
+) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
     let n = starts[rows];
     let heads = w.len() / rows;
@@ -195,7 +247,22 @@ fn score(
         // nondecreasing u32 ending at n, out n; the launch covers queries row0 .. row0 + nr.
         unsafe { dev.launch("attn_indexer_scores", grid, (KEY_THREADS, 1, 1), &args)? };
     }
-    dev.download_f32(&ob, &mut out[..n])
+    Ok(ob)
+}
+
+/// [`score_on_device`], then one read-back into `out` [starts[rows]].
+fn score(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let n = starts[starts.len() - 1];
+    let ob = score_on_device(c, q, w, dim, keys, starts)?;
+    c.dev.download_f32(&ob, &mut out[..n])
 }
 
 /// `v` as little-endian u32 words (a kernel's index array), or `Err(BadOperands)` naming `what`.
@@ -228,21 +295,44 @@ pub fn topk_rows(
     }
     let (first, last) = ranges("topk_rows", starts)?;
     need("topk_rows scores", scores.len(), last)?;
-    let counts: Vec<usize> = starts.windows(2).map(|w| (w[1] - w[0]).min(k)).collect();
-    if let Some(n) = starts
+    topk_fits(starts, k)?;
+    if k == 0 || first == last {
+        return Ok(vec![Vec::new(); rows]);
+    }
+    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
+    let sb = c.dev.temp_f32(&scores[first..last])?;
+    topk_on_device(c, &sb, &rel, k)
+}
+
+/// Err when a range of `starts` is longer than the top-k kernel takes (and k > 0).
+fn topk_fits(starts: &[usize], k: usize) -> Result<(), CudaError> {
+    match starts
         .windows(2)
         .map(|w| w[1] - w[0])
         .find(|&n| n > MAX_TOPK && k > 0)
     {
-        return Err(CudaError::BadOperands(format!(
+        Some(n) => Err(CudaError::BadOperands(format!(
             "topk over {n} scores; the kernel takes up to {MAX_TOPK}"
-        )));
+        ))),
+        None => Ok(()),
     }
+}
+
+/// Top-k of each range `starts[r] .. starts[r+1]` of the device scores `sb` (starts from 0,
+/// nondecreasing, each range at most [`MAX_TOPK`] when k > 0), indices relative to the range:
+/// one launch (a block per range) and one read-back (none when nothing is selected).
+fn topk_on_device(
+    c: &Core,
+    sb: &DevBuf,
+    starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let rows = starts.len() - 1;
+    let counts: Vec<usize> = starts.windows(2).map(|w| (w[1] - w[0]).min(k)).collect();
     let total: usize = counts.iter().sum();
     if total == 0 {
         return Ok(vec![Vec::new(); rows]);
     }
-    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
     let mut offs = Vec::with_capacity(rows + 1);
     offs.push(0);
     for n in &counts {
@@ -250,12 +340,11 @@ pub fn topk_rows(
     }
     let k32 = u32::try_from(k).unwrap_or(u32::MAX);
     let dev = &c.dev;
-    let sb = dev.temp_f32(&scores[first..last])?;
-    let stb = dev.temp_upload(&u32_words("scores", &rel)?)?;
+    let stb = dev.temp_upload(&u32_words("scores", starts)?)?;
     let offb = dev.temp_upload(&u32_words("selected", &offs)?)?;
     let ob = dev.temp(total * 4)?;
     let args = [
-        KArg::Buf(&sb),
+        KArg::Buf(sb),
         KArg::Buf(&stb),
         KArg::Buf(&offb),
         KArg::Buf(&ob),

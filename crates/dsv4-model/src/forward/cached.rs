@@ -194,7 +194,7 @@ impl Run<'_> {
         let be = self.model.backend.as_ref();
         let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
         // Rows in chunks: a chunk's index-K rows are gathered (decoded in one call), then
-        // scored and ranked in one call each.
+        // scored and ranked in one call (the scores stay on a GPU backend's device).
         let (mut gather, mut starts, mut first) = (RowGather::new(be), vec![0usize], 0usize);
         let rows = self.bound.rows;
         for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
@@ -207,16 +207,15 @@ impl Run<'_> {
             if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
                 let keys = std::mem::replace(&mut gather, RowGather::new(be)).finish()?;
                 let c = starts.len() - 1;
-                let mut scores = vec![0f32; starts[c]];
-                be.indexer_scores_rows(
+                let chosen = be.indexer_topk_rows(
                     &qi[first * inh * id..(first + c) * inh * id],
                     &hw[first * inh..(first + c) * inh],
                     id,
                     &keys,
                     &starts,
-                    &mut scores,
+                    k,
                 );
-                for (r, chosen) in be.topk_rows(&scores, &starts, k).into_iter().enumerate() {
+                for (r, chosen) in chosen.into_iter().enumerate() {
                     let at = (first + r) * k;
                     for (slot, j) in out[at..at + k].iter_mut().zip(chosen) {
                         *slot = f32::from_bits(j as u32);

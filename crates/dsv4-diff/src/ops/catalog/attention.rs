@@ -242,6 +242,65 @@ fn topk_rows_case(class: SizeClass, ns: &'static [usize], k: usize) -> Case {
     )
 }
 
+/// Values in {-1, -0.5, 0, 0.5, 1}: with them the indexer's scores are exact in f32 whatever
+/// the order of the sums (a few bits each), so every backend ranks the same scores and only the
+/// tie rule (lower index first) decides between equal ones.
+fn halves(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.below(5) as f32 * 0.5 - 1.0).collect()
+}
+
+fn indexer_topk_rows_case(
+    class: SizeClass,
+    heads: usize,
+    dim: usize,
+    ns: &'static [usize],
+    k: usize,
+) -> Case {
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let rows = ns.len();
+        let starts = starts_of(ns);
+        let q = halves(rng, rows * heads * dim);
+        let w = halves(rng, rows * heads);
+        let keys = halves(rng, starts[rows] * dim);
+        Ok(Box::new(move |be| {
+            let (per_row, elapsed) = call(|| be.indexer_topk_rows(&q, &w, dim, &keys, &starts, k))?;
+            if per_row.len() != rows {
+                return Err(Problem::OpError(format!(
+                    "{} results for {rows} queries",
+                    per_row.len()
+                )));
+            }
+            let mut all = Vec::new();
+            for (r, idx) in per_row.iter().enumerate() {
+                let n = ns[r];
+                if idx.len() != n.min(k)
+                    || idx.iter().any(|&i| i >= n)
+                    || idx.windows(2).any(|w| w[0] >= w[1])
+                {
+                    return Err(Problem::OpError(format!(
+                        "query {r}: not min(k, {n}) strictly ascending indices inside its keys"
+                    )));
+                }
+                all.extend(idx.iter().map(|&i| i + starts[r]));
+            }
+            Ok(Ran {
+                out: Produced::Indices(all),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (heads as f64, dim as f64, ns.iter().sum::<usize>() as f64);
+    let r = ns.len() as f64;
+    Case::new(
+        Op::IndexerTopkRows,
+        class,
+        format!("h{heads}.d{dim}.n{}.k{k}", label_of(ns)),
+        None,
+        (2.0 * nf * h * (d + 1.0), 4.0 * (nf * d + r * (h * d + h))),
+        build,
+    )
+}
+
 /// "a+b+c" of a list of counts.
 fn label_of(ns: &[usize]) -> String {
     ns.iter()
@@ -324,6 +383,9 @@ pub(crate) fn cases() -> Vec<Case> {
         topk_rows_case(Tiny, &[16, 0, 37, 40], 16),
         topk_rows_case(Odd, &[10, 1, 3], 4),
         topk_rows_case(Flash, &[4096, 1000, 4096], 512),
+        indexer_topk_rows_case(Tiny, 4, 128, &[16, 0, 37, 5], 16),
+        indexer_topk_rows_case(Odd, 3, 32, &[1, 9, 40], 4),
+        indexer_topk_rows_case(Flash, 64, 128, &[4096, 1024, 2048], 512),
         attention_rows_case(Tiny, 4, 128, &[32, 17, 1, 40]),
         attention_rows_case(Odd, 3, 72, &[1, 9, 2]),
         attention_rows_case(Flash, 64, 512, &[640, 192, 640]),

@@ -1,0 +1,259 @@
+//! Host glue of the indexer's kernels (attention.wgsl): scores of queries over their key ranges,
+//! top-k of score ranges, and both in one submission (the selection), the scores kept on the
+//! device.
+
+use crate::gpu::{Gpu, copy_f32, grid};
+use crate::ops::{scratch, upload_f32};
+use crate::ops_attn::upload_starts;
+use crate::setup::Bind;
+
+pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
+    let n = keys.len().checked_div(dim).unwrap_or(0);
+    if n == 0 {
+        return;
+    }
+    scores_rows(gpu, q, w, dim, &keys[..n * dim], &[0, n], &mut out[..n]);
+}
+
+/// Indexer scores of several queries, each over its own key range (see
+/// `Backend::indexer_scores_rows`), in one submission. Panics where the default per-row loop
+/// would (a key range outside `keys` or `out`, a query row outside `q`).
+pub fn indexer_scores_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    out: &mut [f32],
+) {
+    check_indexer_rows(
+        "indexer_scores_rows",
+        q,
+        w,
+        dim,
+        keys,
+        key_starts,
+        Some(out.len()),
+    );
+    let rows = key_starts.len().saturating_sub(1);
+    if rows == 0 || dim == 0 || key_starts[0] == key_starts[rows] {
+        return;
+    }
+    let heads = w.len() / rows;
+    let (first, last) = (key_starts[0], key_starts[rows]);
+    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
+    scores_rows(
+        gpu,
+        &q[..rows * heads * dim],
+        &w[..rows * heads],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
+        &mut out[first..last],
+    );
+}
+
+/// Panics where the row-by-row indexer would: a key range outside `keys` (or outside `out`, of
+/// `out_len` scores, when given), a query row outside `q`.
+fn check_indexer_rows(
+    what: &str,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    out_len: Option<usize>,
+) {
+    let rows = key_starts.len().saturating_sub(1);
+    let heads = w.len() / rows.max(1);
+    let hd = heads * dim;
+    for (r, k) in key_starts.windows(2).enumerate() {
+        assert!(
+            k[0] <= k[1] && k[1] * dim <= keys.len() && out_len.is_none_or(|n| k[1] <= n),
+            "{what}: row {r} has keys {}..{} of {} ({out_len:?} outputs)",
+            k[0],
+            k[1],
+            keys.len().checked_div(dim).unwrap_or(0),
+        );
+        assert!(
+            (r + 1) * hd <= q.len(),
+            "{what}: row {r} needs {} query values, got {}",
+            (r + 1) * hd,
+            q.len()
+        );
+    }
+}
+
+/// The indexer's selection (see `Backend::indexer_topk_rows`): the scores and the top-k of each
+/// query's range in one submission, only the selection flags read back. Panics where
+/// `indexer_scores_rows` or `topk_rows` would.
+pub fn indexer_topk_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    k: usize,
+) -> Vec<Vec<usize>> {
+    check_indexer_rows("indexer_topk_rows", q, w, dim, keys, key_starts, None);
+    let rows = key_starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Vec::new();
+    }
+    let (first, last) = (key_starts[0], key_starts[rows]);
+    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    let longest = starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
+    let k = k.min(longest);
+    if dim == 0 || k == 0 {
+        // Zero scores (zero-width keys) or nothing to choose: no scores to compute here.
+        return topk_ranges(gpu, &vec![0f32; last - first], &starts, k);
+    }
+    let heads = w.len() / rows;
+    let mut qw = q[..rows * heads * dim].to_vec();
+    qw.extend_from_slice(&w[..rows * heads]);
+    let n = last - first;
+    let qb = upload_f32(gpu, "indexer queries", &qw);
+    let kb = upload_f32(gpu, "indexer keys", &keys[first * dim..last * dim]);
+    let stb = upload_starts(gpu, "indexer key ranges", &starts);
+    let sb = scratch(gpu, "indexer scores", n * 4);
+    let fb = scratch(gpu, "top-k flags", n * 4);
+    let mut step = gpu.step();
+    step.dispatch(
+        "indexer_scores",
+        &[n as u32, dim as u32, heads as u32, 0, rows as u32],
+        &[
+            (1, Bind::whole(&qb)),
+            (2, Bind::whole(&kb)),
+            (3, Bind::whole(&sb)),
+            (5, Bind::whole(&stb)),
+        ],
+        grid(n, 64),
+    );
+    step.dispatch(
+        "topk",
+        &[n as u32, k as u32, 0, 0, rows as u32],
+        &[
+            (1, Bind::whole(&sb)),
+            (3, Bind::whole(&fb)),
+            (5, Bind::whole(&stb)),
+        ],
+        grid(n, 64),
+    );
+    let mut flags = vec![0f32; n];
+    copy_f32(&step.finish(&[(&fb, n * 4)])[0], &mut flags);
+    selected(&flags, &starts)
+}
+
+/// Indexer scores of `starts.len() - 1` queries (q [rows, heads, dim], w [rows, heads]), query r
+/// over keys `starts[r] .. starts[r+1]` of `keys` [starts[rows], dim] (starts[0] = 0,
+/// non-decreasing, at least one key), into `out[.. starts[rows]]`: one dispatch, one read-back.
+fn scores_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    out: &mut [f32],
+) {
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let mut qw = q.to_vec();
+    qw.extend_from_slice(w);
+    let qb = upload_f32(gpu, "indexer queries", &qw);
+    let kb = upload_f32(gpu, "indexer keys", keys);
+    let stb = upload_starts(gpu, "indexer key ranges", starts);
+    let ob = scratch(gpu, "indexer scores", n * 4);
+    let mut step = gpu.step();
+    step.dispatch(
+        "indexer_scores",
+        &[
+            n as u32,
+            dim as u32,
+            (w.len() / rows) as u32,
+            0,
+            rows as u32,
+        ],
+        &[
+            (1, Bind::whole(&qb)),
+            (2, Bind::whole(&kb)),
+            (3, Bind::whole(&ob)),
+            (5, Bind::whole(&stb)),
+        ],
+        grid(n, 64),
+    );
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
+}
+
+pub fn topk(gpu: &Gpu, scores: &[f32], k: usize) -> Vec<usize> {
+    topk_ranges(gpu, scores, &[0, scores.len()], k)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Top-k of several score ranges (see `Backend::topk_rows`) in one submission. Panics where the
+/// default per-row loop would (a range outside `scores`).
+pub fn topk_rows(gpu: &Gpu, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+    for (r, s) in starts.windows(2).enumerate() {
+        assert!(
+            s[0] <= s[1] && s[1] <= scores.len(),
+            "topk_rows: range {r} is {}..{} of {} scores",
+            s[0],
+            s[1],
+            scores.len()
+        );
+    }
+    let rows = starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Vec::new();
+    }
+    let first = starts[0];
+    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
+    topk_ranges(gpu, &scores[first..starts[rows]], &rel, k)
+}
+
+/// Top-k of each range `starts[r] .. starts[r+1]` of `scores` [starts[rows]] (starts[0] = 0,
+/// non-decreasing), indices relative to the range: one dispatch, one read-back (none when no
+/// range selects anything).
+fn topk_ranges(gpu: &Gpu, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+    let rows = starts.len() - 1;
+    let longest = starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
+    // Capping at the longest range changes no range's selection (rank < len ≤ k selects all).
+    let k = k.min(longest);
+    if k == 0 {
+        return vec![Vec::new(); rows];
+    }
+    let n = starts[rows];
+    let sb = upload_f32(gpu, "top-k scores", scores);
+    let stb = upload_starts(gpu, "top-k ranges", starts);
+    let ob = scratch(gpu, "top-k flags", n * 4);
+    let mut step = gpu.step();
+    step.dispatch(
+        "topk",
+        &[n as u32, k as u32, 0, 0, rows as u32],
+        &[
+            (1, Bind::whole(&sb)),
+            (3, Bind::whole(&ob)),
+            (5, Bind::whole(&stb)),
+        ],
+        grid(n, 64),
+    );
+    let mut flags = vec![0f32; n];
+    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut flags);
+    selected(&flags, starts)
+}
+
+/// The flagged indices of each range `starts[r] .. starts[r+1]`, relative to the range.
+fn selected(flags: &[f32], starts: &[usize]) -> Vec<Vec<usize>> {
+    starts
+        .windows(2)
+        .map(|s| {
+            (s[0]..s[1])
+                .filter(|&i| flags[i] != 0.0)
+                .map(|i| i - s[0])
+                .collect()
+        })
+        .collect()
+}
