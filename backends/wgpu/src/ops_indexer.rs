@@ -2,7 +2,7 @@
 //! top-k of score ranges, and both in one submission (the selection), the scores kept on the
 //! device.
 
-use crate::gpu::{Gpu, copy_f32, grid};
+use crate::gpu::{Gpu, Step, copy_f32, grid};
 use crate::ops::{scratch, upload_f32};
 use crate::ops_attn::upload_starts;
 use crate::setup::Bind;
@@ -111,36 +111,18 @@ pub fn indexer_topk_rows(
         return topk_ranges(gpu, &vec![0f32; last - first], &starts, k);
     }
     let heads = w.len() / rows;
-    let mut qw = q[..rows * heads * dim].to_vec();
-    qw.extend_from_slice(&w[..rows * heads]);
     let n = last - first;
-    let qb = upload_f32(gpu, "indexer queries", &qw);
-    let kb = upload_f32(gpu, "indexer keys", &keys[first * dim..last * dim]);
-    let stb = upload_starts(gpu, "indexer key ranges", &starts);
-    let sb = scratch(gpu, "indexer scores", n * 4);
-    let fb = scratch(gpu, "top-k flags", n * 4);
     let mut step = gpu.step();
-    step.dispatch(
-        "indexer_scores",
-        &[n as u32, dim as u32, heads as u32, 0, rows as u32],
-        &[
-            (1, Bind::whole(&qb)),
-            (2, Bind::whole(&kb)),
-            (3, Bind::whole(&sb)),
-            (5, Bind::whole(&stb)),
-        ],
-        grid(n, 64),
+    let scored = encode_scores(
+        gpu,
+        &mut step,
+        &q[..rows * heads * dim],
+        &w[..rows * heads],
+        dim,
+        &keys[first * dim..last * dim],
+        &starts,
     );
-    step.dispatch(
-        "topk",
-        &[n as u32, k as u32, 0, 0, rows as u32],
-        &[
-            (1, Bind::whole(&sb)),
-            (3, Bind::whole(&fb)),
-            (5, Bind::whole(&stb)),
-        ],
-        grid(n, 64),
-    );
+    let fb = encode_topk(gpu, &mut step, &scored.scores, &scored.starts, &starts, k);
     let mut flags = vec![0f32; n];
     copy_f32(&step.finish(&[(&fb, n * 4)])[0], &mut flags);
     selected(&flags, &starts)
@@ -158,6 +140,29 @@ fn scores_rows(
     starts: &[usize],
     out: &mut [f32],
 ) {
+    let n = starts[starts.len() - 1];
+    let mut step = gpu.step();
+    let scored = encode_scores(gpu, &mut step, q, w, dim, keys, starts);
+    copy_f32(&step.finish(&[(&scored.scores, n * 4)])[0], &mut out[..n]);
+}
+
+/// The buffers of an encoded indexer dispatch (kept until its step is submitted).
+struct Scored {
+    _operands: [wgpu::Buffer; 2],
+    starts: wgpu::Buffer,
+    scores: wgpu::Buffer,
+}
+
+/// Upload the operands of [`scores_rows`] and encode its `indexer_scores` dispatch into `step`.
+fn encode_scores(
+    gpu: &Gpu,
+    step: &mut Step<'_>,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+) -> Scored {
     let rows = starts.len() - 1;
     let n = starts[rows];
     let mut qw = q.to_vec();
@@ -166,7 +171,6 @@ fn scores_rows(
     let kb = upload_f32(gpu, "indexer keys", keys);
     let stb = upload_starts(gpu, "indexer key ranges", starts);
     let ob = scratch(gpu, "indexer scores", n * 4);
-    let mut step = gpu.step();
     step.dispatch(
         "indexer_scores",
         &[
@@ -184,7 +188,37 @@ fn scores_rows(
         ],
         grid(n, 64),
     );
-    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
+    Scored {
+        _operands: [qb, kb],
+        starts: stb,
+        scores: ob,
+    }
+}
+
+/// Encode the `topk` dispatch flagging the `k` best of each range `starts[r] .. starts[r+1]`
+/// (uploaded as `stb`) of the scores in `sb` into `step`; the flags buffer (one f32 per score).
+fn encode_topk(
+    gpu: &Gpu,
+    step: &mut Step<'_>,
+    sb: &wgpu::Buffer,
+    stb: &wgpu::Buffer,
+    starts: &[usize],
+    k: usize,
+) -> wgpu::Buffer {
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let fb = scratch(gpu, "top-k flags", n * 4);
+    step.dispatch(
+        "topk",
+        &[n as u32, k as u32, 0, 0, rows as u32],
+        &[
+            (1, Bind::whole(sb)),
+            (3, Bind::whole(&fb)),
+            (5, Bind::whole(stb)),
+        ],
+        grid(n, 64),
+    );
+    fb
 }
 
 pub fn topk(gpu: &Gpu, scores: &[f32], k: usize) -> Vec<usize> {
@@ -228,20 +262,10 @@ fn topk_ranges(gpu: &Gpu, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec
     let n = starts[rows];
     let sb = upload_f32(gpu, "top-k scores", scores);
     let stb = upload_starts(gpu, "top-k ranges", starts);
-    let ob = scratch(gpu, "top-k flags", n * 4);
     let mut step = gpu.step();
-    step.dispatch(
-        "topk",
-        &[n as u32, k as u32, 0, 0, rows as u32],
-        &[
-            (1, Bind::whole(&sb)),
-            (3, Bind::whole(&ob)),
-            (5, Bind::whole(&stb)),
-        ],
-        grid(n, 64),
-    );
+    let fb = encode_topk(gpu, &mut step, &sb, &stb, starts, k);
     let mut flags = vec![0f32; n];
-    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut flags);
+    copy_f32(&step.finish(&[(&fb, n * 4)])[0], &mut flags);
     selected(&flags, starts)
 }
 

@@ -12,6 +12,7 @@ pub mod mhc;
 pub mod per_row;
 pub mod registry;
 pub mod rope;
+pub mod row_check;
 
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
