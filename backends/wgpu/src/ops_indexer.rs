@@ -27,7 +27,7 @@ pub fn indexer_scores_rows(
     key_starts: &[usize],
     out: &mut [f32],
 ) {
-    check_indexer_rows(
+    let Some(r) = indexer_rows(
         "indexer_scores_rows",
         q,
         w,
@@ -35,36 +35,46 @@ pub fn indexer_scores_rows(
         keys,
         key_starts,
         Some(out.len()),
-    );
-    let rows = key_starts.len().saturating_sub(1);
-    if rows == 0 || dim == 0 || key_starts[0] == key_starts[rows] {
+    ) else {
+        return;
+    };
+    if dim == 0 || r.first == r.last {
         return;
     }
-    let heads = w.len() / rows;
-    let (first, last) = (key_starts[0], key_starts[rows]);
-    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
     scores_rows(
         gpu,
-        &q[..rows * heads * dim],
-        &w[..rows * heads],
+        r.q,
+        r.w,
         dim,
-        &keys[first * dim..last * dim],
-        &starts,
-        &mut out[first..last],
+        r.keys,
+        &r.starts,
+        &mut out[r.first..r.last],
     );
 }
 
-/// Panics where the row-by-row indexer would: a key range outside `keys` (or outside `out`, of
-/// `out_len` scores, when given), a query row outside `q`.
-fn check_indexer_rows(
+/// The indexer's operands cut to what the queries use: their q and w rows, keys `first ..
+/// last`, and the key ranges relative to `first`.
+struct IndexerRows<'a> {
+    q: &'a [f32],
+    w: &'a [f32],
+    keys: &'a [f32],
+    starts: Vec<usize>,
+    first: usize,
+    last: usize,
+}
+
+/// The indexer's operands cut to what the queries use (None for no queries); panics where the
+/// row-by-row indexer would: a key range outside `keys` (or outside `out`, of `out_len` scores,
+/// when given), a query row outside `q`.
+fn indexer_rows<'a>(
     what: &str,
-    q: &[f32],
-    w: &[f32],
+    q: &'a [f32],
+    w: &'a [f32],
     dim: usize,
-    keys: &[f32],
+    keys: &'a [f32],
     key_starts: &[usize],
     out_len: Option<usize>,
-) {
+) -> Option<IndexerRows<'a>> {
     let rows = key_starts.len().saturating_sub(1);
     let heads = w.len() / rows.max(1);
     let hd = heads * dim;
@@ -83,6 +93,18 @@ fn check_indexer_rows(
             q.len()
         );
     }
+    if rows == 0 {
+        return None;
+    }
+    let (first, last) = (key_starts[0], key_starts[rows]);
+    Some(IndexerRows {
+        q: &q[..rows * hd],
+        w: &w[..rows * heads],
+        keys: &keys[first * dim..last * dim],
+        starts: key_starts.iter().map(|&s| s - first).collect(),
+        first,
+        last,
+    })
 }
 
 /// The indexer's selection (see `Backend::indexer_topk_rows`): the scores and the top-k of each
@@ -97,35 +119,23 @@ pub fn indexer_topk_rows(
     key_starts: &[usize],
     k: usize,
 ) -> Vec<Vec<usize>> {
-    check_indexer_rows("indexer_topk_rows", q, w, dim, keys, key_starts, None);
-    let rows = key_starts.len().saturating_sub(1);
-    if rows == 0 {
+    let Some(r) = indexer_rows("indexer_topk_rows", q, w, dim, keys, key_starts, None) else {
         return Vec::new();
-    }
-    let (first, last) = (key_starts[0], key_starts[rows]);
-    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    };
+    let starts = &r.starts;
     let longest = starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
     let k = k.min(longest);
     if dim == 0 || k == 0 {
         // Zero scores (zero-width keys) or nothing to choose: no scores to compute here.
-        return topk_ranges(gpu, &vec![0f32; last - first], &starts, k);
+        return topk_ranges(gpu, &vec![0f32; r.last - r.first], starts, k);
     }
-    let heads = w.len() / rows;
-    let n = last - first;
+    let n = r.last - r.first;
     let mut step = gpu.step();
-    let scored = encode_scores(
-        gpu,
-        &mut step,
-        &q[..rows * heads * dim],
-        &w[..rows * heads],
-        dim,
-        &keys[first * dim..last * dim],
-        &starts,
-    );
-    let fb = encode_topk(gpu, &mut step, &scored.scores, &scored.starts, &starts, k);
+    let scored = encode_scores(gpu, &mut step, r.q, r.w, dim, r.keys, starts);
+    let fb = encode_topk(gpu, &mut step, &scored.scores, &scored.starts, starts, k);
     let mut flags = vec![0f32; n];
     copy_f32(&step.finish(&[(&fb, n * 4)])[0], &mut flags);
-    selected(&flags, &starts)
+    selected(&flags, starts)
 }
 
 /// Indexer scores of `starts.len() - 1` queries (q [rows, heads, dim], w [rows, heads]), query r

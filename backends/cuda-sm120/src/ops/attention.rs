@@ -111,38 +111,46 @@ pub fn indexer_scores_rows(
     key_starts: &[usize],
     out: &mut [f32],
 ) -> Result<(), CudaError> {
-    let Some((rows, heads, first, last)) =
-        indexer_operands("indexer_scores_rows", q, w, dim, keys, key_starts)?
-    else {
+    let Some(r) = indexer_operands("indexer_scores_rows", q, w, dim, keys, key_starts)? else {
         return Ok(());
     };
-    need("indexer_scores_rows output", out.len(), last)?;
+    need("indexer_scores_rows output", out.len(), r.last)?;
     // A row of no keys (or of zero-width keys, which the per-row op skips) writes nothing.
-    if dim == 0 || first == last {
+    if dim == 0 || r.first == r.last {
         return Ok(());
     }
-    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
     score(
         c,
-        &q[..rows * heads * dim],
-        &w[..rows * heads],
+        r.q,
+        r.w,
         dim,
-        &keys[first * dim..last * dim],
-        &starts,
-        &mut out[first..last],
+        r.keys,
+        &r.starts,
+        &mut out[r.first..r.last],
     )
 }
 
-/// The indexer's operands checked as the row-by-row definition would slice them: (queries,
-/// heads, first key, last key), or None for no queries.
-fn indexer_operands(
+/// The indexer's operands cut to what the queries use: their q and w rows, keys `first ..
+/// last`, and the key ranges relative to `first`.
+struct IndexerRows<'a> {
+    q: &'a [f32],
+    w: &'a [f32],
+    keys: &'a [f32],
+    starts: Vec<usize>,
+    first: usize,
+    last: usize,
+}
+
+/// The indexer's operands checked as the row-by-row definition would slice them, and cut to
+/// what the queries use; None for no queries.
+fn indexer_operands<'a>(
     what: &str,
-    q: &[f32],
-    w: &[f32],
+    q: &'a [f32],
+    w: &'a [f32],
     dim: usize,
-    keys: &[f32],
+    keys: &'a [f32],
     key_starts: &[usize],
-) -> Result<Option<(usize, usize, usize, usize)>, CudaError> {
+) -> Result<Option<IndexerRows<'a>>, CudaError> {
     let rows = key_starts.len().saturating_sub(1);
     if rows == 0 {
         return Ok(None);
@@ -156,7 +164,14 @@ fn indexer_operands(
         need(&format!("{what} keys"), keys.len(), end)?;
     }
     need(&format!("{what} queries"), q.len(), rows * heads * dim)?;
-    Ok(Some((rows, heads, first, last)))
+    Ok(Some(IndexerRows {
+        q: &q[..rows * heads * dim],
+        w: &w[..rows * heads],
+        keys: &keys[first * dim..last * dim],
+        starts: key_starts.iter().map(|&s| s - first).collect(),
+        first,
+        last,
+    }))
 }
 
 /// [`indexer_scores_rows`] then [`topk_rows`] over the same ranges, the scores left on the
@@ -171,28 +186,18 @@ pub fn indexer_topk_rows(
     key_starts: &[usize],
     k: usize,
 ) -> Result<Vec<Vec<usize>>, CudaError> {
-    let Some((rows, heads, first, last)) =
-        indexer_operands("indexer_topk_rows", q, w, dim, keys, key_starts)?
-    else {
+    let Some(r) = indexer_operands("indexer_topk_rows", q, w, dim, keys, key_starts)? else {
         return Ok(Vec::new());
     };
     topk_fits(key_starts, k)?;
-    if dim == 0 || first == last || k == 0 {
+    if dim == 0 || r.first == r.last || k == 0 {
         // Nothing to score on the device (zero scores, or no keys) or nothing to choose.
-        let mut scores = vec![0f32; last];
+        let mut scores = vec![0f32; r.last];
         indexer_scores_rows(c, q, w, dim, keys, key_starts, &mut scores)?;
         return topk_rows(c, &scores, key_starts, k);
     }
-    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
-    let sb = score_on_device(
-        c,
-        &q[..rows * heads * dim],
-        &w[..rows * heads],
-        dim,
-        &keys[first * dim..last * dim],
-        &starts,
-    )?;
-    topk_on_device(c, &sb, &starts, k)
+    let sb = score_on_device(c, r.q, r.w, dim, r.keys, &r.starts)?;
+    topk_on_device(c, &sb, &r.starts, k)
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
