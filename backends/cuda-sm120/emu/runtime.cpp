@@ -78,6 +78,8 @@ ucontext_t g_sched_uc;
 #endif
 Thread* g_cur = nullptr;
 unsigned g_nthreads = 0, g_block_arrived = 0;
+unsigned g_pos = 0;  // the running thread's position in the pass (run_block)
+unsigned g_live = 0; // threads of the block not finished
 void (*g_body)(void*) = nullptr;
 void* g_ctx = nullptr;
 const char* g_name = "";
@@ -136,22 +138,97 @@ dsv4_emu_fiber_start:
 
 namespace {
 
-// Switch from the running fiber back to the scheduler.
-inline void to_scheduler() {
+// Save the running fiber `from` and resume `to` (nullptr: the scheduler).
+inline void switch_fiber(Fiber* from, Fiber* to) {
 #ifdef DSV4_EMU_UCONTEXT
-    swapcontext(&g_cur->fiber->uc, &g_sched_uc);
+    swapcontext(&from->uc, to ? &to->uc : &g_sched_uc);
 #else
-    dsv4_emu_switch(&g_cur->fiber->sp, g_sched_sp);
+    dsv4_emu_switch(&from->sp, to ? to->sp : g_sched_sp);
 #endif
 }
 
-// A fiber's whole life: run the kernel body for whichever thread it is given, report done, wait
-// to be given the next thread (without a new context).
+// Switch from the running fiber back to the scheduler (which ends the pass).
+inline void to_scheduler() { switch_fiber(g_cur->fiber, nullptr); }
+
+// The thread at position `p` of a pass over the block.
+inline Thread* at(unsigned p) {
+#ifdef DSV4_EMU_REVERSE
+    return &g_threads[g_nthreads - 1 - p];
+#else
+    return &g_threads[p];
+#endif
+}
+
+// The first ready thread at pass position `from` or later, which becomes the running position;
+// nullptr at the end of the pass.
+Thread* next_ready(unsigned from) {
+    for (unsigned p = from; p < g_nthreads; p++) {
+        Thread* t = at(p);
+        if (t->state == kReady) {
+            g_pos = p;
+            return t;
+        }
+    }
+    return nullptr;
+}
+
+bool grow_pool(unsigned n);
+void start_context(Fiber* f);
+
+// Make `t` the running thread, giving it a fiber from the pool when it has none; false when
+// no stack can be mapped (the launch has failed).
+bool enter(Thread* t) {
+    if (!t->fiber) {
+        if (g_nfree == 0 && !grow_pool(g_pool + 1)) {
+            fail("cannot map a fiber stack");
+            return false;
+        }
+        t->fiber = g_free[--g_nfree];
+        if (!t->fiber->started) start_context(t->fiber);
+    }
+    g_cur = t;
+    threadIdx = t->tid;
+    return true;
+}
+
+// The running thread waits (its state already says at what): hand the CPU straight to the next
+// ready thread of the pass, or back to the scheduler at the pass's end. Returns when resumed.
+// Handing over directly instead of through the scheduler halves the switches per barrier.
+void wait_here() {
+    Thread* me = g_cur;
+    Thread* t = next_ready(g_pos + 1);
+    if (t && !enter(t)) {
+        g_cur = me;
+        t = nullptr;
+    }
+    switch_fiber(me->fiber, t ? t->fiber : nullptr);
+}
+
+// A fiber's whole life: run the kernel body for whichever thread it is given; when it finishes,
+// run the next thread of the pass on the same stack if that one has not started (a block
+// without barriers runs all its threads without a switch), else give the fiber back and resume
+// the next one (or the scheduler). A fiber resumed from the pool is given a thread.
 void fiber_main() {
     for (;;) {
         g_body(g_ctx);
-        g_cur->state = kDone;
-        to_scheduler();
+        Thread* me = g_cur;
+        Fiber* f = me->fiber;
+        me->state = kDone;
+        me->fiber = nullptr;
+        g_live--;
+        Thread* t = next_ready(g_pos + 1);
+        if (t && !t->fiber) {
+            t->fiber = f;
+            g_cur = t;
+            threadIdx = t->tid;
+            continue;
+        }
+        g_free[g_nfree++] = f;
+        if (t) {
+            g_cur = t;
+            threadIdx = t->tid;
+        }
+        switch_fiber(f, t ? t->fiber : nullptr);
     }
 }
 
@@ -189,28 +266,6 @@ bool grow_pool(unsigned n) {
         g_fibers[g_pool].started = false;
         g_free[g_nfree++] = &g_fibers[g_pool];
         g_pool++;
-    }
-    return true;
-}
-
-// Run (or resume) thread `t` until it waits or finishes; false when no stack can be mapped.
-bool run_thread(Thread* t) {
-    if (!t->fiber) {
-        if (g_nfree == 0 && !grow_pool(g_pool + 1)) return false;
-        t->fiber = g_free[--g_nfree];
-        if (!t->fiber->started) start_context(t->fiber);
-    }
-    g_cur = t;
-    threadIdx = t->tid;
-#ifdef DSV4_EMU_UCONTEXT
-    swapcontext(&g_sched_uc, &t->fiber->uc);
-#else
-    dsv4_emu_switch(&g_sched_sp, t->fiber->sp);
-#endif
-    g_cur = nullptr;
-    if (t->state == kDone) {
-        g_free[g_nfree++] = t->fiber;
-        t->fiber = nullptr;
     }
     return true;
 }
@@ -260,7 +315,9 @@ void report_stuck() {
     fail("deadlock in block (%u,%u,%u): no thread can proceed", b.x, b.y, b.z);
 }
 
-// Run one block to completion; false on an error (g_err set).
+// Run one block to completion; false on an error (g_err set). Each pass runs the ready threads
+// in thread order (reverse under DSV4_EMU_REVERSE), each until it finishes or waits; the fibers
+// hand over to one another (wait_here, fiber_main) and come back here at the pass's end.
 bool run_block() {
     unsigned n = g_nthreads;
     for (unsigned i = 0; i < n; i++) {
@@ -273,28 +330,21 @@ bool run_block() {
         g_warps[w].kind = kNone;
     }
     g_block_arrived = 0;
-    unsigned live = n;
-    while (live > 0) {
-        bool progress = false;
-        for (unsigned k = 0; k < n; k++) {
-#ifdef DSV4_EMU_REVERSE
-            Thread* f = &g_threads[n - 1 - k];
-#else
-            Thread* f = &g_threads[k];
-#endif
-            if (f->state != kReady) continue;
-            if (!run_thread(f)) {
-                fail("cannot map a fiber stack");
-                return false;
-            }
-            progress = true;
-            if (g_failed) return false;
-            if (f->state == kDone) live--;
-        }
-        if (!progress) {
+    g_live = n;
+    while (g_live > 0) {
+        Thread* t = next_ready(0);
+        if (!t) {
             report_stuck();
             return false;
         }
+        if (!enter(t)) return false;
+#ifdef DSV4_EMU_UCONTEXT
+        swapcontext(&g_sched_uc, &t->fiber->uc);
+#else
+        dsv4_emu_switch(&g_sched_sp, t->fiber->sp);
+#endif
+        g_cur = nullptr;
+        if (g_failed) return false;
     }
     return true;
 }
@@ -321,8 +371,7 @@ void warp_barrier(WarpKind k) {
         return;
     }
     me->state = kWaitWarp;
-    to_scheduler();
-    threadIdx = me->tid;
+    wait_here();
 }
 
 } // namespace
@@ -336,8 +385,7 @@ extern "C" void dsv4_emu_syncthreads(void) {
         return;
     }
     me->state = kWaitBlock;
-    to_scheduler();
-    threadIdx = me->tid;
+    wait_here();
 }
 
 extern "C" void dsv4_emu_syncwarp(void) { warp_barrier(kSyncwarp); }
@@ -402,8 +450,8 @@ extern "C" int dsv4_emu_schedule(const char* name, dsv4_emu_dim3 grid, dsv4_emu_
              grid.z);
     }
     if (!g_failed) {
-        if (__start_dsv4_shared != nullptr && __stop_dsv4_shared > __start_dsv4_shared)
-            memset(__start_dsv4_shared, 0xFF, (size_t)(__stop_dsv4_shared - __start_dsv4_shared));
+        uintptr_t lo = (uintptr_t)__start_dsv4_shared, hi = (uintptr_t)__stop_dsv4_shared;
+        if (lo != 0 && hi > lo) memset(__start_dsv4_shared, 0xFF, (size_t)(hi - lo));
         g_nthreads = (unsigned)n;
         g_body = body;
         g_ctx = ctx;
