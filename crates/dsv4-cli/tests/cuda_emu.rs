@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{can_run, diff_passes, dsv4, json, model_diff_in_every_numerics};
+use common::{can_run, diff_passes, dsv4, every_numerics, json, model_diff_in_numerics, with_kv};
 
 /// `dsv4 diff --ops` of the emulated kernels against the reference.
 const OP_SWEEP: [&str; 6] = [
@@ -69,16 +69,34 @@ fn reversed_threads_and_checked_alignment_give_the_same_results() {
     assert!(out.contains("max abs 0,"), "logits differ:\n{out}");
 }
 
-#[test]
-fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
-    if !available("the_tiny_model_matches_the_reference_in_every_numerics_combination") {
+/// The tiny model against the reference in every numerics combination with the kv cache dtype
+/// `kv` (a test per kv dtype, so the two halves run in parallel), over 72 prompt tokens: 18
+/// entries in the C4 layers, so the indexer's top-16 really selects. f64 accumulation gives the
+/// reference's logits bit for bit.
+fn tiny_model_matches_bitwise(test: &str, kv: &str) {
+    if !available(test) {
         return;
     }
-    // 72 prompt tokens: 18 entries in the C4 layers, so the indexer's top-16 really selects.
-    // f64 accumulation gives the reference's logits bit for bit.
-    model_diff_in_every_numerics("cuda-emu", &[], "72", |out, what| {
+    let combos = with_kv(&every_numerics(), kv);
+    model_diff_in_numerics("cuda-emu", &[], "72", &combos, |out, what| {
         assert!(out.contains("max abs 0,"), "{what}: logits differ:\n{out}");
     });
+}
+
+#[test]
+fn the_tiny_model_with_a_bf16_kv_cache_matches_the_reference_in_every_other_knob() {
+    tiny_model_matches_bitwise(
+        "the_tiny_model_with_a_bf16_kv_cache_matches_the_reference_in_every_other_knob",
+        "bf16",
+    );
+}
+
+#[test]
+fn the_tiny_model_with_an_fp8_kv_cache_matches_the_reference_in_every_other_knob() {
+    tiny_model_matches_bitwise(
+        "the_tiny_model_with_an_fp8_kv_cache_matches_the_reference_in_every_other_knob",
+        "fp8",
+    );
 }
 
 /// `dsv4 diff --mode <mode> --backend cuda-emu` over 24 tokens and 4 decode steps, with captured

@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    PAIRWISE_NUMERICS, can_run, diff_passes, dsv4, model_diff_in_every_numerics,
-    model_diff_in_numerics, run,
+    PAIRWISE_NUMERICS, can_run, diff_passes, dsv4, every_numerics, model_diff_in_numerics, run,
+    with_kv,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -45,19 +45,19 @@ fn the_tiny_model_matches_the_reference_in_every_numerics_combination() {
         return;
     }
     // 72 prompt tokens: 18 entries in the C4 layers, so the indexer's top-16 really selects.
-    model_diff_in_every_numerics("wgpu", &[], "72", |_, _| {});
+    model_diff_in_numerics("wgpu", &[], "72", &every_numerics(), |_, _| {});
 }
 
-#[test]
-fn the_small_config_matches_the_reference_in_pairwise_numerics() {
-    if !available("the_small_config_matches_the_reference_in_pairwise_numerics") {
+/// The small config (hidden 1024, 32 experts, 8 layers) with random weights, at scale, against
+/// the reference in the pairwise numerics combinations with the kv cache dtype `kv` (a test per
+/// kv dtype, so the two halves run in parallel). The full product of numerics knobs is the tiny
+/// test's job; [`PAIRWISE_NUMERICS`] holds every pair of values, and a short prompt keeps each
+/// half on lavapipe to under a minute (compression and top-k selection at length are the tiny
+/// test's job too; scripts/diff-all-numerics.sh wgpu runs all twelve over 192 tokens).
+fn small_config_matches(test: &str, kv: &str) {
+    if !available(test) {
         return;
     }
-    // The small config (hidden 1024, 32 experts, 8 layers) with random weights, at scale; the
-    // full product of numerics knobs is the tiny test's job, here six combinations hold every
-    // pair of values, and a short prompt keeps them on lavapipe to about a minute (compression
-    // and top-k selection at length are the tiny test's job too; scripts/diff-all-numerics.sh
-    // wgpu runs all twelve over 192 tokens).
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("small");
     let model = model.to_str().unwrap();
@@ -71,12 +71,23 @@ fn the_small_config_matches_the_reference_in_pairwise_numerics() {
         String::from_utf8_lossy(&out.stderr)
     );
     let path = format!("model.path={model}");
-    model_diff_in_numerics(
-        "wgpu",
-        &["--set", &path],
-        "24",
-        &PAIRWISE_NUMERICS,
-        |_, _| {},
+    let combos = with_kv(&PAIRWISE_NUMERICS, kv);
+    model_diff_in_numerics("wgpu", &["--set", &path], "24", &combos, |_, _| {});
+}
+
+#[test]
+fn the_small_config_with_a_bf16_kv_cache_matches_the_reference_in_pairwise_numerics() {
+    small_config_matches(
+        "the_small_config_with_a_bf16_kv_cache_matches_the_reference_in_pairwise_numerics",
+        "bf16",
+    );
+}
+
+#[test]
+fn the_small_config_with_an_fp8_kv_cache_matches_the_reference_in_pairwise_numerics() {
+    small_config_matches(
+        "the_small_config_with_an_fp8_kv_cache_matches_the_reference_in_pairwise_numerics",
+        "fp8",
     );
 }
 

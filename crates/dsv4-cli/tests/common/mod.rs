@@ -101,19 +101,15 @@ pub const PAIRWISE_NUMERICS: [[&str; 3]; 6] = [
     ["fp8", "fp4", "none"],
 ];
 
-/// `dsv4 diff --model --against candidate` (`extra` before the subcommand) over `tokens` prompt
-/// tokens and 2 decode steps in every numerics combination, each passing with no divergence;
-/// `check(stdout, what)` asserts more.
-pub fn model_diff_in_every_numerics(
-    candidate: &str,
-    extra: &[&str],
-    tokens: &str,
-    check: impl Fn(&str, &str),
-) {
-    model_diff_in_numerics(candidate, extra, tokens, &every_numerics(), check);
+/// The combinations of `combos` with the kv cache dtype `kv`: one test per kv dtype splits a
+/// long numerics sweep into two halves that the test harness runs in parallel.
+pub fn with_kv(combos: &[[&'static str; 3]], kv: &str) -> Vec<[&'static str; 3]> {
+    combos.iter().filter(|c| c[0] == kv).copied().collect()
 }
 
-/// [`model_diff_in_every_numerics`] over the given combinations only.
+/// `dsv4 diff --model --against candidate` (`extra` before the subcommand) over `tokens` prompt
+/// tokens and 2 decode steps in each of the numerics combinations `combos`, each passing with no
+/// divergence; `check(stdout, what)` asserts more.
 pub fn model_diff_in_numerics(
     candidate: &str,
     extra: &[&str],
