@@ -183,12 +183,12 @@ impl Backend for CudaBackend {
     }
 
     fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
-        ops::attention::indexer_scores(&self.core, q, w, dim, keys, out)
+        ops::indexer::indexer_scores(&self.core, q, w, dim, keys, out)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
-        ops::attention::topk(&self.core, scores, k).unwrap_or_else(|e| fail(self.name, e))
+        ops::indexer::topk(&self.core, scores, k).unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn indexer_scores_rows(
@@ -200,12 +200,12 @@ impl Backend for CudaBackend {
         key_starts: &[usize],
         out: &mut [f32],
     ) {
-        ops::attention::indexer_scores_rows(&self.core, q, w, dim, keys, key_starts, out)
+        ops::indexer::indexer_scores_rows(&self.core, q, w, dim, keys, key_starts, out)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
-        ops::attention::topk_rows(&self.core, scores, starts, k)
+        ops::indexer::topk_rows(&self.core, scores, starts, k)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
@@ -218,7 +218,7 @@ impl Backend for CudaBackend {
         key_starts: &[usize],
         k: usize,
     ) -> Vec<Vec<usize>> {
-        ops::attention::indexer_topk_rows(&self.core, q, w, dim, keys, key_starts, k)
+        ops::indexer::indexer_topk_rows(&self.core, q, w, dim, keys, key_starts, k)
             .unwrap_or_else(|e| fail(self.name, e))
     }
 

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod cache;
 pub mod checksum;
+pub mod indexer;
 pub mod linear;
 pub mod mhc;
 pub mod resident;

@@ -1,0 +1,312 @@
+//! The lightning indexer's ops (`attn_indexer_scores` in `kernels/attention.cu`,
+//! `kernels/topk.cu`): indexer scores of queries over their key ranges, top-k by radix select in
+//! one block per score range, and both in one call with the scores left on the device.
+
+use super::attention::{KEY_THREADS, MAX_GRID_Y};
+use super::mhc::{need, u32_arg};
+use crate::device::blocks_for;
+use crate::{Core, CudaError, DevBuf, KArg};
+
+/// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
+const TOPK_THREADS: u32 = 512;
+/// Most scores `topk_select` takes (its u32 index arithmetic stays below 2^32).
+const MAX_TOPK: usize = 1 << 31;
+
+/// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); q [heads, dim], keys [n, dim].
+pub fn indexer_scores(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let n = keys.len().checked_div(dim).unwrap_or(0);
+    if n == 0 {
+        return Ok(());
+    }
+    let heads = w.len();
+    need("indexer queries", q.len(), heads * dim)?;
+    need("indexer output", out.len(), n)?;
+    score(
+        c,
+        &q[..heads * dim],
+        w,
+        dim,
+        &keys[..n * dim],
+        &[0, n],
+        &mut out[..n],
+    )
+}
+
+/// Several queries at once, query r (`q[r·heads·dim ..]`, weights `w[r·heads ..]`, heads =
+/// `w.len()` / queries) over key rows `key_starts[r] .. key_starts[r+1]` of `keys` [n, dim],
+/// into the same range of `out`: row for row [`indexer_scores`], in one upload of each operand,
+/// one launch and one read-back. Operands the row-by-row definition would slice out of range
+/// (decreasing `key_starts`, a start past `keys` or `out`, a short `q`) are `BadOperands`.
+pub fn indexer_scores_rows(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let Some(r) = indexer_operands("indexer_scores_rows", q, w, dim, keys, key_starts)? else {
+        return Ok(());
+    };
+    need("indexer_scores_rows output", out.len(), r.last)?;
+    // A row of no keys (or of zero-width keys, which the per-row op skips) writes nothing.
+    if dim == 0 || r.first == r.last {
+        return Ok(());
+    }
+    score(
+        c,
+        r.q,
+        r.w,
+        dim,
+        r.keys,
+        &r.starts,
+        &mut out[r.first..r.last],
+    )
+}
+
+/// The indexer's operands cut to what the queries use: their q and w rows, keys `first ..
+/// last`, and the key ranges relative to `first`.
+struct IndexerRows<'a> {
+    q: &'a [f32],
+    w: &'a [f32],
+    keys: &'a [f32],
+    starts: Vec<usize>,
+    first: usize,
+    last: usize,
+}
+
+/// The indexer's operands checked as the row-by-row definition would slice them, and cut to
+/// what the queries use; None for no queries.
+fn indexer_operands<'a>(
+    what: &str,
+    q: &'a [f32],
+    w: &'a [f32],
+    dim: usize,
+    keys: &'a [f32],
+    key_starts: &[usize],
+) -> Result<Option<IndexerRows<'a>>, CudaError> {
+    let rows = key_starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Ok(None);
+    }
+    let heads = w.len() / rows;
+    let (first, last) = ranges(what, key_starts)?;
+    if dim > 0 {
+        let end = last
+            .checked_mul(dim)
+            .ok_or_else(|| CudaError::BadOperands(format!("{what}: key {last} × dim {dim}")))?;
+        need(&format!("{what} keys"), keys.len(), end)?;
+    }
+    need(&format!("{what} queries"), q.len(), rows * heads * dim)?;
+    Ok(Some(IndexerRows {
+        q: &q[..rows * heads * dim],
+        w: &w[..rows * heads],
+        keys: &keys[first * dim..last * dim],
+        starts: key_starts.iter().map(|&s| s - first).collect(),
+        first,
+        last,
+    }))
+}
+
+/// [`indexer_scores_rows`] then [`topk_rows`] over the same ranges, the scores left on the
+/// device: two launches and one read-back of the chosen indices (relative to each range).
+/// Operands either op would refuse are `BadOperands`.
+pub fn indexer_topk_rows(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    key_starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let Some(r) = indexer_operands("indexer_topk_rows", q, w, dim, keys, key_starts)? else {
+        return Ok(Vec::new());
+    };
+    topk_fits(key_starts, k)?;
+    if dim == 0 || r.first == r.last || k == 0 {
+        // Nothing to score on the device (zero scores, or no keys) or nothing to choose.
+        let mut scores = vec![0f32; r.last];
+        indexer_scores_rows(c, q, w, dim, keys, key_starts, &mut scores)?;
+        return topk_rows(c, &scores, key_starts, k);
+    }
+    let sb = score_on_device(c, r.q, r.w, dim, r.keys, &r.starts)?;
+    topk_on_device(c, &sb, &r.starts, k)
+}
+
+/// Check that `starts` (two entries at least) never decreases; its first and last entries.
+fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
+    if let Some(w) = starts.windows(2).find(|w| w[0] > w[1]) {
+        return Err(CudaError::BadOperands(format!(
+            "{what}: starts decrease ({} then {})",
+            w[0], w[1]
+        )));
+    }
+    Ok((starts[0], starts[starts.len() - 1]))
+}
+
+/// The indexer launch over `starts.len() − 1` queries (q [rows, heads, dim], w [rows, heads]),
+/// query r over key rows `starts[r] .. starts[r+1]` of `keys` (starts from 0, nondecreasing, the
+/// last = keys.len() / dim > 0), into a device buffer of `starts[rows]` scores; dim > 0.
+fn score_on_device(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+) -> Result<DevBuf, CudaError> {
+    let rows = starts.len() - 1;
+    let n = starts[rows];
+    let heads = w.len() / rows;
+    let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let starts32 = u32_words("keys", starts)?;
+    let dim32 = u32_arg("dim", dim)?;
+    let h32 = u32_arg("heads", heads)?;
+    let dev = &c.dev;
+    let qb = dev.temp_f32(q)?;
+    let wb = dev.temp_f32(w)?;
+    let kb = dev.temp_f32(keys)?;
+    let stb = dev.temp_upload(&starts32)?;
+    let ob = dev.temp(n * 4)?;
+    for row0 in (0..rows).step_by(MAX_GRID_Y) {
+        let nr = (rows - row0).min(MAX_GRID_Y) as u32;
+        let args = [
+            KArg::Buf(&qb),
+            KArg::Buf(&wb),
+            KArg::Buf(&kb),
+            KArg::Buf(&stb),
+            KArg::Buf(&ob),
+            KArg::U32(dim32),
+            KArg::U32(h32),
+            KArg::U32(row0 as u32),
+        ];
+        let grid = (blocks_for(max_n, KEY_THREADS as usize), nr, 1);
+        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n·dim, starts rows + 1
+        // nondecreasing u32 ending at n, out n; the launch covers queries row0 .. row0 + nr.
+        unsafe { dev.launch("attn_indexer_scores", grid, (KEY_THREADS, 1, 1), &args)? };
+    }
+    Ok(ob)
+}
+
+/// [`score_on_device`], then one read-back into `out` [starts[rows]].
+fn score(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    dim: usize,
+    keys: &[f32],
+    starts: &[usize],
+    out: &mut [f32],
+) -> Result<(), CudaError> {
+    let n = starts[starts.len() - 1];
+    let ob = score_on_device(c, q, w, dim, keys, starts)?;
+    c.dev.download_f32(&ob, &mut out[..n])
+}
+
+/// `v` as little-endian u32 words (a kernel's index array), or `Err(BadOperands)` naming `what`.
+fn u32_words(what: &str, v: &[usize]) -> Result<Vec<u8>, CudaError> {
+    let mut bytes = Vec::with_capacity(v.len() * 4);
+    for &x in v {
+        bytes.extend(u32_arg(what, x)?.to_le_bytes());
+    }
+    Ok(bytes)
+}
+
+/// Indices of the `k` largest scores (ties to the lower index, NaN last), ascending.
+pub fn topk(c: &Core, s: &[f32], k: usize) -> Result<Vec<usize>, CudaError> {
+    let mut all = topk_rows(c, s, &[0, s.len()], k)?;
+    Ok(all.pop().unwrap_or_default())
+}
+
+/// [`topk`] of each range `scores[starts[r] .. starts[r+1]]`, all in one upload, one launch (a
+/// block per range) and one read-back. Ranges the per-range definition would slice out of range
+/// (decreasing `starts`, past `scores`) are `BadOperands`.
+pub fn topk_rows(
+    c: &Core,
+    scores: &[f32],
+    starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let rows = starts.len().saturating_sub(1);
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let (first, last) = ranges("topk_rows", starts)?;
+    need("topk_rows scores", scores.len(), last)?;
+    topk_fits(starts, k)?;
+    if k == 0 || first == last {
+        return Ok(vec![Vec::new(); rows]);
+    }
+    let rel: Vec<usize> = starts.iter().map(|&s| s - first).collect();
+    let sb = c.dev.temp_f32(&scores[first..last])?;
+    topk_on_device(c, &sb, &rel, k)
+}
+
+/// Err when a range of `starts` is longer than the top-k kernel takes (and k > 0).
+fn topk_fits(starts: &[usize], k: usize) -> Result<(), CudaError> {
+    match starts
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .find(|&n| n > MAX_TOPK && k > 0)
+    {
+        Some(n) => Err(CudaError::BadOperands(format!(
+            "topk over {n} scores; the kernel takes up to {MAX_TOPK}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Top-k of each range `starts[r] .. starts[r+1]` of the device scores `sb` (starts from 0,
+/// nondecreasing, each range at most [`MAX_TOPK`] when k > 0), indices relative to the range:
+/// one launch (a block per range) and one read-back (none when nothing is selected).
+fn topk_on_device(
+    c: &Core,
+    sb: &DevBuf,
+    starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CudaError> {
+    let rows = starts.len() - 1;
+    let counts: Vec<usize> = starts.windows(2).map(|w| (w[1] - w[0]).min(k)).collect();
+    let total: usize = counts.iter().sum();
+    if total == 0 {
+        return Ok(vec![Vec::new(); rows]);
+    }
+    let mut offs = Vec::with_capacity(rows + 1);
+    offs.push(0);
+    for n in &counts {
+        offs.push(offs[offs.len() - 1] + n);
+    }
+    let k32 = u32::try_from(k).unwrap_or(u32::MAX);
+    let dev = &c.dev;
+    let stb = dev.temp_upload(&u32_words("scores", starts)?)?;
+    let offb = dev.temp_upload(&u32_words("selected", &offs)?)?;
+    let ob = dev.temp(total * 4)?;
+    let args = [
+        KArg::Buf(sb),
+        KArg::Buf(&stb),
+        KArg::Buf(&offb),
+        KArg::Buf(&ob),
+        KArg::U32(k32),
+    ];
+    let grid = (u32_arg("topk ranges", rows)?, 1, 1);
+    // SAFETY: scores holds the last start's count of floats, starts and offs rows + 1
+    // nondecreasing u32 (offs[r+1] − offs[r] = min(k, n_r) ≤ n_r ≤ 2^31), out offs[rows] u32;
+    // one block per range.
+    unsafe { dev.launch("topk_select", grid, (TOPK_THREADS, 1, 1), &args)? };
+    let mut bytes = vec![0u8; total * 4];
+    dev.download(&ob, &mut bytes)?;
+    let idx: Vec<usize> = bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .collect();
+    Ok(offs.windows(2).map(|o| idx[o[0]..o[1]].to_vec()).collect())
+}
