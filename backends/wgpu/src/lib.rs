@@ -271,6 +271,20 @@ impl Backend for WgpuBackend {
         ops_attn::sparse_attention_rows(&self.gpu, q, dim, keys, key_starts, sink, scale, out)
     }
 
+    fn paged_attention_rows(
+        &self,
+        q: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops_attn::paged_attention_rows(&self.gpu, q, fmt, pages, rows, key_starts, sink, scale, out)
+    }
+
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
         ops::router_scores(&self.gpu, logits, out)
     }

@@ -5,8 +5,10 @@
 
 use crate::gpu::{Gpu, Step, copy_f32, grid};
 use crate::ops::{scratch, upload_bytes, upload_f32};
+use crate::ops_cache::{encode_decode, gather_rows};
 use crate::setup::Bind;
-use dsv4_kernels::{HcParams, MhcPre};
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::{HcParams, MhcPre, RowFormat};
 
 /// Largest stream count the Sinkhorn kernel holds (an 8×8 matrix per thread).
 const MAX_STREAMS: usize = 8;
@@ -99,21 +101,15 @@ pub fn sparse_attention_rows(
     out: &mut [f32],
 ) {
     let hd = sink.len() * dim;
-    for (r, w) in key_starts.windows(2).enumerate() {
-        let (k0, k1) = (w[0] * dim, w[1] * dim);
-        assert!(
-            k0 <= k1 && k1 <= keys.len(),
-            "sparse_attention_rows: row {r} has keys {k0}..{k1} of {}",
-            keys.len()
-        );
-        assert!(
-            (r + 1) * hd <= q.len() && (r + 1) * hd <= out.len(),
-            "sparse_attention_rows: row {r} needs {} query and output values, got {} and {}",
-            (r + 1) * hd,
-            q.len(),
-            out.len()
-        );
-    }
+    check_rows(
+        "sparse_attention_rows",
+        q,
+        out,
+        keys.len(),
+        dim,
+        hd,
+        key_starts,
+    );
     if hd == 0 || key_starts.len() < 2 {
         return;
     }
@@ -121,7 +117,111 @@ pub fn sparse_attention_rows(
     let first = key_starts[0];
     let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
     let keys = &keys[first * dim..key_starts[rows] * dim];
-    attention_rows(gpu, &q[..rows * hd], dim, keys, &starts, sink, scale, out);
+    let kb = upload_f32(gpu, "attention keys", keys);
+    let mut step = gpu.step();
+    let attended = encode_attention(
+        gpu,
+        &mut step,
+        &q[..rows * hd],
+        dim,
+        &kb,
+        &starts,
+        sink,
+        scale,
+    );
+    let len = rows * hd;
+    copy_f32(
+        &step.finish(&[(&attended.out, len * 4)])[0],
+        &mut out[..len],
+    );
+}
+
+/// Sparse attention over keys still in their cache pages (see `Backend::paged_attention_rows`):
+/// the used rows' bytes uploaded once, decoded and attended over in one submission, only the
+/// output read back. Layout errors are the composition's, found before anything runs; panics
+/// where `sparse_attention_rows` would.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), CacheLayoutError> {
+    let dim = fmt.width();
+    let n = rows.len();
+    let gathered = gather_rows(gpu, fmt, pages, rows, n * dim)?;
+    let hd = sink.len() * dim;
+    check_rows("paged_attention_rows", q, out, n * dim, dim, hd, key_starts);
+    if hd == 0 || key_starts.len() < 2 {
+        return Ok(());
+    }
+    let queries = key_starts.len() - 1;
+    let first = key_starts[0];
+    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
+    let mut step = gpu.step();
+    let decoded = gathered.map(|g| encode_decode(gpu, &mut step, fmt, &g));
+    // The attention reads keys `first ..` of the decoded rows: the rows themselves when `first`
+    // is 0, else a copy of the used ones (a binding offset would have to be aligned), or an
+    // empty buffer when there are no keys.
+    let used = starts[queries] * dim * 4;
+    let copied;
+    let kb = match &decoded {
+        Some(d) if first == 0 => &d.values,
+        Some(d) if used > 0 => {
+            copied = scratch(gpu, "attention keys", used);
+            let src = Bind {
+                buf: &d.values,
+                id: 0,
+                off: (first * dim * 4) as u64,
+                size: used as u64,
+            };
+            step.copy(src, Bind::whole(&copied), used as u64);
+            &copied
+        }
+        _ => {
+            copied = scratch(gpu, "attention keys", 0);
+            &copied
+        }
+    };
+    let len = queries * hd;
+    let attended = encode_attention(gpu, &mut step, &q[..len], dim, kb, &starts, sink, scale);
+    copy_f32(
+        &step.finish(&[(&attended.out, len * 4)])[0],
+        &mut out[..len],
+    );
+    Ok(())
+}
+
+/// Panic where the per-row loop of sparse attention would: a key range outside `n_keys` values
+/// of keys, or a query or output row outside `q` or `out`.
+fn check_rows(
+    what: &str,
+    q: &[f32],
+    out: &[f32],
+    n_keys: usize,
+    dim: usize,
+    hd: usize,
+    key_starts: &[usize],
+) {
+    for (r, w) in key_starts.windows(2).enumerate() {
+        let (k0, k1) = (w[0] * dim, w[1] * dim);
+        assert!(
+            k0 <= k1 && k1 <= n_keys,
+            "{what}: row {r} has keys {k0}..{k1} of {n_keys}"
+        );
+        assert!(
+            (r + 1) * hd <= q.len() && (r + 1) * hd <= out.len(),
+            "{what}: row {r} needs {} query and output values, got {} and {}",
+            (r + 1) * hd,
+            q.len(),
+            out.len()
+        );
+    }
 }
 
 /// Attention of `starts.len() - 1` queries (q [rows, heads, dim]), query r over keys
@@ -138,6 +238,36 @@ fn attention_rows(
     scale: f32,
     out: &mut [f32],
 ) {
+    let kb = upload_f32(gpu, "attention keys", keys);
+    let mut step = gpu.step();
+    let attended = encode_attention(gpu, &mut step, q, dim, &kb, starts, sink, scale);
+    let len = (starts.len() - 1) * sink.len() * dim;
+    copy_f32(
+        &step.finish(&[(&attended.out, len * 4)])[0],
+        &mut out[..len],
+    );
+}
+
+/// The buffers of encoded attention passes (kept until their step is submitted); the output,
+/// [rows, heads, dim] f32, in `out`.
+struct Attended {
+    _operands: [wgpu::Buffer; 4],
+    out: wgpu::Buffer,
+}
+
+/// Upload the operands of [`attention_rows`] but the keys (already on the device in `kb`) and
+/// encode its three passes into `step`.
+#[allow(clippy::too_many_arguments)]
+fn encode_attention(
+    gpu: &Gpu,
+    step: &mut Step<'_>,
+    q: &[f32],
+    dim: usize,
+    kb: &wgpu::Buffer,
+    starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+) -> Attended {
     let heads = sink.len();
     let rows = starts.len() - 1;
     let n = starts[rows];
@@ -149,7 +279,6 @@ fn attention_rows(
         rows as u32,
     ];
     let qb = upload_f32(gpu, "attention queries", q);
-    let kb = upload_f32(gpu, "attention keys", keys);
     let sinkb = upload_f32(gpu, "attention sinks", sink);
     let stb = upload_starts(gpu, "attention key ranges", starts);
     let sb = scratch(
@@ -160,14 +289,13 @@ fn attention_rows(
     let len = rows * heads * dim;
     let ob = scratch(gpu, "attention output", len * 4);
     let st = Bind::whole(&stb);
-    let mut step = gpu.step();
     if n > 0 {
         step.dispatch(
             "attn_logits",
             &params,
             &[
                 (1, Bind::whole(&qb)),
-                (2, Bind::whole(&kb)),
+                (2, Bind::whole(kb)),
                 (4, Bind::whole(&sb)),
                 (5, st),
             ],
@@ -184,14 +312,17 @@ fn attention_rows(
         "attn_out",
         &params,
         &[
-            (2, Bind::whole(&kb)),
+            (2, Bind::whole(kb)),
             (3, Bind::whole(&ob)),
             (4, Bind::whole(&sb)),
             (5, st),
         ],
         grid(len, 64),
     );
-    copy_f32(&step.finish(&[(&ob, len * 4)])[0], out);
+    Attended {
+        _operands: [qb, sinkb, stb, sb],
+        out: ob,
+    }
 }
 
 /// `base` followed by `scale`: the coefficient table of mhc.wgsl.

@@ -2,7 +2,7 @@
 //! (`cache_encode`, many rows per dispatch) and decode entries back (`cache_decode`), each op
 //! one upload of its inputs, one dispatch, one submission and one read-back.
 
-use crate::gpu::{Gpu, copy_f32, grid};
+use crate::gpu::{Gpu, Step, copy_f32, grid};
 use crate::ops::{index_kind, scratch, upload_bytes, upload_f32};
 use crate::setup::Bind;
 use dsv4_core::cache::CacheLayoutError;
@@ -117,7 +117,16 @@ pub fn cache_load(
     let at = fmt.checked_slot(page.len(), out.len(), slot)?;
     let mut entry = page[at.data.clone()].to_vec();
     entry.extend_from_slice(&page[at.scale.clone()]);
-    decode_rows(gpu, fmt, &entry, &[0, at.data.len() as u32], out);
+    let table = vec![0, at.data.len() as u32];
+    decode(
+        gpu,
+        fmt,
+        &Gathered {
+            bytes: entry,
+            table,
+        },
+        out,
+    );
     Ok(())
 }
 
@@ -132,9 +141,41 @@ pub fn cache_load_rows(
     rows: &[(usize, usize)],
     out: &mut [f32],
 ) -> Result<(), CacheLayoutError> {
-    let at = fmt.checked_rows(pages, rows, out.len())?;
+    if let Some(gathered) = gather_rows(gpu, fmt, pages, rows, out.len())? {
+        decode(gpu, fmt, &gathered, out);
+    }
+    Ok(())
+}
+
+/// Decode the rows of `gathered` into `out`: one upload of each input, one dispatch, one
+/// read-back.
+fn decode(gpu: &Gpu, fmt: &RowFormat, gathered: &Gathered, out: &mut [f32]) {
+    let n = gathered.table.len() / 2 * fmt.width();
+    let mut step = gpu.step();
+    let decoded = encode_decode(gpu, &mut step, fmt, gathered);
+    copy_f32(&step.finish(&[(&decoded.values, n * 4)])[0], &mut out[..n]);
+}
+
+/// What `cache_decode` reads for some rows: the bytes (the used pages, or just the rows'
+/// entries when the pages would not fit one binding) and each row's data and scale offsets.
+pub(crate) struct Gathered {
+    bytes: Vec<u8>,
+    table: Vec<u32>,
+}
+
+/// `rows` (page, slot) of `pages` as [`Gathered`] bytes, after the per-row loop's checks of
+/// every access and of an output of `out_len` values (its error, before anything runs); None
+/// when there are no rows.
+pub(crate) fn gather_rows(
+    gpu: &Gpu,
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    out_len: usize,
+) -> Result<Option<Gathered>, CacheLayoutError> {
+    let at = fmt.checked_rows(pages, rows, out_len)?;
     if at.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     // The used pages in first-use order, and where each starts in their concatenation.
     let mut page_at: Vec<Option<usize>> = vec![None; pages.len()];
@@ -176,23 +217,35 @@ pub fn cache_load_rows(
         }
         (bytes, table)
     };
-    decode_rows(gpu, fmt, &bytes, &table, out);
-    Ok(())
+    Ok(Some(Gathered { bytes, table }))
 }
 
-/// Decode `table.len() / 2` rows from `bytes` into `out` (row r's data row at byte
-/// `table[2r]`, its scale row at `table[2r + 1]`): one upload of each, one dispatch, one
-/// read-back.
-fn decode_rows(gpu: &Gpu, fmt: &RowFormat, bytes: &[u8], table: &[u32], out: &mut [f32]) {
-    let rows = table.len() / 2;
+/// The buffers of an encoded decode (kept until its step is submitted): the rows' values,
+/// [rows, width] f32, in `values`.
+pub(crate) struct Decoded {
+    _inputs: [wgpu::Buffer; 2],
+    pub values: wgpu::Buffer,
+}
+
+/// Upload `gathered` and encode the `cache_decode` dispatch of its rows into `step`.
+pub(crate) fn encode_decode(
+    gpu: &Gpu,
+    step: &mut Step<'_>,
+    fmt: &RowFormat,
+    gathered: &Gathered,
+) -> Decoded {
+    let rows = gathered.table.len() / 2;
     let (kind, nd, _, _) = cache_kind(fmt);
     let width = fmt.width();
     let n = rows * width;
-    let eb = upload_bytes(gpu, "cache entries", bytes);
-    let tb = upload_bytes(gpu, "cache row offsets", bytemuck::cast_slice(table));
+    let eb = upload_bytes(gpu, "cache entries", &gathered.bytes);
+    let tb = upload_bytes(
+        gpu,
+        "cache row offsets",
+        bytemuck::cast_slice(&gathered.table),
+    );
     let ob = scratch(gpu, "cache values", n * 4);
     let params = [kind, nd as u32, width as u32, rows as u32];
-    let mut step = gpu.step();
     step.dispatch(
         "cache_decode",
         &params,
@@ -203,5 +256,8 @@ fn decode_rows(gpu: &Gpu, fmt: &RowFormat, bytes: &[u8], table: &[u32], out: &mu
         ],
         grid(n, 64),
     );
-    copy_f32(&step.finish(&[(&ob, n * 4)])[0], &mut out[..n]);
+    Decoded {
+        _inputs: [eb, tb],
+        values: ob,
+    }
 }

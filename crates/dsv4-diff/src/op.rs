@@ -43,6 +43,8 @@ pub enum Op {
     SparseAttention,
     /// `Backend::sparse_attention_rows`.
     SparseAttentionRows,
+    /// `Backend::paged_attention_rows`.
+    PagedAttentionRows,
     /// `Backend::router_scores`.
     RouterScores,
     /// `Backend::swiglu`.
@@ -61,7 +63,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 24] = [
+    pub const ALL: [Op; 25] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -79,6 +81,7 @@ impl Op {
         Op::IndexerTopkRows,
         Op::SparseAttention,
         Op::SparseAttentionRows,
+        Op::PagedAttentionRows,
         Op::RouterScores,
         Op::Swiglu,
         Op::CacheStore,
@@ -108,6 +111,7 @@ impl Op {
             Op::IndexerTopkRows => "indexer_topk_rows",
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
+            Op::PagedAttentionRows => "paged_attention_rows",
             Op::RouterScores => "router_scores",
             Op::Swiglu => "swiglu",
             Op::CacheStore => "cache_store",

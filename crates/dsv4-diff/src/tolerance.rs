@@ -120,6 +120,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
         ),
         Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
         Op::SparseAttentionRows => tol(Nmse, 1e-7, "sparse_attention, several rows per call"),
+        Op::PagedAttentionRows => tol(
+            Nmse,
+            1e-7,
+            "sparse_attention_rows over exactly dequantized cache rows",
+        ),
         Op::RouterScores => tol(Nmse, 1e-9, "element-wise"),
         Op::Swiglu => tol(Nmse, 1e-9, "element-wise"),
         Op::CacheStore => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),

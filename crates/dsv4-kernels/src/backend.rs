@@ -208,6 +208,31 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// [`Backend::sparse_attention_rows`] over keys still in their cache pages: key row i is
+    /// slot `rows[i].1` of page `pages[rows[i].0]` in format `fmt` (dim = `fmt.width()`),
+    /// dequantized as [`Backend::cache_load_rows`] does. Bitwise that composition (its default);
+    /// a GPU backend decodes the rows into device memory and attends there, so the keys never
+    /// come back to the host and the call is one submission. A layout error is returned before
+    /// anything runs; attention operands that do not fit panic as in `sparse_attention_rows`.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention_rows(
+        &self,
+        q: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        let dim = fmt.width();
+        let mut keys = vec![0f32; rows.len() * dim];
+        self.cache_load_rows(fmt, pages, rows, &mut keys)?;
+        self.sparse_attention_rows(q, dim, &keys, key_starts, sink, scale, out);
+        Ok(())
+    }
+
     /// Router scores sqrt(softplus(x)) element-wise.
     fn router_scores(&self, logits: &[f32], out: &mut [f32]);
 

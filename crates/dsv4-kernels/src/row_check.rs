@@ -1,11 +1,14 @@
 //! Checks of a backend's fused host ops against the trait's composition of row-by-row
 //! definitions ([`PerRow`]), shared by the GPU backends' tests: `indexer_topk_rows` must choose
-//! exactly what `indexer_scores_rows` then `topk_rows` choose on the same backend, and panic
-//! where they panic. Each backend's test then asserts its own submission and read-back counts
-//! from the [`IndexerTopkCall`]s.
+//! exactly what `indexer_scores_rows` then `topk_rows` choose on the same backend, and
+//! `paged_attention_rows` must give bit for bit what `cache_load_rows` then
+//! `sparse_attention_rows` give; each must fail and panic where the composition does. Each
+//! backend's test then asserts its own submission and read-back counts from the
+//! [`FusedCall`]s.
 
-use crate::{Backend, DeviceStats, PerRow};
-use dsv4_core::SplitMix64;
+use crate::{Backend, DeviceStats, PerRow, RowFormat};
+use dsv4_core::cache::KvLayout;
+use dsv4_core::{KvCacheDtype, SplitMix64};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Shapes (heads, dim, keys per query, unused keys before the first, k): unequal ranges with an
@@ -20,14 +23,15 @@ const CASES: [(usize, usize, &[usize], usize, usize); 6] = [
     (2, 0, &[5, 3], 0, 2),
 ];
 
-/// One checked `indexer_topk_rows` call.
+/// One checked call of a fused op.
 #[derive(Debug, Clone)]
-pub struct IndexerTopkCall {
+pub struct FusedCall {
     /// The shape, for messages.
     pub what: String,
-    /// Keys scored (0 when they have no width).
+    /// Keys scored or attended over (0 when they have no width).
     pub keys: usize,
-    /// Indices chosen over all queries.
+    /// Values the call returns: indices chosen (`indexer_topk_rows`), output floats
+    /// (`paged_attention_rows`).
     pub selected: usize,
     /// The backend's traffic during the call (what `stats` moved by).
     pub stats: DeviceStats,
@@ -44,7 +48,7 @@ fn values(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
 pub fn indexer_topk_rows(
     be: &dyn Backend,
     stats: &dyn Fn() -> DeviceStats,
-) -> Result<Vec<IndexerTopkCall>, String> {
+) -> Result<Vec<FusedCall>, String> {
     let per_row = PerRow(be);
     let mut rng = SplitMix64::new(0x1d3e_70b5);
     let mut calls = Vec::new();
@@ -70,7 +74,7 @@ pub fn indexer_topk_rows(
         if sizes != want_sizes {
             return Err(format!("{what}: {sizes:?} indices, not {want_sizes:?}"));
         }
-        calls.push(IndexerTopkCall {
+        calls.push(FusedCall {
             what,
             keys: if dim > 0 { counts.iter().sum() } else { 0 },
             selected: want_sizes.iter().sum(),
@@ -106,6 +110,161 @@ pub fn indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
         if !panics(be) {
             return Err(format!(
                 "indexer_topk_rows accepts starts {starts:?}, q {qn}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Shapes of the `paged_attention_rows` checks: (KV dtype, head dim, rope dim, entries per page,
+/// heads, keys per query, unused rows before the first): unequal ranges with an empty one, rows
+/// before the first range, a query without keys (the sink alone), no keys at all.
+type PagedCase = (
+    KvCacheDtype,
+    usize,
+    usize,
+    usize,
+    usize,
+    &'static [usize],
+    usize,
+);
+const PAGED_CASES: [PagedCase; 4] = [
+    (KvCacheDtype::Fp8, 192, 64, 3, 4, &[5, 0, 7, 3], 2),
+    (KvCacheDtype::Bf16, 10, 4, 2, 3, &[1, 4], 0),
+    (KvCacheDtype::Bf16, 128, 64, 4, 8, &[9], 1),
+    (KvCacheDtype::Fp8, 192, 64, 3, 2, &[0, 0], 1),
+];
+
+/// Three pages of `fmt` with every slot written by `be` from random values.
+fn written_pages(be: &dyn Backend, fmt: &RowFormat, rng: &mut SplitMix64) -> Vec<Vec<u8>> {
+    (0..3)
+        .map(|_| {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..fmt.page_entries() {
+                let v = values(rng, fmt.width());
+                be.cache_store(fmt, &mut page, slot, &v)
+                    .expect("a valid slot of a valid page");
+            }
+            page
+        })
+        .collect()
+}
+
+/// Every shape: `be.paged_attention_rows` equals the composition (`cache_load_rows` then
+/// `sparse_attention_rows`) on `be` bit for bit, over rows picked at random from three pages
+/// (some twice); and a row past a page's last slot is the same layout error. `stats` reads the
+/// backend's traffic counters. Err names the first shape that differs.
+pub fn paged_attention_rows(
+    be: &dyn Backend,
+    stats: &dyn Fn() -> DeviceStats,
+) -> Result<Vec<FusedCall>, String> {
+    let per_row = PerRow(be);
+    let mut rng = SplitMix64::new(0x9a6e_d017);
+    let mut calls = Vec::new();
+    for &(dtype, hd, rd, per, heads, counts, first) in &PAGED_CASES {
+        let layout = KvLayout::from_head_dims(dtype, hd, rd, per)
+            .map_err(|e| format!("a bad case layout: {e}"))?;
+        let fmt = RowFormat::Kv(layout);
+        let pages = written_pages(be, &fmt, &mut rng);
+        let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let mut starts = vec![first];
+        for c in counts {
+            starts.push(starts[starts.len() - 1] + c);
+        }
+        let n = starts[counts.len()];
+        let mut rows: Vec<(usize, usize)> = (0..n)
+            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+            .collect();
+        if n > 1 {
+            rows[n - 1] = rows[0];
+        }
+        let queries = counts.len();
+        let q = values(&mut rng, queries * heads * hd);
+        let sink = values(&mut rng, heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let what = format!("{dtype:?} hd {hd} heads {heads} counts {counts:?} first {first}");
+        let run = |b: &dyn Backend, rows: &[(usize, usize)]| {
+            let mut out = vec![f32::NAN; queries * heads * hd];
+            let r = b.paged_attention_rows(&q, &fmt, &refs, rows, &starts, &sink, scale, &mut out);
+            (r.map_err(|e| e.to_string()), out)
+        };
+        let (want_r, want) = run(&per_row, &rows);
+        let before = stats();
+        let (got_r, got) = run(be, &rows);
+        let moved = stats().since(&before);
+        if got_r != want_r {
+            return Err(format!("{what}: {got_r:?}, the composition {want_r:?}"));
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        if bits(&got) != bits(&want) {
+            return Err(format!("{what}: the output differs from the composition's"));
+        }
+        calls.push(FusedCall {
+            what: what.clone(),
+            keys: n - first,
+            selected: got.len(),
+            stats: moved,
+        });
+        // A slot past the page: the composition's error, not a panic or another error.
+        let mut bad = rows.clone();
+        bad.push((1, per));
+        bad.push((0, 0));
+        let (want_r, _) = run(&per_row, &bad);
+        let (got_r, _) = run(be, &bad);
+        if want_r.is_ok() || got_r != want_r {
+            return Err(format!(
+                "{what}, a slot past the page: {got_r:?}, the composition {want_r:?}"
+            ));
+        }
+    }
+    Ok(calls)
+}
+
+/// Operands the composition panics on (decreasing starts, rows short of a range, a short q or
+/// output): `be.paged_attention_rows` must panic too. Err names the first it accepts.
+pub fn paged_attention_rows_panics(be: &dyn Backend) -> Result<(), String> {
+    let per_row = PerRow(be);
+    let layout =
+        KvLayout::from_head_dims(KvCacheDtype::Bf16, 8, 4, 4).map_err(|e| e.to_string())?;
+    let fmt = RowFormat::Kv(layout);
+    let mut rng = SplitMix64::new(7);
+    let pages = written_pages(be, &fmt, &mut rng);
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let (heads, dim) = (2usize, 8usize);
+    let rows: Vec<(usize, usize)> = (0..6).map(|i| (i % 3, i % 4)).collect();
+    let q = vec![0.25f32; 2 * heads * dim];
+    let sink = [0.5f32, -0.5];
+    let cases: [(&[usize], usize, usize); 4] = [
+        (&[0, 4, 2], q.len(), q.len()),
+        (&[0, 3, 7], q.len(), q.len()),
+        (&[0, 3, 6], q.len() - 1, q.len()),
+        (&[0, 3, 6], q.len(), q.len() - 1),
+    ];
+    for (starts, qn, on) in cases {
+        let panics = |b: &dyn Backend| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let mut out = vec![0f32; on];
+                let _ = b.paged_attention_rows(
+                    &q[..qn],
+                    &fmt,
+                    &refs,
+                    &rows,
+                    starts,
+                    &sink,
+                    0.5,
+                    &mut out,
+                );
+            }))
+            .is_err()
+        };
+        if !panics(&per_row) {
+            return Err(format!(
+                "the composition accepts starts {starts:?}, q {qn}, out {on}"
+            ));
+        }
+        if !panics(be) {
+            return Err(format!(
+                "paged_attention_rows accepts starts {starts:?}, q {qn}, out {on}"
             ));
         }
     }

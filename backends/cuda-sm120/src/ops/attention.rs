@@ -1,11 +1,14 @@
 //! Attention-side ops of `kernels/attention.cu` (the indexer's are in `indexer.rs`):
 //! compressor softmax pooling, and sparse attention with a sink as three launches (logits,
 //! per-head max and weights, weighted sum with its denominator), for one query or a batch of
-//! them, each over its own keys.
+//! them, each over its own keys, which may still be in their cache pages.
 
+use super::cache::{decode_on_device, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
-use crate::{Core, CudaError, KArg};
+use crate::{Core, CudaError, DevBuf, KArg};
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::RowFormat;
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -137,6 +140,50 @@ pub fn sparse_attention_rows(
     )
 }
 
+/// [`sparse_attention_rows`] over keys still in their cache pages (`Backend::paged_attention_rows`):
+/// the shared codec's checks, then the used rows' entries uploaded once, decoded on the device
+/// into the buffer the attention launches read, and only the output read back (one submission).
+/// The keys' layout error is the inner `Err`; operands attention rejects are `BadOperands`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_rows(
+    c: &Core,
+    q: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let dim = fmt.width();
+    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    let queries = key_starts.len().saturating_sub(1);
+    let hd = sink.len() * dim;
+    need("attention queries", q.len(), queries * hd)?;
+    need("attention output", out.len(), queries * hd)?;
+    let first = key_range(rows.len(), key_starts)?;
+    if queries == 0 || hd == 0 {
+        return Ok(Ok(()));
+    }
+    let last = key_starts[queries];
+    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    let out = &mut out[..queries * hd];
+    if last == first {
+        // No keys at all: attention over the sink alone, as the composition computes it.
+        attend(c, &q[..queries * hd], dim, &[], &starts, sink, scale, out)?;
+        return Ok(Ok(()));
+    }
+    let eb = fmt.entry_bytes();
+    let kb = decode_on_device(c, fmt, &entries[first * eb..last * eb], last - first)?;
+    let ob = attend_on_device(c, &q[..queries * hd], dim, &kb, &starts, sink, scale)?;
+    c.dev.download_f32(&ob, out)?;
+    Ok(Ok(()))
+}
+
 /// Check that `starts` never decreases and ends within `n` keys; the first start.
 fn key_range(n: usize, starts: &[usize]) -> Result<usize, CudaError> {
     if let Some(w) = starts.windows(2).find(|w| w[0] > w[1]) {
@@ -168,6 +215,22 @@ fn attend(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), CudaError> {
+    let kb = c.dev.temp_f32(keys)?;
+    let ob = attend_on_device(c, q, dim, &kb, starts, sink, scale)?;
+    c.dev.download_f32(&ob, out)
+}
+
+/// [`attend`]'s launches over keys already on the device (`kb` holds `starts[rows]` rows of
+/// `dim` f32); the output's device buffer (rows · heads · dim f32).
+fn attend_on_device(
+    c: &Core,
+    q: &[f32],
+    dim: usize,
+    kb: &DevBuf,
+    starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+) -> Result<DevBuf, CudaError> {
     let heads = sink.len();
     if heads > MAX_GRID_Y {
         return Err(CudaError::BadOperands(format!(
@@ -185,7 +248,6 @@ fn attend(
     let h32 = heads as u32;
     let dev = &c.dev;
     let qb = dev.temp_f32(q)?;
-    let kb = dev.temp_f32(keys)?;
     let stb = dev.temp_upload(
         &starts32
             .iter()
@@ -214,7 +276,7 @@ fn attend(
                 (KEY_THREADS, 1, 1),
                 &[
                     KArg::Buf(&qb),
-                    KArg::Buf(&kb),
+                    KArg::Buf(kb),
                     KArg::Buf(&stb),
                     KArg::Buf(&lb),
                     KArg::U32(dim32),
@@ -243,7 +305,7 @@ fn attend(
                 &[
                     KArg::Buf(&lb),
                     KArg::Buf(&swb),
-                    KArg::Buf(&kb),
+                    KArg::Buf(kb),
                     KArg::Buf(&stb),
                     KArg::Buf(&ob),
                     KArg::U32(dim32),
@@ -253,5 +315,5 @@ fn attend(
             )?;
         }
     }
-    dev.download_f32(&ob, &mut out[..rows * heads * dim])
+    Ok(ob)
 }

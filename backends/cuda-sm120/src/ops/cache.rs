@@ -182,17 +182,29 @@ pub fn cache_load_rows(
     rows: &[(usize, usize)],
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let at = match fmt.checked_rows(pages, rows, out.len()) {
-        Ok(at) => at,
+    let entries = match gathered_entries(fmt, pages, rows, out.len()) {
+        Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
-    let mut entries = Vec::new();
+    decode(c, fmt, &entries, rows.len(), out)?;
+    Ok(Ok(()))
+}
+
+/// The entries (data then scale bytes) of `rows` (page, slot) of `pages`, laid end to end, after
+/// the shared codec's checks of every access and of an output of `out_len` values.
+pub(crate) fn gathered_entries(
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    out_len: usize,
+) -> Result<Vec<u8>, CacheLayoutError> {
+    let at = fmt.checked_rows(pages, rows, out_len)?;
+    let mut entries = Vec::with_capacity(rows.len() * fmt.entry_bytes());
     for (&(page, _), at) in rows.iter().zip(at) {
         entries.extend_from_slice(&pages[page][at.data]);
         entries.extend_from_slice(&pages[page][at.scale]);
     }
-    decode(c, fmt, &entries, rows.len(), out)?;
-    Ok(Ok(()))
+    Ok(entries)
 }
 
 /// Decode `rows` entries laid end to end in `entries` (equal sizes) into `out` (rows × the
@@ -207,9 +219,23 @@ fn decode(
     if rows == 0 || out.is_empty() {
         return Ok(());
     }
+    let ob = decode_on_device(c, fmt, entries, rows)?;
+    c.dev.download_f32(&ob, out)
+}
+
+/// Upload `rows` entries laid end to end in `entries` (equal sizes) and launch the format's
+/// decoder into a device buffer of rows × the format's width f32, which is returned; rows > 0
+/// and a nonzero width.
+pub(crate) fn decode_on_device(
+    c: &Core,
+    fmt: &RowFormat,
+    entries: &[u8],
+    rows: usize,
+) -> Result<DevBuf, CudaError> {
+    let values = rows * fmt.width();
     let stride = u32_arg("cache entry bytes", entries.len() / rows)?;
     let eb = c.dev.temp_upload(entries)?;
-    let ob = c.dev.temp(out.len() * 4)?;
+    let ob = c.dev.temp(values * 4)?;
     let (kernel, scalars) = match kind(fmt)? {
         Kind::Bf16 { n } => ("cache_decode_bf16", vec![KArg::U32(n)]),
         Kind::KvFp8 { nd, rd } => ("cache_decode_kv_fp8", vec![KArg::U32(nd), KArg::U32(rd)]),
@@ -219,9 +245,9 @@ fn decode(
     let mut args = vec![KArg::Buf(&eb), KArg::Buf(&ob)];
     args.extend(scalars);
     args.extend([KArg::U32(u32_arg("cache rows", rows)?), KArg::U32(stride)]);
-    let grid = blocks_for(out.len(), THREADS as usize);
+    let grid = blocks_for(values, THREADS as usize);
     // SAFETY: parameter order of the decoder; `eb` holds `rows` entries of `stride` bytes
     // (data and scale bytes each) and `ob` rows × width f32, one value per thread.
     unsafe { c.dev.launch(kernel, (grid, 1, 1), (THREADS, 1, 1), &args)? };
-    c.dev.download_f32(&ob, out)
+    Ok(ob)
 }

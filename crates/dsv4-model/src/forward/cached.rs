@@ -256,8 +256,8 @@ impl Run<'_> {
         // Rows attend in chunks: each row's keys — its window rows, then its compressed entries
         // (SWA and compressed stores share one KV format) — are gathered right after its own
         // SWA store (a later row's store may overwrite a ring slot this row reads; the gather
-        // copies the pages then), a chunk's keys are decoded in one call, and its rows attend
-        // in one call.
+        // copies the pages then), and a chunk's rows attend in one call that decodes their keys
+        // where it attends (on a GPU the keys never come back to the host).
         let mut gather = RowGather::new(be);
         let (mut starts, mut first) = (vec![0usize], 0usize);
         // Every row's SWA entry is encoded up front in one call (the encoding does not depend
@@ -293,16 +293,14 @@ impl Run<'_> {
             starts.push(starts[starts.len() - 1] + keys_of_row);
             if starts.len() > ATTENTION_CHUNK || i + 1 == t {
                 let rows = starts.len() - 1;
-                let keys = std::mem::replace(&mut gather, RowGather::new(be)).finish()?;
-                be.sparse_attention_rows(
+                std::mem::replace(&mut gather, RowGather::new(be)).attend(
                     &q[first * h * hd..(first + rows) * h * hd],
                     hd,
-                    &keys,
                     &starts,
                     &bw.attn.sink,
                     scale,
                     &mut o[first * h * hd..(first + rows) * h * hd],
-                );
+                )?;
                 (first, starts) = (first + rows, vec![0]);
             }
         }

@@ -68,6 +68,39 @@ impl<'b> RowGather<'b> {
         Ok(self.picks.len() - before)
     }
 
+    /// Sparse attention of queries `q` over the rows added as keys (`dim` wide), query r over
+    /// rows `key_starts[r] .. key_starts[r+1]`, into `out`: on a backend with device memory one
+    /// [`Backend::paged_attention_rows`] call over the copied pages (the keys are decoded where
+    /// the attention runs), else `sparse_attention_rows` over the rows decoded so far.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        self,
+        q: &[f32],
+        dim: usize,
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ForwardError> {
+        let be = self.backend;
+        match (&self.direct, self.layout) {
+            (None, Some((fmt, width))) => {
+                if width != dim {
+                    return Err(ForwardError::Plan {
+                        message: format!("attention over {width}-wide rows as {dim}-wide keys"),
+                    });
+                }
+                let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+                be.paged_attention_rows(q, &fmt, &refs, &self.picks, key_starts, sink, scale, out)?;
+            }
+            _ => {
+                let keys = self.finish()?;
+                be.sparse_attention_rows(q, dim, &keys, key_starts, sink, scale, out);
+            }
+        }
+        Ok(())
+    }
+
     /// Every row added, decoded, in order: [rows, width].
     pub fn finish(self) -> Result<Vec<f32>, ForwardError> {
         if let Some(out) = self.direct {

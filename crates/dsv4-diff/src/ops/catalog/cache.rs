@@ -1,9 +1,11 @@
 //! Cases of the cache ops: `cache_store` (exact page bytes; only the slot's bytes may change,
 //! and every one of them must be written), `cache_encode_rows` (exact entry bytes of many rows),
-//! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format.
+//! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format;
+//! and `paged_attention_rows` (sparse attention over keys still in KV pages) for every KV
+//! storage dtype.
 
 use crate::Op;
-use crate::ops::case::{Case, Runner, SizeClass, uniform};
+use crate::ops::case::{Case, Runner, SizeClass, uniform, uniform_std};
 use crate::ops::harness::{GuardedBytes, GuardedF32, Problem, Produced, Ran, call, check_len};
 use dsv4_core::cache::{IndexKLayout, KvLayout, SlotBytes};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
@@ -209,6 +211,67 @@ fn encode_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
     )
 }
 
+/// Attention of `counts.len()` queries over KV rows in three pages, query r over
+/// `counts[r]` rows picked at random (one row unused before the first range).
+fn paged_attention_case(
+    class: SizeClass,
+    fmt: RowFormat,
+    heads: usize,
+    counts: &'static [usize],
+) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let dim = fmt.width();
+    let queries = counts.len();
+    let n: usize = counts.iter().sum();
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let per = fmt.page_entries();
+        let pages = (0..3)
+            .map(|_| codec_page(rng, &fmt))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows: Vec<(usize, usize)> = (0..=n)
+            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+            .collect();
+        let mut starts = vec![1];
+        for c in counts {
+            starts.push(starts[starts.len() - 1] + c);
+        }
+        let q = uniform_std(rng, queries * heads * dim, 1.0);
+        let sink = uniform(rng, heads, 2.0);
+        let scale = 1.0 / (dim as f32).sqrt();
+        Ok(Box::new(move |be| {
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let mut out = GuardedF32::poisoned(queries * heads * dim);
+            let (res, elapsed) = call(|| {
+                be.paged_attention_rows(
+                    &q,
+                    &fmt,
+                    &refs,
+                    &rows,
+                    &starts,
+                    &sink,
+                    scale,
+                    out.slice_mut(),
+                )
+            })?;
+            res.map_err(|e| Problem::OpError(e.to_string()))?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf, r) = (heads as f64, dim as f64, n as f64, queries as f64);
+    let bytes = nf * fmt.entry_bytes() as f64 + 4.0 * r * (2.0 * h * d + h);
+    Case::new(
+        Op::PagedAttentionRows,
+        class,
+        format!("{label}.h{heads}.n{n}"),
+        Some(numerics),
+        (4.0 * h * nf * d, bytes),
+        build,
+    )
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -220,6 +283,13 @@ pub(crate) fn cases() -> Vec<Case> {
         v.push(load_case(class, fmt));
         v.push(load_rows_case(class, fmt));
         v.push(encode_rows_case(class, fmt));
+        if let RowFormat::Kv(l) = fmt {
+            match (class, l.head_dim()) {
+                (SizeClass::Odd, 192) => v.push(paged_attention_case(class, fmt, 3, &[1, 9, 0, 4])),
+                (SizeClass::Flash, _) => v.push(paged_attention_case(class, fmt, 64, &[640, 192])),
+                _ => {}
+            }
+        }
     }
     v
 }

@@ -56,5 +56,6 @@ mod tests {
         assert_eq!(tags(Op::CacheLoad).len(), 5);
         assert_eq!(tags(Op::CacheLoadRows).len(), 5);
         assert_eq!(tags(Op::CacheEncodeRows).len(), 5);
+        assert_eq!(tags(Op::PagedAttentionRows).len(), 2);
     }
 }
