@@ -271,6 +271,19 @@ impl Backend for WgpuBackend {
         ops_attn::sparse_attention_rows(&self.gpu, q, dim, keys, key_starts, sink, scale, out)
     }
 
+    fn paged_indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+        ops_indexer::paged_indexer_topk_rows(&self.gpu, q, w, fmt, pages, rows, key_starts, k)
+    }
+
     fn paged_attention_rows(
         &self,
         q: &[f32],

@@ -154,38 +154,25 @@ pub fn paged_attention_rows(
 ) -> Result<(), CacheLayoutError> {
     let dim = fmt.width();
     let n = rows.len();
-    let gathered = gather_rows(gpu, fmt, pages, rows, n * dim)?;
+    fmt.checked_rows(pages, rows, n * dim)?;
     let hd = sink.len() * dim;
     check_rows("paged_attention_rows", q, out, n * dim, dim, hd, key_starts);
     if hd == 0 || key_starts.len() < 2 {
         return Ok(());
     }
     let queries = key_starts.len() - 1;
-    let first = key_starts[0];
+    let (first, last) = (key_starts[0], key_starts[queries]);
     let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
     let mut step = gpu.step();
-    let decoded = gathered.map(|g| encode_decode(gpu, &mut step, fmt, &g));
-    // The attention reads keys `first ..` of the decoded rows: the rows themselves when `first`
-    // is 0, else a copy of the used ones (a binding offset would have to be aligned), or an
-    // empty buffer when there are no keys.
-    let used = starts[queries] * dim * 4;
-    let copied;
+    // Only the rows the queries attend over are uploaded and decoded (none: an empty key buffer).
+    let used = gather_rows(gpu, fmt, pages, &rows[first..last], (last - first) * dim)?;
+    let decoded = used.map(|g| encode_decode(gpu, &mut step, fmt, &g));
+    let empty;
     let kb = match &decoded {
-        Some(d) if first == 0 => &d.values,
-        Some(d) if used > 0 => {
-            copied = scratch(gpu, "attention keys", used);
-            let src = Bind {
-                buf: &d.values,
-                id: 0,
-                off: (first * dim * 4) as u64,
-                size: used as u64,
-            };
-            step.copy(src, Bind::whole(&copied), used as u64);
-            &copied
-        }
-        _ => {
-            copied = scratch(gpu, "attention keys", 0);
-            &copied
+        Some(d) => &d.values,
+        None => {
+            empty = scratch(gpu, "attention keys", 0);
+            &empty
         }
     };
     let len = queries * hd;

@@ -5,7 +5,10 @@
 use crate::gpu::{Gpu, Step, copy_f32, grid};
 use crate::ops::{scratch, upload_f32};
 use crate::ops_attn::upload_starts;
+use crate::ops_cache::{encode_decode, gather_rows};
 use crate::setup::Bind;
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::RowFormat;
 
 pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
     let n = keys.len().checked_div(dim).unwrap_or(0);
@@ -32,7 +35,7 @@ pub fn indexer_scores_rows(
         q,
         w,
         dim,
-        keys,
+        keys.len(),
         key_starts,
         Some(out.len()),
     ) else {
@@ -46,32 +49,38 @@ pub fn indexer_scores_rows(
         r.q,
         r.w,
         dim,
-        r.keys,
+        r.keys(keys, dim),
         &r.starts,
         &mut out[r.first..r.last],
     );
 }
 
-/// The indexer's operands cut to what the queries use: their q and w rows, keys `first ..
-/// last`, and the key ranges relative to `first`.
+/// The indexer's operands cut to what the queries use: their q and w rows, the key rows
+/// `first .. last` they score, and the key ranges relative to `first`.
 struct IndexerRows<'a> {
     q: &'a [f32],
     w: &'a [f32],
-    keys: &'a [f32],
     starts: Vec<usize>,
     first: usize,
     last: usize,
 }
 
+impl IndexerRows<'_> {
+    /// The keys the queries score, of all `keys` (rows of `dim`).
+    fn keys<'k>(&self, keys: &'k [f32], dim: usize) -> &'k [f32] {
+        &keys[self.first * dim..self.last * dim]
+    }
+}
+
 /// The indexer's operands cut to what the queries use (None for no queries); panics where the
-/// row-by-row indexer would: a key range outside `keys` (or outside `out`, of `out_len` scores,
-/// when given), a query row outside `q`.
+/// row-by-row indexer would: a key range outside the `key_values` values of keys (or outside
+/// `out`, of `out_len` scores, when given), a query row outside `q`.
 fn indexer_rows<'a>(
     what: &str,
     q: &'a [f32],
     w: &'a [f32],
     dim: usize,
-    keys: &'a [f32],
+    key_values: usize,
     key_starts: &[usize],
     out_len: Option<usize>,
 ) -> Option<IndexerRows<'a>> {
@@ -80,11 +89,11 @@ fn indexer_rows<'a>(
     let hd = heads * dim;
     for (r, k) in key_starts.windows(2).enumerate() {
         assert!(
-            k[0] <= k[1] && k[1] * dim <= keys.len() && out_len.is_none_or(|n| k[1] <= n),
+            k[0] <= k[1] && k[1] * dim <= key_values && out_len.is_none_or(|n| k[1] <= n),
             "{what}: row {r} has keys {}..{} of {} ({out_len:?} outputs)",
             k[0],
             k[1],
-            keys.len().checked_div(dim).unwrap_or(0),
+            key_values.checked_div(dim).unwrap_or(0),
         );
         assert!(
             (r + 1) * hd <= q.len(),
@@ -100,7 +109,6 @@ fn indexer_rows<'a>(
     Some(IndexerRows {
         q: &q[..rows * hd],
         w: &w[..rows * heads],
-        keys: &keys[first * dim..last * dim],
         starts: key_starts.iter().map(|&s| s - first).collect(),
         first,
         last,
@@ -119,7 +127,8 @@ pub fn indexer_topk_rows(
     key_starts: &[usize],
     k: usize,
 ) -> Vec<Vec<usize>> {
-    let Some(r) = indexer_rows("indexer_topk_rows", q, w, dim, keys, key_starts, None) else {
+    let what = "indexer_topk_rows";
+    let Some(r) = indexer_rows(what, q, w, dim, keys.len(), key_starts, None) else {
         return Vec::new();
     };
     let starts = &r.starts;
@@ -129,10 +138,79 @@ pub fn indexer_topk_rows(
         // Zero scores (zero-width keys) or nothing to choose: no scores to compute here.
         return topk_ranges(gpu, &vec![0f32; r.last - r.first], starts, k);
     }
-    let n = r.last - r.first;
+    let kb = upload_f32(gpu, "indexer keys", r.keys(keys, dim));
+    select(gpu, gpu.step(), &r, dim, &kb, k)
+}
+
+/// [`indexer_topk_rows`] over keys still in their cache pages (see
+/// `Backend::paged_indexer_topk_rows`): the used rows' bytes uploaded once, decoded, scored and
+/// ranked in one submission, only the selection flags read back. Layout errors are the
+/// composition's, found before anything runs; panics where `indexer_topk_rows` would.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_indexer_topk_rows(
+    gpu: &Gpu,
+    q: &[f32],
+    w: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_starts: &[usize],
+    k: usize,
+) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+    let dim = fmt.width();
+    let n = rows.len();
+    fmt.checked_rows(pages, rows, n * dim)?;
+    let what = "paged_indexer_topk_rows";
+    let Some(r) = indexer_rows(what, q, w, dim, n * dim, key_starts, None) else {
+        return Ok(Vec::new());
+    };
+    let longest = r.starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
+    if dim == 0 || k.min(longest) == 0 {
+        return Ok(topk_ranges(
+            gpu,
+            &vec![0f32; r.last - r.first],
+            &r.starts,
+            k.min(longest),
+        ));
+    }
     let mut step = gpu.step();
-    let scored = encode_scores(gpu, &mut step, r.q, r.w, dim, r.keys, starts);
-    let fb = encode_topk(gpu, &mut step, &scored.scores, &scored.starts, starts, k);
+    let Some(used) = gather_rows(
+        gpu,
+        fmt,
+        pages,
+        &rows[r.first..r.last],
+        (r.last - r.first) * dim,
+    )?
+    else {
+        return Ok(vec![Vec::new(); r.starts.len() - 1]);
+    };
+    let decoded = encode_decode(gpu, &mut step, fmt, &used);
+    Ok(select(gpu, step, &r, dim, &decoded.values, k))
+}
+
+/// Encode the scores of `r`'s queries over the keys in `kb` (rows `r.first .. r.last`, `dim`
+/// wide, at least one) and the top-k of each range into `step`, submit it and read back only
+/// the selection flags; the chosen indices, relative to each range.
+fn select(
+    gpu: &Gpu,
+    mut step: Step<'_>,
+    r: &IndexerRows<'_>,
+    dim: usize,
+    kb: &wgpu::Buffer,
+    k: usize,
+) -> Vec<Vec<usize>> {
+    let starts = &r.starts;
+    let longest = starts.windows(2).map(|s| s[1] - s[0]).max().unwrap_or(0);
+    let n = r.last - r.first;
+    let scored = encode_scores(gpu, &mut step, r.q, r.w, dim, kb, starts);
+    let fb = encode_topk(
+        gpu,
+        &mut step,
+        &scored.scores,
+        &scored.starts,
+        starts,
+        k.min(longest),
+    );
     let mut flags = vec![0f32; n];
     copy_f32(&step.finish(&[(&fb, n * 4)])[0], &mut flags);
     selected(&flags, starts)
@@ -151,26 +229,28 @@ fn scores_rows(
     out: &mut [f32],
 ) {
     let n = starts[starts.len() - 1];
+    let kb = upload_f32(gpu, "indexer keys", keys);
     let mut step = gpu.step();
-    let scored = encode_scores(gpu, &mut step, q, w, dim, keys, starts);
+    let scored = encode_scores(gpu, &mut step, q, w, dim, &kb, starts);
     copy_f32(&step.finish(&[(&scored.scores, n * 4)])[0], &mut out[..n]);
 }
 
 /// The buffers of an encoded indexer dispatch (kept until its step is submitted).
 struct Scored {
-    _operands: [wgpu::Buffer; 2],
+    _operands: wgpu::Buffer,
     starts: wgpu::Buffer,
     scores: wgpu::Buffer,
 }
 
-/// Upload the operands of [`scores_rows`] and encode its `indexer_scores` dispatch into `step`.
+/// Upload the operands of [`scores_rows`] but the keys (already on the device in `kb`) and
+/// encode its `indexer_scores` dispatch into `step`.
 fn encode_scores(
     gpu: &Gpu,
     step: &mut Step<'_>,
     q: &[f32],
     w: &[f32],
     dim: usize,
-    keys: &[f32],
+    kb: &wgpu::Buffer,
     starts: &[usize],
 ) -> Scored {
     let rows = starts.len() - 1;
@@ -178,7 +258,6 @@ fn encode_scores(
     let mut qw = q.to_vec();
     qw.extend_from_slice(w);
     let qb = upload_f32(gpu, "indexer queries", &qw);
-    let kb = upload_f32(gpu, "indexer keys", keys);
     let stb = upload_starts(gpu, "indexer key ranges", starts);
     let ob = scratch(gpu, "indexer scores", n * 4);
     step.dispatch(
@@ -192,14 +271,14 @@ fn encode_scores(
         ],
         &[
             (1, Bind::whole(&qb)),
-            (2, Bind::whole(&kb)),
+            (2, Bind::whole(kb)),
             (3, Bind::whole(&ob)),
             (5, Bind::whole(&stb)),
         ],
         grid(n, 64),
     );
     Scored {
-        _operands: [qb, kb],
+        _operands: qb,
         starts: stb,
         scores: ob,
     }

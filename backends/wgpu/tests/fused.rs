@@ -2,6 +2,9 @@
 //! composition on the same backend, in one submission:
 //! - `indexer_topk_rows`: index for index what `indexer_scores_rows` then `topk_rows` choose,
 //!   reading back only the selection flags, one per key (never the scores);
+//! - `paged_indexer_topk_rows`: index for index what `cache_load_rows` then
+//!   `indexer_topk_rows` choose, reading back only the selection flags (never the decoded keys
+//!   or the scores); the same layout errors;
 //! - `paged_attention_rows`: bit for bit what `cache_load_rows` then `sparse_attention_rows`
 //!   give, reading back only the output (never the decoded keys); the same layout errors.
 //!
@@ -46,4 +49,22 @@ fn paged_attention_equals_load_then_attend_in_one_submission() {
         );
     }
     row_check::paged_attention_rows_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_paged_selection_equals_load_then_select_in_one_submission() {
+    let Some(gpu) = backend(true) else { return };
+    let calls =
+        row_check::paged_indexer_topk_rows(&gpu, &|| stats(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(calls.iter().any(|c| c.selected > 0), "no case selects");
+    for c in calls.iter().filter(|c| c.keys > 0 && c.selected > 0) {
+        assert_eq!(c.stats.submissions, 1, "{}: {:?}", c.what, c.stats);
+        assert_eq!(
+            c.stats.read_bytes,
+            c.keys as u64 * 4,
+            "{}: one flag per key",
+            c.what
+        );
+    }
+    row_check::paged_indexer_topk_rows_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
 }

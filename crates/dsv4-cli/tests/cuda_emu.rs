@@ -32,7 +32,7 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
         return;
     }
     let out = diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f64")]);
-    assert!(out.contains("183 pass, 0 fail"), "{out}");
+    assert!(out.contains("187 pass, 0 fail"), "{out}");
     diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f32")]);
 }
 
@@ -52,7 +52,7 @@ fn reversed_threads_and_checked_alignment_give_the_same_results() {
         "-DDSV4_EMU_REVERSE -fsanitize=alignment -fsanitize-undefined-trap-on-error",
     )];
     let out = diff_passes(&OP_SWEEP, &flags);
-    assert!(out.contains("183 pass, 0 fail"), "{out}");
+    assert!(out.contains("187 pass, 0 fail"), "{out}");
     let model = [
         "diff",
         "--backend",

@@ -39,6 +39,8 @@ pub enum Op {
     TopkRows,
     /// `Backend::indexer_topk_rows`.
     IndexerTopkRows,
+    /// `Backend::paged_indexer_topk_rows`.
+    PagedIndexerTopkRows,
     /// `Backend::sparse_attention`.
     SparseAttention,
     /// `Backend::sparse_attention_rows`.
@@ -63,7 +65,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 25] = [
+    pub const ALL: [Op; 26] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -79,6 +81,7 @@ impl Op {
         Op::Topk,
         Op::TopkRows,
         Op::IndexerTopkRows,
+        Op::PagedIndexerTopkRows,
         Op::SparseAttention,
         Op::SparseAttentionRows,
         Op::PagedAttentionRows,
@@ -109,6 +112,7 @@ impl Op {
             Op::Topk => "topk",
             Op::TopkRows => "topk_rows",
             Op::IndexerTopkRows => "indexer_topk_rows",
+            Op::PagedIndexerTopkRows => "paged_indexer_topk_rows",
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
             Op::PagedAttentionRows => "paged_attention_rows",

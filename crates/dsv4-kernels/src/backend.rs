@@ -180,6 +180,29 @@ pub trait Backend: Send + Sync {
         self.topk_rows(&scores, key_starts, k)
     }
 
+    /// [`Backend::indexer_topk_rows`] over keys still in their cache pages: key row i is slot
+    /// `rows[i].1` of page `pages[rows[i].0]` in format `fmt` (dim = `fmt.width()`),
+    /// dequantized as [`Backend::cache_load_rows`] does. Exactly that composition (its
+    /// default); a GPU backend decodes the rows into device memory and scores them there, so
+    /// neither the keys nor the scores come back to the host. A layout error is returned before
+    /// anything runs; indexer operands that do not fit panic as in `indexer_topk_rows`.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+        let dim = fmt.width();
+        let mut keys = vec![0f32; rows.len() * dim];
+        self.cache_load_rows(fmt, pages, rows, &mut keys)?;
+        Ok(self.indexer_topk_rows(q, w, dim, &keys, key_starts, k))
+    }
+
     /// [`Backend::sparse_attention`] of several queries at once, each over its own keys: query
     /// r (`q[r·heads·dim ..]`) attends over key rows `key_starts[r] .. key_starts[r+1]` of
     /// `keys` [n, dim], into `out[r·heads·dim ..]`. Row for row equal to `sparse_attention`; a

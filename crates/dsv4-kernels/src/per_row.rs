@@ -1,7 +1,8 @@
 //! [`PerRow`]: a backend's single-row ops with the trait's default batched forms — the
 //! row-by-row definitions a backend's batched overrides (`cache_load_rows`,
 //! `softmax_pool_rows`, `sparse_attention_rows`, `indexer_scores_rows`, `topk_rows`,
-//! `indexer_topk_rows`, `paged_attention_rows`) must equal. Tests compare the two.
+//! `indexer_topk_rows`, `paged_indexer_topk_rows`, `paged_attention_rows`) must equal. Tests
+//! compare the two.
 
 use crate::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat};
 use dsv4_core::IndexKDtype;

@@ -1,14 +1,15 @@
 //! Checks of a backend's fused host ops against the trait's composition of row-by-row
 //! definitions ([`PerRow`]), shared by the GPU backends' tests: `indexer_topk_rows` must choose
-//! exactly what `indexer_scores_rows` then `topk_rows` choose on the same backend, and
+//! exactly what `indexer_scores_rows` then `topk_rows` choose on the same backend,
+//! `paged_indexer_topk_rows` what `cache_load_rows` then `indexer_topk_rows` choose, and
 //! `paged_attention_rows` must give bit for bit what `cache_load_rows` then
 //! `sparse_attention_rows` give; each must fail and panic where the composition does. Each
 //! backend's test then asserts its own submission and read-back counts from the
 //! [`FusedCall`]s.
 
 use crate::{Backend, DeviceStats, PerRow, RowFormat};
-use dsv4_core::cache::KvLayout;
-use dsv4_core::{KvCacheDtype, SplitMix64};
+use dsv4_core::cache::{IndexKLayout, KvLayout};
+use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Shapes (heads, dim, keys per query, unused keys before the first, k): unequal ranges with an
@@ -53,10 +54,7 @@ pub fn indexer_topk_rows(
     let mut rng = SplitMix64::new(0x1d3e_70b5);
     let mut calls = Vec::new();
     for &(heads, dim, counts, first, k) in &CASES {
-        let mut starts = vec![first];
-        for c in counts {
-            starts.push(starts[starts.len() - 1] + c);
-        }
+        let starts = starts_of(first, counts);
         let rows = counts.len();
         let q = values(&mut rng, rows * heads * dim);
         let w = values(&mut rng, rows * heads);
@@ -167,17 +165,9 @@ pub fn paged_attention_rows(
         let fmt = RowFormat::Kv(layout);
         let pages = written_pages(be, &fmt, &mut rng);
         let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-        let mut starts = vec![first];
-        for c in counts {
-            starts.push(starts[starts.len() - 1] + c);
-        }
+        let starts = starts_of(first, counts);
         let n = starts[counts.len()];
-        let mut rows: Vec<(usize, usize)> = (0..n)
-            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
-            .collect();
-        if n > 1 {
-            rows[n - 1] = rows[0];
-        }
+        let rows = random_rows(&mut rng, n, per);
         let queries = counts.len();
         let q = values(&mut rng, queries * heads * hd);
         let sink = values(&mut rng, heads);
@@ -206,9 +196,7 @@ pub fn paged_attention_rows(
             stats: moved,
         });
         // A slot past the page: the composition's error, not a panic or another error.
-        let mut bad = rows.clone();
-        bad.push((1, per));
-        bad.push((0, 0));
+        let bad = past_the_page(&rows, per);
         let (want_r, _) = run(&per_row, &bad);
         let (got_r, _) = run(be, &bad);
         if want_r.is_ok() || got_r != want_r {
@@ -269,4 +257,140 @@ pub fn paged_attention_rows_panics(be: &dyn Backend) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Shapes of the `paged_indexer_topk_rows` checks: (index-K dtype, dim, entries per page, heads,
+/// keys per query, unused rows before the first, k): every index-K dtype, unequal ranges with
+/// an empty one, rows before the first, k above a range, k = 0, no keys at all.
+type PagedIndexerCase = (
+    IndexKDtype,
+    usize,
+    usize,
+    usize,
+    &'static [usize],
+    usize,
+    usize,
+);
+const PAGED_INDEXER_CASES: [PagedIndexerCase; 5] = [
+    (IndexKDtype::Fp8, 64, 4, 4, &[16, 0, 37, 5], 2, 8),
+    (IndexKDtype::Fp4, 64, 3, 3, &[1, 9, 40], 0, 4),
+    (IndexKDtype::Bf16, 32, 5, 2, &[7, 20], 1, 16),
+    (IndexKDtype::Fp8, 64, 4, 2, &[5, 3], 0, 0),
+    (IndexKDtype::Fp4, 64, 3, 2, &[0, 0], 1, 4),
+];
+
+/// Every shape: `be.paged_indexer_topk_rows` chooses what the composition (`cache_load_rows`
+/// then `indexer_topk_rows`) chooses on `be`, index for index, over rows picked at random from
+/// three pages (some twice); a row past a page's last slot is the same layout error. `stats`
+/// reads the backend's traffic counters. Err names the first shape that differs.
+pub fn paged_indexer_topk_rows(
+    be: &dyn Backend,
+    stats: &dyn Fn() -> DeviceStats,
+) -> Result<Vec<FusedCall>, String> {
+    let per_row = PerRow(be);
+    let mut rng = SplitMix64::new(0x51dc_0a3b);
+    let mut calls = Vec::new();
+    for &(dtype, dim, per, heads, counts, first, k) in &PAGED_INDEXER_CASES {
+        let layout = IndexKLayout::new(dtype, dim, per).map_err(|e| e.to_string())?;
+        let fmt = RowFormat::IndexK(layout);
+        let pages = written_pages(be, &fmt, &mut rng);
+        let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let starts = starts_of(first, counts);
+        let rows = random_rows(&mut rng, starts[counts.len()], per);
+        let queries = counts.len();
+        let q = values(&mut rng, queries * heads * dim);
+        let w = values(&mut rng, queries * heads);
+        let what =
+            format!("{dtype:?} dim {dim} heads {heads} counts {counts:?} first {first} k {k}");
+        let run = |b: &dyn Backend, rows: &[(usize, usize)]| {
+            b.paged_indexer_topk_rows(&q, &w, &fmt, &refs, rows, &starts, k)
+                .map_err(|e| e.to_string())
+        };
+        let want = run(&per_row, &rows);
+        let before = stats();
+        let got = run(be, &rows);
+        let moved = stats().since(&before);
+        if got != want {
+            return Err(format!("{what}: chose {got:?}, the composition {want:?}"));
+        }
+        calls.push(FusedCall {
+            what: what.clone(),
+            keys: starts[queries] - first,
+            selected: counts.iter().map(|&c| c.min(k)).sum(),
+            stats: moved,
+        });
+        let bad = past_the_page(&rows, per);
+        let (want, got) = (run(&per_row, &bad), run(be, &bad));
+        if want.is_ok() || got != want {
+            return Err(format!(
+                "{what}, a slot past the page: {got:?}, the composition {want:?}"
+            ));
+        }
+    }
+    Ok(calls)
+}
+
+/// Operands the composition panics on (decreasing starts, rows short of a range, a short q):
+/// `be.paged_indexer_topk_rows` must panic too. Err names the first it accepts.
+pub fn paged_indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
+    let per_row = PerRow(be);
+    let layout = IndexKLayout::new(IndexKDtype::Fp8, 32, 4).map_err(|e| e.to_string())?;
+    let fmt = RowFormat::IndexK(layout);
+    let mut rng = SplitMix64::new(11);
+    let pages = written_pages(be, &fmt, &mut rng);
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let (heads, dim) = (2usize, 32usize);
+    let rows: Vec<(usize, usize)> = (0..6).map(|i| (i % 3, i % 4)).collect();
+    let q = vec![0.25f32; 2 * heads * dim];
+    let w = vec![0.5f32; 2 * heads];
+    let cases: [(&[usize], usize); 3] = [
+        (&[0, 4, 2], q.len()),
+        (&[0, 3, 7], q.len()),
+        (&[0, 3, 6], q.len() - 1),
+    ];
+    for (starts, qn) in cases {
+        let panics = |b: &dyn Backend| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let _ = b.paged_indexer_topk_rows(&q[..qn], &w, &fmt, &refs, &rows, starts, 2);
+            }))
+            .is_err()
+        };
+        if !panics(&per_row) {
+            return Err(format!("the composition accepts starts {starts:?}, q {qn}"));
+        }
+        if !panics(be) {
+            return Err(format!(
+                "paged_indexer_topk_rows accepts starts {starts:?}, q {qn}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Range starts: `first`, then after each of `counts`.
+fn starts_of(first: usize, counts: &[usize]) -> Vec<usize> {
+    let mut starts = vec![first];
+    for c in counts {
+        starts.push(starts[starts.len() - 1] + c);
+    }
+    starts
+}
+
+/// `n` rows (page of three, slot of `per`) at random, the last a repeat of the first.
+fn random_rows(rng: &mut SplitMix64, n: usize, per: usize) -> Vec<(usize, usize)> {
+    let mut rows: Vec<(usize, usize)> = (0..n)
+        .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+        .collect();
+    if n > 1 {
+        rows[n - 1] = rows[0];
+    }
+    rows
+}
+
+/// `rows` and a slot past the last of a page of `per` entries, then a valid one.
+fn past_the_page(rows: &[(usize, usize)], per: usize) -> Vec<(usize, usize)> {
+    let mut bad = rows.to_vec();
+    bad.push((1, per));
+    bad.push((0, 0));
+    bad
 }

@@ -1,11 +1,15 @@
 //! The lightning indexer's ops (`attn_indexer_scores` in `kernels/attention.cu`,
 //! `kernels/topk.cu`): indexer scores of queries over their key ranges, top-k by radix select in
-//! one block per score range, and both in one call with the scores left on the device.
+//! one block per score range, and both in one call with the scores left on the device (the keys
+//! too, when they come as cache rows).
 
 use super::attention::{KEY_THREADS, MAX_GRID_Y};
+use super::cache::{decode_on_device, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
+use dsv4_core::cache::CacheLayoutError;
+use dsv4_kernels::RowFormat;
 
 /// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
 const TOPK_THREADS: u32 = 512;
@@ -53,7 +57,8 @@ pub fn indexer_scores_rows(
     key_starts: &[usize],
     out: &mut [f32],
 ) -> Result<(), CudaError> {
-    let Some(r) = indexer_operands("indexer_scores_rows", q, w, dim, keys, key_starts)? else {
+    let Some(r) = indexer_operands("indexer_scores_rows", q, w, dim, keys.len(), key_starts)?
+    else {
         return Ok(());
     };
     need("indexer_scores_rows output", out.len(), r.last)?;
@@ -66,31 +71,37 @@ pub fn indexer_scores_rows(
         r.q,
         r.w,
         dim,
-        r.keys,
+        r.keys(keys, dim),
         &r.starts,
         &mut out[r.first..r.last],
     )
 }
 
-/// The indexer's operands cut to what the queries use: their q and w rows, keys `first ..
-/// last`, and the key ranges relative to `first`.
+/// The indexer's operands cut to what the queries use: their q and w rows, the key rows
+/// `first .. last` they score, and the key ranges relative to `first`.
 struct IndexerRows<'a> {
     q: &'a [f32],
     w: &'a [f32],
-    keys: &'a [f32],
     starts: Vec<usize>,
     first: usize,
     last: usize,
 }
 
-/// The indexer's operands checked as the row-by-row definition would slice them, and cut to
-/// what the queries use; None for no queries.
+impl IndexerRows<'_> {
+    /// The keys the queries score, of all `keys` (rows of `dim`).
+    fn keys<'k>(&self, keys: &'k [f32], dim: usize) -> &'k [f32] {
+        &keys[self.first * dim..self.last * dim]
+    }
+}
+
+/// The indexer's operands checked as the row-by-row definition would slice them (over
+/// `key_values` values of keys), and cut to what the queries use; None for no queries.
 fn indexer_operands<'a>(
     what: &str,
     q: &'a [f32],
     w: &'a [f32],
     dim: usize,
-    keys: &'a [f32],
+    key_values: usize,
     key_starts: &[usize],
 ) -> Result<Option<IndexerRows<'a>>, CudaError> {
     let rows = key_starts.len().saturating_sub(1);
@@ -103,13 +114,12 @@ fn indexer_operands<'a>(
         let end = last
             .checked_mul(dim)
             .ok_or_else(|| CudaError::BadOperands(format!("{what}: key {last} × dim {dim}")))?;
-        need(&format!("{what} keys"), keys.len(), end)?;
+        need(&format!("{what} keys"), key_values, end)?;
     }
     need(&format!("{what} queries"), q.len(), rows * heads * dim)?;
     Ok(Some(IndexerRows {
         q: &q[..rows * heads * dim],
         w: &w[..rows * heads],
-        keys: &keys[first * dim..last * dim],
         starts: key_starts.iter().map(|&s| s - first).collect(),
         first,
         last,
@@ -128,7 +138,7 @@ pub fn indexer_topk_rows(
     key_starts: &[usize],
     k: usize,
 ) -> Result<Vec<Vec<usize>>, CudaError> {
-    let Some(r) = indexer_operands("indexer_topk_rows", q, w, dim, keys, key_starts)? else {
+    let Some(r) = indexer_operands("indexer_topk_rows", q, w, dim, keys.len(), key_starts)? else {
         return Ok(Vec::new());
     };
     topk_fits(key_starts, k)?;
@@ -138,8 +148,51 @@ pub fn indexer_topk_rows(
         indexer_scores_rows(c, q, w, dim, keys, key_starts, &mut scores)?;
         return topk_rows(c, &scores, key_starts, k);
     }
-    let sb = score_on_device(c, r.q, r.w, dim, r.keys, &r.starts)?;
+    let kb = c.dev.temp_f32(r.keys(keys, dim))?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, &r.starts)?;
     topk_on_device(c, &sb, &r.starts, k)
+}
+
+/// [`indexer_topk_rows`] over keys still in their cache pages (`Backend::paged_indexer_topk_rows`):
+/// the shared codec's checks, then the used rows' entries uploaded once and decoded on the
+/// device into the buffer the scores launch reads; the scores stay on the device too, and only
+/// the chosen indices come back (one submission). The keys' layout error is the inner `Err`;
+/// operands the indexer rejects are `BadOperands`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_indexer_topk_rows(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_starts: &[usize],
+    k: usize,
+) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
+    let dim = fmt.width();
+    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    let what = "paged_indexer_topk_rows";
+    let Some(r) = indexer_operands(what, q, w, dim, rows.len() * dim, key_starts)? else {
+        return Ok(Ok(Vec::new()));
+    };
+    topk_fits(key_starts, k)?;
+    if dim == 0 || r.first == r.last || k == 0 {
+        // No key is scored (or none chosen): the selection does not depend on the key values.
+        let zeros = vec![0f32; rows.len() * dim];
+        return indexer_topk_rows(c, q, w, dim, &zeros, key_starts, k).map(Ok);
+    }
+    let eb = fmt.entry_bytes();
+    let kb = decode_on_device(
+        c,
+        fmt,
+        &entries[r.first * eb..r.last * eb],
+        r.last - r.first,
+    )?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, &r.starts)?;
+    topk_on_device(c, &sb, &r.starts, k).map(Ok)
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
@@ -154,14 +207,15 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 }
 
 /// The indexer launch over `starts.len() − 1` queries (q [rows, heads, dim], w [rows, heads]),
-/// query r over key rows `starts[r] .. starts[r+1]` of `keys` (starts from 0, nondecreasing, the
-/// last = keys.len() / dim > 0), into a device buffer of `starts[rows]` scores; dim > 0.
+/// query r over key rows `starts[r] .. starts[r+1]` of the keys in `kb` (starts from 0,
+/// nondecreasing, the last > 0, `kb` holding that many rows of `dim` f32), into a device buffer
+/// of `starts[rows]` scores; dim > 0.
 fn score_on_device(
     c: &Core,
     q: &[f32],
     w: &[f32],
     dim: usize,
-    keys: &[f32],
+    kb: &DevBuf,
     starts: &[usize],
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
@@ -174,7 +228,6 @@ fn score_on_device(
     let dev = &c.dev;
     let qb = dev.temp_f32(q)?;
     let wb = dev.temp_f32(w)?;
-    let kb = dev.temp_f32(keys)?;
     let stb = dev.temp_upload(&starts32)?;
     let ob = dev.temp(n * 4)?;
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
@@ -182,7 +235,7 @@ fn score_on_device(
         let args = [
             KArg::Buf(&qb),
             KArg::Buf(&wb),
-            KArg::Buf(&kb),
+            KArg::Buf(kb),
             KArg::Buf(&stb),
             KArg::Buf(&ob),
             KArg::U32(dim32),
@@ -208,7 +261,8 @@ fn score(
     out: &mut [f32],
 ) -> Result<(), CudaError> {
     let n = starts[starts.len() - 1];
-    let ob = score_on_device(c, q, w, dim, keys, starts)?;
+    let kb = c.dev.temp_f32(keys)?;
+    let ob = score_on_device(c, q, w, dim, &kb, starts)?;
     c.dev.download_f32(&ob, &mut out[..n])
 }
 

@@ -193,8 +193,8 @@ impl Run<'_> {
         let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
         let be = self.model.backend.as_ref();
         let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
-        // Rows in chunks: a chunk's index-K rows are gathered (decoded in one call), then
-        // scored and ranked in one call (the scores stay on a GPU backend's device).
+        // Rows in chunks: a chunk's index-K rows are gathered, then decoded, scored and ranked
+        // in one call (the keys and scores stay on a GPU backend's device).
         let (mut gather, mut starts, mut first) = (RowGather::new(be), vec![0usize], 0usize);
         let rows = self.bound.rows;
         for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
@@ -205,16 +205,14 @@ impl Run<'_> {
             gather.add(&is.entries, 0..n, self.skip_index_k_wait)?;
             starts.push(starts[starts.len() - 1] + n);
             if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
-                let keys = std::mem::replace(&mut gather, RowGather::new(be)).finish()?;
                 let c = starts.len() - 1;
-                let chosen = be.indexer_topk_rows(
+                let chosen = std::mem::replace(&mut gather, RowGather::new(be)).indexer_topk(
                     &qi[first * inh * id..(first + c) * inh * id],
                     &hw[first * inh..(first + c) * inh],
                     id,
-                    &keys,
                     &starts,
                     k,
-                );
+                )?;
                 for (r, chosen) in chosen.into_iter().enumerate() {
                     let at = (first + r) * k;
                     for (slot, j) in out[at..at + k].iter_mut().zip(chosen) {

@@ -85,11 +85,7 @@ impl<'b> RowGather<'b> {
         let be = self.backend;
         match (&self.direct, self.layout) {
             (None, Some((fmt, width))) => {
-                if width != dim {
-                    return Err(ForwardError::Plan {
-                        message: format!("attention over {width}-wide rows as {dim}-wide keys"),
-                    });
-                }
+                self.same_width(width, dim)?;
                 let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
                 be.paged_attention_rows(q, &fmt, &refs, &self.picks, key_starts, sink, scale, out)?;
             }
@@ -99,6 +95,42 @@ impl<'b> RowGather<'b> {
             }
         }
         Ok(())
+    }
+
+    /// The indexer's selection of queries `q` (head weights `w`) over the rows added as keys
+    /// (`dim` wide), query r over rows `key_starts[r] .. key_starts[r+1]`, its `k` best: on a
+    /// backend with device memory one [`Backend::paged_indexer_topk_rows`] call over the copied
+    /// pages, else `indexer_topk_rows` over the rows decoded so far.
+    pub fn indexer_topk(
+        self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        key_starts: &[usize],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, ForwardError> {
+        let be = self.backend;
+        match (&self.direct, self.layout) {
+            (None, Some((fmt, width))) => {
+                self.same_width(width, dim)?;
+                let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+                Ok(be.paged_indexer_topk_rows(q, w, &fmt, &refs, &self.picks, key_starts, k)?)
+            }
+            _ => {
+                let keys = self.finish()?;
+                Ok(be.indexer_topk_rows(q, w, dim, &keys, key_starts, k))
+            }
+        }
+    }
+
+    /// Err unless the rows gathered (`width` wide) are the `dim`-wide keys an op expects.
+    fn same_width(&self, width: usize, dim: usize) -> Result<(), ForwardError> {
+        if width == dim {
+            return Ok(());
+        }
+        Err(ForwardError::Plan {
+            message: format!("{width}-wide rows gathered as {dim}-wide keys"),
+        })
     }
 
     /// Every row added, decoded, in order: [rows, width].
@@ -156,6 +188,47 @@ mod tests {
             assert_eq!(g.finish().unwrap(), want);
             assert!(RowGather::new(be).finish().unwrap().is_empty());
         }
+    }
+
+    #[test]
+    fn attention_and_selection_over_the_gather_equal_the_decoded_rows() {
+        let device = HostResident::new(Arc::new(ReferenceBackend));
+        let host = ReferenceBackend;
+        let q: Vec<f32> = (0..2 * 2 * 8)
+            .map(|i| (i % 5) as f32 * 0.25 - 0.5)
+            .collect();
+        let (sink, starts) = ([0.5f32, -0.25], [0usize, 3, 5]);
+        let mut results = Vec::new();
+        for be in [&device as &dyn Backend, &host] {
+            let r = ring(be);
+            let gather = |rows: std::ops::RangeInclusive<usize>| {
+                let mut g = RowGather::new(be);
+                g.add(&r, rows, false).unwrap();
+                g
+            };
+            let keys = gather(2..=5).finish().unwrap();
+            let keys: Vec<f32> = keys.iter().chain(&keys[8..16]).copied().collect();
+            let mut want = vec![0f32; q.len()];
+            be.sparse_attention_rows(&q, 8, &keys, &starts, &sink, 0.5, &mut want);
+            let mut got = vec![0f32; q.len()];
+            let mut g = gather(2..=5);
+            g.add(&r, 3..=3, false).unwrap();
+            g.attend(&q, 8, &starts, &sink, 0.5, &mut got).unwrap();
+            assert_eq!(got, want, "{}", be.name());
+            let w = [1.0f32, 0.5, -0.5, 1.0];
+            let mut g = gather(2..=5);
+            g.add(&r, 3..=3, false).unwrap();
+            let chosen = g.indexer_topk(&q, &w, 8, &starts, 2).unwrap();
+            assert_eq!(chosen, be.indexer_topk_rows(&q, &w, 8, &keys, &starts, 2));
+            results.push((got, chosen));
+            // Rows of another width are refused on the device path (the host path has no
+            // layout to compare).
+            if be.device().is_some() {
+                let e = gather(2..=5).attend(&q, 4, &starts, &sink, 0.5, &mut [0f32; 16]);
+                assert!(e.unwrap_err().to_string().contains("8-wide rows"));
+            }
+        }
+        assert_eq!(results[0], results[1], "device and host paths agree");
     }
 
     #[test]

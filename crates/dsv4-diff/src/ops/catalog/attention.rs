@@ -158,7 +158,7 @@ fn attention_case(class: SizeClass, heads: usize, dim: usize, n: usize, hot: boo
 }
 
 /// `[0, n0, n0+n1, …]`.
-fn starts_of(ns: &[usize]) -> Vec<usize> {
+pub(super) fn starts_of(ns: &[usize]) -> Vec<usize> {
     std::iter::once(0)
         .chain(ns.iter().scan(0, |acc, &n| {
             *acc += n;
@@ -245,8 +245,40 @@ fn topk_rows_case(class: SizeClass, ns: &'static [usize], k: usize) -> Case {
 /// Values in {-1, -0.5, 0, 0.5, 1}: with them the indexer's scores are exact in f32 whatever
 /// the order of the sums (a few bits each), so every backend ranks the same scores and only the
 /// tie rule (lower index first) decides between equal ones.
-fn halves(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+pub(super) fn halves(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.below(5) as f32 * 0.5 - 1.0).collect()
+}
+
+/// The indices each query chose (min(k, its keys) strictly ascending indices inside its own
+/// range), as positions in all the keys, query after query; a problem names a query that broke
+/// that.
+pub(super) fn selection(
+    per_row: &[Vec<usize>],
+    ns: &[usize],
+    k: usize,
+) -> Result<Vec<usize>, Problem> {
+    if per_row.len() != ns.len() {
+        return Err(Problem::OpError(format!(
+            "{} results for {} queries",
+            per_row.len(),
+            ns.len()
+        )));
+    }
+    let starts = starts_of(ns);
+    let mut all = Vec::new();
+    for (r, idx) in per_row.iter().enumerate() {
+        let n = ns[r];
+        if idx.len() != n.min(k)
+            || idx.iter().any(|&i| i >= n)
+            || idx.windows(2).any(|w| w[0] >= w[1])
+        {
+            return Err(Problem::OpError(format!(
+                "query {r}: not min(k, {n}) strictly ascending indices inside its keys"
+            )));
+        }
+        all.extend(idx.iter().map(|&i| i + starts[r]));
+    }
+    Ok(all)
 }
 
 fn indexer_topk_rows_case(
@@ -264,27 +296,8 @@ fn indexer_topk_rows_case(
         let keys = halves(rng, starts[rows] * dim);
         Ok(Box::new(move |be| {
             let (per_row, elapsed) = call(|| be.indexer_topk_rows(&q, &w, dim, &keys, &starts, k))?;
-            if per_row.len() != rows {
-                return Err(Problem::OpError(format!(
-                    "{} results for {rows} queries",
-                    per_row.len()
-                )));
-            }
-            let mut all = Vec::new();
-            for (r, idx) in per_row.iter().enumerate() {
-                let n = ns[r];
-                if idx.len() != n.min(k)
-                    || idx.iter().any(|&i| i >= n)
-                    || idx.windows(2).any(|w| w[0] >= w[1])
-                {
-                    return Err(Problem::OpError(format!(
-                        "query {r}: not min(k, {n}) strictly ascending indices inside its keys"
-                    )));
-                }
-                all.extend(idx.iter().map(|&i| i + starts[r]));
-            }
             Ok(Ran {
-                out: Produced::Indices(all),
+                out: Produced::Indices(selection(&per_row, ns, k)?),
                 elapsed,
             })
         }))

@@ -1,9 +1,11 @@
 //! Cases of the cache ops: `cache_store` (exact page bytes; only the slot's bytes may change,
 //! and every one of them must be written), `cache_encode_rows` (exact entry bytes of many rows),
 //! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format;
-//! and `paged_attention_rows` (sparse attention over keys still in KV pages) for every KV
-//! storage dtype.
+//! `paged_attention_rows` (sparse attention over keys still in KV pages) for every KV
+//! storage dtype, and `paged_indexer_topk_rows` (the indexer's selection over index-K pages)
+//! for the index-K dtypes that keep its scores exact.
 
+use super::attention::{halves, selection, starts_of};
 use crate::Op;
 use crate::ops::case::{Case, Runner, SizeClass, uniform, uniform_std};
 use crate::ops::harness::{GuardedBytes, GuardedF32, Problem, Produced, Ran, call, check_len};
@@ -272,6 +274,64 @@ fn paged_attention_case(
     )
 }
 
+/// The indexer's selection of `counts.len()` queries over index-K rows in three pages, query r
+/// over `counts[r]` rows picked at random (many twice: equal scores, where only the tie rule
+/// decides). Queries, head weights and key values are halves (`super::attention::halves`);
+/// bf16 and fp4 (a power-of-two block scale) store those exactly, so the scores are exact in
+/// f32 and every backend must choose the same set. fp8's per-entry scale (amax/448) is not a
+/// power of two, so near-ties could legitimately differ between backends: fp8 is checked
+/// against the composition on each backend (`dsv4_kernels::row_check`) and by the model diffs.
+fn paged_indexer_case(
+    class: SizeClass,
+    fmt: RowFormat,
+    heads: usize,
+    counts: &'static [usize],
+    k: usize,
+) -> Case {
+    let (label, numerics) = describe(&fmt);
+    let dim = fmt.width();
+    let queries = counts.len();
+    let n: usize = counts.iter().sum();
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let per = fmt.page_entries();
+        let mut pages = vec![vec![0u8; fmt.page_bytes()]; 3];
+        for page in &mut pages {
+            for slot in 0..per {
+                let v = halves(rng, dim);
+                fmt.write(page, slot, &v).map_err(|e| e.to_string())?;
+            }
+        }
+        let rows: Vec<(usize, usize)> = (0..n)
+            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+            .collect();
+        let starts = starts_of(counts);
+        let q = halves(rng, queries * heads * dim);
+        let w = halves(rng, queries * heads);
+        Ok(Box::new(move |be| {
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let (res, elapsed) =
+                call(|| be.paged_indexer_topk_rows(&q, &w, &fmt, &refs, &rows, &starts, k))?;
+            let per_row = res.map_err(|e| Problem::OpError(e.to_string()))?;
+            Ok(Ran {
+                out: Produced::Indices(selection(&per_row, counts, k)?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf, r) = (heads as f64, dim as f64, n as f64, queries as f64);
+    Case::new(
+        Op::PagedIndexerTopkRows,
+        class,
+        format!("{label}.h{heads}.n{n}.k{k}"),
+        Some(numerics),
+        (
+            2.0 * nf * h * (d + 1.0),
+            nf * fmt.entry_bytes() as f64 + 4.0 * r * (h * d + h),
+        ),
+        build,
+    )
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -283,6 +343,14 @@ pub(crate) fn cases() -> Vec<Case> {
         v.push(load_case(class, fmt));
         v.push(load_rows_case(class, fmt));
         v.push(encode_rows_case(class, fmt));
+        if let RowFormat::IndexK(l) = fmt
+            && l.dtype() != IndexKDtype::Fp8
+        {
+            match class {
+                SizeClass::Odd => v.push(paged_indexer_case(class, fmt, 3, &[1, 9, 0, 4], 4)),
+                _ => v.push(paged_indexer_case(class, fmt, 64, &[2048, 1024], 512)),
+            }
+        }
         if let RowFormat::Kv(l) = fmt {
             match (class, l.head_dim()) {
                 (SizeClass::Odd, 192) => v.push(paged_attention_case(class, fmt, 3, &[1, 9, 0, 4])),
