@@ -8,7 +8,7 @@ use crate::ops_attn::upload_starts;
 use crate::ops_cache::{encode_decode, gather_rows};
 use crate::setup::Bind;
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::RowFormat;
+use dsv4_kernels::{IndexerRows, RowFormat};
 
 pub fn indexer_scores(gpu: &Gpu, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]) {
     let n = keys.len().checked_div(dim).unwrap_or(0);
@@ -55,26 +55,7 @@ pub fn indexer_scores_rows(
     );
 }
 
-/// The indexer's operands cut to what the queries use: their q and w rows, the key rows
-/// `first .. last` they score, and the key ranges relative to `first`.
-struct IndexerRows<'a> {
-    q: &'a [f32],
-    w: &'a [f32],
-    starts: Vec<usize>,
-    first: usize,
-    last: usize,
-}
-
-impl IndexerRows<'_> {
-    /// The keys the queries score, of all `keys` (rows of `dim`).
-    fn keys<'k>(&self, keys: &'k [f32], dim: usize) -> &'k [f32] {
-        &keys[self.first * dim..self.last * dim]
-    }
-}
-
-/// The indexer's operands cut to what the queries use (None for no queries); panics where the
-/// row-by-row indexer would: a key range outside the `key_values` values of keys (or outside
-/// `out`, of `out_len` scores, when given), a query row outside `q`.
+/// [`IndexerRows::cut`]; panics where it refuses (where the row-by-row indexer would).
 fn indexer_rows<'a>(
     what: &str,
     q: &'a [f32],
@@ -84,35 +65,8 @@ fn indexer_rows<'a>(
     key_starts: &[usize],
     out_len: Option<usize>,
 ) -> Option<IndexerRows<'a>> {
-    let rows = key_starts.len().saturating_sub(1);
-    let heads = w.len() / rows.max(1);
-    let hd = heads * dim;
-    for (r, k) in key_starts.windows(2).enumerate() {
-        assert!(
-            k[0] <= k[1] && k[1] * dim <= key_values && out_len.is_none_or(|n| k[1] <= n),
-            "{what}: row {r} has keys {}..{} of {} ({out_len:?} outputs)",
-            k[0],
-            k[1],
-            key_values.checked_div(dim).unwrap_or(0),
-        );
-        assert!(
-            (r + 1) * hd <= q.len(),
-            "{what}: row {r} needs {} query values, got {}",
-            (r + 1) * hd,
-            q.len()
-        );
-    }
-    if rows == 0 {
-        return None;
-    }
-    let (first, last) = (key_starts[0], key_starts[rows]);
-    Some(IndexerRows {
-        q: &q[..rows * hd],
-        w: &w[..rows * heads],
-        starts: key_starts.iter().map(|&s| s - first).collect(),
-        first,
-        last,
-    })
+    IndexerRows::cut(what, q, w, dim, key_values, key_starts, out_len)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The indexer's selection (see `Backend::indexer_topk_rows`): the scores and the top-k of each

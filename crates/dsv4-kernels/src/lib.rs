@@ -9,6 +9,7 @@ pub mod error;
 pub mod host_device;
 pub mod linear;
 pub mod mhc;
+pub mod operands;
 pub mod per_row;
 pub mod registry;
 pub mod rope;
@@ -20,6 +21,7 @@ pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStrea
 pub use error::KernelError;
 pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};
+pub use operands::IndexerRows;
 pub use per_row::PerRow;
 pub use registry::{BackendFactory, BackendOptions};
 pub use rope::RopeTable;

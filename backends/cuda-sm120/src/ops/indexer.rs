@@ -9,7 +9,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::RowFormat;
+use dsv4_kernels::{IndexerRows, RowFormat};
 
 /// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
 const TOPK_THREADS: u32 = 512;
@@ -77,25 +77,7 @@ pub fn indexer_scores_rows(
     )
 }
 
-/// The indexer's operands cut to what the queries use: their q and w rows, the key rows
-/// `first .. last` they score, and the key ranges relative to `first`.
-struct IndexerRows<'a> {
-    q: &'a [f32],
-    w: &'a [f32],
-    starts: Vec<usize>,
-    first: usize,
-    last: usize,
-}
-
-impl IndexerRows<'_> {
-    /// The keys the queries score, of all `keys` (rows of `dim`).
-    fn keys<'k>(&self, keys: &'k [f32], dim: usize) -> &'k [f32] {
-        &keys[self.first * dim..self.last * dim]
-    }
-}
-
-/// The indexer's operands checked as the row-by-row definition would slice them (over
-/// `key_values` values of keys), and cut to what the queries use; None for no queries.
+/// [`IndexerRows::cut`], its refusal as `BadOperands`.
 fn indexer_operands<'a>(
     what: &str,
     q: &'a [f32],
@@ -104,26 +86,7 @@ fn indexer_operands<'a>(
     key_values: usize,
     key_starts: &[usize],
 ) -> Result<Option<IndexerRows<'a>>, CudaError> {
-    let rows = key_starts.len().saturating_sub(1);
-    if rows == 0 {
-        return Ok(None);
-    }
-    let heads = w.len() / rows;
-    let (first, last) = ranges(what, key_starts)?;
-    if dim > 0 {
-        let end = last
-            .checked_mul(dim)
-            .ok_or_else(|| CudaError::BadOperands(format!("{what}: key {last} × dim {dim}")))?;
-        need(&format!("{what} keys"), key_values, end)?;
-    }
-    need(&format!("{what} queries"), q.len(), rows * heads * dim)?;
-    Ok(Some(IndexerRows {
-        q: &q[..rows * heads * dim],
-        w: &w[..rows * heads],
-        starts: key_starts.iter().map(|&s| s - first).collect(),
-        first,
-        last,
-    }))
+    IndexerRows::cut(what, q, w, dim, key_values, key_starts, None).map_err(CudaError::BadOperands)
 }
 
 /// [`indexer_scores_rows`] then [`topk_rows`] over the same ranges, the scores left on the

@@ -1,0 +1,105 @@
+//! Operand checks the GPU backends share, so both refuse exactly what the trait's row-by-row
+//! definitions would slice out of range: [`IndexerRows`], the indexer's operands checked and
+//! cut to what its queries use.
+
+/// The indexer's operands (`indexer_scores_rows`, `indexer_topk_rows` and their paged form) cut
+/// to what the queries use: their q and w rows, the key rows `first .. last` they score, and
+/// the key ranges relative to `first`.
+#[derive(Debug, Clone)]
+pub struct IndexerRows<'a> {
+    /// The queries' rows, [rows, heads, dim].
+    pub q: &'a [f32],
+    /// The queries' head weights, [rows, heads].
+    pub w: &'a [f32],
+    /// The key ranges relative to `first` (`starts[0]` = 0, one more entry than queries).
+    pub starts: Vec<usize>,
+    /// The first key row a query scores.
+    pub first: usize,
+    /// One past the last key row a query scores.
+    pub last: usize,
+}
+
+impl<'a> IndexerRows<'a> {
+    /// Check the operands of `what` as the row-by-row indexer would slice them — query r (heads
+    /// = `w.len()` / queries) over key rows `key_starts[r] .. key_starts[r+1]` of `key_values`
+    /// values of `dim`-wide keys, writing that range of an output of `out_len` scores when
+    /// given — and cut them to what the queries use; `Ok(None)` for no queries. `Err` names the
+    /// first row that would slice out of range (a decreasing range, keys or scores past the
+    /// end, a short q).
+    pub fn cut(
+        what: &str,
+        q: &'a [f32],
+        w: &'a [f32],
+        dim: usize,
+        key_values: usize,
+        key_starts: &[usize],
+        out_len: Option<usize>,
+    ) -> Result<Option<Self>, String> {
+        let rows = key_starts.len().saturating_sub(1);
+        if rows == 0 {
+            return Ok(None);
+        }
+        let heads = w.len() / rows;
+        let hd = heads * dim;
+        for (r, k) in key_starts.windows(2).enumerate() {
+            let in_keys = k[1].checked_mul(dim).is_some_and(|end| end <= key_values);
+            if k[0] > k[1] || !in_keys || out_len.is_some_and(|n| k[1] > n) {
+                return Err(format!(
+                    "{what}: row {r} has keys {}..{} of {} ({out_len:?} outputs)",
+                    k[0],
+                    k[1],
+                    key_values.checked_div(dim).unwrap_or(0),
+                ));
+            }
+            if (r + 1) * hd > q.len() {
+                return Err(format!(
+                    "{what}: row {r} needs {} query values, got {}",
+                    (r + 1) * hd,
+                    q.len()
+                ));
+            }
+        }
+        let (first, last) = (key_starts[0], key_starts[rows]);
+        Ok(Some(Self {
+            q: &q[..rows * hd],
+            w: &w[..rows * heads],
+            starts: key_starts.iter().map(|&s| s - first).collect(),
+            first,
+            last,
+        }))
+    }
+
+    /// The keys the queries score, of all `keys` (rows of `dim`).
+    pub fn keys<'k>(&self, keys: &'k [f32], dim: usize) -> &'k [f32] {
+        &keys[self.first * dim..self.last * dim]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cut_keeps_what_the_queries_use_and_names_the_bad_row() {
+        let q = [1.0f32; 2 * 3 * 4];
+        let w = [1.0f32; 2 * 3];
+        let r = IndexerRows::cut("op", &q, &w, 4, 40, &[2, 5, 9], None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.first, r.last, r.starts.clone()), (2, 9, vec![0, 3, 7]));
+        assert_eq!(r.keys(&[0.0; 40], 4).len(), 28);
+        assert!(
+            IndexerRows::cut("op", &q, &w, 4, 40, &[0], None)
+                .unwrap()
+                .is_none()
+        );
+        let bad = |starts: &[usize], keys: usize, out: Option<usize>, qn: usize| {
+            IndexerRows::cut("op", &q[..qn], &w, 4, keys, starts, out).unwrap_err()
+        };
+        assert!(bad(&[0, 4, 2], 40, None, 24).contains("row 1 has keys 4..2"));
+        assert!(bad(&[0, 3, 11], 40, None, 24).contains("row 1 has keys 3..11 of 10"));
+        assert!(bad(&[0, 3, 6], 40, Some(5), 24).contains("row 1"));
+        assert!(bad(&[0, 3, 6], 40, None, 23).contains("row 1 needs 24 query values"));
+        assert!(bad(&[0, usize::MAX], 40, None, 24).contains("row 0"));
+    }
+}
