@@ -96,20 +96,15 @@ pub fn indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
         (&[0, 3, 6], q.len() - 1),
     ];
     for (starts, qn) in cases {
-        let panics = |b: &dyn Backend| {
-            catch_unwind(AssertUnwindSafe(|| {
+        both_panic(
+            &per_row,
+            be,
+            "indexer_topk_rows",
+            &format!("starts {starts:?}, q {qn}"),
+            |b| {
                 b.indexer_topk_rows(&q[..qn], &w, dim, &keys, starts, 2);
-            }))
-            .is_err()
-        };
-        if !panics(&per_row) {
-            return Err(format!("the composition accepts starts {starts:?}, q {qn}"));
-        }
-        if !panics(be) {
-            return Err(format!(
-                "indexer_topk_rows accepts starts {starts:?}, q {qn}"
-            ));
-        }
+            },
+        )?;
     }
     Ok(())
 }
@@ -229,32 +224,12 @@ pub fn paged_attention_rows_panics(be: &dyn Backend) -> Result<(), String> {
         (&[0, 3, 6], q.len(), q.len() - 1),
     ];
     for (starts, qn, on) in cases {
-        let panics = |b: &dyn Backend| {
-            catch_unwind(AssertUnwindSafe(|| {
-                let mut out = vec![0f32; on];
-                let _ = b.paged_attention_rows(
-                    &q[..qn],
-                    &fmt,
-                    &refs,
-                    &rows,
-                    starts,
-                    &sink,
-                    0.5,
-                    &mut out,
-                );
-            }))
-            .is_err()
-        };
-        if !panics(&per_row) {
-            return Err(format!(
-                "the composition accepts starts {starts:?}, q {qn}, out {on}"
-            ));
-        }
-        if !panics(be) {
-            return Err(format!(
-                "paged_attention_rows accepts starts {starts:?}, q {qn}, out {on}"
-            ));
-        }
+        let case = format!("starts {starts:?}, q {qn}, out {on}");
+        both_panic(&per_row, be, "paged_attention_rows", &case, |b| {
+            let mut out = vec![0f32; on];
+            let _ =
+                b.paged_attention_rows(&q[..qn], &fmt, &refs, &rows, starts, &sink, 0.5, &mut out);
+        })?;
     }
     Ok(())
 }
@@ -349,20 +324,29 @@ pub fn paged_indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
         (&[0, 3, 6], q.len() - 1),
     ];
     for (starts, qn) in cases {
-        let panics = |b: &dyn Backend| {
-            catch_unwind(AssertUnwindSafe(|| {
-                let _ = b.paged_indexer_topk_rows(&q[..qn], &w, &fmt, &refs, &rows, starts, 2);
-            }))
-            .is_err()
-        };
-        if !panics(&per_row) {
-            return Err(format!("the composition accepts starts {starts:?}, q {qn}"));
-        }
-        if !panics(be) {
-            return Err(format!(
-                "paged_indexer_topk_rows accepts starts {starts:?}, q {qn}"
-            ));
-        }
+        let case = format!("starts {starts:?}, q {qn}");
+        both_panic(&per_row, be, "paged_indexer_topk_rows", &case, |b| {
+            let _ = b.paged_indexer_topk_rows(&q[..qn], &w, &fmt, &refs, &rows, starts, 2);
+        })?;
+    }
+    Ok(())
+}
+
+/// Err unless `call` panics both on the composition (`per_row`) and on `be`, which runs `op`;
+/// `case` names the operands.
+fn both_panic(
+    per_row: &dyn Backend,
+    be: &dyn Backend,
+    op: &str,
+    case: &str,
+    call: impl Fn(&dyn Backend),
+) -> Result<(), String> {
+    let panics = |b: &dyn Backend| catch_unwind(AssertUnwindSafe(|| call(b))).is_err();
+    if !panics(per_row) {
+        return Err(format!("the composition accepts {case}"));
+    }
+    if !panics(be) {
+        return Err(format!("{op} accepts {case}"));
     }
     Ok(())
 }

@@ -28,6 +28,13 @@ fn codec_page(rng: &mut SplitMix64, fmt: &RowFormat) -> Result<Vec<u8>, String> 
     Ok(page)
 }
 
+/// `n` rows (page of three, slot of `per`) picked at random.
+fn random_rows(rng: &mut SplitMix64, n: usize, per: usize) -> Vec<(usize, usize)> {
+    (0..n)
+        .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
+        .collect()
+}
+
 /// One row of values whose 32-value blocks span 10^[-3, 2], with block 1 all zeros.
 fn row_values(rng: &mut SplitMix64, width: usize) -> Vec<f32> {
     let mut v = uniform(rng, width, 1.0);
@@ -167,9 +174,7 @@ fn load_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
         let pages = (0..3)
             .map(|_| codec_page(rng, &fmt))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut rows: Vec<(usize, usize)> = (0..10)
-            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
-            .collect();
+        let mut rows = random_rows(rng, 10, per);
         rows.push(rows[3]);
         Ok(Box::new(move |be| {
             let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
@@ -230,9 +235,7 @@ fn paged_attention_case(
         let pages = (0..3)
             .map(|_| codec_page(rng, &fmt))
             .collect::<Result<Vec<_>, _>>()?;
-        let rows: Vec<(usize, usize)> = (0..=n)
-            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
-            .collect();
+        let rows = random_rows(rng, n + 1, per);
         let mut starts = vec![1];
         for c in counts {
             starts.push(starts[starts.len() - 1] + c);
@@ -301,9 +304,7 @@ fn paged_indexer_case(
                 fmt.write(page, slot, &v).map_err(|e| e.to_string())?;
             }
         }
-        let rows: Vec<(usize, usize)> = (0..n)
-            .map(|_| (rng.below(3) as usize, rng.below(per as u64) as usize))
-            .collect();
+        let rows = random_rows(rng, n, per);
         let starts = starts_of(counts);
         let q = halves(rng, queries * heads * dim);
         let w = halves(rng, queries * heads);
