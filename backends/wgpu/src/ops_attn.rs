@@ -8,7 +8,7 @@ use crate::ops::{scratch, upload_bytes, upload_f32};
 use crate::ops_cache::{encode_decode, gather_rows};
 use crate::setup::Bind;
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{HcParams, MhcPre, RowFormat};
+use dsv4_kernels::{AttentionRows, HcParams, MhcPre, RowFormat};
 
 /// Largest stream count the Sinkhorn kernel holds (an 8×8 matrix per thread).
 const MAX_STREAMS: usize = 8;
@@ -101,22 +101,12 @@ pub fn sparse_attention_rows(
     out: &mut [f32],
 ) {
     let hd = sink.len() * dim;
-    check_rows(
-        "sparse_attention_rows",
-        q,
-        out,
-        keys.len(),
-        dim,
-        hd,
-        key_starts,
-    );
-    if hd == 0 || key_starts.len() < 2 {
+    let what = "sparse_attention_rows";
+    let Some(r) = check_rows(what, q, out, keys.len(), dim, hd, key_starts) else {
         return;
-    }
-    let rows = key_starts.len() - 1;
-    let first = key_starts[0];
-    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
-    let keys = &keys[first * dim..key_starts[rows] * dim];
+    };
+    let (rows, starts) = (r.starts.len() - 1, r.starts);
+    let keys = &keys[r.first * dim..r.last * dim];
     let kb = upload_f32(gpu, "attention keys", keys);
     let mut step = gpu.step();
     let attended = encode_attention(
@@ -156,13 +146,11 @@ pub fn paged_attention_rows(
     let n = rows.len();
     fmt.checked_rows(pages, rows, n * dim)?;
     let hd = sink.len() * dim;
-    check_rows("paged_attention_rows", q, out, n * dim, dim, hd, key_starts);
-    if hd == 0 || key_starts.len() < 2 {
+    let what = "paged_attention_rows";
+    let Some(r) = check_rows(what, q, out, n * dim, dim, hd, key_starts) else {
         return Ok(());
-    }
-    let queries = key_starts.len() - 1;
-    let (first, last) = (key_starts[0], key_starts[queries]);
-    let starts: Vec<usize> = key_starts.iter().map(|&k| k - first).collect();
+    };
+    let (queries, first, last, starts) = (r.starts.len() - 1, r.first, r.last, r.starts);
     let mut step = gpu.step();
     // Only the rows the queries attend over are uploaded and decoded (none: an empty key buffer).
     let used = gather_rows(gpu, fmt, pages, &rows[first..last], (last - first) * dim)?;
@@ -184,31 +172,19 @@ pub fn paged_attention_rows(
     Ok(())
 }
 
-/// Panic where the per-row loop of sparse attention would: a key range outside `n_keys` values
-/// of keys, or a query or output row outside `q` or `out`.
+/// [`AttentionRows::cut`]; panics where it refuses (where the per-row loop of sparse attention
+/// would).
 fn check_rows(
     what: &str,
     q: &[f32],
     out: &[f32],
-    n_keys: usize,
+    key_values: usize,
     dim: usize,
     hd: usize,
     key_starts: &[usize],
-) {
-    for (r, w) in key_starts.windows(2).enumerate() {
-        let (k0, k1) = (w[0] * dim, w[1] * dim);
-        assert!(
-            k0 <= k1 && k1 <= n_keys,
-            "{what}: row {r} has keys {k0}..{k1} of {n_keys}"
-        );
-        assert!(
-            (r + 1) * hd <= q.len() && (r + 1) * hd <= out.len(),
-            "{what}: row {r} needs {} query and output values, got {} and {}",
-            (r + 1) * hd,
-            q.len(),
-            out.len()
-        );
-    }
+) -> Option<AttentionRows> {
+    AttentionRows::cut(what, q.len(), out.len(), key_values, dim, hd, key_starts)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Attention of `starts.len() - 1` queries (q [rows, heads, dim]), query r over keys

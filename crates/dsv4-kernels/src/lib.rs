@@ -21,7 +21,7 @@ pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStrea
 pub use error::KernelError;
 pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};
-pub use operands::IndexerRows;
+pub use operands::{AttentionRows, IndexerRows};
 pub use per_row::PerRow;
 pub use registry::{BackendFactory, BackendOptions};
 pub use rope::RopeTable;

@@ -1,6 +1,6 @@
 //! Operand checks the GPU backends share, so both refuse exactly what the trait's row-by-row
 //! definitions would slice out of range: [`IndexerRows`], the indexer's operands checked and
-//! cut to what its queries use.
+//! cut to what its queries use, and [`AttentionRows`], sparse attention's key ranges.
 
 /// The indexer's operands (`indexer_scores_rows`, `indexer_topk_rows` and their paged form) cut
 /// to what the queries use: their q and w rows, the key rows `first .. last` they score, and
@@ -75,6 +75,64 @@ impl<'a> IndexerRows<'a> {
     }
 }
 
+/// Sparse attention's key ranges (`sparse_attention_rows` and its paged form) checked and cut to
+/// the key rows `first .. last` the queries attend over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttentionRows {
+    /// The key ranges relative to `first` (`starts[0]` = 0, one more entry than queries).
+    pub starts: Vec<usize>,
+    /// The first key row a query attends over.
+    pub first: usize,
+    /// One past the last.
+    pub last: usize,
+}
+
+impl AttentionRows {
+    /// Check the operands of `what` as the row-by-row definition would slice them — query r
+    /// (`hd` = heads · `dim` values of `q_len` and of `out_len`) over key rows `key_starts[r] ..
+    /// key_starts[r+1]` of `key_values` values of `dim`-wide keys — and cut the ranges;
+    /// `Ok(None)` when nothing is computed (no queries, or `hd` = 0). `Err` names the first row
+    /// that would slice out of range (with `dim` > 0: a decreasing range or keys past the end;
+    /// a short q or output).
+    pub fn cut(
+        what: &str,
+        q_len: usize,
+        out_len: usize,
+        key_values: usize,
+        dim: usize,
+        hd: usize,
+        key_starts: &[usize],
+    ) -> Result<Option<Self>, String> {
+        for (r, k) in key_starts.windows(2).enumerate() {
+            let in_keys = k[1].checked_mul(dim).is_some_and(|end| end <= key_values);
+            if dim > 0 && (k[0] > k[1] || !in_keys) {
+                return Err(format!(
+                    "{what}: row {r} has keys {}..{} of {}",
+                    k[0],
+                    k[1],
+                    key_values / dim
+                ));
+            }
+            if (r + 1) * hd > q_len || (r + 1) * hd > out_len {
+                return Err(format!(
+                    "{what}: row {r} needs {} query and output values, got {q_len} and {out_len}",
+                    (r + 1) * hd
+                ));
+            }
+        }
+        let rows = key_starts.len().saturating_sub(1);
+        if rows == 0 || hd == 0 {
+            return Ok(None);
+        }
+        let (first, last) = (key_starts[0], key_starts[rows]);
+        Ok(Some(Self {
+            starts: key_starts.iter().map(|&s| s - first).collect(),
+            first,
+            last,
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +159,33 @@ mod tests {
         assert!(bad(&[0, 3, 6], 40, Some(5), 24).contains("row 1"));
         assert!(bad(&[0, 3, 6], 40, None, 23).contains("row 1 needs 24 query values"));
         assert!(bad(&[0, usize::MAX], 40, None, 24).contains("row 0"));
+    }
+
+    #[test]
+    fn attention_ranges_are_cut_and_refused_where_the_row_loop_would_slice_out_of_range() {
+        let cut = |starts: &[usize], q: usize, out: usize, keys: usize, dim: usize| {
+            AttentionRows::cut("op", q, out, keys, dim, 2 * dim, starts)
+        };
+        let r = cut(&[1, 3, 6], 16, 16, 24, 4).unwrap().unwrap();
+        assert_eq!((r.first, r.last, r.starts), (1, 6, vec![0, 2, 5]));
+        assert_eq!(cut(&[0], 0, 0, 0, 4), Ok(None));
+        assert!(
+            cut(&[0, 4, 2], 16, 16, 24, 4)
+                .unwrap_err()
+                .contains("row 1 has keys 4..2")
+        );
+        assert!(cut(&[0, 3, 7], 16, 16, 24, 4).unwrap_err().contains("of 6"));
+        assert!(
+            cut(&[0, 3, 6], 15, 16, 24, 4)
+                .unwrap_err()
+                .contains("row 1 needs 16")
+        );
+        assert!(
+            cut(&[0, 3, 6], 16, 15, 24, 4)
+                .unwrap_err()
+                .contains("row 1 needs 16")
+        );
+        // Zero-width keys slice nothing: any ranges pass, and nothing is computed.
+        assert_eq!(cut(&[5, 2], 0, 0, 0, 0), Ok(None));
     }
 }

@@ -8,7 +8,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::RowFormat;
+use dsv4_kernels::{AttentionRows, RowFormat};
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -115,29 +115,37 @@ pub fn sparse_attention_rows(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), CudaError> {
-    let rows = key_starts.len().saturating_sub(1);
     let hd = sink.len() * dim;
-    need("attention queries", q.len(), rows * hd)?;
-    need("attention output", out.len(), rows * hd)?;
-    if rows == 0 || hd == 0 {
-        if let Some(n) = keys.len().checked_div(dim) {
-            key_range(n, key_starts)?;
-        }
+    let what = "sparse_attention_rows";
+    let Some(r) = attention_operands(what, q, out, keys.len(), dim, hd, key_starts)? else {
         return Ok(());
-    }
-    let first = key_range(keys.len() / dim, key_starts)?;
-    let last = key_starts[rows];
-    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
+    };
+    let len = (r.starts.len() - 1) * hd;
+    let keys = &keys[r.first * dim..r.last * dim];
     attend(
         c,
-        &q[..rows * hd],
+        &q[..len],
         dim,
-        &keys[first * dim..last * dim],
-        &starts,
+        keys,
+        &r.starts,
         sink,
         scale,
-        &mut out[..rows * hd],
+        &mut out[..len],
     )
+}
+
+/// [`AttentionRows::cut`], its refusal as `BadOperands`.
+fn attention_operands(
+    what: &str,
+    q: &[f32],
+    out: &[f32],
+    key_values: usize,
+    dim: usize,
+    hd: usize,
+    key_starts: &[usize],
+) -> Result<Option<AttentionRows>, CudaError> {
+    AttentionRows::cut(what, q.len(), out.len(), key_values, dim, hd, key_starts)
+        .map_err(CudaError::BadOperands)
 }
 
 /// [`sparse_attention_rows`] over keys still in their cache pages (`Backend::paged_attention_rows`):
@@ -161,44 +169,24 @@ pub fn paged_attention_rows(
         Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
-    let queries = key_starts.len().saturating_sub(1);
     let hd = sink.len() * dim;
-    need("attention queries", q.len(), queries * hd)?;
-    need("attention output", out.len(), queries * hd)?;
-    let first = key_range(rows.len(), key_starts)?;
-    if queries == 0 || hd == 0 {
+    let what = "paged_attention_rows";
+    let Some(r) = attention_operands(what, q, out, rows.len() * dim, dim, hd, key_starts)? else {
         return Ok(Ok(()));
-    }
-    let last = key_starts[queries];
-    let starts: Vec<usize> = key_starts.iter().map(|&s| s - first).collect();
-    let out = &mut out[..queries * hd];
+    };
+    let (first, last, starts) = (r.first, r.last, &r.starts);
+    let len = (starts.len() - 1) * hd;
+    let out = &mut out[..len];
     if last == first {
         // No keys at all: attention over the sink alone, as the composition computes it.
-        attend(c, &q[..queries * hd], dim, &[], &starts, sink, scale, out)?;
+        attend(c, &q[..len], dim, &[], starts, sink, scale, out)?;
         return Ok(Ok(()));
     }
     let eb = fmt.entry_bytes();
     let kb = decode_on_device(c, fmt, &entries[first * eb..last * eb], last - first)?;
-    let ob = attend_on_device(c, &q[..queries * hd], dim, &kb, &starts, sink, scale)?;
+    let ob = attend_on_device(c, &q[..len], dim, &kb, starts, sink, scale)?;
     c.dev.download_f32(&ob, out)?;
     Ok(Ok(()))
-}
-
-/// Check that `starts` never decreases and ends within `n` keys; the first start.
-fn key_range(n: usize, starts: &[usize]) -> Result<usize, CudaError> {
-    if let Some(w) = starts.windows(2).find(|w| w[0] > w[1]) {
-        return Err(CudaError::BadOperands(format!(
-            "sparse_attention_rows: key starts decrease ({} then {})",
-            w[0], w[1]
-        )));
-    }
-    match (starts.first(), starts.last()) {
-        (Some(&f), Some(&l)) if starts.len() > 1 => {
-            need("sparse_attention_rows keys", n, l)?;
-            Ok(f)
-        }
-        _ => Ok(0),
-    }
 }
 
 /// The three launches of sparse attention over `starts.len() − 1` queries (q, out [rows,
