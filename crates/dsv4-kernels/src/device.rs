@@ -189,6 +189,8 @@ impl DeviceStats {
 /// stream.
 pub trait DeviceStreams: Send + Sync {
     /// Issue the calling thread's later device work on stream `stream` (< the count asked for).
+    /// Entered from outside the plan's streams, that work comes after what the thread issued
+    /// before (a buffer's zeroing, a write).
     fn enter(&self, stream: usize) -> Result<(), KernelError>;
     /// Record event `event` on the calling thread's stream, after the work issued there so far.
     fn record(&self, event: usize) -> Result<(), KernelError>;

@@ -1,9 +1,11 @@
 //! A plan's streams and events on the device ([`DeviceStreams`]): plan stream `i` is a
-//! non-blocking device stream, plan event `j` a device event (timing off). Sets are pooled by
+//! non-blocking device stream, plan event `j` a device event (timing off); a thread entering a
+//! plan stream from the default stream makes it wait for the default stream's earlier work. Sets are pooled by
 //! the op set and reused by later executions (creating streams is a driver call each), one set
 //! per execution at a time, so concurrent executions never share an event.
 
 use super::{State, sync_and_drain};
+use crate::device::DEFAULT_STREAM;
 use crate::{CudaError, Device};
 use dsv4_kernels::{DeviceStreams, KernelError};
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,9 @@ use std::sync::{Arc, Mutex};
 struct Handles {
     streams: Vec<u64>,
     events: Vec<u64>,
+    /// The event a thread records on the default stream when it enters a plan stream from it,
+    /// for the plan stream to wait on (see [`CudaStreams::enter`]); created with the set.
+    fork: Option<u64>,
 }
 
 /// The op set's idle stream sets.
@@ -38,6 +43,7 @@ impl StreamPool {
             .unwrap_or(Handles {
                 streams: Vec::new(),
                 events: Vec::new(),
+                fork: None,
             });
         let err = |e: CudaError| KernelError::Device {
             message: format!("creating plan streams: {e}"),
@@ -48,6 +54,9 @@ impl StreamPool {
             }
             while h.events.len() < events {
                 h.events.push(dev.event_create()?);
+            }
+            if h.fork.is_none() {
+                h.fork = Some(dev.event_create()?);
             }
             Ok(())
         })();
@@ -79,7 +88,7 @@ fn destroy(dev: &Device, h: Handles) {
         // SAFETY: created by this device and no longer referenced by any set.
         unsafe { dev.stream_destroy(s) };
     }
-    for e in h.events {
+    for e in h.events.into_iter().chain(h.fork) {
         // SAFETY: as above.
         unsafe { dev.event_destroy(e) };
     }
@@ -128,8 +137,23 @@ impl DeviceStreams for CudaStreams {
                 h.streams.len()
             ),
         })?;
+        let fork = h.fork.filter(|_| self.dev.stream() == DEFAULT_STREAM);
+        let Some(fork) = fork else {
+            self.dev.set_stream(s);
+            return Ok(());
+        };
+        // From the default stream: the plan stream's work must come after what was issued
+        // there before (buffers zeroed or written on it). A non-blocking stream does not wait
+        // for the legacy stream by itself, so on a GPU it could run first.
+        run(
+            "ordering a plan stream after the default stream",
+            self.dev.event_record(fork),
+        )?;
         self.dev.set_stream(s);
-        Ok(())
+        run(
+            "ordering a plan stream after the default stream",
+            self.dev.wait_event(fork),
+        )
     }
 
     fn record(&self, event: usize) -> Result<(), KernelError> {
@@ -143,7 +167,7 @@ impl DeviceStreams for CudaStreams {
     }
 
     fn leave(&self) {
-        self.dev.set_stream(crate::device::DEFAULT_STREAM);
+        self.dev.set_stream(DEFAULT_STREAM);
     }
 
     fn join(&self) -> Result<(), KernelError> {
