@@ -1,12 +1,16 @@
-// The emulated CUDA driver: state, devices and contexts, memory, launches, streams, events and
-// errors (see driver.h for what it is and checks).
+// The emulated CUDA driver: state, devices and contexts, memory, launch checks and errors (see
+// driver.h for what it is and checks; driver_streams.cpp queues the work).
 
 #include "driver.h"
 
 namespace emu_driver {
 
 State& S() {
-    static State* s = new State;
+    static State* s = [] {
+        State* st = new State;
+        st->queues.push_back(std::make_shared<Queue>());  // the legacy stream's
+        return st;
+    }();
     return *s;
 }
 
@@ -80,7 +84,7 @@ bool registers_fit(unsigned regs, unsigned threads) {
     return per_warp * ((threads + 31) / 32) <= 65536;
 }
 
-CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], void** params) {
+CUresult check_launch(const Func* f, const unsigned block[3], void** params) {
     if (!f->sizes.empty() && params == nullptr)
         return fail(CUDA_ERROR_INVALID_VALUE, "launching %s: no kernelParams for %zu parameters",
                     f->name.c_str(), f->sizes.size());
@@ -101,6 +105,10 @@ CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], voi
                         "launching %s: argument %zu (0x%llx) points into freed device memory",
                         f->name.c_str(), i, v);
     }
+    return CUDA_SUCCESS;
+}
+
+CUresult execute(const Func* f, const unsigned grid[3], const unsigned block[3], void** params) {
     char err[2048] = {0};
     int rc = dsv4_emu_launch(f->name.c_str(), grid[0], grid[1], grid[2], block[0], block[1],
                              block[2], params, err, sizeof err);
@@ -109,6 +117,15 @@ CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], voi
         return fail(CUDA_ERROR_LAUNCH_FAILED, "%s", err);
     }
     return check_guards(f->name.c_str());
+}
+
+std::vector<std::vector<unsigned char>> copy_args(const Func* f, void** params) {
+    std::vector<std::vector<unsigned char>> args;
+    for (size_t i = 0; i < f->sizes.size(); i++) {
+        const unsigned char* a = (const unsigned char*)params[i];
+        args.emplace_back(a, a + f->sizes[i]);
+    }
+    return args;
 }
 
 }  // namespace emu_driver
@@ -120,6 +137,15 @@ using namespace emu_driver;
 API CUresult cuInit(unsigned flags) {
     std::lock_guard<std::mutex> lock(S().mu);
     if (flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuInit(%u): flags must be 0", flags);
+    const char* schedule = getenv("DSV4_CUDA_EMU_SCHEDULE");
+    if (schedule == nullptr || *schedule == 0 || strcmp(schedule, "deferred") == 0) {
+        S().deferred = true;
+    } else if (strcmp(schedule, "issue") == 0) {
+        S().deferred = false;
+    } else {
+        return fail(CUDA_ERROR_INVALID_VALUE,
+                    "cuInit: DSV4_CUDA_EMU_SCHEDULE=%s: expected `deferred` or `issue`", schedule);
+    }
     S().initialized = true;
     return CUDA_SUCCESS;
 }
@@ -202,10 +228,6 @@ API CUresult cuCtxGetCurrent(void** ctx) {
     return CUDA_SUCCESS;
 }
 
-API CUresult cuCtxSynchronize(void) {
-    NEED_CTX("cuCtxSynchronize");
-    return CUDA_SUCCESS;
-}
 
 // ---- memory ----
 
@@ -238,6 +260,8 @@ API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     auto it = S().device.find(ptr);
     if (it == S().device.end())
         return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFree(0x%llx): not an allocation", ptr);
+    // A GPU's cuMemFree waits for the device's work first.
+    if (CUresult rc = drain_all()) return rc;
     S().device_bytes -= it->second;
     S().freed[ptr] = it->second;
     if (S().freed.size() > 65536) S().freed.erase(S().freed.begin());
@@ -259,115 +283,13 @@ API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned flags) {
 
 API CUresult cuMemFreeHost(void* p) {
     NEED_CTX("cuMemFreeHost");
+    if (S().host.count((CUdeviceptr)(uintptr_t)p) == 0)
+        return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost(%p): not a page-locked allocation", p);
+    // Queued copies may still read or write it: they run first.
+    if (CUresult rc = drain_all()) return rc;
     if (S().host.erase((CUdeviceptr)(uintptr_t)p) == 0)
         return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost(%p): not a page-locked allocation", p);
     free(p);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void* stream) {
-    NEED_CTX("cuMemsetD8Async");
-    NEED_STREAM("cuMemsetD8Async", stream);
-    if (!in_device(dst, n))
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuMemsetD8Async(0x%llx, %zu): outside every allocation", dst, n);
-    if (n) memset((void*)(uintptr_t)dst, v, n);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* stream) {
-    NEED_CTX("cuMemcpyHtoDAsync");
-    NEED_STREAM("cuMemcpyHtoDAsync", stream);
-    if (!in_device(dst, n))
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuMemcpyHtoDAsync(0x%llx, %zu): outside every allocation", dst, n);
-    if (n) memcpy((void*)(uintptr_t)dst, src, n);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* stream) {
-    NEED_CTX("cuMemcpyDtoHAsync");
-    NEED_STREAM("cuMemcpyDtoHAsync", stream);
-    if (!in_device(src, n))
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "cuMemcpyDtoHAsync(0x%llx, %zu): outside every allocation", src, n);
-    if (n) memcpy(dst, (const void*)(uintptr_t)src, n);
-    return CUDA_SUCCESS;
-}
-
-// ---- launches, streams, events ----
-
-API CUresult cuLaunchKernel(void* func, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                            unsigned by, unsigned bz, unsigned shared, void* stream,
-                            void** params, void** extra) {
-    NEED_CTX("cuLaunchKernel");
-    NEED_STREAM("cuLaunchKernel", stream);
-    if (S().funcs.count(func) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel(%p): not a function", func);
-    const Func* f = (const Func*)func;
-    if (shared != 0 || extra != nullptr)
-        return fail(CUDA_ERROR_INVALID_VALUE,
-                    "launching %s: dynamic shared memory (%u) or extra arguments",
-                    f->name.c_str(), shared);
-    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    return run(f, grid, block, params);
-}
-
-API CUresult cuStreamCreate(void** stream, unsigned flags) {
-    NEED_CTX("cuStreamCreate");
-    if (flags > 1) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate: flags %u", flags);
-    Stream* s = new Stream{flags};
-    S().streams.insert(s);
-    *stream = s;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuStreamDestroy_v2(void* stream) {
-    NEED_CTX("cuStreamDestroy");
-    if (S().streams.erase(stream) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy(%p): not a created stream", stream);
-    delete (Stream*)stream;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuStreamSynchronize(void* stream) {
-    NEED_CTX("cuStreamSynchronize");
-    NEED_STREAM("cuStreamSynchronize", stream);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuEventCreate(void** event, unsigned flags) {
-    NEED_CTX("cuEventCreate");
-    if (flags > 0xf) return fail(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: flags %u", flags);
-    Event* e = new Event{false};
-    S().events.insert(e);
-    *event = e;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuEventDestroy_v2(void* event) {
-    NEED_CTX("cuEventDestroy");
-    if (S().events.erase(event) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventDestroy(%p): not an event", event);
-    delete (Event*)event;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuEventRecord(void* event, void* stream) {
-    NEED_CTX("cuEventRecord");
-    NEED_STREAM("cuEventRecord", stream);
-    if (S().events.count(event) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord(%p): not an event", event);
-    ((Event*)event)->recorded = true;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
-    NEED_CTX("cuStreamWaitEvent");
-    NEED_STREAM("cuStreamWaitEvent", stream);
-    if (S().events.count(event) == 0)
-        return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamWaitEvent(%p): not an event", event);
-    if (flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent: flags %u", flags);
     return CUDA_SUCCESS;
 }
 

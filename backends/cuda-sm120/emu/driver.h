@@ -13,16 +13,24 @@
 // it. Every failed call is counted and printed to stderr as "dsv4 emulated driver: ...";
 // dsv4_emu_driver_failures() returns the count and the messages.
 //
-// What it does not model is asynchrony: each call's work is done before the call returns, in
-// issue order (one valid schedule of a GPU's). Queued streams and missing events are what the
-// cuda-emu device (src/emu/streams.rs) exercises.
+// Work is asynchronous, as on a GPU (driver_streams.cpp): launches, memsets, copies and graph
+// launches wait in their stream's queue until something needs them, and then run as late and
+// in as adversarial an order as CUDA's ordering rules allow. The legacy stream and non-blocking
+// streams do not order each other; copies from page-locked memory read it when they run, copies
+// into it write it then. DSV4_CUDA_EMU_SCHEDULE=issue runs each piece of work when it is issued
+// instead (one valid schedule), to tell a missing synchronisation from a wrong kernel.
 //
 // This header is what the driver's files share: the handle types, the driver's state, the checks
 // every entry point makes, and the launch itself. driver.cpp has the state, devices, contexts,
-// memory, launches, streams, events and errors; driver_modules.cpp the kernel images (reading
-// CUBINs) and functions; driver_graphs.cpp the graphs.
+// memory, launches and errors; driver_streams.cpp the queues, streams, events and asynchronous
+// copies; driver_modules.cpp the kernel images (reading CUBINs) and functions; driver_graphs.cpp
+// the graphs.
 
 #pragma once
+
+// The build puts emu/shim.h (the kernels' CUDA dialect) in front of every file; the driver uses
+// none of it, and its __noinline__ would break the standard library's own uses of that name.
+#undef __noinline__
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,7 +38,10 @@
 #include <string.h>
 
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -92,11 +103,31 @@ struct Func {
     Module* module;
     unsigned regs;  // 0 when unknown (a PTX image: the driver's JIT allocates them)
 };
+// One piece of queued work: what it does when it runs, and its place in the issue order of all
+// streams.
+struct Work {
+    unsigned long long order;
+    std::function<CUresult()> run;
+};
+// A stream's work: what waits to run, how much was issued and how much has run. Events and
+// waits hold the queue itself, so it outlives a destroyed stream until its work has run.
+struct Queue {
+    std::deque<Work> pending;
+    unsigned long long issued = 0, done = 0;
+    // Orders work with the legacy stream (created without CU_STREAM_NON_BLOCKING).
+    bool blocking = false;
+    // The stream was destroyed: the queue goes once its work has run.
+    bool orphan = false;
+};
 struct Stream {
     unsigned flags;
+    std::shared_ptr<Queue> q;
 };
 struct Event {
-    bool recorded;
+    // The stream of the last record (none before the first) and how much of its work the
+    // record follows.
+    std::shared_ptr<Queue> q;
+    unsigned long long at;
 };
 // A kernel node, or one launch of an instantiated graph: the argument values are copies.
 struct Node {
@@ -109,7 +140,8 @@ struct Graph {
     std::vector<Node*> nodes;
 };
 struct Exec {
-    std::vector<Node> nodes;
+    // Shared with queued launches of the graph, which may run after cuGraphExecDestroy.
+    std::shared_ptr<const std::vector<Node>> nodes;
 };
 
 constexpr size_t kAlign = 256;
@@ -128,6 +160,11 @@ struct State {
     std::map<CUdeviceptr, size_t> host;
     std::map<CUdeviceptr, size_t> freed;  // recently freed allocations, not yet reused
     unsigned long long device_bytes = 0;
+    // The legacy stream's queue, then every created stream's, in creation order.
+    std::vector<std::shared_ptr<Queue>> queues;
+    // Whether work waits in its queue (else it runs as it is issued: DSV4_CUDA_EMU_SCHEDULE).
+    bool deferred = true;
+    unsigned long long issued = 0;  // work issued on every stream so far
     CUresult sticky = CUDA_SUCCESS;
     unsigned long failures = 0;
     std::string messages;  // one line per failed call (the first 64 KiB)
@@ -144,8 +181,24 @@ CUresult fail(CUresult rc, const char* fmt, ...) __attribute__((format(printf, 2
 CUresult need_ctx(const char* fn);
 // Whether `st` names the legacy stream or a live created stream.
 bool stream_ok(void* st);
-// Run `f` on grid x block with cuLaunchKernel-style `params`, after the launch checks.
-CUresult run(const Func* f, const unsigned grid[3], const unsigned block[3], void** params);
+// Whether [p, p+n) lies inside one allocation of `d` (address -> bytes).
+bool in_map(const std::map<CUdeviceptr, size_t>& d, CUdeviceptr p, size_t n);
+// Whether [p, p+n) lies inside one live device allocation (an empty range always does).
+bool in_device(CUdeviceptr p, size_t n);
+// What a GPU checks when `f` is launched on grid x block with cuLaunchKernel-style `params`.
+CUresult check_launch(const Func* f, const unsigned block[3], void** params);
+// Run `f` (a launch that passed check_launch) now; a fault is sticky.
+CUresult execute(const Func* f, const unsigned grid[3], const unsigned block[3], void** params);
+// The argument values of a launch of `f`, copied (the driver copies them at the call).
+std::vector<std::vector<unsigned char>> copy_args(const Func* f, void** params);
+
+// The queues (driver_streams.cpp); the caller holds the state's lock.
+// Queue `run` on stream `st` (which stream_ok accepted), after the stream's earlier work.
+CUresult enqueue(void* st, std::function<CUresult()> run);
+// Run stream `st`'s queued work, and what it waits for; the first fault, if any.
+CUresult drain_stream(void* st);
+// Run all queued work, newest runnable first; the first fault, if any.
+CUresult drain_all();
 
 }  // namespace emu_driver
 

@@ -1,5 +1,5 @@
 // The emulated CUDA driver's graphs: kernel nodes with their argument values copied when added,
-// instantiation in a topological order, replay on a stream.
+// instantiation in a topological order, replay on a stream (queued as one piece of work).
 
 #include "driver.h"
 
@@ -41,10 +41,7 @@ API CUresult cuGraphAddKernelNode_v2(void** node, void* graph, void* const* deps
     Node* n = new Node{graph, (Func*)f, {p->grid[0], p->grid[1], p->grid[2]},
                        {p->block[0], p->block[1], p->block[2]}, {}};
     // The driver copies the argument values now: the caller may free them after this call.
-    for (size_t i = 0; i < f->sizes.size(); i++) {
-        const unsigned char* a = (const unsigned char*)p->kernel_params[i];
-        n->args.emplace_back(a, a + f->sizes[i]);
-    }
+    n->args = copy_args(f, p->kernel_params);
     S().nodes.insert(n);
     ((Graph*)graph)->nodes.push_back(n);
     *node = n;
@@ -57,8 +54,9 @@ API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long
         return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphInstantiate: %p is not a graph", graph);
     if (flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphInstantiate: flags %llu", flags);
     // Nodes only depend on nodes added before them, so insertion order is a topological order.
-    Exec* e = new Exec;
-    for (const Node* n : ((Graph*)graph)->nodes) e->nodes.push_back(*n);
+    auto nodes = std::make_shared<std::vector<Node>>();
+    for (const Node* n : ((Graph*)graph)->nodes) nodes->push_back(*n);
+    Exec* e = new Exec{nodes};
     S().execs.insert(e);
     *exec = e;
     return CUDA_SUCCESS;
@@ -70,14 +68,24 @@ API CUresult cuGraphLaunch(void* exec, void* stream) {
     if (S().execs.count(exec) == 0)
         return fail(CUDA_ERROR_INVALID_HANDLE,
                     "cuGraphLaunch: %p is not an executable graph", exec);
-    for (Node& n : ((Exec*)exec)->nodes) {
+    std::shared_ptr<const std::vector<Node>> nodes = ((Exec*)exec)->nodes;
+    for (const Node& n : *nodes) {
         if (S().funcs.count(n.func) == 0)
             return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphLaunch: a node's module was unloaded");
         std::vector<void*> ptrs;
-        for (auto& a : n.args) ptrs.push_back(a.data());
-        if (CUresult rc = run(n.func, n.grid, n.block, ptrs.data())) return rc;
+        for (auto& a : n.args) ptrs.push_back((void*)a.data());
+        if (CUresult rc = check_launch(n.func, n.block, ptrs.data())) return rc;
     }
-    return CUDA_SUCCESS;
+    // The nodes run one after another when the stream gets to the graph, even if the
+    // executable graph is destroyed before that.
+    return enqueue(stream, [nodes]() -> CUresult {
+        for (const Node& n : *nodes) {
+            std::vector<void*> ptrs;
+            for (auto& a : n.args) ptrs.push_back((void*)a.data());
+            if (CUresult rc = execute(n.func, n.grid, n.block, ptrs.data())) return rc;
+        }
+        return CUDA_SUCCESS;
+    });
 }
 
 API CUresult cuGraphExecDestroy(void* exec) {

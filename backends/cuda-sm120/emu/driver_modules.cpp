@@ -145,6 +145,8 @@ API CUresult cuModuleUnload(void* module) {
     NEED_CTX("cuModuleUnload");
     if (S().modules.erase(module) == 0)
         return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload(%p): not a loaded module", module);
+    // Queued launches of its functions run first.
+    drain_all();
     for (auto it = S().funcs.begin(); it != S().funcs.end();) {
         if (((Func*)*it)->module == module) {
             delete (Func*)*it;

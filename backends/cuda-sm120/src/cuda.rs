@@ -9,8 +9,8 @@
 use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
 use crate::driver_lib::find_libcuda;
 pub use crate::driver_lib::{
-    DRIVER_ENV, DriverLib, EMU_CC_ENV, driver_lib, emulated_capability, emulated_driver_failures,
-    select_driver,
+    DRIVER_ENV, DriverLib, EMU_CC_ENV, EMU_SCHEDULE_ENV, driver_lib, emulated_capability,
+    emulated_driver_failures, emulated_schedule_deferred, select_driver,
 };
 use crate::graphs::GraphLaunch;
 use crate::kernel_cache::{self, KernelSource};

@@ -17,6 +17,25 @@ pub const DRIVER_ENV: &str = "DSV4_CUDA_DRIVER";
 /// for the Blackwell target (f32 accumulation by default there).
 pub const EMU_CC_ENV: &str = "DSV4_CUDA_EMU_CC";
 
+/// Environment variable choosing when the emulated driver runs queued work: `deferred` (the
+/// default: as late and in as adversarial an order as CUDA's stream and event rules allow, so
+/// a missing synchronisation changes results) or `issue` (each piece of work as it is issued,
+/// one valid schedule: a difference between the two is a synchronisation bug, not a kernel's).
+pub const EMU_SCHEDULE_ENV: &str = "DSV4_CUDA_EMU_SCHEDULE";
+
+/// Whether the emulated driver defers queued work ([`EMU_SCHEDULE_ENV`]), or why the
+/// variable's value is not one it knows.
+pub fn emulated_schedule_deferred() -> Result<bool, String> {
+    match std::env::var(EMU_SCHEDULE_ENV).as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("deferred") => Ok(true),
+        Ok("issue") => Ok(false),
+        Ok(other) => Err(format!(
+            "{EMU_SCHEDULE_ENV}={other}: expected `deferred` (the default: work waits in its \
+             stream's queue as on a GPU) or `issue` (work runs as it is issued)"
+        )),
+    }
+}
+
 /// The compute capability the emulated driver reports: [`EMU_CC_ENV`]'s, else 9.0.
 pub fn emulated_capability() -> Result<(u32, u32), String> {
     let Ok(v) = std::env::var(EMU_CC_ENV) else {
@@ -99,6 +118,8 @@ fn emulated_acc_f64() -> Result<bool, String> {
 /// Build the emulated driver and load it by path, for good: its soname is `libcuda.so`, the
 /// first name cudarc asks the loader for, which then finds it loaded instead of searching.
 pub(crate) fn load_emulated() -> Result<(), String> {
+    // The driver reads the variable itself at cuInit; a value it does not know is said here.
+    emulated_schedule_deferred()?;
     let path = crate::emu::build_driver(emulated_capability()?, emulated_acc_f64()?)
         .map_err(|e| format!("{DRIVER_ENV}=emu: cannot build the emulated driver: {e}"))?;
     // SAFETY: the library is ours (built above); its initializers only set up plain globals.

@@ -4,8 +4,11 @@
 //! the kernels on the CPU: the op sweep passes against the reference, the tiny model's decode
 //! steps give exactly the bits of the `cuda-emu` device (the same kernels on the same CPU), in
 //! eager, captured (graphs built and replayed) and threaded-overlap execution, and not one driver
-//! call fails; a block needing more registers than a GPU has is refused as a GPU refuses it, and
-//! a launch with a pointer into freed memory is refused.
+//! call fails (a plan missing an event gets other bits); a block needing more registers than a GPU has is refused as a GPU refuses it, and
+//! a launch with a pointer into freed memory is refused. Work is asynchronous as on a GPU: the
+//! legacy stream and plan streams are ordered by events only, copies from page-locked memory
+//! read it when they run, pageable sources are staged when the copy is issued, and a destroyed
+//! stream's queued work still runs.
 //!
 //! Needs NVRTC and a host C++ compiler; without them each test prints why and skips, except
 //! under CI=true, where that is a failure.
@@ -16,12 +19,14 @@ mod common;
 
 use common::{can_run, exec_modes, tiny_decode};
 use dsv4_backend_cuda::cuda::{self, DriverLib};
+use dsv4_backend_cuda::device::DEFAULT_STREAM;
 use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, KArg, NAME, emu, open_backend};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::Numerics;
 use dsv4_diff::ops::{OpsOptions, run_ops};
 use dsv4_diff::report::Status;
-use dsv4_kernels::{Backend, BackendOptions};
+use dsv4_kernels::{Backend, BackendOptions, DevSlice, DeviceOps};
+use dsv4_model::forward::{ExecOptions, Executor, Fault};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -208,4 +213,138 @@ fn decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped() {
         }
         assert_clean(what);
     }
+    if cuda::emulated_schedule_deferred() == Ok(true) {
+        // Issued by one thread in plan order, only the driver's queues can reorder the work: a
+        // plan missing the shared expert's event gets the MoE sum wrong, as it might on a GPU.
+        let faulty = ExecOptions {
+            overlap: true,
+            executor: Executor::Serial,
+            faults: [Fault::MissingStreamEvent].into(),
+            ..exec_modes()[1].1.clone()
+        };
+        assert!(
+            tiny_decode(&m, &faulty).0 != want,
+            "without the shared expert's event the driver's queues reorder the MoE sum"
+        );
+    }
+}
+
+fn words(d: &dyn DeviceOps, n: usize) -> DevSlice {
+    DevSlice::whole(d.alloc(n).expect("alloc"), n)
+}
+
+/// On the thread's default (legacy) stream: a = [1, 2, 3, 4], then a *= 10. Then on plan
+/// stream 0 (a non-blocking stream), with no event: out = a + 0.5. Returns out as read back.
+fn legacy_then_plan_stream(d: &dyn DeviceOps) -> Vec<f32> {
+    let st = d.streams(1, 0).expect("streams").expect("plan streams");
+    let (a, b, out) = (words(d, 4), words(d, 4), words(d, 4));
+    d.write(b, &[0.5; 4]).unwrap();
+    d.write(a, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    d.scale(a, 10.0).unwrap();
+    st.enter(0).unwrap();
+    d.add(a, b, out).unwrap();
+    st.leave();
+    st.join().unwrap();
+    let v = d.read(out).unwrap();
+    [a, b, out].into_iter().for_each(|s| d.free(s.buf));
+    v
+}
+
+#[test]
+fn work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work() {
+    let Some(be) = gpu_backend(
+        "work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work",
+    ) else {
+        return;
+    };
+    if cuda::emulated_schedule_deferred() == Ok(false) {
+        eprintln!("SKIP: DSV4_CUDA_EMU_SCHEDULE=issue runs work as it is issued");
+        return;
+    }
+    let dev = be.device();
+    let x = dev.upload_f32(&[1.0, 2.0, 3.0, 4.0]).expect("upload");
+    let s = dev.stream_create().expect("stream");
+    let scale = |by: f64| {
+        let args = [KArg::Buf(&x), KArg::U64(4), KArg::F64(by)];
+        // SAFETY: scale_f64's parameters; x holds 4 floats.
+        unsafe { dev.launch("scale_f64", (1, 1, 1), (32, 1, 1), &args) }.expect("launch")
+    };
+    let read_on_s = || {
+        dev.set_stream(s);
+        let mut v = [0f32; 4];
+        dev.download_f32(&x, &mut v).expect("download");
+        dev.set_stream(DEFAULT_STREAM);
+        v
+    };
+    // The legacy stream's scale is still queued: a non-blocking stream's read does not wait.
+    scale(10.0);
+    assert_eq!(read_on_s(), [1.0, 2.0, 3.0, 4.0]);
+    // An event recorded after a second scale: the read waits for both.
+    let e = dev.event_create().expect("event");
+    scale(10.0);
+    dev.event_record(e).expect("record");
+    dev.set_stream(s);
+    dev.wait_event(e).expect("wait");
+    dev.set_stream(DEFAULT_STREAM);
+    assert_eq!(read_on_s(), [100.0, 200.0, 300.0, 400.0]);
+    // SAFETY: created above and not used afterwards.
+    unsafe {
+        dev.event_destroy(e);
+        dev.stream_destroy(s);
+    }
+    // A plan stream entered from the default stream waits for its earlier work (the buffers'
+    // zeroing and writes, the scale) without any event of the plan's.
+    let d = Backend::device(&be).expect("device op set");
+    assert_eq!(legacy_then_plan_stream(d), [10.5, 20.5, 30.5, 40.5]);
+    assert_clean("legacy and plan streams");
+}
+
+#[test]
+fn copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued() {
+    let Some(be) = gpu_backend(
+        "copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued",
+    ) else {
+        return;
+    };
+    if cuda::emulated_schedule_deferred() == Ok(false) {
+        eprintln!("SKIP: DSV4_CUDA_EMU_SCHEDULE=issue runs work as it is issued");
+        return;
+    }
+    let dev = be.device();
+    let s = dev.stream_create().expect("stream");
+    dev.set_stream(s);
+    // Zeroed on the created stream, so before the copies there.
+    let (pinned_dst, pageable_dst) = (dev.alloc(8).unwrap(), dev.alloc(8).unwrap());
+    let mut host = dev.host_alloc(8).expect("page-locked memory");
+    let mut pageable = vec![1u8; 8];
+    host.write(0, &[1; 8]).unwrap();
+    dev.stage(pinned_dst.at(), &host, 0, 8).unwrap();
+    dev.write(&pageable_dst, &pageable).unwrap();
+    // Both copies are still queued on the created stream; change both sources.
+    host.write(0, &[2; 8]).unwrap();
+    pageable.fill(2);
+    dev.set_stream(DEFAULT_STREAM);
+    dev.synchronize().unwrap();
+    let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+    dev.download(&pinned_dst, &mut a).unwrap();
+    dev.download(&pageable_dst, &mut b).unwrap();
+    assert_eq!(
+        a, [2; 8],
+        "the page-locked source is read when the copy runs"
+    );
+    assert_eq!(
+        b, [1; 8],
+        "a pageable source is staged when the copy is issued"
+    );
+    // A stream destroyed with work still queued: the work runs all the same.
+    let s = dev.stream_create().expect("stream");
+    dev.set_stream(s);
+    dev.write(&pageable_dst, &[3; 8]).unwrap();
+    // SAFETY: created above and not used afterwards.
+    unsafe { dev.stream_destroy(s) };
+    dev.set_stream(DEFAULT_STREAM);
+    dev.synchronize().unwrap();
+    dev.download(&pageable_dst, &mut b).unwrap();
+    assert_eq!(b, [3; 8]);
+    assert_clean("page-locked copies");
 }

@@ -295,7 +295,7 @@ fn kernels_compiled_once_run_from_the_cache_without_nvrtc() {
 }
 
 #[test]
-fn an_unknown_driver_choice_capability_or_kernel_source_is_a_clear_error() {
+fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_error() {
     let fails_with = |env: &[(&str, &str)], want: &str| {
         let mut cmd = dsv4(
             &std::env::temp_dir(),
@@ -321,6 +321,13 @@ fn an_unknown_driver_choice_capability_or_kernel_source_is_a_clear_error() {
             ("DSV4_CUDA_KERNELS", "sometimes"),
         ],
         "DSV4_CUDA_KERNELS=sometimes: expected `auto`",
+    );
+    fails_with(
+        &[
+            ("DSV4_CUDA_DRIVER", "emu"),
+            ("DSV4_CUDA_EMU_SCHEDULE", "random"),
+        ],
+        "DSV4_CUDA_EMU_SCHEDULE=random: expected `deferred`",
     );
     for cc in ["7.5", "nine", "9"] {
         fails_with(

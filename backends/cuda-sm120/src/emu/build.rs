@@ -16,6 +16,10 @@ const DRIVER: &[(&str, &str)] = &[
         include_str!("../../emu/driver_modules.cpp"),
     ),
     (
+        "driver_streams.cpp",
+        include_str!("../../emu/driver_streams.cpp"),
+    ),
+    (
         "driver_graphs.cpp",
         include_str!("../../emu/driver_graphs.cpp"),
     ),
