@@ -229,6 +229,17 @@ fn decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped() {
     }
 }
 
+/// [`gpu_backend`], when the driver defers work (else the test is skipped: with
+/// `DSV4_CUDA_EMU_SCHEDULE=issue` work runs as it is issued).
+fn deferred_backend(test: &str) -> Option<CudaBackend> {
+    let be = gpu_backend(test)?;
+    if cuda::emulated_schedule_deferred() == Ok(false) {
+        eprintln!("SKIP {test}: DSV4_CUDA_EMU_SCHEDULE=issue runs work as it is issued");
+        return None;
+    }
+    Some(be)
+}
+
 fn words(d: &dyn DeviceOps, n: usize) -> DevSlice {
     DevSlice::whole(d.alloc(n).expect("alloc"), n)
 }
@@ -252,15 +263,11 @@ fn legacy_then_plan_stream(d: &dyn DeviceOps) -> Vec<f32> {
 
 #[test]
 fn work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work() {
-    let Some(be) = gpu_backend(
+    let Some(be) = deferred_backend(
         "work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work",
     ) else {
         return;
     };
-    if cuda::emulated_schedule_deferred() == Ok(false) {
-        eprintln!("SKIP: DSV4_CUDA_EMU_SCHEDULE=issue runs work as it is issued");
-        return;
-    }
     let dev = be.device();
     let x = dev.upload_f32(&[1.0, 2.0, 3.0, 4.0]).expect("upload");
     let s = dev.stream_create().expect("stream");
@@ -301,15 +308,11 @@ fn work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier
 
 #[test]
 fn copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued() {
-    let Some(be) = gpu_backend(
+    let Some(be) = deferred_backend(
         "copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued",
     ) else {
         return;
     };
-    if cuda::emulated_schedule_deferred() == Ok(false) {
-        eprintln!("SKIP: DSV4_CUDA_EMU_SCHEDULE=issue runs work as it is issued");
-        return;
-    }
     let dev = be.device();
     let s = dev.stream_create().expect("stream");
     dev.set_stream(s);
