@@ -11,7 +11,7 @@ mod streams;
 
 pub use build::EXTRA_FLAGS_ENV;
 
-use crate::device::{DEFAULT_STREAM, Dim3, RawDevice, StreamHandle};
+use crate::device::{Dim3, RawDevice, StreamHandle};
 use crate::graphs::GraphLaunch;
 use crate::{CudaError, Device, DeviceInfo, kernels};
 use build::{Library, build, find_compiler};
@@ -349,6 +349,23 @@ impl EmuDevice {
     }
 }
 
+/// CUDA's launch shape limits (those `emu/runtime.cpp` enforces too), checked when a launch is
+/// issued.
+fn check_shape(grid: Dim3, block: Dim3) -> Result<(), CudaError> {
+    let threads = u64::from(block.0) * u64::from(block.1) * u64::from(block.2);
+    if threads == 0 || threads > 1024 || block.2 > 64 {
+        return Err(CudaError::Driver(format!(
+            "cuda-emu: invalid block {block:?}: CUDA allows 1..1024 threads per block, z <= 64"
+        )));
+    }
+    if grid.0 > 0x7fff_ffff || grid.1 > 65535 || grid.2 > 65535 {
+        return Err(CudaError::Driver(format!(
+            "cuda-emu: invalid grid {grid:?}: CUDA allows x < 2^31, y and z <= 65535"
+        )));
+    }
+    Ok(())
+}
+
 impl RawDevice for EmuDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
@@ -361,9 +378,15 @@ impl RawDevice for EmuDevice {
     }
 
     fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError> {
-        // Zero-filled at once, which is before any later work on any stream.
         self.streams().knows(stream)?;
-        self.allocate(&self.allocs, bytes)
+        let ptr = self.allocate(&self.allocs, bytes)?;
+        // Garbage until the zeroing queued on `stream` runs, as on a GPU (cuMemAlloc, then
+        // cuMemsetD8Async there): work on another stream that nothing orders after the zeroing
+        // may see the garbage, or have its writes wiped by it.
+        // SAFETY: ptr holds `bytes` bytes, allocated above and not yet handed out.
+        unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0xCD, bytes) };
+        self.zero(stream, ptr, bytes)?;
+        Ok(ptr)
     }
 
     unsafe fn free(&self, ptr: u64) {
@@ -388,9 +411,6 @@ impl RawDevice for EmuDevice {
         len: usize,
     ) -> Result<(), CudaError> {
         self.check("upload", dst, len)?;
-        if stream == DEFAULT_STREAM {
-            return self.copy_from_host(dst, src, len);
-        }
         // Read when it runs, as a GPU's asynchronous copy does: a source overwritten before
         // then shows up as a wrong value.
         self.streams()
@@ -403,9 +423,6 @@ impl RawDevice for EmuDevice {
 
     fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {
         self.check("upload", ptr, data.len())?;
-        if stream == DEFAULT_STREAM {
-            return self.copy_in(ptr, data);
-        }
         let item = Item::Upload {
             ptr,
             data: data.to_vec(),
@@ -429,10 +446,12 @@ impl RawDevice for EmuDevice {
         block: Dim3,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
-        if stream == DEFAULT_STREAM {
-            // SAFETY: as the caller guarantees.
-            return unsafe { self.launch_now(name, grid, block, params) };
+        // What a driver refuses at the call; faults while the kernel runs are reported by the
+        // stream's next synchronisation, as on a GPU.
+        if !self.kernels.contains(name) {
+            return Err(CudaError::NoSuchKernel(name.to_string()));
         }
+        check_shape(grid, block)?;
         // SAFETY: each parameter points at an 8-byte slot (the trait's contract).
         let values = params
             .iter()
@@ -501,11 +520,7 @@ impl RawDevice for EmuDevice {
             .get(&graph)
             .cloned()
             .ok_or_else(|| CudaError::BadOperands(format!("cuda-emu: no graph {graph}")))?;
-        let item = Item::Graph(launches);
-        if stream == DEFAULT_STREAM {
-            return self.execute(&item);
-        }
-        self.streams().push(stream, item)
+        self.streams().push(stream, Item::Graph(launches))
     }
 
     unsafe fn graph_destroy(&self, graph: u64) {
@@ -516,14 +531,7 @@ impl RawDevice for EmuDevice {
     }
 
     fn stream_wait_event(&self, stream: StreamHandle, event: u64) -> Result<(), CudaError> {
-        let wait = self.streams().wait(stream, event)?;
-        match wait {
-            // The default stream runs at once, so it waits here.
-            Some((e, n)) => self
-                .streams()
-                .run_to_record(&mut |item| self.execute(item), e, n),
-            None => Ok(()),
-        }
+        self.streams().wait(stream, event)
     }
 }
 

@@ -40,6 +40,12 @@ fn dev(acc_f64: bool) -> &'static Device {
     cell.get_or_init(|| emu::open_with_source(&selftest_tu(), acc_f64).unwrap())
 }
 
+/// A device of its own, for a test whose launches fail on purpose: a queued launch's failure
+/// goes to whoever next waits for the device, which on a shared one may be another test.
+fn own_dev() -> Device {
+    emu::open_with_source(&selftest_tu(), true).unwrap()
+}
+
 fn u32s(d: &Device, b: &DevBuf, n: usize) -> Vec<u32> {
     let mut bytes = vec![0u8; n * 4];
     d.download(b, &mut bytes).unwrap();
@@ -369,7 +375,7 @@ fn a_thread_exiting_before_a_barrier_is_an_error_not_a_hang() {
     if !available("a_thread_exiting_before_a_barrier_is_an_error_not_a_hang") {
         return;
     }
-    let d = dev(true);
+    let d = &own_dev();
     let out = d.alloc(64 * 4).unwrap();
     let e = unsafe {
         d.launch(
@@ -379,6 +385,7 @@ fn a_thread_exiting_before_a_barrier_is_an_error_not_a_hang() {
             &[KArg::Buf(&out)],
         )
     }
+    .and_then(|()| d.synchronize())
     .unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -395,6 +402,7 @@ fn a_thread_exiting_before_a_barrier_is_an_error_not_a_hang() {
             &[KArg::Buf(&out)],
         )
     }
+    .and_then(|()| d.synchronize())
     .unwrap_err();
     assert!(e.to_string().contains("deadlock"), "{e}");
     // The device still works after failed launches (their fibers are restarted).
@@ -531,7 +539,7 @@ fn a_write_outside_a_buffer_fails_the_launch() {
     if !available("a_write_outside_a_buffer_fails_the_launch") {
         return;
     }
-    let d = dev(true);
+    let d = &own_dev();
     let out = d.alloc(64).unwrap();
     let other = d.upload(&[1u8; 32]).unwrap();
     for (index, want) in [
@@ -539,7 +547,9 @@ fn a_write_outside_a_buffer_fails_the_launch() {
         (-1, "4 to 1 bytes before a 64-byte buffer"),
     ] {
         let args = [KArg::Buf(&out), KArg::I32(index)];
-        let e = unsafe { d.launch("st_write_at", (1, 1, 1), (32, 1, 1), &args) }.unwrap_err();
+        let e = unsafe { d.launch("st_write_at", (1, 1, 1), (32, 1, 1), &args) }
+            .and_then(|()| d.synchronize())
+            .unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("st_write_at wrote outside") && msg.contains(want),

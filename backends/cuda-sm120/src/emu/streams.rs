@@ -1,7 +1,8 @@
-//! The emulator's streams and events. Work on the default stream runs at once (as before
-//! streams existed). Work on a created stream waits in that stream's queue until something
-//! needs it — a download or synchronisation of the stream, a device-wide synchronisation, a
-//! free, a default-stream wait on an event — and queued work then runs in an adversarial order.
+//! The emulator's streams and events. Work on a stream — the default stream (the legacy stream,
+//! which like CUDA's does not order work with the non-blocking streams a plan's streams are) or a
+//! created one — waits in that stream's queue until something needs it — a download or
+//! synchronisation of the stream, a device-wide synchronisation, a free — and queued work then
+//! runs in an adversarial order.
 //! Waiting for one stream runs that stream's work and, of the other streams, only the work up to
 //! the event records it waits for: everything else stays queued as long as it can. Waiting for
 //! everything runs the most recently issued item that may run first. So work on another stream
@@ -101,41 +102,29 @@ impl Streams {
         })
     }
 
-    /// Queue `item` on created stream `s`.
+    /// Queue `item` on stream `s`.
     pub fn push(&mut self, s: StreamHandle, item: Item) -> Result<(), CudaError> {
         self.knows(s)?;
         self.next_seq += 1;
         let seq = self.next_seq;
-        if let Some(q) = self.queues.get_mut(&s) {
-            q.push_back((seq, item));
-        }
+        self.queues.entry(s).or_default().push_back((seq, item));
         Ok(())
     }
 
-    /// Record event `e` on `s`: at once on the default stream, else queued.
+    /// Record event `e` on `s` (queued).
     pub fn record(&mut self, e: u64, s: StreamHandle) -> Result<(), CudaError> {
         self.knows(s)?;
         let ev = self.event(e)?;
         ev.issued += 1;
         let n = ev.issued;
-        if s == DEFAULT_STREAM {
-            ev.reached = n;
-            Ok(())
-        } else {
-            self.push(s, Item::Record { event: e, n })
-        }
+        self.push(s, Item::Record { event: e, n })
     }
 
-    /// Make `s` wait for the last record of `e` issued so far. For the default stream, the
-    /// record to reach (the caller runs queued work until it is reached); else queued.
-    pub fn wait(&mut self, s: StreamHandle, e: u64) -> Result<Option<(u64, u64)>, CudaError> {
+    /// Make `s` wait for the last record of `e` issued so far (queued).
+    pub fn wait(&mut self, s: StreamHandle, e: u64) -> Result<(), CudaError> {
         self.knows(s)?;
         let n = self.event(e)?.issued;
-        if s == DEFAULT_STREAM {
-            return Ok(Some((e, n)));
-        }
-        self.push(s, Item::Wait { event: e, n })?;
-        Ok(None)
+        self.push(s, Item::Wait { event: e, n })
     }
 
     /// Keep `e` for the next wait to report (work that failed where nobody waited).
@@ -262,20 +251,6 @@ impl Streams {
         }
         self.report()
     }
-
-    /// Run what it takes for event `e` to reach its `n`-th record.
-    pub fn run_to_record(&mut self, exec: &mut Exec<'_>, e: u64, n: u64) -> Result<(), CudaError> {
-        while !self.reached(e, n) {
-            match self.holder(e, n) {
-                Some(u) if self.advance(exec, u) => {}
-                _ => {
-                    self.stuck();
-                    break;
-                }
-            }
-        }
-        self.report()
-    }
 }
 
 #[cfg(test)]
@@ -318,7 +293,7 @@ mod tests {
         st.push(a, launch("a1")).unwrap();
         st.record(e, a).unwrap();
         st.push(a, launch("a2")).unwrap();
-        assert_eq!(st.wait(b, e).unwrap(), None);
+        st.wait(b, e).unwrap();
         st.push(b, launch("b1")).unwrap();
         // b1 waits for a1 only: a2 may still run after it.
         assert_eq!(drain(&mut st), ["a1", "b1", "a2"]);
@@ -335,11 +310,14 @@ mod tests {
         st.record(e, a).unwrap();
         assert_eq!(drain(&mut st), ["a1", "b0"]);
         assert!(st.reached(e, 1));
-        // A default-stream wait returns the record to reach.
+        // The default stream queues its waits like any other stream.
         st.push(a, launch("a2")).unwrap();
         st.record(e, a).unwrap();
-        assert_eq!(st.wait(DEFAULT_STREAM, e).unwrap(), Some((e, 2)));
+        st.wait(DEFAULT_STREAM, e).unwrap();
+        st.push(DEFAULT_STREAM, launch("d1")).unwrap();
+        st.push(a, launch("a3")).unwrap();
         assert!(!st.reached(e, 2));
+        assert_eq!(drain(&mut st), ["a2", "a3", "d1"]);
     }
 
     #[test]
@@ -367,7 +345,9 @@ mod tests {
         );
         st.push(a, launch("a2")).unwrap();
         st.record(e, a).unwrap();
-        st.run_to_record(&mut exec, e, 2).unwrap();
+        // A default-stream wait, run: only the record it waits for.
+        st.wait(DEFAULT_STREAM, e).unwrap();
+        st.run_stream(&mut exec, DEFAULT_STREAM).unwrap();
         st.run_all(&mut exec).unwrap();
         assert_eq!(ran, ["b1", "a1", "a2", "c1", "b2"]);
     }
