@@ -272,6 +272,12 @@ impl EmuDevice {
                 unsafe { self.launch_now(name, *grid, *block, &mut ptrs) }
             }
             Item::Upload { ptr, data } => self.copy_in(*ptr, data),
+            Item::Zero { ptr, len } => {
+                self.check("zero", *ptr, *len)?;
+                // SAFETY: the range lies inside a live allocation (checked above).
+                unsafe { std::ptr::write_bytes(*ptr as usize as *mut u8, 0, *len) };
+                Ok(())
+            }
             Item::CopyHost { dst, src, len } => self.copy_from_host(*dst, *src, *len),
             Item::Graph(launches) => launches.iter().try_for_each(|l| {
                 let mut slots = l.params.clone();
@@ -418,7 +424,8 @@ impl RawDevice for EmuDevice {
     }
 
     fn zero(&self, stream: StreamHandle, ptr: u64, bytes: usize) -> Result<(), CudaError> {
-        self.upload(stream, ptr, &vec![0; bytes])
+        self.check("zero", ptr, bytes)?;
+        self.streams().push(stream, Item::Zero { ptr, len: bytes })
     }
 
     fn upload(&self, stream: StreamHandle, ptr: u64, data: &[u8]) -> Result<(), CudaError> {

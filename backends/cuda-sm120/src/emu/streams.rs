@@ -26,6 +26,8 @@ pub(super) enum Item {
     },
     /// A host-to-device copy of bytes staged when it was issued.
     Upload { ptr: u64, data: Vec<u8> },
+    /// Zeroing `len` bytes at `ptr` (a memset).
+    Zero { ptr: u64, len: usize },
     /// A copy of host memory at `src` (read when the item runs) to `dst`.
     CopyHost { dst: u64, src: u64, len: usize },
     /// A graph's launches, run in order as one item.
@@ -209,7 +211,11 @@ impl Streams {
                 }
             }
             Item::Wait { .. } => {}
-            Item::Launch { .. } | Item::Upload { .. } | Item::CopyHost { .. } | Item::Graph(_) => {
+            Item::Launch { .. }
+            | Item::Upload { .. }
+            | Item::Zero { .. }
+            | Item::CopyHost { .. }
+            | Item::Graph(_) => {
                 if let Err(e) = exec(&item) {
                     self.failed.get_or_insert(e);
                 }
