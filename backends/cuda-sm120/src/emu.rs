@@ -2,8 +2,9 @@
 //! C++ compiler under `emu/shim.h` into a shared library (cached on disk, keyed by a hash of every
 //! input), loads it, and runs launches on cooperative fibers (`emu/runtime.cpp`: blocks one after
 //! another, one fiber per thread, `__syncthreads`/shuffles emulated). Device memory is host memory.
-//! Work on created streams is queued and run in an adversarial order (`emu/streams.rs`), so a
-//! plan's missing event shows up here as it might on a GPU.
+//! Work on every stream, the default one too, is queued and run in an adversarial order
+//! (`emu/streams.rs`), and allocations are zeroed on their stream, so a plan's missing event or a
+//! plan stream not ordered after the default stream shows up here as it might on a GPU.
 //! This is how the kernels are diffed against the reference backend on machines without a GPU.
 
 mod build;
