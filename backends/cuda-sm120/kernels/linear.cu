@@ -7,7 +7,9 @@
 // with a pitch that is a multiple of 16 bytes (the host pads odd widths with zeros, and input
 // rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
 // (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
-// computes 4 output columns, loading each input chunk once for all 4; grid (ceil(out / 16), 1).
+// computes 4 output columns, loading each input chunk once for all 4 and each lane's next
+// weight chunks before it uses the current ones; grid (ceil(out / 16), 1). With f64 sums, fp8
+// and MXFP4 weights are decoded straight into f64 (lin_decode64, below).
 // Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
 // 8 rows; grid (ceil(out / 4), ceil(rows / 8)). A (row, column) sum is: per lane, chunks in
 // order and elements in order, in acc_t; then warp_sum. That order does not depend on the
@@ -204,6 +206,87 @@ __device__ __forceinline__ void lin_dot(acc_t& acc, const float* w, const float*
     }
 }
 
+#ifdef DSV4_ACC_F64
+// ---- f64 accumulation without f32→f64 conversions of the weights ----
+//
+// The decode GEMV adds exact f32 products in f64. Converting each decoded f32 weight to f64
+// costs an F2F instruction, which runs at 16 results per clock per multiprocessor on sm_80 and
+// sm_90, a quarter of the FP64 rate (CUDA C++ Programming Guide, "Arithmetic Instructions"
+// throughput table): for fp8 and MXFP4 weights on an H200 that, not memory, would bound the
+// GEMV. So fp8 and MXFP4 codes are decoded straight into f64 by placing their bits in an f64
+// (a subnormal f64 for the small codes) and one multiplication by 2^k·scale. That equals the
+// f32 product code·scale of dsv4_kernels::Linear::dequantized, which is exact: codes are
+// multiples of 2^-9 (e4m3) or 1/2 (e2m1) with at most 4 significant bits, scales are powers of
+// two from 2^-127, so every product is a multiple of 2^-149 (an f32, subnormal or not) and,
+// for the scale bytes taken, finite. The factor 2^k·scale must fit an f64: scale bytes up to
+// 134 (fp8: 2^1016·2^7) and 128 (MXFP4: 2^1022·2^1); chunks with a larger scale or a NaN code
+// take the f32 decode. The products w·x of two f32 values are exact in f64, so fma(w, x, acc)
+// rounds once exactly as acc + w·x does: the sums are bitwise the reference's either way.
+
+// 2^e as an f64 (e in −1022..=1023).
+__device__ __forceinline__ double lin_pow2_f64(int e) { return __hiloint2double((e + 1023) << 20, 0); }
+
+// Decode one fp8/MXFP4 chunk of output row `o` into E f64 weights when the scale allows (see
+// above); false (w untouched) when the chunk must take the f32 decode. Never for f32/bf16.
+template <int FMT>
+__device__ __forceinline__ bool lin_decode64(const lin_chunk& ch, const u8* __restrict__ scale,
+                                             u32 o, u32 c, u32 in_dim, double* w) {
+    if constexpr (FMT == LIN_FP8) {
+        const u32 sc_row = (in_dim + 127u) / 128u;
+        const int sb = scale[(u64)(o / 128u) * sc_row + (c * 16u) / 128u];
+        // A byte of 0x7f/0xff (NaN) in a word: its low 7 bits plus one carry into bit 7.
+        u32 nan = 0u;
+#pragma unroll
+        for (int q = 0; q < 4; q++) nan |= ((ch.w[q] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+        if (sb > 134 || nan != 0u) return false;
+        // Code bits seeeemmm at f64 bits 63 and 55..49: 2^-1016 times the e4m3 value.
+        const double f = lin_pow2_f64(sb - 127 + 1016);
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const u32 b = (ch.w[k / 4] >> (8 * (k % 4))) & 0xffu;
+            w[k] = __hiloint2double((int)(((b & 0x80u) << 24) | ((b & 0x7fu) << 17)), 0) * f;
+        }
+        return true;
+    } else if constexpr (FMT == LIN_MXFP4) {
+        const int sb = scale[(u64)o * (in_dim / 32u) + c];
+        if (sb > 128) return false;
+        // Code bits seem at f64 bits 63 and 53..51: 2^-1022 times the e2m1 value.
+        const double f = lin_pow2_f64(sb - 127 + 1022);
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            const u32 n = (ch.w[k / 8] >> (4 * (k % 8))) & 0xfu;
+            w[k] = __hiloint2double((int)(((n & 8u) << 28) | ((n & 7u) << 19)), 0) * f;
+        }
+        return true;
+    } else {
+        return false;
+    }
+}
+
+// acc += Σ_k w_k·x_k over the chunk's first `lim` elements, in element order, x given in f64:
+// the chunk's weights decoded in f64 when lin_decode64 allows, else in f32.
+template <int FMT>
+__device__ __forceinline__ void lin_chunk_dot64(double& acc, const lin_chunk& ch,
+                                                const u8* __restrict__ scale, u32 o, u32 c,
+                                                u32 in_dim, const double* xd, u32 lim) {
+    const int E = lin_fmt<FMT>::E;
+    double wd[E];
+    if (lin_decode64<FMT>(ch, scale, o, c, in_dim, wd)) {
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            if ((u32)k < lim) acc = fma(wd[k], xd[k], acc);
+        }
+    } else {
+        float w[E];
+        lin_decode<FMT>(ch, scale, o, c, in_dim, w);
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            if ((u32)k < lim) acc = fma((double)w[k], xd[k], acc);
+        }
+    }
+}
+#endif
+
 // One warp computes COLS consecutive output columns for ROWS consecutive rows. Every (row,
 // column) sum has the same order whatever ROWS, COLS and the row count are: lane l adds chunks
 // l, l + 32, … in order, each chunk's elements in order; then warp_sum.
@@ -229,25 +312,57 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
     }
     const u32 nchunks = pitch / 16u;
     const float* xr0 = x + (u64)r0 * xpitch;
-    for (u32 c = lane; c < nchunks; c += DSV4_WARP) {
-        const u32 i0 = c * (u32)E;
-        const u32 lim = min((u32)E, in_dim - i0);
-        if constexpr (ROWS == 1) {
-            // Decode: the input chunk is loaded once and used for COLS weight rows.
-            float xv[E];
-            lin_load_x<E>(xr0 + i0, xv);
+    if constexpr (ROWS == 1) {
+        // Decode: each input chunk is loaded once and used for COLS weight rows, and the
+        // weight chunks of the lane's next chunk are loaded before this one's are used, so two
+        // rounds of weight loads are in flight per warp (memory-bound: the loads must overlap).
+        lin_chunk cur[COLS] = {}, next[COLS] = {};
+#pragma unroll
+        for (int j = 0; j < COLS; j++) {
+            if ((u32)j < nc && lane < nchunks)
+                cur[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[lane];
+        }
+        for (u32 c = lane; c < nchunks; c += DSV4_WARP) {
+            const u32 i0 = c * (u32)E;
+            const u32 lim = min((u32)E, in_dim - i0);
+            const u32 cn = c + DSV4_WARP;
 #pragma unroll
             for (int j = 0; j < COLS; j++) {
-                if ((u32)j < nc) {
-                    const u32 o = o0 + (u32)j;
-                    const lin_chunk ch =
-                        reinterpret_cast<const lin_chunk*>(wdata + (u64)o * pitch)[c];
-                    float w[E];
-                    lin_decode<FMT>(ch, scale, o, c, in_dim, w);
-                    lin_dot<E>(acc[0][j], w, xv, lim);
+                if ((u32)j < nc && cn < nchunks)
+                    next[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[cn];
+            }
+            float xv[E];
+            lin_load_x<E>(xr0 + i0, xv);
+#ifdef DSV4_ACC_F64
+            if constexpr (FMT == LIN_FP8 || FMT == LIN_MXFP4) {
+                // x in f64 once per chunk, for all COLS columns.
+                double xd[E];
+#pragma unroll
+                for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
+#pragma unroll
+                for (int j = 0; j < COLS; j++) {
+                    if ((u32)j < nc)
+                        lin_chunk_dot64<FMT>(acc[0][j], cur[j], scale, o0 + j, c, in_dim, xd, lim);
+                }
+            } else
+#endif
+            {
+#pragma unroll
+                for (int j = 0; j < COLS; j++) {
+                    if ((u32)j < nc) {
+                        float w[E];
+                        lin_decode<FMT>(cur[j], scale, o0 + j, c, in_dim, w);
+                        lin_dot<E>(acc[0][j], w, xv, lim);
+                    }
                 }
             }
-        } else {
+#pragma unroll
+            for (int j = 0; j < COLS; j++) cur[j] = next[j];
+        }
+    } else {
+        for (u32 c = lane; c < nchunks; c += DSV4_WARP) {
+            const u32 i0 = c * (u32)E;
+            const u32 lim = min((u32)E, in_dim - i0);
             // Batched: each decoded weight chunk is used for up to ROWS input rows.
 #pragma unroll
             for (int j = 0; j < COLS; j++) {

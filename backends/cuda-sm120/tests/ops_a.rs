@@ -1,7 +1,7 @@
 //! The linear, row-wise and cache kernels (kernels/{linear,rows,cache}.cu) on the CPU emulator,
 //! diffed against the reference backend: the op sweep of `dsv4 diff --ops` with f64 and with
 //! f32 accumulation, batch invariance of `linear` in every weight format, weight residency, and
-//! the cache layout errors.
+//! bit-exact linear at every fp8/MXFP4 scale byte and code, and the cache layout errors.
 //!
 //! The emulator needs a host C++ compiler; without one each test prints why and skips, except
 //! under CI=true, where that is a failure.
@@ -218,6 +218,77 @@ fn linear_is_batch_invariant_in_every_format() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Whether `got` is `want` bit for bit, a NaN counting as any NaN.
+fn same_bits(want: f32, got: f32) -> bool {
+    if want.is_nan() {
+        got.is_nan()
+    } else {
+        want.to_bits() == got.to_bits()
+    }
+}
+
+#[test]
+fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
+    // fp8 and MXFP4 chunks are decoded straight into f64 when their scale byte allows and no
+    // code is NaN, else in f32 (kernels/linear.cu): every scale byte (subnormal, overflowing
+    // and NaN scales among them), every code, NaN codes in some rows, a partial last scale
+    // block, through the decode and the batched kernels, bit for bit the reference's.
+    if !available("linear_matches_the_reference_bitwise_at_every_scale_byte_and_code") {
+        return;
+    }
+    let mut rng = SplitMix64::new(11);
+    // fp8: 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb; inputs 8184 wide.
+    let (out, inp) = (512, 128 * 64 - 8);
+    let mut data: Vec<u8> = (0..out * inp)
+        .map(|_| (rng.next_u64() % 256) as u8)
+        .map(|c| if c & 0x7f == 0x7f { c - 1 } else { c })
+        .collect();
+    for o in (5..out).step_by(37) {
+        data[o * inp + (rng.next_u64() as usize % inp)] = 0x7f | ((o as u8 & 1) << 7);
+    }
+    let scale: Vec<u8> = (0..4 * 64).map(|b| b as u8).collect();
+    let fp8 = Linear::new("fp8", out, inp, WeightFormat::Fp8Block, data, scale).expect("fp8");
+    // MXFP4: row o's 32-value chunk ch scaled by byte (4·o + ch) mod 256.
+    let (out4, inp4) = (64, 32 * 16);
+    let data4: Vec<u8> = (0..out4 * inp4 / 2)
+        .map(|_| (rng.next_u64() % 256) as u8)
+        .collect();
+    let scale4: Vec<u8> = (0..out4 * 16)
+        .map(|i| ((4 * (i / 16) + i % 16) % 256) as u8)
+        .collect();
+    let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
+    let be = backend(true);
+    for w in [&fp8, &mx] {
+        let (o, i) = (w.out_dim, w.in_dim);
+        let x: Vec<f32> = (0..3 * i).map(|_| rng.uniform_sym(2.0)).collect();
+        let mut want = vec![0f32; 3 * o];
+        ReferenceBackend.linear(w, &x, 3, &mut want);
+        let finite = want.iter().filter(|v| v.is_finite() && **v != 0.0).count();
+        assert!(
+            finite > o,
+            "{}: the case should have many finite outputs",
+            w.name
+        );
+        for rows in [1, 3] {
+            let mut got = vec![0f32; 3 * o];
+            for (xr, gr) in x.chunks(rows * i).zip(got.chunks_mut(rows * o)) {
+                be.linear(w, xr, rows, gr);
+            }
+            for (n, (&a, &b)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{} rows={rows}: row {} col {}: reference {a:e} ({:#x}), emulator {b:e} ({:#x})",
+                    w.name,
+                    n / o,
+                    n % o,
+                    a.to_bits(),
+                    b.to_bits()
+                );
             }
         }
     }
