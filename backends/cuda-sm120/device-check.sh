@@ -18,7 +18,8 @@
 #   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
 #                  (device-resident activations against host slices, bitwise)
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
-# The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds.
+# The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
+# and each linear case's fraction of the device's own limits ("linear", from bench.json).
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -130,6 +131,22 @@ else
     bench_scope=(--configs tiny)
 fi
 run_step bench "$dsv4" bench --backend "$backend" "${bench_scope[@]}" --no-serving --out "$out/bench.json"
+# The linear kernels against the device's own limits, into the summary: each decode GEMV's
+# weight bandwidth as a fraction of the copy bandwidth (target >= 60%), each prefill GEMM's
+# TFLOP/s as a fraction of the matching mma rate.
+linear=$(python3 - "$out/bench.json" <<'PY' || echo '[]'
+import json, sys
+cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
+keys = ("case", "rows", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
+for t in cases:
+    share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth" if t["rows"] == 1 else \
+        f"{t['of_matrix_rate']:.0%} of the mma rate" if t["of_matrix_rate"] is not None else "no mma rate"
+    print(f"    {t['case']:<42} {share}", file=sys.stderr)
+gemv = [t["of_copy_bandwidth"] for t in cases if t["rows"] == 1]
+print(f"    decode GEMV >= 60% of copy bandwidth: {'yes' if gemv and min(gemv) >= 0.6 else 'no'}", file=sys.stderr)
+print(json.dumps([{k: t[k] for k in keys} for t in cases]))
+PY
+)
 # The emulated driver prints every call it refuses; a clean run has none.
 if [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then
     refused=$(grep -h 'dsv4 emulated driver:' "$out"/*.log | head -n 5)
@@ -145,7 +162,7 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf ']}\n'
+    printf '],"linear":%s}\n' "$linear"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

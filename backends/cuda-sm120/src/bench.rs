@@ -7,7 +7,7 @@
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
 use crate::ops::linear::time_linear;
-use crate::{CudaBackend, CudaError, Device, KArg};
+use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
 use std::time::Instant;
@@ -46,6 +46,8 @@ pub struct LinearTiming {
     pub tflops: f64,
     /// weight_gbs / copy_gbs (decode cases).
     pub of_copy_bandwidth: f64,
+    /// Copies of the weight the calls took in turn (so the weights read exceed the L2 cache).
+    pub copies: usize,
     /// tflops / the matching matrix rate (bf16 mma for bf16/f32 weights, fp8 mma for fp8/fp4),
     /// when measured.
     pub of_matrix_rate: Option<f64>,
@@ -283,6 +285,24 @@ fn bench_weight(
     Linear::new(name, out, inp, fmt, data, scale).map_err(|e| CudaError::BadOperands(e.to_string()))
 }
 
+/// Device memory a linear case's weight copies cover together: 8 times the largest L2 cache of
+/// current NVIDIA GPUs (128 MB), so repeated calls read their weights from device memory.
+const ROTATE_BYTES: usize = 1 << 30;
+
+/// How many copies of a `weight_bytes` weight a case rotates through: enough to cover
+/// ROTATE_BYTES (at most 256, and within an eighth of the device's memory when it is known);
+/// two on the emulator, which has no cache to defeat but runs the rotation.
+fn weight_copies(info: &DeviceInfo, weight_bytes: usize) -> usize {
+    if info.emulated {
+        return 2;
+    }
+    let mut cover = ROTATE_BYTES;
+    if info.memory_bytes > 0 {
+        cover = cover.min(usize::try_from(info.memory_bytes / 8).unwrap_or(usize::MAX));
+    }
+    cover.div_ceil(weight_bytes.max(1)).clamp(1, 256)
+}
+
 /// Measure the peaks, then time each linear case on device-resident operands.
 pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     let dev = backend.device();
@@ -291,8 +311,9 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     for (case, rows, out, inp, fmt) in linear_cases(peaks.emulated) {
         let w = bench_weight(case, out, inp, fmt)?;
         let batches = if peaks.emulated { 1 } else { 5 };
-        let seconds = time_linear(backend, &w, rows, batches)?;
         let weight_bytes = w.data.len() + w.scale.len();
+        let copies = weight_copies(&dev.info(), weight_bytes);
+        let seconds = time_linear(backend, &w, rows, batches, copies)?;
         let weight_gbs = weight_bytes as f64 / seconds / 1e9;
         let tflops = 2.0 * (rows * out * inp) as f64 / seconds / 1e12;
         let matrix = match fmt {
@@ -308,6 +329,7 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
             tflops,
             of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
             of_matrix_rate: matrix.map(|m| tflops / m),
+            copies,
         });
     }
     Ok(DeviceBenchReport { peaks, linear })

@@ -59,6 +59,10 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
             "{t:?}"
         );
         assert!(t.of_matrix_rate.is_none());
+        assert_eq!(
+            t.copies, 2,
+            "the emulator rotates through two copies: {t:?}"
+        );
     }
     // The weights the bench timed stay resident for the next call.
     assert!(backend.resident_weight_bytes() >= 256 * 256);

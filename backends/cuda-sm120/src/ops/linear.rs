@@ -234,19 +234,29 @@ pub(crate) fn launch(
 }
 
 /// Median seconds per `linear` of `w` over `rows` rows with weights, inputs and outputs all
-/// resident on the device (no copies timed): what `dsv4 bench` reports for the kernels.
+/// resident on the device (no copies timed): what `dsv4 bench` reports for the kernels. The
+/// launches take, in turn, `copies` (at least 1) separately uploaded copies of the weight (the
+/// first is the backend's cached one), so a weight smaller than the GPU's L2 cache is read from
+/// device memory, as a model's many weights are, and not from the cache.
 pub fn time_linear(
     backend: &crate::CudaBackend,
     w: &Linear,
     rows: usize,
     batches: usize,
+    copies: usize,
 ) -> Result<f64, CudaError> {
     let c = &backend.core;
-    let rw = c.weights.get(&c.dev, w)?;
-    let xb = c.dev.temp(rows * rw.xpitch * 4)?;
-    let ob = c.dev.temp(rows * rw.out_dim * 4)?;
+    let mut ws = vec![c.weights.get(&c.dev, w)?];
+    for _ in 1..copies {
+        ws.push(Arc::new(ResidentWeight::upload(&c.dev, w)?));
+    }
+    let xb = c.dev.temp(rows * ws[0].xpitch * 4)?;
+    let ob = c.dev.temp(rows * ws[0].out_dim * 4)?;
     let per_batch = if c.dev.info().emulated { 1 } else { 20 };
+    let mut next = 0;
     crate::bench::time_launches(&c.dev, per_batch, batches, || {
-        launch(c, &rw, xb.at(), ob.at(), rows, &w.name)
+        let rw = &ws[next % ws.len()];
+        next += 1;
+        launch(c, rw, xb.at(), ob.at(), rows, &w.name)
     })
 }

@@ -63,19 +63,20 @@ pub fn render(sections: &[DeviceSection]) -> String {
             opt(p.mma_fp8_tflops)
         ));
         s.push_str(
-            "| case | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate |\n\
-             |---|---:|---:|---:|---:|---:|\n",
+            "| case | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate | weight copies |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
         );
         for t in &d.report.linear {
             s.push_str(&format!(
-                "| {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} |\n",
+                "| {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} | {} |\n",
                 t.case,
                 t.seconds * 1e3,
                 t.weight_gbs,
                 t.of_copy_bandwidth * 100.0,
                 t.tflops,
                 t.of_matrix_rate
-                    .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0))
+                    .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0)),
+                t.copies
             ));
         }
     }
