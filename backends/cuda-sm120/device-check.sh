@@ -18,8 +18,10 @@
 #   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
 #                  (device-resident activations against host slices, bitwise)
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
+#   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
-# and each linear case's fraction of the device's own limits ("linear", from bench.json).
+# and each linear case's fraction of the device's own limits ("linear" from bench.json,
+# "linear_f32" from bench-f32.json).
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -131,13 +133,19 @@ else
     bench_scope=(--configs tiny)
 fi
 run_step bench "$dsv4" bench --backend "$backend" "${bench_scope[@]}" --no-serving --out "$out/bench.json"
+# The device section again with f32 sums (DSV4_CUDA_ACC=f32: the default on sm_86/89/120, where
+# FP64 is slow), so one run on an f64 device (sm_80/90/100) times both kernel sets.
+run_step bench-f32 env DSV4_CUDA_ACC=f32 "$dsv4" bench --backend "$backend" --no-machine --no-ops \
+    --no-e2e --no-serving --out "$out/bench-f32.json"
 # The linear kernels against the device's own limits, into the summary: each decode GEMV's
 # weight bandwidth as a fraction of the copy bandwidth (target >= 60%), each prefill GEMM's
 # TFLOP/s as a fraction of the matching mma rate.
-linear=$(python3 - "$out/bench.json" <<'PY' || echo '[]'
+linear_of() { # bench.json label -> the cases as a JSON array ([] when unreadable); a table on stderr
+    python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys
 cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
 keys = ("case", "rows", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
+print(f"  linear kernels, {sys.argv[2]}:", file=sys.stderr)
 for t in cases:
     share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth" if t["rows"] == 1 else \
         f"{t['of_matrix_rate']:.0%} of the mma rate" if t["of_matrix_rate"] is not None else "no mma rate"
@@ -146,7 +154,9 @@ gemv = [t["of_copy_bandwidth"] for t in cases if t["rows"] == 1]
 print(f"    decode GEMV >= 60% of copy bandwidth: {'yes' if gemv and min(gemv) >= 0.6 else 'no'}", file=sys.stderr)
 print(json.dumps([{k: t[k] for k in keys} for t in cases]))
 PY
-)
+}
+linear=$(linear_of "$out/bench.json" "default sums")
+linear_f32=$(linear_of "$out/bench-f32.json" "f32 sums")
 # The emulated driver prints every call it refuses; a clean run has none.
 if [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then
     refused=$(grep -h 'dsv4 emulated driver:' "$out"/*.log | head -n 5)
@@ -162,7 +172,7 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"linear":%s}\n' "$linear"
+    printf '],"linear":%s,"linear_f32":%s}\n' "$linear" "$linear_f32"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]
