@@ -287,7 +287,7 @@ __device__ __forceinline__ void lin_chunk_dot64(double& acc, const lin_chunk& ch
 }
 #endif
 
-// One warp computes COLS consecutive output columns for ROWS consecutive rows. Every (row,
+// One warp computes COLS consecutive output columns for ROWS consecutive rows from row r0. Every (row,
 // column) sum has the same order whatever ROWS, COLS and the row count are: lane l adds chunks
 // l, l + 32, … in order, each chunk's elements in order; then warp_sum.
 template <int FMT, int ROWS, int COLS>
@@ -295,11 +295,10 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
                                             const u8* __restrict__ scale,
                                             const float* __restrict__ x, float* __restrict__ out,
                                             u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch,
-                                            u32 rows) {
+                                            u32 rows, u32 r0) {
     const int E = lin_fmt<FMT>::E;
     const u32 lane = threadIdx.x % DSV4_WARP;
     const u32 o0 = (blockIdx.x * LIN_WARPS + threadIdx.x / DSV4_WARP) * COLS;
-    const u32 r0 = blockIdx.y * ROWS;
     // Whole warps leave together; the kernel has no __syncthreads.
     if (o0 >= out_dim || r0 >= rows) return;
     const u32 nr = min((u32)ROWS, rows - r0);
@@ -404,40 +403,113 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
 extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_F32, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_F32, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_F32, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_F32, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 8u);
 }
 extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_BF16, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_BF16, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_BF16, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_BF16, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 8u);
 }
 extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_FP8, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_FP8, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_FP8, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_FP8, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 8u);
 }
 extern "C" __global__ void linear_mxfp4_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_MXFP4, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_MXFP4, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_MXFP4, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_impl<LIN_MXFP4, 8, 1>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+                                  blockIdx.y * 8u);
+}
+
+// Grouped variants (DeviceOps::grouped_linear: a layer's routed experts in one launch): block
+// row y runs the r1 / r8 computation above for the weight and rows of entry y of `table`, so
+// each row gets the same bits as from a plain launch of its weight. Entries (lin_group, 24
+// bytes, in the parameter arena): weight bytes, scale bytes, first row, rows (1 for _g1, at
+// most 8 for _g8). Every weight has the same out_dim, in_dim and pitch. Grid: (ceil(out_dim /
+// (4 · COLS)), entries), block LIN_THREADS.
+struct lin_group {
+    const u8* wdata;
+    const u8* scale;
+    u32 row0;
+    u32 rows;
+};
+
+template <int FMT, int ROWS, int COLS>
+__device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ table,
+                                               const float* __restrict__ x,
+                                               float* __restrict__ out, u32 out_dim, u32 in_dim,
+                                               u32 pitch, u32 xpitch) {
+    const lin_group g = table[blockIdx.y];
+    linear_impl<FMT, ROWS, COLS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
+                                 out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch, xpitch,
+                                 g.rows, 0u);
+}
+
+extern "C" __global__ void linear_f32_g1(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_F32, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_F32, 8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_bf16_g1(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_BF16, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_BF16, 8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_fp8_g1(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_FP8, 8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_mxfp4_g1(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
+                                    const float* __restrict__ x, float* __restrict__ out,
+                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }

@@ -304,6 +304,67 @@ pub trait DeviceOps: Send + Sync {
         out: DevSlice,
     ) -> Result<(), KernelError>;
 
+    /// Several weights of one shape and format over consecutive row groups of one input (a
+    /// layer's routed experts): rows `starts[g] .. starts[g+1]` of x [rows, in] go through
+    /// `weights[g]` into the same rows of out [rows, out]. `starts` has one more entry than
+    /// `weights`, begins at 0, never decreases and ends at `rows`; a group may be empty. Row for
+    /// row [`DeviceOps::linear`] of each group, which is its default (a group whose rows do not
+    /// start at an aligned offset goes through scratch buffers); a GPU backend runs every
+    /// group in one launch.
+    fn grouped_linear(
+        &self,
+        weights: &[&Linear],
+        x: DevSlice,
+        starts: &[usize],
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        let (_, i, o) = check_groups(weights, x, starts, out)?;
+        let align = (self.offset_alignment() / 4).max(1);
+        let most = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let mut scratch: Option<(DevBufId, DevBufId)> = None;
+        let mut result = Ok(());
+        for (g, w) in weights.iter().enumerate() {
+            let (s, n) = (starts[g], starts[g + 1] - starts[g]);
+            let (xs, os) = (x.sub(s * i, n * i), out.sub(s * o, n * o));
+            if n == 0 {
+                continue;
+            }
+            if xs.off.is_multiple_of(align) && os.off.is_multiple_of(align) {
+                result = self.linear(w, xs, n, os);
+            } else {
+                let (tx, to) = match scratch {
+                    Some(t) => t,
+                    None => {
+                        let tx = self.alloc(most * i)?;
+                        let t = (tx, self.alloc(most * o).inspect_err(|_| self.free(tx))?);
+                        *scratch.insert(t)
+                    }
+                };
+                let (tx, to) = (DevSlice::whole(tx, n * i), DevSlice::whole(to, n * o));
+                let rows_at = |col, width| Copy2d {
+                    src_col: col,
+                    ..Copy2d::contiguous(width)
+                };
+                let back = Copy2d {
+                    dst_col: s * o,
+                    ..Copy2d::contiguous(n * o)
+                };
+                result = self
+                    .copy2d(x, tx, rows_at(s * i, n * i))
+                    .and_then(|()| self.linear(w, tx, n, to))
+                    .and_then(|()| self.copy2d(to, out, back));
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Some((tx, to)) = scratch {
+            self.free(tx);
+            self.free(to);
+        }
+        result
+    }
+
     /// [`crate::Backend::act_quant_fp8`], in place.
     fn act_quant_fp8(&self, x: DevSlice, dim: usize) -> Result<(), KernelError>;
 
@@ -394,6 +455,49 @@ pub fn check_len(op: &str, what: &str, s: DevSlice, want: usize) -> Result<(), K
             message: format!("{op}: {what} has {} words, the op needs {want}", s.len),
         })
     }
+}
+
+/// The operands of [`DeviceOps::grouped_linear`] checked: at least one weight, all of one
+/// format and shape, `starts` as documented there, x and out of that many rows. Returns
+/// (rows, in, out).
+pub fn check_groups(
+    weights: &[&Linear],
+    x: DevSlice,
+    starts: &[usize],
+    out: DevSlice,
+) -> Result<(usize, usize, usize), KernelError> {
+    let op = "grouped_linear";
+    let first = weights.first().ok_or_else(|| KernelError::Device {
+        message: format!("{op}: no weights"),
+    })?;
+    let (i, o) = (first.in_dim, first.out_dim);
+    if let Some(w) = weights
+        .iter()
+        .find(|w| (w.in_dim, w.out_dim, w.format) != (i, o, first.format))
+    {
+        return Err(KernelError::Device {
+            message: format!(
+                "{op}: weight `{}` is {:?} [{}, {}], `{}` is {:?} [{o}, {i}]: one shape and format only",
+                w.name, w.format, w.out_dim, w.in_dim, first.name, first.format
+            ),
+        });
+    }
+    ensure(starts.len() == weights.len() + 1, op, || {
+        format!(
+            "{} row starts for {} weights (one more than the weights)",
+            starts.len(),
+            weights.len()
+        )
+    })?;
+    ensure(
+        starts[0] == 0 && starts.windows(2).all(|w| w[0] <= w[1]),
+        op,
+        || format!("row starts {starts:?} do not begin at 0 and never decrease"),
+    )?;
+    let rows = starts[weights.len()];
+    check_len(op, "x", x, rows * i)?;
+    check_len(op, "out", out, rows * o)?;
+    Ok((rows, i, o))
 }
 
 /// `Err` (a [`KernelError::Device`] naming `op`) with the message `what()` unless `ok`.

@@ -70,6 +70,7 @@ impl Check<'_> {
         self.rope_cases();
         self.mhc_cases();
         self.linear_cases();
+        self.grouped_cases();
         self.chain_case();
         self.error_cases();
         self.stats_case();
@@ -559,3 +560,4 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 mod errors;
+mod grouped;

@@ -8,7 +8,7 @@ use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{Numerics, SplitMix64};
 use dsv4_kernels::{Backend, HostResident};
 use dsv4_model::forward::{ExecOptions, Executor, ForwardOutput, SequenceState, StepReport, Taps};
-use dsv4_model::{Model, ModelSource, load_model};
+use dsv4_model::{Model, ModelConfig, ModelSource, load_model};
 use std::sync::Arc;
 
 fn model(backend: Arc<dyn Backend>, numerics: Numerics) -> Model {
@@ -142,6 +142,37 @@ fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
             "{numerics}: device buffers leaked"
         );
     }
+}
+
+#[test]
+fn routed_experts_add_in_ascending_order_on_the_device_with_four_per_token() {
+    // The device form runs every routed expert of a layer in grouped launches and then adds
+    // each expert's rows into the output in ascending expert order, as the host form sums
+    // them. With two experts per token (the tiny config) any order gives the same bits
+    // (0 + a + b = 0 + b + a); with four it does not, so this config checks the order.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ModelConfig::tiny();
+    cfg.num_experts_per_tok = 4;
+    dsv4_model::tiny::init_random(dir.path(), &cfg, 5).expect("write the checkpoint");
+    let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+    let m = load_model(
+        &ModelSource::Dir(dir.path().to_path_buf()),
+        resident,
+        Numerics::default(),
+    )
+    .expect("the checkpoint loads");
+    assert_eq!(m.cfg.num_experts_per_tok, 4);
+    let exec = ExecOptions::default();
+    let host = session(
+        &m,
+        &ExecOptions {
+            host_activations: true,
+            ..exec.clone()
+        },
+        2,
+    );
+    let dev = session(&m, &exec, 2);
+    assert_same(&host, &dev, "four experts per token");
 }
 
 #[test]

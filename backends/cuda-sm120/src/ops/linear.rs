@@ -202,12 +202,7 @@ pub(crate) fn launch(
             xb.ptr
         )));
     }
-    let fmt = match rw.format {
-        WeightFormat::F32 => "f32",
-        WeightFormat::Bf16 => "bf16",
-        WeightFormat::Fp8Block => "fp8",
-        WeightFormat::Mxfp4 => "mxfp4",
-    };
+    let fmt = kernel_format(rw.format);
     let args = [
         KArg::Buf(&rw.data),
         KArg::Buf(&rw.scale),
@@ -226,6 +221,126 @@ pub(crate) fn launch(
     unsafe {
         c.dev.launch(
             &format!("linear_{fmt}_{suffix}"),
+            grid,
+            (THREADS, 1, 1),
+            &args,
+        )
+    }
+}
+
+/// The format part of the linear kernels' names.
+fn kernel_format(f: WeightFormat) -> &'static str {
+    match f {
+        WeightFormat::F32 => "f32",
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::Fp8Block => "fp8",
+        WeightFormat::Mxfp4 => "mxfp4",
+    }
+}
+
+/// Bytes of one entry of a grouped launch's table (kernels/linear.cu, `lin_group`): weight
+/// bytes and scale bytes (device addresses), first row, rows.
+const GROUP_ENTRY: usize = 24;
+
+/// The table of a grouped launch ([`launch_grouped`]) of weights `rws` over the row groups
+/// `starts` (as `DeviceOps::grouped_linear` takes them): one entry per block row, and the
+/// kernel variant: `g1` (one row an entry) when no group has more than one row, else `g8`.
+pub(crate) struct GroupedTable {
+    /// The entries' bytes, for the parameter arena.
+    pub bytes: Vec<u8>,
+    /// Entries (the launch's grid rows).
+    pub entries: usize,
+    /// Rows one entry covers at most (1 or ROWS_PER_PASS).
+    pub per_entry: usize,
+}
+
+impl GroupedTable {
+    /// The table of `rws` (one weight per group) over `starts` (one more entry, ascending).
+    pub(crate) fn new(rws: &[Arc<ResidentWeight>], starts: &[usize]) -> Result<Self, CudaError> {
+        let most = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let per_entry = if most <= 1 { 1 } else { ROWS_PER_PASS };
+        let mut bytes = Vec::new();
+        for (rw, w) in rws.iter().zip(starts.windows(2)) {
+            for row0 in (w[0]..w[1]).step_by(per_entry) {
+                let rows = per_entry.min(w[1] - row0);
+                let row0 = u32::try_from(row0).map_err(|_| {
+                    CudaError::BadOperands(format!("grouped linear: row {row0} beyond 2^32"))
+                })?;
+                bytes.extend(rw.data.ptr().to_le_bytes());
+                bytes.extend(rw.scale.ptr().to_le_bytes());
+                bytes.extend(row0.to_le_bytes());
+                bytes.extend((rows as u32).to_le_bytes());
+            }
+        }
+        let entries = bytes.len() / GROUP_ENTRY;
+        if entries > 65535 {
+            return Err(CudaError::BadOperands(format!(
+                "grouped linear: {entries} blocks of rows exceed one launch (at most 65535)"
+            )));
+        }
+        Ok(Self {
+            bytes,
+            entries,
+            per_entry,
+        })
+    }
+}
+
+/// Launch the grouped linear kernel (`linear_*_g1` / `_g8`) for a table already on the device
+/// at `table`: its weights all have `first`'s format, shape and pitch; `xb` holds rows·xpitch
+/// f32 at a 16-byte aligned address, `ob` rows·out_dim f32.
+pub(crate) fn launch_grouped(
+    c: &Core,
+    first: &ResidentWeight,
+    t: &GroupedTable,
+    table: DevPtr,
+    xb: DevPtr,
+    ob: DevPtr,
+    rows: usize,
+) -> Result<(), CudaError> {
+    if t.entries == 0 {
+        return Ok(());
+    }
+    if xb.bytes < rows * first.xpitch * 4 || ob.bytes < rows * first.out_dim * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "grouped linear: device operands of {} and {} bytes are too small for {rows} rows",
+            xb.bytes, ob.bytes
+        )));
+    }
+    if !xb.ptr.is_multiple_of(CHUNK as u64) || table.bytes < t.bytes.len() {
+        return Err(CudaError::BadOperands(format!(
+            "grouped linear: the input at {:#x} is not 16-byte aligned, or the table's {} bytes \
+             do not fit {}",
+            xb.ptr,
+            t.bytes.len(),
+            table.bytes
+        )));
+    }
+    let (cols_per_block, suffix) = if t.per_entry == 1 {
+        (WARPS * R1_COLS, "g1")
+    } else {
+        (WARPS, "g8")
+    };
+    let args = [
+        KArg::Ptr(table),
+        KArg::Ptr(xb),
+        KArg::Ptr(ob),
+        KArg::U32(first.out_dim as u32),
+        KArg::U32(first.in_dim as u32),
+        KArg::U32(first.pitch as u32),
+        KArg::U32(first.xpitch as u32),
+    ];
+    let grid = (
+        blocks_for(first.out_dim, cols_per_block),
+        t.entries as u32,
+        1,
+    );
+    // SAFETY: the arguments follow the kernel's parameter list; every table entry names a
+    // resident weight of first's shape and pitch (the caller checked the shapes and formats)
+    // and rows inside [0, rows), whose operands were checked above.
+    unsafe {
+        c.dev.launch(
+            &format!("linear_{}_{suffix}", kernel_format(first.format)),
             grid,
             (THREADS, 1, 1),
             &args,

@@ -488,6 +488,18 @@ impl dsv4_kernels::DeviceOps for Resident {
         self.resident_op("linear", |cx| ops::linear(cx, w, x, rows, out))
     }
 
+    fn grouped_linear(
+        &self,
+        weights: &[&dsv4_kernels::Linear],
+        x: DevSlice,
+        starts: &[usize],
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("grouped_linear", |cx| {
+            ops::grouped_linear(cx, weights, x, starts, out)
+        })
+    }
+
     fn act_quant_fp8(&self, x: DevSlice, dim: usize) -> Result<(), KernelError> {
         self.resident_op("act_quant_fp8", |cx| ops::act_quant_fp8(cx, x, dim))
     }

@@ -6,8 +6,9 @@ use super::{Ctx, op_err, overlap};
 use crate::device::{DevPtr, f32_bytes, f64_bytes};
 use crate::ops::{linear as lin, mhc, resident as res, rows};
 use dsv4_core::IndexKDtype;
-use dsv4_kernels::device::{Copy2d, check_len};
+use dsv4_kernels::device::{Copy2d, check_groups, check_len};
 use dsv4_kernels::{DevSlice, HcParams, KernelError, Linear, RopeTable};
+use std::sync::Arc;
 
 /// Rows of `len` words at width `dim`, as the host op computes them.
 fn rows_of(cx: &Ctx<'_>, len: usize, dim: usize) -> Result<usize, KernelError> {
@@ -243,20 +244,64 @@ pub(super) fn linear(
     if rows == 0 || o == 0 {
         return Ok(());
     }
-    let rw = cx.core.weights.get(&cx.core.dev, w);
-    let rw = rw.map_err(|e| op_err(format!("linear {}: {e}", w.name)))?;
-    let xpitch = rw.xpitch();
-    let input = if xpitch == i && xp.ptr.is_multiple_of(16) {
-        xp
-    } else {
-        // Rows padded with zeros to the weight's pitch, as the host op pads them.
-        let padded = cx.scratch(rows * xpitch * 4)?;
-        let r = res::launch_copy2d(cx.core, xp, i, padded, xpitch, rows, i, xpitch);
-        cx.run(r)?;
-        cx.dispatched(1);
-        padded
-    };
+    let rw = resident_weight(cx, w)?;
+    let input = padded_input(cx, xp, rows, i, rw.xpitch())?;
     let r = lin::launch(cx.core, &rw, input, op, rows, &w.name);
+    cx.run(r)?;
+    cx.dispatched(1);
+    Ok(())
+}
+
+/// The resident copy of `w` (uploaded on its first use).
+fn resident_weight(cx: &Ctx<'_>, w: &Linear) -> Result<Arc<lin::ResidentWeight>, KernelError> {
+    let rw = cx.core.weights.get(&cx.core.dev, w);
+    rw.map_err(|e| op_err(format!("{} {}: {e}", cx.op, w.name)))
+}
+
+/// A linear input of `rows` rows of `i` values at `xp` as the kernels read it: itself when
+/// its rows already have the weight's pitch `xpitch` and it is 16-byte aligned, else a copy
+/// with each row zero-padded to `xpitch` (as the host op pads them).
+fn padded_input(
+    cx: &mut Ctx<'_>,
+    xp: DevPtr,
+    rows: usize,
+    i: usize,
+    xpitch: usize,
+) -> Result<DevPtr, KernelError> {
+    if xpitch == i && xp.ptr.is_multiple_of(16) {
+        return Ok(xp);
+    }
+    let padded = cx.scratch(rows * xpitch * 4)?;
+    let r = res::launch_copy2d(cx.core, xp, i, padded, xpitch, rows, i, xpitch);
+    cx.run(r)?;
+    cx.dispatched(1);
+    Ok(padded)
+}
+
+/// `DeviceOps::grouped_linear`: one launch over every group, its table of weight addresses
+/// and row ranges a per-call parameter.
+pub(super) fn grouped_linear(
+    cx: &mut Ctx<'_>,
+    weights: &[&Linear],
+    x: DevSlice,
+    starts: &[usize],
+    out: DevSlice,
+) -> Result<(), KernelError> {
+    let (rows, i, o) = check_groups(weights, x, starts, out)?;
+    let (xp, op) = (cx.slice("x", x)?, cx.slice("out", out)?);
+    disjoint(cx, op, &[xp], false)?;
+    if rows == 0 || o == 0 {
+        return Ok(());
+    }
+    let rws = weights
+        .iter()
+        .map(|w| resident_weight(cx, w))
+        .collect::<Result<Vec<_>, _>>()?;
+    let input = padded_input(cx, xp, rows, i, rws[0].xpitch())?;
+    let table =
+        lin::GroupedTable::new(&rws, starts).map_err(|e| op_err(format!("{}: {e}", cx.op)))?;
+    let at = cx.param(&table.bytes)?;
+    let r = lin::launch_grouped(cx.core, &rws[0], &table, at, input, op, rows);
     cx.run(r)?;
     cx.dispatched(1);
     Ok(())

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 impl Check<'_> {
     /// `f` must return an error (and not panic); its buffers are freed afterwards.
-    fn must_fail(&mut self, label: &str, f: impl FnOnce(&mut Self) -> R<R<()>>) {
+    pub(super) fn must_fail(&mut self, label: &str, f: impl FnOnce(&mut Self) -> R<R<()>>) {
         let r = catch_unwind(AssertUnwindSafe(|| f(self)));
         match r {
             Ok(Ok(Ok(()))) => self

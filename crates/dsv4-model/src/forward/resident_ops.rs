@@ -333,19 +333,63 @@ impl Run<'_> {
             self.bound.rows,
         );
         d.ops.write(y, &vec![0f32; y.len])?;
+        // Every routed row at once, grouped by expert in ascending order: one gather, one
+        // grouped launch per projection, one SwiGLU; then each expert's rows are added into
+        // `y` in that order (a token's experts are summed in the host form's order).
+        let (mut idx, mut weights, mut starts, mut experts) = (vec![], vec![], vec![0], vec![]);
         for (e, ew) in w.experts.iter().enumerate() {
-            let (rows, weights) = expert_rows(&routes, e);
+            let (rows, wr) = expert_rows(&routes, e);
             if rows.is_empty() {
                 continue;
             }
-            let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-            let xs = d.tmp(rows.len() * dim)?;
-            let ys = d.tmp(rows.len() * dim)?;
-            d.ops.gather_rows(ins[0], &idx, dim, xs.s)?;
-            self.expert_dev(d, ew, xs.s, &weights, ys.s)?;
-            d.ops.scatter_add_rows(ys.s, &idx, dim, y)?;
+            idx.extend(rows.iter().map(|&r| r as u32));
+            weights.extend(wr);
+            starts.push(idx.len());
+            experts.push(ew);
+        }
+        if idx.is_empty() {
+            return Ok(());
+        }
+        let n = idx.len();
+        let inter = experts[0].w1.out_dim;
+        let xs = d.tmp(n * dim)?;
+        d.ops.gather_rows(ins[0], &idx, dim, xs.s)?;
+        let (g, u, h) = (d.tmp(n * inter)?, d.tmp(n * inter)?, d.tmp(n * inter)?);
+        let ys = d.tmp(n * dim)?;
+        let of = |f: fn(&ExpertWeights) -> &Linear| experts.iter().map(|ew| f(ew)).collect();
+        let (w1, w3, w2): (Vec<&Linear>, Vec<&Linear>, Vec<&Linear>) =
+            (of(|e| &e.w1), of(|e| &e.w3), of(|e| &e.w2));
+        self.project_grouped_dev(d, &w1, xs.s, &starts, g.s)?;
+        self.project_grouped_dev(d, &w3, xs.s, &starts, u.s)?;
+        let limit = cfg.swiglu_limit as f32;
+        d.ops.swiglu_rows(g.s, u.s, limit, &weights, inter, h.s)?;
+        self.project_grouped_dev(d, &w2, h.s, &starts, ys.s)?;
+        for k in starts.windows(2) {
+            let rows = ys.s.sub(k[0] * dim, (k[1] - k[0]) * dim);
+            d.ops.scatter_add_rows(rows, &idx[k[0]..k[1]], dim, y)?;
         }
         Ok(())
+    }
+
+    /// [`Self::project_dev`] of several weights of one shape over consecutive row groups of
+    /// `x` (`starts` as `DeviceOps::grouped_linear` takes them), in one grouped launch.
+    fn project_grouped_dev(
+        &self,
+        d: &Dev<'_>,
+        ws: &[&Linear],
+        x: DevSlice,
+        starts: &[usize],
+        out: DevSlice,
+    ) -> Res {
+        let low = ws.first().is_some_and(|w| w.format.is_low_precision());
+        if self.model.numerics.act_quant == ActQuant::Fp8 && low {
+            let xq = d.tmp(x.len)?;
+            d.ops.copy2d(x, xq.s, Copy2d::contiguous(x.len))?;
+            d.ops.act_quant_fp8(xq.s, ws[0].in_dim)?;
+            Ok(d.ops.grouped_linear(ws, xq.s, starts, out)?)
+        } else {
+            Ok(d.ops.grouped_linear(ws, x, starts, out)?)
+        }
     }
 }
 
