@@ -41,6 +41,26 @@ extern "C" __global__ void scatter_add_rows(const float* __restrict__ src,
     *d = *d + src[i];
 }
 
+// scatter_add_ordered (DeviceOps::scatter_add_groups in one launch): destination k, row
+// dests[k] of dst, gets the source rows order[offsets[k] .. offsets[k+1]] added in that order
+// (the groups' order), one thread per (destination, column) holding the running sum: the same
+// f32 additions in the same order as one scatter_add_rows per group, and no two threads touch
+// one value. Grid ceil(ndest·width/256) × 256.
+extern "C" __global__ void scatter_add_ordered(const float* __restrict__ src,
+                                               const u32* __restrict__ dests,
+                                               const u32* __restrict__ offsets,
+                                               const u32* __restrict__ order,
+                                               float* __restrict__ dst, u32 ndest, u32 width) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)ndest * width) return;
+    const u64 k = i / width;
+    const u64 c = i % width;
+    float* d = dst + (u64)dests[k] * width + c;
+    float a = *d;
+    for (u32 j = offsets[k]; j < offsets[k + 1u]; ++j) a = a + src[(u64)order[j] * width + c];
+    *d = a;
+}
+
 // add_f32: out = a + b element-wise (out may be a or b: each thread reads its element first).
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, u64 n) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -319,50 +319,56 @@ pub trait DeviceOps: Send + Sync {
         out: DevSlice,
     ) -> Result<(), KernelError> {
         let (_, i, o) = check_groups(weights, x, starts, out)?;
-        let align = (self.offset_alignment() / 4).max(1);
-        let most = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-        let mut scratch: Option<(DevBufId, DevBufId)> = None;
-        let mut result = Ok(());
-        for (g, w) in weights.iter().enumerate() {
+        let mut staging = Staging::new(self, starts);
+        let r = weights.iter().enumerate().try_for_each(|(g, w)| {
             let (s, n) = (starts[g], starts[g + 1] - starts[g]);
-            let (xs, os) = (x.sub(s * i, n * i), out.sub(s * o, n * o));
             if n == 0 {
-                continue;
+                return Ok(());
             }
-            if xs.off.is_multiple_of(align) && os.off.is_multiple_of(align) {
-                result = self.linear(w, xs, n, os);
-            } else {
-                let (tx, to) = match scratch {
-                    Some(t) => t,
-                    None => {
-                        let tx = self.alloc(most * i)?;
-                        let t = (tx, self.alloc(most * o).inspect_err(|_| self.free(tx))?);
-                        *scratch.insert(t)
-                    }
-                };
-                let (tx, to) = (DevSlice::whole(tx, n * i), DevSlice::whole(to, n * o));
-                let rows_at = |col, width| Copy2d {
-                    src_col: col,
-                    ..Copy2d::contiguous(width)
-                };
-                let back = Copy2d {
-                    dst_col: s * o,
-                    ..Copy2d::contiguous(n * o)
-                };
-                result = self
-                    .copy2d(x, tx, rows_at(s * i, n * i))
-                    .and_then(|()| self.linear(w, tx, n, to))
-                    .and_then(|()| self.copy2d(to, out, back));
+            let xs = staging.rows(x, s, n, i, 0)?;
+            let os = out.sub(s * o, n * o);
+            if staging.aligned(os) {
+                return self.linear(w, xs, n, os);
             }
-            if result.is_err() {
-                break;
+            let to = staging.rows_out(n, o)?;
+            self.linear(w, xs, n, to)?;
+            let back = Copy2d {
+                dst_col: s * o,
+                ..Copy2d::contiguous(n * o)
+            };
+            self.copy2d(to, out, back)
+        });
+        staging.free();
+        r
+    }
+
+    /// [`DeviceOps::scatter_add_rows`] of row groups in turn: rows `starts[g] .. starts[g+1]`
+    /// of src [rows, width] are added into the dst rows `idx[starts[g] .. starts[g+1]]`
+    /// (distinct within a group) after every earlier group's, so a dst row several groups name
+    /// gets their rows added in group order (a token's routed experts, ascending). `starts`
+    /// as [`DeviceOps::grouped_linear`] takes them, ending at `idx.len()`. Its default is one
+    /// `scatter_add_rows` per group (through scratch when a group's rows are not at an
+    /// aligned offset); a GPU backend runs one launch.
+    fn scatter_add_groups(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        starts: &[usize],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError> {
+        check_scatter_groups(src, idx, starts, width)?;
+        let mut staging = Staging::new(self, starts);
+        let r = starts.windows(2).try_for_each(|k| {
+            let n = k[1] - k[0];
+            if n == 0 {
+                return Ok(());
             }
-        }
-        if let Some((tx, to)) = scratch {
-            self.free(tx);
-            self.free(to);
-        }
-        result
+            let rows = staging.rows(src, k[0], n, width, 0)?;
+            self.scatter_add_rows(rows, &idx[k[0]..k[1]], width, dst)
+        });
+        staging.free();
+        r
     }
 
     /// [`crate::Backend::act_quant_fp8`], in place.
@@ -482,22 +488,126 @@ pub fn check_groups(
             ),
         });
     }
-    ensure(starts.len() == weights.len() + 1, op, || {
-        format!(
-            "{} row starts for {} weights (one more than the weights)",
-            starts.len(),
-            weights.len()
-        )
-    })?;
-    ensure(
-        starts[0] == 0 && starts.windows(2).all(|w| w[0] <= w[1]),
-        op,
-        || format!("row starts {starts:?} do not begin at 0 and never decrease"),
-    )?;
-    let rows = starts[weights.len()];
+    let rows = x.len / i.max(1);
+    check_starts(op, starts, weights.len(), rows)?;
     check_len(op, "x", x, rows * i)?;
     check_len(op, "out", out, rows * o)?;
     Ok((rows, i, o))
+}
+
+/// Row-group starts checked: one more than `groups`, beginning at 0, never decreasing, ending
+/// at `rows`.
+pub fn check_starts(
+    op: &str,
+    starts: &[usize],
+    groups: usize,
+    rows: usize,
+) -> Result<(), KernelError> {
+    ensure(starts.len() == groups + 1, op, || {
+        format!(
+            "{} row starts for {groups} groups (one more than the groups)",
+            starts.len()
+        )
+    })?;
+    ensure(
+        starts[0] == 0 && starts.windows(2).all(|w| w[0] <= w[1]) && starts[groups] == rows,
+        op,
+        || format!("row starts {starts:?} do not begin at 0, never decrease and end at {rows}"),
+    )
+}
+
+/// The operands of [`DeviceOps::scatter_add_groups`] checked, but for the destination
+/// (`scatter_add_rows` checks the indices against it): the starts, the source length, and no
+/// row index twice in one group.
+pub fn check_scatter_groups(
+    src: DevSlice,
+    idx: &[u32],
+    starts: &[usize],
+    width: usize,
+) -> Result<(), KernelError> {
+    let op = "scatter_add_groups";
+    check_starts(op, starts, starts.len().saturating_sub(1), idx.len())?;
+    check_len(op, "src", src, idx.len() * width)?;
+    for k in starts.windows(2) {
+        let mut g = idx[k[0]..k[1]].to_vec();
+        g.sort_unstable();
+        if let Some(w) = g.windows(2).find(|w| w[0] == w[1]) {
+            return Err(KernelError::Device {
+                message: format!("{op}: row index {} twice in the group of rows {k:?}", w[0]),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Scratch for the default row-group ops: a group's rows as an aligned slice (the rows
+/// themselves when they start at an aligned offset, else a copy), buffers allocated on first
+/// need for the largest group and freed by [`Staging::free`].
+struct Staging<'a, D: DeviceOps + ?Sized> {
+    dev: &'a D,
+    /// Alignment of slice offsets, in words.
+    align: usize,
+    /// Rows of the largest group.
+    most: usize,
+    /// (input, output) scratch buffers.
+    bufs: [Option<DevBufId>; 2],
+}
+
+impl<'a, D: DeviceOps + ?Sized> Staging<'a, D> {
+    fn new(dev: &'a D, starts: &[usize]) -> Self {
+        Self {
+            dev,
+            align: (dev.offset_alignment() / 4).max(1),
+            most: starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0),
+            bufs: [None, None],
+        }
+    }
+
+    fn aligned(&self, s: DevSlice) -> bool {
+        s.off.is_multiple_of(self.align)
+    }
+
+    fn buf(&mut self, which: usize, width: usize) -> Result<DevBufId, KernelError> {
+        if let Some(b) = self.bufs[which] {
+            return Ok(b);
+        }
+        let b = self.dev.alloc(self.most * width)?;
+        self.bufs[which] = Some(b);
+        Ok(b)
+    }
+
+    /// Rows `first .. first + n` of `src` (rows of `width`) as an aligned slice.
+    fn rows(
+        &mut self,
+        src: DevSlice,
+        first: usize,
+        n: usize,
+        width: usize,
+        which: usize,
+    ) -> Result<DevSlice, KernelError> {
+        let rows = src.sub(first * width, n * width);
+        if self.aligned(rows) {
+            return Ok(rows);
+        }
+        let tmp = DevSlice::whole(self.buf(which, width)?, n * width);
+        let shape = Copy2d {
+            src_col: first * width,
+            ..Copy2d::contiguous(n * width)
+        };
+        self.dev.copy2d(src, tmp, shape)?;
+        Ok(tmp)
+    }
+
+    /// An aligned output slice of `n` rows of `width` in the second scratch buffer.
+    fn rows_out(&mut self, n: usize, width: usize) -> Result<DevSlice, KernelError> {
+        Ok(DevSlice::whole(self.buf(1, width)?, n * width))
+    }
+
+    fn free(self) {
+        for b in self.bufs.into_iter().flatten() {
+            self.dev.free(b);
+        }
+    }
 }
 
 /// `Err` (a [`KernelError::Device`] naming `op`) with the message `what()` unless `ok`.

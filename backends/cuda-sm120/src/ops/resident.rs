@@ -88,6 +88,42 @@ pub(crate) fn launch_rows_by_index(
     launch1(c, kernel, rows * width, &args)
 }
 
+/// scatter_add_groups in one launch: destination k (row `dests[k]` of `dst`) gets the source
+/// rows `order[offsets[k] .. offsets[k+1]]` added in that order; `dests` holds `ndest` u32,
+/// `offsets` ndest + 1 (ending at `rows`), `order` the `rows` source rows, all below the
+/// operands' row counts (the caller built them from checked indices).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_scatter_add_ordered(
+    c: &Core,
+    src: DevPtr,
+    dests: DevPtr,
+    offsets: DevPtr,
+    order: DevPtr,
+    dst: DevPtr,
+    ndest: usize,
+    rows: usize,
+    width: usize,
+) -> Result<(), CudaError> {
+    let kernel = "scatter_add_ordered";
+    fits(kernel, src, rows * width)?;
+    if dests.bytes < ndest * 4 || offsets.bytes < (ndest + 1) * 4 || order.bytes < rows * 4 {
+        return Err(bad(format!(
+            "{kernel}: index arrays of {}, {} and {} bytes for {ndest} destinations and {rows} rows",
+            dests.bytes, offsets.bytes, order.bytes
+        )));
+    }
+    let args = [
+        KArg::Ptr(src),
+        KArg::Ptr(dests),
+        KArg::Ptr(offsets),
+        KArg::Ptr(order),
+        KArg::Ptr(dst),
+        KArg::U32(u32_of("destinations", ndest)?),
+        KArg::U32(u32_of("width", width)?),
+    ];
+    launch1(c, kernel, ndest * width, &args)
+}
+
 /// out = a + b over `n` f32.
 pub(crate) fn launch_add(
     c: &Core,

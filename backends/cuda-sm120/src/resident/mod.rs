@@ -20,6 +20,7 @@
 //! `stats` counts the resident ops' traffic and adds the host ops' (counted by the host ops'
 //! handle of the device: each host op's read-back is one submission).
 
+mod grouped;
 mod ops;
 mod streams;
 
@@ -496,7 +497,20 @@ impl dsv4_kernels::DeviceOps for Resident {
         out: DevSlice,
     ) -> Result<(), KernelError> {
         self.resident_op("grouped_linear", |cx| {
-            ops::grouped_linear(cx, weights, x, starts, out)
+            grouped::grouped_linear(cx, weights, x, starts, out)
+        })
+    }
+
+    fn scatter_add_groups(
+        &self,
+        src: DevSlice,
+        idx: &[u32],
+        starts: &[usize],
+        width: usize,
+        dst: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("scatter_add_groups", |cx| {
+            grouped::scatter_add_groups(cx, src, idx, starts, width, dst)
         })
     }
 

@@ -6,7 +6,7 @@ use super::{Ctx, op_err, overlap};
 use crate::device::{DevPtr, f32_bytes, f64_bytes};
 use crate::ops::{linear as lin, mhc, resident as res, rows};
 use dsv4_core::IndexKDtype;
-use dsv4_kernels::device::{Copy2d, check_groups, check_len};
+use dsv4_kernels::device::{Copy2d, check_len};
 use dsv4_kernels::{DevSlice, HcParams, KernelError, Linear, RopeTable};
 use std::sync::Arc;
 
@@ -17,7 +17,12 @@ fn rows_of(cx: &Ctx<'_>, len: usize, dim: usize) -> Result<usize, KernelError> {
 
 /// An error unless `out` is disjoint from every input (`same_ok`: or exactly equal to it, for
 /// the element-wise kernels, whose threads read their element before writing it).
-fn disjoint(cx: &Ctx<'_>, out: DevPtr, ins: &[DevPtr], same_ok: bool) -> Result<(), KernelError> {
+pub(super) fn disjoint(
+    cx: &Ctx<'_>,
+    out: DevPtr,
+    ins: &[DevPtr],
+    same_ok: bool,
+) -> Result<(), KernelError> {
     for &i in ins {
         if overlap(out, i) && !(same_ok && out == i) {
             return Err(op_err(format!(
@@ -253,7 +258,10 @@ pub(super) fn linear(
 }
 
 /// The resident copy of `w` (uploaded on its first use).
-fn resident_weight(cx: &Ctx<'_>, w: &Linear) -> Result<Arc<lin::ResidentWeight>, KernelError> {
+pub(super) fn resident_weight(
+    cx: &Ctx<'_>,
+    w: &Linear,
+) -> Result<Arc<lin::ResidentWeight>, KernelError> {
     let rw = cx.core.weights.get(&cx.core.dev, w);
     rw.map_err(|e| op_err(format!("{} {}: {e}", cx.op, w.name)))
 }
@@ -261,7 +269,7 @@ fn resident_weight(cx: &Ctx<'_>, w: &Linear) -> Result<Arc<lin::ResidentWeight>,
 /// A linear input of `rows` rows of `i` values at `xp` as the kernels read it: itself when
 /// its rows already have the weight's pitch `xpitch` and it is 16-byte aligned, else a copy
 /// with each row zero-padded to `xpitch` (as the host op pads them).
-fn padded_input(
+pub(super) fn padded_input(
     cx: &mut Ctx<'_>,
     xp: DevPtr,
     rows: usize,
@@ -276,35 +284,6 @@ fn padded_input(
     cx.run(r)?;
     cx.dispatched(1);
     Ok(padded)
-}
-
-/// `DeviceOps::grouped_linear`: one launch over every group, its table of weight addresses
-/// and row ranges a per-call parameter.
-pub(super) fn grouped_linear(
-    cx: &mut Ctx<'_>,
-    weights: &[&Linear],
-    x: DevSlice,
-    starts: &[usize],
-    out: DevSlice,
-) -> Result<(), KernelError> {
-    let (rows, i, o) = check_groups(weights, x, starts, out)?;
-    let (xp, op) = (cx.slice("x", x)?, cx.slice("out", out)?);
-    disjoint(cx, op, &[xp], false)?;
-    if rows == 0 || o == 0 {
-        return Ok(());
-    }
-    let rws = weights
-        .iter()
-        .map(|w| resident_weight(cx, w))
-        .collect::<Result<Vec<_>, _>>()?;
-    let input = padded_input(cx, xp, rows, i, rws[0].xpitch())?;
-    let table =
-        lin::GroupedTable::new(&rws, starts).map_err(|e| op_err(format!("{}: {e}", cx.op)))?;
-    let at = cx.param(&table.bytes)?;
-    let r = lin::launch_grouped(cx.core, &rws[0], &table, at, input, op, rows);
-    cx.run(r)?;
-    cx.dispatched(1);
-    Ok(())
 }
 
 pub(super) fn act_quant_fp8(cx: &mut Ctx<'_>, x: DevSlice, dim: usize) -> Result<(), KernelError> {

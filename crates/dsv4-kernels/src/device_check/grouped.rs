@@ -1,6 +1,8 @@
 //! The conformance checks of [`DeviceOps::grouped_linear`](crate::device::DeviceOps): every
 //! group's rows bitwise the host `linear` of its weight (decode-sized groups of one row, prefill
-//! groups of several, empty groups), and inconsistent groups are errors.
+//! groups of several, empty groups); [`DeviceOps::scatter_add_groups`](crate::device::DeviceOps)
+//! adding rows a destination gets from several groups in group order; inconsistent groups are
+//! errors.
 
 use super::{Check, build_linear};
 use crate::{Linear, WeightFormat};
@@ -49,6 +51,25 @@ impl Check<'_> {
                 });
             }
         }
+        for width in [128usize, 100] {
+            let label = format!("scatter_add_groups n=7 width={width}");
+            self.case(&label, |c| {
+                // Rows 0, 5 and 2 go to three groups each; group 1 is empty.
+                let n = 7;
+                let idx: Vec<u32> = vec![5, 0, 2, 0, 5, 3, 0, 5, 6, 2];
+                let starts = [0usize, 3, 3, 5, 10];
+                let src = c.vec(idx.len() * width, 1.0);
+                let mut host = c.vec(n * width, 2.0);
+                let (dsrc, ddst) = (c.put(&src)?, c.put(&host)?);
+                for (r, &i) in idx.iter().enumerate() {
+                    for k in 0..width {
+                        host[i as usize * width + k] += src[r * width + k];
+                    }
+                }
+                c.dev.scatter_add_groups(dsrc, &idx, &starts, width, ddst)?;
+                c.expect(&label, ddst, &host)
+            });
+        }
         self.grouped_error_cases();
     }
 
@@ -83,6 +104,34 @@ impl Check<'_> {
             let (x, out) = (c.put(&[0.5; 2 * 128])?, c.out(2 * 128)?);
             Ok(c.dev.grouped_linear(&[&w, &v], x, &[0, 1, 2], out))
         });
+        let bad_scatter: [(&str, &[u32], &[usize]); 4] = [
+            (
+                "scatter_add_groups with a row index given twice in a group",
+                &[1, 1],
+                &[0, 2],
+            ),
+            (
+                "scatter_add_groups with a row index past dst",
+                &[1, 7],
+                &[0, 1, 2],
+            ),
+            (
+                "scatter_add_groups with starts not ending at the rows",
+                &[1, 2],
+                &[0, 1],
+            ),
+            (
+                "scatter_add_groups with decreasing starts",
+                &[1, 2],
+                &[0, 2, 1, 2],
+            ),
+        ];
+        for (label, idx, starts) in bad_scatter {
+            self.must_fail(label, |c| {
+                let (src, dst) = (c.put(&vec![0.5; idx.len() * 128])?, c.out(7 * 128)?);
+                Ok(c.dev.scatter_add_groups(src, idx, starts, 128, dst))
+            });
+        }
         self.must_fail("grouped_linear without weights", |c| {
             let (x, out) = (c.put(&[0.5; 128])?, c.out(128)?);
             Ok(c.dev.grouped_linear(&[], x, &[0], out))

@@ -334,8 +334,8 @@ impl Run<'_> {
         );
         d.ops.write(y, &vec![0f32; y.len])?;
         // Every routed row at once, grouped by expert in ascending order: one gather, one
-        // grouped launch per projection, one SwiGLU; then each expert's rows are added into
-        // `y` in that order (a token's experts are summed in the host form's order).
+        // grouped launch per projection, one SwiGLU, and one grouped add into `y` that adds a
+        // token's experts in that order (the host form's).
         let (mut idx, mut weights, mut starts, mut experts) = (vec![], vec![], vec![0], vec![]);
         for (e, ew) in w.experts.iter().enumerate() {
             let (rows, wr) = expert_rows(&routes, e);
@@ -364,11 +364,7 @@ impl Run<'_> {
         let limit = cfg.swiglu_limit as f32;
         d.ops.swiglu_rows(g.s, u.s, limit, &weights, inter, h.s)?;
         self.project_grouped_dev(d, &w2, h.s, &starts, ys.s)?;
-        for k in starts.windows(2) {
-            let rows = ys.s.sub(k[0] * dim, (k[1] - k[0]) * dim);
-            d.ops.scatter_add_rows(rows, &idx[k[0]..k[1]], dim, y)?;
-        }
-        Ok(())
+        Ok(d.ops.scatter_add_groups(ys.s, &idx, &starts, dim, y)?)
     }
 
     /// [`Self::project_dev`] of several weights of one shape over consecutive row groups of
