@@ -12,6 +12,14 @@ use dsv4_core::{IndexKDtype, SplitMix64};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+/// Every weight format, for the linear cases.
+const FORMATS: [WeightFormat; 4] = [
+    WeightFormat::F32,
+    WeightFormat::Bf16,
+    WeightFormat::Fp8Block,
+    WeightFormat::Mxfp4,
+];
+
 /// Words of guard after every operand (before it: the aligned offset itself).
 const TAIL: usize = 64;
 
@@ -423,13 +431,7 @@ impl Check<'_> {
     }
 
     fn linear_cases(&mut self) {
-        let formats = [
-            WeightFormat::F32,
-            WeightFormat::Bf16,
-            WeightFormat::Fp8Block,
-            WeightFormat::Mxfp4,
-        ];
-        for format in formats {
+        for format in FORMATS {
             for (out_dim, in_dim) in [(160usize, 256usize), (128, 128)] {
                 let w = match build_linear(&mut self.rng, format, out_dim, in_dim) {
                     Ok(w) => w,

@@ -4,18 +4,12 @@
 //! adding rows a destination gets from several groups in group order; inconsistent groups are
 //! errors.
 
-use super::{Check, build_linear};
+use super::{Check, FORMATS, build_linear};
 use crate::{Linear, WeightFormat};
 
 impl Check<'_> {
     pub(super) fn grouped_cases(&mut self) {
-        let formats = [
-            WeightFormat::F32,
-            WeightFormat::Bf16,
-            WeightFormat::Fp8Block,
-            WeightFormat::Mxfp4,
-        ];
-        for format in formats {
+        for format in FORMATS {
             let (out_dim, in_dim) = (160, 256);
             let ws: Result<Vec<Linear>, _> = (0..4)
                 .map(|_| build_linear(&mut self.rng, format, out_dim, in_dim))
