@@ -6,7 +6,7 @@
 //! are asynchronous on a GPU), the median of several batches. On the emulator the same code runs
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
-use crate::ops::linear::time_linear;
+use crate::ops::linear::{time_grouped, time_linear};
 use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
@@ -34,11 +34,13 @@ pub struct DevicePeaks {
 pub struct LinearTiming {
     /// What was timed ("gemv_fp8 decode 4096x4096").
     pub case: String,
-    /// Rows (tokens) per call.
+    /// Rows (tokens) per call, per weight.
     pub rows: usize,
+    /// Weights the call runs in one grouped launch (a layer's routed experts), else 1.
+    pub groups: usize,
     /// Seconds per call (median).
     pub seconds: f64,
-    /// Weight bytes read per call.
+    /// Weight bytes read per call (every group's).
     pub weight_bytes: usize,
     /// Weight bytes per second / 1e9.
     pub weight_gbs: f64,
@@ -188,70 +190,71 @@ pub fn peaks(dev: &Device) -> Result<DevicePeaks, CudaError> {
     })
 }
 
-/// The linear cases: DSV4-Flash decode GEMV shapes and a prefill GEMM (tiny shapes on the
-/// emulator).
-fn linear_cases(emulated: bool) -> Vec<(&'static str, usize, usize, usize, WeightFormat)> {
+/// One linear case: name, rows per weight, out, in, format, and how many weights of that shape
+/// one grouped launch runs (1: a plain launch).
+type Case = (&'static str, usize, usize, usize, WeightFormat, usize);
+
+/// The linear cases: DSV4-Flash decode GEMV shapes, the routed experts' grouped GEMV, and a
+/// prefill GEMM (tiny shapes on the emulator).
+fn linear_cases(emulated: bool) -> Vec<Case> {
+    use WeightFormat::{Bf16, Fp8Block, Mxfp4};
     if emulated {
         return vec![
+            ("gemv_fp8 decode 256x256", 1, 256, 256, Fp8Block, 1),
             (
-                "gemv_fp8 decode 256x256",
+                "gemv_fp8 decode 2 experts grouped 256x256",
                 1,
                 256,
                 256,
-                WeightFormat::Fp8Block,
+                Fp8Block,
+                2,
             ),
-            (
-                "gemm_bf16 prefill 16x128x128",
-                16,
-                128,
-                128,
-                WeightFormat::Bf16,
-            ),
+            ("gemm_bf16 prefill 16x128x128", 16, 128, 128, Bf16, 1),
         ];
     }
     vec![
-        (
-            "gemv_fp8 decode 4096x4096",
-            1,
-            4096,
-            4096,
-            WeightFormat::Fp8Block,
-        ),
+        ("gemv_fp8 decode 4096x4096", 1, 4096, 4096, Fp8Block, 1),
         (
             "gemv_fp8 decode wq_b 1024->32768",
             1,
             32768,
             1024,
-            WeightFormat::Fp8Block,
+            Fp8Block,
+            1,
         ),
         (
             "gemv_mxfp4 decode expert w1 4096->2048",
             1,
             2048,
             4096,
-            WeightFormat::Mxfp4,
+            Mxfp4,
+            1,
+        ),
+        (
+            "gemv_mxfp4 decode 6 experts grouped w1 4096->2048",
+            1,
+            2048,
+            4096,
+            Mxfp4,
+            6,
         ),
         (
             "gemv_bf16 decode head 4096->129280",
             1,
             129_280,
             4096,
-            WeightFormat::Bf16,
+            Bf16,
+            1,
         ),
         (
             "gemm_fp8 prefill 512x4096->4096",
             512,
             4096,
             4096,
-            WeightFormat::Fp8Block,
+            Fp8Block,
+            1,
         ),
-        (
-            "gemm_bf16 prefill 512x4096->4096",
-            512,
-            4096,
-            4096,
-            WeightFormat::Bf16,
-        ),
+        ("gemm_bf16 prefill 512x4096->4096", 512, 4096, 4096, Bf16, 1),
     ]
 }
 
@@ -308,14 +311,23 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     let dev = backend.device();
     let peaks = peaks(dev)?;
     let mut linear = Vec::new();
-    for (case, rows, out, inp, fmt) in linear_cases(peaks.emulated) {
+    for (case, rows, out, inp, fmt, groups) in linear_cases(peaks.emulated) {
         let w = bench_weight(case, out, inp, fmt)?;
         let batches = if peaks.emulated { 1 } else { 5 };
-        let weight_bytes = w.data.len() + w.scale.len();
+        let weight_bytes = groups * (w.data.len() + w.scale.len());
         let copies = weight_copies(&dev.info(), weight_bytes);
-        let seconds = time_linear(backend, &w, rows, batches, copies)?;
+        let seconds = if groups > 1 {
+            // Separate weights with the same bytes: the weight cache keys a weight by its
+            // host address, so each gets its own resident copy, as a layer's experts do.
+            let ws = (0..groups)
+                .map(|g| bench_weight(&format!("{case} [{g}]"), out, inp, fmt))
+                .collect::<Result<Vec<_>, _>>()?;
+            time_grouped(backend, &ws, rows, batches, copies)?
+        } else {
+            time_linear(backend, &w, rows, batches, copies)?
+        };
         let weight_gbs = weight_bytes as f64 / seconds / 1e9;
-        let tflops = 2.0 * (rows * out * inp) as f64 / seconds / 1e12;
+        let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
         let matrix = match fmt {
             WeightFormat::Fp8Block | WeightFormat::Mxfp4 => peaks.mma_fp8_tflops,
             WeightFormat::Bf16 | WeightFormat::F32 => peaks.mma_bf16_tflops,
@@ -323,6 +335,7 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
         linear.push(LinearTiming {
             case: case.to_string(),
             rows,
+            groups,
             seconds,
             weight_bytes,
             weight_gbs,

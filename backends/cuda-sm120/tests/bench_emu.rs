@@ -50,7 +50,12 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
     assert!(r.peaks.copy_gbs.is_finite() && r.peaks.copy_gbs > 0.0);
     assert!(r.peaks.fma_f32_tflops.is_finite() && r.peaks.fma_f32_tflops > 0.0);
     assert_eq!(r.peaks.mma_bf16_tflops, None, "no mma on the emulator");
-    assert_eq!(r.linear.len(), 2);
+    assert_eq!(r.linear.len(), 3);
+    assert_eq!(
+        r.linear.iter().map(|t| t.groups).collect::<Vec<_>>(),
+        [1, 2, 1],
+        "a plain GEMV, the grouped experts' GEMV, a prefill GEMM"
+    );
     for t in &r.linear {
         assert!(t.seconds > 0.0 && t.seconds.is_finite(), "{t:?}");
         let ratio = t.weight_gbs / r.peaks.copy_gbs;

@@ -348,6 +348,60 @@ pub(crate) fn launch_grouped(
     }
 }
 
+/// Median seconds per grouped launch of `ws` (a layer's experts: group g is rows
+/// `g·rows .. (g+1)·rows`, through `ws[g]`) with every operand resident on the device: what
+/// `dsv4 bench` reports for the grouped kernels. The launches take, in turn, `sets` separately
+/// uploaded sets of the weights (at least one), each with its own table (the first set is the
+/// backend's cached weights), so weights that fit the L2 cache are still read from memory.
+pub fn time_grouped(
+    backend: &crate::CudaBackend,
+    ws: &[Linear],
+    rows: usize,
+    batches: usize,
+    sets: usize,
+) -> Result<f64, CudaError> {
+    let c = &backend.core;
+    let Some(first) = ws.first() else {
+        return Err(CudaError::BadOperands("grouped linear: no weights".into()));
+    };
+    if let Some(w) = ws
+        .iter()
+        .find(|w| (w.out_dim, w.in_dim, w.format) != (first.out_dim, first.in_dim, first.format))
+    {
+        return Err(CudaError::BadOperands(format!(
+            "grouped linear: `{}` and `{}` differ in shape or format",
+            w.name, first.name
+        )));
+    }
+    let starts: Vec<usize> = (0..=ws.len()).map(|g| g * rows).collect();
+    let mut runs = Vec::new();
+    for set in 0..sets.max(1) {
+        let rws = ws
+            .iter()
+            .map(|w| {
+                if set == 0 {
+                    c.weights.get(&c.dev, w)
+                } else {
+                    ResidentWeight::upload(&c.dev, w).map(Arc::new)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = GroupedTable::new(&rws, &starts)?;
+        let at = c.dev.upload(&table.bytes)?;
+        runs.push((rws, table, at));
+    }
+    let total = rows * ws.len();
+    let xb = c.dev.temp(total * runs[0].0[0].xpitch * 4)?;
+    let ob = c.dev.temp(total * first.out_dim * 4)?;
+    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
+    let mut next = 0;
+    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+        let (rws, table, at) = &runs[next % runs.len()];
+        next += 1;
+        launch_grouped(c, &rws[0], table, at.at(), xb.at(), ob.at(), total)
+    })
+}
+
 /// Median seconds per `linear` of `w` over `rows` rows with weights, inputs and outputs all
 /// resident on the device (no copies timed): what `dsv4 bench` reports for the kernels. The
 /// launches take, in turn, `copies` (at least 1) separately uploaded copies of the weight (the
