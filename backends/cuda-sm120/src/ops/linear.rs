@@ -273,11 +273,6 @@ impl GroupedTable {
             }
         }
         let entries = bytes.len() / GROUP_ENTRY;
-        if entries > 65535 {
-            return Err(CudaError::BadOperands(format!(
-                "grouped linear: {entries} blocks of rows exceed one launch (at most 65535)"
-            )));
-        }
         Ok(Self {
             bytes,
             entries,
@@ -286,9 +281,22 @@ impl GroupedTable {
     }
 }
 
+/// Most grid rows of one launch (CUDA's limit on gridDim.y).
+const MAX_GRID_Y: usize = 65535;
+
+/// The table entries each launch of a grouped linear covers: consecutive runs of at most `max`
+/// (the entries are independent block rows, so any split gives the same bits).
+fn entry_runs(entries: usize, max: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let max = max.max(1);
+    (0..entries)
+        .step_by(max)
+        .map(move |a| a..(a + max).min(entries))
+}
+
 /// Launch the grouped linear kernel (`linear_*_g1` / `_g8`) for a table already on the device
-/// at `table`: its weights all have `first`'s format, shape and pitch; `xb` holds rows·xpitch
-/// f32 at a 16-byte aligned address, `ob` rows·out_dim f32.
+/// at `table` (several launches past 65535 entries): its weights all have `first`'s format,
+/// shape and pitch; `xb` holds rows·xpitch f32 at a 16-byte aligned address, `ob` rows·out_dim
+/// f32.
 pub(crate) fn launch_grouped(
     c: &Core,
     first: &ResidentWeight,
@@ -321,31 +329,32 @@ pub(crate) fn launch_grouped(
     } else {
         (WARPS, "g8")
     };
-    let args = [
-        KArg::Ptr(table),
-        KArg::Ptr(xb),
-        KArg::Ptr(ob),
-        KArg::U32(first.out_dim as u32),
-        KArg::U32(first.in_dim as u32),
-        KArg::U32(first.pitch as u32),
-        KArg::U32(first.xpitch as u32),
-    ];
-    let grid = (
-        blocks_for(first.out_dim, cols_per_block),
-        t.entries as u32,
-        1,
-    );
-    // SAFETY: the arguments follow the kernel's parameter list; every table entry names a
-    // resident weight of first's shape and pitch (the caller checked the shapes and formats)
-    // and rows inside [0, rows), whose operands were checked above.
-    unsafe {
-        c.dev.launch(
-            &format!("linear_{}_{suffix}", kernel_format(first.format)),
-            grid,
-            (THREADS, 1, 1),
-            &args,
-        )
+    let kernel = format!("linear_{}_{suffix}", kernel_format(first.format));
+    for run in entry_runs(t.entries, MAX_GRID_Y) {
+        let part = DevPtr {
+            ptr: table.ptr + (run.start * GROUP_ENTRY) as u64,
+            bytes: run.len() * GROUP_ENTRY,
+        };
+        let args = [
+            KArg::Ptr(part),
+            KArg::Ptr(xb),
+            KArg::Ptr(ob),
+            KArg::U32(first.out_dim as u32),
+            KArg::U32(first.in_dim as u32),
+            KArg::U32(first.pitch as u32),
+            KArg::U32(first.xpitch as u32),
+        ];
+        let grid = (
+            blocks_for(first.out_dim, cols_per_block),
+            run.len() as u32,
+            1,
+        );
+        // SAFETY: the arguments follow the kernel's parameter list; every table entry names a
+        // resident weight of first's shape and pitch (the caller checked the shapes and
+        // formats) and rows inside [0, rows), whose operands were checked above.
+        unsafe { c.dev.launch(&kernel, grid, (THREADS, 1, 1), &args)? };
     }
+    Ok(())
 }
 
 /// Median seconds per grouped launch of `ws` (a layer's experts: group g is rows
@@ -428,4 +437,19 @@ pub fn time_linear(
         next += 1;
         launch(c, rw, xb.at(), ob.at(), rows, &w.name)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_runs;
+
+    #[test]
+    fn grouped_launches_split_their_entries_into_runs_that_fit_a_grid() {
+        let runs = |n, max| entry_runs(n, max).collect::<Vec<_>>();
+        assert_eq!(runs(0, 4), []);
+        assert_eq!(runs(3, 4), vec![0..3]);
+        assert_eq!(runs(8, 4), [0..4, 4..8]);
+        assert_eq!(runs(9, 4), [0..4, 4..8, 8..9]);
+        assert_eq!(runs(65536, 65535), [0..65535, 65535..65536]);
+    }
 }
