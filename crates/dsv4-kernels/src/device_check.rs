@@ -259,11 +259,7 @@ impl Check<'_> {
             let src = c.vec(idx.len() * width, 1.0);
             let mut host = c.vec(n * width, 2.0);
             let (dsrc, ddst) = (c.put(&src)?, c.put(&host)?);
-            for (r, &i) in idx.iter().enumerate() {
-                for k in 0..width {
-                    host[i as usize * width + k] += src[r * width + k];
-                }
-            }
+            scatter_add_host(&mut host, &src, &idx, width);
             c.dev.scatter_add_rows(dsrc, &idx, width, ddst)?;
             c.expect(label, ddst, &host)
         });
@@ -480,6 +476,17 @@ impl Check<'_> {
             c.dev.linear(&w, dn, rows, dout)?;
             c.expect(label, dout, &host)
         });
+    }
+}
+
+/// What a scatter-add computes, on the host: `dst[idx[r]] += src[r]` (rows of `width`, f32
+/// adds) for r in order.
+fn scatter_add_host(dst: &mut [f32], src: &[f32], idx: &[u32], width: usize) {
+    for (r, &i) in idx.iter().enumerate() {
+        let row = &mut dst[i as usize * width..(i as usize + 1) * width];
+        for (d, s) in row.iter_mut().zip(&src[r * width..(r + 1) * width]) {
+            *d += s;
+        }
     }
 }
 

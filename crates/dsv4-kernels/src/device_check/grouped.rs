@@ -4,7 +4,7 @@
 //! adding rows a destination gets from several groups in group order; inconsistent groups are
 //! errors.
 
-use super::{Check, FORMATS, build_linear};
+use super::{Check, FORMATS, build_linear, scatter_add_host};
 use crate::{Linear, WeightFormat};
 
 impl Check<'_> {
@@ -48,18 +48,14 @@ impl Check<'_> {
         for width in [128usize, 100] {
             let label = format!("scatter_add_groups n=7 width={width}");
             self.case(&label, |c| {
-                // Rows 0, 5 and 2 go to three groups each; group 1 is empty.
+                // Rows 0 and 5 get rows from three groups, row 2 from two; group 1 is empty.
                 let n = 7;
                 let idx: Vec<u32> = vec![5, 0, 2, 0, 5, 3, 0, 5, 6, 2];
                 let starts = [0usize, 3, 3, 5, 10];
                 let src = c.vec(idx.len() * width, 1.0);
                 let mut host = c.vec(n * width, 2.0);
                 let (dsrc, ddst) = (c.put(&src)?, c.put(&host)?);
-                for (r, &i) in idx.iter().enumerate() {
-                    for k in 0..width {
-                        host[i as usize * width + k] += src[r * width + k];
-                    }
-                }
+                scatter_add_host(&mut host, &src, &idx, width);
                 c.dev.scatter_add_groups(dsrc, &idx, &starts, width, ddst)?;
                 c.expect(&label, ddst, &host)
             });
