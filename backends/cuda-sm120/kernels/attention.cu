@@ -5,10 +5,12 @@
 // Sums start at −0.0 as Rust's f64 `Sum` does, so even signed zeros match the reference.
 #include "common.cuh"
 
-// Query floats the indexer keeps in shared memory (heads·dim up to this; else read from global).
-#define ATTN_Q_SHARED 8192
-// Heads one thread of the indexer and of attn_logits handles at a time (a key row is read once
-// per this many heads; the head dots run side by side, each in channel order).
+// Query values (acc_t: 32 KB with f64 sums) the indexer and attn_logits stage in shared memory,
+// already converted: with f64 sums a per-multiply f32→f64 conversion (F2F, a quarter of the FP64
+// rate on sm_80/sm_90) would bound these kernels, as it did the GEMV (see linear.cu).
+#define ATTN_Q_SHARED 4096
+// Heads one thread of the indexer, attn_logits and attn_out handles at a time (a key value is
+// read and converted once per this many heads; the heads' sums run side by side, each in order).
 #define ATTN_HT 8
 
 // −∞ as a float / double.
@@ -42,58 +44,94 @@ extern "C" __global__ void attn_softmax_pool(const float* __restrict__ a,
     out[t] = den > (acc_t)0.0 ? (float)(num / den) : 0.0f;
 }
 
+// d[i] = Σ_c q[i·dim + c]·k[c] in channel order for the first hn ≤ ATTN_HT heads of q (staged
+// acc_t values in shared memory, or floats in global memory when they do not fit); each key
+// value is converted once for all of them.
+template <typename Q>
+__device__ __forceinline__ void attn_head_dots(const Q* qh, u32 hn, const float* __restrict__ k,
+                                               u32 dim, acc_t* d) {
+#pragma unroll
+    for (u32 i = 0; i < ATTN_HT; ++i) d[i] = (acc_t)-0.0;
+    if (hn == (u32)ATTN_HT) {
+        // A full group (every group when heads is a multiple of ATTN_HT): no per-head branches.
+        for (u32 c = 0; c < dim; ++c) {
+            const acc_t kv = (acc_t)__ldg(k + c);
+#pragma unroll
+            for (u32 i = 0; i < ATTN_HT; ++i) d[i] = acc_mac((acc_t)qh[(u64)i * dim + c], kv, d[i]);
+        }
+        return;
+    }
+    for (u32 c = 0; c < dim; ++c) {
+        const acc_t kv = (acc_t)__ldg(k + c);
+#pragma unroll
+        for (u32 i = 0; i < ATTN_HT; ++i) {
+            if (i < hn) d[i] = acc_mac((acc_t)qh[(u64)i * dim + c], kv, d[i]);
+        }
+    }
+}
+
+// total + Σ_i w[i]·max(q_i·k, 0) over hn ≤ ATTN_HT heads, in head order.
+template <typename Q>
+__device__ __forceinline__ acc_t attn_index_group(const Q* qh, const float* __restrict__ w, u32 hn,
+                                                  const float* __restrict__ k, u32 dim,
+                                                  acc_t total) {
+    acc_t d[ATTN_HT];
+    attn_head_dots(qh, hn, k, dim, d);
+#pragma unroll
+    for (u32 i = 0; i < ATTN_HT; ++i) {
+        if (i < hn) total += (acc_t)__ldg(w + i) * fmax(d[i], (acc_t)0.0);
+    }
+    return total;
+}
+
 // attn_indexer_scores over a batch of queries, each over its own keys: q = [rows, heads, dim],
 // w = [rows, heads], keys = [N, dim]; query r scores key rows starts[r] .. starts[r+1] (n_r of
 // them): out[j] = Σ_h w[r, h]·max(q_rh·K_j, 0) for j in that range. One thread per key: each dot
 // runs over the channels in order and the heads are summed in order, as the reference does, so a
-// score never depends on the batch. The block's query sits in shared memory (read as broadcasts).
-// Grid (ceil(max n_r/128), rows) × 128; each launch covers queries row0 + blockIdx.y, so more
-// than 65535 queries are a few launches.
+// score never depends on the batch. The block's query is staged in shared memory (as acc_t, read
+// as broadcasts) a whole number of ATTN_HT-head groups at a time; a dim too wide for one group
+// reads it from global memory instead. Grid (ceil(max n_r/128), rows) × 128; each launch covers
+// queries row0 + blockIdx.y, so more than 65535 queries are a few launches.
 extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ keys,
                                                const u32* __restrict__ starts,
                                                float* __restrict__ out, u32 dim, u32 heads,
                                                u32 row0) {
-    __shared__ float sq[ATTN_Q_SHARED];
+    __shared__ acc_t sq[ATTN_Q_SHARED];
     const u32 r = row0 + blockIdx.y;
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
     // The whole block leaves together (before any barrier) when it has no key of this query.
     if ((u64)blockIdx.x * blockDim.x >= n) return;
-    const u64 hd = (u64)heads * dim;
-    const float* qr = q + (u64)r * hd;
+    const float* qr = q + (u64)r * heads * dim;
     const float* wr = w + (u64)r * heads;
-    const bool shared_q = hd <= ATTN_Q_SHARED;
-    if (shared_q) {
-        for (u32 i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = __ldg(qr + i);
-    }
-    __syncthreads();
-    const float* qq = shared_q ? sq : qr;
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < n) {
-        const float* kj = keys + ((u64)k0 + j) * dim;
-        acc_t total = (acc_t)-0.0;
-        for (u32 h0 = 0; h0 < heads; h0 += ATTN_HT) {
-            const u32 hn = min(heads - h0, (u32)ATTN_HT);
-            const float* qh = qq + (u64)h0 * dim;
-            acc_t d[ATTN_HT];
-#pragma unroll
-            for (u32 i = 0; i < ATTN_HT; ++i) d[i] = (acc_t)-0.0;
-            for (u32 c = 0; c < dim; ++c) {
-                const acc_t kv = (acc_t)__ldg(kj + c);
-#pragma unroll
-                for (u32 i = 0; i < ATTN_HT; ++i) {
-                    if (i < hn) d[i] += (acc_t)qh[(u64)i * dim + c] * kv;
-                }
+    const bool live = j < n;
+    const float* kj = keys + ((u64)k0 + (live ? j : 0u)) * dim;
+    acc_t total = (acc_t)-0.0;
+    // Heads per stage: a multiple of ATTN_HT, 0 when not even one group fits.
+    const u32 per = (ATTN_Q_SHARED / dim) / ATTN_HT * ATTN_HT;
+    if (per == 0u) {
+        for (u32 h0 = 0; live && h0 < heads; h0 += ATTN_HT) {
+            total = attn_index_group(qr + (u64)h0 * dim, wr + h0, min(heads - h0, (u32)ATTN_HT),
+                                     kj, dim, total);
+        }
+    } else {
+        for (u32 s0 = 0; s0 < heads; s0 += per) {
+            const u32 sn = min(heads - s0, per);
+            __syncthreads(); // every thread is done with the previous stage
+            for (u32 i = threadIdx.x; i < sn * dim; i += blockDim.x) {
+                sq[i] = (acc_t)__ldg(qr + (u64)s0 * dim + i);
             }
-#pragma unroll
-            for (u32 i = 0; i < ATTN_HT; ++i) {
-                if (i < hn) total += (acc_t)__ldg(wr + h0 + i) * fmax(d[i], (acc_t)0.0);
+            __syncthreads();
+            for (u32 h0 = 0; live && h0 < sn; h0 += ATTN_HT) {
+                total = attn_index_group<acc_t>(sq + (u64)h0 * dim, wr + s0 + h0,
+                                                min(sn - h0, (u32)ATTN_HT), kj, dim, total);
             }
         }
-        out[(u64)k0 + j] = (float)total;
     }
+    if (live) out[(u64)k0 + j] = (float)total;
 }
 
 // Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],
@@ -104,29 +142,34 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
 //
 // Launch 1: logits[h, s] = (q_h·K_s)·scale, each dot over the channels in order. One thread per
 // (key, group of ATTN_HT heads, query): grid (ceil(max n_r/128), ceil(heads/ATTN_HT), rows) × 128.
+// The group's queries are staged in shared memory as acc_t when ATTN_HT·dim fits.
 extern "C" __global__ void attn_logits(const float* __restrict__ q, const float* __restrict__ keys,
                                        const u32* __restrict__ starts,
                                        double* __restrict__ logits, u32 dim, u32 heads,
                                        float scale, u32 row0) {
+    __shared__ acc_t sq[ATTN_Q_SHARED];
     const u32 r = row0 + blockIdx.z;
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
+    // The whole block leaves together (before the barrier) when it has no key of this query.
+    if ((u64)blockIdx.x * blockDim.x >= n) return;
     const u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 h0 = blockIdx.y * ATTN_HT;
-    if (s >= n) return;
     const u32 hn = min(heads - h0, (u32)ATTN_HT);
-    const float* ks = keys + ((u64)k0 + s) * dim;
     const float* qh = q + ((u64)r * heads + h0) * dim;
+    const bool staged = (u64)ATTN_HT * dim <= ATTN_Q_SHARED;
+    if (staged) {
+        for (u32 i = threadIdx.x; i < hn * dim; i += blockDim.x) sq[i] = (acc_t)__ldg(qh + i);
+    }
+    __syncthreads();
+    if (s >= n) return;
+    const float* ks = keys + ((u64)k0 + s) * dim;
     double* lr = logits + (u64)heads * k0;
     acc_t d[ATTN_HT];
-#pragma unroll
-    for (u32 i = 0; i < ATTN_HT; ++i) d[i] = (acc_t)-0.0;
-    for (u32 c = 0; c < dim; ++c) {
-        const acc_t kv = (acc_t)__ldg(ks + c);
-#pragma unroll
-        for (u32 i = 0; i < ATTN_HT; ++i) {
-            if (i < hn) d[i] += (acc_t)__ldg(qh + (u64)i * dim + c) * kv;
-        }
+    if (staged) {
+        attn_head_dots<acc_t>(sq, hn, ks, dim, d);
+    } else {
+        attn_head_dots(qh, hn, ks, dim, d);
     }
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) {
@@ -160,27 +203,41 @@ extern "C" __global__ void attn_softmax(double* __restrict__ logits,
 }
 
 // Launch 3: out[r, h, c] = Σ_s w[h, s]·K[s, c] / (Σ_s w[h, s] + sinkw[r, h]), both sums over s in
-// order (each thread of head h forms the same denominator). One thread per (channel, head,
-// query): grid (ceil(dim/256), heads, rows).
+// order (each thread forms its heads' denominators). One thread per (channel, group of ATTN_HT
+// heads, query), so each key value is converted once for the group: grid (ceil(dim/256),
+// ceil(heads/ATTN_HT), rows).
 extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
                                     const float* __restrict__ keys,
                                     const u32* __restrict__ starts, float* __restrict__ out,
                                     u32 dim, u32 heads, u32 row0) {
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 h = blockIdx.y;
+    const u32 h0 = blockIdx.y * ATTN_HT;
     const u32 r = row0 + blockIdx.z;
     if (c >= dim) return;
+    const u32 hn = min(heads - h0, (u32)ATTN_HT);
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
-    const double* wh = wts + (u64)heads * k0 + h * n;
+    const double* wh = wts + (u64)heads * k0 + (u64)h0 * n;
     const float* kr = keys + (u64)k0 * dim;
-    const u64 rh = (u64)r * heads + h;
-    acc_t num = (acc_t)-0.0;
-    acc_t den = (acc_t)-0.0;
+    acc_t num[ATTN_HT], den[ATTN_HT];
+#pragma unroll
+    for (u32 i = 0; i < ATTN_HT; ++i) num[i] = den[i] = (acc_t)-0.0;
     for (u32 s = 0; s < n; ++s) {
-        const acc_t wv = (acc_t)wh[s];
-        num += wv * (acc_t)__ldg(kr + (u64)s * dim + c);
-        den += wv;
+        const acc_t kv = (acc_t)__ldg(kr + (u64)s * dim + c);
+#pragma unroll
+        for (u32 i = 0; i < ATTN_HT; ++i) {
+            if (i < hn) {
+                const acc_t wv = (acc_t)wh[(u64)i * n + s];
+                num[i] += wv * kv;
+                den[i] += wv;
+            }
+        }
     }
-    out[rh * dim + c] = (float)(num / (den + (acc_t)sinkw[rh]));
+#pragma unroll
+    for (u32 i = 0; i < ATTN_HT; ++i) {
+        if (i < hn) {
+            const u64 rh = (u64)r * heads + h0 + i;
+            out[rh * dim + c] = (float)(num[i] / (den[i] + (acc_t)sinkw[rh]));
+        }
+    }
 }

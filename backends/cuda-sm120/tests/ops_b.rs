@@ -197,8 +197,16 @@ fn f64_accumulation_is_within_one_ulp_of_the_reference() {
     r.softmax_pool(&a, &z, rows, width, &mut p1);
     cand.softmax_pool(&a, &z, rows, width, &mut p2);
     assert_ulps("softmax_pool", &p1, &p2, 0);
-    // Indexer scores with dims in and beyond the register tile, and queries beyond shared memory.
-    for (heads, dim, n) in [(4, 128, 19), (3, 300, 9), (70, 128, 5)] {
+    // Indexer scores with dims in and beyond the register tile, queries staged in shared memory
+    // in several passes (70·128, and 9·512 over 200 keys: a block with keys and idle threads),
+    // and a dim too wide to stage (600: the queries are read from global memory).
+    for (heads, dim, n) in [
+        (4, 128, 19),
+        (3, 300, 9),
+        (70, 128, 5),
+        (9, 512, 200),
+        (2, 600, 7),
+    ] {
         let q = uniform(&mut rng, heads * dim, 1.0);
         let w = uniform(&mut rng, heads, 1.0);
         let keys = uniform(&mut rng, n * dim, 1.0);
@@ -207,13 +215,16 @@ fn f64_accumulation_is_within_one_ulp_of_the_reference() {
         cand.indexer_scores(&q, &w, dim, &keys, &mut s2);
         assert_ulps("indexer_scores", &s1, &s2, 0);
     }
-    // Sparse attention, incl. hot logits, no keys at all, a large sink, and heads not a multiple of 8.
+    // Sparse attention, incl. hot logits, no keys at all, a large sink, heads not a multiple of 8,
+    // full 8-head groups, and a dim too wide to stage a group's queries (520).
     for (heads, dim, n, qs) in [
         (4, 64, 33, 1.0),
         (2, 5, 7, 60.0),
         (3, 8, 0, 1.0),
         (2, 40, 300, 3.0),
         (11, 16, 20, 1.0),
+        (16, 512, 9, 1.0),
+        (3, 520, 6, 1.0),
     ] {
         let q = uniform(&mut rng, heads * dim, qs);
         let keys = uniform(&mut rng, n * dim, 1.0);

@@ -14,7 +14,7 @@ use dsv4_kernels::{AttentionRows, RowFormat};
 const THREADS: u32 = 256;
 /// Keys (threads) per block of the thread-per-key kernels.
 pub(super) const KEY_THREADS: u32 = 128;
-/// Heads one thread of `attn_logits` handles (`ATTN_HT` in attention.cu).
+/// Heads one thread of `attn_logits` and `attn_out` handles (`ATTN_HT` in attention.cu).
 const HEADS_PER_THREAD: usize = 8;
 /// Largest grid y and z dimension (heads and queries of sparse attention and the indexer).
 pub(super) const MAX_GRID_Y: usize = 65_535;
@@ -288,7 +288,11 @@ fn attend_on_device(
             )?;
             dev.launch(
                 "attn_out",
-                (blocks_for(dim, THREADS as usize), h32, nr),
+                (
+                    blocks_for(dim, THREADS as usize),
+                    blocks_for(heads, HEADS_PER_THREAD),
+                    nr,
+                ),
                 (THREADS, 1, 1),
                 &[
                     KArg::Buf(&lb),
