@@ -8,10 +8,10 @@
 // rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
 // (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
 // computes 4 output columns, loading each input chunk once for all 4 and each lane's next
-// weight chunks before it uses the current ones; grid (ceil(out / 16), 1). With f64 sums, fp8
-// and MXFP4 weights are decoded straight into f64 (lin_decode64, below).
+// weight chunks before it uses the current ones; grid (ceil(out / 16), 1).
 // Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
-// 8 rows; grid (ceil(out / 4), ceil(rows / 8)). A (row, column) sum is: per lane, chunks in
+// 8 rows; grid (ceil(out / 4), ceil(rows / 8)). With f64 sums both decode fp8 and MXFP4 weights
+// straight into f64 (lin_decode64, below). A (row, column) sum is: per lane, chunks in
 // order and elements in order, in acc_t; then warp_sum. That order does not depend on the
 // variant or on how many rows the call has (batch invariance).
 #include "common.cuh"
@@ -263,6 +263,31 @@ __device__ __forceinline__ bool lin_decode64(const lin_chunk& ch, const u8* __re
     }
 }
 
+// acc += Σ_k w_k·x_k over the chunk's first `lim` elements, in element order, w given in f64
+// and the E floats of x read 4 at a time from xr (16-byte aligned), each converted once.
+template <int E>
+__device__ __forceinline__ void lin_dot64(double& acc, const double* wd,
+                                          const float* __restrict__ xr, u32 lim) {
+    const lin_f4* p = reinterpret_cast<const lin_f4*>(xr);
+    if (lim == (u32)E) {
+#pragma unroll
+        for (int q = 0; q < E / 4; q++) {
+            const lin_f4 f = p[q];
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc = fma(wd[4 * q + k], (double)f.v[k], acc);
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < E / 4; q++) {
+            const lin_f4 f = p[q];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if ((u32)(4 * q + k) < lim) acc = fma(wd[4 * q + k], (double)f.v[k], acc);
+            }
+        }
+    }
+}
+
 // acc += Σ_k w_k·x_k over the chunk's first `lim` elements, in element order, x given in f64:
 // the chunk's weights decoded in f64 when lin_decode64 allows, else in f32.
 template <int FMT>
@@ -369,6 +394,20 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
                     const u32 o = o0 + (u32)j;
                     const lin_chunk ch =
                         reinterpret_cast<const lin_chunk*>(wdata + (u64)o * pitch)[c];
+#ifdef DSV4_ACC_F64
+                    if constexpr (FMT == LIN_FP8 || FMT == LIN_MXFP4) {
+                        // Weights decoded into f64 once for all rows; each x converted once.
+                        double wd[E];
+                        if (lin_decode64<FMT>(ch, scale, o, c, in_dim, wd)) {
+#pragma unroll
+                            for (int r = 0; r < ROWS; r++) {
+                                if ((u32)r < nr)
+                                    lin_dot64<E>(acc[r][j], wd, xr0 + (u64)r * xpitch + i0, lim);
+                            }
+                            continue;
+                        }
+                    }
+#endif
                     float w[E];
                     lin_decode<FMT>(ch, scale, o, c, in_dim, w);
 #pragma unroll
