@@ -204,37 +204,49 @@ extern "C" __global__ void attn_softmax(double* __restrict__ logits,
 
 // Launch 3: out[r, h, c] = Σ_s w[h, s]·K[s, c] / (Σ_s w[h, s] + sinkw[r, h]), both sums over s in
 // order (each thread forms its heads' denominators). One thread per (channel, group of ATTN_HT
-// heads, query), so each key value is converted once for the group: grid (ceil(dim/256),
-// ceil(heads/ATTN_HT), rows).
+// heads, query), so each key value is converted once for the group; the group's weights are
+// staged in shared memory as acc_t, ATTN_OUT_KEYS keys at a time, so each is converted once per
+// block rather than once per thread. Grid (ceil(dim/256), ceil(heads/ATTN_HT), rows) × 256.
+#define ATTN_OUT_KEYS 256
 extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
                                     const float* __restrict__ keys,
                                     const u32* __restrict__ starts, float* __restrict__ out,
                                     u32 dim, u32 heads, u32 row0) {
+    __shared__ acc_t sw[ATTN_HT * ATTN_OUT_KEYS];
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 h0 = blockIdx.y * ATTN_HT;
     const u32 r = row0 + blockIdx.z;
-    if (c >= dim) return;
+    const bool live = c < dim;
     const u32 hn = min(heads - h0, (u32)ATTN_HT);
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
     const double* wh = wts + (u64)heads * k0 + (u64)h0 * n;
-    const float* kr = keys + (u64)k0 * dim;
+    const float* kc = keys + (u64)k0 * dim + (live ? c : 0u);
     acc_t num[ATTN_HT], den[ATTN_HT];
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) num[i] = den[i] = (acc_t)-0.0;
-    for (u32 s = 0; s < n; ++s) {
-        const acc_t kv = (acc_t)__ldg(kr + (u64)s * dim + c);
+    for (u32 s0 = 0; s0 < n; s0 += ATTN_OUT_KEYS) {
+        const u32 sn = min(n - s0, (u32)ATTN_OUT_KEYS);
+        __syncthreads(); // every thread is done with the previous keys' weights
+        for (u32 t = threadIdx.x; t < hn * sn; t += blockDim.x) {
+            const u32 i = t / sn, s = t % sn;
+            sw[i * ATTN_OUT_KEYS + s] = (acc_t)wh[(u64)i * n + s0 + s];
+        }
+        __syncthreads();
+        for (u32 s = 0; live && s < sn; ++s) {
+            const acc_t kv = (acc_t)__ldg(kc + (u64)(s0 + s) * dim);
 #pragma unroll
-        for (u32 i = 0; i < ATTN_HT; ++i) {
-            if (i < hn) {
-                const acc_t wv = (acc_t)wh[(u64)i * n + s];
-                num[i] += wv * kv;
-                den[i] += wv;
+            for (u32 i = 0; i < ATTN_HT; ++i) {
+                if (i < hn) {
+                    const acc_t wv = sw[i * ATTN_OUT_KEYS + s];
+                    num[i] += wv * kv;
+                    den[i] += wv;
+                }
             }
         }
     }
 #pragma unroll
-    for (u32 i = 0; i < ATTN_HT; ++i) {
+    for (u32 i = 0; live && i < ATTN_HT; ++i) {
         if (i < hn) {
             const u64 rh = (u64)r * heads + h0 + i;
             out[rh * dim + c] = (float)(num[i] / (den[i] + (acc_t)sinkw[rh]));
