@@ -317,4 +317,127 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
     for p in &m.pools {
         let _ = writeln!(o, "{name}{{pool=\"{}\"}} {}", p.pool, p.total_pages);
     }
+    render_canary(o, m);
+    render_host_tier(o, m);
+}
+
+/// The canary's findings (`debug.canary`; both stay 0 while it is off): an alert on either
+/// going up catches cache corruption as it happens.
+fn render_canary(o: &mut String, m: &EngineMetrics) {
+    scalar(
+        o,
+        "dsv4:canary_flagged_rounds_total",
+        "counter",
+        "Forward rounds in which the canary saw cache pages change outside the step's declared \
+         write set.",
+        m.canary_rounds_flagged as f64,
+    );
+    scalar(
+        o,
+        "dsv4:canary_unexpected_pages_total",
+        "counter",
+        "Cache pages the canary saw change outside the declared write sets.",
+        m.canary_unexpected_pages as f64,
+    );
+}
+
+/// The host tier of the prefix cache (`cache.hicache`; all 0 while it is off).
+fn render_host_tier(o: &mut String, m: &EngineMetrics) {
+    let gauges = [
+        (
+            "dsv4:host_tier_snapshots",
+            "Prefix snapshots held in the host tier.",
+            m.host_tier_snapshots,
+        ),
+        (
+            "dsv4:host_tier_used_pages",
+            "Host-tier pages in use.",
+            m.host_tier_used_pages,
+        ),
+        (
+            "dsv4:host_tier_total_pages",
+            "Host-tier pages in all.",
+            m.host_tier_pages,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        scalar(o, name, "gauge", help, v as f64);
+    }
+    let counters = [
+        (
+            "dsv4:host_tier_spilled_pages_total",
+            "Pages spilled from the device pools to the host tier (evicted snapshots).",
+            m.host_tier_spilled_pages_total,
+        ),
+        (
+            "dsv4:host_tier_loaded_pages_total",
+            "Pages loaded back from the host tier into the device pools.",
+            m.host_tier_loaded_pages_total,
+        ),
+        (
+            "dsv4:host_tier_hits_total",
+            "Prefix hits served from the host tier.",
+            m.host_tier_hits_total,
+        ),
+        (
+            "dsv4:host_tier_load_failures_total",
+            "Host-tier hits not loaded back for lack of device room (recomputed instead).",
+            m.host_tier_load_failures_total,
+        ),
+        (
+            "dsv4:host_tier_dropped_snapshots_total",
+            "Snapshots dropped from the host tier to make room.",
+            m.host_tier_dropped_snapshots_total,
+        ),
+    ];
+    for (name, help, v) in counters {
+        scalar(o, name, "counter", help, v as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every canary and host-tier field reaches its own sample, with HELP and TYPE lines.
+    #[test]
+    fn canary_and_host_tier_counters_are_exported() {
+        let m = EngineMetrics {
+            canary_rounds_flagged: 3,
+            canary_unexpected_pages: 17,
+            host_tier_snapshots: 2,
+            host_tier_used_pages: 40,
+            host_tier_pages: 96,
+            host_tier_spilled_pages_total: 55,
+            host_tier_loaded_pages_total: 12,
+            host_tier_hits_total: 4,
+            host_tier_load_failures_total: 1,
+            host_tier_dropped_snapshots_total: 6,
+            ..Default::default()
+        };
+        let text = Stats::default().render(Some(&m), 0);
+        for line in [
+            "# TYPE dsv4:canary_flagged_rounds_total counter",
+            "dsv4:canary_flagged_rounds_total 3",
+            "dsv4:canary_unexpected_pages_total 17",
+            "# TYPE dsv4:host_tier_snapshots gauge",
+            "dsv4:host_tier_snapshots 2",
+            "dsv4:host_tier_used_pages 40",
+            "dsv4:host_tier_total_pages 96",
+            "# TYPE dsv4:host_tier_spilled_pages_total counter",
+            "dsv4:host_tier_spilled_pages_total 55",
+            "dsv4:host_tier_loaded_pages_total 12",
+            "dsv4:host_tier_hits_total 4",
+            "dsv4:host_tier_load_failures_total 1",
+            "dsv4:host_tier_dropped_snapshots_total 6",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+        // One HELP line per metric name: no name is written twice.
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+        let mut names: Vec<&str> = helps.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), helps.len(), "{text}");
+    }
 }
