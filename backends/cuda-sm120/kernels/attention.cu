@@ -44,25 +44,33 @@ extern "C" __global__ void attn_softmax_pool(const float* __restrict__ a,
     out[t] = den > (acc_t)0.0 ? (float)(num / den) : 0.0f;
 }
 
-// d[i] = Σ_c q[i·dim + c]·k[c] in channel order for the first hn ≤ ATTN_HT heads of q (staged
+// A key row of f32 values (the decoded keys), as a reader like cache.cu's entry readers.
+struct attn_f32_key {
+    const float* k;
+    __device__ __forceinline__ attn_f32_key(const u8* row, u32, u32)
+        : k(reinterpret_cast<const float*>(row)) {}
+    __device__ __forceinline__ float operator()(u32 c) const { return __ldg(k + c); }
+};
+
+// d[i] = Σ_c q[i·dim + c]·k(c) in channel order for the first hn ≤ ATTN_HT heads of q (staged
 // acc_t values in shared memory, or floats in global memory when they do not fit); each key
-// value is converted once for all of them.
-template <typename Q>
-__device__ __forceinline__ void attn_head_dots(const Q* qh, u32 hn, const float* __restrict__ k,
-                                               u32 dim, acc_t* d) {
+// value is read (decoded, for a cache entry reader) and converted once for all of them.
+template <typename Q, typename K>
+__device__ __forceinline__ void attn_head_dots(const Q* qh, u32 hn, const K& k, u32 dim,
+                                               acc_t* d) {
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) d[i] = (acc_t)-0.0;
     if (hn == (u32)ATTN_HT) {
         // A full group (every group when heads is a multiple of ATTN_HT): no per-head branches.
         for (u32 c = 0; c < dim; ++c) {
-            const acc_t kv = (acc_t)__ldg(k + c);
+            const acc_t kv = (acc_t)k(c);
 #pragma unroll
             for (u32 i = 0; i < ATTN_HT; ++i) d[i] = acc_mac((acc_t)qh[(u64)i * dim + c], kv, d[i]);
         }
         return;
     }
     for (u32 c = 0; c < dim; ++c) {
-        const acc_t kv = (acc_t)__ldg(k + c);
+        const acc_t kv = (acc_t)k(c);
 #pragma unroll
         for (u32 i = 0; i < ATTN_HT; ++i) {
             if (i < hn) d[i] = acc_mac((acc_t)qh[(u64)i * dim + c], kv, d[i]);
@@ -71,10 +79,9 @@ __device__ __forceinline__ void attn_head_dots(const Q* qh, u32 hn, const float*
 }
 
 // total + Σ_i w[i]·max(q_i·k, 0) over hn ≤ ATTN_HT heads, in head order.
-template <typename Q>
+template <typename Q, typename K>
 __device__ __forceinline__ acc_t attn_index_group(const Q* qh, const float* __restrict__ w, u32 hn,
-                                                  const float* __restrict__ k, u32 dim,
-                                                  acc_t total) {
+                                                  const K& k, u32 dim, acc_t total) {
     acc_t d[ATTN_HT];
     attn_head_dots(qh, hn, k, dim, d);
 #pragma unroll
@@ -90,14 +97,18 @@ __device__ __forceinline__ acc_t attn_index_group(const Q* qh, const float* __re
 // runs over the channels in order and the heads are summed in order, as the reference does, so a
 // score never depends on the batch. The block's query is staged in shared memory (as acc_t, read
 // as broadcasts) a whole number of ATTN_HT-head groups at a time; a dim too wide for one group
-// reads it from global memory instead. Grid (ceil(max n_r/128), rows) × 128; each launch covers
-// queries row0 + blockIdx.y, so more than 65535 queries are a few launches.
-extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
-                                               const float* __restrict__ w,
-                                               const float* __restrict__ keys,
-                                               const u32* __restrict__ starts,
-                                               float* __restrict__ out, u32 dim, u32 heads,
-                                               u32 row0) {
+// reads it from global memory instead. Key j is row j of `keys` (`stride` bytes apart) read
+// through K: f32 rows, or cache entries read in place (the _bf16/_kv_fp8/_index_fp8/_index_fp4
+// variants, with the format's sizes a, b as cache.cu's readers take them), so a paged indexer
+// call needs no decoded copy of its keys. Grid (ceil(max n_r/128), rows) × 128; each launch
+// covers queries row0 + blockIdx.y, so more than 65535 queries are a few launches.
+template <typename K>
+__device__ __forceinline__ void attn_indexer(const float* __restrict__ q,
+                                             const float* __restrict__ w,
+                                             const u8* __restrict__ keys, u32 stride, u32 a,
+                                             u32 b, const u32* __restrict__ starts,
+                                             float* __restrict__ out, u32 dim, u32 heads,
+                                             u32 row0) {
     __shared__ acc_t sq[ATTN_Q_SHARED];
     const u32 r = row0 + blockIdx.y;
     const u32 k0 = starts[r];
@@ -108,7 +119,8 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
     const float* wr = w + (u64)r * heads;
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = j < n;
-    const float* kj = keys + ((u64)k0 + (live ? j : 0u)) * dim;
+    // An idle thread reads the block's first key (it exists) and never uses it.
+    const K kj(keys + ((u64)k0 + (live ? j : (u64)blockIdx.x * blockDim.x)) * stride, a, b);
     acc_t total = (acc_t)-0.0;
     // Heads per stage: a multiple of ATTN_HT, 0 when not even one group fits.
     const u32 per = (ATTN_Q_SHARED / dim) / ATTN_HT * ATTN_HT;
@@ -132,6 +144,43 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
         }
     }
     if (live) out[(u64)k0 + j] = (float)total;
+}
+
+extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
+                                               const float* __restrict__ w,
+                                               const float* __restrict__ keys,
+                                               const u32* __restrict__ starts,
+                                               float* __restrict__ out, u32 dim, u32 heads,
+                                               u32 row0) {
+    attn_indexer<attn_f32_key>(q, w, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
+                               starts, out, dim, heads, row0);
+}
+
+// The in-place variants: keys = entries of `stride` bytes laid end to end, in the format's
+// reader (cache.cu) with its sizes a, b.
+extern "C" __global__ void attn_indexer_scores_bf16(const float* __restrict__ q, const float* __restrict__ w,
+                                                    const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                    float* __restrict__ out, u32 dim, u32 heads, u32 row0,
+                                                    u32 stride, u32 a, u32 b) {
+    attn_indexer<cache_bf16>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+}
+extern "C" __global__ void attn_indexer_scores_kv_fp8(const float* __restrict__ q, const float* __restrict__ w,
+                                                      const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                      float* __restrict__ out, u32 dim, u32 heads, u32 row0,
+                                                      u32 stride, u32 a, u32 b) {
+    attn_indexer<cache_kv_fp8>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+}
+extern "C" __global__ void attn_indexer_scores_index_fp8(const float* __restrict__ q, const float* __restrict__ w,
+                                                         const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                         float* __restrict__ out, u32 dim, u32 heads, u32 row0,
+                                                         u32 stride, u32 a, u32 b) {
+    attn_indexer<cache_index_fp8>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+}
+extern "C" __global__ void attn_indexer_scores_index_fp4(const float* __restrict__ q, const float* __restrict__ w,
+                                                         const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                         float* __restrict__ out, u32 dim, u32 heads, u32 row0,
+                                                         u32 stride, u32 a, u32 b) {
+    attn_indexer<cache_index_fp4>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
 }
 
 // Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],
@@ -163,7 +212,7 @@ extern "C" __global__ void attn_logits(const float* __restrict__ q, const float*
     }
     __syncthreads();
     if (s >= n) return;
-    const float* ks = keys + ((u64)k0 + s) * dim;
+    const attn_f32_key ks(reinterpret_cast<const u8*>(keys + ((u64)k0 + s) * dim), 0u, 0u);
     double* lr = logits + (u64)heads * k0;
     acc_t d[ATTN_HT];
     if (staged) {

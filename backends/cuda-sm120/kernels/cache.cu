@@ -24,6 +24,63 @@ __device__ __forceinline__ u64 cache_decode_thread() {
     return (u64)blockIdx.x * blockDim.x + threadIdx.x;
 }
 
+// Readers of one entry's values, one per format: constructed from the entry's first byte and the
+// format's sizes (a, b: nd and rd for KV fp8, the width otherwise), value i by operator(). The
+// decoders below and the indexer's fused scorers (attention.cu) both read entries through these,
+// so a value read in place is bitwise the decoded one.
+struct cache_bf16 {
+    const u8* e;
+    __device__ __forceinline__ cache_bf16(const u8* entry, u32, u32) : e(entry) {}
+    __device__ __forceinline__ float operator()(u32 i) const {
+        return codec::bf16_to_f32((u32)e[2u * i] | ((u32)e[2u * i + 1u] << 8));
+    }
+};
+// KV fp8: data row = nd e4m3 codes (ue8m0 scale per 64) then rd bf16 values; scale row after.
+struct cache_kv_fp8 {
+    const u8* e;
+    u32 nd, rd;
+    __device__ __forceinline__ cache_kv_fp8(const u8* entry, u32 a, u32 b)
+        : e(entry), nd(a), rd(b) {}
+    __device__ __forceinline__ float operator()(u32 i) const {
+        if (i < nd) return codec::e4m3_to_f32(e[i]) * codec::ue8m0_to_f32(e[nd + 2u * rd + i / 64u]);
+        const u32 k = nd + 2u * (i - nd);
+        return codec::bf16_to_f32((u32)e[k] | ((u32)e[k + 1u] << 8));
+    }
+};
+// Index-K fp8: dim e4m3 codes, then the entry's f32 scale (read once, at construction).
+struct cache_index_fp8 {
+    const u8* e;
+    float scale;
+    __device__ __forceinline__ cache_index_fp8(const u8* entry, u32 dim, u32) : e(entry) {
+        const u32 sb = (u32)e[dim] | ((u32)e[dim + 1u] << 8) | ((u32)e[dim + 2u] << 16) |
+                       ((u32)e[dim + 3u] << 24);
+        scale = __uint_as_float(sb);
+    }
+    __device__ __forceinline__ float operator()(u32 i) const {
+        return codec::e4m3_to_f32(e[i]) * scale;
+    }
+};
+// Index-K fp4: dim/2 bytes of e2m1 pairs (low nibble first), then a ue8m0 code per 32 values.
+struct cache_index_fp4 {
+    const u8* e;
+    u32 dim;
+    __device__ __forceinline__ cache_index_fp4(const u8* entry, u32 a, u32) : e(entry), dim(a) {}
+    __device__ __forceinline__ float operator()(u32 i) const {
+        const u32 code = ((u32)e[i / 2u] >> ((i % 2u) * 4u)) & 0xfu;
+        return codec::e2m1_to_f32(code) * codec::ue8m0_to_f32(e[dim / 2u + i / 32u]);
+    }
+};
+
+// The decoders: value t of the batch is value t % width of entry t / width, through reader R.
+template <typename R>
+__device__ __forceinline__ void cache_decode(const u8* __restrict__ in, float* __restrict__ out,
+                                             u32 width, u32 a, u32 b, u32 rows, u32 stride) {
+    const u64 t = cache_decode_thread();
+    if (t >= (u64)rows * width) return;
+    const R entry(in + (t / width) * stride, a, b);
+    out[t] = entry((u32)(t % width));
+}
+
 // bf16 entries (KV bf16 and index-K bf16): value i → bytes 2i, 2i+1 (little endian).
 extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __restrict__ out,
                                              u32 n, u32 row0, u32 stride) {
@@ -39,11 +96,7 @@ extern "C" __global__ void cache_encode_bf16(const float* __restrict__ v, u8* __
 
 extern "C" __global__ void cache_decode_bf16(const u8* __restrict__ in, float* __restrict__ out,
                                              u32 n, u32 rows, u32 stride) {
-    const u64 t = cache_decode_thread();
-    if (t >= (u64)rows * n) return;
-    const u8* e = in + (t / n) * stride;
-    const u32 i = (u32)(t % n);
-    out[t] = codec::bf16_to_f32((u32)e[2u * i] | ((u32)e[2u * i + 1u] << 8));
+    cache_decode<cache_bf16>(in, out, n, n, 0u, rows, stride);
 }
 
 // fp8 KV entry: data row = nd e4m3 codes (64-value blocks, power-of-two scales with floor 1e-4)
@@ -77,16 +130,7 @@ extern "C" __global__ void cache_encode_kv_fp8(const float* __restrict__ v, u8* 
 
 extern "C" __global__ void cache_decode_kv_fp8(const u8* __restrict__ in, float* __restrict__ out,
                                                u32 nd, u32 rd, u32 rows, u32 stride) {
-    const u64 t = cache_decode_thread();
-    if (t >= (u64)rows * (nd + rd)) return;
-    const u8* e = in + (t / (nd + rd)) * stride;
-    const u32 i = (u32)(t % (nd + rd));
-    if (i < nd) {
-        out[t] = codec::e4m3_to_f32(e[i]) * codec::ue8m0_to_f32(e[nd + 2u * rd + i / 64u]);
-    } else {
-        const u32 k = nd + 2u * (i - nd);
-        out[t] = codec::bf16_to_f32((u32)e[k] | ((u32)e[k + 1u] << 8));
-    }
+    cache_decode<cache_kv_fp8>(in, out, nd + rd, nd, rd, rows, stride);
 }
 
 // fp8 index-K entry: dim e4m3 codes of x / scale, then the f32 scale max(amax, 1e-4)/448
@@ -108,13 +152,7 @@ extern "C" __global__ void cache_encode_index_fp8(const float* __restrict__ v,
 extern "C" __global__ void cache_decode_index_fp8(const u8* __restrict__ in,
                                                   float* __restrict__ out, u32 dim, u32 rows,
                                                   u32 stride) {
-    const u64 t = cache_decode_thread();
-    if (t >= (u64)rows * dim) return;
-    const u8* e = in + (t / dim) * stride;
-    const u32 i = (u32)(t % dim);
-    const u32 sb = (u32)e[dim] | ((u32)e[dim + 1u] << 8) | ((u32)e[dim + 2u] << 16) |
-                   ((u32)e[dim + 3u] << 24);
-    out[t] = codec::e4m3_to_f32(e[i]) * __uint_as_float(sb);
+    cache_decode<cache_index_fp8>(in, out, dim, dim, 0u, rows, stride);
 }
 
 // fp4 index-K entry: dim/2 bytes of e2m1 pairs (low nibble first), then dim/32 ue8m0 codes (255
@@ -141,10 +179,5 @@ extern "C" __global__ void cache_encode_index_fp4(const float* __restrict__ v,
 extern "C" __global__ void cache_decode_index_fp4(const u8* __restrict__ in,
                                                   float* __restrict__ out, u32 dim, u32 rows,
                                                   u32 stride) {
-    const u64 t = cache_decode_thread();
-    if (t >= (u64)rows * dim) return;
-    const u8* e = in + (t / dim) * stride;
-    const u32 i = (u32)(t % dim);
-    const u32 code = ((u32)e[i / 2u] >> ((i % 2u) * 4u)) & 0xfu;
-    out[t] = codec::e2m1_to_f32(code) * codec::ue8m0_to_f32(e[dim / 2u + i / 32u]);
+    cache_decode<cache_index_fp4>(in, out, dim, dim, 0u, rows, stride);
 }

@@ -8,6 +8,9 @@
 //!   layout errors;
 //! - `paged_attention_rows`: bit for bit what `cache_load_rows` then `sparse_attention_rows`
 //!   give, the decoded keys never read back; the same layout errors.
+//! - the indexer's in-place variants (`attn_indexer_scores_<format>`, which
+//!   `paged_indexer_topk_rows` launches on the entries): bit for bit the format's decoder then
+//!   `attn_indexer_scores`, launched directly on the emulated device.
 //!
 //! Both panic where the composition does.
 //!
@@ -17,7 +20,8 @@
 mod common;
 
 use common::emu_available;
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, emu};
+use dsv4_core::SplitMix64;
 use dsv4_kernels::{Backend, row_check};
 
 #[test]
@@ -86,5 +90,161 @@ fn the_paged_selection_equals_load_then_select_in_one_submission() {
             );
         }
         row_check::paged_indexer_topk_rows_panics(&be).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// One in-place reader variant of the indexer: its kernel name suffix and decoder, the sizes
+/// a, b both take, values per key, and `keys` entries of random bytes in that format (NaN codes
+/// and scales included, ordinary ones mostly).
+struct EntryFormat {
+    suffix: &'static str,
+    decoder: &'static str,
+    a: u32,
+    b: u32,
+    width: usize,
+    entries: Vec<Vec<u8>>,
+}
+
+fn entry_formats(rng: &mut SplitMix64, keys: usize) -> Vec<EntryFormat> {
+    let mut byte = |lo: u64, hi: u64| (lo + rng.below(hi - lo + 1)) as u8;
+    // An e4m3 code that is not NaN (0x7f / 0xff), and a bf16 value of magnitude 2^-7 .. 2^2.
+    let code = |b: &mut dyn FnMut(u64, u64) -> u8| match b(0, 254) {
+        0x7f => 0x7e,
+        c => c,
+    };
+    let bf16 = |b: &mut dyn FnMut(u64, u64) -> u8| [b(0, 255), b(0x3c, 0x40) | (b(0, 1) << 7)];
+    let (mut b16, mut kv, mut i8, mut i4) = (vec![], vec![], vec![], vec![]);
+    for k in 0..keys {
+        b16.push((0..40).flat_map(|_| bf16(&mut byte)).collect());
+        // KV fp8: 128 e4m3 codes (key 1 holds a NaN code), 16 bf16, 2 scale codes, a pad byte.
+        let mut e: Vec<u8> = (0..128).map(|_| code(&mut byte)).collect();
+        if k == 1 {
+            e[3] = 0x7f;
+        }
+        e.extend((0..16).flat_map(|_| bf16(&mut byte)));
+        e.extend([byte(118, 132), byte(118, 132), 0]);
+        kv.push(e);
+        // Index-K fp8: 64 codes, then an f32 scale (key 2's is NaN).
+        let mut e: Vec<u8> = (0..64).map(|_| code(&mut byte)).collect();
+        let scale = if k == 2 {
+            f32::NAN
+        } else {
+            0.001 + f32::from(byte(0, 255)) / 2560.0
+        };
+        e.extend(scale.to_le_bytes());
+        i8.push(e);
+        // Index-K fp4: 64 values in 32 bytes, then 2 ue8m0 codes (key 3's second is 255: NaN).
+        let mut e: Vec<u8> = (0..32).map(|_| byte(0, 255)).collect();
+        e.extend([byte(120, 134), if k == 3 { 255 } else { byte(120, 134) }]);
+        i4.push(e);
+    }
+    let format = |suffix, decoder, a, b, width, entries| EntryFormat {
+        suffix,
+        decoder,
+        a,
+        b,
+        width,
+        entries,
+    };
+    vec![
+        format("bf16", "cache_decode_bf16", 40, 0, 40, b16),
+        format("kv_fp8", "cache_decode_kv_fp8", 128, 16, 144, kv),
+        format("index_fp8", "cache_decode_index_fp8", 64, 0, 64, i8),
+        format("index_fp4", "cache_decode_index_fp4", 64, 0, 64, i4),
+    ]
+}
+
+/// The indexer's in-place variants (`attn_indexer_scores_<format>`) give bit for bit the scores
+/// of the format's decoder followed by `attn_indexer_scores` over the decoded keys, for every
+/// format, both accumulation settings, three queries over ranges of 0, 150 and 61 keys (blocks
+/// with idle threads), and 11 heads (a full and a partial 8-head group).
+#[test]
+fn in_place_indexer_scores_equal_decode_then_score_bitwise() {
+    if !emu_available("in_place_indexer_scores_equal_decode_then_score_bitwise") {
+        return;
+    }
+    let starts: [u32; 4] = [0, 0, 150, 211];
+    let (keys, heads, queries) = (211usize, 11usize, 3usize);
+    let mut rng = SplitMix64::new(0x1d3e);
+    let formats = entry_formats(&mut rng, keys);
+    for acc_f64 in [true, false] {
+        let d = emu::open(acc_f64).expect("open the emulator");
+        for f in &formats {
+            let dim = f.width;
+            let q: Vec<f32> = (0..queries * heads * dim)
+                .map(|_| rng.uniform_sym(1.0))
+                .collect();
+            let w: Vec<f32> = (0..queries * heads)
+                .map(|_| rng.next_f64() as f32)
+                .collect();
+            let stride = f.entries[0].len();
+            let bytes: Vec<u8> = f.entries.concat();
+            let (qb, wb) = (d.upload_f32(&q).unwrap(), d.upload_f32(&w).unwrap());
+            let eb = d.upload(&bytes).unwrap();
+            let sb = d
+                .upload(
+                    &starts
+                        .iter()
+                        .flat_map(|s| s.to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                )
+                .unwrap();
+            let decoded = d.alloc(keys * dim * 4).unwrap();
+            let (want, got) = (d.alloc(keys * 4).unwrap(), d.alloc(keys * 4).unwrap());
+            let (dim32, h32) = (dim as u32, heads as u32);
+            let grid = (keys.div_ceil(128) as u32, queries as u32, 1);
+            let mut decoder_args = vec![KArg::Buf(&eb), KArg::Buf(&decoded)];
+            decoder_args.extend(match f.suffix {
+                "kv_fp8" => vec![KArg::U32(f.a), KArg::U32(f.b)],
+                _ => vec![KArg::U32(f.a)],
+            });
+            decoder_args.extend([KArg::U32(keys as u32), KArg::U32(stride as u32)]);
+            // SAFETY: every buffer holds what the kernels read and write: `eb` keys entries of
+            // `stride` bytes, `decoded` keys × dim f32, q/w/starts/out per the indexer's shapes.
+            unsafe {
+                let values = (keys * dim).div_ceil(256) as u32;
+                d.launch(f.decoder, (values, 1, 1), (256, 1, 1), &decoder_args)
+                    .unwrap();
+                let common = |keys_buf, out| {
+                    vec![
+                        KArg::Buf(&qb),
+                        KArg::Buf(&wb),
+                        KArg::Buf(keys_buf),
+                        KArg::Buf(&sb),
+                        KArg::Buf(out),
+                        KArg::U32(dim32),
+                        KArg::U32(h32),
+                        KArg::U32(0),
+                    ]
+                };
+                d.launch(
+                    "attn_indexer_scores",
+                    grid,
+                    (128, 1, 1),
+                    &common(&decoded, &want),
+                )
+                .unwrap();
+                let mut args = common(&eb, &got);
+                args.extend([KArg::U32(stride as u32), KArg::U32(f.a), KArg::U32(f.b)]);
+                let kernel = format!("attn_indexer_scores_{}", f.suffix);
+                d.launch(&kernel, grid, (128, 1, 1), &args).unwrap();
+            }
+            let (mut a, mut b) = (vec![0f32; keys], vec![0f32; keys]);
+            d.download_f32(&want, &mut a).unwrap();
+            d.download_f32(&got, &mut b).unwrap();
+            let first = (0..keys).find(|&j| a[j].to_bits() != b[j].to_bits());
+            assert!(
+                first.is_none(),
+                "{} acc_f64={acc_f64}: key {first:?} scores {:?} decoded, {:?} in place",
+                f.suffix,
+                first.map(|j| a[j]),
+                first.map(|j| b[j])
+            );
+            assert!(
+                a.iter().filter(|x| x.is_finite() && **x != 0.0).count() > keys / 2,
+                "{}: mostly finite, nonzero scores",
+                f.suffix
+            );
+        }
     }
 }

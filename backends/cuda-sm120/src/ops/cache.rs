@@ -223,6 +223,17 @@ fn decode(
     c.dev.download_f32(&ob, out)
 }
 
+/// How kernels read `fmt`'s entries in place: the name suffix of the format's reader variant
+/// (`attn_indexer_scores_<suffix>`, after cache.cu's entry readers) and its sizes a, b.
+pub(crate) fn entry_reader(fmt: &RowFormat) -> Result<(&'static str, u32, u32), CudaError> {
+    Ok(match kind(fmt)? {
+        Kind::Bf16 { n } => ("bf16", n, 0),
+        Kind::KvFp8 { nd, rd } => ("kv_fp8", nd, rd),
+        Kind::IndexFp8 { dim } => ("index_fp8", dim, 0),
+        Kind::IndexFp4 { dim } => ("index_fp4", dim, 0),
+    })
+}
+
 /// Upload `rows` entries laid end to end in `entries` (equal sizes) and launch the format's
 /// decoder into a device buffer of rows × the format's width f32, which is returned; rows > 0
 /// and a nonzero width.

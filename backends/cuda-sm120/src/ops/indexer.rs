@@ -1,10 +1,10 @@
 //! The lightning indexer's ops (`attn_indexer_scores` in `kernels/attention.cu`,
 //! `kernels/topk.cu`): indexer scores of queries over their key ranges, top-k by radix select in
 //! one block per score range, and both in one call with the scores left on the device (the keys
-//! too, when they come as cache rows).
+//! too, when they come as cache rows, which the scores launch then reads in place).
 
 use super::attention::{KEY_THREADS, MAX_GRID_Y};
-use super::cache::{decode_on_device, gathered_entries};
+use super::cache::{entry_reader, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
@@ -112,14 +112,16 @@ pub fn indexer_topk_rows(
         return topk_rows(c, &scores, key_starts, k);
     }
     let kb = c.dev.temp_f32(r.keys(keys, dim))?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, &r.starts)?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts)?;
     topk_on_device(c, &sb, &r.starts, k)
 }
 
 /// [`indexer_topk_rows`] over keys still in their cache pages (`Backend::paged_indexer_topk_rows`):
-/// the shared codec's checks, then the used rows' entries uploaded once and decoded on the
-/// device into the buffer the scores launch reads; the scores stay on the device too, and only
-/// the chosen indices come back (one submission). The keys' layout error is the inner `Err`;
+/// the shared codec's checks, then the used rows' entries uploaded once and read in place by the
+/// scores launch (the format's `attn_indexer_scores_<format>` variant decodes each value through
+/// the cache decoder's own reader, so the scores are those of decoded keys, with no decoded copy
+/// of the keys); the scores stay on the device too, and only the chosen indices come back (one
+/// submission). The keys' layout error is the inner `Err`;
 /// operands the indexer rejects are `BadOperands`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_indexer_topk_rows(
@@ -148,14 +150,31 @@ pub fn paged_indexer_topk_rows(
         return indexer_topk_rows(c, q, w, dim, &zeros, key_starts, k).map(Ok);
     }
     let eb = fmt.entry_bytes();
-    let kb = decode_on_device(
-        c,
-        fmt,
-        &entries[r.first * eb..r.last * eb],
-        r.last - r.first,
-    )?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, &r.starts)?;
+    let (suffix, a, b) = entry_reader(fmt)?;
+    let kb = c.dev.temp_upload(&entries[r.first * eb..r.last * eb])?;
+    let keys = Keys::Entries {
+        kernel: &format!("attn_indexer_scores_{suffix}"),
+        stride: u32_arg("cache entry bytes", eb)?,
+        a,
+        b,
+    };
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts)?;
     topk_on_device(c, &sb, &r.starts, k).map(Ok)
+}
+
+/// How the indexer launch reads its keys.
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    /// Rows of `dim` f32 (`attn_indexer_scores`).
+    F32,
+    /// Cache entries of `stride` bytes end to end, read in place by `kernel` (an
+    /// `attn_indexer_scores_<format>` variant) with the format's sizes a, b ([`entry_reader`]).
+    Entries {
+        kernel: &'a str,
+        stride: u32,
+        a: u32,
+        b: u32,
+    },
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
@@ -171,14 +190,15 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 
 /// The indexer launch over `starts.len() − 1` queries (q [rows, heads, dim], w [rows, heads]),
 /// query r over key rows `starts[r] .. starts[r+1]` of the keys in `kb` (starts from 0,
-/// nondecreasing, the last > 0, `kb` holding that many rows of `dim` f32), into a device buffer
-/// of `starts[rows]` scores; dim > 0.
+/// nondecreasing, the last > 0, `kb` holding that many keys as `keys` says: rows of `dim` f32
+/// or cache entries), into a device buffer of `starts[rows]` scores; dim > 0.
 fn score_on_device(
     c: &Core,
     q: &[f32],
     w: &[f32],
     dim: usize,
     kb: &DevBuf,
+    keys: Keys<'_>,
     starts: &[usize],
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
@@ -195,7 +215,7 @@ fn score_on_device(
     let ob = dev.temp(n * 4)?;
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
-        let args = [
+        let mut args = vec![
             KArg::Buf(&qb),
             KArg::Buf(&wb),
             KArg::Buf(kb),
@@ -205,10 +225,24 @@ fn score_on_device(
             KArg::U32(h32),
             KArg::U32(row0 as u32),
         ];
+        let kernel = match keys {
+            Keys::F32 => "attn_indexer_scores",
+            Keys::Entries {
+                kernel,
+                stride,
+                a,
+                b,
+            } => {
+                args.extend([KArg::U32(stride), KArg::U32(a), KArg::U32(b)]);
+                kernel
+            }
+        };
         let grid = (blocks_for(max_n, KEY_THREADS as usize), nr, 1);
-        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n·dim, starts rows + 1
-        // nondecreasing u32 ending at n, out n; the launch covers queries row0 .. row0 + nr.
-        unsafe { dev.launch("attn_indexer_scores", grid, (KEY_THREADS, 1, 1), &args)? };
+        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n rows of dim f32 (or n
+        // entries of `stride` bytes in the format the variant reads, with its sizes a, b),
+        // starts rows + 1 nondecreasing u32 ending at n, out n; the launch covers queries
+        // row0 .. row0 + nr.
+        unsafe { dev.launch(kernel, grid, (KEY_THREADS, 1, 1), &args)? };
     }
     Ok(ob)
 }
@@ -225,7 +259,7 @@ fn score(
 ) -> Result<(), CudaError> {
     let n = starts[starts.len() - 1];
     let kb = c.dev.temp_f32(keys)?;
-    let ob = score_on_device(c, q, w, dim, &kb, starts)?;
+    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts)?;
     c.dev.download_f32(&ob, &mut out[..n])
 }
 
