@@ -1,9 +1,11 @@
 //! Op-level benchmarks at real (DeepSeek-V4-Flash) and tiny shapes: GEMM, GEMV over fp8 and
-//! MXFP4 weights, sparse attention, indexer scores.
+//! MXFP4 weights, sparse attention, indexer scores, and the indexer's selection over fp8 index-K
+//! cache pages (what a decode step runs).
 
 use crate::timing::median_secs;
-use dsv4_core::SplitMix64;
-use dsv4_kernels::{Backend, Linear, WeightFormat};
+use dsv4_core::cache::{INDEX_K_PAGE_ENTRIES, IndexKLayout};
+use dsv4_core::{IndexKDtype, SplitMix64};
+use dsv4_kernels::{Backend, Linear, RowFormat, WeightFormat};
 use dsv4_model::tiny::{quantize_fp8_blocks, quantize_mxfp4};
 use serde::Serialize;
 use std::time::Duration;
@@ -41,6 +43,13 @@ enum Kind {
         heads: usize,
         dim: usize,
         keys: usize,
+    },
+    /// `paged_indexer_topk_rows` over fp8 index-K entries in cache pages, choosing `k`.
+    PagedIndexer {
+        heads: usize,
+        dim: usize,
+        keys: usize,
+        k: usize,
     },
 }
 
@@ -104,6 +113,15 @@ fn cases() -> Vec<Case> {
                 keys: 4096,
             },
         },
+        Case {
+            name: "indexer top-512 of 4096 fp8 paged keys",
+            kind: Kind::PagedIndexer {
+                heads: 64,
+                dim: 128,
+                keys: 4096,
+                k: 512,
+            },
+        },
     ]
 }
 
@@ -144,7 +162,35 @@ fn work(kind: &Kind, stored: usize) -> (f64, f64) {
         Kind::Indexer { heads, dim, keys } => {
             (2.0 * (heads * dim * keys) as f64, (4 * keys * dim) as f64)
         }
+        // The entries read: dim e4m3 codes and an f32 scale each.
+        Kind::PagedIndexer {
+            heads, dim, keys, ..
+        } => (2.0 * (heads * dim * keys) as f64, ((dim + 4) * keys) as f64),
     }
+}
+
+/// The rows of `values` (`dim` each), stored by `backend` as fp8 index-K entries in whole pages,
+/// row j at slot j % per of page j / per; the format, the pages, and each row's (page, slot).
+fn index_k_pages(
+    backend: &dyn Backend,
+    dim: usize,
+    values: &[f32],
+) -> (RowFormat, Vec<Vec<u8>>, Vec<(usize, usize)>) {
+    let per = INDEX_K_PAGE_ENTRIES;
+    let keys = values.len() / dim;
+    let layout =
+        IndexKLayout::new(IndexKDtype::Fp8, dim, per).expect("the bench's index-K layout is valid");
+    let fmt = RowFormat::IndexK(layout);
+    let entries = backend
+        .cache_encode_rows(&fmt, values)
+        .expect("rows of the format's width encode");
+    let mut pages = vec![vec![0u8; fmt.page_bytes()]; keys.div_ceil(per)];
+    let rows: Vec<(usize, usize)> = (0..keys).map(|j| (j / per, j % per)).collect();
+    for (entry, &(page, slot)) in entries.chunks_exact(fmt.entry_bytes()).zip(&rows) {
+        fmt.put_entry(&mut pages[page], slot, entry)
+            .expect("an entry of the format fits its slot");
+    }
+    (fmt, pages, rows)
 }
 
 /// Run every op case on `backend`. Backends named in `slow` skip cases above `slow_flops`.
@@ -220,6 +266,26 @@ pub fn run(backend: &dyn Backend, slow_flops: Option<f64>, budget: Duration) -> 
                     0,
                 )
             }
+            Kind::PagedIndexer {
+                heads,
+                dim,
+                keys,
+                k,
+            } => {
+                let q = random(heads * dim, &mut g, 1.0);
+                let w = random(heads, &mut g, 1.0);
+                let (fmt, pages, rows) =
+                    index_k_pages(backend, dim, &random(keys * dim, &mut g, 1.0));
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let starts = [0, keys];
+                let select = || {
+                    let chosen = backend
+                        .paged_indexer_topk_rows(&q, &w, &fmt, &refs, &rows, &starts, k)
+                        .expect("rows inside their pages");
+                    assert_eq!(chosen[0].len(), k.min(keys), "the selection's size");
+                };
+                (median_secs(select, 3, 50, budget), 0)
+            }
         };
         let (flops, bytes) = work(&case.kind, stored);
         out.push(result(
@@ -230,4 +296,31 @@ pub fn run(backend: &dyn Backend, slow_flops: Option<f64>, budget: Duration) -> 
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_backend_reference::ReferenceBackend;
+
+    /// The paged case's keys: row j decodes from its (page, slot) to what storing it alone in a
+    /// page and loading it back gives, across a page boundary.
+    #[test]
+    fn index_k_pages_put_each_row_in_its_slot() {
+        let be = ReferenceBackend;
+        let (dim, keys) = (128, INDEX_K_PAGE_ENTRIES + 5);
+        let values = random(keys * dim, &mut SplitMix64::new(3), 1.0);
+        let (fmt, pages, rows) = index_k_pages(&be, dim, &values);
+        assert_eq!(pages.len(), 2);
+        let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let mut got = vec![0f32; keys * dim];
+        be.cache_load_rows(&fmt, &refs, &rows, &mut got).unwrap();
+        for (j, v) in values.chunks_exact(dim).enumerate() {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            be.cache_store(&fmt, &mut page, 0, v).unwrap();
+            let mut want = vec![0f32; dim];
+            be.cache_load(&fmt, &page, 0, &mut want).unwrap();
+            assert_eq!(&got[j * dim..(j + 1) * dim], &want[..], "row {j}");
+        }
+    }
 }
