@@ -191,11 +191,15 @@ extern "C" __global__ void attn_indexer_scores_index_fp4(const float* __restrict
 //
 // Launch 1: logits[h, s] = (q_h·K_s)·scale, each dot over the channels in order. One thread per
 // (key, group of ATTN_HT heads, query): grid (ceil(max n_r/128), ceil(heads/ATTN_HT), rows) × 128.
-// The group's queries are staged in shared memory as acc_t when ATTN_HT·dim fits.
-extern "C" __global__ void attn_logits(const float* __restrict__ q, const float* __restrict__ keys,
-                                       const u32* __restrict__ starts,
-                                       double* __restrict__ logits, u32 dim, u32 heads,
-                                       float scale, u32 row0) {
+// The group's queries are staged in shared memory as acc_t when ATTN_HT·dim fits. Key s is row s
+// of `keys` (`stride` bytes apart) read through K: f32 rows, or KV cache entries read in place
+// (the _bf16 / _kv_fp8 variants, with the format's sizes a, b), as for the indexer.
+template <typename K>
+__device__ __forceinline__ void attn_logits_impl(const float* __restrict__ q,
+                                                 const u8* __restrict__ keys, u32 stride, u32 a,
+                                                 u32 b, const u32* __restrict__ starts,
+                                                 double* __restrict__ logits, u32 dim, u32 heads,
+                                                 float scale, u32 row0) {
     __shared__ acc_t sq[ATTN_Q_SHARED];
     const u32 r = row0 + blockIdx.z;
     const u32 k0 = starts[r];
@@ -212,7 +216,7 @@ extern "C" __global__ void attn_logits(const float* __restrict__ q, const float*
     }
     __syncthreads();
     if (s >= n) return;
-    const attn_f32_key ks(reinterpret_cast<const u8*>(keys + ((u64)k0 + s) * dim), 0u, 0u);
+    const K ks(keys + ((u64)k0 + s) * stride, a, b);
     double* lr = logits + (u64)heads * k0;
     acc_t d[ATTN_HT];
     if (staged) {
@@ -224,6 +228,29 @@ extern "C" __global__ void attn_logits(const float* __restrict__ q, const float*
     for (u32 i = 0; i < ATTN_HT; ++i) {
         if (i < hn) lr[(u64)(h0 + i) * n + s] = (double)(d[i] * (acc_t)scale);
     }
+}
+
+extern "C" __global__ void attn_logits(const float* __restrict__ q, const float* __restrict__ keys,
+                                       const u32* __restrict__ starts,
+                                       double* __restrict__ logits, u32 dim, u32 heads,
+                                       float scale, u32 row0) {
+    attn_logits_impl<attn_f32_key>(q, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
+                                   starts, logits, dim, heads, scale, row0);
+}
+extern "C" __global__ void attn_logits_bf16(const float* __restrict__ q,
+                                            const u8* __restrict__ keys,
+                                            const u32* __restrict__ starts,
+                                            double* __restrict__ logits, u32 dim, u32 heads,
+                                            float scale, u32 row0, u32 stride, u32 a, u32 b) {
+    attn_logits_impl<cache_bf16>(q, keys, stride, a, b, starts, logits, dim, heads, scale, row0);
+}
+extern "C" __global__ void attn_logits_kv_fp8(const float* __restrict__ q,
+                                              const u8* __restrict__ keys,
+                                              const u32* __restrict__ starts,
+                                              double* __restrict__ logits, u32 dim, u32 heads,
+                                              float scale, u32 row0, u32 stride, u32 a, u32 b) {
+    attn_logits_impl<cache_kv_fp8>(q, keys, stride, a, b, starts, logits, dim, heads, scale,
+                                   row0);
 }
 
 // Launch 2: one 256-thread block per (head, query): grid (heads, rows). mx = max(sink_h,
@@ -253,14 +280,18 @@ extern "C" __global__ void attn_softmax(double* __restrict__ logits,
 
 // Launch 3: out[r, h, c] = Σ_s w[h, s]·K[s, c] / (Σ_s w[h, s] + sinkw[r, h]), both sums over s in
 // order (each thread forms its heads' denominators). One thread per (channel, group of ATTN_HT
-// heads, query), so each key value is converted once for the group; the group's weights are
-// staged in shared memory as acc_t, ATTN_OUT_KEYS keys at a time, so each is converted once per
-// block rather than once per thread. Grid (ceil(dim/256), ceil(heads/ATTN_HT), rows) × 256.
+// heads, query), so each key value is read (decoded, for entries) and converted once for the
+// group; the group's weights are staged in shared memory as acc_t, ATTN_OUT_KEYS keys at a time,
+// so each is converted once per block rather than once per thread. Keys as for attn_logits.
+// Grid (ceil(dim/256), ceil(heads/ATTN_HT), rows) × 256.
 #define ATTN_OUT_KEYS 256
-extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
-                                    const float* __restrict__ keys,
-                                    const u32* __restrict__ starts, float* __restrict__ out,
-                                    u32 dim, u32 heads, u32 row0) {
+template <typename K>
+__device__ __forceinline__ void attn_out_impl(const double* __restrict__ wts,
+                                              const double* __restrict__ sinkw,
+                                              const u8* __restrict__ keys, u32 stride, u32 a,
+                                              u32 b, const u32* __restrict__ starts,
+                                              float* __restrict__ out, u32 dim, u32 heads,
+                                              u32 row0) {
     __shared__ acc_t sw[ATTN_HT * ATTN_OUT_KEYS];
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 h0 = blockIdx.y * ATTN_HT;
@@ -270,7 +301,8 @@ extern "C" __global__ void attn_out(const double* __restrict__ wts, const double
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
     const double* wh = wts + (u64)heads * k0 + (u64)h0 * n;
-    const float* kc = keys + (u64)k0 * dim + (live ? c : 0u);
+    const u8* kr = keys + (u64)k0 * stride;
+    const u32 cc = live ? (u32)c : 0u;
     acc_t num[ATTN_HT], den[ATTN_HT];
 #pragma unroll
     for (u32 i = 0; i < ATTN_HT; ++i) num[i] = den[i] = (acc_t)-0.0;
@@ -283,7 +315,8 @@ extern "C" __global__ void attn_out(const double* __restrict__ wts, const double
         }
         __syncthreads();
         for (u32 s = 0; live && s < sn; ++s) {
-            const acc_t kv = (acc_t)__ldg(kc + (u64)(s0 + s) * dim);
+            const K key(kr + (u64)(s0 + s) * stride, a, b);
+            const acc_t kv = (acc_t)key(cc);
 #pragma unroll
             for (u32 i = 0; i < ATTN_HT; ++i) {
                 if (i < hn) {
@@ -301,4 +334,26 @@ extern "C" __global__ void attn_out(const double* __restrict__ wts, const double
             out[rh * dim + c] = (float)(num[i] / (den[i] + (acc_t)sinkw[rh]));
         }
     }
+}
+
+extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
+                                    const float* __restrict__ keys,
+                                    const u32* __restrict__ starts, float* __restrict__ out,
+                                    u32 dim, u32 heads, u32 row0) {
+    attn_out_impl<attn_f32_key>(wts, sinkw, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
+                                starts, out, dim, heads, row0);
+}
+extern "C" __global__ void attn_out_bf16(const double* __restrict__ wts,
+                                         const double* __restrict__ sinkw,
+                                         const u8* __restrict__ keys,
+                                         const u32* __restrict__ starts, float* __restrict__ out,
+                                         u32 dim, u32 heads, u32 row0, u32 stride, u32 a, u32 b) {
+    attn_out_impl<cache_bf16>(wts, sinkw, keys, stride, a, b, starts, out, dim, heads, row0);
+}
+extern "C" __global__ void attn_out_kv_fp8(const double* __restrict__ wts,
+                                           const double* __restrict__ sinkw,
+                                           const u8* __restrict__ keys,
+                                           const u32* __restrict__ starts, float* __restrict__ out,
+                                           u32 dim, u32 heads, u32 row0, u32 stride, u32 a, u32 b) {
+    attn_out_impl<cache_kv_fp8>(wts, sinkw, keys, stride, a, b, starts, out, dim, heads, row0);
 }

@@ -3,7 +3,7 @@
 //! per-head max and weights, weighted sum with its denominator), for one query or a batch of
 //! them, each over its own keys, which may still be in their cache pages.
 
-use super::cache::{decode_on_device, gathered_entries};
+use super::cache::{Keys, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
@@ -149,8 +149,10 @@ fn attention_operands(
 }
 
 /// [`sparse_attention_rows`] over keys still in their cache pages (`Backend::paged_attention_rows`):
-/// the shared codec's checks, then the used rows' entries uploaded once, decoded on the device
-/// into the buffer the attention launches read, and only the output read back (one submission).
+/// the shared codec's checks, then the used rows' entries uploaded once and read in place by the
+/// attention launches (`attn_logits_<format>`, `attn_out_<format>`: each value through the cache
+/// decoder's own reader, so bitwise the decoded keys' result, with no decoded copy), and only
+/// the output read back (one submission).
 /// The keys' layout error is the inner `Err`; operands attention rejects are `BadOperands`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_rows(
@@ -183,8 +185,9 @@ pub fn paged_attention_rows(
         return Ok(Ok(()));
     }
     let eb = fmt.entry_bytes();
-    let kb = decode_on_device(c, fmt, &entries[first * eb..last * eb], last - first)?;
-    let ob = attend_on_device(c, &q[..len], dim, &kb, starts, sink, scale)?;
+    let keys = Keys::entries(fmt)?;
+    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
+    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, starts, sink, scale)?;
     c.dev.download_f32(&ob, out)?;
     Ok(Ok(()))
 }
@@ -204,17 +207,20 @@ fn attend(
     out: &mut [f32],
 ) -> Result<(), CudaError> {
     let kb = c.dev.temp_f32(keys)?;
-    let ob = attend_on_device(c, q, dim, &kb, starts, sink, scale)?;
+    let ob = attend_on_device(c, q, dim, &kb, Keys::F32, starts, sink, scale)?;
     c.dev.download_f32(&ob, out)
 }
 
-/// [`attend`]'s launches over keys already on the device (`kb` holds `starts[rows]` rows of
-/// `dim` f32); the output's device buffer (rows · heads · dim f32).
+/// [`attend`]'s launches over keys already on the device (`kb` holds `starts[rows]` keys as
+/// `keys` says: rows of `dim` f32, or cache entries the kernels read in place); the output's
+/// device buffer (rows · heads · dim f32).
+#[allow(clippy::too_many_arguments)]
 fn attend_on_device(
     c: &Core,
     q: &[f32],
     dim: usize,
     kb: &DevBuf,
+    keys: Keys,
     starts: &[usize],
     sink: &[f32],
     scale: f32,
@@ -246,32 +252,36 @@ fn attend_on_device(
     let lb = dev.temp(heads * n * 8)?;
     let swb = dev.temp(rows * heads * 8)?;
     let ob = dev.temp(rows * heads * dim * 4)?;
+    let (logits_kernel, out_kernel) = (keys.kernel("attn_logits"), keys.kernel("attn_out"));
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let r0 = row0 as u32;
-        // SAFETY (all three): q holds rows·heads·dim floats, keys n·dim, starts rows + 1
+        // SAFETY (all three): q holds rows·heads·dim floats, keys n·dim f32 (or n entries of
+        // `stride` bytes in the format the variants read, with its sizes a, b), starts rows + 1
         // nondecreasing u32 ending at n, sink heads; the logits/weights scratch heads·n
         // doubles, sinkw rows·heads doubles, out rows·heads·dim floats; the launches cover
         // queries row0 .. row0 + nr ≤ rows.
         unsafe {
+            let mut args = vec![
+                KArg::Buf(&qb),
+                KArg::Buf(kb),
+                KArg::Buf(&stb),
+                KArg::Buf(&lb),
+                KArg::U32(dim32),
+                KArg::U32(h32),
+                KArg::F32(scale),
+                KArg::U32(r0),
+            ];
+            args.extend(keys.args());
             dev.launch(
-                "attn_logits",
+                &logits_kernel,
                 (
                     blocks_for(max_n, KEY_THREADS as usize),
                     blocks_for(heads, HEADS_PER_THREAD),
                     nr,
                 ),
                 (KEY_THREADS, 1, 1),
-                &[
-                    KArg::Buf(&qb),
-                    KArg::Buf(kb),
-                    KArg::Buf(&stb),
-                    KArg::Buf(&lb),
-                    KArg::U32(dim32),
-                    KArg::U32(h32),
-                    KArg::F32(scale),
-                    KArg::U32(r0),
-                ],
+                &args,
             )?;
             dev.launch(
                 "attn_softmax",
@@ -286,24 +296,26 @@ fn attend_on_device(
                     KArg::U32(r0),
                 ],
             )?;
+            let mut args = vec![
+                KArg::Buf(&lb),
+                KArg::Buf(&swb),
+                KArg::Buf(kb),
+                KArg::Buf(&stb),
+                KArg::Buf(&ob),
+                KArg::U32(dim32),
+                KArg::U32(h32),
+                KArg::U32(r0),
+            ];
+            args.extend(keys.args());
             dev.launch(
-                "attn_out",
+                &out_kernel,
                 (
                     blocks_for(dim, THREADS as usize),
                     blocks_for(heads, HEADS_PER_THREAD),
                     nr,
                 ),
                 (THREADS, 1, 1),
-                &[
-                    KArg::Buf(&lb),
-                    KArg::Buf(&swb),
-                    KArg::Buf(kb),
-                    KArg::Buf(&stb),
-                    KArg::Buf(&ob),
-                    KArg::U32(dim32),
-                    KArg::U32(h32),
-                    KArg::U32(r0),
-                ],
+                &args,
             )?;
         }
     }

@@ -223,21 +223,64 @@ fn decode(
     c.dev.download_f32(&ob, out)
 }
 
-/// How kernels read `fmt`'s entries in place: the name suffix of the format's reader variant
-/// (`attn_indexer_scores_<suffix>`, after cache.cu's entry readers) and its sizes a, b.
-pub(crate) fn entry_reader(fmt: &RowFormat) -> Result<(&'static str, u32, u32), CudaError> {
-    Ok(match kind(fmt)? {
-        Kind::Bf16 { n } => ("bf16", n, 0),
-        Kind::KvFp8 { nd, rd } => ("kv_fp8", nd, rd),
-        Kind::IndexFp8 { dim } => ("index_fp8", dim, 0),
-        Kind::IndexFp4 { dim } => ("index_fp4", dim, 0),
-    })
+/// How a kernel that takes keys (the indexer, attention) reads them: rows of f32, or cache
+/// entries laid end to end, read in place by the kernel's `<name>_<format>` variant through
+/// cache.cu's entry reader of that format (the decoders' own), so the values are bitwise the
+/// decoded ones.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Keys {
+    /// Rows of the key width in f32: the kernel itself.
+    F32,
+    /// Entries of `stride` bytes; the variant's suffix and the format's sizes a, b.
+    Entries {
+        suffix: &'static str,
+        stride: u32,
+        a: u32,
+        b: u32,
+    },
+}
+
+impl Keys {
+    /// Entries of `fmt`, read in place.
+    pub(crate) fn entries(fmt: &RowFormat) -> Result<Self, CudaError> {
+        let (suffix, a, b) = match kind(fmt)? {
+            Kind::Bf16 { n } => ("bf16", n, 0),
+            Kind::KvFp8 { nd, rd } => ("kv_fp8", nd, rd),
+            Kind::IndexFp8 { dim } => ("index_fp8", dim, 0),
+            Kind::IndexFp4 { dim } => ("index_fp4", dim, 0),
+        };
+        let stride = u32_arg("cache entry bytes", fmt.entry_bytes())?;
+        Ok(Keys::Entries {
+            suffix,
+            stride,
+            a,
+            b,
+        })
+    }
+
+    /// The variant of kernel `base` that reads these keys.
+    pub(crate) fn kernel(&self, base: &str) -> String {
+        match self {
+            Keys::F32 => base.to_string(),
+            Keys::Entries { suffix, .. } => format!("{base}_{suffix}"),
+        }
+    }
+
+    /// The parameters the entry variants take after the kernel's own: stride, a, b.
+    pub(crate) fn args(&self) -> Vec<KArg<'static>> {
+        match *self {
+            Keys::F32 => Vec::new(),
+            Keys::Entries { stride, a, b, .. } => {
+                vec![KArg::U32(stride), KArg::U32(a), KArg::U32(b)]
+            }
+        }
+    }
 }
 
 /// Upload `rows` entries laid end to end in `entries` (equal sizes) and launch the format's
 /// decoder into a device buffer of rows × the format's width f32, which is returned; rows > 0
 /// and a nonzero width.
-pub(crate) fn decode_on_device(
+fn decode_on_device(
     c: &Core,
     fmt: &RowFormat,
     entries: &[u8],

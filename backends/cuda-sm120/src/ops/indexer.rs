@@ -4,7 +4,7 @@
 //! too, when they come as cache rows, which the scores launch then reads in place).
 
 use super::attention::{KEY_THREADS, MAX_GRID_Y};
-use super::cache::{entry_reader, gathered_entries};
+use super::cache::{Keys, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, KArg};
@@ -150,31 +150,10 @@ pub fn paged_indexer_topk_rows(
         return indexer_topk_rows(c, q, w, dim, &zeros, key_starts, k).map(Ok);
     }
     let eb = fmt.entry_bytes();
-    let (suffix, a, b) = entry_reader(fmt)?;
+    let keys = Keys::entries(fmt)?;
     let kb = c.dev.temp_upload(&entries[r.first * eb..r.last * eb])?;
-    let keys = Keys::Entries {
-        kernel: &format!("attn_indexer_scores_{suffix}"),
-        stride: u32_arg("cache entry bytes", eb)?,
-        a,
-        b,
-    };
     let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts)?;
     topk_on_device(c, &sb, &r.starts, k).map(Ok)
-}
-
-/// How the indexer launch reads its keys.
-#[derive(Clone, Copy)]
-enum Keys<'a> {
-    /// Rows of `dim` f32 (`attn_indexer_scores`).
-    F32,
-    /// Cache entries of `stride` bytes end to end, read in place by `kernel` (an
-    /// `attn_indexer_scores_<format>` variant) with the format's sizes a, b ([`entry_reader`]).
-    Entries {
-        kernel: &'a str,
-        stride: u32,
-        a: u32,
-        b: u32,
-    },
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
@@ -198,7 +177,7 @@ fn score_on_device(
     w: &[f32],
     dim: usize,
     kb: &DevBuf,
-    keys: Keys<'_>,
+    keys: Keys,
     starts: &[usize],
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
@@ -213,6 +192,7 @@ fn score_on_device(
     let wb = dev.temp_f32(w)?;
     let stb = dev.temp_upload(&starts32)?;
     let ob = dev.temp(n * 4)?;
+    let kernel = keys.kernel("attn_indexer_scores");
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let mut args = vec![
@@ -225,24 +205,13 @@ fn score_on_device(
             KArg::U32(h32),
             KArg::U32(row0 as u32),
         ];
-        let kernel = match keys {
-            Keys::F32 => "attn_indexer_scores",
-            Keys::Entries {
-                kernel,
-                stride,
-                a,
-                b,
-            } => {
-                args.extend([KArg::U32(stride), KArg::U32(a), KArg::U32(b)]);
-                kernel
-            }
-        };
+        args.extend(keys.args());
         let grid = (blocks_for(max_n, KEY_THREADS as usize), nr, 1);
         // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n rows of dim f32 (or n
         // entries of `stride` bytes in the format the variant reads, with its sizes a, b),
         // starts rows + 1 nondecreasing u32 ending at n, out n; the launch covers queries
         // row0 .. row0 + nr.
-        unsafe { dev.launch(kernel, grid, (KEY_THREADS, 1, 1), &args)? };
+        unsafe { dev.launch(&kernel, grid, (KEY_THREADS, 1, 1), &args)? };
     }
     Ok(ob)
 }
