@@ -26,29 +26,39 @@ __device__ __forceinline__ acc_t mhc_block_sum(acc_t v, acc_t* part) {
     return s;
 }
 
+// Mixing outputs one mhc_mix block computes: each x value is read and converted once for all of
+// them (with f64 sums the f32→f64 conversions, not the FP64 work, bound this kernel).
+#define MHC_MIX_OUTS 8
+
 // mhc_mix: x = streams [T, md], fn_w = [nout, md]; mix[t·nout + o] = (fn_w[o]·x̂_t)·r_t with
-// r_t = 1/sqrt(mean(x̂_t²) + norm_eps). Grid T·nout blocks (block b → token b / nout, output
-// b % nout), MHC_MIX_THREADS threads; each thread sums a strided slice in order, then the block sum.
+// r_t = 1/sqrt(mean(x̂_t²) + norm_eps). Grid (T, ceil(nout/MHC_MIX_OUTS)) blocks (block (t, g) →
+// token t, outputs g·MHC_MIX_OUTS ..) of MHC_MIX_THREADS threads; for x̂_t² and each output, each
+// thread sums a strided slice in order, then the block sum: the same order whatever the grid.
 extern "C" __global__ void mhc_mix(const float* __restrict__ x, const float* __restrict__ fn_w,
                                    double* __restrict__ mix, u32 md, u32 nout, float norm_eps) {
     __shared__ acc_t part[32];
-    const u64 b = blockIdx.x;
-    const u64 ti = b / nout;
-    const u64 o = b % nout;
+    const u64 ti = blockIdx.x;
+    const u32 o0 = blockIdx.y * MHC_MIX_OUTS;
+    const u32 on = min(nout - o0, (u32)MHC_MIX_OUTS);
     const float* xt = x + ti * (u64)md;
-    const float* w = fn_w + o * (u64)md;
+    const float* w = fn_w + (u64)o0 * md;
     acc_t ss = (acc_t)-0.0;
-    acc_t dot = (acc_t)-0.0;
+    acc_t dot[MHC_MIX_OUTS];
+#pragma unroll
+    for (u32 j = 0; j < MHC_MIX_OUTS; ++j) dot[j] = (acc_t)-0.0;
     for (u32 c = threadIdx.x; c < md; c += blockDim.x) {
         const acc_t v = (acc_t)__ldg(xt + c);
-        ss += v * v;
-        dot += (acc_t)__ldg(w + c) * v;
+        ss = acc_mac(v, v, ss);
+#pragma unroll
+        for (u32 j = 0; j < MHC_MIX_OUTS; ++j) {
+            if (j < on) dot[j] = acc_mac((acc_t)__ldg(w + (u64)j * md + c), v, dot[j]);
+        }
     }
     ss = mhc_block_sum(ss, part);
-    dot = mhc_block_sum(dot, part);
-    if (threadIdx.x == 0) {
-        const acc_t r = (acc_t)1.0 / sqrt(ss / (acc_t)md + (acc_t)norm_eps);
-        mix[b] = (double)(dot * r);
+    const acc_t r = (acc_t)1.0 / sqrt(ss / (acc_t)md + (acc_t)norm_eps);
+    for (u32 j = 0; j < on; ++j) { // `on` is the block's: every thread reaches each block sum
+        const acc_t d = mhc_block_sum(dot[j], part);
+        if (threadIdx.x == 0) mix[ti * nout + o0 + j] = (double)(d * r);
     }
 }
 

@@ -12,6 +12,8 @@ use dsv4_kernels::{HcParams, MhcPre};
 const MAX_STREAMS: usize = 8;
 /// Threads per block of `mhc_mix` (`MHC_MIX_THREADS` in mhc.cu).
 const MIX_THREADS: u32 = 256;
+/// Mixing outputs per `mhc_mix` block (`MHC_MIX_OUTS` in mhc.cu).
+const MIX_OUTS: usize = 8;
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
 /// Tokens per block of `mhc_coef`.
@@ -96,7 +98,11 @@ fn mix(
         KArg::U32(u32_arg("mixing outputs", nout)?),
         KArg::F32(p.norm_eps),
     ];
-    let grid = (u32_arg("tokens × mixing outputs", t * nout)?, 1, 1);
+    let grid = (
+        u32_arg("tokens", t)?,
+        u32_arg("mixing output groups", nout.div_ceil(MIX_OUTS))?,
+        1,
+    );
     // SAFETY: x holds t·M·D floats, fn nout·M·D, mix t·nout doubles, as the kernel reads.
     unsafe { dev.launch("mhc_mix", grid, (MIX_THREADS, 1, 1), &args) }
 }
