@@ -10,55 +10,85 @@
 // Largest stream count M (the Sinkhorn matrix is M×M in registers / local memory).
 #define MHC_MAX_M 8
 
-// Block-wide sum of one acc_t per thread in a fixed order: each warp by the xor butterfly, then
-// the warp totals in warp order. `part` is the kernel's shared scratch of at least 32 entries.
-// Every thread of the block must call it; every thread gets the same bits.
-__device__ __forceinline__ acc_t mhc_block_sum(acc_t v, acc_t* part) {
+// Mixing outputs and tokens one mhc_mix block computes: each x value is read and converted once
+// for the outputs, each fn_w value once for the tokens (with f64 sums the f32→f64 conversions,
+// not the FP64 work, bound this kernel; with f32 sums the fn_w rereads per token do).
+#define MHC_MIX_OUTS 8
+#define MHC_MIX_TOKENS 4
+// Sums per thread: per token, its squares and its MHC_MIX_OUTS dot products.
+#define MHC_MIX_SUMS (MHC_MIX_TOKENS * (1 + MHC_MIX_OUTS))
+
+// mhc_mix: x = streams [t, md], fn_w = [nout, md]; mix[i·nout + o] = (fn_w[o]·x̂_i)·r_i with
+// r_i = 1/sqrt(mean(x̂_i²) + norm_eps). Grid (ceil(t/MHC_MIX_TOKENS), ceil(nout/MHC_MIX_OUTS))
+// blocks of MHC_MIX_THREADS threads; block (g, h) computes tokens g·4 .. and outputs h·8 ... For
+// each token's squares and each (token, output) dot product, each thread sums a strided slice in
+// order, then the block sum (each warp by the xor butterfly, then the warp totals in warp order),
+// all the block's sums sharing its barriers: the same bits whatever the grid, so a token's result
+// never depends on its batch.
+extern "C" __global__ void mhc_mix(const float* __restrict__ x, const float* __restrict__ fn_w,
+                                   double* __restrict__ mix, u32 md, u32 nout, float norm_eps,
+                                   u32 t) {
+    __shared__ acc_t part[MHC_MIX_SUMS][32];
+    __shared__ acc_t total[MHC_MIX_SUMS];
+    const u32 t0 = blockIdx.x * MHC_MIX_TOKENS;
+    const u32 tn = min(t - t0, (u32)MHC_MIX_TOKENS);
+    const u32 o0 = blockIdx.y * MHC_MIX_OUTS;
+    const u32 on = min(nout - o0, (u32)MHC_MIX_OUTS);
+    const float* w = fn_w + (u64)o0 * md;
+    const float* xt = x + (u64)t0 * md;
+    acc_t sums[MHC_MIX_TOKENS][1 + MHC_MIX_OUTS];
+#pragma unroll
+    for (u32 k = 0; k < MHC_MIX_TOKENS; ++k) {
+#pragma unroll
+        for (u32 j = 0; j <= MHC_MIX_OUTS; ++j) sums[k][j] = (acc_t)-0.0;
+    }
+    for (u32 c = threadIdx.x; c < md; c += blockDim.x) {
+        acc_t wv[MHC_MIX_OUTS];
+#pragma unroll
+        for (u32 j = 0; j < MHC_MIX_OUTS; ++j) {
+            wv[j] = j < on ? (acc_t)__ldg(w + (u64)j * md + c) : (acc_t)0.0;
+        }
+#pragma unroll
+        for (u32 k = 0; k < MHC_MIX_TOKENS; ++k) {
+            if (k < tn) {
+                const acc_t v = (acc_t)__ldg(xt + (u64)k * md + c);
+                sums[k][0] = acc_mac(v, v, sums[k][0]);
+#pragma unroll
+                for (u32 j = 0; j < MHC_MIX_OUTS; ++j) {
+                    sums[k][1 + j] = acc_mac(wv[j], v, sums[k][1 + j]);
+                }
+            }
+        }
+    }
+    // Each warp's totals (every lane gets them), lane 0 keeps them; then thread s adds sum s's
+    // warp totals in warp order.
     const u32 lane = threadIdx.x & 31u;
     const u32 warp = threadIdx.x >> 5;
     const u32 warps = blockDim.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    acc_t s = part[0];
-    for (u32 w = 1; w < warps; ++w) s += part[w];
-    __syncthreads();
-    return s;
-}
-
-// Mixing outputs one mhc_mix block computes: each x value is read and converted once for all of
-// them (with f64 sums the f32→f64 conversions, not the FP64 work, bound this kernel).
-#define MHC_MIX_OUTS 8
-
-// mhc_mix: x = streams [T, md], fn_w = [nout, md]; mix[t·nout + o] = (fn_w[o]·x̂_t)·r_t with
-// r_t = 1/sqrt(mean(x̂_t²) + norm_eps). Grid (T, ceil(nout/MHC_MIX_OUTS)) blocks (block (t, g) →
-// token t, outputs g·MHC_MIX_OUTS ..) of MHC_MIX_THREADS threads; for x̂_t² and each output, each
-// thread sums a strided slice in order, then the block sum: the same order whatever the grid.
-extern "C" __global__ void mhc_mix(const float* __restrict__ x, const float* __restrict__ fn_w,
-                                   double* __restrict__ mix, u32 md, u32 nout, float norm_eps) {
-    __shared__ acc_t part[32];
-    const u64 ti = blockIdx.x;
-    const u32 o0 = blockIdx.y * MHC_MIX_OUTS;
-    const u32 on = min(nout - o0, (u32)MHC_MIX_OUTS);
-    const float* xt = x + ti * (u64)md;
-    const float* w = fn_w + (u64)o0 * md;
-    acc_t ss = (acc_t)-0.0;
-    acc_t dot[MHC_MIX_OUTS];
 #pragma unroll
-    for (u32 j = 0; j < MHC_MIX_OUTS; ++j) dot[j] = (acc_t)-0.0;
-    for (u32 c = threadIdx.x; c < md; c += blockDim.x) {
-        const acc_t v = (acc_t)__ldg(xt + c);
-        ss = acc_mac(v, v, ss);
+    for (u32 k = 0; k < MHC_MIX_TOKENS; ++k) {
 #pragma unroll
-        for (u32 j = 0; j < MHC_MIX_OUTS; ++j) {
-            if (j < on) dot[j] = acc_mac((acc_t)__ldg(w + (u64)j * md + c), v, dot[j]);
+        for (u32 j = 0; j <= MHC_MIX_OUTS; ++j) {
+            const acc_t v = warp_sum(sums[k][j]);
+            if (lane == 0) part[k * (1 + MHC_MIX_OUTS) + j][warp] = v;
         }
     }
-    ss = mhc_block_sum(ss, part);
-    const acc_t r = (acc_t)1.0 / sqrt(ss / (acc_t)md + (acc_t)norm_eps);
-    for (u32 j = 0; j < on; ++j) { // `on` is the block's: every thread reaches each block sum
-        const acc_t d = mhc_block_sum(dot[j], part);
-        if (threadIdx.x == 0) mix[ti * nout + o0 + j] = (double)(d * r);
+    __syncthreads();
+    if (threadIdx.x < MHC_MIX_SUMS) {
+        acc_t s = part[threadIdx.x][0];
+        for (u32 wi = 1; wi < warps; ++wi) s += part[threadIdx.x][wi];
+        total[threadIdx.x] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < MHC_MIX_TOKENS * MHC_MIX_OUTS) {
+        const u32 k = threadIdx.x / MHC_MIX_OUTS;
+        const u32 j = threadIdx.x % MHC_MIX_OUTS;
+        if (k < tn && j < on) {
+            const acc_t ss = total[k * (1 + MHC_MIX_OUTS)];
+            const acc_t r = (acc_t)1.0 / sqrt(ss / (acc_t)md + (acc_t)norm_eps);
+            const acc_t d = total[k * (1 + MHC_MIX_OUTS) + 1 + j];
+            mix[(u64)(t0 + k) * nout + o0 + j] = (double)(d * r);
+        }
     }
 }
 

@@ -14,6 +14,8 @@ const MAX_STREAMS: usize = 8;
 const MIX_THREADS: u32 = 256;
 /// Mixing outputs per `mhc_mix` block (`MHC_MIX_OUTS` in mhc.cu).
 const MIX_OUTS: usize = 8;
+/// Tokens per `mhc_mix` block (`MHC_MIX_TOKENS` in mhc.cu).
+const MIX_TOKENS: usize = 4;
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
 /// Tokens per block of `mhc_coef`.
@@ -97,9 +99,10 @@ fn mix(
         KArg::U32(u32_arg("M·D", md)?),
         KArg::U32(u32_arg("mixing outputs", nout)?),
         KArg::F32(p.norm_eps),
+        KArg::U32(u32_arg("tokens", t)?),
     ];
     let grid = (
-        u32_arg("tokens", t)?,
+        u32_arg("token groups", t.div_ceil(MIX_TOKENS))?,
         u32_arg("mixing output groups", nout.div_ceil(MIX_OUTS))?,
         1,
     );
