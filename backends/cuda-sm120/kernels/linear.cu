@@ -227,7 +227,7 @@ __device__ __forceinline__ void lin_dot(acc_t& acc, const float* w, const float*
 __device__ __forceinline__ double lin_pow2_f64(int e) { return __hiloint2double((e + 1023) << 20, 0); }
 
 // Decode one fp8/MXFP4 chunk of output row `o` into E f64 weights when the scale allows (see
-// above); false (w untouched) when the chunk must take the f32 decode. Never for f32/bf16.
+// above); false (w untouched) when the chunk must take the f32 decode, always for f32/bf16.
 template <int FMT>
 __device__ __forceinline__ bool lin_decode64(const lin_chunk& ch, const u8* __restrict__ scale,
                                              u32 o, u32 c, u32 in_dim, double* w) {
@@ -289,7 +289,8 @@ __device__ __forceinline__ void lin_dot64(double& acc, const double* wd,
 }
 
 // acc += Σ_k w_k·x_k over the chunk's first `lim` elements, in element order, x given in f64:
-// the chunk's weights decoded in f64 when lin_decode64 allows, else in f32.
+// the chunk's weights decoded in f64 when lin_decode64 allows, else in f32 and converted (every
+// format's decode GEMV with f64 sums goes through here, so x is converted once per chunk).
 template <int FMT>
 __device__ __forceinline__ void lin_chunk_dot64(double& acc, const lin_chunk& ch,
                                                 const u8* __restrict__ scale, u32 o, u32 c,
@@ -358,28 +359,25 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
             float xv[E];
             lin_load_x<E>(xr0 + i0, xv);
 #ifdef DSV4_ACC_F64
-            if constexpr (FMT == LIN_FP8 || FMT == LIN_MXFP4) {
-                // x in f64 once per chunk, for all COLS columns.
-                double xd[E];
+            // x in f64 once per chunk, for all COLS columns.
+            double xd[E];
 #pragma unroll
-                for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
+            for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
 #pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    if ((u32)j < nc)
-                        lin_chunk_dot64<FMT>(acc[0][j], cur[j], scale, o0 + j, c, in_dim, xd, lim);
-                }
-            } else
-#endif
-            {
+            for (int j = 0; j < COLS; j++) {
+                if ((u32)j < nc)
+                    lin_chunk_dot64<FMT>(acc[0][j], cur[j], scale, o0 + j, c, in_dim, xd, lim);
+            }
+#else
 #pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    if ((u32)j < nc) {
-                        float w[E];
-                        lin_decode<FMT>(cur[j], scale, o0 + j, c, in_dim, w);
-                        lin_dot<E>(acc[0][j], w, xv, lim);
-                    }
+            for (int j = 0; j < COLS; j++) {
+                if ((u32)j < nc) {
+                    float w[E];
+                    lin_decode<FMT>(cur[j], scale, o0 + j, c, in_dim, w);
+                    lin_dot<E>(acc[0][j], w, xv, lim);
                 }
             }
+#endif
 #pragma unroll
             for (int j = 0; j < COLS; j++) cur[j] = next[j];
         }
@@ -395,19 +393,21 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
                     const lin_chunk ch =
                         reinterpret_cast<const lin_chunk*>(wdata + (u64)o * pitch)[c];
 #ifdef DSV4_ACC_F64
-                    if constexpr (FMT == LIN_FP8 || FMT == LIN_MXFP4) {
-                        // Weights decoded into f64 once for all rows; each x converted once.
-                        double wd[E];
-                        if (lin_decode64<FMT>(ch, scale, o, c, in_dim, wd)) {
+                    // Weights in f64 once for all rows (fp8/MXFP4 decoded straight into f64
+                    // where the scale allows, else via f32); each x converted once.
+                    double wd[E];
+                    if (!lin_decode64<FMT>(ch, scale, o, c, in_dim, wd)) {
+                        float w[E];
+                        lin_decode<FMT>(ch, scale, o, c, in_dim, w);
 #pragma unroll
-                            for (int r = 0; r < ROWS; r++) {
-                                if ((u32)r < nr)
-                                    lin_dot64<E>(acc[r][j], wd, xr0 + (u64)r * xpitch + i0, lim);
-                            }
-                            continue;
-                        }
+                        for (int k = 0; k < E; k++) wd[k] = (double)w[k];
                     }
-#endif
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) {
+                        if ((u32)r < nr)
+                            lin_dot64<E>(acc[r][j], wd, xr0 + (u64)r * xpitch + i0, lim);
+                    }
+#else
                     float w[E];
                     lin_decode<FMT>(ch, scale, o, c, in_dim, w);
 #pragma unroll
@@ -418,6 +418,7 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
                             lin_dot<E>(acc[r][j], w, xv, lim);
                         }
                     }
+#endif
                 }
             }
         }
