@@ -20,8 +20,9 @@
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
-# and each linear case's fraction of the device's own limits ("linear" from bench.json,
-# "linear_f32" from bench-f32.json).
+# each linear case's fraction of the device's own limits ("linear" from bench.json,
+# "linear_f32" from bench-f32.json), and each attention-side kernel's fraction of the FMA rate
+# of its sums ("kernels", "kernels_f32").
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -157,6 +158,20 @@ PY
 }
 linear=$(linear_of "$out/bench.json" "default sums")
 linear_f32=$(linear_of "$out/bench-f32.json" "f32 sums")
+# The attention-side kernels (paged indexer, paged attention, mHC mixing) against the FMA rate
+# of their sums.
+kernels_of() { # bench.json label -> the cases as a JSON array ([] when unreadable); a table on stderr
+    python3 - "$1" "$2" <<'PY' || echo '[]'
+import json, sys
+cases = json.load(open(sys.argv[1]))["device"][0]["kernels"]
+print(f"  attention-side kernels, {sys.argv[2]}:", file=sys.stderr)
+for k in cases:
+    print(f"    {k['case']:<54} {k['of_fma_rate']:.0%} of the FMA rate", file=sys.stderr)
+print(json.dumps([{key: k[key] for key in ("case", "tera_multiplies", "of_fma_rate")} for k in cases]))
+PY
+}
+kernels=$(kernels_of "$out/bench.json" "default sums")
+kernels_f32=$(kernels_of "$out/bench-f32.json" "f32 sums")
 # The emulated driver prints every call it refuses; a clean run has none.
 if [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then
     refused=$(grep -h 'dsv4 emulated driver:' "$out"/*.log | head -n 5)
@@ -172,7 +187,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"linear":%s,"linear_f32":%s}\n' "$linear" "$linear_f32"
+    printf '],"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' "$linear" \
+        "$linear_f32" "$kernels" "$kernels_f32"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

@@ -1,6 +1,6 @@
 #include "common.cuh"
 // Kernels that measure the device itself for `dsv4 bench --backend cuda-sm120`: the copy
-// bandwidth decode GEMV is judged against, the SIMT f32 FMA rate, and the tensor-core
+// bandwidth decode GEMV is judged against, the SIMT f32 and f64 FMA rates, and the tensor-core
 // (mma.sync) bf16 and fp8 rates prefill GEMM is judged against. The mma kernels are inline PTX,
 // so they only exist on the device (sm_80+ for bf16, sm_89+ for fp8); the emulator compiles an
 // empty body and the host does not time them there.
@@ -30,6 +30,25 @@ extern "C" __global__ void bench_fma(float* out, u32 iters, float b, float c) {
         a5 = fmaf(a5, b, c);
         a6 = fmaf(a6, b, c);
         a7 = fmaf(a7, b, c);
+    }
+    out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+// The same with f64 FMA chains: the FP64 rate that f64-sum kernels (sm_80/sm_90) are judged
+// against.
+extern "C" __global__ void bench_fma64(double* out, u32 iters, double b, double c) {
+    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    double a0 = (double)(t & 7), a1 = a0 + 1.0, a2 = a0 + 2.0, a3 = a0 + 3.0;
+    double a4 = a0 + 4.0, a5 = a0 + 5.0, a6 = a0 + 6.0, a7 = a0 + 7.0;
+    for (u32 i = 0; i < iters; ++i) {
+        a0 = fma(a0, b, c);
+        a1 = fma(a1, b, c);
+        a2 = fma(a2, b, c);
+        a3 = fma(a3, b, c);
+        a4 = fma(a4, b, c);
+        a5 = fma(a5, b, c);
+        a6 = fma(a6, b, c);
+        a7 = fma(a7, b, c);
     }
     out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
 }

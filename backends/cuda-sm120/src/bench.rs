@@ -1,12 +1,17 @@
 //! Device measurements for `dsv4 bench --backend cuda-sm120`: the device's own limits measured
-//! in the same run (copy bandwidth, SIMT f32 FMA rate, mma.sync bf16/fp8 rates), and the linear
-//! kernels timed on device-resident operands, reported as fractions of those limits.
+//! in the same run (copy bandwidth, SIMT f32 and f64 FMA rates, mma.sync bf16/fp8 rates), the
+//! linear kernels timed on device-resident operands, reported as fractions of those limits, and
+//! the compute-bound attention-side kernels (the paged indexer, paged attention, mHC mixing) as
+//! fractions of the FMA rate of the backend's sums.
 //!
 //! Kernel times are wall-clock around a batch of launches followed by one synchronize (launches
 //! are asynchronous on a GPU), the median of several batches. On the emulator the same code runs
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
+use crate::ops::attention::time_paged_attention;
+use crate::ops::indexer::time_paged_scores;
 use crate::ops::linear::{time_grouped, time_linear};
+use crate::ops::mhc::time_mix;
 use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
@@ -23,6 +28,10 @@ pub struct DevicePeaks {
     pub copy_gbs: f64,
     /// SIMT f32 FMA rate, TFLOP/s.
     pub fma_f32_tflops: f64,
+    /// SIMT f64 FMA rate, TFLOP/s.
+    pub fma_f64_tflops: f64,
+    /// Whether the backend's kernels sum in f64 (`DSV4_CUDA_ACC`, else by capability).
+    pub f64_sums: bool,
     /// mma.sync m16n8k16 bf16 rate with f32 accumulation, TFLOP/s (None on the emulator).
     pub mma_bf16_tflops: Option<f64>,
     /// mma.sync m16n8k32 e4m3 rate (sm_89+; None elsewhere and on the emulator), TFLOP/s.
@@ -55,6 +64,21 @@ pub struct LinearTiming {
     pub of_matrix_rate: Option<f64>,
 }
 
+/// One compute-bound attention-side case timed on the device.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelTiming {
+    /// What was timed ("indexer fp8 paged 64x128, 8 queries x 16384 keys").
+    pub case: String,
+    /// Seconds per call (median).
+    pub seconds: f64,
+    /// Multiply-adds per call (every dot product's).
+    pub multiplies: f64,
+    /// multiplies / seconds / 1e12.
+    pub tera_multiplies: f64,
+    /// 2·multiplies/s over the SIMT FMA rate of the backend's sums (f64 or f32).
+    pub of_fma_rate: f64,
+}
+
 /// Everything the device bench measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceBenchReport {
@@ -62,6 +86,8 @@ pub struct DeviceBenchReport {
     pub peaks: DevicePeaks,
     /// Linear cases (decode GEMV and prefill GEMM).
     pub linear: Vec<LinearTiming>,
+    /// Attention-side cases.
+    pub kernels: Vec<KernelTiming>,
 }
 
 /// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
@@ -155,6 +181,20 @@ pub fn peaks(dev: &Device) -> Result<DevicePeaks, CudaError> {
         )
     })?;
     let fma_flops = 16.0 * f64::from(s.fma_iters) * f64::from(s.fma_blocks * threads);
+    let out64 = dev.alloc(s.fma_blocks as usize * threads as usize * 8)?;
+    let fma64_s = time_launches(dev, 2, s.batches, || unsafe {
+        dev.launch(
+            "bench_fma64",
+            (s.fma_blocks, 1, 1),
+            (threads, 1, 1),
+            &[
+                KArg::Buf(&out64),
+                KArg::U32(s.fma_iters),
+                KArg::F64(0.999_9),
+                KArg::F64(1e-4),
+            ],
+        )
+    })?;
 
     let mma = |kernel: &str, flops_per_warp_step: f64| -> Result<Option<f64>, CudaError> {
         if info.emulated || s.mma_blocks == 0 {
@@ -185,6 +225,8 @@ pub fn peaks(dev: &Device) -> Result<DevicePeaks, CudaError> {
         emulated: info.emulated,
         copy_gbs,
         fma_f32_tflops: fma_flops / fma_s / 1e12,
+        fma_f64_tflops: fma_flops / fma64_s / 1e12,
+        f64_sums: info.f64_accumulation,
         mma_bf16_tflops,
         mma_fp8_tflops,
     })
@@ -345,5 +387,72 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
             copies,
         });
     }
-    Ok(DeviceBenchReport { peaks, linear })
+    let kernels = kernel_cases(backend, &peaks)?;
+    Ok(DeviceBenchReport {
+        peaks,
+        linear,
+        kernels,
+    })
+}
+
+/// Time the attention-side cases (DSV4-Flash shapes; tiny ones on the emulator): the paged
+/// indexer's scores over fp8 index-K entries, paged sparse attention over fp8 KV entries, and a
+/// sublayer's mHC mixing logits.
+fn kernel_cases(
+    backend: &CudaBackend,
+    peaks: &DevicePeaks,
+) -> Result<Vec<KernelTiming>, CudaError> {
+    let (batches, queries, index_keys, attn_keys, tokens, d) = if peaks.emulated {
+        (1, 2, 40, 20, 5, 64)
+    } else {
+        (5, 8, 16384, 640, 256, 7168)
+    };
+    let (index_heads, index_dim, heads, (nd, rd), m) = (64, 128, 64, (448, 64), 4);
+    let fma = if peaks.f64_sums {
+        peaks.fma_f64_tflops
+    } else {
+        peaks.fma_f32_tflops
+    };
+    let timing = |case: String, seconds: f64, multiplies: f64| KernelTiming {
+        case,
+        seconds,
+        multiplies,
+        tera_multiplies: multiplies / seconds / 1e12,
+        of_fma_rate: 2.0 * multiplies / seconds / 1e12 / fma,
+    };
+    let index = time_paged_scores(
+        backend,
+        queries,
+        index_keys,
+        index_heads,
+        index_dim,
+        batches,
+    )?;
+    let attn = time_paged_attention(backend, queries, attn_keys, heads, (nd, rd), batches)?;
+    let mix = time_mix(backend, tokens, m, d, batches)?;
+    let per = |q: usize, n: usize, h: usize, w: usize| (q * n * h * w) as f64;
+    Ok(vec![
+        timing(
+            format!(
+                "indexer fp8 paged {index_heads}x{index_dim}, {queries} queries x {index_keys} keys"
+            ),
+            index,
+            per(queries, index_keys, index_heads, index_dim),
+        ),
+        timing(
+            format!(
+                "attention fp8 paged {heads}x{}, {queries} queries x {attn_keys} keys",
+                nd + rd
+            ),
+            attn,
+            // q·k for the logits and w·v for the output.
+            2.0 * per(queries, attn_keys, heads, nd + rd),
+        ),
+        timing(
+            format!("mhc_mix {tokens} tokens, M={m}, D={d}"),
+            mix,
+            // The (2 + M)·M dot products and the squares, per token.
+            (tokens * ((2 + m) * m + 1) * m * d) as f64,
+        ),
+    ])
 }

@@ -69,6 +69,22 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
             "the emulator rotates through two copies: {t:?}"
         );
     }
+    assert!(r.peaks.fma_f64_tflops.is_finite() && r.peaks.fma_f64_tflops > 0.0);
+    assert!(r.peaks.f64_sums, "the emulator was opened with f64 sums");
+    assert_eq!(
+        r.kernels.len(),
+        3,
+        "the paged indexer, paged attention, mHC mixing: {:?}",
+        r.kernels
+    );
+    for k in &r.kernels {
+        assert!(
+            k.seconds > 0.0 && k.seconds.is_finite() && k.multiplies > 0.0,
+            "{k:?}"
+        );
+        let rate = 2.0 * k.tera_multiplies / r.peaks.fma_f64_tflops;
+        assert!((k.of_fma_rate - rate).abs() <= 1e-12 * rate, "{k:?}");
+    }
     // The weights the bench timed stay resident for the next call.
     assert!(backend.resident_weight_bytes() >= 256 * 256);
 }

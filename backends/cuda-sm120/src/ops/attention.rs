@@ -238,20 +238,55 @@ fn attend_on_device(
         .iter()
         .map(|&s| u32_arg("keys", s))
         .collect::<Result<Vec<u32>, _>>()?;
-    let dim32 = u32_arg("dim", dim)?;
-    let h32 = heads as u32;
     let dev = &c.dev;
-    let qb = dev.temp_f32(q)?;
-    let stb = dev.temp_upload(
-        &starts32
-            .iter()
-            .flat_map(|s| s.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    )?;
-    let sb = dev.temp_f32(sink)?;
-    let lb = dev.temp(heads * n * 8)?;
-    let swb = dev.temp(rows * heads * 8)?;
     let ob = dev.temp(rows * heads * dim * 4)?;
+    let ops = AttendOperands {
+        q: &dev.temp_f32(q)?,
+        keys: kb,
+        starts: &dev.temp_upload(
+            &starts32
+                .iter()
+                .flat_map(|s| s.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )?,
+        sink: &dev.temp_f32(sink)?,
+        logits: &dev.temp(heads * n * 8)?,
+        sinkw: &dev.temp(rows * heads * 8)?,
+        out: &ob,
+    };
+    launch_attention(c, &ops, keys, dim, heads, rows, max_n, scale)?;
+    Ok(ob)
+}
+
+/// The device buffers of sparse attention over `rows` queries: q [rows, heads, dim], the keys,
+/// starts [rows + 1] (u32 from 0, nondecreasing, ending at the key count n), sink [heads], the
+/// logits/weights scratch (heads·n f64), sinkw (rows·heads f64), out [rows, heads, dim].
+struct AttendOperands<'a> {
+    q: &'a DevBuf,
+    keys: &'a DevBuf,
+    starts: &'a DevBuf,
+    sink: &'a DevBuf,
+    logits: &'a DevBuf,
+    sinkw: &'a DevBuf,
+    out: &'a DevBuf,
+}
+
+/// The three attention launches per ≤ 65535 queries over device-resident operands; `max_n` is
+/// the longest query range; heads ≤ 65535 (checked by the caller).
+#[allow(clippy::too_many_arguments)]
+fn launch_attention(
+    c: &Core,
+    o: &AttendOperands<'_>,
+    keys: Keys,
+    dim: usize,
+    heads: usize,
+    rows: usize,
+    max_n: usize,
+    scale: f32,
+) -> Result<(), CudaError> {
+    let dev = &c.dev;
+    let dim32 = u32_arg("dim", dim)?;
+    let h32 = u32_arg("heads", heads)?;
     let (logits_kernel, out_kernel) = (keys.kernel("attn_logits"), keys.kernel("attn_out"));
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
@@ -263,10 +298,10 @@ fn attend_on_device(
         // queries row0 .. row0 + nr ≤ rows.
         unsafe {
             let mut args = vec![
-                KArg::Buf(&qb),
-                KArg::Buf(kb),
-                KArg::Buf(&stb),
-                KArg::Buf(&lb),
+                KArg::Buf(o.q),
+                KArg::Buf(o.keys),
+                KArg::Buf(o.starts),
+                KArg::Buf(o.logits),
                 KArg::U32(dim32),
                 KArg::U32(h32),
                 KArg::F32(scale),
@@ -288,20 +323,20 @@ fn attend_on_device(
                 (h32, nr, 1),
                 (THREADS, 1, 1),
                 &[
-                    KArg::Buf(&lb),
-                    KArg::Buf(&stb),
-                    KArg::Buf(&sb),
-                    KArg::Buf(&swb),
+                    KArg::Buf(o.logits),
+                    KArg::Buf(o.starts),
+                    KArg::Buf(o.sink),
+                    KArg::Buf(o.sinkw),
                     KArg::U32(h32),
                     KArg::U32(r0),
                 ],
             )?;
             let mut args = vec![
-                KArg::Buf(&lb),
-                KArg::Buf(&swb),
-                KArg::Buf(kb),
-                KArg::Buf(&stb),
-                KArg::Buf(&ob),
+                KArg::Buf(o.logits),
+                KArg::Buf(o.sinkw),
+                KArg::Buf(o.keys),
+                KArg::Buf(o.starts),
+                KArg::Buf(o.out),
                 KArg::U32(dim32),
                 KArg::U32(h32),
                 KArg::U32(r0),
@@ -319,5 +354,52 @@ fn attend_on_device(
             )?;
         }
     }
-    Ok(ob)
+    Ok(())
+}
+
+/// Median seconds of paged sparse attention's three launches (`attn_logits_kv_fp8`,
+/// `attn_softmax`, `attn_out_kv_fp8`: the keys read in place) on device-resident operands:
+/// `queries` queries of `heads` × (nd + rd), each over its own `keys` fp8 KV entries (encoded by
+/// the backend from seeded values), for the device bench.
+pub fn time_paged_attention(
+    backend: &crate::CudaBackend,
+    queries: usize,
+    keys: usize,
+    heads: usize,
+    (nd, rd): (usize, usize),
+    batches: usize,
+) -> Result<f64, CudaError> {
+    use dsv4_kernels::Backend;
+    let c = &backend.core;
+    let layout =
+        dsv4_core::cache::KvLayout::from_head_dims(dsv4_core::KvCacheDtype::Fp8, nd + rd, rd, 64)
+            .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let fmt = RowFormat::Kv(layout);
+    let dim = fmt.width();
+    let mut g = dsv4_core::SplitMix64::new(0xa77e);
+    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
+    let n = queries * keys;
+    let entries = backend
+        .cache_encode_rows(&fmt, &values(n * dim))
+        .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let starts: Vec<u8> = (0..=queries)
+        .flat_map(|r| u32_arg("keys", r * keys).map(u32::to_le_bytes))
+        .flatten()
+        .collect();
+    let dev = &c.dev;
+    let ops = AttendOperands {
+        q: &dev.upload_f32(&values(queries * heads * dim))?,
+        keys: &dev.upload(&entries)?,
+        starts: &dev.upload(&starts)?,
+        sink: &dev.upload_f32(&values(heads))?,
+        logits: &dev.alloc(heads * n * 8)?,
+        sinkw: &dev.alloc(queries * heads * 8)?,
+        out: &dev.alloc(queries * heads * dim * 4)?,
+    };
+    let keys_fmt = Keys::entries(&fmt)?;
+    let scale = 1.0 / (dim as f32).sqrt();
+    let per_batch = if dev.info().emulated { 1 } else { 20 };
+    crate::bench::time_launches(dev, per_batch, batches, || {
+        launch_attention(c, &ops, keys_fmt, dim, heads, queries, keys, scale)
+    })
 }

@@ -192,17 +192,49 @@ fn score_on_device(
     let wb = dev.temp_f32(w)?;
     let stb = dev.temp_upload(&starts32)?;
     let ob = dev.temp(n * 4)?;
+    let ops = ScoreOperands {
+        q: &qb,
+        w: &wb,
+        keys: kb,
+        starts: &stb,
+        out: &ob,
+    };
+    launch_scores(c, &ops, keys, dim32, h32, rows, max_n)?;
+    Ok(ob)
+}
+
+/// The device buffers of an indexer launch: q [rows, heads, dim], w [rows, heads], the keys,
+/// starts [rows + 1] (u32, from 0, nondecreasing, ending at the key count n), out [n].
+struct ScoreOperands<'a> {
+    q: &'a DevBuf,
+    w: &'a DevBuf,
+    keys: &'a DevBuf,
+    starts: &'a DevBuf,
+    out: &'a DevBuf,
+}
+
+/// The indexer launches (a few past 65535 queries) over device-resident operands; `max_n` is
+/// the longest query range.
+fn launch_scores(
+    c: &Core,
+    o: &ScoreOperands<'_>,
+    keys: Keys,
+    dim: u32,
+    heads: u32,
+    rows: usize,
+    max_n: usize,
+) -> Result<(), CudaError> {
     let kernel = keys.kernel("attn_indexer_scores");
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let mut args = vec![
-            KArg::Buf(&qb),
-            KArg::Buf(&wb),
-            KArg::Buf(kb),
-            KArg::Buf(&stb),
-            KArg::Buf(&ob),
-            KArg::U32(dim32),
-            KArg::U32(h32),
+            KArg::Buf(o.q),
+            KArg::Buf(o.w),
+            KArg::Buf(o.keys),
+            KArg::Buf(o.starts),
+            KArg::Buf(o.out),
+            KArg::U32(dim),
+            KArg::U32(heads),
             KArg::U32(row0 as u32),
         ];
         args.extend(keys.args());
@@ -211,9 +243,52 @@ fn score_on_device(
         // entries of `stride` bytes in the format the variant reads, with its sizes a, b),
         // starts rows + 1 nondecreasing u32 ending at n, out n; the launch covers queries
         // row0 .. row0 + nr.
-        unsafe { dev.launch(&kernel, grid, (KEY_THREADS, 1, 1), &args)? };
+        unsafe { c.dev.launch(&kernel, grid, (KEY_THREADS, 1, 1), &args)? };
     }
-    Ok(ob)
+    Ok(())
+}
+
+/// Median seconds of the paged indexer's scores launch (`attn_indexer_scores_index_fp8`, the
+/// keys read in place) on device-resident operands: `queries` queries of `heads` × `dim`, each
+/// over its own `keys` fp8 index-K entries (encoded by the backend from seeded values), for the
+/// device bench.
+pub fn time_paged_scores(
+    backend: &crate::CudaBackend,
+    queries: usize,
+    keys: usize,
+    heads: usize,
+    dim: usize,
+    batches: usize,
+) -> Result<f64, CudaError> {
+    use dsv4_kernels::Backend;
+    let c = &backend.core;
+    let layout = dsv4_core::cache::IndexKLayout::new(dsv4_core::IndexKDtype::Fp8, dim, 64)
+        .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let fmt = RowFormat::IndexK(layout);
+    let mut g = dsv4_core::SplitMix64::new(0x1dec);
+    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
+    let n = queries * keys;
+    let entries = backend
+        .cache_encode_rows(&fmt, &values(n * dim))
+        .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let starts: Vec<usize> = (0..=queries).map(|r| r * keys).collect();
+    let qb = c.dev.upload_f32(&values(queries * heads * dim))?;
+    let wb = c.dev.upload_f32(&values(queries * heads))?;
+    let kb = c.dev.upload(&entries)?;
+    let stb = c.dev.upload(&u32_words("keys", &starts)?)?;
+    let ob = c.dev.alloc(n * 4)?;
+    let ops = ScoreOperands {
+        q: &qb,
+        w: &wb,
+        keys: &kb,
+        starts: &stb,
+        out: &ob,
+    };
+    let (dim32, h32) = (u32_arg("dim", dim)?, u32_arg("heads", heads)?);
+    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
+    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+        launch_scores(c, &ops, Keys::entries(&fmt)?, dim32, h32, queries, keys)
+    })
 }
 
 /// [`score_on_device`], then one read-back into `out` [starts[rows]].

@@ -356,3 +356,36 @@ pub fn hc_head(
     launch_mixing(c, p, x, fb.at(), cb.at(), sb.at(), t, false, o, o, o)?;
     dev.download_f32(&ob, &mut out[..t * d])
 }
+
+/// Median seconds of `mhc_mix` (a sublayer's (2 + M)·M mixing logits) for `t` tokens of `m`
+/// streams of width `d` on device-resident seeded operands, for the device bench.
+pub fn time_mix(
+    backend: &crate::CudaBackend,
+    t: usize,
+    m: usize,
+    d: usize,
+    batches: usize,
+) -> Result<f64, CudaError> {
+    let c = &backend.core;
+    let nout = (2 + m) * m;
+    let mut g = dsv4_core::SplitMix64::new(0x3c1);
+    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
+    let fn_w = values(nout * m * d);
+    let p = HcParams {
+        fn_w: &fn_w,
+        base: &[],
+        scale: &[],
+        m,
+        d,
+        norm_eps: 1e-6,
+        hc_eps: 1e-6,
+        sinkhorn_iters: 0,
+    };
+    let xb = c.dev.upload_f32(&values(t * m * d))?;
+    let fb = c.dev.upload_f32(&fn_w)?;
+    let mixb = c.dev.alloc(t * nout * 8)?;
+    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
+    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+        mix(c, &p, xb.at(), fb.at(), mixb.at(), t, nout)
+    })
+}

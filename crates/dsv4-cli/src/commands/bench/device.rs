@@ -1,6 +1,6 @@
 //! The device section of `dsv4 bench` for the CUDA backends: the device's own limits (copy
-//! bandwidth, FMA and mma rates) and the linear kernels timed on resident operands, as fractions
-//! of those limits (dsv4_backend_cuda::bench).
+//! bandwidth, FMA and mma rates), the linear kernels timed on resident operands, and the
+//! attention-side kernels, as fractions of those limits (dsv4_backend_cuda::bench).
 
 use dsv4_backend_cuda::bench::DeviceBenchReport;
 use dsv4_kernels::BackendOptions;
@@ -57,6 +57,10 @@ pub fn render(sections: &[DeviceSection]) -> String {
             "| SIMT f32 FMA | {:.2} TFLOP/s |\n",
             p.fma_f32_tflops
         ));
+        s.push_str(&format!(
+            "| SIMT f64 FMA | {:.2} TFLOP/s |\n",
+            p.fma_f64_tflops
+        ));
         s.push_str(&format!("| mma.sync bf16 | {} |\n", opt(p.mma_bf16_tflops)));
         s.push_str(&format!(
             "| mma.sync fp8 (e4m3) | {} |\n\n",
@@ -77,6 +81,20 @@ pub fn render(sections: &[DeviceSection]) -> String {
                 t.of_matrix_rate
                     .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0)),
                 t.copies
+            ));
+        }
+        let sums = if p.f64_sums { "f64" } else { "f32" };
+        s.push_str(&format!(
+            "\n| attention-side case ({sums} sums) | ms | 10^12 multiply-adds/s | of the {sums} FMA rate |\n\
+             |---|---:|---:|---:|\n"
+        ));
+        for k in &d.report.kernels {
+            s.push_str(&format!(
+                "| {} | {:.4} | {:.3} | {:.0}% |\n",
+                k.case,
+                k.seconds * 1e3,
+                k.tera_multiplies,
+                k.of_fma_rate * 100.0
             ));
         }
     }
