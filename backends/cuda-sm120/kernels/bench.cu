@@ -16,30 +16,13 @@ extern "C" __global__ void bench_copy(const dsv4_v4* __restrict__ src, dsv4_v4* 
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) dst[i] = src[i];
 }
 
-// Eight independent f32 FMA chains of `iters` steps per thread: 16·iters flops per thread.
-extern "C" __global__ void bench_fma(float* out, u32 iters, float b, float c) {
+// Eight independent FMA chains of `iters` steps per thread in T (float or double): 16·iters
+// flops per thread.
+template <typename T>
+__device__ __forceinline__ void bench_fma_chains(T* out, u32 iters, T b, T c) {
     u32 t = blockIdx.x * blockDim.x + threadIdx.x;
-    float a0 = (float)(t & 7), a1 = a0 + 1.0f, a2 = a0 + 2.0f, a3 = a0 + 3.0f;
-    float a4 = a0 + 4.0f, a5 = a0 + 5.0f, a6 = a0 + 6.0f, a7 = a0 + 7.0f;
-    for (u32 i = 0; i < iters; ++i) {
-        a0 = fmaf(a0, b, c);
-        a1 = fmaf(a1, b, c);
-        a2 = fmaf(a2, b, c);
-        a3 = fmaf(a3, b, c);
-        a4 = fmaf(a4, b, c);
-        a5 = fmaf(a5, b, c);
-        a6 = fmaf(a6, b, c);
-        a7 = fmaf(a7, b, c);
-    }
-    out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
-}
-
-// The same with f64 FMA chains: the FP64 rate that f64-sum kernels (sm_80/sm_90) are judged
-// against.
-extern "C" __global__ void bench_fma64(double* out, u32 iters, double b, double c) {
-    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
-    double a0 = (double)(t & 7), a1 = a0 + 1.0, a2 = a0 + 2.0, a3 = a0 + 3.0;
-    double a4 = a0 + 4.0, a5 = a0 + 5.0, a6 = a0 + 6.0, a7 = a0 + 7.0;
+    T a0 = (T)(t & 7), a1 = a0 + (T)1, a2 = a0 + (T)2, a3 = a0 + (T)3;
+    T a4 = a0 + (T)4, a5 = a0 + (T)5, a6 = a0 + (T)6, a7 = a0 + (T)7;
     for (u32 i = 0; i < iters; ++i) {
         a0 = fma(a0, b, c);
         a1 = fma(a1, b, c);
@@ -51,6 +34,16 @@ extern "C" __global__ void bench_fma64(double* out, u32 iters, double b, double 
         a7 = fma(a7, b, c);
     }
     out[t] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+// The SIMT f32 FMA rate.
+extern "C" __global__ void bench_fma(float* out, u32 iters, float b, float c) {
+    bench_fma_chains<float>(out, iters, b, c);
+}
+
+// The SIMT f64 FMA rate, which f64-sum kernels (sm_80/sm_90) are judged against.
+extern "C" __global__ void bench_fma64(double* out, u32 iters, double b, double c) {
+    bench_fma_chains<double>(out, iters, b, c);
 }
 
 // The body of an mma peak kernel: four independent accumulator chains of `iters` steps per warp,

@@ -113,6 +113,33 @@ pub fn time_launches(
     Ok(v[v.len() / 2])
 }
 
+/// [`time_launches`] with the op timings' batches: 20 calls each on a GPU, 1 on the emulator.
+pub(crate) fn time_op(
+    dev: &Device,
+    batches: usize,
+    f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let per_batch = if dev.info().emulated { 1 } else { 20 };
+    time_launches(dev, per_batch, batches, f)
+}
+
+/// `n` values uniform in [-1, 1) from `g`: the timed kernels' operands.
+pub(crate) fn seeded(g: &mut dsv4_core::SplitMix64, n: usize) -> Vec<f32> {
+    (0..n).map(|_| g.uniform_sym(1.0)).collect()
+}
+
+/// Rows of `values` encoded by `backend` as cache entries of `fmt`, laid end to end.
+pub(crate) fn encoded_entries(
+    backend: &CudaBackend,
+    fmt: &dsv4_kernels::RowFormat,
+    values: &[f32],
+) -> Result<Vec<u8>, CudaError> {
+    use dsv4_kernels::Backend;
+    backend
+        .cache_encode_rows(fmt, values)
+        .map_err(|e| CudaError::BadOperands(e.to_string()))
+}
+
 /// Sizes of the peak measurements: real ones on a GPU, tiny ones on the emulator.
 struct PeakSizes {
     copy_bytes: usize,

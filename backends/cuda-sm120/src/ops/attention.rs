@@ -369,37 +369,33 @@ pub fn time_paged_attention(
     (nd, rd): (usize, usize),
     batches: usize,
 ) -> Result<f64, CudaError> {
-    use dsv4_kernels::Backend;
+    use crate::bench::{encoded_entries, seeded};
     let c = &backend.core;
     let layout =
         dsv4_core::cache::KvLayout::from_head_dims(dsv4_core::KvCacheDtype::Fp8, nd + rd, rd, 64)
             .map_err(|e| CudaError::BadOperands(e.to_string()))?;
     let fmt = RowFormat::Kv(layout);
     let dim = fmt.width();
-    let mut g = dsv4_core::SplitMix64::new(0xa77e);
-    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
+    let g = &mut dsv4_core::SplitMix64::new(0xa77e);
     let n = queries * keys;
-    let entries = backend
-        .cache_encode_rows(&fmt, &values(n * dim))
-        .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let entries = encoded_entries(backend, &fmt, &seeded(g, n * dim))?;
     let starts: Vec<u8> = (0..=queries)
         .flat_map(|r| u32_arg("keys", r * keys).map(u32::to_le_bytes))
         .flatten()
         .collect();
     let dev = &c.dev;
     let ops = AttendOperands {
-        q: &dev.upload_f32(&values(queries * heads * dim))?,
+        q: &dev.upload_f32(&seeded(g, queries * heads * dim))?,
         keys: &dev.upload(&entries)?,
         starts: &dev.upload(&starts)?,
-        sink: &dev.upload_f32(&values(heads))?,
+        sink: &dev.upload_f32(&seeded(g, heads))?,
         logits: &dev.alloc(heads * n * 8)?,
         sinkw: &dev.alloc(queries * heads * 8)?,
         out: &dev.alloc(queries * heads * dim * 4)?,
     };
     let keys_fmt = Keys::entries(&fmt)?;
     let scale = 1.0 / (dim as f32).sqrt();
-    let per_batch = if dev.info().emulated { 1 } else { 20 };
-    crate::bench::time_launches(dev, per_batch, batches, || {
+    crate::bench::time_op(dev, batches, || {
         launch_attention(c, &ops, keys_fmt, dim, heads, queries, keys, scale)
     })
 }

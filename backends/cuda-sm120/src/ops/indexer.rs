@@ -260,20 +260,17 @@ pub fn time_paged_scores(
     dim: usize,
     batches: usize,
 ) -> Result<f64, CudaError> {
-    use dsv4_kernels::Backend;
+    use crate::bench::{encoded_entries, seeded};
     let c = &backend.core;
     let layout = dsv4_core::cache::IndexKLayout::new(dsv4_core::IndexKDtype::Fp8, dim, 64)
         .map_err(|e| CudaError::BadOperands(e.to_string()))?;
     let fmt = RowFormat::IndexK(layout);
-    let mut g = dsv4_core::SplitMix64::new(0x1dec);
-    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
+    let g = &mut dsv4_core::SplitMix64::new(0x1dec);
     let n = queries * keys;
-    let entries = backend
-        .cache_encode_rows(&fmt, &values(n * dim))
-        .map_err(|e| CudaError::BadOperands(e.to_string()))?;
+    let entries = encoded_entries(backend, &fmt, &seeded(g, n * dim))?;
     let starts: Vec<usize> = (0..=queries).map(|r| r * keys).collect();
-    let qb = c.dev.upload_f32(&values(queries * heads * dim))?;
-    let wb = c.dev.upload_f32(&values(queries * heads))?;
+    let qb = c.dev.upload_f32(&seeded(g, queries * heads * dim))?;
+    let wb = c.dev.upload_f32(&seeded(g, queries * heads))?;
     let kb = c.dev.upload(&entries)?;
     let stb = c.dev.upload(&u32_words("keys", &starts)?)?;
     let ob = c.dev.alloc(n * 4)?;
@@ -285,8 +282,7 @@ pub fn time_paged_scores(
         out: &ob,
     };
     let (dim32, h32) = (u32_arg("dim", dim)?, u32_arg("heads", heads)?);
-    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
-    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+    crate::bench::time_op(&c.dev, batches, || {
         launch_scores(c, &ops, Keys::entries(&fmt)?, dim32, h32, queries, keys)
     })
 }

@@ -402,9 +402,8 @@ pub fn time_grouped(
     let total = rows * ws.len();
     let xb = c.dev.temp(total * runs[0].0[0].xpitch * 4)?;
     let ob = c.dev.temp(total * first.out_dim * 4)?;
-    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
     let mut next = 0;
-    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+    crate::bench::time_op(&c.dev, batches, || {
         let (rws, table, at) = &runs[next % runs.len()];
         next += 1;
         launch_grouped(c, &rws[0], table, at.at(), xb.at(), ob.at(), total)
@@ -430,9 +429,8 @@ pub fn time_linear(
     }
     let xb = c.dev.temp(rows * ws[0].xpitch * 4)?;
     let ob = c.dev.temp(rows * ws[0].out_dim * 4)?;
-    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
     let mut next = 0;
-    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+    crate::bench::time_op(&c.dev, batches, || {
         let rw = &ws[next % ws.len()];
         next += 1;
         launch(c, rw, xb.at(), ob.at(), rows, &w.name)

@@ -368,9 +368,8 @@ pub fn time_mix(
 ) -> Result<f64, CudaError> {
     let c = &backend.core;
     let nout = (2 + m) * m;
-    let mut g = dsv4_core::SplitMix64::new(0x3c1);
-    let mut values = |n: usize| (0..n).map(|_| g.uniform_sym(1.0)).collect::<Vec<f32>>();
-    let fn_w = values(nout * m * d);
+    let g = &mut dsv4_core::SplitMix64::new(0x3c1);
+    let fn_w = crate::bench::seeded(g, nout * m * d);
     let p = HcParams {
         fn_w: &fn_w,
         base: &[],
@@ -381,11 +380,10 @@ pub fn time_mix(
         hc_eps: 1e-6,
         sinkhorn_iters: 0,
     };
-    let xb = c.dev.upload_f32(&values(t * m * d))?;
+    let xb = c.dev.upload_f32(&crate::bench::seeded(g, t * m * d))?;
     let fb = c.dev.upload_f32(&fn_w)?;
     let mixb = c.dev.alloc(t * nout * 8)?;
-    let per_batch = if c.dev.info().emulated { 1 } else { 20 };
-    crate::bench::time_launches(&c.dev, per_batch, batches, || {
+    crate::bench::time_op(&c.dev, batches, || {
         mix(c, &p, xb.at(), fb.at(), mixb.at(), t, nout)
     })
 }
