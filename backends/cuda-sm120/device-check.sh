@@ -9,6 +9,8 @@
 #   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
 #                  selecting indexer top-k; + 4 decode steps)
 #   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
+#   ops-mma        the op sweep with the tensor-core linears (DSV4_CUDA_LINEAR=mma)
+#   model-mma      the tiny-model diff with the tensor-core linears
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
 #                  side streams, canary on every pool, abort on a finding)
@@ -17,7 +19,8 @@
 #   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
 #   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
 #                  (device-resident activations against host slices, bitwise)
-#   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions)
+#   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions, every
+#                  linear case on the SIMT and on the tensor-core kernels)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
@@ -107,6 +110,9 @@ run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
 run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 136 --decode 4
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
+run_step ops-mma env DSV4_CUDA_LINEAR=mma "$dsv4" diff --backend reference --against "$backend" --ops
+run_step model-mma env DSV4_CUDA_LINEAR=mma "$dsv4" diff --backend reference --against "$backend" \
+    --model --tokens 136 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24
 [ "$on_cpu" = 1 ] && requests=6
@@ -145,14 +151,15 @@ linear_of() { # bench.json label -> the cases as a JSON array ([] when unreadabl
     python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys
 cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
-keys = ("case", "rows", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
+keys = ("case", "path", "rows", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
 print(f"  linear kernels, {sys.argv[2]}:", file=sys.stderr)
 for t in cases:
     share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth" if t["rows"] == 1 else \
         f"{t['of_matrix_rate']:.0%} of the mma rate" if t["of_matrix_rate"] is not None else "no mma rate"
-    print(f"    {t['case']:<42} {share}", file=sys.stderr)
-gemv = [t["of_copy_bandwidth"] for t in cases if t["rows"] == 1]
-print(f"    decode GEMV >= 60% of copy bandwidth: {'yes' if gemv and min(gemv) >= 0.6 else 'no'}", file=sys.stderr)
+    print(f"    {t['case']:<42} {t['path']:<4} {share}", file=sys.stderr)
+for path in ("simt", "mma"):
+    gemv = [t["of_copy_bandwidth"] for t in cases if t["rows"] == 1 and t["path"] == path]
+    print(f"    decode GEMV ({path}) >= 60% of copy bandwidth: {'yes' if gemv and min(gemv) >= 0.6 else 'no'}", file=sys.stderr)
 print(json.dumps([{k: t[k] for k in keys} for t in cases]))
 PY
 }

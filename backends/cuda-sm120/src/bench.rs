@@ -12,7 +12,7 @@ use crate::ops::attention::time_paged_attention;
 use crate::ops::indexer::time_paged_scores;
 use crate::ops::linear::{time_grouped, time_linear};
 use crate::ops::mhc::time_mix;
-use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg};
+use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg, LinearPath};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
 use std::time::Instant;
@@ -43,6 +43,8 @@ pub struct DevicePeaks {
 pub struct LinearTiming {
     /// What was timed ("gemv_fp8 decode 4096x4096").
     pub case: String,
+    /// The kernels timed: SIMT, or tensor cores (`DSV4_CUDA_LINEAR=mma`).
+    pub path: LinearPath,
     /// Rows (tokens) per call, per weight.
     pub rows: usize,
     /// Weights the call runs in one grouped launch (a layer's routed experts), else 1.
@@ -59,8 +61,9 @@ pub struct LinearTiming {
     pub of_copy_bandwidth: f64,
     /// Copies of the weight the calls took in turn (so the weights read exceed the L2 cache).
     pub copies: usize,
-    /// tflops / the matching matrix rate (bf16 mma for bf16/f32 weights, fp8 mma for fp8/fp4),
-    /// when measured.
+    /// tflops / the matching matrix rate, when measured: for SIMT cases bf16 mma for bf16/f32
+    /// weights and fp8 mma for fp8/fp4; for tensor-core cases the bf16 mma rate their tiles
+    /// run at (three mma per product, one per part of x: at most 1/3).
     pub of_matrix_rate: Option<f64>,
 }
 
@@ -385,34 +388,48 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
         let batches = if peaks.emulated { 1 } else { 5 };
         let weight_bytes = groups * (w.data.len() + w.scale.len());
         let copies = weight_copies(&dev.info(), weight_bytes);
-        let seconds = if groups > 1 {
-            // Separate weights with the same bytes: the weight cache keys a weight by its
-            // host address, so each gets its own resident copy, as a layer's experts do.
-            let ws = (0..groups)
+        // Separate weights with the same bytes: the weight cache keys a weight by its host
+        // address, so each gets its own resident copy, as a layer's experts do.
+        let ws = if groups > 1 {
+            (0..groups)
                 .map(|g| bench_weight(&format!("{case} [{g}]"), out, inp, fmt))
-                .collect::<Result<Vec<_>, _>>()?;
-            time_grouped(backend, &ws, rows, batches, copies)?
+                .collect::<Result<Vec<_>, _>>()?
         } else {
-            time_linear(backend, &w, rows, batches, copies)?
+            Vec::new()
         };
-        let weight_gbs = weight_bytes as f64 / seconds / 1e9;
-        let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
-        let matrix = match fmt {
-            WeightFormat::Fp8Block | WeightFormat::Mxfp4 => peaks.mma_fp8_tflops,
-            WeightFormat::Bf16 | WeightFormat::F32 => peaks.mma_bf16_tflops,
+        // Every case on the SIMT kernels and, for the formats it serves, on tensor cores.
+        let paths: &[LinearPath] = if fmt == WeightFormat::F32 {
+            &[LinearPath::Simt]
+        } else {
+            &[LinearPath::Simt, LinearPath::Mma]
         };
-        linear.push(LinearTiming {
-            case: case.to_string(),
-            rows,
-            groups,
-            seconds,
-            weight_bytes,
-            weight_gbs,
-            tflops,
-            of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
-            of_matrix_rate: matrix.map(|m| tflops / m),
-            copies,
-        });
+        for &path in paths {
+            let seconds = if groups > 1 {
+                time_grouped(backend, path, &ws, rows, batches, copies)?
+            } else {
+                time_linear(backend, path, &w, rows, batches, copies)?
+            };
+            let weight_gbs = weight_bytes as f64 / seconds / 1e9;
+            let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
+            let matrix = match (path, fmt) {
+                (LinearPath::Mma, _) => peaks.mma_bf16_tflops,
+                (_, WeightFormat::Fp8Block | WeightFormat::Mxfp4) => peaks.mma_fp8_tflops,
+                (_, WeightFormat::Bf16 | WeightFormat::F32) => peaks.mma_bf16_tflops,
+            };
+            linear.push(LinearTiming {
+                case: case.to_string(),
+                path,
+                rows,
+                groups,
+                seconds,
+                weight_bytes,
+                weight_gbs,
+                tflops,
+                of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
+                of_matrix_rate: matrix.map(|m| tflops / m),
+                copies,
+            });
+        }
     }
     let kernels = kernel_cases(backend, &peaks)?;
     Ok(DeviceBenchReport {

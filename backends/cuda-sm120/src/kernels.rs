@@ -7,6 +7,7 @@ pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../kernels/c
 /// Kernel files.
 pub const SOURCES: &[(&str, &str)] = &[
     ("linear.cu", include_str!("../kernels/linear.cu")),
+    ("linear_mma.cu", include_str!("../kernels/linear_mma.cu")),
     ("rows.cu", include_str!("../kernels/rows.cu")),
     ("cache.cu", include_str!("../kernels/cache.cu")),
     ("mhc.cu", include_str!("../kernels/mhc.cu")),

@@ -36,6 +36,7 @@ pub use registry::{link, open_backend};
 
 pub use device::{DevBuf, DevPtr, Device, DeviceInfo, KArg};
 pub use error::CudaError;
+pub use ops::linear::LinearPath;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
@@ -52,6 +53,8 @@ pub const EMU_NAME: &str = "cuda-emu";
 pub(crate) struct Core {
     pub(crate) dev: Device,
     pub(crate) weights: std::sync::Arc<ops::linear::WeightCache>,
+    /// Which kernels `linear` and `grouped_linear` run.
+    pub(crate) linear: LinearPath,
 }
 
 /// The CUDA backend over one device (a GPU, or the emulator).
@@ -71,18 +74,26 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
-    /// A backend named `name` ([`NAME`] or [`EMU_NAME`]) over `dev`.
+    /// A backend named `name` ([`NAME`] or [`EMU_NAME`]) over `dev`, with the SIMT linear
+    /// kernels.
     pub fn new(name: &'static str, dev: Device) -> Self {
+        Self::with_linear(name, dev, LinearPath::Simt)
+    }
+
+    /// A backend named `name` over `dev` whose linears run on the `linear` kernels.
+    pub fn with_linear(name: &'static str, dev: Device, linear: LinearPath) -> Self {
         // The host ops count their traffic through their own handle of the device; the
         // resident ops count theirs themselves, and `stats` reports both.
         let host_traffic = std::sync::Arc::default();
         let resident = Core {
             dev: dev.clone(),
             weights: Default::default(),
+            linear,
         };
         let core = Core {
             dev: dev.counted(std::sync::Arc::clone(&host_traffic)),
             weights: resident.weights.clone(),
+            linear,
         };
         Self {
             name,
@@ -94,6 +105,11 @@ impl CudaBackend {
     /// The device the kernels run on.
     pub fn device(&self) -> &Device {
         &self.core.dev
+    }
+
+    /// Which kernels the linears run on.
+    pub fn linear_path(&self) -> LinearPath {
+        self.core.linear
     }
 
     /// Upload `w` now (it is otherwise uploaded on first use); an error says why the device

@@ -1,7 +1,7 @@
 //! The backend registry entries of this crate: `cuda-sm120` (the kernels on an NVIDIA GPU through
 //! the CUDA driver) and `cuda-emu` (the same kernels on the CPU emulator, for tests).
 
-use crate::{CudaBackend, CudaError, EMU_NAME, NAME, emu};
+use crate::{CudaBackend, CudaError, EMU_NAME, LinearPath, NAME, emu};
 use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
 use std::sync::Arc;
 
@@ -22,6 +22,19 @@ pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
                 "{ACC_ENV}={other}: expected f64 or f32"
             ))),
         },
+    }
+}
+
+/// Environment variable choosing the linear kernels: `simt` (the default) or `mma` (tensor
+/// cores, sm_80+; see [`LinearPath`]).
+pub(crate) const LINEAR_ENV: &str = "DSV4_CUDA_LINEAR";
+
+/// The linear kernels `DSV4_CUDA_LINEAR` asks for (SIMT when unset).
+pub(crate) fn linear_path() -> Result<LinearPath, CudaError> {
+    match std::env::var(LINEAR_ENV) {
+        Err(_) => Ok(LinearPath::Simt),
+        Ok(v) => LinearPath::parse(&v)
+            .map_err(|e| CudaError::BadOperands(format!("{LINEAR_ENV}={}: {e}", v.trim()))),
     }
 }
 
@@ -62,8 +75,9 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
             let acc_f64 = acc_override()
                 .map_err(|e| unavailable(EMU_NAME, e))?
                 .unwrap_or(true);
+            let linear = linear_path().map_err(|e| unavailable(EMU_NAME, e))?;
             let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
-            Ok(CudaBackend::new(EMU_NAME, dev))
+            Ok(CudaBackend::with_linear(EMU_NAME, dev, linear))
         }
         other => Err(KernelError::UnknownBackend {
             name: other.to_string(),
@@ -76,8 +90,9 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
     let index = device_index(opts)?;
     #[cfg(feature = "cuda")]
     {
+        let linear = linear_path().map_err(|e| unavailable(NAME, e))?;
         let dev = crate::cuda::open(index).map_err(|e| unavailable(NAME, e))?;
-        Ok(CudaBackend::new(NAME, dev))
+        Ok(CudaBackend::with_linear(NAME, dev, linear))
     }
     #[cfg(not(feature = "cuda"))]
     {

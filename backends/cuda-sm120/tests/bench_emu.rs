@@ -8,7 +8,7 @@ mod common;
 
 use common::emu_available;
 
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, bench, emu};
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, LinearPath, bench, emu};
 
 fn available(test: &str) -> bool {
     emu_available(test)
@@ -50,11 +50,17 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
     assert!(r.peaks.copy_gbs.is_finite() && r.peaks.copy_gbs > 0.0);
     assert!(r.peaks.fma_f32_tflops.is_finite() && r.peaks.fma_f32_tflops > 0.0);
     assert_eq!(r.peaks.mma_bf16_tflops, None, "no mma on the emulator");
-    assert_eq!(r.linear.len(), 3);
+    assert_eq!(r.linear.len(), 6);
     assert_eq!(
-        r.linear.iter().map(|t| t.groups).collect::<Vec<_>>(),
-        [1, 2, 1],
-        "a plain GEMV, the grouped experts' GEMV, a prefill GEMM"
+        r.linear
+            .iter()
+            .map(|t| (t.groups, t.path))
+            .collect::<Vec<_>>(),
+        [1, 1, 2, 2, 1, 1]
+            .into_iter()
+            .zip([LinearPath::Simt, LinearPath::Mma].into_iter().cycle())
+            .collect::<Vec<_>>(),
+        "a plain GEMV, the grouped experts' GEMV, a prefill GEMM, each on SIMT and tensor cores"
     );
     for t in &r.linear {
         assert!(t.seconds > 0.0 && t.seconds.is_finite(), "{t:?}");

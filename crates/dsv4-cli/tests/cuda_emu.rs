@@ -1,5 +1,6 @@
 //! The cuda-sm120 kernels end to end through the `dsv4` binary, on the CPU emulator (`cuda-emu`):
-//! the op sweep and tiny-model diffs against the reference in every numerics combination, the
+//! the op sweep and tiny-model diffs against the reference in every numerics combination (and
+//! on the tensor-core linears, `DSV4_CUDA_LINEAR=mma`), the
 //! execution-mode diffs (plan streams on the emulator's device streams; a missing event fails
 //! the overlap diff), generation (also by `cuda-sm120` on the emulated driver,
 //! `DSV4_CUDA_DRIVER=emu`), and the device section of `dsv4 bench`. The same binary
@@ -34,6 +35,31 @@ fn the_op_sweep_passes_with_f64_and_f32_accumulation() {
     let out = diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f64")]);
     assert!(out.contains("187 pass, 0 fail"), "{out}");
     diff_passes(&OP_SWEEP, &[("DSV4_CUDA_ACC", "f32")]);
+}
+
+#[test]
+fn the_tensor_core_linears_pass_the_op_sweep_and_the_tiny_model_diff() {
+    if !available("the_tensor_core_linears_pass_the_op_sweep_and_the_tiny_model_diff") {
+        return;
+    }
+    // DSV4_CUDA_LINEAR=mma: the linears on mma.sync tiles (f32 sums), emulated through the PTX
+    // fragment layout; within the f32 tolerances, as the SIMT kernels with f32 sums.
+    let env = [("DSV4_CUDA_LINEAR", "mma"), ("DSV4_CUDA_ACC", "f32")];
+    let out = diff_passes(&OP_SWEEP, &env);
+    assert!(out.contains("187 pass, 0 fail"), "{out}");
+    let model = [
+        "diff",
+        "--backend",
+        "reference",
+        "--against",
+        "cuda-emu",
+        "--model",
+        "--tokens",
+        "72",
+        "--decode",
+        "2",
+    ];
+    diff_passes(&model, &env);
 }
 
 #[test]
@@ -329,6 +355,10 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
         ],
         "DSV4_CUDA_EMU_SCHEDULE=random: expected `deferred`",
     );
+    fails_with(
+        &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_LINEAR", "wmma")],
+        "DSV4_CUDA_LINEAR=wmma: unknown linear path `wmma`: expected simt or mma",
+    );
     for cc in ["7.5", "nine", "9"] {
         fails_with(
             &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
@@ -370,4 +400,8 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             "{t}"
         );
     }
+    // Every case on the SIMT kernels, and again on tensor cores.
+    let on = |path: &str| linear.iter().filter(|t| t["path"] == path).count();
+    assert_eq!(on("simt"), on("mma"), "{v}");
+    assert_eq!(on("simt") + on("mma"), linear.len(), "{v}");
 }

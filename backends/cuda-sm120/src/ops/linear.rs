@@ -8,7 +8,8 @@ use dsv4_kernels::{Linear, WeightFormat, WeightKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Threads per block of the linear kernels (LIN_THREADS): four warps.
+/// Threads per block of the linear kernels (LIN_THREADS, and LMMA_THREADS of the tensor-core
+/// ones): four warps.
 const THREADS: u32 = 128;
 /// Warps per block.
 const WARPS: usize = THREADS as usize / 32;
@@ -18,6 +19,52 @@ const R1_COLS: usize = 4;
 const ROWS_PER_PASS: usize = 8;
 /// Weight rows are stored with a pitch that is a multiple of this many bytes (one chunk).
 const CHUNK: usize = 16;
+/// Output columns one block of the tensor-core (`_mma`) kernels computes (one m16 tile).
+const MMA_COLS: usize = 16;
+/// Rows one block of the tensor-core kernels computes (LMMA_ROWS: eight n8 tiles).
+const MMA_ROWS: usize = 64;
+
+/// Which kernels run the linears. Each weight format takes one kernel family for every row
+/// count (one row, a batch, a prefill, a grouped launch), so a row's bits never depend on the
+/// call it is in (batch invariance) on either path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinearPath {
+    /// The SIMT kernels (kernels/linear.cu): sums in the backend's `acc_t` (f64 sums are the
+    /// reference's bits).
+    #[default]
+    Simt,
+    /// Tensor cores (kernels/linear_mma.cu, sm_80+): mma.sync bf16 tiles with f32 sums for bf16,
+    /// fp8 and MXFP4 weights (x split into three exact bf16 parts); f32 weights keep the SIMT
+    /// kernels. Within f32 tolerance of the reference, not bitwise.
+    Mma,
+}
+
+impl LinearPath {
+    /// The path named `s` (`simt` or `mma`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "" | "simt" => Ok(Self::Simt),
+            "mma" => Ok(Self::Mma),
+            other => Err(format!(
+                "unknown linear path `{other}`: expected simt or mma"
+            )),
+        }
+    }
+
+    /// The name `parse` reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Simt => "simt",
+            Self::Mma => "mma",
+        }
+    }
+
+    /// Whether weights of format `f` take the tensor-core kernels on this path.
+    fn uses_mma(self, f: WeightFormat) -> bool {
+        self == Self::Mma && f != WeightFormat::F32
+    }
+}
 
 /// A weight resident on the device in its stored format.
 #[derive(Debug)]
@@ -160,15 +207,16 @@ pub fn linear(
         c.dev.temp_f32(&padded)?
     };
     let ob = c.dev.temp(out.len() * 4)?;
-    launch(c, &rw, xb.at(), ob.at(), rows, &w.name)?;
+    launch(c, c.linear, &rw, xb.at(), ob.at(), rows, &w.name)?;
     c.dev.download_f32(&ob, out)
 }
 
-/// Launch the linear kernel for `rows` rows on device-resident operands: `xb` holds
+/// Launch the linear kernel of `path` for `rows` rows on device-resident operands: `xb` holds
 /// rows·xpitch f32 (rows padded to the weight's pitch) at a 16-byte aligned address, `ob`
 /// rows·out_dim f32.
 pub(crate) fn launch(
     c: &Core,
+    path: LinearPath,
     rw: &ResidentWeight,
     xb: DevPtr,
     ob: DevPtr,
@@ -178,16 +226,18 @@ pub(crate) fn launch(
     let o = rw.out_dim;
     let rows32 = u32::try_from(rows)
         .map_err(|_| CudaError::BadOperands(format!("linear {name}: {rows} rows")))?;
-    let (cols_per_block, rows_per_block, suffix) = if rows == 1 {
+    let (cols_per_block, rows_per_block, suffix) = if path.uses_mma(rw.format) {
+        (MMA_COLS, MMA_ROWS, "mma")
+    } else if rows == 1 {
         (WARPS * R1_COLS, 1, "r1")
     } else {
         (WARPS, ROWS_PER_PASS, "r8")
     };
     let gy = blocks_for(rows, rows_per_block);
-    if gy > 65535 {
+    if gy as usize > MAX_GRID_Y {
         return Err(CudaError::BadOperands(format!(
             "linear {name}: {rows} rows exceed one launch (at most {} rows)",
-            65535 * ROWS_PER_PASS
+            MAX_GRID_Y * rows_per_block
         )));
     }
     if xb.bytes < rows * rw.xpitch * 4 || ob.bytes < rows * o * 4 {
@@ -244,21 +294,36 @@ const GROUP_ENTRY: usize = 24;
 
 /// The table of a grouped launch ([`launch_grouped`]) of weights `rws` over the row groups
 /// `starts` (as `DeviceOps::grouped_linear` takes them): one entry per block row, and the
-/// kernel variant: `g1` (one row an entry) when no group has more than one row, else `g8`.
+/// kernel variant: on the tensor-core path `mma_g` (up to 64 rows an entry), else `g1` (one
+/// row an entry) when no group has more than one row, else `g8`.
 pub(crate) struct GroupedTable {
     /// The entries' bytes, for the parameter arena.
     pub bytes: Vec<u8>,
     /// Entries (the launch's grid rows).
     pub entries: usize,
-    /// Rows one entry covers at most (1 or ROWS_PER_PASS).
+    /// Rows one entry covers at most (1, ROWS_PER_PASS or MMA_ROWS).
     pub per_entry: usize,
+    /// Whether the entries are for the tensor-core kernel.
+    pub mma: bool,
 }
 
 impl GroupedTable {
-    /// The table of `rws` (one weight per group) over `starts` (one more entry, ascending).
-    pub(crate) fn new(rws: &[Arc<ResidentWeight>], starts: &[usize]) -> Result<Self, CudaError> {
+    /// The table of `rws` (one weight per group, all of one format) over `starts` (one more
+    /// entry, ascending) for the kernels of `path`.
+    pub(crate) fn new(
+        path: LinearPath,
+        rws: &[Arc<ResidentWeight>],
+        starts: &[usize],
+    ) -> Result<Self, CudaError> {
         let most = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-        let per_entry = if most <= 1 { 1 } else { ROWS_PER_PASS };
+        let mma = rws.first().is_some_and(|rw| path.uses_mma(rw.format));
+        let per_entry = if mma {
+            MMA_ROWS
+        } else if most <= 1 {
+            1
+        } else {
+            ROWS_PER_PASS
+        };
         let mut bytes = Vec::new();
         for (rw, w) in rws.iter().zip(starts.windows(2)) {
             for row0 in (w[0]..w[1]).step_by(per_entry) {
@@ -277,6 +342,7 @@ impl GroupedTable {
             bytes,
             entries,
             per_entry,
+            mma,
         })
     }
 }
@@ -324,7 +390,9 @@ pub(crate) fn launch_grouped(
             table.bytes
         )));
     }
-    let (cols_per_block, suffix) = if t.per_entry == 1 {
+    let (cols_per_block, suffix) = if t.mma {
+        (MMA_COLS, "mma_g")
+    } else if t.per_entry == 1 {
         (WARPS * R1_COLS, "g1")
     } else {
         (WARPS, "g8")
@@ -358,12 +426,14 @@ pub(crate) fn launch_grouped(
 }
 
 /// Median seconds per grouped launch of `ws` (a layer's experts: group g is rows
-/// `g·rows .. (g+1)·rows`, through `ws[g]`) with every operand resident on the device: what
+/// `g·rows .. (g+1)·rows`, through `ws[g]`) on the kernels of `path`, every operand resident on
+/// the device: what
 /// `dsv4 bench` reports for the grouped kernels. The launches take, in turn, `sets` separately
 /// uploaded sets of the weights (at least one), each with its own table (the first set is the
 /// backend's cached weights), so weights that fit the L2 cache are still read from memory.
 pub fn time_grouped(
     backend: &crate::CudaBackend,
+    path: LinearPath,
     ws: &[Linear],
     rows: usize,
     batches: usize,
@@ -395,7 +465,7 @@ pub fn time_grouped(
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let table = GroupedTable::new(&rws, &starts)?;
+        let table = GroupedTable::new(path, &rws, &starts)?;
         let at = c.dev.upload(&table.bytes)?;
         runs.push((rws, table, at));
     }
@@ -410,13 +480,14 @@ pub fn time_grouped(
     })
 }
 
-/// Median seconds per `linear` of `w` over `rows` rows with weights, inputs and outputs all
-/// resident on the device (no copies timed): what `dsv4 bench` reports for the kernels. The
+/// Median seconds per `linear` of `w` over `rows` rows on the kernels of `path`, with weights,
+/// inputs and outputs all resident on the device (no copies timed): what `dsv4 bench` reports for the kernels. The
 /// launches take, in turn, `copies` (at least 1) separately uploaded copies of the weight (the
 /// first is the backend's cached one), so a weight smaller than the GPU's L2 cache is read from
 /// device memory, as a model's many weights are, and not from the cache.
 pub fn time_linear(
     backend: &crate::CudaBackend,
+    path: LinearPath,
     w: &Linear,
     rows: usize,
     batches: usize,
@@ -433,7 +504,7 @@ pub fn time_linear(
     crate::bench::time_op(&c.dev, batches, || {
         let rw = &ws[next % ws.len()];
         next += 1;
-        launch(c, rw, xb.at(), ob.at(), rows, &w.name)
+        launch(c, path, rw, xb.at(), ob.at(), rows, &w.name)
     })
 }
 

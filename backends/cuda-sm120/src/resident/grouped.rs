@@ -29,8 +29,8 @@ pub(super) fn grouped_linear(
         .map(|w| resident_weight(cx, w))
         .collect::<Result<Vec<_>, _>>()?;
     let input = padded_input(cx, xp, rows, i, rws[0].xpitch())?;
-    let table =
-        lin::GroupedTable::new(&rws, starts).map_err(|e| op_err(format!("{}: {e}", cx.op)))?;
+    let table = lin::GroupedTable::new(cx.core.linear, &rws, starts)
+        .map_err(|e| op_err(format!("{}: {e}", cx.op)))?;
     let at = cx.param(&table.bytes)?;
     let r = lin::launch_grouped(cx.core, &rws[0], &table, at, input, op, rows);
     cx.run(r)?;

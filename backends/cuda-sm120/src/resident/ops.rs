@@ -251,7 +251,7 @@ pub(super) fn linear(
     }
     let rw = resident_weight(cx, w)?;
     let input = padded_input(cx, xp, rows, i, rw.xpitch())?;
-    let r = lin::launch(cx.core, &rw, input, op, rows, &w.name);
+    let r = lin::launch(cx.core, cx.core.linear, &rw, input, op, rows, &w.name);
     cx.run(r)?;
     cx.dispatched(1);
     Ok(())

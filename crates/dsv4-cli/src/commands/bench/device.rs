@@ -67,13 +67,14 @@ pub fn render(sections: &[DeviceSection]) -> String {
             opt(p.mma_fp8_tflops)
         ));
         s.push_str(
-            "| case | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate | weight copies |\n\
-             |---|---:|---:|---:|---:|---:|---:|\n",
+            "| case | kernels | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate | weight copies |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|\n",
         );
         for t in &d.report.linear {
             s.push_str(&format!(
-                "| {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} | {} |\n",
+                "| {} | {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} | {} |\n",
                 t.case,
+                t.path.name(),
                 t.seconds * 1e3,
                 t.weight_gbs,
                 t.of_copy_bandwidth * 100.0,
