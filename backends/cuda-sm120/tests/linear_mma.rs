@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::emu_available;
+use common::{emu_available, every_scale_byte_weights, random_weight};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, LinearPath, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::SplitMix64;
@@ -21,36 +21,6 @@ use dsv4_kernels::{Backend, Linear, WeightFormat};
 fn mma_backend(acc_f64: bool) -> CudaBackend {
     let dev = emu::open(acc_f64).expect("open the emulator");
     CudaBackend::with_linear(EMU_NAME, dev, LinearPath::Mma)
-}
-
-/// A random weight: bf16 from random mantissas around ±0.01..0.1; fp8 and MXFP4 from random
-/// codes (every code but NaN) with scales near 1, so subnormal and saturated codes appear.
-fn random_weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp: usize) -> Linear {
-    let n = out * inp;
-    let mut byte = |lo: u8, hi: u8| lo + (rng.next_u64() % (u64::from(hi - lo) + 1)) as u8;
-    let (data, scale): (Vec<u8>, Vec<u8>) = match format {
-        WeightFormat::Bf16 => (
-            (0..n)
-                .flat_map(|_| [byte(0, 255), byte(0x3c, 0x3d) | (byte(0, 1) << 7)])
-                .collect(),
-            vec![],
-        ),
-        WeightFormat::Fp8Block => (
-            (0..n)
-                .map(|_| byte(0, 255))
-                .map(|c| if c & 0x7f == 0x7f { c - 1 } else { c })
-                .collect(),
-            (0..out.div_ceil(128) * inp.div_ceil(128))
-                .map(|_| byte(118, 126))
-                .collect(),
-        ),
-        WeightFormat::Mxfp4 => (
-            (0..n / 2).map(|_| byte(0, 255)).collect(),
-            (0..n / 32).map(|_| byte(120, 126)).collect(),
-        ),
-        WeightFormat::F32 => unreachable!("f32 weights keep the SIMT kernels"),
-    };
-    Linear::new(format!("{format:?}"), out, inp, format, data, scale).expect("valid weight")
 }
 
 /// Σ_k |w_k·x_k| over the finite products, per output (rows × out), in f64: the scale an f32
@@ -175,27 +145,7 @@ fn mma_linear_handles_every_scale_byte_nan_codes_and_non_finite_inputs() {
         return;
     }
     let mut rng = SplitMix64::new(29);
-    // fp8: 2 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·128 + cb·2 (+1 for odd
-    // rows of blocks); inputs 8184 wide (a partial last block).
-    let (out, inp) = (256, 128 * 64 - 8);
-    let mut data: Vec<u8> = (0..out * inp)
-        .map(|_| (rng.next_u64() % 256) as u8)
-        .map(|c| if c & 0x7f == 0x7f { c - 1 } else { c })
-        .collect();
-    for o in (5..out).step_by(37) {
-        data[o * inp + (rng.next_u64() as usize % inp)] = 0x7f | ((o as u8 & 1) << 7);
-    }
-    let scale: Vec<u8> = (0..2 * 64).map(|b| (2 * b + b / 64) as u8).collect();
-    let fp8 = Linear::new("fp8", out, inp, WeightFormat::Fp8Block, data, scale).expect("fp8");
-    // MXFP4: row o's 32-value chunk ch scaled by byte (4·o + ch) mod 256.
-    let (out4, inp4) = (64, 32 * 16);
-    let data4: Vec<u8> = (0..out4 * inp4 / 2)
-        .map(|_| (rng.next_u64() % 256) as u8)
-        .collect();
-    let scale4: Vec<u8> = (0..out4 * 16)
-        .map(|i| ((4 * (i / 16) + i % 16) % 256) as u8)
-        .collect();
-    let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
+    let [fp8, mx] = every_scale_byte_weights(&mut rng);
     let be = mma_backend(false);
     for w in [&fp8, &mx] {
         let (o, i) = (w.out_dim, w.in_dim);

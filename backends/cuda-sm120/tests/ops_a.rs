@@ -8,14 +8,14 @@
 
 mod common;
 
-use common::emu_available;
+use common::{emu_available, every_scale_byte_weights, random_weight};
 
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use dsv4_diff::ops::{OpsOptions, run_ops};
-use dsv4_kernels::{Backend, Linear, RowFormat, WeightFormat};
+use dsv4_kernels::{Backend, RowFormat, WeightFormat};
 
 /// The ops these kernels implement, by trait method name.
 const OPS: &[&str] = &[
@@ -106,46 +106,6 @@ fn op_sweep_matches_the_reference_with_f32_accumulation() {
         "failing cases:\n{}",
         failures.join("\n")
     );
-}
-
-/// A random weight: f32/bf16 from uniform values; fp8 and MXFP4 from random codes (every code
-/// but NaN) and random scales, so subnormal and saturated codes appear.
-fn random_weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp: usize) -> Linear {
-    let n = out * inp;
-    let mut byte = |lo: u8, hi: u8| lo + (rng.next_u64() % (u64::from(hi - lo) + 1)) as u8;
-    let (data, scale): (Vec<u8>, Vec<u8>) = match format {
-        WeightFormat::F32 => {
-            let mut r = SplitMix64::new(n as u64);
-            let v: Vec<u8> = (0..n)
-                .flat_map(|_| r.uniform_sym(0.1).to_le_bytes())
-                .collect();
-            (v, vec![])
-        }
-        WeightFormat::Bf16 => (
-            (0..n)
-                .flat_map(|_| [byte(0, 255), byte(0x3a, 0x3e) | (byte(0, 1) << 7)])
-                .collect(),
-            vec![],
-        ),
-        WeightFormat::Fp8Block => {
-            let data = (0..n)
-                .map(|_| {
-                    let c = byte(0, 255);
-                    if c & 0x7f == 0x7f { c - 1 } else { c }
-                })
-                .collect();
-            let scale = (0..out.div_ceil(128) * inp.div_ceil(128))
-                .map(|_| byte(118, 126))
-                .collect();
-            (data, scale)
-        }
-        WeightFormat::Mxfp4 => {
-            let data = (0..n / 2).map(|_| byte(0, 255)).collect();
-            let scale = (0..n / 32).map(|_| byte(120, 126)).collect();
-            (data, scale)
-        }
-    };
-    Linear::new(format!("{format:?}"), out, inp, format, data, scale).expect("valid weight")
 }
 
 fn nmse(want: &[f32], got: &[f32]) -> f64 {
@@ -242,26 +202,7 @@ fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
         return;
     }
     let mut rng = SplitMix64::new(11);
-    // fp8: 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb; inputs 8184 wide.
-    let (out, inp) = (512, 128 * 64 - 8);
-    let mut data: Vec<u8> = (0..out * inp)
-        .map(|_| (rng.next_u64() % 256) as u8)
-        .map(|c| if c & 0x7f == 0x7f { c - 1 } else { c })
-        .collect();
-    for o in (5..out).step_by(37) {
-        data[o * inp + (rng.next_u64() as usize % inp)] = 0x7f | ((o as u8 & 1) << 7);
-    }
-    let scale: Vec<u8> = (0..4 * 64).map(|b| b as u8).collect();
-    let fp8 = Linear::new("fp8", out, inp, WeightFormat::Fp8Block, data, scale).expect("fp8");
-    // MXFP4: row o's 32-value chunk ch scaled by byte (4·o + ch) mod 256.
-    let (out4, inp4) = (64, 32 * 16);
-    let data4: Vec<u8> = (0..out4 * inp4 / 2)
-        .map(|_| (rng.next_u64() % 256) as u8)
-        .collect();
-    let scale4: Vec<u8> = (0..out4 * 16)
-        .map(|i| ((4 * (i / 16) + i % 16) % 256) as u8)
-        .collect();
-    let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
+    let [fp8, mx] = every_scale_byte_weights(&mut rng);
     let be = backend(true);
     for w in [&fp8, &mx] {
         let (o, i) = (w.out_dim, w.in_dim);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::emu_available;
+use common::{emu_available, random_weight as weight};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_core::{IndexKDtype, SplitMix64};
 use dsv4_kernels::device::Copy2d;
@@ -47,36 +47,6 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn same(d: &dyn DeviceOps, got: DevSlice, want: &[f32], what: &str) {
     let got = d.read(got).expect("read");
     assert_eq!(bits(&got), bits(want), "{what}: device and host ops differ");
-}
-
-fn weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp: usize) -> Linear {
-    let n = out * inp;
-    let mut byte = |lo: u8, hi: u8| lo + (rng.next_u64() % (u64::from(hi - lo) + 1)) as u8;
-    let (data, scale): (Vec<u8>, Vec<u8>) = match format {
-        WeightFormat::F32 => (
-            (0..n)
-                .flat_map(|i| (((i * 37) % 101) as f32 / 500.0 - 0.1).to_le_bytes())
-                .collect(),
-            vec![],
-        ),
-        WeightFormat::Bf16 => (
-            (0..n)
-                .flat_map(|_| [byte(0, 255), byte(0x3a, 0x3e) | (byte(0, 1) << 7)])
-                .collect(),
-            vec![],
-        ),
-        WeightFormat::Fp8Block => (
-            (0..n).map(|_| byte(0, 0x7e) | (byte(0, 1) << 7)).collect(),
-            (0..out.div_ceil(128) * inp.div_ceil(128))
-                .map(|_| byte(118, 126))
-                .collect(),
-        ),
-        WeightFormat::Mxfp4 => (
-            (0..n / 2).map(|_| byte(0, 255)).collect(),
-            (0..n / 32).map(|_| byte(120, 126)).collect(),
-        ),
-    };
-    Linear::new(format!("{format:?}"), out, inp, format, data, scale).expect("valid weight")
 }
 
 fn check_row_ops(be: &CudaBackend, rng: &mut SplitMix64) {

@@ -23,6 +23,21 @@ const OP_SWEEP: [&str; 6] = [
     "--ops",
 ];
 
+/// `dsv4 diff --model` of the emulated kernels on the tiny model: 72 prompt tokens, 2 decode
+/// steps.
+const TINY_MODEL_DIFF: [&str; 10] = [
+    "diff",
+    "--backend",
+    "reference",
+    "--against",
+    "cuda-emu",
+    "--model",
+    "--tokens",
+    "72",
+    "--decode",
+    "2",
+];
+
 fn available(test: &str) -> bool {
     can_run(test, "cuda-emu", dsv4_backend_cuda::emu::probe())
 }
@@ -47,19 +62,7 @@ fn the_tensor_core_linears_pass_the_op_sweep_and_the_tiny_model_diff() {
     let env = [("DSV4_CUDA_LINEAR", "mma"), ("DSV4_CUDA_ACC", "f32")];
     let out = diff_passes(&OP_SWEEP, &env);
     assert!(out.contains("187 pass, 0 fail"), "{out}");
-    let model = [
-        "diff",
-        "--backend",
-        "reference",
-        "--against",
-        "cuda-emu",
-        "--model",
-        "--tokens",
-        "72",
-        "--decode",
-        "2",
-    ];
-    diff_passes(&model, &env);
+    diff_passes(&TINY_MODEL_DIFF, &env);
 }
 
 #[test]
@@ -79,19 +82,7 @@ fn reversed_threads_and_checked_alignment_give_the_same_results() {
     )];
     let out = diff_passes(&OP_SWEEP, &flags);
     assert!(out.contains("187 pass, 0 fail"), "{out}");
-    let model = [
-        "diff",
-        "--backend",
-        "reference",
-        "--against",
-        "cuda-emu",
-        "--model",
-        "--tokens",
-        "72",
-        "--decode",
-        "2",
-    ];
-    let out = diff_passes(&model, &flags);
+    let out = diff_passes(&TINY_MODEL_DIFF, &flags);
     assert!(out.contains("max abs 0,"), "logits differ:\n{out}");
 }
 

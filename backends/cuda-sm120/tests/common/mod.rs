@@ -1,6 +1,9 @@
 //! What the crate's tests share: skipping a test when the machine lacks what it needs.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use dsv4_core::SplitMix64;
+use dsv4_kernels::{Linear, WeightFormat};
+
 /// Whether `what` (the emulator, NVRTC) is available, `probe` being its probe's answer. Prints the
 /// reason and skips (false), except under CI=true, where a missing requirement fails the test.
 pub fn can_run(test: &str, what: &str, probe: Result<(), String>) -> bool {
@@ -70,4 +73,72 @@ pub fn exec_modes() -> [(&'static str, dsv4_model::forward::ExecOptions); 3] {
         ("captured", captured),
         ("threaded overlap", threaded),
     ]
+}
+
+/// A random weight: f32/bf16 from uniform values; fp8 and MXFP4 from random codes (every code
+/// but NaN) and random scales, so subnormal and saturated codes appear.
+pub fn random_weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp: usize) -> Linear {
+    let n = out * inp;
+    let mut byte = |lo: u8, hi: u8| lo + (rng.next_u64() % (u64::from(hi - lo) + 1)) as u8;
+    let (data, scale): (Vec<u8>, Vec<u8>) = match format {
+        WeightFormat::F32 => {
+            let mut r = SplitMix64::new(n as u64);
+            let v: Vec<u8> = (0..n)
+                .flat_map(|_| r.uniform_sym(0.1).to_le_bytes())
+                .collect();
+            (v, vec![])
+        }
+        WeightFormat::Bf16 => (
+            (0..n)
+                .flat_map(|_| [byte(0, 255), byte(0x3a, 0x3e) | (byte(0, 1) << 7)])
+                .collect(),
+            vec![],
+        ),
+        WeightFormat::Fp8Block => {
+            let data = (0..n)
+                .map(|_| {
+                    let c = byte(0, 255);
+                    if c & 0x7f == 0x7f { c - 1 } else { c }
+                })
+                .collect();
+            let scale = (0..out.div_ceil(128) * inp.div_ceil(128))
+                .map(|_| byte(118, 126))
+                .collect();
+            (data, scale)
+        }
+        WeightFormat::Mxfp4 => {
+            let data = (0..n / 2).map(|_| byte(0, 255)).collect();
+            let scale = (0..n / 32).map(|_| byte(120, 126)).collect();
+            (data, scale)
+        }
+    };
+    Linear::new(format!("{format:?}"), out, inp, format, data, scale).expect("valid weight")
+}
+
+/// Weights that take every scale byte (subnormal, overflowing and NaN scales among them): fp8
+/// [512, 8184] in 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb (a partial
+/// last block; NaN codes in some rows), and MXFP4 [64, 512], row o's 32-value chunk ch scaled by
+/// byte (4·o + ch) mod 256.
+pub fn every_scale_byte_weights(rng: &mut SplitMix64) -> [Linear; 2] {
+    // fp8: 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb; inputs 8184 wide.
+    let (out, inp) = (512, 128 * 64 - 8);
+    let mut data: Vec<u8> = (0..out * inp)
+        .map(|_| (rng.next_u64() % 256) as u8)
+        .map(|c| if c & 0x7f == 0x7f { c - 1 } else { c })
+        .collect();
+    for o in (5..out).step_by(37) {
+        data[o * inp + (rng.next_u64() as usize % inp)] = 0x7f | ((o as u8 & 1) << 7);
+    }
+    let scale: Vec<u8> = (0..4 * 64).map(|b| b as u8).collect();
+    let fp8 = Linear::new("fp8", out, inp, WeightFormat::Fp8Block, data, scale).expect("fp8");
+    // MXFP4: row o's 32-value chunk ch scaled by byte (4·o + ch) mod 256.
+    let (out4, inp4) = (64, 32 * 16);
+    let data4: Vec<u8> = (0..out4 * inp4 / 2)
+        .map(|_| (rng.next_u64() % 256) as u8)
+        .collect();
+    let scale4: Vec<u8> = (0..out4 * 16)
+        .map(|i| ((4 * (i / 16) + i % 16) % 256) as u8)
+        .collect();
+    let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
+    [fp8, mx]
 }
