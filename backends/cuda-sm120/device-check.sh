@@ -9,7 +9,7 @@
 #   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
 #                  selecting indexer top-k; + 4 decode steps)
 #   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
-#   ops-mma        the op sweep with the tensor-core linears (DSV4_CUDA_LINEAR=mma)
+#   ops-mma        the op sweep with the tensor-core linears (backend.cuda_linear=mma)
 #   model-mma      the tiny-model diff with the tensor-core linears
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
@@ -110,8 +110,9 @@ run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
 run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 136 --decode 4
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
-run_step ops-mma env DSV4_CUDA_LINEAR=mma "$dsv4" diff --backend reference --against "$backend" --ops
-run_step model-mma env DSV4_CUDA_LINEAR=mma "$dsv4" diff --backend reference --against "$backend" \
+mma=(--set backend.cuda_linear=mma)
+run_step ops-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" --ops
+run_step model-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" \
     --model --tokens 136 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24

@@ -12,7 +12,7 @@ fn cpu_and_reference_are_registered() {
     assert!(names.contains(&"reference"), "{names:?}");
     let opts = BackendOptions {
         threads: 2,
-        device: None,
+        ..Default::default()
     };
     let be = registry::create("cpu", &opts).unwrap();
     assert_eq!(be.name(), "cpu");

@@ -69,8 +69,9 @@ pub fn default_acc_f64(capability: (u32, u32)) -> bool {
 }
 
 /// The GPU `device_index` with the backend's kernels compiled for it and loaded. Accumulation
-/// is [`default_acc_f64`] unless `DSV4_CUDA_ACC=f32|f64` says otherwise.
-pub fn open(device_index: usize) -> Result<Device, CudaError> {
+/// is f64 when `f64_sums` is Some(true), f32 when Some(false), else [`default_acc_f64`] unless
+/// `DSV4_CUDA_ACC=f32|f64` says otherwise.
+pub fn open(device_index: usize, f64_sums: Option<bool>) -> Result<Device, CudaError> {
     probe().map_err(CudaError::Unavailable)?;
     let count = result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
     let ordinal = i32::try_from(device_index)
@@ -113,9 +114,15 @@ pub fn open(device_index: usize) -> Result<Device, CudaError> {
         // SAFETY: dev is valid.
         memory_bytes: unsafe { result::device::total_mem(dev) }.map_err(drv("cuDeviceTotalMem"))?
             as u64,
-        f64_accumulation: registry::acc_override()?.unwrap_or(default_acc_f64(capability)),
+        f64_accumulation: match f64_sums {
+            Some(f) => f,
+            None => registry::acc_override()?.unwrap_or(default_acc_f64(capability)),
+        },
         emulated: driver_lib() == Ok(DriverLib::Emulated),
     };
+    if d.info.emulated {
+        crate::driver_lib::check_emulated_acc(d.info.f64_accumulation)?;
+    }
     d.module = load_module(capability, d.info.f64_accumulation)?;
     for name in kernels::kernel_names() {
         let cname =

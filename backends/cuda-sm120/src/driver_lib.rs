@@ -3,6 +3,7 @@
 //! kernels with the host C++ compiler and reporting the compute capability `DSV4_CUDA_EMU_CC`
 //! names, so `cuda.rs` runs and is checked without a GPU.
 
+use crate::CudaError;
 use crate::cuda::{default_acc_f64, probe};
 use crate::registry;
 use std::sync::OnceLock;
@@ -113,6 +114,23 @@ fn emulated_acc_f64() -> Result<bool, String> {
     Ok(registry::acc_override()
         .map_err(|e| e.to_string())?
         .unwrap_or(default_acc_f64(emulated_capability()?)))
+}
+
+/// The emulated driver runs kernels it built once, at load, with [`emulated_acc_f64`]'s sums; a
+/// backend asking for other sums (`backend.cuda_sums` against `DSV4_CUDA_ACC`) is an error.
+pub(crate) fn check_emulated_acc(f64_sums: bool) -> Result<(), CudaError> {
+    let built = emulated_acc_f64().map_err(CudaError::Unavailable)?;
+    if built == f64_sums {
+        return Ok(());
+    }
+    let name = |f: bool| if f { "f64" } else { "f32" };
+    Err(CudaError::Unavailable(format!(
+        "{DRIVER_ENV}=emu built its kernels with {} sums (DSV4_CUDA_ACC, else the emulated \
+         capability's default) and cannot switch to {} in this process; set DSV4_CUDA_ACC={}",
+        name(built),
+        name(f64_sums),
+        name(f64_sums)
+    )))
 }
 
 /// Build the emulated driver and load it by path, for good: its soname is `libcuda.so`, the

@@ -5,9 +5,9 @@ use crate::{CudaBackend, CudaError, EMU_NAME, LinearPath, NAME, emu};
 use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
 use std::sync::Arc;
 
-/// Environment variable choosing the accumulation type of the kernels: `f64` or `f32`. The GPU
-/// default is f64 on devices with full-rate FP64 (sm_80, sm_90, sm_100), f32 elsewhere; the
-/// emulator's default is f64.
+/// Environment variable choosing the accumulation type of the kernels: `f64` or `f32`, as
+/// `backend.cuda_sums` does in a profile. The GPU default is f64 on devices with full-rate FP64
+/// (sm_80, sm_90, sm_100), f32 elsewhere; the emulator's default is f64.
 pub(crate) const ACC_ENV: &str = "DSV4_CUDA_ACC";
 
 /// The accumulation `DSV4_CUDA_ACC` asks for (true = f64), None when unset.
@@ -26,16 +26,74 @@ pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
 }
 
 /// Environment variable choosing the linear kernels: `simt` (the default) or `mma` (tensor
-/// cores, sm_80+; see [`LinearPath`]).
+/// cores, sm_80+; see [`LinearPath`]), as `backend.cuda_linear` does in a profile.
 pub(crate) const LINEAR_ENV: &str = "DSV4_CUDA_LINEAR";
 
-/// The linear kernels `DSV4_CUDA_LINEAR` asks for (SIMT when unset).
-pub(crate) fn linear_path() -> Result<LinearPath, CudaError> {
+/// The linear kernels `DSV4_CUDA_LINEAR` asks for, None when unset.
+fn linear_override() -> Result<Option<LinearPath>, CudaError> {
     match std::env::var(LINEAR_ENV) {
-        Err(_) => Ok(LinearPath::Simt),
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().is_empty() => Ok(None),
         Ok(v) => LinearPath::parse(&v)
+            .map(Some)
             .map_err(|e| CudaError::BadOperands(format!("{LINEAR_ENV}={}: {e}", v.trim()))),
     }
+}
+
+/// A knob set by the profile (`key`) or by an environment variable (`var`): whichever is set;
+/// both set must agree, since a run has one resolved configuration.
+fn agree<T: PartialEq + Copy>(
+    key: &str,
+    profile: Option<T>,
+    var: &str,
+    env: Option<T>,
+    name: fn(T) -> &'static str,
+) -> Result<Option<T>, CudaError> {
+    match (profile, env) {
+        (Some(p), Some(e)) if p != e => Err(CudaError::BadOperands(format!(
+            "{key} = {} but {var}={}: unset one of them or make them agree",
+            name(p),
+            name(e)
+        ))),
+        (Some(p), _) => Ok(Some(p)),
+        (None, e) => Ok(e),
+    }
+}
+
+fn sums_name(f64_sums: bool) -> &'static str {
+    if f64_sums { "f64" } else { "f32" }
+}
+
+/// The sums the backend runs with, when asked for: `backend.cuda_sums` (`opts.f64_sums`) or
+/// `DSV4_CUDA_ACC`; None leaves the choice to the device.
+pub(crate) fn sums_choice(opts: &BackendOptions) -> Result<Option<bool>, CudaError> {
+    agree(
+        "backend.cuda_sums",
+        opts.f64_sums,
+        ACC_ENV,
+        acc_override()?,
+        sums_name,
+    )
+}
+
+/// The linear kernels the backend runs: `backend.cuda_linear` (`opts.tensor_core_linears`) or
+/// `DSV4_CUDA_LINEAR`, else SIMT.
+pub(crate) fn linear_choice(opts: &BackendOptions) -> Result<LinearPath, CudaError> {
+    let profile = opts.tensor_core_linears.map(|on| {
+        if on {
+            LinearPath::Mma
+        } else {
+            LinearPath::Simt
+        }
+    });
+    let chosen = agree(
+        "backend.cuda_linear",
+        profile,
+        LINEAR_ENV,
+        linear_override()?,
+        LinearPath::name,
+    )?;
+    Ok(chosen.unwrap_or_default())
 }
 
 fn unavailable(name: &str, e: CudaError) -> KernelError {
@@ -72,10 +130,10 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
     match name {
         NAME => open_gpu(opts),
         EMU_NAME => {
-            let acc_f64 = acc_override()
+            let acc_f64 = sums_choice(opts)
                 .map_err(|e| unavailable(EMU_NAME, e))?
                 .unwrap_or(true);
-            let linear = linear_path().map_err(|e| unavailable(EMU_NAME, e))?;
+            let linear = linear_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
             let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
             Ok(CudaBackend::with_linear(EMU_NAME, dev, linear))
         }
@@ -90,8 +148,9 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
     let index = device_index(opts)?;
     #[cfg(feature = "cuda")]
     {
-        let linear = linear_path().map_err(|e| unavailable(NAME, e))?;
-        let dev = crate::cuda::open(index).map_err(|e| unavailable(NAME, e))?;
+        let linear = linear_choice(opts).map_err(|e| unavailable(NAME, e))?;
+        let sums = sums_choice(opts).map_err(|e| unavailable(NAME, e))?;
+        let dev = crate::cuda::open(index, sums).map_err(|e| unavailable(NAME, e))?;
         Ok(CudaBackend::with_linear(NAME, dev, linear))
     }
     #[cfg(not(feature = "cuda"))]
@@ -132,3 +191,22 @@ inventory::submit! {
 
 /// Call from a binary or test so the linker keeps this crate's registry entries.
 pub fn link() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_knob_comes_from_the_profile_or_the_environment_and_both_must_agree() {
+        let pick = |p, e| agree("backend.cuda_sums", p, ACC_ENV, e, sums_name);
+        assert_eq!(pick(None, None).unwrap(), None);
+        assert_eq!(pick(Some(false), None).unwrap(), Some(false));
+        assert_eq!(pick(None, Some(true)).unwrap(), Some(true));
+        assert_eq!(pick(Some(true), Some(true)).unwrap(), Some(true));
+        let e = pick(Some(false), Some(true)).unwrap_err().to_string();
+        assert!(
+            e.contains("backend.cuda_sums = f32 but DSV4_CUDA_ACC=f64"),
+            "{e}"
+        );
+    }
+}

@@ -52,7 +52,7 @@ fn without_a_driver_the_gpu_backend_is_unavailable_with_the_reason() {
         }
         other => panic!("expected Unavailable, got {other}"),
     }
-    let e = dsv4_backend_cuda::cuda::open(0).unwrap_err();
+    let e = dsv4_backend_cuda::cuda::open(0, None).unwrap_err();
     assert!(
         matches!(e, dsv4_backend_cuda::CudaError::Unavailable(_)),
         "{e}"

@@ -21,6 +21,8 @@ pub struct BenchOptions {
     pub backends: Vec<String>,
     /// Threads for backends and the machine measurement (0 = all cores).
     pub threads: usize,
+    /// How the backends are created (its `threads` is replaced by `threads`).
+    pub backend_options: BackendOptions,
     /// Measure the machine's FMA peak and bandwidth.
     pub machine: bool,
     /// Run the op-level cases.
@@ -78,7 +80,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     });
     let bopts = BackendOptions {
         threads: opts.threads,
-        device: None,
+        ..opts.backend_options.clone()
     };
     let backends = opts
         .backends

@@ -62,7 +62,59 @@ fn the_tensor_core_linears_pass_the_op_sweep_and_the_tiny_model_diff() {
     let env = [("DSV4_CUDA_LINEAR", "mma"), ("DSV4_CUDA_ACC", "f32")];
     let out = diff_passes(&OP_SWEEP, &env);
     assert!(out.contains("187 pass, 0 fail"), "{out}");
-    diff_passes(&TINY_MODEL_DIFF, &env);
+    // The same from the profile's knobs: with f64 sums the SIMT linears give the reference's
+    // logits bit for bit (tiny_model_matches_bitwise), the tensor-core ones do not, so a
+    // difference shows that backend.cuda_linear reached the backend.
+    let knobs = [
+        "--set",
+        "backend.cuda_linear=mma",
+        "--set",
+        "backend.cuda_sums=f64",
+    ];
+    let args: Vec<&str> = knobs.iter().chain(&TINY_MODEL_DIFF).copied().collect();
+    let out = diff_passes(&args, &[]);
+    assert!(
+        !out.contains("max abs 0,"),
+        "the mma linears did not run:\n{out}"
+    );
+}
+
+#[test]
+fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
+    if !available("cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment") {
+        return;
+    }
+    let fails_with = |sets: &[&str], env: &[(&str, &str)], want: &str| {
+        let mut args = vec!["--set", "backend.kind=cuda-emu"];
+        sets.iter().for_each(|s| args.extend(["--set", s]));
+        args.extend(["generate", "--prompt", "hi", "--max-tokens", "1"]);
+        let mut cmd = dsv4(&std::env::temp_dir(), &args);
+        cmd.envs(env.iter().copied());
+        let e = common::fails(cmd);
+        assert!(e.contains(want), "{sets:?} {env:?}: {e}");
+    };
+    fails_with(
+        &["backend.cuda_sums=f16"],
+        &[],
+        "bad value `f16` for `backend.cuda_sums` in --set backend.cuda_sums=f16: expected one of: \
+         auto, f64, f32",
+    );
+    fails_with(
+        &["backend.cuda_linear=wmma"],
+        &[],
+        "bad value `wmma` for `backend.cuda_linear` in --set backend.cuda_linear=wmma: expected \
+         one of: auto, simt, mma",
+    );
+    fails_with(
+        &["backend.cuda_sums=f32"],
+        &[("DSV4_CUDA_ACC", "f64")],
+        "backend.cuda_sums = f32 but DSV4_CUDA_ACC=f64",
+    );
+    fails_with(
+        &["backend.cuda_linear=simt"],
+        &[("DSV4_CUDA_LINEAR", "mma")],
+        "backend.cuda_linear = simt but DSV4_CUDA_LINEAR=mma",
+    );
 }
 
 #[test]

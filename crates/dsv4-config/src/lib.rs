@@ -34,4 +34,7 @@ pub use profile::{
 pub use resolve::{Origin, ResolveOptions, Resolved, Setting, assemble, resolve};
 pub use sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
 pub use validate::{Finding, Severity};
-pub use values::{CanaryPool, DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser};
+pub use values::{
+    CanaryPool, CudaLinear, CudaSums, DisaggMode, Fault, ReasoningParser, SchedulePolicy,
+    ToolCallParser,
+};

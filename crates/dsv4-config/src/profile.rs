@@ -6,6 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
+use crate::values::{CudaLinear, CudaSums};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -104,6 +105,12 @@ pub struct BackendSection {
     /// Backend-specific device selector (e.g. a GPU index); `None` lets the backend choose.
     #[serde(default)]
     pub device: Option<String>,
+    /// How the CUDA kernels sum dot products (cuda-sm120, cuda-emu; other backends ignore it).
+    #[serde(default)]
+    pub cuda_sums: CudaSums,
+    /// Which kernels run the CUDA backends' linears (cuda-sm120, cuda-emu).
+    #[serde(default)]
+    pub cuda_linear: CudaLinear,
 }
 
 impl Default for BackendSection {
@@ -111,6 +118,8 @@ impl Default for BackendSection {
         BackendSection {
             kind: "reference".to_string(),
             device: None,
+            cuda_sums: CudaSums::default(),
+            cuda_linear: CudaLinear::default(),
         }
     }
 }

@@ -93,6 +93,55 @@ pub enum DisaggMode {
 }
 spelled!(DisaggMode, "disagg mode", None => "none", Prefill => "prefill", Decode => "decode");
 
+/// How the CUDA kernels sum dot products (`backend.cuda_sums`; cuda-sm120 and cuda-emu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CudaSums {
+    /// The backend chooses: f64 on devices with full-rate FP64 (sm_80, sm_90, sm_100) and on the
+    /// emulator, f32 elsewhere.
+    #[default]
+    Auto,
+    /// f64 sums of exact f32 products: the reference's bits.
+    F64,
+    /// f32 sums: within the f32 tolerances.
+    F32,
+}
+spelled!(CudaSums, "cuda_sums", Auto => "auto", F64 => "f64", F32 => "f32");
+
+impl CudaSums {
+    /// Some(true) for f64, Some(false) for f32, None when the backend chooses.
+    pub fn f64_sums(self) -> Option<bool> {
+        match self {
+            CudaSums::Auto => None,
+            CudaSums::F64 => Some(true),
+            CudaSums::F32 => Some(false),
+        }
+    }
+}
+
+/// Which kernels run the linears on the CUDA backends (`backend.cuda_linear`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CudaLinear {
+    /// The backend chooses (today the SIMT kernels).
+    #[default]
+    Auto,
+    /// SIMT kernels, sums as `cuda_sums` says.
+    Simt,
+    /// Tensor cores (mma.sync bf16 tiles, f32 sums) for bf16, fp8 and MXFP4 weights.
+    Mma,
+}
+spelled!(CudaLinear, "cuda_linear", Auto => "auto", Simt => "simt", Mma => "mma");
+
+impl CudaLinear {
+    /// Some(true) for tensor cores, Some(false) for SIMT, None when the backend chooses.
+    pub fn tensor_cores(self) -> Option<bool> {
+        match self {
+            CudaLinear::Auto => None,
+            CudaLinear::Simt => Some(false),
+            CudaLinear::Mma => Some(true),
+        }
+    }
+}
+
 /// A named fault that deliberately breaks one component, to rehearse an incident class (`debug.inject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fault {
@@ -140,12 +189,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cuda_knobs_say_what_the_backend_options_get() {
+        assert_eq!(CudaSums::Auto.f64_sums(), None);
+        assert_eq!(CudaSums::F64.f64_sums(), Some(true));
+        assert_eq!(CudaSums::F32.f64_sums(), Some(false));
+        assert_eq!(CudaLinear::Auto.tensor_cores(), None);
+        assert_eq!(CudaLinear::Simt.tensor_cores(), Some(false));
+        assert_eq!(CudaLinear::Mma.tensor_cores(), Some(true));
+        assert_eq!(
+            "f16".parse::<CudaSums>().unwrap_err(),
+            "unknown cuda_sums `f16` (allowed: auto, f64, f32)"
+        );
+    }
+
+    #[test]
     fn spellings_round_trip_through_text_and_serde() {
         for name in Fault::NAMES {
             let f: Fault = name.parse().unwrap();
             assert_eq!(f.to_string(), *name);
             let json = serde_json::to_string(&f).unwrap();
             assert_eq!(serde_json::from_str::<Fault>(&json).unwrap(), f);
+        }
+        for name in CudaSums::NAMES {
+            let v: CudaSums = name.parse().unwrap();
+            assert_eq!(v.to_string(), *name);
+        }
+        for name in CudaLinear::NAMES {
+            let v: CudaLinear = name.parse().unwrap();
+            assert_eq!(v.to_string(), *name);
         }
         assert_eq!(
             "deepseek-v4".parse::<ToolCallParser>(),

@@ -20,6 +20,10 @@ pub struct SideConfig {
     pub threads: usize,
     /// Device selector, if any.
     pub device: Option<String>,
+    /// f64 (true) or f32 sums where the backend offers a choice; None lets it choose.
+    pub f64_sums: Option<bool>,
+    /// Tensor-core linears where the backend offers them; None lets it choose.
+    pub tensor_core_linears: Option<bool>,
     /// Numerics knobs (spec §5), used by `--model`.
     pub numerics: Numerics,
     /// The model `--model` loads.
@@ -40,6 +44,8 @@ impl SideConfig {
         let opts = BackendOptions {
             threads: self.threads,
             device: self.device.clone(),
+            f64_sums: self.f64_sums,
+            tensor_core_linears: self.tensor_core_linears,
         };
         let backend = registry::create(&self.backend, &opts)
             .map_err(|source| DiffError::Backend { side: role, source })?;
@@ -95,6 +101,8 @@ impl Default for SideConfig {
             backend: dsv4_backend_reference::NAME.to_string(),
             threads: 0,
             device: None,
+            f64_sums: None,
+            tensor_core_linears: None,
             numerics: Numerics::default(),
             model: ModelSource::Tiny { seed: 0 },
             exec: ExecOptions::default(),

@@ -11,6 +11,12 @@ pub struct BackendOptions {
     pub threads: usize,
     /// Device selector (GPU index or adapter name); None = the default device.
     pub device: Option<String>,
+    /// Sums of dot products where a backend offers a choice (`backend.cuda_sums`: cuda-sm120,
+    /// cuda-emu): Some(true) f64, Some(false) f32, None the backend's choice.
+    pub f64_sums: Option<bool>,
+    /// Tensor-core linears where a backend offers them (`backend.cuda_linear`): Some(true) on,
+    /// Some(false) off, None the backend's choice.
+    pub tensor_core_linears: Option<bool>,
 }
 
 /// A registered backend: its name, an availability probe, and a constructor.

@@ -73,6 +73,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
     let opts = BenchOptions {
         backends,
         threads: profile.exec.threads,
+        backend_options: super::forward::backend_options(profile),
         machine: !args.no_machine,
         ops: !args.no_ops,
         e2e: (!args.no_e2e).then(|| E2ePlan {
@@ -93,7 +94,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         &opts.backends,
         &dsv4_kernels::BackendOptions {
             threads: opts.threads,
-            device: profile.backend.device.clone(),
+            ..opts.backend_options.clone()
         },
     )?;
     let mut value = serde_json::to_value(&report)?;

@@ -39,17 +39,23 @@ pub fn open_model(
             dsv4_config::ModelSource::Dir(dir) => ModelSource::Dir(dir),
         },
     };
-    let opts = BackendOptions {
-        threads: profile.exec.threads,
-        device: profile.backend.device.clone(),
-    };
-    let backend = registry::create(&profile.backend.kind, &opts)?;
+    let backend = registry::create(&profile.backend.kind, &backend_options(profile))?;
     tracing::info!(backend = backend.name(), numerics = %profile.numerics(), ?source, "loading model");
     let mut model = load_model(&source, backend, profile.numerics())
         .with_context(|| format!("cannot load the model ({source:?})"))?;
     // The profile's execution mode (captured plans, multi-stream overlap, injected faults).
     model.set_exec(super::plan::exec_options(profile)?);
     Ok((model, source))
+}
+
+/// The options the profile creates its backends with (`[backend]`, `exec.threads`).
+pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
+    BackendOptions {
+        threads: profile.exec.threads,
+        device: profile.backend.device.clone(),
+        f64_sums: profile.backend.cuda_sums.f64_sums(),
+        tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
+    }
 }
 
 /// Write f32 values of `shape` as a NumPy .npy (format 1.0, little-endian, C order).

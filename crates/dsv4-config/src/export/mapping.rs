@@ -150,6 +150,39 @@ pub const SGLANG_MAP: &[MapRow] = &[
     ),
     row("backend.device", Always, EnvValue("CUDA_VISIBLE_DEVICES")),
     row(
+        "backend.cuda_sums",
+        Is("f64"),
+        Unmapped(
+            "SGLang has no f64-sum kernels; its GEMMs sum in f32, off the reference's bits by f32 \
+             rounding",
+        ),
+    ),
+    row(
+        "backend.cuda_sums",
+        Is("f32"),
+        Same("SGLang's GEMMs sum in f32"),
+    ),
+    row(
+        "backend.cuda_sums",
+        Always,
+        Same("SGLang's kernels choose their own accumulation"),
+    ),
+    row(
+        "backend.cuda_linear",
+        Is("simt"),
+        Unmapped("SGLang has no SIMT linear kernels; its linears run on tensor cores"),
+    ),
+    row(
+        "backend.cuda_linear",
+        Is("mma"),
+        Same("SGLang's linears run on tensor cores"),
+    ),
+    row(
+        "backend.cuda_linear",
+        Always,
+        Same("SGLang chooses its own GEMM kernels"),
+    ),
+    row(
         "numerics.kv_cache_dtype",
         Is("fp8"),
         FlagConst("--kv-cache-dtype", "fp8_e4m3"),

@@ -3,7 +3,8 @@
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
-    CanaryPool, DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser,
+    CanaryPool, CudaLinear, CudaSums, DisaggMode, Fault, ReasoningParser, SchedulePolicy,
+    ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
@@ -50,6 +51,21 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::OptionalText,
         "",
         "backend-specific device selector (e.g. a GPU index); unset lets the backend choose",
+    ),
+    key(
+        "backend.cuda_sums",
+        ValueKind::OneOf(CudaSums::NAMES),
+        "auto",
+        "how the CUDA kernels sum dot products (cuda-sm120, cuda-emu; other backends ignore \
+         it): f64 (the reference's bits), f32 (within f32 tolerance), or auto (f64 where FP64 \
+         runs at full rate: sm_80/90/100 and the emulator)",
+    ),
+    key(
+        "backend.cuda_linear",
+        ValueKind::OneOf(CudaLinear::NAMES),
+        "auto",
+        "which kernels run the CUDA backends' linears: simt, mma (tensor cores, f32 sums, \
+         sm_80+; bf16/fp8/MXFP4 weights), or auto (the backend's choice: simt today)",
     ),
     // [numerics]
     key(

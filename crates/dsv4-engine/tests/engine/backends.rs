@@ -12,7 +12,7 @@ fn on_backend(name: &str) {
         name,
         &BackendOptions {
             threads: 2,
-            device: None,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("backend {name}: {e}"));

@@ -20,7 +20,7 @@ fn loaded_with(faults: &[Fault]) -> Loaded {
         "reference",
         &BackendOptions {
             threads: 1,
-            device: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -46,7 +46,7 @@ pub fn model() -> Arc<Model> {
             name,
             &BackendOptions {
                 threads: 2,
-                device: None,
+                ..Default::default()
             },
         )
         .unwrap();

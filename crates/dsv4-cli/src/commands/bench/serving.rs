@@ -39,8 +39,8 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
     let cfg = dsv4_bench::e2e::config("tiny")?;
     let tensors = dsv4_bench::e2e::weights(&cfg)?;
     let bopts = BackendOptions {
-        threads: profile.exec.threads,
         device: None,
+        ..crate::commands::forward::backend_options(profile)
     };
     let mut reports = Vec::new();
     for name in &names {
