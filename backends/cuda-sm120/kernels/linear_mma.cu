@@ -168,9 +168,8 @@ __device__ __forceinline__ bool lmma_decode(const lin_chunk& ch, const u8* __res
 // not (inf·hi(x) in the hi mma carries the weight's infinity, and inf·0 there for x = 0 is the
 // reference's NaN).
 __device__ __forceinline__ u32 lmma_zero_inf(u32 p) {
-    if ((p & 0x7fffu) == 0x7f80u) p &= 0xffff0000u;
-    if ((p & 0x7fff0000u) == 0x7f800000u) p &= 0x0000ffffu;
-    return p;
+    p = (p & 0x7fffu) == 0x7f80u ? (p & 0xffff0000u) : p;
+    return (p & 0x7fff0000u) == 0x7f800000u ? (p & 0x0000ffffu) : p;
 }
 
 // x = hi + mid + lo as three bf16 values, each a truncation of what is left: exact for finite x
@@ -240,6 +239,9 @@ __device__ __forceinline__ void linear_mma_impl(const u8* __restrict__ wdata,
         bool inf = false;
         if (have && oa < out_dim) inf |= lmma_decode<FMT>(ca, scale, oa, c, in_dim, fold, pa);
         if (have && ob < out_dim) inf |= lmma_decode<FMT>(cb, scale, ob, c, in_dim, fold, pb);
+        // Whether any lane holds an infinite weight: a warp-uniform branch below (mma.sync.aligned
+        // wants every lane on the same path), rarely taken.
+        const bool any_inf = __any_sync(0xffffffffu, inf);
         // The next span's chunks load while this span's tiles run.
         const u32 cn = c + 4u * LMMA_WARPS;
         ca = lin_chunk{};
@@ -271,11 +273,15 @@ __device__ __forceinline__ void linear_mma_impl(const u8* __restrict__ wdata,
                 const u32 bh[2] = {lmma_pair(hi[0], hi[1]), lmma_pair(hi[2], hi[3])};
                 const u32 bm[2] = {lmma_pair(mid[0], mid[1]), lmma_pair(mid[2], mid[3])};
                 const u32 bl[2] = {lmma_pair(lo[0], lo[1]), lmma_pair(lo[2], lo[3])};
+                // The lanes took their own paths through the decode, the split and the loads;
+                // mma.sync.aligned needs the whole warp converged.
+                __syncwarp();
                 lmma_16816(d, a, bh);
                 u32 ar[4] = {a[0], a[1], a[2], a[3]};
-                if (inf) {
+                if (any_inf) {
 #pragma unroll
                     for (int q = 0; q < 4; q++) ar[q] = lmma_zero_inf(ar[q]);
+                    __syncwarp();
                 }
                 lmma_16816(d, ar, bm);
                 lmma_16816(d, ar, bl);

@@ -3,8 +3,8 @@
 //! results within f32-sum accuracy in every format they serve (odd shapes, partial tiles, more
 //! rows than one block takes), batch invariance (a row alone, in a batch and at another place
 //! of a batch has the same bits), every fp8/MXFP4 scale byte with NaN codes and non-finite
-//! inputs, the device op set's conformance (grouped launches bitwise the plain ones) and the
-//! `dsv4 diff` op sweep.
+//! inputs, and the device op set's conformance (grouped launches bitwise the plain ones). The
+//! `dsv4 diff` op sweep and the tiny-model diff on this path run in dsv4-cli's tests/cuda_emu.rs.
 //!
 //! The emulator needs a host C++ compiler; without one each test prints why and skips, except
 //! under CI=true, where that is a failure.
@@ -15,7 +15,6 @@ use common::{emu_available, every_scale_byte_weights, random_weight};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, LinearPath, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::SplitMix64;
-use dsv4_diff::ops::{OpsOptions, run_ops};
 use dsv4_kernels::{Backend, Linear, WeightFormat};
 
 fn mma_backend(acc_f64: bool) -> CudaBackend {
@@ -184,27 +183,6 @@ fn the_device_op_set_conforms_on_the_mma_path() {
     }
     let fails = dsv4_kernels::device_check::conformance(&mma_backend(false));
     assert!(fails.is_empty(), "{}", fails.join("\n"));
-}
-
-#[test]
-fn the_linear_op_sweep_passes_on_the_mma_path() {
-    if !emu_available("the_linear_op_sweep_passes_on_the_mma_path") {
-        return;
-    }
-    let cand = mma_backend(false);
-    let opts = OpsOptions {
-        ops: vec!["linear".to_string()],
-        ..Default::default()
-    };
-    let report = run_ops(&ReferenceBackend, &cand, &opts).expect("run the op sweep");
-    assert!(!report.cases.is_empty(), "the sweep selected no cases");
-    let failures: Vec<String> = report
-        .cases
-        .iter()
-        .filter(|row| row.status.name() != "pass")
-        .map(|row| format!("{}: {} {:?}", row.name, row.status.name(), row.value))
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
