@@ -7,10 +7,14 @@
 # Steps (each one's full output is kept as OUT_DIR/<step>.log, JSON reports beside it):
 #   ops            dsv4 diff --backend reference --against cuda-sm120 --ops
 #   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
-#                  selecting indexer top-k; + 4 decode steps)
+#                  selecting indexer top-k; + 4 decode steps) with f64 sums (backend.cuda_sums=f64,
+#                  the reference's bits on any GPU, so the top-k sets must be identical)
+#   model-f32      the same model with f32 sums over 64 + 4 tokens (no top-k choice: f32 sums may
+#                  flip near-tied indexer scores, docs/diff.md; not on the emulated driver, whose
+#                  kernels are built for one kind of sums per process)
 #   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
 #   ops-mma        the op sweep with the tensor-core linears (backend.cuda_linear=mma)
-#   model-mma      the tiny-model diff with the tensor-core linears
+#   model-mma      the tiny-model diff with the tensor-core linears (f32 sums: 64 + 4 tokens)
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
 #                  side streams, canary on every pool, abort on a finding)
@@ -107,13 +111,18 @@ small=${DSV4_SMALL_DIR:-target/small-model} # kept out of OUT_DIR: it is 100+ MB
 [ -f "$small/model.safetensors" ] || "$dsv4" model init-random --config small --out "$small" >/dev/null
 
 run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
-run_step model-tiny "$dsv4" diff --backend reference --against "$backend" --model --tokens 136 --decode 4
+run_step model-tiny "$dsv4" --set backend.cuda_sums=f64 diff --backend reference --against "$backend" \
+    --model --tokens 136 --decode 4
+if [ "${DSV4_CUDA_DRIVER:-}" != emu ]; then
+    run_step model-f32 "$dsv4" --set backend.cuda_sums=f32 diff --backend reference \
+        --against "$backend" --model --tokens 64 --decode 4
+fi
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
 mma=(--set backend.cuda_linear=mma)
 run_step ops-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" --ops
 run_step model-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" \
-    --model --tokens 136 --decode 4
+    --model --tokens 64 --decode 4
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24
 [ "$on_cpu" = 1 ] && requests=6
@@ -152,7 +161,7 @@ linear_of() { # bench.json label -> the cases as a JSON array ([] when unreadabl
     python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys
 cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
-keys = ("case", "path", "rows", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
+keys = ("case", "path", "rows", "seconds", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
 print(f"  linear kernels, {sys.argv[2]}:", file=sys.stderr)
 for t in cases:
     share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth" if t["rows"] == 1 else \
@@ -161,6 +170,10 @@ for t in cases:
 for path in ("simt", "mma"):
     gemv = [t["of_copy_bandwidth"] for t in cases if t["rows"] == 1 and t["path"] == path]
     print(f"    decode GEMV ({path}) >= 60% of copy bandwidth: {'yes' if gemv and min(gemv) >= 0.6 else 'no'}", file=sys.stderr)
+simt = {t["case"]: t["seconds"] for t in cases if t["path"] == "simt"}
+for t in cases:
+    if t["path"] == "mma" and t["case"] in simt:
+        print(f"    {t['case']:<42} mma runs {simt[t['case']] / t['seconds']:.2f}x the simt speed", file=sys.stderr)
 print(json.dumps([{k: t[k] for k in keys} for t in cases]))
 PY
 }
