@@ -15,7 +15,7 @@ use super::dense::no_weights;
 use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
-use super::run::{BoundBlock, Run};
+use super::run::{BoundBlock, Run, lock};
 use super::state::{CompressorState, NO_LOCATION};
 use dsv4_kernels::RowFormat;
 
@@ -186,17 +186,36 @@ impl Run<'_> {
     }
 
     /// `[qi, hw] → [topk]`: for each row, scores of its sequence's index-K rows 0..⌊(p+1)/4⌋
-    /// and the ids of the top index_topk (padded with [`NO_LOCATION`]).
+    /// and the ids of the top index_topk (padded with [`NO_LOCATION`]). The rows' own choices
+    /// are what the step reports; under [`super::IndexerControl::pinned`] the output holds the
+    /// pinned selections instead, and with `record_scores` the scores are reported too.
     pub(crate) fn indexer_topk(&self, b: Option<BlockRef>, qi: &[f32], hw: &[f32]) -> Res {
         let bb = self.bound_block(b)?;
         let cfg = &self.model.cfg;
         let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
         let be = self.model.backend.as_ref();
-        let mut out = vec![f32::from_bits(NO_LOCATION); self.bound.rows * k];
+        let rows = self.bound.rows;
+        let layer = match b {
+            Some(BlockRef::Main(l)) => Some(l),
+            _ => None,
+        };
+        let pins = layer.and_then(|l| Some((l, self.indexer.pinned?.get(&l)?)));
+        if let Some((l, p)) = pins
+            && p.len() != rows
+        {
+            return Err(ForwardError::Plan {
+                message: format!(
+                    "layer {l}'s pinned selections cover {} tokens, the step has {rows}",
+                    p.len()
+                ),
+            });
+        }
+        let record = self.indexer.record_scores && layer.is_some();
+        let mut out = vec![f32::from_bits(NO_LOCATION); rows * k];
+        let (mut own, mut scores) = (Vec::with_capacity(rows), Vec::new());
         // Rows in chunks: a chunk's index-K rows are gathered, then decoded, scored and ranked
         // in one call (the keys and scores stay on a GPU backend's device).
         let (mut gather, mut starts, mut first) = (RowGather::new(be), vec![0usize], 0usize);
-        let rows = self.bound.rows;
         for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
             let is = self.row_state(bb, i).indexer.as_ref();
             let is = is.ok_or_else(|| missing("indexer state"))?;
@@ -206,20 +225,37 @@ impl Run<'_> {
             starts.push(starts[starts.len() - 1] + n);
             if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
                 let c = starts.len() - 1;
-                let chosen = std::mem::replace(&mut gather, RowGather::new(be)).indexer_topk(
+                let (q, w) = (
                     &qi[first * inh * id..(first + c) * inh * id],
                     &hw[first * inh..(first + c) * inh],
-                    id,
-                    &starts,
-                    k,
-                )?;
+                );
+                let taken = std::mem::replace(&mut gather, RowGather::new(be));
+                let chosen = if record {
+                    let s = taken.indexer_scores(q, w, id, &starts)?;
+                    scores.extend(starts.windows(2).map(|r| s[r[0]..r[1]].to_vec()));
+                    be.topk_rows(&s, &starts, k)
+                } else {
+                    taken.indexer_topk(q, w, id, &starts, k)?
+                };
                 for (r, chosen) in chosen.into_iter().enumerate() {
-                    let at = (first + r) * k;
-                    for (slot, j) in out[at..at + k].iter_mut().zip(chosen) {
-                        *slot = f32::from_bits(j as u32);
+                    let row = first + r;
+                    let ids: Vec<u32> = chosen.into_iter().map(|j| j as u32).collect();
+                    let used = match pins {
+                        Some((l, p)) => pinned_row(l, row, &p[row], starts[r + 1] - starts[r], k)?,
+                        None => &ids,
+                    };
+                    for (slot, &j) in out[row * k..(row + 1) * k].iter_mut().zip(used) {
+                        *slot = f32::from_bits(j);
                     }
+                    own.push(ids);
                 }
                 (first, starts) = (first + c, vec![0]);
+            }
+        }
+        if let Some(l) = layer {
+            lock(&self.out.selected).insert(l, own);
+            if record {
+                lock(&self.out.scores).insert(l, scores);
             }
         }
         Ok(out)
@@ -249,7 +285,6 @@ impl Run<'_> {
         let be = self.model.backend.as_ref();
         let t = self.bound.rows;
         let mut o = vec![0f32; t * h * hd];
-        let mut selected = Vec::new();
         let scale = 1.0 / (hd as f32).sqrt();
         // Rows attend in chunks: each row's keys — its window rows, then its compressed entries
         // (SWA and compressed stores share one KV format) — are gathered right after its own
@@ -283,7 +318,6 @@ impl Run<'_> {
                         .map(|j| j as usize % n.max(1))
                         .collect();
                     keys_of_row += gather.add(&cs.entries, chosen.iter().copied(), false)?;
-                    selected.push(chosen.iter().map(|&j| j as u32).collect());
                 } else {
                     keys_of_row += gather.add(&cs.entries, 0..n, false)?;
                 }
@@ -312,13 +346,33 @@ impl Run<'_> {
             &self.model.rope_compress
         };
         be.rope(&mut o, hd, &hp, rope, true);
-        if let (Some(BlockRef::Main(layer)), true) = (b, ratio == 4) {
-            self.out
-                .selected
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(layer, selected);
-        }
         Ok(o)
     }
+}
+
+/// Row `row`'s pinned selection of layer `layer`, checked against the row's `n` entries and
+/// the indexer's `k`.
+fn pinned_row(
+    layer: usize,
+    row: usize,
+    ids: &[u32],
+    n: usize,
+    k: usize,
+) -> Result<&[u32], ForwardError> {
+    if ids.len() > k {
+        return Err(ForwardError::Plan {
+            message: format!(
+                "layer {layer}, token {row}: {} pinned entries, the indexer selects {k}",
+                ids.len()
+            ),
+        });
+    }
+    if let Some(&j) = ids.iter().find(|&&j| j as usize >= n) {
+        return Err(ForwardError::Plan {
+            message: format!(
+                "layer {layer}, token {row}: pinned entry {j} is past the {n} compressed entries"
+            ),
+        });
+    }
+    Ok(ids)
 }

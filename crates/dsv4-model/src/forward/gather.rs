@@ -123,6 +123,27 @@ impl<'b> RowGather<'b> {
         }
     }
 
+    /// The indexer's scores of queries `q` (head weights `w`) over the rows added as keys
+    /// (`dim` wide), query r over rows `key_starts[r] .. key_starts[r+1]`, in one
+    /// `indexer_scores_rows` call over the decoded rows (the path `dsv4 diff` reads scores from;
+    /// [`Self::indexer_topk`]'s selection is the backend's `topk_rows` of exactly these).
+    pub fn indexer_scores(
+        self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        key_starts: &[usize],
+    ) -> Result<Vec<f32>, ForwardError> {
+        let be = self.backend;
+        if let Some((_, width)) = self.layout {
+            self.same_width(width, dim)?;
+        }
+        let keys = self.finish()?;
+        let mut scores = vec![0f32; key_starts.last().copied().unwrap_or(0)];
+        be.indexer_scores_rows(q, w, dim, &keys, key_starts, &mut scores);
+        Ok(scores)
+    }
+
     /// Err unless the rows gathered (`width` wide) are the `dim`-wide keys an op expects.
     fn same_width(&self, width: usize, dim: usize) -> Result<(), ForwardError> {
         if width == dim {

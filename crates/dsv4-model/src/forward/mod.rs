@@ -25,6 +25,7 @@ pub mod ring;
 mod run;
 pub mod state;
 mod step;
+mod taps;
 mod threaded;
 pub mod transfer;
 
@@ -44,6 +45,7 @@ use state::{LayerState, ring_coff, ring_rows};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+pub use taps::{IndexerControl, TapFn, Taps};
 
 /// Why a forward call was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,34 +110,6 @@ pub enum ForwardError {
 /// The indexer's selected compressed entries of each token of a call.
 pub type Selections = Vec<Vec<u32>>;
 
-/// Where a tap sits: layer prefix (e.g. "layers.2." or "mtp.0.", "" for globals) and op name.
-pub type TapFn<'a> = dyn FnMut(&str, &str, &[f32]) + 'a;
-
-/// An optional observer of intermediate activations (for `dsv4 diff --model`).
-pub struct Taps<'a>(Option<&'a mut TapFn<'a>>);
-
-impl<'a> Taps<'a> {
-    /// No observer.
-    pub fn none() -> Self {
-        Taps(None)
-    }
-
-    /// Call `f(layer, op, values)` after every op.
-    pub fn new(f: &'a mut TapFn<'a>) -> Self {
-        Taps(Some(f))
-    }
-
-    fn record(&mut self, layer: &str, op: &str, values: &[f32]) {
-        if let Some(f) = self.0.as_mut() {
-            f(layer, op, values);
-        }
-    }
-
-    fn active(&self) -> bool {
-        self.0.is_some()
-    }
-}
-
 /// The per-request state of one sequence: its position and every layer's caches.
 #[derive(Debug, Clone)]
 pub struct SequenceState {
@@ -154,6 +128,9 @@ pub struct ForwardOutput {
     pub vocab: usize,
     /// For each ratio-4 layer: the indexer's selected compressed entries per token (ascending).
     pub topk: BTreeMap<usize, Vec<Vec<u32>>>,
+    /// For each ratio-4 layer: each token's indexer scores over its entries `0..⌊(p+1)/4⌋`,
+    /// when the call's [`IndexerControl::record_scores`] asked for them (else empty).
+    pub indexer_scores: BTreeMap<usize, Vec<Vec<f32>>>,
     /// The final residual streams, [T, M, D] (input of the MTP layer).
     pub residual: Vec<f32>,
 }

@@ -9,7 +9,7 @@ use super::prepare::{SeqRows, prepare};
 use super::resident::{DeviceMemory, GraphSpan};
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
-use super::{ForwardError, ForwardOutput, Model, SequenceState, Taps};
+use super::{ForwardError, ForwardOutput, IndexerControl, Model, SequenceState, Taps};
 use dsv4_plan::Plan;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -173,6 +173,7 @@ impl Model {
                 ..Gathered::default()
             },
             skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
+            indexer: taps.indexer,
         };
         let traffic_start = self.backend.device().map(|d| d.stats());
         // A captured plan on a device replays its repeated runs of launches as graphs.
@@ -190,6 +191,7 @@ impl Model {
         let residual = run.result(&rname, &rscope)?;
         let selected =
             std::mem::take(&mut *run.out.selected.lock().unwrap_or_else(|e| e.into_inner()));
+        let scores = std::mem::take(&mut *run.out.scores.lock().unwrap_or_else(|e| e.into_inner()));
         // A backend with device memory counts the step's traffic in either mode (host ops
         // submit and read back too).
         let device = self
@@ -211,6 +213,10 @@ impl Model {
                 topk: selected
                     .iter()
                     .map(|(l, sel)| (*l, sel[start..start + n].to_vec()))
+                    .collect(),
+                indexer_scores: scores
+                    .iter()
+                    .map(|(l, s)| (*l, s[start..start + n].to_vec()))
                     .collect(),
                 residual: residual[start * m * d..(start + n) * m * d].to_vec(),
             });
@@ -278,6 +284,7 @@ impl Model {
             mem: Memory::fresh_on(self.device_for(&self.exec), &plan)?,
             out: Gathered::default(),
             skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
+            indexer: IndexerControl::default(),
         };
         let executor = match self.exec.executor {
             Executor::Threaded => Executor::Serial,

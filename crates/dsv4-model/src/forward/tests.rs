@@ -371,3 +371,113 @@ fn batched_sequences_get_bitwise_the_logits_they_get_alone() {
         );
     }
 }
+
+/// A forward call of `toks` on a fresh sequence with the indexer under `control`.
+fn controlled(
+    model: &Model,
+    toks: &[u32],
+    control: IndexerControl<'_>,
+) -> Result<ForwardOutput, ForwardError> {
+    let mut st = model.new_sequence();
+    model.forward_with_taps(&mut st, toks, &mut Taps::none().with_indexer(control))
+}
+
+#[test]
+fn recorded_indexer_scores_are_what_the_selection_ranks() {
+    let model = tiny_model(Numerics::default());
+    let toks = tokens(80, 5);
+    let plain = controlled(&model, &toks, IndexerControl::default()).unwrap();
+    assert!(
+        plain.indexer_scores.is_empty(),
+        "scores only when asked for"
+    );
+    let rec = IndexerControl {
+        record_scores: true,
+        pinned: None,
+    };
+    let out = controlled(&model, &toks, rec).unwrap();
+    assert_eq!(out.logits, plain.logits, "recording scores changes nothing");
+    assert_eq!(out.topk, plain.topk);
+    assert_eq!(
+        out.indexer_scores.keys().collect::<Vec<_>>(),
+        vec![&1, &3],
+        "the tiny model's ratio-4 layers"
+    );
+    let k = model.cfg.index_topk;
+    for (l, rows) in &out.indexer_scores {
+        assert_eq!(rows.len(), toks.len());
+        for (t, s) in rows.iter().enumerate() {
+            assert_eq!(
+                s.len(),
+                (t + 1) / 4,
+                "layer {l}, token {t}: entries 0..⌊(p+1)/4⌋"
+            );
+            let ranked: Vec<u32> = ReferenceBackend
+                .topk(s, k)
+                .into_iter()
+                .map(|j| j as u32)
+                .collect();
+            assert_eq!(out.topk[l][t], ranked, "layer {l}, token {t}");
+        }
+    }
+    // 80 tokens: the last rows choose 16 of 20 entries, so the ranking is not trivial.
+    assert!(out.indexer_scores[&1][79].len() > k);
+}
+
+#[test]
+fn pinned_selections_steer_attention_but_not_the_reported_choice() {
+    let model = tiny_model(Numerics::default());
+    let toks = tokens(80, 5);
+    let plain = controlled(&model, &toks, IndexerControl::default()).unwrap();
+    let pin = |pins| IndexerControl {
+        record_scores: false,
+        pinned: Some(pins),
+    };
+    // Pinned to its own choices, the call is bitwise the same.
+    let same = controlled(&model, &toks, pin(&plain.topk)).unwrap();
+    assert_eq!(same.logits, plain.logits);
+    assert_eq!(same.topk, plain.topk);
+    // Layer 1 pinned to one entry per token: other logits, but layer 1 still reports its
+    // own choice (its indexer runs before the pinned attention).
+    let mut one = BTreeMap::new();
+    one.insert(
+        1,
+        (0..80usize)
+            .map(|t| if t >= 3 { vec![0u32] } else { vec![] })
+            .collect::<Selections>(),
+    );
+    let steered = controlled(&model, &toks, pin(&one)).unwrap();
+    assert_ne!(
+        steered.logits, plain.logits,
+        "attention used the pinned entries"
+    );
+    assert_eq!(steered.topk[&1], plain.topk[&1]);
+    // Pins the step cannot use are errors, not panics or silent wraps.
+    let mut short = one.clone();
+    short.get_mut(&1).unwrap().pop();
+    let e = controlled(&model, &toks, pin(&short))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("layer 1's pinned selections cover 79 tokens, the step has 80"),
+        "{e}"
+    );
+    let mut past = one.clone();
+    past.get_mut(&1).unwrap()[10] = vec![2];
+    let e = controlled(&model, &toks, pin(&past))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("layer 1, token 10: pinned entry 2 is past the 2 compressed entries"),
+        "{e}"
+    );
+    let mut many = one.clone();
+    many.get_mut(&1).unwrap()[79] = (0..17).collect();
+    let e = controlled(&model, &toks, pin(&many))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("17 pinned entries, the indexer selects 16"),
+        "{e}"
+    );
+}
