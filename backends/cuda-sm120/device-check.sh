@@ -9,12 +9,13 @@
 #   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
 #                  selecting indexer top-k; + 4 decode steps) with f64 sums (backend.cuda_sums=f64,
 #                  the reference's bits on any GPU, so the top-k sets must be identical)
-#   model-f32      the same model with f32 sums over 64 + 4 tokens (no top-k choice: f32 sums may
-#                  flip near-tied indexer scores, docs/diff.md; not on the emulated driver, whose
-#                  kernels are built for one kind of sums per process)
+#   model-f32      the same model with f32 sums (136 + 4 tokens; a near-tied indexer choice
+#                  broken the other way is judged against the reference's scores, docs/diff.md;
+#                  not on the emulated driver, whose kernels are built for one kind of sums per
+#                  process)
 #   model-small    dsv4 diff ... --model on the small config (random weights, 64 + 4)
 #   ops-mma        the op sweep with the tensor-core linears (backend.cuda_linear=mma)
-#   model-mma      the tiny-model diff with the tensor-core linears (f32 sums: 64 + 4 tokens)
+#   model-mma      the tiny-model diff with the tensor-core linears (136 + 4 tokens)
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
 #                  side streams, canary on every pool, abort on a finding)
@@ -115,14 +116,18 @@ run_step model-tiny "$dsv4" --set backend.cuda_sums=f64 diff --backend reference
     --model --tokens 136 --decode 4
 if [ "${DSV4_CUDA_DRIVER:-}" != emu ]; then
     run_step model-f32 "$dsv4" --set backend.cuda_sums=f32 diff --backend reference \
-        --against "$backend" --model --tokens 64 --decode 4
+        --against "$backend" --model --tokens 136 --decode 4
 fi
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
     --model --tokens 64 --decode 4
 mma=(--set backend.cuda_linear=mma)
 run_step ops-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" --ops
 run_step model-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" \
-    --model --tokens 64 --decode 4
+    --model --tokens 136 --decode 4
+# Indexer near-ties a model step broke the other way (within what the taps allow, judged on the
+# reference's scores while attention follows the reference's choice; docs/diff.md): shown, not
+# failed.
+grep -H 'near-tie' "$out"/model-*.log 2>/dev/null | sed "s|^$out/|    |" || true
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24
 [ "$on_cpu" = 1 ] && requests=6

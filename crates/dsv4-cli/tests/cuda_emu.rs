@@ -64,14 +64,18 @@ fn the_tensor_core_linears_pass_the_op_sweep_and_the_tiny_model_diff() {
     assert!(out.contains("187 pass, 0 fail"), "{out}");
     // The same from the profile's knobs: with f64 sums the SIMT linears give the reference's
     // logits bit for bit (tiny_model_matches_bitwise), the tensor-core ones do not, so a
-    // difference shows that backend.cuda_linear reached the backend.
+    // difference shows that backend.cuda_linear reached the backend. 136 tokens: a C128 entry,
+    // and near-tied indexer scores at layer 3 that the mma sums break the other way; with
+    // attention pinned to the oracle's selections the diff judges those flips and passes.
     let knobs = [
         "--set",
         "backend.cuda_linear=mma",
         "--set",
         "backend.cuda_sums=f64",
     ];
-    let args: Vec<&str> = knobs.iter().chain(&TINY_MODEL_DIFF).copied().collect();
+    let mut args: Vec<&str> = knobs.iter().chain(&TINY_MODEL_DIFF).copied().collect();
+    let at = args.iter().position(|a| *a == "72").unwrap();
+    args[at] = "136";
     let out = diff_passes(&args, &[]);
     assert!(
         !out.contains("max abs 0,"),

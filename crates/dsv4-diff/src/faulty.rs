@@ -24,6 +24,9 @@ pub enum Fault {
     RmsNormSkipLast,
     /// hadamard panics with an "unsupported" message.
     HadamardUnsupported,
+    /// The indexer's top-k (`indexer_topk_rows`) swaps its best entry for the worst one it
+    /// left out, whenever it has a choice (MoE routing's top-k stays right).
+    IndexerWorstForBest,
 }
 
 /// The reference backend with one fault.
@@ -82,7 +85,9 @@ impl Backend for FaultyBackend {
                 let n = out.len().saturating_sub(1);
                 out[..n].copy_from_slice(&full[..n]);
             }
-            Fault::HadamardUnsupported => R.rms_norm(x, weight, dim, eps, out),
+            Fault::HadamardUnsupported | Fault::IndexerWorstForBest => {
+                R.rms_norm(x, weight, dim, eps, out)
+            }
         }
     }
 
@@ -119,6 +124,36 @@ impl Backend for FaultyBackend {
 
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
         R.topk(scores, k)
+    }
+
+    fn indexer_topk_rows(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_starts: &[usize],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        let mut scores = vec![0f32; key_starts.last().copied().unwrap_or(0)];
+        R.indexer_scores_rows(q, w, dim, keys, key_starts, &mut scores);
+        let mut chosen = R.topk_rows(&scores, key_starts, k);
+        if self.fault != Fault::IndexerWorstForBest {
+            return chosen;
+        }
+        for (sel, r) in chosen.iter_mut().zip(key_starts.windows(2)) {
+            let s = &scores[r[0]..r[1]];
+            let by_score = |a: &&usize, b: &&usize| s[**a].total_cmp(&s[**b]);
+            let worst_left = (0..s.len())
+                .filter(|j| !sel.contains(j))
+                .min_by(|a, b| s[*a].total_cmp(&s[*b]));
+            if let (Some(best), Some(worst)) = (sel.iter().max_by(by_score).copied(), worst_left) {
+                sel.retain(|&j| j != best);
+                sel.push(worst);
+                sel.sort_unstable();
+            }
+        }
+        chosen
     }
 
     fn sparse_attention(

@@ -26,6 +26,7 @@ pub mod op;
 pub mod ops;
 pub mod render;
 pub mod report;
+pub mod selection;
 pub mod side;
 pub mod tolerance;
 

@@ -1,18 +1,22 @@
 //! `--model` mode: both sides load their model, run the same prefill and decode steps with a tap
 //! after every op of every layer, and the taps are compared in execution order. The report names
 //! the first tap above its tolerance and summarizes the final logits and the indexer selections.
+//! The candidate's indexer choices are judged against the oracle's scores ([`crate::selection`])
+//! and, by default, its attention follows the oracle's choices, so a near-tie broken the other
+//! way does not make the rest of the run incomparable.
 //! Two sides with the same backend and numerics (only the execution mode differs) must agree
 //! bitwise: every tap's tolerance is then 0.
 
 use crate::DiffError;
 use crate::metrics::{self, LogitsStats};
 use crate::report::{IndexerAgreement, ModelReport, TapDiff};
+use crate::selection::{LayerTally, Verdict, judge, score_slack};
 use crate::side::Side;
 use crate::tolerance::{MIN_INDEXER_AGREEMENT, Metric, coarse_rounding, tap_tolerance};
 use dsv4_core::Numerics;
 use dsv4_core::SplitMix64;
 use dsv4_kernels::DeviceStats;
-use dsv4_model::forward::Taps;
+use dsv4_model::forward::{IndexerControl, Taps};
 use dsv4_model::{ForwardOutput, Model, SequenceState, load_model};
 use std::collections::BTreeMap;
 
@@ -25,6 +29,10 @@ pub struct ModelOptions {
     pub decode: usize,
     /// Seed of the token ids.
     pub seed: u64,
+    /// The candidate attends over the oracle's indexer selections (its own are still judged
+    /// against the oracle's scores), so a near-tie broken the other way does not make every
+    /// later tap incomparable.
+    pub pin_selections: bool,
 }
 
 impl Default for ModelOptions {
@@ -33,6 +41,7 @@ impl Default for ModelOptions {
             prefill: 64,
             decode: 4,
             seed: 0,
+            pin_selections: true,
         }
     }
 }
@@ -144,27 +153,35 @@ fn forward(
     st: &mut SequenceState,
     tokens: &[u32],
     role: &'static str,
+    indexer: IndexerControl<'_>,
     tap: &mut dyn FnMut(&str, &str, &[f32]),
 ) -> Result<ForwardOutput, DiffError> {
     let mut f = |l: &str, o: &str, v: &[f32]| tap(l, o, v);
     model
-        .forward_with_taps(st, tokens, &mut Taps::new(&mut f))
+        .forward_with_taps(st, tokens, &mut Taps::new(&mut f).with_indexer(indexer))
         .map_err(|source| DiffError::Forward { side: role, source })
 }
 
-/// Accumulated indexer agreement per ratio-4 layer.
-fn agree(acc: &mut BTreeMap<usize, (usize, usize)>, o: &ForwardOutput, c: &ForwardOutput) {
+/// Judge the candidate's selections of a call (its tokens from `first`) against the oracle's,
+/// over the oracle's scores, into the per-layer tallies.
+fn agree(
+    acc: &mut BTreeMap<usize, LayerTally>,
+    o: &ForwardOutput,
+    c: &ForwardOutput,
+    first: usize,
+    slack: f64,
+) {
     for (layer, sel) in &o.topk {
-        let entry = acc.entry(*layer).or_default();
-        let cand = c.topk.get(layer);
+        let tally = acc.entry(*layer).or_default();
+        let scores = o.indexer_scores.get(layer);
         for (t, s) in sel.iter().enumerate() {
-            entry.0 += 1;
-            if cand
-                .and_then(|c| c.get(t))
-                .is_some_and(|cs| metrics::same_set(s, cs))
-            {
-                entry.1 += 1;
-            }
+            let verdict = match (c.topk.get(layer).and_then(|c| c.get(t)), scores) {
+                (None, _) => Verdict::Differs("the candidate reports no selection".into()),
+                (Some(cs), Some(sc)) => judge(s, cs, &sc[t], slack),
+                (Some(cs), None) if metrics::same_set(s, cs) => Verdict::Same,
+                (Some(_), None) => Verdict::Differs("the oracle reported no scores".into()),
+            };
+            tally.add(first + t, verdict);
         }
     }
 }
@@ -212,7 +229,13 @@ pub fn run_model(
     let (mut so, mut sc) = (mo.new_sequence(), mc.new_sequence());
     let (mut taps, mut structure_error) = (Vec::new(), None);
     let (mut lo, mut lc) = (Vec::new(), Vec::new());
-    let mut indexer = BTreeMap::new();
+    let mut indexer: BTreeMap<usize, LayerTally> = BTreeMap::new();
+    let slack = score_slack(
+        exact(oracle, candidate),
+        &oracle.config.numerics,
+        &candidate.config.numerics,
+    );
+    let mut first_token = 0;
     let mut candidate_device: Option<DeviceStats> = None;
     for (ci, chunk) in calls.iter().enumerate() {
         let call = if ci == 0 {
@@ -221,7 +244,11 @@ pub fn run_model(
             format!("decode {ci}")
         };
         let mut recorded = Vec::new();
-        let out_o = forward(&mo, &mut so, chunk, "oracle", &mut |l, o, v| {
+        let record = IndexerControl {
+            record_scores: true,
+            pinned: None,
+        };
+        let out_o = forward(&mo, &mut so, chunk, "oracle", record, &mut |l, o, v| {
             recorded.push(Tap {
                 layer: l.to_string(),
                 op: o.to_string(),
@@ -240,7 +267,11 @@ pub fn run_model(
         };
         let dev = candidate.backend.device();
         let before = dev.map(|d| d.stats());
-        let out_c = forward(&mc, &mut sc, chunk, "candidate", &mut |l, o, v| {
+        let pin = IndexerControl {
+            record_scores: false,
+            pinned: opts.pin_selections.then_some(&out_o.topk),
+        };
+        let out_c = forward(&mc, &mut sc, chunk, "candidate", pin, &mut |l, o, v| {
             cmp.observe(l, o, v)
         })?;
         if let (Some(d), Some(b)) = (dev, before) {
@@ -267,21 +298,13 @@ pub fn run_model(
         }
         lo.extend_from_slice(&out_o.logits);
         lc.extend_from_slice(&out_c.logits);
-        agree(&mut indexer, &out_o, &out_c);
+        agree(&mut indexer, &out_o, &out_c, first_token, slack);
+        first_token += chunk.len();
     }
     let logits: LogitsStats = metrics::logits_stats(&lo, &lc, mo.cfg.vocab_size);
     let indexer: Vec<IndexerAgreement> = indexer
         .into_iter()
-        .map(|(layer, (tokens, agreeing))| IndexerAgreement {
-            layer,
-            tokens,
-            agreeing,
-            rate: if tokens == 0 {
-                1.0
-            } else {
-                agreeing as f64 / tokens as f64
-            },
-        })
+        .map(|(layer, tally)| tally.finish(layer))
         .collect();
     let first_divergence = taps.iter().find(|t| !t.passed).cloned();
     let mut worst = taps.clone();
@@ -298,6 +321,7 @@ pub fn run_model(
         structure_error,
         logits,
         indexer,
+        pinned: opts.pin_selections,
         worst_taps: worst,
         taps,
         candidate_device,

@@ -125,14 +125,33 @@ fn model_summary(out: &mut String, m: &ModelReport) {
         sci(Some(l.mean_kl))
     );
     for a in &m.indexer {
-        let _ = writeln!(
-            out,
-            "indexer layer {}: {}/{} tokens select the same set ({:.1}%)",
+        let mut line = format!(
+            "indexer layer {}: {}/{} tokens agree ({:.1}%): {} the same set",
             a.layer,
-            a.agreeing,
+            a.agreeing + a.tied,
             a.tokens,
-            100.0 * a.rate
+            100.0 * a.rate,
+            a.agreeing
         );
+        if a.tied > 0 {
+            let _ = write!(
+                line,
+                ", {} a near-tie broken the other way (gap up to {:.0}% of what near-ties allow)",
+                a.tied,
+                100.0 * a.worst_tie
+            );
+        }
+        let _ = writeln!(out, "{line}");
+        if let Some(w) = &a.first_mismatch {
+            let _ = writeln!(out, "  FIRST MISMATCH  {w}");
+        }
+    }
+    if !m.indexer.is_empty() {
+        out.push_str(if m.pinned {
+            "the candidate attended over the oracle's selections (its own judged above)\n"
+        } else {
+            "the candidate attended over its own selections (--no-pin-selections)\n"
+        });
     }
     if let Some(d) = &m.candidate_device {
         let _ = writeln!(

@@ -143,7 +143,14 @@ pub struct IndexerAgreement {
     pub tokens: usize,
     /// Tokens whose selected set is exactly the oracle's.
     pub agreeing: usize,
-    /// agreeing / tokens (1 when no token).
+    /// Tokens whose set differs within a near-tie of the oracle's scores (see
+    /// [`crate::selection`]).
+    pub tied: usize,
+    /// The largest near-tie gap, as a fraction of what near-ties allow (0 when none).
+    pub worst_tie: f64,
+    /// The first token whose set differs beyond a near-tie, and how.
+    pub first_mismatch: Option<String>,
+    /// (agreeing + tied) / tokens (1 when no token).
     pub rate: f64,
 }
 
@@ -164,6 +171,8 @@ pub struct ModelReport {
     pub logits: LogitsStats,
     /// Selection agreement per ratio-4 layer.
     pub indexer: Vec<IndexerAgreement>,
+    /// Whether the candidate attended over the oracle's selections (its own were judged).
+    pub pinned: bool,
     /// The ten taps closest to (or furthest past) their tolerance.
     pub worst_taps: Vec<TapDiff>,
     /// Every tap compared, in execution order.

@@ -50,6 +50,7 @@ fn the_model_diff_reports_the_first_divergent_tap_at_the_perturbed_op() {
         prefill: 12,
         decode: 2,
         seed: 1,
+        ..ModelOptions::default()
     };
     let report = run_model(&reference_side(), &faulty_side(Fault::RmsNormScale), &opts).unwrap();
     assert!(!report.passed);
@@ -125,4 +126,44 @@ fn the_faulty_backend_is_in_the_registry_for_tests() {
         .open("candidate")
         .unwrap();
     assert_eq!(side.backend.name(), FAULTY_NAME);
+}
+
+#[test]
+fn a_wrong_indexer_choice_is_named_whether_or_not_attention_is_pinned() {
+    // 80 tokens: the last tokens choose 16 of up to 20 entries, so the fault has a choice.
+    let opts = ModelOptions {
+        prefill: 80,
+        decode: 1,
+        seed: 2,
+        ..ModelOptions::default()
+    };
+    let faulty = faulty_side(Fault::IndexerWorstForBest);
+    let pinned = run_model(&reference_side(), &faulty, &opts).unwrap();
+    assert!(!pinned.passed);
+    // Attention over the oracle's selections: every tap agrees, the choice itself does not.
+    assert!(pinned.first_divergence.is_none() && pinned.pinned);
+    for a in &pinned.indexer {
+        // Tokens 67.. (p+1)/4 > 16 entries, and the decode token.
+        assert_eq!(
+            (a.tokens, a.agreeing, a.tied),
+            (81, 67, 0),
+            "layer {}",
+            a.layer
+        );
+        let m = a.first_mismatch.as_deref().unwrap();
+        assert!(m.starts_with("token 67: the candidate selects ["), "{m}");
+        assert!(m.contains("where near-ties allow"), "{m}");
+    }
+    // Attending over its own choice, the candidate departs at the first ratio-4 attention.
+    let free = ModelOptions {
+        pin_selections: false,
+        ..opts
+    };
+    let report = run_model(&reference_side(), &faulty, &free).unwrap();
+    let first = report.first_divergence.unwrap();
+    assert_eq!(
+        (first.layer.as_str(), first.op.as_str()),
+        ("layers.1.", "attn.o")
+    );
+    assert_eq!(first.rows_over, 13, "tokens 67..80 chose differently");
 }

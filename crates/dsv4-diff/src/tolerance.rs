@@ -220,8 +220,8 @@ pub fn tap_tolerance(op: &str, coarse: bool) -> f64 {
     if coarse { t.coarse } else { t.fine }
 }
 
-/// The least fraction of tokens whose indexer selection must equal the oracle's, per ratio-4
-/// layer, in `--model` mode (exact set equality; spec §3.5 compares index sets).
+/// The least fraction of tokens whose indexer selection must equal the oracle's set or a
+/// near-tie of it ([`crate::selection`]), per ratio-4 layer, in `--model` mode.
 pub const MIN_INDEXER_AGREEMENT: f64 = 1.0;
 
 /// A limit as the docs print it: `0`, `1`, or `1e-7`.

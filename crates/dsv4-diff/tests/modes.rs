@@ -20,6 +20,7 @@ fn opts() -> ModelOptions {
         prefill: 12,
         decode: 6,
         seed: 3,
+        ..ModelOptions::default()
     }
 }
 

@@ -102,6 +102,7 @@ fn the_model_against_itself_agrees_exactly_and_json_follows_the_schema() {
         prefill: 20,
         decode: 2,
         seed: 3,
+        ..ModelOptions::default()
     };
     let ops = OpsOptions {
         ops: vec!["cache_store".into()],
@@ -146,6 +147,13 @@ fn the_model_against_itself_agrees_exactly_and_json_follows_the_schema() {
     let tap = &json["model"]["taps"][0];
     assert_eq!(tap["op"], "embed");
     assert_eq!(json["model"]["first_divergence"], serde_json::Value::Null);
+    assert_eq!(json["model"]["pinned"], true);
+    let layer = &json["model"]["indexer"][0];
+    assert_eq!(
+        (&layer["agreeing"], &layer["tied"], &layer["worst_tie"]),
+        (&22.into(), &0.into(), &0.0.into())
+    );
+    assert_eq!(layer["first_mismatch"], serde_json::Value::Null);
     let text = serde_json::to_string(&json).unwrap();
     let back: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(back, json);
@@ -167,6 +175,7 @@ fn a_numerics_knob_on_one_side_diverges_first_where_the_cache_is_read() {
         prefill: 8,
         decode: 1,
         seed: 0,
+        ..ModelOptions::default()
     };
     let m = run_model(&oracle, &candidate, &opts).unwrap();
     assert!(!m.passed);

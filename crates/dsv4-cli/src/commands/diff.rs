@@ -64,6 +64,10 @@ pub struct DiffArgs {
     /// Seed of the op inputs and of the model's token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// --model: the candidate attends over its own indexer selections, not the oracle's (a
+    /// near-tie it breaks the other way then shows in every later tap).
+    #[arg(long)]
+    pub no_pin_selections: bool,
     /// Print one JSON document (schema dsv4.diff/1, docs/diff.md) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -166,6 +170,7 @@ pub fn run(
         prefill: args.tokens,
         decode: args.decode,
         seed: args.seed,
+        pin_selections: !args.no_pin_selections,
     };
     let report = diff(
         &oracle,
@@ -216,7 +221,14 @@ fn failure_summary(report: &dsv4_diff::DiffReport) -> String {
         let what = match (&m.structure_error, &m.first_divergence) {
             (Some(e), _) => e.clone(),
             (None, Some(t)) => format!("first divergence at {} {}{}", t.call, t.layer, t.op),
-            (None, None) => "indexer selections differ".to_string(),
+            (None, None) => match m.indexer.iter().find_map(|a| {
+                a.first_mismatch
+                    .as_ref()
+                    .map(|w| format!("layer {}'s indexer selections differ at {w}", a.layer))
+            }) {
+                Some(w) => w,
+                None => "indexer selections differ".to_string(),
+            },
         };
         parts.push(format!("model diff failed: {what}"));
     }
