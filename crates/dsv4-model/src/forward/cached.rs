@@ -187,7 +187,7 @@ impl Run<'_> {
 
     /// `[qi, hw] → [topk]`: for each row, scores of its sequence's index-K rows 0..⌊(p+1)/4⌋
     /// and the ids of the top index_topk (padded with [`NO_LOCATION`]). The rows' own choices
-    /// are what the step reports; under [`super::IndexerControl::pinned`] the output holds the
+    /// are what the step reports; under [`super::ChoiceControl::pinned`] the output holds the
     /// pinned selections instead, and with `record_scores` the scores are reported too.
     pub(crate) fn indexer_topk(&self, b: Option<BlockRef>, qi: &[f32], hw: &[f32]) -> Res {
         let bb = self.bound_block(b)?;
@@ -199,7 +199,7 @@ impl Run<'_> {
             Some(BlockRef::Main(l)) => Some(l),
             _ => None,
         };
-        let pins = layer.and_then(|l| Some((l, self.indexer.pinned?.get(&l)?)));
+        let pins = layer.and_then(|l| Some((l, self.choices.pinned?.get(&l)?)));
         if let Some((l, p)) = pins
             && p.len() != rows
         {
@@ -210,7 +210,7 @@ impl Run<'_> {
                 ),
             });
         }
-        let record = self.indexer.record_scores && layer.is_some();
+        let record = self.choices.record_scores && layer.is_some();
         let mut out = vec![f32::from_bits(NO_LOCATION); rows * k];
         let (mut own, mut scores) = (Vec::with_capacity(rows), Vec::new());
         // Rows in chunks: a chunk's index-K rows are gathered, then decoded, scored and ranked

@@ -45,7 +45,7 @@ use state::{LayerState, ring_coff, ring_rows};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-pub use taps::{IndexerControl, TapFn, Taps};
+pub use taps::{ChoiceControl, TapFn, Taps};
 
 /// Why a forward call was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -129,8 +129,14 @@ pub struct ForwardOutput {
     /// For each ratio-4 layer: the indexer's selected compressed entries per token (ascending).
     pub topk: BTreeMap<usize, Vec<Vec<u32>>>,
     /// For each ratio-4 layer: each token's indexer scores over its entries `0..⌊(p+1)/4⌋`,
-    /// when the call's [`IndexerControl::record_scores`] asked for them (else empty).
+    /// when the call's [`ChoiceControl::record_scores`] asked for them (else empty).
     pub indexer_scores: BTreeMap<usize, Vec<Vec<f32>>>,
+    /// For each main layer with biased routing: the router's own choice of experts per token
+    /// (ascending ids).
+    pub experts: BTreeMap<usize, Vec<Vec<u32>>>,
+    /// For each main layer with biased routing: each token's biased router scores (what the
+    /// top-k ranks), when the call's [`ChoiceControl::record_scores`] asked for them (else empty).
+    pub router_scores: BTreeMap<usize, Vec<Vec<f32>>>,
     /// The final residual streams, [T, M, D] (input of the MTP layer).
     pub residual: Vec<f32>,
 }

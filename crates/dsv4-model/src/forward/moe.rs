@@ -3,7 +3,7 @@
 //! expert, routed experts).
 
 use super::op::BlockRef;
-use super::run::Run;
+use super::run::{Run, lock};
 use super::{ForwardError, Model};
 use crate::weights::{ExpertWeights, MoeWeights, Routing};
 
@@ -40,49 +40,63 @@ pub(crate) fn decode_routes(routes: &[f32], k: usize, experts: usize, rows: usiz
 }
 
 impl Model {
-    /// Routes of T tokens: experts and normalised, scaled weights.
-    pub(crate) fn route(&self, w: &MoeWeights, x: &[f32], tokens: &[u32]) -> Vec<Route> {
-        let (t, e) = (tokens.len(), self.cfg.n_routed_experts);
+    /// Router scores of T tokens of normalised input `x` [T, D]: [T, n_routed_experts].
+    pub(crate) fn router_scores(&self, w: &MoeWeights, x: &[f32], t: usize) -> Vec<f32> {
+        let e = self.cfg.n_routed_experts;
         let mut logits = vec![0f32; t * e];
         self.backend.linear(&w.gate, x, t, &mut logits);
         let mut s = vec![0f32; t * e];
         self.backend.router_scores(&logits, &mut s);
-        self.route_scores(w, &s, tokens)
+        s
     }
 
-    /// Routes of T tokens from their router scores `s` [T, n_routed_experts]: hash routing by
-    /// token id, or the top-k of the biased scores; weights are the chosen scores normalised
-    /// (in f64) and scaled.
-    pub(crate) fn route_scores(&self, w: &MoeWeights, s: &[f32], tokens: &[u32]) -> Vec<Route> {
-        let (t, e, k) = (
-            tokens.len(),
+    /// The experts of T tokens with router scores `s` [T, n_routed_experts]: looked up by token
+    /// id under hash routing (with `None`), else the top-k of the biased scores `s + bias`
+    /// (ascending ids; ranked in one call, one submission on a GPU backend) with those scores.
+    pub(crate) fn choose_experts(
+        &self,
+        w: &MoeWeights,
+        s: &[f32],
+        tokens: &[u32],
+    ) -> (Vec<Vec<usize>>, Option<Vec<f32>>) {
+        let (e, k, t) = (
             self.cfg.n_routed_experts,
             self.cfg.num_experts_per_tok,
+            tokens.len(),
         );
-        // Biased routing ranks every row in one call (one submission on a GPU backend).
-        let ranked = match &w.routing {
-            Routing::Hash(_) => Vec::new(),
+        match &w.routing {
+            Routing::Hash(tid2eid) => {
+                let ids = tokens
+                    .iter()
+                    .map(|&tok| {
+                        let row = tok as usize * k;
+                        tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
+                    })
+                    .collect();
+                (ids, None)
+            }
             Routing::Bias(bias) => {
                 let biased: Vec<f32> = s
                     .chunks(e.max(1))
                     .flat_map(|si| si.iter().zip(bias).map(|(a, b)| a + b))
                     .collect();
                 let starts: Vec<usize> = (0..=t).map(|i| i * e).collect();
-                self.backend.topk_rows(&biased, &starts, k)
+                (self.backend.topk_rows(&biased, &starts, k), Some(biased))
             }
-        };
-        (0..t)
-            .map(|i| {
+        }
+    }
+
+    /// Routes of tokens with router scores `s` [T, n_routed_experts] to the experts `chosen`
+    /// per token: weights are the chosen experts' scores normalised (in f64) and scaled.
+    pub(crate) fn routes_of(&self, s: &[f32], chosen: Vec<Vec<usize>>) -> Vec<Route> {
+        let e = self.cfg.n_routed_experts;
+        let scale = self.cfg.routed_scaling_factor;
+        chosen
+            .into_iter()
+            .enumerate()
+            .map(|(i, idx)| {
                 let si = &s[i * e..(i + 1) * e];
-                let idx: Vec<usize> = match &w.routing {
-                    Routing::Hash(tid2eid) => {
-                        let row = tokens[i] as usize * k;
-                        tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
-                    }
-                    Routing::Bias(_) => ranked[i].clone(),
-                };
                 let total: f64 = idx.iter().map(|&j| f64::from(si[j])).sum();
-                let scale = self.cfg.routed_scaling_factor;
                 let weights = idx
                     .iter()
                     .map(|&j| (f64::from(si[j]) / total * scale) as f32)
@@ -150,8 +164,40 @@ impl Run<'_> {
         tokens: Option<&[f32]>,
     ) -> Result<Vec<f32>, ForwardError> {
         let w = self.moe_weights(b)?;
-        let routes = self.model.route(w, xn, &self.routing_tokens(tokens));
+        let s = self.model.router_scores(w, xn, self.bound.rows);
+        let routes = self.choose_routes(b, &s, &self.routing_tokens(tokens))?;
         Ok(self.encode_routes(routes))
+    }
+
+    /// Routes of the step's rows from their router scores `s`: the router's own top-k (recorded
+    /// per main layer, with its scores when asked for), or the experts the caller pinned.
+    pub(crate) fn choose_routes(
+        &self,
+        b: Option<BlockRef>,
+        s: &[f32],
+        tokens: &[u32],
+    ) -> Result<Vec<Route>, ForwardError> {
+        let w = self.moe_weights(b)?;
+        let (rows, e) = (tokens.len(), self.model.cfg.n_routed_experts);
+        let (ranked, biased) = self.model.choose_experts(w, s, tokens);
+        let (Some(biased), Some(BlockRef::Main(layer))) = (biased, b) else {
+            return Ok(self.model.routes_of(s, ranked));
+        };
+        let own: Vec<Vec<u32>> = ranked
+            .iter()
+            .map(|r| r.iter().map(|&j| j as u32).collect())
+            .collect();
+        lock(&self.out.experts).insert(layer, own);
+        if self.choices.record_scores {
+            let per_row = biased.chunks(e.max(1)).map(<[f32]>::to_vec).collect();
+            lock(&self.out.router_scores).insert(layer, per_row);
+        }
+        let pins = self.choices.pinned_experts.and_then(|p| p.get(&layer));
+        let chosen = match pins {
+            Some(p) => pinned_experts(layer, p, rows, e, self.model.cfg.num_experts_per_tok)?,
+            None => ranked,
+        };
+        Ok(self.model.routes_of(s, chosen))
     }
 
     /// The step's token ids from a `tokens` operand (all 0 without one: biased routing does
@@ -200,4 +246,40 @@ impl Run<'_> {
         let decoded = decode_routes(routes, k, w.experts.len(), self.bound.rows);
         Ok(self.model.routed(w, xn, &decoded))
     }
+}
+
+/// Layer `layer`'s pinned experts, checked against the step's `rows`, the `experts` and `k`.
+fn pinned_experts(
+    layer: usize,
+    pins: &[Vec<u32>],
+    rows: usize,
+    experts: usize,
+    k: usize,
+) -> Result<Vec<Vec<usize>>, ForwardError> {
+    let bad = |message: String| Err(ForwardError::Plan { message });
+    if pins.len() != rows {
+        return bad(format!(
+            "layer {layer}'s pinned experts cover {} tokens, the step has {rows}",
+            pins.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(rows);
+    for (row, ids) in pins.iter().enumerate() {
+        let mut ids: Vec<usize> = ids.iter().map(|&j| j as usize).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != k || pins[row].len() != k {
+            return bad(format!(
+                "layer {layer}, token {row}: {} pinned experts, the router chooses {k} distinct",
+                pins[row].len()
+            ));
+        }
+        if let Some(&j) = ids.iter().find(|&&j| j >= experts) {
+            return bad(format!(
+                "layer {layer}, token {row}: pinned expert {j} is past the {experts} experts"
+            ));
+        }
+        out.push(ids);
+    }
+    Ok(out)
 }

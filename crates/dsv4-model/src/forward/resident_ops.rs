@@ -310,7 +310,7 @@ impl Run<'_> {
             None => None,
         };
         let ids = self.routing_tokens(ids.as_deref());
-        let routes = self.model.route_scores(w, &s, &ids);
+        let routes = self.choose_routes(b, &s, &ids)?;
         // Kept as the buffer's host copy: the routed experts read the routes from it.
         d.mem.write_slice(out, &self.encode_routes(routes))
     }

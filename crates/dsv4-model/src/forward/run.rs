@@ -8,7 +8,7 @@
 use super::op::{BlockRef, Op, OpKind};
 use super::resident::DeviceMemory;
 use super::state::LayerState;
-use super::{ForwardError, IndexerControl, Model};
+use super::{ChoiceControl, ForwardError, Model};
 use crate::weights::BlockWeights;
 use dsv4_plan::{BufferClass, Plan, Slice};
 use std::collections::BTreeMap;
@@ -107,6 +107,10 @@ pub(crate) struct Gathered {
     pub selected: Mutex<BTreeMap<usize, Vec<Vec<u32>>>>,
     /// The indexer's scores per ratio-4 main layer, per row (when asked for).
     pub scores: Mutex<BTreeMap<usize, Vec<Vec<f32>>>>,
+    /// The router's own expert choice per biased-routing main layer, per row.
+    pub experts: Mutex<BTreeMap<usize, Vec<Vec<u32>>>>,
+    /// The router's biased scores per biased-routing main layer, per row (when asked for).
+    pub router_scores: Mutex<BTreeMap<usize, Vec<Vec<f32>>>>,
     /// Tap values per launch (when taps are on).
     pub taps: Option<Mutex<Vec<Option<Vec<f32>>>>>,
 }
@@ -122,8 +126,8 @@ pub(crate) struct Run<'a> {
     pub out: Gathered,
     /// The index-K read skips its load-back wait (`Fault::SkipIndexKTransferWait`).
     pub skip_index_k_wait: bool,
-    /// What the caller asks of the indexer (scores reported, selections pinned).
-    pub indexer: IndexerControl<'a>,
+    /// What the caller asks of the discrete choices (scores reported, choices pinned).
+    pub choices: ChoiceControl<'a>,
 }
 
 /// Rows of a plan's buffers: the length of its step-wide `tokens` buffer.

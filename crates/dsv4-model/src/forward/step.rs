@@ -9,8 +9,9 @@ use super::prepare::{SeqRows, prepare};
 use super::resident::{DeviceMemory, GraphSpan};
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
-use super::{ForwardError, ForwardOutput, IndexerControl, Model, SequenceState, Taps};
+use super::{ChoiceControl, ForwardError, ForwardOutput, Model, SequenceState, Taps};
 use dsv4_plan::Plan;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
@@ -31,6 +32,22 @@ fn execute(model: &Model, run: &Run<'_>, executor: Executor) -> Result<(), Forwa
         Executor::Threaded => run_threaded(run),
     };
     run.finish_streams(result)
+}
+
+/// What a mutex holds, leaving the default there.
+fn take<T: Default>(m: &Mutex<T>) -> T {
+    std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Rows `start .. start + n` of each layer's per-row records.
+fn rows_of<T: Clone>(
+    m: &BTreeMap<usize, Vec<T>>,
+    start: usize,
+    n: usize,
+) -> BTreeMap<usize, Vec<T>> {
+    m.iter()
+        .map(|(l, rows)| (*l, rows[start..start + n].to_vec()))
+        .collect()
 }
 
 /// Emit the recorded taps in issue order.
@@ -173,7 +190,7 @@ impl Model {
                 ..Gathered::default()
             },
             skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
-            indexer: taps.indexer,
+            choices: taps.choices,
         };
         let traffic_start = self.backend.device().map(|d| d.stats());
         // A captured plan on a device replays its repeated runs of launches as graphs.
@@ -189,9 +206,8 @@ impl Model {
         let logits = run.result("logits", "")?;
         let (rname, rscope) = final_residual(plan).unwrap_or_default();
         let residual = run.result(&rname, &rscope)?;
-        let selected =
-            std::mem::take(&mut *run.out.selected.lock().unwrap_or_else(|e| e.into_inner()));
-        let scores = std::mem::take(&mut *run.out.scores.lock().unwrap_or_else(|e| e.into_inner()));
+        let (selected, experts) = (take(&run.out.selected), take(&run.out.experts));
+        let (scores, router_scores) = (take(&run.out.scores), take(&run.out.router_scores));
         // A backend with device memory counts the step's traffic in either mode (host ops
         // submit and read back too).
         let device = self
@@ -210,14 +226,10 @@ impl Model {
             outs.push(ForwardOutput {
                 logits: logits[start * v..(start + n) * v].to_vec(),
                 vocab: v,
-                topk: selected
-                    .iter()
-                    .map(|(l, sel)| (*l, sel[start..start + n].to_vec()))
-                    .collect(),
-                indexer_scores: scores
-                    .iter()
-                    .map(|(l, s)| (*l, s[start..start + n].to_vec()))
-                    .collect(),
+                topk: rows_of(&selected, start, n),
+                indexer_scores: rows_of(&scores, start, n),
+                experts: rows_of(&experts, start, n),
+                router_scores: rows_of(&router_scores, start, n),
                 residual: residual[start * m * d..(start + n) * m * d].to_vec(),
             });
             start += n;
@@ -284,7 +296,7 @@ impl Model {
             mem: Memory::fresh_on(self.device_for(&self.exec), &plan)?,
             out: Gathered::default(),
             skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
-            indexer: IndexerControl::default(),
+            choices: ChoiceControl::default(),
         };
         let executor = match self.exec.executor {
             Executor::Threaded => Executor::Serial,

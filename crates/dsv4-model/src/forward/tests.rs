@@ -376,24 +376,24 @@ fn batched_sequences_get_bitwise_the_logits_they_get_alone() {
 fn controlled(
     model: &Model,
     toks: &[u32],
-    control: IndexerControl<'_>,
+    control: ChoiceControl<'_>,
 ) -> Result<ForwardOutput, ForwardError> {
     let mut st = model.new_sequence();
-    model.forward_with_taps(&mut st, toks, &mut Taps::none().with_indexer(control))
+    model.forward_with_taps(&mut st, toks, &mut Taps::none().with_choices(control))
 }
 
 #[test]
 fn recorded_indexer_scores_are_what_the_selection_ranks() {
     let model = tiny_model(Numerics::default());
     let toks = tokens(80, 5);
-    let plain = controlled(&model, &toks, IndexerControl::default()).unwrap();
+    let plain = controlled(&model, &toks, ChoiceControl::default()).unwrap();
     assert!(
         plain.indexer_scores.is_empty(),
         "scores only when asked for"
     );
-    let rec = IndexerControl {
+    let rec = ChoiceControl {
         record_scores: true,
-        pinned: None,
+        ..ChoiceControl::default()
     };
     let out = controlled(&model, &toks, rec).unwrap();
     assert_eq!(out.logits, plain.logits, "recording scores changes nothing");
@@ -428,10 +428,10 @@ fn recorded_indexer_scores_are_what_the_selection_ranks() {
 fn pinned_selections_steer_attention_but_not_the_reported_choice() {
     let model = tiny_model(Numerics::default());
     let toks = tokens(80, 5);
-    let plain = controlled(&model, &toks, IndexerControl::default()).unwrap();
-    let pin = |pins| IndexerControl {
-        record_scores: false,
+    let plain = controlled(&model, &toks, ChoiceControl::default()).unwrap();
+    let pin = |pins| ChoiceControl {
         pinned: Some(pins),
+        ..ChoiceControl::default()
     };
     // Pinned to its own choices, the call is bitwise the same.
     let same = controlled(&model, &toks, pin(&plain.topk)).unwrap();
@@ -479,5 +479,86 @@ fn pinned_selections_steer_attention_but_not_the_reported_choice() {
     assert!(
         e.contains("17 pinned entries, the indexer selects 16"),
         "{e}"
+    );
+}
+
+#[test]
+fn the_router_reports_its_choice_and_scores_and_follows_pinned_experts() {
+    let model = tiny_model(Numerics::default());
+    let toks = tokens(24, 8);
+    let plain = controlled(&model, &toks, ChoiceControl::default()).unwrap();
+    // Layer 0 hash-routes (num_hash_layers = 1): nothing to choose, nothing reported.
+    assert_eq!(plain.experts.keys().collect::<Vec<_>>(), vec![&1, &2, &3]);
+    assert!(plain.router_scores.is_empty(), "scores only when asked for");
+    let rec = ChoiceControl {
+        record_scores: true,
+        ..ChoiceControl::default()
+    };
+    let out = controlled(&model, &toks, rec).unwrap();
+    assert_eq!(out.logits, plain.logits, "recording scores changes nothing");
+    let (e, k) = (model.cfg.n_routed_experts, model.cfg.num_experts_per_tok);
+    for (l, rows) in &out.router_scores {
+        assert_eq!(rows.len(), toks.len());
+        for (t, s) in rows.iter().enumerate() {
+            assert_eq!(s.len(), e);
+            let ranked: Vec<u32> = ReferenceBackend
+                .topk(s, k)
+                .into_iter()
+                .map(|j| j as u32)
+                .collect();
+            assert_eq!(out.experts[l][t], ranked, "layer {l}, token {t}");
+        }
+    }
+    let pin = |pins| ChoiceControl {
+        pinned_experts: Some(pins),
+        ..ChoiceControl::default()
+    };
+    let same = controlled(&model, &toks, pin(&plain.experts)).unwrap();
+    assert_eq!(
+        same.logits, plain.logits,
+        "pinned to its own choice: the same bits"
+    );
+    // Layer 2 routed to experts it did not choose: other logits, the same reported choice there.
+    let mut other = BTreeMap::new();
+    let away: Selections = plain.experts[&2]
+        .iter()
+        .map(|c| (0..e as u32).filter(|j| !c.contains(j)).take(k).collect())
+        .collect();
+    other.insert(2, away);
+    let steered = controlled(&model, &toks, pin(&other)).unwrap();
+    assert_ne!(steered.logits, plain.logits);
+    assert_eq!(steered.experts[&2], plain.experts[&2]);
+    assert_eq!(
+        steered.experts[&1], plain.experts[&1],
+        "layers before it are untouched"
+    );
+    // Pins the step cannot use are errors.
+    let err = |edit: &dyn Fn(&mut Selections)| {
+        let mut bad = other.clone();
+        edit(bad.get_mut(&2).unwrap());
+        let control = ChoiceControl {
+            pinned_experts: Some(&bad),
+            ..ChoiceControl::default()
+        };
+        controlled(&model, &toks, control).unwrap_err().to_string()
+    };
+    let e1 = err(&|p| {
+        p.pop();
+    });
+    assert!(
+        e1.contains("layer 2's pinned experts cover 23 tokens, the step has 24"),
+        "{e1}"
+    );
+    let e2 = err(&|p| p[5] = vec![3, 3]);
+    assert!(
+        e2.contains("layer 2, token 5: 2 pinned experts, the router chooses 2 distinct"),
+        "{e2}"
+    );
+    let e3 = err(&|p| p[5] = vec![1]);
+    assert!(e3.contains("token 5: 1 pinned experts"), "{e3}");
+    let e4 = err(&|p| p[7] = vec![0, 8]);
+    assert!(
+        e4.contains("layer 2, token 7: pinned expert 8 is past the 8 experts"),
+        "{e4}"
     );
 }
