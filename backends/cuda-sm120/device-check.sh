@@ -28,6 +28,7 @@
 #                  linear case on the SIMT and on the tensor-core kernels)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
+# each model diff's logits and indexer agreement ("models", from OUT_DIR/model-*.json),
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
 # "linear_f32" from bench-f32.json), and each attention-side kernel's fraction of the FMA rate
 # of its sums ("kernels", "kernels_f32").
@@ -113,20 +114,20 @@ small=${DSV4_SMALL_DIR:-target/small-model} # kept out of OUT_DIR: it is 100+ MB
 
 run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
 run_step model-tiny "$dsv4" --set backend.cuda_sums=f64 diff --backend reference --against "$backend" \
-    --model --tokens 136 --decode 4
+    --model --tokens 136 --decode 4 --out "$out/model-tiny.json"
 if [ "${DSV4_CUDA_DRIVER:-}" != emu ]; then
     run_step model-f32 "$dsv4" --set backend.cuda_sums=f32 diff --backend reference \
-        --against "$backend" --model --tokens 136 --decode 4
+        --against "$backend" --model --tokens 136 --decode 4 --out "$out/model-f32.json"
 fi
 run_step model-small "$dsv4" --set model.path="$small" diff --backend reference --against "$backend" \
-    --model --tokens 64 --decode 4
+    --model --tokens 64 --decode 4 --out "$out/model-small.json"
 mma=(--set backend.cuda_linear=mma)
 run_step ops-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" --ops
 run_step model-mma "$dsv4" "${mma[@]}" diff --backend reference --against "$backend" \
-    --model --tokens 136 --decode 4
-# Indexer near-ties a model step broke the other way (within what the taps allow, judged on the
-# reference's scores while attention follows the reference's choice; docs/diff.md): shown, not
-# failed.
+    --model --tokens 136 --decode 4 --out "$out/model-mma.json"
+# Indexer or router near-ties a model step broke the other way (within what the taps allow,
+# judged on the reference's scores while the step follows the reference's choice; docs/diff.md):
+# shown, not failed.
 grep -H 'near-tie' "$out"/model-*.log 2>/dev/null | sed "s|^$out/|    |" || true
 run_step plan "$dsv4" --profile rehearsal "${cuda[@]}" plan check
 requests=24
@@ -196,6 +197,26 @@ for k in cases:
 print(json.dumps([{key: k[key] for key in ("case", "tera_multiplies", "of_fma_rate")} for k in cases]))
 PY
 }
+# The model diffs against the reference, from their JSON reports: the logits' agreement, each
+# ratio-4 layer's indexer agreement (near-ties included) and the first divergence, if any.
+models=$(python3 - "$out" <<'PY' || echo '[]'
+import json, os, sys
+rows = []
+for step in ("model-tiny", "model-f32", "model-small", "model-mma"):
+    path = os.path.join(sys.argv[1], step + ".json")
+    if not os.path.exists(path):
+        continue
+    m = json.load(open(path))["model"]
+    first = m["first_divergence"]
+    rows.append({
+        "step": step, "passed": m["passed"], "tokens": m["prefill_tokens"] + m["decode_steps"],
+        "logits": m["logits"],
+        "indexer": [{k: a[k] for k in ("layer", "tokens", "agreeing", "tied", "worst_tie")} for a in m["indexer"]],
+        "first_divergence": None if first is None else f"{first['call']} {first['layer']}{first['op']}",
+    })
+print(json.dumps(rows))
+PY
+)
 kernels=$(kernels_of "$out/bench.json" "default sums")
 kernels_f32=$(kernels_of "$out/bench-f32.json" "f32 sums")
 # The emulated driver prints every call it refuses; a clean run has none.
@@ -213,8 +234,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' "$linear" \
-        "$linear_f32" "$kernels" "$kernels_f32"
+    printf '],"models":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' \
+        "$models" "$linear" "$linear_f32" "$kernels" "$kernels_f32"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

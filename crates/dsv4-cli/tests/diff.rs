@@ -96,3 +96,34 @@ fn list_prints_the_selected_case_names_and_bad_filters_fail() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("unknown op `no_such_op`"));
 }
+
+#[test]
+fn out_writes_the_json_beside_the_table_and_an_unwritable_path_fails_first() {
+    let dir = std::env::temp_dir().join(format!("dsv4-diff-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("report.json");
+    let out = dsv4(&format!(
+        "diff --against reference --model --tokens 6 --decode 1 --out {}",
+        file.display()
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("first divergence: none"),
+        "the table still prints"
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(doc["schema"], "dsv4.diff/1");
+    assert_eq!(doc["model"]["logits"]["rows"], 7);
+    assert_eq!(doc["model"]["pinned"], true);
+    // A path in a missing directory fails before the (long) diff runs.
+    let bad = dir.join("missing").join("report.json");
+    let out = dsv4(&format!(
+        "diff --against reference --model --out {}",
+        bad.display()
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("cannot write the report to"), "{stderr}");
+    assert!(!text(&out.stdout).contains("model:"), "nothing ran");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

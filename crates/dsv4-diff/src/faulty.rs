@@ -27,6 +27,25 @@ pub enum Fault {
     /// The indexer's top-k (`indexer_topk_rows`) swaps its best entry for the worst one it
     /// left out, whenever it has a choice (MoE routing's top-k stays right).
     IndexerWorstForBest,
+    /// `topk_rows` (the router's biased top-k) swaps each row's best expert for the worst one
+    /// it left out (the indexer's top-k stays right).
+    RouterWorstForBest,
+}
+
+/// Swap the best-scoring index of each row's `chosen` for the worst-scoring one it left out.
+fn worst_for_best(chosen: &mut [Vec<usize>], scores: &[f32], starts: &[usize]) {
+    for (sel, r) in chosen.iter_mut().zip(starts.windows(2)) {
+        let s = &scores[r[0]..r[1]];
+        let worst_left = (0..s.len())
+            .filter(|j| !sel.contains(j))
+            .min_by(|a, b| s[*a].total_cmp(&s[*b]));
+        let best = sel.iter().copied().max_by(|a, b| s[*a].total_cmp(&s[*b]));
+        if let (Some(best), Some(worst)) = (best, worst_left) {
+            sel.retain(|&j| j != best);
+            sel.push(worst);
+            sel.sort_unstable();
+        }
+    }
 }
 
 /// The reference backend with one fault.
@@ -85,7 +104,7 @@ impl Backend for FaultyBackend {
                 let n = out.len().saturating_sub(1);
                 out[..n].copy_from_slice(&full[..n]);
             }
-            Fault::HadamardUnsupported | Fault::IndexerWorstForBest => {
+            Fault::HadamardUnsupported | Fault::IndexerWorstForBest | Fault::RouterWorstForBest => {
                 R.rms_norm(x, weight, dim, eps, out)
             }
         }
@@ -126,6 +145,14 @@ impl Backend for FaultyBackend {
         R.topk(scores, k)
     }
 
+    fn topk_rows(&self, scores: &[f32], starts: &[usize], k: usize) -> Vec<Vec<usize>> {
+        let mut chosen = R.topk_rows(scores, starts, k);
+        if self.fault == Fault::RouterWorstForBest {
+            worst_for_best(&mut chosen, scores, starts);
+        }
+        chosen
+    }
+
     fn indexer_topk_rows(
         &self,
         q: &[f32],
@@ -138,20 +165,8 @@ impl Backend for FaultyBackend {
         let mut scores = vec![0f32; key_starts.last().copied().unwrap_or(0)];
         R.indexer_scores_rows(q, w, dim, keys, key_starts, &mut scores);
         let mut chosen = R.topk_rows(&scores, key_starts, k);
-        if self.fault != Fault::IndexerWorstForBest {
-            return chosen;
-        }
-        for (sel, r) in chosen.iter_mut().zip(key_starts.windows(2)) {
-            let s = &scores[r[0]..r[1]];
-            let by_score = |a: &&usize, b: &&usize| s[**a].total_cmp(&s[**b]);
-            let worst_left = (0..s.len())
-                .filter(|j| !sel.contains(j))
-                .min_by(|a, b| s[*a].total_cmp(&s[*b]));
-            if let (Some(best), Some(worst)) = (sel.iter().max_by(by_score).copied(), worst_left) {
-                sel.retain(|&j| j != best);
-                sel.push(worst);
-                sel.sort_unstable();
-            }
+        if self.fault == Fault::IndexerWorstForBest {
+            worst_for_best(&mut chosen, &scores, key_starts);
         }
         chosen
     }

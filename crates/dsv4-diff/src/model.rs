@@ -1,22 +1,22 @@
 //! `--model` mode: both sides load their model, run the same prefill and decode steps with a tap
 //! after every op of every layer, and the taps are compared in execution order. The report names
 //! the first tap above its tolerance and summarizes the final logits and the indexer selections.
-//! The candidate's indexer choices are judged against the oracle's scores ([`crate::selection`])
-//! and, by default, its attention follows the oracle's choices, so a near-tie broken the other
-//! way does not make the rest of the run incomparable.
+//! The candidate's discrete choices (indexer selections, router experts) are judged against the
+//! oracle's scores ([`crate::selection`]) and, by default, the candidate follows the oracle's
+//! choices, so a near-tie broken the other way does not make the rest of the run incomparable.
 //! Two sides with the same backend and numerics (only the execution mode differs) must agree
 //! bitwise: every tap's tolerance is then 0.
 
 use crate::DiffError;
 use crate::metrics::{self, LogitsStats};
-use crate::report::{IndexerAgreement, ModelReport, TapDiff};
-use crate::selection::{LayerTally, Verdict, judge, score_slack};
+use crate::report::{ChoiceAgreement, ModelReport, TapDiff};
+use crate::selection::{INDEXER_INPUT, LayerTally, ROUTER_INPUT, Verdict, judge, score_slack};
 use crate::side::Side;
-use crate::tolerance::{MIN_INDEXER_AGREEMENT, Metric, coarse_rounding, tap_tolerance};
+use crate::tolerance::{MIN_CHOICE_AGREEMENT, Metric, coarse_rounding, tap_tolerance};
 use dsv4_core::Numerics;
 use dsv4_core::SplitMix64;
 use dsv4_kernels::DeviceStats;
-use dsv4_model::forward::{IndexerControl, Taps};
+use dsv4_model::forward::{ChoiceControl, Taps};
 use dsv4_model::{ForwardOutput, Model, SequenceState, load_model};
 use std::collections::BTreeMap;
 
@@ -29,9 +29,9 @@ pub struct ModelOptions {
     pub decode: usize,
     /// Seed of the token ids.
     pub seed: u64,
-    /// The candidate attends over the oracle's indexer selections (its own are still judged
-    /// against the oracle's scores), so a near-tie broken the other way does not make every
-    /// later tap incomparable.
+    /// The candidate follows the oracle's discrete choices — attends over its indexer
+    /// selections, routes to its experts — while its own are judged against the oracle's
+    /// scores, so a near-tie broken the other way does not make every later tap incomparable.
     pub pin_selections: bool,
 }
 
@@ -153,30 +153,32 @@ fn forward(
     st: &mut SequenceState,
     tokens: &[u32],
     role: &'static str,
-    indexer: IndexerControl<'_>,
+    choices: ChoiceControl<'_>,
     tap: &mut dyn FnMut(&str, &str, &[f32]),
 ) -> Result<ForwardOutput, DiffError> {
     let mut f = |l: &str, o: &str, v: &[f32]| tap(l, o, v);
     model
-        .forward_with_taps(st, tokens, &mut Taps::new(&mut f).with_indexer(indexer))
+        .forward_with_taps(st, tokens, &mut Taps::new(&mut f).with_choices(choices))
         .map_err(|source| DiffError::Forward { side: role, source })
 }
 
-/// Judge the candidate's selections of a call (its tokens from `first`) against the oracle's,
-/// over the oracle's scores, into the per-layer tallies.
+/// Per layer, per token: a choice (entry or expert ids).
+type Choices = BTreeMap<usize, Vec<Vec<u32>>>;
+
+/// Judge the candidate's choices of one kind in a call (its tokens from `first`) against the
+/// oracle's, over the oracle's `scores`, into the per-layer tallies.
 fn agree(
     acc: &mut BTreeMap<usize, LayerTally>,
-    o: &ForwardOutput,
-    c: &ForwardOutput,
+    (oracle, scores, cand): (&Choices, &BTreeMap<usize, Vec<Vec<f32>>>, &Choices),
     first: usize,
     slack: f64,
 ) {
-    for (layer, sel) in &o.topk {
+    for (layer, sel) in oracle {
         let tally = acc.entry(*layer).or_default();
-        let scores = o.indexer_scores.get(layer);
+        let scores = scores.get(layer);
         for (t, s) in sel.iter().enumerate() {
-            let verdict = match (c.topk.get(layer).and_then(|c| c.get(t)), scores) {
-                (None, _) => Verdict::Differs("the candidate reports no selection".into()),
+            let verdict = match (cand.get(layer).and_then(|c| c.get(t)), scores) {
+                (None, _) => Verdict::Differs("the candidate reports no choice".into()),
                 (Some(cs), Some(sc)) => judge(s, cs, &sc[t], slack),
                 (Some(cs), None) if metrics::same_set(s, cs) => Verdict::Same,
                 (Some(_), None) => Verdict::Differs("the oracle reported no scores".into()),
@@ -229,12 +231,16 @@ pub fn run_model(
     let (mut so, mut sc) = (mo.new_sequence(), mc.new_sequence());
     let (mut taps, mut structure_error) = (Vec::new(), None);
     let (mut lo, mut lc) = (Vec::new(), Vec::new());
-    let mut indexer: BTreeMap<usize, LayerTally> = BTreeMap::new();
-    let slack = score_slack(
-        exact(oracle, candidate),
-        &oracle.config.numerics,
-        &candidate.config.numerics,
-    );
+    let (mut indexer, mut router) = (BTreeMap::new(), BTreeMap::new());
+    let slack = |input| {
+        score_slack(
+            exact(oracle, candidate),
+            input,
+            &oracle.config.numerics,
+            &candidate.config.numerics,
+        )
+    };
+    let (indexer_slack, router_slack) = (slack(INDEXER_INPUT), slack(ROUTER_INPUT));
     let mut first_token = 0;
     let mut candidate_device: Option<DeviceStats> = None;
     for (ci, chunk) in calls.iter().enumerate() {
@@ -244,9 +250,9 @@ pub fn run_model(
             format!("decode {ci}")
         };
         let mut recorded = Vec::new();
-        let record = IndexerControl {
+        let record = ChoiceControl {
             record_scores: true,
-            pinned: None,
+            ..ChoiceControl::default()
         };
         let out_o = forward(&mo, &mut so, chunk, "oracle", record, &mut |l, o, v| {
             recorded.push(Tap {
@@ -267,9 +273,10 @@ pub fn run_model(
         };
         let dev = candidate.backend.device();
         let before = dev.map(|d| d.stats());
-        let pin = IndexerControl {
+        let pin = ChoiceControl {
             record_scores: false,
             pinned: opts.pin_selections.then_some(&out_o.topk),
+            pinned_experts: opts.pin_selections.then_some(&out_o.experts),
         };
         let out_c = forward(&mc, &mut sc, chunk, "candidate", pin, &mut |l, o, v| {
             cmp.observe(l, o, v)
@@ -298,21 +305,30 @@ pub fn run_model(
         }
         lo.extend_from_slice(&out_o.logits);
         lc.extend_from_slice(&out_c.logits);
-        agree(&mut indexer, &out_o, &out_c, first_token, slack);
+        let indexer_choices = (&out_o.topk, &out_o.indexer_scores, &out_c.topk);
+        agree(&mut indexer, indexer_choices, first_token, indexer_slack);
+        let router_choices = (&out_o.experts, &out_o.router_scores, &out_c.experts);
+        agree(&mut router, router_choices, first_token, router_slack);
         first_token += chunk.len();
     }
     let logits: LogitsStats = metrics::logits_stats(&lo, &lc, mo.cfg.vocab_size);
-    let indexer: Vec<IndexerAgreement> = indexer
-        .into_iter()
-        .map(|(layer, tally)| tally.finish(layer))
-        .collect();
+    let finish = |tallies: BTreeMap<usize, LayerTally>| -> Vec<ChoiceAgreement> {
+        tallies
+            .into_iter()
+            .map(|(layer, tally)| tally.finish(layer))
+            .collect()
+    };
+    let (indexer, router) = (finish(indexer), finish(router));
     let first_divergence = taps.iter().find(|t| !t.passed).cloned();
     let mut worst = taps.clone();
     worst.sort_by(|a, b| severity(b).total_cmp(&severity(a)));
     worst.truncate(10);
     let passed = first_divergence.is_none()
         && structure_error.is_none()
-        && indexer.iter().all(|a| a.rate >= MIN_INDEXER_AGREEMENT);
+        && indexer
+            .iter()
+            .chain(&router)
+            .all(|a| a.rate >= MIN_CHOICE_AGREEMENT);
     Ok(ModelReport {
         prefill_tokens: opts.prefill,
         decode_steps: opts.decode,
@@ -321,6 +337,7 @@ pub fn run_model(
         structure_error,
         logits,
         indexer,
+        router,
         pinned: opts.pin_selections,
         worst_taps: worst,
         taps,

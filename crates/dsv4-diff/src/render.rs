@@ -1,7 +1,9 @@
 //! The human-readable form of a [`DiffReport`]: a table of op cases and a summary of the model
 //! comparison.
 
-use crate::report::{DiffReport, ModelReport, OpsReport, SideInfo, Status, TapDiff};
+use crate::report::{
+    ChoiceAgreement, DiffReport, ModelReport, OpsReport, SideInfo, Status, TapDiff,
+};
 use std::fmt::Write;
 
 fn sci(v: Option<f64>) -> String {
@@ -96,6 +98,33 @@ fn tap_line(t: &TapDiff) -> String {
     )
 }
 
+/// One line per layer of a discrete choice's agreement (`kind`: indexer or router; `what` it
+/// chooses), and the first mismatch of each.
+fn choice_lines(out: &mut String, kind: &str, what: &str, layers: &[ChoiceAgreement]) {
+    for a in layers {
+        let mut line = format!(
+            "{kind} layer {}: {}/{} tokens agree ({:.1}%): {} the same {what}",
+            a.layer,
+            a.agreeing + a.tied,
+            a.tokens,
+            100.0 * a.rate,
+            a.agreeing
+        );
+        if a.tied > 0 {
+            let _ = write!(
+                line,
+                ", {} a near-tie broken the other way (gap up to {:.0}% of what near-ties allow)",
+                a.tied,
+                100.0 * a.worst_tie
+            );
+        }
+        let _ = writeln!(out, "{line}");
+        if let Some(w) = &a.first_mismatch {
+            let _ = writeln!(out, "  FIRST MISMATCH  {w}");
+        }
+    }
+}
+
 fn model_summary(out: &mut String, m: &ModelReport) {
     let _ = writeln!(
         out,
@@ -124,33 +153,13 @@ fn model_summary(out: &mut String, m: &ModelReport) {
         100.0 * l.argmax_agreement,
         sci(Some(l.mean_kl))
     );
-    for a in &m.indexer {
-        let mut line = format!(
-            "indexer layer {}: {}/{} tokens agree ({:.1}%): {} the same set",
-            a.layer,
-            a.agreeing + a.tied,
-            a.tokens,
-            100.0 * a.rate,
-            a.agreeing
-        );
-        if a.tied > 0 {
-            let _ = write!(
-                line,
-                ", {} a near-tie broken the other way (gap up to {:.0}% of what near-ties allow)",
-                a.tied,
-                100.0 * a.worst_tie
-            );
-        }
-        let _ = writeln!(out, "{line}");
-        if let Some(w) = &a.first_mismatch {
-            let _ = writeln!(out, "  FIRST MISMATCH  {w}");
-        }
-    }
-    if !m.indexer.is_empty() {
+    choice_lines(out, "indexer", "set", &m.indexer);
+    choice_lines(out, "router", "experts", &m.router);
+    if !m.indexer.is_empty() || !m.router.is_empty() {
         out.push_str(if m.pinned {
-            "the candidate attended over the oracle's selections (its own judged above)\n"
+            "the candidate followed the oracle's choices (its own judged above)\n"
         } else {
-            "the candidate attended over its own selections (--no-pin-selections)\n"
+            "the candidate followed its own choices (--no-pin-selections)\n"
         });
     }
     if let Some(d) = &m.candidate_device {

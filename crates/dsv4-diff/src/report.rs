@@ -134,14 +134,15 @@ pub struct TapDiff {
     pub passed: bool,
 }
 
-/// Indexer selection agreement of one ratio-4 layer.
+/// Agreement of one layer's discrete choice (the indexer's selection of a ratio-4 layer, or the
+/// router's experts of a biased-routing layer) with the oracle's.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct IndexerAgreement {
+pub struct ChoiceAgreement {
     /// Layer index.
     pub layer: usize,
     /// Tokens compared (prefill and decode).
     pub tokens: usize,
-    /// Tokens whose selected set is exactly the oracle's.
+    /// Tokens whose chosen set is exactly the oracle's.
     pub agreeing: usize,
     /// Tokens whose set differs within a near-tie of the oracle's scores (see
     /// [`crate::selection`]).
@@ -170,8 +171,11 @@ pub struct ModelReport {
     /// Final logits of every call, compared.
     pub logits: LogitsStats,
     /// Selection agreement per ratio-4 layer.
-    pub indexer: Vec<IndexerAgreement>,
-    /// Whether the candidate attended over the oracle's selections (its own were judged).
+    pub indexer: Vec<ChoiceAgreement>,
+    /// Expert-choice agreement per biased-routing layer.
+    pub router: Vec<ChoiceAgreement>,
+    /// Whether the candidate followed the oracle's choices — attended over its selections,
+    /// routed to its experts — while its own were judged.
     pub pinned: bool,
     /// The ten taps closest to (or furthest past) their tolerance.
     pub worst_taps: Vec<TapDiff>,
@@ -180,7 +184,7 @@ pub struct ModelReport {
     /// The candidate's device traffic over its calls, on a backend with device memory
     /// (kernels, and how many ran inside replayed graphs under captured plans).
     pub candidate_device: Option<dsv4_kernels::DeviceStats>,
-    /// No divergence, no structure error, full indexer agreement.
+    /// No divergence, no structure error, every indexer and router choice agreeing.
     pub passed: bool,
 }
 

@@ -1,26 +1,31 @@
-//! Judging the indexer's discrete choice in `--model` mode: a candidate's selection of one
-//! token either equals the oracle's, or is a top-k of the oracle's own scores after each score
-//! moved by at most the error the taps allow (a near-tie, which two correct backends may break
-//! differently), or it differs.
+//! Judging the model's discrete choices in `--model` mode — the indexer's selection, the
+//! router's experts: a candidate's choice for one token either equals the oracle's, or is a
+//! top-k of the oracle's own scores after each score moved by at most the error the taps allow
+//! (a near-tie, which two correct backends may break differently), or it differs.
 //!
 //! A set C of k entries is the top-k of scores s' with |s' − s| ≤ δ entrywise exactly when
 //! min_{i∈C} s_i ≥ max_{j∉C} s_j − 2δ (raise C's scores by δ, lower the others' by δ). So the
 //! *gap* max_{j∉C} s_j − min_{i∈C} s_i of the candidate's set, measured on the oracle's scores,
 //! decides: gap ≤ 2δ is a near-tie.
 
-use crate::report::IndexerAgreement;
+use crate::report::ChoiceAgreement;
 use crate::tolerance::{coarse_rounding, tap_tolerance};
 use dsv4_core::Numerics;
 use std::collections::BTreeSet;
 
+/// The tap whose tolerance bounds the input of the indexer's scores.
+pub const INDEXER_INPUT: &str = "indexer.q";
+/// The tap whose tolerance bounds the input of the router's scores.
+pub const ROUTER_INPUT: &str = "ffn_norm";
+
 /// How far one score may move on a correct candidate, relative to the largest |score| of its
-/// token: the relative L2 error the `indexer.q` tap's tolerance allows (√NMSE), or 0 when the
-/// sides must agree bitwise.
-pub fn score_slack(exact: bool, oracle: &Numerics, candidate: &Numerics) -> f64 {
+/// token: the relative L2 error the tolerance of the scores' input tap `input` allows (√NMSE),
+/// or 0 when the sides must agree bitwise.
+pub fn score_slack(exact: bool, input: &str, oracle: &Numerics, candidate: &Numerics) -> f64 {
     if exact {
         return 0.0;
     }
-    tap_tolerance("indexer.q", coarse_rounding("indexer.q", oracle, candidate)).sqrt()
+    tap_tolerance(input, coarse_rounding(input, oracle, candidate)).sqrt()
 }
 
 /// The verdict on one token's selection.
@@ -132,9 +137,9 @@ impl LayerTally {
     }
 
     /// The layer's report line.
-    pub fn finish(self, layer: usize) -> IndexerAgreement {
+    pub fn finish(self, layer: usize) -> ChoiceAgreement {
         let agree = self.same + self.tied;
-        IndexerAgreement {
+        ChoiceAgreement {
             layer,
             tokens: self.tokens,
             agreeing: self.same,
@@ -205,11 +210,14 @@ mod tests {
     #[test]
     fn the_slack_follows_the_indexer_q_tolerance() {
         let fine = Numerics::default();
-        assert_eq!(score_slack(true, &fine, &fine), 0.0);
-        assert!((score_slack(false, &fine, &fine) - 1e-5f64.sqrt()).abs() < 1e-12);
+        let slack = |exact, input, b: &Numerics| score_slack(exact, input, &fine, b);
+        assert_eq!(slack(true, INDEXER_INPUT, &fine), 0.0);
+        assert!((slack(false, INDEXER_INPUT, &fine) - 1e-5f64.sqrt()).abs() < 1e-12);
+        assert!((slack(false, ROUTER_INPUT, &fine) - 1e-6f64.sqrt()).abs() < 1e-12);
         let mut fp8 = fine;
         fp8.index_k_dtype = dsv4_core::IndexKDtype::Fp8;
-        assert!((score_slack(false, &fine, &fp8) - 1e-3f64.sqrt()).abs() < 1e-12);
+        assert!((slack(false, INDEXER_INPUT, &fp8) - 1e-3f64.sqrt()).abs() < 1e-12);
+        assert!((slack(false, ROUTER_INPUT, &fp8) - 1e-6f64.sqrt()).abs() < 1e-12);
     }
 
     #[test]

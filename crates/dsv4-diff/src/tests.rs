@@ -167,3 +167,43 @@ fn a_wrong_indexer_choice_is_named_whether_or_not_attention_is_pinned() {
     );
     assert_eq!(first.rows_over, 13, "tokens 67..80 chose differently");
 }
+
+#[test]
+fn a_wrong_expert_choice_is_named_whether_or_not_routing_is_pinned() {
+    let opts = ModelOptions {
+        prefill: 12,
+        decode: 1,
+        seed: 2,
+        ..ModelOptions::default()
+    };
+    let faulty = faulty_side(Fault::RouterWorstForBest);
+    let pinned = run_model(&reference_side(), &faulty, &opts).unwrap();
+    assert!(!pinned.passed);
+    // Routed to the oracle's experts: every tap and the indexer agree, the choice does not.
+    assert!(pinned.first_divergence.is_none());
+    assert!(pinned.indexer.iter().all(|a| a.rate == 1.0));
+    // Layer 0 hash-routes; layers 1-3 rank their biased scores, and every token has a choice.
+    let layers: Vec<usize> = pinned.router.iter().map(|a| a.layer).collect();
+    assert_eq!(layers, [1, 2, 3]);
+    for a in &pinned.router {
+        assert_eq!(
+            (a.tokens, a.agreeing, a.tied),
+            (13, 0, 0),
+            "layer {}",
+            a.layer
+        );
+        let m = a.first_mismatch.as_deref().unwrap();
+        assert!(m.starts_with("token 0: the candidate selects ["), "{m}");
+    }
+    let free = ModelOptions {
+        pin_selections: false,
+        ..opts
+    };
+    let report = run_model(&reference_side(), &faulty, &free).unwrap();
+    let first = report.first_divergence.unwrap();
+    assert_eq!(
+        (first.layer.as_str(), first.op.as_str()),
+        ("layers.1.", "moe.out")
+    );
+    assert_eq!(first.rows_over, 12, "every token routed elsewhere");
+}

@@ -220,9 +220,10 @@ pub fn tap_tolerance(op: &str, coarse: bool) -> f64 {
     if coarse { t.coarse } else { t.fine }
 }
 
-/// The least fraction of tokens whose indexer selection must equal the oracle's set or a
-/// near-tie of it ([`crate::selection`]), per ratio-4 layer, in `--model` mode.
-pub const MIN_INDEXER_AGREEMENT: f64 = 1.0;
+/// The least fraction of tokens whose indexer selection (per ratio-4 layer) or expert choice
+/// (per biased-routing layer) must equal the oracle's set or a near-tie of it
+/// ([`crate::selection`]), in `--model` mode.
+pub const MIN_CHOICE_AGREEMENT: f64 = 1.0;
 
 /// A limit as the docs print it: `0`, `1`, or `1e-7`.
 fn limit_text(x: f64) -> String {

@@ -154,6 +154,14 @@ fn the_model_against_itself_agrees_exactly_and_json_follows_the_schema() {
         (&22.into(), &0.into(), &0.0.into())
     );
     assert_eq!(layer["first_mismatch"], serde_json::Value::Null);
+    let routed: Vec<u64> = json["model"]["router"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["layer"].as_u64().unwrap())
+        .collect();
+    assert_eq!(routed, [1, 2, 3], "the biased-routing layers");
+    assert_eq!(json["model"]["router"][0]["agreeing"], 22);
     let text = serde_json::to_string(&json).unwrap();
     let back: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(back, json);

@@ -7,7 +7,8 @@ use anyhow::{Context, bail};
 use dsv4_config::{Profile, ResolveOptions};
 use dsv4_diff::ops::list_cases;
 use dsv4_diff::{DiffError, ModeDiff, ModelOptions, OpsOptions, SideConfig, diff, render};
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 /// The candidate backend when neither `--against` nor `--against-set backend.kind=…` names one.
 pub const DEFAULT_CANDIDATE: &str = "cpu";
@@ -64,13 +65,17 @@ pub struct DiffArgs {
     /// Seed of the op inputs and of the model's token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// --model: the candidate attends over its own indexer selections, not the oracle's (a
-    /// near-tie it breaks the other way then shows in every later tap).
+    /// --model: the candidate follows its own indexer selections and expert choices, not the
+    /// oracle's (a near-tie it breaks the other way then shows in every later tap).
     #[arg(long)]
     pub no_pin_selections: bool,
     /// Print one JSON document (schema dsv4.diff/1, docs/diff.md) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON document to this file (opened before the diff runs, so a path that
+    /// cannot be written fails at once).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 /// The side a resolved profile describes.
@@ -172,14 +177,26 @@ pub fn run(
         seed: args.seed,
         pin_selections: !args.no_pin_selections,
     };
+    let mut out_file = match &args.out {
+        Some(path) => Some(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot write the report to {}", path.display()))?,
+        ),
+        None => None,
+    };
     let report = diff(
         &oracle,
         &candidate,
         run_ops.then_some(&ops),
         run_model.then_some(&model),
     )?;
+    let json = serde_json::to_string_pretty(&report.to_json())?;
+    if let (Some(f), Some(path)) = (out_file.as_mut(), &args.out) {
+        writeln!(f, "{json}")
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+        println!("{json}");
     } else {
         if let Some(m) = mode {
             println!(
@@ -221,14 +238,20 @@ fn failure_summary(report: &dsv4_diff::DiffReport) -> String {
         let what = match (&m.structure_error, &m.first_divergence) {
             (Some(e), _) => e.clone(),
             (None, Some(t)) => format!("first divergence at {} {}{}", t.call, t.layer, t.op),
-            (None, None) => match m.indexer.iter().find_map(|a| {
-                a.first_mismatch
-                    .as_ref()
-                    .map(|w| format!("layer {}'s indexer selections differ at {w}", a.layer))
-            }) {
-                Some(w) => w,
-                None => "indexer selections differ".to_string(),
-            },
+            (None, None) => {
+                let kinds = [
+                    (&m.indexer, "indexer selections"),
+                    (&m.router, "expert choices"),
+                ];
+                kinds
+                    .iter()
+                    .flat_map(|(layers, what)| layers.iter().map(move |a| (a, what)))
+                    .find_map(|(a, what)| {
+                        let w = a.first_mismatch.as_ref()?;
+                        Some(format!("layer {}'s {what} differ at {w}", a.layer))
+                    })
+                    .unwrap_or_else(|| "discrete choices differ".to_string())
+            }
         };
         parts.push(format!("model diff failed: {what}"));
     }
