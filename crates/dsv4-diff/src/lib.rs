@@ -24,6 +24,7 @@ pub mod model;
 pub mod modes;
 pub mod op;
 pub mod ops;
+mod progress;
 pub mod render;
 pub mod report;
 pub mod selection;

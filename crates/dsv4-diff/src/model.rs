@@ -9,6 +9,7 @@
 
 use crate::DiffError;
 use crate::metrics::{self, LogitsStats};
+use crate::progress::Progress;
 use crate::report::{ChoiceAgreement, ModelReport, TapDiff};
 use crate::selection::{INDEXER_INPUT, LayerTally, ROUTER_INPUT, Verdict, judge, score_slack};
 use crate::side::Side;
@@ -33,6 +34,8 @@ pub struct ModelOptions {
     /// selections, routes to its experts — while its own are judged against the oracle's
     /// scores, so a near-tie broken the other way does not make every later tap incomparable.
     pub pin_selections: bool,
+    /// A progress bar on stderr (when it is a terminal).
+    pub progress: bool,
 }
 
 impl Default for ModelOptions {
@@ -42,6 +45,7 @@ impl Default for ModelOptions {
             decode: 4,
             seed: 0,
             pin_selections: true,
+            progress: false,
         }
     }
 }
@@ -243,6 +247,7 @@ pub fn run_model(
     let (indexer_slack, router_slack) = (slack(INDEXER_INPUT), slack(ROUTER_INPUT));
     let mut first_token = 0;
     let mut candidate_device: Option<DeviceStats> = None;
+    let progress = Progress::new(opts.progress, 2 * calls.len(), "forward calls");
     for (ci, chunk) in calls.iter().enumerate() {
         let call = if ci == 0 {
             "prefill".to_string()
@@ -254,6 +259,11 @@ pub fn run_model(
             record_scores: true,
             ..ChoiceControl::default()
         };
+        let tokens = match chunk.len() {
+            1 => String::new(),
+            n => format!(" ({n} tokens)"),
+        };
+        progress.start(format!("oracle {call}{tokens}"));
         let out_o = forward(&mo, &mut so, chunk, "oracle", record, &mut |l, o, v| {
             recorded.push(Tap {
                 layer: l.to_string(),
@@ -261,6 +271,7 @@ pub fn run_model(
                 values: v.to_vec(),
             })
         })?;
+        progress.done();
         let mut cmp = TapCompare {
             call: call.clone(),
             exact: exact(oracle, candidate),
@@ -278,9 +289,11 @@ pub fn run_model(
             pinned: opts.pin_selections.then_some(&out_o.topk),
             pinned_experts: opts.pin_selections.then_some(&out_o.experts),
         };
+        progress.start(format!("candidate {call}{tokens}"));
         let out_c = forward(&mc, &mut sc, chunk, "candidate", pin, &mut |l, o, v| {
             cmp.observe(l, o, v)
         })?;
+        progress.done();
         if let (Some(d), Some(b)) = (dev, before) {
             let spent = d.stats().since(&b);
             let total = candidate_device.get_or_insert_with(DeviceStats::default);

@@ -72,6 +72,9 @@ pub struct DiffArgs {
     /// Print one JSON document (schema dsv4.diff/1, docs/diff.md) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// No progress bar on stderr (it is drawn only when stderr is a terminal).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     /// Also write the JSON document to this file (opened before the diff runs, so a path that
     /// cannot be written fails at once).
     #[arg(long, value_name = "FILE")]
@@ -117,6 +120,7 @@ pub fn run(
         perf: args.perf,
         repeats: args.repeats,
         seed: args.seed,
+        progress: !args.quiet,
     };
     if args.list {
         let cases = list_cases(&ops)?;
@@ -176,6 +180,7 @@ pub fn run(
         decode: args.decode,
         seed: args.seed,
         pin_selections: !args.no_pin_selections,
+        progress: !args.quiet,
     };
     let mut out_file = match &args.out {
         Some(path) => Some(

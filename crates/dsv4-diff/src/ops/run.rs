@@ -3,6 +3,7 @@
 use super::case::{Case, CaseMeta};
 use super::catalog::all_cases;
 use super::harness::{Problem, Ran, compare};
+use crate::progress::Progress;
 use crate::report::{CaseReport, OpsReport, Perf, Status, Summary};
 use crate::tolerance::op_tolerance;
 use crate::{DiffError, Op};
@@ -25,6 +26,8 @@ pub struct OpsOptions {
     pub repeats: usize,
     /// Seed of every case's input generator.
     pub seed: u64,
+    /// A progress bar on stderr (when it is a terminal).
+    pub progress: bool,
 }
 
 impl Default for OpsOptions {
@@ -36,6 +39,7 @@ impl Default for OpsOptions {
             perf: false,
             repeats: 5,
             seed: 0,
+            progress: false,
         }
     }
 }
@@ -96,8 +100,11 @@ pub fn run_ops(
     let cases = select(opts)?;
     let mut summary = Summary::default();
     let mut rows = Vec::with_capacity(cases.len());
+    let progress = Progress::new(opts.progress, cases.len(), "op cases");
     for case in &cases {
+        progress.start(case.meta.name.clone());
         let row = run_case(case, oracle, candidate, opts);
+        progress.done();
         tracing::debug!(case = %row.name, status = row.status.name(), value = ?row.value, "op case");
         match row.status {
             Status::Pass => summary.pass += 1,
