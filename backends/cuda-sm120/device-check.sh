@@ -198,7 +198,7 @@ print(json.dumps([{key: k[key] for key in ("case", "tera_multiplies", "of_fma_ra
 PY
 }
 # The model diffs against the reference, from their JSON reports: the logits' agreement, each
-# ratio-4 layer's indexer agreement (near-ties included) and the first divergence, if any.
+# layer's indexer and router agreement (near-ties included) and the first divergence, if any.
 models=$(python3 - "$out" <<'PY' || echo '[]'
 import json, os, sys
 rows = []
@@ -212,6 +212,7 @@ for step in ("model-tiny", "model-f32", "model-small", "model-mma"):
         "step": step, "passed": m["passed"], "tokens": m["prefill_tokens"] + m["decode_steps"],
         "logits": m["logits"],
         "indexer": [{k: a[k] for k in ("layer", "tokens", "agreeing", "tied", "worst_tie")} for a in m["indexer"]],
+        "router": [{k: a[k] for k in ("layer", "tokens", "agreeing", "tied", "worst_tie")} for a in m.get("router", [])],
         "first_divergence": None if first is None else f"{first['call']} {first['layer']}{first['op']}",
     })
 print(json.dumps(rows))
