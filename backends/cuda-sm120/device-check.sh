@@ -19,6 +19,8 @@
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
 #                  side streams, canary on every pool, abort on a finding)
+#   solo           the same requests one at a time; each must get the concurrent run's tokens
+#                  (batch invariance; a difference records a batch-invariance FAIL)
 #   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise; the captured
 #                  side must replay CUDA graphs, else a captured-graphs FAIL is recorded)
 #   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
@@ -142,6 +144,24 @@ run_step canary "$dsv4" --profile rehearsal "${cuda[@]}" --set debug.canary_abor
     generate --batch "$out/requests.jsonl" --output "$out/canary-out.jsonl"
 if [ -f "$out/canary-out.jsonl" ] && grep -q '"finish_reason":"error"' "$out/canary-out.jsonl"; then
     record canary-errors FAIL 0
+fi
+# Batch invariance on the device: the same requests one at a time (bucket-1 plans, no batch
+# neighbours) must give each request the tokens it got in the concurrent run above.
+run_step solo "$dsv4" --profile rehearsal "${cuda[@]}" --set scheduler.max_running_requests=1 \
+    generate --batch "$out/requests.jsonl" --output "$out/solo-out.jsonl"
+if ! python3 - "$out/canary-out.jsonl" "$out/solo-out.jsonl" >"$out/batch-invariance.log" 2>&1 <<'PY'
+import json, sys
+runs = [{r["id"]: r.get("tokens") for r in map(json.loads, open(p))} for p in sys.argv[1:]]
+concurrent, solo = runs
+differ = sorted(i for i in concurrent if concurrent[i] is None or concurrent[i] != solo.get(i))
+print(f"{len(concurrent) - len(differ)}/{len(concurrent)} requests: the same tokens alone and concurrently")
+if differ:
+    print(f"differing or failed: {differ}")
+sys.exit(1 if differ or len(solo) != len(concurrent) else 0)
+PY
+then
+    record batch-invariance FAIL 0
+    sed 's/^/    /' "$out/batch-invariance.log"
 fi
 run_step captured "$dsv4" "${cuda[@]}" diff --mode captured-vs-eager --backend "$backend" --tokens 64 --decode 8
 # The captured side's decode steps must have replayed device graphs (docs/cuda.md, CUDA graphs).
