@@ -3,6 +3,7 @@
 //! output, and an unsupported op is reported as such.
 
 use crate::faulty::{FAULTY_NAME, Fault, FaultyBackend};
+use crate::report::{ChoiceAgreement, ModelReport};
 use crate::{ModelOptions, Op, OpsOptions, Side, SideConfig, Status, run_model, run_ops};
 use dsv4_backend_reference::ReferenceBackend;
 use std::sync::Arc;
@@ -128,82 +129,91 @@ fn the_faulty_backend_is_in_the_registry_for_tests() {
     assert_eq!(side.backend.name(), FAULTY_NAME);
 }
 
-#[test]
-fn a_wrong_indexer_choice_is_named_whether_or_not_attention_is_pinned() {
-    // 80 tokens: the last tokens choose 16 of up to 20 entries, so the fault has a choice.
+/// What a faulty choice must look like in the model diff.
+struct WrongChoice {
+    fault: Fault,
+    prefill: usize,
+    /// The judged layers of the kind the fault breaks, and of the other kind.
+    broken: fn(&ModelReport) -> &[ChoiceAgreement],
+    intact: fn(&ModelReport) -> &[ChoiceAgreement],
+    layers: &'static [usize],
+    /// Tokens per layer and those choosing the oracle's set.
+    tokens: usize,
+    agreeing: usize,
+    /// Unpinned, the first tap that departs and its rows over.
+    first_op: &'static str,
+    rows_over: usize,
+}
+
+/// Pinned, every tap and the other kind of choice agree and the broken choice fails, named at
+/// its first differing token; unpinned, the candidate departs at the first tap after it.
+fn wrong_choice_is_named(w: WrongChoice) {
     let opts = ModelOptions {
-        prefill: 80,
+        prefill: w.prefill,
         decode: 1,
         seed: 2,
         ..ModelOptions::default()
     };
-    let faulty = faulty_side(Fault::IndexerWorstForBest);
+    let faulty = faulty_side(w.fault);
     let pinned = run_model(&reference_side(), &faulty, &opts).unwrap();
-    assert!(!pinned.passed);
-    // Attention over the oracle's selections: every tap agrees, the choice itself does not.
-    assert!(pinned.first_divergence.is_none() && pinned.pinned);
-    for a in &pinned.indexer {
-        // Tokens 67.. (p+1)/4 > 16 entries, and the decode token.
-        assert_eq!(
-            (a.tokens, a.agreeing, a.tied),
-            (81, 67, 0),
-            "layer {}",
-            a.layer
-        );
+    assert!(!pinned.passed && pinned.pinned);
+    assert!(
+        pinned.first_divergence.is_none(),
+        "{:?}",
+        pinned.first_divergence
+    );
+    assert!((w.intact)(&pinned).iter().all(|a| a.rate == 1.0));
+    let layers: Vec<usize> = (w.broken)(&pinned).iter().map(|a| a.layer).collect();
+    assert_eq!(layers, w.layers);
+    for a in (w.broken)(&pinned) {
+        let counts = (a.tokens, a.agreeing, a.tied);
+        assert_eq!(counts, (w.tokens, w.agreeing, 0), "layer {}", a.layer);
         let m = a.first_mismatch.as_deref().unwrap();
-        assert!(m.starts_with("token 67: the candidate selects ["), "{m}");
-        assert!(m.contains("where near-ties allow"), "{m}");
+        let first = format!("token {}: the candidate selects [", w.agreeing);
+        assert!(
+            m.starts_with(&first) && m.contains("where near-ties allow"),
+            "{m}"
+        );
     }
-    // Attending over its own choice, the candidate departs at the first ratio-4 attention.
     let free = ModelOptions {
         pin_selections: false,
         ..opts
     };
     let report = run_model(&reference_side(), &faulty, &free).unwrap();
     let first = report.first_divergence.unwrap();
-    assert_eq!(
-        (first.layer.as_str(), first.op.as_str()),
-        ("layers.1.", "attn.o")
-    );
-    assert_eq!(first.rows_over, 13, "tokens 67..80 chose differently");
+    let at = (first.layer.as_str(), first.op.as_str(), first.rows_over);
+    assert_eq!(at, ("layers.1.", w.first_op, w.rows_over));
+}
+
+#[test]
+fn a_wrong_indexer_choice_is_named_whether_or_not_attention_is_pinned() {
+    // 80 tokens: tokens 67.. have more than 16 entries ((p+1)/4), so the fault has a choice
+    // for 13 prefill tokens and the decode token.
+    wrong_choice_is_named(WrongChoice {
+        fault: Fault::IndexerWorstForBest,
+        prefill: 80,
+        broken: |m| &m.indexer,
+        intact: |m| &m.router,
+        layers: &[1, 3],
+        tokens: 81,
+        agreeing: 67,
+        first_op: "attn.o",
+        rows_over: 13,
+    });
 }
 
 #[test]
 fn a_wrong_expert_choice_is_named_whether_or_not_routing_is_pinned() {
-    let opts = ModelOptions {
+    // Layer 0 hash-routes; layers 1-3 rank their biased scores, every token with a choice.
+    wrong_choice_is_named(WrongChoice {
+        fault: Fault::RouterWorstForBest,
         prefill: 12,
-        decode: 1,
-        seed: 2,
-        ..ModelOptions::default()
-    };
-    let faulty = faulty_side(Fault::RouterWorstForBest);
-    let pinned = run_model(&reference_side(), &faulty, &opts).unwrap();
-    assert!(!pinned.passed);
-    // Routed to the oracle's experts: every tap and the indexer agree, the choice does not.
-    assert!(pinned.first_divergence.is_none());
-    assert!(pinned.indexer.iter().all(|a| a.rate == 1.0));
-    // Layer 0 hash-routes; layers 1-3 rank their biased scores, and every token has a choice.
-    let layers: Vec<usize> = pinned.router.iter().map(|a| a.layer).collect();
-    assert_eq!(layers, [1, 2, 3]);
-    for a in &pinned.router {
-        assert_eq!(
-            (a.tokens, a.agreeing, a.tied),
-            (13, 0, 0),
-            "layer {}",
-            a.layer
-        );
-        let m = a.first_mismatch.as_deref().unwrap();
-        assert!(m.starts_with("token 0: the candidate selects ["), "{m}");
-    }
-    let free = ModelOptions {
-        pin_selections: false,
-        ..opts
-    };
-    let report = run_model(&reference_side(), &faulty, &free).unwrap();
-    let first = report.first_divergence.unwrap();
-    assert_eq!(
-        (first.layer.as_str(), first.op.as_str()),
-        ("layers.1.", "moe.out")
-    );
-    assert_eq!(first.rows_over, 12, "every token routed elsewhere");
+        broken: |m| &m.router,
+        intact: |m| &m.indexer,
+        layers: &[1, 2, 3],
+        tokens: 13,
+        agreeing: 0,
+        first_op: "moe.out",
+        rows_over: 12,
+    });
 }
