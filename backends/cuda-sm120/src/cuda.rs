@@ -120,6 +120,13 @@ pub fn open(device_index: usize, f64_sums: Option<bool>) -> Result<Device, CudaE
         },
         emulated: driver_lib() == Ok(DriverLib::Emulated),
     };
+    if capability < (8, 0) {
+        return Err(CudaError::Unavailable(format!(
+            "CUDA device {device_index} ({}) is sm_{}{}; the kernels need sm_80 or newer \
+             (bf16 mma.sync, 16-byte loads of packed weights)",
+            d.info.name, capability.0, capability.1
+        )));
+    }
     if d.info.emulated {
         crate::driver_lib::check_emulated_acc(d.info.f64_accumulation)?;
     }
@@ -160,14 +167,15 @@ fn load_module(capability: (u32, u32), acc_f64: bool) -> Result<sys::CUmodule, C
             ),
         }
     } else if source == KernelSource::CachedOnly {
+        let acc = if acc_f64 { "f64" } else { "f32" };
         return Err(CudaError::Unavailable(format!(
             "{}=cached and no cached CUBIN for sm_{}{} ({} accumulation) at {}: run once where \
-             NVRTC is, with the same DSV4_CACHE_DIR (without a GPU: {DRIVER_ENV}=emu \
-             {EMU_CC_ENV}={}.{})",
+             NVRTC is, with the same DSV4_CACHE_DIR, or `dsv4 kernels compile --arch {}.{} \
+             --sums {acc}` there (no GPU needed)",
             kernel_cache::KERNELS_ENV,
             capability.0,
             capability.1,
-            if acc_f64 { "f64" } else { "f32" },
+            acc,
             cached.display(),
             capability.0,
             capability.1

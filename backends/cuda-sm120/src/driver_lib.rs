@@ -42,17 +42,7 @@ pub fn emulated_capability() -> Result<(u32, u32), String> {
     let Ok(v) = std::env::var(EMU_CC_ENV) else {
         return Ok((9, 0));
     };
-    let bad =
-        || format!("{EMU_CC_ENV}={v}: expected MAJOR.MINOR of sm_80 or newer, e.g. 9.0 or 12.0");
-    let (major, minor) = v.trim().split_once('.').ok_or_else(bad)?;
-    let cc = (
-        major.parse::<u32>().map_err(|_| bad())?,
-        minor.parse::<u32>().map_err(|_| bad())?,
-    );
-    if cc < (8, 0) || cc.0 > 12 || cc.1 > 9 {
-        return Err(bad());
-    }
-    Ok(cc)
+    crate::kernel_cache::parse_capability(&v).map_err(|e| format!("{EMU_CC_ENV}={v}: {e}"))
 }
 
 /// The driver library this process loads.

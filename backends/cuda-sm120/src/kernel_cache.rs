@@ -4,10 +4,11 @@
 //! and stores what it compiled. With `DSV4_CUDA_KERNELS=cached` it never compiles: a machine
 //! without NVRTC (a GPU box that cannot reach PyPI) runs the CUBINs compiled elsewhere, e.g. on
 //! the emulated driver (`DSV4_CUDA_DRIVER=emu DSV4_CUDA_EMU_CC=9.0`), and a deployment is sure
-//! to run exactly the kernels it was validated with.
+//! to run exactly the kernels it was validated with. [`precompile`] (`dsv4 kernels compile`)
+//! fills a cache for any GPU without one.
 
 use crate::disk_cache::{cache_base, fnv1a};
-use crate::{kernels, nvrtc};
+use crate::{CudaError, kernels, nvrtc};
 use std::path::{Path, PathBuf};
 
 /// Environment variable choosing where kernels come from: unset or `auto` (the cache, else
@@ -70,14 +71,92 @@ pub fn store(arch: (u32, u32), acc_f64: bool, cubin: &[u8]) {
 }
 
 fn store_at(path: &Path, cubin: &[u8]) {
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
+    let _ = write_at(path, cubin);
+}
+
+/// Write `cubin` to `path` whole, then rename it into place.
+fn write_at(path: &Path, cubin: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
     }
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    if std::fs::write(&tmp, cubin).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    std::fs::write(&tmp, cubin)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// A compute capability from `9.0`, `12.0`, `sm_90` or `sm_120` (the last digit of the `sm_`
+/// form is the minor version); sm_80 and newer, the oldest the kernels target (bf16
+/// `mma.sync`).
+pub fn parse_capability(text: &str) -> Result<(u32, u32), String> {
+    let t = text.trim();
+    let bad = || {
+        format!(
+            "`{t}` is not a compute capability the kernels target: give MAJOR.MINOR or sm_XY \
+             of sm_80 or newer, e.g. 9.0 (H100/H200) or 12.0 (RTX PRO 6000)"
+        )
+    };
+    let cc = match t.split_once('.') {
+        Some((major, minor)) => (major.parse::<u32>(), minor.parse::<u32>()),
+        None => {
+            let digits = t.strip_prefix("sm_").ok_or_else(bad)?;
+            if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            let (major, minor) = digits.split_at(digits.len() - 1);
+            (major.parse::<u32>(), minor.parse::<u32>())
+        }
+    };
+    let (Ok(major), Ok(minor)) = cc else {
+        return Err(bad());
+    };
+    if (major, minor) < (8, 0) || major > 12 || minor > 9 {
+        return Err(bad());
     }
+    Ok((major, minor))
+}
+
+/// A CUBIN compiled ahead of time into a kernel cache ([`precompile`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Precompiled {
+    /// The compute capability it is for.
+    pub arch: (u32, u32),
+    /// f64 sums (else f32).
+    pub acc_f64: bool,
+    /// Where it was written: the file the backend loads on such a device with such sums.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+/// Compile the kernels for `arch` with `acc_f64` sums and write the CUBIN where the backend
+/// looks for it in the kernel cache at `base` (None: the cache the backend reads, `$DSV4_CACHE_DIR`
+/// …). Needs NVRTC, not a GPU: a deployment compiles its kernels once, ships the cache and runs
+/// them with `DSV4_CUDA_KERNELS=cached`.
+pub fn precompile(
+    base: Option<&Path>,
+    arch: (u32, u32),
+    acc_f64: bool,
+) -> Result<Precompiled, CudaError> {
+    let name = format!("sm_{}{}", arch.0, arch.1);
+    parse_capability(&name).map_err(CudaError::BadOperands)?;
+    let base = base.map_or_else(cache_base, Path::to_path_buf);
+    let path = path_in(&base, arch, acc_f64);
+    let unwritable =
+        |e: std::io::Error| CudaError::BadOperands(format!("cannot write {}: {e}", path.display()));
+    // The directory first: an unwritable cache fails before the compile, not after it.
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(unwritable)?;
+    }
+    let cubin = nvrtc::compile_cubin(arch, acc_f64)?;
+    write_at(&path, &cubin).map_err(unwritable)?;
+    Ok(Precompiled {
+        arch,
+        acc_f64,
+        path,
+        bytes: cubin.len(),
+    })
 }
 
 #[cfg(test)]
@@ -97,6 +176,26 @@ mod tests {
         assert_ne!(a, path_in(base, (9, 0), false));
         assert_ne!(a, path_in(base, (12, 0), true));
         assert_eq!(a, path_in(base, (9, 0), true));
+    }
+
+    #[test]
+    fn capabilities_parse_in_both_spellings_from_sm_80_up() {
+        for (text, cc) in [
+            ("9.0", (9, 0)),
+            ("12.0", (12, 0)),
+            ("sm_90", (9, 0)),
+            ("sm_120", (12, 0)),
+            (" sm_86 ", (8, 6)),
+            ("10.0", (10, 0)),
+        ] {
+            assert_eq!(parse_capability(text), Ok(cc), "{text}");
+        }
+        for text in [
+            "7.5", "sm_75", "90", "sm_9", "sm_", "9.x", "13.0", "", "sm_9a",
+        ] {
+            let e = parse_capability(text).unwrap_err();
+            assert!(e.contains("sm_80 or newer, e.g. 9.0"), "{text}: {e}");
+        }
     }
 
     #[test]

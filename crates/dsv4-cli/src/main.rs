@@ -4,7 +4,7 @@ mod commands;
 
 use clap::{Args, Parser, Subcommand};
 use commands::{
-    ab, bench, chat, diff, forward, generate, ledger, model, plan, profile, serve, stress,
+    ab, bench, chat, diff, forward, generate, kernels, ledger, model, plan, profile, serve, stress,
 };
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
@@ -75,6 +75,10 @@ enum Command {
     /// The change ledger: record profile changes with evidence as commits, verify, render incidents.
     #[command(subcommand)]
     Ledger(ledger::LedgerCommand),
+    /// The CUDA backend's kernels: compile them ahead of time into the kernel cache (NVRTC, no
+    /// GPU needed).
+    #[command(subcommand)]
+    Kernels(kernels::KernelsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,6 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &cli.global.sets,
         ),
         Command::Ledger(cmd) => ledger::run(cmd, &cli.global.profile, &cli.global.sets),
+        Command::Kernels(cmd) => kernels::run(cmd),
     }
 }
 

@@ -284,3 +284,28 @@ fn a_backend_that_cannot_run_here_is_reported_with_the_reason() {
         "{e}"
     );
 }
+
+#[test]
+fn kernels_compile_checks_every_architecture_before_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    // Checked before NVRTC is even looked for: these fail the same on any machine.
+    for arch in ["7.5", "sm_75", "nine", "90"] {
+        let e = fails(dsv4(
+            dir.path(),
+            &["kernels", "compile", "--arch", "9.0", "--arch", arch],
+        ));
+        assert!(
+            e.contains(&format!("--arch: `{arch}` is not a compute capability"))
+                && e.contains("sm_80 or newer, e.g. 9.0"),
+            "{arch}: {e}"
+        );
+    }
+    let e = fails(dsv4(dir.path(), &["kernels", "compile"]));
+    assert!(e.contains("--arch <CC>"), "{e}");
+    let e = fails(dsv4(
+        dir.path(),
+        &["kernels", "compile", "--arch", "9.0", "--sums", "f16"],
+    ));
+    assert!(e.contains("possible values: auto, f64, f32, both"), "{e}");
+    assert!(!dir.path().join("cuda-kernels").exists(), "nothing written");
+}

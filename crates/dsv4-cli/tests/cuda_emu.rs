@@ -298,10 +298,10 @@ fn generation_on_the_emulated_kernels_gives_the_reference_tokens() {
 }
 
 #[test]
-fn kernels_compiled_once_run_from_the_cache_without_nvrtc() {
-    if !available("kernels_compiled_once_run_from_the_cache_without_nvrtc")
+fn kernels_compiled_ahead_or_once_run_from_the_cache_without_nvrtc() {
+    if !available("kernels_compiled_ahead_or_once_run_from_the_cache_without_nvrtc")
         || !can_run(
-            "kernels_compiled_once_run_from_the_cache_without_nvrtc",
+            "kernels_compiled_ahead_or_once_run_from_the_cache_without_nvrtc",
             "cuda-sm120 (emulated driver)",
             dsv4_backend_cuda::nvrtc::nvrtc_probe(),
         )
@@ -338,22 +338,61 @@ fn kernels_compiled_once_run_from_the_cache_without_nvrtc() {
     assert!(!out.status.success(), "{e}");
     assert!(
         e.contains("DSV4_CUDA_KERNELS=cached and no cached CUBIN for sm_90 (f64 accumulation)")
-            && e.contains("DSV4_CUDA_EMU_CC=9.0"),
+            && e.contains("`dsv4 kernels compile --arch 9.0 --sums f64`"),
         "{e}"
     );
-    // One run with NVRTC compiles and caches the CUBIN; then no compiler is needed.
+    // That command fills the cache without a GPU (auto sums: f64 on sm_90)...
+    let doc: serde_json::Value = serde_json::from_slice(
+        &common::run(dsv4(
+            dir.path(),
+            &[
+                "kernels",
+                "compile",
+                "--arch",
+                "sm_90",
+                "--cache-dir",
+                "kernel-cache",
+                "--json",
+            ],
+        ))
+        .stdout,
+    )
+    .expect("JSON");
+    let cubin = &doc["cubins"][0];
+    assert_eq!(
+        (&cubin["arch"], &cubin["sums"]),
+        (&"sm_90".into(), &"f64".into())
+    );
+    let path = std::path::PathBuf::from(cubin["path"].as_str().unwrap());
+    assert!(path.starts_with(&cache), "{path:?} in {cache:?}");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        cubin["bytes"].as_u64().unwrap()
+    );
+    // ... and cached-only runs from it.
+    let precompiled = run(true);
+    assert!(
+        precompiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&precompiled.stderr)
+    );
+    // Without a cache, one run with NVRTC compiles and caches the same file; then no compiler
+    // is needed.
+    std::fs::remove_dir_all(&cache).unwrap();
     let compiled = run(false);
     assert!(
         compiled.status.success(),
         "{}",
         String::from_utf8_lossy(&compiled.stderr)
     );
-    let cubins: Vec<_> = std::fs::read_dir(cache.join("cuda-kernels"))
-        .expect("the kernel cache")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("sm_90-f64-"))
-        .collect();
-    assert_eq!(cubins.len(), 1, "one cached CUBIN");
+    assert!(
+        path.is_file(),
+        "the backend caches under the name the command wrote"
+    );
+    let cubins = std::fs::read_dir(cache.join("cuda-kernels"))
+        .unwrap()
+        .count();
+    assert_eq!(cubins, 1, "one cached CUBIN");
     let cached = run(true);
     assert!(
         cached.status.success(),
@@ -365,6 +404,7 @@ fn kernels_compiled_once_run_from_the_cache_without_nvrtc() {
             .clone()
     };
     assert_eq!(ids(&cached), ids(&compiled));
+    assert_eq!(ids(&precompiled), ids(&compiled));
 }
 
 #[test]
@@ -409,7 +449,7 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
     for cc in ["7.5", "nine", "9"] {
         fails_with(
             &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
-            &format!("DSV4_CUDA_EMU_CC={cc}: expected MAJOR.MINOR of sm_80 or newer"),
+            &format!("DSV4_CUDA_EMU_CC={cc}: `{cc}` is not a compute capability"),
         );
     }
 }

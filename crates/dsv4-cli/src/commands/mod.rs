@@ -6,6 +6,7 @@ pub mod chat;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+pub mod kernels;
 pub mod ledger;
 pub mod model;
 pub mod plan;

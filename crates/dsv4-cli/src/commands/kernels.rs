@@ -1,0 +1,117 @@
+//! `dsv4 kernels compile`: the CUDA backend's kernels compiled ahead of time by NVRTC into the
+//! kernel cache the backend loads them from (docs/cuda.md, "The kernel cache"), for GPUs named
+//! by compute capability, on a machine without one. A deployment then runs exactly those
+//! kernels with `DSV4_CUDA_KERNELS=cached`, and its GPU machines need no NVRTC.
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use dsv4_backend_cuda::cuda::default_acc_f64;
+use dsv4_backend_cuda::kernel_cache::{Precompiled, parse_capability, precompile};
+use dsv4_backend_cuda::nvrtc;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// `dsv4 kernels …`.
+#[derive(Debug, Subcommand)]
+pub enum KernelsCommand {
+    /// Compile the CUDA kernels for GPUs by compute capability into the kernel cache (needs
+    /// NVRTC, not a GPU).
+    Compile(CompileArgs),
+}
+
+/// The sums to compile the kernels with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Sums {
+    /// The device's default: f64 on sm_80, sm_90 and sm_100 (full-rate FP64), f32 elsewhere.
+    Auto,
+    /// f64 sums (`backend.cuda_sums = "f64"`).
+    F64,
+    /// f32 sums (`backend.cuda_sums = "f32"`).
+    F32,
+    /// Both.
+    Both,
+}
+
+/// `dsv4 kernels compile`.
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// A compute capability to compile for: 9.0 or sm_90 (H100/H200), 12.0 or sm_120 (RTX PRO
+    /// 6000), 8.0 (A100), …; repeatable.
+    #[arg(long = "arch", value_name = "CC", required = true)]
+    pub arch: Vec<String>,
+    /// The sums the kernels accumulate in.
+    #[arg(long, value_enum, default_value_t = Sums::Auto)]
+    pub sums: Sums,
+    /// The kernel cache to write (default: $DSV4_CACHE_DIR, else $XDG_CACHE_HOME/dsv4 or
+    /// ~/.cache/dsv4, where the backend looks).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Print one JSON document (schema dsv4.kernels/1) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `dsv4 kernels …`.
+pub fn run(cmd: &KernelsCommand) -> anyhow::Result<()> {
+    match cmd {
+        KernelsCommand::Compile(args) => compile(args),
+    }
+}
+
+fn compile(args: &CompileArgs) -> anyhow::Result<()> {
+    // Every name is checked before the first (slow) compile.
+    let arches = args
+        .arch
+        .iter()
+        .map(|a| parse_capability(a).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()
+        .context("--arch")?;
+    let base = match &args.cache_dir {
+        Some(d) if d.is_relative() => Some(std::env::current_dir()?.join(d)),
+        other => other.clone(),
+    };
+    let (major, minor) = nvrtc::version().context("compiling the kernels needs NVRTC")?;
+    let mut done: Vec<(Precompiled, f64)> = Vec::new();
+    for arch in arches {
+        let sums = match args.sums {
+            Sums::Auto => vec![default_acc_f64(arch)],
+            Sums::F64 => vec![true],
+            Sums::F32 => vec![false],
+            Sums::Both => vec![true, false],
+        };
+        for acc_f64 in sums {
+            let start = Instant::now();
+            let c = precompile(base.as_deref(), arch, acc_f64)?;
+            done.push((c, start.elapsed().as_secs_f64()));
+        }
+    }
+    let name = |c: &Precompiled| format!("sm_{}{}", c.arch.0, c.arch.1);
+    let sums = |c: &Precompiled| if c.acc_f64 { "f64" } else { "f32" };
+    if args.json {
+        let cubins: Vec<_> = done
+            .iter()
+            .map(|(c, secs)| {
+                serde_json::json!({
+                    "arch": name(c), "sums": sums(c), "path": c.path, "bytes": c.bytes,
+                    "seconds": secs,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "schema": "dsv4.kernels/1", "nvrtc": format!("{major}.{minor}"), "cubins": cubins,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("NVRTC {major}.{minor}");
+    for (c, secs) in &done {
+        println!(
+            "{:<7} {}  {:>9} bytes  {secs:>5.1} s  {}",
+            name(c),
+            sums(c),
+            c.bytes,
+            c.path.display()
+        );
+    }
+    Ok(())
+}
