@@ -128,6 +128,8 @@ pub struct Precompiled {
     pub path: PathBuf,
     /// Its size in bytes.
     pub bytes: usize,
+    /// What ptxas allocated for each kernel (registers, spills, shared memory).
+    pub resources: Vec<nvrtc::KernelResources>,
 }
 
 /// Compile the kernels for `arch` with `acc_f64` sums and write the CUBIN where the backend
@@ -149,13 +151,14 @@ pub fn precompile(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(unwritable)?;
     }
-    let cubin = nvrtc::compile_cubin(arch, acc_f64)?;
+    let (cubin, resources) = nvrtc::compile_cubin_with_resources(arch, acc_f64)?;
     write_at(&path, &cubin).map_err(unwritable)?;
     Ok(Precompiled {
         arch,
         acc_f64,
         path,
         bytes: cubin.len(),
+        resources,
     })
 }
 

@@ -144,6 +144,79 @@ pub fn compile_cubin(arch: (u32, u32), acc_f64: bool) -> Result<Vec<u8>, CudaErr
     )
 }
 
+/// What ptxas allocated for one kernel of a CUBIN.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelResources {
+    /// The kernel's name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of spill stores and loads per thread (0 and 0 unless registers ran out).
+    pub spill_stores: u32,
+    /// See `spill_stores`.
+    pub spill_loads: u32,
+    /// Bytes of stack frame per thread.
+    pub stack_bytes: u32,
+    /// Bytes of static shared memory per block.
+    pub shared_bytes: u32,
+}
+
+/// [`compile_cubin`] with ptxas reporting what each kernel uses (`--ptxas-options=-v`; the
+/// machine code is the same). Any output besides those reports still fails the compile.
+pub fn compile_cubin_with_resources(
+    arch: (u32, u32),
+    acc_f64: bool,
+) -> Result<(Vec<u8>, Vec<KernelResources>), CudaError> {
+    let (cubin, log) = compile_logged(
+        &kernels::translation_unit(),
+        "dsv4_kernels.cu",
+        arch,
+        acc_f64,
+        true,
+        true,
+    )?;
+    Ok((cubin, parse_resources(&log)))
+}
+
+/// The per-kernel reports of a `ptxas -v` log:
+/// `Compiling entry function 'k' for 'sm_90'`, then `N bytes stack frame, N bytes spill stores,
+/// N bytes spill loads` and `Used N registers, … N bytes smem, …`.
+fn parse_resources(log: &str) -> Vec<KernelResources> {
+    let number_before = |line: &str, unit: &str| -> Option<u32> {
+        let at = line.find(unit)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default();
+            out.push(KernelResources {
+                name: name.to_string(),
+                ..KernelResources::default()
+            });
+            continue;
+        }
+        let Some(k) = out.last_mut() else { continue };
+        if line.contains("bytes stack frame") {
+            k.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+            k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+            k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+        } else if line.contains("Used ") && line.contains(" registers") {
+            k.registers = number_before(line, " registers").unwrap_or(0);
+            k.shared_bytes = number_before(line, " bytes smem").unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Whether a log line is one of ptxas's `-v` reports (not a warning).
+fn is_report(line: &str) -> bool {
+    let t = line.trim_start();
+    t.is_empty()
+        || t.starts_with("ptxas info")
+        || (t.contains("bytes stack frame") && t.contains("spill"))
+}
+
 /// NVRTC's options for `arch`: `--fmad=false -std=c++17`, the architecture (`sm_XY` for a
 /// CUBIN, `compute_XY` for PTX), `-DDSV4_ACC_F64` when `acc_f64` (part of the kernel cache's key).
 pub fn options(arch: (u32, u32), acc_f64: bool, cubin: bool) -> Vec<String> {
@@ -170,6 +243,18 @@ fn compile(
     acc_f64: bool,
     cubin: bool,
 ) -> Result<Vec<u8>, CudaError> {
+    compile_logged(src, name, arch, acc_f64, cubin, false).map(|(out, _)| out)
+}
+
+/// Compile, with ptxas's resource reports in the returned log when `report`.
+fn compile_logged(
+    src: &str,
+    name: &str,
+    arch: (u32, u32),
+    acc_f64: bool,
+    cubin: bool,
+    report: bool,
+) -> Result<(Vec<u8>, String), CudaError> {
     nvrtc_probe().map_err(CudaError::Unavailable)?;
     let target = format!("sm_{}{}", arch.0, arch.1);
     let fail = |log: String| CudaError::Compile {
@@ -178,7 +263,10 @@ fn compile(
     };
     let csrc = CString::new(src).map_err(|_| fail("the source contains a NUL byte".into()))?;
     let cname = CString::new(name).map_err(|_| fail("the name contains a NUL byte".into()))?;
-    let opts = options(arch, acc_f64, cubin);
+    let mut opts = options(arch, acc_f64, cubin);
+    if report {
+        opts.push("--ptxas-options=-v".to_string());
+    }
     let prog = result::create_program(&csrc, Some(&cname))
         .map_err(|e| fail(format!("nvrtcCreateProgram: {e}")))?;
     // SAFETY: prog was created above and is destroyed once, below; csrc/cname outlive it.
@@ -187,7 +275,9 @@ fn compile(
         let log = result::get_program_log(prog)
             .map(|l| c_chars_to_string(&l))
             .unwrap_or_default();
-        let out = match (&compiled, log.trim().is_empty()) {
+        // With `report`, ptxas's resource lines are expected; anything else is a warning.
+        let clean = log.lines().all(|l| report && is_report(l)) || log.trim().is_empty();
+        let out = match (&compiled, clean) {
             (Ok(()), true) if cubin => {
                 get_cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e}")))
             }
@@ -198,7 +288,7 @@ fn compile(
             (Err(e), _) => Err(fail(format!("{e} (options {})\n{log}", opts.join(" ")))),
         };
         let _ = result::destroy_program(prog);
-        out
+        out.map(|o| (o, log))
     }
 }
 
@@ -220,4 +310,45 @@ unsafe fn get_cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcErr
 fn c_chars_to_string(v: &[c_char]) -> String {
     let bytes: Vec<u8> = v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_reports_parse_per_kernel() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'linear_fp8_r8' for 'sm_90'\n\
+ptxas info    : Function properties for linear_fp8_r8\n\
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 96 registers, used 1 barriers, 384 bytes smem, 400 bytes cmem[0]\n\
+ptxas info    : Compiling entry function 'copy2d' for 'sm_90'\n\
+ptxas info    : Function properties for copy2d\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 16 registers, 400 bytes cmem[0]\n";
+        let r = parse_resources(log);
+        assert_eq!(
+            r,
+            vec![
+                KernelResources {
+                    name: "linear_fp8_r8".into(),
+                    registers: 96,
+                    spill_stores: 4,
+                    spill_loads: 12,
+                    stack_bytes: 8,
+                    shared_bytes: 384,
+                },
+                KernelResources {
+                    name: "copy2d".into(),
+                    registers: 16,
+                    ..KernelResources::default()
+                },
+            ]
+        );
+        assert!(log.lines().all(is_report));
+        assert!(!is_report(
+            "dsv4_kernels.cu(12): warning #177-D: variable \"x\" was declared"
+        ));
+    }
 }

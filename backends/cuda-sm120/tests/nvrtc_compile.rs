@@ -122,15 +122,30 @@ fn cubins_assemble_for_real_architectures() {
     if !available("cubins_assemble_for_real_architectures") {
         return;
     }
+    let names = kernels::kernel_names();
     for arch in [(9, 0), (12, 0)] {
-        let cubin = nvrtc::compile_cubin(arch, arch == (9, 0)).unwrap();
-        assert_eq!(
-            &cubin[..4],
-            b"\x7fELF",
-            "sm_{}{}: not an ELF image",
-            arch.0,
-            arch.1
-        );
+        let what = format!("sm_{}{}", arch.0, arch.1);
+        let (cubin, resources) = nvrtc::compile_cubin_with_resources(arch, arch == (9, 0))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(&cubin[..4], b"\x7fELF", "{what}: not an ELF image");
+        // ptxas reports every kernel, and none spills registers to local memory (the table:
+        // `dsv4 kernels compile --arch 9.0 --resources`).
+        for name in &names {
+            let k = resources
+                .iter()
+                .find(|k| &k.name == name)
+                .unwrap_or_else(|| panic!("{what}: no ptxas report for `{name}`"));
+            assert!(
+                (1..=255).contains(&k.registers),
+                "{what}: {name} uses {} registers",
+                k.registers
+            );
+            assert_eq!(
+                (k.spill_stores, k.spill_loads),
+                (0, 0),
+                "{what}: {name} spills registers"
+            );
+        }
     }
 }
 

@@ -365,9 +365,14 @@ fn kernels_compiled_ahead_or_once_run_from_the_cache_without_nvrtc() {
     );
     let path = std::path::PathBuf::from(cubin["path"].as_str().unwrap());
     assert!(path.starts_with(&cache), "{path:?} in {cache:?}");
-    assert_eq!(
-        std::fs::metadata(&path).unwrap().len(),
-        cubin["bytes"].as_u64().unwrap()
+    let ahead = std::fs::read(&path).unwrap();
+    assert_eq!(ahead.len() as u64, cubin["bytes"].as_u64().unwrap());
+    let kernels = cubin["kernels"].as_array().unwrap();
+    assert!(
+        kernels
+            .iter()
+            .any(|k| k["name"] == "linear_fp8_mma" && k["registers"].as_u64() > Some(0)),
+        "ptxas's report of every kernel: {cubin}"
     );
     // ... and cached-only runs from it.
     let precompiled = run(true);
@@ -385,9 +390,10 @@ fn kernels_compiled_ahead_or_once_run_from_the_cache_without_nvrtc() {
         "{}",
         String::from_utf8_lossy(&compiled.stderr)
     );
-    assert!(
-        path.is_file(),
-        "the backend caches under the name the command wrote"
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        ahead,
+        "the backend caches the command's CUBIN, bit for bit, under the same name"
     );
     let cubins = std::fs::read_dir(cache.join("cuda-kernels"))
         .unwrap()

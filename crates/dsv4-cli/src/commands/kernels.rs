@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use dsv4_backend_cuda::cuda::default_acc_f64;
 use dsv4_backend_cuda::kernel_cache::{Precompiled, parse_capability, precompile};
-use dsv4_backend_cuda::nvrtc;
+use dsv4_backend_cuda::nvrtc::{self, KernelResources};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -46,6 +46,10 @@ pub struct CompileArgs {
     /// ~/.cache/dsv4, where the backend looks).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Also list what ptxas allocated for every kernel: registers, spills, shared memory, stack
+    /// (always in the JSON).
+    #[arg(long)]
+    pub resources: bool,
     /// Print one JSON document (schema dsv4.kernels/1) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -91,9 +95,20 @@ fn compile(args: &CompileArgs) -> anyhow::Result<()> {
         let cubins: Vec<_> = done
             .iter()
             .map(|(c, secs)| {
+                let kernels: Vec<_> = c
+                    .resources
+                    .iter()
+                    .map(|k| {
+                        serde_json::json!({
+                            "name": k.name, "registers": k.registers,
+                            "spill_stores": k.spill_stores, "spill_loads": k.spill_loads,
+                            "shared_bytes": k.shared_bytes, "stack_bytes": k.stack_bytes,
+                        })
+                    })
+                    .collect();
                 serde_json::json!({
                     "arch": name(c), "sums": sums(c), "path": c.path, "bytes": c.bytes,
-                    "seconds": secs,
+                    "seconds": secs, "kernels": kernels,
                 })
             })
             .collect();
@@ -112,6 +127,43 @@ fn compile(args: &CompileArgs) -> anyhow::Result<()> {
             c.bytes,
             c.path.display()
         );
+        if args.resources {
+            print!("{}", resource_table(&c.resources));
+        }
+        let spilling: Vec<&str> = c
+            .resources
+            .iter()
+            .filter(|k| k.spill_stores + k.spill_loads > 0)
+            .map(|k| k.name.as_str())
+            .collect();
+        if !spilling.is_empty() {
+            println!(
+                "  {} kernel(s) spill registers to local memory: {}",
+                spilling.len(),
+                spilling.join(", ")
+            );
+        }
     }
     Ok(())
+}
+
+/// One line per kernel, most registers first.
+fn resource_table(resources: &[KernelResources]) -> String {
+    let mut rows: Vec<&KernelResources> = resources.iter().collect();
+    rows.sort_by(|a, b| b.registers.cmp(&a.registers).then(a.name.cmp(&b.name)));
+    let mut out = format!(
+        "  {:<40} {:>9} {:>12} {:>11} {:>11}\n",
+        "kernel", "registers", "spill st/ld", "smem bytes", "stack bytes"
+    );
+    for k in rows {
+        out.push_str(&format!(
+            "  {:<40} {:>9} {:>12} {:>11} {:>11}\n",
+            k.name,
+            k.registers,
+            format!("{}/{}", k.spill_stores, k.spill_loads),
+            k.shared_bytes,
+            k.stack_bytes
+        ));
+    }
+    out
 }
