@@ -40,7 +40,9 @@ pub fn path(arch: (u32, u32), acc_f64: bool) -> PathBuf {
     path_in(&cache_base(), arch, acc_f64)
 }
 
-fn path_in(base: &Path, arch: (u32, u32), acc_f64: bool) -> PathBuf {
+/// The CUBIN's path for `arch` and `acc_f64` in the kernel cache at `base`, for this build's
+/// kernel sources and NVRTC options.
+pub fn path_in(base: &Path, arch: (u32, u32), acc_f64: bool) -> PathBuf {
     let opts = nvrtc::options(arch, acc_f64, true).join(" ");
     let key = fnv1a(&[
         b"dsv4 cubin v1",
@@ -84,6 +86,69 @@ fn write_at(path: &Path, cubin: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// A CUBIN found in a kernel cache ([`list`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedCubin {
+    /// The file.
+    pub path: PathBuf,
+    /// The compute capability it is for.
+    pub arch: (u32, u32),
+    /// f64 sums (else f32).
+    pub acc_f64: bool,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Compiled from this build's kernel sources and options, so the backend loads it; a stale
+    /// one (another build's) is never loaded again.
+    pub current: bool,
+}
+
+/// The CUBINs in the kernel cache at `base` (None: the backend's), by architecture and sums,
+/// current ones first. A cache that does not exist is empty; files not named like CUBINs are
+/// left out.
+pub fn list(base: Option<&Path>) -> std::io::Result<Vec<CachedCubin>> {
+    let base = base.map_or_else(cache_base, Path::to_path_buf);
+    let dir = base.join("cuda-kernels");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((arch, acc_f64)) = parse_name(&name) else {
+            continue;
+        };
+        let path = entry.path();
+        out.push(CachedCubin {
+            current: path == path_in(&base, arch, acc_f64),
+            bytes: entry.metadata()?.len(),
+            path,
+            arch,
+            acc_f64,
+        });
+    }
+    out.sort_by(|a, b| {
+        (b.current, a.arch, !a.acc_f64, &a.path).cmp(&(a.current, b.arch, !b.acc_f64, &b.path))
+    });
+    Ok(out)
+}
+
+/// The architecture and sums of a cached CUBIN's file name, `sm_XY-<f64|f32>-<key>.cubin`.
+fn parse_name(name: &str) -> Option<((u32, u32), bool)> {
+    let stem = name.strip_suffix(".cubin")?;
+    let mut parts = stem.splitn(3, '-');
+    let arch = parse_capability(parts.next()?).ok()?;
+    let acc_f64 = match parts.next()? {
+        "f64" => true,
+        "f32" => false,
+        _ => return None,
+    };
+    let key = parts.next()?;
+    (key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit())).then_some((arch, acc_f64))
 }
 
 /// A compute capability from `9.0`, `12.0`, `sm_90` or `sm_120` (the last digit of the `sm_`
@@ -199,6 +264,38 @@ mod tests {
             let e = parse_capability(text).unwrap_err();
             assert!(e.contains("sm_80 or newer, e.g. 9.0"), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_listing_tells_current_cubins_from_stale_ones() {
+        let dir = std::env::temp_dir().join(format!("dsv4-klist-{}", std::process::id()));
+        assert_eq!(
+            list(Some(&dir)).unwrap(),
+            vec![],
+            "no cache: nothing listed"
+        );
+        let current = path_in(&dir, (12, 0), false);
+        let stale = current.with_file_name("sm_90-f64-0123456789abcdef.cubin");
+        store_at(&current, b"\x7fELF current");
+        store_at(&stale, b"\x7fELF old");
+        for junk in [
+            "notes.txt",
+            "sm_90-f16-0123456789abcdef.cubin",
+            "sm_90-f64-xyz.cubin",
+        ] {
+            std::fs::write(current.with_file_name(junk), b"x").unwrap();
+        }
+        let l = list(Some(&dir)).unwrap();
+        let seen: Vec<_> = l
+            .iter()
+            .map(|c| (c.arch, c.acc_f64, c.current, c.bytes))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![((12, 0), false, true, 12), ((9, 0), true, false, 8)]
+        );
+        assert_eq!((&l[0].path, &l[1].path), (&current, &stale));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

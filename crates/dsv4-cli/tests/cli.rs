@@ -309,3 +309,44 @@ fn kernels_compile_checks_every_architecture_before_compiling() {
     assert!(e.contains("possible values: auto, f64, f32, both"), "{e}");
     assert!(!dir.path().join("cuda-kernels").exists(), "nothing written");
 }
+
+#[test]
+fn kernels_list_tells_current_from_stale_and_prunes_the_stale() {
+    use dsv4_backend_cuda::kernel_cache::path_in;
+    let dir = tempfile::tempdir().unwrap();
+    let listing = |extra: &[&str]| {
+        let mut args = vec!["kernels", "list", "--cache-dir", "cache", "--json"];
+        args.extend_from_slice(extra);
+        json(dsv4(dir.path(), &args))
+    };
+    assert_eq!(
+        listing(&[])["cubins"],
+        serde_json::json!([]),
+        "no cache yet"
+    );
+    let cache = dir.path().join("cache");
+    let current = path_in(&cache, (9, 0), true);
+    let stale = current.with_file_name("sm_90-f64-00000000deadbeef.cubin");
+    std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+    std::fs::write(&current, b"\x7fELF this build").unwrap();
+    std::fs::write(&stale, b"\x7fELF an older build").unwrap();
+    let doc = listing(&[]);
+    let states: Vec<(&str, &str)> = doc["cubins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["arch"].as_str().unwrap(), c["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [("sm_90", "current"), ("sm_90", "stale")]);
+    let doc = listing(&["--prune"]);
+    assert_eq!(doc["pruned_bytes"], 19, "the stale file's bytes");
+    assert!(
+        current.is_file() && !stale.exists(),
+        "only the stale CUBIN goes"
+    );
+    let text = ok(dsv4(
+        dir.path(),
+        &["kernels", "list", "--cache-dir", "cache"],
+    ));
+    assert!(text.starts_with("sm_90   f64  current"), "{text}");
+}

@@ -1,12 +1,15 @@
 //! `dsv4 kernels compile`: the CUDA backend's kernels compiled ahead of time by NVRTC into the
 //! kernel cache the backend loads them from (docs/cuda.md, "The kernel cache"), for GPUs named
 //! by compute capability, on a machine without one. A deployment then runs exactly those
-//! kernels with `DSV4_CUDA_KERNELS=cached`, and its GPU machines need no NVRTC.
+//! kernels with `DSV4_CUDA_KERNELS=cached`, and its GPU machines need no NVRTC. `dsv4 kernels
+//! list` shows which cached CUBINs this build loads and prunes the stale ones.
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use dsv4_backend_cuda::cuda::default_acc_f64;
-use dsv4_backend_cuda::kernel_cache::{Precompiled, parse_capability, precompile};
+use dsv4_backend_cuda::kernel_cache::{
+    self, CachedCubin, Precompiled, parse_capability, precompile,
+};
 use dsv4_backend_cuda::nvrtc::{self, KernelResources};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,6 +20,22 @@ pub enum KernelsCommand {
     /// Compile the CUDA kernels for GPUs by compute capability into the kernel cache (needs
     /// NVRTC, not a GPU).
     Compile(CompileArgs),
+    /// List the CUBINs in the kernel cache: which this build loads, which are stale.
+    List(ListArgs),
+}
+
+/// `dsv4 kernels list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The kernel cache to read (default: the backend's, as for `compile`).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Delete the stale CUBINs (compiled from other kernel sources; never loaded again).
+    #[arg(long)]
+    pub prune: bool,
+    /// Print one JSON document (schema dsv4.kernels/1) instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The sums to compile the kernels with.
@@ -59,7 +78,68 @@ pub struct CompileArgs {
 pub fn run(cmd: &KernelsCommand) -> anyhow::Result<()> {
     match cmd {
         KernelsCommand::Compile(args) => compile(args),
+        KernelsCommand::List(args) => list(args),
     }
+}
+
+/// `--cache-dir`, made absolute (the backend resolves `DSV4_CACHE_DIR` the same way).
+fn cache_dir(dir: &Option<PathBuf>) -> anyhow::Result<Option<PathBuf>> {
+    Ok(match dir {
+        Some(d) if d.is_relative() => Some(std::env::current_dir()?.join(d)),
+        other => other.clone(),
+    })
+}
+
+fn list(args: &ListArgs) -> anyhow::Result<()> {
+    let base = cache_dir(&args.cache_dir)?;
+    let cubins = kernel_cache::list(base.as_deref()).context("reading the kernel cache")?;
+    let mut pruned = 0u64;
+    if args.prune {
+        for c in cubins.iter().filter(|c| !c.current) {
+            std::fs::remove_file(&c.path)
+                .with_context(|| format!("removing {}", c.path.display()))?;
+            pruned += c.bytes;
+        }
+    }
+    let name = |c: &CachedCubin| format!("sm_{}{}", c.arch.0, c.arch.1);
+    let sums = |c: &CachedCubin| if c.acc_f64 { "f64" } else { "f32" };
+    let state = |c: &CachedCubin| match (c.current, args.prune) {
+        (true, _) => "current",
+        (false, false) => "stale",
+        (false, true) => "pruned",
+    };
+    if args.json {
+        let rows: Vec<_> = cubins
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "arch": name(c), "sums": sums(c), "path": c.path, "bytes": c.bytes,
+                    "state": state(c),
+                })
+            })
+            .collect();
+        let doc =
+            serde_json::json!({"schema": "dsv4.kernels/1", "cubins": rows, "pruned_bytes": pruned});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    if cubins.is_empty() {
+        println!("no CUBINs in the kernel cache (`dsv4 kernels compile --arch CC` fills it)");
+    }
+    for c in &cubins {
+        println!(
+            "{:<7} {}  {:<7} {:>9} bytes  {}",
+            name(c),
+            sums(c),
+            state(c),
+            c.bytes,
+            c.path.display()
+        );
+    }
+    if args.prune {
+        println!("pruned {pruned} bytes of stale CUBINs");
+    }
+    Ok(())
 }
 
 fn compile(args: &CompileArgs) -> anyhow::Result<()> {
@@ -70,10 +150,7 @@ fn compile(args: &CompileArgs) -> anyhow::Result<()> {
         .map(|a| parse_capability(a).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()
         .context("--arch")?;
-    let base = match &args.cache_dir {
-        Some(d) if d.is_relative() => Some(std::env::current_dir()?.join(d)),
-        other => other.clone(),
-    };
+    let base = cache_dir(&args.cache_dir)?;
     let (major, minor) = nvrtc::version().context("compiling the kernels needs NVRTC")?;
     let mut done: Vec<(Precompiled, f64)> = Vec::new();
     for arch in arches {
