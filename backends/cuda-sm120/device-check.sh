@@ -26,6 +26,9 @@
 #   overlap        dsv4 diff --mode overlap-vs-serial --backend cuda-sm120 (bitwise)
 #   resident       dsv4 diff --mode resident-vs-host --backend cuda-sm120 under captured plans
 #                  (device-resident activations against host slices, bitwise)
+#   batched        dsv4 diff --mode batched-vs-solo under captured plans and side streams: a
+#                  sequence alone against the same sequence batched with 3 others, op by op
+#                  (bitwise)
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions, every
 #                  linear case on the SIMT and on the tensor-core kernels)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
@@ -170,6 +173,8 @@ if ! grep -Eq '^candidate device: [0-9]+ kernels \([0-9]+ inside [1-9][0-9]* gra
 fi
 run_step overlap "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode overlap-vs-serial --backend "$backend" --tokens 64 --decode 8
 run_step resident "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true diff --mode resident-vs-host --backend "$backend" --tokens 64 --decode 8
+run_step batched "$dsv4" "${cuda[@]}" --set exec.cuda_graph=true --set exec.multi_stream_overlap=true \
+    diff --mode batched-vs-solo --backend "$backend" --tokens 64 --decode 8
 if [ "$on_cpu" = 1 ]; then
     bench_scope=(--no-machine --no-ops --no-e2e) # only the device section's path on the CPU
 else

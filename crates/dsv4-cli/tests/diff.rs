@@ -127,3 +127,29 @@ fn out_writes_the_json_beside_the_table_and_an_unwritable_path_fails_first() {
     assert!(!text(&out.stdout).contains("model:"), "nothing ran");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn batched_vs_solo_passes_clean_and_names_the_first_op_a_stream_fault_breaks() {
+    let common =
+        "--profile rehearsal diff --mode batched-vs-solo --backend cpu --tokens 64 --decode 8";
+    let out = dsv4(common);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(
+            "mode batched-vs-solo: oracle alone, candidate in every step with 3 other sequences"
+        ) && stdout.contains("batched with 3 others in every step")
+            && stdout.contains("first divergence: none"),
+        "{stdout}"
+    );
+    // The MoE sum no longer waits for the shared-expert stream: the captured, overlapped
+    // decode steps of a batch depart.
+    let out = dsv4(&format!("--set debug.inject=missing-stream-event {common}"));
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("FIRST DIVERGENCE  decode") && stdout.contains("moe.out"),
+        "{stdout}"
+    );
+    assert!(text(&out.stderr).contains("model diff failed: first divergence at decode"));
+}

@@ -30,6 +30,10 @@ pub enum Fault {
     /// `topk_rows` (the router's biased top-k) swaps each row's best expert for the worst one
     /// it left out (the indexer's top-k stays right).
     RouterWorstForBest,
+    /// `linear` sums differently (one f32 ulp more, relatively) when it has more than one row:
+    /// a kernel whose reduction depends on the batch, so a decode step's bits depend on what
+    /// else is in it.
+    BatchVariantLinear,
 }
 
 /// Swap the best-scoring index of each row's `chosen` for the worst-scoring one it left out.
@@ -85,7 +89,10 @@ impl Backend for FaultyBackend {
     }
 
     fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
-        R.linear(w, x, rows, out)
+        R.linear(w, x, rows, out);
+        if self.fault == Fault::BatchVariantLinear && rows > 1 {
+            out.iter_mut().for_each(|v| *v *= 1.0 + f32::EPSILON);
+        }
     }
 
     fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
@@ -104,9 +111,10 @@ impl Backend for FaultyBackend {
                 let n = out.len().saturating_sub(1);
                 out[..n].copy_from_slice(&full[..n]);
             }
-            Fault::HadamardUnsupported | Fault::IndexerWorstForBest | Fault::RouterWorstForBest => {
-                R.rms_norm(x, weight, dim, eps, out)
-            }
+            Fault::HadamardUnsupported
+            | Fault::IndexerWorstForBest
+            | Fault::RouterWorstForBest
+            | Fault::BatchVariantLinear => R.rms_norm(x, weight, dim, eps, out),
         }
     }
 

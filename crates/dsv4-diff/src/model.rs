@@ -36,6 +36,10 @@ pub struct ModelOptions {
     pub pin_selections: bool,
     /// A progress bar on stderr (when it is a terminal).
     pub progress: bool,
+    /// Other sequences sharing each of the candidate's steps (its rows are compared with the
+    /// oracle's run of the sequence alone): batch invariance through the model. Choices are not
+    /// pinned then.
+    pub neighbours: usize,
 }
 
 impl Default for ModelOptions {
@@ -46,6 +50,7 @@ impl Default for ModelOptions {
             seed: 0,
             pin_selections: true,
             progress: false,
+            neighbours: 0,
         }
     }
 }
@@ -152,18 +157,51 @@ pub fn exact(oracle: &Side, candidate: &Side) -> bool {
         && oracle.config.numerics == candidate.config.numerics
 }
 
+/// One step of `seqs` (`tokens[s]` continuing `seqs[s]`) with taps; the first sequence's
+/// output.
 fn forward(
     model: &Model,
-    st: &mut SequenceState,
-    tokens: &[u32],
+    seqs: &mut [&mut SequenceState],
+    tokens: &[&[u32]],
     role: &'static str,
     choices: ChoiceControl<'_>,
     tap: &mut dyn FnMut(&str, &str, &[f32]),
 ) -> Result<ForwardOutput, DiffError> {
     let mut f = |l: &str, o: &str, v: &[f32]| tap(l, o, v);
-    model
-        .forward_with_taps(st, tokens, &mut Taps::new(&mut f).with_choices(choices))
-        .map_err(|source| DiffError::Forward { side: role, source })
+    let mut taps = Taps::new(&mut f).with_choices(choices);
+    let outs = model
+        .forward_batch_with_taps(seqs, tokens, &mut taps)
+        .map_err(|source| DiffError::Forward { side: role, source })?;
+    outs.into_iter().next().ok_or(DiffError::Forward {
+        side: role,
+        source: dsv4_model::ForwardError::Empty,
+    })
+}
+
+/// The first `rows` of a tap over a step of `total` rows (a tap holds one row per token of the
+/// step, sequences in order); the whole tap when its length does not divide into rows, so the
+/// comparison reports the sizes.
+fn first_rows(v: &[f32], rows: usize, total: usize) -> &[f32] {
+    if total == 0 || !v.len().is_multiple_of(total) {
+        return v;
+    }
+    &v[..v.len() / total * rows]
+}
+
+/// The token ids of the candidate's other sequences ([`ModelOptions::neighbours`]): neighbour
+/// j prefills `max(1, prefill·(2 + j)/3)` tokens (shorter and longer prompts than the probe's),
+/// then decodes one token per decode call.
+fn neighbour_tokens(opts: &ModelOptions, vocab: u64) -> Vec<(usize, Vec<u32>)> {
+    let mut rng = SplitMix64::for_name(opts.seed, "dsv4-diff/model/neighbours");
+    (0..opts.neighbours)
+        .map(|j| {
+            let prefill = (opts.prefill * (2 + j) / 3).max(1);
+            let ids = (0..prefill + opts.decode)
+                .map(|_| rng.below(vocab) as u32)
+                .collect();
+            (prefill, ids)
+        })
+        .collect()
 }
 
 /// Per layer, per token: a choice (entry or expert ids).
@@ -233,6 +271,10 @@ pub fn run_model(
     calls.extend(tokens[opts.prefill..].chunks(1));
 
     let (mut so, mut sc) = (mo.new_sequence(), mc.new_sequence());
+    let neighbours = neighbour_tokens(opts, vocab);
+    let mut others: Vec<SequenceState> = neighbours.iter().map(|_| mc.new_sequence()).collect();
+    // Pins name every row of the step; with neighbours the oracle has only the probe's.
+    let pin_choices = opts.pin_selections && opts.neighbours == 0;
     let (mut taps, mut structure_error) = (Vec::new(), None);
     let (mut lo, mut lc) = (Vec::new(), Vec::new());
     let (mut indexer, mut router) = (BTreeMap::new(), BTreeMap::new());
@@ -264,13 +306,20 @@ pub fn run_model(
             n => format!(" ({n} tokens)"),
         };
         progress.start(format!("oracle {call}{tokens}"));
-        let out_o = forward(&mo, &mut so, chunk, "oracle", record, &mut |l, o, v| {
-            recorded.push(Tap {
-                layer: l.to_string(),
-                op: o.to_string(),
-                values: v.to_vec(),
-            })
-        })?;
+        let out_o = forward(
+            &mo,
+            &mut [&mut so],
+            &[chunk],
+            "oracle",
+            record,
+            &mut |l, o, v| {
+                recorded.push(Tap {
+                    layer: l.to_string(),
+                    op: o.to_string(),
+                    values: v.to_vec(),
+                })
+            },
+        )?;
         progress.done();
         let mut cmp = TapCompare {
             call: call.clone(),
@@ -286,13 +335,31 @@ pub fn run_model(
         let before = dev.map(|d| d.stats());
         let pin = ChoiceControl {
             record_scores: false,
-            pinned: opts.pin_selections.then_some(&out_o.topk),
-            pinned_experts: opts.pin_selections.then_some(&out_o.experts),
+            pinned: pin_choices.then_some(&out_o.topk),
+            pinned_experts: pin_choices.then_some(&out_o.experts),
         };
-        progress.start(format!("candidate {call}{tokens}"));
-        let out_c = forward(&mc, &mut sc, chunk, "candidate", pin, &mut |l, o, v| {
-            cmp.observe(l, o, v)
-        })?;
+        // The probe first, then the neighbours' rows of this call.
+        let mut step_tokens: Vec<&[u32]> = vec![chunk];
+        step_tokens.extend(neighbours.iter().map(|(prefill, ids)| match ci {
+            0 => &ids[..*prefill],
+            _ => &ids[prefill + ci - 1..prefill + ci],
+        }));
+        let total: usize = step_tokens.iter().map(|t| t.len()).sum();
+        let mut seqs: Vec<&mut SequenceState> = vec![&mut sc];
+        seqs.extend(others.iter_mut());
+        let with = match opts.neighbours {
+            0 => String::new(),
+            n => format!(", with {n} other sequences"),
+        };
+        progress.start(format!("candidate {call}{tokens}{with}"));
+        let out_c = forward(
+            &mc,
+            &mut seqs,
+            &step_tokens,
+            "candidate",
+            pin,
+            &mut |l, o, v| cmp.observe(l, o, first_rows(v, chunk.len(), total)),
+        )?;
         progress.done();
         if let (Some(d), Some(b)) = (dev, before) {
             let spent = d.stats().since(&b);
@@ -351,7 +418,8 @@ pub fn run_model(
         logits,
         indexer,
         router,
-        pinned: opts.pin_selections,
+        pinned: pin_choices,
+        neighbours: opts.neighbours,
         worst_taps: worst,
         taps,
         candidate_device,

@@ -1,6 +1,6 @@
 //! Mode shorthands of `dsv4 diff --model`: the same backend and numerics on both sides with one
-//! execution knob flipped, so any difference is the execution mode's fault (the sides must
-//! agree bitwise; see [`crate::model::exact`]).
+//! execution knob flipped, or the candidate's sequence batched with others, so any difference
+//! is the execution mode's fault (the sides must agree bitwise; see [`crate::model::exact`]).
 
 use crate::DiffError;
 
@@ -15,14 +15,21 @@ pub enum ModeDiff {
     /// Activations in host memory, every op uploading and reading back (oracle), against
     /// device-resident activations (candidate); the same on backends without device memory.
     ResidentVsHost,
+    /// The sequence alone (oracle) against the same sequence sharing every step with
+    /// [`BATCH_NEIGHBOURS`] other sequences (candidate): batch invariance, op by op.
+    BatchedVsSolo,
 }
+
+/// The other sequences in the candidate's steps under [`ModeDiff::BatchedVsSolo`].
+pub const BATCH_NEIGHBOURS: usize = 3;
 
 impl ModeDiff {
     /// Every shorthand.
-    pub const ALL: [ModeDiff; 3] = [
+    pub const ALL: [ModeDiff; 4] = [
         ModeDiff::CapturedVsEager,
         ModeDiff::OverlapVsSerial,
         ModeDiff::ResidentVsHost,
+        ModeDiff::BatchedVsSolo,
     ];
 
     /// Its name on the command line.
@@ -31,6 +38,7 @@ impl ModeDiff {
             ModeDiff::CapturedVsEager => "captured-vs-eager",
             ModeDiff::OverlapVsSerial => "overlap-vs-serial",
             ModeDiff::ResidentVsHost => "resident-vs-host",
+            ModeDiff::BatchedVsSolo => "batched-vs-solo",
         }
     }
 
@@ -48,28 +56,45 @@ impl ModeDiff {
             })
     }
 
-    /// The profile key it flips.
-    pub fn key(self) -> &'static str {
+    /// The profile key it flips, if it flips one.
+    pub fn key(self) -> Option<&'static str> {
         match self {
-            ModeDiff::CapturedVsEager => "exec.cuda_graph",
-            ModeDiff::OverlapVsSerial => "exec.multi_stream_overlap",
-            ModeDiff::ResidentVsHost => "exec.host_activations",
+            ModeDiff::CapturedVsEager => Some("exec.cuda_graph"),
+            ModeDiff::OverlapVsSerial => Some("exec.multi_stream_overlap"),
+            ModeDiff::ResidentVsHost => Some("exec.host_activations"),
+            ModeDiff::BatchedVsSolo => None,
         }
     }
 
-    /// The key's value on the candidate side (the oracle gets the other).
-    fn candidate_value(self) -> bool {
-        !matches!(self, ModeDiff::ResidentVsHost)
+    /// The `KEY=VALUE` overrides of the oracle and of the candidate (as `--against-set`), if
+    /// the mode flips a key.
+    pub fn sets(self) -> Option<(String, String)> {
+        let key = self.key()?;
+        // The candidate runs the mode's subject: captured, overlapped, resident.
+        let candidate = !matches!(self, ModeDiff::ResidentVsHost);
+        Some((
+            format!("{key}={}", !candidate),
+            format!("{key}={candidate}"),
+        ))
     }
 
-    /// `KEY=VALUE`: the oracle's override.
-    pub fn oracle_set(self) -> String {
-        format!("{}={}", self.key(), !self.candidate_value())
+    /// Other sequences in each of the candidate's steps.
+    pub fn neighbours(self) -> usize {
+        match self {
+            ModeDiff::BatchedVsSolo => BATCH_NEIGHBOURS,
+            _ => 0,
+        }
     }
 
-    /// `KEY=VALUE`: the candidate's override (as `--against-set`).
-    pub fn candidate_set(self) -> String {
-        format!("{}={}", self.key(), self.candidate_value())
+    /// What each side runs, in words.
+    pub fn describe(self) -> String {
+        match self.sets() {
+            Some((o, c)) => format!("oracle {o}, candidate {c}"),
+            None => format!(
+                "oracle alone, candidate in every step with {} other sequences",
+                self.neighbours()
+            ),
+        }
     }
 }
 
@@ -78,23 +103,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shorthands_flip_one_exec_key() {
+    fn shorthands_flip_one_exec_key_or_batch_the_candidate() {
         for m in ModeDiff::ALL {
             assert_eq!(ModeDiff::parse(m.name()).unwrap(), m);
-            assert_ne!(m.oracle_set(), m.candidate_set());
-            assert!(m.oracle_set().starts_with(m.key()) && m.candidate_set().starts_with(m.key()));
+            match m.sets() {
+                Some((o, c)) => {
+                    let key = m.key().unwrap();
+                    assert!(o != c && o.starts_with(key) && c.starts_with(key));
+                    assert_eq!(m.neighbours(), 0);
+                }
+                None => assert_eq!(m.neighbours(), BATCH_NEIGHBOURS),
+            }
         }
+        let (oracle, _) = ModeDiff::ResidentVsHost.sets().unwrap();
+        assert_eq!(oracle, "exec.host_activations=true");
+        let (_, candidate) = ModeDiff::CapturedVsEager.sets().unwrap();
+        assert_eq!(candidate, "exec.cuda_graph=true");
         assert_eq!(
-            ModeDiff::ResidentVsHost.oracle_set(),
-            "exec.host_activations=true"
-        );
-        assert_eq!(
-            ModeDiff::CapturedVsEager.candidate_set(),
-            "exec.cuda_graph=true"
+            ModeDiff::BatchedVsSolo.describe(),
+            "oracle alone, candidate in every step with 3 other sequences"
         );
         let e = ModeDiff::parse("graphs").unwrap_err().to_string();
         assert!(
-            e.contains("captured-vs-eager, overlap-vs-serial, resident-vs-host"),
+            e.contains("captured-vs-eager, overlap-vs-serial, resident-vs-host, batched-vs-solo"),
             "{e}"
         );
     }

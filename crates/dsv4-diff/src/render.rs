@@ -128,11 +128,15 @@ fn choice_lines(out: &mut String, kind: &str, what: &str, layers: &[ChoiceAgreem
 fn model_summary(out: &mut String, m: &ModelReport) {
     let _ = writeln!(
         out,
-        "model: prefill {} tokens + {} decode steps (seed {}), {} taps compared",
+        "model: prefill {} tokens + {} decode steps (seed {}), {} taps compared{}",
         m.prefill_tokens,
         m.decode_steps,
         m.seed,
-        m.taps.len()
+        m.taps.len(),
+        match m.neighbours {
+            0 => String::new(),
+            n => format!("; the candidate's sequence batched with {n} others in every step"),
+        }
     );
     if let Some(e) = &m.structure_error {
         let _ = writeln!(out, "STRUCTURE  {e}");
@@ -156,10 +160,12 @@ fn model_summary(out: &mut String, m: &ModelReport) {
     choice_lines(out, "indexer", "set", &m.indexer);
     choice_lines(out, "router", "experts", &m.router);
     if !m.indexer.is_empty() || !m.router.is_empty() {
-        out.push_str(if m.pinned {
-            "the candidate followed the oracle's choices (its own judged above)\n"
-        } else {
-            "the candidate followed its own choices (--no-pin-selections)\n"
+        out.push_str(match (m.pinned, m.neighbours) {
+            (true, _) => "the candidate followed the oracle's choices (its own judged above)\n",
+            (false, 0) => "the candidate followed its own choices (--no-pin-selections)\n",
+            (false, _) => {
+                "the candidate followed its own choices (pins would need every batched row)\n"
+            }
         });
     }
     if let Some(d) = &m.candidate_device {

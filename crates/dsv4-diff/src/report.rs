@@ -177,6 +177,8 @@ pub struct ModelReport {
     /// Whether the candidate followed the oracle's choices — attended over its selections,
     /// routed to its experts — while its own were judged.
     pub pinned: bool,
+    /// Other sequences in each of the candidate's steps (0: it ran alone, as the oracle).
+    pub neighbours: usize,
     /// The ten taps closest to (or furthest past) their tolerance.
     pub worst_taps: Vec<TapDiff>,
     /// Every tap compared, in execution order.

@@ -217,3 +217,37 @@ fn a_wrong_expert_choice_is_named_whether_or_not_routing_is_pinned() {
         rows_over: 12,
     });
 }
+
+#[test]
+fn a_batch_variant_kernel_departs_only_when_the_sequence_is_batched() {
+    let faulty = faulty_side(Fault::BatchVariantLinear);
+    let opts = ModelOptions {
+        prefill: 10,
+        decode: 2,
+        seed: 5,
+        ..ModelOptions::default()
+    };
+    // Alone on both sides the same rows run the same sums: bitwise.
+    let solo = run_model(&faulty, &faulty, &opts).unwrap();
+    assert!(solo.passed, "{:?}", solo.first_divergence);
+    // Batched with others, a routed expert that had one of the probe's tokens alone gets
+    // neighbours' tokens too: more rows, other sums, first in the first MoE.
+    let batched = ModelOptions {
+        neighbours: 3,
+        ..opts
+    };
+    let m = run_model(&faulty, &faulty, &batched).unwrap();
+    let first = m.first_divergence.expect("the batched run departs");
+    let at = (first.call.as_str(), first.layer.as_str(), first.op.as_str());
+    assert_eq!(at, ("prefill", "layers.0.", "moe.out"));
+    assert!(
+        first.rows_over < first.rows,
+        "only tokens whose expert batched: {first:?}"
+    );
+    // Every decode step's linears run 4 rows instead of 1: they all depart too.
+    let decode_q = m
+        .taps
+        .iter()
+        .find(|t| t.call == "decode 1" && t.op == "attn.q");
+    assert!(decode_q.is_some_and(|t| !t.passed), "{decode_q:?}");
+}

@@ -67,3 +67,41 @@ fn the_arena_fault_shows_as_a_divergence() {
         "captured plans run the decode steps: {first:?}"
     );
 }
+
+#[test]
+fn a_sequence_batched_with_others_computes_its_solo_bits_unless_the_arena_aliases() {
+    // Captured plans on interleaved side streams, as the incident ran: the probe alone decodes
+    // in bucket 1, batched with three others in bucket 4.
+    let incident = ExecOptions {
+        overlap: true,
+        captured: true,
+        executor: Executor::Interleaved { seed: 0 },
+        ..Default::default()
+    };
+    let batched = ModelOptions {
+        neighbours: 3,
+        ..opts()
+    };
+    let clean = side(incident.clone());
+    let m = run_model(&clean, &clean, &batched).unwrap();
+    assert!(m.passed, "{:?}", m.first_divergence);
+    assert_eq!(
+        (m.neighbours, m.pinned),
+        (3, false),
+        "no pins across a batch"
+    );
+    assert!(
+        m.taps
+            .iter()
+            .all(|t| t.tolerance == 0.0 && t.max_abs == 0.0)
+    );
+    assert_eq!(m.logits.rows, 18, "the probe's rows only");
+    // The incident's aliasing allocator on both sides: the captured decode steps diverge.
+    let faulty = side(ExecOptions {
+        faults: [Fault::ArenaIgnoresStreams].into(),
+        ..incident
+    });
+    let m = run_model(&faulty, &faulty, &batched).unwrap();
+    let first = m.first_divergence.expect("a tap departs");
+    assert!(first.call.starts_with("decode"), "{first:?}");
+}

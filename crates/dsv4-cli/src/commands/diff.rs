@@ -35,7 +35,8 @@ pub struct DiffArgs {
     pub model: bool,
     /// An execution-mode diff on one backend (implies --model; the sides must agree bitwise):
     /// captured-vs-eager flips exec.cuda_graph, overlap-vs-serial exec.multi_stream_overlap,
-    /// resident-vs-host exec.host_activations.
+    /// resident-vs-host exec.host_activations; batched-vs-solo runs the candidate's sequence
+    /// in every step with 3 others.
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
     /// Only this op, by Backend method name (repeatable), e.g. -o rms_norm.
@@ -65,6 +66,11 @@ pub struct DiffArgs {
     /// Seed of the op inputs and of the model's token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// --model: the candidate's sequence shares every step with N other sequences (prompts of
+    /// other lengths, their own decode tokens); its rows are compared with the oracle's run of
+    /// it alone. Default 0, 3 with --mode batched-vs-solo.
+    #[arg(long, value_name = "N")]
+    pub neighbours: Option<usize>,
     /// --model: the candidate follows its own indexer selections and expert choices, not the
     /// oracle's (a near-tie it breaks the other way then shows in every later tap).
     #[arg(long)]
@@ -138,12 +144,11 @@ pub fn run(
         // One backend on both sides, validated as that backend (its capabilities decide
         // whether it runs captured plans or side streams at all).
         let kind = args.backend.as_deref().unwrap_or(DEFAULT_ORACLE);
-        for (sets, knob) in [
-            (&mut oracle_sets, m.oracle_set()),
-            (&mut cand_sets, m.candidate_set()),
-        ] {
-            sets.push(format!("backend.kind={kind}"));
-            sets.push(knob);
+        oracle_sets.push(format!("backend.kind={kind}"));
+        cand_sets.push(format!("backend.kind={kind}"));
+        if let Some((oracle, candidate)) = m.sets() {
+            oracle_sets.push(oracle);
+            cand_sets.push(candidate);
         }
     }
     let oracle_profile = resolve(profile, profile_dir, &oracle_sets)
@@ -181,6 +186,9 @@ pub fn run(
         seed: args.seed,
         pin_selections: !args.no_pin_selections,
         progress: !args.quiet,
+        neighbours: args
+            .neighbours
+            .unwrap_or_else(|| mode.map_or(0, ModeDiff::neighbours)),
     };
     let mut out_file = match &args.out {
         Some(path) => Some(
@@ -205,11 +213,9 @@ pub fn run(
     } else {
         if let Some(m) = mode {
             println!(
-                "mode {}: oracle {}, candidate {} (same backend and numerics: the sides must \
-                 agree bitwise)",
+                "mode {}: {} (same backend and numerics: the sides must agree bitwise)",
                 m.name(),
-                m.oracle_set(),
-                m.candidate_set()
+                m.describe()
             );
         }
         print!("{}", render(&report));
