@@ -162,6 +162,30 @@ impl RowFormat {
         Ok(())
     }
 
+    /// Copy the bytes of slot `from_slot` of page `from` into slot `to_slot` of page `to` (its
+    /// data and scale bytes; nothing else of `to` changes), so that the slot decodes to the same
+    /// values. Errors: a page of the wrong size (`from` first), then a slot past the page.
+    pub fn copy_entry(
+        &self,
+        from: &[u8],
+        from_slot: usize,
+        to: &mut [u8],
+        to_slot: usize,
+    ) -> Result<(), CacheLayoutError> {
+        for len in [from.len(), to.len()] {
+            if len != self.page_bytes() {
+                return Err(CacheLayoutError::WrongPageSize {
+                    expected: self.page_bytes(),
+                    got: len,
+                });
+            }
+        }
+        let (src, dst) = (self.slot_bytes(from_slot)?, self.slot_bytes(to_slot)?);
+        to[dst.data].copy_from_slice(&from[src.data]);
+        to[dst.scale].copy_from_slice(&from[src.scale]);
+        Ok(())
+    }
+
     /// Dequantize `slot` of `page` exactly into `out` (the host codec behind `Backend::cache_load`).
     pub fn read(&self, page: &[u8], slot: usize, out: &mut [f32]) -> Result<(), CacheLayoutError> {
         match self {

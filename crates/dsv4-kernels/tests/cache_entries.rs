@@ -1,7 +1,8 @@
 //! Encoded cache entries: `Backend::cache_encode_rows` (the trait's default, on the reference
 //! and cpu backends) gives each row the bytes `cache_store` writes into a slot, and
 //! `RowFormat::put_entry` puts them into any slot so the page equals the one `cache_store`
-//! writes; bad lengths, pages and slots are errors that change nothing.
+//! writes; `RowFormat::copy_entry` moves one slot's bytes to another page's slot; bad lengths,
+//! pages and slots are errors that change nothing.
 
 use dsv4_backend_cpu::CpuBackend;
 use dsv4_backend_reference::ReferenceBackend;
@@ -115,5 +116,59 @@ fn bad_lengths_pages_and_slots_are_errors_that_change_nothing() {
                 got: fmt.page_bytes() - 1
             })
         );
+    }
+}
+
+#[test]
+fn a_copied_entry_decodes_as_its_source_and_touches_nothing_else() {
+    let be = ReferenceBackend;
+    for fmt in formats() {
+        let (w, pb) = (fmt.width(), fmt.page_bytes());
+        let values = rows_of(&fmt, 5, 23);
+        let mut src = vec![0u8; pb];
+        for slot in 0..5 {
+            be.cache_store(&fmt, &mut src, slot, &values[slot * w..(slot + 1) * w])
+                .unwrap();
+        }
+        let garbage: Vec<u8> = (0..pb).map(|i| (i * 11 + 3) as u8).collect();
+        for (from, to) in [(0, 4), (2, 2), (4, 0), (3, 1)] {
+            let mut dst = garbage.clone();
+            fmt.copy_entry(&src, from, &mut dst, to).unwrap();
+            let (mut want, mut got) = (vec![0f32; w], vec![0f32; w]);
+            fmt.read(&src, from, &mut want).unwrap();
+            fmt.read(&dst, to, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{fmt:?} slot {from} -> {to}");
+            let at = fmt.slot_bytes(to).unwrap();
+            let outside: Vec<usize> = (0..pb).filter(|&b| !at.contains(b)).collect();
+            assert!(
+                outside.iter().all(|&b| dst[b] == garbage[b]),
+                "{fmt:?}: bytes outside slot {to} changed"
+            );
+        }
+        let mut dst = garbage.clone();
+        assert!(matches!(
+            fmt.copy_entry(&src, 5, &mut dst, 0),
+            Err(CacheLayoutError::SlotOutOfRange { slot: 5, .. })
+        ));
+        assert!(matches!(
+            fmt.copy_entry(&src, 0, &mut dst, 5),
+            Err(CacheLayoutError::SlotOutOfRange { slot: 5, .. })
+        ));
+        assert_eq!(
+            fmt.copy_entry(&src[..pb - 1], 0, &mut dst, 0),
+            Err(CacheLayoutError::WrongPageSize {
+                expected: pb,
+                got: pb - 1
+            })
+        );
+        assert_eq!(
+            fmt.copy_entry(&src, 0, &mut dst[..pb - 1], 0),
+            Err(CacheLayoutError::WrongPageSize {
+                expected: pb,
+                got: pb - 1
+            })
+        );
+        assert!(dst == garbage, "{fmt:?}: a refused copy changed the page");
     }
 }
