@@ -247,3 +247,36 @@ fn a_refused_step_on_the_device_changes_nothing_and_leaks_nothing() {
     assert_eq!(st.pos, 0);
     assert_eq!(resident.live_buffers(), 0);
 }
+
+#[test]
+fn selections_scattered_over_many_pages_attend_as_on_the_plain_backend() {
+    // At 300 tokens a ratio-4 layer holds 75 compressed entries on two 64-entry pages, and a
+    // token's 16 selected entries sit on both: the device path packs them into one page
+    // before the attention call. Its bits must be the plain backend's.
+    let numerics = Numerics::default();
+    let plain = model(Arc::new(ReferenceBackend), numerics);
+    let resident = model(
+        Arc::new(HostResident::new(Arc::new(ReferenceBackend))),
+        numerics,
+    );
+    let run = |m: &Model| {
+        let mut s = m.new_sequence();
+        let mut outs = vec![m.forward(&mut s, &tokens(300, 21)).expect("prefill")];
+        for t in tokens(2, 22) {
+            outs.push(m.forward(&mut s, &[t]).expect("decode"));
+        }
+        outs
+    };
+    let (p, r) = (run(&plain), run(&resident));
+    let last = &r.last().unwrap().topk;
+    assert!(
+        last.values()
+            .flatten()
+            .any(|sel| sel.iter().any(|&i| i < 64) && sel.iter().any(|&i| i >= 64)),
+        "no decode selection spans two pages: {last:?}"
+    );
+    for (step, (a, b)) in p.iter().zip(&r).enumerate() {
+        assert_eq!(bits(&a.logits), bits(&b.logits), "step {step}: logits");
+        assert_eq!(a.topk, b.topk, "step {step}: selections");
+    }
+}

@@ -1,6 +1,7 @@
 //! Rows of several sequences' paged stores decoded together ([`RowGather`]): on a backend with
 //! device memory each row's pages are copied out when the row is added (so a later write to
-//! the store — the next row's SWA store into a ring slot — cannot change what this row reads)
+//! the store — the next row's SWA store into a ring slot — cannot change what this row reads;
+//! rows scattered over more pages than they fill are packed into fresh pages instead)
 //! and every row added is decoded in one [`dsv4_kernels::Backend::cache_load_rows`] call, one
 //! submission instead of one per sequence; on a host backend rows are decoded as they are
 //! added, without copies. Either way the values are bitwise what each store's own
@@ -250,6 +251,52 @@ mod tests {
             }
         }
         assert_eq!(results[0], results[1], "device and host paths agree");
+    }
+
+    /// Rows 0..10 of 8-wide bf16 rows, two a page (five pages), owned or in a page store.
+    fn five_pages(be: &dyn Backend, pooled: bool) -> PagedRows {
+        let kv = KvLayout::new(KvCacheDtype::Bf16, 0, 8, 2).unwrap();
+        let mut r = PagedRows::growing(RowFormat::Kv(kv), 8);
+        if pooled {
+            let store = super::super::pages::HeapStore::new("kv", kv.page_bytes());
+            r = r.in_store(Arc::new(store));
+        }
+        (0..10).for_each(|i| r.push(be, &row(i as f32)).unwrap());
+        r
+    }
+
+    #[test]
+    fn scattered_rows_are_packed_and_dense_rows_copy_whole_pages() {
+        let be = HostResident::new(Arc::new(ReferenceBackend));
+        for pooled in [false, true] {
+            let r = five_pages(&be, pooled);
+            // Rows 9, 1, 5 and 8 sit on four pages and fill two: they are packed, in order.
+            let mut g = RowGather::new(&be);
+            assert_eq!(g.add(&r, [9, 1, 5, 8].into_iter(), false).unwrap(), 4);
+            assert_eq!(g.pages.len(), 2, "pooled {pooled}");
+            assert_eq!(g.picks, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+            // A second store's rows go after the first's pages: rows 0..6 fill their 3 pages.
+            assert_eq!(g.add(&r, 0..6, false).unwrap(), 6);
+            assert_eq!(g.pages.len(), 5, "pooled {pooled}");
+            assert_eq!(
+                g.picks[4..],
+                [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (4, 1)]
+            );
+            let want: Vec<f32> = [9, 1, 5, 8, 0, 1, 2, 3, 4, 5]
+                .iter()
+                .flat_map(|&v| row(v as f32))
+                .collect();
+            assert_eq!(g.finish().unwrap(), want, "pooled {pooled}");
+            // A row twice, and rows of one page: nothing to pack.
+            let mut g = RowGather::new(&be);
+            g.add(&r, [3, 3, 2].into_iter(), false).unwrap();
+            assert_eq!(
+                (g.pages.len(), &g.picks[..]),
+                (1, &[(0, 1), (0, 1), (0, 0)][..])
+            );
+            let want: Vec<f32> = [3, 3, 2].iter().flat_map(|&v| row(v as f32)).collect();
+            assert_eq!(g.finish().unwrap(), want);
+        }
     }
 
     #[test]

@@ -244,49 +244,81 @@ impl PagedRows {
     }
 
     /// The distinct pages of `rows` in first-use order, and each row's (`base` + index of its
-    /// page in that order, slot).
+    /// page in that order, slot). Linear in the rows: a long context's indexer gathers every
+    /// compressed entry, thousands of pages.
     fn picks(
         &self,
         rows: impl Iterator<Item = usize>,
         base: usize,
     ) -> (Vec<usize>, Vec<(usize, usize)>) {
-        let (mut order, mut picks) = (Vec::new(), Vec::new());
+        const NONE: usize = usize::MAX;
+        let (mut order, mut picks, mut seen) = (Vec::new(), Vec::new(), Vec::<usize>::new());
         for r in rows {
             let (page, slot) = self.place(r);
-            let i = match order.iter().position(|&p| p == page) {
-                Some(i) => i,
-                None => {
-                    order.push(page);
-                    order.len() - 1
-                }
-            };
-            picks.push((base + i, slot));
+            if page >= seen.len() {
+                seen.resize(page + 1, NONE);
+            }
+            if seen[page] == NONE {
+                seen[page] = order.len();
+                order.push(page);
+            }
+            picks.push((base + seen[page], slot));
         }
         (order, picks)
     }
 
-    /// Copy the pages holding `rows` onto `pages` now (without the load-back wait) and append
+    /// Run `f` on the bytes of logical page `page` (without the load-back wait).
+    fn with_page(&self, page: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), ForwardError> {
+        match &self.pages {
+            Pages::Owned(own) => f(own.get(page).map_or(&[][..], Vec::as_slice)),
+            Pages::Pooled(p) => p.store().read(p.readable(page)?, f),
+        }
+        Ok(())
+    }
+
+    /// Copy the bytes holding `rows` onto `pages` now (without the load-back wait) and append
     /// each row's (index in `pages`, slot) to `picks`: a snapshot that a later
     /// [`Backend::cache_load_rows`] decodes, whatever is written to the store in between.
+    /// Whole pages are copied when the rows fill them well enough; rows scattered over more
+    /// pages than they would fill (a top-k selection over a long context) are packed, in
+    /// order, into fresh pages instead, so the copy is the size of the rows, not of the
+    /// pages they sit in.
     pub fn copy_rows(
         &self,
         rows: impl Iterator<Item = usize>,
         pages: &mut Vec<Vec<u8>>,
         picks: &mut Vec<(usize, usize)>,
     ) -> Result<(), ForwardError> {
-        let (order, mine) = self.picks(rows, pages.len());
-        for page in order {
-            pages.push(match &self.pages {
-                Pages::Owned(own) => own[page].clone(),
-                Pages::Pooled(p) => {
-                    let id = p.readable(page)?;
-                    let mut bytes = Vec::new();
-                    p.store().read(id, &mut |b| bytes = b.to_vec());
-                    bytes
-                }
-            });
+        let base = pages.len();
+        let (order, mine) = self.picks(rows, 0);
+        let per = self.layout.page_entries();
+        let packed = mine.len().div_ceil(per);
+        if packed >= order.len() {
+            for &page in &order {
+                let mut bytes = Vec::new();
+                self.with_page(page, &mut |b| bytes = b.to_vec())?;
+                pages.push(bytes);
+            }
+            picks.extend(mine.into_iter().map(|(p, slot)| (base + p, slot)));
+            return Ok(());
         }
-        picks.extend(mine);
+        let mut out = vec![vec![0u8; self.layout.page_bytes()]; packed];
+        let mut on_page: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
+        for (r, &(p, _)) in mine.iter().enumerate() {
+            on_page[p].push(r);
+        }
+        for (&page, rows) in order.iter().zip(&on_page) {
+            let mut copied = Ok(());
+            self.with_page(page, &mut |src| {
+                copied = rows.iter().try_for_each(|&r| {
+                    self.layout
+                        .copy_entry(src, mine[r].1, &mut out[r / per], r % per)
+                });
+            })?;
+            copied?;
+        }
+        pages.extend(out);
+        picks.extend((0..mine.len()).map(|r| (base + r / per, r % per)));
         Ok(())
     }
 
