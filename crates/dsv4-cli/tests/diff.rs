@@ -152,4 +152,21 @@ fn batched_vs_solo_passes_clean_and_names_the_first_op_a_stream_fault_breaks() {
         "{stdout}"
     );
     assert!(text(&out.stderr).contains("model diff failed: first divergence at decode"));
+    // The header names the count asked for, and none at all is refused before anything runs.
+    let out = dsv4(&format!("{common} --neighbours 1"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("candidate in every step with 1 other sequence (")
+            && text(&out.stdout).contains("batched with 1 other in every step"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = dsv4(&format!("{common} --neighbours 0"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("needs at least one other sequence"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stdout).contains("model:"), "nothing ran");
 }

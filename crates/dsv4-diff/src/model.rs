@@ -349,7 +349,7 @@ pub fn run_model(
         seqs.extend(others.iter_mut());
         let with = match opts.neighbours {
             0 => String::new(),
-            n => format!(", with {n} other sequences"),
+            n => format!(", with {}", crate::modes::others(n)),
         };
         progress.start(format!("candidate {call}{tokens}{with}"));
         let out_c = forward(

@@ -20,6 +20,11 @@ pub enum ModeDiff {
     BatchedVsSolo,
 }
 
+/// "1 other sequence", "3 other sequences": a neighbour count in words.
+pub fn others(n: usize) -> String {
+    format!("{n} other sequence{}", if n == 1 { "" } else { "s" })
+}
+
 /// The other sequences in the candidate's steps under [`ModeDiff::BatchedVsSolo`].
 pub const BATCH_NEIGHBOURS: usize = 3;
 
@@ -86,15 +91,31 @@ impl ModeDiff {
         }
     }
 
-    /// What each side runs, in words.
-    pub fn describe(self) -> String {
+    /// What each side runs, in words, with `neighbours` other sequences in the candidate's
+    /// steps (the mode's own count unless `--neighbours` chose another).
+    pub fn describe(self, neighbours: usize) -> String {
         match self.sets() {
             Some((o, c)) => format!("oracle {o}, candidate {c}"),
             None => format!(
-                "oracle alone, candidate in every step with {} other sequences",
-                self.neighbours()
+                "oracle alone, candidate in every step with {}",
+                others(neighbours)
             ),
         }
+    }
+
+    /// Checks a `--neighbours` count against the mode: the batched mode compares nothing
+    /// without at least one other sequence.
+    pub fn check_neighbours(self, neighbours: usize) -> Result<(), DiffError> {
+        if self == ModeDiff::BatchedVsSolo && neighbours == 0 {
+            return Err(DiffError::InvalidOption {
+                what: "neighbours",
+                message: "--mode batched-vs-solo needs at least one other sequence \
+                          (--neighbours N with N >= 1): with none both sides run the sequence \
+                          alone"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -120,9 +141,14 @@ mod tests {
         let (_, candidate) = ModeDiff::CapturedVsEager.sets().unwrap();
         assert_eq!(candidate, "exec.cuda_graph=true");
         assert_eq!(
-            ModeDiff::BatchedVsSolo.describe(),
-            "oracle alone, candidate in every step with 3 other sequences"
+            ModeDiff::BatchedVsSolo.describe(5),
+            "oracle alone, candidate in every step with 5 other sequences"
         );
+        let e = ModeDiff::BatchedVsSolo.check_neighbours(0).unwrap_err();
+        assert!(e.to_string().contains("at least one other sequence"), "{e}");
+        assert!(ModeDiff::BatchedVsSolo.check_neighbours(1).is_ok());
+        // The other modes compare one sequence anyway; neighbours are an option there.
+        assert!(ModeDiff::CapturedVsEager.check_neighbours(0).is_ok());
         let e = ModeDiff::parse("graphs").unwrap_err().to_string();
         assert!(
             e.contains("captured-vs-eager, overlap-vs-serial, resident-vs-host, batched-vs-solo"),

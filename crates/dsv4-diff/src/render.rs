@@ -135,6 +135,7 @@ fn model_summary(out: &mut String, m: &ModelReport) {
         m.taps.len(),
         match m.neighbours {
             0 => String::new(),
+            1 => "; the candidate's sequence batched with 1 other in every step".to_string(),
             n => format!("; the candidate's sequence batched with {n} others in every step"),
         }
     );

@@ -190,6 +190,9 @@ pub fn run(
             .neighbours
             .unwrap_or_else(|| mode.map_or(0, ModeDiff::neighbours)),
     };
+    if let Some(m) = mode {
+        m.check_neighbours(model.neighbours)?;
+    }
     let mut out_file = match &args.out {
         Some(path) => Some(
             std::fs::File::create(path)
@@ -215,7 +218,7 @@ pub fn run(
             println!(
                 "mode {}: {} (same backend and numerics: the sides must agree bitwise)",
                 m.name(),
-                m.describe()
+                m.describe(model.neighbours)
             );
         }
         print!("{}", render(&report));
