@@ -92,8 +92,10 @@ __device__ __forceinline__ acc_t attn_index_group(const Q* qh, const float* __re
 }
 
 // attn_indexer_scores over a batch of queries, each over its own keys: q = [rows, heads, dim],
-// w = [rows, heads], keys = [N, dim]; query r scores key rows starts[r] .. starts[r+1] (n_r of
-// them): out[j] = Σ_h w[r, h]·max(q_rh·K_j, 0) for j in that range. One thread per key: each dot
+// w = [rows, heads], keys = [N, dim]; query r scores n_r = starts[r+1] − starts[r] key rows from
+// bases[r] on: out[starts[r] + j] = Σ_h w[r, h]·max(q_rh·K_{bases[r]+j}, 0). With bases = starts
+// each query has its own keys; other bases let queries share keys (nested prefixes of one
+// sequence's index-K entries in a prefill chunk, uploaded once). One thread per key: each dot
 // runs over the channels in order and the heads are summed in order, as the reference does, so a
 // score never depends on the batch. The block's query is staged in shared memory (as acc_t, read
 // as broadcasts) a whole number of ATTN_HT-head groups at a time; a dim too wide for one group
@@ -107,12 +109,14 @@ __device__ __forceinline__ void attn_indexer(const float* __restrict__ q,
                                              const float* __restrict__ w,
                                              const u8* __restrict__ keys, u32 stride, u32 a,
                                              u32 b, const u32* __restrict__ starts,
+                                             const u32* __restrict__ bases,
                                              float* __restrict__ out, u32 dim, u32 heads,
                                              u32 row0) {
     __shared__ acc_t sq[ATTN_Q_SHARED];
     const u32 r = row0 + blockIdx.y;
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
+    const u32 base = bases[r];
     // The whole block leaves together (before any barrier) when it has no key of this query.
     if ((u64)blockIdx.x * blockDim.x >= n) return;
     const float* qr = q + (u64)r * heads * dim;
@@ -120,7 +124,7 @@ __device__ __forceinline__ void attn_indexer(const float* __restrict__ q,
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = j < n;
     // An idle thread reads the block's first key (it exists) and never uses it.
-    const K kj(keys + ((u64)k0 + (live ? j : (u64)blockIdx.x * blockDim.x)) * stride, a, b);
+    const K kj(keys + ((u64)base + (live ? j : (u64)blockIdx.x * blockDim.x)) * stride, a, b);
     acc_t total = (acc_t)-0.0;
     // Heads per stage: a multiple of ATTN_HT, 0 when not even one group fits.
     const u32 per = (ATTN_Q_SHARED / dim) / ATTN_HT * ATTN_HT;
@@ -150,37 +154,42 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ keys,
                                                const u32* __restrict__ starts,
+                                               const u32* __restrict__ bases,
                                                float* __restrict__ out, u32 dim, u32 heads,
                                                u32 row0) {
     attn_indexer<attn_f32_key>(q, w, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
-                               starts, out, dim, heads, row0);
+                               starts, bases, out, dim, heads, row0);
 }
 
 // The in-place variants: keys = entries of `stride` bytes laid end to end, in the format's
 // reader (cache.cu) with its sizes a, b.
 extern "C" __global__ void attn_indexer_scores_bf16(const float* __restrict__ q, const float* __restrict__ w,
                                                     const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                    const u32* __restrict__ bases,
                                                     float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                     u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_bf16>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_indexer<cache_bf16>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_kv_fp8(const float* __restrict__ q, const float* __restrict__ w,
                                                       const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                    const u32* __restrict__ bases,
                                                       float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                       u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_kv_fp8>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_indexer<cache_kv_fp8>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_index_fp8(const float* __restrict__ q, const float* __restrict__ w,
                                                          const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                    const u32* __restrict__ bases,
                                                          float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                          u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_index_fp8>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_indexer<cache_index_fp8>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_index_fp4(const float* __restrict__ q, const float* __restrict__ w,
                                                          const u8* __restrict__ keys, const u32* __restrict__ starts,
+                                                    const u32* __restrict__ bases,
                                                          float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                          u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_index_fp4>(q, w, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_indexer<cache_index_fp4>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
 }
 
 // Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],

@@ -252,6 +252,20 @@ impl Backend for CudaBackend {
             .unwrap_or_else(|e| fail(self.name, e))
     }
 
+    fn paged_indexer_topk_ranges(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+        ops::indexer::paged_indexer_topk_ranges(&self.core, q, w, fmt, pages, rows, key_ranges, k)
+            .unwrap_or_else(|e| fail(self.name, e))
+    }
+
     fn sparse_attention(
         &self,
         q: &[f32],

@@ -3,6 +3,8 @@
 //! submission that reads back only its result:
 //! - `indexer_topk_rows`: index for index what `indexer_scores_rows` then `topk_rows` choose,
 //!   the scores never read back;
+//! - `paged_indexer_topk_ranges`: what `paged_indexer_topk_rows` chooses over the expanded
+//!   ranges, each row uploaded once however many ranges read it;
 //! - `paged_indexer_topk_rows`: index for index what `cache_load_rows` then
 //!   `indexer_topk_rows` choose, neither the decoded keys nor the scores read back; the same
 //!   layout errors;
@@ -24,6 +26,26 @@ use dsv4_backend_cuda::{CudaBackend, EMU_NAME, KArg, emu};
 use dsv4_core::SplitMix64;
 use dsv4_kernels::{Backend, row_check};
 
+/// Every call that returns something ran in one submission and read back only what it returns
+/// (4 bytes per index or output float; `only` names that, for messages). With `keyed`, only
+/// calls with keys to score are held to it (over zero-width keys the indexer chooses without
+/// scoring).
+fn one_submission_reading_back_only(
+    calls: &[row_check::FusedCall],
+    acc_f64: bool,
+    keyed: bool,
+    only: &str,
+) {
+    for c in calls
+        .iter()
+        .filter(|c| c.selected > 0 && (c.keys > 0 || !keyed))
+    {
+        let what = format!("acc_f64={acc_f64} {}", c.what);
+        assert_eq!(c.stats.submissions, 1, "{what}: {:?}", c.stats);
+        assert_eq!(c.stats.read_bytes, c.selected as u64 * 4, "{what}: {only}");
+    }
+}
+
 #[test]
 fn the_selection_equals_scores_then_topk_in_one_submission() {
     if !emu_available("the_selection_equals_scores_then_topk_in_one_submission") {
@@ -33,15 +55,7 @@ fn the_selection_equals_scores_then_topk_in_one_submission() {
         let be = CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"));
         let stats = || Backend::device(&be).expect("device ops").stats();
         let calls = row_check::indexer_topk_rows(&be, &stats).unwrap_or_else(|e| panic!("{e}"));
-        for c in calls.iter().filter(|c| c.keys > 0 && c.selected > 0) {
-            let what = format!("acc_f64={acc_f64} {}", c.what);
-            assert_eq!(c.stats.submissions, 1, "{what}: {:?}", c.stats);
-            assert_eq!(
-                c.stats.read_bytes,
-                c.selected as u64 * 4,
-                "{what}: the indices only"
-            );
-        }
+        one_submission_reading_back_only(&calls, acc_f64, true, "the indices only");
         row_check::indexer_topk_rows_panics(&be).unwrap_or_else(|e| panic!("{e}"));
     }
 }
@@ -56,15 +70,7 @@ fn paged_attention_equals_load_then_attend_in_one_submission() {
         let stats = || Backend::device(&be).expect("device ops").stats();
         let calls = row_check::paged_attention_rows(&be, &stats).unwrap_or_else(|e| panic!("{e}"));
         assert!(calls.iter().any(|c| c.keys > 0), "no case with keys");
-        for c in calls.iter().filter(|c| c.selected > 0) {
-            let what = format!("acc_f64={acc_f64} {}", c.what);
-            assert_eq!(c.stats.submissions, 1, "{what}: {:?}", c.stats);
-            assert_eq!(
-                c.stats.read_bytes,
-                c.selected as u64 * 4,
-                "{what}: the output only"
-            );
-        }
+        one_submission_reading_back_only(&calls, acc_f64, false, "the output only");
         row_check::paged_attention_rows_panics(&be).unwrap_or_else(|e| panic!("{e}"));
     }
 }
@@ -80,16 +86,64 @@ fn the_paged_selection_equals_load_then_select_in_one_submission() {
         let calls =
             row_check::paged_indexer_topk_rows(&be, &stats).unwrap_or_else(|e| panic!("{e}"));
         assert!(calls.iter().any(|c| c.selected > 0), "no case selects");
-        for c in calls.iter().filter(|c| c.keys > 0 && c.selected > 0) {
-            let what = format!("acc_f64={acc_f64} {}", c.what);
-            assert_eq!(c.stats.submissions, 1, "{what}: {:?}", c.stats);
-            assert_eq!(
-                c.stats.read_bytes,
-                c.selected as u64 * 4,
-                "{what}: the indices only"
-            );
-        }
+        one_submission_reading_back_only(&calls, acc_f64, true, "the indices only");
         row_check::paged_indexer_topk_rows_panics(&be).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn shared_key_ranges_choose_as_the_expanded_rows_uploading_each_row_once() {
+    if !emu_available("shared_key_ranges_choose_as_the_expanded_rows_uploading_each_row_once") {
+        return;
+    }
+    for acc_f64 in [true, false] {
+        let be = CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"));
+        let stats = || Backend::device(&be).expect("device ops").stats();
+        let calls =
+            row_check::paged_indexer_topk_ranges(&be, &stats).unwrap_or_else(|e| panic!("{e}"));
+        one_submission_reading_back_only(&calls, acc_f64, true, "the indices only");
+        row_check::paged_indexer_topk_ranges_panics(&be).unwrap_or_else(|e| panic!("{e}"));
+        // Nested prefixes of 64 fp8 index-K rows, as a prefill chunk's 16 rows of one sequence
+        // score them: the shared call uploads each row once, the expanded call each time a
+        // range reads it.
+        let layout = dsv4_core::cache::IndexKLayout::new(dsv4_core::IndexKDtype::Fp8, 64, 64)
+            .expect("a layout");
+        let fmt = dsv4_kernels::RowFormat::IndexK(layout);
+        let mut page = vec![0u8; fmt.page_bytes()];
+        for slot in 0..64 {
+            let v: Vec<f32> = (0..64)
+                .map(|i| ((i * 7 + slot * 3) % 11) as f32 - 5.0)
+                .collect();
+            be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
+        }
+        let rows: Vec<(usize, usize)> = (0..64).map(|s| (0, s)).collect();
+        let ranges: Vec<(usize, usize)> = (0..16).map(|r| (0, 4 * r + 4)).collect();
+        let (q, w) = (vec![0.5f32; 16 * 2 * 64], vec![1.0f32; 16 * 2]);
+        let before = stats();
+        let shared = be
+            .paged_indexer_topk_ranges(&q, &w, &fmt, &[&page], &rows, &ranges, 8)
+            .expect("shared");
+        let moved = stats().since(&before);
+        let (picks, starts) = dsv4_kernels::operands::expand_ranges(&rows, &ranges);
+        let before = stats();
+        let expanded = be
+            .paged_indexer_topk_rows(&q, &w, &fmt, &[&page], &picks, &starts, 8)
+            .expect("expanded");
+        let moved_expanded = stats().since(&before);
+        assert_eq!(shared, expanded, "acc_f64={acc_f64}");
+        let entry = fmt.entry_bytes() as u64;
+        let saved = (picks.len() - rows.len()) as u64 * entry;
+        eprintln!(
+            "acc_f64={acc_f64}: 16 nested prefixes of 64 rows: {} bytes uploaded shared, {} \
+             expanded",
+            moved.write_bytes, moved_expanded.write_bytes
+        );
+        assert!(
+            moved.write_bytes + saved <= moved_expanded.write_bytes + 4 * 16,
+            "acc_f64={acc_f64}: {} bytes uploaded shared, {} expanded ({saved} to save)",
+            moved.write_bytes,
+            moved_expanded.write_bytes
+        );
     }
 }
 
@@ -200,7 +254,8 @@ fn in_place_indexer_scores_equal_decode_then_score_bitwise() {
             });
             decoder_args.extend([KArg::U32(keys as u32), KArg::U32(stride as u32)]);
             // SAFETY: every buffer holds what the kernels read and write: `eb` keys entries of
-            // `stride` bytes, `decoded` keys × dim f32, q/w/starts/out per the indexer's shapes.
+            // `stride` bytes, `decoded` keys × dim f32, q/w/starts (also the bases)/out per the
+            // indexer's shapes.
             unsafe {
                 let values = (keys * dim).div_ceil(256) as u32;
                 d.launch(f.decoder, (values, 1, 1), (256, 1, 1), &decoder_args)
@@ -210,6 +265,7 @@ fn in_place_indexer_scores_equal_decode_then_score_bitwise() {
                         KArg::Buf(&qb),
                         KArg::Buf(&wb),
                         KArg::Buf(keys_buf),
+                        KArg::Buf(&sb),
                         KArg::Buf(&sb),
                         KArg::Buf(out),
                         KArg::U32(dim32),

@@ -2,6 +2,8 @@
 //! composition on the same backend, in one submission:
 //! - `indexer_topk_rows`: index for index what `indexer_scores_rows` then `topk_rows` choose,
 //!   reading back only the selection flags, one per key (never the scores);
+//! - `paged_indexer_topk_ranges` (the default): what `paged_indexer_topk_rows` chooses over the
+//!   expanded ranges;
 //! - `paged_indexer_topk_rows`: index for index what `cache_load_rows` then
 //!   `indexer_topk_rows` choose, reading back only the selection flags (never the decoded keys
 //!   or the scores); the same layout errors;
@@ -67,4 +69,17 @@ fn the_paged_selection_equals_load_then_select_in_one_submission() {
         );
     }
     row_check::paged_indexer_topk_rows_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn shared_key_ranges_choose_as_the_expanded_rows_in_one_submission() {
+    // wgpu takes the trait's default: the ranges laid out as rows, one paged selection.
+    let Some(gpu) = backend(true) else { return };
+    let calls = row_check::paged_indexer_topk_ranges(&gpu, &|| stats(&gpu))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(calls.iter().any(|c| c.selected > 0), "no case selects");
+    for c in calls.iter().filter(|c| c.selected > 0) {
+        assert_eq!(c.stats.submissions, 1, "{}: {:?}", c.what, c.stats);
+    }
+    row_check::paged_indexer_topk_ranges_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -203,6 +203,29 @@ pub trait Backend: Send + Sync {
         Ok(self.indexer_topk_rows(q, w, dim, &keys, key_starts, k))
     }
 
+    /// [`Backend::paged_indexer_topk_rows`] with keys shared between queries: query r scores
+    /// key rows `key_ranges[r].0 .. key_ranges[r].1` of `rows`, and ranges may overlap (a
+    /// prefill chunk's rows of one sequence score nested prefixes of the same index-K entries;
+    /// DeepGEMM's `fp8_mqa_logits` takes per-query key starts and ends for the same reason).
+    /// Exactly `paged_indexer_topk_rows` over the rows laid out range after range (its
+    /// default), after a layout check of every row; a GPU backend uploads each row once. A
+    /// decreasing range or one past `rows` panics, as other operands that do not fit.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_indexer_topk_ranges(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+        fmt.checked_rows(pages, rows, rows.len() * fmt.width())?;
+        let (picks, starts) = crate::operands::expand_ranges(rows, key_ranges);
+        self.paged_indexer_topk_rows(q, w, fmt, pages, &picks, &starts, k)
+    }
+
     /// [`Backend::sparse_attention`] of several queries at once, each over its own keys: query
     /// r (`q[r·heads·dim ..]`) attends over key rows `key_starts[r] .. key_starts[r+1]` of
     /// `keys` [n, dim], into `out[r·heads·dim ..]`. Row for row equal to `sparse_attention`; a

@@ -75,6 +75,26 @@ impl<'a> IndexerRows<'a> {
     }
 }
 
+/// Items laid out range after range (`items[lo..hi]` for each of `ranges`, in order) and the
+/// partition of the result by range (one more start than ranges): how shared keys with
+/// per-query ranges become the per-query keys of `paged_indexer_topk_rows`. Panics on a
+/// decreasing range or one past `items`, naming it.
+pub fn expand_ranges<T: Copy>(items: &[T], ranges: &[(usize, usize)]) -> (Vec<T>, Vec<usize>) {
+    let mut out = Vec::with_capacity(ranges.iter().map(|&(lo, hi)| hi.saturating_sub(lo)).sum());
+    let mut starts = Vec::with_capacity(ranges.len() + 1);
+    starts.push(0);
+    for (r, &(lo, hi)) in ranges.iter().enumerate() {
+        assert!(
+            lo <= hi && hi <= items.len(),
+            "key range {r} is {lo}..{hi} of {} rows",
+            items.len()
+        );
+        out.extend_from_slice(&items[lo..hi]);
+        starts.push(out.len());
+    }
+    (out, starts)
+}
+
 /// Sparse attention's key ranges (`sparse_attention_rows` and its paged form) checked and cut to
 /// the key rows `first .. last` the queries attend over.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! Checks of a backend's fused host ops against the trait's composition of row-by-row
 //! definitions ([`PerRow`]), shared by the GPU backends' tests: `indexer_topk_rows` must choose
 //! exactly what `indexer_scores_rows` then `topk_rows` choose on the same backend,
-//! `paged_indexer_topk_rows` what `cache_load_rows` then `indexer_topk_rows` choose, and
+//! `paged_indexer_topk_rows` what `cache_load_rows` then `indexer_topk_rows` choose,
+//! `paged_indexer_topk_ranges` what `paged_indexer_topk_rows` chooses over the expanded ranges, and
 //! `paged_attention_rows` must give bit for bit what `cache_load_rows` then
 //! `sparse_attention_rows` give; each must fail and panic where the composition does. Each
 //! backend's test then asserts its own submission and read-back counts from the
@@ -327,6 +328,87 @@ pub fn paged_indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
         let case = format!("starts {starts:?}, q {qn}");
         both_panic(&per_row, be, "paged_indexer_topk_rows", &case, |b| {
             let _ = b.paged_indexer_topk_rows(&q[..qn], &w, &fmt, &refs, &rows, starts, 2);
+        })?;
+    }
+    Ok(())
+}
+
+/// Key ranges over 40 shared rows: nested prefixes (a prefill chunk's rows of one sequence),
+/// one range inside another, an empty one, one repeated, every row. Row 39 is in none but the
+/// last, so a check of a bad row 38 (none of the first four ranges) is a check of unused rows.
+const SHARED_RANGES: [(usize, usize); 6] = [(0, 9), (0, 13), (4, 30), (13, 13), (0, 13), (0, 40)];
+
+/// Every shape of `paged_indexer_topk_rows`'s cases: `be.paged_indexer_topk_ranges` over
+/// [`SHARED_RANGES`] of 40 rows picked at random from three pages chooses what the
+/// composition (the rows laid out range after range, then `paged_indexer_topk_rows`) chooses on
+/// `be`, index for index; a row past a page's last slot is the same layout error, also when
+/// the ranges that would read it are left out. Err names the first shape that differs.
+pub fn paged_indexer_topk_ranges(
+    be: &dyn Backend,
+    stats: &dyn Fn() -> DeviceStats,
+) -> Result<Vec<FusedCall>, String> {
+    let per_row = PerRow(be);
+    let mut rng = SplitMix64::new(0x7a9e_5b11);
+    let mut calls = Vec::new();
+    for &(dtype, dim, per, heads, _, _, k) in &PAGED_INDEXER_CASES {
+        let layout = IndexKLayout::new(dtype, dim, per).map_err(|e| e.to_string())?;
+        let fmt = RowFormat::IndexK(layout);
+        let pages = written_pages(be, &fmt, &mut rng);
+        let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let rows = random_rows(&mut rng, 40, per);
+        let queries = SHARED_RANGES.len();
+        let q = values(&mut rng, queries * heads * dim);
+        let w = values(&mut rng, queries * heads);
+        let what = format!("{dtype:?} dim {dim} heads {heads} shared ranges, k {k}");
+        let run = |b: &dyn Backend, rows: &[(usize, usize)], ranges: &[(usize, usize)]| {
+            let (q, w) = (&q[..ranges.len() * heads * dim], &w[..ranges.len() * heads]);
+            b.paged_indexer_topk_ranges(q, w, &fmt, &refs, rows, ranges, k)
+                .map_err(|e| e.to_string())
+        };
+        let want = run(&per_row, &rows, &SHARED_RANGES);
+        let before = stats();
+        let got = run(be, &rows, &SHARED_RANGES);
+        let moved = stats().since(&before);
+        if got != want {
+            return Err(format!("{what}: chose {got:?}, the composition {want:?}"));
+        }
+        calls.push(FusedCall {
+            what: what.clone(),
+            keys: rows.len(),
+            selected: SHARED_RANGES.iter().map(|&(a, b)| (b - a).min(k)).sum(),
+            stats: moved,
+        });
+        let mut bad = rows.clone();
+        bad[38] = (1, per);
+        for ranges in [&SHARED_RANGES[..], &SHARED_RANGES[..4]] {
+            let (want, got) = (run(&per_row, &bad, ranges), run(be, &bad, ranges));
+            if want.is_ok() || got != want {
+                return Err(format!(
+                    "{what}, a slot past the page ({} ranges): {got:?}, the composition {want:?}",
+                    ranges.len()
+                ));
+            }
+        }
+    }
+    Ok(calls)
+}
+
+/// Ranges the composition panics on (decreasing, past the rows): `be.paged_indexer_topk_ranges`
+/// must panic too. Err names the first it accepts.
+pub fn paged_indexer_topk_ranges_panics(be: &dyn Backend) -> Result<(), String> {
+    let per_row = PerRow(be);
+    let layout = IndexKLayout::new(IndexKDtype::Fp8, 32, 4).map_err(|e| e.to_string())?;
+    let fmt = RowFormat::IndexK(layout);
+    let mut rng = SplitMix64::new(13);
+    let pages = written_pages(be, &fmt, &mut rng);
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let rows: Vec<(usize, usize)> = (0..6).map(|i| (i % 3, i % 4)).collect();
+    let (q, w) = (vec![0.25f32; 2 * 2 * 32], vec![0.5f32; 2 * 2]);
+    let cases: [[(usize, usize); 2]; 3] = [[(0, 4), (3, 2)], [(0, 7), (0, 1)], [(2, 6), (7, 7)]];
+    for ranges in cases {
+        let case = format!("ranges {ranges:?} of 6 rows");
+        both_panic(&per_row, be, "paged_indexer_topk_ranges", &case, |b| {
+            let _ = b.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &rows, &ranges, 2);
         })?;
     }
     Ok(())

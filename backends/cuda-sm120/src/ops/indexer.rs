@@ -112,7 +112,7 @@ pub fn indexer_topk_rows(
         return topk_rows(c, &scores, key_starts, k);
     }
     let kb = c.dev.temp_f32(r.keys(keys, dim))?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts)?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts, None)?;
     topk_on_device(c, &sb, &r.starts, k)
 }
 
@@ -134,25 +134,78 @@ pub fn paged_indexer_topk_rows(
     key_starts: &[usize],
     k: usize,
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
+    // Each query's own keys: the ranges of a partition.
+    let ranges: Vec<(usize, usize)> = key_starts.windows(2).map(|s| (s[0], s[1])).collect();
+    paged_indexer_topk_ranges(c, q, w, fmt, pages, rows, &ranges, k)
+}
+
+/// [`paged_indexer_topk_rows`] with keys shared between queries
+/// (`Backend::paged_indexer_topk_ranges`): every row's layout checked, each row's entry
+/// uploaded once however many ranges read it, and query r scored over rows
+/// `key_ranges[r].0 ..` in place (the scores launch's `bases`); the scores stay on the device
+/// and only the chosen indices come back (one submission). A range past the rows, or
+/// decreasing, is `BadOperands`; the layout error is the inner `Err`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_indexer_topk_ranges(
+    c: &Core,
+    q: &[f32],
+    w: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_ranges: &[(usize, usize)],
+    k: usize,
+) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
     let dim = fmt.width();
     let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
         Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
-    let what = "paged_indexer_topk_rows";
-    let Some(r) = indexer_operands(what, q, w, dim, rows.len() * dim, key_starts)? else {
+    let what = "paged_indexer_topk_ranges";
+    if let Some((r, &(lo, hi))) = key_ranges
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.0 > r.1 || r.1 > rows.len())
+    {
+        return Err(CudaError::BadOperands(format!(
+            "{what}: key range {r} is {lo}..{hi} of {} rows",
+            rows.len()
+        )));
+    }
+    let mut starts = vec![0usize];
+    starts.extend(key_ranges.iter().scan(0, |n, &(lo, hi)| {
+        *n += hi - lo;
+        Some(*n)
+    }));
+    let total = starts[starts.len() - 1];
+    let Some(r) = indexer_operands(what, q, w, dim, total * dim, &starts)? else {
         return Ok(Ok(Vec::new()));
     };
-    topk_fits(key_starts, k)?;
-    if dim == 0 || r.first == r.last || k == 0 {
+    topk_fits(&starts, k)?;
+    if dim == 0 || total == 0 || k == 0 {
         // No key is scored (or none chosen): the selection does not depend on the key values.
-        let zeros = vec![0f32; rows.len() * dim];
-        return indexer_topk_rows(c, q, w, dim, &zeros, key_starts, k).map(Ok);
+        let zeros = vec![0f32; total * dim];
+        return indexer_topk_rows(c, q, w, dim, &zeros, &starts, k).map(Ok);
     }
     let eb = fmt.entry_bytes();
     let keys = Keys::entries(fmt)?;
-    let kb = c.dev.temp_upload(&entries[r.first * eb..r.last * eb])?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts)?;
+    // Only the rows some range reads are uploaded.
+    let first = key_ranges
+        .iter()
+        .filter(|(lo, hi)| lo < hi)
+        .map(|r| r.0)
+        .min();
+    let first = first.unwrap_or(0);
+    let last = key_ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
+    // A partition (each query its own keys, in order) reads from its score starts: no bases.
+    let partition = key_ranges.windows(2).all(|p| p[0].1 == p[1].0);
+    let bases: Vec<usize> = key_ranges
+        .iter()
+        .map(|&(lo, _)| lo.max(first) - first)
+        .collect();
+    let bases = (!partition).then_some(&bases[..]);
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts, bases)?;
     topk_on_device(c, &sb, &r.starts, k).map(Ok)
 }
 
@@ -171,6 +224,8 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 /// query r over key rows `starts[r] .. starts[r+1]` of the keys in `kb` (starts from 0,
 /// nondecreasing, the last > 0, `kb` holding that many keys as `keys` says: rows of `dim` f32
 /// or cache entries), into a device buffer of `starts[rows]` scores; dim > 0.
+/// `bases` (query r's first key row of `kb`) lets queries share keys; None: `starts`.
+#[allow(clippy::too_many_arguments)]
 fn score_on_device(
     c: &Core,
     q: &[f32],
@@ -179,6 +234,7 @@ fn score_on_device(
     kb: &DevBuf,
     keys: Keys,
     starts: &[usize],
+    bases: Option<&[usize]>,
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
     let n = starts[rows];
@@ -191,12 +247,17 @@ fn score_on_device(
     let qb = dev.temp_f32(q)?;
     let wb = dev.temp_f32(w)?;
     let stb = dev.temp_upload(&starts32)?;
+    let bb = match bases {
+        Some(b) => Some(dev.temp_upload(&u32_words("key bases", b)?)?),
+        None => None,
+    };
     let ob = dev.temp(n * 4)?;
     let ops = ScoreOperands {
         q: &qb,
         w: &wb,
         keys: kb,
         starts: &stb,
+        bases: bb.as_ref().unwrap_or(&stb),
         out: &ob,
     };
     launch_scores(c, &ops, keys, dim32, h32, rows, max_n)?;
@@ -204,12 +265,14 @@ fn score_on_device(
 }
 
 /// The device buffers of an indexer launch: q [rows, heads, dim], w [rows, heads], the keys,
-/// starts [rows + 1] (u32, from 0, nondecreasing, ending at the key count n), out [n].
+/// starts [rows + 1] (u32, from 0, nondecreasing, ending at the score count n), bases [rows]
+/// (query r's first key row; `starts` itself when every query has its own keys), out [n].
 struct ScoreOperands<'a> {
     q: &'a DevBuf,
     w: &'a DevBuf,
     keys: &'a DevBuf,
     starts: &'a DevBuf,
+    bases: &'a DevBuf,
     out: &'a DevBuf,
 }
 
@@ -232,6 +295,7 @@ fn launch_scores(
             KArg::Buf(o.w),
             KArg::Buf(o.keys),
             KArg::Buf(o.starts),
+            KArg::Buf(o.bases),
             KArg::Buf(o.out),
             KArg::U32(dim),
             KArg::U32(heads),
@@ -239,10 +303,10 @@ fn launch_scores(
         ];
         args.extend(keys.args());
         let grid = (blocks_for(max_n, KEY_THREADS as usize), nr, 1);
-        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys n rows of dim f32 (or n
-        // entries of `stride` bytes in the format the variant reads, with its sizes a, b),
-        // starts rows + 1 nondecreasing u32 ending at n, out n; the launch covers queries
-        // row0 .. row0 + nr.
+        // SAFETY: q holds rows·heads·dim floats, w rows·heads, keys the rows of dim f32 (or
+        // entries of `stride` bytes in the format the variant reads, with its sizes a, b) that
+        // each query's bases[r] + (0 .. starts[r+1] − starts[r]) names, starts rows + 1
+        // nondecreasing u32 ending at n, out n; the launch covers queries row0 .. row0 + nr.
         unsafe { c.dev.launch(&kernel, grid, (KEY_THREADS, 1, 1), &args)? };
     }
     Ok(())
@@ -279,6 +343,7 @@ pub fn time_paged_scores(
         w: &wb,
         keys: &kb,
         starts: &stb,
+        bases: &stb,
         out: &ob,
     };
     let (dim32, h32) = (u32_arg("dim", dim)?, u32_arg("heads", heads)?);
@@ -299,7 +364,7 @@ fn score(
 ) -> Result<(), CudaError> {
     let n = starts[starts.len() - 1];
     let kb = c.dev.temp_f32(keys)?;
-    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts)?;
+    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts, None)?;
     c.dev.download_f32(&ob, &mut out[..n])
 }
 
