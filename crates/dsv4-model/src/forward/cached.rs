@@ -16,7 +16,7 @@ use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
 use super::run::{BoundBlock, Run, lock};
-use super::state::{CompressorState, NO_LOCATION};
+use super::state::{CompressorState, NO_LOCATION, PagedRows};
 use dsv4_kernels::RowFormat;
 
 type Res = Result<Vec<f32>, ForwardError>;
@@ -214,34 +214,45 @@ impl Run<'_> {
         let mut out = vec![f32::from_bits(NO_LOCATION); rows * k];
         let (mut own, mut scores) = (Vec::with_capacity(rows), Vec::new());
         // Rows in chunks: a chunk's index-K rows are gathered, then decoded, scored and ranked
-        // in one call (the keys and scores stay on a GPU backend's device).
-        let (mut gather, mut starts, mut first) = (RowGather::new(be), vec![0usize], 0usize);
+        // in one call (the keys and scores stay on a GPU backend's device). Consecutive rows
+        // of one sequence (a prefill chunk) score nested prefixes of the same entries: those
+        // are gathered once, each row's range reaching further (an append-only store keeps
+        // its written rows, and nothing writes index-K entries during this launch).
+        let (mut gather, mut ranges, mut first) = (RowGather::new(be), Vec::new(), 0usize);
+        // The store gathered last, where its rows start in the gather and how many it holds.
+        let mut shared: Option<(&PagedRows, usize, usize)> = None;
         for (i, &p) in self.bound.positions[..rows].iter().enumerate() {
             let is = self.row_state(bb, i).indexer.as_ref();
             let is = is.ok_or_else(|| missing("indexer state"))?;
             let n = (p + 1) / 4;
+            let (base, have) = match shared {
+                Some((s, base, have)) if std::ptr::eq(s, &is.entries) && have <= n => (base, have),
+                _ => (gather.len(), 0),
+            };
             // The `skip-index-k-transfer-wait` fault reads without waiting for a load-back.
-            gather.add(&is.entries, 0..n, self.skip_index_k_wait)?;
-            starts.push(starts[starts.len() - 1] + n);
-            if starts.len() > ATTENTION_CHUNK || i + 1 == rows {
-                let c = starts.len() - 1;
+            gather.add(&is.entries, have..n, self.skip_index_k_wait)?;
+            shared = Some((&is.entries, base, n));
+            ranges.push((base, base + n));
+            if ranges.len() >= ATTENTION_CHUNK || i + 1 == rows {
+                let c = ranges.len();
                 let (q, w) = (
                     &qi[first * inh * id..(first + c) * inh * id],
                     &hw[first * inh..(first + c) * inh],
                 );
                 let taken = std::mem::replace(&mut gather, RowGather::new(be));
                 let chosen = if record {
-                    let s = taken.indexer_scores(q, w, id, &starts)?;
+                    let (s, starts) = taken.indexer_scores(q, w, id, &ranges)?;
                     scores.extend(starts.windows(2).map(|r| s[r[0]..r[1]].to_vec()));
                     be.topk_rows(&s, &starts, k)
                 } else {
-                    taken.indexer_topk(q, w, id, &starts, k)?
+                    taken.indexer_topk(q, w, id, &ranges, k)?
                 };
                 for (r, chosen) in chosen.into_iter().enumerate() {
                     let row = first + r;
                     let ids: Vec<u32> = chosen.into_iter().map(|j| j as u32).collect();
+                    let n = ranges[r].1 - ranges[r].0;
                     let used = match pins {
-                        Some((l, p)) => pinned_row(l, row, &p[row], starts[r + 1] - starts[r], k)?,
+                        Some((l, p)) => pinned_row(l, row, &p[row], n, k)?,
                         None => &ids,
                     };
                     for (slot, &j) in out[row * k..(row + 1) * k].iter_mut().zip(used) {
@@ -249,7 +260,8 @@ impl Run<'_> {
                     }
                     own.push(ids);
                 }
-                (first, starts) = (first + c, vec![0]);
+                (first, shared) = (first + c, None);
+                ranges.clear();
             }
         }
         if let Some(l) = layer {

@@ -20,6 +20,8 @@ pub(crate) struct RowGather<'b> {
     picks: Vec<(usize, usize)>,
     /// Direct mode (no device memory): the rows decoded so far.
     direct: Option<Vec<f32>>,
+    /// Rows added so far.
+    rows: usize,
 }
 
 impl<'b> RowGather<'b> {
@@ -31,6 +33,7 @@ impl<'b> RowGather<'b> {
             pages: Vec::new(),
             picks: Vec::new(),
             direct: backend.device().is_none().then(Vec::new),
+            rows: 0,
         }
     }
 
@@ -46,10 +49,10 @@ impl<'b> RowGather<'b> {
             store.wait_loaded();
         }
         if let Some(out) = &mut self.direct {
-            let v = store.load_rows_unsynced(self.backend, rows)?;
-            let n = v.len() / store.width().max(1);
-            out.extend(v);
-            return Ok(n);
+            let rows: Vec<usize> = rows.collect();
+            out.extend(store.load_rows_unsynced(self.backend, rows.iter().copied())?);
+            self.rows += rows.len();
+            return Ok(rows.len());
         }
         let fmt = (*store.layout(), store.width());
         match self.layout {
@@ -66,6 +69,7 @@ impl<'b> RowGather<'b> {
         }
         let before = self.picks.len();
         store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
+        self.rows = self.picks.len();
         Ok(self.picks.len() - before)
     }
 
@@ -99,15 +103,17 @@ impl<'b> RowGather<'b> {
     }
 
     /// The indexer's selection of queries `q` (head weights `w`) over the rows added as keys
-    /// (`dim` wide), query r over rows `key_starts[r] .. key_starts[r+1]`, its `k` best: on a
-    /// backend with device memory one [`Backend::paged_indexer_topk_rows`] call over the copied
-    /// pages, else `indexer_topk_rows` over the rows decoded so far.
+    /// (`dim` wide), query r over rows `key_ranges[r].0 .. key_ranges[r].1` (ranges may
+    /// overlap: a chunk's rows of one sequence share their keys), its `k` best: on a backend
+    /// with device memory one [`Backend::paged_indexer_topk_ranges`] call over the copied
+    /// pages (each row uploaded once), else `indexer_topk_rows` over the rows decoded so far,
+    /// laid out range after range.
     pub fn indexer_topk(
         self,
         q: &[f32],
         w: &[f32],
         dim: usize,
-        key_starts: &[usize],
+        key_ranges: &[(usize, usize)],
         k: usize,
     ) -> Result<Vec<Vec<usize>>, ForwardError> {
         let be = self.backend;
@@ -115,34 +121,59 @@ impl<'b> RowGather<'b> {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
                 let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
-                Ok(be.paged_indexer_topk_rows(q, w, &fmt, &refs, &self.picks, key_starts, k)?)
+                Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, &self.picks, key_ranges, k)?)
             }
             _ => {
-                let keys = self.finish()?;
-                Ok(be.indexer_topk_rows(q, w, dim, &keys, key_starts, k))
+                let (keys, starts) = self.expanded(dim, key_ranges)?;
+                Ok(be.indexer_topk_rows(q, w, dim, &keys, &starts, k))
             }
         }
     }
 
     /// The indexer's scores of queries `q` (head weights `w`) over the rows added as keys
-    /// (`dim` wide), query r over rows `key_starts[r] .. key_starts[r+1]`, in one
-    /// `indexer_scores_rows` call over the decoded rows (the path `dsv4 diff` reads scores from;
-    /// [`Self::indexer_topk`]'s selection is the backend's `topk_rows` of exactly these).
+    /// (`dim` wide), query r over rows `key_ranges[r].0 .. key_ranges[r].1`, in one
+    /// `indexer_scores_rows` call over the decoded rows laid out range after range (the path
+    /// `dsv4 diff` reads scores from; [`Self::indexer_topk`]'s selection is the backend's
+    /// `topk_rows` of exactly these). Returns the scores and query r's range of them,
+    /// `starts[r] .. starts[r+1]`.
     pub fn indexer_scores(
         self,
         q: &[f32],
         w: &[f32],
         dim: usize,
-        key_starts: &[usize],
-    ) -> Result<Vec<f32>, ForwardError> {
+        key_ranges: &[(usize, usize)],
+    ) -> Result<(Vec<f32>, Vec<usize>), ForwardError> {
         let be = self.backend;
+        let (keys, starts) = self.expanded(dim, key_ranges)?;
+        let mut scores = vec![0f32; starts.last().copied().unwrap_or(0)];
+        be.indexer_scores_rows(q, w, dim, &keys, &starts, &mut scores);
+        Ok((scores, starts))
+    }
+
+    /// The rows added, decoded and laid out range after range as `dim`-wide keys, and the
+    /// partition of them by range.
+    fn expanded(
+        self,
+        dim: usize,
+        key_ranges: &[(usize, usize)],
+    ) -> Result<(Vec<f32>, Vec<usize>), ForwardError> {
         if let Some((_, width)) = self.layout {
             self.same_width(width, dim)?;
         }
+        let rows = self.rows;
         let keys = self.finish()?;
-        let mut scores = vec![0f32; key_starts.last().copied().unwrap_or(0)];
-        be.indexer_scores_rows(q, w, dim, &keys, key_starts, &mut scores);
-        Ok(scores)
+        let all: Vec<usize> = (0..rows).collect();
+        let (order, starts) = dsv4_kernels::operands::expand_ranges(&all, key_ranges);
+        let mut out = Vec::with_capacity(order.len() * dim);
+        for r in order {
+            out.extend_from_slice(&keys[r * dim..(r + 1) * dim]);
+        }
+        Ok((out, starts))
+    }
+
+    /// Rows added so far (the index the next row added will have).
+    pub fn len(&self) -> usize {
+        self.rows
     }
 
     /// Err unless the rows gathered (`width` wide) are the `dim`-wide keys an op expects.
@@ -240,7 +271,7 @@ mod tests {
             let w = [1.0f32, 0.5, -0.5, 1.0];
             let mut g = gather(2..=5);
             g.add(&r, 3..=3, false).unwrap();
-            let chosen = g.indexer_topk(&q, &w, 8, &starts, 2).unwrap();
+            let chosen = g.indexer_topk(&q, &w, 8, &[(0, 3), (3, 5)], 2).unwrap();
             assert_eq!(chosen, be.indexer_topk_rows(&q, &w, 8, &keys, &starts, 2));
             results.push((got, chosen));
             // Rows of another width are refused on the device path (the host path has no
