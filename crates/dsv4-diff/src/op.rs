@@ -41,6 +41,8 @@ pub enum Op {
     IndexerTopkRows,
     /// `Backend::paged_indexer_topk_rows`.
     PagedIndexerTopkRows,
+    /// `Backend::paged_indexer_topk_ranges`.
+    PagedIndexerTopkRanges,
     /// `Backend::sparse_attention`.
     SparseAttention,
     /// `Backend::sparse_attention_rows`.
@@ -65,7 +67,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -82,6 +84,7 @@ impl Op {
         Op::TopkRows,
         Op::IndexerTopkRows,
         Op::PagedIndexerTopkRows,
+        Op::PagedIndexerTopkRanges,
         Op::SparseAttention,
         Op::SparseAttentionRows,
         Op::PagedAttentionRows,
@@ -113,6 +116,7 @@ impl Op {
             Op::TopkRows => "topk_rows",
             Op::IndexerTopkRows => "indexer_topk_rows",
             Op::PagedIndexerTopkRows => "paged_indexer_topk_rows",
+            Op::PagedIndexerTopkRanges => "paged_indexer_topk_ranges",
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
             Op::PagedAttentionRows => "paged_attention_rows",

@@ -123,6 +123,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
             1.0,
             "indexer_topk_rows over exactly dequantized index-K rows (bf16, fp4)",
         ),
+        Op::PagedIndexerTopkRanges => tol(
+            Recall,
+            1.0,
+            "paged_indexer_topk_rows with nested key ranges over shared rows",
+        ),
         Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
         Op::SparseAttentionRows => tol(Nmse, 1e-7, "sparse_attention, several rows per call"),
         Op::PagedAttentionRows => tol(

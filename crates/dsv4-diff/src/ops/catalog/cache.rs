@@ -2,7 +2,8 @@
 //! and every one of them must be written), `cache_encode_rows` (exact entry bytes of many rows),
 //! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format;
 //! `paged_attention_rows` (sparse attention over keys still in KV pages) for every KV
-//! storage dtype, and `paged_indexer_topk_rows` (the indexer's selection over index-K pages)
+//! storage dtype, `paged_indexer_topk_rows` and `paged_indexer_topk_ranges` (the indexer's
+//! selection over index-K pages, each query over its own rows or over shared ones)
 //! for the index-K dtypes that keep its scores exact.
 
 use super::attention::{halves, selection, starts_of};
@@ -284,17 +285,25 @@ fn paged_attention_case(
 /// f32 and every backend must choose the same set. fp8's per-entry scale (amax/448) is not a
 /// power of two, so near-ties could legitimately differ between backends: fp8 is checked
 /// against the composition on each backend (`dsv4_kernels::row_check`) and by the model diffs.
+///
+/// With `shared`, the queries score nested prefixes of one list of max(counts) rows, as a
+/// prefill chunk's rows of one sequence do (`paged_indexer_topk_ranges`).
 fn paged_indexer_case(
     class: SizeClass,
     fmt: RowFormat,
     heads: usize,
     counts: &'static [usize],
     k: usize,
+    shared: bool,
 ) -> Case {
     let (label, numerics) = describe(&fmt);
     let dim = fmt.width();
     let queries = counts.len();
-    let n: usize = counts.iter().sum();
+    let n: usize = if shared {
+        counts.iter().copied().max().unwrap_or(0)
+    } else {
+        counts.iter().sum()
+    };
     let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
         let per = fmt.page_entries();
         let mut pages = vec![vec![0u8; fmt.page_bytes()]; 3];
@@ -310,8 +319,11 @@ fn paged_indexer_case(
         let w = halves(rng, queries * heads);
         Ok(Box::new(move |be| {
             let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-            let (res, elapsed) =
-                call(|| be.paged_indexer_topk_rows(&q, &w, &fmt, &refs, &rows, &starts, k))?;
+            let ranges: Vec<(usize, usize)> = counts.iter().map(|&c| (0, c)).collect();
+            let (res, elapsed) = call(|| match shared {
+                true => be.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &rows, &ranges, k),
+                false => be.paged_indexer_topk_rows(&q, &w, &fmt, &refs, &rows, &starts, k),
+            })?;
             let per_row = res.map_err(|e| Problem::OpError(e.to_string()))?;
             Ok(Ran {
                 out: Produced::Indices(selection(&per_row, counts, k)?),
@@ -319,15 +331,20 @@ fn paged_indexer_case(
             })
         }))
     });
-    let (h, d, nf, r) = (heads as f64, dim as f64, n as f64, queries as f64);
+    let scored: usize = counts.iter().sum();
+    let (h, d, r) = (heads as f64, dim as f64, queries as f64);
+    let op = match shared {
+        true => Op::PagedIndexerTopkRanges,
+        false => Op::PagedIndexerTopkRows,
+    };
     Case::new(
-        Op::PagedIndexerTopkRows,
+        op,
         class,
         format!("{label}.h{heads}.n{n}.k{k}"),
         Some(numerics),
         (
-            2.0 * nf * h * (d + 1.0),
-            nf * fmt.entry_bytes() as f64 + 4.0 * r * (h * d + h),
+            2.0 * scored as f64 * h * (d + 1.0),
+            n as f64 * fmt.entry_bytes() as f64 + 4.0 * r * (h * d + h),
         ),
         build,
     )
@@ -347,9 +364,11 @@ pub(crate) fn cases() -> Vec<Case> {
         if let RowFormat::IndexK(l) = fmt
             && l.dtype() != IndexKDtype::Fp8
         {
-            match class {
-                SizeClass::Odd => v.push(paged_indexer_case(class, fmt, 3, &[1, 9, 0, 4], 4)),
-                _ => v.push(paged_indexer_case(class, fmt, 64, &[2048, 1024], 512)),
+            for shared in [false, true] {
+                v.push(match class {
+                    SizeClass::Odd => paged_indexer_case(class, fmt, 3, &[1, 9, 0, 4], 4, shared),
+                    _ => paged_indexer_case(class, fmt, 64, &[2048, 1024], 512, shared),
+                });
             }
         }
         if let RowFormat::Kv(l) = fmt {

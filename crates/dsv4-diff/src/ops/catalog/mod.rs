@@ -58,5 +58,6 @@ mod tests {
         assert_eq!(tags(Op::CacheEncodeRows).len(), 5);
         assert_eq!(tags(Op::PagedAttentionRows).len(), 2);
         assert_eq!(tags(Op::PagedIndexerTopkRows).len(), 2);
+        assert_eq!(tags(Op::PagedIndexerTopkRanges).len(), 2);
     }
 }
