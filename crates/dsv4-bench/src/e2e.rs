@@ -178,6 +178,8 @@ pub fn run(
 
     // Prefill throughput (one sequence, one call).
     let toks = tokens(plan.prefill_tokens, v, 1);
+    let stats = || backend.device().map(|d| d.stats());
+    let before = stats();
     let t0 = Instant::now();
     model.forward(&mut model.new_sequence(), &toks)?;
     push(
@@ -185,6 +187,15 @@ pub fn run(
         plan.prefill_tokens as f64 / t0.elapsed().as_secs_f64(),
         "tokens/s",
     );
+    // What the prefill uploaded to a device (cache rows for attention and the indexer, and
+    // operands): the host-to-device traffic a GPU pays over its bus.
+    if let (Some(before), Some(after)) = (before, stats()) {
+        push(
+            "  prefill: MiB uploaded".to_string(),
+            after.since(&before).write_bytes as f64 / (1024.0 * 1024.0),
+            "MiB",
+        );
+    }
 
     // Decode at batch 1 and 16 after a 64-token prompt each.
     // A slow backend (the reference) gets short prompts: the decode step, not the setup, is measured.
@@ -238,6 +249,11 @@ pub fn run(
             push(
                 format!("  {mode}: KiB read back/step (mean)"),
                 traffic.read_bytes as f64 / 1024.0,
+                "KiB",
+            );
+            push(
+                format!("  {mode}: KiB uploaded/step (mean)"),
+                traffic.write_bytes as f64 / 1024.0,
                 "KiB",
             );
             push(
