@@ -193,20 +193,23 @@ extern "C" __global__ void attn_indexer_scores_index_fp4(const float* __restrict
 }
 
 // Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],
-// keys = [N, dim]; query r attends over key rows starts[r] .. starts[r+1] (n_r of them). The
+// keys = [N, dim]; query r attends over keys starts[r] .. starts[r+1] (n_r of them), key i being
+// row ids[i] of `keys` (row i when ids is null; with ids, queries share key rows: a prefill
+// chunk's rows of one sequence read the same window and compressed entries). The
 // logits/weights scratch holds query r's [heads, n_r] doubles at heads·starts[r], sinkw [rows,
 // heads], out [rows, heads, dim]. Each launch covers queries row0 + (its row grid index), so a
 // batch of more than 65535 queries is a few launches.
 //
 // Launch 1: logits[h, s] = (q_h·K_s)·scale, each dot over the channels in order. One thread per
 // (key, group of ATTN_HT heads, query): grid (ceil(max n_r/128), ceil(heads/ATTN_HT), rows) × 128.
-// The group's queries are staged in shared memory as acc_t when ATTN_HT·dim fits. Key s is row s
-// of `keys` (`stride` bytes apart) read through K: f32 rows, or KV cache entries read in place
+// The group's queries are staged in shared memory as acc_t when ATTN_HT·dim fits. Each key row
+// of `keys` (`stride` bytes apart) is read through K: f32 rows, or KV cache entries read in place
 // (the _bf16 / _kv_fp8 variants, with the format's sizes a, b), as for the indexer.
 template <typename K>
 __device__ __forceinline__ void attn_logits_impl(const float* __restrict__ q,
                                                  const u8* __restrict__ keys, u32 stride, u32 a,
                                                  u32 b, const u32* __restrict__ starts,
+                                                 const u32* __restrict__ ids,
                                                  double* __restrict__ logits, u32 dim, u32 heads,
                                                  float scale, u32 row0) {
     __shared__ acc_t sq[ATTN_Q_SHARED];
@@ -225,7 +228,8 @@ __device__ __forceinline__ void attn_logits_impl(const float* __restrict__ q,
     }
     __syncthreads();
     if (s >= n) return;
-    const K ks(keys + ((u64)k0 + s) * stride, a, b);
+    const u64 ki = (u64)k0 + s;
+    const K ks(keys + (ids ? (u64)ids[ki] : ki) * stride, a, b);
     double* lr = logits + (u64)heads * k0;
     acc_t d[ATTN_HT];
     if (staged) {
@@ -241,24 +245,28 @@ __device__ __forceinline__ void attn_logits_impl(const float* __restrict__ q,
 
 extern "C" __global__ void attn_logits(const float* __restrict__ q, const float* __restrict__ keys,
                                        const u32* __restrict__ starts,
+                                       const u32* __restrict__ ids,
                                        double* __restrict__ logits, u32 dim, u32 heads,
                                        float scale, u32 row0) {
     attn_logits_impl<attn_f32_key>(q, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
-                                   starts, logits, dim, heads, scale, row0);
+                                   starts, ids, logits, dim, heads, scale, row0);
 }
 extern "C" __global__ void attn_logits_bf16(const float* __restrict__ q,
                                             const u8* __restrict__ keys,
                                             const u32* __restrict__ starts,
+                                            const u32* __restrict__ ids,
                                             double* __restrict__ logits, u32 dim, u32 heads,
                                             float scale, u32 row0, u32 stride, u32 a, u32 b) {
-    attn_logits_impl<cache_bf16>(q, keys, stride, a, b, starts, logits, dim, heads, scale, row0);
+    attn_logits_impl<cache_bf16>(q, keys, stride, a, b, starts, ids, logits, dim, heads, scale,
+                                 row0);
 }
 extern "C" __global__ void attn_logits_kv_fp8(const float* __restrict__ q,
                                               const u8* __restrict__ keys,
                                               const u32* __restrict__ starts,
+                                              const u32* __restrict__ ids,
                                               double* __restrict__ logits, u32 dim, u32 heads,
                                               float scale, u32 row0, u32 stride, u32 a, u32 b) {
-    attn_logits_impl<cache_kv_fp8>(q, keys, stride, a, b, starts, logits, dim, heads, scale,
+    attn_logits_impl<cache_kv_fp8>(q, keys, stride, a, b, starts, ids, logits, dim, heads, scale,
                                    row0);
 }
 
@@ -291,7 +299,8 @@ extern "C" __global__ void attn_softmax(double* __restrict__ logits,
 // order (each thread forms its heads' denominators). One thread per (channel, group of ATTN_HT
 // heads, query), so each key value is read (decoded, for entries) and converted once for the
 // group; the group's weights are staged in shared memory as acc_t, ATTN_OUT_KEYS keys at a time,
-// so each is converted once per block rather than once per thread. Keys as for attn_logits.
+// so each is converted once per block rather than once per thread (and the keys' rows, with
+// their ids, read once per block). Keys as for attn_logits.
 // Grid (ceil(dim/256), ceil(heads/ATTN_HT), rows) × 256.
 #define ATTN_OUT_KEYS 256
 template <typename K>
@@ -299,9 +308,11 @@ __device__ __forceinline__ void attn_out_impl(const double* __restrict__ wts,
                                               const double* __restrict__ sinkw,
                                               const u8* __restrict__ keys, u32 stride, u32 a,
                                               u32 b, const u32* __restrict__ starts,
+                                              const u32* __restrict__ ids,
                                               float* __restrict__ out, u32 dim, u32 heads,
                                               u32 row0) {
     __shared__ acc_t sw[ATTN_HT * ATTN_OUT_KEYS];
+    __shared__ u32 sid[ATTN_OUT_KEYS];
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 h0 = blockIdx.y * ATTN_HT;
     const u32 r = row0 + blockIdx.z;
@@ -310,7 +321,6 @@ __device__ __forceinline__ void attn_out_impl(const double* __restrict__ wts,
     const u32 k0 = starts[r];
     const u32 n = starts[r + 1u] - k0;
     const double* wh = wts + (u64)heads * k0 + (u64)h0 * n;
-    const u8* kr = keys + (u64)k0 * stride;
     const u32 cc = live ? (u32)c : 0u;
     acc_t num[ATTN_HT], den[ATTN_HT];
 #pragma unroll
@@ -322,9 +332,13 @@ __device__ __forceinline__ void attn_out_impl(const double* __restrict__ wts,
             const u32 i = t / sn, s = t % sn;
             sw[i * ATTN_OUT_KEYS + s] = (acc_t)wh[(u64)i * n + s0 + s];
         }
+        for (u32 s = threadIdx.x; s < sn; s += blockDim.x) {
+            const u32 ki = k0 + s0 + s;
+            sid[s] = ids ? ids[ki] : ki;
+        }
         __syncthreads();
         for (u32 s = 0; live && s < sn; ++s) {
-            const K key(kr + (u64)(s0 + s) * stride, a, b);
+            const K key(keys + (u64)sid[s] * stride, a, b);
             const acc_t kv = (acc_t)key(cc);
 #pragma unroll
             for (u32 i = 0; i < ATTN_HT; ++i) {
@@ -347,22 +361,26 @@ __device__ __forceinline__ void attn_out_impl(const double* __restrict__ wts,
 
 extern "C" __global__ void attn_out(const double* __restrict__ wts, const double* __restrict__ sinkw,
                                     const float* __restrict__ keys,
-                                    const u32* __restrict__ starts, float* __restrict__ out,
+                                    const u32* __restrict__ starts,
+                                    const u32* __restrict__ ids, float* __restrict__ out,
                                     u32 dim, u32 heads, u32 row0) {
     attn_out_impl<attn_f32_key>(wts, sinkw, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
-                                starts, out, dim, heads, row0);
+                                starts, ids, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_out_bf16(const double* __restrict__ wts,
                                          const double* __restrict__ sinkw,
                                          const u8* __restrict__ keys,
-                                         const u32* __restrict__ starts, float* __restrict__ out,
+                                         const u32* __restrict__ starts,
+                                         const u32* __restrict__ ids, float* __restrict__ out,
                                          u32 dim, u32 heads, u32 row0, u32 stride, u32 a, u32 b) {
-    attn_out_impl<cache_bf16>(wts, sinkw, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_out_impl<cache_bf16>(wts, sinkw, keys, stride, a, b, starts, ids, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_out_kv_fp8(const double* __restrict__ wts,
                                            const double* __restrict__ sinkw,
                                            const u8* __restrict__ keys,
-                                           const u32* __restrict__ starts, float* __restrict__ out,
+                                           const u32* __restrict__ starts,
+                                           const u32* __restrict__ ids, float* __restrict__ out,
                                            u32 dim, u32 heads, u32 row0, u32 stride, u32 a, u32 b) {
-    attn_out_impl<cache_kv_fp8>(wts, sinkw, keys, stride, a, b, starts, out, dim, heads, row0);
+    attn_out_impl<cache_kv_fp8>(wts, sinkw, keys, stride, a, b, starts, ids, out, dim, heads,
+                                row0);
 }

@@ -312,6 +312,24 @@ impl Backend for CudaBackend {
         .unwrap_or_else(|e| fail(self.name, e))
     }
 
+    fn paged_attention_indexed(
+        &self,
+        q: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_ids: &[usize],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        ops::attention::paged_attention_indexed(
+            &self.core, q, fmt, pages, rows, key_ids, key_starts, sink, scale, out,
+        )
+        .unwrap_or_else(|e| fail(self.name, e))
+    }
+
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
         ops::rows::router_scores(&self.core, logits, out).unwrap_or_else(|e| fail(self.name, e))
     }

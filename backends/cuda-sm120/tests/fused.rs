@@ -10,6 +10,8 @@
 //!   layout errors;
 //! - `paged_attention_rows`: bit for bit what `cache_load_rows` then `sparse_attention_rows`
 //!   give, the decoded keys never read back; the same layout errors.
+//! - `paged_attention_indexed`: bit for bit what `paged_attention_rows` gives over the rows laid
+//!   out id by id, each row uploaded once however many queries read it;
 //! - the indexer's in-place variants (`attn_indexer_scores_<format>`, which
 //!   `paged_indexer_topk_rows` launches on the entries): bit for bit the format's decoder then
 //!   `attn_indexer_scores`, launched directly on the emulated device.
@@ -143,6 +145,85 @@ fn shared_key_ranges_choose_as_the_expanded_rows_uploading_each_row_once() {
             "acc_f64={acc_f64}: {} bytes uploaded shared, {} expanded ({saved} to save)",
             moved.write_bytes,
             moved_expanded.write_bytes
+        );
+    }
+}
+
+#[test]
+fn shared_key_ids_attend_as_the_laid_out_rows_uploading_each_row_once() {
+    if !emu_available("shared_key_ids_attend_as_the_laid_out_rows_uploading_each_row_once") {
+        return;
+    }
+    for acc_f64 in [true, false] {
+        let be = CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"));
+        let stats = || Backend::device(&be).expect("device ops").stats();
+        let calls =
+            row_check::paged_attention_indexed(&be, &stats).unwrap_or_else(|e| panic!("{e}"));
+        one_submission_reading_back_only(&calls, acc_f64, false, "the output only");
+        row_check::paged_attention_indexed_panics(&be).unwrap_or_else(|e| panic!("{e}"));
+        // A prefill chunk's 16 rows of one sequence over a 32-row sliding window of 47 fp8 KV
+        // rows: the shared call uploads each row once, the laid-out call each time a row reads
+        // it.
+        let layout =
+            dsv4_core::cache::KvLayout::from_head_dims(dsv4_core::KvCacheDtype::Fp8, 192, 64, 64)
+                .expect("a layout");
+        let fmt = dsv4_kernels::RowFormat::Kv(layout);
+        let mut page = vec![0u8; fmt.page_bytes()];
+        for slot in 0..47 {
+            let v: Vec<f32> = (0..192)
+                .map(|i| ((i * 7 + slot * 3) % 11) as f32 - 5.0)
+                .collect();
+            be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
+        }
+        let rows: Vec<(usize, usize)> = (0..47).map(|s| (0, s)).collect();
+        let ids: Vec<usize> = (0..16).flat_map(|r| r..r + 32).collect();
+        let starts: Vec<usize> = (0..=16).map(|r| 32 * r).collect();
+        let (q, sink) = (vec![0.05f32; 16 * 2 * 192], [0.5f32, -1.0]);
+        let mut shared = vec![0f32; q.len()];
+        let before = stats();
+        be.paged_attention_indexed(
+            &q,
+            &fmt,
+            &[&page],
+            &rows,
+            &ids,
+            &starts,
+            &sink,
+            0.1,
+            &mut shared,
+        )
+        .expect("shared");
+        let moved = stats().since(&before);
+        let picks: Vec<(usize, usize)> = ids.iter().map(|&i| rows[i]).collect();
+        let mut laid_out = vec![0f32; q.len()];
+        let before = stats();
+        be.paged_attention_rows(
+            &q,
+            &fmt,
+            &[&page],
+            &picks,
+            &starts,
+            &sink,
+            0.1,
+            &mut laid_out,
+        )
+        .expect("laid out");
+        let moved_laid_out = stats().since(&before);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&shared), bits(&laid_out), "acc_f64={acc_f64}");
+        let entry = fmt.entry_bytes() as u64;
+        let saved = (picks.len() - rows.len()) as u64 * entry;
+        eprintln!(
+            "acc_f64={acc_f64}: 16 sliding windows of 32 of 47 rows: {} bytes uploaded shared, \
+             {} laid out",
+            moved.write_bytes, moved_laid_out.write_bytes
+        );
+        // The ids (4 bytes per key) are all the shared call adds.
+        assert!(
+            moved.write_bytes + saved <= moved_laid_out.write_bytes + 4 * ids.len() as u64,
+            "acc_f64={acc_f64}: {} bytes uploaded shared, {} laid out ({saved} to save)",
+            moved.write_bytes,
+            moved_laid_out.write_bytes
         );
     }
 }

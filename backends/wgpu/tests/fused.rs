@@ -8,7 +8,9 @@
 //!   `indexer_topk_rows` choose, reading back only the selection flags (never the decoded keys
 //!   or the scores); the same layout errors;
 //! - `paged_attention_rows`: bit for bit what `cache_load_rows` then `sparse_attention_rows`
-//!   give, reading back only the output (never the decoded keys); the same layout errors.
+//!   give, reading back only the output (never the decoded keys); the same layout errors;
+//! - `paged_attention_indexed` (the default): bit for bit what `paged_attention_rows` gives
+//!   over the rows laid out id by id.
 //!
 //! Both panic where the composition does. Skips with the reason when no adapter exists, except
 //! under CI=true.
@@ -82,4 +84,17 @@ fn shared_key_ranges_choose_as_the_expanded_rows_in_one_submission() {
         assert_eq!(c.stats.submissions, 1, "{}: {:?}", c.what, c.stats);
     }
     row_check::paged_indexer_topk_ranges_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn shared_key_ids_attend_as_the_laid_out_rows_in_one_submission() {
+    // wgpu takes the trait's default: the ids laid out as rows, one paged attention.
+    let Some(gpu) = backend(true) else { return };
+    let calls =
+        row_check::paged_attention_indexed(&gpu, &|| stats(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(calls.iter().any(|c| c.selected > 0), "no case attends");
+    for c in calls.iter().filter(|c| c.selected > 0) {
+        assert_eq!(c.stats.submissions, 1, "{}: {:?}", c.what, c.stats);
+    }
+    row_check::paged_attention_indexed_panics(&gpu).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -279,6 +279,31 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// [`Backend::paged_attention_rows`] with key rows shared between queries: key i is row
+    /// `rows[key_ids[i]]`, and query r attends over keys `key_starts[r] .. key_starts[r+1]` in
+    /// that order (a prefill chunk's rows of one sequence read most of the same window and, on
+    /// ratio-128 layers, nested prefixes of the same compressed entries). Bitwise
+    /// `paged_attention_rows` over the rows laid out id by id (its default), after a layout
+    /// check of every row; a GPU backend uploads each row once. An id past `rows` panics, as
+    /// other operands that do not fit.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention_indexed(
+        &self,
+        q: &[f32],
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        rows: &[(usize, usize)],
+        key_ids: &[usize],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), CacheLayoutError> {
+        fmt.checked_rows(pages, rows, rows.len() * fmt.width())?;
+        let picks: Vec<(usize, usize)> = key_ids.iter().map(|&i| rows[i]).collect();
+        self.paged_attention_rows(q, fmt, pages, &picks, key_starts, sink, scale, out)
+    }
+
     /// Router scores sqrt(softplus(x)) element-wise.
     fn router_scores(&self, logits: &[f32], out: &mut [f32]);
 

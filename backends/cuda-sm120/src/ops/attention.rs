@@ -4,9 +4,10 @@
 //! them, each over its own keys, which may still be in their cache pages.
 
 use super::cache::{Keys, gathered_entries};
+use super::indexer::u32_words;
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
-use crate::{Core, CudaError, DevBuf, KArg};
+use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_kernels::{AttentionRows, RowFormat};
 
@@ -187,7 +188,69 @@ pub fn paged_attention_rows(
     let eb = fmt.entry_bytes();
     let keys = Keys::entries(fmt)?;
     let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
-    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, starts, sink, scale)?;
+    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, starts, None, sink, scale)?;
+    c.dev.download_f32(&ob, out)?;
+    Ok(Ok(()))
+}
+
+/// [`paged_attention_rows`] with key rows shared between queries
+/// (`Backend::paged_attention_indexed`): every row's layout checked, each used row's entry
+/// uploaded once however many queries read it, and key i read as row `key_ids[i]` by the
+/// attention launches (their `ids`), so bitwise the rows laid out id by id; only the output
+/// comes back (one submission). An id past the rows is `BadOperands`, as are operands
+/// attention rejects; the layout error is the inner `Err`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_indexed(
+    c: &Core,
+    q: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    rows: &[(usize, usize)],
+    key_ids: &[usize],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let dim = fmt.width();
+    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    let what = "paged_attention_indexed";
+    if let Some((i, &id)) = key_ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id >= rows.len())
+    {
+        return Err(CudaError::BadOperands(format!(
+            "{what}: key {i} is row {id} of {} rows",
+            rows.len()
+        )));
+    }
+    let hd = sink.len() * dim;
+    let key_values = key_ids.len() * dim;
+    let Some(r) = attention_operands(what, q, out, key_values, dim, hd, key_starts)? else {
+        return Ok(Ok(()));
+    };
+    let len = (r.starts.len() - 1) * hd;
+    let out = &mut out[..len];
+    let used = &key_ids[r.first..r.last];
+    let (Some(&lo), Some(&hi)) = (used.iter().min(), used.iter().max()) else {
+        // No keys at all: attention over the sink alone, as the composition computes it.
+        attend(c, &q[..len], dim, &[], &r.starts, sink, scale, out)?;
+        return Ok(Ok(()));
+    };
+    // Only the rows from the first to the last used one are uploaded; ids count from there.
+    let eb = fmt.entry_bytes();
+    let kb = c.dev.temp_upload(&entries[lo * eb..(hi + 1) * eb])?;
+    let ids: Vec<usize> = used.iter().map(|&id| id - lo).collect();
+    // Ids that read every uploaded row once, in order, are left out (a decode batch: each
+    // query its own rows): key i is then row i.
+    let identity = ids.iter().enumerate().all(|(i, &id)| id == i);
+    let ids = (!identity).then_some(&ids[..]);
+    let keys = Keys::entries(fmt)?;
+    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, &r.starts, ids, sink, scale)?;
     c.dev.download_f32(&ob, out)?;
     Ok(Ok(()))
 }
@@ -207,13 +270,13 @@ fn attend(
     out: &mut [f32],
 ) -> Result<(), CudaError> {
     let kb = c.dev.temp_f32(keys)?;
-    let ob = attend_on_device(c, q, dim, &kb, Keys::F32, starts, sink, scale)?;
+    let ob = attend_on_device(c, q, dim, &kb, Keys::F32, starts, None, sink, scale)?;
     c.dev.download_f32(&ob, out)
 }
 
 /// [`attend`]'s launches over keys already on the device (`kb` holds `starts[rows]` keys as
-/// `keys` says: rows of `dim` f32, or cache entries the kernels read in place); the output's
-/// device buffer (rows · heads · dim f32).
+/// `keys` says: rows of `dim` f32, or cache entries the kernels read in place; with `ids`, key
+/// i is row `ids[i]` of `kb`); the output's device buffer (rows · heads · dim f32).
 #[allow(clippy::too_many_arguments)]
 fn attend_on_device(
     c: &Core,
@@ -222,6 +285,7 @@ fn attend_on_device(
     kb: &DevBuf,
     keys: Keys,
     starts: &[usize],
+    ids: Option<&[usize]>,
     sink: &[f32],
     scale: f32,
 ) -> Result<DevBuf, CudaError> {
@@ -234,21 +298,17 @@ fn attend_on_device(
     let rows = starts.len() - 1;
     let n = starts[rows];
     let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    let starts32 = starts
-        .iter()
-        .map(|&s| u32_arg("keys", s))
-        .collect::<Result<Vec<u32>, _>>()?;
     let dev = &c.dev;
     let ob = dev.temp(rows * heads * dim * 4)?;
+    let idb = match ids {
+        Some(ids) => Some(dev.temp_upload(&u32_words("key ids", ids)?)?),
+        None => None,
+    };
     let ops = AttendOperands {
         q: &dev.temp_f32(q)?,
         keys: kb,
-        starts: &dev.temp_upload(
-            &starts32
-                .iter()
-                .flat_map(|s| s.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )?,
+        starts: &dev.temp_upload(&u32_words("keys", starts)?)?,
+        ids: idb.as_ref(),
         sink: &dev.temp_f32(sink)?,
         logits: &dev.temp(heads * n * 8)?,
         sinkw: &dev.temp(rows * heads * 8)?,
@@ -259,12 +319,14 @@ fn attend_on_device(
 }
 
 /// The device buffers of sparse attention over `rows` queries: q [rows, heads, dim], the keys,
-/// starts [rows + 1] (u32 from 0, nondecreasing, ending at the key count n), sink [heads], the
-/// logits/weights scratch (heads·n f64), sinkw (rows·heads f64), out [rows, heads, dim].
+/// starts [rows + 1] (u32 from 0, nondecreasing, ending at the key count n), the keys' row ids
+/// (n u32; None: key i is row i), sink [heads], the logits/weights scratch (heads·n f64),
+/// sinkw (rows·heads f64), out [rows, heads, dim].
 struct AttendOperands<'a> {
     q: &'a DevBuf,
     keys: &'a DevBuf,
     starts: &'a DevBuf,
+    ids: Option<&'a DevBuf>,
     sink: &'a DevBuf,
     logits: &'a DevBuf,
     sinkw: &'a DevBuf,
@@ -288,12 +350,16 @@ fn launch_attention(
     let dim32 = u32_arg("dim", dim)?;
     let h32 = u32_arg("heads", heads)?;
     let (logits_kernel, out_kernel) = (keys.kernel("attn_logits"), keys.kernel("attn_out"));
+    // A null `ids`: key i is row i.
+    let ids = o
+        .ids
+        .map_or(KArg::Ptr(DevPtr { ptr: 0, bytes: 0 }), KArg::Buf);
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let r0 = row0 as u32;
         // SAFETY (all three): q holds rows·heads·dim floats, keys n·dim f32 (or n entries of
         // `stride` bytes in the format the variants read, with its sizes a, b), starts rows + 1
-        // nondecreasing u32 ending at n, sink heads; the logits/weights scratch heads·n
+        // nondecreasing u32 ending at n, ids null or n row ids below the keys' rows, sink heads; the logits/weights scratch heads·n
         // doubles, sinkw rows·heads doubles, out rows·heads·dim floats; the launches cover
         // queries row0 .. row0 + nr ≤ rows.
         unsafe {
@@ -301,6 +367,7 @@ fn launch_attention(
                 KArg::Buf(o.q),
                 KArg::Buf(o.keys),
                 KArg::Buf(o.starts),
+                ids,
                 KArg::Buf(o.logits),
                 KArg::U32(dim32),
                 KArg::U32(h32),
@@ -336,6 +403,7 @@ fn launch_attention(
                 KArg::Buf(o.sinkw),
                 KArg::Buf(o.keys),
                 KArg::Buf(o.starts),
+                ids,
                 KArg::Buf(o.out),
                 KArg::U32(dim32),
                 KArg::U32(h32),
@@ -388,6 +456,7 @@ pub fn time_paged_attention(
         q: &dev.upload_f32(&seeded(g, queries * heads * dim))?,
         keys: &dev.upload(&entries)?,
         starts: &dev.upload(&starts)?,
+        ids: None,
         sink: &dev.upload_f32(&seeded(g, heads))?,
         logits: &dev.alloc(heads * n * 8)?,
         sinkw: &dev.alloc(queries * heads * 8)?,

@@ -369,7 +369,7 @@ fn score(
 }
 
 /// `v` as little-endian u32 words (a kernel's index array), or `Err(BadOperands)` naming `what`.
-fn u32_words(what: &str, v: &[usize]) -> Result<Vec<u8>, CudaError> {
+pub(super) fn u32_words(what: &str, v: &[usize]) -> Result<Vec<u8>, CudaError> {
     let mut bytes = Vec::with_capacity(v.len() * 4);
     for &x in v {
         bytes.extend(u32_arg(what, x)?.to_le_bytes());
