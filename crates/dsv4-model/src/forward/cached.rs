@@ -302,8 +302,12 @@ impl Run<'_> {
         // (SWA and compressed stores share one KV format) — are gathered right after its own
         // SWA store (a later row's store may overwrite a ring slot this row reads; the gather
         // copies the pages then), and a chunk's rows attend in one call that decodes their keys
-        // where it attends (on a GPU the keys never come back to the host).
-        let mut gather = RowGather::new(be);
+        // where it attends (on a GPU the keys never come back to the host). The gather shares
+        // rows: a chunk's rows of one sequence read mostly the same window rows and compressed
+        // entries, copied (and uploaded) once. That is sound because a ring keeps at least the
+        // window: a row is overwritten only by a store `window` or more positions on, and the
+        // rows from then on no longer read it.
+        let mut gather = RowGather::sharing(be);
         let (mut starts, mut first) = (vec![0usize], 0usize);
         // Every row's SWA entry is encoded up front in one call (the encoding does not depend
         // on the pages); each is put into its page right before the row's gather.
@@ -337,7 +341,7 @@ impl Run<'_> {
             starts.push(starts[starts.len() - 1] + keys_of_row);
             if starts.len() > ATTENTION_CHUNK || i + 1 == t {
                 let rows = starts.len() - 1;
-                std::mem::replace(&mut gather, RowGather::new(be)).attend(
+                std::mem::replace(&mut gather, RowGather::sharing(be)).attend(
                     &q[first * h * hd..(first + rows) * h * hd],
                     hd,
                     &starts,

@@ -6,10 +6,20 @@
 //! submission instead of one per sequence; on a host backend rows are decoded as they are
 //! added, without copies. Either way the values are bitwise what each store's own
 //! `load_rows` gives (the batched decode is row for row the single one).
+//!
+//! A sharing gather ([`RowGather::sharing`], attention's) copies each row of a store once
+//! however many times it is added, and keeps which copy each added row reads: a prefill chunk's
+//! rows of one sequence read mostly the same window rows and, on ratio-128 layers, nested
+//! prefixes of the same compressed entries, and a GPU backend then uploads each once
+//! ([`dsv4_kernels::Backend::paged_attention_indexed`]).
 
 use super::ForwardError;
 use super::state::PagedRows;
 use dsv4_kernels::{Backend, RowFormat};
+use std::collections::HashMap;
+
+/// Where a sharing gather copied each row: (the store's address, row) → its pick.
+type Copied = HashMap<(usize, usize), usize>;
 
 /// Rows gathered from [`PagedRows`] stores of one format, in the order added.
 pub(crate) struct RowGather<'b> {
@@ -20,6 +30,9 @@ pub(crate) struct RowGather<'b> {
     picks: Vec<(usize, usize)>,
     /// Direct mode (no device memory): the rows decoded so far.
     direct: Option<Vec<f32>>,
+    /// Sharing snapshot mode: the pick each (store address, row) was copied to, and the pick
+    /// each row added reads, in the order added.
+    shared: Option<(Copied, Vec<usize>)>,
     /// Rows added so far.
     rows: usize,
 }
@@ -33,8 +46,22 @@ impl<'b> RowGather<'b> {
             pages: Vec::new(),
             picks: Vec::new(),
             direct: backend.device().is_none().then(Vec::new),
+            shared: None,
             rows: 0,
         }
+    }
+
+    /// An empty gather that copies each row of a store once however often it is added (on a
+    /// backend with device memory; a host backend decodes as [`Self::new`]'s does). A row
+    /// added again reads the bytes copied the first time, so the rows added must not change
+    /// while the gather lives: an append-only store's written rows, or a ring's rows within
+    /// its window (a later store into their slot must come after the last row reading them).
+    pub fn sharing(backend: &'b dyn Backend) -> Self {
+        let mut g = Self::new(backend);
+        if g.direct.is_none() {
+            g.shared = Some(Default::default());
+        }
+        g
     }
 
     /// Add rows `rows` of `store`, after its load-back wait unless `unsynced` (the faulty read
@@ -68,9 +95,32 @@ impl<'b> RowGather<'b> {
             Some(_) => {}
         }
         let before = self.picks.len();
-        store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
-        self.rows = self.picks.len();
-        Ok(self.picks.len() - before)
+        let Some((copied, ids)) = &mut self.shared else {
+            store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
+            self.rows = self.picks.len();
+            return Ok(self.picks.len() - before);
+        };
+        let (at, added) = (std::ptr::from_ref(store) as usize, ids.len());
+        let mut fresh = Vec::new();
+        for r in rows {
+            let next = before + fresh.len();
+            let pick = *copied.entry((at, r)).or_insert_with(|| {
+                fresh.push(r);
+                next
+            });
+            ids.push(pick);
+        }
+        store.copy_rows(fresh.into_iter(), &mut self.pages, &mut self.picks)?;
+        self.rows = ids.len();
+        Ok(ids.len() - added)
+    }
+
+    /// Each row added's (page, slot) in the copied pages, in the order added.
+    fn laid_out(&self) -> std::borrow::Cow<'_, [(usize, usize)]> {
+        match &self.shared {
+            Some((_, ids)) => ids.iter().map(|&i| self.picks[i]).collect(),
+            None => std::borrow::Cow::Borrowed(&self.picks),
+        }
     }
 
     /// Sparse attention of queries `q` over the rows added as keys (`dim` wide), query r over
@@ -92,7 +142,15 @@ impl<'b> RowGather<'b> {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
                 let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
-                be.paged_attention_rows(q, &fmt, &refs, &self.picks, key_starts, sink, scale, out)?;
+                let picks = &self.picks;
+                match &self.shared {
+                    Some((_, ids)) => be.paged_attention_indexed(
+                        q, &fmt, &refs, picks, ids, key_starts, sink, scale, out,
+                    )?,
+                    None => be.paged_attention_rows(
+                        q, &fmt, &refs, picks, key_starts, sink, scale, out,
+                    )?,
+                }
             }
             _ => {
                 let keys = self.finish()?;
@@ -121,7 +179,8 @@ impl<'b> RowGather<'b> {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
                 let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
-                Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, &self.picks, key_ranges, k)?)
+                let picks = self.laid_out();
+                Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, &picks, key_ranges, k)?)
             }
             _ => {
                 let (keys, starts) = self.expanded(dim, key_ranges)?;
@@ -195,9 +254,10 @@ impl<'b> RowGather<'b> {
             return Ok(Vec::new());
         };
         let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
-        let mut out = vec![0f32; self.picks.len() * width];
+        let picks = self.laid_out();
+        let mut out = vec![0f32; picks.len() * width];
         self.backend
-            .cache_load_rows(&fmt, &refs, &self.picks, &mut out)?;
+            .cache_load_rows(&fmt, &refs, &picks, &mut out)?;
         Ok(out)
     }
 }
@@ -327,6 +387,48 @@ mod tests {
             );
             let want: Vec<f32> = [3, 3, 2].iter().flat_map(|&v| row(v as f32)).collect();
             assert_eq!(g.finish().unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn a_sharing_gather_copies_each_row_once_and_reads_as_the_plain_one() {
+        let device = HostResident::new(Arc::new(ReferenceBackend));
+        let host = ReferenceBackend;
+        let q: Vec<f32> = (0..3 * 2 * 8)
+            .map(|i| (i % 7) as f32 * 0.25 - 0.75)
+            .collect();
+        let (sink, starts) = ([0.5f32, -0.25], [0usize, 4, 8, 11]);
+        for be in [&device as &dyn Backend, &host] {
+            let (r, other) = (five_pages(be, true), five_pages(be, false));
+            // Overlapping windows, a row twice in one add, and a second store's row 0.
+            let fill = |g: &mut RowGather| {
+                assert_eq!(g.add(&r, 0..4, false).unwrap(), 4);
+                assert_eq!(g.add(&r, 2..6, false).unwrap(), 4);
+                assert_eq!(g.add(&r, [5, 5].into_iter(), false).unwrap(), 2);
+                assert_eq!(g.add(&other, 0..1, false).unwrap(), 1);
+                assert_eq!(g.len(), 11);
+            };
+            let (mut shared, mut plain) = (RowGather::sharing(be), RowGather::new(be));
+            fill(&mut shared);
+            fill(&mut plain);
+            if be.device().is_some() {
+                // Rows 0..6 of the first store and row 0 of the second, each copied once.
+                assert_eq!(shared.picks.len(), 7);
+                assert_eq!(plain.picks.len(), 11);
+            }
+            let (mut got, mut want) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            shared.attend(&q, 8, &starts, &sink, 0.5, &mut got).unwrap();
+            plain.attend(&q, 8, &starts, &sink, 0.5, &mut want).unwrap();
+            assert_eq!(got, want, "{}", be.name());
+            let (mut shared, mut plain) = (RowGather::sharing(be), RowGather::new(be));
+            fill(&mut shared);
+            fill(&mut plain);
+            let want: Vec<f32> = [0, 1, 2, 3, 2, 3, 4, 5, 5, 5, 0]
+                .iter()
+                .flat_map(|&v| row(v as f32))
+                .collect();
+            assert_eq!(shared.finish().unwrap(), want, "{}", be.name());
+            assert_eq!(plain.finish().unwrap(), want, "{}", be.name());
         }
     }
 
