@@ -49,6 +49,8 @@ pub enum Op {
     SparseAttentionRows,
     /// `Backend::paged_attention_rows`.
     PagedAttentionRows,
+    /// `Backend::paged_attention_indexed`.
+    PagedAttentionIndexed,
     /// `Backend::router_scores`.
     RouterScores,
     /// `Backend::swiglu`.
@@ -67,7 +69,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 28] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -88,6 +90,7 @@ impl Op {
         Op::SparseAttention,
         Op::SparseAttentionRows,
         Op::PagedAttentionRows,
+        Op::PagedAttentionIndexed,
         Op::RouterScores,
         Op::Swiglu,
         Op::CacheStore,
@@ -120,6 +123,7 @@ impl Op {
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
             Op::PagedAttentionRows => "paged_attention_rows",
+            Op::PagedAttentionIndexed => "paged_attention_indexed",
             Op::RouterScores => "router_scores",
             Op::Swiglu => "swiglu",
             Op::CacheStore => "cache_store",

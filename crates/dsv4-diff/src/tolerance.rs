@@ -135,6 +135,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
             1e-7,
             "sparse_attention_rows over exactly dequantized cache rows",
         ),
+        Op::PagedAttentionIndexed => tol(
+            Nmse,
+            1e-7,
+            "paged_attention_rows with key rows shared through ids",
+        ),
         Op::RouterScores => tol(Nmse, 1e-9, "element-wise"),
         Op::Swiglu => tol(Nmse, 1e-9, "element-wise"),
         Op::CacheStore => tol(ByteMismatches, 0.0, "the spec §4 byte layout is exact"),

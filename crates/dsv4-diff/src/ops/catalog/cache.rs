@@ -1,7 +1,8 @@
 //! Cases of the cache ops: `cache_store` (exact page bytes; only the slot's bytes may change,
 //! and every one of them must be written), `cache_encode_rows` (exact entry bytes of many rows),
 //! `cache_load` and `cache_load_rows` (exact values), for every KV and index-K storage format;
-//! `paged_attention_rows` (sparse attention over keys still in KV pages) for every KV
+//! `paged_attention_rows` and `paged_attention_indexed` (sparse attention over keys still in KV
+//! pages, the second with key rows shared between queries) for every KV
 //! storage dtype, `paged_indexer_topk_rows` and `paged_indexer_topk_ranges` (the indexer's
 //! selection over index-K pages, each query over its own rows or over shared ones)
 //! for the index-K dtypes that keep its scores exact.
@@ -221,43 +222,56 @@ fn encode_rows_case(class: SizeClass, fmt: RowFormat) -> Case {
 
 /// Attention of `counts.len()` queries over KV rows in three pages, query r over
 /// `counts[r]` rows picked at random (one row unused before the first range).
+///
+/// With `shared`, query r attends over rows `r + 1 .. r + 1 + counts[r]` of one list (sliding
+/// windows, as a prefill chunk's rows of one sequence read theirs; row 0 is read by none),
+/// through key ids (`paged_attention_indexed`).
 fn paged_attention_case(
     class: SizeClass,
     fmt: RowFormat,
     heads: usize,
     counts: &'static [usize],
+    shared: bool,
 ) -> Case {
     let (label, numerics) = describe(&fmt);
     let dim = fmt.width();
     let queries = counts.len();
-    let n: usize = counts.iter().sum();
+    let n: usize = match shared {
+        true => counts
+            .iter()
+            .enumerate()
+            .map(|(r, c)| r + c)
+            .max()
+            .unwrap_or(0),
+        false => counts.iter().sum(),
+    };
     let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
         let per = fmt.page_entries();
         let pages = (0..3)
             .map(|_| codec_page(rng, &fmt))
             .collect::<Result<Vec<_>, _>>()?;
         let rows = random_rows(rng, n + 1, per);
-        let mut starts = vec![1];
+        let mut starts = vec![usize::from(!shared)];
         for c in counts {
             starts.push(starts[starts.len() - 1] + c);
         }
+        let ids: Vec<usize> = (0..queries)
+            .flat_map(|r| r + 1..r + 1 + counts[r])
+            .collect();
         let q = uniform_std(rng, queries * heads * dim, 1.0);
         let sink = uniform(rng, heads, 2.0);
         let scale = 1.0 / (dim as f32).sqrt();
         Ok(Box::new(move |be| {
             let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
             let mut out = GuardedF32::poisoned(queries * heads * dim);
-            let (res, elapsed) = call(|| {
-                be.paged_attention_rows(
-                    &q,
-                    &fmt,
-                    &refs,
-                    &rows,
-                    &starts,
-                    &sink,
-                    scale,
-                    out.slice_mut(),
-                )
+            let out_values = out.slice_mut();
+            let (res, elapsed) = call(|| match shared {
+                true => be.paged_attention_indexed(
+                    &q, &fmt, &refs, &rows, &ids, &starts, &sink, scale, out_values,
+                ),
+                false => be.paged_attention_rows(
+                    &q, &fmt, &refs, &rows, &starts, &sink, scale, out_values,
+                ),
             })?;
             res.map_err(|e| Problem::OpError(e.to_string()))?;
             Ok(Ran {
@@ -266,14 +280,19 @@ fn paged_attention_case(
             })
         }))
     });
-    let (h, d, nf, r) = (heads as f64, dim as f64, n as f64, queries as f64);
-    let bytes = nf * fmt.entry_bytes() as f64 + 4.0 * r * (2.0 * h * d + h);
+    let attended: usize = counts.iter().sum();
+    let (h, d, r) = (heads as f64, dim as f64, queries as f64);
+    let bytes = n as f64 * fmt.entry_bytes() as f64 + 4.0 * r * (2.0 * h * d + h);
+    let op = match shared {
+        true => Op::PagedAttentionIndexed,
+        false => Op::PagedAttentionRows,
+    };
     Case::new(
-        Op::PagedAttentionRows,
+        op,
         class,
         format!("{label}.h{heads}.n{n}"),
         Some(numerics),
-        (4.0 * h * nf * d, bytes),
+        (4.0 * h * attended as f64 * d, bytes),
         build,
     )
 }
@@ -372,10 +391,16 @@ pub(crate) fn cases() -> Vec<Case> {
             }
         }
         if let RowFormat::Kv(l) = fmt {
-            match (class, l.head_dim()) {
-                (SizeClass::Odd, 192) => v.push(paged_attention_case(class, fmt, 3, &[1, 9, 0, 4])),
-                (SizeClass::Flash, _) => v.push(paged_attention_case(class, fmt, 64, &[640, 192])),
-                _ => {}
+            for shared in [false, true] {
+                match (class, l.head_dim()) {
+                    (SizeClass::Odd, 192) => {
+                        v.push(paged_attention_case(class, fmt, 3, &[1, 9, 0, 4], shared))
+                    }
+                    (SizeClass::Flash, _) => {
+                        v.push(paged_attention_case(class, fmt, 64, &[640, 192], shared))
+                    }
+                    _ => {}
+                }
             }
         }
     }

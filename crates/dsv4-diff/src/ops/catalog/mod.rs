@@ -57,6 +57,7 @@ mod tests {
         assert_eq!(tags(Op::CacheLoadRows).len(), 5);
         assert_eq!(tags(Op::CacheEncodeRows).len(), 5);
         assert_eq!(tags(Op::PagedAttentionRows).len(), 2);
+        assert_eq!(tags(Op::PagedAttentionIndexed).len(), 2);
         assert_eq!(tags(Op::PagedIndexerTopkRows).len(), 2);
         assert_eq!(tags(Op::PagedIndexerTopkRanges).len(), 2);
     }
