@@ -2,7 +2,7 @@
 //! bounded) with a free list and a reference count per page. It implements the model's
 //! [`PageStore`], so the forward pass reads and writes rows straight in the arena.
 
-use dsv4_model::forward::pages::{PageId, PageStore};
+use dsv4_model::forward::pages::{PageId, PageStore, UNTAGGED, fresh_page_tag};
 use serde::{Deserialize, Serialize};
 use std::sync::{Mutex, MutexGuard};
 
@@ -78,6 +78,8 @@ impl PoolKind {
 struct Arena {
     bytes: Vec<u8>,
     refs: Vec<u32>,
+    /// Each page's content tag (`PageStore::read_tagged`).
+    tags: Vec<u64>,
     free: Vec<PageId>,
 }
 
@@ -129,6 +131,7 @@ impl Pool {
             arena: Mutex::new(Arena {
                 bytes: vec![0u8; pages * page_bytes],
                 refs: vec![0; pages],
+                tags: (0..pages).map(|_| fresh_page_tag()).collect(),
                 free,
             }),
         }
@@ -206,6 +209,7 @@ impl PageStore for Pool {
         a.refs[id as usize] = 1;
         let r = self.range(id)?;
         a.bytes[r].fill(0);
+        a.tags[id as usize] = fresh_page_tag();
         Some(id)
     }
 
@@ -245,17 +249,30 @@ impl PageStore for Pool {
         }
     }
 
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
+        let a = self.lock();
+        match self.range(page) {
+            Some(r) => f(&a.bytes[r], a.tags[page as usize]),
+            None => f(&[], UNTAGGED),
+        }
+    }
+
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
         let mut a = self.lock();
         match self.range(page) {
-            Some(r) => f(&mut a.bytes[r]),
+            Some(r) => {
+                a.tags[page as usize] = fresh_page_tag();
+                f(&mut a.bytes[r])
+            }
             None => f(&mut []),
         }
     }
 
     fn copy(&self, from: PageId, to: PageId) {
         if let (Some(src), Some(dst)) = (self.range(from), self.range(to)) {
-            self.lock().bytes.copy_within(src, dst.start);
+            let mut a = self.lock();
+            a.bytes.copy_within(src, dst.start);
+            a.tags[to as usize] = fresh_page_tag();
         }
     }
 }
@@ -263,6 +280,47 @@ impl PageStore for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tag `read_tagged` gives `page` of `p`, with its bytes.
+    fn tagged(p: &dyn PageStore, page: PageId) -> (Vec<u8>, u64) {
+        let mut out = (Vec::new(), UNTAGGED);
+        p.read_tagged(page, &mut |b, t| out = (b.to_vec(), t));
+        out
+    }
+
+    #[test]
+    fn every_change_of_a_page_gives_it_a_fresh_tag() {
+        let p = Pool::new(PoolKind::C4Kv, 2, 8, 1);
+        let other = Pool::new(PoolKind::C4Kv, 2, 8, 1);
+        let a = p.alloc().unwrap();
+        let (bytes, t0) = tagged(&p, a);
+        assert_eq!(
+            (bytes, tagged(&p, a).1),
+            (vec![0; 8], t0),
+            "reads keep the tag"
+        );
+        assert_ne!(t0, UNTAGGED);
+        p.write(a, &mut |b| b[0] = 1);
+        let t1 = tagged(&p, a).1;
+        let b = p.alloc().unwrap();
+        let t2 = tagged(&p, b).1;
+        p.copy(a, b);
+        let t3 = tagged(&p, b).1;
+        p.release(a);
+        let c = p.alloc().unwrap();
+        assert_eq!(c, a);
+        let t4 = tagged(&p, c).1;
+        let o = other.alloc().unwrap();
+        let t5 = tagged(&other, o).1;
+        let all = [t0, t1, t2, t3, t4, t5];
+        let distinct: std::collections::HashSet<u64> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), all.len(), "tags {all:?}");
+        assert_eq!(
+            tagged(&p, 9),
+            (Vec::new(), UNTAGGED),
+            "unknown ids are untagged"
+        );
+    }
 
     #[test]
     fn pages_are_reference_counted_and_zeroed_when_reused() {

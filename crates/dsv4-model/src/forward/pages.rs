@@ -3,14 +3,31 @@
 //! with shared ownership (clone retains, drop releases) and copy-on-write before any page
 //! shared with another holder is written. Pages a host tier is still loading carry a
 //! [`LoadTag`]; every read through [`PooledPages`] waits on it first.
+//!
+//! A store may tag page contents ([`PageStore::read_tagged`]): every allocation, write or copy
+//! gives the page a fresh tag from one process-wide counter ([`fresh_page_tag`]), so two reads
+//! with the same nonzero tag saw the same bytes, whichever store they came from. A device
+//! backend keeps copies of tagged pages across calls and uploads a page again only when its
+//! tag changed.
 
 use super::ForwardError;
 use super::transfer::LoadTag;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Index of a page inside one [`PageStore`].
 pub type PageId = u32;
+
+/// The tag of bytes that carry none: never equal to another read's.
+pub const UNTAGGED: u64 = 0;
+
+/// A content tag no page has had before in this process (never [`UNTAGGED`]): what a store
+/// gives a page each time its bytes change.
+pub fn fresh_page_tag() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 /// A pool of equally sized byte pages with reference counts (implemented by the engine).
 ///
@@ -33,6 +50,12 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     fn refs(&self, page: PageId) -> u32;
     /// Run `f` on the bytes of `page` (an empty slice for an id the store never handed out).
     fn read(&self, page: PageId, f: &mut dyn FnMut(&[u8]));
+    /// [`PageStore::read`], with the page's content tag taken under the same lock as the
+    /// bytes: a fresh one since each allocation, write and copy into the page
+    /// ([`fresh_page_tag`]). A store that does not tag pages gives [`UNTAGGED`] (the default).
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
+        self.read(page, &mut |b| f(b, UNTAGGED));
+    }
     /// Run `f` on the bytes of `page` for writing (an empty slice for an unknown id).
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8]));
     /// Copy all bytes of page `from` into page `to`.
@@ -215,6 +238,8 @@ pub struct CacheStores {
 struct HeapPages {
     pages: Vec<Vec<u8>>,
     refs: Vec<u32>,
+    /// Each page's content tag.
+    tags: Vec<u64>,
     free: Vec<PageId>,
 }
 
@@ -268,10 +293,12 @@ impl PageStore for HeapStore {
                 let id = PageId::try_from(h.pages.len()).ok()?;
                 h.pages.push(vec![0; self.page_bytes]);
                 h.refs.push(0);
+                h.tags.push(UNTAGGED);
                 id
             }
         };
         h.refs[id as usize] = 1;
+        h.tags[id as usize] = fresh_page_tag();
         Some(id)
     }
 
@@ -304,8 +331,19 @@ impl PageStore for HeapStore {
         f(h.pages.get(page as usize).map_or(&[][..], Vec::as_slice));
     }
 
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
+        let h = self.lock();
+        match (h.pages.get(page as usize), h.tags.get(page as usize)) {
+            (Some(p), Some(&tag)) => f(p, tag),
+            _ => f(&[], UNTAGGED),
+        }
+    }
+
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
         let mut h = self.lock();
+        if let Some(t) = h.tags.get_mut(page as usize) {
+            *t = fresh_page_tag();
+        }
         match h.pages.get_mut(page as usize) {
             Some(p) => f(p),
             None => f(&mut []),
@@ -317,6 +355,7 @@ impl PageStore for HeapStore {
         if (from as usize) < h.pages.len() && (to as usize) < h.pages.len() && from != to {
             let src = h.pages[from as usize].clone();
             h.pages[to as usize].copy_from_slice(&src);
+            h.tags[to as usize] = fresh_page_tag();
         }
     }
 }
@@ -348,5 +387,36 @@ impl CacheStores {
             &self.c128_ring,
             &self.index_ring,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heap_page_is_tagged_afresh_by_each_allocation_write_and_copy() {
+        let h = HeapStore::new("kv", 4);
+        let tag = |page| {
+            let mut t = UNTAGGED;
+            h.read_tagged(page, &mut |_, tag| t = tag);
+            t
+        };
+        let a = h.alloc().unwrap();
+        let t0 = tag(a);
+        assert_eq!(tag(a), t0, "a read keeps the tag");
+        h.write(a, &mut |b| b[1] = 9);
+        let t1 = tag(a);
+        let b = h.alloc().unwrap();
+        let t2 = tag(b);
+        h.copy(a, b);
+        let t3 = tag(b);
+        h.release(a);
+        let t4 = tag(h.alloc().unwrap());
+        let all = [t0, t1, t2, t3, t4];
+        assert!(!all.contains(&UNTAGGED), "{all:?}");
+        let distinct: std::collections::HashSet<u64> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), all.len(), "tags {all:?}");
+        assert_eq!(tag(7), UNTAGGED, "an unknown id is untagged");
     }
 }
