@@ -102,14 +102,17 @@ __device__ __forceinline__ acc_t attn_index_group(const Q* qh, const float* __re
 // reads it from global memory instead. Key j is row j of `keys` (`stride` bytes apart) read
 // through K: f32 rows, or cache entries read in place (the _bf16/_kv_fp8/_index_fp8/_index_fp4
 // variants, with the format's sizes a, b as cache.cu's readers take them), so a paged indexer
-// call needs no decoded copy of its keys. Grid (ceil(max n_r/128), rows) × 128; each launch
-// covers queries row0 + blockIdx.y, so more than 65535 queries are a few launches.
+// call needs no decoded copy of its keys. With `ids` (null: none), key row k is row ids[k] of
+// `keys` instead: keys kept on the device across calls, in the slots of a page cache. Grid
+// (ceil(max n_r/128), rows) × 128; each launch covers queries row0 + blockIdx.y, so more than
+// 65535 queries are a few launches.
 template <typename K>
 __device__ __forceinline__ void attn_indexer(const float* __restrict__ q,
                                              const float* __restrict__ w,
                                              const u8* __restrict__ keys, u32 stride, u32 a,
                                              u32 b, const u32* __restrict__ starts,
                                              const u32* __restrict__ bases,
+                                             const u32* __restrict__ ids,
                                              float* __restrict__ out, u32 dim, u32 heads,
                                              u32 row0) {
     __shared__ acc_t sq[ATTN_Q_SHARED];
@@ -124,7 +127,8 @@ __device__ __forceinline__ void attn_indexer(const float* __restrict__ q,
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = j < n;
     // An idle thread reads the block's first key (it exists) and never uses it.
-    const K kj(keys + ((u64)base + (live ? j : (u64)blockIdx.x * blockDim.x)) * stride, a, b);
+    const u64 kr = (u64)base + (live ? j : (u64)blockIdx.x * blockDim.x);
+    const K kj(keys + (ids ? (u64)ids[kr] : kr) * stride, a, b);
     acc_t total = (acc_t)-0.0;
     // Heads per stage: a multiple of ATTN_HT, 0 when not even one group fits.
     const u32 per = (ATTN_Q_SHARED / dim) / ATTN_HT * ATTN_HT;
@@ -154,42 +158,42 @@ extern "C" __global__ void attn_indexer_scores(const float* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ keys,
                                                const u32* __restrict__ starts,
-                                               const u32* __restrict__ bases,
+                                               const u32* __restrict__ bases, const u32* __restrict__ ids,
                                                float* __restrict__ out, u32 dim, u32 heads,
                                                u32 row0) {
     attn_indexer<attn_f32_key>(q, w, reinterpret_cast<const u8*>(keys), dim * 4u, 0u, 0u,
-                               starts, bases, out, dim, heads, row0);
+                               starts, bases, ids, out, dim, heads, row0);
 }
 
 // The in-place variants: keys = entries of `stride` bytes laid end to end, in the format's
 // reader (cache.cu) with its sizes a, b.
 extern "C" __global__ void attn_indexer_scores_bf16(const float* __restrict__ q, const float* __restrict__ w,
                                                     const u8* __restrict__ keys, const u32* __restrict__ starts,
-                                                    const u32* __restrict__ bases,
+                                                    const u32* __restrict__ bases, const u32* __restrict__ ids,
                                                     float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                     u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_bf16>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
+    attn_indexer<cache_bf16>(q, w, keys, stride, a, b, starts, bases, ids, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_kv_fp8(const float* __restrict__ q, const float* __restrict__ w,
                                                       const u8* __restrict__ keys, const u32* __restrict__ starts,
-                                                    const u32* __restrict__ bases,
+                                                      const u32* __restrict__ bases, const u32* __restrict__ ids,
                                                       float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                       u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_kv_fp8>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
+    attn_indexer<cache_kv_fp8>(q, w, keys, stride, a, b, starts, bases, ids, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_index_fp8(const float* __restrict__ q, const float* __restrict__ w,
                                                          const u8* __restrict__ keys, const u32* __restrict__ starts,
-                                                    const u32* __restrict__ bases,
+                                                         const u32* __restrict__ bases, const u32* __restrict__ ids,
                                                          float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                          u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_index_fp8>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
+    attn_indexer<cache_index_fp8>(q, w, keys, stride, a, b, starts, bases, ids, out, dim, heads, row0);
 }
 extern "C" __global__ void attn_indexer_scores_index_fp4(const float* __restrict__ q, const float* __restrict__ w,
                                                          const u8* __restrict__ keys, const u32* __restrict__ starts,
-                                                    const u32* __restrict__ bases,
+                                                         const u32* __restrict__ bases, const u32* __restrict__ ids,
                                                          float* __restrict__ out, u32 dim, u32 heads, u32 row0,
                                                          u32 stride, u32 a, u32 b) {
-    attn_indexer<cache_index_fp4>(q, w, keys, stride, a, b, starts, bases, out, dim, heads, row0);
+    attn_indexer<cache_index_fp4>(q, w, keys, stride, a, b, starts, bases, ids, out, dim, heads, row0);
 }
 
 // Sparse attention over a batch of queries, each over its own keys. q = [rows, heads, dim],

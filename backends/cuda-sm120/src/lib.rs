@@ -55,6 +55,8 @@ pub(crate) struct Core {
     pub(crate) weights: std::sync::Arc<ops::linear::WeightCache>,
     /// Which kernels `linear` and `grouped_linear` run.
     pub(crate) linear: LinearPath,
+    /// Cache pages the paged ops keep on the device across calls.
+    pub(crate) pages: std::sync::Arc<ops::page_cache::PageCache>,
 }
 
 /// The CUDA backend over one device (a GPU, or the emulator).
@@ -85,21 +87,40 @@ impl CudaBackend {
         // The host ops count their traffic through their own handle of the device; the
         // resident ops count theirs themselves, and `stats` reports both.
         let host_traffic = std::sync::Arc::default();
+        let pages = std::sync::Arc::new(ops::page_cache::PageCache::with_default_budget(
+            name == EMU_NAME,
+        ));
         let resident = Core {
             dev: dev.clone(),
             weights: Default::default(),
             linear,
+            pages: std::sync::Arc::clone(&pages),
         };
         let core = Core {
             dev: dev.counted(std::sync::Arc::clone(&host_traffic)),
             weights: resident.weights.clone(),
             linear,
+            pages,
         };
         Self {
             name,
             resident: resident::Resident::new(resident, host_traffic),
             core,
         }
+    }
+
+    /// The same backend with cache pages kept on the device in arenas of up to `bytes` each
+    /// (0: never kept; see `ops::page_cache`).
+    pub fn with_page_cache(mut self, bytes: usize) -> Self {
+        let pages = std::sync::Arc::new(ops::page_cache::PageCache::with_budget(bytes));
+        self.core.pages = std::sync::Arc::clone(&pages);
+        self.resident.set_page_cache(pages);
+        self
+    }
+
+    /// Bytes of device memory each entry layout's page arena may take.
+    pub fn page_cache_budget(&self) -> usize {
+        self.core.pages.budget()
     }
 
     /// The device the kernels run on.
@@ -258,12 +279,15 @@ impl Backend for CudaBackend {
         w: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
+        page_tags: &[u64],
         rows: &[(usize, usize)],
         key_ranges: &[(usize, usize)],
         k: usize,
     ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
-        ops::indexer::paged_indexer_topk_ranges(&self.core, q, w, fmt, pages, rows, key_ranges, k)
-            .unwrap_or_else(|e| fail(self.name, e))
+        ops::indexer::paged_indexer_topk_ranges(
+            &self.core, q, w, fmt, pages, page_tags, rows, key_ranges, k,
+        )
+        .unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn sparse_attention(
@@ -317,6 +341,7 @@ impl Backend for CudaBackend {
         q: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
+        page_tags: &[u64],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],
@@ -325,7 +350,7 @@ impl Backend for CudaBackend {
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
         ops::attention::paged_attention_indexed(
-            &self.core, q, fmt, pages, rows, key_ids, key_starts, sink, scale, out,
+            &self.core, q, fmt, pages, page_tags, rows, key_ids, key_starts, sink, scale, out,
         )
         .unwrap_or_else(|e| fail(self.name, e))
     }

@@ -1,6 +1,7 @@
 //! The backend registry entries of this crate: `cuda-sm120` (the kernels on an NVIDIA GPU through
 //! the CUDA driver) and `cuda-emu` (the same kernels on the CPU emulator, for tests).
 
+use crate::ops::page_cache::budget_from_env;
 use crate::{CudaBackend, CudaError, EMU_NAME, LinearPath, NAME, emu};
 use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
 use std::sync::Arc;
@@ -96,6 +97,14 @@ pub(crate) fn linear_choice(opts: &BackendOptions) -> Result<LinearPath, CudaErr
     Ok(chosen.unwrap_or_default())
 }
 
+/// `backend` with page arenas of `budget` bytes when `DSV4_CUDA_PAGE_CACHE_MIB` asked for it.
+fn with_budget(backend: CudaBackend, budget: Option<usize>) -> CudaBackend {
+    match budget {
+        Some(bytes) => backend.with_page_cache(bytes),
+        None => backend,
+    }
+}
+
 fn unavailable(name: &str, e: CudaError) -> KernelError {
     KernelError::Unavailable {
         name: name.to_string(),
@@ -134,8 +143,12 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
                 .map_err(|e| unavailable(EMU_NAME, e))?
                 .unwrap_or(true);
             let linear = linear_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
+            let budget = budget_from_env().map_err(|e| unavailable(EMU_NAME, e))?;
             let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
-            Ok(CudaBackend::with_linear(EMU_NAME, dev, linear))
+            Ok(with_budget(
+                CudaBackend::with_linear(EMU_NAME, dev, linear),
+                budget,
+            ))
         }
         other => Err(KernelError::UnknownBackend {
             name: other.to_string(),
@@ -150,8 +163,12 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
     {
         let linear = linear_choice(opts).map_err(|e| unavailable(NAME, e))?;
         let sums = sums_choice(opts).map_err(|e| unavailable(NAME, e))?;
+        let budget = budget_from_env().map_err(|e| unavailable(NAME, e))?;
         let dev = crate::cuda::open(index, sums).map_err(|e| unavailable(NAME, e))?;
-        Ok(CudaBackend::with_linear(NAME, dev, linear))
+        Ok(with_budget(
+            CudaBackend::with_linear(NAME, dev, linear),
+            budget,
+        ))
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -123,7 +123,7 @@ fn shared_key_ranges_choose_as_the_expanded_rows_uploading_each_row_once() {
         let (q, w) = (vec![0.5f32; 16 * 2 * 64], vec![1.0f32; 16 * 2]);
         let before = stats();
         let shared = be
-            .paged_indexer_topk_ranges(&q, &w, &fmt, &[&page], &rows, &ranges, 8)
+            .paged_indexer_topk_ranges(&q, &w, &fmt, &[&page], &[], &rows, &ranges, 8)
             .expect("shared");
         let moved = stats().since(&before);
         let (picks, starts) = dsv4_kernels::operands::expand_ranges(&rows, &ranges);
@@ -185,6 +185,7 @@ fn shared_key_ids_attend_as_the_laid_out_rows_uploading_each_row_once() {
             &q,
             &fmt,
             &[&page],
+            &[],
             &rows,
             &ids,
             &starts,
@@ -348,6 +349,8 @@ fn in_place_indexer_scores_equal_decode_then_score_bitwise() {
                         KArg::Buf(keys_buf),
                         KArg::Buf(&sb),
                         KArg::Buf(&sb),
+                        // No key ids: key row j is row j.
+                        KArg::Ptr(dsv4_backend_cuda::DevPtr { ptr: 0, bytes: 0 }),
                         KArg::Buf(out),
                         KArg::U32(dim32),
                         KArg::U32(h32),

@@ -210,6 +210,7 @@ pub trait Backend: Send + Sync {
     /// Exactly `paged_indexer_topk_rows` over the rows laid out range after range (its
     /// default), after a layout check of every row; a GPU backend uploads each row once. A
     /// decreasing range or one past `rows` panics, as other operands that do not fit.
+    /// `page_tags` are the pages' content tags, as [`Backend::paged_attention_indexed`] takes.
     #[allow(clippy::too_many_arguments)]
     fn paged_indexer_topk_ranges(
         &self,
@@ -217,10 +218,12 @@ pub trait Backend: Send + Sync {
         w: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
+        page_tags: &[u64],
         rows: &[(usize, usize)],
         key_ranges: &[(usize, usize)],
         k: usize,
     ) -> Result<Vec<Vec<usize>>, CacheLayoutError> {
+        let _ = page_tags;
         fmt.checked_rows(pages, rows, rows.len() * fmt.width())?;
         let (picks, starts) = crate::operands::expand_ranges(rows, key_ranges);
         self.paged_indexer_topk_rows(q, w, fmt, pages, &picks, &starts, k)
@@ -286,12 +289,18 @@ pub trait Backend: Send + Sync {
     /// `paged_attention_rows` over the rows laid out id by id (its default), after a layout
     /// check of every row; a GPU backend uploads each row once. An id past `rows` panics, as
     /// other operands that do not fit.
+    ///
+    /// `page_tags` holds each page's content tag, or is empty: two pages with the same nonzero
+    /// tag hold the same bytes for the life of the process (a cache store's tag changes with
+    /// every write), so a GPU backend may keep a page's copy from an earlier call instead of
+    /// uploading it again; 0 is no tag. Tags never change the result.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention_indexed(
         &self,
         q: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
+        page_tags: &[u64],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],
@@ -299,6 +308,7 @@ pub trait Backend: Send + Sync {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
+        let _ = page_tags;
         fmt.checked_rows(pages, rows, rows.len() * fmt.width())?;
         let picks: Vec<(usize, usize)> = key_ids.iter().map(|&i| rows[i]).collect();
         self.paged_attention_rows(q, fmt, pages, &picks, key_starts, sink, scale, out)

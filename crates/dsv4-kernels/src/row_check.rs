@@ -269,14 +269,16 @@ pub fn paged_attention_indexed(
         let sink = values(&mut rng, heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let what = format!("{dtype:?} hd {hd} heads {heads} shared key ids");
-        let run = |b: &dyn Backend, rows: &[(usize, usize)]| {
+        let tags = fresh_tags(refs.len());
+        let run_tagged = |b: &dyn Backend, rows: &[(usize, usize)], tags: &[u64]| {
             let mut out = vec![f32::NAN; queries * heads * hd];
             let (ids, starts) = (&SHARED_IDS[..], &SHARED_ID_STARTS[..]);
             let r = b.paged_attention_indexed(
-                &q, &fmt, &refs, rows, ids, starts, &sink, scale, &mut out,
+                &q, &fmt, &refs, tags, rows, ids, starts, &sink, scale, &mut out,
             );
             (r.map_err(|e| e.to_string()), out)
         };
+        let run = |b: &dyn Backend, rows: &[(usize, usize)]| run_tagged(b, rows, &[]);
         let (want_r, want) = run(&per_row, &rows);
         let before = stats();
         let (got_r, got) = run(be, &rows);
@@ -287,6 +289,15 @@ pub fn paged_attention_indexed(
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
         if bits(&got) != bits(&want) {
             return Err(format!("{what}: the output differs from the composition's"));
+        }
+        // Tagged pages, twice (a backend may keep them from the first call): the same output.
+        for pass in 0..2 {
+            let (got_r, got) = run_tagged(be, &rows, &tags);
+            if got_r != want_r || bits(&got) != bits(&want) {
+                return Err(format!(
+                    "{what}: tagged pass {pass} differs from the composition"
+                ));
+            }
         }
         calls.push(FusedCall {
             what: what.clone(),
@@ -299,9 +310,11 @@ pub fn paged_attention_indexed(
         bad[0] = (1, per);
         let (want_r, _) = run(&per_row, &bad);
         let (got_r, _) = run(be, &bad);
-        if want_r.is_ok() || got_r != want_r {
+        let (tagged_r, _) = run_tagged(be, &bad, &tags);
+        if want_r.is_ok() || got_r != want_r || tagged_r != want_r {
             return Err(format!(
-                "{what}, an unread slot past the page: {got_r:?}, the composition {want_r:?}"
+                "{what}, an unread slot past the page: {got_r:?} ({tagged_r:?} tagged), the \
+                 composition {want_r:?}"
             ));
         }
     }
@@ -333,7 +346,18 @@ pub fn paged_attention_indexed_panics(be: &dyn Backend) -> Result<(), String> {
         both_panic(&per_row, be, "paged_attention_indexed", &case, |b| {
             let mut out = vec![0f32; q.len()];
             let (q, s) = (&q[..qn], &sink[..]);
-            let _ = b.paged_attention_indexed(q, &fmt, &refs, &rows, ids, starts, s, 0.5, &mut out);
+            let _ = b.paged_attention_indexed(
+                q,
+                &fmt,
+                &refs,
+                &[],
+                &rows,
+                ids,
+                starts,
+                s,
+                0.5,
+                &mut out,
+            );
         })?;
     }
     Ok(())
@@ -464,10 +488,15 @@ pub fn paged_indexer_topk_ranges(
         let q = values(&mut rng, queries * heads * dim);
         let w = values(&mut rng, queries * heads);
         let what = format!("{dtype:?} dim {dim} heads {heads} shared ranges, k {k}");
+        let tags = fresh_tags(refs.len());
+        let run_tagged =
+            |b: &dyn Backend, rows: &[(usize, usize)], ranges: &[(usize, usize)], tags: &[u64]| {
+                let (q, w) = (&q[..ranges.len() * heads * dim], &w[..ranges.len() * heads]);
+                b.paged_indexer_topk_ranges(q, w, &fmt, &refs, tags, rows, ranges, k)
+                    .map_err(|e| e.to_string())
+            };
         let run = |b: &dyn Backend, rows: &[(usize, usize)], ranges: &[(usize, usize)]| {
-            let (q, w) = (&q[..ranges.len() * heads * dim], &w[..ranges.len() * heads]);
-            b.paged_indexer_topk_ranges(q, w, &fmt, &refs, rows, ranges, k)
-                .map_err(|e| e.to_string())
+            run_tagged(b, rows, ranges, &[])
         };
         let want = run(&per_row, &rows, &SHARED_RANGES);
         let before = stats();
@@ -475,6 +504,15 @@ pub fn paged_indexer_topk_ranges(
         let moved = stats().since(&before);
         if got != want {
             return Err(format!("{what}: chose {got:?}, the composition {want:?}"));
+        }
+        // Tagged pages, twice (a backend may keep them from the first call): the same choice.
+        for pass in 0..2 {
+            let got = run_tagged(be, &rows, &SHARED_RANGES, &tags);
+            if got != want {
+                return Err(format!(
+                    "{what}: tagged pass {pass} chose {got:?}, not {want:?}"
+                ));
+            }
         }
         calls.push(FusedCall {
             what: what.clone(),
@@ -512,10 +550,20 @@ pub fn paged_indexer_topk_ranges_panics(be: &dyn Backend) -> Result<(), String> 
     for ranges in cases {
         let case = format!("ranges {ranges:?} of 6 rows");
         both_panic(&per_row, be, "paged_indexer_topk_ranges", &case, |b| {
-            let _ = b.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &rows, &ranges, 2);
+            let _ = b.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &[], &rows, &ranges, 2);
         })?;
     }
     Ok(())
+}
+
+/// `n` content tags for pages written here, none given out before in this process (counted
+/// from 2^62 so they never meet a cache store's, which count from 1).
+pub fn fresh_tags(n: usize) -> Vec<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1 << 62);
+    (0..n)
+        .map(|_| NEXT.fetch_add(1, Ordering::Relaxed))
+        .collect()
 }
 
 /// Err unless `call` panics both on the composition (`per_row`) and on `be`, which runs `op`;

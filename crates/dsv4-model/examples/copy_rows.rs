@@ -9,7 +9,7 @@ use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::KvLayout;
 use dsv4_core::{KvCacheDtype, SplitMix64};
 use dsv4_kernels::RowFormat;
-use dsv4_model::forward::state::PagedRows;
+use dsv4_model::forward::state::{CopiedPages, PagedRows};
 use std::time::Instant;
 
 fn arg(i: usize, default: usize) -> Result<usize, String> {
@@ -44,9 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let reps = 5;
         let (t, mut bytes) = (Instant::now(), 0);
         for _ in 0..reps {
-            let (mut pages, mut picks) = (Vec::new(), Vec::new());
+            let (mut pages, mut picks) = (CopiedPages::default(), Vec::new());
             store.copy_rows(rows.iter().copied(), &mut pages, &mut picks)?;
-            bytes = pages.iter().map(Vec::len).sum::<usize>();
+            bytes = pages.bytes.iter().map(Vec::len).sum::<usize>();
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / f64::from(reps);
         println!("{what}: {ms:.2} ms a copy, {bytes} bytes copied");

@@ -197,14 +197,16 @@ pub fn paged_attention_rows(
 /// (`Backend::paged_attention_indexed`): every row's layout checked, each used row's entry
 /// uploaded once however many queries read it, and key i read as row `key_ids[i]` by the
 /// attention launches (their `ids`), so bitwise the rows laid out id by id; only the output
-/// comes back (one submission). An id past the rows is `BadOperands`, as are operands
-/// attention rejects; the layout error is the inner `Err`.
+/// comes back (one submission). With `page_tags`, the pages come from the device's page cache
+/// (`page_cache`), uploaded only when it does not hold their tag. An id past the rows is
+/// `BadOperands`, as are operands attention rejects; the layout error is the inner `Err`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_indexed(
     c: &Core,
     q: &[f32],
     fmt: &RowFormat,
     pages: &[&[u8]],
+    page_tags: &[u64],
     rows: &[(usize, usize)],
     key_ids: &[usize],
     key_starts: &[usize],
@@ -241,6 +243,25 @@ pub fn paged_attention_indexed(
         attend(c, &q[..len], dim, &[], &r.starts, sink, scale, out)?;
         return Ok(Ok(()));
     };
+    let keys = Keys::entries(fmt)?;
+    // The keys' rows, placed in the page cache's arena (locked until the output is back).
+    let picks: Vec<(usize, usize)> = used.iter().map(|&id| rows[id]).collect();
+    if let Some(placed) = c.pages.place(c, fmt, pages, page_tags, &picks)? {
+        let ids = Some(&placed.rows[..]);
+        let ob = attend_on_device(
+            c,
+            &q[..len],
+            dim,
+            placed.keys(),
+            keys,
+            &r.starts,
+            ids,
+            sink,
+            scale,
+        )?;
+        c.dev.download_f32(&ob, out)?;
+        return Ok(Ok(()));
+    }
     // Only the rows from the first to the last used one are uploaded; ids count from there.
     let eb = fmt.entry_bytes();
     let kb = c.dev.temp_upload(&entries[lo * eb..(hi + 1) * eb])?;
@@ -249,7 +270,6 @@ pub fn paged_attention_indexed(
     // query its own rows): key i is then row i.
     let identity = ids.iter().enumerate().all(|(i, &id)| id == i);
     let ids = (!identity).then_some(&ids[..]);
-    let keys = Keys::entries(fmt)?;
     let ob = attend_on_device(c, &q[..len], dim, &kb, keys, &r.starts, ids, sink, scale)?;
     c.dev.download_f32(&ob, out)?;
     Ok(Ok(()))

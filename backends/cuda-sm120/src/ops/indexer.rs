@@ -7,7 +7,7 @@ use super::attention::{KEY_THREADS, MAX_GRID_Y};
 use super::cache::{Keys, gathered_entries};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
-use crate::{Core, CudaError, DevBuf, KArg};
+use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_kernels::{IndexerRows, RowFormat};
 
@@ -112,7 +112,7 @@ pub fn indexer_topk_rows(
         return topk_rows(c, &scores, key_starts, k);
     }
     let kb = c.dev.temp_f32(r.keys(keys, dim))?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts, None)?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts, None, None)?;
     topk_on_device(c, &sb, &r.starts, k)
 }
 
@@ -136,15 +136,16 @@ pub fn paged_indexer_topk_rows(
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
     // Each query's own keys: the ranges of a partition.
     let ranges: Vec<(usize, usize)> = key_starts.windows(2).map(|s| (s[0], s[1])).collect();
-    paged_indexer_topk_ranges(c, q, w, fmt, pages, rows, &ranges, k)
+    paged_indexer_topk_ranges(c, q, w, fmt, pages, &[], rows, &ranges, k)
 }
 
 /// [`paged_indexer_topk_rows`] with keys shared between queries
 /// (`Backend::paged_indexer_topk_ranges`): every row's layout checked, each row's entry
 /// uploaded once however many ranges read it, and query r scored over rows
 /// `key_ranges[r].0 ..` in place (the scores launch's `bases`); the scores stay on the device
-/// and only the chosen indices come back (one submission). A range past the rows, or
-/// decreasing, is `BadOperands`; the layout error is the inner `Err`.
+/// and only the chosen indices come back (one submission). With `page_tags`, the pages come
+/// from the device's page cache (`page_cache`), uploaded only when it does not hold their tag.
+/// A range past the rows, or decreasing, is `BadOperands`; the layout error is the inner `Err`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_indexer_topk_ranges(
     c: &Core,
@@ -152,6 +153,7 @@ pub fn paged_indexer_topk_ranges(
     w: &[f32],
     fmt: &RowFormat,
     pages: &[&[u8]],
+    page_tags: &[u64],
     rows: &[(usize, usize)],
     key_ranges: &[(usize, usize)],
     k: usize,
@@ -197,7 +199,6 @@ pub fn paged_indexer_topk_ranges(
         .min();
     let first = first.unwrap_or(0);
     let last = key_ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
     // A partition (each query its own keys, in order) reads from its score starts: no bases.
     let partition = key_ranges.windows(2).all(|p| p[0].1 == p[1].0);
     let bases: Vec<usize> = key_ranges
@@ -205,7 +206,27 @@ pub fn paged_indexer_topk_ranges(
         .map(|&(lo, _)| lo.max(first) - first)
         .collect();
     let bases = (!partition).then_some(&bases[..]);
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts, bases)?;
+    // The arena stays locked until the indices are read back.
+    if let Some(placed) = c
+        .pages
+        .place(c, fmt, pages, page_tags, &rows[first..last])?
+    {
+        let keys_at = Some(&placed.rows[..]);
+        let sb = score_on_device(
+            c,
+            r.q,
+            r.w,
+            dim,
+            placed.keys(),
+            keys,
+            &r.starts,
+            bases,
+            keys_at,
+        )?;
+        return topk_on_device(c, &sb, &r.starts, k).map(Ok);
+    }
+    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
+    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts, bases, None)?;
     topk_on_device(c, &sb, &r.starts, k).map(Ok)
 }
 
@@ -224,7 +245,8 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 /// query r over key rows `starts[r] .. starts[r+1]` of the keys in `kb` (starts from 0,
 /// nondecreasing, the last > 0, `kb` holding that many keys as `keys` says: rows of `dim` f32
 /// or cache entries), into a device buffer of `starts[rows]` scores; dim > 0.
-/// `bases` (query r's first key row of `kb`) lets queries share keys; None: `starts`.
+/// `bases` (query r's first key row of `kb`) lets queries share keys; None: `starts`. With
+/// `ids`, key row i is row `ids[i]` of `kb` (keys in the page cache's arena).
 #[allow(clippy::too_many_arguments)]
 fn score_on_device(
     c: &Core,
@@ -235,6 +257,7 @@ fn score_on_device(
     keys: Keys,
     starts: &[usize],
     bases: Option<&[usize]>,
+    ids: Option<&[usize]>,
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
     let n = starts[rows];
@@ -251,6 +274,10 @@ fn score_on_device(
         Some(b) => Some(dev.temp_upload(&u32_words("key bases", b)?)?),
         None => None,
     };
+    let idb = match ids {
+        Some(ids) => Some(dev.temp_upload(&u32_words("key ids", ids)?)?),
+        None => None,
+    };
     let ob = dev.temp(n * 4)?;
     let ops = ScoreOperands {
         q: &qb,
@@ -258,6 +285,7 @@ fn score_on_device(
         keys: kb,
         starts: &stb,
         bases: bb.as_ref().unwrap_or(&stb),
+        ids: idb.as_ref(),
         out: &ob,
     };
     launch_scores(c, &ops, keys, dim32, h32, rows, max_n)?;
@@ -266,13 +294,15 @@ fn score_on_device(
 
 /// The device buffers of an indexer launch: q [rows, heads, dim], w [rows, heads], the keys,
 /// starts [rows + 1] (u32, from 0, nondecreasing, ending at the score count n), bases [rows]
-/// (query r's first key row; `starts` itself when every query has its own keys), out [n].
+/// (query r's first key row; `starts` itself when every query has its own keys), the key rows'
+/// ids in `keys` (None: key row i is row i), out [n].
 struct ScoreOperands<'a> {
     q: &'a DevBuf,
     w: &'a DevBuf,
     keys: &'a DevBuf,
     starts: &'a DevBuf,
     bases: &'a DevBuf,
+    ids: Option<&'a DevBuf>,
     out: &'a DevBuf,
 }
 
@@ -296,6 +326,8 @@ fn launch_scores(
             KArg::Buf(o.keys),
             KArg::Buf(o.starts),
             KArg::Buf(o.bases),
+            o.ids
+                .map_or(KArg::Ptr(DevPtr { ptr: 0, bytes: 0 }), KArg::Buf),
             KArg::Buf(o.out),
             KArg::U32(dim),
             KArg::U32(heads),
@@ -344,6 +376,7 @@ pub fn time_paged_scores(
         keys: &kb,
         starts: &stb,
         bases: &stb,
+        ids: None,
         out: &ob,
     };
     let (dim32, h32) = (u32_arg("dim", dim)?, u32_arg("heads", heads)?);
@@ -364,7 +397,7 @@ fn score(
 ) -> Result<(), CudaError> {
     let n = starts[starts.len() - 1];
     let kb = c.dev.temp_f32(keys)?;
-    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts, None)?;
+    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts, None, None)?;
     c.dev.download_f32(&ob, &mut out[..n])
 }
 

@@ -8,5 +8,6 @@ pub mod checksum;
 pub mod indexer;
 pub mod linear;
 pub mod mhc;
+pub mod page_cache;
 pub mod resident;
 pub mod rows;

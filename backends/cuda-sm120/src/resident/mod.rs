@@ -118,6 +118,11 @@ impl Drop for Resident {
 impl Resident {
     /// The op set over `core` (the backend's device and weight cache); `stats` adds
     /// `host_traffic`, what the backend's host ops count.
+    /// Share `pages` as the device's page cache (the host ops' one).
+    pub(crate) fn set_page_cache(&mut self, pages: Arc<crate::ops::page_cache::PageCache>) {
+        self.core.pages = pages;
+    }
+
     pub(crate) fn new(core: Core, host_traffic: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             core,

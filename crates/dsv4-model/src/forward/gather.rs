@@ -14,7 +14,7 @@
 //! ([`dsv4_kernels::Backend::paged_attention_indexed`]).
 
 use super::ForwardError;
-use super::state::PagedRows;
+use super::state::{CopiedPages, PagedRows};
 use dsv4_kernels::{Backend, RowFormat};
 use std::collections::HashMap;
 
@@ -24,9 +24,10 @@ type Copied = HashMap<(usize, usize), usize>;
 /// Rows gathered from [`PagedRows`] stores of one format, in the order added.
 pub(crate) struct RowGather<'b> {
     backend: &'b dyn Backend,
-    /// Snapshot mode: the format, the copied pages and each row's (page, slot).
+    /// Snapshot mode: the format, the copied pages (with their content tags) and each row's
+    /// (page, slot).
     layout: Option<(RowFormat, usize)>,
-    pages: Vec<Vec<u8>>,
+    pages: CopiedPages,
     picks: Vec<(usize, usize)>,
     /// Direct mode (no device memory): the rows decoded so far.
     direct: Option<Vec<f32>>,
@@ -43,7 +44,7 @@ impl<'b> RowGather<'b> {
         Self {
             backend,
             layout: None,
-            pages: Vec::new(),
+            pages: CopiedPages::default(),
             picks: Vec::new(),
             direct: backend.device().is_none().then(Vec::new),
             shared: None,
@@ -141,11 +142,20 @@ impl<'b> RowGather<'b> {
         match (&self.direct, self.layout) {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
-                let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+                let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
                 let picks = &self.picks;
                 match &self.shared {
                     Some((_, ids)) => be.paged_attention_indexed(
-                        q, &fmt, &refs, picks, ids, key_starts, sink, scale, out,
+                        q,
+                        &fmt,
+                        &refs,
+                        &self.pages.tags,
+                        picks,
+                        ids,
+                        key_starts,
+                        sink,
+                        scale,
+                        out,
                     )?,
                     None => be.paged_attention_rows(
                         q, &fmt, &refs, picks, key_starts, sink, scale, out,
@@ -178,9 +188,10 @@ impl<'b> RowGather<'b> {
         match (&self.direct, self.layout) {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
-                let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+                let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
                 let picks = self.laid_out();
-                Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, &picks, key_ranges, k)?)
+                let tags = &self.pages.tags;
+                Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, tags, &picks, key_ranges, k)?)
             }
             _ => {
                 let (keys, starts) = self.expanded(dim, key_ranges)?;
@@ -253,7 +264,7 @@ impl<'b> RowGather<'b> {
         let Some((fmt, width)) = self.layout else {
             return Ok(Vec::new());
         };
-        let refs: Vec<&[u8]> = self.pages.iter().map(Vec::as_slice).collect();
+        let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
         let picks = self.laid_out();
         let mut out = vec![0f32; picks.len() * width];
         self.backend
@@ -364,11 +375,11 @@ mod tests {
             // Rows 9, 1, 5 and 8 sit on four pages and fill two: they are packed, in order.
             let mut g = RowGather::new(&be);
             assert_eq!(g.add(&r, [9, 1, 5, 8].into_iter(), false).unwrap(), 4);
-            assert_eq!(g.pages.len(), 2, "pooled {pooled}");
+            assert_eq!(g.pages.bytes.len(), 2, "pooled {pooled}");
             assert_eq!(g.picks, [(0, 0), (0, 1), (1, 0), (1, 1)]);
             // A second store's rows go after the first's pages: rows 0..6 fill their 3 pages.
             assert_eq!(g.add(&r, 0..6, false).unwrap(), 6);
-            assert_eq!(g.pages.len(), 5, "pooled {pooled}");
+            assert_eq!(g.pages.bytes.len(), 5, "pooled {pooled}");
             assert_eq!(
                 g.picks[4..],
                 [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (4, 1)]
@@ -382,7 +393,7 @@ mod tests {
             let mut g = RowGather::new(&be);
             g.add(&r, [3, 3, 2].into_iter(), false).unwrap();
             assert_eq!(
-                (g.pages.len(), &g.picks[..]),
+                (g.pages.bytes.len(), &g.picks[..]),
                 (1, &[(0, 1), (0, 1), (0, 0)][..])
             );
             let want: Vec<f32> = [3, 3, 2].iter().flat_map(|&v| row(v as f32)).collect();

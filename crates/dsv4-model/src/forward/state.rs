@@ -3,7 +3,7 @@
 //! its pages or keeps page ids into an engine's [`PageStore`] (see [`super::pages`]).
 
 use super::ForwardError;
-use super::pages::{CacheStores, PageStore, PooledPages};
+use super::pages::{CacheStores, PageStore, PooledPages, UNTAGGED};
 pub use super::ring::{CompressorRing, ring_read_row, ring_write_row};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_kernels::{Backend, RowFormat};
@@ -35,6 +35,16 @@ enum Pages {
     Owned(Vec<Vec<u8>>),
     /// Page ids in an engine's store.
     Pooled(PooledPages),
+}
+
+/// Page bytes copied out of stores ([`PagedRows::copy_rows`]), each with its content tag
+/// (`pages::UNTAGGED` for packed pages and owned ones): the snapshot a device backend decodes.
+#[derive(Debug, Default)]
+pub struct CopiedPages {
+    /// The copied bytes, one page each.
+    pub bytes: Vec<Vec<u8>>,
+    /// Each page's content tag.
+    pub tags: Vec<u64>,
 }
 
 /// Rows stored in pages of a [`RowFormat`]; either append-only or a ring over the last
@@ -267,11 +277,12 @@ impl PagedRows {
         (order, picks)
     }
 
-    /// Run `f` on the bytes of logical page `page` (without the load-back wait).
-    fn with_page(&self, page: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), ForwardError> {
+    /// Run `f` on the bytes of logical page `page` and their content tag (without the
+    /// load-back wait); owned pages are untagged.
+    fn with_page(&self, page: usize, f: &mut dyn FnMut(&[u8], u64)) -> Result<(), ForwardError> {
         match &self.pages {
-            Pages::Owned(own) => f(own.get(page).map_or(&[][..], Vec::as_slice)),
-            Pages::Pooled(p) => p.store().read(p.readable(page)?, f),
+            Pages::Owned(own) => f(own.get(page).map_or(&[][..], Vec::as_slice), UNTAGGED),
+            Pages::Pooled(p) => p.store().read_tagged(p.readable(page)?, f),
         }
         Ok(())
     }
@@ -279,25 +290,26 @@ impl PagedRows {
     /// Copy the bytes holding `rows` onto `pages` now (without the load-back wait) and append
     /// each row's (index in `pages`, slot) to `picks`: a snapshot that a later
     /// [`Backend::cache_load_rows`] decodes, whatever is written to the store in between.
-    /// Whole pages are copied when the rows fill them well enough; rows scattered over more
-    /// pages than they would fill (a top-k selection over a long context) are packed, in
-    /// order, into fresh pages instead, so the copy is the size of the rows, not of the
-    /// pages they sit in.
+    /// Whole pages are copied when the rows fill them well enough, with their content tags;
+    /// rows scattered over more pages than they would fill (a top-k selection over a long
+    /// context) are packed, in order, into fresh, untagged pages instead, so the copy is the
+    /// size of the rows, not of the pages they sit in.
     pub fn copy_rows(
         &self,
         rows: impl Iterator<Item = usize>,
-        pages: &mut Vec<Vec<u8>>,
+        pages: &mut CopiedPages,
         picks: &mut Vec<(usize, usize)>,
     ) -> Result<(), ForwardError> {
-        let base = pages.len();
+        let base = pages.bytes.len();
         let (order, mine) = self.picks(rows, 0);
         let per = self.layout.page_entries();
         let packed = mine.len().div_ceil(per);
         if packed >= order.len() {
             for &page in &order {
-                let mut bytes = Vec::new();
-                self.with_page(page, &mut |b| bytes = b.to_vec())?;
-                pages.push(bytes);
+                let (mut bytes, mut tag) = (Vec::new(), UNTAGGED);
+                self.with_page(page, &mut |b, t| (bytes, tag) = (b.to_vec(), t))?;
+                pages.bytes.push(bytes);
+                pages.tags.push(tag);
             }
             picks.extend(mine.into_iter().map(|(p, slot)| (base + p, slot)));
             return Ok(());
@@ -309,7 +321,7 @@ impl PagedRows {
         }
         for (&page, rows) in order.iter().zip(&on_page) {
             let mut copied = Ok(());
-            self.with_page(page, &mut |src| {
+            self.with_page(page, &mut |src, _| {
                 copied = rows.iter().try_for_each(|&r| {
                     self.layout
                         .copy_entry(src, mine[r].1, &mut out[r / per], r % per)
@@ -317,7 +329,8 @@ impl PagedRows {
             })?;
             copied?;
         }
-        pages.extend(out);
+        pages.tags.extend(std::iter::repeat_n(UNTAGGED, out.len()));
+        pages.bytes.extend(out);
         picks.extend((0..mine.len()).map(|r| (base + r / per, r % per)));
         Ok(())
     }

@@ -267,7 +267,16 @@ fn paged_attention_case(
             let out_values = out.slice_mut();
             let (res, elapsed) = call(|| match shared {
                 true => be.paged_attention_indexed(
-                    &q, &fmt, &refs, &rows, &ids, &starts, &sink, scale, out_values,
+                    &q,
+                    &fmt,
+                    &refs,
+                    &[],
+                    &rows,
+                    &ids,
+                    &starts,
+                    &sink,
+                    scale,
+                    out_values,
                 ),
                 false => be.paged_attention_rows(
                     &q, &fmt, &refs, &rows, &starts, &sink, scale, out_values,
@@ -340,7 +349,7 @@ fn paged_indexer_case(
             let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
             let ranges: Vec<(usize, usize)> = counts.iter().map(|&c| (0, c)).collect();
             let (res, elapsed) = call(|| match shared {
-                true => be.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &rows, &ranges, k),
+                true => be.paged_indexer_topk_ranges(&q, &w, &fmt, &refs, &[], &rows, &ranges, k),
                 false => be.paged_indexer_topk_rows(&q, &w, &fmt, &refs, &rows, &starts, k),
             })?;
             let per_row = res.map_err(|e| Problem::OpError(e.to_string()))?;

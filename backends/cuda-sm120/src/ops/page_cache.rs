@@ -1,0 +1,303 @@
+//! Cache pages kept on the device across calls: the paged attention and indexer ops take each
+//! page's content tag (`Backend::paged_attention_indexed`), and a page whose tag the cache
+//! holds is not uploaded again. A decode step then uploads the pages that changed since the
+//! last step (the page each row was appended to), not every page a row reads; a prefill chunk
+//! the pages the chunks before it did not already bring.
+//!
+//! One arena per entry layout (entry bytes, entries a page): `slots` page slots of
+//! `per · entry` bytes, each holding a page's entries end to end in the kernels' entry layout,
+//! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
+//! a call's keys through those row ids. A page is uploaded only over the span of slots a call
+//! reads, and widened when a later call reads more of it under the same tag. Slots are reused least recently used first, never
+//! within the call that placed them. The arena's lock is held until the call has read its
+//! result back (a blocking download on the calling thread's stream, after its launches), so
+//! no other call overwrites a slot while a launch may still read it.
+
+use super::mhc::u32_arg;
+use crate::{Core, CudaError, DevBuf, DevPtr};
+use dsv4_kernels::RowFormat;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+/// Environment variable: MiB of device memory each entry layout's arena may take (0 turns the
+/// cache off).
+pub const PAGE_CACHE_ENV: &str = "DSV4_CUDA_PAGE_CACHE_MIB";
+/// Bytes of each arena [`PAGE_CACHE_ENV`] asks for (None when unset); a value that is not a
+/// whole number of MiB is an error naming the variable.
+pub fn budget_from_env() -> Result<Option<usize>, CudaError> {
+    match std::env::var(PAGE_CACHE_ENV) {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(mib) => Ok(Some(mib.saturating_mul(1 << 20))),
+            Err(_) => Err(CudaError::BadOperands(format!(
+                "{PAGE_CACHE_ENV}={v:?}: expected MiB of device memory per page arena, e.g. \
+                 1024 (0 keeps no page)"
+            ))),
+        },
+        Err(_) => Ok(None),
+    }
+}
+
+/// The arena size without [`PAGE_CACHE_ENV`] on a GPU, MiB per entry layout.
+const GPU_DEFAULT_MIB: usize = 1024;
+/// The same on the emulator, where device memory is this machine's.
+const EMU_DEFAULT_MIB: usize = 64;
+
+/// The device's page arenas and their budget.
+pub(crate) struct PageCache {
+    budget: usize,
+    arenas: Mutex<Vec<Arena>>,
+}
+
+/// Page slots of one entry layout on the device.
+struct Arena {
+    /// Bytes of one entry, entries of one page.
+    entry: usize,
+    per: usize,
+    buf: DevBuf,
+    /// Each slot's tag (0: none), the span of its entries that hold that page's (empty when
+    /// start ≥ end), and the call that last used it (0: never, or freed).
+    tag: Vec<u64>,
+    valid: Vec<(usize, usize)>,
+    used: Vec<u64>,
+    /// Every slot by (last use, slot): the front is reused first.
+    by_age: BTreeSet<(u64, usize)>,
+    /// The slot holding each tag.
+    slot_of: HashMap<u64, usize>,
+    /// Calls so far.
+    clock: u64,
+}
+
+/// A call's keys placed in an arena: the arena stays locked until this is dropped, which the
+/// caller does after reading its result back.
+pub(crate) struct Placed<'a> {
+    arenas: MutexGuard<'a, Vec<Arena>>,
+    index: usize,
+    /// Each requested row's row id in the arena's buffer.
+    pub rows: Vec<usize>,
+}
+
+impl Placed<'_> {
+    /// The arena's buffer: entries end to end, the kernels' keys.
+    pub fn keys(&self) -> &DevBuf {
+        &self.arenas[self.index].buf
+    }
+}
+
+impl PageCache {
+    /// A cache with arenas of the default size for a GPU or, with `emulated`, the emulator.
+    pub fn with_default_budget(emulated: bool) -> Self {
+        let mib = if emulated {
+            EMU_DEFAULT_MIB
+        } else {
+            GPU_DEFAULT_MIB
+        };
+        Self::with_budget(mib << 20)
+    }
+
+    /// A cache with arenas of at most `budget` bytes each (0: never keeps a page).
+    pub fn with_budget(budget: usize) -> Self {
+        Self {
+            budget,
+            arenas: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Bytes each entry layout's arena may take.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
+    /// uploading those whose tag it does not hold; `None` when the cache cannot serve the call
+    /// (no tags, a page untagged-only call, more pages than slots, a page of the wrong size),
+    /// and the caller uploads the rows itself. `tags` has one entry per page; untagged pages
+    /// (0) are uploaded each call.
+    pub fn place<'a>(
+        &'a self,
+        c: &Core,
+        fmt: &RowFormat,
+        pages: &[&[u8]],
+        tags: &[u64],
+        rows: &[(usize, usize)],
+    ) -> Result<Option<Placed<'a>>, CudaError> {
+        let (entry, per) = (fmt.entry_bytes(), fmt.page_entries());
+        let slot_bytes = entry * per;
+        if tags.len() != pages.len() || !tags.iter().any(|&t| t != 0) || slot_bytes == 0 {
+            return Ok(None);
+        }
+        // The pages the rows are on, in first-use order.
+        let mut local: HashMap<usize, usize> = HashMap::new();
+        let mut order = Vec::new();
+        for &(p, _) in rows {
+            local.entry(p).or_insert_with(|| {
+                order.push(p);
+                order.len() - 1
+            });
+        }
+        let slots = self.budget / slot_bytes;
+        if order.len() > slots || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
+            return Ok(None);
+        }
+        let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
+            Some(i) => i,
+            None => {
+                arenas.push(Arena {
+                    entry,
+                    per,
+                    buf: c.dev.alloc(slots * slot_bytes)?,
+                    tag: vec![0; slots],
+                    valid: vec![(0, 0); slots],
+                    used: vec![0; slots],
+                    by_age: (0..slots).map(|s| (0, s)).collect(),
+                    slot_of: HashMap::new(),
+                    clock: 0,
+                });
+                arenas.len() - 1
+            }
+        };
+        let a = &mut arenas[index];
+        a.clock += 1;
+        let now = a.clock;
+        // The span of each page's slots this call reads (a page is uploaded only as far as it
+        // is read: a partly filled page, or the one new row of a page a store just wrote).
+        let mut need = vec![(usize::MAX, 0usize); order.len()];
+        for &(p, slot) in rows {
+            let n = &mut need[local[&p]];
+            *n = (n.0.min(slot), n.1.max(slot + 1));
+        }
+        let mut slot_of_page = vec![0usize; order.len()];
+        let mut missing = Vec::new();
+        // Pages whose tag an earlier missing page of this call has: they share its slot.
+        let (mut first_missing, mut aliases) = (HashMap::new(), Vec::new());
+        for (i, &p) in order.iter().enumerate() {
+            let tag = tags[p];
+            match a.slot_of.get(&tag) {
+                Some(&s) if tag != 0 => {
+                    a.touch(s, now);
+                    slot_of_page[i] = s;
+                }
+                _ if tag != 0 && first_missing.contains_key(&tag) => {
+                    let first: usize = first_missing[&tag];
+                    need[first] = hull(need[first], need[i]);
+                    aliases.push((i, first));
+                }
+                _ => {
+                    first_missing.insert(tag, i);
+                    missing.push(i);
+                }
+            }
+        }
+        // Free slots first, then the least recently used: the front of `by_age`, where no slot
+        // this call uses is (they are at `now`, the back), as there are enough slots for all.
+        for &i in &missing {
+            let Some(&(_, s)) = a.by_age.first() else {
+                return Ok(None);
+            };
+            a.forget(s);
+            let tag = tags[order[i]];
+            a.tag[s] = tag;
+            a.touch(s, now);
+            if tag != 0 {
+                a.slot_of.insert(tag, s);
+            }
+            slot_of_page[i] = s;
+        }
+        let mut aliased = vec![false; order.len()];
+        for &(i, first) in &aliases {
+            slot_of_page[i] = slot_of_page[first];
+            aliased[i] = true;
+        }
+        // What each page's slot lacks to hold the span it is read over (its entries are kept
+        // as one span: the hull of what calls read under its tag), at its place in the arena,
+        // in order; runs that meet in the arena go up as one upload.
+        let mut spans = Vec::new();
+        let mut plan: Vec<(usize, usize, usize, usize)> = Vec::new();
+        for i in (0..order.len()).filter(|&i| !aliased[i]) {
+            let s = slot_of_page[i];
+            let (have, want) = (a.valid[s], need[i]);
+            let span = if have.0 < have.1 {
+                hull(have, want)
+            } else {
+                want
+            };
+            for (from, to) in [(span.0, have.0.min(span.1)), (have.1.max(span.0), span.1)] {
+                if from < to && !(have.0 <= from && to <= have.1) {
+                    plan.push((s, from, to, order[i]));
+                }
+            }
+            spans.push((s, span));
+        }
+        plan.sort_unstable();
+        let mut staged: Vec<(usize, Vec<u8>)> = Vec::new();
+        for &(s, from, to, p) in &plan {
+            let Some(bytes) = slot_entries(fmt, pages[p], from..to) else {
+                // A page without the format's layout: nothing is uploaded, and the slots placed
+                // for missing pages are forgotten (their bytes are stale).
+                for &i in &missing {
+                    a.forget(slot_of_page[i]);
+                }
+                return Ok(None);
+            };
+            let at = s * slot_bytes + from * entry;
+            match staged.last_mut() {
+                Some((start, run)) if *start + run.len() == at => run.extend_from_slice(&bytes),
+                _ => staged.push((at, bytes)),
+            }
+        }
+        for (at, run) in &staged {
+            let dst = DevPtr {
+                ptr: a.buf.at().ptr + *at as u64,
+                bytes: run.len(),
+            };
+            c.dev.upload_to(dst, run)?;
+        }
+        for (s, span) in spans {
+            a.valid[s] = span;
+        }
+        let rows = rows
+            .iter()
+            .map(|&(p, s)| slot_of_page[local[&p]] * per + s)
+            .collect::<Vec<usize>>();
+        // The kernels take u32 row ids.
+        if let Some(&last) = rows.iter().max() {
+            u32_arg("page cache rows", last)?;
+        }
+        Ok(Some(Placed {
+            arenas,
+            index,
+            rows,
+        }))
+    }
+}
+
+impl Arena {
+    /// Mark slot `s` used by call `now`.
+    fn touch(&mut self, s: usize, now: u64) {
+        self.by_age.remove(&(self.used[s], s));
+        self.used[s] = now;
+        self.by_age.insert((now, s));
+    }
+
+    /// Free slot `s`: no tag, reused first.
+    fn forget(&mut self, s: usize) {
+        if self.tag[s] != 0 {
+            self.slot_of.remove(&self.tag[s]);
+        }
+        self.tag[s] = 0;
+        self.valid[s] = (0, 0);
+        self.touch(s, 0);
+    }
+}
+
+/// The smallest span holding spans `a` and `b` (each start .. end).
+fn hull(a: (usize, usize), b: (usize, usize)) -> (usize, usize) {
+    (a.0.min(b.0), a.1.max(b.1))
+}
+
+/// The entries (data bytes, then scale bytes) of `page`'s slots `slots`, end to end; None when
+/// the page does not have the format's layout.
+fn slot_entries(fmt: &RowFormat, page: &[u8], slots: std::ops::Range<usize>) -> Option<Vec<u8>> {
+    let picks: Vec<(usize, usize)> = slots.map(|s| (0, s)).collect();
+    super::cache::gathered_entries(fmt, &[page], &picks, picks.len() * fmt.width()).ok()
+}

@@ -1,0 +1,252 @@
+//! The device page cache on the CPU emulator: paged attention and the indexer's selection with
+//! page tags give bit for bit what they give without, and upload a page only when the cache
+//! does not hold its tag: a repeated call uploads no page, a page with a new tag is uploaded
+//! alone, a call needing more pages than the arena holds takes the untagged path, and a page
+//! evicted for another is uploaded again when it is read next. The tiny model decodes at a
+//! 300-token context with the same logits bits with and without the cache, uploading less.
+//!
+//! The emulator needs a host C++ compiler; without one each test prints why and skips, except
+//! under CI=true, where that is a failure.
+
+mod common;
+
+use common::emu_available;
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_core::cache::{IndexKLayout, KvLayout};
+use dsv4_core::{IndexKDtype, KvCacheDtype};
+use dsv4_kernels::{Backend, DeviceStats, RowFormat, row_check};
+use dsv4_model::{ModelSource, load_model};
+use std::sync::Arc;
+
+/// Three fp8 KV pages of 8 entries (head dim 192, rope 64), every slot written by `be`.
+fn kv_pages(be: &CudaBackend) -> (RowFormat, Vec<Vec<u8>>) {
+    let layout = KvLayout::from_head_dims(KvCacheDtype::Fp8, 192, 64, 8).expect("a layout");
+    let fmt = RowFormat::Kv(layout);
+    let pages = (0..3)
+        .map(|p| {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..8 {
+                let v: Vec<f32> = (0..192)
+                    .map(|i| ((i * 5 + slot * 3 + p * 7) % 13) as f32 * 0.25 - 1.5)
+                    .collect();
+                be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
+            }
+            page
+        })
+        .collect();
+    (fmt, pages)
+}
+
+/// Attention of two queries over all 24 rows of `pages` (query 1 over the last 16), with
+/// `tags`: the output's bits and the bytes uploaded.
+fn attend(be: &CudaBackend, fmt: &RowFormat, pages: &[Vec<u8>], tags: &[u64]) -> (Vec<u32>, u64) {
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let rows: Vec<(usize, usize)> = (0..24).map(|i| (i / 8, i % 8)).collect();
+    let ids: Vec<usize> = (0..24).chain(8..24).collect();
+    let (heads, dim) = (2usize, 192usize);
+    let q: Vec<f32> = (0..2 * heads * dim)
+        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    let before = stats(be);
+    be.paged_attention_indexed(
+        &q,
+        fmt,
+        &refs,
+        tags,
+        &rows,
+        &ids,
+        &[0, 24, 40],
+        &[0.5, -0.5],
+        0.07,
+        &mut out,
+    )
+    .expect("valid pages");
+    let moved = stats(be).since(&before);
+    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
+}
+
+fn stats(be: &CudaBackend) -> DeviceStats {
+    Backend::device(be).expect("device ops").stats()
+}
+
+#[test]
+fn tagged_pages_are_uploaded_once_and_read_bitwise() {
+    if !emu_available("tagged_pages_are_uploaded_once_and_read_bitwise") {
+        return;
+    }
+    for acc_f64 in [true, false] {
+        let be = CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"));
+        let (fmt, mut pages) = kv_pages(&be);
+        let page = fmt.entry_bytes() as u64 * 8;
+        let (want, untagged) = attend(&be, &fmt, &pages, &[]);
+        let mut tags = row_check::fresh_tags(3);
+        let (first, first_bytes) = attend(&be, &fmt, &pages, &tags);
+        let (again, again_bytes) = attend(&be, &fmt, &pages, &tags);
+        assert_eq!(first, want, "acc_f64={acc_f64}: the first tagged call");
+        assert_eq!(
+            again, want,
+            "acc_f64={acc_f64}: the call served from the cache"
+        );
+        assert!(
+            first_bytes >= 3 * page && again_bytes + 3 * page <= first_bytes,
+            "acc_f64={acc_f64}: {first_bytes} bytes uploaded first, {again_bytes} again"
+        );
+        // Page 2 changes (a new row appended): only it is uploaded, and the output follows.
+        let v = vec![0.75f32; 192];
+        be.cache_store(&fmt, &mut pages[2], 7, &v).expect("a slot");
+        tags[2] = row_check::fresh_tags(1)[0];
+        let (changed, changed_bytes) = attend(&be, &fmt, &pages, &tags);
+        let (want_changed, _) = attend(&be, &fmt, &pages, &[]);
+        assert_eq!(
+            changed, want_changed,
+            "acc_f64={acc_f64}: the changed page is read"
+        );
+        assert_ne!(changed, want, "acc_f64={acc_f64}: the change shows");
+        assert_eq!(
+            changed_bytes,
+            again_bytes + page,
+            "acc_f64={acc_f64}: one page uploaded"
+        );
+        eprintln!(
+            "acc_f64={acc_f64}: {untagged} bytes uploaded untagged, {first_bytes} tagged first, \
+             {again_bytes} again, {changed_bytes} with one page changed"
+        );
+    }
+}
+
+#[test]
+fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
+    if !emu_available("a_small_arena_falls_back_or_evicts_and_stays_bitwise") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, pages) = kv_pages(&be);
+    let page = fmt.entry_bytes() * 8;
+    let (want, untagged) = attend(&be, &fmt, &pages, &[]);
+    let tags = row_check::fresh_tags(3);
+    // Two page slots: a call over three pages takes the untagged path.
+    let small = be.with_page_cache(2 * page);
+    assert_eq!(small.page_cache_budget(), 2 * page);
+    let (got, bytes) = attend(&small, &fmt, &pages, &tags);
+    assert_eq!((got, bytes), (want.clone(), untagged), "the untagged path");
+    // Three slots: a call over pages 0 and 1 only, then one over page 2 evicts page 0 (the
+    // least recently used), so the next full call uploads page 0 again but not page 1.
+    let three = small.with_page_cache(3 * page);
+    let (_, full_bytes) = attend(&three, &fmt, &pages, &tags);
+    let (_, again_bytes) = attend(&three, &fmt, &pages, &tags);
+    let two: Vec<Vec<u8>> = vec![pages[1].clone(), vec![0u8; fmt.page_bytes()]];
+    let other = row_check::fresh_tags(1)[0];
+    // Page 1 again (same tag), and a fresh page: three slots hold pages 0, 1 and 2, so the
+    // fresh one evicts page 0, the least recently used.
+    let refs: Vec<&[u8]> = two.iter().map(Vec::as_slice).collect();
+    let q = vec![0.1f32; 2 * 192];
+    let mut out = vec![0f32; q.len()];
+    three
+        .paged_attention_indexed(
+            &q,
+            &fmt,
+            &refs,
+            &[tags[1], other],
+            &[(0, 0), (1, 0)],
+            &[0, 1],
+            &[0, 2],
+            &[0.5, -0.5],
+            0.07,
+            &mut out,
+        )
+        .expect("valid pages");
+    let (got, evicted_bytes) = attend(&three, &fmt, &pages, &tags);
+    assert_eq!(got, want, "after the eviction");
+    let p = page as u64;
+    assert!(
+        full_bytes >= again_bytes + 3 * p,
+        "{full_bytes} then {again_bytes}"
+    );
+    assert_eq!(
+        evicted_bytes,
+        again_bytes + p,
+        "page 0 alone uploaded again"
+    );
+}
+
+#[test]
+fn tagged_index_k_pages_choose_as_untagged_ones() {
+    if !emu_available("tagged_index_k_pages_choose_as_untagged_ones") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let layout = IndexKLayout::new(IndexKDtype::Fp8, 64, 16).expect("a layout");
+    let fmt = RowFormat::IndexK(layout);
+    let pages: Vec<Vec<u8>> = (0..2)
+        .map(|p| {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..16 {
+                let v: Vec<f32> = (0..64)
+                    .map(|i| ((i * 3 + slot * 7 + p) % 17) as f32 - 8.0)
+                    .collect();
+                be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
+            }
+            page
+        })
+        .collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let rows: Vec<(usize, usize)> = (0..32).map(|i| (i / 16, i % 16)).collect();
+    // Nested prefixes, as a prefill chunk's rows score them.
+    let ranges: Vec<(usize, usize)> = (1..=4).map(|r| (0, 8 * r)).collect();
+    let (q, w) = (vec![0.5f32; 4 * 2 * 64], vec![1.0f32; 4 * 2]);
+    let run = |tags: &[u64]| {
+        let before = stats(&be);
+        let chosen = be
+            .paged_indexer_topk_ranges(&q, &w, &fmt, &refs, tags, &rows, &ranges, 5)
+            .expect("valid pages");
+        (chosen, stats(&be).since(&before).write_bytes)
+    };
+    let (want, _) = run(&[]);
+    let tags = row_check::fresh_tags(2);
+    let (first, first_bytes) = run(&tags);
+    let (again, again_bytes) = run(&tags);
+    assert_eq!((&first, &again), (&want, &want));
+    let pages_bytes = 2 * 16 * fmt.entry_bytes() as u64;
+    assert_eq!(first_bytes, again_bytes + pages_bytes, "both pages once");
+}
+
+#[test]
+fn the_model_decodes_the_same_bits_uploading_less_with_the_cache() {
+    if !emu_available("the_model_decodes_the_same_bits_uploading_less_with_the_cache") {
+        return;
+    }
+    let run = |budget: usize| {
+        let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"))
+            .with_page_cache(budget);
+        let be: Arc<dyn Backend> = Arc::new(be);
+        let m = load_model(
+            &ModelSource::Tiny { seed: 0 },
+            be.clone(),
+            Default::default(),
+        )
+        .expect("the tiny model");
+        let mut seq = m.new_sequence();
+        let prompt: Vec<u32> = (0..300).map(|i| 2 + (i * 37 % 300)).collect();
+        let mut bits: Vec<u32> = Vec::new();
+        let out = m.forward(&mut seq, &prompt).expect("prefill");
+        bits.extend(out.logits.iter().map(|x| x.to_bits()));
+        let before = be.device().expect("device ops").stats();
+        for t in [5u32, 6, 7] {
+            let out = m.forward(&mut seq, &[t]).expect("decode");
+            bits.extend(out.logits.iter().map(|x| x.to_bits()));
+        }
+        let moved = be.device().expect("device ops").stats().since(&before);
+        (bits, moved.write_bytes)
+    };
+    let (want, without) = run(0);
+    let (got, with) = run(64 << 20);
+    assert!(got == want, "the cache changes no logit bit");
+    eprintln!(
+        "three decode steps at 300 tokens: {with} bytes uploaded with the cache, {without} without"
+    );
+    assert!(
+        with < without,
+        "{with} bytes with the cache, {without} without"
+    );
+}
