@@ -181,7 +181,8 @@ pub fn run(
     let stats = || backend.device().map(|d| d.stats());
     let before = stats();
     let t0 = Instant::now();
-    model.forward(&mut model.new_sequence(), &toks)?;
+    let mut long = model.new_sequence();
+    model.forward(&mut long, &toks)?;
     push(
         format!("prefill {} tokens", plan.prefill_tokens),
         plan.prefill_tokens as f64 / t0.elapsed().as_secs_f64(),
@@ -195,6 +196,23 @@ pub fn run(
             after.since(&before).write_bytes as f64 / (1024.0 * 1024.0),
             "MiB",
         );
+        // Decode steps of that sequence: what one step at this context uploads (its cache
+        // rows grow with the context unless the device keeps them).
+        const STEPS: usize = 4;
+        let before = stats();
+        for t in tokens(STEPS, v, 2) {
+            model.forward(&mut long, &[t])?;
+        }
+        if let (Some(before), Some(after)) = (before, stats()) {
+            push(
+                format!(
+                    "  decode at {} tokens: KiB uploaded/step",
+                    plan.prefill_tokens
+                ),
+                after.since(&before).write_bytes as f64 / 1024.0 / STEPS as f64,
+                "KiB",
+            );
+        }
     }
 
     // Decode at batch 1 and 16 after a 64-token prompt each.
