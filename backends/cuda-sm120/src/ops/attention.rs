@@ -167,30 +167,23 @@ pub fn paged_attention_rows(
     scale: f32,
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let dim = fmt.width();
-    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
-        Ok(e) => e,
-        Err(e) => return Ok(Err(e)),
-    };
-    let hd = sink.len() * dim;
+    // Each key its own row, in order: ids that count the rows (no page is tagged).
+    let ids: Vec<usize> = (0..rows.len()).collect();
     let what = "paged_attention_rows";
-    let Some(r) = attention_operands(what, q, out, rows.len() * dim, dim, hd, key_starts)? else {
-        return Ok(Ok(()));
-    };
-    let (first, last, starts) = (r.first, r.last, &r.starts);
-    let len = (starts.len() - 1) * hd;
-    let out = &mut out[..len];
-    if last == first {
-        // No keys at all: attention over the sink alone, as the composition computes it.
-        attend(c, &q[..len], dim, &[], starts, sink, scale, out)?;
-        return Ok(Ok(()));
-    }
-    let eb = fmt.entry_bytes();
-    let keys = Keys::entries(fmt)?;
-    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
-    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, starts, None, sink, scale)?;
-    c.dev.download_f32(&ob, out)?;
-    Ok(Ok(()))
+    paged_attention(
+        c,
+        what,
+        q,
+        fmt,
+        pages,
+        &[],
+        rows,
+        &ids,
+        key_starts,
+        sink,
+        scale,
+        out,
+    )
 }
 
 /// [`paged_attention_rows`] with key rows shared between queries
@@ -214,12 +207,34 @@ pub fn paged_attention_indexed(
     scale: f32,
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let what = "paged_attention_indexed";
+    let (tags, ids) = (page_tags, key_ids);
+    paged_attention(
+        c, what, q, fmt, pages, tags, rows, ids, key_starts, sink, scale, out,
+    )
+}
+
+/// [`paged_attention_indexed`], its errors naming `what` (the op called).
+#[allow(clippy::too_many_arguments)]
+fn paged_attention(
+    c: &Core,
+    what: &str,
+    q: &[f32],
+    fmt: &RowFormat,
+    pages: &[&[u8]],
+    page_tags: &[u64],
+    rows: &[(usize, usize)],
+    key_ids: &[usize],
+    key_starts: &[usize],
+    sink: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
     let dim = fmt.width();
     let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
         Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
-    let what = "paged_attention_indexed";
     if let Some((i, &id)) = key_ids
         .iter()
         .enumerate()
