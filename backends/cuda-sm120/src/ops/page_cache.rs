@@ -109,9 +109,9 @@ impl PageCache {
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
     /// uploading those whose tag it does not hold; `None` when the cache cannot serve the call
-    /// (no tags, a page untagged-only call, more pages than slots, a page of the wrong size),
-    /// and the caller uploads the rows itself. `tags` has one entry per page; untagged pages
-    /// (0) are uploaded each call.
+    /// (no tags or only untagged pages, more pages than slots, a page of the wrong size), and
+    /// the caller uploads the rows itself. `tags` has one entry per page; untagged pages (0)
+    /// are uploaded each call. The rows must have passed the format's layout check.
     pub fn place<'a>(
         &'a self,
         c: &Core,
