@@ -3,7 +3,7 @@
 //! per-head max and weights, weighted sum with its denominator), for one query or a batch of
 //! them, each over its own keys, which may still be in their cache pages.
 
-use super::cache::{Keys, gathered_entries};
+use super::cache::{CheckedRows, Keys};
 use super::indexer::u32_words;
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
@@ -231,8 +231,8 @@ fn paged_attention(
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
     let dim = fmt.width();
-    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
-        Ok(e) => e,
+    let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
+        Ok(c) => c,
         Err(e) => return Ok(Err(e)),
     };
     if let Some((i, &id)) = key_ids
@@ -278,8 +278,7 @@ fn paged_attention(
         return Ok(Ok(()));
     }
     // Only the rows from the first to the last used one are uploaded; ids count from there.
-    let eb = fmt.entry_bytes();
-    let kb = c.dev.temp_upload(&entries[lo * eb..(hi + 1) * eb])?;
+    let kb = c.dev.temp_upload(&checked.entries(lo..hi + 1))?;
     let ids: Vec<usize> = used.iter().map(|&id| id - lo).collect();
     // Ids that read every uploaded row once, in order, are left out (a decode batch: each
     // query its own rows): key i is then row i.

@@ -198,13 +198,43 @@ pub(crate) fn gathered_entries(
     rows: &[(usize, usize)],
     out_len: usize,
 ) -> Result<Vec<u8>, CacheLayoutError> {
-    let at = fmt.checked_rows(pages, rows, out_len)?;
-    let mut entries = Vec::with_capacity(rows.len() * fmt.entry_bytes());
-    for (&(page, _), at) in rows.iter().zip(at) {
-        entries.extend_from_slice(&pages[page][at.data]);
-        entries.extend_from_slice(&pages[page][at.scale]);
+    Ok(CheckedRows::new(fmt, pages, rows, out_len)?.entries(0..rows.len()))
+}
+
+/// Rows (page, slot) of pages that passed the shared codec's checks, their entries gathered only
+/// when asked for (a call the page cache serves needs none of them).
+pub(crate) struct CheckedRows<'a> {
+    pages: &'a [&'a [u8]],
+    rows: &'a [(usize, usize)],
+    at: Vec<dsv4_core::cache::SlotBytes>,
+    entry: usize,
+}
+
+impl<'a> CheckedRows<'a> {
+    /// Check every access of `rows` and an output of `out_len` values.
+    pub fn new(
+        fmt: &RowFormat,
+        pages: &'a [&'a [u8]],
+        rows: &'a [(usize, usize)],
+        out_len: usize,
+    ) -> Result<Self, CacheLayoutError> {
+        Ok(Self {
+            at: fmt.checked_rows(pages, rows, out_len)?,
+            pages,
+            rows,
+            entry: fmt.entry_bytes(),
+        })
     }
-    Ok(entries)
+
+    /// The entries of rows `range`, laid end to end.
+    pub fn entries(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let mut entries = Vec::with_capacity(range.len() * self.entry);
+        for (&(page, _), at) in self.rows[range.clone()].iter().zip(&self.at[range]) {
+            entries.extend_from_slice(&self.pages[page][at.data.clone()]);
+            entries.extend_from_slice(&self.pages[page][at.scale.clone()]);
+        }
+        entries
+    }
 }
 
 /// Decode `rows` entries laid end to end in `entries` (equal sizes) into `out` (rows × the

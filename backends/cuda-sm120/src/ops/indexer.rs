@@ -4,7 +4,7 @@
 //! too, when they come as cache rows, which the scores launch then reads in place).
 
 use super::attention::{KEY_THREADS, MAX_GRID_Y};
-use super::cache::{Keys, gathered_entries};
+use super::cache::{CheckedRows, Keys};
 use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
@@ -159,8 +159,8 @@ pub fn paged_indexer_topk_ranges(
     k: usize,
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
     let dim = fmt.width();
-    let entries = match gathered_entries(fmt, pages, rows, rows.len() * dim) {
-        Ok(e) => e,
+    let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
+        Ok(c) => c,
         Err(e) => return Ok(Err(e)),
     };
     let what = "paged_indexer_topk_ranges";
@@ -189,7 +189,6 @@ pub fn paged_indexer_topk_ranges(
         let zeros = vec![0f32; total * dim];
         return indexer_topk_rows(c, q, w, dim, &zeros, &starts, k).map(Ok);
     }
-    let eb = fmt.entry_bytes();
     let keys = Keys::entries(fmt)?;
     // Only the rows some range reads are uploaded.
     let first = key_ranges
@@ -225,7 +224,7 @@ pub fn paged_indexer_topk_ranges(
         )?;
         return topk_on_device(c, &sb, &r.starts, k).map(Ok);
     }
-    let kb = c.dev.temp_upload(&entries[first * eb..last * eb])?;
+    let kb = c.dev.temp_upload(&checked.entries(first..last))?;
     let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts, bases, None)?;
     topk_on_device(c, &sb, &r.starts, k).map(Ok)
 }
