@@ -37,6 +37,7 @@ pub use registry::{link, open_backend};
 pub use device::{DevBuf, DevPtr, Device, DeviceInfo, KArg};
 pub use error::CudaError;
 pub use ops::linear::LinearPath;
+pub use ops::page_cache::PAGE_CACHE_ENV;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;

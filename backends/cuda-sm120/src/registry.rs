@@ -1,7 +1,7 @@
 //! The backend registry entries of this crate: `cuda-sm120` (the kernels on an NVIDIA GPU through
 //! the CUDA driver) and `cuda-emu` (the same kernels on the CPU emulator, for tests).
 
-use crate::ops::page_cache::budget_from_env;
+use crate::ops::page_cache::{PAGE_CACHE_ENV, mib_bytes, mib_from_env};
 use crate::{CudaBackend, CudaError, EMU_NAME, LinearPath, NAME, emu};
 use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
 use std::sync::Arc;
@@ -43,12 +43,12 @@ fn linear_override() -> Result<Option<LinearPath>, CudaError> {
 
 /// A knob set by the profile (`key`) or by an environment variable (`var`): whichever is set;
 /// both set must agree, since a run has one resolved configuration.
-fn agree<T: PartialEq + Copy>(
+fn agree<T: PartialEq + Copy, N: std::fmt::Display>(
     key: &str,
     profile: Option<T>,
     var: &str,
     env: Option<T>,
-    name: fn(T) -> &'static str,
+    name: fn(T) -> N,
 ) -> Result<Option<T>, CudaError> {
     match (profile, env) {
         (Some(p), Some(e)) if p != e => Err(CudaError::BadOperands(format!(
@@ -97,10 +97,22 @@ pub(crate) fn linear_choice(opts: &BackendOptions) -> Result<LinearPath, CudaErr
     Ok(chosen.unwrap_or_default())
 }
 
-/// `backend` with page arenas of `budget` bytes when `DSV4_CUDA_PAGE_CACHE_MIB` asked for it.
-fn with_budget(backend: CudaBackend, budget: Option<usize>) -> CudaBackend {
-    match budget {
-        Some(bytes) => backend.with_page_cache(bytes),
+/// The MiB of each page arena, when asked for: `backend.cuda_page_cache_mib`
+/// (`opts.page_cache_mib`) or `DSV4_CUDA_PAGE_CACHE_MIB`; None leaves the backend's default.
+pub(crate) fn page_cache_choice(opts: &BackendOptions) -> Result<Option<u64>, CudaError> {
+    agree(
+        "backend.cuda_page_cache_mib",
+        opts.page_cache_mib,
+        PAGE_CACHE_ENV,
+        mib_from_env()?,
+        |mib| mib,
+    )
+}
+
+/// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it.
+fn with_budget(backend: CudaBackend, mib: Option<u64>) -> CudaBackend {
+    match mib {
+        Some(mib) => backend.with_page_cache(mib_bytes(mib)),
         None => backend,
     }
 }
@@ -143,7 +155,7 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
                 .map_err(|e| unavailable(EMU_NAME, e))?
                 .unwrap_or(true);
             let linear = linear_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
-            let budget = budget_from_env().map_err(|e| unavailable(EMU_NAME, e))?;
+            let budget = page_cache_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
             let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
             Ok(with_budget(
                 CudaBackend::with_linear(EMU_NAME, dev, linear),
@@ -163,7 +175,7 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
     {
         let linear = linear_choice(opts).map_err(|e| unavailable(NAME, e))?;
         let sums = sums_choice(opts).map_err(|e| unavailable(NAME, e))?;
-        let budget = budget_from_env().map_err(|e| unavailable(NAME, e))?;
+        let budget = page_cache_choice(opts).map_err(|e| unavailable(NAME, e))?;
         let dev = crate::cuda::open(index, sums).map_err(|e| unavailable(NAME, e))?;
         Ok(with_budget(
             CudaBackend::with_linear(NAME, dev, linear),
@@ -223,6 +235,13 @@ mod tests {
         let e = pick(Some(false), Some(true)).unwrap_err().to_string();
         assert!(
             e.contains("backend.cuda_sums = f32 but DSV4_CUDA_ACC=f64"),
+            "{e}"
+        );
+        let mib = |p, e| agree("backend.cuda_page_cache_mib", p, PAGE_CACHE_ENV, e, |m| m);
+        assert_eq!(mib(Some(0), Some(0)).unwrap(), Some(0));
+        let e = mib(Some(512), Some(0)).unwrap_err().to_string();
+        assert!(
+            e.contains("backend.cuda_page_cache_mib = 512 but DSV4_CUDA_PAGE_CACHE_MIB=0"),
             "{e}"
         );
     }

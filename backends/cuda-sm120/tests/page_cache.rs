@@ -11,10 +11,10 @@
 mod common;
 
 use common::emu_available;
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME, PAGE_CACHE_ENV, emu, open_backend};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype};
-use dsv4_kernels::{Backend, DeviceStats, RowFormat, row_check};
+use dsv4_kernels::{Backend, BackendOptions, DeviceStats, RowFormat, row_check};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -111,6 +111,30 @@ fn tagged_pages_are_uploaded_once_and_read_bitwise() {
         eprintln!(
             "acc_f64={acc_f64}: {untagged} bytes uploaded untagged, {first_bytes} tagged first, \
              {again_bytes} again, {changed_bytes} with one page changed"
+        );
+    }
+}
+
+#[test]
+fn the_backend_options_size_the_arenas() {
+    if !emu_available("the_backend_options_size_the_arenas") {
+        return;
+    }
+    // `backend.cuda_page_cache_mib` reaches the backend as `page_cache_mib`.
+    let opts = |mib| BackendOptions {
+        page_cache_mib: mib,
+        ..BackendOptions::default()
+    };
+    let sized = open_backend(EMU_NAME, &opts(Some(3))).expect("the emulator");
+    assert_eq!(sized.page_cache_budget(), 3 << 20);
+    let off = open_backend(EMU_NAME, &opts(Some(0))).expect("the emulator");
+    assert_eq!(off.page_cache_budget(), 0);
+    if std::env::var_os(PAGE_CACHE_ENV).is_none() {
+        let default = open_backend(EMU_NAME, &opts(None)).expect("the emulator");
+        assert_eq!(
+            default.page_cache_budget(),
+            64 << 20,
+            "the emulator's default"
         );
     }
 }

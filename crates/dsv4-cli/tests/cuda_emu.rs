@@ -119,6 +119,48 @@ fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
         &[("DSV4_CUDA_LINEAR", "mma")],
         "backend.cuda_linear = simt but DSV4_CUDA_LINEAR=mma",
     );
+    fails_with(
+        &["backend.cuda_page_cache_mib=1G"],
+        &[],
+        "bad value `1G` for `backend.cuda_page_cache_mib` in --set \
+         backend.cuda_page_cache_mib=1G: expected \"auto\" or a non-negative integer",
+    );
+    fails_with(
+        &["backend.cuda_page_cache_mib=512"],
+        &[("DSV4_CUDA_PAGE_CACHE_MIB", "0")],
+        "backend.cuda_page_cache_mib = 512 but DSV4_CUDA_PAGE_CACHE_MIB=0",
+    );
+}
+
+#[test]
+fn the_page_cache_knob_changes_the_traffic_and_not_the_logits() {
+    if !available("the_page_cache_knob_changes_the_traffic_and_not_the_logits") {
+        return;
+    }
+    // The tiny-model diff with the cache off (`0`: every call uploads the rows it reads) and at
+    // the backend's default: the same logits against the reference, fewer bytes uploaded. At
+    // 300 tokens: at 72 nearly every page a call reads is one just written, and the cache's
+    // per-key arena ids make it upload about 2% more than it saves (docs/cuda.md).
+    let run = |mib: &str| {
+        let set = format!("backend.cuda_page_cache_mib={mib}");
+        let mut args = vec!["--set", set.as_str()];
+        args.extend(TINY_MODEL_DIFF);
+        let at = args.iter().position(|a| *a == "72").unwrap();
+        args[at] = "300";
+        args.push("--json");
+        let report = json(dsv4(&std::env::temp_dir(), &args));
+        assert_eq!(report["passed"], true, "{mib}: {report}");
+        let model = &report["model"];
+        let uploaded = model["candidate_device"]["write_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{mib}: no upload count in {model}"));
+        (model["logits"].clone(), uploaded)
+    };
+    let (logits_off, off) = run("0");
+    let (logits_on, on) = run("auto");
+    assert_eq!(logits_off, logits_on, "the cache changed the logits");
+    assert!(on < off, "the cache uploaded {on} bytes, {off} without it");
+    eprintln!("tiny model diff: {off} bytes uploaded without the page cache, {on} with it");
 }
 
 #[test]

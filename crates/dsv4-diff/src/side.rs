@@ -16,14 +16,8 @@ use std::sync::Arc;
 pub struct SideConfig {
     /// Backend registry name.
     pub backend: String,
-    /// Worker threads (0 = all cores).
-    pub threads: usize,
-    /// Device selector, if any.
-    pub device: Option<String>,
-    /// f64 (true) or f32 sums where the backend offers a choice; None lets it choose.
-    pub f64_sums: Option<bool>,
-    /// Tensor-core linears where the backend offers them; None lets it choose.
-    pub tensor_core_linears: Option<bool>,
+    /// What the backend is created with (threads, device, the CUDA knobs).
+    pub options: BackendOptions,
     /// Numerics knobs (spec §5), used by `--model`.
     pub numerics: Numerics,
     /// The model `--model` loads.
@@ -41,13 +35,7 @@ impl SideConfig {
 
     /// Create the backend from the registry; `role` ("oracle"/"candidate") labels errors.
     pub fn open(self, role: &'static str) -> Result<Side, DiffError> {
-        let opts = BackendOptions {
-            threads: self.threads,
-            device: self.device.clone(),
-            f64_sums: self.f64_sums,
-            tensor_core_linears: self.tensor_core_linears,
-        };
-        let backend = registry::create(&self.backend, &opts)
+        let backend = registry::create(&self.backend, &self.options)
             .map_err(|source| DiffError::Backend { side: role, source })?;
         Ok(Side {
             config: self,
@@ -89,7 +77,7 @@ impl Side {
                 ModelSource::Tiny { seed } => format!("tiny (seed {seed})"),
                 ModelSource::Dir(d) => d.display().to_string(),
             },
-            threads: self.config.threads,
+            threads: self.config.options.threads,
         }
     }
 }
@@ -99,10 +87,7 @@ impl Default for SideConfig {
     fn default() -> Self {
         SideConfig {
             backend: dsv4_backend_reference::NAME.to_string(),
-            threads: 0,
-            device: None,
-            f64_sums: None,
-            tensor_core_linears: None,
+            options: BackendOptions::default(),
             numerics: Numerics::default(),
             model: ModelSource::Tiny { seed: 0 },
             exec: ExecOptions::default(),
@@ -118,7 +103,10 @@ mod tests {
     fn sides_open_from_the_registry_and_unknown_backends_name_the_registered_ones() {
         dsv4_backend_reference::link();
         let cfg = SideConfig {
-            threads: 3,
+            options: BackendOptions {
+                threads: 3,
+                ..BackendOptions::default()
+            },
             model: ModelSource::Tiny { seed: 9 },
             ..SideConfig::default()
         };

@@ -5,7 +5,7 @@ use crate::{Backend, KernelError};
 use std::sync::Arc;
 
 /// Options a backend is created with (from the profile's `[backend]`/`[exec]` sections).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackendOptions {
     /// Worker threads (0 = all cores); backends without threads ignore it.
     pub threads: usize,
@@ -17,6 +17,9 @@ pub struct BackendOptions {
     /// Tensor-core linears where a backend offers them (`backend.cuda_linear`): Some(true) on,
     /// Some(false) off, None the backend's choice.
     pub tensor_core_linears: Option<bool>,
+    /// MiB of device memory for cache pages kept across calls, per entry layout, where a backend
+    /// keeps them (`backend.cuda_page_cache_mib`): Some(0) none, None the backend's choice.
+    pub page_cache_mib: Option<u64>,
 }
 
 /// A registered backend: its name, an availability probe, and a constructor.

@@ -123,6 +123,8 @@ fn typed_value(kind: &ValueKind, to: &str) -> Result<toml_edit::Value, LedgerErr
     Ok(match kind {
         ValueKind::Bool => to.parse::<bool>().map_err(|_| bad())?.into(),
         ValueKind::Unsigned | ValueKind::Range(..) => to.parse::<i64>().map_err(|_| bad())?.into(),
+        ValueKind::AutoOrUnsigned if to == "auto" => to.into(),
+        ValueKind::AutoOrUnsigned => to.parse::<i64>().map_err(|_| bad())?.into(),
         ValueKind::PositiveFloat => match to.parse::<i64>() {
             Ok(i) => i.into(),
             Err(_) => to.parse::<f64>().map_err(|_| bad())?.into(),
@@ -155,5 +157,17 @@ mod tests {
             "{added}"
         );
         assert!(profile_path("../x").is_err());
+    }
+
+    #[test]
+    fn auto_or_integer_keys_are_written_typed() {
+        let text = "[backend]\nkind = \"cuda-sm120\"\n";
+        let key = "backend.cuda_page_cache_mib";
+        let pinned = set_key(text, key, "512", "").unwrap();
+        assert!(pinned.ends_with("cuda_page_cache_mib = 512\n"), "{pinned}");
+        let auto = set_key(&pinned, key, "auto", "").unwrap();
+        assert!(auto.ends_with("cuda_page_cache_mib = \"auto\"\n"), "{auto}");
+        let e = set_key(text, key, "1G", "").unwrap_err().to_string();
+        assert!(e.contains("\"auto\" or a non-negative integer"), "{e}");
     }
 }

@@ -20,21 +20,29 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 /// Environment variable: MiB of device memory each entry layout's arena may take (0 turns the
-/// cache off).
+/// cache off), as `backend.cuda_page_cache_mib` does in a profile.
 pub const PAGE_CACHE_ENV: &str = "DSV4_CUDA_PAGE_CACHE_MIB";
-/// Bytes of each arena [`PAGE_CACHE_ENV`] asks for (None when unset); a value that is not a
-/// whole number of MiB is an error naming the variable.
-pub fn budget_from_env() -> Result<Option<usize>, CudaError> {
+/// The MiB [`PAGE_CACHE_ENV`] asks for (None when unset or empty); a value that is not a whole
+/// number of MiB is an error naming the variable.
+pub fn mib_from_env() -> Result<Option<u64>, CudaError> {
     match std::env::var(PAGE_CACHE_ENV) {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(mib) => Ok(Some(mib.saturating_mul(1 << 20))),
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(mib) => Ok(Some(mib)),
             Err(_) => Err(CudaError::BadOperands(format!(
                 "{PAGE_CACHE_ENV}={v:?}: expected MiB of device memory per page arena, e.g. \
                  1024 (0 keeps no page)"
             ))),
         },
-        Err(_) => Ok(None),
     }
+}
+
+/// Bytes of `mib` MiB (saturating).
+pub fn mib_bytes(mib: u64) -> usize {
+    usize::try_from(mib)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(1 << 20)
 }
 
 /// The arena size without [`PAGE_CACHE_ENV`] on a GPU, MiB per entry layout.

@@ -95,10 +95,7 @@ fn side_of(p: &Profile) -> anyhow::Result<SideConfig> {
     };
     Ok(SideConfig {
         backend: p.backend.kind.clone(),
-        threads: p.exec.threads,
-        device: p.backend.device.clone(),
-        f64_sums: p.backend.cuda_sums.f64_sums(),
-        tensor_core_linears: p.backend.cuda_linear.tensor_cores(),
+        options: super::forward::backend_options(p),
         numerics: p.numerics(),
         model,
         exec: super::plan::exec_options(p)?,

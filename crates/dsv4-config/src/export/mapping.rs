@@ -183,6 +183,14 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Same("SGLang chooses its own GEMM kernels"),
     ),
     row(
+        "backend.cuda_page_cache_mib",
+        Always,
+        Same(
+            "SGLang keeps the whole KV cache in GPU memory (sized by --mem-fraction-static), so \
+             there are no host pages to keep on the device",
+        ),
+    ),
+    row(
         "numerics.kv_cache_dtype",
         Is("fp8"),
         FlagConst("--kv-cache-dtype", "fp8_e4m3"),

@@ -67,6 +67,14 @@ pub const KEYS: &[KeySpec] = &[
         "which kernels run the CUDA backends' linears: simt, mma (tensor cores, f32 sums, \
          sm_80+; bf16/fp8/MXFP4 weights), or auto (the backend's choice: simt today)",
     ),
+    key(
+        "backend.cuda_page_cache_mib",
+        ValueKind::AutoOrUnsigned,
+        "auto",
+        "device memory (MiB) for KV and index-K cache pages the CUDA backends keep across \
+         calls, per entry layout: 0 keeps none, auto takes the backend's default (1024 on a \
+         GPU, 64 on the emulator); other backends ignore it",
+    ),
     // [numerics]
     key(
         "numerics.kv_cache_dtype",

@@ -31,6 +31,8 @@ pub enum ValueKind {
     OptionalText,
     /// A non-negative integer.
     Unsigned,
+    /// The string `auto` (the component's own choice) or a non-negative integer.
+    AutoOrUnsigned,
     /// An integer in `min..=max`.
     Range(u64, u64),
     /// `true` or `false`.
@@ -50,6 +52,7 @@ impl ValueKind {
             ValueKind::Text => "a string".to_string(),
             ValueKind::OptionalText => "a string (empty to unset)".to_string(),
             ValueKind::Unsigned => "a non-negative integer".to_string(),
+            ValueKind::AutoOrUnsigned => "\"auto\" or a non-negative integer".to_string(),
             ValueKind::Range(min, max) => format!("an integer from {min} to {max}"),
             ValueKind::Bool => "true or false".to_string(),
             ValueKind::PositiveFloat => "a number greater than 0".to_string(),
@@ -68,6 +71,7 @@ impl ValueKind {
             ValueKind::Text | ValueKind::OneOf(_) => "string",
             ValueKind::OptionalText => "string, optional",
             ValueKind::Unsigned | ValueKind::Range(..) => "integer",
+            ValueKind::AutoOrUnsigned => "integer or `auto`",
             ValueKind::Bool => "bool",
             ValueKind::PositiveFloat => "float",
             ValueKind::ListOf(_) => "list of strings",
@@ -82,6 +86,8 @@ impl ValueKind {
             ValueKind::OptionalText if raw.is_empty() => Some(Value::from(Empty::None)),
             ValueKind::OptionalText => Some(Value::from(raw)),
             ValueKind::Unsigned => raw.parse::<u64>().ok().map(Value::from),
+            ValueKind::AutoOrUnsigned if raw == "auto" => Some(Value::from(raw)),
+            ValueKind::AutoOrUnsigned => raw.parse::<u64>().ok().map(Value::from),
             ValueKind::Range(min, max) => raw
                 .parse::<u64>()
                 .ok()
@@ -113,7 +119,8 @@ impl ValueKind {
     pub fn accepts(&self, value: &Value) -> bool {
         match (self, value) {
             (ValueKind::Text | ValueKind::OptionalText, Value::String(_, _)) => true,
-            (ValueKind::Unsigned, Value::Num(_, n)) => {
+            (ValueKind::AutoOrUnsigned, Value::String(_, s)) => s == "auto",
+            (ValueKind::Unsigned | ValueKind::AutoOrUnsigned, Value::Num(_, n)) => {
                 n.to_u128_lossy().is_some_and(|v| v <= u128::from(u64::MAX))
             }
             (ValueKind::Range(min, max), Value::Num(_, n)) => n
@@ -287,6 +294,13 @@ mod tests {
         assert_eq!(inject.parse_text("nope"), None);
         let twice = "stale-page-reuse,stale-page-reuse";
         assert_eq!(inject.parse_text(twice), None);
+        let pages = find_key("backend.cuda_page_cache_mib").unwrap().kind;
+        assert_eq!(pages.parse_text(" auto "), Some(Value::from("auto")));
+        assert_eq!(pages.parse_text("0"), Some(Value::from(0u64)));
+        assert_eq!(pages.parse_text("2048"), Some(Value::from(2048u64)));
+        for bad in ["-1", "1.5", "Auto", "1G", ""] {
+            assert_eq!(pages.parse_text(bad), None, "{bad}");
+        }
         let canary = find_key("debug.canary").unwrap().kind;
         assert_eq!(
             canary.parse_text("index_k,kv"),
@@ -310,6 +324,12 @@ mod tests {
         assert!(!ValueKind::PositiveFloat.accepts(&Value::from(0.0)));
         assert!(!ValueKind::PositiveFloat.accepts(&Value::from(f64::NAN)));
         assert!(!ValueKind::Range(1, 9).accepts(&Value::from(10u64)));
+        let pages = ValueKind::AutoOrUnsigned;
+        assert!(pages.accepts(&Value::from("auto")));
+        assert!(pages.accepts(&Value::from(512i64)));
+        assert!(!pages.accepts(&Value::from(-1i64)));
+        assert!(!pages.accepts(&Value::from("512")));
+        assert!(!pages.accepts(&Value::from(true)));
         let list = ValueKind::ListOf(&["a", "b"]);
         assert!(list.accepts(&Value::from(vec!["b", "a"])));
         assert!(!list.accepts(&Value::from(vec!["a", "a"])));

@@ -10,6 +10,7 @@ fn samples(kind: ValueKind) -> Vec<Value> {
         ValueKind::Text => vec![json!("tiny"), json!("/models/x")],
         ValueKind::OptionalText => vec![Value::Null, json!("x"), json!("h:1")],
         ValueKind::Unsigned | ValueKind::Range(..) => vec![json!(0), json!(1), json!(7)],
+        ValueKind::AutoOrUnsigned => vec![json!("auto"), json!(0), json!(7)],
         ValueKind::Bool => vec![json!(true), json!(false)],
         ValueKind::PositiveFloat => vec![json!(0.5), json!(2.0)],
         ValueKind::OneOf(names) => names.iter().map(|n| json!(n)).collect(),
@@ -35,6 +36,7 @@ fn rows_name_known_keys_in_schema_order_and_spell_allowed_values() {
                     ValueKind::OneOf(names) => names.contains(&text),
                     ValueKind::Bool => text == "true" || text == "false",
                     ValueKind::Text | ValueKind::OptionalText => true,
+                    ValueKind::AutoOrUnsigned => text == "auto",
                     _ => false,
                 };
                 assert!(ok, "{key}: `{text}` is not a value it can take");
