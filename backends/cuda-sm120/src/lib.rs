@@ -41,7 +41,7 @@ pub use ops::page_cache::PAGE_CACHE_ENV;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{Backend, DeviceOps, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{Backend, DeviceOps, HcParams, Linear, MhcPre, PageTag, RopeTable, RowFormat};
 
 /// Registry name of the CUDA backend.
 pub const NAME: &str = "cuda-sm120";
@@ -280,7 +280,7 @@ impl Backend for CudaBackend {
         w: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
-        page_tags: &[u64],
+        page_tags: &[PageTag],
         rows: &[(usize, usize)],
         key_ranges: &[(usize, usize)],
         k: usize,
@@ -342,7 +342,7 @@ impl Backend for CudaBackend {
         q: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
-        page_tags: &[u64],
+        page_tags: &[PageTag],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],

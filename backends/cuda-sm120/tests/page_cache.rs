@@ -14,7 +14,7 @@ use common::emu_available;
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, PAGE_CACHE_ENV, emu, open_backend};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype};
-use dsv4_kernels::{Backend, BackendOptions, DeviceStats, RowFormat, row_check};
+use dsv4_kernels::{Backend, BackendOptions, DeviceStats, PageTag, RowFormat, row_check};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -39,7 +39,12 @@ fn kv_pages(be: &CudaBackend) -> (RowFormat, Vec<Vec<u8>>) {
 
 /// Attention of two queries over all 24 rows of `pages` (query 1 over the last 16), with
 /// `tags`: the output's bits and the bytes uploaded.
-fn attend(be: &CudaBackend, fmt: &RowFormat, pages: &[Vec<u8>], tags: &[u64]) -> (Vec<u32>, u64) {
+fn attend(
+    be: &CudaBackend,
+    fmt: &RowFormat,
+    pages: &[Vec<u8>],
+    tags: &[PageTag],
+) -> (Vec<u32>, u64) {
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
     let rows: Vec<(usize, usize)> = (0..24).map(|i| (i / 8, i % 8)).collect();
     let ids: Vec<usize> = (0..24).chain(8..24).collect();
@@ -113,6 +118,62 @@ fn tagged_pages_are_uploaded_once_and_read_bitwise() {
              {again_bytes} again, {changed_bytes} with one page changed"
         );
     }
+}
+
+#[test]
+fn appended_entries_alone_are_uploaded_under_one_lineage() {
+    if !emu_available("appended_entries_alone_are_uploaded_under_one_lineage") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, mut pages) = kv_pages(&be);
+    let entry = fmt.entry_bytes() as u64;
+    // Page 2 holds entries 0..5 so far (a store appending to it); its entries 5..8 are unwritten.
+    pages[2] = {
+        let mut p = vec![0u8; fmt.page_bytes()];
+        for slot in 0..5 {
+            fmt.copy_entry(&pages[2], slot, &mut p, slot)
+                .expect("an entry");
+        }
+        p
+    };
+    let mut tags = row_check::fresh_tags(3);
+    tags[2] = PageTag::fresh(5);
+    attend(&be, &fmt, &pages, &tags);
+    let (_, again_bytes) = attend(&be, &fmt, &pages, &tags);
+    // Entry 5 is appended: the lineage stays, and only the entries from 5 on go up again.
+    let before_append = (pages[2].clone(), tags[2]);
+    be.cache_store(&fmt, &mut pages[2], 5, &[0.75f32; 192])
+        .expect("a slot");
+    tags[2] = tags[2].after_entry_write(5);
+    assert_eq!(tags[2].lineage, before_append.1.lineage);
+    let (got, bytes) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(
+        got,
+        attend(&be, &fmt, &pages, &[]).0,
+        "the appended entry is read"
+    );
+    assert_eq!(bytes, again_bytes + 3 * entry, "entries 5..8 uploaded");
+    // A snapshot taken before the append (a call that gathered earlier) reads its own bytes.
+    let old = vec![pages[0].clone(), pages[1].clone(), before_append.0];
+    let old_tags = [tags[0], tags[1], before_append.1];
+    let (got_old, _) = attend(&be, &fmt, &old, &old_tags);
+    assert_eq!(
+        got_old,
+        attend(&be, &fmt, &old, &[]).0,
+        "the earlier snapshot"
+    );
+    // The ring comes back to entry 0: a new lineage, the page's read span goes up whole.
+    be.cache_store(&fmt, &mut pages[2], 0, &[-0.5f32; 192])
+        .expect("a slot");
+    tags[2] = tags[2].after_entry_write(0);
+    let (got, bytes) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(
+        got,
+        attend(&be, &fmt, &pages, &[]).0,
+        "the rewritten entry is read"
+    );
+    assert_eq!(bytes, again_bytes + 8 * entry, "page 2 uploaded whole");
 }
 
 #[test]
@@ -219,7 +280,7 @@ fn tagged_index_k_pages_choose_as_untagged_ones() {
     // Nested prefixes, as a prefill chunk's rows score them.
     let ranges: Vec<(usize, usize)> = (1..=4).map(|r| (0, 8 * r)).collect();
     let (q, w) = (vec![0.5f32; 4 * 2 * 64], vec![1.0f32; 4 * 2]);
-    let run = |tags: &[u64]| {
+    let run = |tags: &[PageTag]| {
         let before = stats(&be);
         let chosen = be
             .paged_indexer_topk_ranges(&q, &w, &fmt, &refs, tags, &rows, &ranges, 5)

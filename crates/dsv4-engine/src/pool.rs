@@ -2,7 +2,7 @@
 //! bounded) with a free list and a reference count per page. It implements the model's
 //! [`PageStore`], so the forward pass reads and writes rows straight in the arena.
 
-use dsv4_model::forward::pages::{PageId, PageStore, UNTAGGED, fresh_page_tag};
+use dsv4_model::forward::pages::{PageId, PageStore, PageTag};
 use serde::{Deserialize, Serialize};
 use std::sync::{Mutex, MutexGuard};
 
@@ -79,7 +79,7 @@ struct Arena {
     bytes: Vec<u8>,
     refs: Vec<u32>,
     /// Each page's content tag (`PageStore::read_tagged`).
-    tags: Vec<u64>,
+    tags: Vec<PageTag>,
     free: Vec<PageId>,
 }
 
@@ -131,7 +131,7 @@ impl Pool {
             arena: Mutex::new(Arena {
                 bytes: vec![0u8; pages * page_bytes],
                 refs: vec![0; pages],
-                tags: (0..pages).map(|_| fresh_page_tag()).collect(),
+                tags: (0..pages).map(|_| PageTag::fresh(0)).collect(),
                 free,
             }),
         }
@@ -146,6 +146,23 @@ impl Pool {
     fn range(&self, page: PageId) -> Option<std::ops::Range<usize>> {
         let p = page as usize;
         (p < self.pages).then(|| p * self.page_bytes..(p + 1) * self.page_bytes)
+    }
+
+    /// Run `f` on `page`'s bytes for writing, its tag moved by `retag` first (same lock).
+    fn write_retagged(
+        &self,
+        page: PageId,
+        retag: impl FnOnce(PageTag) -> PageTag,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) {
+        let mut a = self.lock();
+        match self.range(page) {
+            Some(r) => {
+                a.tags[page as usize] = retag(a.tags[page as usize]);
+                f(&mut a.bytes[r])
+            }
+            None => f(&mut []),
+        }
     }
 
     /// The pool's kind.
@@ -209,7 +226,7 @@ impl PageStore for Pool {
         a.refs[id as usize] = 1;
         let r = self.range(id)?;
         a.bytes[r].fill(0);
-        a.tags[id as usize] = fresh_page_tag();
+        a.tags[id as usize] = PageTag::fresh(0);
         Some(id)
     }
 
@@ -249,30 +266,27 @@ impl PageStore for Pool {
         }
     }
 
-    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], PageTag)) {
         let a = self.lock();
         match self.range(page) {
             Some(r) => f(&a.bytes[r], a.tags[page as usize]),
-            None => f(&[], UNTAGGED),
+            None => f(&[], PageTag::UNTAGGED),
         }
     }
 
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
-        let mut a = self.lock();
-        match self.range(page) {
-            Some(r) => {
-                a.tags[page as usize] = fresh_page_tag();
-                f(&mut a.bytes[r])
-            }
-            None => f(&mut []),
-        }
+        self.write_retagged(page, |_| PageTag::fresh_whole(), f);
+    }
+
+    fn write_entry(&self, page: PageId, slot: usize, f: &mut dyn FnMut(&mut [u8])) {
+        self.write_retagged(page, |t| t.after_entry_write(slot), f);
     }
 
     fn copy(&self, from: PageId, to: PageId) {
         if let (Some(src), Some(dst)) = (self.range(from), self.range(to)) {
             let mut a = self.lock();
             a.bytes.copy_within(src, dst.start);
-            a.tags[to as usize] = fresh_page_tag();
+            a.tags[to as usize] = PageTag::fresh(a.tags[from as usize].settled);
         }
     }
 }
@@ -282,8 +296,8 @@ mod tests {
     use super::*;
 
     /// The tag `read_tagged` gives `page` of `p`, with its bytes.
-    fn tagged(p: &dyn PageStore, page: PageId) -> (Vec<u8>, u64) {
-        let mut out = (Vec::new(), UNTAGGED);
+    fn tagged(p: &dyn PageStore, page: PageId) -> (Vec<u8>, PageTag) {
+        let mut out = (Vec::new(), PageTag::UNTAGGED);
         p.read_tagged(page, &mut |b, t| out = (b.to_vec(), t));
         out
     }
@@ -299,7 +313,7 @@ mod tests {
             (vec![0; 8], t0),
             "reads keep the tag"
         );
-        assert_ne!(t0, UNTAGGED);
+        assert!(t0.is_tagged());
         p.write(a, &mut |b| b[0] = 1);
         let t1 = tagged(&p, a).1;
         let b = p.alloc().unwrap();
@@ -312,13 +326,46 @@ mod tests {
         let t4 = tagged(&p, c).1;
         let o = other.alloc().unwrap();
         let t5 = tagged(&other, o).1;
-        let all = [t0, t1, t2, t3, t4, t5];
+        let all = [t0, t1, t2, t3, t4, t5].map(|t| t.lineage);
         let distinct: std::collections::HashSet<u64> = all.iter().copied().collect();
-        assert_eq!(distinct.len(), all.len(), "tags {all:?}");
+        assert_eq!(distinct.len(), all.len(), "lineages {all:?}");
         assert_eq!(
             tagged(&p, 9),
-            (Vec::new(), UNTAGGED),
+            (Vec::new(), PageTag::UNTAGGED),
             "unknown ids are untagged"
+        );
+    }
+
+    #[test]
+    fn entry_writes_append_under_one_lineage_until_one_goes_back() {
+        let p = Pool::new(PoolKind::SwaKv, 1, 8, 4);
+        let a = p.alloc().unwrap();
+        let t0 = tagged(&p, a).1;
+        assert_eq!(t0.settled, 0);
+        p.write_entry(a, 0, &mut |b| b[0] = 1);
+        p.write_entry(a, 1, &mut |b| b[2] = 1);
+        assert_eq!(
+            tagged(&p, a),
+            (
+                vec![1, 0, 1, 0, 0, 0, 0, 0],
+                PageTag {
+                    lineage: t0.lineage,
+                    settled: 2
+                }
+            )
+        );
+        // The ring comes back to entry 0: the bytes before it may change, so a new lineage.
+        p.write_entry(a, 0, &mut |b| b[0] = 2);
+        let t1 = tagged(&p, a).1;
+        assert_ne!(t1.lineage, t0.lineage);
+        assert_eq!(t1.settled, 1);
+        p.write(a, &mut |b| b[7] = 3);
+        let t2 = tagged(&p, a).1;
+        assert_ne!(t2.lineage, t1.lineage);
+        assert_eq!(
+            t2.settled,
+            u32::MAX,
+            "a whole-page write settles every entry"
         );
     }
 

@@ -4,7 +4,7 @@
 //! Activations are host f32 slices, row-major; `rows` counts independent rows (tokens, or
 //! token×head pairs). An op never mixes rows, which is what makes prefill and decode agree.
 
-use crate::{DeviceOps, Linear, RopeTable, RowFormat};
+use crate::{DeviceOps, Linear, PageTag, RopeTable, RowFormat};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 
@@ -218,7 +218,7 @@ pub trait Backend: Send + Sync {
         w: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
-        page_tags: &[u64],
+        page_tags: &[PageTag],
         rows: &[(usize, usize)],
         key_ranges: &[(usize, usize)],
         k: usize,
@@ -290,17 +290,17 @@ pub trait Backend: Send + Sync {
     /// check of every row; a GPU backend uploads each row once. An id past `rows` panics, as
     /// other operands that do not fit.
     ///
-    /// `page_tags` holds each page's content tag, or is empty: two pages with the same nonzero
-    /// tag hold the same bytes for the life of the process (a cache store's tag changes with
-    /// every write), so a GPU backend may keep a page's copy from an earlier call instead of
-    /// uploading it again; 0 is no tag. Tags never change the result.
+    /// `page_tags` holds each page's content tag ([`PageTag`]), or is empty: under one
+    /// lineage a page's settled entries never change and its others are unwritten, so a GPU
+    /// backend may keep a page's copy from an earlier call and upload only the entries written
+    /// since; [`PageTag::UNTAGGED`] promises nothing. Tags never change the result.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention_indexed(
         &self,
         q: &[f32],
         fmt: &RowFormat,
         pages: &[&[u8]],
-        page_tags: &[u64],
+        page_tags: &[PageTag],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],

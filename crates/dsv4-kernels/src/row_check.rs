@@ -9,7 +9,7 @@
 //! backend's test then asserts its own submission and read-back counts from the
 //! [`FusedCall`]s.
 
-use crate::{Backend, DeviceStats, PerRow, RowFormat};
+use crate::{Backend, DeviceStats, PageTag, PerRow, RowFormat};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -270,7 +270,7 @@ pub fn paged_attention_indexed(
         let scale = 1.0 / (hd as f32).sqrt();
         let what = format!("{dtype:?} hd {hd} heads {heads} shared key ids");
         let tags = fresh_tags(refs.len());
-        let run_tagged = |b: &dyn Backend, rows: &[(usize, usize)], tags: &[u64]| {
+        let run_tagged = |b: &dyn Backend, rows: &[(usize, usize)], tags: &[PageTag]| {
             let mut out = vec![f32::NAN; queries * heads * hd];
             let (ids, starts) = (&SHARED_IDS[..], &SHARED_ID_STARTS[..]);
             let r = b.paged_attention_indexed(
@@ -489,12 +489,14 @@ pub fn paged_indexer_topk_ranges(
         let w = values(&mut rng, queries * heads);
         let what = format!("{dtype:?} dim {dim} heads {heads} shared ranges, k {k}");
         let tags = fresh_tags(refs.len());
-        let run_tagged =
-            |b: &dyn Backend, rows: &[(usize, usize)], ranges: &[(usize, usize)], tags: &[u64]| {
-                let (q, w) = (&q[..ranges.len() * heads * dim], &w[..ranges.len() * heads]);
-                b.paged_indexer_topk_ranges(q, w, &fmt, &refs, tags, rows, ranges, k)
-                    .map_err(|e| e.to_string())
-            };
+        let run_tagged = |b: &dyn Backend,
+                          rows: &[(usize, usize)],
+                          ranges: &[(usize, usize)],
+                          tags: &[PageTag]| {
+            let (q, w) = (&q[..ranges.len() * heads * dim], &w[..ranges.len() * heads]);
+            b.paged_indexer_topk_ranges(q, w, &fmt, &refs, tags, rows, ranges, k)
+                .map_err(|e| e.to_string())
+        };
         let run = |b: &dyn Backend, rows: &[(usize, usize)], ranges: &[(usize, usize)]| {
             run_tagged(b, rows, ranges, &[])
         };
@@ -556,14 +558,9 @@ pub fn paged_indexer_topk_ranges_panics(be: &dyn Backend) -> Result<(), String> 
     Ok(())
 }
 
-/// `n` content tags for pages written here, none given out before in this process (counted
-/// from 2^62 so they never meet a cache store's, which count from 1).
-pub fn fresh_tags(n: usize) -> Vec<u64> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1 << 62);
-    (0..n)
-        .map(|_| NEXT.fetch_add(1, Ordering::Relaxed))
-        .collect()
+/// `n` content tags for pages written whole here: fresh lineages, every entry settled.
+pub fn fresh_tags(n: usize) -> Vec<PageTag> {
+    (0..n).map(|_| PageTag::fresh_whole()).collect()
 }
 
 /// Err unless `call` panics both on the composition (`per_row`) and on `be`, which runs `op`;

@@ -9,7 +9,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{AttentionRows, RowFormat};
+use dsv4_kernels::{AttentionRows, PageTag, RowFormat};
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -191,7 +191,7 @@ pub fn paged_attention_rows(
 /// uploaded once however many queries read it, and key i read as row `key_ids[i]` by the
 /// attention launches (their `ids`), so bitwise the rows laid out id by id; only the output
 /// comes back (one submission). With `page_tags`, the pages come from the device's page cache
-/// (`page_cache`), uploaded only when it does not hold their tag. An id past the rows is
+/// (`page_cache`), which uploads only the entries it does not hold. An id past the rows is
 /// `BadOperands`, as are operands attention rejects; the layout error is the inner `Err`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_indexed(
@@ -199,7 +199,7 @@ pub fn paged_attention_indexed(
     q: &[f32],
     fmt: &RowFormat,
     pages: &[&[u8]],
-    page_tags: &[u64],
+    page_tags: &[PageTag],
     rows: &[(usize, usize)],
     key_ids: &[usize],
     key_starts: &[usize],
@@ -222,7 +222,7 @@ fn paged_attention(
     q: &[f32],
     fmt: &RowFormat,
     pages: &[&[u8]],
-    page_tags: &[u64],
+    page_tags: &[PageTag],
     rows: &[(usize, usize)],
     key_ids: &[usize],
     key_starts: &[usize],

@@ -9,7 +9,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{IndexerRows, RowFormat};
+use dsv4_kernels::{IndexerRows, PageTag, RowFormat};
 
 /// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
 const TOPK_THREADS: u32 = 512;
@@ -144,7 +144,7 @@ pub fn paged_indexer_topk_rows(
 /// uploaded once however many ranges read it, and query r scored over rows
 /// `key_ranges[r].0 ..` in place (the scores launch's `bases`); the scores stay on the device
 /// and only the chosen indices come back (one submission). With `page_tags`, the pages come
-/// from the device's page cache (`page_cache`), uploaded only when it does not hold their tag.
+/// from the device's page cache (`page_cache`), which uploads only the entries it lacks.
 /// A range past the rows, or decreasing, is `BadOperands`; the layout error is the inner `Err`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_indexer_topk_ranges(
@@ -153,7 +153,7 @@ pub fn paged_indexer_topk_ranges(
     w: &[f32],
     fmt: &RowFormat,
     pages: &[&[u8]],
-    page_tags: &[u64],
+    page_tags: &[PageTag],
     rows: &[(usize, usize)],
     key_ranges: &[(usize, usize)],
     k: usize,

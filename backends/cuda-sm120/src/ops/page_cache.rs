@@ -1,21 +1,24 @@
 //! Cache pages kept on the device across calls: the paged attention and indexer ops take each
-//! page's content tag (`Backend::paged_attention_indexed`), and a page whose tag the cache
-//! holds is not uploaded again. A decode step then uploads the pages that changed since the
-//! last step (the page each row was appended to), not every page a row reads; a prefill chunk
-//! the pages the chunks before it did not already bring.
+//! page's content tag ([`PageTag`], `Backend::paged_attention_indexed`), and the entries of a
+//! page whose lineage the cache holds are not uploaded again, except those written since (an
+//! append settles one more entry under the same lineage). A decode step then uploads the
+//! entries appended since the last step, not every page a row reads; a prefill chunk the
+//! entries the chunks before it did not already bring.
 //!
 //! One arena per entry layout (entry bytes, entries a page): `slots` page slots of
 //! `per · entry` bytes, each holding a page's entries end to end in the kernels' entry layout,
 //! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
 //! a call's keys through those row ids. A page is uploaded only over the span of slots a call
-//! reads, and widened when a later call reads more of it under the same tag. Slots are reused least recently used first, never
-//! within the call that placed them. The arena's lock is held until the call has read its
-//! result back (a blocking download on the calling thread's stream, after its launches), so
-//! no other call overwrites a slot while a launch may still read it.
+//! reads, and widened when a later call reads more of it under the same lineage; when the
+//! page's settled count moved, the entries held from the smaller count on are dropped first
+//! (entries below both never changed between the calls). Slots are reused least recently used
+//! first, never within the call that placed them. The arena's lock is held until the call has
+//! read its result back (a blocking download on the calling thread's stream, after its
+//! launches), so no other call overwrites a slot while a launch may still read it.
 
 use super::mhc::u32_arg;
 use crate::{Core, CudaError, DevBuf, DevPtr};
-use dsv4_kernels::RowFormat;
+use dsv4_kernels::{PageTag, RowFormat};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -62,14 +65,16 @@ struct Arena {
     entry: usize,
     per: usize,
     buf: DevBuf,
-    /// Each slot's tag (0: none), the span of its entries that hold that page's (empty when
-    /// start ≥ end), and the call that last used it (0: never, or freed).
+    /// Each slot's page lineage (0: none), the span of its entries that hold that page's
+    /// (empty when start ≥ end), the page's settled count when the slot was last brought up to
+    /// date, and the call that last used it (0: never, or freed).
     tag: Vec<u64>,
     valid: Vec<(usize, usize)>,
+    settled: Vec<u32>,
     used: Vec<u64>,
     /// Every slot by (last use, slot): the front is reused first.
     by_age: BTreeSet<(u64, usize)>,
-    /// The slot holding each tag.
+    /// The slot holding each lineage.
     slot_of: HashMap<u64, usize>,
     /// Calls so far.
     clock: u64,
@@ -116,21 +121,22 @@ impl PageCache {
     }
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
-    /// uploading those whose tag it does not hold; `None` when the cache cannot serve the call
-    /// (no tags or only untagged pages, more pages than slots, a page of the wrong size), and
-    /// the caller uploads the rows itself. `tags` has one entry per page; untagged pages (0)
-    /// are uploaded each call. The rows must have passed the format's layout check.
+    /// uploading the entries it does not hold; `None` when the cache cannot serve the call (no
+    /// tags or only untagged pages, more pages than slots, a page of the wrong size, one
+    /// lineage with two settled counts), and the caller uploads the rows itself. `tags` has
+    /// one entry per page; untagged pages are uploaded each call. The rows must have passed the
+    /// format's layout check.
     pub fn place<'a>(
         &'a self,
         c: &Core,
         fmt: &RowFormat,
         pages: &[&[u8]],
-        tags: &[u64],
+        tags: &[PageTag],
         rows: &[(usize, usize)],
     ) -> Result<Option<Placed<'a>>, CudaError> {
         let (entry, per) = (fmt.entry_bytes(), fmt.page_entries());
         let slot_bytes = entry * per;
-        if tags.len() != pages.len() || !tags.iter().any(|&t| t != 0) || slot_bytes == 0 {
+        if tags.len() != pages.len() || !tags.iter().any(PageTag::is_tagged) || slot_bytes == 0 {
             return Ok(None);
         }
         // The pages the rows are on, in first-use order.
@@ -156,6 +162,7 @@ impl PageCache {
                     buf: c.dev.alloc(slots * slot_bytes)?,
                     tag: vec![0; slots],
                     valid: vec![(0, 0); slots],
+                    settled: vec![0; slots],
                     used: vec![0; slots],
                     by_age: (0..slots).map(|s| (0, s)).collect(),
                     slot_of: HashMap::new(),
@@ -176,24 +183,37 @@ impl PageCache {
         }
         let mut slot_of_page = vec![0usize; order.len()];
         let mut missing = Vec::new();
-        // Pages whose tag an earlier missing page of this call has: they share its slot.
-        let (mut first_missing, mut aliases) = (HashMap::new(), Vec::new());
+        // Pages of a lineage an earlier page of this call has: they share its slot (a copy of
+        // the same page, with the same settled count, or the call cannot be served).
+        let (mut first_of, mut aliases) = (HashMap::new(), Vec::new());
         for (i, &p) in order.iter().enumerate() {
             let tag = tags[p];
-            match a.slot_of.get(&tag) {
-                Some(&s) if tag != 0 => {
-                    a.touch(s, now);
-                    slot_of_page[i] = s;
-                }
-                _ if tag != 0 && first_missing.contains_key(&tag) => {
-                    let first: usize = first_missing[&tag];
+            if tag.is_tagged() {
+                if let Some(&first) = first_of.get(&tag.lineage) {
+                    if tags[order[first]] != tag {
+                        return Ok(None);
+                    }
                     need[first] = hull(need[first], need[i]);
                     aliases.push((i, first));
+                    continue;
                 }
-                _ => {
-                    first_missing.insert(tag, i);
-                    missing.push(i);
+                first_of.insert(tag.lineage, i);
+            }
+            match a.slot_of.get(&tag.lineage) {
+                Some(&s) if tag.is_tagged() => {
+                    a.touch(s, now);
+                    // Entries from the smaller settled count on may differ between the slot's
+                    // copy and this page when the counts differ (the ones between were written):
+                    // they are dropped and, where read, uploaded again.
+                    let keep = match a.settled[s] {
+                        held if held == tag.settled => usize::MAX,
+                        held => held.min(tag.settled) as usize,
+                    };
+                    let (lo, hi) = a.valid[s];
+                    a.valid[s] = (lo, hi.min(keep).max(lo));
+                    slot_of_page[i] = s;
                 }
+                _ => missing.push(i),
             }
         }
         // Free slots first, then the least recently used: the front of `by_age`, where no slot
@@ -204,10 +224,10 @@ impl PageCache {
             };
             a.forget(s);
             let tag = tags[order[i]];
-            a.tag[s] = tag;
+            a.tag[s] = tag.lineage;
             a.touch(s, now);
-            if tag != 0 {
-                a.slot_of.insert(tag, s);
+            if tag.is_tagged() {
+                a.slot_of.insert(tag.lineage, s);
             }
             slot_of_page[i] = s;
         }
@@ -217,8 +237,8 @@ impl PageCache {
             aliased[i] = true;
         }
         // What each page's slot lacks to hold the span it is read over (its entries are kept
-        // as one span: the hull of what calls read under its tag), at its place in the arena,
-        // in order; runs that meet in the arena go up as one upload.
+        // as one span: the hull of what calls read under its lineage), at its place in the
+        // arena, in order; runs that meet in the arena go up as one upload.
         let mut spans = Vec::new();
         let mut plan: Vec<(usize, usize, usize, usize)> = Vec::new();
         for i in (0..order.len()).filter(|&i| !aliased[i]) {
@@ -234,7 +254,7 @@ impl PageCache {
                     plan.push((s, from, to, order[i]));
                 }
             }
-            spans.push((s, span));
+            spans.push((s, span, tags[order[i]].settled));
         }
         plan.sort_unstable();
         let mut staged: Vec<(usize, Vec<u8>)> = Vec::new();
@@ -260,8 +280,9 @@ impl PageCache {
             };
             c.dev.upload_to(dst, run)?;
         }
-        for (s, span) in spans {
+        for (s, span, settled) in spans {
             a.valid[s] = span;
+            a.settled[s] = settled;
         }
         let rows = rows
             .iter()
@@ -294,6 +315,7 @@ impl Arena {
         }
         self.tag[s] = 0;
         self.valid[s] = (0, 0);
+        self.settled[s] = 0;
         self.touch(s, 0);
     }
 }

@@ -39,10 +39,9 @@ fn store_entry(
     let per = fmt.page_entries();
     let cap = store.capacity().max(1);
     let page = ((loc as usize / per) % cap) as u32;
+    let slot = loc as usize % per;
     let mut r = Ok(());
-    store.write(page, &mut |b| {
-        r = fmt.put_entry(b, loc as usize % per, entry)
-    });
+    store.write_entry(page, slot, &mut |b| r = fmt.put_entry(b, slot, entry));
     Ok(r?)
 }
 

@@ -4,30 +4,20 @@
 //! shared with another holder is written. Pages a host tier is still loading carry a
 //! [`LoadTag`]; every read through [`PooledPages`] waits on it first.
 //!
-//! A store may tag page contents ([`PageStore::read_tagged`]): every allocation, write or copy
-//! gives the page a fresh tag from one process-wide counter ([`fresh_page_tag`]), so two reads
-//! with the same nonzero tag saw the same bytes, whichever store they came from. A device
-//! backend keeps copies of tagged pages across calls and uploads a page again only when its
-//! tag changed.
+//! A store may tag page contents ([`PageStore::read_tagged`], [`PageTag`]): every allocation,
+//! copy or whole-page write gives the page a fresh lineage from one process-wide counter, and a
+//! write of one entry past every entry written under the lineage ([`PageStore::write_entry`],
+//! an append) keeps it and settles the entry. A device backend keeps copies of tagged pages
+//! across calls and uploads only the entries written since its copy.
 
 use super::ForwardError;
 use super::transfer::LoadTag;
+pub use dsv4_kernels::PageTag;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Index of a page inside one [`PageStore`].
 pub type PageId = u32;
-
-/// The tag of bytes that carry none: never equal to another read's.
-pub const UNTAGGED: u64 = 0;
-
-/// A content tag no page has had before in this process (never [`UNTAGGED`]): what a store
-/// gives a page each time its bytes change.
-pub fn fresh_page_tag() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
 
 /// A pool of equally sized byte pages with reference counts (implemented by the engine).
 ///
@@ -51,13 +41,21 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     /// Run `f` on the bytes of `page` (an empty slice for an id the store never handed out).
     fn read(&self, page: PageId, f: &mut dyn FnMut(&[u8]));
     /// [`PageStore::read`], with the page's content tag taken under the same lock as the
-    /// bytes: a fresh one since each allocation, write and copy into the page
-    /// ([`fresh_page_tag`]). A store that does not tag pages gives [`UNTAGGED`] (the default).
-    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
-        self.read(page, &mut |b| f(b, UNTAGGED));
+    /// bytes: a fresh lineage since each allocation, copy and [`PageStore::write`], settled
+    /// past each [`PageStore::write_entry`] append. A store that does not tag pages gives
+    /// [`PageTag::UNTAGGED`] (the default).
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], PageTag)) {
+        self.read(page, &mut |b| f(b, PageTag::UNTAGGED));
     }
     /// Run `f` on the bytes of `page` for writing (an empty slice for an unknown id).
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8]));
+    /// [`PageStore::write`] where `f` changes entry `slot` of the page only (one cache row),
+    /// so a tagging store moves the page's tag by [`PageTag::after_entry_write`] instead of
+    /// giving it a fresh lineage (the default writes the page as a whole).
+    fn write_entry(&self, page: PageId, slot: usize, f: &mut dyn FnMut(&mut [u8])) {
+        let _ = slot;
+        self.write(page, f);
+    }
     /// Copy all bytes of page `from` into page `to`.
     fn copy(&self, from: PageId, to: PageId);
 }
@@ -239,7 +237,7 @@ struct HeapPages {
     pages: Vec<Vec<u8>>,
     refs: Vec<u32>,
     /// Each page's content tag.
-    tags: Vec<u64>,
+    tags: Vec<PageTag>,
     free: Vec<PageId>,
 }
 
@@ -267,6 +265,23 @@ impl HeapStore {
         // still consistent.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Run `f` on `page`'s bytes for writing, its tag moved by `retag` first (same lock).
+    fn write_retagged(
+        &self,
+        page: PageId,
+        retag: impl FnOnce(PageTag) -> PageTag,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) {
+        let mut h = self.lock();
+        if let Some(t) = h.tags.get_mut(page as usize) {
+            *t = retag(*t);
+        }
+        match h.pages.get_mut(page as usize) {
+            Some(p) => f(p),
+            None => f(&mut []),
+        }
+    }
 }
 
 impl PageStore for HeapStore {
@@ -293,12 +308,12 @@ impl PageStore for HeapStore {
                 let id = PageId::try_from(h.pages.len()).ok()?;
                 h.pages.push(vec![0; self.page_bytes]);
                 h.refs.push(0);
-                h.tags.push(UNTAGGED);
+                h.tags.push(PageTag::UNTAGGED);
                 id
             }
         };
         h.refs[id as usize] = 1;
-        h.tags[id as usize] = fresh_page_tag();
+        h.tags[id as usize] = PageTag::fresh(0);
         Some(id)
     }
 
@@ -331,23 +346,20 @@ impl PageStore for HeapStore {
         f(h.pages.get(page as usize).map_or(&[][..], Vec::as_slice));
     }
 
-    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], u64)) {
+    fn read_tagged(&self, page: PageId, f: &mut dyn FnMut(&[u8], PageTag)) {
         let h = self.lock();
         match (h.pages.get(page as usize), h.tags.get(page as usize)) {
             (Some(p), Some(&tag)) => f(p, tag),
-            _ => f(&[], UNTAGGED),
+            _ => f(&[], PageTag::UNTAGGED),
         }
     }
 
     fn write(&self, page: PageId, f: &mut dyn FnMut(&mut [u8])) {
-        let mut h = self.lock();
-        if let Some(t) = h.tags.get_mut(page as usize) {
-            *t = fresh_page_tag();
-        }
-        match h.pages.get_mut(page as usize) {
-            Some(p) => f(p),
-            None => f(&mut []),
-        }
+        self.write_retagged(page, |_| PageTag::fresh_whole(), f);
+    }
+
+    fn write_entry(&self, page: PageId, slot: usize, f: &mut dyn FnMut(&mut [u8])) {
+        self.write_retagged(page, |t| t.after_entry_write(slot), f);
     }
 
     fn copy(&self, from: PageId, to: PageId) {
@@ -355,7 +367,7 @@ impl PageStore for HeapStore {
         if (from as usize) < h.pages.len() && (to as usize) < h.pages.len() && from != to {
             let src = h.pages[from as usize].clone();
             h.pages[to as usize].copy_from_slice(&src);
-            h.tags[to as usize] = fresh_page_tag();
+            h.tags[to as usize] = PageTag::fresh(h.tags[from as usize].settled);
         }
     }
 }
@@ -398,7 +410,7 @@ mod tests {
     fn a_heap_page_is_tagged_afresh_by_each_allocation_write_and_copy() {
         let h = HeapStore::new("kv", 4);
         let tag = |page| {
-            let mut t = UNTAGGED;
+            let mut t = PageTag::UNTAGGED;
             h.read_tagged(page, &mut |_, tag| t = tag);
             t
         };
@@ -413,10 +425,44 @@ mod tests {
         let t3 = tag(b);
         h.release(a);
         let t4 = tag(h.alloc().unwrap());
-        let all = [t0, t1, t2, t3, t4];
-        assert!(!all.contains(&UNTAGGED), "{all:?}");
+        let all = [t0, t1, t2, t3, t4].map(|t| t.lineage);
+        assert!(!all.contains(&0), "{all:?}");
         let distinct: std::collections::HashSet<u64> = all.iter().copied().collect();
-        assert_eq!(distinct.len(), all.len(), "tags {all:?}");
-        assert_eq!(tag(7), UNTAGGED, "an unknown id is untagged");
+        assert_eq!(distinct.len(), all.len(), "lineages {all:?}");
+        assert_eq!(tag(7), PageTag::UNTAGGED, "an unknown id is untagged");
+    }
+
+    #[test]
+    fn heap_entry_writes_append_under_one_lineage_until_one_goes_back() {
+        let h = HeapStore::new("kv", 8);
+        let a = h.alloc().unwrap();
+        let tag = || {
+            let mut t = PageTag::UNTAGGED;
+            h.read_tagged(a, &mut |_, tag| t = tag);
+            t
+        };
+        let t0 = tag();
+        assert_eq!(t0.settled, 0, "a fresh page has nothing settled");
+        h.write_entry(a, 0, &mut |b| b[0] = 1);
+        h.write_entry(a, 2, &mut |b| b[2] = 1);
+        assert_eq!(
+            tag(),
+            PageTag {
+                lineage: t0.lineage,
+                settled: 3
+            }
+        );
+        // A write that goes back (a ring wrapping onto the page) starts a new lineage, and the
+        // copy of a page keeps what its source had settled under a lineage of its own.
+        h.write_entry(a, 1, &mut |b| b[1] = 1);
+        let t1 = tag();
+        assert_ne!(t1.lineage, t0.lineage);
+        assert_eq!(t1.settled, 2);
+        let b = h.alloc().unwrap();
+        h.copy(a, b);
+        let mut tb = PageTag::UNTAGGED;
+        h.read_tagged(b, &mut |_, t| tb = t);
+        assert_ne!(tb.lineage, t1.lineage);
+        assert_eq!(tb.settled, 2);
     }
 }

@@ -3,7 +3,7 @@
 //! its pages or keeps page ids into an engine's [`PageStore`] (see [`super::pages`]).
 
 use super::ForwardError;
-use super::pages::{CacheStores, PageStore, PooledPages, UNTAGGED};
+use super::pages::{CacheStores, PageStore, PageTag, PooledPages};
 pub use super::ring::{CompressorRing, ring_read_row, ring_write_row};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_kernels::{Backend, RowFormat};
@@ -38,13 +38,13 @@ enum Pages {
 }
 
 /// Page bytes copied out of stores ([`PagedRows::copy_rows`]), each with its content tag
-/// (`pages::UNTAGGED` for packed pages and owned ones): the snapshot a device backend decodes.
+/// ([`PageTag::UNTAGGED`] for packed pages and owned ones): the snapshot a device backend decodes.
 #[derive(Debug, Default)]
 pub struct CopiedPages {
     /// The copied bytes, one page each.
     pub bytes: Vec<Vec<u8>>,
     /// Each page's content tag.
-    pub tags: Vec<u64>,
+    pub tags: Vec<PageTag>,
 }
 
 /// Rows stored in pages of a [`RowFormat`]; either append-only or a ring over the last
@@ -279,9 +279,16 @@ impl PagedRows {
 
     /// Run `f` on the bytes of logical page `page` and their content tag (without the
     /// load-back wait); owned pages are untagged.
-    fn with_page(&self, page: usize, f: &mut dyn FnMut(&[u8], u64)) -> Result<(), ForwardError> {
+    fn with_page(
+        &self,
+        page: usize,
+        f: &mut dyn FnMut(&[u8], PageTag),
+    ) -> Result<(), ForwardError> {
         match &self.pages {
-            Pages::Owned(own) => f(own.get(page).map_or(&[][..], Vec::as_slice), UNTAGGED),
+            Pages::Owned(own) => f(
+                own.get(page).map_or(&[][..], Vec::as_slice),
+                PageTag::UNTAGGED,
+            ),
             Pages::Pooled(p) => p.store().read_tagged(p.readable(page)?, f),
         }
         Ok(())
@@ -306,7 +313,7 @@ impl PagedRows {
         let packed = mine.len().div_ceil(per);
         if packed >= order.len() {
             for &page in &order {
-                let (mut bytes, mut tag) = (Vec::new(), UNTAGGED);
+                let (mut bytes, mut tag) = (Vec::new(), PageTag::UNTAGGED);
                 self.with_page(page, &mut |b, t| (bytes, tag) = (b.to_vec(), t))?;
                 pages.bytes.push(bytes);
                 pages.tags.push(tag);
@@ -329,7 +336,9 @@ impl PagedRows {
             })?;
             copied?;
         }
-        pages.tags.extend(std::iter::repeat_n(UNTAGGED, out.len()));
+        pages
+            .tags
+            .extend(std::iter::repeat_n(PageTag::UNTAGGED, out.len()));
         pages.bytes.extend(out);
         picks.extend((0..mine.len()).map(|r| (base + r / per, r % per)));
         Ok(())
@@ -379,7 +388,7 @@ impl PagedRows {
             Pages::Pooled(p) => {
                 let id = p.writable(page)?;
                 let mut r = Ok(());
-                p.store().write(id, &mut |b| {
+                p.store().write_entry(id, slot, &mut |b| {
                     r = backend.cache_store(&layout, b, slot, values)
                 });
                 r?;
