@@ -111,9 +111,19 @@ impl CudaBackend {
     }
 
     /// The same backend with cache pages kept on the device in arenas of up to `bytes` each
-    /// (0: never kept; see `ops::page_cache`).
-    pub fn with_page_cache(mut self, bytes: usize) -> Self {
-        let pages = std::sync::Arc::new(ops::page_cache::PageCache::with_budget(bytes));
+    /// (0: never kept; see `ops::page_cache`), each starting at 16 MiB at most.
+    pub fn with_page_cache(self, bytes: usize) -> Self {
+        self.with_pages(ops::page_cache::PageCache::with_budget(bytes))
+    }
+
+    /// [`Self::with_page_cache`] with arenas that start at `first` bytes (or what a call needs)
+    /// and double up to `bytes`.
+    pub fn with_growing_page_cache(self, first: usize, bytes: usize) -> Self {
+        self.with_pages(ops::page_cache::PageCache::growing(first, bytes))
+    }
+
+    fn with_pages(mut self, cache: ops::page_cache::PageCache) -> Self {
+        let pages = std::sync::Arc::new(cache);
         self.core.pages = std::sync::Arc::clone(&pages);
         self.resident.set_page_cache(pages);
         self
@@ -122,6 +132,11 @@ impl CudaBackend {
     /// Bytes of device memory each entry layout's page arena may take.
     pub fn page_cache_budget(&self) -> usize {
         self.core.pages.budget()
+    }
+
+    /// Bytes of device memory the page arenas hold now (they grow as calls need).
+    pub fn page_cache_held(&self) -> usize {
+        self.core.pages.held()
     }
 
     /// The device the kernels run on.

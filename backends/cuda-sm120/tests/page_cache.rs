@@ -201,6 +201,55 @@ fn the_backend_options_size_the_arenas() {
 }
 
 #[test]
+fn an_arena_grows_when_a_call_does_not_fit_and_stays_bitwise() {
+    if !emu_available("an_arena_grows_when_a_call_does_not_fit_and_stays_bitwise") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, mut pages) = kv_pages(&be);
+    let page = fmt.entry_bytes() * 8;
+    // Arenas start at one page slot and may grow to six.
+    let be = be.with_growing_page_cache(page, 6 * page);
+    assert_eq!(
+        be.page_cache_held(),
+        0,
+        "nothing held before the first call"
+    );
+    let mut tags = row_check::fresh_tags(3);
+    let (want, first_bytes) = attend(&be, &fmt, &pages, &[]);
+    let (got, first) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(got, want);
+    assert_eq!(
+        be.page_cache_held(),
+        3 * page,
+        "as much as the first call needs"
+    );
+    let (_, again) = attend(&be, &fmt, &pages, &tags);
+    assert!(
+        again < first && first_bytes > again,
+        "{first} then {again} bytes"
+    );
+    // Page 2 changes whole: no free slot, so the arena doubles, dropping what it held, and
+    // the call uploads all three pages again.
+    be.cache_store(&fmt, &mut pages[2], 3, &[0.25f32; 192])
+        .expect("a slot");
+    tags[2] = row_check::fresh_tags(1)[0];
+    let (got, grown) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(
+        got,
+        attend(&be, &fmt, &pages, &[]).0,
+        "the grown arena's keys"
+    );
+    assert_eq!(be.page_cache_held(), 6 * page);
+    assert_eq!(grown, first, "every page uploaded once more");
+    // Now there is room: the next changed page alone goes up, and nothing is evicted.
+    tags[1] = row_check::fresh_tags(1)[0];
+    let (_, one) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(one, again + page as u64);
+    assert_eq!(be.page_cache_held(), 6 * page, "within the budget");
+}
+
+#[test]
 fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
     if !emu_available("a_small_arena_falls_back_or_evicts_and_stays_bitwise") {
         return;

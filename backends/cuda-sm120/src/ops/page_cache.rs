@@ -5,7 +5,9 @@
 //! entries appended since the last step, not every page a row reads; a prefill chunk the
 //! entries the chunks before it did not already bring.
 //!
-//! One arena per entry layout (entry bytes, entries a page): `slots` page slots of
+//! One arena per entry layout (entry bytes, entries a page), growing by doubling from 16 MiB
+//! (or what a call needs) up to the budget when a call's pages do not fit in its free slots,
+//! dropping its contents then: `slots` page slots of
 //! `per · entry` bytes, each holding a page's entries end to end in the kernels' entry layout,
 //! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
 //! a call's keys through those row ids. A page is uploaded only over the span of slots a call
@@ -53,9 +55,14 @@ const GPU_DEFAULT_MIB: usize = 1024;
 /// The same on the emulator, where device memory is this machine's.
 const EMU_DEFAULT_MIB: usize = 64;
 
+/// What an arena takes at first, at most (it doubles from there, up to the budget, when a
+/// call's pages do not fit in its free slots).
+const FIRST_BYTES: usize = 16 << 20;
+
 /// The device's page arenas and their budget.
 pub(crate) struct PageCache {
     budget: usize,
+    first: usize,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -107,10 +114,18 @@ impl PageCache {
         Self::with_budget(mib << 20)
     }
 
-    /// A cache with arenas of at most `budget` bytes each (0: never keeps a page).
+    /// A cache with arenas of at most `budget` bytes each (0: never keeps a page), each
+    /// starting at 16 MiB at most.
     pub fn with_budget(budget: usize) -> Self {
+        Self::growing(FIRST_BYTES, budget)
+    }
+
+    /// A cache whose arenas start at `first` bytes (or what a call's pages need) and double,
+    /// when a call's pages do not fit in their free slots, up to `budget` bytes each.
+    pub fn growing(first: usize, budget: usize) -> Self {
         Self {
             budget,
+            first,
             arenas: Mutex::new(Vec::new()),
         }
     }
@@ -118,6 +133,12 @@ impl PageCache {
     /// Bytes each entry layout's arena may take.
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    /// Bytes of device memory the arenas hold now.
+    pub fn held(&self) -> usize {
+        let arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
+        arenas.iter().map(|a| a.tag.len() * a.entry * a.per).sum()
     }
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
@@ -148,30 +169,34 @@ impl PageCache {
                 order.len() - 1
             });
         }
-        let slots = self.budget / slot_bytes;
-        if order.len() > slots || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
+        let most = self.budget / slot_bytes;
+        if order.len() > most || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
             return Ok(None);
         }
         let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
         let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
             Some(i) => i,
             None => {
-                arenas.push(Arena {
-                    entry,
-                    per,
-                    buf: c.dev.alloc(slots * slot_bytes)?,
-                    tag: vec![0; slots],
-                    valid: vec![(0, 0); slots],
-                    settled: vec![0; slots],
-                    used: vec![0; slots],
-                    by_age: (0..slots).map(|s| (0, s)).collect(),
-                    slot_of: HashMap::new(),
-                    clock: 0,
-                });
+                let slots = (self.first / slot_bytes).clamp(order.len(), most);
+                arenas.push(Arena::new(c, entry, per, slots)?);
                 arenas.len() - 1
             }
         };
         let a = &mut arenas[index];
+        // Pages this call must bring (a lineage the arena does not hold, or none): when they
+        // do not fit in the free slots and the arena may grow, it doubles (or grows to what the
+        // call needs). Its contents are dropped then, not copied: each page is uploaded once
+        // more, a few times over an arena's life.
+        let bring = order
+            .iter()
+            .filter(|&&p| !tags[p].is_tagged() || !a.slot_of.contains_key(&tags[p].lineage))
+            .count();
+        let (slots, free) = (a.tag.len(), a.free_slots());
+        if bring > free && slots < most {
+            let grown = (2 * slots).max(slots - free + bring).min(most);
+            // Dropped only once the new one is allocated: a failed allocation keeps the arena.
+            *a = Arena::new(c, entry, per, grown)?;
+        }
         a.clock += 1;
         let now = a.clock;
         // The span of each page's slots this call reads (a page is uploaded only as far as it
@@ -301,6 +326,27 @@ impl PageCache {
 }
 
 impl Arena {
+    /// An arena of `slots` free page slots of `per` entries of `entry` bytes.
+    fn new(c: &Core, entry: usize, per: usize, slots: usize) -> Result<Arena, CudaError> {
+        Ok(Arena {
+            entry,
+            per,
+            buf: c.dev.alloc(slots * entry * per)?,
+            tag: vec![0; slots],
+            valid: vec![(0, 0); slots],
+            settled: vec![0; slots],
+            used: vec![0; slots],
+            by_age: (0..slots).map(|s| (0, s)).collect(),
+            slot_of: HashMap::new(),
+            clock: 0,
+        })
+    }
+
+    /// Slots no page holds (never used, or freed).
+    fn free_slots(&self) -> usize {
+        self.by_age.range(..(1, 0)).count()
+    }
+
     /// Mark slot `s` used by call `now`.
     fn touch(&mut self, s: usize, now: u64) {
         self.by_age.remove(&(self.used[s], s));

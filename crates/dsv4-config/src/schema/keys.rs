@@ -71,8 +71,8 @@ pub const KEYS: &[KeySpec] = &[
         "backend.cuda_page_cache_mib",
         ValueKind::AutoOrUnsigned,
         "auto",
-        "device memory (MiB) for KV and index-K cache pages the CUDA backends keep across \
-         calls, per entry layout: 0 keeps none, auto takes the backend's default (1024 on a \
+        "most device memory (MiB) for KV and index-K cache pages the CUDA backends keep \
+         across calls, per entry layout (grown as calls need): 0 keeps none, auto takes the backend's default (1024 on a \
          GPU, 64 on the emulator); other backends ignore it",
     ),
     // [numerics]
