@@ -90,6 +90,7 @@ impl CudaBackend {
         let host_traffic = std::sync::Arc::default();
         let pages = std::sync::Arc::new(ops::page_cache::PageCache::with_default_budget(
             name == EMU_NAME,
+            dev.info().memory_bytes,
         ));
         let resident = Core {
             dev: dev.clone(),

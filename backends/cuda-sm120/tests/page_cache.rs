@@ -250,6 +250,22 @@ fn an_arena_grows_when_a_call_does_not_fit_and_stays_bitwise() {
 }
 
 #[test]
+fn an_arena_the_device_cannot_hold_leaves_the_upload_path() {
+    if !emu_available("an_arena_the_device_cannot_hold_leaves_the_upload_path") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, pages) = kv_pages(&be);
+    let (want, untagged) = attend(&be, &fmt, &pages, &[]);
+    // An arena of the whole address space: its allocation fails, and the call uploads its
+    // rows as without tags instead of failing.
+    let huge = be.with_growing_page_cache(usize::MAX, usize::MAX);
+    let tags = row_check::fresh_tags(3);
+    assert_eq!(attend(&huge, &fmt, &pages, &tags), (want, untagged));
+    assert_eq!(huge.page_cache_held(), 0);
+}
+
+#[test]
 fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
     if !emu_available("a_small_arena_falls_back_or_evicts_and_stays_bitwise") {
         return;

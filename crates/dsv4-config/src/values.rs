@@ -146,7 +146,7 @@ impl CudaLinear {
 /// (`backend.cuda_page_cache_mib`): `"auto"` or a number of MiB (0 keeps none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PageCacheMib {
-    /// The backend's default (1024 MiB on a GPU, 64 on the emulator).
+    /// The backend's default (an eighth of the GPU's memory, 64 MiB on the emulator).
     #[default]
     Auto,
     /// This many MiB per entry layout; 0 turns the cache off.

@@ -50,10 +50,25 @@ pub fn mib_bytes(mib: u64) -> usize {
         .saturating_mul(1 << 20)
 }
 
-/// The arena size without [`PAGE_CACHE_ENV`] on a GPU, MiB per entry layout.
+/// The arena ceiling without [`PAGE_CACHE_ENV`] on a GPU: this fraction of its memory per
+/// entry layout (a choice, not a measurement: two layouts, KV and index-K, then take at most a
+/// quarter, and only as calls need it)...
+const GPU_DEFAULT_SHARE: u64 = 8;
+/// ... or this many MiB where the driver does not say how much memory the GPU has.
 const GPU_DEFAULT_MIB: usize = 1024;
 /// The same on the emulator, where device memory is this machine's.
 const EMU_DEFAULT_MIB: usize = 64;
+
+/// The default arena ceiling, bytes: see [`GPU_DEFAULT_SHARE`].
+pub fn default_budget(emulated: bool, memory_bytes: u64) -> usize {
+    if emulated {
+        EMU_DEFAULT_MIB << 20
+    } else if memory_bytes == 0 {
+        GPU_DEFAULT_MIB << 20
+    } else {
+        usize::try_from(memory_bytes / GPU_DEFAULT_SHARE).unwrap_or(usize::MAX)
+    }
+}
 
 /// What an arena takes at first, at most (it doubles from there, up to the budget, when a
 /// call's pages do not fit in its free slots).
@@ -71,6 +86,8 @@ struct Arena {
     /// Bytes of one entry, entries of one page.
     entry: usize,
     per: usize,
+    /// Slots it may grow to: the budget's, or its size once an allocation to grow failed.
+    ceiling: usize,
     buf: DevBuf,
     /// Each slot's page lineage (0: none), the span of its entries that hold that page's
     /// (empty when start ≥ end), the page's settled count when the slot was last brought up to
@@ -104,14 +121,10 @@ impl Placed<'_> {
 }
 
 impl PageCache {
-    /// A cache with arenas of the default size for a GPU or, with `emulated`, the emulator.
-    pub fn with_default_budget(emulated: bool) -> Self {
-        let mib = if emulated {
-            EMU_DEFAULT_MIB
-        } else {
-            GPU_DEFAULT_MIB
-        };
-        Self::with_budget(mib << 20)
+    /// A cache with arenas of the default ceiling for a GPU of `memory_bytes` (0: unknown)
+    /// or, with `emulated`, the emulator.
+    pub fn with_default_budget(emulated: bool, memory_bytes: u64) -> Self {
+        Self::with_budget(default_budget(emulated, memory_bytes))
     }
 
     /// A cache with arenas of at most `budget` bytes each (0: never keeps a page), each
@@ -178,7 +191,12 @@ impl PageCache {
             Some(i) => i,
             None => {
                 let slots = (self.first / slot_bytes).clamp(order.len(), most);
-                arenas.push(Arena::new(c, entry, per, slots)?);
+                // No device memory for it: the call takes the upload path (which fails in turn
+                // if the device is out of memory), and a later call tries again.
+                let Ok(arena) = Arena::new(c, entry, per, slots, most) else {
+                    return Ok(None);
+                };
+                arenas.push(arena);
                 arenas.len() - 1
             }
         };
@@ -192,10 +210,14 @@ impl PageCache {
             .filter(|&&p| !tags[p].is_tagged() || !a.slot_of.contains_key(&tags[p].lineage))
             .count();
         let (slots, free) = (a.tag.len(), a.free_slots());
-        if bring > free && slots < most {
-            let grown = (2 * slots).max(slots - free + bring).min(most);
-            // Dropped only once the new one is allocated: a failed allocation keeps the arena.
-            *a = Arena::new(c, entry, per, grown)?;
+        if bring > free && slots < a.ceiling {
+            let grown = (2 * slots).max(slots - free + bring).min(a.ceiling);
+            // Dropped only once the new one is allocated. Without the device memory for it the
+            // arena keeps its size for good and reuses slots from now on.
+            match Arena::new(c, entry, per, grown, a.ceiling) {
+                Ok(bigger) => *a = bigger,
+                Err(_) => a.ceiling = slots,
+            }
         }
         a.clock += 1;
         let now = a.clock;
@@ -326,12 +348,27 @@ impl PageCache {
 }
 
 impl Arena {
-    /// An arena of `slots` free page slots of `per` entries of `entry` bytes.
-    fn new(c: &Core, entry: usize, per: usize, slots: usize) -> Result<Arena, CudaError> {
+    /// An arena of `slots` free page slots of `per` entries of `entry` bytes, which may grow
+    /// to `ceiling` slots.
+    fn new(
+        c: &Core,
+        entry: usize,
+        per: usize,
+        slots: usize,
+        ceiling: usize,
+    ) -> Result<Arena, CudaError> {
+        let bytes = slots
+            .checked_mul(entry * per)
+            .ok_or_else(|| CudaError::TooLarge {
+                what: format!("a page arena of {slots} slots"),
+            })?;
+        // The device buffer first: the bookkeeping below is small beside it.
+        let buf = c.dev.alloc(bytes)?;
         Ok(Arena {
             entry,
             per,
-            buf: c.dev.alloc(slots * entry * per)?,
+            ceiling,
+            buf,
             tag: vec![0; slots],
             valid: vec![(0, 0); slots],
             settled: vec![0; slots],
@@ -376,4 +413,17 @@ fn hull(a: (usize, usize), b: (usize, usize)) -> (usize, usize) {
 fn slot_entries(fmt: &RowFormat, page: &[u8], slots: std::ops::Range<usize>) -> Option<Vec<u8>> {
     let picks: Vec<(usize, usize)> = slots.map(|s| (0, s)).collect();
     super::cache::gathered_entries(fmt, &[page], &picks, picks.len() * fmt.width()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_ceiling_scales_with_the_gpu() {
+        assert_eq!(default_budget(true, 0), 64 << 20, "the emulator");
+        assert_eq!(default_budget(false, 0), 1024 << 20, "memory unknown");
+        let h200 = 150_109_880_320u64;
+        assert_eq!(default_budget(false, h200) as u64, h200 / 8);
+    }
 }

@@ -72,8 +72,9 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::AutoOrUnsigned,
         "auto",
         "most device memory (MiB) for KV and index-K cache pages the CUDA backends keep \
-         across calls, per entry layout (grown as calls need): 0 keeps none, auto takes the backend's default (1024 on a \
-         GPU, 64 on the emulator); other backends ignore it",
+         across calls, per entry layout (grown as calls need): 0 keeps none, auto takes the \
+         backend's default (an eighth of the GPU's memory, 1024 where the driver does not say; \
+         64 on the emulator); other backends ignore it",
     ),
     // [numerics]
     key(
