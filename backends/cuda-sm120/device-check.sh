@@ -9,6 +9,9 @@
 #   model-tiny     dsv4 diff ... --model on the tiny model (136 prompt tokens: C128 entries and a
 #                  selecting indexer top-k; + 4 decode steps) with f64 sums (backend.cuda_sums=f64,
 #                  the reference's bits on any GPU, so the top-k sets must be identical)
+#   page-cache     the model-tiny diff again with the page cache off (backend.cuda_page_cache_mib
+#                  = 0): the same logits against the reference as with it on, and the bytes
+#                  uploaded either way ("page_cache" in the summary)
 #   model-f32      the same model with f32 sums (136 + 4 tokens; a near-tied indexer choice
 #                  broken the other way is judged against the reference's scores, docs/diff.md;
 #                  not on the emulated driver, whose kernels are built for one kind of sums per
@@ -120,6 +123,30 @@ small=${DSV4_SMALL_DIR:-target/small-model} # kept out of OUT_DIR: it is 100+ MB
 run_step ops "$dsv4" diff --backend reference --against "$backend" --ops
 run_step model-tiny "$dsv4" --set backend.cuda_sums=f64 diff --backend reference --against "$backend" \
     --model --tokens 136 --decode 4 --out "$out/model-tiny.json"
+# The page cache changes traffic, never results: with it off every call uploads the rows it
+# reads, and the logits must be those of model-tiny (which ran with it on, the default).
+run_step page-cache-off "$dsv4" --set backend.cuda_sums=f64 --set backend.cuda_page_cache_mib=0 \
+    diff --backend reference --against "$backend" --model --tokens 136 --decode 4 \
+    --out "$out/page-cache-off.json"
+page_cache=$(python3 - "$out" 2>"$out/page-cache.log" <<'PY' || echo null
+import json, os, sys
+read = lambda name: json.load(open(os.path.join(sys.argv[1], name)))["model"]
+on, off = read("model-tiny.json"), read("page-cache-off.json")
+row = {
+    "same_logits": on["logits"] == off["logits"],
+    "bytes_uploaded_on": on["candidate_device"]["write_bytes"],
+    "bytes_uploaded_off": off["candidate_device"]["write_bytes"],
+}
+print(f"page cache: {row['bytes_uploaded_on']} bytes uploaded with it, "
+      f"{row['bytes_uploaded_off']} without; logits the same: {row['same_logits']}", file=sys.stderr)
+print(json.dumps(row))
+PY
+)
+sed 's/^/  /' "$out/page-cache.log"
+case $page_cache in
+*'"same_logits": true'*) record page-cache pass 0 ;;
+*) record page-cache FAIL 0 ;;
+esac
 if [ "${DSV4_CUDA_DRIVER:-}" != emu ]; then
     run_step model-f32 "$dsv4" --set backend.cuda_sums=f32 diff --backend reference \
         --against "$backend" --model --tokens 136 --decode 4 --out "$out/model-f32.json"
@@ -260,8 +287,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"models":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' \
-        "$models" "$linear" "$linear_f32" "$kernels" "$kernels_f32"
+    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' \
+        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]
