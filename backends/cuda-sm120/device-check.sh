@@ -21,7 +21,8 @@
 #   model-mma      the tiny-model diff with the tensor-core linears (136 + 4 tokens)
 #   plan           dsv4 plan check under the rehearsal profile on cuda-sm120
 #   canary         a batch of concurrent requests under the rehearsal profile (captured plans,
-#                  side streams, canary on every pool, abort on a finding)
+#                  side streams, canary on every pool, abort on a finding; the canary on the KV
+#                  and index-K pools also checks the page cache's device copies at every call)
 #   solo           the same requests one at a time; each must get the concurrent run's tokens
 #                  (batch invariance; a difference records a batch-invariance FAIL)
 #   captured       dsv4 diff --mode captured-vs-eager --backend cuda-sm120 (bitwise; the captured

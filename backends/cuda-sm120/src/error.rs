@@ -40,4 +40,8 @@ pub enum CudaError {
     /// An op was called with operands it cannot take (sizes, widths).
     #[error("{0}")]
     BadOperands(String),
+    /// A copy the backend keeps on the device differs from the host bytes it stands for (the
+    /// page cache's check).
+    #[error("{0}")]
+    StaleCopy(String),
 }

@@ -135,6 +135,12 @@ impl CudaBackend {
         self.core.pages.budget()
     }
 
+    /// With `on`, every paged call checks the cached entries it reads against its pages and
+    /// fails on a difference (`backend.check_cached_pages`, from `debug.canary`).
+    pub fn check_page_cache(&self, on: bool) {
+        self.core.pages.set_check(on);
+    }
+
     /// Bytes of device memory the page arenas hold now (they grow as calls need).
     pub fn page_cache_held(&self) -> usize {
         self.core.pages.held()

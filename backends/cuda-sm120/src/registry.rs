@@ -109,12 +109,15 @@ pub(crate) fn page_cache_choice(opts: &BackendOptions) -> Result<Option<u64>, Cu
     )
 }
 
-/// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it.
-fn with_budget(backend: CudaBackend, mib: Option<u64>) -> CudaBackend {
-    match mib {
+/// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it,
+/// checked when `opts` asks for it.
+fn with_budget(backend: CudaBackend, mib: Option<u64>, opts: &BackendOptions) -> CudaBackend {
+    let backend = match mib {
         Some(mib) => backend.with_page_cache(mib_bytes(mib)),
         None => backend,
-    }
+    };
+    backend.check_page_cache(opts.check_cached_pages);
+    backend
 }
 
 fn unavailable(name: &str, e: CudaError) -> KernelError {
@@ -160,6 +163,7 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
             Ok(with_budget(
                 CudaBackend::with_linear(EMU_NAME, dev, linear),
                 budget,
+                opts,
             ))
         }
         other => Err(KernelError::UnknownBackend {
@@ -180,6 +184,7 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
         Ok(with_budget(
             CudaBackend::with_linear(NAME, dev, linear),
             budget,
+            opts,
         ))
     }
     #[cfg(not(feature = "cuda"))]

@@ -266,6 +266,42 @@ fn an_arena_the_device_cannot_hold_leaves_the_upload_path() {
 }
 
 #[test]
+fn the_check_catches_a_page_changed_without_a_new_tag() {
+    if !emu_available("the_check_catches_a_page_changed_without_a_new_tag") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, mut pages) = kv_pages(&be);
+    let tags = row_check::fresh_tags(3);
+    be.check_page_cache(true);
+    // Checked calls over pages the cache holds, and over a changed page with its new tag.
+    let (cached, _) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, cached);
+    // A store bug: entry 3 of page 2 changes, the tag does not. Unchecked, the cache serves
+    // its stale copy: the output is the old one, not what the pages now hold.
+    be.cache_store(&fmt, &mut pages[2], 3, &[0.25f32; 192])
+        .expect("a slot");
+    let fresh = attend(&be, &fmt, &pages, &[]).0;
+    be.check_page_cache(false);
+    let (stale, _) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(stale, cached, "the stale copy is read unchecked");
+    assert_ne!(stale, fresh);
+    // Checked, the call fails, naming the entry.
+    be.check_page_cache(true);
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        attend(&be, &fmt, &pages, &tags)
+    }))
+    .expect_err("the check fails the call");
+    let text = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        text.contains("page cache check: arena slot") && text.contains("entry 3 differs"),
+        "{text}"
+    );
+    // The slot was forgotten: the next call uploads the page again and reads it right.
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, fresh);
+}
+
+#[test]
 fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
     if !emu_available("a_small_arena_falls_back_or_evicts_and_stays_bitwise") {
         return;

@@ -141,9 +141,10 @@ fn the_page_cache_knob_changes_the_traffic_and_not_the_logits() {
     // the backend's default: the same logits against the reference, fewer bytes uploaded. At
     // 300 tokens: at 72 nearly every page a call reads is one just written, and the cache's
     // per-key arena ids make it upload about 2% more than it saves (docs/cuda.md).
-    let run = |mib: &str| {
+    let run = |mib: &str, more: &[&str]| {
         let set = format!("backend.cuda_page_cache_mib={mib}");
         let mut args = vec!["--set", set.as_str()];
+        args.extend(more);
         args.extend(TINY_MODEL_DIFF);
         let at = args.iter().position(|a| *a == "72").unwrap();
         args[at] = "300";
@@ -156,8 +157,10 @@ fn the_page_cache_knob_changes_the_traffic_and_not_the_logits() {
             .unwrap_or_else(|| panic!("{mib}: no upload count in {model}"));
         (model["logits"].clone(), uploaded)
     };
-    let (logits_off, off) = run("0");
-    let (logits_on, on) = run("auto");
+    let (logits_off, off) = run("0", &[]);
+    // With the canary on the KV and index-K pools every call also checks the cached entries
+    // it reads against the pages (a read-back, no upload), so the same run proves the copies.
+    let (logits_on, on) = run("auto", &["--set", "debug.canary=kv,index_k"]);
     assert_eq!(logits_off, logits_on, "the cache changed the logits");
     assert!(on < off, "the cache uploaded {on} bytes, {off} without it");
     eprintln!("tiny model diff: {off} bytes uploaded without the page cache, {on} with it");

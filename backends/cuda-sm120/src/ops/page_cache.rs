@@ -20,8 +20,10 @@
 
 use super::mhc::u32_arg;
 use crate::{Core, CudaError, DevBuf, DevPtr};
+use dsv4_core::cache::page_checksum;
 use dsv4_kernels::{PageTag, RowFormat};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Environment variable: MiB of device memory each entry layout's arena may take (0 turns the
@@ -78,6 +80,8 @@ const FIRST_BYTES: usize = 16 << 20;
 pub(crate) struct PageCache {
     budget: usize,
     first: usize,
+    /// Check every call's copies against its pages ([`PageCache::set_check`]).
+    check: AtomicBool,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -139,8 +143,17 @@ impl PageCache {
         Self {
             budget,
             first,
+            check: AtomicBool::new(false),
             arenas: Mutex::new(Vec::new()),
         }
+    }
+
+    /// With `on`, every call checks the entries it reads from the arena against its pages (a
+    /// checksum per entry on the device, read back and compared with the host's) and fails
+    /// with [`CudaError::StaleCopy`] on a difference: a store that changed a page without a
+    /// new tag, or a slot the cache failed to refresh. One launch and read-back per page.
+    pub fn set_check(&self, on: bool) {
+        self.check.store(on, Ordering::Relaxed);
     }
 
     /// Bytes each entry layout's arena may take.
@@ -331,6 +344,19 @@ impl PageCache {
             a.valid[s] = span;
             a.settled[s] = settled;
         }
+        if self.check.load(Ordering::Relaxed) {
+            for i in (0..order.len()).filter(|&i| !aliased[i]) {
+                let (s, p) = (slot_of_page[i], order[i]);
+                if let Err(e) = a.check(c, fmt, s, pages[p], need[i]) {
+                    a.forget(s);
+                    return Err(CudaError::StaleCopy(format!(
+                        "{e}, page lineage {} settled {} (a store changed the page without a new \
+                         tag, or the cache did not refresh the slot)",
+                        tags[p].lineage, tags[p].settled
+                    )));
+                }
+            }
+        }
         let rows = rows
             .iter()
             .map(|&(p, s)| slot_of_page[local[&p]] * per + s)
@@ -377,6 +403,38 @@ impl Arena {
             slot_of: HashMap::new(),
             clock: 0,
         })
+    }
+
+    /// Check that slot `s` holds `page`'s entries `span` (start .. end): Err names the first
+    /// that differs.
+    fn check(
+        &self,
+        c: &Core,
+        fmt: &RowFormat,
+        s: usize,
+        page: &[u8],
+        span: (usize, usize),
+    ) -> Result<(), String> {
+        if span.0 >= span.1 {
+            return Ok(());
+        }
+        let at = (s * self.per + span.0) * self.entry;
+        let src = DevPtr {
+            ptr: self.buf.at().ptr + at as u64,
+            bytes: (span.1 - span.0) * self.entry,
+        };
+        let device = super::checksum::page_checksums_at(c, src, self.entry)
+            .map_err(|e| format!("page cache check: {e}"))?;
+        let host = slot_entries(fmt, page, span.0..span.1)
+            .ok_or_else(|| "page cache check: the page lost its layout".to_string())?;
+        let host = host.chunks_exact(self.entry).map(page_checksum);
+        match device.iter().zip(host).position(|(d, h)| *d != h) {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "page cache check: arena slot {s} entry {} differs from the host page",
+                span.0 + k
+            )),
+        }
     }
 
     /// Slots no page holds (never used, or freed).

@@ -56,6 +56,12 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         f64_sums: profile.backend.cuda_sums.f64_sums(),
         tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
         page_cache_mib: profile.backend.cuda_page_cache_mib.mib(),
+        check_cached_pages: profile.debug.canary.iter().any(|p| {
+            matches!(
+                p,
+                dsv4_config::CanaryPool::Kv | dsv4_config::CanaryPool::IndexK
+            )
+        }),
     }
 }
 

@@ -240,7 +240,8 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::ListOf(CanaryPool::NAMES),
         "[]",
         "pools (index_k, kv, state) whose page checksums are compared, around each step, with \
-         the step's declared write set; a page changed outside it is logged and counted",
+         the step's declared write set; a page changed outside it is logged and counted \
+         (with kv or index_k, the CUDA backends also check their device copies of the pages)",
     ),
     key(
         "debug.canary_abort",
