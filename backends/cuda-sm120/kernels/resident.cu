@@ -74,3 +74,11 @@ extern "C" __global__ void scale_f64(float* __restrict__ x, u64 n, double s) {
     if (i >= n) return;
     x[i] = (float)((double)x[i] * s);
 }
+
+// copy_words: dst[i] = src[i] for i < n, 32-bit words copied as integers (any bytes, bit for
+// bit): a page arena's slots moved into the arena that replaces it when it grows.
+extern "C" __global__ void copy_words(const u32* __restrict__ src, u32* __restrict__ dst, u64 n) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    dst[i] = src[i];
+}

@@ -7,7 +7,7 @@
 //!
 //! One arena per entry layout (entry bytes, entries a page), growing by doubling from 16 MiB
 //! (or what a call needs) up to the budget when a call's pages do not fit in its free slots,
-//! dropping its contents then: `slots` page slots of
+//! its slots copied into the new one on the device: `slots` page slots of
 //! `per · entry` bytes, each holding a page's entries end to end in the kernels' entry layout,
 //! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
 //! a call's keys through those row ids. A page is uploaded only over the span of slots a call
@@ -216,8 +216,7 @@ impl PageCache {
         let a = &mut arenas[index];
         // Pages this call must bring (a lineage the arena does not hold, or none): when they
         // do not fit in the free slots and the arena may grow, it doubles (or grows to what the
-        // call needs). Its contents are dropped then, not copied: each page is uploaded once
-        // more, a few times over an arena's life.
+        // call needs), its slots copied over on the device.
         let bring = order
             .iter()
             .filter(|&&p| !tags[p].is_tagged() || !a.slot_of.contains_key(&tags[p].lineage))
@@ -228,7 +227,12 @@ impl PageCache {
             // Dropped only once the new one is allocated. Without the device memory for it the
             // arena keeps its size for good and reuses slots from now on.
             match Arena::new(c, entry, per, grown, a.ceiling) {
-                Ok(bigger) => *a = bigger,
+                Ok(mut bigger) => {
+                    // A failed copy leaves the bigger arena's bookkeeping empty: its pages go
+                    // up again, as into a new arena.
+                    let _ = bigger.take_over(c, a);
+                    *a = bigger;
+                }
                 Err(_) => a.ceiling = slots,
             }
         }
@@ -403,6 +407,29 @@ impl Arena {
             slot_of: HashMap::new(),
             clock: 0,
         })
+    }
+
+    /// Take `old`'s slots (this arena being at least as large, same layout): their bytes
+    /// copied on the device (after the work issued so far on this stream), then their
+    /// bookkeeping; slot s stays slot s. Err leaves this arena's bookkeeping empty.
+    fn take_over(&mut self, c: &Core, old: &Arena) -> Result<(), CudaError> {
+        let bytes = old.tag.len() * old.entry * old.per;
+        if !bytes.is_multiple_of(4) {
+            return Err(CudaError::BadOperands(format!(
+                "a page arena of {bytes} bytes is not a whole number of words"
+            )));
+        }
+        super::resident::launch_copy_words(c, old.buf.at(), self.buf.at(), bytes / 4)?;
+        let n = old.tag.len();
+        self.tag[..n].copy_from_slice(&old.tag);
+        self.valid[..n].copy_from_slice(&old.valid);
+        self.settled[..n].copy_from_slice(&old.settled);
+        self.used[..n].copy_from_slice(&old.used);
+        self.by_age = old.by_age.clone();
+        self.by_age.extend((n..self.tag.len()).map(|s| (0, s)));
+        self.slot_of = old.slot_of.clone();
+        self.clock = old.clock;
+        Ok(())
     }
 
     /// Check that slot `s` holds `page`'s entries `span` (start .. end): Err names the first

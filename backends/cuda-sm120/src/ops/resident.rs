@@ -51,6 +51,22 @@ pub(crate) fn launch_copy2d(
     launch1(c, "copy2d", rows * fill, &args)
 }
 
+/// dst[i] = src[i] for the first `words` 32-bit words (bit for bit; they do not overlap).
+pub(crate) fn launch_copy_words(
+    c: &Core,
+    src: DevPtr,
+    dst: DevPtr,
+    words: usize,
+) -> Result<(), CudaError> {
+    fits("copy_words source", src, words)?;
+    fits("copy_words destination", dst, words)?;
+    if words == 0 {
+        return Ok(());
+    }
+    let args = [KArg::Ptr(src), KArg::Ptr(dst), KArg::U64(words as u64)];
+    launch1(c, "copy_words", words, &args)
+}
+
 /// gather_rows (`scatter` false: dst[r] = src[idx[r]]) or scatter_add_rows (`scatter` true:
 /// dst[idx[r]] += src[r]) of `rows` rows of `width`; `idx` holds `rows` u32 on the device, each
 /// below `table_rows` (the row count of the indexed operand).
