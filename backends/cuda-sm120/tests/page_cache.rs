@@ -177,6 +177,68 @@ fn appended_entries_alone_are_uploaded_under_one_lineage() {
 }
 
 #[test]
+fn copies_of_one_page_in_a_call_read_from_the_latest() {
+    if !emu_available("copies_of_one_page_in_a_call_read_from_the_latest") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    let (fmt, full) = kv_pages(&be);
+    // A chunk that stores each row before reading its window gathers page 2 twice: before
+    // and after entry 5 is appended (one lineage, settled 5 then 6).
+    let upto = |n: usize| {
+        let mut p = vec![0u8; fmt.page_bytes()];
+        for slot in 0..n {
+            fmt.copy_entry(&full[2], slot, &mut p, slot)
+                .expect("an entry");
+        }
+        p
+    };
+    let pages = [full[0].clone(), upto(5), upto(6)];
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let old = PageTag::fresh(5);
+    let tags = [row_check::fresh_tags(1)[0], old, old.after_entry_write(5)];
+    let call = |tags: &[PageTag], rows: &[(usize, usize)]| {
+        let ids: Vec<usize> = (0..rows.len()).collect();
+        let q: Vec<f32> = (0..2 * 192).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+        let mut out = vec![0f32; q.len()];
+        let before = stats(&be);
+        be.paged_attention_indexed(
+            &q,
+            &fmt,
+            &refs,
+            tags,
+            rows,
+            &ids,
+            &[0, rows.len()],
+            &[0.5, -0.5],
+            0.07,
+            &mut out,
+        )
+        .expect("valid pages");
+        let bits: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
+        (bits, stats(&be).since(&before).write_bytes)
+    };
+    // Each copy read at its settled entries: served from one slot, the latest copy's.
+    let rows: Vec<(usize, usize)> = (0..8)
+        .map(|s| (0, s))
+        .chain((0..5).map(|s| (1, s)))
+        .chain((0..6).map(|s| (2, s)))
+        .collect();
+    let (want, untagged) = call(&[], &rows);
+    let (got, tagged) = call(&tags, &rows);
+    assert_eq!(got, want);
+    assert!(
+        tagged < untagged,
+        "{tagged} bytes tagged, {untagged} untagged"
+    );
+    // The old copy read at entry 5, unwritten there and written in the newer copy: the call
+    // takes the upload path and reads what the old copy holds.
+    let mut rows = rows;
+    rows.push((1, 5));
+    assert_eq!(call(&tags, &rows).0, call(&[], &rows).0);
+}
+
+#[test]
 fn the_backend_options_size_the_arenas() {
     if !emu_available("the_backend_options_size_the_arenas") {
         return;

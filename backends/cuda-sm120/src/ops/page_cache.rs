@@ -169,8 +169,9 @@ impl PageCache {
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
     /// uploading the entries it does not hold; `None` when the cache cannot serve the call (no
-    /// tags or only untagged pages, more pages than slots, a page of the wrong size, one
-    /// lineage with two settled counts), and the caller uploads the rows itself. `tags` has
+    /// tags or only untagged pages, more pages than slots, a page of the wrong size, an entry
+    /// read from one copy of a page that a later copy in the call has written), and the caller
+    /// uploads the rows itself. `tags` has
     /// one entry per page; untagged pages are uploaded each call. The rows must have passed the
     /// format's layout check.
     pub fn place<'a>(
@@ -199,6 +200,32 @@ impl PageCache {
         if order.len() > most || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
             return Ok(None);
         }
+        // Copies of one page (one lineage) gathered at different times in this call (a chunk
+        // that stores each row before reading its window) are all read from the copy with the
+        // most entries settled: it holds every entry another copy is read at, as long as that
+        // entry was settled in that copy (never to change) or is unwritten in all of them.
+        // Otherwise the call is not served.
+        let mut best: HashMap<u64, usize> = HashMap::new();
+        for (i, &p) in order.iter().enumerate() {
+            let t = tags[p];
+            if t.is_tagged() {
+                let b = best.entry(t.lineage).or_insert(i);
+                if tags[order[*b]].settled < t.settled {
+                    *b = i;
+                }
+            }
+        }
+        let primary = |i: usize| {
+            let t = tags[order[i]];
+            if t.is_tagged() { best[&t.lineage] } else { i }
+        };
+        for &(p, e) in rows {
+            let t = tags[p];
+            let held = tags[order[primary(local[&p])]].settled as usize;
+            if t.is_tagged() && e >= t.settled as usize && e < held {
+                return Ok(None);
+            }
+        }
         let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
         let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
             Some(i) => i,
@@ -217,9 +244,12 @@ impl PageCache {
         // Pages this call must bring (a lineage the arena does not hold, or none): when they
         // do not fit in the free slots and the arena may grow, it doubles (or grows to what the
         // call needs), its slots copied over on the device.
-        let bring = order
-            .iter()
-            .filter(|&&p| !tags[p].is_tagged() || !a.slot_of.contains_key(&tags[p].lineage))
+        let bring = (0..order.len())
+            .filter(|&i| primary(i) == i)
+            .filter(|&i| {
+                let t = tags[order[i]];
+                !t.is_tagged() || !a.slot_of.contains_key(&t.lineage)
+            })
             .count();
         let (slots, free) = (a.tag.len(), a.free_slots());
         if bring > free && slots < a.ceiling {
@@ -247,21 +277,15 @@ impl PageCache {
         }
         let mut slot_of_page = vec![0usize; order.len()];
         let mut missing = Vec::new();
-        // Pages of a lineage an earlier page of this call has: they share its slot (a copy of
-        // the same page, with the same settled count, or the call cannot be served).
-        let (mut first_of, mut aliases) = (HashMap::new(), Vec::new());
+        // The other copies of a page share its primary copy's slot.
+        let mut aliases = Vec::new();
         for (i, &p) in order.iter().enumerate() {
             let tag = tags[p];
-            if tag.is_tagged() {
-                if let Some(&first) = first_of.get(&tag.lineage) {
-                    if tags[order[first]] != tag {
-                        return Ok(None);
-                    }
-                    need[first] = hull(need[first], need[i]);
-                    aliases.push((i, first));
-                    continue;
-                }
-                first_of.insert(tag.lineage, i);
+            if primary(i) != i {
+                let first = primary(i);
+                need[first] = hull(need[first], need[i]);
+                aliases.push((i, first));
+                continue;
             }
             match a.slot_of.get(&tag.lineage) {
                 Some(&s) if tag.is_tagged() => {
