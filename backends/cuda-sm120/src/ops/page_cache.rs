@@ -215,14 +215,21 @@ impl PageCache {
                 }
             }
         }
-        let primary = |i: usize| {
-            let t = tags[order[i]];
-            if t.is_tagged() { best[&t.lineage] } else { i }
-        };
+        // Each page's primary copy (itself when untagged), looked up once per page.
+        let primaries: Vec<usize> = (0..order.len())
+            .map(|i| {
+                let t = tags[order[i]];
+                if t.is_tagged() { best[&t.lineage] } else { i }
+            })
+            .collect();
+        let primary = |i: usize| primaries[i];
         for &(p, e) in rows {
             let t = tags[p];
+            if !t.is_tagged() || e < t.settled as usize {
+                continue;
+            }
             let held = tags[order[primary(local[&p])]].settled as usize;
-            if t.is_tagged() && e >= t.settled as usize && e < held {
+            if e < held {
                 return Ok(None);
             }
         }
