@@ -28,7 +28,19 @@ use dsv4_diff::report::Status;
 use dsv4_kernels::{Backend, BackendOptions, DevSlice, DeviceOps};
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
 use dsv4_model::{ModelSource, load_model};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One test at a time in this binary: the emulated driver is one per process, and a free or a
+/// context synchronisation in one test runs every stream's queued work, so a test asserting that
+/// work is still queued (as a GPU may leave it) would see another test's flush.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Holds the driver for this test alone (a failed test does not block the others).
+fn exclusive() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The GPU backend on the emulated driver, or None (skipped) when NVRTC or a compiler is missing.
 fn gpu_backend(test: &str) -> Option<CudaBackend> {
@@ -60,6 +72,7 @@ fn assert_clean(what: &str) {
 
 #[test]
 fn the_device_opens_on_the_emulated_driver_and_says_so() {
+    let _driver = exclusive();
     let Some(be) = gpu_backend("the_device_opens_on_the_emulated_driver_and_says_so") else {
         return;
     };
@@ -87,6 +100,7 @@ fn the_device_opens_on_the_emulated_driver_and_says_so() {
 
 #[test]
 fn a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would() {
+    let _driver = exclusive();
     let Some(be) =
         gpu_backend("a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would")
     else {
@@ -132,6 +146,7 @@ fn a_block_needing_more_registers_than_the_gpu_has_is_refused_as_a_gpu_would() {
 
 #[test]
 fn a_launch_reading_freed_memory_is_refused() {
+    let _driver = exclusive();
     let Some(be) = gpu_backend("a_launch_reading_freed_memory_is_refused") else {
         return;
     };
@@ -166,6 +181,7 @@ fn a_launch_reading_freed_memory_is_refused() {
 
 #[test]
 fn the_op_sweep_passes_through_the_driver_calls() {
+    let _driver = exclusive();
     let Some(be) = gpu_backend("the_op_sweep_passes_through_the_driver_calls") else {
         return;
     };
@@ -186,6 +202,7 @@ fn the_op_sweep_passes_through_the_driver_calls() {
 
 #[test]
 fn decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped() {
+    let _driver = exclusive();
     let Some(gpu) =
         gpu_backend("decode_steps_give_the_emulator_devices_bits_eager_captured_and_overlapped")
     else {
@@ -263,6 +280,7 @@ fn legacy_then_plan_stream(d: &dyn DeviceOps) -> Vec<f32> {
 
 #[test]
 fn work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work() {
+    let _driver = exclusive();
     let Some(be) = deferred_backend(
         "work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier_work",
     ) else {
@@ -308,6 +326,7 @@ fn work_queues_as_on_a_gpu_and_plan_streams_wait_for_the_default_streams_earlier
 
 #[test]
 fn copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued() {
+    let _driver = exclusive();
     let Some(be) = deferred_backend(
         "copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_issued",
     ) else {
