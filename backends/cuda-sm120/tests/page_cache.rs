@@ -141,7 +141,8 @@ fn appended_entries_alone_are_uploaded_under_one_lineage() {
     tags[2] = PageTag::fresh(5);
     attend(&be, &fmt, &pages, &tags);
     let (_, again_bytes) = attend(&be, &fmt, &pages, &tags);
-    // Entry 5 is appended: the lineage stays, and only the entries from 5 on go up again.
+    // Entry 5 is appended: the lineage stays, and only entry 5 goes up again (6 and 7, read
+    // but unwritten, were not written since).
     let before_append = (pages[2].clone(), tags[2]);
     be.cache_store(&fmt, &mut pages[2], 5, &[0.75f32; 192])
         .expect("a slot");
@@ -153,7 +154,7 @@ fn appended_entries_alone_are_uploaded_under_one_lineage() {
         attend(&be, &fmt, &pages, &[]).0,
         "the appended entry is read"
     );
-    assert_eq!(bytes, again_bytes + 3 * entry, "entries 5..8 uploaded");
+    assert_eq!(bytes, again_bytes + entry, "entry 5 uploaded");
     // A snapshot taken before the append (a call that gathered earlier) reads its own bytes.
     let old = vec![pages[0].clone(), pages[1].clone(), before_append.0];
     let old_tags = [tags[0], tags[1], before_append.1];
@@ -231,11 +232,23 @@ fn copies_of_one_page_in_a_call_read_from_the_latest() {
         tagged < untagged,
         "{tagged} bytes tagged, {untagged} untagged"
     );
-    // The old copy read at entry 5, unwritten there and written in the newer copy: the call
-    // takes the upload path and reads what the old copy holds.
+    // The old copy read at entry 5, unwritten there and written in the newer copy (a ring's
+    // old entry, overwritten later in the chunk): the old copy is detached into a slot of its
+    // own and reads what it holds, while page 0 and the newer copy stay cached.
+    let (_, served) = call(&tags, &rows);
     let mut rows = rows;
     rows.push((1, 5));
-    assert_eq!(call(&tags, &rows).0, call(&[], &rows).0);
+    let (want, untagged) = call(&[], &rows);
+    assert_eq!(call(&tags, &rows).0, want);
+    let (again, detached_only) = call(&tags, &rows);
+    assert_eq!(again, want);
+    let entry = fmt.entry_bytes() as u64;
+    assert_eq!(
+        detached_only,
+        served + 6 * entry + 4,
+        "beyond a fully served call: the detached copy's 6 entries and one more row id \
+         ({untagged} bytes untagged)"
+    );
 }
 
 #[test]

@@ -12,8 +12,8 @@
 //! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
 //! a call's keys through those row ids. A page is uploaded only over the span of slots a call
 //! reads, and widened when a later call reads more of it under the same lineage; when the
-//! page's settled count moved, the entries held from the smaller count on are dropped first
-//! (entries below both never changed between the calls). Slots are reused least recently used
+//! page's settled count moved, the held entries between the two counts go up again (entries
+//! below both never changed between the calls, and those at or past both were not written). Slots are reused least recently used
 //! first, never within the call that placed them. The arena's lock is held until the call has
 //! read its result back (a blocking download on the calling thread's stream, after its
 //! launches), so no other call overwrites a slot while a launch may still read it.
@@ -169,9 +169,8 @@ impl PageCache {
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
     /// uploading the entries it does not hold; `None` when the cache cannot serve the call (no
-    /// tags or only untagged pages, more pages than slots, a page of the wrong size, an entry
-    /// read from one copy of a page that a later copy in the call has written), and the caller
-    /// uploads the rows itself. `tags` has
+    /// tags or only untagged pages, more pages than slots, a page of the wrong size), and the
+    /// caller uploads the rows itself. `tags` has
     /// one entry per page; untagged pages are uploaded each call. The rows must have passed the
     /// format's layout check.
     pub fn place<'a>(
@@ -204,7 +203,9 @@ impl PageCache {
         // that stores each row before reading its window) are all read from the copy with the
         // most entries settled: it holds every entry another copy is read at, as long as that
         // entry was settled in that copy (never to change) or is unwritten in all of them.
-        // Otherwise the call is not served.
+        // A copy read at an entry it had not settled but the latest copy has (a ring's old
+        // entry, overwritten later in the chunk) is detached instead: it takes a slot of its
+        // own, uploaded as an untagged page is.
         let mut best: HashMap<u64, usize> = HashMap::new();
         for (i, &p) in order.iter().enumerate() {
             let t = tags[p];
@@ -215,24 +216,32 @@ impl PageCache {
                 }
             }
         }
-        // Each page's primary copy (itself when untagged), looked up once per page.
+        let mut detached = vec![false; order.len()];
+        for &(p, e) in rows {
+            let t = tags[p];
+            if t.is_tagged() && e >= t.settled as usize {
+                let latest = tags[order[best[&t.lineage]]].settled as usize;
+                detached[local[&p]] |= e < latest;
+            }
+        }
+        // Each page's tag in this call (a detached copy's promises nothing) and its primary
+        // copy (itself when untagged or detached).
+        let tag_of: Vec<PageTag> = (0..order.len())
+            .map(|i| {
+                if detached[i] {
+                    PageTag::UNTAGGED
+                } else {
+                    tags[order[i]]
+                }
+            })
+            .collect();
         let primaries: Vec<usize> = (0..order.len())
             .map(|i| {
-                let t = tags[order[i]];
+                let t = tag_of[i];
                 if t.is_tagged() { best[&t.lineage] } else { i }
             })
             .collect();
         let primary = |i: usize| primaries[i];
-        for &(p, e) in rows {
-            let t = tags[p];
-            if !t.is_tagged() || e < t.settled as usize {
-                continue;
-            }
-            let held = tags[order[primary(local[&p])]].settled as usize;
-            if e < held {
-                return Ok(None);
-            }
-        }
         let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
         let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
             Some(i) => i,
@@ -254,7 +263,7 @@ impl PageCache {
         let bring = (0..order.len())
             .filter(|&i| primary(i) == i)
             .filter(|&i| {
-                let t = tags[order[i]];
+                let t = tag_of[i];
                 !t.is_tagged() || !a.slot_of.contains_key(&t.lineage)
             })
             .count();
@@ -284,10 +293,14 @@ impl PageCache {
         }
         let mut slot_of_page = vec![0usize; order.len()];
         let mut missing = Vec::new();
+        // The entries a held slot must take again: those written between the settled count
+        // it was brought up to date at and the page's (entries below both never changed, and
+        // those at or past both were not written since either).
+        let mut redo = vec![(0usize, 0usize); order.len()];
         // The other copies of a page share its primary copy's slot.
         let mut aliases = Vec::new();
-        for (i, &p) in order.iter().enumerate() {
-            let tag = tags[p];
+        for i in 0..order.len() {
+            let tag = tag_of[i];
             if primary(i) != i {
                 let first = primary(i);
                 need[first] = hull(need[first], need[i]);
@@ -297,15 +310,12 @@ impl PageCache {
             match a.slot_of.get(&tag.lineage) {
                 Some(&s) if tag.is_tagged() => {
                     a.touch(s, now);
-                    // Entries from the smaller settled count on may differ between the slot's
-                    // copy and this page when the counts differ (the ones between were written):
-                    // they are dropped and, where read, uploaded again.
-                    let keep = match a.settled[s] {
-                        held if held == tag.settled => usize::MAX,
-                        held => held.min(tag.settled) as usize,
-                    };
+                    let (held, now_settled) = (a.settled[s] as usize, tag.settled as usize);
                     let (lo, hi) = a.valid[s];
-                    a.valid[s] = (lo, hi.min(keep).max(lo));
+                    let (from, to) = (held.min(now_settled).max(lo), held.max(now_settled).min(hi));
+                    if from < to {
+                        redo[i] = (from, to);
+                    }
                     slot_of_page[i] = s;
                 }
                 _ => missing.push(i),
@@ -318,7 +328,7 @@ impl PageCache {
                 return Ok(None);
             };
             a.forget(s);
-            let tag = tags[order[i]];
+            let tag = tag_of[i];
             a.tag[s] = tag.lineage;
             a.touch(s, now);
             if tag.is_tagged() {
@@ -344,12 +354,17 @@ impl PageCache {
             } else {
                 want
             };
-            for (from, to) in [(span.0, have.0.min(span.1)), (have.1.max(span.0), span.1)] {
+            let outside = [(span.0, have.0.min(span.1)), (have.1.max(span.0), span.1)];
+            for (from, to) in outside {
                 if from < to && !(have.0 <= from && to <= have.1) {
                     plan.push((s, from, to, order[i]));
                 }
             }
-            spans.push((s, span, tags[order[i]].settled));
+            // Inside what the slot holds: the entries written since (within the span).
+            if redo[i].0 < redo[i].1 {
+                plan.push((s, redo[i].0, redo[i].1, order[i]));
+            }
+            spans.push((s, span, tag_of[i].settled));
         }
         plan.sort_unstable();
         let mut staged: Vec<(usize, Vec<u8>)> = Vec::new();
