@@ -231,6 +231,15 @@ API CUresult cuCtxGetCurrent(void** ctx) {
 
 // ---- memory ----
 
+// Free memory: what the context's allocations leave of the device's.
+API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+    NEED_CTX("cuMemGetInfo");
+    if (free == nullptr || total == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, "cuMemGetInfo: null");
+    *total = (size_t)kTotalMem;
+    *free = (size_t)(kTotalMem - S().device_bytes);
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
     NEED_CTX("cuMemAlloc");
     if (bytes == 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc(0)");

@@ -299,6 +299,11 @@ impl RawDevice for CudaDevice {
         self.info.clone()
     }
 
+    fn free_memory(&self) -> Option<u64> {
+        self.current().ok()?;
+        result::mem_get_info().ok().map(|(free, _)| free as u64)
+    }
+
     fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError> {
         self.current()?;
         // SAFETY: a plain allocation; it is zero-filled below before anyone reads it.

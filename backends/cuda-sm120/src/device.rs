@@ -192,6 +192,11 @@ impl Device {
         self.raw().info()
     }
 
+    /// Device memory free now, in bytes (None where the device has no limit of its own).
+    pub fn free_memory(&self) -> Option<u64> {
+        self.raw().free_memory()
+    }
+
     /// A zero-filled buffer of `bytes` bytes (at least 16 are allocated, so empty tensors
     /// still have an address); zero before any later work on the calling thread's stream.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {

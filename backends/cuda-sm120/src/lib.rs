@@ -124,6 +124,8 @@ impl CudaBackend {
     }
 
     fn with_pages(mut self, cache: ops::page_cache::PageCache) -> Self {
+        // A new size keeps the memory reserve.
+        cache.set_reserve(self.core.pages.reserve());
         let pages = std::sync::Arc::new(cache);
         self.core.pages = std::sync::Arc::clone(&pages);
         self.resident.set_page_cache(pages);
@@ -144,6 +146,22 @@ impl CudaBackend {
     /// Bytes of device memory the page arenas hold now (they grow as calls need).
     pub fn page_cache_held(&self) -> usize {
         self.core.pages.held()
+    }
+
+    /// Leave at least `bytes` of device memory free when a page arena is made or grows (the
+    /// default: a sixteenth of a GPU's memory, none on the emulator; see `ops::page_cache`).
+    pub fn set_page_cache_reserve(&self, bytes: usize) {
+        self.core.pages.set_reserve(bytes);
+    }
+
+    /// The page arenas' memory reserve, bytes ([`Self::set_page_cache_reserve`]).
+    pub fn page_cache_reserve(&self) -> usize {
+        self.core.pages.reserve()
+    }
+
+    /// Times a page arena was not made, or did not grow, to keep the memory reserve free.
+    pub fn page_cache_short_of_memory(&self) -> u64 {
+        self.core.pages.short_of_memory()
     }
 
     /// The device the kernels run on.

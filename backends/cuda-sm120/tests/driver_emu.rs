@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{can_run, exec_modes, tiny_decode};
+use common::{attend, can_run, exec_modes, kv_pages, tiny_decode};
 use dsv4_backend_cuda::cuda::{self, DriverLib};
 use dsv4_backend_cuda::device::DEFAULT_STREAM;
 use dsv4_backend_cuda::{CudaBackend, CudaError, EMU_NAME, KArg, NAME, emu, open_backend};
@@ -25,7 +25,7 @@ use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::Numerics;
 use dsv4_diff::ops::{OpsOptions, run_ops};
 use dsv4_diff::report::Status;
-use dsv4_kernels::{Backend, BackendOptions, DevSlice, DeviceOps};
+use dsv4_kernels::{Backend, BackendOptions, DevSlice, DeviceOps, row_check};
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -369,4 +369,87 @@ fn copies_from_page_locked_memory_read_it_when_they_run_and_pageable_ones_when_i
     dev.download(&pageable_dst, &mut b).unwrap();
     assert_eq!(b, [3; 8]);
     assert_clean("page-locked copies");
+}
+
+#[test]
+fn page_arenas_leave_the_memory_reserve_free() {
+    let _driver = exclusive();
+    let Some(be) = gpu_backend("page_arenas_leave_the_memory_reserve_free") else {
+        return;
+    };
+    // The emulated driver reports its memory and what its allocations leave free, as
+    // cuDeviceTotalMem and cuMemGetInfo do on a GPU: by default the page arenas leave a
+    // sixteenth of it, and a new arena size keeps that.
+    let sixteenth = (be.device().info().memory_bytes / 16) as usize;
+    assert!(sixteenth > 0);
+    assert_eq!(be.page_cache_reserve(), sixteenth);
+    let (fmt, mut pages) = kv_pages(&be, 256);
+    let page = fmt.page_bytes();
+    let be = be.with_growing_page_cache(3 * page, 6 * page);
+    assert_eq!(
+        be.page_cache_reserve(),
+        sixteenth,
+        "a new size keeps the reserve"
+    );
+    let free = || {
+        let free = be.device().free_memory().expect("the driver says");
+        usize::try_from(free).expect("fits")
+    };
+    let want = |pages: &[Vec<u8>]| attend(&be, &fmt, pages, &[]);
+    let (untagged_bits, untagged) = want(&pages);
+    let mut tags = row_check::fresh_tags(3);
+    // Room for two pages above the reserve, and the first arena takes three: not made, and the
+    // call uploads its rows as without tags.
+    be.set_page_cache_reserve(free() - 2 * page);
+    assert_eq!(attend(&be, &fmt, &pages, &tags), (untagged_bits, untagged));
+    assert_eq!(
+        (be.page_cache_held(), be.page_cache_short_of_memory()),
+        (0, 1)
+    );
+    // Room for four: the arena is made at three pages.
+    be.set_page_cache_reserve(free() - 4 * page);
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, want(&pages).0);
+    assert_eq!(be.page_cache_held(), 3 * page);
+    // A changed page needs a fourth slot. Doubling takes six more pages while the old three
+    // are still held, past the room for five: the arena grows to the four the call needs.
+    be.set_page_cache_reserve(free() - 5 * page);
+    let change = |pages: &mut Vec<Vec<u8>>, tags: &mut Vec<_>, p: usize, v: f32| {
+        be.cache_store(&fmt, &mut pages[p], 2, &[v; 192])
+            .expect("a slot");
+        tags[p] = row_check::fresh_tags(1)[0];
+    };
+    change(&mut pages, &mut tags, 0, 0.5);
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, want(&pages).0);
+    assert_eq!(
+        (be.page_cache_held(), be.page_cache_short_of_memory()),
+        (4 * page, 2)
+    );
+    // No room at all: it keeps its size and reuses its least recently used slot.
+    be.set_page_cache_reserve(free());
+    change(&mut pages, &mut tags, 1, -0.5);
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, want(&pages).0);
+    assert_eq!(
+        (be.page_cache_held(), be.page_cache_short_of_memory()),
+        (4 * page, 4)
+    );
+    // A call reading five pages, one more than the arena's slots, which cannot grow: it takes
+    // the upload path (no slot it reads is reused within it).
+    let mut five = pages.clone();
+    five.extend(kv_pages(&be, 256).1.into_iter().take(2));
+    let five_tags: Vec<_> = tags
+        .iter()
+        .copied()
+        .chain(row_check::fresh_tags(2))
+        .collect();
+    assert_eq!(
+        attend(&be, &fmt, &five, &five_tags),
+        attend(&be, &fmt, &five, &[])
+    );
+    assert_eq!(be.page_cache_held(), 4 * page);
+    // Without a reserve it grows to its ceiling.
+    be.set_page_cache_reserve(0);
+    change(&mut pages, &mut tags, 2, 0.25);
+    assert_eq!(attend(&be, &fmt, &pages, &tags).0, want(&pages).0);
+    assert_eq!(be.page_cache_held(), 6 * page);
+    assert_clean("page arenas and the memory reserve");
 }

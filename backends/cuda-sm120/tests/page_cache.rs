@@ -10,70 +10,13 @@
 
 mod common;
 
-use common::emu_available;
+use common::{attend, emu_available, kv_pages, stats};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, PAGE_CACHE_ENV, emu, open_backend};
-use dsv4_core::cache::{IndexKLayout, KvLayout};
-use dsv4_core::{IndexKDtype, KvCacheDtype};
-use dsv4_kernels::{Backend, BackendOptions, DeviceStats, PageTag, RowFormat, row_check};
+use dsv4_core::IndexKDtype;
+use dsv4_core::cache::IndexKLayout;
+use dsv4_kernels::{Backend, BackendOptions, PageTag, RowFormat, row_check};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
-
-/// Three fp8 KV pages of 8 entries (head dim 192, rope 64), every slot written by `be`.
-fn kv_pages(be: &CudaBackend) -> (RowFormat, Vec<Vec<u8>>) {
-    let layout = KvLayout::from_head_dims(KvCacheDtype::Fp8, 192, 64, 8).expect("a layout");
-    let fmt = RowFormat::Kv(layout);
-    let pages = (0..3)
-        .map(|p| {
-            let mut page = vec![0u8; fmt.page_bytes()];
-            for slot in 0..8 {
-                let v: Vec<f32> = (0..192)
-                    .map(|i| ((i * 5 + slot * 3 + p * 7) % 13) as f32 * 0.25 - 1.5)
-                    .collect();
-                be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
-            }
-            page
-        })
-        .collect();
-    (fmt, pages)
-}
-
-/// Attention of two queries over all 24 rows of `pages` (query 1 over the last 16), with
-/// `tags`: the output's bits and the bytes uploaded.
-fn attend(
-    be: &CudaBackend,
-    fmt: &RowFormat,
-    pages: &[Vec<u8>],
-    tags: &[PageTag],
-) -> (Vec<u32>, u64) {
-    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-    let rows: Vec<(usize, usize)> = (0..24).map(|i| (i / 8, i % 8)).collect();
-    let ids: Vec<usize> = (0..24).chain(8..24).collect();
-    let (heads, dim) = (2usize, 192usize);
-    let q: Vec<f32> = (0..2 * heads * dim)
-        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
-        .collect();
-    let mut out = vec![0f32; q.len()];
-    let before = stats(be);
-    be.paged_attention_indexed(
-        &q,
-        fmt,
-        &refs,
-        tags,
-        &rows,
-        &ids,
-        &[0, 24, 40],
-        &[0.5, -0.5],
-        0.07,
-        &mut out,
-    )
-    .expect("valid pages");
-    let moved = stats(be).since(&before);
-    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
-}
-
-fn stats(be: &CudaBackend) -> DeviceStats {
-    Backend::device(be).expect("device ops").stats()
-}
 
 #[test]
 fn tagged_pages_are_uploaded_once_and_read_bitwise() {
@@ -82,7 +25,7 @@ fn tagged_pages_are_uploaded_once_and_read_bitwise() {
     }
     for acc_f64 in [true, false] {
         let be = CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"));
-        let (fmt, mut pages) = kv_pages(&be);
+        let (fmt, mut pages) = kv_pages(&be, 8);
         let page = fmt.entry_bytes() as u64 * 8;
         let (want, untagged) = attend(&be, &fmt, &pages, &[]);
         let mut tags = row_check::fresh_tags(3);
@@ -126,7 +69,7 @@ fn appended_entries_alone_are_uploaded_under_one_lineage() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, mut pages) = kv_pages(&be);
+    let (fmt, mut pages) = kv_pages(&be, 8);
     let entry = fmt.entry_bytes() as u64;
     // Page 2 holds entries 0..5 so far (a store appending to it); its entries 5..8 are unwritten.
     pages[2] = {
@@ -183,7 +126,7 @@ fn copies_of_one_page_in_a_call_read_from_the_latest() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, full) = kv_pages(&be);
+    let (fmt, full) = kv_pages(&be, 8);
     // A chunk that stores each row before reading its window gathers page 2 twice: before
     // and after entry 5 is appended (one lineage, settled 5 then 6).
     let upto = |n: usize| {
@@ -281,7 +224,7 @@ fn an_arena_grows_when_a_call_does_not_fit_and_stays_bitwise() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, mut pages) = kv_pages(&be);
+    let (fmt, mut pages) = kv_pages(&be, 8);
     let page = fmt.entry_bytes() * 8;
     // Arenas start at one page slot and may grow to six.
     let be = be.with_growing_page_cache(page, 6 * page);
@@ -331,7 +274,7 @@ fn an_arena_the_device_cannot_hold_leaves_the_upload_path() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, pages) = kv_pages(&be);
+    let (fmt, pages) = kv_pages(&be, 8);
     let (want, untagged) = attend(&be, &fmt, &pages, &[]);
     // An arena of the whole address space: its allocation fails, and the call uploads its
     // rows as without tags instead of failing.
@@ -347,7 +290,7 @@ fn the_check_catches_a_page_changed_without_a_new_tag() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, mut pages) = kv_pages(&be);
+    let (fmt, mut pages) = kv_pages(&be, 8);
     let tags = row_check::fresh_tags(3);
     be.check_page_cache(true);
     // Checked calls over pages the cache holds, and over a changed page with its new tag.
@@ -383,7 +326,7 @@ fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
         return;
     }
     let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
-    let (fmt, pages) = kv_pages(&be);
+    let (fmt, pages) = kv_pages(&be, 8);
     let page = fmt.entry_bytes() * 8;
     let (want, untagged) = attend(&be, &fmt, &pages, &[]);
     let tags = row_check::fresh_tags(3);

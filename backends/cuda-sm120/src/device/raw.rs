@@ -54,6 +54,11 @@ pub trait RawDevice: Send + Sync {
     fn info(&self) -> DeviceInfo;
     /// Allocate `bytes` (> 0) bytes, zero-filled before any later work on `stream` runs.
     fn alloc(&self, stream: StreamHandle, bytes: usize) -> Result<u64, CudaError>;
+    /// Device memory free now, in bytes, where the device says (CUDA: `cuMemGetInfo`); None
+    /// where it has no limit of its own (the CPU emulator).
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
     /// Free an address `alloc` returned, after all work on every stream has finished.
     ///
     /// # Safety

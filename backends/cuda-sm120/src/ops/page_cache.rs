@@ -23,7 +23,7 @@ use crate::{Core, CudaError, DevBuf, DevPtr};
 use dsv4_core::cache::page_checksum;
 use dsv4_kernels::{PageTag, RowFormat};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Environment variable: MiB of device memory each entry layout's arena may take (0 turns the
@@ -72,6 +72,21 @@ pub fn default_budget(emulated: bool, memory_bytes: u64) -> usize {
     }
 }
 
+/// The device memory arenas leave free when they are made or grow, on a GPU: this fraction of
+/// its memory (a choice, not a measurement: room for a step's temporaries and a larger batch's,
+/// which would otherwise fail for memory the cache took first).
+const GPU_RESERVE_SHARE: u64 = 16;
+
+/// The default memory reserve, bytes: see [`GPU_RESERVE_SHARE`] (none on the emulator, whose
+/// device memory is this machine's, or where the GPU's memory is unknown).
+pub fn default_reserve(emulated: bool, memory_bytes: u64) -> usize {
+    if emulated {
+        0
+    } else {
+        usize::try_from(memory_bytes / GPU_RESERVE_SHARE).unwrap_or(usize::MAX)
+    }
+}
+
 /// What an arena takes at first, at most (it doubles from there, up to the budget, when a
 /// call's pages do not fit in its free slots).
 const FIRST_BYTES: usize = 16 << 20;
@@ -82,6 +97,10 @@ pub(crate) struct PageCache {
     first: usize,
     /// Check every call's copies against its pages ([`PageCache::set_check`]).
     check: AtomicBool,
+    /// Device memory an arena must leave free when it is made or grows
+    /// ([`PageCache::set_reserve`]), and how often one was not made or did not grow for it.
+    reserve: AtomicUsize,
+    short: AtomicU64,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -128,7 +147,9 @@ impl PageCache {
     /// A cache with arenas of the default ceiling for a GPU of `memory_bytes` (0: unknown)
     /// or, with `emulated`, the emulator.
     pub fn with_default_budget(emulated: bool, memory_bytes: u64) -> Self {
-        Self::with_budget(default_budget(emulated, memory_bytes))
+        let cache = Self::with_budget(default_budget(emulated, memory_bytes));
+        cache.set_reserve(default_reserve(emulated, memory_bytes));
+        cache
     }
 
     /// A cache with arenas of at most `budget` bytes each (0: never keeps a page), each
@@ -144,6 +165,8 @@ impl PageCache {
             budget,
             first,
             check: AtomicBool::new(false),
+            reserve: AtomicUsize::new(0),
+            short: AtomicU64::new(0),
             arenas: Mutex::new(Vec::new()),
         }
     }
@@ -154,6 +177,35 @@ impl PageCache {
     /// new tag, or a slot the cache failed to refresh. One launch and read-back per page.
     pub fn set_check(&self, on: bool) {
         self.check.store(on, Ordering::Relaxed);
+    }
+
+    /// Leave at least `bytes` of device memory free: an arena is not made, or does not grow,
+    /// where the device says less would be left (the call takes the upload path, or reuses the
+    /// arena's slots; a later call tries again). Devices that do not say are not limited.
+    pub fn set_reserve(&self, bytes: usize) {
+        self.reserve.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The memory reserve ([`PageCache::set_reserve`]).
+    pub fn reserve(&self) -> usize {
+        self.reserve.load(Ordering::Relaxed)
+    }
+
+    /// Times an arena was not made, or did not grow, for the memory reserve.
+    pub fn short_of_memory(&self) -> u64 {
+        self.short.load(Ordering::Relaxed)
+    }
+
+    /// Whether an arena of `bytes` leaves the reserve free; counts a refusal.
+    fn room_for(&self, c: &Core, bytes: usize) -> bool {
+        let Some(free) = c.dev.free_memory() else {
+            return true;
+        };
+        let room = (free as u128) >= bytes as u128 + self.reserve() as u128;
+        if !room {
+            self.short.fetch_add(1, Ordering::Relaxed);
+        }
+        room
     }
 
     /// Bytes each entry layout's arena may take.
@@ -247,8 +299,12 @@ impl PageCache {
             Some(i) => i,
             None => {
                 let slots = (self.first / slot_bytes).clamp(order.len(), most);
-                // No device memory for it: the call takes the upload path (which fails in turn
-                // if the device is out of memory), and a later call tries again.
+                // No device memory for it, or not without taking the reserve: the call takes
+                // the upload path (which fails in turn if the device is out of memory), and a
+                // later call tries again.
+                if !self.room_for(c, slots * slot_bytes) {
+                    return Ok(None);
+                }
                 let Ok(arena) = Arena::new(c, entry, per, slots, most) else {
                     return Ok(None);
                 };
@@ -268,19 +324,33 @@ impl PageCache {
             })
             .count();
         let (slots, free) = (a.tag.len(), a.free_slots());
+        // The old arena is dropped only once the new one is allocated, so growing takes the
+        // new size in free memory. Where that would eat into the reserve the arena grows only
+        // as far as this call needs, or not at all this time (a later call tries again);
+        // without the device memory for it, it keeps its size for good.
         if bring > free && slots < a.ceiling {
-            let grown = (2 * slots).max(slots - free + bring).min(a.ceiling);
-            // Dropped only once the new one is allocated. Without the device memory for it the
-            // arena keeps its size for good and reuses slots from now on.
-            match Arena::new(c, entry, per, grown, a.ceiling) {
-                Ok(mut bigger) => {
-                    // A failed copy leaves the bigger arena's bookkeeping empty: its pages go
-                    // up again, as into a new arena.
-                    let _ = bigger.take_over(c, a);
-                    *a = bigger;
+            let needed = (slots - free + bring).min(a.ceiling);
+            let doubled = (2 * slots).max(needed).min(a.ceiling);
+            let grown = [doubled, needed]
+                .into_iter()
+                .find(|&n| self.room_for(c, n * slot_bytes));
+            if let Some(grown) = grown {
+                match Arena::new(c, entry, per, grown, a.ceiling) {
+                    Ok(mut bigger) => {
+                        // A failed copy leaves the bigger arena's bookkeeping empty: its pages
+                        // go up again, as into a new arena.
+                        let _ = bigger.take_over(c, a);
+                        *a = bigger;
+                    }
+                    Err(_) => a.ceiling = slots,
                 }
-                Err(_) => a.ceiling = slots,
             }
+        }
+        // A slot for each page this call reads (its copies share one): an arena that could not
+        // grow to that many leaves the call on the upload path, as no slot this call reads may
+        // be reused within it.
+        if (0..order.len()).filter(|&i| primary(i) == i).count() > a.tag.len() {
+            return Ok(None);
         }
         a.clock += 1;
         let now = a.clock;

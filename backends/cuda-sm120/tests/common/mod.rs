@@ -1,8 +1,10 @@
 //! What the crate's tests share: skipping a test when the machine lacks what it needs.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use dsv4_core::SplitMix64;
-use dsv4_kernels::{Linear, WeightFormat};
+use dsv4_backend_cuda::CudaBackend;
+use dsv4_core::cache::KvLayout;
+use dsv4_core::{KvCacheDtype, SplitMix64};
+use dsv4_kernels::{Backend, DeviceStats, Linear, PageTag, RowFormat, WeightFormat};
 
 /// Whether `what` (the emulator, NVRTC) is available, `probe` being its probe's answer. Prints the
 /// reason and skips (false), except under CI=true, where a missing requirement fails the test.
@@ -141,4 +143,64 @@ pub fn every_scale_byte_weights(rng: &mut SplitMix64) -> [Linear; 2] {
         .collect();
     let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
     [fp8, mx]
+}
+
+/// Three fp8 KV pages of `per` (≥ 8) entries (head dim 192, rope 64), slots 0..8 written by
+/// `be` (the rest zero).
+pub fn kv_pages(be: &CudaBackend, per: usize) -> (RowFormat, Vec<Vec<u8>>) {
+    let layout = KvLayout::from_head_dims(KvCacheDtype::Fp8, 192, 64, per).expect("a layout");
+    let fmt = RowFormat::Kv(layout);
+    let pages = (0..3)
+        .map(|p| {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..8 {
+                let v: Vec<f32> = (0..192)
+                    .map(|i| ((i * 5 + slot * 3 + p * 7) % 13) as f32 * 0.25 - 1.5)
+                    .collect();
+                be.cache_store(&fmt, &mut page, slot, &v).expect("a slot");
+            }
+            page
+        })
+        .collect();
+    (fmt, pages)
+}
+
+/// Attention of two queries over slots 0..8 of each of `pages` (two or more; query 1 skips the
+/// first page's), with `tags`: the output's bits and the bytes uploaded.
+pub fn attend(
+    be: &CudaBackend,
+    fmt: &RowFormat,
+    pages: &[Vec<u8>],
+    tags: &[PageTag],
+) -> (Vec<u32>, u64) {
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let n = 8 * pages.len();
+    let rows: Vec<(usize, usize)> = (0..n).map(|i| (i / 8, i % 8)).collect();
+    let ids: Vec<usize> = (0..n).chain(8..n).collect();
+    let (heads, dim) = (2usize, 192usize);
+    let q: Vec<f32> = (0..2 * heads * dim)
+        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    let before = stats(be);
+    be.paged_attention_indexed(
+        &q,
+        fmt,
+        &refs,
+        tags,
+        &rows,
+        &ids,
+        &[0, n, 2 * n - 8],
+        &[0.5, -0.5],
+        0.07,
+        &mut out,
+    )
+    .expect("valid pages");
+    let moved = stats(be).since(&before);
+    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
+}
+
+/// The device traffic `be` has counted so far.
+pub fn stats(be: &CudaBackend) -> DeviceStats {
+    Backend::device(be).expect("device ops").stats()
 }
