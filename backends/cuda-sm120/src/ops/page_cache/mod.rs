@@ -18,11 +18,13 @@
 //! read its result back (a blocking download on the calling thread's stream, after its
 //! launches), so no other call overwrites a slot while a launch may still read it.
 
+mod arena;
+
 use super::mhc::u32_arg;
 use crate::{Core, CudaError, DevBuf, DevPtr};
-use dsv4_core::cache::page_checksum;
+use arena::{Arena, hull, slot_entries};
 use dsv4_kernels::{PageTag, RowFormat};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -102,29 +104,6 @@ pub(crate) struct PageCache {
     reserve: AtomicUsize,
     short: AtomicU64,
     arenas: Mutex<Vec<Arena>>,
-}
-
-/// Page slots of one entry layout on the device.
-struct Arena {
-    /// Bytes of one entry, entries of one page.
-    entry: usize,
-    per: usize,
-    /// Slots it may grow to: the budget's, or its size once an allocation to grow failed.
-    ceiling: usize,
-    buf: DevBuf,
-    /// Each slot's page lineage (0: none), the span of its entries that hold that page's
-    /// (empty when start ≥ end), the page's settled count when the slot was last brought up to
-    /// date, and the call that last used it (0: never, or freed).
-    tag: Vec<u64>,
-    valid: Vec<(usize, usize)>,
-    settled: Vec<u32>,
-    used: Vec<u64>,
-    /// Every slot by (last use, slot): the front is reused first.
-    by_age: BTreeSet<(u64, usize)>,
-    /// The slot holding each lineage.
-    slot_of: HashMap<u64, usize>,
-    /// Calls so far.
-    clock: u64,
 }
 
 /// A call's keys placed in an arena: the arena stays locked until this is dropped, which the
@@ -491,129 +470,6 @@ impl PageCache {
             rows,
         }))
     }
-}
-
-impl Arena {
-    /// An arena of `slots` free page slots of `per` entries of `entry` bytes, which may grow
-    /// to `ceiling` slots.
-    fn new(
-        c: &Core,
-        entry: usize,
-        per: usize,
-        slots: usize,
-        ceiling: usize,
-    ) -> Result<Arena, CudaError> {
-        let bytes = slots
-            .checked_mul(entry * per)
-            .ok_or_else(|| CudaError::TooLarge {
-                what: format!("a page arena of {slots} slots"),
-            })?;
-        // The device buffer first: the bookkeeping below is small beside it.
-        let buf = c.dev.alloc(bytes)?;
-        Ok(Arena {
-            entry,
-            per,
-            ceiling,
-            buf,
-            tag: vec![0; slots],
-            valid: vec![(0, 0); slots],
-            settled: vec![0; slots],
-            used: vec![0; slots],
-            by_age: (0..slots).map(|s| (0, s)).collect(),
-            slot_of: HashMap::new(),
-            clock: 0,
-        })
-    }
-
-    /// Take `old`'s slots (this arena being at least as large, same layout): their bytes
-    /// copied on the device (after the work issued so far on this stream), then their
-    /// bookkeeping; slot s stays slot s. Err leaves this arena's bookkeeping empty.
-    fn take_over(&mut self, c: &Core, old: &Arena) -> Result<(), CudaError> {
-        let bytes = old.tag.len() * old.entry * old.per;
-        if !bytes.is_multiple_of(4) {
-            return Err(CudaError::BadOperands(format!(
-                "a page arena of {bytes} bytes is not a whole number of words"
-            )));
-        }
-        super::resident::launch_copy_words(c, old.buf.at(), self.buf.at(), bytes / 4)?;
-        let n = old.tag.len();
-        self.tag[..n].copy_from_slice(&old.tag);
-        self.valid[..n].copy_from_slice(&old.valid);
-        self.settled[..n].copy_from_slice(&old.settled);
-        self.used[..n].copy_from_slice(&old.used);
-        self.by_age = old.by_age.clone();
-        self.by_age.extend((n..self.tag.len()).map(|s| (0, s)));
-        self.slot_of = old.slot_of.clone();
-        self.clock = old.clock;
-        Ok(())
-    }
-
-    /// Check that slot `s` holds `page`'s entries `span` (start .. end): Err names the first
-    /// that differs.
-    fn check(
-        &self,
-        c: &Core,
-        fmt: &RowFormat,
-        s: usize,
-        page: &[u8],
-        span: (usize, usize),
-    ) -> Result<(), String> {
-        if span.0 >= span.1 {
-            return Ok(());
-        }
-        let at = (s * self.per + span.0) * self.entry;
-        let src = DevPtr {
-            ptr: self.buf.at().ptr + at as u64,
-            bytes: (span.1 - span.0) * self.entry,
-        };
-        let device = super::checksum::page_checksums_at(c, src, self.entry)
-            .map_err(|e| format!("page cache check: {e}"))?;
-        let host = slot_entries(fmt, page, span.0..span.1)
-            .ok_or_else(|| "page cache check: the page lost its layout".to_string())?;
-        let host = host.chunks_exact(self.entry).map(page_checksum);
-        match device.iter().zip(host).position(|(d, h)| *d != h) {
-            None => Ok(()),
-            Some(k) => Err(format!(
-                "page cache check: arena slot {s} entry {} differs from the host page",
-                span.0 + k
-            )),
-        }
-    }
-
-    /// Slots no page holds (never used, or freed).
-    fn free_slots(&self) -> usize {
-        self.by_age.range(..(1, 0)).count()
-    }
-
-    /// Mark slot `s` used by call `now`.
-    fn touch(&mut self, s: usize, now: u64) {
-        self.by_age.remove(&(self.used[s], s));
-        self.used[s] = now;
-        self.by_age.insert((now, s));
-    }
-
-    /// Free slot `s`: no tag, reused first.
-    fn forget(&mut self, s: usize) {
-        if self.tag[s] != 0 {
-            self.slot_of.remove(&self.tag[s]);
-        }
-        self.tag[s] = 0;
-        self.valid[s] = (0, 0);
-        self.settled[s] = 0;
-        self.touch(s, 0);
-    }
-}
-
-/// The smallest span holding spans `a` and `b` (each start .. end).
-fn hull(a: (usize, usize), b: (usize, usize)) -> (usize, usize) {
-    (a.0.min(b.0), a.1.max(b.1))
-}
-
-/// The entries (data bytes, then scale bytes) of `page`'s slots `slots`, end to end; None when
-/// the page does not have the format's layout.
-fn slot_entries(fmt: &RowFormat, page: &[u8], slots: std::ops::Range<usize>) -> Option<Vec<u8>> {
-    let picks: Vec<(usize, usize)> = slots.map(|s| (0, s)).collect();
-    super::cache::gathered_entries(fmt, &[page], &picks, picks.len() * fmt.width()).ok()
 }
 
 #[cfg(test)]
