@@ -139,8 +139,8 @@ fn the_page_cache_knob_changes_the_traffic_and_not_the_logits() {
     }
     // The tiny-model diff with the cache off (`0`: every call uploads the rows it reads) and at
     // the backend's default: the same logits against the reference, fewer bytes uploaded. At
-    // 300 tokens: at 72 nearly every page a call reads is one just written, and the cache's
-    // per-key arena ids make it upload about 2% more than it saves (docs/cuda.md).
+    // 300 tokens, past the SWA ring's wrap and with two C128 entries (at 72 the saving is
+    // 2%, docs/cuda.md).
     let run = |mib: &str, more: &[&str]| {
         let set = format!("backend.cuda_page_cache_mib={mib}");
         let mut args = vec!["--set", set.as_str()];
