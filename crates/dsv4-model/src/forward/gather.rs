@@ -372,7 +372,7 @@ mod tests {
         let be = HostResident::new(Arc::new(ReferenceBackend));
         for pooled in [false, true] {
             let r = five_pages(&be, pooled);
-            // Rows 9, 1, 5 and 8 sit on four pages and fill two: they are packed, in order.
+            // Rows 9, 1, 5 and 8 sit on three pages and fill two: they are packed, in order.
             let mut g = RowGather::new(&be);
             assert_eq!(g.add(&r, [9, 1, 5, 8].into_iter(), false).unwrap(), 4);
             assert_eq!(g.pages.bytes.len(), 2, "pooled {pooled}");
