@@ -159,7 +159,8 @@ impl CudaBackend {
         self.core.pages.reserve()
     }
 
-    /// Times a page arena was not made, or did not grow, to keep the memory reserve free.
+    /// Times a page arena was not made, or grew less than it would have (or not at all), to
+    /// keep the memory reserve free.
     pub fn page_cache_short_of_memory(&self) -> u64 {
         self.core.pages.short_of_memory()
     }

@@ -170,21 +170,26 @@ impl PageCache {
         self.reserve.load(Ordering::Relaxed)
     }
 
-    /// Times an arena was not made, or did not grow, for the memory reserve.
+    /// Times an arena was not made, or grew less than it would have (or not at all), for the
+    /// memory reserve.
     pub fn short_of_memory(&self) -> u64 {
         self.short.load(Ordering::Relaxed)
     }
 
-    /// Whether an arena of `bytes` leaves the reserve free; counts a refusal.
-    fn room_for(&self, c: &Core, bytes: usize) -> bool {
-        let Some(free) = c.dev.free_memory() else {
-            return true;
-        };
-        let room = (free as u128) >= bytes as u128 + self.reserve() as u128;
-        if !room {
+    /// The largest of `sizes` (slot counts, largest first) whose arena of `slot_bytes` slots
+    /// leaves the reserve free (all fit on a device that does not say how much memory it has
+    /// free); one question to the device, and a refusal counted unless the first fits.
+    fn fitting(&self, c: &Core, slot_bytes: usize, sizes: &[usize]) -> Option<usize> {
+        let room = c
+            .dev
+            .free_memory()
+            .map(|free| (free as u128).saturating_sub(self.reserve() as u128));
+        let fits = |n: usize| room.is_none_or(|r| n as u128 * slot_bytes as u128 <= r);
+        let found = sizes.iter().copied().find(|&n| fits(n));
+        if found != sizes.first().copied() {
             self.short.fetch_add(1, Ordering::Relaxed);
         }
-        room
+        found
     }
 
     /// Bytes each entry layout's arena may take.
@@ -281,7 +286,7 @@ impl PageCache {
                 // No device memory for it, or not without taking the reserve: the call takes
                 // the upload path (which fails in turn if the device is out of memory), and a
                 // later call tries again.
-                if !self.room_for(c, slots * slot_bytes) {
+                if self.fitting(c, slot_bytes, &[slots]).is_none() {
                     return Ok(None);
                 }
                 let Ok(arena) = Arena::new(c, entry, per, slots, most) else {
@@ -310,9 +315,7 @@ impl PageCache {
         if bring > free && slots < a.ceiling {
             let needed = (slots - free + bring).min(a.ceiling);
             let doubled = (2 * slots).max(needed).min(a.ceiling);
-            let grown = [doubled, needed]
-                .into_iter()
-                .find(|&n| self.room_for(c, n * slot_bytes));
+            let grown = self.fitting(c, slot_bytes, &[doubled, needed]);
             if let Some(grown) = grown {
                 match Arena::new(c, entry, per, grown, a.ceiling) {
                     Ok(mut bigger) => {
