@@ -13,10 +13,12 @@
 //! a call's keys through those row ids. A page is uploaded only over the span of slots a call
 //! reads, and widened when a later call reads more of it under the same lineage; when the
 //! page's settled count moved, the held entries between the two counts go up again (entries
-//! below both never changed between the calls, and those at or past both were not written). Slots are reused least recently used
-//! first, never within the call that placed them. The arena's lock is held until the call has
-//! read its result back (a blocking download on the calling thread's stream, after its
-//! launches), so no other call overwrites a slot while a launch may still read it.
+//! below both never changed between the calls, and those at or past both were not written).
+//! Slots are reused least recently used first, never within the call that placed them. The
+//! arena's lock is held until the call has read its result back (a blocking download on the
+//! calling thread's stream, after its launches), so no other call overwrites a slot while a
+//! launch may still read it. Arenas leave a reserve of device memory free (see
+//! [`default_reserve`]).
 
 mod arena;
 
@@ -205,10 +207,10 @@ impl PageCache {
 
     /// Place the pages holding `rows` ((page, slot) of `pages`, in `fmt`) in the arena,
     /// uploading the entries it does not hold; `None` when the cache cannot serve the call (no
-    /// tags or only untagged pages, more pages than slots, a page of the wrong size), and the
-    /// caller uploads the rows itself. `tags` has
-    /// one entry per page; untagged pages are uploaded each call. The rows must have passed the
-    /// format's layout check.
+    /// tags or only untagged pages, more pages than slots, a page of the wrong size, no memory
+    /// for an arena), and the caller uploads the rows itself. `tags` has one entry per page;
+    /// untagged pages are uploaded each call. The rows must have passed the format's layout
+    /// check.
     pub fn place<'a>(
         &'a self,
         c: &Core,
