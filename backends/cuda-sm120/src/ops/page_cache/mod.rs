@@ -224,15 +224,19 @@ impl PageCache {
         if tags.len() != pages.len() || !tags.iter().any(PageTag::is_tagged) || slot_bytes == 0 {
             return Ok(None);
         }
-        // The pages the rows are on, in first-use order.
+        // The pages the rows are on, in first-use order, and each row's page in that order
+        // (looked up once here, not per row in each pass below).
         let mut local: HashMap<usize, usize> = HashMap::new();
         let mut order = Vec::new();
-        for &(p, _) in rows {
-            local.entry(p).or_insert_with(|| {
-                order.push(p);
-                order.len() - 1
-            });
-        }
+        let at: Vec<usize> = rows
+            .iter()
+            .map(|&(p, _)| {
+                *local.entry(p).or_insert_with(|| {
+                    order.push(p);
+                    order.len() - 1
+                })
+            })
+            .collect();
         let most = self.budget / slot_bytes;
         if order.len() > most || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
             return Ok(None);
@@ -255,11 +259,11 @@ impl PageCache {
             }
         }
         let mut detached = vec![false; order.len()];
-        for &(p, e) in rows {
+        for (&(p, e), &i) in rows.iter().zip(&at) {
             let t = tags[p];
             if t.is_tagged() && e >= t.settled as usize {
                 let latest = tags[order[best[&t.lineage]]].settled as usize;
-                detached[local[&p]] |= e < latest;
+                detached[i] |= e < latest;
             }
         }
         // Each page's tag in this call (a detached copy's promises nothing) and its primary
@@ -341,8 +345,8 @@ impl PageCache {
         // The span of each page's slots this call reads (a page is uploaded only as far as it
         // is read: a partly filled page, or the one new row of a page a store just wrote).
         let mut need = vec![(usize::MAX, 0usize); order.len()];
-        for &(p, slot) in rows {
-            let n = &mut need[local[&p]];
+        for (&(_, slot), &i) in rows.iter().zip(&at) {
+            let n = &mut need[i];
             *n = (n.0.min(slot), n.1.max(slot + 1));
         }
         let mut slot_of_page = vec![0usize; order.len()];
@@ -463,7 +467,8 @@ impl PageCache {
         }
         let rows = rows
             .iter()
-            .map(|&(p, s)| slot_of_page[local[&p]] * per + s)
+            .zip(&at)
+            .map(|(&(_, s), &i)| slot_of_page[i] * per + s)
             .collect::<Vec<usize>>();
         // The kernels take u32 row ids.
         if let Some(&last) = rows.iter().max() {
