@@ -431,6 +431,58 @@ extern "C" void dsv4_emu_trap(void) {
     to_scheduler();
 }
 
+// The alignment check. The kernel translation unit is compiled with -fsanitize=alignment (emu
+// build.rs), so every load and store through a typed pointer first checks the address against
+// the type's alignment and calls this handler when it is off. A GPU requires that alignment of
+// every access (a 16-byte vector load from an address that is only 8-aligned faults with
+// CUDA_ERROR_MISALIGNED_ADDRESS) while the CPU does not, so the launch fails here as it would
+// there, naming the access. The data layout is the sanitizer ABI that GCC and Clang share
+// (compiler-rt's ubsan_handlers.h); no sanitizer runtime is linked.
+namespace {
+struct UbsanLocation {
+    const char* file;
+    uint32_t line;
+    uint32_t column;
+};
+struct UbsanType {
+    uint16_t kind;
+    uint16_t info;
+    char name[1];
+};
+struct UbsanTypeMismatch {
+    UbsanLocation loc;
+    const UbsanType* type;
+    unsigned char log_alignment;
+    unsigned char check_kind;
+};
+// The check kinds a kernel can hit: a load, a store, or a use of the object (a copy binding
+// a reference to it, a member access).
+const char* access_kind(unsigned char k) { return k == 0 ? "load" : k == 1 ? "store" : "access"; }
+} // namespace
+
+extern "C" __attribute__((visibility("hidden"))) void
+__ubsan_handle_type_mismatch_v1(UbsanTypeMismatch* d, uintptr_t ptr) {
+    const unsigned long long align = 1ull << d->log_alignment;
+    if (ptr == 0) {
+        fail("thread (%u,%u,%u) of block (%u,%u,%u): %s of %s through a null pointer at %s:%u",
+             threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z,
+             access_kind(d->check_kind), d->type->name, d->loc.file, d->loc.line);
+    } else {
+        fail("thread (%u,%u,%u) of block (%u,%u,%u): misaligned %s of %s at 0x%llx (it needs "
+             "%llu-byte alignment) at %s:%u; a GPU faults here (CUDA_ERROR_MISALIGNED_ADDRESS)",
+             threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z,
+             access_kind(d->check_kind), d->type->name, (unsigned long long)ptr, align,
+             d->loc.file, d->loc.line);
+    }
+    if (g_cur != nullptr) to_scheduler(); // the thread stops, as after __trap()
+    fprintf(stderr, "%s\n", g_err);   // not in a kernel: the emulator itself is wrong
+    abort();
+}
+extern "C" __attribute__((visibility("hidden"))) void
+__ubsan_handle_type_mismatch_v1_abort(UbsanTypeMismatch* d, uintptr_t ptr) {
+    __ubsan_handle_type_mismatch_v1(d, ptr);
+}
+
 // The bounds of the section every __shared__ array is in (emu/shim.h), defined by the linker;
 // weak, so a translation unit without shared memory links too.
 extern "C" char __start_dsv4_shared[] __attribute__((weak, visibility("hidden")));

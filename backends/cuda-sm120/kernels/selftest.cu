@@ -113,3 +113,17 @@ extern "C" __global__ void st_math(float* f, double* d, u32* u, u64 big, i32 neg
 extern "C" __global__ void st_write_at(u32* out, i32 index) {
     if (threadIdx.x == 0u) out[index] = 7u;
 }
+
+// A 16-byte vector as the backend's kernels load them (linear.cu's lin_f4).
+struct alignas(16) st_vec4 {
+    float x, y, z, w;
+};
+
+// Thread 1 loads a 16-byte vector from bytes + at and stores a u64 at bytes + 64 + store_at:
+// a GPU faults on either when the address is not a multiple of the access's size.
+extern "C" __global__ void st_vector_at(u8* bytes, u32 at, u32 store_at, float* out) {
+    if (threadIdx.x != 1u) return;
+    const st_vec4 v = *reinterpret_cast<const st_vec4*>(bytes + at);
+    out[0] = v.x + v.y + v.z + v.w;
+    *reinterpret_cast<u64*>(bytes + 64u + store_at) = 42ull;
+}

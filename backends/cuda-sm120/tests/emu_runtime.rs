@@ -564,3 +564,48 @@ fn a_write_outside_a_buffer_fails_the_launch() {
     d.download(&other, &mut got).unwrap();
     assert_eq!(got, [1u8; 32]);
 }
+
+#[test]
+fn a_misaligned_access_fails_the_launch_as_on_a_gpu() {
+    if !available("a_misaligned_access_fails_the_launch_as_on_a_gpu") {
+        return;
+    }
+    let d = &own_dev();
+    let floats: Vec<u8> = (0..24u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let bytes = d.upload(&floats).unwrap();
+    let out = d.alloc(4).unwrap();
+    let launch = |at: u32, store_at: u32| {
+        let args = [
+            KArg::Buf(&bytes),
+            KArg::U32(at),
+            KArg::U32(store_at),
+            KArg::Buf(&out),
+        ];
+        unsafe { d.launch("st_vector_at", (1, 1, 1), (32, 1, 1), &args) }
+            .and_then(|()| d.synchronize())
+    };
+    // Aligned: floats 4..8 summed, and the store lands.
+    launch(16, 8).unwrap();
+    assert_eq!(f32s(d, &out, 1)[0], 4.0 + 5.0 + 6.0 + 7.0);
+    let mut all = [0u8; 96];
+    d.download(&bytes, &mut all).unwrap();
+    assert_eq!(u64::from_le_bytes(all[72..80].try_into().unwrap()), 42);
+    // A 16-byte load from an 8-aligned address, and an 8-byte store to a 4-aligned one.
+    for (at, store_at, want) in [
+        (8, 0, ["misaligned access", "st_vec4", "16-byte alignment"]),
+        (32, 4, ["misaligned store", "u64", "8-byte alignment"]),
+    ] {
+        let msg = launch(at, store_at).unwrap_err().to_string();
+        for w in want.iter().chain(&[
+            "st_vector_at",
+            "thread (1,0,0) of block (0,0,0)",
+            "selftest.cu:",
+            "CUDA_ERROR_MISALIGNED_ADDRESS",
+        ]) {
+            assert!(msg.contains(w), "{w:?} missing from: {msg}");
+        }
+    }
+    // The emulator goes on after a failed launch (a GPU's context would not).
+    launch(0, 0).unwrap();
+    assert_eq!(f32s(d, &out, 1)[0], 0.0 + 1.0 + 2.0 + 3.0);
+}

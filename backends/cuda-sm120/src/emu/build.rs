@@ -25,9 +25,22 @@ const DRIVER: &[(&str, &str)] = &[
     ),
 ];
 /// Bump when the build recipe changes (it is part of the cache key).
-const RECIPE: &str =
-    "cuda-emu build v2: -O2 -std=c++17 -ffp-contract=off -fPIC -shared -fvisibility=hidden";
-/// Extra C++ compiler flags for the emulator build, part of the cache key: `-g` to debug,
+const RECIPE: &str = "cuda-emu build v3: -O2 -std=c++17 -ffp-contract=off -fPIC -fvisibility=hidden; \
+     kernels.o with -fsanitize=alignment -fsanitize-recover=alignment, then -shared";
+/// The flags every compile of the emulator gets.
+const CXXFLAGS: &[&str] = &[
+    "-O2",
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-fPIC",
+    "-fvisibility=hidden",
+];
+/// The kernels' own flags: every typed load and store checks its address against the type's
+/// alignment, as a GPU requires, and reports to the handler in `emu/runtime.cpp` (recoverable
+/// calls, so no sanitizer runtime is linked). `DSV4_EMU_CXXFLAGS=-fno-sanitize=alignment` turns
+/// the check off.
+const KERNEL_CXXFLAGS: &[&str] = &["-fsanitize=alignment", "-fsanitize-recover=alignment"];
+/// Extra C++ compiler flags for the emulator build (both steps), part of the cache key: `-g` to debug,
 /// `-DDSV4_EMU_REVERSE` to run each block's threads and the grid's blocks in reverse order (a
 /// kernel that reads other threads' writes without a barrier, or other blocks' writes of the same
 /// launch, then gives different results: a race), `-DDSV4_EMU_UCONTEXT`
@@ -136,17 +149,24 @@ impl Library {
         }
     }
 
-    /// The library's own compiler arguments and what they add to the cache key.
-    fn args(self) -> Vec<String> {
+    /// The library's own compile arguments (both steps; part of the cache key).
+    fn compile_args(self) -> Vec<String> {
         match self {
             Library::Emulator => Vec::new(),
             Library::Driver((major, minor)) => vec![
                 format!("-DDSV4_DRIVER_CC_MAJOR={major}"),
                 format!("-DDSV4_DRIVER_CC_MINOR={minor}"),
-                // cudarc opens "libcuda.so" by name: once this file is loaded by path, the
-                // loader finds it under that soname instead of searching.
-                "-Wl,-soname,libcuda.so".to_string(),
             ],
+        }
+    }
+
+    /// The library's own link arguments (part of the cache key).
+    fn link_args(self) -> Vec<String> {
+        match self {
+            Library::Emulator => Vec::new(),
+            // cudarc opens "libcuda.so" by name: once this file is loaded by path, the loader
+            // finds it under that soname instead of searching.
+            Library::Driver(_) => vec!["-Wl,-soname,libcuda.so".to_string()],
         }
     }
 }
@@ -168,7 +188,9 @@ pub(super) fn build(
         meta.as_ref().map(|m| m.len()),
         meta.and_then(|m| m.modified().ok())
     );
-    let lib_args = library.args().join(" ");
+    let lib_args = [library.compile_args(), library.link_args()]
+        .concat()
+        .join(" ");
     let driver: &[(&str, &str)] = match library {
         Library::Emulator => &[],
         Library::Driver(_) => DRIVER,
@@ -222,52 +244,72 @@ pub(super) fn build(
         write_atomic(&dir.join(name), text, &tag).map_err(io)?;
     }
     let out = dir.join(format!("{file}.tmp-{tag}"));
-    let mut cmd = std::process::Command::new(&cxx);
+    let object = dir.join(format!("kernels.o.tmp-{tag}"));
+    // Two steps, so that only the kernels carry the alignment checks, and the link step (which
+    // would add a sanitizer runtime for -fsanitize) has none.
+    let compiler = || {
+        let mut cmd = std::process::Command::new(&cxx);
+        cmd.args(CXXFLAGS).current_dir(&dir);
+        if acc_f64 {
+            cmd.arg("-DDSV4_ACC_F64");
+        }
+        cmd
+    };
+    let mut kernels = compiler();
+    kernels
+        .args(KERNEL_CXXFLAGS)
+        .args(extra.split_whitespace())
+        .args(library.compile_args())
+        .arg("-include")
+        .arg(dir.join("shim.h"))
+        .arg("-c")
+        .arg(dir.join("kernels.cpp"))
+        .arg("-o")
+        .arg(&object);
+    let mut link = compiler();
     // Hidden symbols: the kernels' names (rope, swiglu, …) never interpose on anything in the
     // process; only dsv4_emu_launch, dsv4_emu_params and the driver's entry points are exported.
-    cmd.args([
-        "-O2",
-        "-std=c++17",
-        "-ffp-contract=off",
-        "-fPIC",
-        "-shared",
-        "-fvisibility=hidden",
-    ]);
-    if acc_f64 {
-        cmd.arg("-DDSV4_ACC_F64");
-    }
-    cmd.args(extra.split_whitespace());
-    cmd.arg("-include")
+    link.arg("-shared")
+        .args(extra.split_whitespace())
+        .args(library.compile_args())
+        .arg("-include")
         .arg(dir.join("shim.h"))
-        .arg(dir.join("kernels.cpp"))
+        .arg(&object)
         .arg(dir.join("runtime.cpp"));
     for (name, _) in driver.iter().filter(|(n, _)| n.ends_with(".cpp")) {
-        cmd.arg(dir.join(name));
+        link.arg(dir.join(name));
     }
-    cmd.args(library.args())
-        .arg("-o")
-        .arg(&out)
-        .current_dir(&dir);
-    let res = cmd.output().map_err(|e| CudaError::Compile {
-        target: "cuda-emu (c++)".into(),
-        log: format!("cannot run {}: {e}", cxx.display()),
-    })?;
-    if !res.status.success() {
+    link.args(library.link_args()).arg("-o").arg(&out);
+    let result = run_compiler(&cxx, kernels).and_then(|()| run_compiler(&cxx, link));
+    let _ = std::fs::remove_file(&object);
+    if let Err(e) = result {
         let _ = std::fs::remove_file(&out);
-        return Err(CudaError::Compile {
-            target: "cuda-emu (c++)".into(),
-            log: format!(
-                "{}{}",
-                String::from_utf8_lossy(&res.stderr),
-                String::from_utf8_lossy(&res.stdout)
-            ),
-        });
+        return Err(e);
     }
     std::fs::rename(&out, &lib).map_err(io)?;
     if let Some(parent) = dir.parent() {
         prune(parent, &dir);
     }
     Ok(lib)
+}
+
+/// Run one compiler command; its output is the error when it fails.
+fn run_compiler(cxx: &Path, mut cmd: std::process::Command) -> Result<(), CudaError> {
+    let res = cmd.output().map_err(|e| CudaError::Compile {
+        target: "cuda-emu (c++)".into(),
+        log: format!("cannot run {}: {e}", cxx.display()),
+    })?;
+    if res.status.success() {
+        return Ok(());
+    }
+    Err(CudaError::Compile {
+        target: "cuda-emu (c++)".into(),
+        log: format!(
+            "{}{}",
+            String::from_utf8_lossy(&res.stderr),
+            String::from_utf8_lossy(&res.stdout)
+        ),
+    })
 }
 
 /// Remove emulator builds (cache dirs named by a 16-hex-digit key) not modified for 14 days:
