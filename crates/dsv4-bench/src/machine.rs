@@ -18,7 +18,7 @@ pub struct MachinePeaks {
     pub fma_gflops_1t: f64,
     /// Streaming read bandwidth (sum of a large buffer), GB/s.
     pub read_gbs: f64,
-    /// Triad a[i] = b[i] + s·c[i] bandwidth, GB/s (3 streams counted).
+    /// Triad `a[i] = b[i] + s·c[i]` bandwidth, GB/s (3 streams counted).
     pub triad_gbs: f64,
     /// Which FMA kernel gave `fma_gflops` ("avx512f", "avx2+fma" or "portable").
     pub fma_kernel: &'static str,

@@ -13,7 +13,7 @@
 //! into user turns as `<tool_result>` blocks (consecutive user/tool messages become one turn,
 //! blocks joined by a blank line); order the tool results of a turn by the preceding
 //! assistant's call order; in thinking mode without tools, drop earlier turns' reasoning and
-//! earlier developer messages; prepend BOS; render each turn ([`render`]).
+//! earlier developer messages; prepend BOS; render each turn (`render`).
 
 mod render;
 

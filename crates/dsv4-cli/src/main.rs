@@ -33,7 +33,7 @@ struct GlobalArgs {
     /// Override one configuration key, e.g. --set numerics.kv_cache_dtype=fp8 (repeatable).
     #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
     sets: Vec<String>,
-    /// Log more to stderr (-v info, -vv debug, -vvv trace); DSV4_LOG=<filter> overrides.
+    /// Log more to stderr (-v info, -vv debug, -vvv trace); `DSV4_LOG=<filter>` overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
 }

@@ -1,5 +1,5 @@
 //! The report of a diff (both modes), serialized as the documented JSON schema (`dsv4.diff/1`,
-//! docs/diff.md) and rendered as a human table by [`crate::render`].
+//! docs/diff.md) and rendered as a human table by [`crate::render()`].
 
 use crate::Op;
 use crate::metrics::LogitsStats;

@@ -12,7 +12,7 @@
 //!   layer by layer on a transfer worker; every page read waits on its layer's counter.
 //! - [`canary`]: per-round checksums of pool pages against the round's declared write set, and
 //!   the ownership check of overlapped steps.
-//! - [`bench`]: serving throughput at several concurrency levels; exposed scheduling time with
+//! - [`mod@bench`]: serving throughput at several concurrency levels; exposed scheduling time with
 //!   overlap off and on.
 //!
 //! Batch invariance: a request's tokens and logits do not depend on what else runs, because

@@ -13,9 +13,9 @@ use dsv4_core::cache::CacheLayoutError;
 pub struct HcParams<'a> {
     /// `hc_*_fn`, [n_out, M·D] with n_out = (2+M)·M for a sublayer, M for the head.
     pub fn_w: &'a [f32],
-    /// `hc_*_base`, [n_out].
+    /// `hc_*_base`, `[n_out]`.
     pub base: &'a [f32],
-    /// `hc_*_scale`: [3] for a sublayer (pre, post, comb), [1] for the head.
+    /// `hc_*_scale`: `[3]` for a sublayer (pre, post, comb), `[1]` for the head.
     pub scale: &'a [f32],
     /// Residual streams M.
     pub m: usize,
@@ -69,13 +69,13 @@ pub trait Backend: Send + Sync {
     /// mHC pre step for T tokens of streams `x` [T, M, D].
     fn mhc_pre(&self, p: &HcParams<'_>, x: &[f32], t: usize) -> MhcPre;
 
-    /// mHC post step: out[t, k] = post_k·y[t] + Σ_j C_{jk}·x[t, j]; x, out are [T, M, D], y [T, D].
+    /// mHC post step: `out[t, k] = post_k·y[t] + Σ_j C_{jk}·x[t, j]`; x, out are [T, M, D], y [T, D].
     fn mhc_post(&self, x: &[f32], y: &[f32], pre: &MhcPre, m: usize, d: usize, out: &mut [f32]);
 
-    /// The head's stream merge: h[t] = Σ_j (σ(m_j·s + b_j) + hc_eps)·x[t, j], out [T, D].
+    /// The head's stream merge: `h[t] = Σ_j (σ(m_j·s + b_j) + hc_eps)·x[t, j]`, out [T, D].
     fn hc_head(&self, p: &HcParams<'_>, x: &[f32], t: usize, out: &mut [f32]);
 
-    /// Compressor pooling: `a`, `z` are [rows, width]; out[c] = Σ_r softmax_r(z[·, c])·a[r, c].
+    /// Compressor pooling: `a`, `z` are [rows, width]; `out[c] = Σ_r softmax_r(z[·, c])·a[r, c]`.
     /// Rows with z = −∞ get weight 0.
     fn softmax_pool(&self, a: &[f32], z: &[f32], rows: usize, width: usize, out: &mut [f32]);
 
@@ -106,8 +106,8 @@ pub trait Backend: Send + Sync {
     /// Multiply each row of width `dim` (a power of two) by the Sylvester Hadamard matrix / sqrt(dim).
     fn hadamard(&self, x: &mut [f32], dim: usize);
 
-    /// Indexer scores of one query: out[j] = Σ_h w[h]·ReLU(q[h]·K[j]); heads = `w.len()`,
-    /// q [heads, dim], keys [n, dim], out [n].
+    /// Indexer scores of one query: `out[j] = Σ_h w[h]·ReLU(q[h]·K[j])`; heads = `w.len()`,
+    /// q [heads, dim], keys [n, dim], out `[n]`.
     fn indexer_scores(&self, q: &[f32], w: &[f32], dim: usize, keys: &[f32], out: &mut [f32]);
 
     /// Indices of the `k` largest scores (k capped at the length), ties to the lower index, in
@@ -115,7 +115,7 @@ pub trait Backend: Send + Sync {
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize>;
 
     /// Attention of one query over `keys` [n, dim] (K = V), heads = `sink.len()`, with a per-head
-    /// sink in the denominator: out[h] = Σ_s e^{l_s}·K_s / (Σ_s e^{l_s} + e^{sink_h}),
+    /// sink in the denominator: `out[h] = Σ_s e^{l_s}·K_s / (Σ_s e^{l_s} + e^{sink_h})`,
     /// l_s = scale·q_h·K_s; q and out are [heads, dim].
     fn sparse_attention(
         &self,
@@ -129,7 +129,7 @@ pub trait Backend: Send + Sync {
 
     /// [`Backend::indexer_scores`] of several queries at once, each over its own keys: query r
     /// (`q[r·heads·dim ..]`, head weights `w[r·heads ..]`) scores key rows
-    /// `key_starts[r] .. key_starts[r+1]` of `keys` [n, dim] into the same range of `out` [n].
+    /// `key_starts[r] .. key_starts[r+1]` of `keys` [n, dim] into the same range of `out` `[n]`.
     /// Row for row equal to `indexer_scores`; a GPU backend runs them in one submission.
     fn indexer_scores_rows(
         &self,

@@ -246,7 +246,7 @@ const SHARED_IDS: [usize; 25] = [
 const SHARED_ID_STARTS: [usize; 6] = [2, 7, 13, 13, 18, 25];
 
 /// Every KV shape of `paged_attention_rows`'s cases: `be.paged_attention_indexed` over
-/// [`SHARED_IDS`] of 20 rows picked at random from three pages gives bit for bit what the
+/// `SHARED_IDS` of 20 rows picked at random from three pages gives bit for bit what the
 /// composition (the rows laid out id by id, then `paged_attention_rows`) gives on `be`; a row
 /// past a page's last slot is the same layout error, also when no query reads it. Err names the
 /// first shape that differs.
@@ -467,7 +467,7 @@ pub fn paged_indexer_topk_rows_panics(be: &dyn Backend) -> Result<(), String> {
 const SHARED_RANGES: [(usize, usize); 6] = [(0, 9), (0, 13), (4, 30), (13, 13), (0, 13), (0, 40)];
 
 /// Every shape of `paged_indexer_topk_rows`'s cases: `be.paged_indexer_topk_ranges` over
-/// [`SHARED_RANGES`] of 40 rows picked at random from three pages chooses what the
+/// `SHARED_RANGES` of 40 rows picked at random from three pages chooses what the
 /// composition (the rows laid out range after range, then `paged_indexer_topk_rows`) chooses on
 /// `be`, index for index; a row past a page's last slot is the same layout error, also when
 /// the ranges that would read it are left out. Err names the first shape that differs.

@@ -42,9 +42,9 @@ impl TensorSource for HashMap<String, Tensor> {
 pub struct HcWeights {
     /// `hc_*_fn` [n_out, M·D].
     pub fn_w: Vec<f32>,
-    /// `hc_*_base` [n_out].
+    /// `hc_*_base` `[n_out]`.
     pub base: Vec<f32>,
-    /// `hc_*_scale` [3] or [1].
+    /// `hc_*_scale` `[3]` or `[1]`.
     pub scale: Vec<f32>,
 }
 
@@ -57,7 +57,7 @@ pub struct CompressorWeights {
     pub wgate: Linear,
     /// `ape` [ratio, coff·d].
     pub ape: Vec<f32>,
-    /// `norm.weight` [d].
+    /// `norm.weight` `[d]`.
     pub norm: Vec<f32>,
     /// Compress ratio (4 or 128).
     pub ratio: usize,
@@ -83,19 +83,19 @@ pub struct IndexerWeights {
 pub struct AttentionWeights {
     /// `wq_a` [q_lora, D].
     pub wq_a: Linear,
-    /// `q_norm.weight` [q_lora].
+    /// `q_norm.weight` `[q_lora]`.
     pub q_norm: Vec<f32>,
     /// `wq_b` [H·hd, q_lora].
     pub wq_b: Linear,
     /// `wkv` [hd, D].
     pub wkv: Linear,
-    /// `kv_norm.weight` [hd].
+    /// `kv_norm.weight` `[hd]`.
     pub kv_norm: Vec<f32>,
     /// `wo_a` split into its o_groups row groups, each [o_lora, H·hd/o_groups].
     pub wo_a: Vec<Linear>,
     /// `wo_b` [D, o_groups·o_lora].
     pub wo_b: Linear,
-    /// `attn_sink` [H].
+    /// `attn_sink` `[H]`.
     pub sink: Vec<f32>,
     /// Compressor of ratio-4/128 layers.
     pub compressor: Option<CompressorWeights>,

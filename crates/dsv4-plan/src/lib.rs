@@ -6,7 +6,7 @@
 //! - [`hb`]: happens-before from stream order and events.
 //! - [`alloc`]: the liveness-based arena allocator of captured plans (and its deliberately
 //!   faulty twin that computes lifetimes as if all streams were one).
-//! - [`verify`]: cross-stream hazards, clobbered and uninitialised reads, event misuse.
+//! - [`mod@verify`]: cross-stream hazards, clobbered and uninitialised reads, event misuse.
 //! - [`schedule`]: the serial order and seeded interleavings that respect only stream order
 //!   and events (what the CPU executors run).
 //! - [`render`]: the plan and verifier reports as text tables.

@@ -168,7 +168,7 @@ const TAG_PAIRS: [(&str, &str); 8] = [
     ("<|tool_calls_begin|>", "<|tool_calls_end|>"),
 ];
 
-/// The first imbalance among [`TAG_PAIRS`] in `text`: a closing tag with nothing open, or a tag
+/// The first imbalance among the tag pairs (`TAG_PAIRS`) in `text`: a closing tag with nothing open, or a tag
 /// left open at the end.
 pub fn find_unbalanced(text: &str) -> Option<String> {
     let norm = normalise(text);

@@ -44,7 +44,7 @@ pub const DEFAULT_STREAM: StreamHandle = 0;
 /// The raw operations a device implementation provides. Addresses are device addresses (for
 /// the emulator: host addresses); `params` is what `cuLaunchKernel` takes: one pointer per
 /// kernel parameter, each pointing at an 8-byte slot holding that parameter's value in its low
-/// bytes ([`Device::launch`] lays them out so).
+/// bytes ([`Device::launch`](crate::Device::launch) lays them out so).
 ///
 /// Work is issued on a stream: work on one stream runs in issue order; work on different
 /// streams runs in any order unless an event orders it (the streams a device creates do not

@@ -55,7 +55,7 @@ pub struct ExportArgs {
     /// The engine to export to.
     #[arg(long, value_enum)]
     target: Target,
-    /// Output format: a shell script, systemd [Service] lines, or JSON.
+    /// Output format: a shell script, systemd `[Service]` lines, or JSON.
     #[arg(long, value_enum, default_value_t = FormatArg::Sh)]
     format: FormatArg,
 }
@@ -72,7 +72,7 @@ enum Target {
 enum FormatArg {
     /// A #!/bin/sh script that exports the environment and execs SGLang.
     Sh,
-    /// Environment= and ExecStart= lines of a systemd [Service] section.
+    /// Environment= and ExecStart= lines of a systemd `[Service]` section.
     Systemd,
     /// One JSON document: argv, env, warnings, and how every key was handled.
     Json,

@@ -3,8 +3,8 @@
 //! Prefill of T tokens and T single-token decode steps compute the same function.
 //!
 //! Every step runs through its plan: [`build`] makes the plan of the step (launches on streams
-//! over buffers, `dsv4-plan`), [`prepare`] reserves the pages the step writes, and the executor
-//! ([`run`]) interprets the launches with the backend's ops — eagerly with fresh buffers, or by
+//! over buffers, `dsv4-plan`), `prepare` reserves the pages the step writes, and the executor
+//! (`run`) interprets the launches with the backend's ops — eagerly with fresh buffers, or by
 //! replaying a [`captured`] plan whose buffers sit in one verified arena.
 
 pub mod build;

@@ -3,7 +3,7 @@
 //! buffers live in device memory — one buffer per plan buffer for eager plans (freed after
 //! its last use), or one arena allocation at the plan's verified offsets for captured plans
 //! (kept across replays, as a CUDA graph's pool is). Row-wise launches run as device ops
-//! ([`super::resident_ops`]); the launches that touch host state (cache pages, routing,
+//! (`super::resident_ops`); the launches that touch host state (cache pages, routing,
 //! top-k, attention) read their operands back and write their results in.
 
 use super::ForwardError;
