@@ -1,33 +1,15 @@
 //! Self-tests of the cuda-emu CPU emulator (src/emu.rs, emu/shim.h, emu/runtime.cpp) on the
 //! test-only kernels of kernels/selftest.cu: barriers and shared memory, shuffles, warp
-//! reductions, grid indices, atomics, parameter passing, and the errors a launch can report.
+//! reductions, grid indices, atomics, parameter passing (the errors a launch reports are in
+//! tests/emu_errors.rs).
 
 mod common;
 
 use common::emu_available;
+use common::selftest::{f32s, selftest_tu, u32s};
 
-use dsv4_backend_cuda::{CudaError, DevBuf, Device, KArg, emu, kernels};
+use dsv4_backend_cuda::{CudaError, DevBuf, Device, KArg, emu};
 use std::sync::OnceLock;
-
-const SELFTEST: &str = include_str!("../kernels/selftest.cu");
-
-/// common.cuh + selftest.cu as one translation unit, the way kernels.rs builds the real one.
-fn selftest_tu() -> String {
-    let mut tu = String::new();
-    for (name, text) in kernels::HEADERS.iter().chain(&[("selftest.cu", SELFTEST)]) {
-        tu.push_str(&format!("#line 1 \"{name}\"\n"));
-        for line in text.lines() {
-            let t = line.trim_start();
-            if t.starts_with("#pragma once") || t.starts_with("#include \"common.cuh\"") {
-                tu.push('\n');
-            } else {
-                tu.push_str(line);
-                tu.push('\n');
-            }
-        }
-    }
-    tu
-}
 
 fn available(test: &str) -> bool {
     emu_available(test)
@@ -40,21 +22,6 @@ fn dev(acc_f64: bool) -> &'static Device {
     cell.get_or_init(|| emu::open_with_source(&selftest_tu(), acc_f64).unwrap())
 }
 
-/// A device of its own, for a test whose launches fail on purpose: a queued launch's failure
-/// goes to whoever next waits for the device, which on a shared one may be another test.
-fn own_dev() -> Device {
-    emu::open_with_source(&selftest_tu(), true).unwrap()
-}
-
-fn u32s(d: &Device, b: &DevBuf, n: usize) -> Vec<u32> {
-    let mut bytes = vec![0u8; n * 4];
-    d.download(b, &mut bytes).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 fn u64s(d: &Device, b: &DevBuf, n: usize) -> Vec<u64> {
     let mut bytes = vec![0u8; n * 8];
     d.download(b, &mut bytes).unwrap();
@@ -62,12 +29,6 @@ fn u64s(d: &Device, b: &DevBuf, n: usize) -> Vec<u64> {
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect()
-}
-
-fn f32s(d: &Device, b: &DevBuf, n: usize) -> Vec<f32> {
-    let mut v = vec![0f32; n];
-    d.download_f32(b, &mut v).unwrap();
-    v
 }
 
 fn f64s(d: &Device, b: &DevBuf, n: usize) -> Vec<f64> {
@@ -371,72 +332,6 @@ fn scalar_parameters_math_and_bit_casts() {
 }
 
 #[test]
-fn a_thread_exiting_before_a_barrier_is_an_error_not_a_hang() {
-    if !available("a_thread_exiting_before_a_barrier_is_an_error_not_a_hang") {
-        return;
-    }
-    let d = &own_dev();
-    let out = d.alloc(64 * 4).unwrap();
-    let e = unsafe {
-        d.launch(
-            "st_exit_before_barrier",
-            (2, 1, 1),
-            (64, 1, 1),
-            &[KArg::Buf(&out)],
-        )
-    }
-    .and_then(|()| d.synchronize())
-    .unwrap_err();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("st_exit_before_barrier")
-            && msg.contains("thread (5,0,0)")
-            && msg.contains("exited while others wait at __syncthreads"),
-        "{msg}"
-    );
-    let e = unsafe {
-        d.launch(
-            "st_split_barrier",
-            (1, 1, 1),
-            (64, 1, 1),
-            &[KArg::Buf(&out)],
-        )
-    }
-    .and_then(|()| d.synchronize())
-    .unwrap_err();
-    assert!(e.to_string().contains("deadlock"), "{e}");
-    // The device still works after failed launches (their fibers are restarted).
-    let fill = d.alloc(100 * 4).unwrap();
-    unsafe {
-        d.launch(
-            "st_fill",
-            (1, 1, 1),
-            (128, 1, 1),
-            &[KArg::Buf(&fill), KArg::U32(100)],
-        )
-    }
-    .unwrap();
-    assert_eq!(u32s(d, &fill, 100), (0..100).collect::<Vec<u32>>());
-}
-
-#[test]
-fn invalid_launch_shapes_and_unknown_kernels_are_errors() {
-    if !available("invalid_launch_shapes_and_unknown_kernels_are_errors") {
-        return;
-    }
-    let d = dev(true);
-    let out = d.alloc(4096).unwrap();
-    let e = unsafe { d.launch("no_such_kernel", (1, 1, 1), (32, 1, 1), &[KArg::Buf(&out)]) }
-        .unwrap_err();
-    assert_eq!(e, CudaError::NoSuchKernel("no_such_kernel".into()));
-    let args = [KArg::Buf(&out), KArg::U32(0)];
-    let e = unsafe { d.launch("st_fill", (1, 1, 1), (1025, 1, 1), &args) }.unwrap_err();
-    assert!(e.to_string().contains("invalid block"), "{e}");
-    let e = unsafe { d.launch("st_fill", (1, 70000, 1), (32, 1, 1), &args) }.unwrap_err();
-    assert!(e.to_string().contains("invalid grid"), "{e}");
-}
-
-#[test]
 fn a_zero_size_grid_launches_nothing() {
     if !available("a_zero_size_grid_launches_nothing") {
         return;
@@ -457,24 +352,6 @@ fn a_zero_size_grid_launches_nothing() {
     let mut got = [0u8; 64];
     d.download(&out, &mut got).unwrap();
     assert_eq!(got, [0xAB; 64]);
-}
-
-#[test]
-fn a_compile_error_surfaces_the_compiler_log() {
-    if !available("a_compile_error_surfaces_the_compiler_log") {
-        return;
-    }
-    let tu = "#line 1 \"broken.cu\"\nextern \"C\" __global__ void broken(float* o) {\n  o[0] = undeclared_thing;\n}\n";
-    match emu::open_with_source(tu, true) {
-        Err(CudaError::Compile { target, log }) => {
-            assert_eq!(target, "cuda-emu (c++)");
-            assert!(
-                log.contains("broken.cu:2") && log.contains("undeclared_thing"),
-                "{log}"
-            );
-        }
-        other => panic!("expected a compile error, got {other:?}"),
-    }
 }
 
 #[test]
@@ -532,80 +409,4 @@ fn the_backend_kernels_build_and_the_device_reports_itself() {
         let e = unsafe { d.launch("no_such_kernel", (1, 1, 1), (1, 1, 1), &[]) }.unwrap_err();
         assert_eq!(e, CudaError::NoSuchKernel("no_such_kernel".into()));
     }
-}
-
-#[test]
-fn a_write_outside_a_buffer_fails_the_launch() {
-    if !available("a_write_outside_a_buffer_fails_the_launch") {
-        return;
-    }
-    let d = &own_dev();
-    let out = d.alloc(64).unwrap();
-    let other = d.upload(&[1u8; 32]).unwrap();
-    for (index, want) in [
-        (16, "1 to 4 bytes after the end of a 64-byte buffer"),
-        (-1, "4 to 1 bytes before a 64-byte buffer"),
-    ] {
-        let args = [KArg::Buf(&out), KArg::I32(index)];
-        let e = unsafe { d.launch("st_write_at", (1, 1, 1), (32, 1, 1), &args) }
-            .and_then(|()| d.synchronize())
-            .unwrap_err();
-        let msg = e.to_string();
-        assert!(
-            msg.contains("st_write_at wrote outside") && msg.contains(want),
-            "{msg}"
-        );
-    }
-    // In bounds it works, and the guards were restored.
-    let args = [KArg::Buf(&out), KArg::I32(15)];
-    unsafe { d.launch("st_write_at", (1, 1, 1), (32, 1, 1), &args) }.unwrap();
-    assert_eq!(u32s(d, &out, 16)[15], 7);
-    let mut got = [0u8; 32];
-    d.download(&other, &mut got).unwrap();
-    assert_eq!(got, [1u8; 32]);
-}
-
-#[test]
-fn a_misaligned_access_fails_the_launch_as_on_a_gpu() {
-    if !available("a_misaligned_access_fails_the_launch_as_on_a_gpu") {
-        return;
-    }
-    let d = &own_dev();
-    let floats: Vec<u8> = (0..24u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
-    let bytes = d.upload(&floats).unwrap();
-    let out = d.alloc(4).unwrap();
-    let launch = |at: u32, store_at: u32| {
-        let args = [
-            KArg::Buf(&bytes),
-            KArg::U32(at),
-            KArg::U32(store_at),
-            KArg::Buf(&out),
-        ];
-        unsafe { d.launch("st_vector_at", (1, 1, 1), (32, 1, 1), &args) }
-            .and_then(|()| d.synchronize())
-    };
-    // Aligned: floats 4..8 summed, and the store lands.
-    launch(16, 8).unwrap();
-    assert_eq!(f32s(d, &out, 1)[0], 4.0 + 5.0 + 6.0 + 7.0);
-    let mut all = [0u8; 96];
-    d.download(&bytes, &mut all).unwrap();
-    assert_eq!(u64::from_le_bytes(all[72..80].try_into().unwrap()), 42);
-    // A 16-byte load from an 8-aligned address, and an 8-byte store to a 4-aligned one.
-    for (at, store_at, want) in [
-        (8, 0, ["misaligned access", "st_vec4", "16-byte alignment"]),
-        (32, 4, ["misaligned store", "u64", "8-byte alignment"]),
-    ] {
-        let msg = launch(at, store_at).unwrap_err().to_string();
-        for w in want.iter().chain(&[
-            "st_vector_at",
-            "thread (1,0,0) of block (0,0,0)",
-            "selftest.cu:",
-            "CUDA_ERROR_MISALIGNED_ADDRESS",
-        ]) {
-            assert!(msg.contains(w), "{w:?} missing from: {msg}");
-        }
-    }
-    // The emulator goes on after a failed launch (a GPU's context would not).
-    launch(0, 0).unwrap();
-    assert_eq!(f32s(d, &out, 1)[0], 0.0 + 1.0 + 2.0 + 3.0);
 }

@@ -8,6 +8,7 @@
 mod common;
 
 use common::can_run;
+use common::selftest::selftest_tu;
 
 use dsv4_backend_cuda::{CudaError, kernels, nvrtc};
 
@@ -44,25 +45,6 @@ fn the_kernels_compile_without_warnings_for_every_architecture() {
             assert_entries(&ptx, &names, &what);
         }
     }
-}
-
-/// common.cuh + selftest.cu as one translation unit, the way kernels.rs builds the real one.
-fn selftest_tu() -> String {
-    let mut tu = String::new();
-    let selftest = ("selftest.cu", include_str!("../kernels/selftest.cu"));
-    for (name, text) in kernels::HEADERS.iter().chain(&[selftest]) {
-        tu.push_str(&format!("#line 1 \"{name}\"\n"));
-        for line in text.lines() {
-            let t = line.trim_start();
-            if t.starts_with("#pragma once") || t.starts_with("#include \"common.cuh\"") {
-                tu.push('\n');
-            } else {
-                tu.push_str(line);
-                tu.push('\n');
-            }
-        }
-    }
-    tu
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! What the crate's tests share: skipping a test when the machine lacks what it needs.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod selftest;
+
 use dsv4_backend_cuda::CudaBackend;
 use dsv4_core::cache::KvLayout;
 use dsv4_core::{KvCacheDtype, SplitMix64};
