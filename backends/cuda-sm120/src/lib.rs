@@ -41,7 +41,9 @@ pub use ops::page_cache::PAGE_CACHE_ENV;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{Backend, DeviceOps, HcParams, Linear, MhcPre, PageTag, RopeTable, RowFormat};
+use dsv4_kernels::{
+    Backend, DeviceOps, EntryOrigin, HcParams, Linear, MhcPre, PageTag, RopeTable, RowFormat,
+};
 
 /// Registry name of the CUDA backend.
 pub const NAME: &str = "cuda-sm120";
@@ -384,6 +386,7 @@ impl Backend for CudaBackend {
         fmt: &RowFormat,
         pages: &[&[u8]],
         page_tags: &[PageTag],
+        page_origins: &[&[EntryOrigin]],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],
@@ -391,8 +394,13 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
+        let paged = ops::attention::PagedKeys {
+            pages,
+            tags: page_tags,
+            origins: page_origins,
+        };
         ops::attention::paged_attention_indexed(
-            &self.core, q, fmt, pages, page_tags, rows, key_ids, key_starts, sink, scale, out,
+            &self.core, q, fmt, &paged, rows, key_ids, key_starts, sink, scale, out,
         )
         .unwrap_or_else(|e| fail(self.name, e))
     }

@@ -186,6 +186,7 @@ fn shared_key_ids_attend_as_the_laid_out_rows_uploading_each_row_once() {
             &fmt,
             &[&page],
             &[],
+            &[],
             &rows,
             &ids,
             &starts,

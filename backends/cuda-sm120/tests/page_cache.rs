@@ -14,7 +14,7 @@ use common::{attend, emu_available, kv_pages, stats};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, PAGE_CACHE_ENV, emu, open_backend};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::IndexKLayout;
-use dsv4_kernels::{Backend, BackendOptions, PageTag, RowFormat, row_check};
+use dsv4_kernels::{Backend, BackendOptions, EntryOrigin, PageTag, RowFormat, row_check};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -151,6 +151,7 @@ fn copies_of_one_page_in_a_call_read_from_the_latest() {
             &fmt,
             &refs,
             tags,
+            &[],
             rows,
             &ids,
             &[0, rows.len()],
@@ -353,6 +354,7 @@ fn a_small_arena_falls_back_or_evicts_and_stays_bitwise() {
             &fmt,
             &refs,
             &[tags[1], other],
+            &[],
             &[(0, 0), (1, 0)],
             &[0, 1],
             &[0, 2],
@@ -454,4 +456,97 @@ fn the_model_decodes_the_same_bits_uploading_less_with_the_cache() {
         with < without,
         "{with} bytes with the cache, {without} without"
     );
+}
+
+/// Attention of one query over packed entries `picks` ((page, slot) of `pages`) copied into
+/// fresh untagged pages, as a long context's top-k selection is: with `origins`, each packed
+/// entry names its source page's tag and slot. The output's bits and the bytes uploaded.
+fn attend_packed(
+    be: &CudaBackend,
+    fmt: &RowFormat,
+    pages: &[Vec<u8>],
+    tags: &[PageTag],
+    picks: &[(usize, usize)],
+    origins: bool,
+) -> (Vec<u32>, u64) {
+    let per = fmt.page_entries();
+    let mut packed = vec![vec![0u8; fmt.page_bytes()]; picks.len().div_ceil(per)];
+    let mut from = vec![Vec::new(); packed.len()];
+    for (r, &(p, s)) in picks.iter().enumerate() {
+        fmt.copy_entry(&pages[p], s, &mut packed[r / per], r % per)
+            .expect("an entry");
+        from[r / per].push(EntryOrigin {
+            tag: tags[p],
+            slot: s as u32,
+        });
+    }
+    let refs: Vec<&[u8]> = packed.iter().map(Vec::as_slice).collect();
+    let from: Vec<&[EntryOrigin]> = from.iter().map(Vec::as_slice).collect();
+    let untagged = vec![PageTag::UNTAGGED; packed.len()];
+    let rows: Vec<(usize, usize)> = (0..picks.len()).map(|r| (r / per, r % per)).collect();
+    let ids: Vec<usize> = (0..rows.len()).collect();
+    let q: Vec<f32> = (0..2 * 192).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
+    let mut out = vec![0f32; q.len()];
+    let before = stats(be);
+    be.paged_attention_indexed(
+        &q,
+        fmt,
+        &refs,
+        &untagged,
+        if origins { &from } else { &[] },
+        &rows,
+        &ids,
+        &[0, rows.len()],
+        &[0.5, -0.5],
+        0.07,
+        &mut out,
+    )
+    .expect("valid pages");
+    let moved = stats(be).since(&before);
+    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
+}
+
+#[test]
+fn packed_entries_are_read_from_the_cached_source_pages() {
+    if !emu_available("packed_entries_are_read_from_the_cached_source_pages") {
+        return;
+    }
+    let be = CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"));
+    be.check_page_cache(true);
+    let (fmt, mut pages) = kv_pages(&be, 8);
+    let entry = fmt.entry_bytes() as u64;
+    let mut tags = row_check::fresh_tags(3);
+    let a = [(0, 1), (2, 7), (0, 6), (1, 3), (2, 0)];
+    let run = |pages: &[Vec<u8>], tags: &[PageTag], picks: &[(usize, usize)]| {
+        let (want, plain) = attend_packed(&be, &fmt, pages, tags, picks, false);
+        let (got, bytes) = attend_packed(&be, &fmt, pages, tags, picks, true);
+        assert_eq!(got, want, "{picks:?}: the packed entries' bits");
+        (plain, bytes)
+    };
+    // The first call brings the five entries up into their source pages' slots (and sends
+    // their row ids, 4 bytes each); a repeat uploads none of them, where without origins the
+    // packed entries go up every time.
+    let (plain, first) = run(&pages, &tags, &a);
+    let (_, again) = run(&pages, &tags, &a);
+    assert_eq!(
+        first,
+        again + 5 * entry,
+        "the first call uploads the entries"
+    );
+    assert_eq!(first, plain + 5 * 4, "the entries and their row ids");
+    // The next selection shares three entries: only the two new ones go up.
+    let b = [(0, 1), (1, 4), (1, 3), (2, 2), (2, 7)];
+    let (_, next) = run(&pages, &tags, &b);
+    assert_eq!(next, again + 2 * entry, "two new entries uploaded");
+    // Source page 2 is rewritten (a new lineage): its entries go up again, the others not.
+    be.cache_store(&fmt, &mut pages[2], 7, &[0.25f32; 192])
+        .expect("a slot");
+    tags[2] = PageTag::fresh_whole();
+    let (_, rewritten) = run(&pages, &tags, &b);
+    assert_eq!(rewritten, again + 2 * entry, "page 2's two entries again");
+    // A page read whole and packed entries of the same page in one call share its slot.
+    let (got, _) = attend(&be, &fmt, &pages, &tags);
+    assert_eq!(got, attend(&be, &fmt, &pages, &[]).0, "whole pages after");
+    let (_, served) = run(&pages, &tags, &a);
+    assert_eq!(served, again, "every entry of `a` is held now");
 }

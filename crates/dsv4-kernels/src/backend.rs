@@ -4,7 +4,7 @@
 //! Activations are host f32 slices, row-major; `rows` counts independent rows (tokens, or
 //! token×head pairs). An op never mixes rows, which is what makes prefill and decode agree.
 
-use crate::{DeviceOps, Linear, PageTag, RopeTable, RowFormat};
+use crate::{DeviceOps, EntryOrigin, Linear, PageTag, RopeTable, RowFormat};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 
@@ -293,7 +293,10 @@ pub trait Backend: Send + Sync {
     /// `page_tags` holds each page's content tag ([`PageTag`]), or is empty: under one
     /// lineage a page's settled entries never change and its others are unwritten, so a GPU
     /// backend may keep a page's copy from an earlier call and upload only the entries written
-    /// since; [`PageTag::UNTAGGED`] promises nothing. Tags never change the result.
+    /// since; [`PageTag::UNTAGGED`] promises nothing. `page_origins` is empty, or holds for
+    /// each page the origins ([`EntryOrigin`]) of its first entries, in slot order (empty for a
+    /// page not packed from others): a GPU backend may read such an entry from its copy of the
+    /// source page. Tags and origins never change the result.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention_indexed(
         &self,
@@ -301,6 +304,7 @@ pub trait Backend: Send + Sync {
         fmt: &RowFormat,
         pages: &[&[u8]],
         page_tags: &[PageTag],
+        page_origins: &[&[EntryOrigin]],
         rows: &[(usize, usize)],
         key_ids: &[usize],
         key_starts: &[usize],
@@ -308,7 +312,7 @@ pub trait Backend: Send + Sync {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        let _ = page_tags;
+        let _ = (page_tags, page_origins);
         fmt.checked_rows(pages, rows, rows.len() * fmt.width())?;
         let picks: Vec<(usize, usize)> = key_ids.iter().map(|&i| rows[i]).collect();
         self.paged_attention_rows(q, fmt, pages, &picks, key_starts, sink, scale, out)

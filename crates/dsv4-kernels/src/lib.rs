@@ -23,7 +23,7 @@ pub use error::KernelError;
 pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};
 pub use operands::{AttentionRows, IndexerRows};
-pub use page_tag::PageTag;
+pub use page_tag::{EntryOrigin, PageTag};
 pub use per_row::PerRow;
 pub use registry::{BackendFactory, BackendOptions};
 pub use rope::RopeTable;

@@ -68,6 +68,18 @@ impl PageTag {
     }
 }
 
+/// Where one entry of a packed page (entries copied out of several pages into a fresh,
+/// untagged one) came from: the source page's tag when it was copied, and the entry's slot
+/// there. A backend that keeps pages may read the entry from its own copy of the source page
+/// instead of uploading the packed one; the entry's bytes are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EntryOrigin {
+    /// The source page's tag at the copy ([`PageTag::UNTAGGED`]: no origin).
+    pub tag: PageTag,
+    /// The entry's slot in the source page.
+    pub slot: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -274,7 +274,17 @@ pub fn paged_attention_indexed(
             let mut out = vec![f32::NAN; queries * heads * hd];
             let (ids, starts) = (&SHARED_IDS[..], &SHARED_ID_STARTS[..]);
             let r = b.paged_attention_indexed(
-                &q, &fmt, &refs, tags, rows, ids, starts, &sink, scale, &mut out,
+                &q,
+                &fmt,
+                &refs,
+                tags,
+                &[],
+                rows,
+                ids,
+                starts,
+                &sink,
+                scale,
+                &mut out,
             );
             (r.map_err(|e| e.to_string()), out)
         };
@@ -350,6 +360,7 @@ pub fn paged_attention_indexed_panics(be: &dyn Backend) -> Result<(), String> {
                 q,
                 &fmt,
                 &refs,
+                &[],
                 &[],
                 &rows,
                 ids,

@@ -9,7 +9,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{AttentionRows, PageTag, RowFormat};
+use dsv4_kernels::{AttentionRows, EntryOrigin, PageTag, RowFormat};
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -170,36 +170,42 @@ pub fn paged_attention_rows(
     // Each key its own row, in order: ids that count the rows (no page is tagged).
     let ids: Vec<usize> = (0..rows.len()).collect();
     let what = "paged_attention_rows";
-    paged_attention(
-        c,
-        what,
-        q,
-        fmt,
+    let paged = PagedKeys {
         pages,
-        &[],
-        rows,
-        &ids,
-        key_starts,
-        sink,
-        scale,
-        out,
+        tags: &[],
+        origins: &[],
+    };
+    paged_attention(
+        c, what, q, fmt, &paged, rows, &ids, key_starts, sink, scale, out,
     )
+}
+
+/// A paged attention call's cache pages: their bytes, their content tags (empty: none) and
+/// the origins of packed pages' entries (empty: none), as `Backend::paged_attention_indexed`
+/// takes them.
+pub struct PagedKeys<'a> {
+    /// The pages' bytes.
+    pub pages: &'a [&'a [u8]],
+    /// Each page's content tag, or empty.
+    pub tags: &'a [PageTag],
+    /// Each page's entries' origins (empty for a page not packed from others), or empty.
+    pub origins: &'a [&'a [EntryOrigin]],
 }
 
 /// [`paged_attention_rows`] with key rows shared between queries
 /// (`Backend::paged_attention_indexed`): every row's layout checked, each used row's entry
 /// uploaded once however many queries read it, and key i read as row `key_ids[i]` by the
 /// attention launches (their `ids`), so bitwise the rows laid out id by id; only the output
-/// comes back (one submission). With `page_tags`, the pages come from the device's page cache
-/// (`page_cache`), which uploads only the entries it does not hold. An id past the rows is
+/// comes back (one submission). With tags, the pages come from the device's page cache
+/// (`page_cache`), which uploads only the entries it does not hold, and reads the entries of
+/// packed pages from its copies of their source pages where it holds them. An id past the rows is
 /// `BadOperands`, as are operands attention rejects; the layout error is the inner `Err`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_indexed(
     c: &Core,
     q: &[f32],
     fmt: &RowFormat,
-    pages: &[&[u8]],
-    page_tags: &[PageTag],
+    paged: &PagedKeys<'_>,
     rows: &[(usize, usize)],
     key_ids: &[usize],
     key_starts: &[usize],
@@ -208,9 +214,8 @@ pub fn paged_attention_indexed(
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
     let what = "paged_attention_indexed";
-    let (tags, ids) = (page_tags, key_ids);
     paged_attention(
-        c, what, q, fmt, pages, tags, rows, ids, key_starts, sink, scale, out,
+        c, what, q, fmt, paged, rows, key_ids, key_starts, sink, scale, out,
     )
 }
 
@@ -221,8 +226,7 @@ fn paged_attention(
     what: &str,
     q: &[f32],
     fmt: &RowFormat,
-    pages: &[&[u8]],
-    page_tags: &[PageTag],
+    paged: &PagedKeys<'_>,
     rows: &[(usize, usize)],
     key_ids: &[usize],
     key_starts: &[usize],
@@ -231,6 +235,7 @@ fn paged_attention(
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
     let dim = fmt.width();
+    let pages = paged.pages;
     let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
         Ok(c) => c,
         Err(e) => return Ok(Err(e)),
@@ -261,7 +266,10 @@ fn paged_attention(
     let keys = Keys::entries(fmt)?;
     // The keys' rows, placed in the page cache's arena (locked until the output is back).
     let picks: Vec<(usize, usize)> = used.iter().map(|&id| rows[id]).collect();
-    if let Some(placed) = c.pages.place(c, fmt, pages, page_tags, &picks)? {
+    let placed = c
+        .pages
+        .place(c, fmt, pages, paged.tags, paged.origins, &picks)?;
+    if let Some(placed) = placed {
         let ids = Some(&placed.rows[..]);
         let ob = attend_on_device(
             c,

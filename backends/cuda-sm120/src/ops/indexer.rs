@@ -208,7 +208,7 @@ pub fn paged_indexer_topk_ranges(
     // The arena stays locked until the indices are read back.
     if let Some(placed) = c
         .pages
-        .place(c, fmt, pages, page_tags, &rows[first..last])?
+        .place(c, fmt, pages, page_tags, &[], &rows[first..last])?
     {
         let keys_at = Some(&placed.rows[..]);
         let sb = score_on_device(

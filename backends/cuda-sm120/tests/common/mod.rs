@@ -190,6 +190,7 @@ pub fn attend(
         fmt,
         &refs,
         tags,
+        &[],
         &rows,
         &ids,
         &[0, n, 2 * n - 8],

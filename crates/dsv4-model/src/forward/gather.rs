@@ -143,6 +143,7 @@ impl<'b> RowGather<'b> {
             (None, Some((fmt, width))) => {
                 self.same_width(width, dim)?;
                 let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
+                let origins: Vec<&[_]> = self.pages.origins.iter().map(Vec::as_slice).collect();
                 let picks = &self.picks;
                 match &self.shared {
                     Some((_, ids)) => be.paged_attention_indexed(
@@ -150,6 +151,7 @@ impl<'b> RowGather<'b> {
                         &fmt,
                         &refs,
                         &self.pages.tags,
+                        &origins,
                         picks,
                         ids,
                         key_starts,
@@ -377,9 +379,22 @@ mod tests {
             assert_eq!(g.add(&r, [9, 1, 5, 8].into_iter(), false).unwrap(), 4);
             assert_eq!(g.pages.bytes.len(), 2, "pooled {pooled}");
             assert_eq!(g.picks, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+            // Each packed entry names its source page's tag (pooled pages have one; owned
+            // pages none) and its slot there, for a backend that keeps pages.
+            let slots: Vec<Vec<u32>> = g
+                .pages
+                .origins
+                .iter()
+                .map(|o| o.iter().map(|e| e.slot).collect())
+                .collect();
+            assert_eq!(slots, [vec![1, 1], vec![1, 0]], "pooled {pooled}");
+            let tagged = g.pages.origins.iter().flatten().all(|o| o.tag.is_tagged());
+            assert_eq!(tagged, pooled);
             // A second store's rows go after the first's pages: rows 0..6 fill their 3 pages.
             assert_eq!(g.add(&r, 0..6, false).unwrap(), 6);
             assert_eq!(g.pages.bytes.len(), 5, "pooled {pooled}");
+            assert_eq!(g.pages.origins.len(), 5, "whole pages have no origins");
+            assert!(g.pages.origins[2..].iter().all(Vec::is_empty));
             assert_eq!(
                 g.picks[4..],
                 [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (4, 1)]

@@ -6,7 +6,7 @@ use super::ForwardError;
 use super::pages::{CacheStores, PageStore, PageTag, PooledPages};
 pub use super::ring::{CompressorRing, ring_read_row, ring_write_row};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
-use dsv4_kernels::{Backend, RowFormat};
+use dsv4_kernels::{Backend, EntryOrigin, RowFormat};
 use std::sync::Arc;
 
 /// Entries per page of every KV store (SWA ring, C4 and C128 entries).
@@ -45,6 +45,9 @@ pub struct CopiedPages {
     pub bytes: Vec<Vec<u8>>,
     /// Each page's content tag.
     pub tags: Vec<PageTag>,
+    /// Each page's entries' origins: empty for a page copied whole, the source page's tag and
+    /// slot of each entry for a packed one.
+    pub origins: Vec<Vec<EntryOrigin>>,
 }
 
 /// Rows stored in pages of a [`RowFormat`]; either append-only or a ring over the last
@@ -300,7 +303,8 @@ impl PagedRows {
     /// Whole pages are copied when the rows fill them well enough, with their content tags;
     /// rows scattered over more pages than they would fill (a top-k selection over a long
     /// context) are packed, in order, into fresh, untagged pages instead, so the copy is the
-    /// size of the rows, not of the pages they sit in.
+    /// size of the rows, not of the pages they sit in; each packed entry's origin (its page's
+    /// tag and slot) is recorded, so a backend that keeps pages can read it from its copy.
     pub fn copy_rows(
         &self,
         rows: impl Iterator<Item = usize>,
@@ -317,19 +321,25 @@ impl PagedRows {
                 self.with_page(page, &mut |b, t| (bytes, tag) = (b.to_vec(), t))?;
                 pages.bytes.push(bytes);
                 pages.tags.push(tag);
+                pages.origins.push(Vec::new());
             }
             picks.extend(mine.into_iter().map(|(p, slot)| (base + p, slot)));
             return Ok(());
         }
         let mut out = vec![vec![0u8; self.layout.page_bytes()]; packed];
+        let mut origins = vec![EntryOrigin::default(); mine.len()];
         let mut on_page: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
         for (r, &(p, _)) in mine.iter().enumerate() {
             on_page[p].push(r);
         }
         for (&page, rows) in order.iter().zip(&on_page) {
             let mut copied = Ok(());
-            self.with_page(page, &mut |src, _| {
+            self.with_page(page, &mut |src, tag| {
                 copied = rows.iter().try_for_each(|&r| {
+                    origins[r] = EntryOrigin {
+                        tag,
+                        slot: mine[r].1 as u32,
+                    };
                     self.layout
                         .copy_entry(src, mine[r].1, &mut out[r / per], r % per)
                 });
@@ -340,6 +350,9 @@ impl PagedRows {
             .tags
             .extend(std::iter::repeat_n(PageTag::UNTAGGED, out.len()));
         pages.bytes.extend(out);
+        pages
+            .origins
+            .extend(origins.chunks(per.max(1)).map(<[EntryOrigin]>::to_vec));
         picks.extend((0..mine.len()).map(|r| (base + r / per, r % per)));
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! One entry layout's page slots on the device ([`Arena`]) and their bookkeeping: which page
-//! lineage each slot holds, the span of its entries brought up, the settled count they were
+//! lineage each slot holds, which of its entries were brought up, the settled count they were
 //! brought up at, and the least recently used order slots are reused in.
 
 use crate::{Core, CudaError, DevBuf, DevPtr};
@@ -15,11 +15,13 @@ pub(super) struct Arena {
     /// Slots it may grow to: the budget's, or its size once an allocation to grow failed.
     pub(super) ceiling: usize,
     pub(super) buf: DevBuf,
-    /// Each slot's page lineage (0: none), the span of its entries that hold that page's
-    /// (empty when start ≥ end), the page's settled count when the slot was last brought up to
-    /// date, and the call that last used it (0: never, or freed).
+    /// Each slot's page lineage (0: none), which of its entries hold that page's (a bitmap of
+    /// `words` u64s per slot, entry e at bit e % 64 of word e / 64), the page's settled count
+    /// when the slot was last brought up to date, and the call that last used it (0: never,
+    /// or freed).
     pub(super) tag: Vec<u64>,
-    pub(super) valid: Vec<(usize, usize)>,
+    valid: Vec<u64>,
+    words: usize,
     pub(super) settled: Vec<u32>,
     pub(super) used: Vec<u64>,
     /// Every slot by (last use, slot): the front is reused first.
@@ -53,7 +55,8 @@ impl Arena {
             ceiling,
             buf,
             tag: vec![0; slots],
-            valid: vec![(0, 0); slots],
+            valid: vec![0; slots * per.div_ceil(64)],
+            words: per.div_ceil(64),
             settled: vec![0; slots],
             used: vec![0; slots],
             by_age: (0..slots).map(|s| (0, s)).collect(),
@@ -75,7 +78,7 @@ impl Arena {
         super::super::resident::launch_copy_words(c, old.buf.at(), self.buf.at(), bytes / 4)?;
         let n = old.tag.len();
         self.tag[..n].copy_from_slice(&old.tag);
-        self.valid[..n].copy_from_slice(&old.valid);
+        self.valid[..n * self.words].copy_from_slice(&old.valid);
         self.settled[..n].copy_from_slice(&old.settled);
         self.used[..n].copy_from_slice(&old.used);
         self.by_age = old.by_age.clone();
@@ -85,34 +88,43 @@ impl Arena {
         Ok(())
     }
 
-    /// Check that slot `s` holds `page`'s entries `span` (start .. end): Err names the first
-    /// that differs.
-    pub(super) fn check(
-        &self,
-        c: &Core,
-        fmt: &RowFormat,
-        s: usize,
-        page: &[u8],
-        span: (usize, usize),
-    ) -> Result<(), String> {
-        if span.0 >= span.1 {
-            return Ok(());
+    /// Whether entry `e` of slot `s` holds its page's entry.
+    pub(super) fn is_valid(&self, s: usize, e: usize) -> bool {
+        self.valid[s * self.words + e / 64] >> (e % 64) & 1 == 1
+    }
+
+    /// Entry `e` of slot `s` now holds its page's entry.
+    pub(super) fn set_valid(&mut self, s: usize, e: usize) {
+        self.valid[s * self.words + e / 64] |= 1 << (e % 64);
+    }
+
+    /// Entries `from .. to` of slot `s` no longer hold their page's.
+    pub(super) fn invalidate(&mut self, s: usize, from: usize, to: usize) {
+        for e in from..to.min(self.per) {
+            self.valid[s * self.words + e / 64] &= !(1 << (e % 64));
         }
-        let at = (s * self.per + span.0) * self.entry;
+    }
+
+    /// Check that slot `s` holds the entries `host` lists ((entry, its bytes in the kernels'
+    /// layout), in ascending entry order): Err names the first that differs.
+    pub(super) fn check(&self, c: &Core, s: usize, host: &[(usize, &[u8])]) -> Result<(), String> {
+        let (Some(&(lo, _)), Some(&(hi, _))) = (host.first(), host.last()) else {
+            return Ok(());
+        };
+        let at = (s * self.per + lo) * self.entry;
         let src = DevPtr {
             ptr: self.buf.at().ptr + at as u64,
-            bytes: (span.1 - span.0) * self.entry,
+            bytes: (hi + 1 - lo) * self.entry,
         };
         let device = super::super::checksum::page_checksums_at(c, src, self.entry)
             .map_err(|e| format!("page cache check: {e}"))?;
-        let host = slot_entries(fmt, page, span.0..span.1)
-            .ok_or_else(|| "page cache check: the page lost its layout".to_string())?;
-        let host = host.chunks_exact(self.entry).map(page_checksum);
-        match device.iter().zip(host).position(|(d, h)| *d != h) {
+        match host
+            .iter()
+            .find(|(e, bytes)| device[e - lo] != page_checksum(bytes))
+        {
             None => Ok(()),
-            Some(k) => Err(format!(
-                "page cache check: arena slot {s} entry {} differs from the host page",
-                span.0 + k
+            Some((e, _)) => Err(format!(
+                "page cache check: arena slot {s} entry {e} differs from the host page"
             )),
         }
     }
@@ -135,15 +147,10 @@ impl Arena {
             self.slot_of.remove(&self.tag[s]);
         }
         self.tag[s] = 0;
-        self.valid[s] = (0, 0);
+        self.invalidate(s, 0, self.per);
         self.settled[s] = 0;
         self.touch(s, 0);
     }
-}
-
-/// The smallest span holding spans `a` and `b` (each start .. end).
-pub(super) fn hull(a: (usize, usize), b: (usize, usize)) -> (usize, usize) {
-    (a.0.min(b.0), a.1.max(b.1))
 }
 
 /// The entries (data bytes, then scale bytes) of `page`'s slots `slots`, end to end; None when

@@ -10,10 +10,13 @@
 //! its slots copied into the new one on the device: `slots` page slots of
 //! `per · entry` bytes, each holding a page's entries end to end in the kernels' entry layout,
 //! so row `slot · per + s` of the arena is slot s of the page in `slot`, and the kernels read
-//! a call's keys through those row ids. A page is uploaded only over the span of slots a call
-//! reads, and widened when a later call reads more of it under the same lineage; when the
-//! page's settled count moved, the held entries between the two counts go up again (entries
-//! below both never changed between the calls, and those at or past both were not written).
+//! a call's keys through those row ids. A slot holds the entries calls have read under its
+//! lineage (a bitmap): a call uploads the entries it reads that the slot lacks; when the page's
+//! settled count moved, the held entries between the two counts are dropped (entries below
+//! both never changed between the calls, and those at or past both were not written). An
+//! entry of a packed page (a top-k selection copied out of many pages) whose origin is tagged
+//! is read as its source page's entry, so the next step's selection finds most of its entries
+//! held.
 //! Slots are reused least recently used first, never within the call that placed them. The
 //! arena's lock is held until the call has read its result back (a blocking download on the
 //! calling thread's stream, after its launches), so no other call overwrites a slot while a
@@ -21,11 +24,13 @@
 //! [`default_reserve`]).
 
 mod arena;
+mod sources;
 
 use super::mhc::u32_arg;
 use crate::{Core, CudaError, DevBuf, DevPtr};
-use arena::{Arena, hull, slot_entries};
-use dsv4_kernels::{PageTag, RowFormat};
+use arena::Arena;
+use dsv4_kernels::{EntryOrigin, PageTag, RowFormat};
+use sources::Sources;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -209,22 +214,28 @@ impl PageCache {
     /// uploading the entries it does not hold; `None` when the cache cannot serve the call (no
     /// tags or only untagged pages, more pages than slots, a page of the wrong size, no memory
     /// for an arena), and the caller uploads the rows itself. `tags` has one entry per page;
-    /// untagged pages are uploaded each call. The rows must have passed the format's layout
-    /// check.
+    /// untagged pages are uploaded each call, except entries `origins` (empty, or one slice per
+    /// page) gives a tagged source for, which are read as that source page's ([`Sources`]).
+    /// The rows must have passed the format's layout check.
     pub fn place<'a>(
         &'a self,
         c: &Core,
         fmt: &RowFormat,
         pages: &[&[u8]],
         tags: &[PageTag],
+        origins: &[&[EntryOrigin]],
         rows: &[(usize, usize)],
     ) -> Result<Option<Placed<'a>>, CudaError> {
         let (entry, per) = (fmt.entry_bytes(), fmt.page_entries());
         let slot_bytes = entry * per;
-        if tags.len() != pages.len() || !tags.iter().any(PageTag::is_tagged) || slot_bytes == 0 {
+        if tags.len() != pages.len() || slot_bytes == 0 {
             return Ok(None);
         }
-        // The pages the rows are on, in first-use order, and each row's page in that order
+        let (src, rows) = Sources::new(fmt, pages, tags, origins, rows);
+        if !rows.iter().any(|&(p, _)| src.tag(p).is_tagged()) {
+            return Ok(None);
+        }
+        // The sources the rows are on, in first-use order, and each row's source in that order
         // (looked up once here, not per row in each pass below).
         let mut local: HashMap<usize, usize> = HashMap::new();
         let mut order = Vec::new();
@@ -238,52 +249,51 @@ impl PageCache {
             })
             .collect();
         let most = self.budget / slot_bytes;
-        if order.len() > most || order.iter().any(|&p| pages[p].len() != fmt.page_bytes()) {
+        if order.len() > most || order.iter().any(|&p| !src.page_sized(p)) {
             return Ok(None);
         }
         // Copies of one page (one lineage) gathered at different times in this call (a chunk
-        // that stores each row before reading its window) are all read from the copy with the
-        // most entries settled: it holds every entry another copy is read at, as long as that
-        // entry was settled in that copy (never to change) or is unwritten in all of them.
-        // A copy read at an entry it had not settled but the latest copy has (a ring's old
-        // entry, overwritten later in the chunk) is detached instead: it takes a slot of its
-        // own, uploaded as an untagged page is.
+        // that stores each row before reading its window) share one slot, brought up to the
+        // copy with the most entries settled: it holds every entry another copy is read at,
+        // as long as that entry was settled in that copy (never to change) or is unwritten in
+        // all of them. A copy read at an entry it had not settled but the latest copy has (a
+        // ring's old entry, overwritten later in the chunk) is detached instead: it takes a
+        // slot of its own, uploaded as an untagged page is.
         let mut best: HashMap<u64, usize> = HashMap::new();
         for (i, &p) in order.iter().enumerate() {
-            let t = tags[p];
+            let t = src.tag(p);
             if t.is_tagged() {
                 let b = best.entry(t.lineage).or_insert(i);
-                if tags[order[*b]].settled < t.settled {
+                if src.tag(order[*b]).settled < t.settled {
                     *b = i;
                 }
             }
         }
         let mut detached = vec![false; order.len()];
         for (&(p, e), &i) in rows.iter().zip(&at) {
-            let t = tags[p];
+            let t = src.tag(p);
             if t.is_tagged() && e >= t.settled as usize {
-                let latest = tags[order[best[&t.lineage]]].settled as usize;
+                let latest = src.tag(order[best[&t.lineage]]).settled as usize;
                 detached[i] |= e < latest;
             }
         }
-        // Each page's tag in this call (a detached copy's promises nothing) and its primary
-        // copy (itself when untagged or detached).
+        // Each source's tag in this call (a detached copy's promises nothing) and its primary
+        // copy (itself when untagged or detached), whose slot the others share.
         let tag_of: Vec<PageTag> = (0..order.len())
             .map(|i| {
                 if detached[i] {
                     PageTag::UNTAGGED
                 } else {
-                    tags[order[i]]
+                    src.tag(order[i])
                 }
             })
             .collect();
-        let primaries: Vec<usize> = (0..order.len())
+        let primary: Vec<usize> = (0..order.len())
             .map(|i| {
                 let t = tag_of[i];
                 if t.is_tagged() { best[&t.lineage] } else { i }
             })
             .collect();
-        let primary = |i: usize| primaries[i];
         let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
         let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
             Some(i) => i,
@@ -303,12 +313,13 @@ impl PageCache {
             }
         };
         let a = &mut arenas[index];
+        let primaries: Vec<usize> = (0..order.len()).filter(|&i| primary[i] == i).collect();
         // Pages this call must bring (a lineage the arena does not hold, or none): when they
         // do not fit in the free slots and the arena may grow, it doubles (or grows to what the
         // call needs), its slots copied over on the device.
-        let bring = (0..order.len())
-            .filter(|&i| primary(i) == i)
-            .filter(|&i| {
+        let bring = primaries
+            .iter()
+            .filter(|&&i| {
                 let t = tag_of[i];
                 !t.is_tagged() || !a.slot_of.contains_key(&t.lineage)
             })
@@ -337,43 +348,23 @@ impl PageCache {
         // A slot for each page this call reads (its copies share one): an arena that could not
         // grow to that many leaves the call on the upload path, as no slot this call reads may
         // be reused within it.
-        if (0..order.len()).filter(|&i| primary(i) == i).count() > a.tag.len() {
+        if primaries.len() > a.tag.len() {
             return Ok(None);
         }
         a.clock += 1;
         let now = a.clock;
-        // The span of each page's slots this call reads (a page is uploaded only as far as it
-        // is read: a partly filled page, or the one new row of a page a store just wrote).
-        let mut need = vec![(usize::MAX, 0usize); order.len()];
-        for (&(_, slot), &i) in rows.iter().zip(&at) {
-            let n = &mut need[i];
-            *n = (n.0.min(slot), n.1.max(slot + 1));
-        }
+        // The held slots: the entries written between the settled count a slot was brought
+        // up to date at and the page's are no longer its (entries below both never changed,
+        // and those at or past both were not written since either).
         let mut slot_of_page = vec![0usize; order.len()];
         let mut missing = Vec::new();
-        // The entries a held slot must take again: those written between the settled count
-        // it was brought up to date at and the page's (entries below both never changed, and
-        // those at or past both were not written since either).
-        let mut redo = vec![(0usize, 0usize); order.len()];
-        // The other copies of a page share its primary copy's slot.
-        let mut aliases = Vec::new();
-        for i in 0..order.len() {
+        for &i in &primaries {
             let tag = tag_of[i];
-            if primary(i) != i {
-                let first = primary(i);
-                need[first] = hull(need[first], need[i]);
-                aliases.push((i, first));
-                continue;
-            }
             match a.slot_of.get(&tag.lineage) {
                 Some(&s) if tag.is_tagged() => {
                     a.touch(s, now);
-                    let (held, now_settled) = (a.settled[s] as usize, tag.settled as usize);
-                    let (lo, hi) = a.valid[s];
-                    let (from, to) = (held.min(now_settled).max(lo), held.max(now_settled).min(hi));
-                    if from < to {
-                        redo[i] = (from, to);
-                    }
+                    let (held, settled) = (a.settled[s] as usize, tag.settled as usize);
+                    a.invalidate(s, held.min(settled), held.max(settled));
                     slot_of_page[i] = s;
                 }
                 _ => missing.push(i),
@@ -394,40 +385,35 @@ impl PageCache {
             }
             slot_of_page[i] = s;
         }
-        let mut aliased = vec![false; order.len()];
-        for &(i, first) in &aliases {
-            slot_of_page[i] = slot_of_page[first];
-            aliased[i] = true;
+        for i in 0..order.len() {
+            slot_of_page[i] = slot_of_page[primary[i]];
         }
-        // What each page's slot lacks to hold the span it is read over (its entries are kept
-        // as one span: the hull of what calls read under its lineage), at its place in the
-        // arena, in order; runs that meet in the arena go up as one upload.
-        let mut spans = Vec::new();
+        // The entries each slot must hold for this call, with a copy that reads each (any
+        // copy's bytes of an entry it reads are the primary's, as above); those the slot lacks
+        // go up, fetched from that copy, at their place in the arena, in order, and runs that
+        // meet in the arena go up as one upload.
+        let mut need: Vec<std::collections::BTreeMap<usize, usize>> =
+            vec![Default::default(); order.len()];
+        for (&(_, e), &i) in rows.iter().zip(&at) {
+            need[primary[i]].entry(e).or_insert(i);
+        }
         let mut plan: Vec<(usize, usize, usize, usize)> = Vec::new();
-        for i in (0..order.len()).filter(|&i| !aliased[i]) {
+        for &i in &primaries {
             let s = slot_of_page[i];
-            let (have, want) = (a.valid[s], need[i]);
-            let span = if have.0 < have.1 {
-                hull(have, want)
-            } else {
-                want
-            };
-            let outside = [(span.0, have.0.min(span.1)), (have.1.max(span.0), span.1)];
-            for (from, to) in outside {
-                if from < to && !(have.0 <= from && to <= have.1) {
-                    plan.push((s, from, to, order[i]));
+            for (&e, &reader) in &need[i] {
+                if a.is_valid(s, e) {
+                    continue;
+                }
+                match plan.last_mut() {
+                    Some((ps, _, to, r)) if *ps == s && *to == e && *r == reader => *to = e + 1,
+                    _ => plan.push((s, e, e + 1, reader)),
                 }
             }
-            // Inside what the slot holds: the entries written since (within the span).
-            if redo[i].0 < redo[i].1 {
-                plan.push((s, redo[i].0, redo[i].1, order[i]));
-            }
-            spans.push((s, span, tag_of[i].settled));
         }
         plan.sort_unstable();
         let mut staged: Vec<(usize, Vec<u8>)> = Vec::new();
-        for &(s, from, to, p) in &plan {
-            let Some(bytes) = slot_entries(fmt, pages[p], from..to) else {
+        for &(s, from, to, reader) in &plan {
+            let Some(bytes) = src.entries(order[reader], from, to) else {
                 // A page without the format's layout: nothing is uploaded, and the slots placed
                 // for missing pages are forgotten (their bytes are stale).
                 for &i in &missing {
@@ -448,22 +434,14 @@ impl PageCache {
             };
             c.dev.upload_to(dst, run)?;
         }
-        for (s, span, settled) in spans {
-            a.valid[s] = span;
-            a.settled[s] = settled;
+        for &(s, from, to, _) in &plan {
+            (from..to).for_each(|e| a.set_valid(s, e));
+        }
+        for &i in &primaries {
+            a.settled[slot_of_page[i]] = tag_of[i].settled;
         }
         if self.check.load(Ordering::Relaxed) {
-            for i in (0..order.len()).filter(|&i| !aliased[i]) {
-                let (s, p) = (slot_of_page[i], order[i]);
-                if let Err(e) = a.check(c, fmt, s, pages[p], need[i]) {
-                    a.forget(s);
-                    return Err(CudaError::StaleCopy(format!(
-                        "{e}, page lineage {} settled {} (a store changed the page without a new \
-                         tag, or the cache did not refresh the slot)",
-                        tags[p].lineage, tags[p].settled
-                    )));
-                }
-            }
+            self.check_copies(c, a, &src, &order, &slot_of_page, &rows, &at)?;
         }
         let rows = rows
             .iter()
@@ -479,6 +457,46 @@ impl PageCache {
             index,
             rows,
         }))
+    }
+
+    /// [`PageCache::set_check`]'s check: every entry each source is read at equals its slot's.
+    #[allow(clippy::too_many_arguments)]
+    fn check_copies(
+        &self,
+        c: &Core,
+        a: &mut Arena,
+        src: &Sources<'_>,
+        order: &[usize],
+        slot_of_page: &[usize],
+        rows: &[(usize, usize)],
+        at: &[usize],
+    ) -> Result<(), CudaError> {
+        let mut read: Vec<std::collections::BTreeSet<usize>> =
+            vec![Default::default(); order.len()];
+        for (&(_, e), &i) in rows.iter().zip(at) {
+            read[i].insert(e);
+        }
+        for (i, entries) in read.iter().enumerate() {
+            let (s, p) = (slot_of_page[i], order[i]);
+            let bytes: Option<Vec<(usize, Vec<u8>)>> = entries
+                .iter()
+                .map(|&e| src.entries(p, e, e + 1).map(|b| (e, b)))
+                .collect();
+            let Some(bytes) = bytes else {
+                continue; // a page without the layout: the upload path reports it
+            };
+            let host: Vec<(usize, &[u8])> = bytes.iter().map(|(e, b)| (*e, &b[..])).collect();
+            if let Err(e) = a.check(c, s, &host) {
+                a.forget(s);
+                let t = src.tag(p);
+                return Err(CudaError::StaleCopy(format!(
+                    "{e}, page lineage {} settled {} (a store changed the page without a new \
+                     tag, or the cache did not refresh the slot)",
+                    t.lineage, t.settled
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -271,6 +271,7 @@ fn paged_attention_case(
                     &fmt,
                     &refs,
                     &[],
+                    &[],
                     &rows,
                     &ids,
                     &starts,
