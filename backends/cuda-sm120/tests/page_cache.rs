@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{attend, emu_available, kv_pages, stats};
+use common::{PagedCall, attend, attend_keys, emu_available, kv_pages, stats};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, PAGE_CACHE_ENV, emu, open_backend};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::IndexKLayout;
@@ -144,24 +144,14 @@ fn copies_of_one_page_in_a_call_read_from_the_latest() {
     let call = |tags: &[PageTag], rows: &[(usize, usize)]| {
         let ids: Vec<usize> = (0..rows.len()).collect();
         let q: Vec<f32> = (0..2 * 192).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
-        let mut out = vec![0f32; q.len()];
-        let before = stats(&be);
-        be.paged_attention_indexed(
-            &q,
-            &fmt,
-            &refs,
+        let keys = PagedCall {
+            pages: &refs,
             tags,
-            &[],
+            origins: &[],
             rows,
-            &ids,
-            &[0, rows.len()],
-            &[0.5, -0.5],
-            0.07,
-            &mut out,
-        )
-        .expect("valid pages");
-        let bits: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
-        (bits, stats(&be).since(&before).write_bytes)
+            ids: &ids,
+        };
+        attend_keys(&be, &fmt, &keys, &q, &[0, rows.len()])
     };
     // Each copy read at its settled entries: served from one slot, the latest copy's.
     let rows: Vec<(usize, usize)> = (0..8)
@@ -486,24 +476,14 @@ fn attend_packed(
     let rows: Vec<(usize, usize)> = (0..picks.len()).map(|r| (r / per, r % per)).collect();
     let ids: Vec<usize> = (0..rows.len()).collect();
     let q: Vec<f32> = (0..2 * 192).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
-    let mut out = vec![0f32; q.len()];
-    let before = stats(be);
-    be.paged_attention_indexed(
-        &q,
-        fmt,
-        &refs,
-        &untagged,
-        if origins { &from } else { &[] },
-        &rows,
-        &ids,
-        &[0, rows.len()],
-        &[0.5, -0.5],
-        0.07,
-        &mut out,
-    )
-    .expect("valid pages");
-    let moved = stats(be).since(&before);
-    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
+    let keys = PagedCall {
+        pages: &refs,
+        tags: &untagged,
+        origins: if origins { &from } else { &[] },
+        rows: &rows,
+        ids: &ids,
+    };
+    attend_keys(be, fmt, &keys, &q, &[0, rows.len()])
 }
 
 #[test]

@@ -6,7 +6,7 @@ pub mod selftest;
 use dsv4_backend_cuda::CudaBackend;
 use dsv4_core::cache::KvLayout;
 use dsv4_core::{KvCacheDtype, SplitMix64};
-use dsv4_kernels::{Backend, DeviceStats, Linear, PageTag, RowFormat, WeightFormat};
+use dsv4_kernels::{Backend, DeviceStats, EntryOrigin, Linear, PageTag, RowFormat, WeightFormat};
 
 /// Whether `what` (the emulator, NVRTC) is available, `probe` being its probe's answer. Prints the
 /// reason and skips (false), except under CI=true, where a missing requirement fails the test.
@@ -179,21 +179,49 @@ pub fn attend(
     let n = 8 * pages.len();
     let rows: Vec<(usize, usize)> = (0..n).map(|i| (i / 8, i % 8)).collect();
     let ids: Vec<usize> = (0..n).chain(8..n).collect();
-    let (heads, dim) = (2usize, 192usize);
-    let q: Vec<f32> = (0..2 * heads * dim)
+    let q: Vec<f32> = (0..2 * 2 * 192)
         .map(|i| (i % 9) as f32 * 0.1 - 0.4)
         .collect();
+    let keys = PagedCall {
+        pages: &refs,
+        tags,
+        origins: &[],
+        rows: &rows,
+        ids: &ids,
+    };
+    attend_keys(be, fmt, &keys, &q, &[0, n, 2 * n - 8])
+}
+
+/// The keys of one `paged_attention_indexed` call: pages, their tags and origins, rows, and
+/// the row each key reads.
+pub struct PagedCall<'a> {
+    pub pages: &'a [&'a [u8]],
+    pub tags: &'a [PageTag],
+    pub origins: &'a [&'a [EntryOrigin]],
+    pub rows: &'a [(usize, usize)],
+    pub ids: &'a [usize],
+}
+
+/// Attention of queries `q` (two heads of 192, sinks 0.5 and −0.5, scale 0.07) over `keys`,
+/// query r over keys `starts[r] .. starts[r+1]`: the output's bits and the bytes uploaded.
+pub fn attend_keys(
+    be: &CudaBackend,
+    fmt: &RowFormat,
+    keys: &PagedCall<'_>,
+    q: &[f32],
+    starts: &[usize],
+) -> (Vec<u32>, u64) {
     let mut out = vec![0f32; q.len()];
     let before = stats(be);
     be.paged_attention_indexed(
-        &q,
+        q,
         fmt,
-        &refs,
-        tags,
-        &[],
-        &rows,
-        &ids,
-        &[0, n, 2 * n - 8],
+        keys.pages,
+        keys.tags,
+        keys.origins,
+        keys.rows,
+        keys.ids,
+        starts,
         &[0.5, -0.5],
         0.07,
         &mut out,
