@@ -4,6 +4,7 @@
 //! without an upload, and one that does not brings it up into that lineage's slot, where the
 //! next call's selection (mostly the same entries) finds it.
 
+use super::super::cache::gathered_entries;
 use super::arena::slot_entries;
 use dsv4_kernels::{EntryOrigin, PageTag, RowFormat};
 use std::collections::HashMap;
@@ -78,11 +79,11 @@ impl<'p> Sources<'p> {
         if i < self.pages.len() {
             return slot_entries(self.fmt, self.pages[i], from..to);
         }
-        let mut out = Vec::with_capacity((to - from) * self.fmt.entry_bytes());
-        for e in from..to {
-            let &(p, s) = self.entries[i - self.pages.len()].get(&e)?;
-            out.extend(slot_entries(self.fmt, self.pages[p], s..s + 1)?);
-        }
-        Some(out)
+        let packed = &self.entries[i - self.pages.len()];
+        let picks: Vec<(usize, usize)> = (from..to)
+            .map(|e| packed.get(&e).copied())
+            .collect::<Option<_>>()?;
+        let values = picks.len() * self.fmt.width();
+        gathered_entries(self.fmt, self.pages, &picks, values).ok()
     }
 }
