@@ -60,23 +60,59 @@ fn overlaps_in_time(
     }
 }
 
+/// Whether every launch of `a` comes before every launch of `b` at positions `pos`.
+fn before_in(pos: &[usize], a: &[usize], b: &[usize]) -> bool {
+    let last_a = a.iter().map(|&u| pos[u]).max();
+    let first_b = b.iter().map(|&v| pos[v]).min();
+    match (last_a, first_b) {
+        (Some(x), Some(y)) => x < y,
+        _ => true,
+    }
+}
+
 /// Place the plan's transient buffers in one arena under `lifetimes`.
-pub fn place<O>(mut plan: Plan<O>, lifetimes: Lifetimes) -> Result<Plan<O>, PlanError> {
+pub fn place<O>(plan: Plan<O>, lifetimes: Lifetimes) -> Result<Plan<O>, PlanError> {
+    place_for_order(plan, lifetimes, &[])
+}
+
+/// [`place`], with the arena also valid when an executor runs the launches in `order` (a
+/// permutation of them that keeps the plan's order of every two launches touching the same
+/// bytes, such as [`crate::deferred`]'s): two buffers share bytes only when, besides what
+/// `lifetimes` asks, every launch touching the first comes before every launch touching the
+/// second in `order`. An empty `order` adds nothing; one that is not a permutation of the
+/// launches is refused.
+pub fn place_for_order<O>(
+    mut plan: Plan<O>,
+    lifetimes: Lifetimes,
+    order: &[usize],
+) -> Result<Plan<O>, PlanError> {
+    let n = plan.launches.len();
+    let mut pos = vec![usize::MAX; n];
+    for (k, &i) in order.iter().enumerate() {
+        match pos.get_mut(i) {
+            Some(p) if *p == usize::MAX => *p = k,
+            _ => return Err(PlanError::NotAnOrder { launches: n }),
+        }
+    }
+    if !order.is_empty() && order.len() != n {
+        return Err(PlanError::NotAnOrder { launches: n });
+    }
     let hb = HappensBefore::of(&plan)?;
     let acc = accesses(&plan);
-    let mut order: Vec<usize> = (0..plan.buffers.len())
+    let mut by_first_use: Vec<usize> = (0..plan.buffers.len())
         .filter(|&i| plan.buffers[i].class.is_transient())
         .collect();
-    order.sort_by_key(|&i| (acc[i].first().copied().unwrap_or(usize::MAX), i));
+    by_first_use.sort_by_key(|&i| (acc[i].first().copied().unwrap_or(usize::MAX), i));
     let mut offsets: Vec<Option<u64>> = vec![None; plan.buffers.len()];
     let mut placed: Vec<(u64, u64, usize)> = Vec::new(); // (start, end, buffer)
     let mut arena = 0u64;
-    for &b in &order {
+    for &b in &by_first_use {
         let size = plan.buffers[b].bytes;
         let mut busy: Vec<(u64, u64)> = placed
             .iter()
             .filter(|&&(_, _, a)| {
                 overlaps_in_time(&hb, lifetimes, &acc[a], plan.buffers[a].host_read, &acc[b])
+                    || (!order.is_empty() && !before_in(&pos, &acc[a], &acc[b]))
             })
             .map(|&(s, e, _)| (s, e))
             .collect();
@@ -140,5 +176,41 @@ mod tests {
             good.offset(c),
             "c is written while a is read"
         );
+    }
+
+    /// w(a), r(a), w(b), r(b) on one stream: in list order b may take a's bytes; run as
+    /// w(a), w(b), r(a), r(b) it may not. Orders that are not permutations are refused.
+    #[test]
+    fn an_execution_order_keeps_the_buffers_it_overlaps_apart() {
+        let mut pb = PlanBuilder::<()>::new();
+        let a = pb.buffer(BufferClass::Transient, "", "a", 256);
+        let b = pb.buffer(BufferClass::Transient, "", "b", 256);
+        let (sa, sb) = (pb.all(a), pb.all(b));
+        for (reads, writes) in [(vec![], vec![sa]), (vec![sa], vec![]), (vec![], vec![sb])] {
+            pb.push(Launch {
+                op: (),
+                scope: String::new(),
+                name: "op".into(),
+                stream: StreamId(0),
+                reads,
+                writes,
+                waits: vec![],
+                records: vec![],
+            });
+        }
+        let mut last = pb.plan().launches[1].clone();
+        last.reads = vec![sb];
+        pb.push(last);
+        let plan = pb.finish();
+        let listed = place(plan.clone(), Lifetimes::StreamAware).unwrap();
+        assert_eq!(listed.offset(a), listed.offset(b));
+        let run = place_for_order(plan.clone(), Lifetimes::StreamAware, &[0, 2, 1, 3]).unwrap();
+        assert_ne!(run.offset(a), run.offset(b));
+        for bad in [&[0, 1, 1, 3][..], &[0, 1], &[0, 1, 2, 7]] {
+            assert_eq!(
+                place_for_order(plan.clone(), Lifetimes::StreamAware, bad),
+                Err(PlanError::NotAnOrder { launches: 4 })
+            );
+        }
     }
 }

@@ -57,4 +57,10 @@ pub enum PlanError {
         /// The event's name.
         event: String,
     },
+    /// An execution order given for a plan is not a permutation of its launches.
+    #[error("the order given is not a permutation of the plan's {launches} launches")]
+    NotAnOrder {
+        /// Launches in the plan.
+        launches: usize,
+    },
 }
