@@ -280,3 +280,35 @@ fn selections_scattered_over_many_pages_attend_as_on_the_plain_backend() {
         assert_eq!(a.topk, b.topk, "step {step}: selections");
     }
 }
+
+#[test]
+fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_its_router() {
+    // The serial executor runs a layer's host launches (SWA store, pooling, top-k, attention)
+    // back to back after the projections they do not depend on, and reads all their operands
+    // back in one wait; the router reads its scores back in another; the step's end reads its
+    // two results back. The values are the plan order's (the test above).
+    let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+    let numerics = Numerics::all()[0];
+    let m = model(resident.clone(), numerics);
+    let layers = ModelConfig::tiny().num_hidden_layers as u64;
+    for (name, exec) in [
+        ("eager", ExecOptions::default()),
+        (
+            "captured",
+            ExecOptions {
+                captured: true,
+                ..ExecOptions::default()
+            },
+        ),
+    ] {
+        let steps = session(&m, &exec, 3);
+        for (step, (_, report)) in steps.iter().enumerate().skip(1) {
+            // In the plan's own order each host launch waits on its own: 17 here.
+            assert_eq!(
+                report.device.map(|d| d.submissions),
+                Some(2 * layers + 2),
+                "{name}: decode step {step}: waits for the device"
+            );
+        }
+    }
+}

@@ -7,10 +7,10 @@ use anyhow::{Context, bail};
 use dsv4_config::{ModelSource, Profile};
 use dsv4_model::ModelConfig;
 use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan_under};
-use dsv4_model::forward::captured::lifetimes_for;
+use dsv4_model::forward::captured::place_captured;
 use dsv4_model::forward::op::Op;
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
-use dsv4_plan::{Plan, Verdict, place, render, verify};
+use dsv4_plan::{Plan, Verdict, render, verify};
 use serde::Serialize;
 use std::path::Path;
 
@@ -178,7 +178,7 @@ fn plan_for(
     };
     let plan = build_plan_under(cfg, spec, exec);
     Ok(match bucket {
-        Some(b) => (place(plan, lifetimes_for(exec))?, Some(b)),
+        Some(b) => (place_captured(plan, exec)?, Some(b)),
         None => (plan, None),
     })
 }

@@ -9,7 +9,7 @@ use super::op::Op;
 use super::resident::DeviceArena;
 use super::{ForwardError, Model};
 use dsv4_kernels::Backend;
-use dsv4_plan::{Lifetimes, Placement, Plan, Verdict, place, render, verify};
+use dsv4_plan::{Lifetimes, Placement, Plan, PlanError, Verdict, place_for_order, render, verify};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -77,6 +77,19 @@ pub fn lifetimes_for(exec: &ExecOptions) -> Lifetimes {
     }
 }
 
+/// `plan` placed in one arena under `exec`: stream-aware lifetimes, the arena valid as well
+/// for the order the serial executor runs it in on a device (its host launches last, so no
+/// buffer takes bytes a host launch run later still reads); under the arena fault, list-order
+/// lifetimes alone (the incident's allocator).
+pub fn place_captured(plan: Plan<Op>, exec: &ExecOptions) -> Result<Plan<Op>, PlanError> {
+    let lifetimes = lifetimes_for(exec);
+    let order = match lifetimes {
+        Lifetimes::StreamAware => super::resident_ops::host_last_order(&plan)?,
+        Lifetimes::IgnoreStreams => Vec::new(),
+    };
+    place_for_order(plan, lifetimes, &order)
+}
+
 /// Build, place and verify a captured decode plan of `bucket` rows.
 pub fn capture(
     model_cfg: &crate::ModelConfig,
@@ -89,12 +102,11 @@ pub fn capture(
         overlap: exec.overlap,
         mtp: false,
     };
-    let plan =
-        place(build_plan_under(model_cfg, spec, exec), lifetimes_for(exec)).map_err(|e| {
-            ForwardError::Plan {
-                message: e.to_string(),
-            }
-        })?;
+    let plan = place_captured(build_plan_under(model_cfg, spec, exec), exec).map_err(|e| {
+        ForwardError::Plan {
+            message: e.to_string(),
+        }
+    })?;
     let verdict = verify(&plan).map_err(|e| ForwardError::Plan {
         message: e.to_string(),
     })?;
@@ -141,5 +153,66 @@ impl Model {
         let c = Arc::new(capture(&self.cfg, bucket, exec)?);
         cache.insert(key, Arc::clone(&c));
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ModelConfig;
+    use crate::forward::resident_ops::host_last_order;
+
+    /// The arena of a captured plan takes no bytes from a buffer a deferred host launch still
+    /// reads, so on a device the captured plan runs its host launches as late as the eager
+    /// plan does; under the arena fault the placement is the incident's, unconstrained.
+    #[test]
+    fn a_captured_arena_lets_host_launches_run_last() {
+        for overlap in [false, true] {
+            let exec = ExecOptions {
+                captured: true,
+                overlap,
+                ..ExecOptions::default()
+            };
+            let spec = PlanSpec {
+                kind: StepKind::Decode,
+                rows: 4,
+                overlap,
+                mtp: false,
+            };
+            let fresh = build_plan_under(&ModelConfig::tiny(), spec, &exec);
+            let wanted = host_last_order(&fresh).unwrap();
+            assert_ne!(
+                wanted,
+                dsv4_plan::serial(&fresh),
+                "the order defers something"
+            );
+            let placed = place_captured(fresh.clone(), &exec).unwrap();
+            assert_eq!(
+                host_last_order(&placed).unwrap(),
+                wanted,
+                "overlap {overlap}"
+            );
+            assert!(verify(&placed).unwrap().findings.is_empty());
+            // List-order placement alone would have blocked some of it.
+            let plain = dsv4_plan::place(fresh, lifetimes_for(&exec)).unwrap();
+            if !overlap {
+                assert_ne!(host_last_order(&plain).unwrap(), wanted);
+            }
+        }
+        let faulty = ExecOptions {
+            faults: [Fault::ArenaIgnoresStreams].into(),
+            ..ExecOptions::default()
+        };
+        let spec = PlanSpec {
+            kind: StepKind::Decode,
+            rows: 4,
+            overlap: true,
+            mtp: false,
+        };
+        let fresh = build_plan_under(&ModelConfig::tiny(), spec, &faulty);
+        assert_eq!(
+            place_captured(fresh.clone(), &faulty).unwrap(),
+            dsv4_plan::place(fresh, Lifetimes::IgnoreStreams).unwrap()
+        );
     }
 }

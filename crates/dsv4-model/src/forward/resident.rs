@@ -443,7 +443,7 @@ impl Run<'_> {
         }
         let transient =
             |s: &&dsv4_plan::Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
-        let n = |s: &dsv4_plan::Slice| self.words_per_row(s) * self.bound.rows;
+        let n = |s: &dsv4_plan::Slice| self.words_per_row(s.buffer) * self.bound.rows;
         let ins = l
             .reads
             .iter()

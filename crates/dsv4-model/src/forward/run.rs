@@ -10,7 +10,7 @@ use super::resident::DeviceMemory;
 use super::state::LayerState;
 use super::{ChoiceControl, ForwardError, Model};
 use crate::weights::BlockWeights;
-use dsv4_plan::{BufferClass, Plan, Slice};
+use dsv4_plan::{BufferClass, BufferId, Plan, Slice};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -139,12 +139,13 @@ pub(crate) fn plan_rows(plan: &Plan<Op>) -> usize {
 }
 
 impl Run<'_> {
-    pub(crate) fn words_per_row(&self, s: &Slice) -> usize {
-        (self.plan.buffer(s.buffer).bytes as usize / 4) / self.plan_rows.max(1)
+    /// Words one row of transient buffer `b` takes (its bytes over the plan's rows).
+    pub(crate) fn words_per_row(&self, b: BufferId) -> usize {
+        (self.plan.buffer(b).bytes as usize / 4) / self.plan_rows.max(1)
     }
 
     fn read(&self, s: &Slice) -> Result<Vec<f32>, ForwardError> {
-        let n = self.words_per_row(s) * self.bound.rows;
+        let n = self.words_per_row(s.buffer) * self.bound.rows;
         match &self.mem {
             Memory::Fresh { bufs, .. } => lock(&bufs[s.buffer.0 as usize])
                 .as_ref()
@@ -224,14 +225,15 @@ impl Run<'_> {
     }
 
     /// Run launch `i`: on device streams, on its stream after its waits, recording its events.
-    pub fn launch(&self, i: usize) -> Result<(), ForwardError> {
+    /// `next` is what the calling executor runs after it, in order (on this thread).
+    pub fn launch(&self, i: usize, next: &[usize]) -> Result<(), ForwardError> {
         let Some(st) = self.device_streams() else {
-            return self.launch_here(i);
+            return self.launch_here(i, next);
         };
         let l = &self.plan.launches[i];
         st.enter(l.stream.0 as usize)?;
         l.waits.iter().try_for_each(|e| st.wait(e.0 as usize))?;
-        self.launch_here(i)?;
+        self.launch_here(i, next)?;
         l.records.iter().try_for_each(|e| st.record(e.0 as usize))?;
         Ok(())
     }
@@ -248,7 +250,7 @@ impl Run<'_> {
         Ok(joined?)
     }
 
-    fn launch_here(&self, i: usize) -> Result<(), ForwardError> {
+    fn launch_here(&self, i: usize, next: &[usize]) -> Result<(), ForwardError> {
         if self.launch_resident(i)? {
             self.release(i);
             return Ok(());
@@ -257,11 +259,15 @@ impl Run<'_> {
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
         let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
         let ins = match &self.mem {
-            // The launch's operands without a host copy come back in one device read.
+            // The launch's operands without a host copy come back in one device read, with
+            // those of the host launches right after it (kept as host copies for them).
             Memory::Device(dm) => {
-                let n = |s: &Slice| self.words_per_row(s) * self.bound.rows;
-                let wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s))).collect();
-                dm.read_many(self.plan, &wanted)?
+                let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
+                let mut wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s.buffer))).collect();
+                wanted.extend(self.host_run_reads(i, next).into_iter().map(|b| (b, n(b))));
+                let mut ins = dm.read_many(self.plan, &wanted)?;
+                ins.truncate(reads.len());
+                ins
             }
             _ => reads
                 .iter()
@@ -279,9 +285,40 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The transient buffers read by the run of host launches that follows launch `i` in
+    /// `next` (what this thread runs after it): those on its stream with no device launch and
+    /// no event wait in between (the serial executor's deferred order puts a decode layer's
+    /// stores, pooling, top-k and attention back to back), less what the run writes itself.
+    /// Only the run runs on this thread until it is done, and anything another stream writes
+    /// that the run reads is ordered before it by an event the run would wait for, so these
+    /// operands are final when launch `i` reads its own.
+    fn host_run_reads(&self, i: usize, next: &[usize]) -> Vec<BufferId> {
+        let launches = &self.plan.launches;
+        let stream = launches[i].stream;
+        let transient = |b: BufferId| self.plan.buffer(b).class == BufferClass::Transient;
+        let mut written: Vec<BufferId> = launches[i].writes.iter().map(|s| s.buffer).collect();
+        let mut wanted: Vec<BufferId> = Vec::new();
+        for l in next.iter().map(|&k| &launches[k]) {
+            if l.stream != stream
+                || !l.waits.is_empty()
+                || super::resident_ops::has_device_form(l.op.kind)
+            {
+                break;
+            }
+            for s in &l.reads {
+                let b = s.buffer;
+                if transient(b) && !written.contains(&b) && !wanted.contains(&b) {
+                    wanted.push(b);
+                }
+            }
+            written.extend(l.writes.iter().map(|s| s.buffer));
+        }
+        wanted
+    }
+
     /// Run the launches in `order`.
     pub fn run_in(&self, order: &[usize]) -> Result<(), ForwardError> {
-        order.iter().try_for_each(|&i| self.launch(i))
+        (0..order.len()).try_for_each(|k| self.launch(order[k], &order[k + 1..]))
     }
 
     /// Block `b`'s weights.

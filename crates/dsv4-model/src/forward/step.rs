@@ -7,6 +7,7 @@ use super::exec::{ExecOptions, Executor, Fault, StepReport};
 use super::op::{BlockRef, Op, OpKind};
 use super::prepare::{SeqRows, prepare};
 use super::resident::{DeviceMemory, GraphSpan};
+use super::resident_ops::host_last_order;
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
 use super::{ChoiceControl, ForwardError, ForwardOutput, Model, SequenceState, Taps};
@@ -21,6 +22,11 @@ fn execute(model: &Model, run: &Run<'_>, executor: Executor) -> Result<(), Forwa
         message: e.to_string(),
     };
     let result = match executor {
+        // On a device, the host launches run as late as their readers allow, so a run of them
+        // reads its operands back in one wait (the plan and its taps keep their order).
+        Executor::Serial if matches!(run.mem, Memory::Device(_)) => host_last_order(run.plan)
+            .map_err(plan_err)
+            .and_then(|order| run.run_in(&order)),
         Executor::Serial => run.run_in(&dsv4_plan::serial(run.plan)),
         Executor::Interleaved { seed } => {
             let step = model.steps.fetch_add(1, Ordering::Relaxed);

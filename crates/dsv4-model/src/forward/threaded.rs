@@ -39,12 +39,11 @@ pub(crate) fn run_threaded(run: &Run<'_>) -> Result<(), ForwardError> {
         for stream in 0..plan.streams.len() {
             let (shared_lock, cv) = (&lock, &cv);
             scope.spawn(move || {
-                let mine = plan
-                    .launches
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.stream.0 as usize == stream);
-                for (i, l) in mine {
+                let mine: Vec<usize> = (0..plan.launches.len())
+                    .filter(|&i| plan.launches[i].stream.0 as usize == stream)
+                    .collect();
+                for (k, &i) in mine.iter().enumerate() {
+                    let l = &plan.launches[i];
                     let mut g = shared_lock();
                     while g.failed.is_none() && !l.waits.iter().all(|e| g.recorded[e.0 as usize]) {
                         g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -53,7 +52,7 @@ pub(crate) fn run_threaded(run: &Run<'_>) -> Result<(), ForwardError> {
                         return;
                     }
                     drop(g);
-                    let result = run.launch(i);
+                    let result = run.launch(i, &mine[k + 1..]);
                     let mut g = shared_lock();
                     match result {
                         Ok(()) => l
