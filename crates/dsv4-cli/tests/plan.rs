@@ -207,6 +207,68 @@ fn show_prints_streams_events_and_arena_offsets() {
 }
 
 #[test]
+fn show_lists_the_order_a_device_runs_with_host_launches_last() {
+    let (ok, v) = json(&[
+        "plan",
+        "show",
+        "--profile",
+        "dev-cpu",
+        "--config",
+        "tiny",
+        "--batch",
+        "2",
+        "--json",
+        "--device-order",
+    ]);
+    assert!(ok, "{v}");
+    let launches = v["plan"]["launches"].as_array().unwrap();
+    let order: Vec<usize> = v["device_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..launches.len()).collect::<Vec<_>>(),
+        "a permutation"
+    );
+    let at = |scope: &str, name: &str| {
+        let i = launches
+            .iter()
+            .position(|l| l["scope"] == scope && l["name"] == name)
+            .unwrap_or_else(|| panic!("{scope} {name}"));
+        order.iter().position(|&k| k == i).unwrap()
+    };
+    // Layer 1 (ratio 4): every projection runs before its first host launch, and the host
+    // launches run back to back up to attention.
+    let s = "layers.1";
+    assert!(at(s, "indexer.weights") < at(s, "locate"));
+    let run = [
+        "locate",
+        "attn.swa_store",
+        "compressor.pool",
+        "indexer.compressor.pool",
+        "indexer.topk",
+        "attn.o",
+    ];
+    for w in run.windows(2) {
+        assert_eq!(at(s, w[0]) + 1, at(s, w[1]), "{} then {}", w[0], w[1]);
+    }
+    let text = dsv4(&["plan", "show", "--config", "tiny", "--device-order"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("in the order the serial executor runs it on a device"),
+        "{text}"
+    );
+    // Without the flag the JSON is the plan itself, in list order.
+    let (ok, plain) = json(&["plan", "show", "--config", "tiny", "--json"]);
+    assert!(ok && plain["launches"].is_array() && plain.get("device_order").is_none());
+}
+
+#[test]
 fn diff_mode_shorthands_pass_clean_and_catch_the_arena_fault() {
     let base = [
         "diff",

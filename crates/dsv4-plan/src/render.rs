@@ -27,11 +27,20 @@ fn events<O>(plan: &Plan<O>, ids: &[crate::EventId]) -> String {
 
 /// One line per launch: index, stream, scope, op, waits, records, reads, writes.
 pub fn launch_table<O>(plan: &Plan<O>) -> String {
+    launch_table_in(plan, &crate::serial(plan))
+}
+
+/// [`launch_table`] with the launches in `order` (an executor's order, e.g.
+/// [`crate::deferred`]'s); `#` stays each launch's index in the plan.
+pub fn launch_table_in<O>(plan: &Plan<O>, order: &[usize]) -> String {
     let mut out = format!(
         "{:>4}  {:<15} {:<10} {:<18} {:<22} {:<22} {:<40} {}\n",
         "#", "stream", "scope", "op", "waits", "records", "reads", "writes"
     );
-    for (i, l) in plan.launches.iter().enumerate() {
+    for (i, l) in order
+        .iter()
+        .filter_map(|&i| Some((i, plan.launches.get(i)?)))
+    {
         let list = |v: &[Slice]| {
             v.iter()
                 .map(|s| slice(plan, s))

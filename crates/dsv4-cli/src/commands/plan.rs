@@ -9,7 +9,7 @@ use dsv4_model::ModelConfig;
 use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan_under};
 use dsv4_model::forward::captured::place_captured;
 use dsv4_model::forward::op::Op;
-use dsv4_model::forward::{ExecOptions, Executor, Fault};
+use dsv4_model::forward::{ExecOptions, Executor, Fault, host_last_order};
 use dsv4_plan::{Plan, Verdict, render, verify};
 use serde::Serialize;
 use std::path::Path;
@@ -52,6 +52,11 @@ pub struct ShowArgs {
     /// Also list the transient buffers with their arena offsets.
     #[arg(long)]
     buffers: bool,
+    /// List the launches in the order the serial executor runs them on a device backend: host
+    /// launches as late as their readers allow (`#` stays the plan's index; JSON gains
+    /// `device_order`).
+    #[arg(long)]
+    device_order: bool,
 }
 
 /// Arguments of `dsv4 plan check`.
@@ -221,8 +226,18 @@ fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
         StepKind::Decode
     };
     let (plan, bucket) = plan_for(&cfg, &exec, kind, a.batch)?;
+    let order = if a.device_order {
+        host_last_order(&plan)?
+    } else {
+        dsv4_plan::serial(&plan)
+    };
     if a.common.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        let doc = if a.device_order {
+            serde_json::json!({ "plan": plan, "device_order": order })
+        } else {
+            serde_json::to_value(&plan)?
+        };
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     println!("{}", describe(&exec, &source));
@@ -231,8 +246,15 @@ fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
         (StepKind::Decode, Some(b)) => format!("decode of batch {}, captured bucket {b}", a.batch),
         (StepKind::Decode, None) => format!("decode of batch {}, eager", a.batch),
     };
-    println!("{what}: {}\n", render::summary(&plan));
-    print!("{}", render::launch_table(&plan));
+    println!("{what}: {}", render::summary(&plan));
+    if a.device_order {
+        println!(
+            "in the order the serial executor runs it on a device (host launches as late as \
+             their readers allow)"
+        );
+    }
+    println!();
+    print!("{}", render::launch_table_in(&plan, &order));
     if a.buffers {
         println!();
         print!("{}", render::buffer_table(&plan));

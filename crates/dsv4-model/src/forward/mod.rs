@@ -40,6 +40,7 @@ pub use exec::{ExecOptions, Executor, Fault, PageWrite, StepReport};
 pub use mtp::MtpState;
 use op::BlockRef;
 use pages::CacheStores;
+pub use resident_ops::host_last_order;
 use ring::CompressorRing;
 use state::{LayerState, ring_coff, ring_rows};
 use std::collections::BTreeMap;

@@ -43,9 +43,7 @@ pub(crate) fn has_device_form(kind: OpKind) -> bool {
 /// The order the serial executor runs `plan` in on a device: its host launches (no device
 /// form) as late as what reads their results allows ([`dsv4_plan::deferred`]), so a run of
 /// them reads its operands back in one wait.
-pub(crate) fn host_last_order(
-    plan: &dsv4_plan::Plan<Op>,
-) -> Result<Vec<usize>, dsv4_plan::PlanError> {
+pub fn host_last_order(plan: &dsv4_plan::Plan<Op>) -> Result<Vec<usize>, dsv4_plan::PlanError> {
     dsv4_plan::deferred(plan, |l| !has_device_form(l.op.kind))
 }
 
