@@ -7,6 +7,7 @@ use super::build::{PlanSpec, StepKind, build_plan_under};
 use super::exec::{ExecOptions, Fault};
 use super::op::Op;
 use super::resident::DeviceArena;
+use super::resident_ops::host_last_order;
 use super::{ForwardError, Model};
 use dsv4_kernels::Backend;
 use dsv4_plan::{Lifetimes, Placement, Plan, PlanError, Verdict, place_for_order, render, verify};
@@ -32,6 +33,9 @@ pub struct Captured {
     pub plan: Plan<Op>,
     /// The verifier's verdict at capture.
     pub verdict: Verdict,
+    /// The order the serial executor runs the plan in on a device ([`host_last_order`]),
+    /// computed once for every replay.
+    pub device_order: Vec<usize>,
     /// The arena (f32 words).
     pub(crate) arena: Mutex<Vec<f32>>,
     /// Held for the whole of a replay (one replay of an arena at a time).
@@ -84,7 +88,7 @@ pub fn lifetimes_for(exec: &ExecOptions) -> Lifetimes {
 pub fn place_captured(plan: Plan<Op>, exec: &ExecOptions) -> Result<Plan<Op>, PlanError> {
     let lifetimes = lifetimes_for(exec);
     let order = match lifetimes {
-        Lifetimes::StreamAware => super::resident_ops::host_last_order(&plan)?,
+        Lifetimes::StreamAware => host_last_order(&plan)?,
         Lifetimes::IgnoreStreams => Vec::new(),
     };
     place_for_order(plan, lifetimes, &order)
@@ -107,9 +111,11 @@ pub fn capture(
             message: e.to_string(),
         }
     })?;
-    let verdict = verify(&plan).map_err(|e| ForwardError::Plan {
+    let plan_err = |e: PlanError| ForwardError::Plan {
         message: e.to_string(),
-    })?;
+    };
+    let verdict = verify(&plan).map_err(plan_err)?;
+    let device_order = host_last_order(&plan).map_err(plan_err)?;
     let words = match &plan.placement {
         Placement::Arena { bytes, .. } => *bytes as usize / 4,
         Placement::Fresh => 0,
@@ -127,6 +133,7 @@ pub fn capture(
     Ok(Captured {
         plan,
         verdict,
+        device_order,
         arena: Mutex::new(vec![0f32; words]),
         replay: Mutex::new(()),
         device_arena: Mutex::new(None),
@@ -160,7 +167,6 @@ impl Model {
 mod tests {
     use super::*;
     use crate::ModelConfig;
-    use crate::forward::resident_ops::host_last_order;
 
     /// The arena of a captured plan takes no bytes from a buffer a deferred host launch still
     /// reads, so on a device the captured plan runs its host launches as late as the eager

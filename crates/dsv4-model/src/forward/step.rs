@@ -16,17 +16,26 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-/// Run `run`'s launches with `executor`.
-fn execute(model: &Model, run: &Run<'_>, executor: Executor) -> Result<(), ForwardError> {
+/// Run `run`'s launches with `executor`; `device_order` is the plan's host-last order when
+/// it was computed ahead (a captured plan's).
+fn execute(
+    model: &Model,
+    run: &Run<'_>,
+    executor: Executor,
+    device_order: Option<&[usize]>,
+) -> Result<(), ForwardError> {
     let plan_err = |e: dsv4_plan::PlanError| ForwardError::Plan {
         message: e.to_string(),
     };
     let result = match executor {
         // On a device, the host launches run as late as their readers allow, so a run of them
         // reads its operands back in one wait (the plan and its taps keep their order).
-        Executor::Serial if matches!(run.mem, Memory::Device(_)) => host_last_order(run.plan)
-            .map_err(plan_err)
-            .and_then(|order| run.run_in(&order)),
+        Executor::Serial if matches!(run.mem, Memory::Device(_)) => match device_order {
+            Some(order) => run.run_in(order),
+            None => host_last_order(run.plan)
+                .map_err(plan_err)
+                .and_then(|order| run.run_in(&order)),
+        },
         Executor::Serial => run.run_in(&dsv4_plan::serial(run.plan)),
         Executor::Interleaved { seed } => {
             let step = model.steps.fetch_add(1, Ordering::Relaxed);
@@ -204,7 +213,12 @@ impl Model {
             (Some(_), Memory::Device(dm)) => Some(GraphSpan::open(dm.dev)?),
             _ => None,
         };
-        let executed = execute(self, &run, exec.executor);
+        let executed = execute(
+            self,
+            &run,
+            exec.executor,
+            captured.as_ref().map(|c| &c.device_order[..]),
+        );
         let closed = span.map_or(Ok(()), GraphSpan::close);
         executed?;
         closed?;
@@ -308,7 +322,7 @@ impl Model {
             Executor::Threaded => Executor::Serial,
             e => e,
         };
-        execute(self, &run, executor)?;
+        execute(self, &run, executor, None)?;
         run.result("logits", &BlockRef::Mtp.scope())
     }
 }
