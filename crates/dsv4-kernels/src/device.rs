@@ -11,7 +11,7 @@
 //! Slices are f32 words. Their offsets must be multiples of [`DeviceOps::offset_alignment`]
 //! bytes (every plan arena offset is a multiple of 256, the most any wgpu device asks for).
 
-use crate::{HcParams, KernelError, Linear, RopeTable};
+use crate::{HcParams, KernelError, Linear, RopeTable, RouteChoice, RoutedExperts};
 use dsv4_core::IndexKDtype;
 use serde::Serialize;
 
@@ -450,6 +450,56 @@ pub trait DeviceOps: Send + Sync {
         width: usize,
         out: DevSlice,
     ) -> Result<(), KernelError>;
+
+    /// Whether [`DeviceOps::route_experts`] and [`DeviceOps::routed_experts`] are supported:
+    /// then a layer's routing needs no read-back (false by default: the caller reads the
+    /// router's scores back and routes on the host).
+    fn routes_on_device(&self) -> bool {
+        false
+    }
+
+    /// Routes [rows, 2k] of router scores [rows, experts]: per row, k expert ids (as f32 bits;
+    /// chosen as `choice` says) then their weights `s_j / Σ s · scale` (summed and divided in
+    /// f64 over the ids in order, rounded to f32): what the model's host routing writes. Only
+    /// where [`DeviceOps::routes_on_device`] (else an error).
+    fn route_experts(
+        &self,
+        scores: DevSlice,
+        experts: usize,
+        k: usize,
+        choice: RouteChoice<'_>,
+        scale: f64,
+        routes: DevSlice,
+    ) -> Result<(), KernelError> {
+        let _ = (scores, experts, k, choice, scale, routes);
+        Err(unsupported("route_experts"))
+    }
+
+    /// The routed experts' sum y [rows, dim] (overwritten) of x [rows, dim] under `routes`
+    /// (as [`DeviceOps::route_experts`] writes them, rows = routes.len / 2k): each token's
+    /// experts in ascending id order added from zero, expert j giving
+    /// `W2·(swiglu(W1·x, W3·x, L)·w_j)` — bitwise what [`DeviceOps::grouped_linear`],
+    /// [`DeviceOps::swiglu_rows`] and [`DeviceOps::scatter_add_groups`] give on host-built
+    /// groups. `work` is scratch of [`RoutedExperts::work_words`] words. Only where
+    /// [`DeviceOps::routes_on_device`] (else an error).
+    fn routed_experts(
+        &self,
+        experts: &RoutedExperts<'_>,
+        x: DevSlice,
+        routes: DevSlice,
+        work: DevSlice,
+        y: DevSlice,
+    ) -> Result<(), KernelError> {
+        let _ = (experts, x, routes, work, y);
+        Err(unsupported("routed_experts"))
+    }
+}
+
+/// The error of an op a backend's device does not offer.
+fn unsupported(op: &str) -> KernelError {
+    KernelError::Device {
+        message: format!("{op}: not supported on this device (routes_on_device is false)"),
+    }
 }
 
 /// The error of a slice whose length does not match what an op needs.

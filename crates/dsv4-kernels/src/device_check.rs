@@ -79,6 +79,7 @@ impl Check<'_> {
         self.mhc_cases();
         self.linear_cases();
         self.grouped_cases();
+        self.routing_cases();
         self.chain_case();
         self.error_cases();
         self.stats_case();
@@ -570,3 +571,4 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 
 mod errors;
 mod grouped;
+mod routing;

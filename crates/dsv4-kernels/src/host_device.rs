@@ -10,13 +10,18 @@
 use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
-use crate::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
+use crate::{
+    Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RouteChoice, RoutedExperts,
+    RowFormat,
+};
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+mod routing;
 
 /// Offset alignment of [`HostDevice`] slices, in bytes (as strict as wgpu).
 pub const HOST_DEVICE_ALIGNMENT: usize = 256;
@@ -32,6 +37,15 @@ impl HostResident {
     pub fn new(inner: Arc<dyn Backend>) -> Self {
         let dev = HostDevice::new(inner.clone());
         Self { inner, dev }
+    }
+
+    /// The same wrapper with MoE routing on its "device" ([`DeviceOps::routes_on_device`]):
+    /// the routing ops' executable specification, and the model's device-routing path on CPU.
+    pub fn with_device_routing(self) -> Self {
+        Self {
+            dev: self.dev.with_device_routing(),
+            ..self
+        }
     }
 
     /// The wrapped backend.
@@ -53,6 +67,8 @@ pub struct HostDevice {
     stats: Mutex<DeviceStats>,
     /// Dispatches queued since the last submission.
     pending: AtomicU64,
+    /// Whether it offers the routing ops ([`DeviceOps::routes_on_device`]).
+    routes: bool,
 }
 
 type R<T> = Result<T, KernelError>;
@@ -70,6 +86,15 @@ impl HostDevice {
             next: AtomicU64::new(1),
             stats: Mutex::new(DeviceStats::default()),
             pending: AtomicU64::new(0),
+            routes: false,
+        }
+    }
+
+    /// The same device offering the routing ops.
+    pub fn with_device_routing(self) -> Self {
+        Self {
+            routes: true,
+            ..self
         }
     }
 
@@ -486,6 +511,33 @@ impl DeviceOps for HostDevice {
             }
         })?;
         self.store(op, &[(out, &o)])
+    }
+
+    fn routes_on_device(&self) -> bool {
+        self.routes
+    }
+
+    fn route_experts(
+        &self,
+        scores: DevSlice,
+        experts: usize,
+        k: usize,
+        choice: RouteChoice<'_>,
+        scale: f64,
+        routes: DevSlice,
+    ) -> R<()> {
+        routing::route_experts(self, scores, experts, k, choice, scale, routes)
+    }
+
+    fn routed_experts(
+        &self,
+        experts: &RoutedExperts<'_>,
+        x: DevSlice,
+        routes: DevSlice,
+        work: DevSlice,
+        y: DevSlice,
+    ) -> R<()> {
+        routing::routed_experts(self, experts, x, routes, work, y)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod host_device;
 pub mod linear;
 pub mod mhc;
+pub mod moe_device;
 pub mod operands;
 pub mod page_tag;
 pub mod per_row;
@@ -22,6 +23,7 @@ pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStrea
 pub use error::KernelError;
 pub use host_device::HostResident;
 pub use linear::{Linear, WeightFormat, WeightKey};
+pub use moe_device::{RouteChoice, RoutedExperts};
 pub use operands::{AttentionRows, IndexerRows};
 pub use page_tag::{EntryOrigin, PageTag};
 pub use per_row::PerRow;

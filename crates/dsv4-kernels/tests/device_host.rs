@@ -27,6 +27,15 @@ fn conformance_over_reference_is_empty() {
 }
 
 #[test]
+fn conformance_with_routing_on_the_device_is_empty() {
+    // The routing ops' own cases run only where the device routes.
+    assert_conforms(&HostResident::new(Arc::new(ReferenceBackend)).with_device_routing());
+    assert_conforms(
+        &HostResident::new(Arc::new(CpuBackend::new(2).unwrap())).with_device_routing(),
+    );
+}
+
+#[test]
 fn conformance_over_cpu_is_empty() {
     assert_conforms(&HostResident::new(Arc::new(CpuBackend::new(2).unwrap())));
 }
