@@ -16,6 +16,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("checksum.cu", include_str!("../kernels/checksum.cu")),
     ("bench.cu", include_str!("../kernels/bench.cu")),
     ("resident.cu", include_str!("../kernels/resident.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
 ];
 
 /// Every header and kernel file in one translation unit: headers first, then each file with its

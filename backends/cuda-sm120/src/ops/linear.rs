@@ -87,6 +87,16 @@ impl ResidentWeight {
         self.xpitch
     }
 
+    /// Its stored format.
+    pub(crate) fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// The device addresses of its weight bytes and scale bytes (a grouped table's entry).
+    pub(crate) fn addresses(&self) -> [u64; 2] {
+        [self.data.ptr(), self.scale.ptr()]
+    }
+
     /// Bytes this weight holds on the device.
     pub fn bytes(&self) -> usize {
         self.data.bytes() + self.scale.bytes()
@@ -299,12 +309,57 @@ const GROUP_ENTRY: usize = 24;
 pub(crate) struct GroupedTable {
     /// The entries' bytes, for the parameter arena.
     pub bytes: Vec<u8>,
+    /// The launch's entries and kernel variant.
+    pub layout: GroupedLayout,
+}
+
+/// What a grouped launch runs over: its table's entries (the grid rows), the rows one entry
+/// covers at most, and the kernel variant those imply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GroupedLayout {
     /// Entries (the launch's grid rows).
     pub entries: usize,
     /// Rows one entry covers at most (1, ROWS_PER_PASS or MMA_ROWS).
     pub per_entry: usize,
     /// Whether the entries are for the tensor-core kernel.
     pub mma: bool,
+}
+
+impl GroupedLayout {
+    /// The rows an entry covers for weights of `format` on the kernels of `path` when no group
+    /// has more than `most` rows, and whether that is the tensor-core kernel.
+    fn per_entry(path: LinearPath, format: WeightFormat, most: usize) -> (usize, bool) {
+        if path.uses_mma(format) {
+            (MMA_ROWS, true)
+        } else if most <= 1 {
+            (1, false)
+        } else {
+            (ROWS_PER_PASS, false)
+        }
+    }
+
+    /// The layout of a table built on the device (`moe_table`, kernels/moe.cu) over `rows`
+    /// rows in at most `groups` groups of at most `most` rows each: enough entries for any such
+    /// grouping (every group's last entry may be partial), the unused ones running no rows.
+    pub(crate) fn bound(
+        path: LinearPath,
+        format: WeightFormat,
+        rows: usize,
+        groups: usize,
+        most: usize,
+    ) -> Self {
+        let (per_entry, mma) = Self::per_entry(path, format, most);
+        Self {
+            entries: rows.div_ceil(per_entry) + groups.min(rows),
+            per_entry,
+            mma,
+        }
+    }
+
+    /// Bytes of the table.
+    pub(crate) fn bytes(&self) -> usize {
+        self.entries * GROUP_ENTRY
+    }
 }
 
 impl GroupedTable {
@@ -316,14 +371,8 @@ impl GroupedTable {
         starts: &[usize],
     ) -> Result<Self, CudaError> {
         let most = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-        let mma = rws.first().is_some_and(|rw| path.uses_mma(rw.format));
-        let per_entry = if mma {
-            MMA_ROWS
-        } else if most <= 1 {
-            1
-        } else {
-            ROWS_PER_PASS
-        };
+        let format = rws.first().map_or(WeightFormat::F32, |rw| rw.format);
+        let (per_entry, mma) = GroupedLayout::per_entry(path, format, most);
         let mut bytes = Vec::new();
         for (rw, w) in rws.iter().zip(starts.windows(2)) {
             for row0 in (w[0]..w[1]).step_by(per_entry) {
@@ -331,8 +380,7 @@ impl GroupedTable {
                 let row0 = u32::try_from(row0).map_err(|_| {
                     CudaError::BadOperands(format!("grouped linear: row {row0} beyond 2^32"))
                 })?;
-                bytes.extend(rw.data.ptr().to_le_bytes());
-                bytes.extend(rw.scale.ptr().to_le_bytes());
+                bytes.extend(rw.addresses().iter().flat_map(|a| a.to_le_bytes()));
                 bytes.extend(row0.to_le_bytes());
                 bytes.extend((rows as u32).to_le_bytes());
             }
@@ -340,9 +388,11 @@ impl GroupedTable {
         let entries = bytes.len() / GROUP_ENTRY;
         Ok(Self {
             bytes,
-            entries,
-            per_entry,
-            mma,
+            layout: GroupedLayout {
+                entries,
+                per_entry,
+                mma,
+            },
         })
     }
 }
@@ -366,7 +416,7 @@ fn entry_runs(entries: usize, max: usize) -> impl Iterator<Item = std::ops::Rang
 pub(crate) fn launch_grouped(
     c: &Core,
     first: &ResidentWeight,
-    t: &GroupedTable,
+    t: GroupedLayout,
     table: DevPtr,
     xb: DevPtr,
     ob: DevPtr,
@@ -381,12 +431,12 @@ pub(crate) fn launch_grouped(
             xb.bytes, ob.bytes
         )));
     }
-    if !xb.ptr.is_multiple_of(CHUNK as u64) || table.bytes < t.bytes.len() {
+    if !xb.ptr.is_multiple_of(CHUNK as u64) || table.bytes < t.bytes() {
         return Err(CudaError::BadOperands(format!(
             "grouped linear: the input at {:#x} is not 16-byte aligned, or the table's {} bytes \
              do not fit {}",
             xb.ptr,
-            t.bytes.len(),
+            t.bytes(),
             table.bytes
         )));
     }
@@ -476,7 +526,7 @@ pub fn time_grouped(
     crate::bench::time_op(&c.dev, batches, || {
         let (rws, table, at) = &runs[next % runs.len()];
         next += 1;
-        launch_grouped(c, &rws[0], table, at.at(), xb.at(), ob.at(), total)
+        launch_grouped(c, &rws[0], table.layout, at.at(), xb.at(), ob.at(), total)
     })
 }
 

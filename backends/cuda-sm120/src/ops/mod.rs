@@ -8,6 +8,7 @@ pub mod checksum;
 pub mod indexer;
 pub mod linear;
 pub mod mhc;
+pub mod moe;
 pub mod page_cache;
 pub mod resident;
 pub mod rows;

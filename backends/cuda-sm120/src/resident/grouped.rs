@@ -32,7 +32,7 @@ pub(super) fn grouped_linear(
     let table = lin::GroupedTable::new(cx.core.linear, &rws, starts)
         .map_err(|e| op_err(format!("{}: {e}", cx.op)))?;
     let at = cx.param(&table.bytes)?;
-    let r = lin::launch_grouped(cx.core, &rws[0], &table, at, input, op, rows);
+    let r = lin::launch_grouped(cx.core, &rws[0], table.layout, at, input, op, rows);
     cx.run(r)?;
     cx.dispatched(1);
     Ok(())

@@ -21,6 +21,7 @@
 //! handle of the device: each host op's read-back is one submission).
 
 mod grouped;
+mod moe;
 mod ops;
 mod streams;
 
@@ -610,6 +611,37 @@ impl dsv4_kernels::DeviceOps for Resident {
     ) -> Result<(), KernelError> {
         self.resident_op("swiglu_rows", |cx| {
             ops::swiglu_rows(cx, g, u, limit, weights, width, out)
+        })
+    }
+
+    fn routes_on_device(&self) -> bool {
+        true
+    }
+
+    fn route_experts(
+        &self,
+        scores: DevSlice,
+        experts: usize,
+        k: usize,
+        choice: dsv4_kernels::RouteChoice<'_>,
+        scale: f64,
+        routes: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("route_experts", |cx| {
+            moe::route_experts(cx, scores, experts, k, choice, scale, routes)
+        })
+    }
+
+    fn routed_experts(
+        &self,
+        experts: &dsv4_kernels::RoutedExperts<'_>,
+        x: DevSlice,
+        routes: DevSlice,
+        work: DevSlice,
+        y: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("routed_experts", |cx| {
+            moe::routed_experts(cx, experts, x, routes, work, y)
         })
     }
 }
