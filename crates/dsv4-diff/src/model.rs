@@ -299,6 +299,7 @@ pub fn run_model(
         let mut recorded = Vec::new();
         let record = ChoiceControl {
             record_scores: true,
+            record_experts: true,
             ..ChoiceControl::default()
         };
         let tokens = match chunk.len() {
@@ -335,6 +336,7 @@ pub fn run_model(
         let before = dev.map(|d| d.stats());
         let pin = ChoiceControl {
             record_scores: false,
+            record_experts: true,
             pinned: pin_choices.then_some(&out_o.topk),
             pinned_experts: pin_choices.then_some(&out_o.experts),
         };

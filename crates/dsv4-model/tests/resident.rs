@@ -20,6 +20,12 @@ fn tokens(n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| 2 + g.below(380) as u32).collect()
 }
 
+/// The reference backend behind a host-memory device op set, routing on that device or not.
+fn device(routing: bool) -> HostResident {
+    let d = HostResident::new(Arc::new(ReferenceBackend));
+    if routing { d.with_device_routing() } else { d }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -120,26 +126,30 @@ fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
             },
         ),
     ];
-    for numerics in Numerics::all() {
-        let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+    for (numerics, routing) in Numerics::all()
+        .into_iter()
+        .flat_map(|n| [(n, false), (n, true)])
+    {
+        let resident = Arc::new(device(routing));
         let m = model(resident.clone(), numerics);
         for (name, exec) in &modes {
             // The oracle runs on the same backend with activations kept in host memory.
             let host = session(&m, &host_exec(exec), 3);
             let dev = session(&m, exec, 3);
-            assert_same(&host, &dev, &format!("{numerics} {name}"));
+            let what = format!("{numerics} {name} (routing on the device: {routing})");
+            assert_same(&host, &dev, &what);
             if exec.captured {
                 // Replays of a captured bucket reuse its arena and scratch: no allocation.
                 let last = dev.last().and_then(|(_, r)| r.device).unwrap();
                 assert!(dev.last().unwrap().1.captured);
-                assert_eq!(last.allocs, 0, "{numerics} {name}: a replay allocated");
+                assert_eq!(last.allocs, 0, "{what}: a replay allocated");
             }
         }
         drop(m);
         assert_eq!(
             resident.live_buffers(),
             0,
-            "{numerics}: device buffers leaked"
+            "{numerics} (routing on the device: {routing}): device buffers leaked"
         );
     }
 }
@@ -154,25 +164,27 @@ fn routed_experts_add_in_ascending_order_on_the_device_with_four_per_token() {
     let mut cfg = ModelConfig::tiny();
     cfg.num_experts_per_tok = 4;
     dsv4_model::tiny::init_random(dir.path(), &cfg, 5).expect("write the checkpoint");
-    let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
-    let m = load_model(
-        &ModelSource::Dir(dir.path().to_path_buf()),
-        resident,
-        Numerics::default(),
-    )
-    .expect("the checkpoint loads");
-    assert_eq!(m.cfg.num_experts_per_tok, 4);
-    let exec = ExecOptions::default();
-    let host = session(
-        &m,
-        &ExecOptions {
-            host_activations: true,
-            ..exec.clone()
-        },
-        2,
-    );
-    let dev = session(&m, &exec, 2);
-    assert_same(&host, &dev, "four experts per token");
+    for routing in [false, true] {
+        let m = load_model(
+            &ModelSource::Dir(dir.path().to_path_buf()),
+            Arc::new(device(routing)),
+            Numerics::default(),
+        )
+        .expect("the checkpoint loads");
+        assert_eq!(m.cfg.num_experts_per_tok, 4);
+        let exec = ExecOptions::default();
+        let host = session(
+            &m,
+            &ExecOptions {
+                host_activations: true,
+                ..exec.clone()
+            },
+            2,
+        );
+        let dev = session(&m, &exec, 2);
+        let what = format!("four experts per token (routing on the device: {routing})");
+        assert_same(&host, &dev, &what);
+    }
 }
 
 #[test]
@@ -311,4 +323,90 @@ fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_
             );
         }
     }
+}
+
+#[test]
+fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
+    // Where the device routes, the router's scores stay there: the routes are computed on the
+    // device (the hash layer's experts looked up from the token ids' host copy) and the routed
+    // experts group their rows there. Only the cache launches' wait is left per layer.
+    let resident = Arc::new(device(true));
+    let m = model(resident.clone(), Numerics::all()[0]);
+    let layers = ModelConfig::tiny().num_hidden_layers as u64;
+    for (name, exec) in [
+        ("eager", ExecOptions::default()),
+        (
+            "captured",
+            ExecOptions {
+                captured: true,
+                ..ExecOptions::default()
+            },
+        ),
+    ] {
+        let steps = session(&m, &exec, 3);
+        for (step, (_, report)) in steps.iter().enumerate().skip(1) {
+            assert_eq!(
+                report.device.map(|d| d.submissions),
+                Some(layers + 2),
+                "{name}: decode step {step}: waits for the device"
+            );
+        }
+    }
+}
+
+#[test]
+fn routing_on_the_device_reports_and_follows_the_choices_as_the_host_does() {
+    // The router's own choice read back when the call records it; pinned experts given to the
+    // device as fixed, beside the recorded own choice: the plain backend's bits and choices.
+    use dsv4_model::forward::ChoiceControl;
+    let numerics = Numerics::default();
+    let plain = model(Arc::new(ReferenceBackend), numerics);
+    let dev = model(Arc::new(device(true)), numerics);
+    let toks = tokens(24, 8);
+    let run = |m: &Model, control: ChoiceControl<'_>| {
+        let mut st = m.new_sequence();
+        m.forward_with_taps(&mut st, &toks, &mut Taps::none().with_choices(control))
+            .expect("prefill")
+    };
+    let record = ChoiceControl {
+        record_experts: true,
+        ..ChoiceControl::default()
+    };
+    let (p, d) = (run(&plain, record), run(&dev, record));
+    assert_eq!(bits(&p.logits), bits(&d.logits));
+    assert_eq!(p.experts, d.experts, "recorded choices");
+    assert_eq!(d.experts.keys().count(), 3, "the biased-routing layers");
+    // Layer 2 steered to experts it did not choose.
+    let (e, k) = (plain.cfg.n_routed_experts, plain.cfg.num_experts_per_tok);
+    let away: Vec<Vec<u32>> = p.experts[&2]
+        .iter()
+        .map(|c| (0..e as u32).filter(|j| !c.contains(j)).take(k).collect())
+        .collect();
+    let pins = std::collections::BTreeMap::from([(2usize, away)]);
+    let steer = ChoiceControl {
+        pinned_experts: Some(&pins),
+        ..record
+    };
+    let (ps, ds) = (run(&plain, steer), run(&dev, steer));
+    assert_ne!(
+        bits(&ps.logits),
+        bits(&p.logits),
+        "the pins change the logits"
+    );
+    assert_eq!(bits(&ps.logits), bits(&ds.logits));
+    assert_eq!(ps.experts, ds.experts, "the own choice is still reported");
+    // Pins the step cannot use are the host's errors.
+    let short = std::collections::BTreeMap::from([(2usize, vec![vec![0u32; k]; 3])]);
+    let bad = ChoiceControl {
+        pinned_experts: Some(&short),
+        ..ChoiceControl::default()
+    };
+    let mut st = dev.new_sequence();
+    let err = dev
+        .forward_with_taps(&mut st, &toks, &mut Taps::none().with_choices(bad))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("pinned experts cover 3 tokens"),
+        "{err}"
+    );
 }

@@ -15,6 +15,7 @@ mod dense;
 pub mod exec;
 mod gather;
 mod moe;
+mod moe_dev;
 mod mtp;
 pub mod op;
 pub mod pages;
@@ -133,7 +134,8 @@ pub struct ForwardOutput {
     /// when the call's [`ChoiceControl::record_scores`] asked for them (else empty).
     pub indexer_scores: BTreeMap<usize, Vec<Vec<f32>>>,
     /// For each main layer with biased routing: the router's own choice of experts per token
-    /// (ascending ids).
+    /// (ascending ids), when the call's [`ChoiceControl::record_experts`] asked for it (else
+    /// empty).
     pub experts: BTreeMap<usize, Vec<Vec<u32>>>,
     /// For each main layer with biased routing: each token's biased router scores (what the
     /// top-k ranks), when the call's [`ChoiceControl::record_scores`] asked for them (else empty).

@@ -6,6 +6,7 @@ use super::op::BlockRef;
 use super::run::{Run, lock};
 use super::{ForwardError, Model};
 use crate::weights::{ExpertWeights, MoeWeights, Routing};
+use dsv4_kernels::moe_device::route_weights;
 
 /// Per-token expert choice: (expert ids, their weights).
 pub type Route = (Vec<usize>, Vec<f32>);
@@ -20,6 +21,17 @@ pub(crate) fn expert_rows(routes: &[Route], e: usize) -> (Vec<usize>, Vec<f32>) 
         }
     }
     (rows, weights)
+}
+
+/// Hash routing's experts of each token: its k entries of the `tid2eid` table.
+pub(crate) fn hash_experts(tid2eid: &[i64], tokens: &[u32], k: usize) -> Vec<Vec<usize>> {
+    tokens
+        .iter()
+        .map(|&tok| {
+            let row = tok as usize * k;
+            tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
+        })
+        .collect()
 }
 
 /// The routes of the first `rows` rows of a `routes` buffer (per row, k expert ids as bits
@@ -65,16 +77,7 @@ impl Model {
             tokens.len(),
         );
         match &w.routing {
-            Routing::Hash(tid2eid) => {
-                let ids = tokens
-                    .iter()
-                    .map(|&tok| {
-                        let row = tok as usize * k;
-                        tid2eid[row..row + k].iter().map(|&x| x as usize).collect()
-                    })
-                    .collect();
-                (ids, None)
-            }
+            Routing::Hash(tid2eid) => (hash_experts(tid2eid, tokens, k), None),
             Routing::Bias(bias) => {
                 let biased: Vec<f32> = s
                     .chunks(e.max(1))
@@ -95,12 +98,7 @@ impl Model {
             .into_iter()
             .enumerate()
             .map(|(i, idx)| {
-                let si = &s[i * e..(i + 1) * e];
-                let total: f64 = idx.iter().map(|&j| f64::from(si[j])).sum();
-                let weights = idx
-                    .iter()
-                    .map(|&j| (f64::from(si[j]) / total * scale) as f32)
-                    .collect();
+                let weights = route_weights(&s[i * e..(i + 1) * e], &idx, scale);
                 (idx, weights)
             })
             .collect()
@@ -183,11 +181,13 @@ impl Run<'_> {
         let (Some(biased), Some(BlockRef::Main(layer))) = (biased, b) else {
             return Ok(self.model.routes_of(s, ranked));
         };
-        let own: Vec<Vec<u32>> = ranked
-            .iter()
-            .map(|r| r.iter().map(|&j| j as u32).collect())
-            .collect();
-        lock(&self.out.experts).insert(layer, own);
+        if self.choices.record_experts {
+            let own = ranked
+                .iter()
+                .map(|r| r.iter().map(|&j| j as u32).collect())
+                .collect();
+            lock(&self.out.experts).insert(layer, own);
+        }
         if self.choices.record_scores {
             let per_row = biased.chunks(e.max(1)).map(<[f32]>::to_vec).collect();
             lock(&self.out.router_scores).insert(layer, per_row);
@@ -249,7 +249,7 @@ impl Run<'_> {
 }
 
 /// Layer `layer`'s pinned experts, checked against the step's `rows`, the `experts` and `k`.
-fn pinned_experts(
+pub(crate) fn pinned_experts(
     layer: usize,
     pins: &[Vec<u32>],
     rows: usize,

@@ -1,13 +1,12 @@
 //! The device forms of the row-wise launches: each computes what its host form in
 //! [`super::dense`] / [`super::moe`] computes, with the backend's device ops on device-resident
-//! operands, so nothing is read back (the router reads back only its scores, the routed
-//! experts their routes). Launches without a device form (embedding, cache stores, compressor
-//! pooling, the indexer's top-k, attention, the MTP input) run their host form on operands read
-//! back from the device.
+//! operands, so nothing is read back (on a device that does not route, the router reads back
+//! its scores and the routed experts their routes: `moe_dev.rs`). Launches without a device
+//! form (embedding, cache stores, compressor pooling, the indexer's top-k, attention, the MTP
+//! input) run their host form on operands read back from the device.
 
 use super::ForwardError;
 use super::dense::{ape_row, no_weights, repeat};
-use super::moe::{decode_routes, expert_rows};
 use super::op::{BlockRef, Chain, Op, OpKind, Sub};
 use super::resident::{DeviceMemory, Scratch};
 use super::run::Run;
@@ -47,13 +46,13 @@ pub fn host_last_order(plan: &dsv4_plan::Plan<Op>) -> Result<Vec<usize>, dsv4_pl
     dsv4_plan::deferred(plan, |l| !has_device_form(l.op.kind))
 }
 
-type Res = Result<(), ForwardError>;
+pub(super) type Res = Result<(), ForwardError>;
 
 /// The device, scratch pool and plan stream a launch runs with.
-struct Dev<'a> {
-    ops: &'a dyn DeviceOps,
+pub(super) struct Dev<'a> {
+    pub(super) ops: &'a dyn DeviceOps,
     /// The step's device memory (for host copies of what the host writes and reads).
-    mem: &'a DeviceMemory<'a>,
+    pub(super) mem: &'a DeviceMemory<'a>,
     scratch: &'a Scratch,
     stream: usize,
 }
@@ -183,7 +182,7 @@ impl Run<'_> {
 
     /// [`super::Model::project`] on the device: fp8 activation quantization (on a copy) before
     /// low-precision weights when the numerics ask for it. Rows = out.len / out_dim.
-    fn project_dev(&self, d: &Dev<'_>, w: &Linear, x: DevSlice, out: DevSlice) -> Res {
+    pub(super) fn project_dev(&self, d: &Dev<'_>, w: &Linear, x: DevSlice, out: DevSlice) -> Res {
         let rows = out.len / w.out_dim.max(1);
         if self.model.numerics.act_quant == ActQuant::Fp8 && w.format.is_low_precision() {
             let xq = d.tmp(x.len)?;
@@ -258,7 +257,7 @@ impl Run<'_> {
     }
 
     /// One expert on the device over `x` [rows, D], row r weighted by `weights[r]`.
-    fn expert_dev(
+    pub(super) fn expert_dev(
         &self,
         d: &Dev<'_>,
         ew: &ExpertWeights,
@@ -277,128 +276,11 @@ impl Run<'_> {
         d.ops.swiglu_rows(g.s, u.s, limit, weights, i, h.s)?;
         self.project_dev(d, &ew.w2, h.s, out)
     }
-
-    /// `[xn, (tokens)] → [routes]` on the device: gate and scores run there; the scores (and
-    /// the token ids of hash routing) are read back, ranked and weighted as the host form does,
-    /// and the routes written.
-    fn router_dev(&self, d: &Dev<'_>, b: Option<BlockRef>, ins: &[DevSlice], out: DevSlice) -> Res {
-        let w = &self.weights(b)?.moe;
-        let t = self.bound.rows;
-        let e = self.model.cfg.n_routed_experts;
-        let logits = d.tmp(t * e)?;
-        let scores = d.tmp(t * e)?;
-        d.ops.linear(&w.gate, ins[0], t, logits.s)?;
-        d.ops.router_scores(logits.s, scores.s)?;
-        // The token ids from their host copy (the upload wrote them), else read back with
-        // the scores in one read.
-        let tokens = ins.get(1).map(|&tok| (tok, d.mem.host_copy(tok)));
-        let unread = tokens
-            .iter()
-            .filter(|(_, copy)| copy.is_none())
-            .map(|&(tok, _)| tok);
-        let srcs: Vec<DevSlice> = std::iter::once(scores.s).chain(unread).collect();
-        let mut back = d.ops.read_many(&srcs)?.into_iter();
-        let s = back
-            .next()
-            .filter(|s| s.len() == t * e)
-            .ok_or_else(|| ForwardError::Plan {
-                message: "the router's scores did not come back from the device".into(),
-            })?;
-        let ids = match tokens {
-            Some((_, copy)) => {
-                Some(
-                    copy.or_else(|| back.next())
-                        .ok_or_else(|| ForwardError::Plan {
-                            message: "the router's token ids did not come back from the device"
-                                .into(),
-                        })?,
-                )
-            }
-            None => None,
-        };
-        let ids = self.routing_tokens(ids.as_deref());
-        let routes = self.choose_routes(b, &s, &ids)?;
-        // Kept as the buffer's host copy: the routed experts read the routes from it.
-        d.mem.write_slice(out, &self.encode_routes(routes))
-    }
-
-    /// `[xn, routes] → [yr]` on the device: the routes come from their host copy (the router
-    /// wrote them from the host), else are read back (a few words per row);
-    /// each expert's rows are gathered, run and added into `y` in ascending expert order.
-    fn routed_dev(&self, d: &Dev<'_>, b: Option<BlockRef>, ins: &[DevSlice], y: DevSlice) -> Res {
-        let w = &self.weights(b)?.moe;
-        let cfg = &self.model.cfg;
-        let dim = cfg.hidden_size;
-        let routes = match d.mem.host_copy(ins[1]) {
-            Some(v) => v,
-            None => d.ops.read(ins[1])?,
-        };
-        let routes = decode_routes(
-            &routes,
-            cfg.num_experts_per_tok,
-            w.experts.len(),
-            self.bound.rows,
-        );
-        d.ops.write(y, &vec![0f32; y.len])?;
-        // Every routed row at once, grouped by expert in ascending order: one gather, one
-        // grouped launch per projection, one SwiGLU, and one grouped add into `y` that adds a
-        // token's experts in that order (the host form's).
-        let (mut idx, mut weights, mut starts, mut experts) = (vec![], vec![], vec![0], vec![]);
-        for (e, ew) in w.experts.iter().enumerate() {
-            let (rows, wr) = expert_rows(&routes, e);
-            if rows.is_empty() {
-                continue;
-            }
-            idx.extend(rows.iter().map(|&r| r as u32));
-            weights.extend(wr);
-            starts.push(idx.len());
-            experts.push(ew);
-        }
-        if idx.is_empty() {
-            return Ok(());
-        }
-        let n = idx.len();
-        let inter = experts[0].w1.out_dim;
-        let xs = d.tmp(n * dim)?;
-        d.ops.gather_rows(ins[0], &idx, dim, xs.s)?;
-        let (g, u, h) = (d.tmp(n * inter)?, d.tmp(n * inter)?, d.tmp(n * inter)?);
-        let ys = d.tmp(n * dim)?;
-        let of = |f: fn(&ExpertWeights) -> &Linear| experts.iter().map(|ew| f(ew)).collect();
-        let (w1, w3, w2): (Vec<&Linear>, Vec<&Linear>, Vec<&Linear>) =
-            (of(|e| &e.w1), of(|e| &e.w3), of(|e| &e.w2));
-        self.project_grouped_dev(d, &w1, xs.s, &starts, g.s)?;
-        self.project_grouped_dev(d, &w3, xs.s, &starts, u.s)?;
-        let limit = cfg.swiglu_limit as f32;
-        d.ops.swiglu_rows(g.s, u.s, limit, &weights, inter, h.s)?;
-        self.project_grouped_dev(d, &w2, h.s, &starts, ys.s)?;
-        Ok(d.ops.scatter_add_groups(ys.s, &idx, &starts, dim, y)?)
-    }
-
-    /// [`Self::project_dev`] of several weights of one shape over consecutive row groups of
-    /// `x` (`starts` as `DeviceOps::grouped_linear` takes them), in one grouped launch.
-    fn project_grouped_dev(
-        &self,
-        d: &Dev<'_>,
-        ws: &[&Linear],
-        x: DevSlice,
-        starts: &[usize],
-        out: DevSlice,
-    ) -> Res {
-        let low = ws.first().is_some_and(|w| w.format.is_low_precision());
-        if self.model.numerics.act_quant == ActQuant::Fp8 && low {
-            let xq = d.tmp(x.len)?;
-            d.ops.copy2d(x, xq.s, Copy2d::contiguous(x.len))?;
-            d.ops.act_quant_fp8(xq.s, ws[0].in_dim)?;
-            Ok(d.ops.grouped_linear(ws, xq.s, starts, out)?)
-        } else {
-            Ok(d.ops.grouped_linear(ws, x, starts, out)?)
-        }
-    }
 }
 
 impl Dev<'_> {
     /// A scratch slice of `words` words for the rest of the launch.
-    fn tmp(&self, words: usize) -> Result<super::resident::Tmp<'_>, ForwardError> {
+    pub(super) fn tmp(&self, words: usize) -> Result<super::resident::Tmp<'_>, ForwardError> {
         self.scratch.take(self.ops, self.stream, words)
     }
 }

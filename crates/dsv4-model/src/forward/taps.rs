@@ -25,6 +25,10 @@ pub struct ChoiceControl<'a> {
     /// [`super::ForwardOutput::router_scores`] (the indexer's selection is then the backend's
     /// `topk_rows` of exactly those scores, as the router's always is).
     pub record_scores: bool,
+    /// Report the router's own choice of experts per biased-routing main layer
+    /// ([`super::ForwardOutput::experts`]); a device that routes on the device then reads each
+    /// such layer's routes back.
+    pub record_experts: bool,
     /// Attend over these selections instead of the indexer's own: per ratio-4 main layer, one
     /// set of entry ids per token of the step (all sequences' tokens in order). A layer not in
     /// the map attends over its own selection.

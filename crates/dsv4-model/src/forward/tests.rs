@@ -486,12 +486,23 @@ fn pinned_selections_steer_attention_but_not_the_reported_choice() {
 fn the_router_reports_its_choice_and_scores_and_follows_pinned_experts() {
     let model = tiny_model(Numerics::default());
     let toks = tokens(24, 8);
-    let plain = controlled(&model, &toks, ChoiceControl::default()).unwrap();
+    let bare = controlled(&model, &toks, ChoiceControl::default()).unwrap();
+    assert!(bare.experts.is_empty(), "choices only when asked for");
+    let asked = ChoiceControl {
+        record_experts: true,
+        ..ChoiceControl::default()
+    };
+    let plain = controlled(&model, &toks, asked).unwrap();
+    assert_eq!(
+        plain.logits, bare.logits,
+        "recording choices changes nothing"
+    );
     // Layer 0 hash-routes (num_hash_layers = 1): nothing to choose, nothing reported.
     assert_eq!(plain.experts.keys().collect::<Vec<_>>(), vec![&1, &2, &3]);
     assert!(plain.router_scores.is_empty(), "scores only when asked for");
     let rec = ChoiceControl {
         record_scores: true,
+        record_experts: true,
         ..ChoiceControl::default()
     };
     let out = controlled(&model, &toks, rec).unwrap();
@@ -511,6 +522,7 @@ fn the_router_reports_its_choice_and_scores_and_follows_pinned_experts() {
     }
     let pin = |pins| ChoiceControl {
         pinned_experts: Some(pins),
+        record_experts: true,
         ..ChoiceControl::default()
     };
     let same = controlled(&model, &toks, pin(&plain.experts)).unwrap();
