@@ -73,45 +73,56 @@ __device__ __forceinline__ bool moe_first(const float* __restrict__ row, u32 j, 
 // e's rows (ascending experts, each expert's tokens ascending, as the host groups them);
 // idx[p] is the token of routed row p and w[p] its weight; pos[r·k + j] the routed row of
 // token r's slot j (MOE_NONE for a repeated id). Rows past starts[experts], up to rows·k, get
-// token 0 and weight 0 (they are computed and never added). One block.
+// token 0 and weight 0 (they are computed and never added). One block; thread t takes the
+// t-th chunk of consecutive tokens and counts its slots per expert in cnt[t·experts ..]
+// (blockDim·experts u32 of scratch); a scan over the chunks per expert turns the counts into
+// each chunk's first place, so every thread then places its own slots in token order.
 extern "C" __global__ void moe_order(const float* __restrict__ routes, u32 rows, u32 k,
                                      u32 experts, u32* __restrict__ starts,
                                      u32* __restrict__ idx, float* __restrict__ w,
-                                     u32* __restrict__ pos) {
-    const u32 n = rows * k;
-    for (u32 e = threadIdx.x; e < experts; e += blockDim.x) {
-        u32 c = 0;
-        for (u32 r = 0; r < rows; ++r) {
-            const float* row = routes + (u64)r * 2u * k;
-            for (u32 j = 0; j < k; ++j)
-                if (__float_as_uint(row[j]) % experts == e && moe_first(row, j, experts)) ++c;
+                                     u32* __restrict__ pos, u32* __restrict__ cnt) {
+    const u32 n = rows * k, t = threadIdx.x, threads = blockDim.x;
+    const u32 chunk = (rows + threads - 1) / threads;
+    const u32 r0 = min(t * chunk, rows), r1 = min(r0 + chunk, rows);
+    u32* mine = cnt + (u64)t * experts;
+    for (u32 e = 0; e < experts; ++e) mine[e] = 0;
+    for (u32 r = r0; r < r1; ++r) {
+        const float* row = routes + (u64)r * 2u * k;
+        for (u32 j = 0; j < k; ++j) {
+            if (moe_first(row, j, experts))
+                ++mine[__float_as_uint(row[j]) % experts];
+            else
+                pos[(u64)r * k + j] = MOE_NONE;
         }
-        starts[e + 1] = c;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    for (u32 e = t; e < experts; e += threads) {
+        u32 run = 0;
+        for (u32 c = 0; c < threads; ++c) {
+            const u32 v = cnt[(u64)c * experts + e];
+            cnt[(u64)c * experts + e] = run;
+            run += v;
+        }
+        starts[e + 1] = run;
+    }
+    __syncthreads();
+    if (t == 0) {
         starts[0] = 0;
         for (u32 e = 0; e < experts; ++e) starts[e + 1] += starts[e];
     }
     __syncthreads();
-    for (u32 e = threadIdx.x; e < experts; e += blockDim.x) {
-        u32 at = starts[e];
-        for (u32 r = 0; r < rows; ++r) {
-            const float* row = routes + (u64)r * 2u * k;
-            for (u32 j = 0; j < k; ++j) {
-                if (__float_as_uint(row[j]) % experts != e) continue;
-                if (!moe_first(row, j, experts)) {
-                    pos[(u64)r * k + j] = MOE_NONE;
-                    continue;
-                }
-                idx[at] = r;
-                w[at] = row[k + j];
-                pos[(u64)r * k + j] = at;
-                ++at;
-            }
+    for (u32 r = r0; r < r1; ++r) {
+        const float* row = routes + (u64)r * 2u * k;
+        for (u32 j = 0; j < k; ++j) {
+            if (!moe_first(row, j, experts)) continue;
+            const u32 e = __float_as_uint(row[j]) % experts;
+            const u32 at = starts[e] + mine[e]++;
+            idx[at] = r;
+            w[at] = row[k + j];
+            pos[(u64)r * k + j] = at;
         }
     }
-    for (u32 p = starts[experts] + threadIdx.x; p < n; p += blockDim.x) {
+    for (u32 p = starts[experts] + t; p < n; p += threads) {
         idx[p] = 0;
         w[p] = 0.0f;
     }

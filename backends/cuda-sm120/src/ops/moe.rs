@@ -64,7 +64,7 @@ pub(crate) fn launch_route(
 }
 
 /// Where `moe_order` writes: expert starts (experts + 1 u32), each routed row's token and
-/// weight (rows·k each), each slot's routed row (rows·k u32).
+/// weight (rows·k each), each slot's routed row (rows·k u32), and its scratch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Order {
     /// Expert e's routed rows are `starts[e] .. starts[e+1]`.
@@ -75,6 +75,13 @@ pub(crate) struct Order {
     pub w: DevPtr,
     /// The routed row of each (token, slot).
     pub pos: DevPtr,
+    /// Scratch: per thread of the launch, a count per expert ([`order_scratch_words`]).
+    pub cnt: DevPtr,
+}
+
+/// Words of `moe_order`'s scratch for `experts` experts.
+pub(crate) fn order_scratch_words(experts: usize) -> usize {
+    ORDER_THREADS as usize * experts
 }
 
 /// `moe_order` of routes [rows, 2k] at `routes` into `o`.
@@ -92,6 +99,7 @@ pub(crate) fn launch_order(
     for p in [o.idx, o.w, o.pos] {
         fits("moe_order", p, n)?;
     }
+    fits("moe_order scratch", o.cnt, order_scratch_words(experts))?;
     let args = [
         KArg::Ptr(routes),
         KArg::U32(u32_of("rows", rows)?),
@@ -101,6 +109,7 @@ pub(crate) fn launch_order(
         KArg::Ptr(o.idx),
         KArg::Ptr(o.w),
         KArg::Ptr(o.pos),
+        KArg::Ptr(o.cnt),
     ];
     // SAFETY: the arguments follow moe_order's parameter list; every operand was checked.
     unsafe {

@@ -90,6 +90,7 @@ pub(super) fn routed_experts(
         idx: cx.scratch(n * 4)?,
         w: cx.scratch(n * 4)?,
         pos: cx.scratch(n * 4)?,
+        cnt: cx.scratch(moe::order_scratch_words(experts) * 4)?,
     };
     let addrs = expert_addresses(cx, e, experts)?;
     let first = [e.w1[0], e.w3[0], e.w2[0]].map(|w| resident_weight(cx, w));

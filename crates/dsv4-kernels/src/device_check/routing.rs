@@ -42,6 +42,8 @@ impl Check<'_> {
                 }
             }
         }
+        // More tokens than a GPU block has threads: several tokens to a thread's chunk.
+        self.routed_case(crate::WeightFormat::Bf16, false, 300);
         self.routing_error_cases();
     }
 
