@@ -2,11 +2,16 @@
 //! in the same run (copy bandwidth, SIMT f32 and f64 FMA rates, mma.sync bf16/fp8 rates), the
 //! linear kernels timed on device-resident operands, reported as fractions of those limits, and
 //! the compute-bound attention-side kernels (the paged indexer, paged attention, mHC mixing) as
-//! fractions of the FMA rate of the backend's sums.
+//! fractions of the FMA rate of the backend's sums, and a MoE layer with the routing on the
+//! device against the same layer from host-built groups.
 //!
 //! Kernel times are wall-clock around a batch of launches followed by one synchronize (launches
 //! are asynchronous on a GPU), the median of several batches. On the emulator the same code runs
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
+
+mod routing;
+
+pub use routing::RoutingTiming;
 
 use crate::ops::attention::time_paged_attention;
 use crate::ops::indexer::time_paged_scores;
@@ -91,6 +96,8 @@ pub struct DeviceBenchReport {
     pub linear: Vec<LinearTiming>,
     /// Attention-side cases.
     pub kernels: Vec<KernelTiming>,
+    /// A MoE layer's routed experts with the routing on the device and from host-built groups.
+    pub routing: RoutingTiming,
 }
 
 /// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
@@ -432,10 +439,12 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
         }
     }
     let kernels = kernel_cases(backend, &peaks)?;
+    let routing = routing::time_routing(backend)?;
     Ok(DeviceBenchReport {
         peaks,
         linear,
         kernels,
+        routing,
     })
 }
 

@@ -91,6 +91,16 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
         let rate = 2.0 * k.tera_multiplies / r.peaks.fma_f64_tflops;
         assert!((k.of_fma_rate - rate).abs() <= 1e-12 * rate, "{k:?}");
     }
+    // A MoE layer both ways: every time measured, the ratio theirs, routes within the layer.
+    let m = &r.routing;
+    for v in [m.device_seconds, m.route_seconds, m.host_grouped_seconds] {
+        assert!(v > 0.0 && v.is_finite(), "{m:?}");
+    }
+    assert!(
+        (m.ratio - m.device_seconds / m.host_grouped_seconds).abs() <= 1e-12 * m.ratio,
+        "{m:?}"
+    );
+    assert!(m.case.contains("k = 2, 3 tokens"), "{m:?}");
     // The weights the bench timed stay resident for the next call.
     assert!(backend.resident_weight_bytes() >= 256 * 256);
 }

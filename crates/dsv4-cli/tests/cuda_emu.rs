@@ -538,4 +538,17 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
     let on = |path: &str| linear.iter().filter(|t| t["path"] == path).count();
     assert_eq!(on("simt"), on("mma"), "{v}");
     assert_eq!(on("simt") + on("mma"), linear.len(), "{v}");
+    // A MoE layer with the routing on the device against host-built groups.
+    let r = &d["routing"];
+    for key in [
+        "device_seconds",
+        "route_seconds",
+        "host_grouped_seconds",
+        "ratio",
+    ] {
+        assert!(
+            r[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()),
+            "{key}: {r}"
+        );
+    }
 }

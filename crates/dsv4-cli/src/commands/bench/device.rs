@@ -1,6 +1,7 @@
 //! The device section of `dsv4 bench` for the CUDA backends: the device's own limits (copy
-//! bandwidth, FMA and mma rates), the linear kernels timed on resident operands, and the
-//! attention-side kernels, as fractions of those limits (dsv4_backend_cuda::bench).
+//! bandwidth, FMA and mma rates), the linear kernels timed on resident operands, the
+//! attention-side kernels, as fractions of those limits, and a MoE layer with the routing on
+//! the device against host-built groups (dsv4_backend_cuda::bench).
 
 use dsv4_backend_cuda::bench::DeviceBenchReport;
 use dsv4_kernels::BackendOptions;
@@ -98,6 +99,17 @@ pub fn render(sections: &[DeviceSection]) -> String {
                 k.of_fma_rate * 100.0
             ));
         }
+        let r = &d.report.routing;
+        s.push_str(&format!(
+            "\n| MoE layer (device work only) | routing on the device, ms | of which routes, ms | host-built groups, ms | ratio |\n\
+             |---|---:|---:|---:|---:|\n\
+             | {} | {:.4} | {:.4} | {:.4} | {:.2}x |\n",
+            r.case,
+            r.device_seconds * 1e3,
+            r.route_seconds * 1e3,
+            r.host_grouped_seconds * 1e3,
+            r.ratio
+        ));
     }
     s
 }
