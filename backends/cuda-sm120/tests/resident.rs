@@ -388,6 +388,62 @@ fn inconsistent_operands_are_errors_not_panics() {
         ),
         "mhc_post output of the wrong length",
     );
+    // Routing: routes overlapping the scores, the routed experts' output overlapping their
+    // work, and a routes slice of the wrong shape.
+    is_device_err(
+        d.route_experts(
+            whole.sub(0, 16),
+            8,
+            2,
+            dsv4_kernels::RouteChoice::Biased(&[0.0; 8]),
+            1.0,
+            whole.sub(8, 8),
+        ),
+        "routes overlapping the scores",
+    );
+    let (w1, w2) = (
+        Linear::from_f32("w1", 8, 16, &[0.5; 128]).expect("weight"),
+        Linear::from_f32("w2", 16, 8, &[0.5; 128]).expect("weight"),
+    );
+    let experts = dsv4_kernels::RoutedExperts {
+        w1: &[&w1, &w1],
+        w3: &[&w1, &w1],
+        w2: &[&w2, &w2],
+        k: 1,
+        limit: 7.0,
+        quant: false,
+    };
+    let work = experts.work_words(1, 16, 8);
+    let routes = whole.sub(128, 2);
+    d.write(routes, &[f32::from_bits(1), 1.0]).expect("write");
+    is_device_err(
+        d.routed_experts(
+            &experts,
+            whole.sub(0, 16),
+            routes,
+            whole.sub(192, work),
+            whole.sub(192, 16),
+        ),
+        "routed experts writing over their work",
+    );
+    is_device_err(
+        d.routed_experts(
+            &experts,
+            whole.sub(0, 16),
+            whole.sub(128, 3),
+            whole.sub(192, work),
+            whole.sub(64, 16),
+        ),
+        "routes that are not rows of k experts",
+    );
+    d.routed_experts(
+        &experts,
+        whole.sub(0, 16),
+        routes,
+        whole.sub(192, work),
+        whole.sub(64, 16),
+    )
+    .expect("the same call with consistent operands");
     // The device still works after all that.
     d.write(whole.sub(0, 4), &[1.0, 2.0, 3.0, 4.0])
         .expect("write");
