@@ -125,6 +125,13 @@ impl CudaBackend {
         self.with_pages(ops::page_cache::PageCache::growing(first, bytes))
     }
 
+    /// The same backend routing MoE layers on the device (`on`, the default) or on the host
+    /// (`DeviceOps::routes_on_device` false: the router's scores are read back).
+    pub fn with_device_routing(mut self, on: bool) -> Self {
+        self.resident.set_routing(on);
+        self
+    }
+
     fn with_pages(mut self, cache: ops::page_cache::PageCache) -> Self {
         // A new size keeps the memory reserve.
         cache.set_reserve(self.core.pages.reserve());

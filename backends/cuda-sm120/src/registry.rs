@@ -26,6 +26,42 @@ pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
     }
 }
 
+/// Environment variable choosing where a MoE layer is routed: `device` (the default) or `host`,
+/// as `backend.cuda_routing` does in a profile.
+pub(crate) const ROUTING_ENV: &str = "DSV4_CUDA_ROUTING";
+
+/// Where `DSV4_CUDA_ROUTING` asks to route (true = on the device), None when unset.
+fn routing_override() -> Result<Option<bool>, CudaError> {
+    match std::env::var(ROUTING_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim() {
+            "" => Ok(None),
+            "device" => Ok(Some(true)),
+            "host" => Ok(Some(false)),
+            other => Err(CudaError::BadOperands(format!(
+                "{ROUTING_ENV}={other}: expected device or host"
+            ))),
+        },
+    }
+}
+
+fn routing_name(on_device: bool) -> &'static str {
+    if on_device { "device" } else { "host" }
+}
+
+/// Whether the backend routes on the device: `backend.cuda_routing` (`opts.device_routing`)
+/// or `DSV4_CUDA_ROUTING`, else on the device.
+pub(crate) fn routing_choice(opts: &BackendOptions) -> Result<bool, CudaError> {
+    let chosen = agree(
+        "backend.cuda_routing",
+        opts.device_routing,
+        ROUTING_ENV,
+        routing_override()?,
+        routing_name,
+    )?;
+    Ok(chosen.unwrap_or(true))
+}
+
 /// Environment variable choosing the linear kernels: `simt` (the default) or `mma` (tensor
 /// cores, sm_80+; see [`LinearPath`]), as `backend.cuda_linear` does in a profile.
 pub(crate) const LINEAR_ENV: &str = "DSV4_CUDA_LINEAR";
@@ -110,14 +146,18 @@ pub(crate) fn page_cache_choice(opts: &BackendOptions) -> Result<Option<u64>, Cu
 }
 
 /// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it,
-/// checked when `opts` asks for it.
-fn with_budget(backend: CudaBackend, mib: Option<u64>, opts: &BackendOptions) -> CudaBackend {
+/// checked when `opts` asks for it, routing where `routing_choice` says.
+fn with_budget(
+    backend: CudaBackend,
+    mib: Option<u64>,
+    opts: &BackendOptions,
+) -> Result<CudaBackend, CudaError> {
     let backend = match mib {
         Some(mib) => backend.with_page_cache(mib_bytes(mib)),
         None => backend,
     };
     backend.check_page_cache(opts.check_cached_pages);
-    backend
+    Ok(backend.with_device_routing(routing_choice(opts)?))
 }
 
 fn unavailable(name: &str, e: CudaError) -> KernelError {
@@ -160,11 +200,12 @@ pub fn open_backend(name: &str, opts: &BackendOptions) -> Result<CudaBackend, Ke
             let linear = linear_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
             let budget = page_cache_choice(opts).map_err(|e| unavailable(EMU_NAME, e))?;
             let dev = emu::open(acc_f64).map_err(|e| unavailable(EMU_NAME, e))?;
-            Ok(with_budget(
+            with_budget(
                 CudaBackend::with_linear(EMU_NAME, dev, linear),
                 budget,
                 opts,
-            ))
+            )
+            .map_err(|e| unavailable(EMU_NAME, e))
         }
         other => Err(KernelError::UnknownBackend {
             name: other.to_string(),
@@ -181,11 +222,8 @@ fn open_gpu(opts: &BackendOptions) -> Result<CudaBackend, KernelError> {
         let sums = sums_choice(opts).map_err(|e| unavailable(NAME, e))?;
         let budget = page_cache_choice(opts).map_err(|e| unavailable(NAME, e))?;
         let dev = crate::cuda::open(index, sums).map_err(|e| unavailable(NAME, e))?;
-        Ok(with_budget(
-            CudaBackend::with_linear(NAME, dev, linear),
-            budget,
-            opts,
-        ))
+        with_budget(CudaBackend::with_linear(NAME, dev, linear), budget, opts)
+            .map_err(|e| unavailable(NAME, e))
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -247,6 +285,12 @@ mod tests {
         let e = mib(Some(512), Some(0)).unwrap_err().to_string();
         assert!(
             e.contains("backend.cuda_page_cache_mib = 512 but DSV4_CUDA_PAGE_CACHE_MIB=0"),
+            "{e}"
+        );
+        let route = |p, e| agree("backend.cuda_routing", p, ROUTING_ENV, e, routing_name);
+        let e = route(Some(false), Some(true)).unwrap_err().to_string();
+        assert!(
+            e.contains("backend.cuda_routing = host but DSV4_CUDA_ROUTING=device"),
             "{e}"
         );
     }

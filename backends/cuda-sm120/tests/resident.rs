@@ -452,6 +452,34 @@ fn inconsistent_operands_are_errors_not_panics() {
 }
 
 #[test]
+fn the_routing_knob_reaches_the_device_op_set() {
+    if !emu_available("the_routing_knob_reaches_the_device_op_set") {
+        return;
+    }
+    // `backend.cuda_routing` (BackendOptions::device_routing): the device routes unless told
+    // to route on the host, and then refuses the routing ops rather than run them.
+    for (choice, on) in [(None, true), (Some(true), true), (Some(false), false)] {
+        let opts = dsv4_kernels::BackendOptions {
+            device_routing: choice,
+            ..Default::default()
+        };
+        let be = dsv4_backend_cuda::open_backend(EMU_NAME, &opts).expect("open the emulator");
+        let d = dev(&be);
+        assert_eq!(d.routes_on_device(), on, "{choice:?}");
+        let (s, r) = (put(d, &[0.5; 8]), zeros(d, 4));
+        let routed = d.route_experts(
+            s,
+            8,
+            2,
+            dsv4_kernels::RouteChoice::Biased(&[0.0; 8]),
+            1.0,
+            r,
+        );
+        assert_eq!(routed.is_ok(), on, "{choice:?}: {routed:?}");
+    }
+}
+
+#[test]
 fn stats_count_the_traffic() {
     if !emu_available("stats_count_the_traffic") {
         return;

@@ -120,6 +120,22 @@ fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
         "backend.cuda_linear = simt but DSV4_CUDA_LINEAR=mma",
     );
     fails_with(
+        &["backend.cuda_routing=gpu"],
+        &[],
+        "bad value `gpu` for `backend.cuda_routing` in --set backend.cuda_routing=gpu: expected \
+         one of: auto, device, host",
+    );
+    fails_with(
+        &["backend.cuda_routing=host"],
+        &[("DSV4_CUDA_ROUTING", "device")],
+        "backend.cuda_routing = host but DSV4_CUDA_ROUTING=device",
+    );
+    fails_with(
+        &[],
+        &[("DSV4_CUDA_ROUTING", "gpu")],
+        "DSV4_CUDA_ROUTING=gpu: expected device or host",
+    );
+    fails_with(
         &["backend.cuda_page_cache_mib=1G"],
         &[],
         "bad value `1G` for `backend.cuda_page_cache_mib` in --set \

@@ -6,7 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
-use crate::values::{CudaLinear, CudaSums, PageCacheMib};
+use crate::values::{CudaLinear, CudaRouting, CudaSums, PageCacheMib};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -111,6 +111,9 @@ pub struct BackendSection {
     /// Which kernels run the CUDA backends' linears (cuda-sm120, cuda-emu).
     #[serde(default)]
     pub cuda_linear: CudaLinear,
+    /// Where the CUDA backends route a MoE layer's tokens (cuda-sm120, cuda-emu).
+    #[serde(default)]
+    pub cuda_routing: CudaRouting,
     /// Device memory for cache pages kept across calls, per entry layout (cuda-sm120, cuda-emu).
     #[serde(default)]
     pub cuda_page_cache_mib: PageCacheMib,
@@ -123,6 +126,7 @@ impl Default for BackendSection {
             device: None,
             cuda_sums: CudaSums::default(),
             cuda_linear: CudaLinear::default(),
+            cuda_routing: CudaRouting::default(),
             cuda_page_cache_mib: PageCacheMib::default(),
         }
     }

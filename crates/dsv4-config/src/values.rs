@@ -118,6 +118,31 @@ impl CudaSums {
     }
 }
 
+/// Where the CUDA backends rank a MoE layer's experts and group its rows
+/// (`backend.cuda_routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CudaRouting {
+    /// The backend chooses (today on the device).
+    #[default]
+    Auto,
+    /// On the device: the router's scores are never read back (`DeviceOps::route_experts`).
+    Device,
+    /// On the host: the router's scores are read back, ranked and grouped there.
+    Host,
+}
+spelled!(CudaRouting, "cuda_routing", Auto => "auto", Device => "device", Host => "host");
+
+impl CudaRouting {
+    /// Some(true) on the device, Some(false) on the host, None when the backend chooses.
+    pub fn on_device(self) -> Option<bool> {
+        match self {
+            CudaRouting::Auto => None,
+            CudaRouting::Device => Some(true),
+            CudaRouting::Host => Some(false),
+        }
+    }
+}
+
 /// Which kernels run the linears on the CUDA backends (`backend.cuda_linear`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CudaLinear {

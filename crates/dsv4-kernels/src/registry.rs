@@ -17,6 +17,9 @@ pub struct BackendOptions {
     /// Tensor-core linears where a backend offers them (`backend.cuda_linear`): Some(true) on,
     /// Some(false) off, None the backend's choice.
     pub tensor_core_linears: Option<bool>,
+    /// MoE routing on the device where a backend offers it (`backend.cuda_routing`): Some(true)
+    /// on the device, Some(false) on the host, None the backend's choice.
+    pub device_routing: Option<bool>,
     /// MiB of device memory for cache pages kept across calls, per entry layout, where a backend
     /// keeps them (`backend.cuda_page_cache_mib`): Some(0) none, None the backend's choice.
     pub page_cache_mib: Option<u64>,

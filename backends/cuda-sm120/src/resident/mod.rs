@@ -108,6 +108,8 @@ pub(crate) struct Resident {
     host_traffic: Arc<Mutex<DeviceStats>>,
     /// Idle stream sets for plan executions ([`DeviceOps::streams`]).
     streams: Arc<streams::StreamPool>,
+    /// Whether it offers the routing ops ([`DeviceOps::routes_on_device`]).
+    routes: bool,
 }
 
 impl Drop for Resident {
@@ -124,12 +126,18 @@ impl Resident {
         self.core.pages = pages;
     }
 
+    /// Offer the routing ops (`on`) or not.
+    pub(crate) fn set_routing(&mut self, on: bool) {
+        self.routes = on;
+    }
+
     pub(crate) fn new(core: Core, host_traffic: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             core,
             state: Arc::default(),
             host_traffic,
             streams: Arc::default(),
+            routes: true,
         }
     }
 }
@@ -325,6 +333,17 @@ impl Resident {
             sync_and_drain(&self.core.dev, &mut cx.st).map_err(|e| dev_err(op, e))?;
         }
         f(&mut cx)
+    }
+}
+
+/// An error for routing op `op` on a backend set to route on the host.
+fn routing_offered(on: bool, op: &str) -> Result<(), KernelError> {
+    if on {
+        Ok(())
+    } else {
+        Err(op_err(format!(
+            "{op}: this backend routes on the host (backend.cuda_routing = host)"
+        )))
     }
 }
 
@@ -615,7 +634,7 @@ impl dsv4_kernels::DeviceOps for Resident {
     }
 
     fn routes_on_device(&self) -> bool {
-        true
+        self.routes
     }
 
     fn route_experts(
@@ -628,6 +647,7 @@ impl dsv4_kernels::DeviceOps for Resident {
         routes: DevSlice,
     ) -> Result<(), KernelError> {
         self.resident_op("route_experts", |cx| {
+            routing_offered(self.routes, "route_experts")?;
             moe::route_experts(cx, scores, experts, k, choice, scale, routes)
         })
     }
@@ -641,6 +661,7 @@ impl dsv4_kernels::DeviceOps for Resident {
         y: DevSlice,
     ) -> Result<(), KernelError> {
         self.resident_op("routed_experts", |cx| {
+            routing_offered(self.routes, "routed_experts")?;
             moe::routed_experts(cx, experts, x, routes, work, y)
         })
     }

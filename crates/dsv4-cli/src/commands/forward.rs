@@ -55,6 +55,7 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         device: profile.backend.device.clone(),
         f64_sums: profile.backend.cuda_sums.f64_sums(),
         tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
+        device_routing: profile.backend.cuda_routing.on_device(),
         page_cache_mib: profile.backend.cuda_page_cache_mib.mib(),
         check_cached_pages: profile.debug.canary.iter().any(|p| {
             matches!(

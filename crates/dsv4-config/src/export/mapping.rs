@@ -183,6 +183,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Same("SGLang chooses its own GEMM kernels"),
     ),
     row(
+        "backend.cuda_routing",
+        Always,
+        Same("SGLang routes a MoE layer's tokens on the GPU"),
+    ),
+    row(
         "backend.cuda_page_cache_mib",
         Always,
         Same(

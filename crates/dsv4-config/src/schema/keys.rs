@@ -3,8 +3,8 @@
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
-    CanaryPool, CudaLinear, CudaSums, DisaggMode, Fault, ReasoningParser, SchedulePolicy,
-    ToolCallParser,
+    CanaryPool, CudaLinear, CudaRouting, CudaSums, DisaggMode, Fault, ReasoningParser,
+    SchedulePolicy, ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
@@ -66,6 +66,14 @@ pub const KEYS: &[KeySpec] = &[
         "auto",
         "which kernels run the CUDA backends' linears: simt, mma (tensor cores, f32 sums, \
          sm_80+; bf16/fp8/MXFP4 weights), or auto (the backend's choice: simt today)",
+    ),
+    key(
+        "backend.cuda_routing",
+        ValueKind::OneOf(CudaRouting::NAMES),
+        "auto",
+        "where the CUDA backends rank a MoE layer's experts and group its rows: device (the \
+         router's scores are never read back), host (read back and ranked on the host, as the \
+         other backends do), or auto (the backend's choice: device); the same bits either way",
     ),
     key(
         "backend.cuda_page_cache_mib",
