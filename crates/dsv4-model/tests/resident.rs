@@ -308,31 +308,10 @@ fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_
     // The serial executor runs a layer's host launches (SWA store, pooling, top-k, attention)
     // back to back after the projections they do not depend on, and reads all their operands
     // back in one wait; the router reads its scores back in another; the step's end reads its
-    // two results back. The values are the plan order's (the test above).
-    let resident = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
-    let numerics = Numerics::all()[0];
-    let m = model(resident.clone(), numerics);
+    // two results back. The values are the plan order's (the test above). In the plan's own
+    // order each host launch waits on its own: 17 here.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
-    for (name, exec) in [
-        ("eager", ExecOptions::default()),
-        (
-            "captured",
-            ExecOptions {
-                captured: true,
-                ..ExecOptions::default()
-            },
-        ),
-    ] {
-        let steps = session(&m, &exec, 3);
-        for (step, (_, report)) in steps.iter().enumerate().skip(1) {
-            // In the plan's own order each host launch waits on its own: 17 here.
-            assert_eq!(
-                report.device.map(|d| d.submissions),
-                Some(2 * layers + 2),
-                "{name}: decode step {step}: waits for the device"
-            );
-        }
-    }
+    assert_decode_waits(false, 2 * layers + 2);
 }
 
 #[test]
@@ -340,9 +319,14 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
     // Where the device routes, the router's scores stay there: the routes are computed on the
     // device (the hash layer's experts looked up from the token ids' host copy) and the routed
     // experts group their rows there. Only the cache launches' wait is left per layer.
-    let resident = Arc::new(device(true));
-    let m = model(resident.clone(), Numerics::all()[0]);
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
+    assert_decode_waits(true, layers + 2);
+}
+
+/// Every decode step of a session, eager and captured, waits for the device `want` times
+/// (routing on the device or not).
+fn assert_decode_waits(routing: bool, want: u64) {
+    let m = model(Arc::new(device(routing)), Numerics::all()[0]);
     for (name, exec) in [
         ("eager", ExecOptions::default()),
         (
@@ -357,8 +341,9 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
         for (step, (_, report)) in steps.iter().enumerate().skip(1) {
             assert_eq!(
                 report.device.map(|d| d.submissions),
-                Some(layers + 2),
-                "{name}: decode step {step}: waits for the device"
+                Some(want),
+                "{name}: decode step {step} (routing on the device: {routing}): waits for \
+                 the device"
             );
         }
     }
