@@ -2,6 +2,7 @@
 //! [`crate::DeviceOps::routed_experts`]): how a layer's tokens choose their experts, the experts
 //! they run, and the checks every backend applies before it launches anything.
 
+use crate::device::{DevSlice, check_len};
 use crate::{KernelError, Linear};
 
 /// Most experts a token routes to on the device (the kernels keep a token's choice in
@@ -76,6 +77,38 @@ impl RoutedExperts<'_> {
         }
         check_k(self.k, e)?;
         Ok((e, dim, inter))
+    }
+
+    /// (experts, dim, inter, rows) after checking a `routed_experts` call's operands: the
+    /// experts ([`Self::check`]), routes of whole rows of k slots, x and y of that many rows of
+    /// dim, and work of [`Self::work_words`].
+    pub fn check_call(
+        &self,
+        x: DevSlice,
+        routes: DevSlice,
+        work: DevSlice,
+        y: DevSlice,
+    ) -> Result<(usize, usize, usize, usize), KernelError> {
+        let (experts, dim, inter) = self.check()?;
+        let k = self.k;
+        if !routes.len.is_multiple_of(2 * k) {
+            return Err(KernelError::Device {
+                message: format!(
+                    "routed_experts: routes of {} words are not rows of {k} experts",
+                    routes.len
+                ),
+            });
+        }
+        let rows = routes.len / (2 * k);
+        check_len("routed_experts", "x", x, rows * dim)?;
+        check_len("routed_experts", "y", y, rows * dim)?;
+        check_len(
+            "routed_experts",
+            "work",
+            work,
+            self.work_words(rows, dim, inter),
+        )?;
+        Ok((experts, dim, inter, rows))
     }
 
     /// Words of the `work` slice [`crate::DeviceOps::routed_experts`] takes for `rows` tokens

@@ -5,12 +5,11 @@
 //! rows, the same summation order.
 
 use super::ops::{disjoint, padded_input, resident_weight};
-use super::{Ctx, ParamKey, op_err};
+use super::{Ctx, ParamKey};
 use crate::device::DevPtr;
 use crate::ops::linear::{GroupedLayout, ResidentWeight, launch_grouped};
 use crate::ops::moe::{self, Choice, Order};
 use crate::ops::{resident as res, rows};
-use dsv4_kernels::device::check_len;
 use dsv4_kernels::moe_device::{check_route, work_parts};
 use dsv4_kernels::{DevSlice, KernelError, RouteChoice, RoutedExperts, WeightKey};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -54,21 +53,10 @@ pub(super) fn routed_experts(
     work: DevSlice,
     y: DevSlice,
 ) -> Result<(), KernelError> {
-    let op = cx.op;
-    let (experts, dim, inter) = e.check()?;
+    let (experts, dim, inter, rows) = e.check_call(x, routes, work, y)?;
     let k = e.k;
-    if !routes.len.is_multiple_of(2 * k) {
-        return Err(op_err(format!(
-            "{op}: routes of {} words are not rows of {k} experts",
-            routes.len
-        )));
-    }
-    let rows = routes.len / (2 * k);
     let n = rows * k;
     let parts = work_parts(n, dim, inter);
-    check_len(op, "x", x, rows * dim)?;
-    check_len(op, "y", y, rows * dim)?;
-    check_len(op, "work", work, parts.iter().sum())?;
     let (xp, rp) = (cx.slice("x", x)?, cx.slice("routes", routes)?);
     let (wp, yp) = (cx.slice("work", work)?, cx.slice("y", y)?);
     disjoint(cx, yp, &[xp, rp, wp], false)?;

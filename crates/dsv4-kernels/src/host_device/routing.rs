@@ -3,7 +3,7 @@
 //! [`crate::moe_device`] over the device's buffers.
 
 use super::{HostDevice, R};
-use crate::device::{DevSlice, check_len, ensure};
+use crate::device::{DevSlice, ensure};
 use crate::moe_device::{check_route, routed_host, routes_host};
 use crate::{RouteChoice, RoutedExperts};
 
@@ -37,15 +37,7 @@ pub(super) fn routed_experts(
 ) -> R<()> {
     let op = "routed_experts";
     ensure(dev.routes, op, || "not supported on this device".into())?;
-    let (_, dim, inter) = experts.check()?;
-    let k = experts.k;
-    ensure(routes.len.is_multiple_of(2 * k), op, || {
-        format!("routes of {} words are not rows of {k} experts", routes.len)
-    })?;
-    let rows = routes.len / (2 * k);
-    check_len(op, "x", x, rows * dim)?;
-    check_len(op, "y", y, rows * dim)?;
-    check_len(op, "work", work, experts.work_words(rows, dim, inter))?;
+    experts.check_call(x, routes, work, y)?;
     let [xv, rv] = dev.load(op, [("x", x), ("routes", routes)])?;
     dev.check_out(op, &[("work", work), ("y", y)])?;
     let out = dev.host(op, |be| routed_host(be, experts, &xv, &rv))??;
