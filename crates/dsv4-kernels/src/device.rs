@@ -11,7 +11,7 @@
 //! Slices are f32 words. Their offsets must be multiples of [`DeviceOps::offset_alignment`]
 //! bytes (every plan arena offset is a multiple of 256, the most any wgpu device asks for).
 
-use crate::{HcParams, KernelError, Linear, RopeTable, RouteChoice, RoutedExperts};
+use crate::{HcParams, KernelError, Linear, PagedAttention, RopeTable, RouteChoice, RoutedExperts};
 use dsv4_core::IndexKDtype;
 use serde::Serialize;
 
@@ -472,7 +472,7 @@ pub trait DeviceOps: Send + Sync {
         routes: DevSlice,
     ) -> Result<(), KernelError> {
         let _ = (scores, experts, k, choice, scale, routes);
-        Err(unsupported("route_experts"))
+        Err(unsupported("route_experts", "routes_on_device"))
     }
 
     /// The routed experts' sum y [rows, dim] (overwritten) of x [rows, dim] under `routes`
@@ -491,14 +491,36 @@ pub trait DeviceOps: Send + Sync {
         y: DevSlice,
     ) -> Result<(), KernelError> {
         let _ = (experts, x, routes, work, y);
-        Err(unsupported("routed_experts"))
+        Err(unsupported("routed_experts", "routes_on_device"))
+    }
+
+    /// Whether [`DeviceOps::paged_attention`] is supported: then attention reads its queries
+    /// and writes its output in device memory (false by default: the caller reads the queries
+    /// back and runs [`crate::Backend::paged_attention_indexed`]).
+    fn attends_on_device(&self) -> bool {
+        false
+    }
+
+    /// [`crate::Backend::paged_attention_indexed`] of the queries `q` [queries, heads, dim]
+    /// into `out` (same shape), both in device memory, the keys in their cache pages as
+    /// `keys` gives them: bitwise the host op's output. The operands are checked as
+    /// [`PagedAttention::check_call`] says before anything runs. Only where
+    /// [`DeviceOps::attends_on_device`] (else an error).
+    fn paged_attention(
+        &self,
+        keys: &PagedAttention<'_>,
+        q: DevSlice,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        let _ = (keys, q, out);
+        Err(unsupported("paged_attention", "attends_on_device"))
     }
 }
 
 /// The error of an op a backend's device does not offer.
-fn unsupported(op: &str) -> KernelError {
+fn unsupported(op: &str, flag: &str) -> KernelError {
     KernelError::Device {
-        message: format!("{op}: not supported on this device (routes_on_device is false)"),
+        message: format!("{op}: not supported on this device ({flag} is false)"),
     }
 }
 

@@ -80,6 +80,7 @@ impl Check<'_> {
         self.linear_cases();
         self.grouped_cases();
         self.routing_cases();
+        self.attention_cases();
         self.chain_case();
         self.error_cases();
         self.stats_case();
@@ -569,6 +570,7 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
+mod attention;
 mod errors;
 mod grouped;
 mod routing;

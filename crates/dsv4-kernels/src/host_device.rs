@@ -11,8 +11,8 @@ use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
 use crate::{
-    Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RouteChoice, RoutedExperts,
-    RowFormat,
+    Backend, HcParams, KernelError, Linear, MhcPre, PagedAttention, RopeTable, RouteChoice,
+    RoutedExperts, RowFormat,
 };
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
@@ -48,6 +48,15 @@ impl HostResident {
         }
     }
 
+    /// The same wrapper with attention on its "device" ([`DeviceOps::attends_on_device`]):
+    /// the op's executable specification, and the model's device-attention path on CPU.
+    pub fn with_device_attention(self) -> Self {
+        Self {
+            dev: self.dev.with_device_attention(),
+            ..self
+        }
+    }
+
     /// The wrapped backend.
     pub fn inner(&self) -> &Arc<dyn Backend> {
         &self.inner
@@ -69,6 +78,8 @@ pub struct HostDevice {
     pending: AtomicU64,
     /// Whether it offers the routing ops ([`DeviceOps::routes_on_device`]).
     routes: bool,
+    /// Whether it offers attention ([`DeviceOps::attends_on_device`]).
+    attends: bool,
 }
 
 type R<T> = Result<T, KernelError>;
@@ -87,6 +98,7 @@ impl HostDevice {
             stats: Mutex::new(DeviceStats::default()),
             pending: AtomicU64::new(0),
             routes: false,
+            attends: false,
         }
     }
 
@@ -94,6 +106,14 @@ impl HostDevice {
     pub fn with_device_routing(self) -> Self {
         Self {
             routes: true,
+            ..self
+        }
+    }
+
+    /// The same device offering attention.
+    pub fn with_device_attention(self) -> Self {
+        Self {
+            attends: true,
             ..self
         }
     }
@@ -538,6 +558,20 @@ impl DeviceOps for HostDevice {
         y: DevSlice,
     ) -> R<()> {
         routing::routed_experts(self, experts, x, routes, work, y)
+    }
+
+    fn attends_on_device(&self) -> bool {
+        self.attends
+    }
+
+    fn paged_attention(&self, keys: &PagedAttention<'_>, q: DevSlice, out: DevSlice) -> R<()> {
+        let op = "paged_attention";
+        ensure(self.attends, op, || "not supported on this device".into())?;
+        keys.check_call(q, out)?;
+        let [qv] = self.load(op, [("q", q)])?;
+        self.check_out(op, &[("out", out)])?;
+        let o = self.host(op, |be| keys.host(be, &qv))??;
+        self.store(op, &[(out, &o)])
     }
 }
 

@@ -1,6 +1,7 @@
 //! dsv4-kernels: the op set every backend implements (the [`Backend`] trait), the weight types the
 //! ops consume ([`Linear`]), RoPE frequency tables, and the backend registry (`inventory`).
 
+pub mod attention_device;
 pub mod backend;
 pub mod cache_format;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod registry;
 pub mod rope;
 pub mod row_check;
 
+pub use attention_device::PagedAttention;
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
 pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStreams};

@@ -8,9 +8,9 @@ use dsv4_core::IndexKDtype;
 use dsv4_kernels::device_check::{conformance, conformance_of};
 use dsv4_kernels::{
     Backend, Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, HcParams, HostResident,
-    KernelError, Linear, RopeTable,
+    KernelError, Linear, PagedAttention, RopeTable,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 fn assert_conforms(be: &HostResident) {
@@ -27,8 +27,9 @@ fn conformance_over_reference_is_empty() {
 }
 
 #[test]
-fn conformance_with_routing_on_the_device_is_empty() {
-    // The routing ops' own cases run only where the device routes.
+fn conformance_with_routing_and_attention_on_the_device_is_empty() {
+    // The routing ops' and attention's own cases run only where the device offers them.
+    assert_conforms(&HostResident::new(Arc::new(ReferenceBackend)).with_device_attention());
     assert_conforms(&HostResident::new(Arc::new(ReferenceBackend)).with_device_routing());
     assert_conforms(
         &HostResident::new(Arc::new(CpuBackend::new(2).unwrap())).with_device_routing(),
@@ -183,10 +184,14 @@ enum Fault {
     AddPanics,
     /// `scale` also scales the word after its slice.
     ScalePastEnd,
+    /// `paged_attention` keeps the pages of its first call with tags (per page size) and
+    /// reads those ever after, whatever the tags say (a page cache that misses a retag).
+    StalePages,
 }
 
-/// The reference backend's HostResident with one [`Fault`].
-struct Faulty(HostResident, Fault);
+/// The reference backend's HostResident with one [`Fault`] (and, for
+/// [`Fault::StalePages`], the pages it kept).
+struct Faulty(HostResident, Fault, Mutex<Option<Vec<Vec<u8>>>>);
 
 impl DeviceOps for Faulty {
     fn offset_alignment(&self) -> usize {
@@ -347,6 +352,33 @@ impl DeviceOps for Faulty {
     ) -> Result<(), KernelError> {
         self.d().swiglu_rows(g, u, limit, weights, width, out)
     }
+    fn attends_on_device(&self) -> bool {
+        self.d().attends_on_device()
+    }
+    fn paged_attention(
+        &self,
+        keys: &PagedAttention<'_>,
+        q: DevSlice,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        if self.1 != Fault::StalePages || keys.tags.is_empty() {
+            return self.d().paged_attention(keys, q, out);
+        }
+        let mut kept = self.2.lock().unwrap();
+        // Kept per layout: pages of another size replace them.
+        let same =
+            |k: &Vec<Vec<u8>>| k.first().map(Vec::len) == keys.pages.first().map(|p| p.len());
+        if !kept.as_ref().is_some_and(same) {
+            *kept = Some(keys.pages.iter().map(|p| p.to_vec()).collect());
+        }
+        let pages = kept.as_ref().unwrap();
+        let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let stale = PagedAttention {
+            pages: &refs,
+            ..*keys
+        };
+        self.d().paged_attention(&stale, q, out)
+    }
 }
 
 impl Faulty {
@@ -356,7 +388,12 @@ impl Faulty {
 }
 
 fn faulty(fault: Fault) -> Vec<String> {
-    let broken = Faulty(HostResident::new(Arc::new(ReferenceBackend)), fault);
+    let be = HostResident::new(Arc::new(ReferenceBackend));
+    let be = match fault {
+        Fault::StalePages => be.with_device_attention(),
+        _ => be,
+    };
+    let broken = Faulty(be, fault, Mutex::new(None));
     let fails = conformance_of(&broken.0, &broken);
     println!("{}", fails.join("\n"));
     fails
@@ -402,6 +439,19 @@ fn a_device_that_writes_outside_its_slice_is_caught() {
             .iter()
             .all(|f| (f.starts_with("scale ") || f.starts_with("chain "))
                 && f.contains("outside the slice")),
+        "{fails:#?}"
+    );
+}
+
+#[test]
+fn a_device_that_reads_stale_pages_is_caught() {
+    let fails = faulty(Fault::StalePages);
+    // Every shape's call after the page was rewritten under a new tag, and only that call.
+    assert_eq!(fails.len(), 3, "{fails:#?}");
+    assert!(
+        fails
+            .iter()
+            .all(|f| f.starts_with("paged_attention ") && f.contains(" pass 3: ")),
         "{fails:#?}"
     );
 }

@@ -1,0 +1,88 @@
+//! Sparse attention on device-resident queries ([`crate::DeviceOps::paged_attention`]): the
+//! keys still in their cache pages, as [`Backend::paged_attention_indexed`] takes them, the
+//! queries and the output in device memory, so a layer's attention reads nothing back and its
+//! output goes on to the next launch where it is.
+
+use crate::device::{DevSlice, check_len, ensure};
+use crate::{Backend, EntryOrigin, KernelError, PageTag, RowFormat};
+
+/// The keys and parameters of one [`crate::DeviceOps::paged_attention`] call: what
+/// [`Backend::paged_attention_indexed`] takes besides the queries and the output.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedAttention<'a> {
+    /// The pages' entry format (its width is the head dim).
+    pub fmt: &'a RowFormat,
+    /// The pages' bytes.
+    pub pages: &'a [&'a [u8]],
+    /// Each page's content tag, or empty (no page kept across calls).
+    pub tags: &'a [PageTag],
+    /// Each packed page's entries' origins (empty for a page not packed), or empty.
+    pub origins: &'a [&'a [EntryOrigin]],
+    /// The key rows, (page, slot) of `pages`.
+    pub rows: &'a [(usize, usize)],
+    /// Key i is row `key_ids[i]`.
+    pub key_ids: &'a [usize],
+    /// Query r attends over keys `key_starts[r] .. key_starts[r+1]` (one more than queries).
+    pub key_starts: &'a [usize],
+    /// The per-head sink logits (its length is the head count).
+    pub sink: &'a [f32],
+    /// The logits' scale.
+    pub scale: f32,
+}
+
+impl PagedAttention<'_> {
+    /// Queries of the call (one fewer than `key_starts`).
+    pub fn queries(&self) -> usize {
+        self.key_starts.len().saturating_sub(1)
+    }
+
+    /// Words of the queries, and of the output: queries · heads · dim.
+    pub fn words(&self) -> usize {
+        self.queries() * self.sink.len() * self.fmt.width()
+    }
+
+    /// Check a call's device operands before anything runs: `q` and `out` each
+    /// [`Self::words`] words, `key_starts` not empty, and `out` not overlapping `q` (the
+    /// queries are read while the output is written). What the keys hold is checked as
+    /// [`Backend::paged_attention_indexed`] checks it.
+    pub fn check_call(&self, q: DevSlice, out: DevSlice) -> Result<(), KernelError> {
+        let op = "paged_attention";
+        ensure(!self.key_starts.is_empty(), op, || {
+            "key_starts is empty (it has one entry more than queries)".into()
+        })?;
+        check_len(op, "q", q, self.words())?;
+        check_len(op, "out", out, self.words())?;
+        let overlap = q.buf == out.buf && q.off < out.off + out.len && out.off < q.off + q.len;
+        ensure(!overlap || q.len == 0, op, || {
+            "out overlaps q (the queries are read while the output is written)".into()
+        })
+    }
+
+    /// The host form: [`Backend::paged_attention_indexed`] of the queries' host copy `q`, its
+    /// output; a cache layout error is the op's error.
+    pub fn host(&self, be: &dyn Backend, q: &[f32]) -> Result<Vec<f32>, KernelError> {
+        let mut out = vec![0f32; self.words()];
+        be.paged_attention_indexed(
+            q,
+            self.fmt,
+            self.pages,
+            self.tags,
+            self.origins,
+            self.rows,
+            self.key_ids,
+            self.key_starts,
+            self.sink,
+            self.scale,
+            &mut out,
+        )
+        .map_err(|e| layout_error(&e))?;
+        Ok(out)
+    }
+}
+
+/// A cache layout error of the keys as [`crate::DeviceOps::paged_attention`]'s error.
+pub fn layout_error(e: &dyn std::fmt::Display) -> KernelError {
+    KernelError::Device {
+        message: format!("paged_attention: the keys' pages: {e}"),
+    }
+}

@@ -1,0 +1,240 @@
+//! The conformance checks of attention on device-resident queries
+//! ([`DeviceOps::paged_attention`](crate::device::DeviceOps)), where the device offers it: the
+//! output bitwise [`crate::Backend::paged_attention_indexed`]'s over the same pages, for fp8 and
+//! bf16 KV entries, untagged and tagged pages, a tagged page called again (a device may keep it)
+//! and then rewritten under a new tag (a kept copy must not be read), and no keys at all;
+//! inconsistent operands and a page without the format's layout are errors. Where the device
+//! does not attend, the op must be an error.
+
+use super::Check;
+use crate::{PageTag, PagedAttention, RowFormat};
+use dsv4_core::KvCacheDtype;
+use dsv4_core::cache::KvLayout;
+
+/// Key rows of a case, picked from its pages.
+const ROWS: usize = 12;
+/// Each key's row (ids repeat: queries share keys), and where each query's keys start (four
+/// queries; the third has none).
+const KEY_IDS: [usize; 14] = [0, 1, 2, 3, 4, 2, 3, 5, 6, 7, 11, 10, 9, 8];
+const KEY_STARTS: [usize; 5] = [0, 5, 9, 9, 14];
+
+impl Check<'_> {
+    pub(super) fn attention_cases(&mut self) {
+        if !self.dev.attends_on_device() {
+            self.must_fail("paged_attention where the device does not attend", |c| {
+                let (fmt, pages) = c.kv_pages(KvCacheDtype::Bf16, 10, 4, 2)?;
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let keys = attention_keys(&fmt, &refs, &[], &[(0, 0)], &[0], &[0, 1], &[0.5]);
+                let (q, o) = (c.put(&[0.25; 10])?, c.out(10)?);
+                Ok(c.dev.paged_attention(&keys, q, o))
+            });
+            return;
+        }
+        // (dtype, head dim, rope dims, entries a page, heads)
+        let shapes = [
+            (KvCacheDtype::Fp8, 192, 64, 4, 3),
+            (KvCacheDtype::Bf16, 10, 4, 2, 2),
+            (KvCacheDtype::Bf16, 128, 64, 4, 8),
+        ];
+        for (dtype, hd, rd, per, heads) in shapes {
+            self.attention_case(dtype, hd, rd, per, heads);
+        }
+        self.attention_error_cases();
+    }
+
+    /// Pages of `dtype` KV entries (head dim `hd`, `rd` rope dims, `per` a page), every slot
+    /// written through the host backend's `cache_store`.
+    fn kv_pages(
+        &mut self,
+        dtype: KvCacheDtype,
+        hd: usize,
+        rd: usize,
+        per: usize,
+    ) -> super::R<(RowFormat, Vec<Vec<u8>>)> {
+        let layout = KvLayout::from_head_dims(dtype, hd, rd, per).map_err(|e| {
+            crate::KernelError::Device {
+                message: format!("a bad case layout: {e}"),
+            }
+        })?;
+        let fmt = RowFormat::Kv(layout);
+        let mut pages = Vec::new();
+        for _ in 0..3 {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..per {
+                let v = self.vec(hd, 1.0);
+                self.be
+                    .cache_store(&fmt, &mut page, slot, &v)
+                    .map_err(|e| crate::KernelError::Device {
+                        message: format!("writing a case page: {e}"),
+                    })?;
+            }
+            pages.push(page);
+        }
+        Ok((fmt, pages))
+    }
+
+    /// One shape: untagged pages; tagged pages twice; one page rewritten under a new tag; no
+    /// keys at all. Each against the host op.
+    fn attention_case(
+        &mut self,
+        dtype: KvCacheDtype,
+        hd: usize,
+        rd: usize,
+        per: usize,
+        heads: usize,
+    ) {
+        let label = format!("paged_attention {dtype:?} hd={hd} heads={heads}");
+        self.case(&label, |c| {
+            let (fmt, mut pages) = c.kv_pages(dtype, hd, rd, per)?;
+            let rows: Vec<(usize, usize)> = (0..ROWS)
+                .map(|i| ((i * 7 + 1) % 3, (i * 5 + 2) % per))
+                .collect();
+            let queries = KEY_STARTS.len() - 1;
+            let q = c.vec(queries * heads * hd, 1.0);
+            let sink = c.vec(heads, 1.0);
+            let mut tags: Vec<PageTag> = (0..3).map(|_| PageTag::fresh_whole()).collect();
+            for pass in 0..4 {
+                if pass == 3 {
+                    // Page 1 rewritten under a new lineage: a copy kept from before is stale.
+                    let v = c.vec(hd, 2.0);
+                    c.be.cache_store(&fmt, &mut pages[1], 0, &v).map_err(|e| {
+                        crate::KernelError::Device {
+                            message: format!("rewriting a case page: {e}"),
+                        }
+                    })?;
+                    tags[1] = PageTag::fresh_whole();
+                }
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let t: &[PageTag] = if pass == 0 { &[] } else { &tags };
+                let keys = attention_keys(&fmt, &refs, t, &rows, &KEY_IDS, &KEY_STARTS, &sink);
+                let host = keys.host(c.be, &q)?;
+                let (dq, dout) = (c.put(&q)?, c.out(q.len())?);
+                c.dev.paged_attention(&keys, dq, dout)?;
+                c.expect(&format!("{label} pass {pass}"), dout, &host)?;
+            }
+            // Queries without keys: the sink alone.
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let keys = attention_keys(&fmt, &refs, &tags, &rows, &[], &[0, 0], &sink);
+            let q1 = &q[..heads * hd];
+            let host = keys.host(c.be, q1)?;
+            let (dq, dout) = (c.put(q1)?, c.out(q1.len())?);
+            c.dev.paged_attention(&keys, dq, dout)?;
+            c.expect(&format!("{label} without keys"), dout, &host)
+        });
+    }
+
+    fn attention_error_cases(&mut self) {
+        // (label, key ids, key starts, q words, out words, a row past its page, out over q)
+        type Bad = (
+            &'static str,
+            &'static [usize],
+            &'static [usize],
+            usize,
+            usize,
+            bool,
+            bool,
+        );
+        let cases: [Bad; 6] = [
+            (
+                "paged_attention with a short q",
+                &[0, 1],
+                &[0, 2],
+                19,
+                20,
+                false,
+                false,
+            ),
+            (
+                "paged_attention with a long out",
+                &[0, 1],
+                &[0, 2],
+                20,
+                21,
+                false,
+                false,
+            ),
+            (
+                "paged_attention with a key id past the rows",
+                &[0, 9],
+                &[0, 2],
+                20,
+                20,
+                false,
+                false,
+            ),
+            (
+                "paged_attention with decreasing key starts",
+                &[0, 1],
+                &[0, 2, 1],
+                40,
+                40,
+                false,
+                false,
+            ),
+            (
+                "paged_attention over a slot past its page",
+                &[0, 1],
+                &[0, 2],
+                20,
+                20,
+                true,
+                false,
+            ),
+            (
+                "paged_attention with out over q",
+                &[0, 1],
+                &[0, 2],
+                20,
+                20,
+                false,
+                true,
+            ),
+        ];
+        for (label, ids, starts, qn, on, past, over) in cases {
+            self.must_fail(label, |c| {
+                let (fmt, pages) = c.kv_pages(KvCacheDtype::Bf16, 10, 4, 2)?;
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let rows = [(0, 1), (2, if past { 2 } else { 0 })];
+                let sink = [0.5, -0.5];
+                let keys = attention_keys(&fmt, &refs, &[], &rows, ids, starts, &sink);
+                let q = c.put(&vec![0.25; qn.max(on)])?;
+                let (q, o) = if over {
+                    (q, q)
+                } else {
+                    (q.prefix(qn), c.out(on)?)
+                };
+                Ok(c.dev.paged_attention(&keys, q, o))
+            });
+        }
+        self.must_fail("paged_attention with no key starts", |c| {
+            let (fmt, pages) = c.kv_pages(KvCacheDtype::Bf16, 10, 4, 2)?;
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let keys = attention_keys(&fmt, &refs, &[], &[(0, 0)], &[], &[], &[0.5]);
+            let (q, o) = (c.put(&[0.25; 10])?, c.out(10)?);
+            Ok(c.dev.paged_attention(&keys, q, o))
+        });
+    }
+}
+
+/// The keys of a case, with the logits' scale 1/√dim.
+fn attention_keys<'a>(
+    fmt: &'a RowFormat,
+    pages: &'a [&'a [u8]],
+    tags: &'a [PageTag],
+    rows: &'a [(usize, usize)],
+    key_ids: &'a [usize],
+    key_starts: &'a [usize],
+    sink: &'a [f32],
+) -> PagedAttention<'a> {
+    PagedAttention {
+        fmt,
+        pages,
+        tags,
+        origins: &[],
+        rows,
+        key_ids,
+        key_starts,
+        sink,
+        scale: 1.0 / (fmt.width() as f32).sqrt(),
+    }
+}
