@@ -132,6 +132,13 @@ impl CudaBackend {
         self
     }
 
+    /// The same backend attending into device memory (`on`, the default) or from host copies
+    /// (`DeviceOps::attends_on_device` false: the queries are read back, the output written).
+    pub fn with_device_attention(mut self, on: bool) -> Self {
+        self.resident.set_attention(on);
+        self
+    }
+
     fn with_pages(mut self, cache: ops::page_cache::PageCache) -> Self {
         // A new size keeps the memory reserve.
         cache.set_reserve(self.core.pages.reserve());

@@ -219,6 +219,90 @@ pub fn paged_attention_indexed(
     )
 }
 
+/// Where a paged attention call's queries come from and where its output goes.
+pub(crate) enum QueryIo<'a> {
+    /// Host slices: the queries go up, the output comes back (one submission).
+    Host {
+        /// The queries.
+        q: &'a [f32],
+        /// The output.
+        out: &'a mut [f32],
+    },
+    /// Device memory (`DeviceOps::paged_attention`): read and written in place, nothing comes
+    /// back and nothing waits for the device.
+    Device {
+        /// The queries.
+        q: DevPtr,
+        /// The output.
+        out: DevPtr,
+    },
+}
+
+impl QueryIo<'_> {
+    /// (query words, output words).
+    fn lens(&self) -> (usize, usize) {
+        match self {
+            QueryIo::Host { q, out } => (q.len(), out.len()),
+            QueryIo::Device { q, out } => (q.bytes / 4, out.bytes / 4),
+        }
+    }
+
+    /// The first `len` query words on the device (uploaded from the host if need be) and the
+    /// device output they are written to; `finish` then brings host output back.
+    fn on_device(&self, c: &Core, len: usize) -> Result<(Operand, Operand), CudaError> {
+        match self {
+            QueryIo::Host { q, .. } => Ok((
+                Operand::Own(c.dev.temp_f32(&q[..len])?),
+                Operand::Own(c.dev.temp(len * 4)?),
+            )),
+            QueryIo::Device { q, out } => {
+                Ok((Operand::At(prefix(*q, len)), Operand::At(prefix(*out, len))))
+            }
+        }
+    }
+
+    /// Bring the output of [`QueryIo::on_device`] back to a host output (nothing for device
+    /// memory, where it already is).
+    fn finish(self, c: &Core, ob: &Operand) -> Result<(), CudaError> {
+        match (self, ob) {
+            (QueryIo::Host { out, .. }, Operand::Own(b)) => {
+                let n = b.bytes() / 4;
+                c.dev.download_f32(b, &mut out[..n])
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn on_host(&self) -> bool {
+        matches!(self, QueryIo::Host { .. })
+    }
+}
+
+/// A device operand: a temporary of the call's, or memory the caller holds.
+pub(crate) enum Operand {
+    /// A temporary.
+    Own(DevBuf),
+    /// The caller's.
+    At(DevPtr),
+}
+
+impl Operand {
+    fn ptr(&self) -> DevPtr {
+        match self {
+            Operand::Own(b) => b.at(),
+            Operand::At(p) => *p,
+        }
+    }
+}
+
+/// The first `words` f32 of `p`.
+fn prefix(p: DevPtr, words: usize) -> DevPtr {
+    DevPtr {
+        ptr: p.ptr,
+        bytes: (words * 4).min(p.bytes),
+    }
+}
+
 /// [`paged_attention_indexed`], its errors naming `what` (the op called).
 #[allow(clippy::too_many_arguments)]
 fn paged_attention(
@@ -234,8 +318,47 @@ fn paged_attention(
     scale: f32,
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let io = QueryIo::Host { q, out };
+    let keys = PagedSelection {
+        fmt,
+        paged,
+        rows,
+        key_ids,
+        key_starts,
+    };
+    paged_attention_io(c, what, &keys, sink, scale, io)
+}
+
+/// The keys of a paged attention call: the pages, their rows, and each query's keys as row ids.
+pub(crate) struct PagedSelection<'a> {
+    /// The pages' entry format.
+    pub fmt: &'a RowFormat,
+    /// The pages.
+    pub paged: &'a PagedKeys<'a>,
+    /// The key rows, (page, slot).
+    pub rows: &'a [(usize, usize)],
+    /// Key i is row `key_ids[i]`.
+    pub key_ids: &'a [usize],
+    /// Query r's keys are `key_starts[r] .. key_starts[r+1]`.
+    pub key_starts: &'a [usize],
+}
+
+/// Paged attention with the queries and output where `io` says: the checks of
+/// [`paged_attention_indexed`], the used rows placed in the page cache (or uploaded), the
+/// three launches. With device memory nothing waits: the page cache's slots the launches read
+/// are marked read by the calling stream (`Placed::release_after_reads`), so another stream's
+/// call that reuses them waits for these launches first.
+pub(crate) fn paged_attention_io(
+    c: &Core,
+    what: &str,
+    k: &PagedSelection<'_>,
+    sink: &[f32],
+    scale: f32,
+    io: QueryIo<'_>,
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
+    let (fmt, rows, key_ids) = (k.fmt, k.rows, k.key_ids);
     let dim = fmt.width();
-    let pages = paged.pages;
+    let pages = k.paged.pages;
     let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
         Ok(c) => c,
         Err(e) => return Ok(Err(e)),
@@ -252,28 +375,36 @@ fn paged_attention(
     }
     let hd = sink.len() * dim;
     let key_values = key_ids.len() * dim;
-    let Some(r) = attention_operands(what, q, out, key_values, dim, hd, key_starts)? else {
+    let (q_len, out_len) = io.lens();
+    let Some(r) = AttentionRows::cut(what, q_len, out_len, key_values, dim, hd, k.key_starts)
+        .map_err(CudaError::BadOperands)?
+    else {
         return Ok(Ok(()));
     };
     let len = (r.starts.len() - 1) * hd;
-    let out = &mut out[..len];
+    let (qb, ob) = io.on_device(c, len)?;
     let used = &key_ids[r.first..r.last];
     let (Some(&lo), Some(&hi)) = (used.iter().min(), used.iter().max()) else {
         // No keys at all: attention over the sink alone, as the composition computes it.
-        attend(c, &q[..len], dim, &[], &r.starts, sink, scale, out)?;
+        let kb = c.dev.temp_f32(&[])?;
+        let (q, o) = (qb.ptr(), ob.ptr());
+        attend_on_device(c, q, dim, &kb, Keys::F32, &r.starts, None, sink, scale, o)?;
+        io.finish(c, &ob)?;
         return Ok(Ok(()));
     };
     let keys = Keys::entries(fmt)?;
-    // The keys' rows, placed in the page cache's arena (locked until the output is back).
+    // The keys' rows, placed in the page cache's arena (locked until the output is back, or
+    // with device output until the launches are marked as reading it).
     let picks: Vec<(usize, usize)> = used.iter().map(|&id| rows[id]).collect();
     let placed = c
         .pages
-        .place(c, fmt, pages, paged.tags, paged.origins, &picks)?;
+        .place(c, fmt, pages, k.paged.tags, k.paged.origins, &picks)?;
     if let Some(placed) = placed {
         let ids = Some(&placed.rows[..]);
-        let ob = attend_on_device(
+        let (q, o) = (qb.ptr(), ob.ptr());
+        attend_on_device(
             c,
-            &q[..len],
+            q,
             dim,
             placed.keys(),
             keys,
@@ -281,8 +412,14 @@ fn paged_attention(
             ids,
             sink,
             scale,
+            o,
         )?;
-        c.dev.download_f32(&ob, out)?;
+        if io.on_host() {
+            io.finish(c, &ob)?;
+            drop(placed);
+        } else {
+            placed.release_after_reads(c)?;
+        }
         return Ok(Ok(()));
     }
     // Only the rows from the first to the last used one are uploaded; ids count from there.
@@ -292,8 +429,9 @@ fn paged_attention(
     // query its own rows): key i is then row i.
     let identity = ids.iter().enumerate().all(|(i, &id)| id == i);
     let ids = (!identity).then_some(&ids[..]);
-    let ob = attend_on_device(c, &q[..len], dim, &kb, keys, &r.starts, ids, sink, scale)?;
-    c.dev.download_f32(&ob, out)?;
+    let (q, o) = (qb.ptr(), ob.ptr());
+    attend_on_device(c, q, dim, &kb, keys, &r.starts, ids, sink, scale, o)?;
+    io.finish(c, &ob)?;
     Ok(Ok(()))
 }
 
@@ -312,17 +450,21 @@ fn attend(
     out: &mut [f32],
 ) -> Result<(), CudaError> {
     let kb = c.dev.temp_f32(keys)?;
-    let ob = attend_on_device(c, q, dim, &kb, Keys::F32, starts, None, sink, scale)?;
+    let qb = c.dev.temp_f32(q)?;
+    let ob = c.dev.temp(q.len() * 4)?;
+    let (qp, op) = (qb.at(), ob.at());
+    attend_on_device(c, qp, dim, &kb, Keys::F32, starts, None, sink, scale, op)?;
     c.dev.download_f32(&ob, out)
 }
 
 /// [`attend`]'s launches over keys already on the device (`kb` holds `starts[rows]` keys as
 /// `keys` says: rows of `dim` f32, or cache entries the kernels read in place; with `ids`, key
-/// i is row `ids[i]` of `kb`); the output's device buffer (rows · heads · dim f32).
+/// i is row `ids[i]` of `kb`), from the queries at `q` into the output at `out` (rows · heads
+/// · dim f32 each).
 #[allow(clippy::too_many_arguments)]
 fn attend_on_device(
     c: &Core,
-    q: &[f32],
+    q: DevPtr,
     dim: usize,
     kb: &DevBuf,
     keys: Keys,
@@ -330,7 +472,8 @@ fn attend_on_device(
     ids: Option<&[usize]>,
     sink: &[f32],
     scale: f32,
-) -> Result<DevBuf, CudaError> {
+    out: DevPtr,
+) -> Result<(), CudaError> {
     let heads = sink.len();
     if heads > MAX_GRID_Y {
         return Err(CudaError::BadOperands(format!(
@@ -341,23 +484,28 @@ fn attend_on_device(
     let n = starts[rows];
     let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     let dev = &c.dev;
-    let ob = dev.temp(rows * heads * dim * 4)?;
+    let words = rows * heads * dim;
+    if q.bytes < words * 4 || out.bytes < words * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "sparse_attention of {rows} queries of {heads}×{dim}: q holds {} bytes, out {}",
+            q.bytes, out.bytes
+        )));
+    }
     let idb = match ids {
         Some(ids) => Some(dev.temp_upload(&u32_words("key ids", ids)?)?),
         None => None,
     };
     let ops = AttendOperands {
-        q: &dev.temp_f32(q)?,
+        q,
         keys: kb,
         starts: &dev.temp_upload(&u32_words("keys", starts)?)?,
         ids: idb.as_ref(),
         sink: &dev.temp_f32(sink)?,
         logits: &dev.temp(heads * n * 8)?,
         sinkw: &dev.temp(rows * heads * 8)?,
-        out: &ob,
+        out,
     };
-    launch_attention(c, &ops, keys, dim, heads, rows, max_n, scale)?;
-    Ok(ob)
+    launch_attention(c, &ops, keys, dim, heads, rows, max_n, scale)
 }
 
 /// The device buffers of sparse attention over `rows` queries: q [rows, heads, dim], the keys,
@@ -365,14 +513,14 @@ fn attend_on_device(
 /// (n u32; None: key i is row i), sink [heads], the logits/weights scratch (heads·n f64),
 /// sinkw (rows·heads f64), out [rows, heads, dim].
 struct AttendOperands<'a> {
-    q: &'a DevBuf,
+    q: DevPtr,
     keys: &'a DevBuf,
     starts: &'a DevBuf,
     ids: Option<&'a DevBuf>,
     sink: &'a DevBuf,
     logits: &'a DevBuf,
     sinkw: &'a DevBuf,
-    out: &'a DevBuf,
+    out: DevPtr,
 }
 
 /// The three attention launches per ≤ 65535 queries over device-resident operands; `max_n` is
@@ -406,7 +554,7 @@ fn launch_attention(
         // queries row0 .. row0 + nr ≤ rows.
         unsafe {
             let mut args = vec![
-                KArg::Buf(o.q),
+                KArg::Ptr(o.q),
                 KArg::Buf(o.keys),
                 KArg::Buf(o.starts),
                 ids,
@@ -446,7 +594,7 @@ fn launch_attention(
                 KArg::Buf(o.keys),
                 KArg::Buf(o.starts),
                 ids,
-                KArg::Buf(o.out),
+                KArg::Ptr(o.out),
                 KArg::U32(dim32),
                 KArg::U32(h32),
                 KArg::U32(r0),
@@ -494,15 +642,19 @@ pub fn time_paged_attention(
         .flatten()
         .collect();
     let dev = &c.dev;
+    let (qb, ob) = (
+        dev.upload_f32(&seeded(g, queries * heads * dim))?,
+        dev.alloc(queries * heads * dim * 4)?,
+    );
     let ops = AttendOperands {
-        q: &dev.upload_f32(&seeded(g, queries * heads * dim))?,
+        q: qb.at(),
         keys: &dev.upload(&entries)?,
         starts: &dev.upload(&starts)?,
         ids: None,
         sink: &dev.upload_f32(&seeded(g, heads))?,
         logits: &dev.alloc(heads * n * 8)?,
         sinkw: &dev.alloc(queries * heads * 8)?,
-        out: &dev.alloc(queries * heads * dim * 4)?,
+        out: ob.at(),
     };
     let keys_fmt = Keys::entries(&fmt)?;
     let scale = 1.0 / (dim as f32).sqrt();

@@ -20,6 +20,7 @@
 //! `stats` counts the resident ops' traffic and adds the host ops' (counted by the host ops'
 //! handle of the device: each host op's read-back is one submission).
 
+mod attention;
 mod grouped;
 mod moe;
 mod ops;
@@ -110,6 +111,8 @@ pub(crate) struct Resident {
     streams: Arc<streams::StreamPool>,
     /// Whether it offers the routing ops ([`DeviceOps::routes_on_device`]).
     routes: bool,
+    /// Whether it offers attention ([`DeviceOps::attends_on_device`]).
+    attends: bool,
 }
 
 impl Drop for Resident {
@@ -119,8 +122,6 @@ impl Drop for Resident {
 }
 
 impl Resident {
-    /// The op set over `core` (the backend's device and weight cache); `stats` adds
-    /// `host_traffic`, what the backend's host ops count.
     /// Share `pages` as the device's page cache (the host ops' one).
     pub(crate) fn set_page_cache(&mut self, pages: Arc<crate::ops::page_cache::PageCache>) {
         self.core.pages = pages;
@@ -131,6 +132,13 @@ impl Resident {
         self.routes = on;
     }
 
+    /// Offer attention on device memory (`on`) or not.
+    pub(crate) fn set_attention(&mut self, on: bool) {
+        self.attends = on;
+    }
+
+    /// The op set over `core` (the backend's device and weight cache); `stats` adds
+    /// `host_traffic`, what the backend's host ops count.
     pub(crate) fn new(core: Core, host_traffic: Arc<Mutex<DeviceStats>>) -> Self {
         Self {
             core,
@@ -138,6 +146,7 @@ impl Resident {
             host_traffic,
             streams: Arc::default(),
             routes: true,
+            attends: true,
         }
     }
 }
@@ -663,6 +672,28 @@ impl dsv4_kernels::DeviceOps for Resident {
         self.resident_op("routed_experts", |cx| {
             routing_offered(self.routes, "routed_experts")?;
             moe::routed_experts(cx, experts, x, routes, work, y)
+        })
+    }
+
+    fn attends_on_device(&self) -> bool {
+        self.attends
+    }
+
+    fn paged_attention(
+        &self,
+        keys: &dsv4_kernels::PagedAttention<'_>,
+        q: DevSlice,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.resident_op("paged_attention", |cx| {
+            if !self.attends {
+                return Err(op_err(
+                    "paged_attention: this backend attends from host copies \
+                     (backend.cuda_attention = host)"
+                        .into(),
+                ));
+            }
+            attention::paged_attention(cx, keys, q, out, &self.host_traffic)
         })
     }
 }

@@ -20,14 +20,19 @@
 //! Slots are reused least recently used first, never within the call that placed them. The
 //! arena's lock is held until the call has read its result back (a blocking download on the
 //! calling thread's stream, after its launches), so no other call overwrites a slot while a
-//! launch may still read it. Arenas leave a reserve of device memory free (see
-//! [`default_reserve`]).
+//! launch may still read it. A call that reads nothing back (attention into device memory,
+//! `DeviceOps::paged_attention`) instead records an event on its stream after its launches
+//! ([`Placed::release_after_reads`]), and every later call first makes its own stream wait for
+//! the events of the other streams that read this way, so its uploads and copies into the
+//! arenas run after those launches (work on one stream runs in order anyway). Arenas leave a
+//! reserve of device memory free (see [`default_reserve`]).
 
 mod arena;
 mod sources;
 
 use super::mhc::u32_arg;
-use crate::{Core, CudaError, DevBuf, DevPtr};
+use crate::device::StreamHandle;
+use crate::{Core, CudaError, DevBuf, DevPtr, Device};
 use arena::Arena;
 use dsv4_kernels::{EntryOrigin, PageTag, RowFormat};
 use sources::Sources;
@@ -111,12 +116,37 @@ pub(crate) struct PageCache {
     reserve: AtomicUsize,
     short: AtomicU64,
     arenas: Mutex<Vec<Arena>>,
+    /// Streams whose launches may still read the arenas with nobody waiting for them: each
+    /// with the event recorded after its last such launches. Locked inside `arenas`.
+    readers: Mutex<Readers>,
+}
+
+/// The streams reading the arenas without a wait ([`Placed::release_after_reads`]).
+#[derive(Default)]
+struct Readers {
+    /// The device the events belong to (set with the first).
+    dev: Option<Device>,
+    /// (stream, its event).
+    events: Vec<(StreamHandle, u64)>,
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.dev {
+            for &(_, e) in &self.events {
+                // SAFETY: the event came from this device's event_create and goes with the
+                // cache; a wait already issued on it is unaffected.
+                unsafe { dev.event_destroy(e) };
+            }
+        }
+    }
 }
 
 /// A call's keys placed in an arena: the arena stays locked until this is dropped, which the
-/// caller does after reading its result back.
+/// caller does after reading its result back, or until [`Placed::release_after_reads`].
 pub(crate) struct Placed<'a> {
     arenas: MutexGuard<'a, Vec<Arena>>,
+    readers: &'a Mutex<Readers>,
     index: usize,
     /// Each requested row's row id in the arena's buffer.
     pub rows: Vec<usize>,
@@ -126,6 +156,24 @@ impl Placed<'_> {
     /// The arena's buffer: entries end to end, the kernels' keys.
     pub fn keys(&self) -> &DevBuf {
         &self.arenas[self.index].buf
+    }
+
+    /// Unlock the arena without reading anything back: the calling stream records its event
+    /// after the launches issued so far (those reading the keys), and later calls on other
+    /// streams wait for it before they write into the arenas.
+    pub fn release_after_reads(self, c: &Core) -> Result<(), CudaError> {
+        let mut r = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = c.dev.stream();
+        let event = match r.events.iter().find(|(s, _)| *s == stream) {
+            Some(&(_, e)) => e,
+            None => {
+                let e = c.dev.event_create()?;
+                r.dev.get_or_insert_with(|| c.dev.clone());
+                r.events.push((stream, e));
+                e
+            }
+        };
+        c.dev.event_record(event)
     }
 }
 
@@ -154,6 +202,7 @@ impl PageCache {
             reserve: AtomicUsize::new(0),
             short: AtomicU64::new(0),
             arenas: Mutex::new(Vec::new()),
+            readers: Mutex::default(),
         }
     }
 
@@ -295,6 +344,7 @@ impl PageCache {
             })
             .collect();
         let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
+        self.after_other_readers(c)?;
         let index = match arenas.iter().position(|a| a.entry == entry && a.per == per) {
             Some(i) => i,
             None => {
@@ -454,9 +504,24 @@ impl PageCache {
         }
         Ok(Some(Placed {
             arenas,
+            readers: &self.readers,
             index,
             rows,
         }))
+    }
+
+    /// Make the calling stream wait for the launches other streams issued reading the arenas
+    /// without a wait ([`Placed::release_after_reads`]); called with the arenas locked, before
+    /// anything is written into them.
+    fn after_other_readers(&self, c: &Core) -> Result<(), CudaError> {
+        let r = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = c.dev.stream();
+        for &(s, e) in &r.events {
+            if s != stream {
+                c.dev.wait_event(e)?;
+            }
+        }
+        Ok(())
     }
 
     /// [`PageCache::set_check`]'s check: every entry each source is read at equals its slot's.
