@@ -20,10 +20,15 @@ fn tokens(n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| 2 + g.below(380) as u32).collect()
 }
 
-/// The reference backend behind a host-memory device op set, routing on that device or not.
-fn device(routing: bool) -> HostResident {
+/// The reference backend behind a host-memory device op set, routing and attending on that
+/// device (`on`) or not.
+fn device(on: bool) -> HostResident {
     let d = HostResident::new(Arc::new(ReferenceBackend));
-    if routing { d.with_device_routing() } else { d }
+    if on {
+        d.with_device_routing().with_device_attention()
+    } else {
+        d
+    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -136,7 +141,8 @@ fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
             // The oracle runs on the same backend with activations kept in host memory.
             let host = session(&m, &host_exec(exec), 3);
             let dev = session(&m, exec, 3);
-            let what = format!("{numerics} {name} (routing on the device: {routing})");
+            let what =
+                format!("{numerics} {name} (routing and attention on the device: {routing})");
             assert_same(&host, &dev, &what);
             if exec.captured {
                 // Replays of a captured bucket reuse its arena and scratch: no allocation.
@@ -149,7 +155,7 @@ fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
         assert_eq!(
             resident.live_buffers(),
             0,
-            "{numerics} (routing on the device: {routing}): device buffers leaked"
+            "{numerics} (routing and attention on the device: {routing}): device buffers leaked"
         );
     }
 }
@@ -182,7 +188,8 @@ fn routed_experts_add_in_ascending_order_on_the_device_with_four_per_token() {
             2,
         );
         let dev = session(&m, &exec, 2);
-        let what = format!("four experts per token (routing on the device: {routing})");
+        let what =
+            format!("four experts per token (routing and attention on the device: {routing})");
         assert_same(&host, &dev, &what);
     }
 }
@@ -235,18 +242,18 @@ fn taps_and_mtp_read_the_same_values_from_the_device() {
         assert_eq!(
             h.0.len(),
             d.0.len(),
-            "same taps (routing on the device: {routing})"
+            "same taps (routing and attention on the device: {routing})"
         );
         for (a, b) in h.0.iter().zip(&d.0) {
             assert_eq!(
                 a, b,
-                "tap {} {} (routing on the device: {routing})",
+                "tap {} {} (routing and attention on the device: {routing})",
                 a.0, a.1
             );
         }
         assert_eq!(
             h.1, d.1,
-            "MTP draft logits (routing on the device: {routing})"
+            "MTP draft logits (routing and attention on the device: {routing})"
         );
     }
 }
@@ -277,10 +284,6 @@ fn selections_scattered_over_many_pages_attend_as_on_the_plain_backend() {
     // before the attention call. Its bits must be the plain backend's.
     let numerics = Numerics::default();
     let plain = model(Arc::new(ReferenceBackend), numerics);
-    let resident = model(
-        Arc::new(HostResident::new(Arc::new(ReferenceBackend))),
-        numerics,
-    );
     let run = |m: &Model| {
         let mut s = m.new_sequence();
         let mut outs = vec![m.forward(&mut s, &tokens(300, 21)).expect("prefill")];
@@ -289,7 +292,16 @@ fn selections_scattered_over_many_pages_attend_as_on_the_plain_backend() {
         }
         outs
     };
-    let (p, r) = (run(&plain), run(&resident));
+    let p = run(&plain);
+    // Attending from host copies, and on the device (the packed page's entries named by
+    // their origins in the device call).
+    for on in [false, true] {
+        let r = run(&model(Arc::new(device(on)), numerics));
+        assert_scattered_selections_match(&p, &r, on);
+    }
+}
+
+fn assert_scattered_selections_match(p: &[ForwardOutput], r: &[ForwardOutput], on: bool) {
     let last = &r.last().unwrap().topk;
     assert!(
         last.values()
@@ -297,9 +309,16 @@ fn selections_scattered_over_many_pages_attend_as_on_the_plain_backend() {
             .any(|sel| sel.iter().any(|&i| i < 64) && sel.iter().any(|&i| i >= 64)),
         "no decode selection spans two pages: {last:?}"
     );
-    for (step, (a, b)) in p.iter().zip(&r).enumerate() {
-        assert_eq!(bits(&a.logits), bits(&b.logits), "step {step}: logits");
-        assert_eq!(a.topk, b.topk, "step {step}: selections");
+    for (step, (a, b)) in p.iter().zip(r).enumerate() {
+        assert_eq!(
+            bits(&a.logits),
+            bits(&b.logits),
+            "step {step} (attention on the device: {on}): logits"
+        );
+        assert_eq!(
+            a.topk, b.topk,
+            "step {step} (attention on the device: {on}): selections"
+        );
     }
 }
 
@@ -323,8 +342,47 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
     assert_decode_waits(true, layers + 2);
 }
 
+#[test]
+fn attention_on_the_device_moves_no_queries_and_no_output() {
+    // Where the device attends, a layer's queries stay on the device and its output is
+    // written there: each decode step reads back, and writes, exactly one query tensor per
+    // layer less than where the queries come back and the output goes up again.
+    let cfg = ModelConfig::tiny();
+    let per_layer = 2 * cfg.num_attention_heads * cfg.head_dim * 4;
+    let steps = |attend: bool| {
+        let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
+        let d = if attend { d.with_device_attention() } else { d };
+        session(
+            &model(Arc::new(d), Numerics::default()),
+            &ExecOptions::default(),
+            2,
+        )
+    };
+    let (host, dev) = (steps(false), steps(true));
+    for (step, ((ho, h), (do_, d))) in host.iter().zip(&dev).enumerate() {
+        for (a, b) in ho.iter().zip(do_) {
+            assert_eq!(bits(&a.logits), bits(&b.logits), "step {step}: logits");
+        }
+        if step == 0 {
+            continue;
+        }
+        let (h, d) = (h.device.unwrap(), d.device.unwrap());
+        let layers = cfg.num_hidden_layers as u64;
+        assert_eq!(
+            h.read_bytes - d.read_bytes,
+            layers * per_layer as u64,
+            "decode step {step}: bytes read back"
+        );
+        assert_eq!(
+            h.write_bytes - d.write_bytes,
+            layers * per_layer as u64,
+            "decode step {step}: bytes written"
+        );
+    }
+}
+
 /// Every decode step of a session, eager and captured, waits for the device `want` times
-/// (routing on the device or not).
+/// (routing and attention on the device or not).
 fn assert_decode_waits(routing: bool, want: u64) {
     let m = model(Arc::new(device(routing)), Numerics::all()[0]);
     for (name, exec) in [
@@ -342,7 +400,7 @@ fn assert_decode_waits(routing: bool, want: u64) {
             assert_eq!(
                 report.device.map(|d| d.submissions),
                 Some(want),
-                "{name}: decode step {step} (routing on the device: {routing}): waits for \
+                "{name}: decode step {step} (routing and attention on the device: {routing}): waits for \
                  the device"
             );
         }

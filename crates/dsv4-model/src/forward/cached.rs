@@ -1,5 +1,5 @@
 //! Launches that touch the cache pools: SWA stores, the compressors (ring rows and finished
-//! entries), the indexer's top-k over index-K rows, and sparse attention.
+//! entries) and the indexer's top-k over index-K rows (sparse attention is `attention.rs`).
 //!
 //! Writes go to the locations in the block's `loc` buffer (page id × entries + slot), as a
 //! device kernel writes where its location tensor points. A location that does not name a
@@ -23,11 +23,11 @@ type Res = Result<Vec<f32>, ForwardError>;
 
 /// Rows whose attention (or indexer scoring) runs in one call: bounds the keys gathered for
 /// one call to this many rows' windows and selections (or index-K rows).
-const ATTENTION_CHUNK: usize = 16;
+pub(super) const ATTENTION_CHUNK: usize = 16;
 
 /// Put one encoded entry (see [`dsv4_kernels::Backend::cache_encode_rows`]) into the row at
 /// location `loc` of `store` (nothing for [`NO_LOCATION`]).
-fn store_entry(
+pub(super) fn store_entry(
     store: &dyn PageStore,
     fmt: &RowFormat,
     loc: u32,
@@ -45,20 +45,24 @@ fn store_entry(
     Ok(r?)
 }
 
-fn missing(what: &str) -> ForwardError {
+pub(super) fn missing(what: &str) -> ForwardError {
     ForwardError::Plan {
         message: format!("a sequence of the step has no {what} in its page stores"),
     }
 }
 
 impl Run<'_> {
-    fn row_state<'s>(&self, bb: &'s BoundBlock<'_>, i: usize) -> &'s super::state::LayerState {
+    pub(super) fn row_state<'s>(
+        &self,
+        bb: &'s BoundBlock<'_>,
+        i: usize,
+    ) -> &'s super::state::LayerState {
         bb.states[self.bound.row_seq[i]]
     }
 
     /// The SWA entries of the step's rows of `kv`, encoded in one call: the format every row's
     /// SWA store shares, and the entries (one per row).
-    fn encode_swa(
+    pub(super) fn encode_swa(
         &self,
         bb: &BoundBlock<'_>,
         kv: &[f32],
@@ -270,98 +274,6 @@ impl Run<'_> {
             }
         }
         Ok(out)
-    }
-
-    /// `[q, (kv, loc), (topk)] → [o]`: per row, (store its SWA entry,) gather the window and
-    /// the compressed entries, attend; then inverse RoPE.
-    pub(crate) fn attention(&self, b: Option<BlockRef>, stores: bool, ins: &[Vec<f32>]) -> Res {
-        let bw = self.weights(b)?;
-        let bb = self.bound_block(b)?;
-        let cfg = &self.model.cfg;
-        let (h, hd, window, k) = (
-            cfg.num_attention_heads,
-            cfg.head_dim,
-            cfg.sliding_window,
-            cfg.index_topk,
-        );
-        let ratio = bw.ratio;
-        let q = &ins[0];
-        let (kv, loc) = if stores {
-            (Some(&ins[1]), Some(&ins[2]))
-        } else {
-            (None, None)
-        };
-        let topk = (ratio == 4).then(|| &ins[if stores { 3 } else { 1 }]);
-        let lw = loc_width(ratio);
-        let be = self.model.backend.as_ref();
-        let t = self.bound.rows;
-        let mut o = vec![0f32; t * h * hd];
-        let scale = 1.0 / (hd as f32).sqrt();
-        // Rows attend in chunks: each row's keys — its window rows, then its compressed entries
-        // (SWA and compressed stores share one KV format) — are gathered right after its own
-        // SWA store (a later row's store may overwrite a ring slot this row reads; the gather
-        // copies the pages then), and a chunk's rows attend in one call that decodes their keys
-        // where it attends (on a GPU the keys never come back to the host). The gather shares
-        // rows: a chunk's rows of one sequence read mostly the same window rows and compressed
-        // entries, copied (and uploaded) once. That is sound because a ring keeps at least the
-        // window: a row is overwritten only by a store `window` or more positions on, and the
-        // rows from then on no longer read it.
-        let mut gather = RowGather::sharing(be);
-        let (mut starts, mut first) = (vec![0usize], 0usize);
-        // Every row's SWA entry is encoded up front in one call (the encoding does not depend
-        // on the pages); each is put into its page right before the row's gather.
-        let encoded = match kv {
-            Some(kv) => Some(self.encode_swa(bb, kv)?),
-            None => None,
-        };
-        for (i, &p) in self.bound.positions[..t].iter().enumerate() {
-            let st = self.row_state(bb, i);
-            if let (Some((fmt, entries)), Some(loc)) = (&encoded, loc) {
-                let store = st.swa.store().ok_or_else(|| missing("SWA store"))?;
-                let e = fmt.entry_bytes();
-                let entry = &entries[i * e..(i + 1) * e];
-                store_entry(store.as_ref(), fmt, loc[i * lw].to_bits(), entry)?;
-            }
-            let mut keys_of_row = gather.add(&st.swa, (p + 1).saturating_sub(window)..=p, false)?;
-            if let Some(cs) = st.compressor.as_ref() {
-                let n = (p + 1) / ratio;
-                if let Some(topk) = topk {
-                    let chosen: Vec<usize> = topk[i * k..(i + 1) * k]
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .take_while(|&j| j != NO_LOCATION)
-                        .map(|j| j as usize % n.max(1))
-                        .collect();
-                    keys_of_row += gather.add(&cs.entries, chosen.iter().copied(), false)?;
-                } else {
-                    keys_of_row += gather.add(&cs.entries, 0..n, false)?;
-                }
-            }
-            starts.push(starts[starts.len() - 1] + keys_of_row);
-            if starts.len() > ATTENTION_CHUNK || i + 1 == t {
-                let rows = starts.len() - 1;
-                std::mem::replace(&mut gather, RowGather::sharing(be)).attend(
-                    &q[first * h * hd..(first + rows) * h * hd],
-                    hd,
-                    &starts,
-                    &bw.attn.sink,
-                    scale,
-                    &mut o[first * h * hd..(first + rows) * h * hd],
-                )?;
-                (first, starts) = (first + rows, vec![0]);
-            }
-        }
-        let hp: Vec<usize> = self.bound.positions[..t]
-            .iter()
-            .flat_map(|&p| std::iter::repeat_n(p, h))
-            .collect();
-        let rope = if ratio == 0 {
-            &self.model.rope_plain
-        } else {
-            &self.model.rope_compress
-        };
-        be.rope(&mut o, hd, &hp, rope, true);
-        Ok(o)
     }
 }
 

@@ -15,7 +15,7 @@
 
 use super::ForwardError;
 use super::state::{CopiedPages, PagedRows};
-use dsv4_kernels::{Backend, RowFormat};
+use dsv4_kernels::{Backend, DevSlice, DeviceOps, PagedAttention, RowFormat};
 use std::collections::HashMap;
 
 /// Where a sharing gather copied each row: (the store's address, row) → its pick.
@@ -170,6 +170,48 @@ impl<'b> RowGather<'b> {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::attend`] with the queries `q` and the output `out` in `dev`'s memory: one
+    /// [`DeviceOps::paged_attention`] over the copied pages (a sharing gather's, which every
+    /// gather on a backend with a device is). A gather of no rows (it has no pages to name
+    /// their format) attends from host copies: the queries read back, the output written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_on(
+        self,
+        dev: &dyn DeviceOps,
+        q: DevSlice,
+        dim: usize,
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: DevSlice,
+    ) -> Result<(), ForwardError> {
+        match (&self.direct, self.layout, &self.shared) {
+            (None, Some((fmt, width)), Some((_, ids))) => {
+                self.same_width(width, dim)?;
+                let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
+                let origins: Vec<&[_]> = self.pages.origins.iter().map(Vec::as_slice).collect();
+                let keys = PagedAttention {
+                    fmt: &fmt,
+                    pages: &refs,
+                    tags: &self.pages.tags,
+                    origins: &origins,
+                    rows: &self.picks,
+                    key_ids: ids,
+                    key_starts,
+                    sink,
+                    scale,
+                };
+                Ok(dev.paged_attention(&keys, q, out)?)
+            }
+            _ => {
+                let qv = dev.read(q)?;
+                let mut o = vec![0f32; out.len];
+                self.attend(&qv, dim, key_starts, sink, scale, &mut o)?;
+                Ok(dev.write(out, &o)?)
+            }
+        }
     }
 
     /// The indexer's selection of queries `q` (head weights `w`) over the rows added as keys

@@ -7,6 +7,7 @@
 //! (`run`) interprets the launches with the backend's ops — eagerly with fresh buffers, or by
 //! replaying a [`captured`] plan whose buffers sit in one verified arena.
 
+mod attention;
 pub mod build;
 mod cached;
 pub mod captured;

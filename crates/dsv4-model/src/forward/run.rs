@@ -256,6 +256,13 @@ impl Run<'_> {
             return Ok(());
         }
         let l = &self.plan.launches[i];
+        if let Memory::Device(dm) = &self.mem
+            && self.attends_resident(l.op.kind)
+        {
+            self.attention_resident(dm, i, next)?;
+            self.release(i);
+            return Ok(());
+        }
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
         let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
         let ins = match &self.mem {
@@ -291,8 +298,9 @@ impl Run<'_> {
     /// stores, pooling, top-k and attention back to back), less what the run writes itself.
     /// Only the run runs on this thread until it is done, and anything another stream writes
     /// that the run reads is ordered before it by an event the run would wait for, so these
-    /// operands are final when launch `i` reads its own.
-    fn host_run_reads(&self, i: usize, next: &[usize]) -> Vec<BufferId> {
+    /// operands are final when launch `i` reads its own. Attention's queries stay out where
+    /// the device attends (they stay on the device).
+    pub(super) fn host_run_reads(&self, i: usize, next: &[usize]) -> Vec<BufferId> {
         let launches = &self.plan.launches;
         let stream = launches[i].stream;
         let transient = |b: BufferId| self.plan.buffer(b).class == BufferClass::Transient;
@@ -305,9 +313,15 @@ impl Run<'_> {
             {
                 break;
             }
-            for s in &l.reads {
+            let on_device = usize::from(self.attends_resident(l.op.kind));
+            let host_reads = l
+                .reads
+                .iter()
+                .filter(|s| transient(s.buffer))
+                .skip(on_device);
+            for s in host_reads {
                 let b = s.buffer;
-                if transient(b) && !written.contains(&b) && !wanted.contains(&b) {
+                if !written.contains(&b) && !wanted.contains(&b) {
                     wanted.push(b);
                 }
             }
