@@ -29,37 +29,50 @@ pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
 /// Environment variable choosing where a MoE layer is routed: `device` (the default) or `host`,
 /// as `backend.cuda_routing` does in a profile.
 pub(crate) const ROUTING_ENV: &str = "DSV4_CUDA_ROUTING";
+/// Environment variable choosing where attention reads its queries and writes its output:
+/// `device` (the default) or `host`, as `backend.cuda_attention` does in a profile.
+pub(crate) const ATTENTION_ENV: &str = "DSV4_CUDA_ATTENTION";
 
-/// Where `DSV4_CUDA_ROUTING` asks to route (true = on the device), None when unset.
-fn routing_override() -> Result<Option<bool>, CudaError> {
-    match std::env::var(ROUTING_ENV) {
+/// What a `device`/`host` variable `env` asks for (true = on the device), None when unset.
+fn placement_override(env: &str) -> Result<Option<bool>, CudaError> {
+    match std::env::var(env) {
         Err(_) => Ok(None),
         Ok(v) => match v.trim() {
             "" => Ok(None),
             "device" => Ok(Some(true)),
             "host" => Ok(Some(false)),
             other => Err(CudaError::BadOperands(format!(
-                "{ROUTING_ENV}={other}: expected device or host"
+                "{env}={other}: expected device or host"
             ))),
         },
     }
 }
 
-fn routing_name(on_device: bool) -> &'static str {
+fn placement_name(on_device: bool) -> &'static str {
     if on_device { "device" } else { "host" }
+}
+
+/// Whether a part of the step with a device form runs it: the profile's `key` (`chosen`) or
+/// the variable `env`, which must agree when both are set, else on the device.
+fn placement_choice(key: &str, chosen: Option<bool>, env: &str) -> Result<bool, CudaError> {
+    let chosen = agree(key, chosen, env, placement_override(env)?, placement_name)?;
+    Ok(chosen.unwrap_or(true))
 }
 
 /// Whether the backend routes on the device: `backend.cuda_routing` (`opts.device_routing`)
 /// or `DSV4_CUDA_ROUTING`, else on the device.
 pub(crate) fn routing_choice(opts: &BackendOptions) -> Result<bool, CudaError> {
-    let chosen = agree(
-        "backend.cuda_routing",
-        opts.device_routing,
-        ROUTING_ENV,
-        routing_override()?,
-        routing_name,
-    )?;
-    Ok(chosen.unwrap_or(true))
+    placement_choice("backend.cuda_routing", opts.device_routing, ROUTING_ENV)
+}
+
+/// Whether the backend attends on device-resident queries: `backend.cuda_attention`
+/// (`opts.device_attention`) or `DSV4_CUDA_ATTENTION`, else on the device.
+pub(crate) fn attention_choice(opts: &BackendOptions) -> Result<bool, CudaError> {
+    placement_choice(
+        "backend.cuda_attention",
+        opts.device_attention,
+        ATTENTION_ENV,
+    )
 }
 
 /// Environment variable choosing the linear kernels: `simt` (the default) or `mma` (tensor
@@ -146,7 +159,8 @@ pub(crate) fn page_cache_choice(opts: &BackendOptions) -> Result<Option<u64>, Cu
 }
 
 /// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it,
-/// checked when `opts` asks for it, routing where `routing_choice` says.
+/// checked when `opts` asks for it, routing where `routing_choice` says and attending where
+/// `attention_choice` says.
 fn with_budget(
     backend: CudaBackend,
     mib: Option<u64>,
@@ -157,7 +171,9 @@ fn with_budget(
         None => backend,
     };
     backend.check_page_cache(opts.check_cached_pages);
-    Ok(backend.with_device_routing(routing_choice(opts)?))
+    Ok(backend
+        .with_device_routing(routing_choice(opts)?)
+        .with_device_attention(attention_choice(opts)?))
 }
 
 fn unavailable(name: &str, e: CudaError) -> KernelError {
@@ -287,7 +303,7 @@ mod tests {
             e.contains("backend.cuda_page_cache_mib = 512 but DSV4_CUDA_PAGE_CACHE_MIB=0"),
             "{e}"
         );
-        let route = |p, e| agree("backend.cuda_routing", p, ROUTING_ENV, e, routing_name);
+        let route = |p, e| agree("backend.cuda_routing", p, ROUTING_ENV, e, placement_name);
         let e = route(Some(false), Some(true)).unwrap_err().to_string();
         assert!(
             e.contains("backend.cuda_routing = host but DSV4_CUDA_ROUTING=device"),

@@ -480,6 +480,43 @@ fn the_routing_knob_reaches_the_device_op_set() {
 }
 
 #[test]
+fn the_attention_knob_reaches_the_device_op_set() {
+    if !emu_available("the_attention_knob_reaches_the_device_op_set") {
+        return;
+    }
+    // `backend.cuda_attention` (BackendOptions::device_attention): the device attends unless
+    // told to attend from host copies, and then refuses the op rather than run it.
+    for (choice, on) in [(None, true), (Some(true), true), (Some(false), false)] {
+        let opts = dsv4_kernels::BackendOptions {
+            device_attention: choice,
+            ..Default::default()
+        };
+        let be = dsv4_backend_cuda::open_backend(EMU_NAME, &opts).expect("open the emulator");
+        let d = dev(&be);
+        assert_eq!(d.attends_on_device(), on, "{choice:?}");
+        let layout =
+            dsv4_core::cache::KvLayout::from_head_dims(dsv4_core::KvCacheDtype::Bf16, 10, 4, 2)
+                .expect("a layout");
+        let fmt = dsv4_kernels::RowFormat::Kv(layout);
+        let page = vec![0u8; fmt.page_bytes()];
+        let keys = dsv4_kernels::PagedAttention {
+            fmt: &fmt,
+            pages: &[&page],
+            tags: &[],
+            origins: &[],
+            rows: &[(0, 1)],
+            key_ids: &[0],
+            key_starts: &[0, 1],
+            sink: &[0.5],
+            scale: 0.3,
+        };
+        let (q, o) = (put(d, &[0.25; 10]), zeros(d, 10));
+        let attended = d.paged_attention(&keys, q, o);
+        assert_eq!(attended.is_ok(), on, "{choice:?}: {attended:?}");
+    }
+}
+
+#[test]
 fn stats_count_the_traffic() {
     if !emu_available("stats_count_the_traffic") {
         return;

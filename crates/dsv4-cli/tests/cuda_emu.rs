@@ -136,6 +136,22 @@ fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
         "DSV4_CUDA_ROUTING=gpu: expected device or host",
     );
     fails_with(
+        &["backend.cuda_attention=gpu"],
+        &[],
+        "bad value `gpu` for `backend.cuda_attention` in --set backend.cuda_attention=gpu: \
+         expected one of: auto, device, host",
+    );
+    fails_with(
+        &["backend.cuda_attention=device"],
+        &[("DSV4_CUDA_ATTENTION", "host")],
+        "backend.cuda_attention = device but DSV4_CUDA_ATTENTION=host",
+    );
+    fails_with(
+        &[],
+        &[("DSV4_CUDA_ATTENTION", "on")],
+        "DSV4_CUDA_ATTENTION=on: expected device or host",
+    );
+    fails_with(
         &["backend.cuda_page_cache_mib=1G"],
         &[],
         "bad value `1G` for `backend.cuda_page_cache_mib` in --set \

@@ -6,7 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
-use crate::values::{CudaLinear, CudaRouting, CudaSums, PageCacheMib};
+use crate::values::{CudaLinear, CudaSums, DeviceOrHost, PageCacheMib};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -113,7 +113,10 @@ pub struct BackendSection {
     pub cuda_linear: CudaLinear,
     /// Where the CUDA backends route a MoE layer's tokens (cuda-sm120, cuda-emu).
     #[serde(default)]
-    pub cuda_routing: CudaRouting,
+    pub cuda_routing: DeviceOrHost,
+    /// Where the CUDA backends run attention: on device-resident queries, or host copies.
+    #[serde(default)]
+    pub cuda_attention: DeviceOrHost,
     /// Device memory for cache pages kept across calls, per entry layout (cuda-sm120, cuda-emu).
     #[serde(default)]
     pub cuda_page_cache_mib: PageCacheMib,
@@ -126,7 +129,8 @@ impl Default for BackendSection {
             device: None,
             cuda_sums: CudaSums::default(),
             cuda_linear: CudaLinear::default(),
-            cuda_routing: CudaRouting::default(),
+            cuda_routing: DeviceOrHost::default(),
+            cuda_attention: DeviceOrHost::default(),
             cuda_page_cache_mib: PageCacheMib::default(),
         }
     }

@@ -118,27 +118,29 @@ impl CudaSums {
     }
 }
 
-/// Where the CUDA backends rank a MoE layer's experts and group its rows
-/// (`backend.cuda_routing`).
+/// Where the CUDA backends run a piece of a step that has a device form and a host form
+/// with the same bits: MoE routing (`backend.cuda_routing`), attention
+/// (`backend.cuda_attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CudaRouting {
+pub enum DeviceOrHost {
     /// The backend chooses (today on the device).
     #[default]
     Auto,
-    /// On the device: the router's scores are never read back (`DeviceOps::route_experts`).
+    /// On the device: its operands are never read back (`DeviceOps::route_experts`,
+    /// `DeviceOps::paged_attention`).
     Device,
-    /// On the host: the router's scores are read back, ranked and grouped there.
+    /// On the host's side: its operands are read back (and its results written) around it.
     Host,
 }
-spelled!(CudaRouting, "cuda_routing", Auto => "auto", Device => "device", Host => "host");
+spelled!(DeviceOrHost, "placement", Auto => "auto", Device => "device", Host => "host");
 
-impl CudaRouting {
+impl DeviceOrHost {
     /// Some(true) on the device, Some(false) on the host, None when the backend chooses.
     pub fn on_device(self) -> Option<bool> {
         match self {
-            CudaRouting::Auto => None,
-            CudaRouting::Device => Some(true),
-            CudaRouting::Host => Some(false),
+            DeviceOrHost::Auto => None,
+            DeviceOrHost::Device => Some(true),
+            DeviceOrHost::Host => Some(false),
         }
     }
 }

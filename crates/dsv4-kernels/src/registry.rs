@@ -20,6 +20,10 @@ pub struct BackendOptions {
     /// MoE routing on the device where a backend offers it (`backend.cuda_routing`): Some(true)
     /// on the device, Some(false) on the host, None the backend's choice.
     pub device_routing: Option<bool>,
+    /// Attention on device-resident queries where a backend offers it
+    /// (`backend.cuda_attention`): Some(true) on the device, Some(false) from host copies, None
+    /// the backend's choice.
+    pub device_attention: Option<bool>,
     /// MiB of device memory for cache pages kept across calls, per entry layout, where a backend
     /// keeps them (`backend.cuda_page_cache_mib`): Some(0) none, None the backend's choice.
     pub page_cache_mib: Option<u64>,

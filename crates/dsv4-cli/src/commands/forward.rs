@@ -56,6 +56,7 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         f64_sums: profile.backend.cuda_sums.f64_sums(),
         tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
         device_routing: profile.backend.cuda_routing.on_device(),
+        device_attention: profile.backend.cuda_attention.on_device(),
         page_cache_mib: profile.backend.cuda_page_cache_mib.mib(),
         check_cached_pages: profile.debug.canary.iter().any(|p| {
             matches!(

@@ -188,6 +188,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Same("SGLang routes a MoE layer's tokens on the GPU"),
     ),
     row(
+        "backend.cuda_attention",
+        Always,
+        Same("SGLang's attention reads its queries and KV cache in GPU memory"),
+    ),
+    row(
         "backend.cuda_page_cache_mib",
         Always,
         Same(

@@ -3,7 +3,7 @@
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
-    CanaryPool, CudaLinear, CudaRouting, CudaSums, DisaggMode, Fault, ReasoningParser,
+    CanaryPool, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, Fault, ReasoningParser,
     SchedulePolicy, ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
@@ -69,11 +69,20 @@ pub const KEYS: &[KeySpec] = &[
     ),
     key(
         "backend.cuda_routing",
-        ValueKind::OneOf(CudaRouting::NAMES),
+        ValueKind::OneOf(DeviceOrHost::NAMES),
         "auto",
         "where the CUDA backends rank a MoE layer's experts and group its rows: device (the \
          router's scores are never read back), host (read back and ranked on the host, as the \
          other backends do), or auto (the backend's choice: device); the same bits either way",
+    ),
+    key(
+        "backend.cuda_attention",
+        ValueKind::OneOf(DeviceOrHost::NAMES),
+        "auto",
+        "where the CUDA backends attend: device (the queries stay in device memory and the \
+         output is written there), host (the queries read back, the output written up again, \
+         as the other backends do), or auto (the backend's choice: device); the same bits \
+         either way",
     ),
     key(
         "backend.cuda_page_cache_mib",
