@@ -1,7 +1,9 @@
-//! Sparse attention on device-resident queries ([`crate::DeviceOps::paged_attention`]): the
-//! keys still in their cache pages, as [`Backend::paged_attention_indexed`] takes them, the
-//! queries and the output in device memory, so a layer's attention reads nothing back and its
-//! output goes on to the next launch where it is.
+//! The attention-side ops on device-resident queries: sparse attention
+//! ([`crate::DeviceOps::paged_attention`]: the keys still in their cache pages, as
+//! [`Backend::paged_attention_indexed`] takes them, the queries and the output in device
+//! memory, so a layer's attention reads nothing back and its output goes on to the next launch
+//! where it is) and the indexer's selection ([`crate::DeviceOps::paged_indexer_topk`]: its
+//! queries and head weights in device memory, only the chosen ids coming back).
 
 use crate::device::{DevSlice, check_len, ensure};
 use crate::{Backend, EntryOrigin, KernelError, PageTag, RowFormat};
@@ -84,5 +86,69 @@ impl PagedAttention<'_> {
 pub fn layout_error(e: &dyn std::fmt::Display) -> KernelError {
     KernelError::Device {
         message: format!("paged_attention: the keys' pages: {e}"),
+    }
+}
+
+/// The keys of one [`crate::DeviceOps::paged_indexer_topk`] call: what
+/// [`Backend::paged_indexer_topk_ranges`] takes besides the queries and head weights.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedIndexer<'a> {
+    /// The pages' entry format (its width is the indexer's head dim).
+    pub fmt: &'a RowFormat,
+    /// The pages' bytes.
+    pub pages: &'a [&'a [u8]],
+    /// Each page's content tag, or empty.
+    pub tags: &'a [PageTag],
+    /// The key rows, (page, slot) of `pages`.
+    pub rows: &'a [(usize, usize)],
+    /// Query r scores rows `key_ranges[r].0 .. key_ranges[r].1` (ranges may overlap).
+    pub key_ranges: &'a [(usize, usize)],
+    /// How many ids each query keeps.
+    pub k: usize,
+}
+
+impl PagedIndexer<'_> {
+    /// Check a call's device operands before anything runs: at least one query's head
+    /// weights in `w` (queries · heads words) and `q` holding queries · heads · dim words.
+    /// Returns the heads. What the keys hold is checked as
+    /// [`Backend::paged_indexer_topk_ranges`] checks it.
+    pub fn check_call(&self, q: DevSlice, w: DevSlice) -> Result<usize, KernelError> {
+        let op = "paged_indexer_topk";
+        let queries = self.key_ranges.len();
+        ensure(queries > 0, op, || {
+            "no queries (key_ranges is empty)".into()
+        })?;
+        ensure(w.len.is_multiple_of(queries), op, || {
+            format!(
+                "w has {} words, not heads for each of {queries} queries",
+                w.len
+            )
+        })?;
+        let heads = w.len / queries;
+        check_len(op, "q", q, queries * heads * self.fmt.width())?;
+        Ok(heads)
+    }
+
+    /// The host form: [`Backend::paged_indexer_topk_ranges`] of the host copies `q` and `w`;
+    /// a cache layout error is the op's error.
+    pub fn host(
+        &self,
+        be: &dyn Backend,
+        q: &[f32],
+        w: &[f32],
+    ) -> Result<Vec<Vec<usize>>, KernelError> {
+        be.paged_indexer_topk_ranges(
+            q,
+            w,
+            self.fmt,
+            self.pages,
+            self.tags,
+            self.rows,
+            self.key_ranges,
+            self.k,
+        )
+        .map_err(|e| KernelError::Device {
+            message: format!("paged_indexer_topk: the keys' pages: {e}"),
+        })
     }
 }

@@ -11,7 +11,10 @@
 //! Slices are f32 words. Their offsets must be multiples of [`DeviceOps::offset_alignment`]
 //! bytes (every plan arena offset is a multiple of 256, the most any wgpu device asks for).
 
-use crate::{HcParams, KernelError, Linear, PagedAttention, RopeTable, RouteChoice, RoutedExperts};
+use crate::{
+    HcParams, KernelError, Linear, PagedAttention, PagedIndexer, RopeTable, RouteChoice,
+    RoutedExperts,
+};
 use dsv4_core::IndexKDtype;
 use serde::Serialize;
 
@@ -494,9 +497,11 @@ pub trait DeviceOps: Send + Sync {
         Err(unsupported("routed_experts", "routes_on_device"))
     }
 
-    /// Whether [`DeviceOps::paged_attention`] is supported: then attention reads its queries
-    /// and writes its output in device memory (false by default: the caller reads the queries
-    /// back and runs [`crate::Backend::paged_attention_indexed`]).
+    /// Whether [`DeviceOps::paged_attention`] and [`DeviceOps::paged_indexer_topk`] are
+    /// supported: then attention reads its queries and writes its output in device memory, and
+    /// the indexer reads its queries there (false by default: the caller reads them back and
+    /// runs [`crate::Backend::paged_attention_indexed`] and
+    /// [`crate::Backend::paged_indexer_topk_ranges`]).
     fn attends_on_device(&self) -> bool {
         false
     }
@@ -514,6 +519,21 @@ pub trait DeviceOps: Send + Sync {
     ) -> Result<(), KernelError> {
         let _ = (keys, q, out);
         Err(unsupported("paged_attention", "attends_on_device"))
+    }
+
+    /// [`crate::Backend::paged_indexer_topk_ranges`] of the queries `q` [queries, heads, dim]
+    /// and head weights `w` [queries, heads], both in device memory, the keys in their cache
+    /// pages as `keys` gives them: each query's chosen ids, read back (one wait). The operands
+    /// are checked as [`PagedIndexer::check_call`] says before anything runs. Only where
+    /// [`DeviceOps::attends_on_device`] (else an error).
+    fn paged_indexer_topk(
+        &self,
+        keys: &PagedIndexer<'_>,
+        q: DevSlice,
+        w: DevSlice,
+    ) -> Result<Vec<Vec<usize>>, KernelError> {
+        let _ = (keys, q, w);
+        Err(unsupported("paged_indexer_topk", "attends_on_device"))
     }
 }
 

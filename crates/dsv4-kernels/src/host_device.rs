@@ -11,8 +11,8 @@ use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
 use crate::{
-    Backend, HcParams, KernelError, Linear, MhcPre, PagedAttention, RopeTable, RouteChoice,
-    RoutedExperts, RowFormat,
+    Backend, HcParams, KernelError, Linear, MhcPre, PagedAttention, PagedIndexer, RopeTable,
+    RouteChoice, RoutedExperts, RowFormat,
 };
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::CacheLayoutError;
@@ -572,6 +572,28 @@ impl DeviceOps for HostDevice {
         self.check_out(op, &[("out", out)])?;
         let o = self.host(op, |be| keys.host(be, &qv))??;
         self.store(op, &[(out, &o)])
+    }
+
+    fn paged_indexer_topk(
+        &self,
+        keys: &PagedIndexer<'_>,
+        q: DevSlice,
+        w: DevSlice,
+    ) -> R<Vec<Vec<usize>>> {
+        let op = "paged_indexer_topk";
+        ensure(self.attends, op, || "not supported on this device".into())?;
+        keys.check_call(q, w)?;
+        let [qv, wv] = self.load(op, [("q", q), ("w", w)])?;
+        let chosen = self.host(op, |be| keys.host(be, &qv, &wv))??;
+        // The ids come back: one dispatch and one read.
+        self.count(|st| {
+            st.dispatches += 1;
+            st.submissions += 1;
+            st.reads += 1;
+            st.read_bytes += 4 * chosen.iter().map(Vec::len).sum::<usize>() as u64;
+        });
+        self.pending.store(0, Ordering::Relaxed);
+        Ok(chosen)
     }
 }
 

@@ -18,7 +18,7 @@ pub mod registry;
 pub mod rope;
 pub mod row_check;
 
-pub use attention_device::PagedAttention;
+pub use attention_device::{PagedAttention, PagedIndexer};
 pub use backend::{Backend, HcParams, MhcPre};
 pub use cache_format::RowFormat;
 pub use device::{Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, DeviceStreams};

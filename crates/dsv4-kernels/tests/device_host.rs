@@ -8,7 +8,7 @@ use dsv4_core::IndexKDtype;
 use dsv4_kernels::device_check::{conformance, conformance_of};
 use dsv4_kernels::{
     Backend, Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, HcParams, HostResident,
-    KernelError, Linear, PagedAttention, RopeTable,
+    KernelError, Linear, PagedAttention, PagedIndexer, RopeTable,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -187,6 +187,8 @@ enum Fault {
     /// `paged_attention` keeps the pages of its first call with tags (per page size) and
     /// reads those ever after, whatever the tags say (a page cache that misses a retag).
     StalePages,
+    /// `paged_indexer_topk` drops each query's last chosen id.
+    IndexerDropsLast,
 }
 
 /// The reference backend's HostResident with one [`Fault`] (and, for
@@ -355,6 +357,20 @@ impl DeviceOps for Faulty {
     fn attends_on_device(&self) -> bool {
         self.d().attends_on_device()
     }
+    fn paged_indexer_topk(
+        &self,
+        keys: &PagedIndexer<'_>,
+        q: DevSlice,
+        w: DevSlice,
+    ) -> Result<Vec<Vec<usize>>, KernelError> {
+        let mut chosen = self.d().paged_indexer_topk(keys, q, w)?;
+        if self.1 == Fault::IndexerDropsLast {
+            chosen.iter_mut().for_each(|c| {
+                c.pop();
+            });
+        }
+        Ok(chosen)
+    }
     fn paged_attention(
         &self,
         keys: &PagedAttention<'_>,
@@ -390,7 +406,7 @@ impl Faulty {
 fn faulty(fault: Fault) -> Vec<String> {
     let be = HostResident::new(Arc::new(ReferenceBackend));
     let be = match fault {
-        Fault::StalePages => be.with_device_attention(),
+        Fault::StalePages | Fault::IndexerDropsLast => be.with_device_attention(),
         _ => be,
     };
     let broken = Faulty(be, fault, Mutex::new(None));
@@ -452,6 +468,19 @@ fn a_device_that_reads_stale_pages_is_caught() {
         fails
             .iter()
             .all(|f| f.starts_with("paged_attention ") && f.contains(" pass 3: ")),
+        "{fails:#?}"
+    );
+}
+
+#[test]
+fn a_device_whose_indexer_drops_an_id_is_caught() {
+    let fails = faulty(Fault::IndexerDropsLast);
+    // Each index-K format's three passes.
+    assert_eq!(fails.len(), 9, "{fails:#?}");
+    assert!(
+        fails
+            .iter()
+            .all(|f| f.starts_with("paged_indexer_topk ") && f.contains(": chose ")),
         "{fails:#?}"
     );
 }

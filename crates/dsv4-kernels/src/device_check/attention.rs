@@ -3,13 +3,16 @@
 //! output bitwise [`crate::Backend::paged_attention_indexed`]'s over the same pages, for fp8 and
 //! bf16 KV entries, untagged and tagged pages, a tagged page called again (a device may keep it)
 //! and then rewritten under a new tag (a kept copy must not be read), and no keys at all;
-//! inconsistent operands and a page without the format's layout are errors. Where the device
-//! does not attend, the op must be an error.
+//! inconsistent operands and a page without the format's layout are errors. The indexer's
+//! selection ([`DeviceOps::paged_indexer_topk`](crate::device::DeviceOps)) likewise: the ids
+//! the host op chooses, for every index-K format, over overlapping ranges (an empty one, k
+//! above a range), untagged and tagged. Where the device does not attend, both ops must be
+//! errors.
 
 use super::Check;
-use crate::{PageTag, PagedAttention, RowFormat};
-use dsv4_core::KvCacheDtype;
-use dsv4_core::cache::KvLayout;
+use crate::{PageTag, PagedAttention, PagedIndexer, RowFormat};
+use dsv4_core::cache::{IndexKLayout, KvLayout};
+use dsv4_core::{IndexKDtype, KvCacheDtype};
 
 /// Key rows of a case, picked from its pages.
 const ROWS: usize = 12;
@@ -28,6 +31,13 @@ impl Check<'_> {
                 let (q, o) = (c.put(&[0.25; 10])?, c.out(10)?);
                 Ok(c.dev.paged_attention(&keys, q, o))
             });
+            self.must_fail("paged_indexer_topk where the device does not attend", |c| {
+                let (fmt, pages) = c.index_pages(IndexKDtype::Fp8, 32, 4)?;
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let keys = indexer_keys(&fmt, &refs, &[], &[(0, 0)], &[(0, 1)], 1);
+                let (q, w) = (c.put(&[0.25; 32])?, c.put(&[1.0])?);
+                Ok(c.dev.paged_indexer_topk(&keys, q, w).map(|_| ()))
+            });
             return;
         }
         // (dtype, head dim, rope dims, entries a page, heads)
@@ -40,6 +50,123 @@ impl Check<'_> {
             self.attention_case(dtype, hd, rd, per, heads);
         }
         self.attention_error_cases();
+        for dtype in [IndexKDtype::Fp8, IndexKDtype::Bf16, IndexKDtype::Fp4] {
+            self.indexer_case(dtype);
+        }
+        self.indexer_error_cases();
+    }
+
+    /// Pages of `dtype` index-K entries (`dim` wide, `per` a page), every slot written
+    /// through the host backend's `cache_store`.
+    fn index_pages(
+        &mut self,
+        dtype: IndexKDtype,
+        dim: usize,
+        per: usize,
+    ) -> super::R<(RowFormat, Vec<Vec<u8>>)> {
+        let layout =
+            IndexKLayout::new(dtype, dim, per).map_err(|e| crate::KernelError::Device {
+                message: format!("a bad case layout: {e}"),
+            })?;
+        let fmt = RowFormat::IndexK(layout);
+        let mut pages = Vec::new();
+        for _ in 0..3 {
+            let mut page = vec![0u8; fmt.page_bytes()];
+            for slot in 0..per {
+                let v = self.vec(dim, 1.0);
+                self.be
+                    .cache_store(&fmt, &mut page, slot, &v)
+                    .map_err(|e| crate::KernelError::Device {
+                        message: format!("writing a case page: {e}"),
+                    })?;
+            }
+            pages.push(page);
+        }
+        Ok((fmt, pages))
+    }
+
+    /// The indexer's selection over 12 rows of `dtype` entries, four heads, five queries over
+    /// overlapping ranges (one empty, one shorter than k): untagged, then tagged twice.
+    fn indexer_case(&mut self, dtype: IndexKDtype) {
+        let label = format!("paged_indexer_topk {dtype:?}");
+        self.case(&label, |c| {
+            let (dim, per, heads, k) = (64, 4, 4, 3);
+            let (fmt, pages) = c.index_pages(dtype, dim, per)?;
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let rows: Vec<(usize, usize)> = (0..ROWS)
+                .map(|i| ((i * 7 + 1) % 3, (i * 5 + 2) % per))
+                .collect();
+            let ranges = [(0, 5), (0, 9), (4, 4), (6, 8), (2, 12)];
+            let q = c.vec(ranges.len() * heads * dim, 1.0);
+            let w = c.vec(ranges.len() * heads, 0.5);
+            let tags: Vec<PageTag> = (0..3).map(|_| PageTag::fresh_whole()).collect();
+            for pass in 0..3 {
+                let t: &[PageTag] = if pass == 0 { &[] } else { &tags };
+                let keys = indexer_keys(&fmt, &refs, t, &rows, &ranges, k);
+                let host = keys.host(c.be, &q, &w)?;
+                let (dq, dw) = (c.put(&q)?, c.put(&w)?);
+                let got = c.dev.paged_indexer_topk(&keys, dq, dw)?;
+                if got != host {
+                    c.fails.push(format!(
+                        "{label} pass {pass}: chose {got:?}, the host op {host:?}"
+                    ));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    fn indexer_error_cases(&mut self) {
+        // (label, ranges, q words, w words, a row past its page)
+        type Bad = (&'static str, &'static [(usize, usize)], usize, usize, bool);
+        let cases: [Bad; 5] = [
+            ("paged_indexer_topk with a short q", &[(0, 2)], 63, 2, false),
+            (
+                "paged_indexer_topk with w not heads per query",
+                &[(0, 2), (0, 1)],
+                128,
+                3,
+                false,
+            ),
+            (
+                "paged_indexer_topk with a range past the rows",
+                &[(0, 3)],
+                64,
+                2,
+                false,
+            ),
+            (
+                "paged_indexer_topk with a decreasing range",
+                &[(2, 1)],
+                64,
+                2,
+                false,
+            ),
+            (
+                "paged_indexer_topk over a slot past its page",
+                &[(0, 2)],
+                64,
+                2,
+                true,
+            ),
+        ];
+        for (label, ranges, qn, wn, past) in cases {
+            self.must_fail(label, |c| {
+                let (fmt, pages) = c.index_pages(IndexKDtype::Fp8, 32, 4)?;
+                let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+                let rows = [(0, 1), (2, if past { 4 } else { 0 })];
+                let keys = indexer_keys(&fmt, &refs, &[], &rows, ranges, 1);
+                let (q, w) = (c.put(&vec![0.25; qn])?, c.put(&vec![1.0; wn])?);
+                Ok(c.dev.paged_indexer_topk(&keys, q, w).map(|_| ()))
+            });
+        }
+        self.must_fail("paged_indexer_topk with no queries", |c| {
+            let (fmt, pages) = c.index_pages(IndexKDtype::Fp8, 32, 4)?;
+            let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+            let keys = indexer_keys(&fmt, &refs, &[], &[(0, 0)], &[], 1);
+            let (q, w) = (c.put(&[0.25; 32])?, c.put(&[1.0])?);
+            Ok(c.dev.paged_indexer_topk(&keys, q, w).map(|_| ()))
+        });
     }
 
     /// Pages of `dtype` KV entries (head dim `hd`, `rd` rope dims, `per` a page), every slot
@@ -236,5 +363,24 @@ fn attention_keys<'a>(
         key_starts,
         sink,
         scale: 1.0 / (fmt.width() as f32).sqrt(),
+    }
+}
+
+/// The keys of an indexer case.
+fn indexer_keys<'a>(
+    fmt: &'a RowFormat,
+    pages: &'a [&'a [u8]],
+    tags: &'a [PageTag],
+    rows: &'a [(usize, usize)],
+    key_ranges: &'a [(usize, usize)],
+    k: usize,
+) -> PagedIndexer<'a> {
+    PagedIndexer {
+        fmt,
+        pages,
+        tags,
+        rows,
+        key_ranges,
+        k,
     }
 }
