@@ -112,7 +112,9 @@ pub fn indexer_topk_rows(
         return topk_rows(c, &scores, key_starts, k);
     }
     let kb = c.dev.temp_f32(r.keys(keys, dim))?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, Keys::F32, &r.starts, None, None)?;
+    let (qb, wb) = (c.dev.temp_f32(r.q)?, c.dev.temp_f32(r.w)?);
+    let qw = QueryWeights::of(&qb, &wb, r.starts.len() - 1);
+    let sb = score_on_device(c, qw, dim, &kb, Keys::F32, &r.starts, None, None)?;
     topk_on_device(c, &sb, &r.starts, k)
 }
 
@@ -158,12 +160,72 @@ pub fn paged_indexer_topk_ranges(
     key_ranges: &[(usize, usize)],
     k: usize,
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
+    let keys = PagedIndexKeys {
+        fmt,
+        pages,
+        tags: page_tags,
+        rows,
+        key_ranges,
+        k,
+    };
+    paged_indexer_io(
+        c,
+        "paged_indexer_topk_ranges",
+        &keys,
+        IndexerInput::Host { q, w },
+    )
+}
+
+/// The keys of a paged indexer call: the pages, their tags, the rows, each query's range of
+/// them, and how many ids it keeps.
+pub(crate) struct PagedIndexKeys<'a> {
+    /// The pages' entry format.
+    pub fmt: &'a RowFormat,
+    /// The pages.
+    pub pages: &'a [&'a [u8]],
+    /// Their content tags, or empty.
+    pub tags: &'a [PageTag],
+    /// The key rows, (page, slot).
+    pub rows: &'a [(usize, usize)],
+    /// Query r's rows.
+    pub key_ranges: &'a [(usize, usize)],
+    /// Ids kept per query.
+    pub k: usize,
+}
+
+/// Where a paged indexer call's queries and head weights are.
+pub(crate) enum IndexerInput<'a> {
+    /// Host slices (uploaded for the call).
+    Host {
+        /// The queries.
+        q: &'a [f32],
+        /// The head weights.
+        w: &'a [f32],
+    },
+    /// Device memory (`DeviceOps::paged_indexer_topk`; the caller checked that `q` holds
+    /// queries · heads · dim f32 and `w` queries · heads).
+    Device {
+        /// The queries.
+        q: DevPtr,
+        /// The head weights.
+        w: DevPtr,
+    },
+}
+
+/// [`paged_indexer_topk_ranges`] with the queries and head weights where `input` says; errors
+/// name `what`.
+pub(crate) fn paged_indexer_io(
+    c: &Core,
+    what: &str,
+    ix: &PagedIndexKeys<'_>,
+    input: IndexerInput<'_>,
+) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
+    let (fmt, pages, rows, key_ranges, k) = (ix.fmt, ix.pages, ix.rows, ix.key_ranges, ix.k);
     let dim = fmt.width();
     let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
         Ok(c) => c,
         Err(e) => return Ok(Err(e)),
     };
-    let what = "paged_indexer_topk_ranges";
     if let Some((r, &(lo, hi))) = key_ranges
         .iter()
         .enumerate()
@@ -180,15 +242,42 @@ pub fn paged_indexer_topk_ranges(
         Some(*n)
     }));
     let total = starts[starts.len() - 1];
-    let Some(r) = indexer_operands(what, q, w, dim, total * dim, &starts)? else {
+    let queries = key_ranges.len();
+    if queries == 0 {
         return Ok(Ok(Vec::new()));
-    };
-    topk_fits(&starts, k)?;
-    if dim == 0 || total == 0 || k == 0 {
-        // No key is scored (or none chosen): the selection does not depend on the key values.
-        let zeros = vec![0f32; total * dim];
-        return indexer_topk_rows(c, q, w, dim, &zeros, &starts, k).map(Ok);
     }
+    // The queries and weights on the device (the host's cut to what the queries use).
+    let (owned, qw) = match input {
+        IndexerInput::Host { q, w } => {
+            let Some(r) = indexer_operands(what, q, w, dim, total * dim, &starts)? else {
+                return Ok(Ok(Vec::new()));
+            };
+            topk_fits(&starts, k)?;
+            if dim == 0 || total == 0 || k == 0 {
+                // No key is scored (or none chosen): the selection does not depend on the key
+                // values.
+                let zeros = vec![0f32; total * dim];
+                return indexer_topk_rows(c, q, w, dim, &zeros, &starts, k).map(Ok);
+            }
+            let (qb, wb) = (c.dev.temp_f32(r.q)?, c.dev.temp_f32(r.w)?);
+            let qw = QueryWeights::of(&qb, &wb, queries);
+            (Some((qb, wb)), qw)
+        }
+        IndexerInput::Device { q, w } => {
+            topk_fits(&starts, k)?;
+            if dim == 0 || total == 0 || k == 0 {
+                // As above, on host copies (a read-back on a path no model takes).
+                let mut qv = vec![0f32; q.bytes / 4];
+                let mut wv = vec![0f32; w.bytes / 4];
+                c.dev.download_f32_from(q, &mut qv)?;
+                c.dev.download_f32_from(w, &mut wv)?;
+                let zeros = vec![0f32; total * dim];
+                return indexer_topk_rows(c, &qv, &wv, dim, &zeros, &starts, k).map(Ok);
+            }
+            let heads = w.bytes / 4 / queries;
+            (None, QueryWeights { q, w, heads })
+        }
+    };
     let keys = Keys::entries(fmt)?;
     // Only the rows some range reads are uploaded.
     let first = key_ranges
@@ -208,25 +297,38 @@ pub fn paged_indexer_topk_ranges(
     // The arena stays locked until the indices are read back.
     if let Some(placed) = c
         .pages
-        .place(c, fmt, pages, page_tags, &[], &rows[first..last])?
+        .place(c, fmt, pages, ix.tags, &[], &rows[first..last])?
     {
         let keys_at = Some(&placed.rows[..]);
-        let sb = score_on_device(
-            c,
-            r.q,
-            r.w,
-            dim,
-            placed.keys(),
-            keys,
-            &r.starts,
-            bases,
-            keys_at,
-        )?;
-        return topk_on_device(c, &sb, &r.starts, k).map(Ok);
+        let sb = score_on_device(c, qw, dim, placed.keys(), keys, &starts, bases, keys_at)?;
+        let chosen = topk_on_device(c, &sb, &starts, k).map(Ok);
+        drop((placed, owned));
+        return chosen;
     }
     let kb = c.dev.temp_upload(&checked.entries(first..last))?;
-    let sb = score_on_device(c, r.q, r.w, dim, &kb, keys, &r.starts, bases, None)?;
-    topk_on_device(c, &sb, &r.starts, k).map(Ok)
+    let sb = score_on_device(c, qw, dim, &kb, keys, &starts, bases, None)?;
+    let chosen = topk_on_device(c, &sb, &starts, k).map(Ok);
+    drop(owned);
+    chosen
+}
+
+/// An indexer call's queries [rows, heads, dim] and head weights [rows, heads] on the device.
+#[derive(Clone, Copy)]
+pub(crate) struct QueryWeights {
+    q: DevPtr,
+    w: DevPtr,
+    heads: usize,
+}
+
+impl QueryWeights {
+    /// Temporaries holding `rows` queries' values.
+    fn of(q: &DevBuf, w: &DevBuf, rows: usize) -> Self {
+        Self {
+            q: q.at(),
+            w: w.at(),
+            heads: (w.bytes() / 4).checked_div(rows).unwrap_or(0),
+        }
+    }
 }
 
 /// Check that `starts` (two entries at least) never decreases; its first and last entries.
@@ -249,8 +351,7 @@ fn ranges(what: &str, starts: &[usize]) -> Result<(usize, usize), CudaError> {
 #[allow(clippy::too_many_arguments)]
 fn score_on_device(
     c: &Core,
-    q: &[f32],
-    w: &[f32],
+    qw: QueryWeights,
     dim: usize,
     kb: &DevBuf,
     keys: Keys,
@@ -260,14 +361,18 @@ fn score_on_device(
 ) -> Result<DevBuf, CudaError> {
     let rows = starts.len() - 1;
     let n = starts[rows];
-    let heads = w.len() / rows;
+    let heads = qw.heads;
     let max_n = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     let starts32 = u32_words("keys", starts)?;
     let dim32 = u32_arg("dim", dim)?;
     let h32 = u32_arg("heads", heads)?;
     let dev = &c.dev;
-    let qb = dev.temp_f32(q)?;
-    let wb = dev.temp_f32(w)?;
+    if qw.q.bytes < rows * heads * dim * 4 || qw.w.bytes < rows * heads * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "indexer scores of {rows} queries of {heads}×{dim}: q holds {} bytes, w {}",
+            qw.q.bytes, qw.w.bytes
+        )));
+    }
     let stb = dev.temp_upload(&starts32)?;
     let bb = match bases {
         Some(b) => Some(dev.temp_upload(&u32_words("key bases", b)?)?),
@@ -279,8 +384,8 @@ fn score_on_device(
     };
     let ob = dev.temp(n * 4)?;
     let ops = ScoreOperands {
-        q: &qb,
-        w: &wb,
+        q: qw.q,
+        w: qw.w,
         keys: kb,
         starts: &stb,
         bases: bb.as_ref().unwrap_or(&stb),
@@ -296,8 +401,8 @@ fn score_on_device(
 /// (query r's first key row; `starts` itself when every query has its own keys), the key rows'
 /// ids in `keys` (None: key row i is row i), out [n].
 struct ScoreOperands<'a> {
-    q: &'a DevBuf,
-    w: &'a DevBuf,
+    q: DevPtr,
+    w: DevPtr,
     keys: &'a DevBuf,
     starts: &'a DevBuf,
     bases: &'a DevBuf,
@@ -320,8 +425,8 @@ fn launch_scores(
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
         let mut args = vec![
-            KArg::Buf(o.q),
-            KArg::Buf(o.w),
+            KArg::Ptr(o.q),
+            KArg::Ptr(o.w),
             KArg::Buf(o.keys),
             KArg::Buf(o.starts),
             KArg::Buf(o.bases),
@@ -370,8 +475,8 @@ pub fn time_paged_scores(
     let stb = c.dev.upload(&u32_words("keys", &starts)?)?;
     let ob = c.dev.alloc(n * 4)?;
     let ops = ScoreOperands {
-        q: &qb,
-        w: &wb,
+        q: qb.at(),
+        w: wb.at(),
         keys: &kb,
         starts: &stb,
         bases: &stb,
@@ -396,7 +501,9 @@ fn score(
 ) -> Result<(), CudaError> {
     let n = starts[starts.len() - 1];
     let kb = c.dev.temp_f32(keys)?;
-    let ob = score_on_device(c, q, w, dim, &kb, Keys::F32, starts, None, None)?;
+    let (qb, wb) = (c.dev.temp_f32(q)?, c.dev.temp_f32(w)?);
+    let qw = QueryWeights::of(&qb, &wb, starts.len() - 1);
+    let ob = score_on_device(c, qw, dim, &kb, Keys::F32, starts, None, None)?;
     c.dev.download_f32(&ob, &mut out[..n])
 }
 

@@ -685,15 +685,15 @@ impl dsv4_kernels::DeviceOps for Resident {
         q: DevSlice,
         out: DevSlice,
     ) -> Result<(), KernelError> {
-        self.resident_op("paged_attention", |cx| {
-            if !self.attends {
-                return Err(op_err(
-                    "paged_attention: this backend attends from host copies \
-                     (backend.cuda_attention = host)"
-                        .into(),
-                ));
-            }
-            attention::paged_attention(cx, keys, q, out, &self.host_traffic)
-        })
+        self.attend(keys, q, out)
+    }
+
+    fn paged_indexer_topk(
+        &self,
+        keys: &dsv4_kernels::PagedIndexer<'_>,
+        q: DevSlice,
+        w: DevSlice,
+    ) -> Result<Vec<Vec<usize>>, KernelError> {
+        self.select(keys, q, w)
     }
 }
