@@ -330,7 +330,7 @@ fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_
     // two results back. The values are the plan order's (the test above). In the plan's own
     // order each host launch waits on its own: 17 here.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
-    assert_decode_waits(false, 2 * layers + 2);
+    assert_decode_waits(device(false), "host routing", 2 * layers + 2);
 }
 
 #[test]
@@ -339,16 +339,35 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
     // device (the hash layer's experts looked up from the token ids' host copy) and the routed
     // experts group their rows there. Only the cache launches' wait is left per layer.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
-    assert_decode_waits(true, layers + 2);
+    let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
+    assert_decode_waits(d, "device routing", layers + 2);
+}
+
+#[test]
+fn the_indexer_on_the_device_waits_for_its_ids_alone() {
+    // Where the device attends, the indexer's queries and head weights stay there and only
+    // its chosen ids come back: one more wait on an indexer layer than on this host device,
+    // whose host op needed none, and the same count as on a GPU, whose host op read the ids
+    // back too. Attention itself waits for nothing.
+    let cfg = ModelConfig::tiny();
+    let indexed = (0..cfg.num_hidden_layers)
+        .filter(|&l| cfg.compress_ratio(l) == 4)
+        .count() as u64;
+    let layers = cfg.num_hidden_layers as u64;
+    assert_decode_waits(
+        device(true),
+        "device routing and attention",
+        layers + indexed + 2,
+    );
 }
 
 #[test]
 fn attention_on_the_device_moves_no_queries_and_no_output() {
     // Where the device attends, a layer's queries stay on the device and its output is
-    // written there: each decode step reads back, and writes, exactly one query tensor per
-    // layer less than where the queries come back and the output goes up again.
+    // written there, and the indexer's queries and head weights stay there too (only its
+    // chosen ids come back): each decode step reads back exactly that much less, and writes
+    // one attention output per layer less, than where they cross the bus.
     let cfg = ModelConfig::tiny();
-    let per_layer = 2 * cfg.num_attention_heads * cfg.head_dim * 4;
     let steps = |attend: bool| {
         let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
         let d = if attend { d.with_device_attention() } else { d };
@@ -359,6 +378,9 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
         )
     };
     let (host, dev) = (steps(false), steps(true));
+    let (rows, f) = (2u64, 4u64);
+    let attn = rows * (cfg.num_attention_heads * cfg.head_dim) as u64 * f;
+    let index = rows * (cfg.index_n_heads * (cfg.index_head_dim + 1)) as u64 * f;
     for (step, ((ho, h), (do_, d))) in host.iter().zip(&dev).enumerate() {
         for (a, b) in ho.iter().zip(do_) {
             assert_eq!(bits(&a.logits), bits(&b.logits), "step {step}: logits");
@@ -366,25 +388,34 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
         if step == 0 {
             continue;
         }
-        let (h, d) = (h.device.unwrap(), d.device.unwrap());
+        // The session's two sequences decode at positions 24 and 9 on, one a step.
+        let ids: u64 = [24 + step - 1, 9 + step - 1]
+            .iter()
+            .map(|p| ((p + 1) / 4).min(cfg.index_topk) as u64 * f)
+            .sum();
         let layers = cfg.num_hidden_layers as u64;
+        let indexed = (0..cfg.num_hidden_layers)
+            .filter(|&l| cfg.compress_ratio(l) == 4)
+            .count() as u64;
+        assert!(indexed > 0, "the tiny model has indexer layers");
+        let (h, d) = (h.device.unwrap(), d.device.unwrap());
         assert_eq!(
             h.read_bytes - d.read_bytes,
-            layers * per_layer as u64,
+            layers * attn + indexed * (index - ids),
             "decode step {step}: bytes read back"
         );
         assert_eq!(
             h.write_bytes - d.write_bytes,
-            layers * per_layer as u64,
+            layers * attn,
             "decode step {step}: bytes written"
         );
     }
 }
 
-/// Every decode step of a session, eager and captured, waits for the device `want` times
-/// (routing and attention on the device or not).
-fn assert_decode_waits(routing: bool, want: u64) {
-    let m = model(Arc::new(device(routing)), Numerics::all()[0]);
+/// Every decode step of a session on `d`, eager and captured, waits for the device `want`
+/// times (`what` names the device's ops).
+fn assert_decode_waits(d: HostResident, what: &str, want: u64) {
+    let m = model(Arc::new(d), Numerics::all()[0]);
     for (name, exec) in [
         ("eager", ExecOptions::default()),
         (
@@ -400,8 +431,7 @@ fn assert_decode_waits(routing: bool, want: u64) {
             assert_eq!(
                 report.device.map(|d| d.submissions),
                 Some(want),
-                "{name}: decode step {step} (routing and attention on the device: {routing}): waits for \
-                 the device"
+                "{name}: decode step {step} ({what}): waits for the device"
             );
         }
     }

@@ -1,7 +1,8 @@
 //! The attention launch: per row, (store its SWA entry,) gather the window and the compressed
 //! entries, attend, then inverse RoPE. On host slices ([`Run::attention`]); or, where the
 //! device attends ([`dsv4_kernels::DeviceOps::attends_on_device`]), with the queries and the
-//! output in device memory ([`Run::attention_resident`]): the stores and the gathers run on
+//! output in device memory ([`Run::attention_side_resident`], which also runs the indexer's
+//! top-k on its device-resident queries and head weights): the stores and the gathers run on
 //! the host as before (they deal in pages), only the small operands come back (the SWA rows
 //! to store; the locations and the top-k have host copies), and the queries never do.
 
@@ -172,48 +173,79 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Whether launch kind `kind` runs as [`Run::attention_resident`] here: an attention
-    /// launch, with the step's memory on a device that attends.
-    pub(crate) fn attends_resident(&self, kind: OpKind) -> bool {
-        matches!(kind, OpKind::Attention { .. })
-            && matches!(&self.mem, super::run::Memory::Device(dm) if dm.dev.attends_on_device())
+    /// How many of a launch of `kind`'s leading transient reads stay in device memory, run as
+    /// [`Run::attention_side_resident`]: where the step's memory is on a device that attends,
+    /// attention's queries (1), and the indexer's queries and head weights (2) unless the step
+    /// records the indexer's scores (read on the host); else none.
+    pub(crate) fn device_reads(&self, kind: OpKind) -> usize {
+        let super::run::Memory::Device(dm) = &self.mem else {
+            return 0;
+        };
+        if !dm.dev.attends_on_device() {
+            return 0;
+        }
+        match kind {
+            OpKind::Attention { .. } => 1,
+            OpKind::IndexerTopk if !self.choices.record_scores => 2,
+            _ => 0,
+        }
     }
 
-    /// Run attention launch `i` with its queries and output in device memory (where
-    /// [`Run::attends_resident`]): its other operands come from their host copies or one
-    /// read (with those of the host launches after it in `next`, as any host launch's do).
-    pub(crate) fn attention_resident(
+    /// Run attention or indexer launch `i` with its queries in device memory (where
+    /// [`Run::device_reads`] says so): its other operands come from their host copies or one
+    /// read (with those of the host launches after it in `next`, as any host launch's do);
+    /// attention writes its output in device memory, the indexer its ids from the host.
+    pub(crate) fn attention_side_resident(
         &self,
         dm: &DeviceMemory<'_>,
         i: usize,
         next: &[usize],
     ) -> Result<(), ForwardError> {
         let l = &self.plan.launches[i];
-        let OpKind::Attention { stores } = l.op.kind else {
-            return Err(ForwardError::Plan {
-                message: format!("launch `{}` is not attention", l.op.kind.name()),
-            });
-        };
+        let on_device = self.device_reads(l.op.kind);
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
         let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
         let writes: Vec<&Slice> = l.writes.iter().filter(transient).collect();
-        let (Some(q), Some(o)) = (reads.first(), writes.first()) else {
+        let (Some(o), true) = (writes.first(), on_device > 0 && reads.len() >= on_device) else {
             return Err(ForwardError::Plan {
-                message: "an attention launch without its queries or output".into(),
+                message: format!(
+                    "launch `{}` has no device-resident queries or no output",
+                    l.op.kind.name()
+                ),
             });
         };
         let n = |b| self.words_per_row(b) * self.bound.rows;
-        let mut wanted: Vec<_> = reads[1..].iter().map(|s| (s.buffer, n(s.buffer))).collect();
-        let own = wanted.len();
+        let dev_ins = reads[..on_device]
+            .iter()
+            .map(|s| dm.input(self.plan, s.buffer, n(s.buffer)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let host = &reads[on_device..];
+        let mut wanted: Vec<_> = host.iter().map(|s| (s.buffer, n(s.buffer))).collect();
         wanted.extend(self.host_run_reads(i, next).into_iter().map(|b| (b, n(b))));
-        let mut rest = dm.read_many(self.plan, &wanted)?;
-        rest.truncate(own);
-        let qs = dm.input(self.plan, q.buffer, n(q.buffer))?;
-        let os = dm.output(self.plan, o.buffer, n(o.buffer))?;
-        dm.written_on_device(os);
-        self.attention_dev(dm.dev, l.op.block, stores, qs, &rest, os)?;
-        if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
-            lock(taps)[i] = Some(dm.dev.read(os)?);
+        let mut rest = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            dm.read_many(self.plan, &wanted)?
+        };
+        rest.truncate(host.len());
+        match l.op.kind {
+            OpKind::Attention { stores } => {
+                let os = dm.output(self.plan, o.buffer, n(o.buffer))?;
+                dm.written_on_device(os);
+                self.attention_dev(dm.dev, l.op.block, stores, dev_ins[0], &rest, os)?;
+                if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
+                    lock(taps)[i] = Some(dm.dev.read(os)?);
+                }
+            }
+            OpKind::IndexerTopk => {
+                let out = self.indexer_topk_dev(dm.dev, l.op.block, dev_ins[0], dev_ins[1])?;
+                dm.write(self.plan, o.buffer, &out)?;
+            }
+            other => {
+                return Err(ForwardError::Plan {
+                    message: format!("launch `{}` is not attention-side", other.name()),
+                });
+            }
         }
         Ok(())
     }

@@ -17,9 +17,14 @@ use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
 use super::run::{BoundBlock, Run, lock};
 use super::state::{CompressorState, NO_LOCATION, PagedRows};
-use dsv4_kernels::RowFormat;
+use dsv4_kernels::{DevSlice, DeviceOps, RowFormat};
 
 type Res = Result<Vec<f32>, ForwardError>;
+
+/// The indexer's selection of one chunk of rows: given their index-K rows' gather, the first
+/// row and each row's range of the gathered rows, each row's chosen ids.
+type Select<'a> = dyn FnMut(RowGather<'_>, usize, &[(usize, usize)]) -> Result<Vec<Vec<usize>>, ForwardError>
+    + 'a;
 
 /// Rows whose attention (or indexer scoring) runs in one call: bounds the keys gathered for
 /// one call to this many rows' windows and selections (or index-K rows).
@@ -193,15 +198,62 @@ impl Run<'_> {
     /// are what the step reports; under [`super::ChoiceControl::pinned`] the output holds the
     /// pinned selections instead, and with `record_scores` the scores are reported too.
     pub(crate) fn indexer_topk(&self, b: Option<BlockRef>, qi: &[f32], hw: &[f32]) -> Res {
-        let bb = self.bound_block(b)?;
         let cfg = &self.model.cfg;
         let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
         let be = self.model.backend.as_ref();
+        let record = self.choices.record_scores && main_layer(b).is_some();
+        let mut scores = Vec::new();
+        let out = self.indexer_select(b, &mut |taken, first, ranges| {
+            let c = ranges.len();
+            let (q, w) = (
+                &qi[first * inh * id..(first + c) * inh * id],
+                &hw[first * inh..(first + c) * inh],
+            );
+            if record {
+                let (s, starts) = taken.indexer_scores(q, w, id, ranges)?;
+                scores.extend(starts.windows(2).map(|r| s[r[0]..r[1]].to_vec()));
+                Ok(be.topk_rows(&s, &starts, k))
+            } else {
+                taken.indexer_topk(q, w, id, ranges, k)
+            }
+        })?;
+        if let (Some(l), true) = (main_layer(b), record) {
+            lock(&self.out.scores).insert(l, scores);
+        }
+        Ok(out)
+    }
+
+    /// [`Run::indexer_topk`] with the queries `qi` and head weights `hw` in `dev`'s memory
+    /// (not recording scores): only each chunk's chosen ids come back.
+    pub(super) fn indexer_topk_dev(
+        &self,
+        dev: &dyn DeviceOps,
+        b: Option<BlockRef>,
+        qi: DevSlice,
+        hw: DevSlice,
+    ) -> Res {
+        let cfg = &self.model.cfg;
+        let (inh, id, k) = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk);
+        self.indexer_select(b, &mut |taken, first, ranges| {
+            let c = ranges.len();
+            let (q, w) = (
+                qi.sub(first * inh * id, c * inh * id),
+                hw.sub(first * inh, c * inh),
+            );
+            taken.indexer_topk_on(dev, q, w, id, ranges, k)
+        })
+    }
+
+    /// The indexer launch's output: each row's index-K rows gathered a chunk of rows at a
+    /// time and handed to `select` (the gather, the chunk's first row, each row's range of the
+    /// gathered rows), which returns each row's chosen ids; pins applied, the own choices
+    /// reported.
+    fn indexer_select(&self, b: Option<BlockRef>, select: &mut Select<'_>) -> Res {
+        let bb = self.bound_block(b)?;
+        let k = self.model.cfg.index_topk;
+        let be = self.model.backend.as_ref();
         let rows = self.bound.rows;
-        let layer = match b {
-            Some(BlockRef::Main(l)) => Some(l),
-            _ => None,
-        };
+        let layer = main_layer(b);
         let pins = layer.and_then(|l| Some((l, self.choices.pinned?.get(&l)?)));
         if let Some((l, p)) = pins
             && p.len() != rows
@@ -213,9 +265,8 @@ impl Run<'_> {
                 ),
             });
         }
-        let record = self.choices.record_scores && layer.is_some();
         let mut out = vec![f32::from_bits(NO_LOCATION); rows * k];
-        let (mut own, mut scores) = (Vec::with_capacity(rows), Vec::new());
+        let mut own = Vec::with_capacity(rows);
         // Rows in chunks: a chunk's index-K rows are gathered, then decoded, scored and ranked
         // in one call (the keys and scores stay on a GPU backend's device). Consecutive rows
         // of one sequence (a prefill chunk) score nested prefixes of the same entries: those
@@ -238,18 +289,8 @@ impl Run<'_> {
             ranges.push((base, base + n));
             if ranges.len() >= ATTENTION_CHUNK || i + 1 == rows {
                 let c = ranges.len();
-                let (q, w) = (
-                    &qi[first * inh * id..(first + c) * inh * id],
-                    &hw[first * inh..(first + c) * inh],
-                );
                 let taken = std::mem::replace(&mut gather, RowGather::new(be));
-                let chosen = if record {
-                    let (s, starts) = taken.indexer_scores(q, w, id, &ranges)?;
-                    scores.extend(starts.windows(2).map(|r| s[r[0]..r[1]].to_vec()));
-                    be.topk_rows(&s, &starts, k)
-                } else {
-                    taken.indexer_topk(q, w, id, &ranges, k)?
-                };
+                let chosen = select(taken, first, &ranges)?;
                 for (r, chosen) in chosen.into_iter().enumerate() {
                     let row = first + r;
                     let ids: Vec<u32> = chosen.into_iter().map(|j| j as u32).collect();
@@ -269,11 +310,16 @@ impl Run<'_> {
         }
         if let Some(l) = layer {
             lock(&self.out.selected).insert(l, own);
-            if record {
-                lock(&self.out.scores).insert(l, scores);
-            }
         }
         Ok(out)
+    }
+}
+
+/// The main layer `b` names, if it names one (not the MTP block).
+fn main_layer(b: Option<BlockRef>) -> Option<usize> {
+    match b {
+        Some(BlockRef::Main(l)) => Some(l),
+        _ => None,
     }
 }
 

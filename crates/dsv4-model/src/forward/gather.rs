@@ -15,7 +15,7 @@
 
 use super::ForwardError;
 use super::state::{CopiedPages, PagedRows};
-use dsv4_kernels::{Backend, DevSlice, DeviceOps, PagedAttention, RowFormat};
+use dsv4_kernels::{Backend, DevSlice, DeviceOps, PagedAttention, PagedIndexer, RowFormat};
 use std::collections::HashMap;
 
 /// Where a sharing gather copied each row: (the store's address, row) → its pick.
@@ -240,6 +240,42 @@ impl<'b> RowGather<'b> {
             _ => {
                 let (keys, starts) = self.expanded(dim, key_ranges)?;
                 Ok(be.indexer_topk_rows(q, w, dim, &keys, &starts, k))
+            }
+        }
+    }
+
+    /// [`Self::indexer_topk`] with the queries `q` and head weights `w` in `dev`'s memory: one
+    /// [`DeviceOps::paged_indexer_topk`] over the copied pages (every gather on a backend with
+    /// a device copies them). A gather of no rows chooses nothing for every query, as the
+    /// host op does over no keys; a direct gather reads the queries back.
+    pub fn indexer_topk_on(
+        self,
+        dev: &dyn DeviceOps,
+        q: DevSlice,
+        w: DevSlice,
+        dim: usize,
+        key_ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Result<Vec<Vec<usize>>, ForwardError> {
+        match (&self.direct, self.layout) {
+            (None, Some((fmt, width))) => {
+                self.same_width(width, dim)?;
+                let refs: Vec<&[u8]> = self.pages.bytes.iter().map(Vec::as_slice).collect();
+                let picks = self.laid_out();
+                let keys = PagedIndexer {
+                    fmt: &fmt,
+                    pages: &refs,
+                    tags: &self.pages.tags,
+                    rows: &picks,
+                    key_ranges,
+                    k,
+                };
+                Ok(dev.paged_indexer_topk(&keys, q, w)?)
+            }
+            (None, None) if self.rows == 0 => Ok(vec![Vec::new(); key_ranges.len()]),
+            _ => {
+                let (qv, wv) = (dev.read(q)?, dev.read(w)?);
+                self.indexer_topk(&qv, &wv, dim, key_ranges, k)
             }
         }
     }
