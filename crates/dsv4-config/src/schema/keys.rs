@@ -79,10 +79,10 @@ pub const KEYS: &[KeySpec] = &[
         "backend.cuda_attention",
         ValueKind::OneOf(DeviceOrHost::NAMES),
         "auto",
-        "where the CUDA backends attend: device (the queries stay in device memory and the \
-         output is written there), host (the queries read back, the output written up again, \
-         as the other backends do), or auto (the backend's choice: device); the same bits \
-         either way",
+        "where the CUDA backends attend: device (attention's and the indexer's queries stay in \
+         device memory and attention's output is written there), host (the queries read back, \
+         the output written up again, as the other backends do), or auto (the backend's \
+         choice: device); the same bits either way",
     ),
     key(
         "backend.cuda_page_cache_mib",
