@@ -3,7 +3,9 @@
 //! [`Backend::paged_attention_indexed`] takes them, the queries and the output in device
 //! memory, so a layer's attention reads nothing back and its output goes on to the next launch
 //! where it is) and the indexer's selection ([`crate::DeviceOps::paged_indexer_topk`]: its
-//! queries and head weights in device memory, only the chosen ids coming back).
+//! queries and head weights in device memory, only the chosen ids coming back); also the
+//! checks of the cache encoder and the compressor's pooling on device memory
+//! ([`check_encode`], [`check_pool`]).
 
 use crate::device::{DevSlice, check_len, ensure};
 use crate::{Backend, EntryOrigin, KernelError, PageTag, RowFormat};
@@ -151,4 +153,41 @@ impl PagedIndexer<'_> {
             message: format!("paged_indexer_topk: the keys' pages: {e}"),
         })
     }
+}
+
+/// Check a [`crate::DeviceOps::cache_encode_rows`] call before anything runs: the rows of
+/// `fmt` that `x` holds (its length must be whole rows, as the host op's layout check says).
+pub fn check_encode(fmt: &RowFormat, x: DevSlice) -> Result<usize, KernelError> {
+    fmt.checked_encode(x.len)
+        .map(|(rows, _)| rows)
+        .map_err(|e| KernelError::Device {
+            message: format!("cache_encode_rows: {e}"),
+        })
+}
+
+/// Check a [`crate::DeviceOps::softmax_pool_rows`] call before anything runs: `a` and `z`
+/// each `windows · rows · width` words, `out` `windows · width` and overlapping neither.
+pub fn check_pool(
+    a: DevSlice,
+    z: DevSlice,
+    windows: usize,
+    rows: usize,
+    width: usize,
+    out: DevSlice,
+) -> Result<(), KernelError> {
+    let op = "softmax_pool_rows";
+    let n = windows
+        .checked_mul(rows)
+        .and_then(|r| r.checked_mul(width))
+        .ok_or_else(|| KernelError::Device {
+            message: format!("{op}: {windows} windows of {rows} × {width} overflow"),
+        })?;
+    check_len(op, "a", a, n)?;
+    check_len(op, "z", z, n)?;
+    check_len(op, "out", out, windows * width)?;
+    let overlaps =
+        |s: DevSlice| s.buf == out.buf && s.off < out.off + out.len && out.off < s.off + s.len;
+    ensure(!(overlaps(a) || overlaps(z)) || out.len == 0, op, || {
+        "out overlaps a or z".into()
+    })
 }

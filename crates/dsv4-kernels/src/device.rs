@@ -13,7 +13,7 @@
 
 use crate::{
     HcParams, KernelError, Linear, PagedAttention, PagedIndexer, RopeTable, RouteChoice,
-    RoutedExperts,
+    RoutedExperts, RowFormat,
 };
 use dsv4_core::IndexKDtype;
 use serde::Serialize;
@@ -497,11 +497,12 @@ pub trait DeviceOps: Send + Sync {
         Err(unsupported("routed_experts", "routes_on_device"))
     }
 
-    /// Whether [`DeviceOps::paged_attention`] and [`DeviceOps::paged_indexer_topk`] are
-    /// supported: then attention reads its queries and writes its output in device memory, and
-    /// the indexer reads its queries there (false by default: the caller reads them back and
-    /// runs [`crate::Backend::paged_attention_indexed`] and
-    /// [`crate::Backend::paged_indexer_topk_ranges`]).
+    /// Whether the attention-side ops on device memory are supported —
+    /// [`DeviceOps::paged_attention`], [`DeviceOps::paged_indexer_topk`],
+    /// [`DeviceOps::cache_encode_rows`] and [`DeviceOps::softmax_pool_rows`]: then attention
+    /// reads its queries and writes its output in device memory, the indexer reads its queries
+    /// there, and cache rows are encoded and compressor windows pooled where their values are
+    /// (false by default: the caller reads the operands back and runs the host ops).
     fn attends_on_device(&self) -> bool {
         false
     }
@@ -534,6 +535,30 @@ pub trait DeviceOps: Send + Sync {
     ) -> Result<Vec<Vec<usize>>, KernelError> {
         let _ = (keys, q, w);
         Err(unsupported("paged_indexer_topk", "attends_on_device"))
+    }
+
+    /// [`crate::Backend::cache_encode_rows`] of `x` (rows of `fmt.width()` values) in device
+    /// memory: the entries' bytes, read back (one wait). A length that is not whole rows is
+    /// the host op's layout error. Only where [`DeviceOps::attends_on_device`] (else an error).
+    fn cache_encode_rows(&self, fmt: &RowFormat, x: DevSlice) -> Result<Vec<u8>, KernelError> {
+        let _ = (fmt, x);
+        Err(unsupported("cache_encode_rows", "attends_on_device"))
+    }
+
+    /// [`crate::Backend::softmax_pool_rows`] in device memory: window w pools rows
+    /// `w·rows .. (w+1)·rows` of `a` and `z` ([windows·rows, width] each) into row w of `out`
+    /// [windows, width]. Only where [`DeviceOps::attends_on_device`] (else an error).
+    fn softmax_pool_rows(
+        &self,
+        a: DevSlice,
+        z: DevSlice,
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        let _ = (a, z, windows, rows, width, out);
+        Err(unsupported("softmax_pool_rows", "attends_on_device"))
     }
 }
 

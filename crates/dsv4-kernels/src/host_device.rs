@@ -7,6 +7,7 @@
 //! dispatches queued since the last submission is one submission; a write is one write; an
 //! alloc is one alloc. Failed calls count nothing.
 
+use crate::attention_device::{check_encode, check_pool};
 use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
@@ -594,6 +595,46 @@ impl DeviceOps for HostDevice {
         });
         self.pending.store(0, Ordering::Relaxed);
         Ok(chosen)
+    }
+
+    fn cache_encode_rows(&self, fmt: &RowFormat, x: DevSlice) -> R<Vec<u8>> {
+        let op = "cache_encode_rows";
+        ensure(self.attends, op, || "not supported on this device".into())?;
+        check_encode(fmt, x)?;
+        let [xv] = self.load(op, [("x", x)])?;
+        let bytes = self
+            .host(op, |be| be.cache_encode_rows(fmt, &xv))?
+            .map_err(|e| err(format!("{op}: {e}")))?;
+        // The bytes come back: one dispatch and one read.
+        self.count(|st| {
+            st.dispatches += 1;
+            st.submissions += 1;
+            st.reads += 1;
+            st.read_bytes += bytes.len() as u64;
+        });
+        self.pending.store(0, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    fn softmax_pool_rows(
+        &self,
+        a: DevSlice,
+        z: DevSlice,
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: DevSlice,
+    ) -> R<()> {
+        let op = "softmax_pool_rows";
+        ensure(self.attends, op, || "not supported on this device".into())?;
+        check_pool(a, z, windows, rows, width, out)?;
+        let [av, zv] = self.load(op, [("a", a), ("z", z)])?;
+        self.check_out(op, &[("out", out)])?;
+        let mut o = vec![0f32; out.len];
+        self.host(op, |be| {
+            be.softmax_pool_rows(&av, &zv, windows, rows, width, &mut o)
+        })?;
+        self.store(op, &[(out, &o)])
     }
 }
 

@@ -189,6 +189,8 @@ enum Fault {
     StalePages,
     /// `paged_indexer_topk` drops each query's last chosen id.
     IndexerDropsLast,
+    /// `cache_encode_rows` flips the low bit of its last byte.
+    EncodeFlipsABit,
 }
 
 /// The reference backend's HostResident with one [`Fault`] (and, for
@@ -357,6 +359,30 @@ impl DeviceOps for Faulty {
     fn attends_on_device(&self) -> bool {
         self.d().attends_on_device()
     }
+    fn cache_encode_rows(
+        &self,
+        fmt: &dsv4_kernels::RowFormat,
+        x: DevSlice,
+    ) -> Result<Vec<u8>, KernelError> {
+        let mut bytes = self.d().cache_encode_rows(fmt, x)?;
+        if self.1 == Fault::EncodeFlipsABit
+            && let Some(b) = bytes.last_mut()
+        {
+            *b ^= 1;
+        }
+        Ok(bytes)
+    }
+    fn softmax_pool_rows(
+        &self,
+        a: DevSlice,
+        z: DevSlice,
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.d().softmax_pool_rows(a, z, windows, rows, width, out)
+    }
     fn paged_indexer_topk(
         &self,
         keys: &PagedIndexer<'_>,
@@ -406,7 +432,9 @@ impl Faulty {
 fn faulty(fault: Fault) -> Vec<String> {
     let be = HostResident::new(Arc::new(ReferenceBackend));
     let be = match fault {
-        Fault::StalePages | Fault::IndexerDropsLast => be.with_device_attention(),
+        Fault::StalePages | Fault::IndexerDropsLast | Fault::EncodeFlipsABit => {
+            be.with_device_attention()
+        }
         _ => be,
     };
     let broken = Faulty(be, fault, Mutex::new(None));
@@ -481,6 +509,19 @@ fn a_device_whose_indexer_drops_an_id_is_caught() {
         fails
             .iter()
             .all(|f| f.starts_with("paged_indexer_topk ") && f.contains(": chose ")),
+        "{fails:#?}"
+    );
+}
+
+#[test]
+fn a_device_whose_encoder_flips_a_bit_is_caught() {
+    let fails = faulty(Fault::EncodeFlipsABit);
+    // Five formats, two row counts.
+    assert_eq!(fails.len(), 10, "{fails:#?}");
+    assert!(
+        fails
+            .iter()
+            .all(|f| f.starts_with("cache_encode_rows ") && f.contains("first difference")),
         "{fails:#?}"
     );
 }

@@ -6,7 +6,9 @@
 //! inconsistent operands and a page without the format's layout are errors. The indexer's
 //! selection ([`DeviceOps::paged_indexer_topk`](crate::device::DeviceOps)) likewise: the ids
 //! the host op chooses, for every index-K format, over overlapping ranges (an empty one, k
-//! above a range), untagged and tagged. Where the device does not attend, both ops must be
+//! above a range), untagged and tagged. The cache encoder's bytes equal the host encoder's
+//! for every KV and index-K format, and the compressor's pooling is bitwise the host's
+//! (windows with −∞ logits included). Where the device does not attend, all four ops must be
 //! errors.
 
 use super::Check;
@@ -38,6 +40,15 @@ impl Check<'_> {
                 let (q, w) = (c.put(&[0.25; 32])?, c.put(&[1.0])?);
                 Ok(c.dev.paged_indexer_topk(&keys, q, w).map(|_| ()))
             });
+            self.must_fail("cache_encode_rows where the device does not attend", |c| {
+                let (fmt, _) = c.index_pages(IndexKDtype::Fp8, 32, 4)?;
+                let x = c.put(&[0.25; 32])?;
+                Ok(c.dev.cache_encode_rows(&fmt, x).map(|_| ()))
+            });
+            self.must_fail("softmax_pool_rows where the device does not attend", |c| {
+                let (a, z, o) = (c.put(&[0.5; 8])?, c.put(&[0.5; 8])?, c.out(4)?);
+                Ok(c.dev.softmax_pool_rows(a, z, 1, 2, 4, o))
+            });
             return;
         }
         // (dtype, head dim, rope dims, entries a page, heads)
@@ -54,6 +65,95 @@ impl Check<'_> {
             self.indexer_case(dtype);
         }
         self.indexer_error_cases();
+        self.encode_cases();
+        self.pool_cases();
+    }
+
+    /// The cache encoder over 1 and 5 rows of every KV and index-K format: the host's bytes.
+    fn encode_cases(&mut self) {
+        let kv = |d, hd, rd| KvLayout::from_head_dims(d, hd, rd, 4).map(RowFormat::Kv);
+        let ik = |d, dim| IndexKLayout::new(d, dim, 4).map(RowFormat::IndexK);
+        let formats = [
+            kv(KvCacheDtype::Fp8, 192, 64),
+            kv(KvCacheDtype::Bf16, 10, 4),
+            ik(IndexKDtype::Fp8, 64),
+            ik(IndexKDtype::Bf16, 64),
+            ik(IndexKDtype::Fp4, 64),
+        ];
+        for fmt in formats {
+            let fmt = match fmt {
+                Ok(f) => f,
+                Err(e) => {
+                    return self
+                        .fails
+                        .push(format!("cache_encode_rows: a bad layout: {e}"));
+                }
+            };
+            for rows in [1usize, 5] {
+                let label = format!("cache_encode_rows {fmt:?} rows={rows}");
+                self.case(&label, |c| {
+                    // Values over a wide range of magnitudes, so every scale is exercised.
+                    let mut x = c.vec(rows * fmt.width(), 1.0);
+                    x.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, v)| *v *= [1e-3, 1.0, 40.0][i % 3]);
+                    let host = c.be.cache_encode_rows(&fmt, &x).map_err(|e| {
+                        crate::KernelError::Device {
+                            message: format!("the host encoder: {e}"),
+                        }
+                    })?;
+                    let got = c.dev.cache_encode_rows(&fmt, c.put(&x)?)?;
+                    if got != host {
+                        let first = got.iter().zip(&host).position(|(a, b)| a != b);
+                        c.fails.push(format!(
+                            "{label}: {} bytes, the host's {}; first difference at {first:?}",
+                            got.len(),
+                            host.len()
+                        ));
+                    }
+                    Ok(())
+                });
+            }
+        }
+        self.must_fail("cache_encode_rows of a part row", |c| {
+            let fmt =
+                RowFormat::IndexK(IndexKLayout::new(IndexKDtype::Fp8, 32, 4).map_err(|e| {
+                    crate::KernelError::Device {
+                        message: e.to_string(),
+                    }
+                })?);
+            let x = c.put(&[0.25; 33])?;
+            Ok(c.dev.cache_encode_rows(&fmt, x).map(|_| ()))
+        });
+    }
+
+    /// The compressor's pooling: 1 and 3 windows of 8 and 4 rows, some logits −∞ (a ratio-4
+    /// window's absent first half), bitwise the host op.
+    fn pool_cases(&mut self) {
+        for (windows, rows) in [(1usize, 8usize), (3, 8), (3, 4)] {
+            let label = format!("softmax_pool_rows windows={windows} rows={rows}");
+            self.case(&label, |c| {
+                let width = 96;
+                let n = windows * rows * width;
+                let a = c.vec(n, 1.0);
+                let mut z = c.vec(n, 2.0);
+                // Window 0's first half pools nothing.
+                z[..(rows / 2) * width].fill(f32::NEG_INFINITY);
+                let mut host = vec![0f32; windows * width];
+                c.be.softmax_pool_rows(&a, &z, windows, rows, width, &mut host);
+                let (da, dz, o) = (c.put(&a)?, c.put(&z)?, c.out(windows * width)?);
+                c.dev.softmax_pool_rows(da, dz, windows, rows, width, o)?;
+                c.expect(&label, o, &host)
+            });
+        }
+        self.must_fail("softmax_pool_rows with a short z", |c| {
+            let (a, z, o) = (c.put(&[0.5; 8])?, c.put(&[0.5; 7])?, c.out(4)?);
+            Ok(c.dev.softmax_pool_rows(a, z, 1, 2, 4, o))
+        });
+        self.must_fail("softmax_pool_rows with out of the wrong length", |c| {
+            let (a, z, o) = (c.put(&[0.5; 8])?, c.put(&[0.5; 8])?, c.out(5)?);
+            Ok(c.dev.softmax_pool_rows(a, z, 1, 2, 4, o))
+        });
     }
 
     /// Pages of `dtype` index-K entries (`dim` wide, `per` a page), every slot written
