@@ -56,18 +56,46 @@ pub fn softmax_pool_rows(
     let ab = dev.temp_f32(&a[..n])?;
     let zb = dev.temp_f32(&z[..n])?;
     let ob = dev.temp(cols * 4)?;
+    launch_pool(c, ab.at(), zb.at(), ob.at(), windows, rows, width)?;
+    dev.download_f32(&ob, &mut out[..cols])
+}
+
+/// The pooling launch over device memory (`DeviceOps::softmax_pool_rows` runs it alone): `a`
+/// and `z` hold windows·rows·width f32, `out` windows·width.
+pub(crate) fn launch_pool(
+    c: &Core,
+    a: DevPtr,
+    z: DevPtr,
+    out: DevPtr,
+    windows: usize,
+    rows: usize,
+    width: usize,
+) -> Result<(), CudaError> {
+    let (n, cols) = (windows * rows * width, windows * width);
+    if a.bytes < n * 4 || z.bytes < n * 4 || out.bytes < cols * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "softmax_pool_rows of {windows} windows of {rows} × {width}: a, z, out hold {}, {}, {} \
+             bytes",
+            a.bytes, z.bytes, out.bytes
+        )));
+    }
+    if cols == 0 {
+        return Ok(());
+    }
     let args = [
-        KArg::Buf(&ab),
-        KArg::Buf(&zb),
-        KArg::Buf(&ob),
+        KArg::Ptr(a),
+        KArg::Ptr(z),
+        KArg::Ptr(out),
         KArg::U32(u32_arg("rows", rows)?),
         KArg::U32(u32_arg("width", width)?),
         KArg::U32(u32_arg("windows", windows)?),
     ];
     let grid = (blocks_for(cols, THREADS as usize), 1, 1);
-    // SAFETY: a and z hold windows·rows·width floats, out windows·width.
-    unsafe { dev.launch("attn_softmax_pool", grid, (THREADS, 1, 1), &args)? };
-    dev.download_f32(&ob, &mut out[..cols])
+    // SAFETY: a and z hold windows·rows·width floats, out windows·width (checked above).
+    unsafe {
+        c.dev
+            .launch("attn_softmax_pool", grid, (THREADS, 1, 1), &args)
+    }
 }
 
 /// Attention of one query over `keys` [n, dim] (K = V) with a per-head sink; q, out [heads, dim].

@@ -6,7 +6,7 @@
 //! rows' entries in one launch (a few past 65535 rows).
 
 use super::mhc::u32_arg;
-use crate::device::{DevBuf, KArg, blocks_for};
+use crate::device::{DevBuf, DevPtr, KArg, blocks_for};
 use crate::{Core, CudaError};
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_core::{IndexKDtype, KvCacheDtype};
@@ -68,7 +68,7 @@ pub fn cache_store(
     let total = at.data.len() + at.scale.len();
     let vb = c.dev.temp_f32(values)?;
     let ob = c.dev.temp(total)?;
-    encode(c, fmt, &vb, &ob, 1, total)?;
+    encode(c, fmt, vb.at(), &ob, 1, total)?;
     let mut bytes = vec![0u8; total];
     c.dev.download(&ob, &mut bytes)?;
     let (d, s) = bytes.split_at(at.data.len());
@@ -98,7 +98,36 @@ pub fn cache_encode_rows(
     }
     let vb = c.dev.temp_f32(values)?;
     let ob = c.dev.temp(bytes.len())?;
-    encode(c, fmt, &vb, &ob, rows, entry)?;
+    encode(c, fmt, vb.at(), &ob, rows, entry)?;
+    c.dev.download(&ob, &mut bytes)?;
+    Ok(Ok(bytes))
+}
+
+/// [`cache_encode_rows`] of the values at `values` in device memory (`DeviceOps::cache_encode_rows`;
+/// `words` of them, whole rows of the format): no upload, the entries' bytes read back.
+pub(crate) fn cache_encode_at(
+    c: &Core,
+    fmt: &RowFormat,
+    values: DevPtr,
+    words: usize,
+) -> Result<Result<Vec<u8>, CacheLayoutError>, CudaError> {
+    let (rows, at) = match fmt.checked_encode(words) {
+        Ok(checked) => checked,
+        Err(e) => return Ok(Err(e)),
+    };
+    if values.bytes < words * 4 {
+        return Err(CudaError::BadOperands(format!(
+            "cache_encode_rows: {words} values asked of {} bytes",
+            values.bytes
+        )));
+    }
+    let entry = at.data.len() + at.scale.len();
+    let mut bytes = vec![0u8; rows * entry];
+    if rows == 0 {
+        return Ok(Ok(bytes));
+    }
+    let ob = c.dev.temp(bytes.len())?;
+    encode(c, fmt, values, &ob, rows, entry)?;
     c.dev.download(&ob, &mut bytes)?;
     Ok(Ok(bytes))
 }
@@ -109,7 +138,7 @@ pub fn cache_encode_rows(
 fn encode(
     c: &Core,
     fmt: &RowFormat,
-    vb: &DevBuf,
+    vb: DevPtr,
     ob: &DevBuf,
     rows: usize,
     entry: usize,
@@ -139,7 +168,7 @@ fn encode(
     };
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
-        let mut args = vec![KArg::Buf(vb), KArg::Buf(ob)];
+        let mut args = vec![KArg::Ptr(vb), KArg::Buf(ob)];
         args.extend(scalars.iter().copied());
         args.extend([KArg::U32(row0 as u32), KArg::U32(stride)]);
         // SAFETY: parameter order of the encoder; the launch covers rows row0 .. row0 + nr ≤

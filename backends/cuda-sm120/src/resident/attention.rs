@@ -13,10 +13,11 @@
 use super::{Resident, dev_err, op_err};
 use crate::Core;
 use crate::device::DevPtr;
-use crate::ops::attention::{PagedKeys, PagedSelection, QueryIo, paged_attention_io};
+use crate::ops::attention::{PagedKeys, PagedSelection, QueryIo, launch_pool, paged_attention_io};
+use crate::ops::cache::cache_encode_at;
 use crate::ops::indexer::{IndexerInput, PagedIndexKeys, paged_indexer_io};
-use dsv4_kernels::attention_device::layout_error;
-use dsv4_kernels::{DevSlice, KernelError, PagedAttention, PagedIndexer};
+use dsv4_kernels::attention_device::{check_encode, check_pool, layout_error};
+use dsv4_kernels::{DevSlice, KernelError, PagedAttention, PagedIndexer, RowFormat};
 use std::sync::Arc;
 
 impl Resident {
@@ -76,6 +77,39 @@ impl Resident {
             Ok(Err(e)) => Err(op_err(format!("{op}: the keys' pages: {e}"))),
             Err(e) => Err(dev_err(op, e)),
         }
+    }
+
+    /// `DeviceOps::cache_encode_rows`.
+    pub(super) fn encode(&self, fmt: &RowFormat, x: DevSlice) -> Result<Vec<u8>, KernelError> {
+        let op = "cache_encode_rows";
+        self.attention_offered(op)?;
+        check_encode(fmt, x)?;
+        let [xp] = self.resolve(op, [("x", x)])?;
+        match cache_encode_at(&self.counted(), fmt, xp, x.len) {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) => Err(op_err(format!("{op}: {e}"))),
+            Err(e) => Err(dev_err(op, e)),
+        }
+    }
+
+    /// `DeviceOps::softmax_pool_rows`: one launch, nothing read back.
+    pub(super) fn pool(
+        &self,
+        (a, z, out): (DevSlice, DevSlice, DevSlice),
+        windows: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), KernelError> {
+        let op = "softmax_pool_rows";
+        self.attention_offered(op)?;
+        check_pool(a, z, windows, rows, width, out)?;
+        self.resident_op(op, |cx| {
+            let (ap, zp, op_) = (cx.slice("a", a)?, cx.slice("z", z)?, cx.slice("out", out)?);
+            let r = launch_pool(cx.core, ap, zp, op_, windows, rows, width);
+            cx.run(r)?;
+            cx.dispatched(1);
+            Ok(())
+        })
     }
 
     /// Err unless the op set attends on the device (`backend.cuda_attention`).

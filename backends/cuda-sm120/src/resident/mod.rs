@@ -696,4 +696,24 @@ impl dsv4_kernels::DeviceOps for Resident {
     ) -> Result<Vec<Vec<usize>>, KernelError> {
         self.select(keys, q, w)
     }
+
+    fn cache_encode_rows(
+        &self,
+        fmt: &dsv4_kernels::RowFormat,
+        x: DevSlice,
+    ) -> Result<Vec<u8>, KernelError> {
+        self.encode(fmt, x)
+    }
+
+    fn softmax_pool_rows(
+        &self,
+        a: DevSlice,
+        z: DevSlice,
+        windows: usize,
+        rows: usize,
+        width: usize,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.pool((a, z, out), windows, rows, width)
+    }
 }
