@@ -330,7 +330,7 @@ fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_
     // two results back. The values are the plan order's (the test above). In the plan's own
     // order each host launch waits on its own: 17 here.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
-    assert_decode_waits(device(false), "host routing", 2 * layers + 2);
+    assert_decode_waits(device(false), "host routing", |_| 2 * layers + 2);
 }
 
 #[test]
@@ -340,47 +340,51 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
     // experts group their rows there. Only the cache launches' wait is left per layer.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
     let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
-    assert_decode_waits(d, "device routing", layers + 2);
+    assert_decode_waits(d, "device routing", |_| layers + 2);
 }
 
 #[test]
-fn the_indexer_on_the_device_waits_for_its_ids_alone() {
-    // Where the device attends, the indexer's queries and head weights stay there and only
-    // its chosen ids come back: one more wait on an indexer layer than on this host device,
-    // whose host op needed none, and the same count as on a GPU, whose host op read the ids
-    // back too. Attention itself waits for nothing.
+fn the_attention_side_on_the_device_waits_for_what_it_reads_back_alone() {
+    // Where the device attends, attention waits for nothing; the SWA store waits for its
+    // encoded entries, the indexer for its chosen ids, and a compressor whose window
+    // completes for its encoded entries. This host device's host ops needed none of these
+    // waits (a GPU's host ops had each of them, and more for the compressor's pooling, norm
+    // and RoPE). A layer with a compressor also reads its rows back for the rings (one wait
+    // with the rest of its host launches' operands); a layer without one (ratio 0) has
+    // nothing else to read back. In the session's third decode step a window of 4 completes
+    // (position 11), on both chains of each ratio-4 layer.
     let cfg = ModelConfig::tiny();
-    let indexed = (0..cfg.num_hidden_layers)
-        .filter(|&l| cfg.compress_ratio(l) == 4)
-        .count() as u64;
     let layers = cfg.num_hidden_layers as u64;
-    assert_decode_waits(
-        device(true),
-        "device routing and attention",
-        layers + indexed + 2,
-    );
+    let (indexed, compressed) = (0..cfg.num_hidden_layers).fold((0, 0), |(i, c), l| {
+        let r = cfg.compress_ratio(l);
+        (i + u64::from(r == 4), c + u64::from(r > 0))
+    });
+    let base = layers + compressed + indexed + 2;
+    assert_decode_waits(device(true), "device routing and attention", |step| {
+        if step == 3 { base + 2 * indexed } else { base }
+    });
 }
 
 #[test]
 fn attention_on_the_device_moves_no_queries_and_no_output() {
     // Where the device attends, a layer's queries stay on the device and its output is
-    // written there, and the indexer's queries and head weights stay there too (only its
-    // chosen ids come back): each decode step reads back exactly that much less, and writes
-    // one attention output per layer less, than where they cross the bus.
+    // written there; the indexer's queries and head weights stay there too (only its chosen
+    // ids come back); and the SWA rows are encoded there (only their entries come back). In
+    // the session's first two decode steps no compressor window completes, so each step reads
+    // back exactly that much less, and writes one attention output per layer less.
     let cfg = ModelConfig::tiny();
-    let steps = |attend: bool| {
+    let run = |attend: bool| {
         let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
         let d = if attend { d.with_device_attention() } else { d };
-        session(
-            &model(Arc::new(d), Numerics::default()),
-            &ExecOptions::default(),
-            2,
-        )
+        let m = model(Arc::new(d), Numerics::default());
+        let entry = m.kv_layout().entry_bytes() as u64;
+        (session(&m, &ExecOptions::default(), 2), entry)
     };
-    let (host, dev) = (steps(false), steps(true));
+    let ((host, _), (dev, entry)) = (run(false), run(true));
     let (rows, f) = (2u64, 4u64);
     let attn = rows * (cfg.num_attention_heads * cfg.head_dim) as u64 * f;
     let index = rows * (cfg.index_n_heads * (cfg.index_head_dim + 1)) as u64 * f;
+    let swa = rows * (cfg.head_dim as u64 * f - entry);
     for (step, ((ho, h), (do_, d))) in host.iter().zip(&dev).enumerate() {
         for (a, b) in ho.iter().zip(do_) {
             assert_eq!(bits(&a.logits), bits(&b.logits), "step {step}: logits");
@@ -388,7 +392,8 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
         if step == 0 {
             continue;
         }
-        // The session's two sequences decode at positions 24 and 9 on, one a step.
+        // The session's two sequences decode at positions 24 and 9 on, one a step: no window
+        // of 4 completes at 24, 25, 9 or 10.
         let ids: u64 = [24 + step - 1, 9 + step - 1]
             .iter()
             .map(|p| ((p + 1) / 4).min(cfg.index_topk) as u64 * f)
@@ -401,7 +406,7 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
         let (h, d) = (h.device.unwrap(), d.device.unwrap());
         assert_eq!(
             h.read_bytes - d.read_bytes,
-            layers * attn + indexed * (index - ids),
+            layers * (attn + swa) + indexed * (index - ids),
             "decode step {step}: bytes read back"
         );
         assert_eq!(
@@ -412,9 +417,9 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
     }
 }
 
-/// Every decode step of a session on `d`, eager and captured, waits for the device `want`
+/// Every decode step s of a session on `d`, eager and captured, waits for the device `want(s)`
 /// times (`what` names the device's ops).
-fn assert_decode_waits(d: HostResident, what: &str, want: u64) {
+fn assert_decode_waits(d: HostResident, what: &str, want: impl Fn(usize) -> u64) {
     let m = model(Arc::new(d), Numerics::all()[0]);
     for (name, exec) in [
         ("eager", ExecOptions::default()),
@@ -430,7 +435,7 @@ fn assert_decode_waits(d: HostResident, what: &str, want: u64) {
         for (step, (_, report)) in steps.iter().enumerate().skip(1) {
             assert_eq!(
                 report.device.map(|d| d.submissions),
-                Some(want),
+                Some(want(step)),
                 "{name}: decode step {step} ({what}): waits for the device"
             );
         }

@@ -21,6 +21,21 @@ use dsv4_plan::{BufferClass, Slice};
 /// range of the gathered keys (one more start than rows).
 type Chunk<'g, 'b> = (RowGather<'b>, usize, &'g [usize]);
 
+/// The rows an attention launch that stores them (prefill) puts into the SWA stores: on the
+/// host, or in a device's memory (encoded there).
+enum KvRows<'a> {
+    Host(&'a [f32]),
+    Device(&'a dyn DeviceOps, DevSlice),
+}
+
+/// An attention launch's operands besides the queries: the SWA rows and their locations when
+/// it stores them, and the indexer's top-k on a ratio-4 layer.
+struct Stored<'a> {
+    kv: Option<KvRows<'a>>,
+    loc: Option<&'a [f32]>,
+    topk: Option<&'a [f32]>,
+}
+
 impl Run<'_> {
     /// `[q, (kv, loc), (topk)] → [o]` on host slices: see the module docs.
     pub(crate) fn attention(
@@ -35,7 +50,20 @@ impl Run<'_> {
         let mut o = vec![0f32; self.bound.rows * hhd];
         let sink = &self.weights(b)?.attn.sink;
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
-        self.attend_rows(b, stores, &ins[1..], &mut |(gather, first, starts)| {
+        let rest = &ins[1..];
+        let ops = match stores {
+            true => Stored {
+                kv: Some(KvRows::Host(&rest[0])),
+                loc: Some(&rest[1]),
+                topk: rest.get(2).map(Vec::as_slice),
+            },
+            false => Stored {
+                kv: None,
+                loc: None,
+                topk: rest.first().map(Vec::as_slice),
+            },
+        };
+        self.attend_rows(b, ops, &mut |(gather, first, starts)| {
             let rows = starts.len() - 1;
             let span = first * hhd..(first + rows) * hhd;
             gather.attend(
@@ -54,14 +82,14 @@ impl Run<'_> {
         Ok(o)
     }
 
-    /// [`Run::attention`] with the queries `q` and the output `out` in device memory; `rest`
-    /// holds the launch's other operands, `[(kv, loc), (topk)]`.
+    /// [`Run::attention`] with the queries `q` and the output `out` in device memory, and the
+    /// SWA rows to store `kv` too when it stores them (encoded there); `rest` holds the
+    /// launch's host operands, `[(loc), (topk)]`.
     fn attention_dev(
         &self,
         dev: &dyn DeviceOps,
         b: Option<BlockRef>,
-        stores: bool,
-        q: DevSlice,
+        (q, kv): (DevSlice, Option<DevSlice>),
         rest: &[Vec<f32>],
         out: DevSlice,
     ) -> Result<(), ForwardError> {
@@ -69,7 +97,19 @@ impl Run<'_> {
         let hhd = cfg.num_attention_heads * cfg.head_dim;
         let sink = &self.weights(b)?.attn.sink;
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
-        self.attend_rows(b, stores, rest, &mut |(gather, first, starts)| {
+        let ops = match kv {
+            Some(kv) => Stored {
+                kv: Some(KvRows::Device(dev, kv)),
+                loc: Some(&rest[0]),
+                topk: rest.get(1).map(Vec::as_slice),
+            },
+            None => Stored {
+                kv: None,
+                loc: None,
+                topk: rest.first().map(Vec::as_slice),
+            },
+        };
+        self.attend_rows(b, ops, &mut |(gather, first, starts)| {
             let rows = starts.len() - 1;
             let (qs, os) = (
                 q.sub(first * hhd, rows * hhd),
@@ -100,8 +140,8 @@ impl Run<'_> {
         Ok((rope, hp))
     }
 
-    /// Every row's keys gathered and handed to `attend` a chunk of rows at a time. `rest` is
-    /// `[(kv, loc), (topk)]`. Each row's keys — its window rows, then its compressed entries
+    /// Every row's keys gathered and handed to `attend` a chunk of rows at a time, after each
+    /// row's SWA entry is stored when `ops` has the rows. Each row's keys — its window rows, then its compressed entries
     /// (SWA and compressed stores share one KV format) — are gathered right after its own SWA
     /// store (a later row's store may overwrite a ring slot this row reads; the gather copies
     /// the pages then), and a chunk's rows attend in one call that decodes their keys where it
@@ -113,8 +153,7 @@ impl Run<'_> {
     fn attend_rows(
         &self,
         b: Option<BlockRef>,
-        stores: bool,
-        rest: &[Vec<f32>],
+        ops: Stored<'_>,
         attend: &mut dyn for<'g> FnMut(Chunk<'g, '_>) -> Result<(), ForwardError>,
     ) -> Result<(), ForwardError> {
         let bw = self.weights(b)?;
@@ -122,12 +161,16 @@ impl Run<'_> {
         let cfg = &self.model.cfg;
         let (window, k) = (cfg.sliding_window, cfg.index_topk);
         let ratio = bw.ratio;
-        let (kv, loc) = if stores {
-            (Some(&rest[0]), Some(&rest[1]))
-        } else {
-            (None, None)
+        let loc = ops.loc;
+        let topk = match (ratio == 4, ops.topk) {
+            (true, Some(t)) => Some(t),
+            (true, None) => {
+                return Err(ForwardError::Plan {
+                    message: "a ratio-4 layer's attention without the indexer's top-k".into(),
+                });
+            }
+            (false, _) => None,
         };
-        let topk = (ratio == 4).then(|| &rest[if stores { 2 } else { 0 }]);
         let lw = loc_width(ratio);
         let be = self.model.backend.as_ref();
         let t = self.bound.rows;
@@ -135,8 +178,9 @@ impl Run<'_> {
         let (mut starts, mut first) = (vec![0usize], 0usize);
         // Every row's SWA entry is encoded up front in one call (the encoding does not depend
         // on the pages); each is put into its page right before the row's gather.
-        let encoded = match kv {
-            Some(kv) => Some(self.encode_swa(bb, kv)?),
+        let encoded = match ops.kv {
+            Some(KvRows::Host(kv)) => Some(self.encode_swa(bb, kv)?),
+            Some(KvRows::Device(dev, kv)) => Some(self.encode_swa_dev(dev, bb, kv)?),
             None => None,
         };
         for (i, &p) in self.bound.positions[..t].iter().enumerate() {
@@ -173,27 +217,32 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// How many of a launch of `kind`'s leading transient reads stay in device memory, run as
-    /// [`Run::attention_side_resident`]: where the step's memory is on a device that attends,
-    /// attention's queries (1), and the indexer's queries and head weights (2) unless the step
-    /// records the indexer's scores (read on the host); else none.
-    pub(crate) fn device_reads(&self, kind: OpKind) -> usize {
+    /// Whether a launch of `kind` runs as [`Run::attention_side_resident`], and then how many
+    /// of its leading transient reads stay in device memory: where the step's memory is on a
+    /// device that attends, attention (its queries, and the SWA rows it stores), the SWA store
+    /// (its rows), the indexer's top-k (its queries and head weights; not when the step
+    /// records the indexer's scores, read on the host) and the compressors (none: their rows
+    /// go into the host's rings, but the completed windows are pooled and encoded on the
+    /// device); else None.
+    pub(crate) fn attention_side(&self, kind: OpKind) -> Option<usize> {
         let super::run::Memory::Device(dm) = &self.mem else {
-            return 0;
+            return None;
         };
         if !dm.dev.attends_on_device() {
-            return 0;
+            return None;
         }
         match kind {
-            OpKind::Attention { .. } => 1,
-            OpKind::IndexerTopk if !self.choices.record_scores => 2,
-            _ => 0,
+            OpKind::Attention { stores } => Some(1 + usize::from(stores)),
+            OpKind::SwaStore => Some(1),
+            OpKind::IndexerTopk if !self.choices.record_scores => Some(2),
+            OpKind::Compress(_) => Some(0),
+            _ => None,
         }
     }
 
-    /// Run attention or indexer launch `i` with its queries in device memory (where
-    /// [`Run::device_reads`] says so): its other operands come from their host copies or one
-    /// read (with those of the host launches after it in `next`, as any host launch's do);
+    /// Run an attention-side launch `i` (where [`Run::attention_side`] says so) with its
+    /// leading operands in device memory: its other operands come from their host copies or
+    /// one read (with those of the host launches after it in `next`, as any host launch's do);
     /// attention writes its output in device memory, the indexer its ids from the host.
     pub(crate) fn attention_side_resident(
         &self,
@@ -202,17 +251,23 @@ impl Run<'_> {
         next: &[usize],
     ) -> Result<(), ForwardError> {
         let l = &self.plan.launches[i];
-        let on_device = self.device_reads(l.op.kind);
+        let on_device = self.attention_side(l.op.kind).unwrap_or(0);
         let transient = |s: &&Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
         let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
         let writes: Vec<&Slice> = l.writes.iter().filter(transient).collect();
-        let (Some(o), true) = (writes.first(), on_device > 0 && reads.len() >= on_device) else {
+        if reads.len() < on_device {
             return Err(ForwardError::Plan {
                 message: format!(
-                    "launch `{}` has no device-resident queries or no output",
-                    l.op.kind.name()
+                    "launch `{}` reads {} transient buffers, {on_device} of them on the device",
+                    l.op.kind.name(),
+                    reads.len()
                 ),
             });
+        }
+        let output = || {
+            writes.first().ok_or_else(|| ForwardError::Plan {
+                message: format!("launch `{}` has no output", l.op.kind.name()),
+            })
         };
         let n = |b| self.words_per_row(b) * self.bound.rows;
         let dev_ins = reads[..on_device]
@@ -228,18 +283,27 @@ impl Run<'_> {
             dm.read_many(self.plan, &wanted)?
         };
         rest.truncate(host.len());
+        let b = l.op.block;
         match l.op.kind {
             OpKind::Attention { stores } => {
+                let o = output()?;
                 let os = dm.output(self.plan, o.buffer, n(o.buffer))?;
                 dm.written_on_device(os);
-                self.attention_dev(dm.dev, l.op.block, stores, dev_ins[0], &rest, os)?;
+                let kv = stores.then(|| dev_ins[1]);
+                self.attention_dev(dm.dev, b, (dev_ins[0], kv), &rest, os)?;
                 if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
                     lock(taps)[i] = Some(dm.dev.read(os)?);
                 }
             }
             OpKind::IndexerTopk => {
-                let out = self.indexer_topk_dev(dm.dev, l.op.block, dev_ins[0], dev_ins[1])?;
-                dm.write(self.plan, o.buffer, &out)?;
+                let out = self.indexer_topk_dev(dm.dev, b, dev_ins[0], dev_ins[1])?;
+                dm.write(self.plan, output()?.buffer, &out)?;
+            }
+            OpKind::SwaStore => self.swa_store_dev(dm.dev, b, dev_ins[0], &rest[0])?,
+            OpKind::Compress(chain) => {
+                let scratch = (dm.scratch(), l.stream.0 as usize);
+                let ins = (&rest[0][..], &rest[1][..], &rest[2][..]);
+                self.compress_dev(dm.dev, scratch, b, chain, ins)?;
             }
             other => {
                 return Err(ForwardError::Plan {

@@ -15,11 +15,18 @@ use super::dense::no_weights;
 use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
+use super::resident::Scratch;
 use super::run::{BoundBlock, Run, lock};
 use super::state::{CompressorState, NO_LOCATION, PagedRows};
+use crate::weights::CompressorWeights;
 use dsv4_kernels::{DevSlice, DeviceOps, RowFormat};
 
 type Res = Result<Vec<f32>, ForwardError>;
+
+/// The end of a compressor launch: the completed windows' pool, the compressor, each entry's
+/// position and the entry format in, the encoded entries out.
+type Finish<'a> = dyn FnMut(WindowPool, &CompressorWeights, &[usize], &RowFormat) -> Result<Vec<u8>, ForwardError>
+    + 'a;
 
 /// The indexer's selection of one chunk of rows: given their index-K rows' gather, the first
 /// row and each row's range of the gathered rows, each row's chosen ids.
@@ -73,15 +80,34 @@ impl Run<'_> {
         kv: &[f32],
     ) -> Result<(RowFormat, Vec<u8>), ForwardError> {
         let t = self.bound.rows;
+        let fmt = self.swa_format(bb)?;
+        let hd = self.model.cfg.head_dim;
+        let entries = self.model.backend.cache_encode_rows(&fmt, &kv[..t * hd])?;
+        Ok((fmt, entries))
+    }
+
+    /// The SWA entries of the step's rows of `kv` in `dev`'s memory, encoded there in one call
+    /// (only the entries come back), as [`Run::encode_swa`] encodes host rows.
+    pub(super) fn encode_swa_dev(
+        &self,
+        dev: &dyn DeviceOps,
+        bb: &BoundBlock<'_>,
+        kv: DevSlice,
+    ) -> Result<(RowFormat, Vec<u8>), ForwardError> {
+        let fmt = self.swa_format(bb)?;
+        let rows = self.bound.rows * self.model.cfg.head_dim;
+        Ok((fmt, dev.cache_encode_rows(&fmt, kv.prefix(rows))?))
+    }
+
+    /// The SWA entry format every sequence of the step shares.
+    fn swa_format(&self, bb: &BoundBlock<'_>) -> Result<RowFormat, ForwardError> {
         let fmt = *self.row_state(bb, 0).swa.layout();
-        if (1..t).any(|i| *self.row_state(bb, i).swa.layout() != fmt) {
+        if (1..self.bound.rows).any(|i| *self.row_state(bb, i).swa.layout() != fmt) {
             return Err(ForwardError::Plan {
                 message: "the step's sequences have SWA stores of different formats".into(),
             });
         }
-        let hd = self.model.cfg.head_dim;
-        let entries = self.model.backend.cache_encode_rows(&fmt, &kv[..t * hd])?;
-        Ok((fmt, entries))
+        Ok(fmt)
     }
 
     /// `[kv, loc] → []`: each row's SWA entry into its location.
@@ -91,9 +117,32 @@ impl Run<'_> {
         kv: &[f32],
         loc: &[f32],
     ) -> Result<(), ForwardError> {
-        let bb = self.bound_block(b)?;
+        let (fmt, entries) = self.encode_swa(self.bound_block(b)?, kv)?;
+        self.store_swa(b, &fmt, &entries, loc)
+    }
+
+    /// [`Run::swa_store`] of rows `kv` in `dev`'s memory (encoded there).
+    pub(super) fn swa_store_dev(
+        &self,
+        dev: &dyn DeviceOps,
+        b: Option<BlockRef>,
+        kv: DevSlice,
+        loc: &[f32],
+    ) -> Result<(), ForwardError> {
+        let (fmt, entries) = self.encode_swa_dev(dev, self.bound_block(b)?, kv)?;
+        self.store_swa(b, &fmt, &entries, loc)
+    }
+
+    /// Each row's encoded SWA entry (`entries`, one per row) into its location.
+    fn store_swa(
+        &self,
+        b: Option<BlockRef>,
+        fmt: &RowFormat,
+        entries: &[u8],
+        loc: &[f32],
+    ) -> Result<(), ForwardError> {
+        let (fmt, bb) = (*fmt, self.bound_block(b)?);
         let w = loc_width(self.weights(b)?.ratio);
-        let (fmt, entries) = self.encode_swa(bb, kv)?;
         let e = fmt.entry_bytes();
         for i in 0..self.bound.rows {
             let swa = &self.row_state(bb, i).swa;
@@ -102,6 +151,20 @@ impl Run<'_> {
             store_entry(store.as_ref(), &fmt, loc[i * w].to_bits(), entry)?;
         }
         Ok(())
+    }
+
+    /// Block `b`'s compressor weights of `chain`.
+    fn compressor_weights(
+        &self,
+        b: Option<BlockRef>,
+        chain: Chain,
+    ) -> Result<&CompressorWeights, ForwardError> {
+        let attn = &self.weights(b)?.attn;
+        match chain {
+            Chain::Attn => attn.compressor.as_ref(),
+            Chain::Indexer => attn.indexer.as_ref().map(|i| &i.compressor),
+        }
+        .ok_or_else(|| no_weights(b, "compressor"))
     }
 
     /// The compressor state of `chain` of row `i`'s sequence.
@@ -130,20 +193,80 @@ impl Run<'_> {
         z: &[f32],
         loc: &[f32],
     ) -> Result<(), ForwardError> {
+        let m = self.model;
+        let be = m.backend.as_ref();
+        self.compress_with(b, chain, (a, z, loc), &mut |pool, cw, positions, fmt| {
+            let raw = pool.finish(be);
+            let mut c = vec![0f32; raw.len()];
+            be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
+            be.rope(&mut c, cw.dim, positions, &m.rope_compress, false);
+            if chain == Chain::Indexer {
+                be.hadamard(&mut c, cw.dim);
+            }
+            Ok(be.cache_encode_rows(fmt, &c)?)
+        })
+    }
+
+    /// [`Run::compress`] with the completed windows pooled, normalised, rotated and encoded
+    /// in `dev`'s memory (`scratch` lends its buffers, for plan stream `stream`): the windows'
+    /// rows go up, only the entries come back.
+    pub(super) fn compress_dev(
+        &self,
+        dev: &dyn DeviceOps,
+        (scratch, stream): (&Scratch, usize),
+        b: Option<BlockRef>,
+        chain: Chain,
+        ins: (&[f32], &[f32], &[f32]),
+    ) -> Result<(), ForwardError> {
+        let m = self.model;
+        // Buffers for the most windows a step completes (one a row), taken whether or not any
+        // completes, so a captured plan takes them at its first step and its replays take the
+        // same ones whatever they complete.
+        let cw = self.compressor_weights(b, chain)?;
+        let (ring, t) = (super::state::ring_rows(cw.ratio), self.bound.rows);
+        let (wa, wz) = (
+            scratch.take(dev, stream, t * ring * cw.dim)?,
+            scratch.take(dev, stream, t * ring * cw.dim)?,
+        );
+        let (wraw, wc) = (
+            scratch.take(dev, stream, t * cw.dim)?,
+            scratch.take(dev, stream, t * cw.dim)?,
+        );
+        self.compress_with(b, chain, ins, &mut |pool, cw, positions, fmt| {
+            let (a, z, windows, rows) = pool.into_parts();
+            let (da, dz) = (wa.s.prefix(a.len()), wz.s.prefix(z.len()));
+            dev.write(da, &a)?;
+            dev.write(dz, &z)?;
+            let n = windows * cw.dim;
+            let (raw, c) = (wraw.s.prefix(n), wc.s.prefix(n));
+            dev.softmax_pool_rows(da, dz, windows, rows, cw.dim, raw)?;
+            dev.rms_norm(raw, Some(&cw.norm), cw.dim, m.eps(), c)?;
+            dev.rope(c, cw.dim, positions, &m.rope_compress, false)?;
+            if chain == Chain::Indexer {
+                dev.hadamard(c, cw.dim)?;
+            }
+            Ok(dev.cache_encode_rows(fmt, c)?)
+        })
+    }
+
+    /// The ring pushes of [`Run::compress`], then `finish` (the completed windows' pool, the
+    /// compressor, each entry's position, the entry format) encodes the entries, which are
+    /// stored.
+    fn compress_with(
+        &self,
+        b: Option<BlockRef>,
+        chain: Chain,
+        (a, z, loc): (&[f32], &[f32], &[f32]),
+        finish: &mut Finish<'_>,
+    ) -> Result<(), ForwardError> {
         let bw = self.weights(b)?;
-        let cw = match chain {
-            Chain::Attn => bw.attn.compressor.as_ref(),
-            Chain::Indexer => bw.attn.indexer.as_ref().map(|i| &i.compressor),
-        }
-        .ok_or_else(|| no_weights(b, "compressor"))?;
+        let cw = self.compressor_weights(b, chain)?;
         let bb = self.bound_block(b)?;
         let (w, col) = (
             loc_width(bw.ratio),
             if chain == Chain::Attn { 1 } else { 3 },
         );
         let width = cw.coff * cw.dim;
-        let m = self.model;
-        let be = m.backend.as_ref();
         // (row, window) of each completed entry; the windows pool in one call after the loop.
         let (mut done, mut pool) = (Vec::new(), WindowPool::new(cw.ratio, cw.dim));
         for (i, &p) in self.bound.positions[..self.bound.rows].iter().enumerate() {
@@ -166,16 +289,9 @@ impl Run<'_> {
         let Some(&(first, _)) = done.first() else {
             return Ok(());
         };
-        let raw = pool.finish(be);
-        let mut c = vec![0f32; raw.len()];
-        be.rms_norm(&raw, Some(&cw.norm), cw.dim, m.eps(), &mut c);
         let positions: Vec<usize> = done.iter().map(|&(_, win)| cw.ratio * win).collect();
-        be.rope(&mut c, cw.dim, &positions, &m.rope_compress, false);
-        if chain == Chain::Indexer {
-            be.hadamard(&mut c, cw.dim);
-        }
         let fmt = *self.compressor_of(bb, first, chain)?.entries.layout();
-        let entries = be.cache_encode_rows(&fmt, &c)?;
+        let entries = finish(pool, cw, &positions, &fmt)?;
         let e = fmt.entry_bytes();
         for (k, &(i, _)) in done.iter().enumerate() {
             let cs = self.compressor_of(bb, i, chain)?;

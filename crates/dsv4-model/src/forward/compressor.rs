@@ -140,6 +140,13 @@ impl WindowPool {
         Some(w)
     }
 
+    /// The windows' rows — a and z, [windows · rows, dim] each — the windows, and the rows
+    /// each pools: what [`Backend::softmax_pool_rows`] (or its device form) takes.
+    pub fn into_parts(self) -> (Vec<f32>, Vec<f32>, usize, usize) {
+        let rows = self.rows();
+        (self.a, self.z, self.windows, rows)
+    }
+
     /// The pooled entries (`dim` wide, before norm and RoPE) of the windows in the order they
     /// completed, in one call.
     pub fn finish(self, backend: &dyn Backend) -> Vec<f32> {

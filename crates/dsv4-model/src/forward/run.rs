@@ -257,7 +257,7 @@ impl Run<'_> {
         }
         let l = &self.plan.launches[i];
         if let Memory::Device(dm) = &self.mem
-            && self.device_reads(l.op.kind) > 0
+            && self.attention_side(l.op.kind).is_some()
         {
             self.attention_side_resident(dm, i, next)?;
             self.release(i);
@@ -299,7 +299,7 @@ impl Run<'_> {
     /// Only the run runs on this thread until it is done, and anything another stream writes
     /// that the run reads is ordered before it by an event the run would wait for, so these
     /// operands are final when launch `i` reads its own. Attention's and the indexer's queries
-    /// stay out where the device attends (they stay on the device: [`Run::device_reads`]).
+    /// stay out where the device attends (they stay on the device: [`Run::attention_side`]).
     pub(super) fn host_run_reads(&self, i: usize, next: &[usize]) -> Vec<BufferId> {
         let launches = &self.plan.launches;
         let stream = launches[i].stream;
@@ -313,7 +313,7 @@ impl Run<'_> {
             {
                 break;
             }
-            let on_device = self.device_reads(l.op.kind);
+            let on_device = self.attention_side(l.op.kind).unwrap_or(0);
             let host_reads = l
                 .reads
                 .iter()
