@@ -5,7 +5,7 @@
 //! where it is) and the indexer's selection ([`crate::DeviceOps::paged_indexer_topk`]: its
 //! queries and head weights in device memory, only the chosen ids coming back); also the
 //! checks of the cache encoder and the compressor's pooling on device memory
-//! ([`check_encode`], [`check_pool`]).
+//! ([`check_encode`], [`check_pool`]), and the packing of encoded entries into words.
 
 use crate::device::{DevSlice, check_len, ensure};
 use crate::{Backend, EntryOrigin, KernelError, PageTag, RowFormat};
@@ -155,14 +155,52 @@ impl PagedIndexer<'_> {
     }
 }
 
-/// Check a [`crate::DeviceOps::cache_encode_rows`] call before anything runs: the rows of
-/// `fmt` that `x` holds (its length must be whole rows, as the host op's layout check says).
-pub fn check_encode(fmt: &RowFormat, x: DevSlice) -> Result<usize, KernelError> {
-    fmt.checked_encode(x.len)
+/// Words of device memory holding `rows` entries of `fmt` packed end to end
+/// ([`crate::DeviceOps::cache_encode_into`]).
+pub fn encoded_words(fmt: &RowFormat, rows: usize) -> usize {
+    (rows * fmt.entry_bytes()).div_ceil(4)
+}
+
+/// The first `bytes` bytes packed little-endian in `words` (what
+/// [`crate::DeviceOps::cache_encode_into`] wrote, read back).
+pub fn words_bytes(words: &[f32], bytes: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.to_bits().to_le_bytes())
+        .collect();
+    out.truncate(bytes);
+    out
+}
+
+/// `bytes` packed little-endian into words, the last one padded with zero bytes.
+pub fn bytes_words(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            f32::from_bits(u32::from_le_bytes(w))
+        })
+        .collect()
+}
+
+/// Check a [`crate::DeviceOps::cache_encode_into`] call before anything runs: `x` holds whole
+/// rows of `fmt` (as the host op's layout check says), `out` [`encoded_words`] of them, and
+/// the two do not overlap. Returns the rows.
+pub fn check_encode(fmt: &RowFormat, x: DevSlice, out: DevSlice) -> Result<usize, KernelError> {
+    let op = "cache_encode_into";
+    let rows = fmt
+        .checked_encode(x.len)
         .map(|(rows, _)| rows)
         .map_err(|e| KernelError::Device {
-            message: format!("cache_encode_rows: {e}"),
-        })
+            message: format!("{op}: {e}"),
+        })?;
+    check_len(op, "out", out, encoded_words(fmt, rows))?;
+    let overlap = x.buf == out.buf && x.off < out.off + out.len && out.off < x.off + x.len;
+    ensure(!overlap || out.len == 0 || x.len == 0, op, || {
+        "out overlaps x".into()
+    })?;
+    Ok(rows)
 }
 
 /// Check a [`crate::DeviceOps::softmax_pool_rows`] call before anything runs: `a` and `z`

@@ -499,7 +499,7 @@ pub trait DeviceOps: Send + Sync {
 
     /// Whether the attention-side ops on device memory are supported —
     /// [`DeviceOps::paged_attention`], [`DeviceOps::paged_indexer_topk`],
-    /// [`DeviceOps::cache_encode_rows`] and [`DeviceOps::softmax_pool_rows`]: then attention
+    /// [`DeviceOps::cache_encode_into`] and [`DeviceOps::softmax_pool_rows`]: then attention
     /// reads its queries and writes its output in device memory, the indexer reads its queries
     /// there, and cache rows are encoded and compressor windows pooled where their values are
     /// (false by default: the caller reads the operands back and runs the host ops).
@@ -537,12 +537,21 @@ pub trait DeviceOps: Send + Sync {
         Err(unsupported("paged_indexer_topk", "attends_on_device"))
     }
 
-    /// [`crate::Backend::cache_encode_rows`] of `x` (rows of `fmt.width()` values) in device
-    /// memory: the entries' bytes, read back (one wait). A length that is not whole rows is
-    /// the host op's layout error. Only where [`DeviceOps::attends_on_device`] (else an error).
-    fn cache_encode_rows(&self, fmt: &RowFormat, x: DevSlice) -> Result<Vec<u8>, KernelError> {
-        let _ = (fmt, x);
-        Err(unsupported("cache_encode_rows", "attends_on_device"))
+    /// [`crate::Backend::cache_encode_rows`] of `x` (rows of `fmt.width()` values) into `out`,
+    /// both in device memory: the entries' bytes packed little-endian into `out`'s words
+    /// ([`crate::attention_device::encoded_words`] of them; the last word's bytes past the
+    /// entries are unspecified), for the caller to read back when it reads other things
+    /// ([`crate::attention_device::words_bytes`] unpacks them). The operands are checked as
+    /// [`crate::attention_device::check_encode`] says. Only where
+    /// [`DeviceOps::attends_on_device`] (else an error).
+    fn cache_encode_into(
+        &self,
+        fmt: &RowFormat,
+        x: DevSlice,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        let _ = (fmt, x, out);
+        Err(unsupported("cache_encode_into", "attends_on_device"))
     }
 
     /// [`crate::Backend::softmax_pool_rows`] in device memory: window w pools rows

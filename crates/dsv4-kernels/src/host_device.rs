@@ -7,7 +7,7 @@
 //! dispatches queued since the last submission is one submission; a write is one write; an
 //! alloc is one alloc. Failed calls count nothing.
 
-use crate::attention_device::{check_encode, check_pool};
+use crate::attention_device::{bytes_words, check_encode, check_pool};
 use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
@@ -597,23 +597,16 @@ impl DeviceOps for HostDevice {
         Ok(chosen)
     }
 
-    fn cache_encode_rows(&self, fmt: &RowFormat, x: DevSlice) -> R<Vec<u8>> {
-        let op = "cache_encode_rows";
+    fn cache_encode_into(&self, fmt: &RowFormat, x: DevSlice, out: DevSlice) -> R<()> {
+        let op = "cache_encode_into";
         ensure(self.attends, op, || "not supported on this device".into())?;
-        check_encode(fmt, x)?;
+        check_encode(fmt, x, out)?;
         let [xv] = self.load(op, [("x", x)])?;
+        self.check_out(op, &[("out", out)])?;
         let bytes = self
             .host(op, |be| be.cache_encode_rows(fmt, &xv))?
             .map_err(|e| err(format!("{op}: {e}")))?;
-        // The bytes come back: one dispatch and one read.
-        self.count(|st| {
-            st.dispatches += 1;
-            st.submissions += 1;
-            st.reads += 1;
-            st.read_bytes += bytes.len() as u64;
-        });
-        self.pending.store(0, Ordering::Relaxed);
-        Ok(bytes)
+        self.store(op, &[(out, &bytes_words(&bytes))])
     }
 
     fn softmax_pool_rows(

@@ -189,7 +189,7 @@ enum Fault {
     StalePages,
     /// `paged_indexer_topk` drops each query's last chosen id.
     IndexerDropsLast,
-    /// `cache_encode_rows` flips the low bit of its last byte.
+    /// `cache_encode_into` flips the low bit of its first byte.
     EncodeFlipsABit,
 }
 
@@ -359,18 +359,19 @@ impl DeviceOps for Faulty {
     fn attends_on_device(&self) -> bool {
         self.d().attends_on_device()
     }
-    fn cache_encode_rows(
+    fn cache_encode_into(
         &self,
         fmt: &dsv4_kernels::RowFormat,
         x: DevSlice,
-    ) -> Result<Vec<u8>, KernelError> {
-        let mut bytes = self.d().cache_encode_rows(fmt, x)?;
-        if self.1 == Fault::EncodeFlipsABit
-            && let Some(b) = bytes.last_mut()
-        {
-            *b ^= 1;
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.d().cache_encode_into(fmt, x, out)?;
+        if self.1 == Fault::EncodeFlipsABit && out.len > 0 {
+            let first = out.prefix(1);
+            let w = self.d().read(first)?[0];
+            self.d().write(first, &[f32::from_bits(w.to_bits() ^ 1)])?;
         }
-        Ok(bytes)
+        Ok(())
     }
     fn softmax_pool_rows(
         &self,
@@ -521,7 +522,7 @@ fn a_device_whose_encoder_flips_a_bit_is_caught() {
     assert!(
         fails
             .iter()
-            .all(|f| f.starts_with("cache_encode_rows ") && f.contains("first difference")),
+            .all(|f| f.starts_with("cache_encode_into ") && f.contains("first difference")),
         "{fails:#?}"
     );
 }

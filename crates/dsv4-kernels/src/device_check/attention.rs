@@ -12,6 +12,7 @@
 //! errors.
 
 use super::Check;
+use crate::attention_device::{encoded_words, words_bytes};
 use crate::{PageTag, PagedAttention, PagedIndexer, RowFormat};
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype};
@@ -40,10 +41,10 @@ impl Check<'_> {
                 let (q, w) = (c.put(&[0.25; 32])?, c.put(&[1.0])?);
                 Ok(c.dev.paged_indexer_topk(&keys, q, w).map(|_| ()))
             });
-            self.must_fail("cache_encode_rows where the device does not attend", |c| {
+            self.must_fail("cache_encode_into where the device does not attend", |c| {
                 let (fmt, _) = c.index_pages(IndexKDtype::Fp8, 32, 4)?;
-                let x = c.put(&[0.25; 32])?;
-                Ok(c.dev.cache_encode_rows(&fmt, x).map(|_| ()))
+                let (x, o) = (c.put(&[0.25; 32])?, c.out(encoded_words(&fmt, 1))?);
+                Ok(c.dev.cache_encode_into(&fmt, x, o))
             });
             self.must_fail("softmax_pool_rows where the device does not attend", |c| {
                 let (a, z, o) = (c.put(&[0.5; 8])?, c.put(&[0.5; 8])?, c.out(4)?);
@@ -86,11 +87,11 @@ impl Check<'_> {
                 Err(e) => {
                     return self
                         .fails
-                        .push(format!("cache_encode_rows: a bad layout: {e}"));
+                        .push(format!("cache_encode_into: a bad layout: {e}"));
                 }
             };
             for rows in [1usize, 5] {
-                let label = format!("cache_encode_rows {fmt:?} rows={rows}");
+                let label = format!("cache_encode_into {fmt:?} rows={rows}");
                 self.case(&label, |c| {
                     // Values over a wide range of magnitudes, so every scale is exercised.
                     let mut x = c.vec(rows * fmt.width(), 1.0);
@@ -102,7 +103,9 @@ impl Check<'_> {
                             message: format!("the host encoder: {e}"),
                         }
                     })?;
-                    let got = c.dev.cache_encode_rows(&fmt, c.put(&x)?)?;
+                    let (dx, o) = (c.put(&x)?, c.out(encoded_words(&fmt, rows))?);
+                    c.dev.cache_encode_into(&fmt, dx, o)?;
+                    let got = words_bytes(&c.get(&label, o)?, host.len());
                     if got != host {
                         let first = got.iter().zip(&host).position(|(a, b)| a != b);
                         c.fails.push(format!(
@@ -115,15 +118,25 @@ impl Check<'_> {
                 });
             }
         }
-        self.must_fail("cache_encode_rows of a part row", |c| {
+        self.must_fail("cache_encode_into of a part row", |c| {
             let fmt =
                 RowFormat::IndexK(IndexKLayout::new(IndexKDtype::Fp8, 32, 4).map_err(|e| {
                     crate::KernelError::Device {
                         message: e.to_string(),
                     }
                 })?);
-            let x = c.put(&[0.25; 33])?;
-            Ok(c.dev.cache_encode_rows(&fmt, x).map(|_| ()))
+            let (x, o) = (c.put(&[0.25; 33])?, c.out(encoded_words(&fmt, 2))?);
+            Ok(c.dev.cache_encode_into(&fmt, x, o))
+        });
+        self.must_fail("cache_encode_into with out one word short", |c| {
+            let fmt =
+                RowFormat::IndexK(IndexKLayout::new(IndexKDtype::Fp8, 32, 4).map_err(|e| {
+                    crate::KernelError::Device {
+                        message: e.to_string(),
+                    }
+                })?);
+            let (x, o) = (c.put(&[0.25; 64])?, c.out(encoded_words(&fmt, 2) - 1)?);
+            Ok(c.dev.cache_encode_into(&fmt, x, o))
         });
     }
 
