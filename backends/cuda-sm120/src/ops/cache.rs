@@ -68,7 +68,7 @@ pub fn cache_store(
     let total = at.data.len() + at.scale.len();
     let vb = c.dev.temp_f32(values)?;
     let ob = c.dev.temp(total)?;
-    encode(c, fmt, vb.at(), &ob, 1, total)?;
+    encode(c, fmt, vb.at(), ob.at(), 1, total)?;
     let mut bytes = vec![0u8; total];
     c.dev.download(&ob, &mut bytes)?;
     let (d, s) = bytes.split_at(at.data.len());
@@ -98,38 +98,37 @@ pub fn cache_encode_rows(
     }
     let vb = c.dev.temp_f32(values)?;
     let ob = c.dev.temp(bytes.len())?;
-    encode(c, fmt, vb.at(), &ob, rows, entry)?;
+    encode(c, fmt, vb.at(), ob.at(), rows, entry)?;
     c.dev.download(&ob, &mut bytes)?;
     Ok(Ok(bytes))
 }
 
-/// [`cache_encode_rows`] of the values at `values` in device memory (`DeviceOps::cache_encode_rows`;
-/// `words` of them, whole rows of the format): no upload, the entries' bytes read back.
-pub(crate) fn cache_encode_at(
+/// The encoder over `words` values at `values` into `out`, both in device memory
+/// (`DeviceOps::cache_encode_into`): the entries end to end from `out`'s first byte; nothing
+/// read back. `Ok(Err)` is the format's layout error for a length that is not whole rows.
+pub(crate) fn encode_at(
     c: &Core,
     fmt: &RowFormat,
     values: DevPtr,
     words: usize,
-) -> Result<Result<Vec<u8>, CacheLayoutError>, CudaError> {
+    out: DevPtr,
+) -> Result<Result<(), CacheLayoutError>, CudaError> {
     let (rows, at) = match fmt.checked_encode(words) {
         Ok(checked) => checked,
         Err(e) => return Ok(Err(e)),
     };
-    if values.bytes < words * 4 {
+    let entry = at.data.len() + at.scale.len();
+    if values.bytes < words * 4 || out.bytes < rows * entry {
         return Err(CudaError::BadOperands(format!(
-            "cache_encode_rows: {words} values asked of {} bytes",
-            values.bytes
+            "cache_encode_into: {rows} rows of {entry}-byte entries from {} bytes of values into \
+             {} bytes",
+            values.bytes, out.bytes
         )));
     }
-    let entry = at.data.len() + at.scale.len();
-    let mut bytes = vec![0u8; rows * entry];
-    if rows == 0 {
-        return Ok(Ok(bytes));
+    if rows > 0 {
+        encode(c, fmt, values, out, rows, entry)?;
     }
-    let ob = c.dev.temp(bytes.len())?;
-    encode(c, fmt, values, &ob, rows, entry)?;
-    c.dev.download(&ob, &mut bytes)?;
-    Ok(Ok(bytes))
+    Ok(Ok(()))
 }
 
 /// Launch the format's encoder over `rows` rows: row r's values at `vb[r·width ..]` (f32), its
@@ -139,7 +138,7 @@ fn encode(
     c: &Core,
     fmt: &RowFormat,
     vb: DevPtr,
-    ob: &DevBuf,
+    ob: DevPtr,
     rows: usize,
     entry: usize,
 ) -> Result<(), CudaError> {
@@ -168,7 +167,7 @@ fn encode(
     };
     for row0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - row0).min(MAX_GRID_Y) as u32;
-        let mut args = vec![KArg::Ptr(vb), KArg::Buf(ob)];
+        let mut args = vec![KArg::Ptr(vb), KArg::Ptr(ob)];
         args.extend(scalars.iter().copied());
         args.extend([KArg::U32(row0 as u32), KArg::U32(stride)]);
         // SAFETY: parameter order of the encoder; the launch covers rows row0 .. row0 + nr ≤

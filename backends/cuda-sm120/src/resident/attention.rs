@@ -14,7 +14,7 @@ use super::{Resident, dev_err, op_err};
 use crate::Core;
 use crate::device::DevPtr;
 use crate::ops::attention::{PagedKeys, PagedSelection, QueryIo, launch_pool, paged_attention_io};
-use crate::ops::cache::cache_encode_at;
+use crate::ops::cache::encode_at;
 use crate::ops::indexer::{IndexerInput, PagedIndexKeys, paged_indexer_io};
 use dsv4_kernels::attention_device::{check_encode, check_pool, layout_error};
 use dsv4_kernels::{DevSlice, KernelError, PagedAttention, PagedIndexer, RowFormat};
@@ -79,17 +79,27 @@ impl Resident {
         }
     }
 
-    /// `DeviceOps::cache_encode_rows`.
-    pub(super) fn encode(&self, fmt: &RowFormat, x: DevSlice) -> Result<Vec<u8>, KernelError> {
-        let op = "cache_encode_rows";
+    /// `DeviceOps::cache_encode_into`: the encoder's launches, nothing read back.
+    pub(super) fn encode_into(
+        &self,
+        fmt: &RowFormat,
+        x: DevSlice,
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        let op = "cache_encode_into";
         self.attention_offered(op)?;
-        check_encode(fmt, x)?;
-        let [xp] = self.resolve(op, [("x", x)])?;
-        match cache_encode_at(&self.counted(), fmt, xp, x.len) {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(e)) => Err(op_err(format!("{op}: {e}"))),
-            Err(e) => Err(dev_err(op, e)),
-        }
+        check_encode(fmt, x, out)?;
+        self.resident_op(op, |cx| {
+            let (xp, outp) = (cx.slice("x", x)?, cx.slice("out", out)?);
+            match encode_at(cx.core, fmt, xp, x.len, outp) {
+                Ok(Ok(())) => {
+                    cx.dispatched(1);
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(op_err(format!("{op}: {e}"))),
+                Err(e) => Err(dev_err(op, e)),
+            }
+        })
     }
 
     /// `DeviceOps::softmax_pool_rows`: one launch, nothing read back.

@@ -697,12 +697,13 @@ impl dsv4_kernels::DeviceOps for Resident {
         self.select(keys, q, w)
     }
 
-    fn cache_encode_rows(
+    fn cache_encode_into(
         &self,
         fmt: &dsv4_kernels::RowFormat,
         x: DevSlice,
-    ) -> Result<Vec<u8>, KernelError> {
-        self.encode(fmt, x)
+        out: DevSlice,
+    ) -> Result<(), KernelError> {
+        self.encode_into(fmt, x, out)
     }
 
     fn softmax_pool_rows(
