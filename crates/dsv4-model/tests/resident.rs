@@ -345,21 +345,20 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
 
 #[test]
 fn the_attention_side_on_the_device_waits_for_what_it_reads_back_alone() {
-    // Where the device attends, attention waits for nothing; the SWA store waits for its
-    // encoded entries, the indexer for its chosen ids, and a compressor whose window
-    // completes for its encoded entries. This host device's host ops needed none of these
-    // waits (a GPU's host ops had each of them, and more for the compressor's pooling, norm
-    // and RoPE). A layer with a compressor also reads its rows back for the rings (one wait
-    // with the rest of its host launches' operands); a layer without one (ratio 0) has
-    // nothing else to read back. In the session's third decode step a window of 4 completes
-    // (position 11), on both chains of each ratio-4 layer.
+    // Where the device attends, attention waits for nothing. A layer's host launches read
+    // their operands back in one wait, and the SWA store's entries, encoded on the device,
+    // come back in it (a ratio-0 layer reads nothing else); the indexer waits for its chosen
+    // ids, and a compressor whose window completes for its encoded entries. This host
+    // device's host ops needed neither of the last two waits (a GPU's host ops had each, and
+    // more for the compressor's pooling, norm and RoPE, and one for the SWA encoding). In the
+    // session's third decode step a window of 4 completes (position 11), on both chains of
+    // each ratio-4 layer.
     let cfg = ModelConfig::tiny();
     let layers = cfg.num_hidden_layers as u64;
-    let (indexed, compressed) = (0..cfg.num_hidden_layers).fold((0, 0), |(i, c), l| {
-        let r = cfg.compress_ratio(l);
-        (i + u64::from(r == 4), c + u64::from(r > 0))
-    });
-    let base = layers + compressed + indexed + 2;
+    let indexed = (0..cfg.num_hidden_layers)
+        .filter(|&l| cfg.compress_ratio(l) == 4)
+        .count() as u64;
+    let base = layers + indexed + 2;
     assert_decode_waits(device(true), "device routing and attention", |step| {
         if step == 3 { base + 2 * indexed } else { base }
     });

@@ -14,7 +14,8 @@ use super::op::{BlockRef, OpKind};
 use super::resident::DeviceMemory;
 use super::run::{Run, lock};
 use super::state::NO_LOCATION;
-use dsv4_kernels::{DevSlice, DeviceOps, RopeTable};
+use dsv4_kernels::attention_device::words_bytes;
+use dsv4_kernels::{DevSlice, DeviceOps, RopeTable, RowFormat};
 use dsv4_plan::{BufferClass, Slice};
 
 /// A chunk of rows ready to attend: the gather of their keys, the first row, and each row's
@@ -22,10 +23,10 @@ use dsv4_plan::{BufferClass, Slice};
 type Chunk<'g, 'b> = (RowGather<'b>, usize, &'g [usize]);
 
 /// The rows an attention launch that stores them (prefill) puts into the SWA stores: on the
-/// host, or in a device's memory (encoded there).
+/// host (encoded by the backend), or already encoded (on the device).
 enum KvRows<'a> {
     Host(&'a [f32]),
-    Device(&'a dyn DeviceOps, DevSlice),
+    Encoded(RowFormat, Vec<u8>),
 }
 
 /// An attention launch's operands besides the queries: the SWA rows and their locations when
@@ -83,13 +84,13 @@ impl Run<'_> {
     }
 
     /// [`Run::attention`] with the queries `q` and the output `out` in device memory, and the
-    /// SWA rows to store `kv` too when it stores them (encoded there); `rest` holds the
-    /// launch's host operands, `[(loc), (topk)]`.
+    /// SWA rows to store already encoded (`kv`: their format and entries) when it stores them;
+    /// `rest` holds the launch's host operands, `[(loc), (topk)]`.
     fn attention_dev(
         &self,
         dev: &dyn DeviceOps,
         b: Option<BlockRef>,
-        (q, kv): (DevSlice, Option<DevSlice>),
+        (q, kv): (DevSlice, Option<(RowFormat, Vec<u8>)>),
         rest: &[Vec<f32>],
         out: DevSlice,
     ) -> Result<(), ForwardError> {
@@ -98,8 +99,8 @@ impl Run<'_> {
         let sink = &self.weights(b)?.attn.sink;
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         let ops = match kv {
-            Some(kv) => Stored {
-                kv: Some(KvRows::Device(dev, kv)),
+            Some((fmt, entries)) => Stored {
+                kv: Some(KvRows::Encoded(fmt, entries)),
                 loc: Some(&rest[0]),
                 topk: rest.get(1).map(Vec::as_slice),
             },
@@ -180,7 +181,7 @@ impl Run<'_> {
         // on the pages); each is put into its page right before the row's gather.
         let encoded = match ops.kv {
             Some(KvRows::Host(kv)) => Some(self.encode_swa(bb, kv)?),
-            Some(KvRows::Device(dev, kv)) => Some(self.encode_swa_dev(dev, bb, kv)?),
+            Some(KvRows::Encoded(fmt, entries)) => Some((fmt, entries)),
             None => None,
         };
         for (i, &p) in self.bound.positions[..t].iter().enumerate() {
@@ -274,23 +275,49 @@ impl Run<'_> {
             .iter()
             .map(|s| dm.input(self.plan, s.buffer, n(s.buffer)))
             .collect::<Result<Vec<_>, _>>()?;
+        let (b, stream) = (l.op.block, l.stream.0 as usize);
+        // The SWA rows a launch stores are encoded on the device first, and their entries
+        // come back in the same read as the launch's host operands.
+        let kv = match l.op.kind {
+            OpKind::SwaStore => Some(dev_ins[0]),
+            OpKind::Attention { stores: true } => Some(dev_ins[1]),
+            _ => None,
+        };
+        let encoded = match kv {
+            Some(kv) => {
+                let scratch = (dm.scratch(), stream);
+                Some(self.encode_swa_into(dm.dev, scratch, self.bound_block(b)?, kv)?)
+            }
+            None => None,
+        };
+        let extra: Vec<DevSlice> = encoded
+            .iter()
+            .map(|(_, tmp, bytes)| tmp.s.prefix(bytes.div_ceil(4)))
+            .collect();
         let host = &reads[on_device..];
         let mut wanted: Vec<_> = host.iter().map(|s| (s.buffer, n(s.buffer))).collect();
         wanted.extend(self.host_run_reads(i, next).into_iter().map(|b| (b, n(b))));
-        let mut rest = if wanted.is_empty() {
-            Vec::new()
+        let (mut rest, words) = if wanted.is_empty() && extra.is_empty() {
+            (Vec::new(), Vec::new())
         } else {
-            dm.read_many(self.plan, &wanted)?
+            dm.read_many_and(self.plan, &wanted, &extra)?
         };
         rest.truncate(host.len());
-        let b = l.op.block;
+        let entries = match (encoded, words.first()) {
+            (Some((fmt, _, bytes)), Some(w)) => Some((fmt, words_bytes(w, bytes))),
+            _ => None,
+        };
         match l.op.kind {
             OpKind::Attention { stores } => {
                 let o = output()?;
                 let os = dm.output(self.plan, o.buffer, n(o.buffer))?;
                 dm.written_on_device(os);
-                let kv = stores.then(|| dev_ins[1]);
-                self.attention_dev(dm.dev, b, (dev_ins[0], kv), &rest, os)?;
+                if stores && entries.is_none() {
+                    return Err(ForwardError::Plan {
+                        message: "a storing attention launch without its encoded rows".into(),
+                    });
+                }
+                self.attention_dev(dm.dev, b, (dev_ins[0], entries), &rest, os)?;
                 if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
                     lock(taps)[i] = Some(dm.dev.read(os)?);
                 }
@@ -299,9 +326,14 @@ impl Run<'_> {
                 let out = self.indexer_topk_dev(dm.dev, b, dev_ins[0], dev_ins[1])?;
                 dm.write(self.plan, output()?.buffer, &out)?;
             }
-            OpKind::SwaStore => self.swa_store_dev(dm.dev, b, dev_ins[0], &rest[0])?,
+            OpKind::SwaStore => {
+                let (fmt, entries) = entries.ok_or_else(|| ForwardError::Plan {
+                    message: "an SWA store without its encoded rows".into(),
+                })?;
+                self.store_swa(b, &fmt, &entries, &rest[0])?;
+            }
             OpKind::Compress(chain) => {
-                let scratch = (dm.scratch(), l.stream.0 as usize);
+                let scratch = (dm.scratch(), stream);
                 let ins = (&rest[0][..], &rest[1][..], &rest[2][..]);
                 self.compress_dev(dm.dev, scratch, b, chain, ins)?;
             }

@@ -15,10 +15,11 @@ use super::dense::no_weights;
 use super::gather::RowGather;
 use super::op::{BlockRef, Chain};
 use super::pages::PageStore;
-use super::resident::Scratch;
+use super::resident::{Scratch, Tmp};
 use super::run::{BoundBlock, Run, lock};
 use super::state::{CompressorState, NO_LOCATION, PagedRows};
 use crate::weights::CompressorWeights;
+use dsv4_kernels::attention_device::{encoded_words, words_bytes};
 use dsv4_kernels::{DevSlice, DeviceOps, RowFormat};
 
 type Res = Result<Vec<f32>, ForwardError>;
@@ -87,16 +88,23 @@ impl Run<'_> {
     }
 
     /// The SWA entries of the step's rows of `kv` in `dev`'s memory, encoded there in one call
-    /// (only the entries come back), as [`Run::encode_swa`] encodes host rows.
-    pub(super) fn encode_swa_dev(
+    /// into a buffer of `scratch` (for plan stream `stream`), as [`Run::encode_swa`] encodes
+    /// host rows: the format, the buffer (the entries packed into its first words) and the
+    /// entries' bytes. The caller reads them back with whatever else it reads.
+    pub(super) fn encode_swa_into<'s>(
         &self,
         dev: &dyn DeviceOps,
+        (scratch, stream): (&'s Scratch, usize),
         bb: &BoundBlock<'_>,
         kv: DevSlice,
-    ) -> Result<(RowFormat, Vec<u8>), ForwardError> {
+    ) -> Result<(RowFormat, Tmp<'s>, usize), ForwardError> {
         let fmt = self.swa_format(bb)?;
-        let rows = self.bound.rows * self.model.cfg.head_dim;
-        Ok((fmt, dev.cache_encode_rows(&fmt, kv.prefix(rows))?))
+        let t = self.bound.rows;
+        let words = dsv4_kernels::attention_device::encoded_words(&fmt, t);
+        let out = scratch.take(dev, stream, words)?;
+        let x = kv.prefix(t * self.model.cfg.head_dim);
+        dev.cache_encode_into(&fmt, x, out.s.prefix(words))?;
+        Ok((fmt, out, t * fmt.entry_bytes()))
     }
 
     /// The SWA entry format every sequence of the step shares.
@@ -121,20 +129,8 @@ impl Run<'_> {
         self.store_swa(b, &fmt, &entries, loc)
     }
 
-    /// [`Run::swa_store`] of rows `kv` in `dev`'s memory (encoded there).
-    pub(super) fn swa_store_dev(
-        &self,
-        dev: &dyn DeviceOps,
-        b: Option<BlockRef>,
-        kv: DevSlice,
-        loc: &[f32],
-    ) -> Result<(), ForwardError> {
-        let (fmt, entries) = self.encode_swa_dev(dev, self.bound_block(b)?, kv)?;
-        self.store_swa(b, &fmt, &entries, loc)
-    }
-
     /// Each row's encoded SWA entry (`entries`, one per row) into its location.
-    fn store_swa(
+    pub(super) fn store_swa(
         &self,
         b: Option<BlockRef>,
         fmt: &RowFormat,
@@ -232,6 +228,11 @@ impl Run<'_> {
             scratch.take(dev, stream, t * cw.dim)?,
             scratch.take(dev, stream, t * cw.dim)?,
         );
+        let fmt0 = *self
+            .compressor_of(self.bound_block(b)?, 0, chain)?
+            .entries
+            .layout();
+        let went = scratch.take(dev, stream, encoded_words(&fmt0, t))?;
         self.compress_with(b, chain, ins, &mut |pool, cw, positions, fmt| {
             let (a, z, windows, rows) = pool.into_parts();
             let (da, dz) = (wa.s.prefix(a.len()), wz.s.prefix(z.len()));
@@ -245,7 +246,10 @@ impl Run<'_> {
             if chain == Chain::Indexer {
                 dev.hadamard(c, cw.dim)?;
             }
-            Ok(dev.cache_encode_rows(fmt, c)?)
+            let words = encoded_words(fmt, windows);
+            let out = went.s.prefix(words);
+            dev.cache_encode_into(fmt, c, out)?;
+            Ok(words_bytes(&dev.read(out)?, windows * fmt.entry_bytes()))
         })
     }
 

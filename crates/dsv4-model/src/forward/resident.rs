@@ -184,6 +184,9 @@ fn no_device() -> ForwardError {
     }
 }
 
+/// Values read back from the device, one vector per slice asked for.
+type Reads = Vec<Vec<f32>>;
+
 /// Where one execution's buffers live on the device.
 pub(crate) struct DeviceMemory<'m> {
     pub dev: &'m dyn DeviceOps,
@@ -328,6 +331,17 @@ impl<'m> DeviceMemory<'m> {
         plan: &Plan<Op>,
         wanted: &[(BufferId, usize)],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        Ok(self.read_many_and(plan, wanted, &[])?.0)
+    }
+
+    /// [`DeviceMemory::read_many`], and in the same device read the slices `extra` (device
+    /// memory outside the plan's buffers, such as encoded cache entries): both results.
+    pub fn read_many_and(
+        &self,
+        plan: &Plan<Op>,
+        wanted: &[(BufferId, usize)],
+        extra: &[DevSlice],
+    ) -> Result<(Reads, Reads), ForwardError> {
         let slices = wanted
             .iter()
             .map(|&(b, n)| self.input(plan, b, n))
@@ -341,22 +355,33 @@ impl<'m> DeviceMemory<'m> {
             })
             .collect();
         let missing: Vec<usize> = (0..wanted.len()).filter(|&i| out[i].is_none()).collect();
-        if !missing.is_empty() {
-            let read: Vec<DevSlice> = missing.iter().map(|&i| slices[i]).collect();
-            for (&i, v) in missing.iter().zip(self.dev.read_many(&read)?) {
+        let mut extra_out = Vec::new();
+        if !missing.is_empty() || !extra.is_empty() {
+            let mut read: Vec<DevSlice> = missing.iter().map(|&i| slices[i]).collect();
+            read.extend_from_slice(extra);
+            let mut got = self.dev.read_many(&read)?;
+            if got.len() != read.len() {
+                return Err(ForwardError::Plan {
+                    message: "a device read returned fewer slices than it was given".into(),
+                });
+            }
+            extra_out = got.split_off(missing.len());
+            for (&i, v) in missing.iter().zip(got) {
                 let b = wanted[i].0;
                 shadows.retain(|(id, _, _)| *id != b);
                 shadows.push((b, slices[i], v.clone()));
                 out[i] = Some(v);
             }
         }
-        out.into_iter()
+        let out = out
+            .into_iter()
             .map(|v| {
                 v.ok_or_else(|| ForwardError::Plan {
                     message: "a device read returned fewer slices than it was given".into(),
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((out, extra_out))
     }
 
     /// Write host values into the start of buffer `b`.

@@ -267,7 +267,10 @@ impl Run<'_> {
         let reads: Vec<&Slice> = l.reads.iter().filter(transient).collect();
         let ins = match &self.mem {
             // The launch's operands without a host copy come back in one device read, with
-            // those of the host launches right after it (kept as host copies for them).
+            // those of the host launches right after it (kept as host copies for them). A
+            // launch that reads nothing (a location table, the upload) leaves that read to the
+            // next one, which may have more to bring back with it (encoded cache entries).
+            Memory::Device(_) if reads.is_empty() => Vec::new(),
             Memory::Device(dm) => {
                 let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
                 let mut wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s.buffer))).collect();
