@@ -7,7 +7,6 @@
 //! dispatches queued since the last submission is one submission; a write is one write; an
 //! alloc is one alloc. Failed calls count nothing.
 
-use crate::attention_device::{bytes_words, check_encode, check_pool};
 use crate::device::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
 };
@@ -22,6 +21,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod attention;
 mod routing;
 
 /// Offset alignment of [`HostDevice`] slices, in bytes (as strict as wgpu).
@@ -566,13 +566,7 @@ impl DeviceOps for HostDevice {
     }
 
     fn paged_attention(&self, keys: &PagedAttention<'_>, q: DevSlice, out: DevSlice) -> R<()> {
-        let op = "paged_attention";
-        ensure(self.attends, op, || "not supported on this device".into())?;
-        keys.check_call(q, out)?;
-        let [qv] = self.load(op, [("q", q)])?;
-        self.check_out(op, &[("out", out)])?;
-        let o = self.host(op, |be| keys.host(be, &qv))??;
-        self.store(op, &[(out, &o)])
+        attention::paged_attention(self, keys, q, out)
     }
 
     fn paged_indexer_topk(
@@ -581,32 +575,11 @@ impl DeviceOps for HostDevice {
         q: DevSlice,
         w: DevSlice,
     ) -> R<Vec<Vec<usize>>> {
-        let op = "paged_indexer_topk";
-        ensure(self.attends, op, || "not supported on this device".into())?;
-        keys.check_call(q, w)?;
-        let [qv, wv] = self.load(op, [("q", q), ("w", w)])?;
-        let chosen = self.host(op, |be| keys.host(be, &qv, &wv))??;
-        // The ids come back: one dispatch and one read.
-        self.count(|st| {
-            st.dispatches += 1;
-            st.submissions += 1;
-            st.reads += 1;
-            st.read_bytes += 4 * chosen.iter().map(Vec::len).sum::<usize>() as u64;
-        });
-        self.pending.store(0, Ordering::Relaxed);
-        Ok(chosen)
+        attention::paged_indexer_topk(self, keys, q, w)
     }
 
     fn cache_encode_into(&self, fmt: &RowFormat, x: DevSlice, out: DevSlice) -> R<()> {
-        let op = "cache_encode_into";
-        ensure(self.attends, op, || "not supported on this device".into())?;
-        check_encode(fmt, x, out)?;
-        let [xv] = self.load(op, [("x", x)])?;
-        self.check_out(op, &[("out", out)])?;
-        let bytes = self
-            .host(op, |be| be.cache_encode_rows(fmt, &xv))?
-            .map_err(|e| err(format!("{op}: {e}")))?;
-        self.store(op, &[(out, &bytes_words(&bytes))])
+        attention::cache_encode_into(self, fmt, x, out)
     }
 
     fn softmax_pool_rows(
@@ -618,16 +591,7 @@ impl DeviceOps for HostDevice {
         width: usize,
         out: DevSlice,
     ) -> R<()> {
-        let op = "softmax_pool_rows";
-        ensure(self.attends, op, || "not supported on this device".into())?;
-        check_pool(a, z, windows, rows, width, out)?;
-        let [av, zv] = self.load(op, [("a", a), ("z", z)])?;
-        self.check_out(op, &[("out", out)])?;
-        let mut o = vec![0f32; out.len];
-        self.host(op, |be| {
-            be.softmax_pool_rows(&av, &zv, windows, rows, width, &mut o)
-        })?;
-        self.store(op, &[(out, &o)])
+        attention::softmax_pool_rows(self, (a, z, out), windows, rows, width)
     }
 }
 
