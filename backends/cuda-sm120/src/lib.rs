@@ -388,7 +388,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        ops::attention::paged_attention_rows(
+        ops::paged_attention::paged_attention_rows(
             &self.core, q, fmt, pages, rows, key_starts, sink, scale, out,
         )
         .unwrap_or_else(|e| fail(self.name, e))
@@ -408,12 +408,12 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        let paged = ops::attention::PagedKeys {
+        let paged = ops::paged_attention::PagedKeys {
             pages,
             tags: page_tags,
             origins: page_origins,
         };
-        ops::attention::paged_attention_indexed(
+        ops::paged_attention::paged_attention_indexed(
             &self.core, q, fmt, &paged, rows, key_ids, key_starts, sink, scale, out,
         )
         .unwrap_or_else(|e| fail(self.name, e))

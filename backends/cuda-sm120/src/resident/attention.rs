@@ -13,9 +13,10 @@
 use super::{Resident, dev_err, op_err};
 use crate::Core;
 use crate::device::DevPtr;
-use crate::ops::attention::{PagedKeys, PagedSelection, QueryIo, launch_pool, paged_attention_io};
+use crate::ops::attention::launch_pool;
 use crate::ops::cache::encode_at;
 use crate::ops::indexer::{IndexerInput, PagedIndexKeys, paged_indexer_io};
+use crate::ops::paged_attention::{PagedKeys, PagedSelection, QueryIo, paged_attention_io};
 use dsv4_kernels::attention_device::{check_encode, check_pool, layout_error};
 use dsv4_kernels::{DevSlice, KernelError, PagedAttention, PagedIndexer, RowFormat};
 use std::sync::Arc;
