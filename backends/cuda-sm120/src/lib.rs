@@ -408,15 +408,19 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut [f32],
     ) -> Result<(), CacheLayoutError> {
-        let paged = ops::paged_attention::PagedKeys {
+        let keys = dsv4_kernels::PagedAttention {
+            fmt,
             pages,
             tags: page_tags,
             origins: page_origins,
+            rows,
+            key_ids,
+            key_starts,
+            sink,
+            scale,
         };
-        ops::paged_attention::paged_attention_indexed(
-            &self.core, q, fmt, &paged, rows, key_ids, key_starts, sink, scale, out,
-        )
-        .unwrap_or_else(|e| fail(self.name, e))
+        ops::paged_attention::paged_attention_indexed(&self.core, q, &keys, out)
+            .unwrap_or_else(|e| fail(self.name, e))
     }
 
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {

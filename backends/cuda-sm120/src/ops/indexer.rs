@@ -9,7 +9,7 @@ use super::mhc::{need, u32_arg};
 use crate::device::blocks_for;
 use crate::{Core, CudaError, DevBuf, DevPtr, KArg};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{IndexerRows, PageTag, RowFormat};
+use dsv4_kernels::{IndexerRows, PageTag, PagedIndexer, RowFormat};
 
 /// Threads of each `topk_select` block (`TOPK_THREADS` in topk.cu).
 const TOPK_THREADS: u32 = 512;
@@ -160,7 +160,7 @@ pub fn paged_indexer_topk_ranges(
     key_ranges: &[(usize, usize)],
     k: usize,
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
-    let keys = PagedIndexKeys {
+    let keys = PagedIndexer {
         fmt,
         pages,
         tags: page_tags,
@@ -174,23 +174,6 @@ pub fn paged_indexer_topk_ranges(
         &keys,
         IndexerInput::Host { q, w },
     )
-}
-
-/// The keys of a paged indexer call: the pages, their tags, the rows, each query's range of
-/// them, and how many ids it keeps.
-pub(crate) struct PagedIndexKeys<'a> {
-    /// The pages' entry format.
-    pub fmt: &'a RowFormat,
-    /// The pages.
-    pub pages: &'a [&'a [u8]],
-    /// Their content tags, or empty.
-    pub tags: &'a [PageTag],
-    /// The key rows, (page, slot).
-    pub rows: &'a [(usize, usize)],
-    /// Query r's rows.
-    pub key_ranges: &'a [(usize, usize)],
-    /// Ids kept per query.
-    pub k: usize,
 }
 
 /// Where a paged indexer call's queries and head weights are.
@@ -217,7 +200,7 @@ pub(crate) enum IndexerInput<'a> {
 pub(crate) fn paged_indexer_io(
     c: &Core,
     what: &str,
-    ix: &PagedIndexKeys<'_>,
+    ix: &PagedIndexer<'_>,
     input: IndexerInput<'_>,
 ) -> Result<Result<Vec<Vec<usize>>, CacheLayoutError>, CudaError> {
     let (fmt, pages, rows, key_ranges, k) = (ix.fmt, ix.pages, ix.rows, ix.key_ranges, ix.k);

@@ -7,7 +7,7 @@ use super::attention::attend_on_device;
 use super::cache::{CheckedRows, Keys};
 use crate::{Core, CudaError, DevBuf, DevPtr};
 use dsv4_core::cache::CacheLayoutError;
-use dsv4_kernels::{AttentionRows, EntryOrigin, PageTag, RowFormat};
+use dsv4_kernels::{AttentionRows, PagedAttention, RowFormat};
 
 /// [`sparse_attention_rows`] over keys still in their cache pages (`Backend::paged_attention_rows`):
 /// the shared codec's checks, then the used rows' entries uploaded once and read in place by the
@@ -29,27 +29,19 @@ pub fn paged_attention_rows(
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
     // Each key its own row, in order: ids that count the rows (no page is tagged).
     let ids: Vec<usize> = (0..rows.len()).collect();
-    let what = "paged_attention_rows";
-    let paged = PagedKeys {
+    let keys = PagedAttention {
+        fmt,
         pages,
         tags: &[],
         origins: &[],
+        rows,
+        key_ids: &ids,
+        key_starts,
+        sink,
+        scale,
     };
-    paged_attention(
-        c, what, q, fmt, &paged, rows, &ids, key_starts, sink, scale, out,
-    )
-}
-
-/// A paged attention call's cache pages: their bytes, their content tags (empty: none) and
-/// the origins of packed pages' entries (empty: none), as `Backend::paged_attention_indexed`
-/// takes them.
-pub struct PagedKeys<'a> {
-    /// The pages' bytes.
-    pub pages: &'a [&'a [u8]],
-    /// Each page's content tag, or empty.
-    pub tags: &'a [PageTag],
-    /// Each page's entries' origins (empty for a page not packed from others), or empty.
-    pub origins: &'a [&'a [EntryOrigin]],
+    let io = QueryIo::Host { q, out };
+    paged_attention_io(c, "paged_attention_rows", &keys, io)
 }
 
 /// [`paged_attention_rows`] with key rows shared between queries
@@ -60,23 +52,14 @@ pub struct PagedKeys<'a> {
 /// (`page_cache`), which uploads only the entries it does not hold, and reads the entries of
 /// packed pages from its copies of their source pages where it holds them. An id past the rows is
 /// `BadOperands`, as are operands attention rejects; the layout error is the inner `Err`.
-#[allow(clippy::too_many_arguments)]
 pub fn paged_attention_indexed(
     c: &Core,
     q: &[f32],
-    fmt: &RowFormat,
-    paged: &PagedKeys<'_>,
-    rows: &[(usize, usize)],
-    key_ids: &[usize],
-    key_starts: &[usize],
-    sink: &[f32],
-    scale: f32,
+    keys: &PagedAttention<'_>,
     out: &mut [f32],
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let what = "paged_attention_indexed";
-    paged_attention(
-        c, what, q, fmt, paged, rows, key_ids, key_starts, sink, scale, out,
-    )
+    let io = QueryIo::Host { q, out };
+    paged_attention_io(c, "paged_attention_indexed", keys, io)
 }
 
 /// Where a paged attention call's queries come from and where its output goes.
@@ -163,46 +146,6 @@ fn prefix(p: DevPtr, words: usize) -> DevPtr {
     }
 }
 
-/// [`paged_attention_indexed`], its errors naming `what` (the op called).
-#[allow(clippy::too_many_arguments)]
-fn paged_attention(
-    c: &Core,
-    what: &str,
-    q: &[f32],
-    fmt: &RowFormat,
-    paged: &PagedKeys<'_>,
-    rows: &[(usize, usize)],
-    key_ids: &[usize],
-    key_starts: &[usize],
-    sink: &[f32],
-    scale: f32,
-    out: &mut [f32],
-) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let io = QueryIo::Host { q, out };
-    let keys = PagedSelection {
-        fmt,
-        paged,
-        rows,
-        key_ids,
-        key_starts,
-    };
-    paged_attention_io(c, what, &keys, sink, scale, io)
-}
-
-/// The keys of a paged attention call: the pages, their rows, and each query's keys as row ids.
-pub(crate) struct PagedSelection<'a> {
-    /// The pages' entry format.
-    pub fmt: &'a RowFormat,
-    /// The pages.
-    pub paged: &'a PagedKeys<'a>,
-    /// The key rows, (page, slot).
-    pub rows: &'a [(usize, usize)],
-    /// Key i is row `key_ids[i]`.
-    pub key_ids: &'a [usize],
-    /// Query r's keys are `key_starts[r] .. key_starts[r+1]`.
-    pub key_starts: &'a [usize],
-}
-
 /// Paged attention with the queries and output where `io` says: the checks of
 /// [`paged_attention_indexed`], the used rows placed in the page cache (or uploaded), the
 /// three launches. With device memory nothing waits: the page cache's slots the launches read
@@ -211,14 +154,12 @@ pub(crate) struct PagedSelection<'a> {
 pub(crate) fn paged_attention_io(
     c: &Core,
     what: &str,
-    k: &PagedSelection<'_>,
-    sink: &[f32],
-    scale: f32,
+    k: &PagedAttention<'_>,
     io: QueryIo<'_>,
 ) -> Result<Result<(), CacheLayoutError>, CudaError> {
-    let (fmt, rows, key_ids) = (k.fmt, k.rows, k.key_ids);
+    let (fmt, rows, key_ids, sink, scale) = (k.fmt, k.rows, k.key_ids, k.sink, k.scale);
     let dim = fmt.width();
-    let pages = k.paged.pages;
+    let pages = k.pages;
     let checked = match CheckedRows::new(fmt, pages, rows, rows.len() * dim) {
         Ok(c) => c,
         Err(e) => return Ok(Err(e)),
@@ -256,9 +197,7 @@ pub(crate) fn paged_attention_io(
     // The keys' rows, placed in the page cache's arena (locked until the output is back, or
     // with device output until the launches are marked as reading it).
     let picks: Vec<(usize, usize)> = used.iter().map(|&id| rows[id]).collect();
-    let placed = c
-        .pages
-        .place(c, fmt, pages, k.paged.tags, k.paged.origins, &picks)?;
+    let placed = c.pages.place(c, fmt, pages, k.tags, k.origins, &picks)?;
     if let Some(placed) = placed {
         let ids = Some(&placed.rows[..]);
         let (q, o) = (qb.ptr(), ob.ptr());

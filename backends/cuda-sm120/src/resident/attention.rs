@@ -15,8 +15,8 @@ use crate::Core;
 use crate::device::DevPtr;
 use crate::ops::attention::launch_pool;
 use crate::ops::cache::encode_at;
-use crate::ops::indexer::{IndexerInput, PagedIndexKeys, paged_indexer_io};
-use crate::ops::paged_attention::{PagedKeys, PagedSelection, QueryIo, paged_attention_io};
+use crate::ops::indexer::{IndexerInput, paged_indexer_io};
+use crate::ops::paged_attention::{QueryIo, paged_attention_io};
 use dsv4_kernels::attention_device::{check_encode, check_pool, layout_error};
 use dsv4_kernels::{DevSlice, KernelError, PagedAttention, PagedIndexer, RowFormat};
 use std::sync::Arc;
@@ -33,20 +33,8 @@ impl Resident {
         self.attention_offered(op)?;
         k.check_call(q, out)?;
         let [qp, outp] = self.resolve(op, [("q", q), ("out", out)])?;
-        let paged = PagedKeys {
-            pages: k.pages,
-            tags: k.tags,
-            origins: k.origins,
-        };
-        let keys = PagedSelection {
-            fmt: k.fmt,
-            paged: &paged,
-            rows: k.rows,
-            key_ids: k.key_ids,
-            key_starts: k.key_starts,
-        };
         let io = QueryIo::Device { q: qp, out: outp };
-        match paged_attention_io(&self.counted(), op, &keys, k.sink, k.scale, io) {
+        match paged_attention_io(&self.counted(), op, k, io) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(layout_error(&e)),
             Err(e) => Err(dev_err(op, e)),
@@ -64,16 +52,8 @@ impl Resident {
         self.attention_offered(op)?;
         k.check_call(q, w)?;
         let [qp, wp] = self.resolve(op, [("q", q), ("w", w)])?;
-        let keys = PagedIndexKeys {
-            fmt: k.fmt,
-            pages: k.pages,
-            tags: k.tags,
-            rows: k.rows,
-            key_ranges: k.key_ranges,
-            k: k.k,
-        };
         let input = IndexerInput::Device { q: qp, w: wp };
-        match paged_indexer_io(&self.counted(), op, &keys, input) {
+        match paged_indexer_io(&self.counted(), op, k, input) {
             Ok(Ok(chosen)) => Ok(chosen),
             Ok(Err(e)) => Err(op_err(format!("{op}: the keys' pages: {e}"))),
             Err(e) => Err(dev_err(op, e)),
