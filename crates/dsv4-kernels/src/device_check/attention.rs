@@ -169,33 +169,15 @@ impl Check<'_> {
         });
     }
 
-    /// Pages of `dtype` index-K entries (`dim` wide, `per` a page), every slot written
-    /// through the host backend's `cache_store`.
+    /// Pages of `dtype` index-K entries (`dim` wide, `per` a page).
     fn index_pages(
         &mut self,
         dtype: IndexKDtype,
         dim: usize,
         per: usize,
     ) -> super::R<(RowFormat, Vec<Vec<u8>>)> {
-        let layout =
-            IndexKLayout::new(dtype, dim, per).map_err(|e| crate::KernelError::Device {
-                message: format!("a bad case layout: {e}"),
-            })?;
-        let fmt = RowFormat::IndexK(layout);
-        let mut pages = Vec::new();
-        for _ in 0..3 {
-            let mut page = vec![0u8; fmt.page_bytes()];
-            for slot in 0..per {
-                let v = self.vec(dim, 1.0);
-                self.be
-                    .cache_store(&fmt, &mut page, slot, &v)
-                    .map_err(|e| crate::KernelError::Device {
-                        message: format!("writing a case page: {e}"),
-                    })?;
-            }
-            pages.push(page);
-        }
-        Ok((fmt, pages))
+        let layout = IndexKLayout::new(dtype, dim, per).map_err(bad_layout)?;
+        self.written_pages(RowFormat::IndexK(layout))
     }
 
     /// The indexer's selection over 12 rows of `dtype` entries, four heads, five queries over
@@ -282,8 +264,7 @@ impl Check<'_> {
         });
     }
 
-    /// Pages of `dtype` KV entries (head dim `hd`, `rd` rope dims, `per` a page), every slot
-    /// written through the host backend's `cache_store`.
+    /// Pages of `dtype` KV entries (head dim `hd`, `rd` rope dims, `per` a page).
     fn kv_pages(
         &mut self,
         dtype: KvCacheDtype,
@@ -291,17 +272,17 @@ impl Check<'_> {
         rd: usize,
         per: usize,
     ) -> super::R<(RowFormat, Vec<Vec<u8>>)> {
-        let layout = KvLayout::from_head_dims(dtype, hd, rd, per).map_err(|e| {
-            crate::KernelError::Device {
-                message: format!("a bad case layout: {e}"),
-            }
-        })?;
-        let fmt = RowFormat::Kv(layout);
+        let layout = KvLayout::from_head_dims(dtype, hd, rd, per).map_err(bad_layout)?;
+        self.written_pages(RowFormat::Kv(layout))
+    }
+
+    /// Three pages of `fmt`, every slot written through the host backend's `cache_store`.
+    fn written_pages(&mut self, fmt: RowFormat) -> super::R<(RowFormat, Vec<Vec<u8>>)> {
         let mut pages = Vec::new();
         for _ in 0..3 {
             let mut page = vec![0u8; fmt.page_bytes()];
-            for slot in 0..per {
-                let v = self.vec(hd, 1.0);
+            for slot in 0..fmt.page_entries() {
+                let v = self.vec(fmt.width(), 1.0);
                 self.be
                     .cache_store(&fmt, &mut page, slot, &v)
                     .map_err(|e| crate::KernelError::Device {
@@ -495,5 +476,12 @@ fn indexer_keys<'a>(
         rows,
         key_ranges,
         k,
+    }
+}
+
+/// A case's layout the cache format refuses, as the case's error.
+fn bad_layout(e: dsv4_core::cache::CacheLayoutError) -> crate::KernelError {
+    crate::KernelError::Device {
+        message: format!("a bad case layout: {e}"),
     }
 }
