@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{attend, emu_available, kv_pages};
+use common::{attend, attend_operands, emu_available, kv_pages};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_kernels::{Backend, DevSlice, DeviceOps, PageTag, PagedAttention, RowFormat, row_check};
 
@@ -27,12 +27,7 @@ fn attend_on_device(
     tags: &[PageTag],
 ) -> DevSlice {
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-    let n = 8 * pages.len();
-    let rows: Vec<(usize, usize)> = (0..n).map(|i| (i / 8, i % 8)).collect();
-    let ids: Vec<usize> = (0..n).chain(8..n).collect();
-    let q: Vec<f32> = (0..2 * 2 * 192)
-        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
-        .collect();
+    let (rows, ids, q, starts) = attend_operands(pages.len());
     let keys = PagedAttention {
         fmt,
         pages: &refs,
@@ -40,7 +35,7 @@ fn attend_on_device(
         origins: &[],
         rows: &rows,
         key_ids: &ids,
-        key_starts: &[0, n, 2 * n - 8],
+        key_starts: &starts,
         sink: &SINK,
         scale: SCALE,
     };

@@ -176,12 +176,7 @@ pub fn attend(
     tags: &[PageTag],
 ) -> (Vec<u32>, u64) {
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-    let n = 8 * pages.len();
-    let rows: Vec<(usize, usize)> = (0..n).map(|i| (i / 8, i % 8)).collect();
-    let ids: Vec<usize> = (0..n).chain(8..n).collect();
-    let q: Vec<f32> = (0..2 * 2 * 192)
-        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
-        .collect();
+    let (rows, ids, q, starts) = attend_operands(pages.len());
     let keys = PagedCall {
         pages: &refs,
         tags,
@@ -189,7 +184,23 @@ pub fn attend(
         rows: &rows,
         ids: &ids,
     };
-    attend_keys(be, fmt, &keys, &q, &[0, n, 2 * n - 8])
+    attend_keys(be, fmt, &keys, &q, &starts)
+}
+
+/// [`attend_operands`]' result: rows, key ids, queries, key starts.
+pub type AttendOperands = (Vec<(usize, usize)>, Vec<usize>, Vec<f32>, [usize; 3]);
+
+/// [`attend`]'s operands over `pages` pages of 8 slots: the rows (every slot, page by page),
+/// each key's row (query 0 every row, query 1 all but the first page's), the queries (two of
+/// two heads of 192) and the key starts.
+pub fn attend_operands(pages: usize) -> AttendOperands {
+    let n = 8 * pages;
+    let rows: Vec<(usize, usize)> = (0..n).map(|i| (i / 8, i % 8)).collect();
+    let ids: Vec<usize> = (0..n).chain(8..n).collect();
+    let q: Vec<f32> = (0..2 * 2 * 192)
+        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
+        .collect();
+    (rows, ids, q, [0, n, 2 * n - 8])
 }
 
 /// The keys of one `paged_attention_indexed` call: pages, their tags and origins, rows, and
