@@ -34,13 +34,16 @@
 #                  sequence alone against the same sequence batched with 3 others, op by op
 #                  (bitwise)
 #   bench          dsv4 bench --backend cuda-sm120 (device peaks, GEMV/GEMM fractions, every
-#                  linear case on the SIMT and on the tensor-core kernels)
+#                  linear case on the SIMT and on the tensor-core kernels; on a GPU the tiny
+#                  model end to end, with the placement A/B: the captured decode against the
+#                  backend with attention, then routing, on the host)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
 # each model diff's logits and indexer agreement ("models", from OUT_DIR/model-*.json),
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
-# "linear_f32" from bench-f32.json), and each attention-side kernel's fraction of the FMA rate
-# of its sums ("kernels", "kernels_f32").
+# "linear_f32" from bench-f32.json), each attention-side kernel's fraction of the FMA rate
+# of its sums ("kernels", "kernels_f32"), and the placement A/B's rows ("placement": each
+# on-device path's speedup and each side's traffic per step; [] where the bench ran no e2e).
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -273,6 +276,22 @@ PY
 )
 kernels=$(kernels_of "$out/bench.json" "default sums")
 kernels_f32=$(kernels_of "$out/bench-f32.json" "f32 sums")
+# The placement A/B of the bench's end-to-end section (docs/cuda.md): the captured batch-16
+# decode as configured against siblings with attention or routing on the host.
+placement=$(python3 - "$out/bench.json" <<'PY' || echo '[]'
+import json, sys
+sides = ("as configured", "host attention", "host routing")
+rows = [e for e in json.load(open(sys.argv[1]))["e2e"]
+        if e["metric"].startswith("decode batch 16, captured, ")
+        or e["metric"].endswith(": speedup")
+        or any(e["metric"].startswith(f"  {side}: ") for side in sides)]
+if rows:
+    print("  placement A/B (captured batch-16 decode):", file=sys.stderr)
+for e in rows:
+    print(f"    {e['config']:<6} {e['metric']:<46} {e['value']:>10.2f} {e['unit']}", file=sys.stderr)
+print(json.dumps([{k: e[k] for k in ("config", "metric", "value", "unit")} for e in rows]))
+PY
+)
 # The emulated driver prints every call it refuses; a clean run has none.
 if [ "${DSV4_CUDA_DRIVER:-}" = emu ]; then
     refused=$(grep -h 'dsv4 emulated driver:' "$out"/*.log | head -n 5)
@@ -288,8 +307,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s}\n' \
-        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32"
+    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s}\n' \
+        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32" "$placement"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

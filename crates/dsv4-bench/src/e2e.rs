@@ -99,12 +99,14 @@ pub fn active_weight_bytes(model: &Model) -> usize {
 
 /// Batch-16 decode throughput with activations resident (`host = false`) or in host memory,
 /// replaying captured plans (`captured`, with device graphs where the backend has them) or
-/// not, and the mean device traffic (every counter) of the measured steps.
-fn decode_mode(
+/// not, and the mean device traffic (every counter) of the measured steps: `steps` of them
+/// after a warm-up step (the same positions, so the same compressor windows, as another run
+/// with the same count), or None for as many as 3 s allow (4 to 16).
+pub(crate) fn decode_mode(
     model: &Model,
     prompt_len: usize,
-    host: bool,
-    captured: bool,
+    (host, captured): (bool, bool),
+    steps: Option<usize>,
 ) -> Result<(f64, DeviceStats), dsv4_model::ForwardError> {
     let batch = 16;
     let v = model.cfg.vocab_size;
@@ -123,19 +125,20 @@ fn decode_mode(
     };
     step(&mut states, prompts.iter().map(|p| p.as_slice()).collect())?;
     let next = [5u32];
-    let (mut total, mut steps) = (DeviceStats::default(), 0u64);
+    let (mut total, mut ran) = (DeviceStats::default(), 0u64);
+    let (min, max) = steps.map_or((4, 16), |n| (n, n));
     let secs = median_secs(
         || {
             let (_, report) = step(&mut states, vec![&next[..]; batch]).expect("decode step");
             total = total.zip(&report.device.unwrap_or_default(), |a, b| a + b);
-            steps += 1;
+            ran += 1;
         },
-        4,
-        16,
+        min,
+        max,
         Duration::from_secs(3),
     );
     // Traffic varies by step (a compressor window completes every few steps): the mean.
-    let n = steps.max(1);
+    let n = ran.max(1);
     Ok((batch as f64 / secs, total.zip(&total, |a, _| a / n)))
 }
 
@@ -152,7 +155,9 @@ fn prefill_chunks(
 }
 
 /// Run the plan's cases for one config on one backend; `fast` = false (the reference) skips the
-/// long-context runs and uses short prompts for the decode cases.
+/// long-context runs and uses short prompts for the decode cases. A device backend's
+/// `siblings` (each with one on-device path on the host) are measured against it
+/// ([`crate::placement`]).
 pub fn run(
     backend: Arc<dyn Backend>,
     cfg_name: &str,
@@ -160,6 +165,7 @@ pub fn run(
     tensors: &HashMap<String, Tensor>,
     plan: &E2ePlan,
     fast: bool,
+    siblings: &[crate::placement::Sibling],
 ) -> Result<(Vec<E2eResult>, usize), Box<dyn std::error::Error>> {
     let model = Model::load(cfg.clone(), tensors, backend.clone(), Numerics::default())?;
     let name = backend.name().to_string();
@@ -257,47 +263,11 @@ pub fn run(
             ("host activations", true, false),
         ];
         for (mode, host, captured) in modes {
-            let (rate, traffic) = decode_mode(&model, prompt_len, host, captured)?;
+            let (rate, traffic) = decode_mode(&model, prompt_len, (host, captured), None)?;
             push(format!("decode batch 16, {mode}"), rate, "tokens/s");
-            push(
-                format!("  {mode}: read-backs/step (mean)"),
-                traffic.reads as f64,
-                "reads",
-            );
-            push(
-                format!("  {mode}: KiB read back/step (mean)"),
-                traffic.read_bytes as f64 / 1024.0,
-                "KiB",
-            );
-            push(
-                format!("  {mode}: KiB uploaded/step (mean)"),
-                traffic.write_bytes as f64 / 1024.0,
-                "KiB",
-            );
-            push(
-                format!("  {mode}: submissions/step (mean)"),
-                traffic.submissions as f64,
-                "submits",
-            );
-            // Captured plans on a device with graphs (CUDA): how much of a step replays.
-            if traffic.graph_launches > 0 {
-                push(
-                    format!("  {mode}: graph launches/step (mean)"),
-                    traffic.graph_launches as f64,
-                    "graphs",
-                );
-                push(
-                    format!("  {mode}: kernels in graphs/step (mean)"),
-                    traffic.graph_kernels as f64,
-                    "kernels",
-                );
-                push(
-                    format!("  {mode}: kernels/step (mean)"),
-                    traffic.dispatches as f64,
-                    "kernels",
-                );
-            }
+            push_traffic(&mut push, mode, &traffic);
         }
+        crate::placement::run(&model, (cfg, tensors), siblings, prompt_len, &mut push)?;
     }
 
     // Decode time per token against context (fast backends only: it needs long prefills).
@@ -324,4 +294,51 @@ pub fn run(
         }
     }
     Ok((out, active_weight_bytes(&model)))
+}
+
+/// The rows of one decode mode's mean device traffic per step (`mode` names them): read-backs,
+/// KiB each way, submissions, and on a device with graphs how much of a step replays.
+pub(crate) fn push_traffic(
+    push: &mut crate::placement::Push<'_>,
+    mode: &str,
+    traffic: &DeviceStats,
+) {
+    push(
+        format!("  {mode}: read-backs/step (mean)"),
+        traffic.reads as f64,
+        "reads",
+    );
+    push(
+        format!("  {mode}: KiB read back/step (mean)"),
+        traffic.read_bytes as f64 / 1024.0,
+        "KiB",
+    );
+    push(
+        format!("  {mode}: KiB uploaded/step (mean)"),
+        traffic.write_bytes as f64 / 1024.0,
+        "KiB",
+    );
+    push(
+        format!("  {mode}: submissions/step (mean)"),
+        traffic.submissions as f64,
+        "submits",
+    );
+    // Captured plans on a device with graphs (CUDA): how much of a step replays.
+    if traffic.graph_launches > 0 {
+        push(
+            format!("  {mode}: graph launches/step (mean)"),
+            traffic.graph_launches as f64,
+            "graphs",
+        );
+        push(
+            format!("  {mode}: kernels in graphs/step (mean)"),
+            traffic.graph_kernels as f64,
+            "kernels",
+        );
+        push(
+            format!("  {mode}: kernels/step (mean)"),
+            traffic.dispatches as f64,
+            "kernels",
+        );
+    }
 }

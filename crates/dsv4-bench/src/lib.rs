@@ -5,6 +5,7 @@
 pub mod e2e;
 pub mod machine;
 pub mod ops;
+pub mod placement;
 mod report;
 pub mod timing;
 
@@ -97,13 +98,26 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let mut e2e_results = Vec::new();
     let mut active = Vec::new();
     if let Some(plan) = &opts.e2e {
+        // Each device backend's siblings with one on-device path on the host: the same kind,
+        // created with the same options less that path.
+        let siblings: Vec<Vec<placement::Sibling>> = backends
+            .iter()
+            .map(|b| {
+                let (made, skipped) =
+                    placement::siblings(b.as_ref(), &bopts, |o| registry::create(b.name(), o));
+                for why in skipped {
+                    eprintln!("{why}");
+                }
+                made
+            })
+            .collect();
         for cfg_name in &plan.configs {
             eprintln!("generating {cfg_name} weights…");
             let cfg = e2e::config(cfg_name).map_err(|e| BenchError::Model(e.to_string()))?;
             let tensors = e2e::weights(&cfg).map_err(|e| BenchError::Model(e.to_string()))?;
-            for b in &backends {
+            for (b, sibs) in backends.iter().zip(&siblings) {
                 let fast = !is_slow(b.name());
-                let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, fast)
+                let (r, bytes) = e2e::run(b.clone(), cfg_name, &cfg, &tensors, plan, fast, sibs)
                     .map_err(|e| BenchError::Model(e.to_string()))?;
                 e2e_results.extend(r);
                 if !active.iter().any(|(c, _): &(String, usize)| c == cfg_name) {
