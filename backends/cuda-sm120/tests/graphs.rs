@@ -139,10 +139,10 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
     }
     let be: Arc<dyn Backend> = Arc::new(backend());
     let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
-    let [(_, eager), captured, threaded] = exec_modes();
+    let [(_, eager), captured, threaded, serial] = exec_modes();
     let (want, eager_stats) = tiny_decode(&m, &eager);
     assert!(eager_stats.iter().all(|s| s.graph_launches == 0));
-    for (what, exec) in [captured, threaded] {
+    for (what, exec) in [captured, threaded, serial] {
         let (bits, stats) = tiny_decode(&m, &exec);
         assert!(
             bits == want,

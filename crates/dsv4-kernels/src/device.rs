@@ -200,6 +200,9 @@ pub trait DeviceStreams: Send + Sync {
     /// Make the calling thread's stream wait for the last record of event `event` issued so
     /// far (no wait when it was never recorded).
     fn wait(&self, event: usize) -> Result<(), KernelError>;
+    /// Make the calling thread's stream wait for the work issued so far on every stream of
+    /// the set: what it issues next (a read) comes after all of it.
+    fn wait_for_all(&self) -> Result<(), KernelError>;
     /// Issue the calling thread's later work on the device's default queue again.
     fn leave(&self);
     /// Wait until the work of every stream has finished.

@@ -114,6 +114,17 @@ fn resident_steps_equal_host_steps_bitwise_in_every_numerics_and_mode() {
             },
         ),
         (
+            // What `exec.executor = "auto"` runs with side streams on a CUDA backend: the
+            // host-last order, a layer's host launches reading across streams in one wait.
+            "captured overlap serial",
+            ExecOptions {
+                captured: true,
+                overlap: true,
+                executor: Executor::Serial,
+                ..ExecOptions::default()
+            },
+        ),
+        (
             "captured overlap interleaved",
             ExecOptions {
                 captured: true,
@@ -416,17 +427,26 @@ fn attention_on_the_device_moves_no_queries_and_no_output() {
     }
 }
 
-/// Every decode step s of a session on `d`, eager and captured, waits for the device `want(s)`
-/// times (`what` names the device's ops).
+/// Every decode step s of a session on `d`, eager, captured, and captured with side streams
+/// on the serial executor, waits for the device `want(s)` times (`what` names the device's
+/// ops). With side streams a layer's host launches are on four streams (the KV, compressor,
+/// indexer and main streams), yet wait once together: issued by one thread, every launch
+/// before them has been issued, and the read waits for every stream.
 fn assert_decode_waits(d: HostResident, what: &str, want: impl Fn(usize) -> u64) {
     let m = model(Arc::new(d), Numerics::all()[0]);
+    let captured = ExecOptions {
+        captured: true,
+        ..ExecOptions::default()
+    };
     for (name, exec) in [
         ("eager", ExecOptions::default()),
+        ("captured", captured.clone()),
         (
-            "captured",
+            "captured with side streams",
             ExecOptions {
-                captured: true,
-                ..ExecOptions::default()
+                overlap: true,
+                executor: Executor::Serial,
+                ..captured
             },
         ),
     ] {

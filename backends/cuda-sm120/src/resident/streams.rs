@@ -17,6 +17,9 @@ struct Handles {
     /// The event a thread records on the default stream when it enters a plan stream from it,
     /// for the plan stream to wait on (see [`CudaStreams::enter`]); created with the set.
     fork: Option<u64>,
+    /// One event per stream, recorded there for another stream to wait on all of them
+    /// ([`DeviceStreams::wait_for_all`]).
+    joins: Vec<u64>,
 }
 
 /// The op set's idle stream sets.
@@ -44,6 +47,7 @@ impl StreamPool {
                 streams: Vec::new(),
                 events: Vec::new(),
                 fork: None,
+                joins: Vec::new(),
             });
         let err = |e: CudaError| KernelError::Device {
             message: format!("creating plan streams: {e}"),
@@ -51,6 +55,9 @@ impl StreamPool {
         let grown = (|| {
             while h.streams.len() < streams {
                 h.streams.push(dev.stream_create()?);
+            }
+            while h.joins.len() < h.streams.len() {
+                h.joins.push(dev.event_create()?);
             }
             while h.events.len() < events {
                 h.events.push(dev.event_create()?);
@@ -88,7 +95,7 @@ fn destroy(dev: &Device, h: Handles) {
         // SAFETY: created by this device and no longer referenced by any set.
         unsafe { dev.stream_destroy(s) };
     }
-    for e in h.events.into_iter().chain(h.fork) {
+    for e in h.events.into_iter().chain(h.fork).chain(h.joins) {
         // SAFETY: as above.
         unsafe { dev.event_destroy(e) };
     }
@@ -164,6 +171,24 @@ impl DeviceStreams for CudaStreams {
     fn wait(&self, event: usize) -> Result<(), KernelError> {
         let e = self.event(event)?;
         run("waiting for a plan event", self.dev.wait_event(e))
+    }
+
+    fn wait_for_all(&self) -> Result<(), KernelError> {
+        let h = self.handles();
+        let here = self.dev.stream();
+        for (&s, &e) in h.streams.iter().zip(&h.joins) {
+            if s == here {
+                continue;
+            }
+            // Recorded on stream s (which issues what s holds back for a graph first), waited
+            // for on the calling thread's stream.
+            self.dev.set_stream(s);
+            let recorded = self.dev.event_record(e);
+            self.dev.set_stream(here);
+            run("waiting for every plan stream", recorded)?;
+            run("waiting for every plan stream", self.dev.wait_event(e))?;
+        }
+        Ok(())
     }
 
     fn leave(&self) {

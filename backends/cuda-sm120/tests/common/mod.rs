@@ -55,8 +55,10 @@ pub fn tiny_decode(
 }
 
 /// The execution modes a decode test compares, named: eager (serial, not captured), captured
-/// (graphs on a device backend) and captured with overlap streams on the threaded executor.
-pub fn exec_modes() -> [(&'static str, dsv4_model::forward::ExecOptions); 3] {
+/// (graphs on a device backend), and captured with overlap streams on the threaded executor
+/// and on the serial one (what `exec.executor = "auto"` runs on CUDA: a layer's host launches,
+/// on several streams, read their operands back after waiting for every stream).
+pub fn exec_modes() -> [(&'static str, dsv4_model::forward::ExecOptions); 4] {
     use dsv4_model::forward::{ExecOptions, Executor};
     let eager = ExecOptions {
         captured: false,
@@ -72,10 +74,15 @@ pub fn exec_modes() -> [(&'static str, dsv4_model::forward::ExecOptions); 3] {
         executor: Executor::Threaded,
         ..captured.clone()
     };
+    let serial = ExecOptions {
+        overlap: true,
+        ..captured.clone()
+    };
     [
         ("eager", eager),
         ("captured", captured),
         ("threaded overlap", threaded),
+        ("serial overlap", serial),
     ]
 }
 

@@ -296,11 +296,12 @@ impl Run<'_> {
             .collect();
         let host = &reads[on_device..];
         let mut wanted: Vec<_> = host.iter().map(|s| (s.buffer, n(s.buffer))).collect();
-        wanted.extend(self.host_run_reads(i, next).into_iter().map(|b| (b, n(b))));
+        let (run, across) = self.host_run_reads(i, next);
+        wanted.extend(run.into_iter().map(|b| (b, n(b))));
         let (mut rest, words) = if wanted.is_empty() && extra.is_empty() {
             (Vec::new(), Vec::new())
         } else {
-            dm.read_many_and(self.plan, &wanted, &extra)?
+            self.read_for_run(dm, (&wanted, &extra), across)?
         };
         rest.truncate(host.len());
         let entries = match (encoded, words.first()) {

@@ -185,7 +185,7 @@ fn no_device() -> ForwardError {
 }
 
 /// Values read back from the device, one vector per slice asked for.
-type Reads = Vec<Vec<f32>>;
+pub(crate) type Reads = Vec<Vec<f32>>;
 
 /// Where one execution's buffers live on the device.
 pub(crate) struct DeviceMemory<'m> {

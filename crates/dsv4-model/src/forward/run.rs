@@ -6,10 +6,11 @@
 //! stream ([`super::threaded`]).
 
 use super::op::{BlockRef, Op, OpKind};
-use super::resident::DeviceMemory;
+use super::resident::{DeviceMemory, Reads};
 use super::state::LayerState;
 use super::{ChoiceControl, ForwardError, Model};
 use crate::weights::BlockWeights;
+use dsv4_kernels::DevSlice;
 use dsv4_plan::{BufferClass, BufferId, Plan, Slice};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -128,6 +129,10 @@ pub(crate) struct Run<'a> {
     pub skip_index_k_wait: bool,
     /// What the caller asks of the discrete choices (scores reported, choices pinned).
     pub choices: ChoiceControl<'a>,
+    /// One thread issues every launch, in one order (the serial and interleaved executors;
+    /// not the threaded one): a run of host launches may then read its operands across
+    /// streams in one wait for every stream ([`Run::host_run_reads`]).
+    pub one_issuer: bool,
 }
 
 /// Rows of a plan's buffers: the length of its step-wide `tokens` buffer.
@@ -274,8 +279,9 @@ impl Run<'_> {
             Memory::Device(dm) => {
                 let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
                 let mut wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s.buffer))).collect();
-                wanted.extend(self.host_run_reads(i, next).into_iter().map(|b| (b, n(b))));
-                let mut ins = dm.read_many(self.plan, &wanted)?;
+                let (run, across) = self.host_run_reads(i, next);
+                wanted.extend(run.into_iter().map(|b| (b, n(b))));
+                let (mut ins, _) = self.read_for_run(dm, (&wanted, &[]), across)?;
                 ins.truncate(reads.len());
                 ins
             }
@@ -296,25 +302,36 @@ impl Run<'_> {
     }
 
     /// The transient buffers read by the run of host launches that follows launch `i` in
-    /// `next` (what this thread runs after it): those on its stream with no device launch and
-    /// no event wait in between (the serial executor's deferred order puts a decode layer's
-    /// stores, pooling, top-k and attention back to back), less what the run writes itself.
-    /// Only the run runs on this thread until it is done, and anything another stream writes
-    /// that the run reads is ordered before it by an event the run would wait for, so these
-    /// operands are final when launch `i` reads its own. Attention's and the indexer's queries
-    /// stay out where the device attends (they stay on the device: [`Run::attention_side`]).
-    pub(super) fn host_run_reads(&self, i: usize, next: &[usize]) -> Vec<BufferId> {
+    /// `next` (what this thread runs after it; the serial executor's deferred order puts a
+    /// decode layer's stores, pooling, top-k and attention back to back) up to the first
+    /// launch with a device form, less what the run writes itself; and whether the run goes
+    /// past a launch on another stream or one that waits for an event (`across`).
+    ///
+    /// Without [`Run::one_issuer`] the run stops there instead: on its own stream, with no
+    /// event wait, anything another stream writes that the run reads is ordered before it by
+    /// an event the run would wait for, so the operands are final when launch `i` reads its
+    /// own on its stream. With one issuer, every launch before the run in `next` has been
+    /// issued, and a later launch of the run reads only what those wrote (what the run writes
+    /// stays out), so reading after every stream's work ([`Run::read_for_run`]) gives final
+    /// operands across streams too: with side streams a layer's SWA store, compressors,
+    /// indexer and attention, each on its own stream, wait once together instead of once each.
+    /// Attention's and the indexer's queries stay out where the device attends (they stay on
+    /// the device: [`Run::attention_side`]).
+    pub(super) fn host_run_reads(&self, i: usize, next: &[usize]) -> (Vec<BufferId>, bool) {
         let launches = &self.plan.launches;
         let stream = launches[i].stream;
         let transient = |b: BufferId| self.plan.buffer(b).class == BufferClass::Transient;
         let mut written: Vec<BufferId> = launches[i].writes.iter().map(|s| s.buffer).collect();
-        let mut wanted: Vec<BufferId> = Vec::new();
+        let (mut wanted, mut across): (Vec<BufferId>, bool) = (Vec::new(), false);
         for l in next.iter().map(|&k| &launches[k]) {
-            if l.stream != stream
-                || !l.waits.is_empty()
-                || super::resident_ops::has_device_form(l.op.kind)
-            {
+            if super::resident_ops::has_device_form(l.op.kind) {
                 break;
+            }
+            if l.stream != stream || !l.waits.is_empty() {
+                if !self.one_issuer {
+                    break;
+                }
+                across = true;
             }
             let on_device = self.attention_side(l.op.kind).unwrap_or(0);
             let host_reads = l
@@ -330,7 +347,22 @@ impl Run<'_> {
             }
             written.extend(l.writes.iter().map(|s| s.buffer));
         }
-        wanted
+        (wanted, across)
+    }
+
+    /// Read `wanted` (and the device slices `extra`) back for launch `i` in one wait on its
+    /// stream; for a run `across` streams ([`Run::host_run_reads`]) that stream first waits
+    /// for the work issued so far on every stream.
+    pub(super) fn read_for_run(
+        &self,
+        dm: &DeviceMemory<'_>,
+        (wanted, extra): (&[(BufferId, usize)], &[DevSlice]),
+        across: bool,
+    ) -> Result<(Reads, Reads), ForwardError> {
+        if let Some(st) = self.device_streams().filter(|_| across) {
+            st.wait_for_all()?;
+        }
+        dm.read_many_and(self.plan, wanted, extra)
     }
 
     /// Run the launches in `order`.

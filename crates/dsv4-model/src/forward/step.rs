@@ -206,6 +206,7 @@ impl Model {
             },
             skip_index_k_wait: exec.has(Fault::SkipIndexKTransferWait),
             choices: taps.choices,
+            one_issuer: exec.executor != Executor::Threaded,
         };
         let traffic_start = self.backend.device().map(|d| d.stats());
         // A captured plan on a device replays its repeated runs of launches as graphs.
@@ -317,6 +318,8 @@ impl Model {
             out: Gathered::default(),
             skip_index_k_wait: self.exec.has(Fault::SkipIndexKTransferWait),
             choices: ChoiceControl::default(),
+            // The MTP step never runs threaded (below).
+            one_issuer: true,
         };
         let executor = match self.exec.executor {
             Executor::Threaded => Executor::Serial,
