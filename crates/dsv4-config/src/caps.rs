@@ -6,6 +6,7 @@
 //! "not supported by backend X yet". A change to a backend's design updates its row here, and the
 //! rules in [`crate::validate`] follow.
 
+use crate::values::ExecutorChoice;
 use dsv4_core::numerics::{IndexKDtype, KvCacheDtype};
 use serde::Serialize;
 
@@ -32,6 +33,10 @@ pub struct BackendCaps {
     pub captured_plans: bool,
     /// Where its side streams exist (`exec.multi_stream_overlap`).
     pub streams: Streams,
+    /// The executor `exec.executor = "auto"` takes with side streams on: interleaved where
+    /// the executor's issue order is what makes them streams (the host backends, one queue),
+    /// serial where they are the device's own streams (its host-last order waits least).
+    pub overlap_executor: ExecutorChoice,
     /// The KV cache formats it stores.
     pub kv_cache_dtypes: &'static [KvCacheDtype],
     /// The indexer key formats it stores.
@@ -47,6 +52,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         host_memory: true,
         captured_plans: false,
         streams: Streams::Single,
+        overlap_executor: ExecutorChoice::Interleaved,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
         note: "the oracle: every format of spec §5, eager plans on one stream, so that its \
@@ -57,6 +63,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         host_memory: true,
         captured_plans: true,
         streams: Streams::Always,
+        overlap_executor: ExecutorChoice::Interleaved,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
         note: "every format; captured plans and side streams run on the deterministic \
@@ -67,6 +74,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         host_memory: false,
         captured_plans: true,
         streams: Streams::Single,
+        overlap_executor: ExecutorChoice::Interleaved,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
         note: "one queue (no side streams); activations stay on the device, a captured plan's \
@@ -79,6 +87,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         host_memory: false,
         captured_plans: true,
         streams: Streams::CaptureOnly,
+        overlap_executor: ExecutorChoice::Serial,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
         note: "as in SGLang's DeepSeek-V4 attention, side streams are used only while a CUDA \
@@ -90,6 +99,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
         host_memory: true,
         captured_plans: true,
         streams: Streams::CaptureOnly,
+        overlap_executor: ExecutorChoice::Serial,
         kv_cache_dtypes: &[KvCacheDtype::Bf16, KvCacheDtype::Fp8],
         index_k_dtypes: &[IndexKDtype::Bf16, IndexKDtype::Fp8, IndexKDtype::Fp4],
         note: "the cuda-sm120 kernels on a CPU emulator (tests and CI without a GPU): the same \

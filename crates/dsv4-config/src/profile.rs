@@ -6,7 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
-use crate::values::{CudaLinear, CudaSums, DeviceOrHost, PageCacheMib};
+use crate::values::{CudaLinear, CudaSums, DeviceOrHost, ExecutorChoice, PageCacheMib};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -178,6 +178,9 @@ pub struct ExecSection {
     pub cuda_graph_max_bs: u64,
     /// The KV, compressor and indexer chains run on side streams, overlapping the main stream.
     pub multi_stream_overlap: bool,
+    /// Which executor runs a step's plan (`auto`: [`ExecSection::executor_for`]).
+    #[serde(default)]
+    pub executor: ExecutorChoice,
     /// Activations stay in host memory even on a backend with device memory.
     pub host_activations: bool,
     /// The scheduler prepares the next step while the current one runs.
@@ -187,6 +190,19 @@ pub struct ExecSection {
 }
 
 impl ExecSection {
+    /// The executor that runs a step's plan on a backend of kind `kind`: `executor` when it
+    /// names one; for `auto`, serial without side streams, and with them the kind's overlap
+    /// executor ([`crate::caps::BackendCaps::overlap_executor`]; interleaved for an unknown
+    /// kind). Never `Auto`.
+    pub fn executor_for(&self, kind: &str) -> ExecutorChoice {
+        match self.executor {
+            ExecutorChoice::Auto if !self.multi_stream_overlap => ExecutorChoice::Serial,
+            ExecutorChoice::Auto => crate::caps::caps_of(kind)
+                .map_or(ExecutorChoice::Interleaved, |c| c.overlap_executor),
+            chosen => chosen,
+        }
+    }
+
     /// The thread count to use: `threads`, or the number of available cores when it is 0.
     pub fn effective_threads(&self) -> usize {
         if self.threads > 0 {
@@ -200,6 +216,37 @@ impl ExecSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_executor_is_serial_on_one_stream_and_the_kinds_own_with_side_streams() {
+        use ExecutorChoice::*;
+        let on = |executor, overlap| ExecSection {
+            executor,
+            multi_stream_overlap: overlap,
+            ..ExecSection::default()
+        };
+        for kind in ["reference", "cpu", "wgpu", "cuda-sm120", "cuda-emu", "tpu"] {
+            assert_eq!(on(Auto, false).executor_for(kind), Serial, "{kind}");
+            // A named executor is taken as named, side streams or not.
+            for chosen in [Serial, Interleaved, Threaded] {
+                for overlap in [false, true] {
+                    assert_eq!(on(chosen, overlap).executor_for(kind), chosen, "{kind}");
+                }
+            }
+        }
+        // With side streams: the device's own streams keep the serial host-last order; where the
+        // executor's issue order makes the streams, it interleaves (and for an unknown kind).
+        for (kind, want) in [
+            ("cuda-sm120", Serial),
+            ("cuda-emu", Serial),
+            ("cpu", Interleaved),
+            ("reference", Interleaved),
+            ("wgpu", Interleaved),
+            ("tpu", Interleaved),
+        ] {
+            assert_eq!(on(Auto, true).executor_for(kind), want, "{kind}");
+        }
+    }
 
     #[test]
     fn model_source_decodes_tiny_and_dirs() {

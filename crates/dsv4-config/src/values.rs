@@ -145,6 +145,25 @@ impl DeviceOrHost {
     }
 }
 
+/// Which executor runs a step's plan (`exec.executor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ExecutorChoice {
+    /// Serial without side streams; with them, the backend kind's overlap executor
+    /// ([`crate::caps::BackendCaps::overlap_executor`]).
+    #[default]
+    Auto,
+    /// One launch at a time; on a device, its host launches as late as their readers allow
+    /// (one wait per run of them), each launch on its own plan stream.
+    Serial,
+    /// One launch at a time in a seeded order that respects only stream order and events:
+    /// cross-stream races reproduce exactly (rehearsals).
+    Interleaved,
+    /// One thread per stream, synchronised only by events; runs only verified plans.
+    Threaded,
+}
+spelled!(ExecutorChoice, "executor", Auto => "auto", Serial => "serial",
+    Interleaved => "interleaved", Threaded => "threaded");
+
 /// Which kernels run the linears on the CUDA backends (`backend.cuda_linear`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CudaLinear {

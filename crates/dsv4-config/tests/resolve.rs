@@ -214,6 +214,17 @@ fn bad_values_name_key_value_and_allowed_values() {
         "{e}"
     );
 
+    o.sets = vec!["exec.executor=random".into()];
+    let e = err(&o);
+    assert!(
+        e.contains("`random`") && e.contains("`exec.executor`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("one of: auto, serial, interleaved, threaded"),
+        "{e}"
+    );
+
     o.sets = vec!["backend.kind=cdua".into()];
     let e = err(&o);
     assert!(e.contains("reference, cpu, wgpu, cuda-sm120"), "{e}");

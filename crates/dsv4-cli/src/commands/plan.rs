@@ -4,7 +4,7 @@
 //! `debug.inject` keys, so no weights are loaded.
 
 use anyhow::{Context, bail};
-use dsv4_config::{ModelSource, Profile};
+use dsv4_config::{ExecutorChoice, ModelSource, Profile};
 use dsv4_model::ModelConfig;
 use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan_under};
 use dsv4_model::forward::captured::place_captured;
@@ -95,10 +95,10 @@ pub fn exec_options(p: &Profile) -> anyhow::Result<ExecOptions> {
             .context("exec.cuda_graph_max_bs is too large")?,
         overlap: p.exec.multi_stream_overlap,
         host_activations: p.exec.host_activations,
-        executor: if p.exec.multi_stream_overlap {
-            Executor::Interleaved { seed: 0 }
-        } else {
-            Executor::Serial
+        executor: match p.exec.executor_for(&p.backend.kind) {
+            ExecutorChoice::Interleaved => Executor::Interleaved { seed: 0 },
+            ExecutorChoice::Threaded => Executor::Threaded,
+            ExecutorChoice::Serial | ExecutorChoice::Auto => Executor::Serial,
         },
         faults,
     })
@@ -338,4 +338,45 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
         println!("all {} plans pass", checked.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_config::{ResolveOptions, resolve};
+
+    /// The executor a shipped profile (with `sets`) runs its steps on.
+    fn executor(profile: &str, sets: &[&str]) -> Executor {
+        let mut o = ResolveOptions::new(profile);
+        o.search.local_dir = None;
+        o.sets = sets.iter().map(|s| s.to_string()).collect();
+        let r = resolve(&o).unwrap_or_else(|e| panic!("{profile}: {e}"));
+        exec_options(&r.profile).unwrap().executor
+    }
+
+    #[test]
+    fn profiles_run_on_the_executor_their_backend_overlaps_with() {
+        // Production on CUDA: side streams are CUDA streams, issued in the host-last order.
+        assert_eq!(executor("prod-fp8", &[]), Executor::Serial);
+        assert_eq!(executor("prod-bf16", &[]), Executor::Serial);
+        // The rehearsal pins the seeded order, on any backend.
+        let seeded = Executor::Interleaved { seed: 0 };
+        assert_eq!(executor("rehearsal", &[]), seeded);
+        assert_eq!(
+            executor(
+                "rehearsal",
+                &["backend.kind=cuda-emu", "exec.cuda_graph=true"]
+            ),
+            seeded
+        );
+        // dev-cpu: one stream, serial; with side streams on the cpu backend, interleaved.
+        assert_eq!(executor("dev-cpu", &[]), Executor::Serial);
+        let overlap = ["exec.multi_stream_overlap=true", "exec.cuda_graph=true"];
+        assert_eq!(executor("dev-cpu", &overlap), seeded);
+        assert_eq!(
+            executor("prod-fp8", &["exec.executor=threaded"]),
+            Executor::Threaded
+        );
+        assert_eq!(executor("prod-fp8", &["exec.executor=interleaved"]), seeded);
+    }
 }

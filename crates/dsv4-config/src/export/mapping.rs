@@ -271,6 +271,25 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Env("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", "0"),
     ),
     row(
+        "exec.executor",
+        Is("interleaved"),
+        Unmapped(
+            "SGLang has no seeded-order executor (a rehearsal tool): it issues in program order",
+        ),
+    ),
+    row(
+        "exec.executor",
+        Is("threaded"),
+        Unmapped("SGLang issues a step's kernels from one thread"),
+    ),
+    row(
+        "exec.executor",
+        Always,
+        Same(
+            "SGLang issues a step's kernels from one thread in program order; its side streams run concurrently on the GPU",
+        ),
+    ),
+    row(
         "exec.host_activations",
         Is("false"),
         Same("SGLang keeps activations on the GPU"),

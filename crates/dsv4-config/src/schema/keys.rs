@@ -3,8 +3,8 @@
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
-    CanaryPool, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, Fault, ReasoningParser,
-    SchedulePolicy, ToolCallParser,
+    CanaryPool, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
+    ReasoningParser, SchedulePolicy, ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
@@ -135,6 +135,18 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Bool,
         "false",
         "the KV, compressor and indexer chains run on side streams, overlapping the main stream",
+    ),
+    key(
+        "exec.executor",
+        ValueKind::OneOf(ExecutorChoice::NAMES),
+        "auto",
+        "which executor runs a step's plan: serial (one launch at a time; on a device the host \
+         launches as late as their readers allow, so a run of them waits once, each launch on \
+         its plan stream), interleaved (a seeded order respecting only streams and events: \
+         cross-stream races reproduce exactly), threaded (a thread per stream; verified plans \
+         only), or auto (serial without side streams; with them, serial where they are the \
+         device's own streams (cuda-sm120, cuda-emu) and interleaved where the executor is \
+         what makes them streams (reference, cpu, wgpu))",
     ),
     key(
         "exec.host_activations",

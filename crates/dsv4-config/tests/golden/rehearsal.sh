@@ -14,6 +14,8 @@
 #          SGLang
 # warning: numerics.act_quant = none: SGLang has no switch for unquantized activations in front of
 #          fp8 weights
+# warning: exec.executor = interleaved: SGLang has no seeded-order executor (a rehearsal tool): it
+#          issues in program order
 # warning: server.max_request_bytes = 16777216: SGLang has no request-size limit; enforce 16777216
 #          bytes in a reverse proxy in front of it
 # warning: debug.canary = [index_k, kv, state]: the cache-page canary exists only in dsv4
