@@ -43,7 +43,8 @@
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
 # "linear_f32" from bench-f32.json), each attention-side kernel's fraction of the FMA rate
 # of its sums ("kernels", "kernels_f32"), and the placement A/B's rows ("placement": each
-# on-device path's speedup and each side's traffic per step; [] where the bench ran no e2e).
+# on-device path's speedup, side streams' speedup over one stream, and each side's traffic
+# per step; [] where the bench ran no e2e).
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -277,16 +278,17 @@ PY
 kernels=$(kernels_of "$out/bench.json" "default sums")
 kernels_f32=$(kernels_of "$out/bench-f32.json" "f32 sums")
 # The placement A/B of the bench's end-to-end section (docs/cuda.md): the captured batch-16
-# decode as configured against siblings with attention or routing on the host.
+# decode as configured against siblings with attention or routing on the host, and with side
+# streams against one stream.
 placement=$(python3 - "$out/bench.json" <<'PY' || echo '[]'
 import json, sys
-sides = ("as configured", "host attention", "host routing")
+sides = ("as configured", "host attention", "host routing", "captured, side streams")
 rows = [e for e in json.load(open(sys.argv[1]))["e2e"]
-        if e["metric"].startswith("decode batch 16, captured, ")
-        or e["metric"].endswith(": speedup")
+        if e["metric"].startswith("decode batch 16, captured")
+        or ": speedup" in e["metric"]
         or any(e["metric"].startswith(f"  {side}: ") for side in sides)]
 if rows:
-    print("  placement A/B (captured batch-16 decode):", file=sys.stderr)
+    print("  placement and side-stream A/B (captured batch-16 decode):", file=sys.stderr)
 for e in rows:
     print(f"    {e['config']:<6} {e['metric']:<46} {e['value']:>10.2f} {e['unit']}", file=sys.stderr)
 print(json.dumps([{k: e[k] for k in ("config", "metric", "value", "unit")} for e in rows]))

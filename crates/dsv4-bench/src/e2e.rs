@@ -4,7 +4,7 @@
 use crate::timing::median_secs;
 use dsv4_core::{Numerics, SplitMix64, Tensor};
 use dsv4_kernels::{Backend, DeviceStats, Linear};
-use dsv4_model::forward::{ExecOptions, Taps};
+use dsv4_model::forward::{ExecOptions, Executor, Taps};
 use dsv4_model::{Model, ModelConfig, ModelError, SequenceState};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -97,22 +97,44 @@ pub fn active_weight_bytes(model: &Model) -> usize {
     total
 }
 
-/// Batch-16 decode throughput with activations resident (`host = false`) or in host memory,
-/// replaying captured plans (`captured`, with device graphs where the backend has them) or
-/// not, and the mean device traffic (every counter) of the measured steps: `steps` of them
-/// after a warm-up step (the same positions, so the same compressor windows, as another run
-/// with the same count), or None for as many as 3 s allow (4 to 16).
+/// How a batch-16 decode is run on a device backend ([`decode_mode`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecodeMode {
+    /// Activations in host memory (every op uploads and reads back) instead of resident.
+    pub host: bool,
+    /// Captured plans replayed (device graphs where the backend has them).
+    pub captured: bool,
+    /// Side streams (`exec.multi_stream_overlap`) on the serial executor, what
+    /// `exec.executor = "auto"` runs them with on a device that has streams.
+    pub side_streams: bool,
+}
+
+/// Decode steps each device mode measures after its warm-up: a fixed count, so every mode (and
+/// every sibling of the placement A/B) runs the same positions and completes the same
+/// compressor windows, and their traffic means are of the same steps.
+pub(crate) const MODE_STEPS: usize = 12;
+
+/// Captured plans, resident, one stream: what the placement A/B compares.
+pub(crate) const CAPTURED: DecodeMode = DecodeMode {
+    host: false,
+    captured: true,
+    side_streams: false,
+};
+
+/// Batch-16 decode throughput in `mode` (the median step of [`MODE_STEPS`] after a warm-up
+/// step), and the mean device traffic (every counter) of those steps.
 pub(crate) fn decode_mode(
     model: &Model,
     prompt_len: usize,
-    (host, captured): (bool, bool),
-    steps: Option<usize>,
+    mode: DecodeMode,
 ) -> Result<(f64, DeviceStats), dsv4_model::ForwardError> {
     let batch = 16;
     let v = model.cfg.vocab_size;
     let exec = ExecOptions {
-        host_activations: host,
-        captured,
+        host_activations: mode.host,
+        captured: mode.captured,
+        overlap: mode.side_streams,
+        executor: Executor::Serial,
         ..model.exec().clone()
     };
     let mut states: Vec<SequenceState> = (0..batch).map(|_| model.new_sequence()).collect();
@@ -126,15 +148,14 @@ pub(crate) fn decode_mode(
     step(&mut states, prompts.iter().map(|p| p.as_slice()).collect())?;
     let next = [5u32];
     let (mut total, mut ran) = (DeviceStats::default(), 0u64);
-    let (min, max) = steps.map_or((4, 16), |n| (n, n));
     let secs = median_secs(
         || {
             let (_, report) = step(&mut states, vec![&next[..]; batch]).expect("decode step");
             total = total.zip(&report.device.unwrap_or_default(), |a, b| a + b);
             ran += 1;
         },
-        min,
-        max,
+        MODE_STEPS,
+        MODE_STEPS,
         Duration::from_secs(3),
     );
     // Traffic varies by step (a compressor window completes every few steps): the mean.
@@ -254,19 +275,33 @@ pub fn run(
         );
     }
 
-    // A backend with device memory: the same batch-16 decode with activations in host memory
-    // (every op uploading and reading back), and what one step costs in device traffic.
+    // A backend with device memory: the same batch-16 decode captured, with side streams, and
+    // with activations in host memory (every op uploading and reading back), and what one step
+    // costs in device traffic; side streams against one stream as a ratio of this run.
     if backend.device().is_some() {
+        let mode = |host, captured, side_streams| DecodeMode {
+            host,
+            captured,
+            side_streams,
+        };
         let modes = [
-            ("device-resident", false, false),
-            ("captured", false, true),
-            ("host activations", true, false),
+            ("device-resident", mode(false, false, false)),
+            ("captured", CAPTURED),
+            ("captured, side streams", mode(false, true, true)),
+            ("host activations", mode(true, false, false)),
         ];
-        for (mode, host, captured) in modes {
-            let (rate, traffic) = decode_mode(&model, prompt_len, (host, captured), None)?;
-            push(format!("decode batch 16, {mode}"), rate, "tokens/s");
-            push_traffic(&mut push, mode, &traffic);
+        let mut rates = Vec::new();
+        for (name, m) in modes {
+            let (rate, traffic) = decode_mode(&model, prompt_len, m)?;
+            push(format!("decode batch 16, {name}"), rate, "tokens/s");
+            push_traffic(&mut push, name, &traffic);
+            rates.push(rate);
         }
+        push(
+            "  side streams: speedup over one stream".into(),
+            rates[2] / rates[1],
+            "x",
+        );
         crate::placement::run(&model, (cfg, tensors), siblings, prompt_len, &mut push)?;
     }
 

@@ -3,7 +3,7 @@
 //! `backend.cuda_attention` = "host"), on the same batch-16 captured decode, measured back to
 //! back, so what each on-device path saves is a ratio from one run and not two runs' difference.
 
-use crate::e2e::{decode_mode, push_traffic};
+use crate::e2e::{CAPTURED, decode_mode, push_traffic};
 use dsv4_core::{Numerics, Tensor};
 use dsv4_kernels::registry::BackendOptions;
 use dsv4_kernels::{Backend, KernelError};
@@ -65,17 +65,14 @@ pub fn siblings(
     (made, skipped)
 }
 
-/// Decode steps each side measures after its warm-up: a fixed count, so both sides run the same
-/// positions and complete the same compressor windows, and their means are of the same steps.
-const STEPS: usize = 12;
-
 /// What a bench row is pushed with: metric, value, unit.
 pub type Push<'a> = dyn FnMut(String, f64, &'static str) + 'a;
 
 /// Batch-16 captured decode after `prompt_len`-token prompts on `model` (the backend as
-/// configured), [`STEPS`] steps, then the same on each sibling loaded with the same config and weights: each rate and
-/// traffic per step, and each path's speedup (the configured rate over the sibling's), as rows
-/// through `push`. Nothing is measured without siblings.
+/// configured), [`crate::e2e::MODE_STEPS`] steps, then the same on each sibling loaded with the
+/// same config and weights: each rate and traffic per step, and each path's speedup (the
+/// configured rate over the sibling's), as rows through `push`. Nothing is measured without
+/// siblings.
 pub fn run(
     model: &Model,
     (cfg, tensors): (&ModelConfig, &HashMap<String, Tensor>),
@@ -86,7 +83,7 @@ pub fn run(
     if siblings.is_empty() {
         return Ok(());
     }
-    let (base, traffic) = decode_mode(model, prompt_len, (false, true), Some(STEPS))?;
+    let (base, traffic) = decode_mode(model, prompt_len, CAPTURED)?;
     push(
         "decode batch 16, captured, as configured".into(),
         base,
@@ -95,7 +92,7 @@ pub fn run(
     push_traffic(push, "as configured", &traffic);
     for s in siblings {
         let m = Model::load(cfg.clone(), tensors, s.backend.clone(), Numerics::default())?;
-        let (rate, traffic) = decode_mode(&m, prompt_len, (false, true), Some(STEPS))?;
+        let (rate, traffic) = decode_mode(&m, prompt_len, CAPTURED)?;
         push(
             format!("decode batch 16, captured, {}", s.label),
             rate,

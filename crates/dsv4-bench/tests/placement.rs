@@ -138,3 +138,51 @@ fn the_configured_backend_is_measured_against_its_sibling_in_one_run() {
     let back = |who: &str| row(&format!("  {who}: KiB read back/step (mean)"));
     assert!(back("host attention") > back("as configured"), "{rows:?}");
 }
+
+#[test]
+fn a_device_backends_end_to_end_rows_compare_its_modes_within_the_run() {
+    let cfg = e2e::config("tiny").unwrap();
+    let tensors = e2e::weights(&cfg).unwrap();
+    let opts = BackendOptions::default();
+    let sibling = Sibling {
+        label: "host attention",
+        path: "attention on device",
+        backend: resident(&BackendOptions {
+            device_attention: Some(false),
+            ..opts.clone()
+        }),
+    };
+    let plan = e2e::E2ePlan {
+        configs: vec!["tiny".into()],
+        prefill_tokens: 8,
+        contexts: Vec::new(),
+    };
+    let (rows, _) = e2e::run(
+        resident(&opts),
+        "tiny",
+        &cfg,
+        &tensors,
+        &plan,
+        false,
+        &[sibling],
+    )
+    .unwrap();
+    let row = |m: &str| {
+        rows.iter()
+            .find(|r| r.metric == m)
+            .unwrap_or_else(|| panic!("no row `{m}` in {rows:?}"))
+            .value
+    };
+    let (one, side) = (
+        row("decode batch 16, captured"),
+        row("decode batch 16, captured, side streams"),
+    );
+    assert_eq!(row("  side streams: speedup over one stream"), side / one);
+    // With side streams a layer's host launches, on four streams, still wait once together.
+    assert_eq!(
+        row("  captured, side streams: read-backs/step (mean)"),
+        row("  captured: read-backs/step (mean)"),
+    );
+    // The placement A/B follows the modes.
+    assert!(row("  attention on device: speedup") > 0.0);
+}
