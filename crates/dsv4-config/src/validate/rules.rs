@@ -4,7 +4,7 @@
 use super::{Rule, Severity};
 use crate::caps::{BackendCaps, Streams};
 use crate::profile::Profile;
-use crate::values::{DisaggMode, Fault, SchedulePolicy};
+use crate::values::{DisaggMode, ExecutorChoice, Fault, SchedulePolicy};
 use dsv4_core::numerics::IndexKDtype;
 
 /// Shorthand for an error rule.
@@ -75,6 +75,13 @@ pub const RULES: &[Rule] = &[
         "multi-stream overlap without captured plans on a backend whose side streams exist only \
          under capture",
         overlap_needs_graphs,
+    ),
+    error(
+        "threaded-with-plan-fault",
+        &["exec.executor", "debug.inject", "exec.multi_stream_overlap"],
+        "the threaded executor with a fault that breaks the plan's stream ordering: it runs only \
+         plans the verifier passes, so every step would be refused",
+        threaded_with_plan_fault,
     ),
     error(
         "hicache-needs-prefix-cache",
@@ -258,6 +265,21 @@ fn overlap_needs_graphs(p: &Profile, caps: &BackendCaps) -> Option<String> {
              side streams exist only in captured plans, so nothing would overlap; set \
              exec.cuda_graph=true or exec.multi_stream_overlap=false",
             caps.kind
+        )
+    })
+}
+
+fn threaded_with_plan_fault(p: &Profile, _: &BackendCaps) -> Option<String> {
+    let plan_faults = [Fault::ArenaIgnoresStreams, Fault::MissingStreamEvent];
+    let fault = plan_faults
+        .into_iter()
+        .find(|f| p.debug.inject.contains(f))?;
+    (p.exec.executor == ExecutorChoice::Threaded && p.exec.multi_stream_overlap).then(|| {
+        format!(
+            "exec.executor = threaded with debug.inject containing {fault} and \
+             exec.multi_stream_overlap = true: the fault gives the verifier findings in every \
+             side-stream plan and the threaded executor refuses those; rehearse it with \
+             exec.executor=interleaved (the rehearsal profile's) or serial"
         )
     })
 }

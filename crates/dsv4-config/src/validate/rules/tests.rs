@@ -4,7 +4,7 @@
 use super::super::{Finding, check_with};
 use crate::caps::{BackendCaps, caps_of};
 use crate::profile::Profile;
-use crate::values::{DisaggMode, Fault, SchedulePolicy};
+use crate::values::{DisaggMode, ExecutorChoice, Fault, SchedulePolicy};
 use dsv4_core::numerics::{IndexKDtype, KvCacheDtype};
 
 fn caps(kind: &str) -> &'static BackendCaps {
@@ -223,6 +223,30 @@ fn fault_needs_streams() {
     assert!(fires("fault-needs-streams", &p).contains("exec.multi_stream_overlap=true"));
     p.exec.multi_stream_overlap = true;
     quiet("fault-needs-streams", &p);
+}
+
+#[test]
+fn threaded_with_plan_fault() {
+    let mut p = on("cpu");
+    p.exec.multi_stream_overlap = true;
+    p.exec.executor = ExecutorChoice::Threaded;
+    quiet("threaded-with-plan-fault", &p);
+    p.debug.inject = vec![Fault::StalePageReuse];
+    quiet("threaded-with-plan-fault", &p);
+    for fault in [Fault::ArenaIgnoresStreams, Fault::MissingStreamEvent] {
+        p.debug.inject = vec![Fault::StalePageReuse, fault];
+        let m = fires("threaded-with-plan-fault", &p);
+        assert!(
+            m.contains(&fault.to_string()) && m.contains("exec.executor=interleaved"),
+            "{m}"
+        );
+    }
+    // Without side streams the fault cannot fire, and the other executors run such plans.
+    p.exec.executor = ExecutorChoice::Interleaved;
+    quiet("threaded-with-plan-fault", &p);
+    p.exec.executor = ExecutorChoice::Threaded;
+    p.exec.multi_stream_overlap = false;
+    quiet("threaded-with-plan-fault", &p);
 }
 
 #[test]
