@@ -338,10 +338,10 @@ fn a_decode_layer_waits_for_the_device_once_for_its_cache_launches_and_once_for_
     // The serial executor runs a layer's host launches (SWA store, pooling, top-k, attention)
     // back to back after the projections they do not depend on, and reads all their operands
     // back in one wait; the router reads its scores back in another; the step's end reads its
-    // two results back. The values are the plan order's (the test above). In the plan's own
-    // order each host launch waits on its own: 17 here.
+    // two results (logits, final residual) back in one more. The values are the plan order's
+    // (the test above). In the plan's own order each host launch waits on its own.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
-    assert_decode_waits(device(false), "host routing", |_| 2 * layers + 2);
+    assert_decode_waits(device(false), "host routing", |_| 2 * layers + 1);
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn routing_on_the_device_leaves_one_wait_a_decode_layer() {
     // experts group their rows there. Only the cache launches' wait is left per layer.
     let layers = ModelConfig::tiny().num_hidden_layers as u64;
     let d = HostResident::new(Arc::new(ReferenceBackend)).with_device_routing();
-    assert_decode_waits(d, "device routing", |_| layers + 2);
+    assert_decode_waits(d, "device routing", |_| layers + 1);
 }
 
 #[test]
@@ -369,7 +369,7 @@ fn the_attention_side_on_the_device_waits_for_what_it_reads_back_alone() {
     let indexed = (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.compress_ratio(l) == 4)
         .count() as u64;
-    let base = layers + indexed + 2;
+    let base = layers + indexed + 1;
     assert_decode_waits(device(true), "device routing and attention", |step| {
         if step == 3 { base + 2 * indexed } else { base }
     });

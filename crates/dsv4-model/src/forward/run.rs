@@ -203,22 +203,40 @@ impl Run<'_> {
         }
     }
 
-    /// A host-read buffer's live rows after the step.
-    pub fn result(&self, name: &str, scope: &str) -> Result<Vec<f32>, ForwardError> {
-        let id = self
-            .plan
-            .buffers
+    /// The host-read buffers `(name, scope)` after the run, in order: on a device in one read
+    /// (one wait for the step's results).
+    pub fn results(&self, wanted: &[(&str, &str)]) -> Result<Reads, ForwardError> {
+        let ids = wanted
             .iter()
-            .position(|b| b.name == name && b.scope == scope)
-            .ok_or_else(|| ForwardError::Plan {
-                message: format!("the plan has no buffer `{scope}.{name}`"),
-            })?;
-        let s = Slice {
-            buffer: dsv4_plan::BufferId(id as u32),
-            start: 0,
-            len: self.plan.buffers[id].bytes,
-        };
-        self.read(&s)
+            .map(|&(name, scope)| {
+                let id = self
+                    .plan
+                    .buffers
+                    .iter()
+                    .position(|b| b.name == name && b.scope == scope)
+                    .ok_or_else(|| ForwardError::Plan {
+                        message: format!("the plan has no buffer `{scope}.{name}`"),
+                    })?;
+                Ok(BufferId(id as u32))
+            })
+            .collect::<Result<Vec<_>, ForwardError>>()?;
+        let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
+        match &self.mem {
+            Memory::Device(dm) => {
+                let sized: Vec<_> = ids.iter().map(|&b| (b, n(b))).collect();
+                dm.read_many(self.plan, &sized)
+            }
+            _ => ids
+                .iter()
+                .map(|&b| {
+                    self.read(&Slice {
+                        buffer: b,
+                        start: 0,
+                        len: self.plan.buffer(b).bytes,
+                    })
+                })
+                .collect(),
+        }
     }
 
     /// The device streams the plan's streams map to, if the run has any.

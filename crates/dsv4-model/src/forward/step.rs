@@ -224,9 +224,13 @@ impl Model {
         executed?;
         closed?;
         emit_taps(plan, &run.out, taps);
-        let logits = run.result("logits", "")?;
         let (rname, rscope) = final_residual(plan).unwrap_or_default();
-        let residual = run.result(&rname, &rscope)?;
+        let [logits, residual] = <[Vec<f32>; 2]>::try_from(
+            run.results(&[("logits", ""), (&rname, &rscope)])?,
+        )
+        .map_err(|_| ForwardError::Plan {
+            message: "a device read returned other than the step's two results".into(),
+        })?;
         let (selected, experts) = (take(&run.out.selected), take(&run.out.experts));
         let (scores, router_scores) = (take(&run.out.scores), take(&run.out.router_scores));
         // A backend with device memory counts the step's traffic in either mode (host ops
@@ -326,6 +330,9 @@ impl Model {
             e => e,
         };
         execute(self, &run, executor, None)?;
-        run.result("logits", &BlockRef::Mtp.scope())
+        let mut logits = run.results(&[("logits", &BlockRef::Mtp.scope())])?;
+        logits.pop().ok_or_else(|| ForwardError::Plan {
+            message: "the MTP step's logits were not read back".into(),
+        })
     }
 }
