@@ -224,10 +224,11 @@ linear_of() { # bench.json label -> the cases as a JSON array ([] when unreadabl
     python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys
 cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
-keys = ("case", "path", "rows", "seconds", "weight_gbs", "of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
-print(f"  linear kernels, {sys.argv[2]}:", file=sys.stderr)
+keys = ("case", "path", "rows", "seconds", "graphed", "launched_seconds", "weight_gbs", "of_copy_bandwidth",
+        "launched_of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
+print(f"  linear kernels, {sys.argv[2]} (calls replayed as a CUDA graph; launched one by one in brackets):", file=sys.stderr)
 for t in cases:
-    share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth" if t["rows"] == 1 else \
+    share = f"{t['of_copy_bandwidth']:.0%} of copy bandwidth ({t['launched_of_copy_bandwidth']:.0%})" if t["rows"] == 1 else \
         f"{t['of_matrix_rate']:.0%} of the mma rate" if t["of_matrix_rate"] is not None else "no mma rate"
     print(f"    {t['case']:<42} {t['path']:<4} {share}", file=sys.stderr)
 for path in ("simt", "mma"):

@@ -6,7 +6,10 @@
 //! device against the same layer from host-built groups.
 //!
 //! Kernel times are wall-clock around a batch of launches followed by one synchronize (launches
-//! are asynchronous on a GPU), the median of several batches. On the emulator the same code runs
+//! are asynchronous on a GPU), the median of several batches. The linear cases are timed twice:
+//! launched from the host one by one, and replayed as one CUDA graph (the device's time for the
+//! kernels back to back, which a captured plan's decode sees; the host's cost per launch can
+//! exceed a small GEMV's time). On the emulator the same code runs
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
 mod routing;
@@ -20,7 +23,7 @@ use crate::ops::mhc::time_mix;
 use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg, LinearPath};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The device's limits, measured in this run.
 #[derive(Debug, Clone, Serialize)]
@@ -54,8 +57,15 @@ pub struct LinearTiming {
     pub rows: usize,
     /// Weights the call runs in one grouped launch (a layer's routed experts), else 1.
     pub groups: usize,
-    /// Seconds per call (median).
+    /// Seconds per call (median), the calls replayed back to back as one CUDA graph (the
+    /// device's time, as a captured plan runs the kernel); `launched_seconds` where the graph
+    /// replay was not available (`graphed` false).
     pub seconds: f64,
+    /// Whether `seconds` comes from graph replays.
+    pub graphed: bool,
+    /// Seconds per call (median) with each call launched from the host, the host's launch
+    /// cost included where it exceeds the kernel's time.
+    pub launched_seconds: f64,
     /// Weight bytes read per call (every group's).
     pub weight_bytes: usize,
     /// Weight bytes per second / 1e9.
@@ -64,6 +74,8 @@ pub struct LinearTiming {
     pub tflops: f64,
     /// weight_gbs / copy_gbs (decode cases).
     pub of_copy_bandwidth: f64,
+    /// The same fraction for `launched_seconds`.
+    pub launched_of_copy_bandwidth: f64,
     /// Copies of the weight the calls took in turn (so the weights read exceed the L2 cache).
     pub copies: usize,
     /// tflops / the matching matrix rate, when measured: for SIMT cases bf16 mma for bf16/f32
@@ -100,16 +112,40 @@ pub struct DeviceBenchReport {
     pub routing: RoutingTiming,
 }
 
+/// How long a timing keeps the device busy with the timed calls before it measures them on a
+/// GPU: an idle GPU runs its multiprocessors at a low clock (an H200 at 345 MHz against 1980)
+/// and raises it only under sustained load, so a short kernel timed cold is timed at the idle
+/// clock.
+const WARM_UP: Duration = Duration::from_millis(100);
+
+/// Run `batch` (one batch of calls and a synchronize) until the device has been busy with it
+/// for [`WARM_UP`]; once on the emulator.
+fn warm_up(
+    dev: &Device,
+    mut batch: impl FnMut() -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    let t = Instant::now();
+    batch()?;
+    while !dev.info().emulated && t.elapsed() < WARM_UP {
+        batch()?;
+    }
+    Ok(())
+}
+
 /// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
-/// `per_batch` calls each, after one warm-up call.
+/// `per_batch` calls each, after the device has been warmed up with them ([`WARM_UP`]).
 pub fn time_launches(
     dev: &Device,
     per_batch: usize,
     batches: usize,
     mut f: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<f64, CudaError> {
-    f()?;
-    dev.synchronize()?;
+    warm_up(dev, || {
+        for _ in 0..per_batch.max(1) {
+            f()?;
+        }
+        dev.synchronize()
+    })?;
     let mut v = Vec::with_capacity(batches);
     for _ in 0..batches.max(1) {
         let t = Instant::now();
@@ -121,6 +157,70 @@ pub fn time_launches(
     }
     v.sort_by(f64::total_cmp);
     Ok(v[v.len() / 2])
+}
+
+/// A linear case's two timings: each call launched from the host, and the calls replayed back
+/// to back as one CUDA graph.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTimes {
+    /// Median seconds per call with each launch issued from the host ([`time_op`]): the host's
+    /// per-launch cost included whenever it exceeds the kernel's time.
+    pub launched: f64,
+    /// Median seconds per call with the calls replayed as one CUDA graph ([`time_graphed`]):
+    /// the device's time for back-to-back kernels, as a captured plan runs them. None when the
+    /// calls did not replay as a graph.
+    pub graphed: Option<f64>,
+}
+
+/// Median seconds per call of `calls` calls (`f(i)` issues call i's launches), replayed as one
+/// CUDA graph `batches` times: the calls are recorded under a graph span (`Device::graphs`),
+/// seen once, built into a graph the second time, replayed until the device is warm
+/// ([`WARM_UP`]), then each timed batch is one graph launch and a synchronize. None when the batches did not run as graph launches (a driver that refused
+/// to build the graph, or fewer than two launches).
+pub(crate) fn time_graphed(
+    dev: &Device,
+    batches: usize,
+    calls: usize,
+    mut f: impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<Option<f64>, CudaError> {
+    dev.graphs(true)?;
+    let timed = graphed_batches(dev, batches, calls, &mut f);
+    // The span is closed whatever happened, so the device is left issuing launches directly.
+    let closed = dev.graphs(false);
+    let seconds = timed?;
+    closed?;
+    Ok(seconds)
+}
+
+fn graphed_batches(
+    dev: &Device,
+    batches: usize,
+    calls: usize,
+    f: &mut impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<Option<f64>, CudaError> {
+    let calls = calls.max(1);
+    let mut batch = || -> Result<(), CudaError> {
+        for i in 0..calls {
+            f(i)?;
+        }
+        dev.synchronize()
+    };
+    // Seen, then built into a graph, then replayed until the device is warm.
+    batch()?;
+    batch()?;
+    warm_up(dev, &mut batch)?;
+    let before = dev.graph_stats().graph_launches;
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches.max(1) {
+        let t = Instant::now();
+        batch()?;
+        v.push(t.elapsed().as_secs_f64() / calls as f64);
+    }
+    if dev.graph_stats().graph_launches < before + v.len() as u64 {
+        return Ok(None);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(Some(v[v.len() / 2]))
 }
 
 /// [`time_launches`] with the op timings' batches: 20 calls each on a GPU, 1 on the emulator.
@@ -411,11 +511,12 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
             &[LinearPath::Simt, LinearPath::Mma]
         };
         for &path in paths {
-            let seconds = if groups > 1 {
+            let times = if groups > 1 {
                 time_grouped(backend, path, &ws, rows, batches, copies)?
             } else {
                 time_linear(backend, path, &w, rows, batches, copies)?
             };
+            let seconds = times.graphed.unwrap_or(times.launched);
             let weight_gbs = weight_bytes as f64 / seconds / 1e9;
             let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
             let matrix = match (path, fmt) {
@@ -429,10 +530,16 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 rows,
                 groups,
                 seconds,
+                graphed: times.graphed.is_some(),
+                launched_seconds: times.launched,
                 weight_bytes,
                 weight_gbs,
                 tflops,
                 of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
+                launched_of_copy_bandwidth: weight_bytes as f64
+                    / times.launched
+                    / 1e9
+                    / peaks.copy_gbs,
                 of_matrix_rate: matrix.map(|m| tflops / m),
                 copies,
             });

@@ -69,6 +69,18 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
             (t.of_copy_bandwidth - ratio).abs() <= 1e-12 * ratio,
             "{t:?}"
         );
+        // Both timings: the graph replay (the emulated driver builds graphs too) and the
+        // launches one by one, each with its own fraction of the copy bandwidth.
+        assert!(t.graphed, "the calls replayed as a graph: {t:?}");
+        assert!(
+            t.launched_seconds > 0.0 && t.launched_seconds.is_finite(),
+            "{t:?}"
+        );
+        let launched = t.weight_bytes as f64 / t.launched_seconds / 1e9 / r.peaks.copy_gbs;
+        assert!(
+            (t.launched_of_copy_bandwidth - launched).abs() <= 1e-12 * launched,
+            "{t:?}"
+        );
         assert!(t.of_matrix_rate.is_none());
         assert_eq!(
             t.copies, 2,

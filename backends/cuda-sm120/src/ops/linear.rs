@@ -2,6 +2,7 @@
 //! [`WeightCache`] and decoded by the `linear_*` kernels (kernels/linear.cu); each call uploads
 //! its input rows and reads the output back.
 
+use crate::bench::CallTimes;
 use crate::device::{DevBuf, DevPtr, KArg, blocks_for};
 use crate::{Core, CudaError, Device};
 use dsv4_kernels::{Linear, WeightFormat, WeightKey};
@@ -477,7 +478,7 @@ pub(crate) fn launch_grouped(
 
 /// Median seconds per grouped launch of `ws` (a layer's experts: group g is rows
 /// `g·rows .. (g+1)·rows`, through `ws[g]`) on the kernels of `path`, every operand resident on
-/// the device: what
+/// the device, launched from the host and replayed as a graph ([`CallTimes`]): what
 /// `dsv4 bench` reports for the grouped kernels. The launches take, in turn, `sets` separately
 /// uploaded sets of the weights (at least one), each with its own table (the first set is the
 /// backend's cached weights), so weights that fit the L2 cache are still read from memory.
@@ -488,7 +489,7 @@ pub fn time_grouped(
     rows: usize,
     batches: usize,
     sets: usize,
-) -> Result<f64, CudaError> {
+) -> Result<CallTimes, CudaError> {
     let c = &backend.core;
     let Some(first) = ws.first() else {
         return Err(CudaError::BadOperands("grouped linear: no weights".into()));
@@ -522,16 +523,23 @@ pub fn time_grouped(
     let total = rows * ws.len();
     let xb = c.dev.temp(total * runs[0].0[0].xpitch * 4)?;
     let ob = c.dev.temp(total * first.out_dim * 4)?;
-    let mut next = 0;
-    crate::bench::time_op(&c.dev, batches, || {
-        let (rws, table, at) = &runs[next % runs.len()];
-        next += 1;
+    let call = |i: usize| {
+        let (rws, table, at) = &runs[i % runs.len()];
         launch_grouped(c, &rws[0], table.layout, at.at(), xb.at(), ob.at(), total)
-    })
+    };
+    let mut next = 0;
+    let launched = crate::bench::time_op(&c.dev, batches, || {
+        next += 1;
+        call(next - 1)
+    })?;
+    // Every set once per graph (at least two calls, so the batch is a graph).
+    let graphed = crate::bench::time_graphed(&c.dev, batches, runs.len().max(2), call)?;
+    Ok(CallTimes { launched, graphed })
 }
 
 /// Median seconds per `linear` of `w` over `rows` rows on the kernels of `path`, with weights,
-/// inputs and outputs all resident on the device (no copies timed): what `dsv4 bench` reports for the kernels. The
+/// inputs and outputs all resident on the device (no copies timed), launched from the host and
+/// replayed as a graph ([`CallTimes`]): what `dsv4 bench` reports for the kernels. The
 /// launches take, in turn, `copies` (at least 1) separately uploaded copies of the weight (the
 /// first is the backend's cached one), so a weight smaller than the GPU's L2 cache is read from
 /// device memory, as a model's many weights are, and not from the cache.
@@ -542,7 +550,7 @@ pub fn time_linear(
     rows: usize,
     batches: usize,
     copies: usize,
-) -> Result<f64, CudaError> {
+) -> Result<CallTimes, CudaError> {
     let c = &backend.core;
     let mut ws = vec![c.weights.get(&c.dev, w)?];
     for _ in 1..copies {
@@ -550,12 +558,15 @@ pub fn time_linear(
     }
     let xb = c.dev.temp(rows * ws[0].xpitch * 4)?;
     let ob = c.dev.temp(rows * ws[0].out_dim * 4)?;
+    let call = |i: usize| launch(c, path, &ws[i % ws.len()], xb.at(), ob.at(), rows, &w.name);
     let mut next = 0;
-    crate::bench::time_op(&c.dev, batches, || {
-        let rw = &ws[next % ws.len()];
+    let launched = crate::bench::time_op(&c.dev, batches, || {
         next += 1;
-        launch(c, path, rw, xb.at(), ob.at(), rows, &w.name)
-    })
+        call(next - 1)
+    })?;
+    // Every copy once per graph (at least two calls, so the batch is a graph).
+    let graphed = crate::bench::time_graphed(&c.dev, batches, ws.len().max(2), call)?;
+    Ok(CallTimes { launched, graphed })
 }
 
 #[cfg(test)]

@@ -68,17 +68,21 @@ pub fn render(sections: &[DeviceSection]) -> String {
             opt(p.mma_fp8_tflops)
         ));
         s.push_str(
-            "| case | kernels | ms | weight GB/s | of copy bandwidth | TFLOP/s | of matrix rate | weight copies |\n\
-             |---|---|---:|---:|---:|---:|---:|---:|\n",
+            "| case | kernels | ms (graph) | weight GB/s | of copy bandwidth | ms launched one by one | of copy bandwidth | TFLOP/s | of matrix rate | weight copies |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for t in &d.report.linear {
+            // Without graph replays both columns are the launched timing.
+            let graph = if t.graphed { "" } else { " (no graph)" };
             s.push_str(&format!(
-                "| {} | {} | {:.4} | {:.1} | {:.0}% | {:.2} | {} | {} |\n",
+                "| {} | {} | {:.4}{graph} | {:.1} | {:.0}% | {:.4} | {:.0}% | {:.2} | {} | {} |\n",
                 t.case,
                 t.path.name(),
                 t.seconds * 1e3,
                 t.weight_gbs,
                 t.of_copy_bandwidth * 100.0,
+                t.launched_seconds * 1e3,
+                t.launched_of_copy_bandwidth * 100.0,
                 t.tflops,
                 t.of_matrix_rate
                     .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0)),
