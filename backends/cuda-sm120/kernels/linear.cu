@@ -7,8 +7,9 @@
 // with a pitch that is a multiple of 16 bytes (the host pads odd widths with zeros, and input
 // rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
 // (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
-// computes 4 output columns, loading each input chunk once for all 4 and each lane's next
-// weight chunks before it uses the current ones; grid (ceil(out / 16), 1).
+// computes lin_r1<FMT>::COLS (1, 2 or 4) output columns, loading each input chunk once for all
+// of them and each lane's next weight chunks before it uses the current ones; grid
+// (ceil(out / (4 · COLS)), 1).
 // Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
 // 8 rows; grid (ceil(out / 4), ceil(rows / 8)). With f64 sums both decode fp8 and MXFP4 weights
 // straight into f64 (lin_decode64, below). A (row, column) sum is: per lane, chunks in
@@ -165,10 +166,29 @@ __device__ __forceinline__ void lin_decode(const lin_chunk& ch, const u8* __rest
         }
     } else if constexpr (FMT == LIN_FP8) {
         const u32 sc_row = (in_dim + 127u) / 128u;
-        const float s = codec::ue8m0_to_f32(scale[(u64)(o / 128u) * sc_row + (c * 16u) / 128u]);
+        const u32 sb = scale[(u64)(o / 128u) * sc_row + (c * 16u) / 128u];
+        // A byte of 0x7f/0xff (NaN) in a word: its low 7 bits plus one carry into bit 7.
+        u32 nan = 0u;
 #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            w[k] = codec::e4m3_to_f32((ch.w[k / 4] >> (8 * (k % 4))) & 0xffu) * s;
+        for (int q = 0; q < 4; q++) nan |= ((ch.w[q] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+        if (sb <= 134u && nan == 0u) {
+            // The code's bits seeeemmm placed at f32 bits 31 and 26..20 (2^-120 times its value,
+            // an f32 subnormal for the small codes) times 2^120·scale = 2^(sb − 7), one f32
+            // multiplication: the exact product code·scale (see lin_decode64 below), so the
+            // same bits as the two multiplications of the general case, with two fewer
+            // instructions per weight and the NaN test once per chunk.
+            const float f = __uint_as_float((sb + 120u) << 23);
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                const u32 b = (ch.w[k / 4] >> (8 * (k % 4))) & 0xffu;
+                w[k] = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * f;
+            }
+        } else {
+            const float s = codec::ue8m0_to_f32(sb);
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                w[k] = codec::e4m3_to_f32((ch.w[k / 4] >> (8 * (k % 4))) & 0xffu) * s;
+            }
         }
     } else {
         const float s = codec::ue8m0_to_f32(scale[(u64)o * (in_dim / 32u) + c]);
@@ -435,7 +455,18 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
     }
 }
 
-// Decode variants (one row; LIN_R1_COLS = 4 columns per warp share each input chunk) and
+// Output columns one warp of the decode kernels (_r1, _g1) computes, per format (ops/linear.rs
+// `r1_cols` mirrors this table). Fewer columns per warp mean more warps for the same output: on
+// an H200 (docs/performance.md, 2026-12-04) the 4-column fp8 warps left one or two warps per
+// scheduler, and 2 columns ran the fp8 decode GEMVs up to 1.5x faster (f32 sums: with the
+// one-multiply decode above, up to 1.6x); MXFP4's grouped expert GEMV, the one the model runs, was fastest with 4 (1 took
+// it from 42 to 64 us with f64 sums), as were bf16 weights. A column's sum has the same order
+// whatever the count (linear_impl).
+template <int FMT> struct lin_r1 {
+    static const int COLS = FMT == LIN_FP8 ? 2 : 4;
+};
+
+// Decode variants (one row; lin_r1<FMT>::COLS columns per warp share each input chunk) and
 // batched variants (up to 8 rows per weight pass; one column per warp) of each format; a row
 // gets the same bits from either. Parameters: weight bytes (out_dim rows of `pitch` bytes),
 // scale bytes, x [rows, xpitch], out [rows, out_dim], out_dim, in_dim, pitch, xpitch, rows.
@@ -443,7 +474,7 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
 extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_F32, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+    linear_impl<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
                                   blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
@@ -455,7 +486,7 @@ extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8*
 extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_BF16, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+    linear_impl<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
                                   blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
@@ -467,7 +498,7 @@ extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8
 extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_FP8, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+    linear_impl<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
                                   blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
@@ -479,7 +510,7 @@ extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8*
 extern "C" __global__ void linear_mxfp4_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_MXFP4, 1, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
+    linear_impl<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
                                   blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
@@ -516,7 +547,7 @@ __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ tab
 extern "C" __global__ void linear_f32_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_F32, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -526,7 +557,7 @@ extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_bf16_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_BF16, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -536,7 +567,7 @@ extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_fp8_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_FP8, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -546,7 +577,7 @@ extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_mxfp4_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_MXFP4, 1, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,

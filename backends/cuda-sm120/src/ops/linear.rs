@@ -14,8 +14,14 @@ use std::sync::{Arc, Mutex};
 const THREADS: u32 = 128;
 /// Warps per block.
 const WARPS: usize = THREADS as usize / 32;
-/// Output columns one warp computes in the decode (`_r1`) kernels (LIN_R1_COLS).
-const R1_COLS: usize = 4;
+/// Output columns one warp computes in the decode (`_r1`, `_g1`) kernels of `format`:
+/// kernels/linear.cu's `lin_r1` table, which says why.
+fn r1_cols(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Fp8Block => 2,
+        _ => 4,
+    }
+}
 /// Rows one warp multiplies per weight pass in the batched (`_r8`) kernels.
 const ROWS_PER_PASS: usize = 8;
 /// Weight rows are stored with a pitch that is a multiple of this many bytes (one chunk).
@@ -240,7 +246,7 @@ pub(crate) fn launch(
     let (cols_per_block, rows_per_block, suffix) = if path.uses_mma(rw.format) {
         (MMA_COLS, MMA_ROWS, "mma")
     } else if rows == 1 {
-        (WARPS * R1_COLS, 1, "r1")
+        (WARPS * r1_cols(rw.format), 1, "r1")
     } else {
         (WARPS, ROWS_PER_PASS, "r8")
     };
@@ -444,7 +450,7 @@ pub(crate) fn launch_grouped(
     let (cols_per_block, suffix) = if t.mma {
         (MMA_COLS, "mma_g")
     } else if t.per_entry == 1 {
-        (WARPS * R1_COLS, "g1")
+        (WARPS * r1_cols(first.format), "g1")
     } else {
         (WARPS, "g8")
     };
