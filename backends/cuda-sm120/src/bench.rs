@@ -113,9 +113,10 @@ pub struct DeviceBenchReport {
 }
 
 /// How long a timing keeps the device busy with the timed calls before it measures them on a
-/// GPU: an idle GPU runs its multiprocessors at a low clock (an H200 at 345 MHz against 1980)
-/// and raises it only under sustained load, so a short kernel timed cold is timed at the idle
-/// clock.
+/// GPU, so no timing starts at an idle GPU's clock (an H200 idles at 345 MHz, runs at 1980).
+/// On the H200 run of 2026-12-04 the GPU was already at its running clock after the bench's
+/// uploads (cold and warm timings agreed within 2%); the warm-up keeps that from depending on
+/// a GPU's power management.
 const WARM_UP: Duration = Duration::from_millis(100);
 
 /// Run `batch` (one batch of calls and a synchronize) until the device has been busy with it
@@ -175,8 +176,9 @@ pub struct CallTimes {
 /// Median seconds per call of `calls` calls (`f(i)` issues call i's launches), replayed as one
 /// CUDA graph `batches` times: the calls are recorded under a graph span (`Device::graphs`),
 /// seen once, built into a graph the second time, replayed until the device is warm
-/// ([`WARM_UP`]), then each timed batch is one graph launch and a synchronize. None when the batches did not run as graph launches (a driver that refused
-/// to build the graph, or fewer than two launches).
+/// ([`WARM_UP`]), then each timed batch is one graph launch and a synchronize. None when the
+/// batches did not run as graph launches (a driver that refused to build the graph, or fewer
+/// than two launches).
 pub(crate) fn time_graphed(
     dev: &Device,
     batches: usize,
