@@ -38,13 +38,17 @@
 #                  model end to end, with the placement A/B: the captured decode against the
 #                  backend with attention, then routing, on the host)
 #   bench-f32      its device section again with f32 sums (DSV4_CUDA_ACC=f32)
+#   profile-*      Nsight Compute on the decode GEMVs (linear_fp8_r1, linear_mxfp4_g1) where ncu
+#                  reads the counters; "skip", not a failure, where it cannot
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
 # each model diff's logits and indexer agreement ("models", from OUT_DIR/model-*.json),
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
 # "linear_f32" from bench-f32.json), each attention-side kernel's fraction of the FMA rate
 # of its sums ("kernels", "kernels_f32"), and the placement A/B's rows ("placement": each
 # on-device path's speedup, side streams' speedup over one stream, and each side's traffic
-# per step; [] where the bench ran no e2e).
+# per step; [] where the bench ran no e2e), and the decode GEMVs' Nsight Compute figures
+# ("profiles": duration, DRAM and SM throughput, instructions issued per scheduler and
+# cycle, registers, waves, achieved warps; [] where ncu could not profile).
 #
 # The binary: $DSV4_BIN if set (e.g. a release build carried from another machine), else
 # `cargo build --release -p dsv4-cli` here. NVRTC comes from the CUDA toolkit or the PyPI wheel
@@ -217,6 +221,44 @@ run_step bench "$dsv4" bench --backend "$backend" "${bench_scope[@]}" --no-servi
 # FP64 is slow), so one run on an f64 device (sm_80/90/100) times both kernel sets.
 run_step bench-f32 env DSV4_CUDA_ACC=f32 "$dsv4" bench --backend "$backend" --no-machine --no-ops \
     --no-e2e --no-serving --out "$out/bench-f32.json"
+# Nsight Compute on the decode GEMVs, as the bench launches them (the first launch of each):
+# whether they are memory-, issue- or latency-bound. Only where ncu can read the counters
+# (on gVisor it cannot); otherwise recorded as skipped, never failed.
+profiles='[]'
+if [ "$on_cpu" = 0 ] && command -v ncu >/dev/null 2>&1; then
+    rows=()
+    for k in linear_fp8_r1 linear_mxfp4_g1; do
+        t0=$(date +%s)
+        ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section SchedulerStats -k "regex:^$k\$" -c 1 "$dsv4" bench --backend "$backend" \
+            --no-machine --no-ops --no-e2e --no-serving >"$out/profile-$k.log" 2>&1
+        row=$(python3 - "$out/profile-$k.log" "$k" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+names = {"duration_us": r"Duration\s+us", "dram_pct": r"DRAM Throughput\s+%",
+         "sm_pct": r"Compute \(SM\) Throughput\s+%", "issued_per_scheduler": r"Issued Warp Per Scheduler",
+         "registers": r"Registers Per Thread\s+register/thread", "waves_per_sm": r"Waves Per SM",
+         "achieved_warps_per_sm": r"Achieved Active Warps Per SM\s+warp"}
+row = {"kernel": sys.argv[2]}
+for key, pat in names.items():
+    m = re.search(r"^\s+" + pat + r"\s+([0-9.,]+)\s*$", text, re.M)
+    row[key] = float(m.group(1).replace(",", "")) if m else None
+if row["duration_us"] is None:
+    sys.exit(1)
+print(json.dumps(row))
+PY
+        )
+        if [ -n "$row" ]; then
+            record "profile-$k" pass $(( $(date +%s) - t0 ))
+            rows+=("$row")
+            printf '    %s\n' "$row"
+        else
+            record "profile-$k" skip $(( $(date +%s) - t0 ))
+            grep -m 2 -E 'ERR|rror' "$out/profile-$k.log" | sed 's/^/    /'
+        fi
+    done
+    [ "${#rows[@]}" -gt 0 ] && profiles="[$(IFS=,; printf '%s' "${rows[*]}")]"
+fi
 # The linear kernels against the device's own limits, into the summary: each decode GEMV's
 # weight bandwidth as a fraction of the copy bandwidth (target >= 60%), each prefill GEMM's
 # TFLOP/s as a fraction of the matching mma rate.
@@ -310,8 +352,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s}\n' \
-        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32" "$placement"
+    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s,"profiles":%s}\n' \
+        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32" "$placement" "$profiles"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]
