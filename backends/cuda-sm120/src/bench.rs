@@ -13,8 +13,11 @@
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
 mod routing;
+mod timing;
 
 pub use routing::RoutingTiming;
+pub use timing::{CallTimes, time_launches};
+pub(crate) use timing::{time_graphed, time_op};
 
 use crate::ops::attention::time_paged_attention;
 use crate::ops::indexer::time_paged_scores;
@@ -23,7 +26,6 @@ use crate::ops::mhc::time_mix;
 use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg, LinearPath};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
-use std::time::{Duration, Instant};
 
 /// The device's limits, measured in this run.
 #[derive(Debug, Clone, Serialize)]
@@ -110,129 +112,6 @@ pub struct DeviceBenchReport {
     pub kernels: Vec<KernelTiming>,
     /// A MoE layer's routed experts with the routing on the device and from host-built groups.
     pub routing: RoutingTiming,
-}
-
-/// How long a timing keeps the device busy with the timed calls before it measures them on a
-/// GPU, so no timing starts at an idle GPU's clock (an H200 idles at 345 MHz, runs at 1980).
-/// On the H200 run of 2026-12-04 the GPU was already at its running clock after the bench's
-/// uploads (cold and warm timings agreed within 2%); the warm-up keeps that from depending on
-/// a GPU's power management.
-const WARM_UP: Duration = Duration::from_millis(100);
-
-/// Run `batch` (one batch of calls and a synchronize) until the device has been busy with it
-/// for [`WARM_UP`]; once on the emulator.
-fn warm_up(
-    dev: &Device,
-    mut batch: impl FnMut() -> Result<(), CudaError>,
-) -> Result<(), CudaError> {
-    let t = Instant::now();
-    batch()?;
-    while !dev.info().emulated && t.elapsed() < WARM_UP {
-        batch()?;
-    }
-    Ok(())
-}
-
-/// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
-/// `per_batch` calls each, after the device has been warmed up with them ([`WARM_UP`]).
-pub fn time_launches(
-    dev: &Device,
-    per_batch: usize,
-    batches: usize,
-    mut f: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
-    warm_up(dev, || {
-        for _ in 0..per_batch.max(1) {
-            f()?;
-        }
-        dev.synchronize()
-    })?;
-    let mut v = Vec::with_capacity(batches);
-    for _ in 0..batches.max(1) {
-        let t = Instant::now();
-        for _ in 0..per_batch.max(1) {
-            f()?;
-        }
-        dev.synchronize()?;
-        v.push(t.elapsed().as_secs_f64() / per_batch.max(1) as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
-}
-
-/// A linear case's two timings: each call launched from the host, and the calls replayed back
-/// to back as one CUDA graph.
-#[derive(Debug, Clone, Copy)]
-pub struct CallTimes {
-    /// Median seconds per call with each launch issued from the host ([`time_op`]): the host's
-    /// per-launch cost included whenever it exceeds the kernel's time.
-    pub launched: f64,
-    /// Median seconds per call with the calls replayed as one CUDA graph ([`time_graphed`]):
-    /// the device's time for back-to-back kernels, as a captured plan runs them. None when the
-    /// calls did not replay as a graph.
-    pub graphed: Option<f64>,
-}
-
-/// Median seconds per call of `calls` calls (`f(i)` issues call i's launches), replayed as one
-/// CUDA graph `batches` times: the calls are recorded under a graph span (`Device::graphs`),
-/// seen once, built into a graph the second time, replayed until the device is warm
-/// ([`WARM_UP`]), then each timed batch is one graph launch and a synchronize. None when the
-/// batches did not run as graph launches (a driver that refused to build the graph, or fewer
-/// than two launches).
-pub(crate) fn time_graphed(
-    dev: &Device,
-    batches: usize,
-    calls: usize,
-    mut f: impl FnMut(usize) -> Result<(), CudaError>,
-) -> Result<Option<f64>, CudaError> {
-    dev.graphs(true)?;
-    let timed = graphed_batches(dev, batches, calls, &mut f);
-    // The span is closed whatever happened, so the device is left issuing launches directly.
-    let closed = dev.graphs(false);
-    let seconds = timed?;
-    closed?;
-    Ok(seconds)
-}
-
-fn graphed_batches(
-    dev: &Device,
-    batches: usize,
-    calls: usize,
-    f: &mut impl FnMut(usize) -> Result<(), CudaError>,
-) -> Result<Option<f64>, CudaError> {
-    let calls = calls.max(1);
-    let mut batch = || -> Result<(), CudaError> {
-        for i in 0..calls {
-            f(i)?;
-        }
-        dev.synchronize()
-    };
-    // Seen, then built into a graph, then replayed until the device is warm.
-    batch()?;
-    batch()?;
-    warm_up(dev, &mut batch)?;
-    let before = dev.graph_stats().graph_launches;
-    let mut v = Vec::with_capacity(batches);
-    for _ in 0..batches.max(1) {
-        let t = Instant::now();
-        batch()?;
-        v.push(t.elapsed().as_secs_f64() / calls as f64);
-    }
-    if dev.graph_stats().graph_launches < before + v.len() as u64 {
-        return Ok(None);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(Some(v[v.len() / 2]))
-}
-
-/// [`time_launches`] with the op timings' batches: 20 calls each on a GPU, 1 on the emulator.
-pub(crate) fn time_op(
-    dev: &Device,
-    batches: usize,
-    f: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
-    let per_batch = if dev.info().emulated { 1 } else { 20 };
-    time_launches(dev, per_batch, batches, f)
 }
 
 /// `n` values uniform in [-1, 1) from `g`: the timed kernels' operands.
