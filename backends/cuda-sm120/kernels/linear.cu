@@ -7,7 +7,7 @@
 // with a pitch that is a multiple of 16 bytes (the host pads odd widths with zeros, and input
 // rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
 // (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
-// computes lin_r1<FMT>::COLS (1, 2 or 4) output columns, loading each input chunk once for all
+// computes lin_r1<FMT>::COLS (2 for fp8, else 4) output columns, loading each input chunk once for all
 // of them and each lane's next weight chunks before it uses the current ones; grid
 // (ceil(out / (4 · COLS)), 1).
 // Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
@@ -459,9 +459,9 @@ __device__ __forceinline__ void linear_impl(const u8* __restrict__ wdata,
 // `r1_cols` mirrors this table). Fewer columns per warp mean more warps for the same output: on
 // an H200 (docs/performance.md, 2026-12-04) the 4-column fp8 warps left one or two warps per
 // scheduler, and 2 columns ran the fp8 decode GEMVs up to 1.5x faster (f32 sums: with the
-// one-multiply decode above, up to 1.6x); MXFP4's grouped expert GEMV, the one the model runs, was fastest with 4 (1 took
-// it from 42 to 64 us with f64 sums), as were bf16 weights. A column's sum has the same order
-// whatever the count (linear_impl).
+// one-multiply decode above, up to 1.6x). MXFP4's grouped expert GEMV, the one the model runs,
+// was fastest with 4 (1 took it from 42 to 64 us with f64 sums), as were bf16 weights. A
+// column's sum has the same order whatever the count (linear_impl).
 template <int FMT> struct lin_r1 {
     static const int COLS = FMT == LIN_FP8 ? 2 : 4;
 };
@@ -474,8 +474,8 @@ template <int FMT> struct lin_r1 {
 extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 1u);
+    linear_impl<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(wdata, scale, x, out, out_dim, in_dim,
+                                                   pitch, xpitch, rows, blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
@@ -486,8 +486,8 @@ extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8*
 extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 1u);
+    linear_impl<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(wdata, scale, x, out, out_dim, in_dim,
+                                                     pitch, xpitch, rows, blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
@@ -498,8 +498,8 @@ extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8
 extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 1u);
+    linear_impl<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(wdata, scale, x, out, out_dim, in_dim,
+                                                   pitch, xpitch, rows, blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
@@ -510,8 +510,8 @@ extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8*
 extern "C" __global__ void linear_mxfp4_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
                                       u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_impl<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 1u);
+    linear_impl<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(wdata, scale, x, out, out_dim, in_dim,
+                                                       pitch, xpitch, rows, blockIdx.y * 1u);
 }
 extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
                                       const float* __restrict__ x, float* __restrict__ out,
@@ -547,7 +547,8 @@ __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ tab
 extern "C" __global__ void linear_f32_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_F32, 1, lin_r1<LIN_F32>::COLS>(table, x, out, out_dim, in_dim,
+                                                      pitch, xpitch);
 }
 extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -557,7 +558,8 @@ extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_bf16_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_BF16, 1, lin_r1<LIN_BF16>::COLS>(table, x, out, out_dim, in_dim,
+                                                        pitch, xpitch);
 }
 extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -567,7 +569,8 @@ extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_fp8_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_FP8, 1, lin_r1<LIN_FP8>::COLS>(table, x, out, out_dim, in_dim,
+                                                      pitch, xpitch);
 }
 extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
@@ -577,7 +580,8 @@ extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
 extern "C" __global__ void linear_mxfp4_g1(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
                                     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
-    linear_grouped<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_MXFP4, 1, lin_r1<LIN_MXFP4>::COLS>(table, x, out, out_dim, in_dim,
+                                                          pitch, xpitch);
 }
 extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
                                     const float* __restrict__ x, float* __restrict__ out,
