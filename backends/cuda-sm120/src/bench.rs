@@ -398,7 +398,8 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 time_linear(backend, path, &w, rows, batches, copies)?
             };
             let seconds = times.graphed.unwrap_or(times.launched);
-            let weight_gbs = weight_bytes as f64 / seconds / 1e9;
+            let gbs = |s: f64| weight_bytes as f64 / s / 1e9;
+            let weight_gbs = gbs(seconds);
             let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
             let matrix = match (path, fmt) {
                 (LinearPath::Mma, _) => peaks.mma_bf16_tflops,
@@ -417,10 +418,7 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 weight_gbs,
                 tflops,
                 of_copy_bandwidth: weight_gbs / peaks.copy_gbs,
-                launched_of_copy_bandwidth: weight_bytes as f64
-                    / times.launched
-                    / 1e9
-                    / peaks.copy_gbs,
+                launched_of_copy_bandwidth: gbs(times.launched) / peaks.copy_gbs,
                 of_matrix_rate: matrix.map(|m| tflops / m),
                 copies,
             });

@@ -18,12 +18,30 @@ fn warm_up(
     dev: &Device,
     mut batch: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
+    let emulated = dev.info().emulated;
     let t = Instant::now();
     batch()?;
-    while !dev.info().emulated && t.elapsed() < WARM_UP {
+    while !emulated && t.elapsed() < WARM_UP {
         batch()?;
     }
     Ok(())
+}
+
+/// The median over `batches` runs of `batch` of its seconds divided by `calls` (the calls one
+/// batch makes): seconds per call.
+fn median_per_call(
+    batches: usize,
+    calls: usize,
+    mut batch: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let mut v = Vec::with_capacity(batches.max(1));
+    for _ in 0..batches.max(1) {
+        let t = Instant::now();
+        batch()?;
+        v.push(t.elapsed().as_secs_f64() / calls.max(1) as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
 }
 
 /// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
@@ -34,23 +52,14 @@ pub fn time_launches(
     batches: usize,
     mut f: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<f64, CudaError> {
-    warm_up(dev, || {
+    let mut batch = || -> Result<(), CudaError> {
         for _ in 0..per_batch.max(1) {
             f()?;
         }
         dev.synchronize()
-    })?;
-    let mut v = Vec::with_capacity(batches);
-    for _ in 0..batches.max(1) {
-        let t = Instant::now();
-        for _ in 0..per_batch.max(1) {
-            f()?;
-        }
-        dev.synchronize()?;
-        v.push(t.elapsed().as_secs_f64() / per_batch.max(1) as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+    };
+    warm_up(dev, &mut batch)?;
+    median_per_call(batches, per_batch, batch)
 }
 
 /// A linear case's two timings: each call launched from the host, and the calls replayed back
@@ -105,17 +114,11 @@ fn graphed_batches(
     batch()?;
     warm_up(dev, &mut batch)?;
     let before = dev.graph_stats().graph_launches;
-    let mut v = Vec::with_capacity(batches);
-    for _ in 0..batches.max(1) {
-        let t = Instant::now();
-        batch()?;
-        v.push(t.elapsed().as_secs_f64() / calls as f64);
-    }
-    if dev.graph_stats().graph_launches < before + v.len() as u64 {
+    let seconds = median_per_call(batches, calls, batch)?;
+    if dev.graph_stats().graph_launches < before + batches.max(1) as u64 {
         return Ok(None);
     }
-    v.sort_by(f64::total_cmp);
-    Ok(Some(v[v.len() / 2]))
+    Ok(Some(seconds))
 }
 
 /// [`time_launches`] with the op timings' batches: 20 calls each on a GPU, 1 on the emulator.
