@@ -19,12 +19,17 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("moe.cu", include_str!("../kernels/moe.cu")),
 ];
 
-/// Every header and kernel file in one translation unit: headers first, then each file with its
-/// `#include "<header>"` lines removed (the header is already there), each preceded by a
-/// `#line` directive so compiler messages name the original file and line.
+/// Every header and kernel file in one translation unit (`translation_unit_of(SOURCES)`).
 pub fn translation_unit() -> String {
+    translation_unit_of(SOURCES)
+}
+
+/// The headers and `sources` (name, text) in one translation unit: headers first, then each
+/// file with its `#include "<header>"` lines removed (the header is already there), each
+/// preceded by a `#line` directive so compiler messages name the original file and line.
+pub fn translation_unit_of(sources: &[(&str, &str)]) -> String {
     let mut tu = String::new();
-    for (name, text) in HEADERS.iter().chain(SOURCES) {
+    for (name, text) in HEADERS.iter().chain(sources) {
         tu.push_str(&format!("#line 1 \"{name}\"\n"));
         for line in text.lines() {
             let t = line.trim_start();
@@ -51,7 +56,12 @@ pub fn kernel_names() -> Vec<String> {
         let mut rest = code.as_str();
         while let Some(i) = rest.find("__global__") {
             rest = &rest[i + "__global__".len()..];
-            let decl = rest.split('(').next().unwrap_or("");
+            let mut decl = rest.split('(').next().unwrap_or("");
+            if decl.split_whitespace().last() == Some("__launch_bounds__") {
+                // `void __launch_bounds__(T, B) name(`: the name follows the bounds.
+                let after = rest.find(')').map_or("", |e| &rest[e + 1..]);
+                decl = after.split('(').next().unwrap_or("");
+            }
             if let Some(name) = decl.split_whitespace().last() {
                 names.push(name.to_string());
             }
@@ -97,6 +107,9 @@ mod tests {
         let names = kernel_names();
         assert!(names.iter().any(|n| n == "linear_fp8_r1"), "{names:?}");
         assert!(names.iter().any(|n| n == "topk_select"), "{names:?}");
+        // Declared with __launch_bounds__ before the name.
+        assert!(names.iter().any(|n| n == "linear_mxfp4_g1"), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("__")), "{names:?}");
         let mut sorted = names.clone();
         sorted.sort();
         sorted.dedup();

@@ -5,22 +5,10 @@ use dsv4_backend_cuda::{DevBuf, Device, emu, kernels};
 
 const SELFTEST: &str = include_str!("../../kernels/selftest.cu");
 
-/// common.cuh + selftest.cu as one translation unit, the way kernels.rs builds the real one.
+/// The kernel headers + selftest.cu as one translation unit, built as kernels.rs builds the
+/// real one.
 pub fn selftest_tu() -> String {
-    let mut tu = String::new();
-    for (name, text) in kernels::HEADERS.iter().chain(&[("selftest.cu", SELFTEST)]) {
-        tu.push_str(&format!("#line 1 \"{name}\"\n"));
-        for line in text.lines() {
-            let t = line.trim_start();
-            if t.starts_with("#pragma once") || t.starts_with("#include \"common.cuh\"") {
-                tu.push('\n');
-            } else {
-                tu.push_str(line);
-                tu.push('\n');
-            }
-        }
-    }
-    tu
+    kernels::translation_unit_of(&[("selftest.cu", SELFTEST)])
 }
 
 /// A device of its own, for a test whose launches fail on purpose: a queued launch's failure
