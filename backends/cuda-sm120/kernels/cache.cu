@@ -11,6 +11,7 @@
 // 32-value block. The decoders take a batch: `rows` entries of `stride` bytes each, entry r's
 // values to out[r·width ..], one thread per value of the batch (grid ceil(rows·width/256) × 256).
 #include "common.cuh"
+#include "codec.cuh"
 
 #define CACHE_THREADS 256
 

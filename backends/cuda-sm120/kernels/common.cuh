@@ -37,6 +37,28 @@ __device__ __forceinline__ acc_t acc_mac(acc_t a, acc_t b, acc_t acc) {
 // Threads per warp.
 #define DSV4_WARP 32
 
+// PTX prmt.b32 in its generic mode: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes
+// b:a (a's low byte is byte 0), or, when bit 3 of that selector nibble is set, that byte's bit
+// 7 copied into all 8 bits. (__byte_perm has no sign-copy mode, hence the asm.)
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 s) {
+#if defined(__CUDA_ARCH__)
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#else
+    const u64 v = ((u64)b << 32) | a;
+    u32 r = 0u;
+    for (int n = 0; n < 4; n++) {
+        const u32 sel = (s >> (4 * n)) & 0xfu;
+        u32 byte = (u32)(v >> (8u * (sel & 7u))) & 0xffu;
+        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+        r |= byte << (8 * n);
+    }
+    return r;
+#endif
+}
+
+
 // Sum over the 32 lanes of a warp by an xor butterfly; every lane gets the same bits (a + b ==
 // b + a at every step), and the order does not depend on anything but the lane values.
 __device__ __forceinline__ acc_t warp_sum(acc_t v) {

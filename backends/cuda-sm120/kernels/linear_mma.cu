@@ -1,4 +1,5 @@
 #include "common.cuh"
+#include "lin_decode.cuh"
 // Tensor-core linear (DSV4_CUDA_LINEAR=mma): out[r, o] = Σ_i W[o, i]·x[r, i] on mma.sync
 // m16n8k16 bf16 tiles with f32 accumulators (sm_80+), for bf16, fp8 and MXFP4 weights (f32
 // weights keep the SIMT kernels of linear.cu, which comes first in the translation unit).
@@ -151,7 +152,7 @@ __device__ __forceinline__ bool lmma_decode(const lin_chunk& ch, const u8* __res
 #pragma unroll
             for (int k = 0; k < E; k++) w[k] = codec::e4m3_to_f32((ch.w[k / 4] >> (8 * (k % 4))) & 0xffu);
         } else {
-            lin_decode<FMT>(ch, scale, o, c, in_dim, w);
+            lin_decode<FMT>(ch, lin_scale_byte<FMT>(scale, o, c, in_dim), w);
         }
         bool inf = false;
 #pragma unroll

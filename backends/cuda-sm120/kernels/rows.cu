@@ -6,6 +6,7 @@
 // act_quant_fp8 and round_index_fp4 one warp per block of 128 / 32 values of a row (4 warps per
 // block); round_index_fp8 one warp per row; rms_norm and hadamard one 256-thread block per row.
 #include "common.cuh"
+#include "codec.cuh"
 
 #define ROWS_THREADS 256
 #define ROWS_WARPS (ROWS_THREADS / DSV4_WARP)

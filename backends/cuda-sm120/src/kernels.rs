@@ -2,7 +2,11 @@
 //! translation unit NVRTC and the emulator compile from them.
 
 /// Headers, in the order they are inlined (each .cu file `#include`s them by name).
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../kernels/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("codec.cuh", include_str!("../kernels/codec.cuh")),
+    ("lin_decode.cuh", include_str!("../kernels/lin_decode.cuh")),
+];
 
 /// Kernel files.
 pub const SOURCES: &[(&str, &str)] = &[

@@ -123,13 +123,16 @@ fn linear_is_batch_invariant_in_every_format() {
         return;
     }
     let mut rng = SplitMix64::new(7);
-    // fp8 with out and in not multiples of 128 (partial scale blocks, padded row pitch).
+    // fp8 with out and in not multiples of 128 (partial scale blocks, padded row pitch); fp8
+    // and MXFP4 rows wider than one staged input tile of the decode kernels (128 chunks).
     let shapes = [
         (WeightFormat::F32, 37, 67),
         (WeightFormat::Bf16, 45, 333),
         (WeightFormat::Fp8Block, 200, 333),
         (WeightFormat::Fp8Block, 130, 256),
+        (WeightFormat::Fp8Block, 130, 2100),
         (WeightFormat::Mxfp4, 77, 320),
+        (WeightFormat::Mxfp4, 77, 32 * 150),
     ];
     for acc_f64 in [true, false] {
         let be = backend(acc_f64);
@@ -227,6 +230,48 @@ fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
                     w.name,
                     n / o,
                     n % o,
+                    a.to_bits(),
+                    b.to_bits()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
+    // With f32 sums the decode kernels (one row) take the fast routes of kernels/linear.cu —
+    // fp8 codes times 2^(sb − 7) in one multiplication, MXFP4 codes by table — for most chunks,
+    // and the general decode for NaN codes, extreme scales and a row's partial last chunk; the
+    // batched kernels decode every chunk in one piece. A row must get the same bits either way.
+    if !available("linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code") {
+        return;
+    }
+    let mut rng = SplitMix64::new(13);
+    let [fp8, mx] = every_scale_byte_weights(&mut rng);
+    let be = backend(false);
+    for w in [&fp8, &mx] {
+        let (o, i) = (w.out_dim, w.in_dim);
+        let x: Vec<f32> = (0..3 * i).map(|_| rng.uniform_sym(2.0)).collect();
+        let mut batched = vec![0f32; 3 * o];
+        be.linear(w, &x, 3, &mut batched);
+        let finite = batched
+            .iter()
+            .filter(|v| v.is_finite() && **v != 0.0)
+            .count();
+        assert!(
+            finite > o,
+            "{}: the case should have many finite outputs",
+            w.name
+        );
+        for r in 0..3 {
+            let mut alone = vec![0f32; o];
+            be.linear(w, &x[r * i..(r + 1) * i], 1, &mut alone);
+            for (c, (&a, &b)) in batched[r * o..(r + 1) * o].iter().zip(&alone).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{} row {r} col {c}: in 3 rows {a:e} ({:#x}), alone {b:e} ({:#x})",
+                    w.name,
                     a.to_bits(),
                     b.to_bits()
                 );

@@ -128,8 +128,9 @@ pub fn random_weight(rng: &mut SplitMix64, format: WeightFormat, out: usize, inp
 
 /// Weights that take every scale byte (subnormal, overflowing and NaN scales among them): fp8
 /// [512, 8184] in 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb (a partial
-/// last block; NaN codes in some rows), and MXFP4 [64, 512], row o's 32-value chunk ch scaled by
-/// byte (4·o + ch) mod 256.
+/// last block; NaN codes in some rows), and MXFP4 [64, 4608], row o's 32-value chunk ch scaled
+/// by byte (4·o + ch) mod 256. Both rows are wider than one staged input tile of the decode
+/// kernels (128 chunks; kernels/linear.cu).
 pub fn every_scale_byte_weights(rng: &mut SplitMix64) -> [Linear; 2] {
     // fp8: 4 × 64 blocks of 128×128, block (rb, cb) scaled by byte rb·64 + cb; inputs 8184 wide.
     let (out, inp) = (512, 128 * 64 - 8);
@@ -143,12 +144,13 @@ pub fn every_scale_byte_weights(rng: &mut SplitMix64) -> [Linear; 2] {
     let scale: Vec<u8> = (0..4 * 64).map(|b| b as u8).collect();
     let fp8 = Linear::new("fp8", out, inp, WeightFormat::Fp8Block, data, scale).expect("fp8");
     // MXFP4: row o's 32-value chunk ch scaled by byte (4·o + ch) mod 256.
-    let (out4, inp4) = (64, 32 * 16);
+    let (out4, inp4) = (64, 32 * 144);
     let data4: Vec<u8> = (0..out4 * inp4 / 2)
         .map(|_| (rng.next_u64() % 256) as u8)
         .collect();
-    let scale4: Vec<u8> = (0..out4 * 16)
-        .map(|i| ((4 * (i / 16) + i % 16) % 256) as u8)
+    let chunks = inp4 / 32;
+    let scale4: Vec<u8> = (0..out4 * chunks)
+        .map(|i| ((4 * (i / chunks) + i % chunks) % 256) as u8)
         .collect();
     let mx = Linear::new("mxfp4", out4, inp4, WeightFormat::Mxfp4, data4, scale4).expect("mxfp4");
     [fp8, mx]
