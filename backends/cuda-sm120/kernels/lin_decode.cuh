@@ -128,6 +128,20 @@ __device__ __forceinline__ void lin_e4m3_tops64(u32 w, u32* top) {
     top[3] = u23 & 0xffff0000u;
 }
 
+// The 4 codes of an fp8 word as f32 bit patterns: sign at bit 31, the 7 magnitude bits at
+// 26..20 (2^-120 times the e4m3 value, an f32 subnormal for the small codes). The magnitude
+// straddles bytes 3 and 2, so its high 3 bits go with the sign and its low 4 in their own byte.
+__device__ __forceinline__ void lin_e4m3_tops32(u32 w, u32* top) {
+    const u32 hi = (w & 0x80808080u) | ((w >> 4) & 0x07070707u);
+    const u32 lo = (w << 4) & 0xf0f0f0f0u;
+    const u32 u01 = prmt(lo, hi, 0x5140u);
+    const u32 u23 = prmt(lo, hi, 0x7362u);
+    top[0] = u01 << 16;
+    top[1] = u01 & 0xffff0000u;
+    top[2] = u23 << 16;
+    top[3] = u23 & 0xffff0000u;
+}
+
 // Whether an fp8 chunk has a NaN code (0x7f or 0xff): a byte's low 7 bits plus one carry into
 // its bit 7 exactly then.
 __device__ __forceinline__ bool lin_e4m3_has_nan(const lin_chunk& ch) {
@@ -316,28 +330,20 @@ template <int FMT> struct lin_fast;
 template <> struct lin_fast<LIN_FP8> {
     static const int EW = 4;
     bool ok;
-    acc_t f; // 2^1016·scale (f64) or 2^120·scale (f32): see lin_decode64, lin_decode_fast
-    __device__ __forceinline__ void prep(const lin_chunk& ch, u32 sb) {
-        ok = sb <= 134u && !lin_e4m3_has_nan(ch);
-        const u32 b = min(sb, 134u);
-#ifdef DSV4_ACC_F64
-        f = lin_pow2_f64((int)b - 127 + 1016);
-#else
-        f = __uint_as_float((b + 120u) << 23);
-#endif
-    }
+    // The scale is in the staged inputs (lin_stage_fp8, linear.cu): `word` gives the codes
+    // placed in acc_t unscaled, 2^-1016 (f64) or 2^-120 (f32) times their value, whose products
+    // with x·2^1016·scale or x·2^120·scale are exactly code·scale·x.
+    __device__ __forceinline__ void prep(const lin_chunk& ch, u32) { ok = !lin_e4m3_has_nan(ch); }
     __device__ __forceinline__ void word(u32 w, acc_t* out) const {
-#ifdef DSV4_ACC_F64
         u32 top[4];
+#ifdef DSV4_ACC_F64
         lin_e4m3_tops64(w, top);
 #pragma unroll
-        for (int k = 0; k < 4; k++) out[k] = __hiloint2double((int)top[k], 0) * f;
+        for (int k = 0; k < 4; k++) out[k] = __hiloint2double((int)top[k], 0);
 #else
+        lin_e4m3_tops32(w, top);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const u32 b = (w >> (8 * k)) & 0xffu;
-            out[k] = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * f;
-        }
+        for (int k = 0; k < 4; k++) out[k] = __uint_as_float(top[k]);
 #endif
     }
 };

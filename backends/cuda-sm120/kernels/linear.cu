@@ -44,12 +44,75 @@ template <int FMT> struct lin_r1 {
 // chunks l, l + 32, … fall into tiles whole).
 #define LIN_TILE 128
 
-// Floats between consecutive chunks of a staged tile: E plus padding that makes the stride an
-// odd number of 16-byte units, so lanes 0..7 (one phase of a 16-byte shared load) start on
-// distinct groups of 4 banks.
-template <int E> struct lin_xs {
-    static const int STRIDE = E + ((E / 4) % 2 == 0 ? 4 : 8);
+// A staged tile's layout for chunks of E values of type T: each chunk starts UNITS 16-byte units
+// after the previous one, its size padded to an odd number of units, so lanes 0..7 (one phase of
+// a 16-byte shared load) start on distinct groups of 4 banks; PER values of T make a unit.
+template <typename T, int E> struct lin_xs {
+    static const int PER = 16 / (int)sizeof(T);
+    static const int UNITS = E / PER + ((E / PER) % 2 == 0 ? 1 : 0);
 };
+
+// T if B, else F.
+template <bool B, typename T, typename F> struct lin_if {
+    typedef T type;
+};
+template <typename T, typename F> struct lin_if<false, T, F> {
+    typedef F type;
+};
+
+// N staged values of type T at p (16-byte aligned) into v.
+template <typename T, int N>
+__device__ __forceinline__ void lin_load_staged(const T* p, T* v) {
+    const lin_f4* q = reinterpret_cast<const lin_f4*>(p);
+    const int PER = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int u = 0; u < N / PER; u++) {
+        const lin_f4 f = q[u];
+        const T* t = reinterpret_cast<const T*>(&f);
+#pragma unroll
+        for (int k = 0; k < PER; k++) v[u * PER + k] = t[k];
+    }
+}
+
+// The tile of an fp8 decode kernel: x times its 128-column block's 2^k·scale, so the weights need
+// no multiplication (lin_fast<LIN_FP8>). The block's 8 columns lie in one 128-row scale block
+// (blocks start at multiples of 8), so one factor per column block serves every warp. Warp w
+// stages column blocks w, w + 4, … of the tile; ok[b] says whether every product of block b is
+// exact (else its chunks take the general decode from the unscaled row).
+template <int E>
+__device__ __forceinline__ void lin_stage_fp8(const float* __restrict__ xr, const u8* srow,
+                                              u32 t0, u32 t1, acc_t* xs, u32* ok) {
+    const int U = lin_xs<acc_t, E>::UNITS * lin_xs<acc_t, E>::PER; // values per staged chunk
+    const u32 lane = threadIdx.x % DSV4_WARP;
+    const u32 n = (t1 - t0) * (u32)E; // values in the tile
+    for (u32 b = threadIdx.x / DSV4_WARP; b < (n + 127u) / 128u; b += LIN_WARPS) {
+        const u32 sb = srow[(t0 * (u32)E) / 128u + b];
+        bool exact = sb <= 134u;
+        const u32 e0 = b * 128u + lane * 4u; // this lane's 4 values
+        if (exact && e0 < n) {
+            const lin_f4 v = reinterpret_cast<const lin_f4*>(xr + (u64)t0 * E)[e0 / 4u];
+            acc_t* dst = xs + (e0 / (u32)E) * (u32)U + e0 % (u32)E;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float x = v.v[k];
+#ifdef DSV4_ACC_F64
+                // 2^(sb − 127 + 1016): never below f64's normal range; the one failure is
+                // overflow to infinity.
+                const double y = (double)x * lin_pow2_f64((int)sb - 127 + 1016);
+                exact = exact && (!isinf(y) || isinf(x));
+#else
+                // 2^(sb − 7); exact when scaling back gives x (no overflow, no bits lost
+                // below the normal range), or x is not a number.
+                const float y = x * codec::pow2_scale((int)sb - 7);
+                exact = exact && (y * codec::pow2_scale(7 - (int)sb) == x || x != x);
+#endif
+                dst[k] = y;
+            }
+        }
+        exact = __all_sync(0xffffffffu, exact);
+        if (lane == 0u) ok[b] = exact ? 1u : 0u;
+    }
+}
 
 // One warp computes COLS consecutive output columns of one row (the decode kernels). Lane l
 // adds chunks l, l + 32, … in order, each chunk's elements in order, then warp_sum: the order
@@ -63,12 +126,15 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                                           u32 out_dim, u32 in_dim, u32 pitch) {
     const int E = lin_fmt<FMT>::E;
     const bool STAGE = lin_r1<FMT>::STAGE;
-    const int XS = lin_xs<E>::STRIDE;
-    // fp8 scales cover 128 output rows, and a warp's COLS columns start at a multiple of COLS
-    // (which divides 128): one scale byte per chunk serves them all.
-    const int SC = FMT == LIN_FP8 ? 1 : COLS;
-    __shared__ lin_f4 xs4[STAGE ? LIN_TILE * XS / 4 : 1];
-    const float* xs = reinterpret_cast<const float*>(xs4);
+    // fp8 tiles hold prescaled inputs in acc_t (lin_stage_fp8), and fp8 chunks need no scale
+    // byte on their fast route; MXFP4 tiles hold the inputs, and each column its scale bytes.
+    const bool PRE = FMT == LIN_FP8;
+    typedef typename lin_if<PRE, acc_t, float>::type xt;
+    const int XS = lin_xs<xt, E>::UNITS * lin_xs<xt, E>::PER; // values per staged chunk
+    const int SC = PRE ? 1 : COLS;
+    __shared__ lin_f4 xs4[STAGE ? LIN_TILE * lin_xs<xt, E>::UNITS : 1];
+    __shared__ u32 xok[PRE ? LIN_TILE * E / 128 : 1];
+    xt* xs = reinterpret_cast<xt*>(xs4);
     const u32 lane = threadIdx.x % DSV4_WARP;
     const u32 o0 = (blockIdx.x * LIN_WARPS + threadIdx.x / DSV4_WARP) * COLS;
     const bool active = o0 < out_dim;
@@ -88,7 +154,7 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
     for (int j = 0; j < COLS; j++) {
         if ((u32)j < nc && lane < nchunks) {
             cur[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[lane];
-            if (j < SC) scur[j] = lin_scale_byte<FMT>(scale, o0 + j, lane, in_dim);
+            if (!PRE && j < SC) scur[j] = lin_scale_byte<FMT>(scale, o0 + j, lane, in_dim);
         }
     }
     const u32 tile = STAGE ? (u32)LIN_TILE : nchunks;
@@ -96,9 +162,15 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
         const u32 t1 = min(nchunks, t0 + tile);
         if constexpr (STAGE) {
             __syncthreads(); // every warp is done with the previous tile
-            const lin_f4* src = reinterpret_cast<const lin_f4*>(xr + (u64)t0 * E);
-            for (u32 q = threadIdx.x; q < (t1 - t0) * (E / 4); q += LIN_THREADS)
-                xs4[(q / (E / 4)) * (XS / 4) + q % (E / 4)] = src[q];
+            if constexpr (PRE) {
+                const u32 rb = blockIdx.x * LIN_WARPS * COLS / 128u;
+                lin_stage_fp8<E>(xr, scale + (u64)rb * ((in_dim + 127u) / 128u), t0, t1, xs,
+                                 xok);
+            } else {
+                const lin_f4* src = reinterpret_cast<const lin_f4*>(xr + (u64)t0 * E);
+                for (u32 q = threadIdx.x; q < (t1 - t0) * (E / 4); q += LIN_THREADS)
+                    xs4[(q / (E / 4)) * lin_xs<xt, E>::UNITS + q % (E / 4)] = src[q];
+            }
             __syncthreads();
         }
         if (!active) continue;
@@ -109,10 +181,12 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
             for (int j = 0; j < COLS; j++) {
                 if ((u32)j < nc && cn < nchunks) {
                     next[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[cn];
-                    if (j < SC) snext[j] = lin_scale_byte<FMT>(scale, o0 + j, cn, in_dim);
+                    if (!PRE && j < SC)
+                        snext[j] = lin_scale_byte<FMT>(scale, o0 + j, cn, in_dim);
                 }
             }
-            const float* xc;
+            // The chunk's inputs: staged (fp8: prescaled), or the row's own.
+            const xt* xc;
             if constexpr (STAGE) {
                 xc = xs + (c - t0) * XS;
             } else {
@@ -128,6 +202,7 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                 // byte; never stored): no per-column branches on the fast path.
                 lin_fast<FMT> fast[COLS];
                 bool ok = lim == (u32)E;
+                if constexpr (PRE) ok = ok && xok[(c - t0) * E / 128u] != 0u;
 #pragma unroll
                 for (int j = 0; j < COLS; j++) {
                     fast[j].prep(cur[j], scur[SC == 1 ? 0 : j]);
@@ -136,11 +211,15 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                 if (ok) {
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
-                        float xv[EW];
-                        lin_load_x<EW>(xc + q * EW, xv);
                         acc_t xa[EW];
+                        if constexpr (PRE) {
+                            lin_load_staged<acc_t, EW>(xc + q * EW, xa);
+                        } else {
+                            float xv[EW];
+                            lin_load_staged<float, EW>(xc + q * EW, xv);
 #pragma unroll
-                        for (int k = 0; k < EW; k++) xa[k] = (acc_t)xv[k];
+                            for (int k = 0; k < EW; k++) xa[k] = (acc_t)xv[k];
+                        }
 #pragma unroll
                         for (int j = 0; j < COLS; j++) {
                             acc_t w[EW];
@@ -152,9 +231,15 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                 } else {
 #pragma unroll
                     for (int j = 0; j < COLS; j++) {
-                        if ((u32)j < nc)
-                            acc[j] = lin_chunk_dot_general<FMT>(acc[j], cur[j],
-                                                                scur[SC == 1 ? 0 : j], xc, lim);
+                        if ((u32)j >= nc) continue;
+                        if constexpr (PRE) {
+                            // From the unscaled row, with the chunk's scale byte.
+                            acc[j] = lin_chunk_dot_general<FMT>(
+                                acc[j], cur[j], lin_scale_byte<FMT>(scale, o0 + j, c, in_dim),
+                                xr + (u64)c * E, lim);
+                        } else {
+                            acc[j] = lin_chunk_dot_general<FMT>(acc[j], cur[j], scur[j], xc, lim);
+                        }
                     }
                 }
             } else {

@@ -281,6 +281,76 @@ fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
 }
 
 #[test]
+fn fp8_decode_is_exact_for_inputs_its_prescaling_cannot_hold() {
+    // The fp8 decode kernels stage x times its block's 2^k·scale and fall back to the general
+    // decode where that product is not exact (kernels/linear.cu, lin_stage_fp8): inputs near
+    // f32's largest and smallest values, subnormals, infinities and NaNs, against every scale
+    // byte. With f64 sums a row gets the reference's bits; with f32 sums, the batched kernel's.
+    if !available("fp8_decode_is_exact_for_inputs_its_prescaling_cannot_hold") {
+        return;
+    }
+    let mut rng = SplitMix64::new(17);
+    let [fp8, _] = every_scale_byte_weights(&mut rng);
+    let (o, i) = (fp8.out_dim, fp8.in_dim);
+    let special = [
+        3.0e38f32,
+        -2.5e38,
+        1.0e30,
+        f32::MIN_POSITIVE,
+        -1.5e-38,
+        1.0e-40, // subnormal
+        -f32::from_bits(1),
+        0.0,
+        -0.0,
+    ];
+    // Row 0: a few extreme values among ordinary ones (most 128-column blocks exact, some not);
+    // row 1: every value extreme; row 2: an infinity and a NaN in one block each.
+    let mut x: Vec<f32> = (0..3 * i).map(|_| rng.uniform_sym(2.0)).collect();
+    for k in (0..i).step_by(97) {
+        x[k] = special[(k / 97) % special.len()];
+    }
+    for k in 0..i {
+        x[i + k] = special[k % special.len()];
+    }
+    x[2 * i + 300] = f32::INFINITY;
+    x[2 * i + 5000] = f32::NAN;
+    let mut want = vec![0f32; 3 * o];
+    ReferenceBackend.linear(&fp8, &x, 3, &mut want);
+    let f64_sums = backend(true);
+    let f32_sums = backend(false);
+    let mut batched = vec![0f32; 3 * o];
+    f32_sums.linear(&fp8, &x, 3, &mut batched);
+    for r in 0..3 {
+        let row = &x[r * i..(r + 1) * i];
+        let mut got = vec![0f32; o];
+        f64_sums.linear(&fp8, row, 1, &mut got);
+        let mut got32 = vec![0f32; o];
+        f32_sums.linear(&fp8, row, 1, &mut got32);
+        for c in 0..o {
+            let (a, b) = (want[r * o + c], got[c]);
+            assert!(
+                same_bits(a, b),
+                "f64 sums, row {r} col {c}: reference {a:e} ({:#x}), emulator {b:e} ({:#x})",
+                a.to_bits(),
+                b.to_bits()
+            );
+            let (a, b) = (batched[r * o + c], got32[c]);
+            assert!(
+                same_bits(a, b),
+                "f32 sums, row {r} col {c}: in 3 rows {a:e} ({:#x}), alone {b:e} ({:#x})",
+                a.to_bits(),
+                b.to_bits()
+            );
+        }
+    }
+    let finite = want[..o].iter().filter(|v| v.is_finite()).count();
+    assert!(
+        finite > o / 4,
+        "row 0 should keep finite outputs ({finite} of {o})"
+    );
+}
+
+#[test]
 fn weights_are_uploaded_once() {
     if !available("weights_are_uploaded_once") {
         return;
