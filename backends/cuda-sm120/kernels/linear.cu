@@ -22,7 +22,8 @@
 // `r1_cols` mirrors this table), and whether they stage the input row in shared memory. Fewer
 // columns per warp mean more warps for the same output: on an H200 (docs/performance.md,
 // 2026-12-04) the 4-column fp8 warps left one or two warps per scheduler, and 2 columns ran the
-// fp8 decode GEMVs up to 1.5x faster (f32 sums: with the one-multiply decode above, up to 1.6x).
+// fp8 decode GEMVs up to 1.5x faster (f32 sums: with lin_decode_fast's one-multiply decode, up
+// to 1.6x).
 // MXFP4's grouped expert GEMV, the one the model runs, was fastest with 4 (1 took it from 42 to
 // 64 us with f64 sums), as were bf16 weights. A column's sum has the same order whatever the
 // count (linear_r1).
@@ -117,8 +118,8 @@ __device__ __forceinline__ void lin_stage_fp8(const float* __restrict__ xr, cons
 // One warp computes COLS consecutive output columns of one row (the decode kernels). Lane l
 // adds chunks l, l + 32, … in order, each chunk's elements in order, then warp_sum: the order
 // linear_rows uses, so a row gets the same bits from either. Each input chunk is read once for
-// all COLS columns, and each lane's next weight chunks and scale bytes are loaded before its
-// current ones are used, so two rounds of loads are in flight per warp.
+// all COLS columns, and each lane's next weight chunks (and MXFP4 scale bytes) are loaded before
+// its current ones are used, so two rounds of loads are in flight per warp.
 template <int FMT, int COLS>
 __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                                           const u8* __restrict__ scale,
