@@ -86,6 +86,18 @@ __device__ __forceinline__ lin_lut lin_e2m1_lut(u32 sb) {
     return t;
 }
 
+// Four words with byte k of `hi` in bits 31..24 and byte k of `lo` in bits 23..16 (k = 0..3),
+// low halves zero: two byte permutes pair the bytes, two codes each, and a shift or a mask
+// puts each pair's half on top.
+__device__ __forceinline__ void lin_pair_tops(u32 lo, u32 hi, u32* top) {
+    const u32 u01 = prmt(lo, hi, 0x5140u); // codes 1 : 0, 16 bits each
+    const u32 u23 = prmt(lo, hi, 0x7362u); // codes 3 : 2
+    top[0] = u01 << 16;
+    top[1] = u01 & 0xffff0000u;
+    top[2] = u23 << 16;
+    top[3] = u23 & 0xffff0000u;
+}
+
 // The 8 weights of an MXFP4 word (code k in bits 4k..4k+3) as the top halves of f32 or
 // f64-high words (low halves zero), from its chunk's tables.
 __device__ __forceinline__ void lin_e2m1_word(u32 w, const lin_lut& t, u32* top) {
@@ -98,13 +110,7 @@ __device__ __forceinline__ void lin_e2m1_word(u32 w, const lin_lut& t, u32* top)
         const u32 lo = prmt(t.lo0, t.lo1, sel);
         // Byte n: code 4g + n's sign bit copied into all 8 bits.
         const u32 sign = prmt(w4, w, g == 0 ? 0xd9c8u : 0xfbeau);
-        const u32 hs = hi | (sign & 0x80808080u);
-        const u32 u01 = prmt(lo, hs, 0x5140u); // codes 4g + 1 : 4g, 16 bits each
-        const u32 u23 = prmt(lo, hs, 0x7362u);
-        top[4 * g] = u01 << 16;
-        top[4 * g + 1] = u01 & 0xffff0000u;
-        top[4 * g + 2] = u23 << 16;
-        top[4 * g + 3] = u23 & 0xffff0000u;
+        lin_pair_tops(lo, hi | (sign & 0x80808080u), top + 4 * g);
     }
 }
 
@@ -116,30 +122,16 @@ __device__ __forceinline__ void lin_e2m1_tops(const lin_chunk& ch, const lin_lut
 
 // The 4 codes of an fp8 word (code k in byte k) as f64-high words: sign at bit 31, the 7
 // magnitude bits at 23..17 (2^-1016 times the e4m3 value, a subnormal f64 for the small codes),
-// low 16 bits zero. Two byte permutes pair sign and magnitude bytes, two codes each.
+// low 16 bits zero.
 __device__ __forceinline__ void lin_e4m3_tops64(u32 w, u32* top) {
-    const u32 sign = w & 0x80808080u;
-    const u32 mag2 = (w & 0x7f7f7f7fu) << 1;
-    const u32 u01 = prmt(mag2, sign, 0x5140u);
-    const u32 u23 = prmt(mag2, sign, 0x7362u);
-    top[0] = u01 << 16;
-    top[1] = u01 & 0xffff0000u;
-    top[2] = u23 << 16;
-    top[3] = u23 & 0xffff0000u;
+    lin_pair_tops((w & 0x7f7f7f7fu) << 1, w & 0x80808080u, top);
 }
 
 // The 4 codes of an fp8 word as f32 bit patterns: sign at bit 31, the 7 magnitude bits at
 // 26..20 (2^-120 times the e4m3 value, an f32 subnormal for the small codes). The magnitude
 // straddles bytes 3 and 2, so its high 3 bits go with the sign and its low 4 in their own byte.
 __device__ __forceinline__ void lin_e4m3_tops32(u32 w, u32* top) {
-    const u32 hi = (w & 0x80808080u) | ((w >> 4) & 0x07070707u);
-    const u32 lo = (w << 4) & 0xf0f0f0f0u;
-    const u32 u01 = prmt(lo, hi, 0x5140u);
-    const u32 u23 = prmt(lo, hi, 0x7362u);
-    top[0] = u01 << 16;
-    top[1] = u01 & 0xffff0000u;
-    top[2] = u23 << 16;
-    top[3] = u23 & 0xffff0000u;
+    lin_pair_tops((w << 4) & 0xf0f0f0f0u, (w & 0x80808080u) | ((w >> 4) & 0x07070707u), top);
 }
 
 // Whether an fp8 chunk has a NaN code (0x7f or 0xff): a byte's low 7 bits plus one carry into
