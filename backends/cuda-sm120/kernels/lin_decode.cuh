@@ -169,9 +169,11 @@ __device__ __forceinline__ bool lin_decode_fast(const lin_chunk& ch, u32 sb, flo
         // weight and the NaN test once per chunk.
         const float f = __uint_as_float((sb + 120u) << 23);
 #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const u32 b = (ch.w[k / 4] >> (8 * (k % 4))) & 0xffu;
-            w[k] = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * f;
+        for (int q = 0; q < 4; q++) {
+            u32 top[4];
+            lin_e4m3_tops32(ch.w[q], top);
+#pragma unroll
+            for (int k = 0; k < 4; k++) w[4 * q + k] = __uint_as_float(top[k]) * f;
         }
         return true;
     } else {
