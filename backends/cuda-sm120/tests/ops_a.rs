@@ -195,6 +195,24 @@ fn same_bits(want: f32, got: f32) -> bool {
     }
 }
 
+/// Asserts `got` is `want` bit for bit (a NaN as any NaN), naming the first differing row and
+/// column of `cols`-wide rows and the two sides (`sides`: what `want` and `got` are).
+fn assert_same_rows(what: &str, sides: (&str, &str), want: &[f32], got: &[f32], cols: usize) {
+    assert_eq!(want.len(), got.len(), "{what}: output lengths");
+    for (n, (&a, &b)) in want.iter().zip(got).enumerate() {
+        assert!(
+            same_bits(a, b),
+            "{what}: row {} col {}: {} {a:e} ({:#x}), {} {b:e} ({:#x})",
+            n / cols,
+            n % cols,
+            sides.0,
+            a.to_bits(),
+            sides.1,
+            b.to_bits()
+        );
+    }
+}
+
 #[test]
 fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
     // fp8 and MXFP4 chunks are decoded straight into f64 when their scale byte allows and no
@@ -223,17 +241,8 @@ fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
             for (xr, gr) in x.chunks(rows * i).zip(got.chunks_mut(rows * o)) {
                 be.linear(w, xr, rows, gr);
             }
-            for (n, (&a, &b)) in want.iter().zip(&got).enumerate() {
-                assert!(
-                    same_bits(a, b),
-                    "{} rows={rows}: row {} col {}: reference {a:e} ({:#x}), emulator {b:e} ({:#x})",
-                    w.name,
-                    n / o,
-                    n % o,
-                    a.to_bits(),
-                    b.to_bits()
-                );
-            }
+            let what = format!("{} rows={rows}", w.name);
+            assert_same_rows(&what, ("reference", "emulator"), &want, &got, o);
         }
     }
 }
@@ -241,7 +250,7 @@ fn linear_matches_the_reference_bitwise_at_every_scale_byte_and_code() {
 #[test]
 fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
     // With f32 sums the decode kernels (one row) take the fast routes of kernels/linear.cu —
-    // fp8 codes times 2^(sb − 7) in one multiplication, MXFP4 codes by table — for most chunks,
+    // fp8 codes against inputs prescaled by 2^(sb − 7), MXFP4 codes by table — for most chunks,
     // and the general decode for NaN codes, extreme scales and a row's partial last chunk; the
     // batched kernels decode every chunk in one piece. A row must get the same bits either way.
     if !available("linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code") {
@@ -267,15 +276,9 @@ fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
         for r in 0..3 {
             let mut alone = vec![0f32; o];
             be.linear(w, &x[r * i..(r + 1) * i], 1, &mut alone);
-            for (c, (&a, &b)) in batched[r * o..(r + 1) * o].iter().zip(&alone).enumerate() {
-                assert!(
-                    same_bits(a, b),
-                    "{} row {r} col {c}: in 3 rows {a:e} ({:#x}), alone {b:e} ({:#x})",
-                    w.name,
-                    a.to_bits(),
-                    b.to_bits()
-                );
-            }
+            let what = format!("{}, row {r} of 3", w.name);
+            let sides = ("in 3 rows", "alone");
+            assert_same_rows(&what, sides, &batched[r * o..(r + 1) * o], &alone, o);
         }
     }
 }
@@ -326,22 +329,17 @@ fn fp8_decode_is_exact_for_inputs_its_prescaling_cannot_hold() {
         f64_sums.linear(&fp8, row, 1, &mut got);
         let mut got32 = vec![0f32; o];
         f32_sums.linear(&fp8, row, 1, &mut got32);
-        for c in 0..o {
-            let (a, b) = (want[r * o + c], got[c]);
-            assert!(
-                same_bits(a, b),
-                "f64 sums, row {r} col {c}: reference {a:e} ({:#x}), emulator {b:e} ({:#x})",
-                a.to_bits(),
-                b.to_bits()
-            );
-            let (a, b) = (batched[r * o + c], got32[c]);
-            assert!(
-                same_bits(a, b),
-                "f32 sums, row {r} col {c}: in 3 rows {a:e} ({:#x}), alone {b:e} ({:#x})",
-                a.to_bits(),
-                b.to_bits()
-            );
-        }
+        let what = format!("f64 sums, row {r}");
+        assert_same_rows(
+            &what,
+            ("reference", "emulator"),
+            &want[r * o..(r + 1) * o],
+            &got,
+            o,
+        );
+        let what = format!("f32 sums, row {r}");
+        let sides = ("in 3 rows", "alone");
+        assert_same_rows(&what, sides, &batched[r * o..(r + 1) * o], &got32, o);
     }
     let finite = want[..o].iter().filter(|v| v.is_finite()).count();
     assert!(
