@@ -1,14 +1,15 @@
 // linear: out[r, o] = Σ_i W[o, i]·x[r, i] with W resident in its stored format and decoded in
 // registers (lin_decode.cuh).
 //
-// Launch (ops/linear.rs): block LIN_THREADS = 128 threads (4 warps). Each weight row is stored
+// Launch (ops/linear.rs): block LIN_THREADS = 128 threads (4 warps; the decode kernels' blocks
+// have their shape's warps, lin_r1.cuh). Each weight row is stored
 // with a pitch that is a multiple of 16 bytes (the host pads odd widths with zeros, and input
 // rows to the same number of elements); lane l reads the 16-byte chunks l, l + 32, … of a row
 // (coalesced, one 128-bit load per chunk) and decodes them in registers. Decode (`_r1`): a warp
 // computes lin_r1<FMT>::COLS (2 for fp8, else 4) output columns, reading each input chunk once
 // for all of them (fp8 and MXFP4: from a tile of the row the block stages in shared memory) and
 // loading each lane's next weight chunks and scale bytes before it uses the current ones; grid
-// (ceil(out / (4 · COLS)), 1). fp8 and MXFP4 chunks go a 32-bit word at a time through a fast
+// (ceil(out / (WARPS · COLS)), rows). fp8 and MXFP4 chunks go a 32-bit word at a time through a fast
 // decode (lin_fast: byte permutes, MXFP4 by table), the rare rest out of line.
 // Prefill (`_r8`): a warp computes one column for up to 8 rows, so each weight is read once per
 // 8 rows; grid (ceil(out / 4), ceil(rows / 8)). With f64 sums both decode fp8 and MXFP4 weights
@@ -17,274 +18,7 @@
 // how many rows the call has (batch invariance).
 #include "common.cuh"
 #include "lin_decode.cuh"
-
-// Output columns one warp of the decode kernels (_r1, _g1) computes, per format (ops/linear.rs
-// `r1_cols` mirrors this table), and whether they stage the input row in shared memory. Fewer
-// columns per warp mean more warps for the same output: on an H200 (docs/performance.md,
-// 2026-12-04) the 4-column fp8 warps left one or two warps per scheduler, and 2 columns ran the
-// fp8 decode GEMVs up to 1.5x faster (f32 sums: with lin_decode_fast's one-multiply decode, up
-// to 1.6x).
-// MXFP4's grouped expert GEMV, the one the model runs, was fastest with 4 (1 took it from 42 to
-// 64 us with f64 sums), as were bf16 weights. A column's sum has the same order whatever the
-// count (linear_r1).
-//
-// STAGE: a lane reads its chunk's E inputs as E/4 16-byte loads 4·E bytes apart from the next
-// lane's, so one warp-wide load touches 8 (fp8) or 16 (MXFP4) cache lines where a weight load
-// touches 4, and every warp of a block reads the row again. Nsight Compute on the H200 found the
-// MXFP4 GEMV bound by exactly that: L1 88% busy, DRAM 9%, warps stalled on L1 results 63% of
-// the time (the fp8 one: L1 41%, 39% of the stalls). Staged, the block's threads copy a tile of
-// the row into shared memory with contiguous loads, and each lane reads its chunk there, at a
-// stride that keeps every 8 lanes of a 16-byte shared load on distinct banks (lin_xs). bf16
-// weights, already at the copy bandwidth, and f32 ones keep reading the row directly.
-template <int FMT> struct lin_r1 {
-    static const int COLS = FMT == LIN_FP8 ? 2 : 4;
-    static const bool STAGE = FMT == LIN_FP8 || FMT == LIN_MXFP4;
-};
-
-// Chunks of the input row one staged tile holds (a multiple of the warp size, so a lane's
-// chunks l, l + 32, … fall into tiles whole).
-#define LIN_TILE 128
-
-// A staged tile's layout for chunks of E values of type T: each chunk starts UNITS 16-byte units
-// after the previous one, its size padded to an odd number of units, so lanes 0..7 (one phase of
-// a 16-byte shared load) start on distinct groups of 4 banks; PER values of T make a unit.
-template <typename T, int E> struct lin_xs {
-    static const int PER = 16 / (int)sizeof(T);
-    static const int UNITS = E / PER + ((E / PER) % 2 == 0 ? 1 : 0);
-};
-
-// T if B, else F.
-template <bool B, typename T, typename F> struct lin_if {
-    typedef T type;
-};
-template <typename T, typename F> struct lin_if<false, T, F> {
-    typedef F type;
-};
-
-// N staged values of type T at p (16-byte aligned) into v.
-template <typename T, int N>
-__device__ __forceinline__ void lin_load_staged(const T* p, T* v) {
-    const lin_f4* q = reinterpret_cast<const lin_f4*>(p);
-    const int PER = 16 / (int)sizeof(T);
-#pragma unroll
-    for (int u = 0; u < N / PER; u++) {
-        const lin_f4 f = q[u];
-        const T* t = reinterpret_cast<const T*>(&f);
-#pragma unroll
-        for (int k = 0; k < PER; k++) v[u * PER + k] = t[k];
-    }
-}
-
-// The tile of an fp8 decode kernel: x times its 128-column block's 2^k·scale, so the weights need
-// no multiplication (lin_fast<LIN_FP8>). The block's 8 columns lie in one 128-row scale block
-// (blocks start at multiples of 8), so one factor per column block serves every warp. Warp w
-// stages column blocks w, w + 4, … of the tile; ok[b] says whether every product of block b is
-// exact (else its chunks take the general decode from the unscaled row).
-template <int E>
-__device__ __forceinline__ void lin_stage_fp8(const float* __restrict__ xr, const u8* srow,
-                                              u32 t0, u32 t1, acc_t* xs, u32* ok) {
-    const int U = lin_xs<acc_t, E>::UNITS * lin_xs<acc_t, E>::PER; // values per staged chunk
-    const u32 lane = threadIdx.x % DSV4_WARP;
-    const u32 n = (t1 - t0) * (u32)E; // values in the tile
-    for (u32 b = threadIdx.x / DSV4_WARP; b < (n + 127u) / 128u; b += LIN_WARPS) {
-        const u32 sb = srow[(t0 * (u32)E) / 128u + b];
-        bool exact = sb <= 134u;
-        const u32 e0 = b * 128u + lane * 4u; // this lane's 4 values
-        if (exact && e0 < n) {
-            const lin_f4 v = reinterpret_cast<const lin_f4*>(xr + (u64)t0 * E)[e0 / 4u];
-            acc_t* dst = xs + (e0 / (u32)E) * (u32)U + e0 % (u32)E;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float x = v.v[k];
-#ifdef DSV4_ACC_F64
-                // 2^(sb − 127 + 1016): never below f64's normal range; the one failure is
-                // overflow to infinity.
-                const double y = (double)x * lin_pow2_f64((int)sb - 127 + 1016);
-                exact = exact && (!isinf(y) || isinf(x));
-#else
-                // 2^(sb − 7); exact when scaling back gives x (no overflow, no bits lost
-                // below the normal range), or x is not a number.
-                const float y = x * codec::pow2_scale((int)sb - 7);
-                exact = exact && (y * codec::pow2_scale(7 - (int)sb) == x || x != x);
-#endif
-                dst[k] = y;
-            }
-        }
-        exact = __all_sync(0xffffffffu, exact);
-        if (lane == 0u) ok[b] = exact ? 1u : 0u;
-    }
-}
-
-// One warp computes COLS consecutive output columns of one row (the decode kernels). Lane l
-// adds chunks l, l + 32, … in order, each chunk's elements in order, then warp_sum: the order
-// linear_rows uses, so a row gets the same bits from either. Each input chunk is read once for
-// all COLS columns, and each lane's next weight chunks (and MXFP4 scale bytes) are loaded before
-// its current ones are used, so two rounds of loads are in flight per warp.
-template <int FMT, int COLS>
-__device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
-                                          const u8* __restrict__ scale,
-                                          const float* __restrict__ xr, float* __restrict__ outr,
-                                          u32 out_dim, u32 in_dim, u32 pitch) {
-    const int E = lin_fmt<FMT>::E;
-    const bool STAGE = lin_r1<FMT>::STAGE;
-    // fp8 tiles hold prescaled inputs in acc_t (lin_stage_fp8), and fp8 chunks need no scale
-    // byte on their fast route; MXFP4 tiles hold the inputs, and each column its scale bytes.
-    const bool PRE = FMT == LIN_FP8;
-    typedef typename lin_if<PRE, acc_t, float>::type xt;
-    const int XS = lin_xs<xt, E>::UNITS * lin_xs<xt, E>::PER; // values per staged chunk
-    const int SC = PRE ? 1 : COLS;
-    __shared__ lin_f4 xs4[STAGE ? LIN_TILE * lin_xs<xt, E>::UNITS : 1];
-    __shared__ u32 xok[PRE ? LIN_TILE * E / 128 : 1];
-    xt* xs = reinterpret_cast<xt*>(xs4);
-    const u32 lane = threadIdx.x % DSV4_WARP;
-    const u32 o0 = (blockIdx.x * LIN_WARPS + threadIdx.x / DSV4_WARP) * COLS;
-    const bool active = o0 < out_dim;
-    // Unstaged, whole warps leave together; staged, every warp takes part in the copies.
-    if (!STAGE && !active) return;
-    const u32 nc = active ? min((u32)COLS, out_dim - o0) : 0u;
-    const u32 nchunks = pitch / 16u;
-    acc_t acc[COLS];
-#pragma unroll
-    for (int j = 0; j < COLS; j++) acc[j] = (acc_t)0;
-    // Columns past nc keep zero weights and scale byte 127 (2^0), which every fast route takes.
-    lin_chunk cur[COLS] = {}, next[COLS] = {};
-    u32 scur[SC], snext[SC];
-#pragma unroll
-    for (int j = 0; j < SC; j++) scur[j] = snext[j] = 127u;
-#pragma unroll
-    for (int j = 0; j < COLS; j++) {
-        if ((u32)j < nc && lane < nchunks) {
-            cur[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[lane];
-            if (!PRE && j < SC) scur[j] = lin_scale_byte<FMT>(scale, o0 + j, lane, in_dim);
-        }
-    }
-    const u32 tile = STAGE ? (u32)LIN_TILE : nchunks;
-    for (u32 t0 = 0; t0 < nchunks; t0 += tile) {
-        const u32 t1 = min(nchunks, t0 + tile);
-        if constexpr (STAGE) {
-            __syncthreads(); // every warp is done with the previous tile
-            if constexpr (PRE) {
-                const u32 rb = blockIdx.x * LIN_WARPS * COLS / 128u;
-                lin_stage_fp8<E>(xr, scale + (u64)rb * ((in_dim + 127u) / 128u), t0, t1, xs,
-                                 xok);
-            } else {
-                const lin_f4* src = reinterpret_cast<const lin_f4*>(xr + (u64)t0 * E);
-                for (u32 q = threadIdx.x; q < (t1 - t0) * (E / 4); q += LIN_THREADS)
-                    xs4[(q / (E / 4)) * lin_xs<xt, E>::UNITS + q % (E / 4)] = src[q];
-            }
-            __syncthreads();
-        }
-        if (!active) continue;
-        for (u32 c = t0 + lane; c < t1; c += DSV4_WARP) {
-            const u32 lim = min((u32)E, in_dim - c * (u32)E);
-            const u32 cn = c + DSV4_WARP;
-#pragma unroll
-            for (int j = 0; j < COLS; j++) {
-                if ((u32)j < nc && cn < nchunks) {
-                    next[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[cn];
-                    if (!PRE && j < SC)
-                        snext[j] = lin_scale_byte<FMT>(scale, o0 + j, cn, in_dim);
-                }
-            }
-            // The chunk's inputs: staged (fp8: prescaled), or the row's own.
-            const xt* xc;
-            if constexpr (STAGE) {
-                xc = xs + (c - t0) * XS;
-            } else {
-                xc = xr + (u64)c * E;
-            }
-            if constexpr (STAGE) {
-                // Whole chunks whose every column takes the fast route go a word at a time:
-                // the word's inputs read and converted once for all COLS columns, each
-                // column's word decoded and added (its elements in order). The rest (a row's
-                // last, partial chunk; NaN codes; extreme scales) out of line.
-                const int EW = lin_fast<FMT>::EW;
-                // Every column is computed, those past nc too (zero weights, a benign scale
-                // byte; never stored): no per-column branches on the fast path.
-                lin_fast<FMT> fast[COLS];
-                bool ok = lim == (u32)E;
-                if constexpr (PRE) ok = ok && xok[(c - t0) * E / 128u] != 0u;
-#pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    fast[j].prep(cur[j], scur[SC == 1 ? 0 : j]);
-                    ok &= fast[j].ok;
-                }
-                if (ok) {
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        acc_t xa[EW];
-                        if constexpr (PRE) {
-                            lin_load_staged<acc_t, EW>(xc + q * EW, xa);
-                        } else {
-                            float xv[EW];
-                            lin_load_staged<float, EW>(xc + q * EW, xv);
-#pragma unroll
-                            for (int k = 0; k < EW; k++) xa[k] = (acc_t)xv[k];
-                        }
-#pragma unroll
-                        for (int j = 0; j < COLS; j++) {
-                            acc_t w[EW];
-                            fast[j].word(cur[j].w[q], w);
-#pragma unroll
-                            for (int k = 0; k < EW; k++) acc[j] = acc_mac(w[k], xa[k], acc[j]);
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < COLS; j++) {
-                        if ((u32)j >= nc) continue;
-                        if constexpr (PRE) {
-                            // From the unscaled row, with the chunk's scale byte.
-                            acc[j] = lin_chunk_dot_general<FMT>(
-                                acc[j], cur[j], lin_scale_byte<FMT>(scale, o0 + j, c, in_dim),
-                                xr + (u64)c * E, lim);
-                        } else {
-                            acc[j] = lin_chunk_dot_general<FMT>(acc[j], cur[j], scur[j], xc, lim);
-                        }
-                    }
-                }
-            } else {
-                // f32 and bf16 weights: a column at a time, the chunk's inputs read once.
-                float xv[E];
-                lin_load_x<E>(xc, xv);
-#ifdef DSV4_ACC_F64
-                double xd[E];
-#pragma unroll
-                for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
-#endif
-#pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    if (lim == (u32)E) { // every column (see above)
-#ifdef DSV4_ACC_F64
-                        double wd[E];
-                        lin_decode64<FMT>(cur[j], 0u, wd);
-#pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] = fma(wd[k], xd[k], acc[j]);
-#else
-                        float w[E];
-                        lin_decode_fast<FMT>(cur[j], 0u, w);
-#pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] += w[k] * xv[k];
-#endif
-                    } else if ((u32)j < nc) {
-                        acc[j] = lin_chunk_dot_any<FMT>(acc[j], cur[j], 0u, xc, lim);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < COLS; j++) cur[j] = next[j];
-#pragma unroll
-            for (int j = 0; j < SC; j++) scur[j] = snext[j];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < COLS; j++) {
-        if ((u32)j < nc) { // the same on every lane: no divergent shuffle
-            const acc_t s = warp_sum(acc[j]);
-            if (lane == 0u) outr[o0 + j] = (float)s;
-        }
-    }
-}
+#include "lin_r1.cuh"
 
 // One warp computes one output column for up to ROWS consecutive rows from row r0 (the batched
 // kernels): each decoded weight chunk is used for all of them. Every (row, column) sum has the
@@ -351,69 +85,72 @@ __device__ __forceinline__ void linear_rows(const u8* __restrict__ wdata,
 // Blocks per multiprocessor the MXFP4 decode kernels are compiled for: ptxas gave them 168–174
 // registers unbounded (the word-at-a-time decode of four columns keeps four tables and eight
 // weight chunks live), two blocks a multiprocessor; bounded to 4 they take 128 with no spills,
-// while 5 (96 registers) spill on sm_90 (`dsv4 kernels compile --resources`).
+// while 5 (96 registers) spill on sm_90 (`dsv4 kernels compile --resources`). The 8-warp shape
+// keeps 128 registers (2 blocks); the 2-column one keeps half the tables and chunks live.
 #define LIN_MXFP4_BLOCKS 4
+
+// One row of a decode launch: block row y computes row y (grid y = rows).
+template <int FMT, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS>
+__device__ __forceinline__ void linear_r1_row(const u8* __restrict__ wdata,
+                                              const u8* __restrict__ scale,
+                                              const float* __restrict__ x,
+                                              float* __restrict__ out, u32 out_dim, u32 in_dim,
+                                              u32 pitch, u32 xpitch, u32 rows) {
+    if (blockIdx.y >= rows) return; // the whole block
+    linear_r1<FMT, COLS, WARPS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
+                                out + (u64)blockIdx.y * out_dim, out_dim, in_dim, pitch);
+}
 
 // Decode variants (one row; lin_r1<FMT>::COLS columns per warp share each input chunk) and
 // batched variants (up to 8 rows per weight pass; one column per warp) of each format; a row
 // gets the same bits from either. Parameters: weight bytes (out_dim rows of `pitch` bytes),
 // scale bytes, x [rows, xpitch], out [rows, out_dim], out_dim, in_dim, pitch, xpitch, rows.
-// Grid: (ceil(out_dim / (4 · COLS)), ceil(rows / ROWS)), block LIN_THREADS.
-extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    if (blockIdx.y >= rows) return; // the whole block
-    linear_r1<LIN_F32, lin_r1<LIN_F32>::COLS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
-                                              out + (u64)blockIdx.y * out_dim, out_dim, in_dim,
-                                              pitch);
+// Grid: (ceil(out_dim / (WARPS · COLS)), rows) for _r1, block WARPS warps;
+// (ceil(out_dim / 4), ceil(rows / 8)) for _r8, block LIN_THREADS.
+extern "C" __global__ void linear_f32_r1(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_F32>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+extern "C" __global__ void linear_f32_r8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_rows<LIN_F32, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 8u);
+                         blockIdx.y * 8u);
 }
-extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    if (blockIdx.y >= rows) return; // the whole block
-    linear_r1<LIN_BF16, lin_r1<LIN_BF16>::COLS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
-                                                 out + (u64)blockIdx.y * out_dim, out_dim,
-                                                 in_dim, pitch);
+extern "C" __global__ void linear_bf16_r1(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_BF16>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_rows<LIN_BF16, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 8u);
+                         blockIdx.y * 8u);
 }
-extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    if (blockIdx.y >= rows) return; // the whole block
-    linear_r1<LIN_FP8, lin_r1<LIN_FP8>::COLS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
-                                                 out + (u64)blockIdx.y * out_dim, out_dim,
-                                                 in_dim, pitch);
+extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+extern "C" __global__ void linear_fp8_r8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_rows<LIN_FP8, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 8u);
+                         blockIdx.y * 8u);
 }
-extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS) linear_mxfp4_r1(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    if (blockIdx.y >= rows) return; // the whole block
-    linear_r1<LIN_MXFP4, lin_r1<LIN_MXFP4>::COLS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
-                                                 out + (u64)blockIdx.y * out_dim, out_dim,
-                                                 in_dim, pitch);
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_r1(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata, const u8* __restrict__ scale,
-                                      const float* __restrict__ x, float* __restrict__ out,
-                                      u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+extern "C" __global__ void linear_mxfp4_r8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_rows<LIN_MXFP4, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
-                                  blockIdx.y * 8u);
+                         blockIdx.y * 8u);
 }
 
 // Grouped variants (DeviceOps::grouped_linear: a layer's routed experts in one launch): block
@@ -429,7 +166,7 @@ struct lin_group {
     u32 rows;
 };
 
-template <int FMT, int ROWS>
+template <int FMT, int ROWS, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS>
 __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ table,
                                                const float* __restrict__ x,
                                                float* __restrict__ out, u32 out_dim, u32 in_dim,
@@ -437,8 +174,8 @@ __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ tab
     const lin_group g = table[blockIdx.y];
     if constexpr (ROWS == 1) {
         if (g.rows == 0u) return; // the whole block
-        linear_r1<FMT, lin_r1<FMT>::COLS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
-                                          out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch);
+        linear_r1<FMT, COLS, WARPS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
+                                    out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch);
     } else {
         linear_rows<FMT, ROWS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
                                out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch, xpitch,
@@ -447,42 +184,92 @@ __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ tab
 }
 
 extern "C" __global__ void linear_f32_g1(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_F32, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_f32_g8(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_F32, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_bf16_g1(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_BF16, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_BF16, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_fp8_g1(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_FP8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_fp8_g8(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_FP8, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS) linear_mxfp4_g1(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_g1(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_MXFP4, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
-                                    const float* __restrict__ x, float* __restrict__ out,
-                                    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch) {
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
     linear_grouped<LIN_MXFP4, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+
+// The other decode shapes of fp8 and MXFP4 (`_cCwW`: C columns a warp, W warps a block; the
+// default shapes are the plain kernels above), for DSV4_CUDA_DECODE and `dsv4 bench`, which
+// times each: which is fastest depends on the GPU (docs/cuda.md). Same parameters and bits as
+// the plain _r1 / _g1 kernels.
+extern "C" __global__ void linear_fp8_r1_c2w8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 2, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c2w8(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 2, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_fp8_r1_c4w4(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 4, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c4w4(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 4, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_r1_c2w4(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4, 2, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_g1_c2w4(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 2, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+linear_mxfp4_r1_c4w8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4, 4, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+linear_mxfp4_g1_c4w8(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 4, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }

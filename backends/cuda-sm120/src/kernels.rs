@@ -6,6 +6,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("codec.cuh", include_str!("../kernels/codec.cuh")),
     ("lin_decode.cuh", include_str!("../kernels/lin_decode.cuh")),
+    ("lin_r1.cuh", include_str!("../kernels/lin_r1.cuh")),
 ];
 
 /// Kernel files.
