@@ -43,7 +43,8 @@
 # The summary (OUT_DIR/summary.json) names the GPU, the date, each step's status and seconds,
 # each model diff's logits and indexer agreement ("models", from OUT_DIR/model-*.json),
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
-# "linear_f32" from bench-f32.json), each attention-side kernel's fraction of the FMA rate
+# "linear_f32" from bench-f32.json), the fp8/MXFP4 decode GEMVs on every compiled kernel shape
+# ("decode_shapes", "decode_shapes_f32": each shape's speed over the backend's), each attention-side kernel's fraction of the FMA rate
 # of its sums ("kernels", "kernels_f32"), and the placement A/B's rows ("placement": each
 # on-device path's speedup, side streams' speedup over one stream, and each side's traffic
 # per step; [] where the bench ran no e2e), and the decode GEMVs' Nsight Compute figures
@@ -266,7 +267,7 @@ linear_of() { # bench.json label -> the cases as a JSON array ([] when unreadabl
     python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys
 cases = json.load(open(sys.argv[1]))["device"][0]["linear"]
-keys = ("case", "path", "rows", "seconds", "graphed", "launched_seconds", "weight_gbs", "of_copy_bandwidth",
+keys = ("case", "path", "shape", "rows", "seconds", "graphed", "launched_seconds", "weight_gbs", "of_copy_bandwidth",
         "launched_of_copy_bandwidth", "tflops", "of_matrix_rate", "copies")
 print(f"  linear kernels, {sys.argv[2]} (calls replayed as a CUDA graph; launched one by one in brackets):", file=sys.stderr)
 for t in cases:
@@ -280,11 +281,28 @@ simt = {t["case"]: t["seconds"] for t in cases if t["path"] == "simt"}
 for t in cases:
     if t["path"] == "mma" and t["case"] in simt:
         print(f"    {t['case']:<42} mma runs {simt[t['case']] / t['seconds']:.2f}x the simt speed", file=sys.stderr)
-print(json.dumps([{k: t[k] for k in keys} for t in cases]))
+print(json.dumps([{k: t.get(k) for k in keys} for t in cases]))
+PY
+}
+# The fp8 and MXFP4 decode GEMVs on every compiled shape of the one-row kernels (columns a
+# warp, warps a block; DSV4_CUDA_DECODE picks one): which is fastest on this GPU.
+shapes_of() { # bench.json label -> the rows as a JSON array ([] when unreadable); a table on stderr
+    python3 - "$1" "$2" <<'PY' || echo '[]'
+import json, sys
+rows = json.load(open(sys.argv[1]))["device"][0].get("decode_shapes", [])
+print(f"  decode kernel shapes, {sys.argv[2]} (speed over the backend's shape):", file=sys.stderr)
+for case in dict.fromkeys(r["case"] for r in rows):
+    mine = [r for r in rows if r["case"] == case]
+    best = max(mine, key=lambda r: r["speedup"])
+    cells = "  ".join(f"{r['shape']}{'*' if r['selected'] else ''} {r['speedup']:.2f}x {r['of_copy_bandwidth']:.0%}" for r in mine)
+    print(f"    {case:<42} {cells}  fastest {best['shape']}", file=sys.stderr)
+print(json.dumps([{k: r[k] for k in ("case", "shape", "selected", "seconds", "of_copy_bandwidth", "speedup")} for r in rows]))
 PY
 }
 linear=$(linear_of "$out/bench.json" "default sums")
 linear_f32=$(linear_of "$out/bench-f32.json" "f32 sums")
+decode_shapes=$(shapes_of "$out/bench.json" "default sums")
+decode_shapes_f32=$(shapes_of "$out/bench-f32.json" "f32 sums")
 # The attention-side kernels (paged indexer, paged attention, mHC mixing) against the FMA rate
 # of their sums.
 kernels_of() { # bench.json label -> the cases as a JSON array ([] when unreadable); a table on stderr
@@ -352,8 +370,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s,"profiles":%s}\n' \
-        "$models" "$page_cache" "$linear" "$linear_f32" "$kernels" "$kernels_f32" "$placement" "$profiles"
+    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"decode_shapes":%s,"decode_shapes_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s,"profiles":%s}\n' \
+        "$models" "$page_cache" "$linear" "$linear_f32" "$decode_shapes" "$decode_shapes_f32" "$kernels" "$kernels_f32" "$placement" "$profiles"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

@@ -23,7 +23,9 @@ use crate::ops::attention::time_paged_attention;
 use crate::ops::indexer::time_paged_scores;
 use crate::ops::linear::{time_grouped, time_linear};
 use crate::ops::mhc::time_mix;
-use crate::{CudaBackend, CudaError, Device, DeviceInfo, KArg, LinearPath};
+use crate::{
+    CudaBackend, CudaError, DecodeShape, DecodeShapes, Device, DeviceInfo, KArg, LinearPath,
+};
 use dsv4_kernels::{Linear, WeightFormat};
 use serde::Serialize;
 
@@ -55,6 +57,9 @@ pub struct LinearTiming {
     pub case: String,
     /// The kernels timed: SIMT, or tensor cores (`DSV4_CUDA_LINEAR=mma`).
     pub path: LinearPath,
+    /// The one-row SIMT kernels' shape (`c2w4`: columns a warp, warps a block; the backend's,
+    /// from `DSV4_CUDA_DECODE` or the default); None for other kernels.
+    pub shape: Option<String>,
     /// Rows (tokens) per call, per weight.
     pub rows: usize,
     /// Weights the call runs in one grouped launch (a layer's routed experts), else 1.
@@ -86,6 +91,24 @@ pub struct LinearTiming {
     pub of_matrix_rate: Option<f64>,
 }
 
+/// One decode case on one shape of the one-row SIMT kernels (every shape compiled for the
+/// case's format, the backend's among them).
+#[derive(Debug, Clone, Serialize)]
+pub struct ShapeTiming {
+    /// The case, as in [`LinearTiming::case`].
+    pub case: String,
+    /// The shape (`c2w8`).
+    pub shape: String,
+    /// Whether this is the shape the backend runs (its row of `linear`).
+    pub selected: bool,
+    /// Seconds per call (median; graph replays where available, as `LinearTiming::seconds`).
+    pub seconds: f64,
+    /// Weight bytes per second over the copy bandwidth.
+    pub of_copy_bandwidth: f64,
+    /// The selected shape's seconds over this shape's: above 1, this shape is faster.
+    pub speedup: f64,
+}
+
 /// One compute-bound attention-side case timed on the device.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelTiming {
@@ -108,6 +131,8 @@ pub struct DeviceBenchReport {
     pub peaks: DevicePeaks,
     /// Linear cases (decode GEMV and prefill GEMM).
     pub linear: Vec<LinearTiming>,
+    /// The fp8 and MXFP4 decode cases on every compiled shape of the one-row kernels.
+    pub decode_shapes: Vec<ShapeTiming>,
     /// Attention-side cases.
     pub kernels: Vec<KernelTiming>,
     /// A MoE layer's routed experts with the routing on the device and from host-built groups.
@@ -269,6 +294,7 @@ fn linear_cases(emulated: bool) -> Vec<Case> {
                 Fp8Block,
                 2,
             ),
+            ("gemv_mxfp4 decode 256x256", 1, 256, 256, Mxfp4, 1),
             ("gemm_bf16 prefill 16x128x128", 16, 128, 128, Bf16, 1),
         ];
     }
@@ -366,11 +392,14 @@ fn weight_copies(info: &DeviceInfo, weight_bytes: usize) -> usize {
     cover.div_ceil(weight_bytes.max(1)).clamp(1, 256)
 }
 
-/// Measure the peaks, then time each linear case on device-resident operands.
+/// Measure the peaks, then time each linear case on device-resident operands (the fp8 and
+/// MXFP4 decode cases on every compiled shape too).
 pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     let dev = backend.device();
     let peaks = peaks(dev)?;
+    let selected = backend.decode_shapes();
     let mut linear = Vec::new();
+    let mut decode_shapes = Vec::new();
     for (case, rows, out, inp, fmt, groups) in linear_cases(peaks.emulated) {
         let w = bench_weight(case, out, inp, fmt)?;
         let batches = if peaks.emulated { 1 } else { 5 };
@@ -385,6 +414,14 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
         } else {
             Vec::new()
         };
+        let time = |path: LinearPath, decode: DecodeShapes| {
+            if groups > 1 {
+                time_grouped(backend, path, decode, &ws, rows, batches, copies)
+            } else {
+                time_linear(backend, path, decode, &w, rows, batches, copies)
+            }
+        };
+        let gbs = |s: f64| weight_bytes as f64 / s / 1e9;
         // Every case on the SIMT kernels and, for the formats it serves, on tensor cores.
         let paths: &[LinearPath] = if fmt == WeightFormat::F32 {
             &[LinearPath::Simt]
@@ -392,13 +429,8 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
             &[LinearPath::Simt, LinearPath::Mma]
         };
         for &path in paths {
-            let times = if groups > 1 {
-                time_grouped(backend, path, &ws, rows, batches, copies)?
-            } else {
-                time_linear(backend, path, &w, rows, batches, copies)?
-            };
+            let times = time(path, selected)?;
             let seconds = times.graphed.unwrap_or(times.launched);
-            let gbs = |s: f64| weight_bytes as f64 / s / 1e9;
             let weight_gbs = gbs(seconds);
             let tflops = 2.0 * (groups * rows * out * inp) as f64 / seconds / 1e12;
             let matrix = match (path, fmt) {
@@ -406,9 +438,11 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 (_, WeightFormat::Fp8Block | WeightFormat::Mxfp4) => peaks.mma_fp8_tflops,
                 (_, WeightFormat::Bf16 | WeightFormat::F32) => peaks.mma_bf16_tflops,
             };
+            let one_row_simt = rows == 1 && !path.uses_mma(fmt);
             linear.push(LinearTiming {
                 case: case.to_string(),
                 path,
+                shape: one_row_simt.then(|| selected.of(fmt).name()),
                 rows,
                 groups,
                 seconds,
@@ -422,6 +456,28 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 of_matrix_rate: matrix.map(|m| tflops / m),
                 copies,
             });
+            let shapes = DecodeShape::compiled(fmt);
+            if !one_row_simt || shapes.len() < 2 {
+                continue;
+            }
+            for &shape in shapes {
+                let is_selected = shape == selected.of(fmt);
+                let secs = if is_selected {
+                    seconds
+                } else {
+                    let decode = selected.with(fmt, shape).map_err(CudaError::BadOperands)?;
+                    let t = time(path, decode)?;
+                    t.graphed.unwrap_or(t.launched)
+                };
+                decode_shapes.push(ShapeTiming {
+                    case: case.to_string(),
+                    shape: shape.name(),
+                    selected: is_selected,
+                    seconds: secs,
+                    of_copy_bandwidth: gbs(secs) / peaks.copy_gbs,
+                    speedup: seconds / secs,
+                });
+            }
         }
     }
     let kernels = kernel_cases(backend, &peaks)?;
@@ -429,6 +485,7 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     Ok(DeviceBenchReport {
         peaks,
         linear,
+        decode_shapes,
         kernels,
         routing,
     })

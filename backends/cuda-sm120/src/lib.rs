@@ -36,6 +36,7 @@ pub use registry::{link, open_backend};
 
 pub use device::{DevBuf, DevPtr, Device, DeviceInfo, KArg};
 pub use error::CudaError;
+pub use ops::decode_shape::{DECODE_ENV, DecodeShape, DecodeShapes};
 pub use ops::linear::LinearPath;
 pub use ops::page_cache::PAGE_CACHE_ENV;
 
@@ -58,6 +59,8 @@ pub(crate) struct Core {
     pub(crate) weights: std::sync::Arc<ops::linear::WeightCache>,
     /// Which kernels `linear` and `grouped_linear` run.
     pub(crate) linear: LinearPath,
+    /// The shapes of their one-row SIMT kernels.
+    pub(crate) decode: ops::decode_shape::DecodeShapes,
     /// Cache pages the paged ops keep on the device across calls.
     pub(crate) pages: std::sync::Arc<ops::page_cache::PageCache>,
 }
@@ -98,12 +101,14 @@ impl CudaBackend {
             dev: dev.clone(),
             weights: Default::default(),
             linear,
+            decode: Default::default(),
             pages: std::sync::Arc::clone(&pages),
         };
         let core = Core {
             dev: dev.counted(std::sync::Arc::clone(&host_traffic)),
             weights: resident.weights.clone(),
             linear,
+            decode: Default::default(),
             pages,
         };
         Self {
@@ -137,6 +142,19 @@ impl CudaBackend {
     pub fn with_device_attention(mut self, on: bool) -> Self {
         self.resident.set_attention(on);
         self
+    }
+
+    /// The same backend with one-row linear kernels of `shapes` (`DSV4_CUDA_DECODE`): the same
+    /// bits, at the speed of those shapes on this GPU.
+    pub fn with_decode_shapes(mut self, shapes: DecodeShapes) -> Self {
+        self.core.decode = shapes;
+        self.resident.set_decode_shapes(shapes);
+        self
+    }
+
+    /// The shapes of the one-row linear kernels.
+    pub fn decode_shapes(&self) -> DecodeShapes {
+        self.core.decode
     }
 
     fn with_pages(mut self, cache: ops::page_cache::PageCache) -> Self {

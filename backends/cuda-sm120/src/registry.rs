@@ -2,7 +2,7 @@
 //! the CUDA driver) and `cuda-emu` (the same kernels on the CPU emulator, for tests).
 
 use crate::ops::page_cache::{PAGE_CACHE_ENV, mib_bytes, mib_from_env};
-use crate::{CudaBackend, CudaError, EMU_NAME, LinearPath, NAME, emu};
+use crate::{CudaBackend, CudaError, DECODE_ENV, DecodeShapes, EMU_NAME, LinearPath, NAME, emu};
 use dsv4_kernels::{Backend, BackendFactory, BackendOptions, KernelError};
 use std::sync::Arc;
 
@@ -11,19 +11,29 @@ use std::sync::Arc;
 /// (sm_80, sm_90, sm_100), f32 elsewhere; the emulator's default is f64.
 pub(crate) const ACC_ENV: &str = "DSV4_CUDA_ACC";
 
+/// What the backend knob in environment variable `var` asks for, read by `parse` from its
+/// trimmed value: None when it is unset or empty, and a value `parse` rejects is an error
+/// naming the variable and the value (`DSV4_CUDA_ACC=f16: expected f64 or f32`).
+pub(crate) fn env_knob<T>(
+    var: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, CudaError> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => parse(v.trim())
+            .map(Some)
+            .map_err(|e| CudaError::BadOperands(format!("{var}={}: {e}", v.trim()))),
+    }
+}
+
 /// The accumulation `DSV4_CUDA_ACC` asks for (true = f64), None when unset.
 pub(crate) fn acc_override() -> Result<Option<bool>, CudaError> {
-    match std::env::var(ACC_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) => match v.trim() {
-            "" => Ok(None),
-            "f64" => Ok(Some(true)),
-            "f32" => Ok(Some(false)),
-            other => Err(CudaError::BadOperands(format!(
-                "{ACC_ENV}={other}: expected f64 or f32"
-            ))),
-        },
-    }
+    env_knob(ACC_ENV, |v| match v {
+        "f64" => Ok(true),
+        "f32" => Ok(false),
+        _ => Err("expected f64 or f32".to_string()),
+    })
 }
 
 /// Environment variable choosing where a MoE layer is routed: `device` (the default) or `host`,
@@ -35,17 +45,11 @@ pub(crate) const ATTENTION_ENV: &str = "DSV4_CUDA_ATTENTION";
 
 /// What a `device`/`host` variable `env` asks for (true = on the device), None when unset.
 fn placement_override(env: &str) -> Result<Option<bool>, CudaError> {
-    match std::env::var(env) {
-        Err(_) => Ok(None),
-        Ok(v) => match v.trim() {
-            "" => Ok(None),
-            "device" => Ok(Some(true)),
-            "host" => Ok(Some(false)),
-            other => Err(CudaError::BadOperands(format!(
-                "{env}={other}: expected device or host"
-            ))),
-        },
-    }
+    env_knob(env, |v| match v {
+        "device" => Ok(true),
+        "host" => Ok(false),
+        _ => Err("expected device or host".to_string()),
+    })
 }
 
 fn placement_name(on_device: bool) -> &'static str {
@@ -81,13 +85,7 @@ pub(crate) const LINEAR_ENV: &str = "DSV4_CUDA_LINEAR";
 
 /// The linear kernels `DSV4_CUDA_LINEAR` asks for, None when unset.
 fn linear_override() -> Result<Option<LinearPath>, CudaError> {
-    match std::env::var(LINEAR_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) if v.trim().is_empty() => Ok(None),
-        Ok(v) => LinearPath::parse(&v)
-            .map(Some)
-            .map_err(|e| CudaError::BadOperands(format!("{LINEAR_ENV}={}: {e}", v.trim()))),
-    }
+    env_knob(LINEAR_ENV, LinearPath::parse)
 }
 
 /// A knob set by the profile (`key`) or by an environment variable (`var`): whichever is set;
@@ -158,9 +156,28 @@ pub(crate) fn page_cache_choice(opts: &BackendOptions) -> Result<Option<u64>, Cu
     )
 }
 
+/// The one-row linear kernels' shapes: `backend.cuda_decode` (`opts.decode_shapes`) or
+/// `DSV4_CUDA_DECODE`, else the defaults.
+pub(crate) fn decode_choice(opts: &BackendOptions) -> Result<DecodeShapes, CudaError> {
+    let profile = match opts.decode_shapes.as_deref() {
+        None => None,
+        Some(spec) => Some(DecodeShapes::parse(spec).map_err(|e| {
+            CudaError::BadOperands(format!("backend.cuda_decode = {}: {e}", spec.trim()))
+        })?),
+    };
+    let chosen = agree(
+        "backend.cuda_decode",
+        profile,
+        DECODE_ENV,
+        env_knob(DECODE_ENV, DecodeShapes::parse)?,
+        |s| s.describe(),
+    )?;
+    Ok(chosen.unwrap_or_default())
+}
+
 /// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it,
-/// checked when `opts` asks for it, routing where `routing_choice` says and attending where
-/// `attention_choice` says.
+/// checked when `opts` asks for it, routing where `routing_choice` says, attending where
+/// `attention_choice` says, and with the decode shapes `DSV4_CUDA_DECODE` asks for.
 fn with_budget(
     backend: CudaBackend,
     mib: Option<u64>,
@@ -173,7 +190,8 @@ fn with_budget(
     backend.check_page_cache(opts.check_cached_pages);
     Ok(backend
         .with_device_routing(routing_choice(opts)?)
-        .with_device_attention(attention_choice(opts)?))
+        .with_device_attention(attention_choice(opts)?)
+        .with_decode_shapes(decode_choice(opts)?))
 }
 
 fn unavailable(name: &str, e: CudaError) -> KernelError {

@@ -50,18 +50,34 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
     assert!(r.peaks.copy_gbs.is_finite() && r.peaks.copy_gbs > 0.0);
     assert!(r.peaks.fma_f32_tflops.is_finite() && r.peaks.fma_f32_tflops > 0.0);
     assert_eq!(r.peaks.mma_bf16_tflops, None, "no mma on the emulator");
-    assert_eq!(r.linear.len(), 6);
+    assert_eq!(r.linear.len(), 8);
     assert_eq!(
         r.linear
             .iter()
             .map(|t| (t.groups, t.path))
             .collect::<Vec<_>>(),
-        [1, 1, 2, 2, 1, 1]
+        [1, 1, 2, 2, 1, 1, 1, 1]
             .into_iter()
             .zip([LinearPath::Simt, LinearPath::Mma].into_iter().cycle())
             .collect::<Vec<_>>(),
-        "a plain GEMV, the grouped experts' GEMV, a prefill GEMM, each on SIMT and tensor cores"
+        "a plain fp8 GEMV, the grouped experts' GEMV, an MXFP4 GEMV, a prefill GEMM, each on \
+         SIMT and tensor cores"
     );
+    // The three decode cases on each of their format's three shapes, the default marked.
+    assert_eq!(r.decode_shapes.len(), 9, "{:?}", r.decode_shapes);
+    for case in r.decode_shapes.chunks(3) {
+        let selected: Vec<&str> = case
+            .iter()
+            .filter(|s| s.selected)
+            .map(|s| s.shape.as_str())
+            .collect();
+        assert!(selected == ["c2w4"] || selected == ["c4w4"], "{case:?}");
+        for s in case {
+            assert_eq!(s.case, case[0].case);
+            assert!(s.seconds > 0.0 && s.speedup > 0.0, "{s:?}");
+            assert!(!s.selected || s.speedup == 1.0, "{s:?}");
+        }
+    }
     for t in &r.linear {
         assert!(t.seconds > 0.0 && t.seconds.is_finite(), "{t:?}");
         let ratio = t.weight_gbs / r.peaks.copy_gbs;

@@ -10,7 +10,7 @@ mod common;
 
 use common::{emu_available, every_scale_byte_weights, random_weight};
 
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use dsv4_backend_cuda::{CudaBackend, DecodeShape, DecodeShapes, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
@@ -280,6 +280,63 @@ fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
             let sides = ("in 3 rows", "alone");
             assert_same_rows(&what, sides, &batched[r * o..(r + 1) * o], &alone, o);
         }
+    }
+}
+
+#[test]
+fn every_decode_shape_gives_the_default_shapes_bits() {
+    // kernels/linear.cu compiles several shapes of the one-row fp8 and MXFP4 kernels (columns
+    // a warp, warps a block; DSV4_CUDA_DECODE picks one): each must give every column the
+    // default shape's bits — with f64 sums the reference's — at every scale byte and code, on
+    // rows wider than a staged tile and column counts that leave a block part empty; and the
+    // device op set (resident and grouped launches) must conform on each.
+    if !available("every_decode_shape_gives_the_default_shapes_bits") {
+        return;
+    }
+    let mut rng = SplitMix64::new(17);
+    let [fp8, mx] = every_scale_byte_weights(&mut rng);
+    let odd_fp8 = random_weight(&mut rng, WeightFormat::Fp8Block, 200, 2100);
+    let odd_mx = random_weight(&mut rng, WeightFormat::Mxfp4, 77, 32 * 150);
+    for acc_f64 in [true, false] {
+        let dev = emu::open(acc_f64).expect("open the emulator");
+        for w in [&fp8, &mx, &odd_fp8, &odd_mx] {
+            let (o, i) = (w.out_dim, w.in_dim);
+            let x: Vec<f32> = (0..i).map(|_| rng.uniform_sym(2.0)).collect();
+            let mut want = vec![0f32; o];
+            if acc_f64 {
+                ReferenceBackend.linear(w, &x, 1, &mut want);
+            } else {
+                CudaBackend::new(EMU_NAME, dev.clone()).linear(w, &x, 1, &mut want);
+            }
+            let shapes = DecodeShape::compiled(w.format);
+            assert!(
+                shapes.len() > 1,
+                "{}: fp8 and MXFP4 have several shapes",
+                w.name
+            );
+            for &shape in shapes {
+                let decode = DecodeShapes::default()
+                    .with(w.format, shape)
+                    .expect("compiled");
+                let be = CudaBackend::new(EMU_NAME, dev.clone()).with_decode_shapes(decode);
+                let mut got = vec![0f32; o];
+                be.linear(w, &x, 1, &mut got);
+                let what = format!("{} [{o}, {i}] f64={acc_f64} shape {}", w.name, shape.name());
+                let want_side = if acc_f64 {
+                    "reference"
+                } else {
+                    "default shape"
+                };
+                assert_same_rows(&what, (want_side, "this shape"), &want, &got, o);
+            }
+        }
+    }
+    // Resident and grouped (`_g1`) launches on every other shape.
+    for spec in ["fp8=c2w8,mxfp4=c4w8", "fp8=c4w4,mxfp4=c2w4"] {
+        let decode = DecodeShapes::parse(spec).expect("compiled shapes");
+        let fails =
+            dsv4_kernels::device_check::conformance(&backend(false).with_decode_shapes(decode));
+        assert!(fails.is_empty(), "{spec}: {}", fails.join("\n"));
     }
 }
 

@@ -162,6 +162,17 @@ fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
         &[("DSV4_CUDA_PAGE_CACHE_MIB", "0")],
         "backend.cuda_page_cache_mib = 512 but DSV4_CUDA_PAGE_CACHE_MIB=0",
     );
+    fails_with(
+        &["backend.cuda_decode=fp8=c2w16"],
+        &[],
+        "backend.cuda_decode = fp8=c2w16: no fp8 decode kernels of shape c2w16: compiled are \
+         c2w4, c2w8, c4w4",
+    );
+    fails_with(
+        &["backend.cuda_decode=mxfp4=c4w8"],
+        &[("DSV4_CUDA_DECODE", "mxfp4=c2w4")],
+        "backend.cuda_decode = fp8=c2w4,mxfp4=c4w8 but DSV4_CUDA_DECODE=fp8=c2w4,mxfp4=c2w4",
+    );
 }
 
 #[test]
@@ -525,6 +536,14 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
         &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_LINEAR", "wmma")],
         "DSV4_CUDA_LINEAR=wmma: unknown linear path `wmma`: expected simt or mma",
     );
+    fails_with(
+        &[
+            ("DSV4_CUDA_DRIVER", "emu"),
+            ("DSV4_CUDA_DECODE", "fp8=c8w4"),
+        ],
+        "DSV4_CUDA_DECODE=fp8=c8w4: no fp8 decode kernels of shape c8w4: compiled are c2w4, \
+         c2w8, c4w4",
+    );
     for cc in ["7.5", "nine", "9"] {
         fails_with(
             &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
@@ -538,7 +557,8 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
     if !available("bench_reports_the_device_section_for_a_cuda_backend") {
         return;
     }
-    let v = json(dsv4(
+    // The fp8 decode kernels of a shape other than the default (DSV4_CUDA_DECODE).
+    let mut cmd = dsv4(
         &std::env::temp_dir(),
         &[
             "bench",
@@ -550,7 +570,9 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             "--no-serving",
             "--json",
         ],
-    ));
+    );
+    cmd.env("DSV4_CUDA_DECODE", "fp8=c4w4");
+    let v = json(cmd);
     let d = &v["device"][0];
     assert_eq!(d["backend"], "cuda-emu", "{v}");
     assert_eq!(d["peaks"]["emulated"], true, "{d}");
@@ -570,6 +592,45 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
     let on = |path: &str| linear.iter().filter(|t| t["path"] == path).count();
     assert_eq!(on("simt"), on("mma"), "{v}");
     assert_eq!(on("simt") + on("mma"), linear.len(), "{v}");
+    // The one-row SIMT rows name their shape; every fp8 and MXFP4 decode case is timed on
+    // each compiled shape, the backend's (the environment's c4w4 for fp8) marked.
+    for t in linear {
+        let decode = t["rows"] == 1 && t["path"] == "simt";
+        let fp8 = t["case"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("gemv_fp8"));
+        // c4w4: fp8's by the environment, MXFP4's and bf16's by default.
+        let want = if decode {
+            serde_json::json!("c4w4")
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(t["shape"], want, "{t}");
+        if !decode
+            || t["case"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("gemv_bf16"))
+        {
+            continue;
+        }
+        let shapes: Vec<&serde_json::Value> = d["decode_shapes"]
+            .as_array()
+            .expect("decode shapes")
+            .iter()
+            .filter(|s| s["case"] == t["case"])
+            .collect();
+        let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
+        let compiled = if fp8 {
+            ["c2w4", "c2w8", "c4w4"]
+        } else {
+            ["c4w4", "c2w4", "c4w8"]
+        };
+        assert_eq!(names, compiled, "{t}");
+        for s in shapes {
+            assert_eq!(s["selected"], s["shape"] == want, "{s}");
+            assert!(s["speedup"].as_f64().is_some_and(|x| x > 0.0), "{s}");
+        }
+    }
     // A MoE layer with the routing on the device against host-built groups.
     let r = &d["routing"];
     for key in [

@@ -120,6 +120,15 @@ pub struct BackendSection {
     /// Device memory for cache pages kept across calls, per entry layout (cuda-sm120, cuda-emu).
     #[serde(default)]
     pub cuda_page_cache_mib: PageCacheMib,
+    /// Shapes of the CUDA backends' one-row linear kernels: `auto` (the backend's defaults) or
+    /// `fp8=c2w8,mxfp4=c4w8`; speed only, never bits.
+    #[serde(default = "auto")]
+    pub cuda_decode: String,
+}
+
+/// `"auto"`: a text knob's default that leaves the choice to the code that reads it.
+fn auto() -> String {
+    "auto".to_string()
 }
 
 impl Default for BackendSection {
@@ -132,6 +141,7 @@ impl Default for BackendSection {
             cuda_routing: DeviceOrHost::default(),
             cuda_attention: DeviceOrHost::default(),
             cuda_page_cache_mib: PageCacheMib::default(),
+            cuda_decode: auto(),
         }
     }
 }

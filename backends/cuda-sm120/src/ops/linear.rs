@@ -2,6 +2,7 @@
 //! [`WeightCache`] and decoded by the `linear_*` kernels (kernels/linear.cu); each call uploads
 //! its input rows and reads the output back.
 
+use super::decode_shape::{DecodeShapes, format_key};
 use crate::bench::CallTimes;
 use crate::device::{DevBuf, DevPtr, KArg, blocks_for};
 use crate::{Core, CudaError, Device};
@@ -9,19 +10,12 @@ use dsv4_kernels::{Linear, WeightFormat, WeightKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Threads per block of the linear kernels (LIN_THREADS, and LMMA_THREADS of the tensor-core
-/// ones): four warps.
+/// Threads per block of the batched linear kernels (LIN_THREADS, and LMMA_THREADS of the
+/// tensor-core ones): four warps. The decode kernels' blocks have their shape's
+/// ([`DecodeShape`]).
 const THREADS: u32 = 128;
 /// Warps per block.
 const WARPS: usize = THREADS as usize / 32;
-/// Output columns one warp computes in the decode (`_r1`, `_g1`) kernels of `format`:
-/// kernels/linear.cu's `lin_r1` table, which says why.
-fn r1_cols(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::Fp8Block => 2,
-        _ => 4,
-    }
-}
 /// Rows one warp multiplies per weight pass in the batched (`_r8`) kernels.
 const ROWS_PER_PASS: usize = 8;
 /// Weight rows are stored with a pitch that is a multiple of this many bytes (one chunk).
@@ -68,7 +62,7 @@ impl LinearPath {
     }
 
     /// Whether weights of format `f` take the tensor-core kernels on this path.
-    fn uses_mma(self, f: WeightFormat) -> bool {
+    pub(crate) fn uses_mma(self, f: WeightFormat) -> bool {
         self == Self::Mma && f != WeightFormat::F32
     }
 }
@@ -243,12 +237,19 @@ pub(crate) fn launch(
     let o = rw.out_dim;
     let rows32 = u32::try_from(rows)
         .map_err(|_| CudaError::BadOperands(format!("linear {name}: {rows} rows")))?;
-    let (cols_per_block, rows_per_block, suffix) = if path.uses_mma(rw.format) {
-        (MMA_COLS, MMA_ROWS, "mma")
+    let fmt = format_key(rw.format);
+    let (cols_per_block, rows_per_block, kernel, threads) = if path.uses_mma(rw.format) {
+        (MMA_COLS, MMA_ROWS, format!("linear_{fmt}_mma"), THREADS)
     } else if rows == 1 {
-        (WARPS * r1_cols(rw.format), 1, "r1")
+        let s = c.decode.of(rw.format);
+        (
+            s.block_cols(),
+            1,
+            s.kernel(rw.format, fmt, false),
+            s.threads(),
+        )
     } else {
-        (WARPS, ROWS_PER_PASS, "r8")
+        (WARPS, ROWS_PER_PASS, format!("linear_{fmt}_r8"), THREADS)
     };
     let gy = blocks_for(rows, rows_per_block);
     if gy as usize > MAX_GRID_Y {
@@ -269,7 +270,6 @@ pub(crate) fn launch(
             xb.ptr
         )));
     }
-    let fmt = kernel_format(rw.format);
     let args = [
         KArg::Buf(&rw.data),
         KArg::Buf(&rw.scale),
@@ -285,24 +285,7 @@ pub(crate) fn launch(
     // SAFETY: the arguments follow the kernel's parameter list; the weight holds out_dim rows
     // of `pitch` bytes (and its scales as Linear::new checked them), and the operand sizes were
     // checked above.
-    unsafe {
-        c.dev.launch(
-            &format!("linear_{fmt}_{suffix}"),
-            grid,
-            (THREADS, 1, 1),
-            &args,
-        )
-    }
-}
-
-/// The format part of the linear kernels' names.
-fn kernel_format(f: WeightFormat) -> &'static str {
-    match f {
-        WeightFormat::F32 => "f32",
-        WeightFormat::Bf16 => "bf16",
-        WeightFormat::Fp8Block => "fp8",
-        WeightFormat::Mxfp4 => "mxfp4",
-    }
+    unsafe { c.dev.launch(&kernel, grid, (threads, 1, 1), &args) }
 }
 
 /// Bytes of one entry of a grouped launch's table (kernels/linear.cu, `lin_group`): weight
@@ -447,14 +430,19 @@ pub(crate) fn launch_grouped(
             table.bytes
         )));
     }
-    let (cols_per_block, suffix) = if t.mma {
-        (MMA_COLS, "mma_g")
+    let fmt = format_key(first.format);
+    let (cols_per_block, kernel, threads) = if t.mma {
+        (MMA_COLS, format!("linear_{fmt}_mma_g"), THREADS)
     } else if t.per_entry == 1 {
-        (WARPS * r1_cols(first.format), "g1")
+        let s = c.decode.of(first.format);
+        (
+            s.block_cols(),
+            s.kernel(first.format, fmt, true),
+            s.threads(),
+        )
     } else {
-        (WARPS, "g8")
+        (WARPS, format!("linear_{fmt}_g8"), THREADS)
     };
-    let kernel = format!("linear_{}_{suffix}", kernel_format(first.format));
     for run in entry_runs(t.entries, MAX_GRID_Y) {
         let part = DevPtr {
             ptr: table.ptr + (run.start * GROUP_ENTRY) as u64,
@@ -477,13 +465,14 @@ pub(crate) fn launch_grouped(
         // SAFETY: the arguments follow the kernel's parameter list; every table entry names a
         // resident weight of first's shape and pitch (the caller checked the shapes and
         // formats) and rows inside [0, rows), whose operands were checked above.
-        unsafe { c.dev.launch(&kernel, grid, (THREADS, 1, 1), &args)? };
+        unsafe { c.dev.launch(&kernel, grid, (threads, 1, 1), &args)? };
     }
     Ok(())
 }
 
 /// Median seconds per grouped launch of `ws` (a layer's experts: group g is rows
-/// `g·rows .. (g+1)·rows`, through `ws[g]`) on the kernels of `path`, every operand resident on
+/// `g·rows .. (g+1)·rows`, through `ws[g]`) on the kernels of `path` (one-row kernels of the
+/// shapes `decode`), every operand resident on
 /// the device, launched from the host and replayed as a graph ([`CallTimes`]): what
 /// `dsv4 bench` reports for the grouped kernels. The launches take, in turn, `sets` separately
 /// uploaded sets of the weights (at least one), each with its own table (the first set is the
@@ -491,12 +480,16 @@ pub(crate) fn launch_grouped(
 pub fn time_grouped(
     backend: &crate::CudaBackend,
     path: LinearPath,
+    decode: DecodeShapes,
     ws: &[Linear],
     rows: usize,
     batches: usize,
     sets: usize,
 ) -> Result<CallTimes, CudaError> {
-    let c = &backend.core;
+    let c = &crate::Core {
+        decode,
+        ..backend.core.clone()
+    };
     let Some(first) = ws.first() else {
         return Err(CudaError::BadOperands("grouped linear: no weights".into()));
     };
@@ -543,7 +536,8 @@ pub fn time_grouped(
     Ok(CallTimes { launched, graphed })
 }
 
-/// Median seconds per `linear` of `w` over `rows` rows on the kernels of `path`, with weights,
+/// Median seconds per `linear` of `w` over `rows` rows on the kernels of `path` (one-row
+/// kernels of the shapes `decode`), with weights,
 /// inputs and outputs all resident on the device (no copies timed), launched from the host and
 /// replayed as a graph ([`CallTimes`]): what `dsv4 bench` reports for the kernels. The
 /// launches take, in turn, `copies` (at least 1) separately uploaded copies of the weight (the
@@ -552,12 +546,16 @@ pub fn time_grouped(
 pub fn time_linear(
     backend: &crate::CudaBackend,
     path: LinearPath,
+    decode: DecodeShapes,
     w: &Linear,
     rows: usize,
     batches: usize,
     copies: usize,
 ) -> Result<CallTimes, CudaError> {
-    let c = &backend.core;
+    let c = &crate::Core {
+        decode,
+        ..backend.core.clone()
+    };
     let mut ws = vec![c.weights.get(&c.dev, w)?];
     for _ in 1..copies {
         ws.push(Arc::new(ResidentWeight::upload(&c.dev, w)?));

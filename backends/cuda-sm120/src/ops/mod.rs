@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod cache;
 pub mod checksum;
+pub mod decode_shape;
 pub mod indexer;
 pub mod linear;
 pub mod mhc;

@@ -60,6 +60,11 @@ impl Resident {
         self.core.pages = pages;
     }
 
+    /// Launch the one-row linear kernels of `shapes`.
+    pub(crate) fn set_decode_shapes(&mut self, shapes: crate::DecodeShapes) {
+        self.core.decode = shapes;
+    }
+
     /// Offer the routing ops (`on`) or not.
     pub(crate) fn set_routing(&mut self, on: bool) {
         self.routes = on;

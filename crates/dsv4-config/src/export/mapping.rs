@@ -201,6 +201,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         ),
     ),
     row(
+        "backend.cuda_decode",
+        Always,
+        Same("SGLang chooses its own GEMV kernels"),
+    ),
+    row(
         "numerics.kv_cache_dtype",
         Is("fp8"),
         FlagConst("--kv-cache-dtype", "fp8_e4m3"),

@@ -93,6 +93,15 @@ pub const KEYS: &[KeySpec] = &[
          backend's default (an eighth of the GPU's memory, 1024 where the driver does not say; \
          64 on the emulator); other backends ignore it",
     ),
+    key(
+        "backend.cuda_decode",
+        ValueKind::Text,
+        "auto",
+        "shapes of the CUDA backends' one-row linear kernels per weight format, as \
+         fp8=c2w8,mxfp4=c4w8 (C output columns a warp, W warps a block; the backend lists the \
+         compiled ones), or auto (the backend's defaults); the same bits in every shape, only \
+         the speed differs (dsv4 bench times each); other backends ignore it",
+    ),
     // [numerics]
     key(
         "numerics.kv_cache_dtype",

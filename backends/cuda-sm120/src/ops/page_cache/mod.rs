@@ -46,17 +46,11 @@ pub const PAGE_CACHE_ENV: &str = "DSV4_CUDA_PAGE_CACHE_MIB";
 /// The MiB [`PAGE_CACHE_ENV`] asks for (None when unset or empty); a value that is not a whole
 /// number of MiB is an error naming the variable.
 pub fn mib_from_env() -> Result<Option<u64>, CudaError> {
-    match std::env::var(PAGE_CACHE_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) if v.trim().is_empty() => Ok(None),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(mib) => Ok(Some(mib)),
-            Err(_) => Err(CudaError::BadOperands(format!(
-                "{PAGE_CACHE_ENV}={v:?}: expected MiB of device memory per page arena, e.g. \
-                 1024 (0 keeps no page)"
-            ))),
-        },
-    }
+    crate::registry::env_knob(PAGE_CACHE_ENV, |v| {
+        v.parse::<u64>().map_err(|_| {
+            "expected MiB of device memory per page arena, e.g. 1024 (0 keeps no page)".to_string()
+        })
+    })
 }
 
 /// Bytes of `mib` MiB (saturating).

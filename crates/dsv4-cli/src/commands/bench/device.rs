@@ -77,7 +77,12 @@ pub fn render(sections: &[DeviceSection]) -> String {
             s.push_str(&format!(
                 "| {} | {} | {:.4}{graph} | {:.1} | {:.0}% | {:.4} | {:.0}% | {:.2} | {} | {} |\n",
                 t.case,
-                t.path.name(),
+                t.shape
+                    .as_ref()
+                    .map_or(t.path.name().to_string(), |sh| format!(
+                        "{} {sh}",
+                        t.path.name()
+                    )),
                 t.seconds * 1e3,
                 t.weight_gbs,
                 t.of_copy_bandwidth * 100.0,
@@ -88,6 +93,23 @@ pub fn render(sections: &[DeviceSection]) -> String {
                     .map_or("n/a".to_string(), |f| format!("{:.0}%", f * 100.0)),
                 t.copies
             ));
+        }
+        if !d.report.decode_shapes.is_empty() {
+            s.push_str(
+                "\n| decode case | one-row kernel shape (cols a warp, warps a block) | ms (graph) | of copy bandwidth | speed over the backend's shape |\n\
+                 |---|---|---:|---:|---:|\n",
+            );
+            for t in &d.report.decode_shapes {
+                let mark = if t.selected { " (the backend's)" } else { "" };
+                s.push_str(&format!(
+                    "| {} | {}{mark} | {:.4} | {:.0}% | {:.2}x |\n",
+                    t.case,
+                    t.shape,
+                    t.seconds * 1e3,
+                    t.of_copy_bandwidth * 100.0,
+                    t.speedup
+                ));
+            }
         }
         let sums = if p.f64_sums { "f64" } else { "f32" };
         s.push_str(&format!(
