@@ -4,7 +4,8 @@
 The decode GEMVs are issue-bound on an H200 (docs/performance.md), so the instructions a loop
 iteration issues per weight is the number their kernel changes are judged by before a GPU can
 time them. For each kernel named, this finds the smallest loop (a backward branch) with at
-least 16 accumulating instructions (DFMA in an f64-sum CUBIN, else FADD) and no warp shuffle,
+least 16 accumulating instructions (DFMA in an f64-sum CUBIN, else FFMA, or FADD before the
+f32 sums were fused) and no warp shuffle,
 and the path through it, head to back edge, with the most of them: the fast path (a chunk of
 every column decoded and added), which the rare out-of-line routes leave. It prints the loop's
 size, the path's length and its opcode mix.
@@ -76,7 +77,8 @@ def functions(cubin):
 
 def fast_path(labels, insns):
     """(loop start, loop end, path of instruction indices, accumulating opcode), or None."""
-    acc = "DFMA" if any(opcode(x) == "DFMA" for x in insns) else "FADD"
+    ops = {opcode(x) for x in insns}
+    acc = next((op for op in ("DFMA", "FFMA", "FADD") if op in ops), "FADD")
     loops = []
     for i, ins in enumerate(insns):
         m = BRANCH.search(ins)

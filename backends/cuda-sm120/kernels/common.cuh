@@ -25,7 +25,8 @@ typedef float acc_t;
 
 // acc + a·b for f32 values a, b (given as acc_t). With f64 sums the product of two f32 values is
 // exact, so one fma rounds exactly as the reference's acc + a·b and takes one FP64 instruction
-// instead of two; with f32 sums it stays a multiply and an add (an fma would round differently).
+// instead of two; with f32 sums it stays a multiply and an add (the attention-side kernels; the
+// linear kernels fuse theirs, lin_mac in lin_decode.cuh).
 __device__ __forceinline__ acc_t acc_mac(acc_t a, acc_t b, acc_t acc) {
 #ifdef DSV4_ACC_F64
     return fma(a, b, acc);

@@ -219,17 +219,31 @@ __device__ __forceinline__ void lin_load_x(const float* __restrict__ xr, float* 
     }
 }
 
-// acc += Σ_k w[k]·x[k] over the chunk's first `lim` elements, in element order.
+// acc + w·x for a weight w and an input x (f32 values, given as acc_t), rounded once: every
+// linear kernel adds its products with this one fused multiply-add. With f64 sums the product
+// is exact, so it is the reference's acc + w·x in one FP64 instruction; with f32 sums it is one
+// FFMA where a multiply and an add were two, and it depends only on the exact product, so the
+// fast decodes' rescaled operands (fp8 codes against x·2^k·scale) give the general decode's
+// bits.
+__device__ __forceinline__ acc_t lin_mac(acc_t w, acc_t x, acc_t acc) {
+#ifdef DSV4_ACC_F64
+    return fma(w, x, acc);
+#else
+    return fmaf(w, x, acc);
+#endif
+}
+
+// acc += Σ_k w[k]·x[k] over the chunk's first `lim` elements, in element order (lin_mac).
 template <int E>
 __device__ __forceinline__ void lin_dot(acc_t& acc, const float* w, const float* xv, u32 lim) {
     if (lim == (u32)E) {
 #pragma unroll
-        for (int k = 0; k < E; k++) acc += (acc_t)w[k] * (acc_t)xv[k];
+        for (int k = 0; k < E; k++) acc = lin_mac((acc_t)w[k], (acc_t)xv[k], acc);
     } else {
         // The row's last, partial chunk: the zero padding past in_dim is skipped.
 #pragma unroll
         for (int k = 0; k < E; k++) {
-            if ((u32)k < lim) acc += (acc_t)w[k] * (acc_t)xv[k];
+            if ((u32)k < lim) acc = lin_mac((acc_t)w[k], (acc_t)xv[k], acc);
         }
     }
 }
@@ -300,7 +314,7 @@ __device__ __forceinline__ void lin_dot64(double& acc, const double* wd,
         for (int q = 0; q < E / 4; q++) {
             const lin_f4 f = p[q];
 #pragma unroll
-            for (int k = 0; k < 4; k++) acc = fma(wd[4 * q + k], (double)f.v[k], acc);
+            for (int k = 0; k < 4; k++) acc = lin_mac(wd[4 * q + k], (double)f.v[k], acc);
         }
     } else {
 #pragma unroll
@@ -308,7 +322,7 @@ __device__ __forceinline__ void lin_dot64(double& acc, const double* wd,
             const lin_f4 f = p[q];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                if ((u32)(4 * q + k) < lim) acc = fma(wd[4 * q + k], (double)f.v[k], acc);
+                if ((u32)(4 * q + k) < lim) acc = lin_mac(wd[4 * q + k], (double)f.v[k], acc);
             }
         }
     }

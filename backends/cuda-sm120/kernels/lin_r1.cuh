@@ -221,7 +221,7 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                             acc_t w[EW];
                             fast[j].word(cur[j].w[q], w);
 #pragma unroll
-                            for (int k = 0; k < EW; k++) acc[j] = acc_mac(w[k], xa[k], acc[j]);
+                            for (int k = 0; k < EW; k++) acc[j] = lin_mac(w[k], xa[k], acc[j]);
                         }
                     }
                 } else {
@@ -254,12 +254,12 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                         double wd[E];
                         lin_decode64<FMT>(cur[j], 0u, wd);
 #pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] = fma(wd[k], xd[k], acc[j]);
+                        for (int k = 0; k < E; k++) acc[j] = lin_mac(wd[k], xd[k], acc[j]);
 #else
                         float w[E];
                         lin_decode_fast<FMT>(cur[j], 0u, w);
 #pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] += w[k] * xv[k];
+                        for (int k = 0; k < E; k++) acc[j] = lin_mac(w[k], xv[k], acc[j]);
 #endif
                     } else if ((u32)j < nc) {
                         acc[j] = lin_chunk_dot_any<FMT>(acc[j], cur[j], 0u, xc, lim);
