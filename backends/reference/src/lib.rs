@@ -6,9 +6,9 @@ mod mhc;
 mod ops;
 
 use dsv4_core::IndexKDtype;
-use dsv4_core::cache::{CacheLayoutError, round_index_vector};
+use dsv4_core::cache::round_index_vector;
 use dsv4_kernels::registry::{BackendFactory, BackendOptions};
-use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{Backend, HcParams, KernelError, Linear, MhcPre, RopeTable};
 use std::sync::Arc;
 
 /// The reference backend (stateless).
@@ -108,26 +108,6 @@ impl Backend for ReferenceBackend {
 
     fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]) {
         ops::swiglu(g, u, limit, weight, out)
-    }
-
-    fn cache_store(
-        &self,
-        fmt: &RowFormat,
-        page: &mut [u8],
-        slot: usize,
-        values: &[f32],
-    ) -> Result<(), CacheLayoutError> {
-        fmt.write(page, slot, values)
-    }
-
-    fn cache_load(
-        &self,
-        fmt: &RowFormat,
-        page: &[u8],
-        slot: usize,
-        out: &mut [f32],
-    ) -> Result<(), CacheLayoutError> {
-        fmt.read(page, slot, out)
     }
 
     fn round_index_rows(&self, dtype: IndexKDtype, x: &mut [f32], dim: usize) {

@@ -325,14 +325,17 @@ pub trait Backend: Send + Sync {
     fn swiglu(&self, g: &[f32], u: &[f32], limit: f32, weight: f32, out: &mut [f32]);
 
     /// Quantize one cache row into `slot` of `page` in the format's exact byte layout (spec §4);
-    /// only that slot's bytes change.
+    /// only that slot's bytes change. The default is the host codec, [`RowFormat::write`]; a GPU
+    /// backend runs its kernel.
     fn cache_store(
         &self,
         fmt: &RowFormat,
         page: &mut [u8],
         slot: usize,
         values: &[f32],
-    ) -> Result<(), CacheLayoutError>;
+    ) -> Result<(), CacheLayoutError> {
+        fmt.write(page, slot, values)
+    }
 
     /// Quantize whole cache rows into their entry bytes: `values` holds rows of `fmt.width()`
     /// values, and row r's entry — its slot's data bytes, then its scale bytes: exactly what
@@ -355,14 +358,17 @@ pub trait Backend: Send + Sync {
         Ok(out)
     }
 
-    /// Dequantize `slot` of `page` (exactly) into `out`.
+    /// Dequantize `slot` of `page` (exactly) into `out`. The default is the host codec,
+    /// [`RowFormat::read`]; a GPU backend runs its kernel.
     fn cache_load(
         &self,
         fmt: &RowFormat,
         page: &[u8],
         slot: usize,
         out: &mut [f32],
-    ) -> Result<(), CacheLayoutError>;
+    ) -> Result<(), CacheLayoutError> {
+        fmt.read(page, slot, out)
+    }
 
     /// Dequantize many rows at once: row r is slot `rows[r].1` of page `pages[rows[r].0]`,
     /// written to `out[r·width .. (r+1)·width]` (width = `fmt.width()`). Row for row equal to
