@@ -273,3 +273,25 @@ linear_mxfp4_g1_c4w8(const lin_group* __restrict__ table,
     u32 xpitch) {
     linear_grouped<LIN_MXFP4, 1, 4, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
+extern "C" __global__ void linear_fp8_r1_c1w8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 1, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c1w8(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 1, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+linear_mxfp4_r1_c2w8(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4, 2, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+linear_mxfp4_g1_c2w8(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 2, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}

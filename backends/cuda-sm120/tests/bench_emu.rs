@@ -63,9 +63,9 @@ fn the_device_bench_reports_finite_fractions_of_its_own_peaks() {
         "a plain fp8 GEMV, the grouped experts' GEMV, an MXFP4 GEMV, a prefill GEMM, each on \
          SIMT and tensor cores"
     );
-    // The three decode cases on each of their format's three shapes, the default marked.
-    assert_eq!(r.decode_shapes.len(), 9, "{:?}", r.decode_shapes);
-    for case in r.decode_shapes.chunks(3) {
+    // The three decode cases on each of their format's four shapes, the default marked.
+    assert_eq!(r.decode_shapes.len(), 12, "{:?}", r.decode_shapes);
+    for case in r.decode_shapes.chunks(4) {
         let selected: Vec<&str> = case
             .iter()
             .filter(|s| s.selected)

@@ -26,9 +26,9 @@ const fn shape(cols: u32, warps: u32) -> DecodeShape {
 
 /// fp8 shapes kernels/linear.cu compiles, default first (`lin_r1<LIN_FP8>`, then the `_cCwW`
 /// kernels).
-const FP8: &[DecodeShape] = &[shape(2, 4), shape(2, 8), shape(4, 4)];
+const FP8: &[DecodeShape] = &[shape(2, 4), shape(2, 8), shape(4, 4), shape(1, 8)];
 /// MXFP4 shapes, default first.
-const MXFP4: &[DecodeShape] = &[shape(4, 4), shape(2, 4), shape(4, 8)];
+const MXFP4: &[DecodeShape] = &[shape(4, 4), shape(2, 4), shape(4, 8), shape(2, 8)];
 /// bf16 and f32 weights: one shape.
 const OTHER: &[DecodeShape] = &[shape(4, 4)];
 
@@ -202,8 +202,8 @@ mod tests {
         let err = |s: &str| DecodeShapes::parse(s).unwrap_err();
         assert_eq!(
             err("fp8=c3w4"),
-            "no fp8 decode kernels of shape c3w4: compiled are c2w4, c2w8, c4w4 (the first is \
-             the default)"
+            "no fp8 decode kernels of shape c3w4: compiled are c2w4, c2w8, c4w4, c1w8 (the first \
+             is the default)"
         );
         assert!(
             err("bf16=c2w8").contains("compiled are c4w4"),
