@@ -177,7 +177,7 @@ pub(crate) fn decode_choice(opts: &BackendOptions) -> Result<DecodeShapes, CudaE
 
 /// `backend` with page arenas of `mib` MiB when the profile or the environment asked for it,
 /// checked when `opts` asks for it, routing where `routing_choice` says, attending where
-/// `attention_choice` says, and with the decode shapes `DSV4_CUDA_DECODE` asks for.
+/// `attention_choice` says, and with the decode shapes `decode_choice` says.
 fn with_budget(
     backend: CudaBackend,
     mib: Option<u64>,

@@ -58,8 +58,9 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         device_routing: profile.backend.cuda_routing.on_device(),
         device_attention: profile.backend.cuda_attention.on_device(),
         page_cache_mib: profile.backend.cuda_page_cache_mib.mib(),
+        // `auto` (or nothing) leaves the shapes to the backend.
         decode_shapes: Some(profile.backend.cuda_decode.trim())
-            .filter(|s| *s != "auto")
+            .filter(|s| !s.is_empty() && *s != "auto")
             .map(str::to_string),
         check_cached_pages: profile.debug.canary.iter().any(|p| {
             matches!(
