@@ -296,6 +296,9 @@ for case in dict.fromkeys(r["case"] for r in rows):
     best = max(mine, key=lambda r: r["speedup"])
     cells = "  ".join(f"{r['shape']}{'*' if r['selected'] else ''} {r['speedup']:.2f}x {r['of_copy_bandwidth']:.0%}" for r in mine)
     print(f"    {case:<42} {cells}  fastest {best['shape']}", file=sys.stderr)
+bests = [max(r["of_copy_bandwidth"] for r in rows if r["case"] == c) for c in dict.fromkeys(r["case"] for r in rows)]
+if bests:
+    print(f"    every fp8/MXFP4 decode GEMV at its fastest shape >= 60% of copy bandwidth: {'yes' if min(bests) >= 0.6 else 'no'}", file=sys.stderr)
 print(json.dumps([{k: r[k] for k in ("case", "shape", "selected", "seconds", "of_copy_bandwidth", "speedup")} for r in rows]))
 PY
 }
