@@ -45,7 +45,7 @@ fn median_per_call(
 }
 
 /// Median seconds per call of `f` (which issues one call's launches), over `batches` batches of
-/// `per_batch` calls each, after the device has been warmed up with them ([`WARM_UP`]).
+/// `per_batch` calls each, after the device has been warmed up with them (`WARM_UP`).
 pub fn time_launches(
     dev: &Device,
     per_batch: usize,
@@ -66,10 +66,10 @@ pub fn time_launches(
 /// to back as one CUDA graph.
 #[derive(Debug, Clone, Copy)]
 pub struct CallTimes {
-    /// Median seconds per call with each launch issued from the host ([`time_op`]): the host's
+    /// Median seconds per call with each launch issued from the host (`time_op`): the host's
     /// per-launch cost included whenever it exceeds the kernel's time.
     pub launched: f64,
-    /// Median seconds per call with the calls replayed as one CUDA graph ([`time_graphed`]):
+    /// Median seconds per call with the calls replayed as one CUDA graph (`time_graphed`):
     /// the device's time for back-to-back kernels, as a captured plan runs them. None when the
     /// calls did not replay as a graph.
     pub graphed: Option<f64>,
@@ -78,7 +78,7 @@ pub struct CallTimes {
 /// Median seconds per call of `calls` calls (`f(i)` issues call i's launches), replayed as one
 /// CUDA graph `batches` times: the calls are recorded under a graph span (`Device::graphs`),
 /// seen once, built into a graph the second time, replayed until the device is warm
-/// ([`WARM_UP`]), then each timed batch is one graph launch and a synchronize. None when the
+/// (`WARM_UP`), then each timed batch is one graph launch and a synchronize. None when the
 /// batches did not run as graph launches (a driver that refused to build the graph, or fewer
 /// than two launches).
 pub(crate) fn time_graphed(

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 /// Threads per block of the batched linear kernels (LIN_THREADS, and LMMA_THREADS of the
 /// tensor-core ones): four warps. The decode kernels' blocks have their shape's
-/// ([`DecodeShape`]).
+/// ([`super::decode_shape::DecodeShape`]).
 const THREADS: u32 = 128;
 /// Warps per block.
 const WARPS: usize = THREADS as usize / 32;

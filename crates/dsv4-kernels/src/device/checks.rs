@@ -15,7 +15,7 @@ pub fn check_len(op: &str, what: &str, s: DevSlice, want: usize) -> Result<(), K
     }
 }
 
-/// The operands of [`DeviceOps::grouped_linear`] checked: at least one weight, all of one
+/// The operands of [`super::DeviceOps::grouped_linear`] checked: at least one weight, all of one
 /// format and shape, `starts` as documented there, x and out of that many rows. Returns
 /// (rows, in, out).
 pub fn check_groups(
@@ -68,7 +68,7 @@ pub fn check_starts(
     )
 }
 
-/// The operands of [`DeviceOps::scatter_add_groups`] checked, but for the destination
+/// The operands of [`super::DeviceOps::scatter_add_groups`] checked, but for the destination
 /// (`scatter_add_rows` checks the indices against it): the starts, the source length, and no
 /// row index twice in one group.
 pub fn check_scatter_groups(
@@ -111,7 +111,7 @@ pub fn rows_of(op: &str, what: &str, s: DevSlice, dim: usize) -> Result<usize, K
     Ok(s.len / dim)
 }
 
-/// The operands of [`DeviceOps::rope`] checked: one position per row of `x`, and a table whose
+/// The operands of [`super::DeviceOps::rope`] checked: one position per row of `x`, and a table whose
 /// rotated dims fit the rows. Returns the rows.
 pub fn check_rope(
     x: DevSlice,
