@@ -16,7 +16,7 @@ use crate::ops_attn::{
 };
 use crate::resident::{Held, dev_err};
 use dsv4_core::IndexKDtype;
-use dsv4_kernels::device::{check_len, check_rope, ensure, rows_of};
+use dsv4_kernels::device::{check_len, check_mhc_post, check_mhc_pre, check_rope, ensure, rows_of};
 use dsv4_kernels::{
     Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, HcParams, KernelError, Linear, RopeTable,
 };
@@ -426,10 +426,7 @@ impl DeviceOps for WgpuBackend {
         let (op, m, d) = ("mhc_pre", p.m, p.d);
         let nout = mhc_nout(m);
         check_hc(op, p, nout, 3)?;
-        check_len(op, "x", x, t * m * d)?;
-        check_len(op, "u", u, t * d)?;
-        check_len(op, "post", post, t * m)?;
-        check_len(op, "comb", comb, t * m * m)?;
+        check_mhc_pre(x, t, (m, d), u, post, comb)?;
         let hs = [
             self.bound(op, "x", x)?,
             self.bound(op, "u", u)?,
@@ -471,11 +468,7 @@ impl DeviceOps for WgpuBackend {
         out: DevSlice,
     ) -> R<()> {
         let op = "mhc_post";
-        let t = rows_of(op, "y", y, d)?;
-        check_len(op, "x", x, t * m * d)?;
-        check_len(op, "post", post, t * m)?;
-        check_len(op, "comb", comb, t * m * m)?;
-        check_len(op, "out", out, t * m * d)?;
+        let t = check_mhc_post((x, y, post, comb), m, d, out)?;
         let hs = [
             self.bound(op, "x", x)?,
             self.bound(op, "y", y)?,

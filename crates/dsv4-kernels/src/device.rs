@@ -22,7 +22,8 @@ mod checks;
 mod staging;
 
 pub use checks::{
-    check_groups, check_len, check_rope, check_scatter_groups, check_starts, ensure, rows_of,
+    check_groups, check_len, check_mhc_post, check_mhc_pre, check_rope, check_scatter_groups,
+    check_starts, ensure, rows_of,
 };
 use staging::Staging;
 

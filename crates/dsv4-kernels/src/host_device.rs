@@ -8,7 +8,8 @@
 //! alloc is one alloc. Failed calls count nothing.
 
 use crate::device::{
-    Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_rope, ensure, rows_of,
+    Copy2d, DevBufId, DevSlice, DeviceOps, DeviceStats, check_len, check_mhc_post, check_mhc_pre,
+    check_rope, ensure, rows_of,
 };
 use crate::{
     Backend, HcParams, KernelError, Linear, MhcPre, PagedAttention, PagedIndexer, RopeTable,
@@ -413,10 +414,7 @@ impl DeviceOps for HostDevice {
     ) -> R<()> {
         let (op, m, d) = ("mhc_pre", p.m, p.d);
         Self::check_hc(op, p, (2 + m) * m, 3)?;
-        check_len(op, "x", x, t * m * d)?;
-        check_len(op, "u", u, t * d)?;
-        check_len(op, "post", post, t * m)?;
-        check_len(op, "comb", comb, t * m * m)?;
+        check_mhc_pre(x, t, (m, d), u, post, comb)?;
         let [v] = self.load(op, [("x", x)])?;
         self.check_out(op, &[("u", u), ("post", post), ("comb", comb)])?;
         let r = self.host(op, |be| be.mhc_pre(p, &v, t))?;
@@ -439,11 +437,7 @@ impl DeviceOps for HostDevice {
         out: DevSlice,
     ) -> R<()> {
         let op = "mhc_post";
-        let t = rows_of(op, "y", y, d)?;
-        check_len(op, "x", x, t * m * d)?;
-        check_len(op, "post", post, t * m)?;
-        check_len(op, "comb", comb, t * m * m)?;
-        check_len(op, "out", out, t * m * d)?;
+        check_mhc_post((x, y, post, comb), m, d, out)?;
         let [xv, yv, pv, cv] =
             self.load(op, [("x", x), ("y", y), ("post", post), ("comb", comb)])?;
         self.check_out(op, &[("out", out)])?;

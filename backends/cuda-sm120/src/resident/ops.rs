@@ -6,7 +6,7 @@ use super::{Ctx, op_err, overlap};
 use crate::device::{DevPtr, f32_bytes, f64_bytes};
 use crate::ops::{linear as lin, mhc, resident as res, rows};
 use dsv4_core::IndexKDtype;
-use dsv4_kernels::device::{Copy2d, check_len};
+use dsv4_kernels::device::{Copy2d, check_len, check_mhc_pre};
 use dsv4_kernels::{DevSlice, HcParams, KernelError, Linear, RopeTable};
 use std::sync::Arc;
 
@@ -417,10 +417,7 @@ pub(super) fn mhc_pre(
     comb: DevSlice,
 ) -> Result<(), KernelError> {
     let (m, d) = (p.m, p.d);
-    check_len("mhc_pre", "x", x, t * m * d)?;
-    check_len("mhc_pre", "u", u, t * d)?;
-    check_len("mhc_pre", "post", post, t * m)?;
-    check_len("mhc_pre", "comb", comb, t * m * m)?;
+    check_mhc_pre(x, t, (m, d), u, post, comb)?;
     let xp = cx.slice("x", x)?;
     let (up, pp, kp) = (
         cx.slice("u", u)?,

@@ -130,3 +130,37 @@ pub fn check_rope(
     )?;
     Ok(rows)
 }
+
+/// The slices of [`super::DeviceOps::mhc_pre`] for `t` tokens of M = `m` streams of D = `d`
+/// checked: x [t, M, D], u [t, D], post [t, M], comb [t, M, M].
+pub fn check_mhc_pre(
+    x: DevSlice,
+    t: usize,
+    (m, d): (usize, usize),
+    u: DevSlice,
+    post: DevSlice,
+    comb: DevSlice,
+) -> Result<(), KernelError> {
+    let op = "mhc_pre";
+    check_len(op, "x", x, t * m * d)?;
+    check_len(op, "u", u, t * d)?;
+    check_len(op, "post", post, t * m)?;
+    check_len(op, "comb", comb, t * m * m)
+}
+
+/// The operands of [`super::DeviceOps::mhc_post`] checked: y rows of `d` (t of them), x and out
+/// [t, m, d], post [t, m], comb [t, m, m]. Returns t.
+pub fn check_mhc_post(
+    (x, y, post, comb): (DevSlice, DevSlice, DevSlice, DevSlice),
+    m: usize,
+    d: usize,
+    out: DevSlice,
+) -> Result<usize, KernelError> {
+    let op = "mhc_post";
+    let t = rows_of(op, "y", y, d)?;
+    check_len(op, "x", x, t * m * d)?;
+    check_len(op, "post", post, t * m)?;
+    check_len(op, "comb", comb, t * m * m)?;
+    check_len(op, "out", out, t * m * d)?;
+    Ok(t)
+}
