@@ -24,13 +24,15 @@
 // stride that keeps every 8 lanes of a 16-byte shared load on distinct banks (lin_xs). bf16
 // weights, already at the copy bandwidth, and f32 ones keep reading the row directly.
 //
-// WARPS: warps per block (LIN_WARPS by default). The block's warps share one staged tile, so
-// more warps copy less of the row per weight; every shape gives a column the same bits.
+// WARPS: warps per block (8 for fp8, else LIN_WARPS). The block's warps share one staged tile,
+// so more warps copy less of the row per weight; every shape gives a column the same bits. The
+// H200 run of 2026-12-04 timed every compiled shape: fp8 c2w8 ran its GEMVs 1.03-1.11x faster
+// than c2w4 with either sums (docs/performance.md); for MXFP4 no shape won in both.
 // linear.cu compiles the default shape of each format and, for fp8 and MXFP4, a few others
 // (`_cCwW` kernels; ops/decode_shape.rs lists them) for `DSV4_CUDA_DECODE` and the bench.
 template <int FMT> struct lin_r1 {
     static const int COLS = FMT == LIN_FP8 ? 2 : 4;
-    static const int WARPS = LIN_WARPS;
+    static const int WARPS = FMT == LIN_FP8 ? 8 : LIN_WARPS;
     static const bool STAGE = FMT == LIN_FP8 || FMT == LIN_MXFP4;
 };
 

@@ -229,15 +229,15 @@ extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
 // default shapes are the plain kernels above), for DSV4_CUDA_DECODE and `dsv4 bench`, which
 // times each: which is fastest depends on the GPU (docs/cuda.md). Same parameters and bits as
 // the plain _r1 / _g1 kernels.
-extern "C" __global__ void linear_fp8_r1_c2w8(const u8* __restrict__ wdata,
+extern "C" __global__ void linear_fp8_r1_c2w4(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_r1_row<LIN_FP8, 2, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+    linear_r1_row<LIN_FP8, 2, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_g1_c2w8(const lin_group* __restrict__ table,
+extern "C" __global__ void linear_fp8_g1_c2w4(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
-    linear_grouped<LIN_FP8, 1, 2, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+    linear_grouped<LIN_FP8, 1, 2, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
 extern "C" __global__ void linear_fp8_r1_c4w4(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,

@@ -333,7 +333,7 @@ fn every_decode_shape_gives_the_default_shapes_bits() {
     }
     // Resident and grouped (`_g1`) launches on every other shape.
     for spec in [
-        "fp8=c2w8,mxfp4=c4w8",
+        "fp8=c2w4,mxfp4=c4w8",
         "fp8=c4w4,mxfp4=c2w4",
         "fp8=c1w8,mxfp4=c2w8",
     ] {

@@ -474,7 +474,7 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             .collect();
         let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
         let compiled = if fp8 {
-            ["c2w4", "c2w8", "c4w4", "c1w8"]
+            ["c2w8", "c2w4", "c4w4", "c1w8"]
         } else {
             ["c4w4", "c2w4", "c4w8", "c2w8"]
         };

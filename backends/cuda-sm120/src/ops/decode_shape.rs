@@ -7,7 +7,7 @@
 use dsv4_kernels::WeightFormat;
 
 /// Environment variable choosing the decode shapes, as `backend.cuda_decode` does in a profile:
-/// `fp8=c2w8,mxfp4=c4w8` (each format optional; unset or empty: every format's default, the
+/// `fp8=c1w8,mxfp4=c4w8` (each format optional; unset or empty: every format's default, the
 /// first of [`DecodeShape::compiled`]).
 pub const DECODE_ENV: &str = "DSV4_CUDA_DECODE";
 
@@ -26,7 +26,7 @@ const fn shape(cols: u32, warps: u32) -> DecodeShape {
 
 /// fp8 shapes kernels/linear.cu compiles, default first (`lin_r1<LIN_FP8>`, then the `_cCwW`
 /// kernels).
-const FP8: &[DecodeShape] = &[shape(2, 4), shape(2, 8), shape(4, 4), shape(1, 8)];
+const FP8: &[DecodeShape] = &[shape(2, 8), shape(2, 4), shape(4, 4), shape(1, 8)];
 /// MXFP4 shapes, default first.
 const MXFP4: &[DecodeShape] = &[shape(4, 4), shape(2, 4), shape(4, 8), shape(2, 8)];
 /// bf16 and f32 weights: one shape.
@@ -73,7 +73,7 @@ impl DecodeShape {
 
     /// The name of the decode kernel of weight format `fmt` (`fp8`) with this shape, one row
     /// (`_r1`) or grouped (`_g1`): `linear_fp8_r1` for the default shape, else with the
-    /// shape's name appended (`linear_fp8_r1_c2w8`).
+    /// shape's name appended (`linear_fp8_r1_c1w8`).
     pub fn kernel(self, format: WeightFormat, fmt: &str, grouped: bool) -> String {
         let kind = if grouped { "g1" } else { "r1" };
         if self == Self::default_for(format) {
@@ -130,14 +130,14 @@ impl DecodeShapes {
         Ok(self)
     }
 
-    /// The shapes `spec` asks for: comma-separated `format=shape` pairs (`fp8=c2w8,mxfp4=c4w8`;
+    /// The shapes `spec` asks for: comma-separated `format=shape` pairs (`fp8=c1w8,mxfp4=c4w8`;
     /// formats f32, bf16, fp8, mxfp4), the rest at their defaults.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut out = Self::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
-                .ok_or_else(|| format!("`{part}` is not format=shape (e.g. fp8=c2w8)"))?;
+                .ok_or_else(|| format!("`{part}` is not format=shape (e.g. fp8=c1w8)"))?;
             let format = match key.trim() {
                 "f32" => WeightFormat::F32,
                 "bf16" => WeightFormat::Bf16,
@@ -154,7 +154,7 @@ impl DecodeShapes {
         Ok(out)
     }
 
-    /// `fp8=c2w4,mxfp4=c4w4`: what [`DecodeShapes::parse`] reads back.
+    /// `fp8=c2w8,mxfp4=c4w4`: what [`DecodeShapes::parse`] reads back.
     pub fn describe(&self) -> String {
         format!("fp8={},mxfp4={}", self.fp8.name(), self.mxfp4.name())
     }
@@ -177,10 +177,10 @@ mod tests {
 
     #[test]
     fn shapes_parse_and_name_their_kernels() {
-        let s = DecodeShapes::parse(" fp8=c2w8 , mxfp4=c4w8").unwrap();
-        assert_eq!(s.of(Fp8Block), shape(2, 8));
+        let s = DecodeShapes::parse(" fp8=c1w8 , mxfp4=c4w8").unwrap();
+        assert_eq!(s.of(Fp8Block), shape(1, 8));
         assert_eq!(s.of(Mxfp4), shape(4, 8));
-        assert_eq!(s.describe(), "fp8=c2w8,mxfp4=c4w8");
+        assert_eq!(s.describe(), "fp8=c1w8,mxfp4=c4w8");
         assert_eq!(DecodeShapes::parse(&s.describe()).unwrap(), s);
         assert_eq!(DecodeShapes::parse("").unwrap(), DecodeShapes::default());
         assert_eq!(
@@ -189,7 +189,7 @@ mod tests {
         );
         assert_eq!(
             s.of(Fp8Block).kernel(Fp8Block, "fp8", false),
-            "linear_fp8_r1_c2w8"
+            "linear_fp8_r1_c1w8"
         );
         let d = DecodeShape::default_for(Mxfp4);
         assert_eq!(d.kernel(Mxfp4, "mxfp4", true), "linear_mxfp4_g1");
@@ -202,7 +202,7 @@ mod tests {
         let err = |s: &str| DecodeShapes::parse(s).unwrap_err();
         assert_eq!(
             err("fp8=c3w4"),
-            "no fp8 decode kernels of shape c3w4: compiled are c2w4, c2w8, c4w4, c1w8 (the first \
+            "no fp8 decode kernels of shape c3w4: compiled are c2w8, c2w4, c4w4, c1w8 (the first \
              is the default)"
         );
         assert!(
@@ -214,7 +214,7 @@ mod tests {
             err("fp4=c2w4"),
             "unknown weight format `fp4`: expected f32, bf16, fp8 or mxfp4"
         );
-        assert_eq!(err("fp8"), "`fp8` is not format=shape (e.g. fp8=c2w8)");
+        assert_eq!(err("fp8"), "`fp8` is not format=shape (e.g. fp8=c1w8)");
         for bad in ["fp8=2w4", "fp8=c2", "fp8=c0w4", "fp8=cxw4", "fp8=c2w-1"] {
             assert!(
                 err(bad).contains("is not a decode shape"),

@@ -98,7 +98,7 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Text,
         "auto",
         "shapes of the CUDA backends' one-row linear kernels per weight format, as \
-         fp8=c2w8,mxfp4=c4w8 (C output columns a warp, W warps a block; the backend lists the \
+         fp8=c1w8,mxfp4=c4w8 (C output columns a warp, W warps a block; the backend lists the \
          compiled ones), or auto (the backend's defaults); the same bits in every shape, only \
          the speed differs (dsv4 bench times each); other backends ignore it",
     ),
