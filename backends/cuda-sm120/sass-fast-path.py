@@ -15,8 +15,14 @@ size, the path's length and its opcode mix.
     python3 backends/cuda-sm120/sass-fast-path.py /tmp/kc/cuda-kernels/sm_90-f64-*.cubin \\
         linear_fp8_r1 linear_mxfp4_g1
 
-Divide the path's length by the weights one iteration covers (lin_r1's COLS times a chunk's
-elements: 2 × 16 for fp8, 4 × 32 for MXFP4, 4 × 8 for bf16) for instructions per weight.
+Divide the path's length by the weights one iteration covers for instructions per weight: the
+loop adds a chunk of each column in every slot of its ring of loads (lin_r1.cuh: 2 slots, or 4
+for depths 2 and 3), so 2 × (2 × 16) for the default fp8 kernel, 2 × (4 × 32) for MXFP4's.
+
+Under each kernel it lists where the path's 64/128-bit global loads are first touched: `+N`
+path instructions after the load, or `next iteration`. Touching a register a load has yet to
+fill stalls the warp, so a weight load touched a few dozen instructions after it hides little
+memory latency.
 """
 
 import collections
@@ -118,6 +124,33 @@ def fast_path(labels, insns):
     return (s, e, found[1], acc) if found else None
 
 
+WIDE_LOAD = re.compile(r"^(?:@!?P\w+\s+)?LDG?\.E\.(128|64)\S*\s+R(\d+),")
+
+
+def load_waits(insns, path):
+    """For each 64/128-bit global load on the path: how many path instructions after it the
+    first one that touches its destination registers comes, or None when none does before the
+    back edge (its result is used in a later iteration). Touching a register a load has yet to
+    fill stalls the warp until the load returns: a load used in its own iteration keeps no
+    memory latency hidden behind the rest of the loop."""
+    waits = []
+    for k, p in enumerate(path):
+        m = WIDE_LOAD.match(insns[p])
+        if not m:
+            continue
+        first = int(m.group(2))
+        regs = {f"R{first + i}" for i in range(int(m.group(1)) // 32)}
+        wait = None
+        for d, q in enumerate(path[k + 1 :], 1):
+            body = insns[q].split(None, 1)
+            ops = body[1] if len(body) > 1 and not body[0].startswith("@") else insns[q]
+            if regs & set(re.findall(r"\bR\d+\b", ops)):
+                wait = d
+                break
+        waits.append(wait)
+    return waits
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -138,6 +171,10 @@ def main():
             f"{name}: loop of {e - s + 1} instructions, fast path {len(path)} "
             f"({mix[acc]} {acc}): " + ", ".join(f"{k} {v}" for k, v in mix.most_common(10))
         )
+        waits = load_waits(insns, path)
+        if waits:
+            said = ["next iteration" if w is None else f"+{w}" for w in waits]
+            print(f"  weight loads on the path, first touched: {', '.join(said)}")
 
 
 if __name__ == "__main__":
