@@ -285,7 +285,8 @@ print(json.dumps([{k: t.get(k) for k in keys} for t in cases]))
 PY
 }
 # The fp8 and MXFP4 decode GEMVs on every compiled shape of the one-row kernels (columns a
-# warp, warps a block; DSV4_CUDA_DECODE picks one): which is fastest on this GPU.
+# warp, warps a block, rounds of loads in flight; DSV4_CUDA_DECODE picks one): which is fastest
+# on this GPU.
 shapes_of() { # bench.json label -> the rows as a JSON array ([] when unreadable); a table on stderr
     python3 - "$1" "$2" <<'PY' || echo '[]'
 import json, sys

@@ -28,11 +28,14 @@
 // so more warps copy less of the row per weight; every shape gives a column the same bits. The
 // H200 run of 2026-12-04 timed every compiled shape: fp8 c2w8 ran its GEMVs 1.03-1.11x faster
 // than c2w4 with either sums (docs/performance.md); for MXFP4 no shape won in both.
+// DEPTH: rounds of weight loads in flight (linear_r1); 1 by default, as the H200 ran them.
 // linear.cu compiles the default shape of each format and, for fp8 and MXFP4, a few others
-// (`_cCwW` kernels; ops/decode_shape.rs lists them) for `DSV4_CUDA_DECODE` and the bench.
+// (`_cCwW` and `_cCwWpD` kernels; ops/decode_shape.rs lists them) for `DSV4_CUDA_DECODE` and
+// the bench.
 template <int FMT> struct lin_r1 {
     static const int COLS = FMT == LIN_FP8 ? 2 : 4;
     static const int WARPS = FMT == LIN_FP8 ? 8 : LIN_WARPS;
+    static const int DEPTH = 1;
     static const bool STAGE = FMT == LIN_FP8 || FMT == LIN_MXFP4;
 };
 
@@ -114,9 +117,20 @@ __device__ __forceinline__ void lin_stage_fp8(const float* __restrict__ xr, cons
 // One warp computes COLS consecutive output columns of one row (the decode kernels). Lane l
 // adds chunks l, l + 32, … in order, each chunk's elements in order, then warp_sum: the order
 // linear_rows uses, so a row gets the same bits from either. Each input chunk is read once for
-// all COLS columns, and each lane's next weight chunks (and MXFP4 scale bytes) are loaded before
-// its current ones are used, so two rounds of loads are in flight per warp.
-template <int FMT, int COLS, int WARPS>
+// all COLS columns.
+//
+// DEPTH: rounds of weight loads a lane keeps in flight. Before it adds chunk c, a lane loads
+// its chunk c + 32·DEPTH of each column (and MXFP4 scale bytes) into a ring of registers, in
+// the slot of a chunk it has added, so nothing touches a load's registers until DEPTH chunks
+// later. The kernels before the ring loaded into `next` and moved it to `cur`: the move reads
+// the load's registers, so the warp waited for the load there, and in the fp8 kernel ptxas put
+// that move about 40 instructions after the load, ahead of the chunk's work (sass-fast-path.py
+// prints where each load is first touched). The H200's Nsight Compute profile of that kernel
+// (docs/performance.md, 2026-12-04) found it latency-bound: DRAM 25% busy, 0.4 instructions
+// issued per scheduler and cycle. A deeper ring puts more bytes in flight per warp, at 4 · COLS
+// registers a round. The depth is 1, 2 or 3 (a ring of 2 or 4 slots, unrolled). It changes
+// when a load is issued, never what is added: every depth gives a column the same bits.
+template <int FMT, int COLS, int WARPS, int DEPTH>
 __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
                                           const u8* __restrict__ scale,
                                           const float* __restrict__ xr, float* __restrict__ outr,
@@ -143,18 +157,122 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
     acc_t acc[COLS];
 #pragma unroll
     for (int j = 0; j < COLS; j++) acc[j] = (acc_t)0;
-    // Columns past nc keep zero weights and scale byte 127 (2^0), which every fast route takes.
-    lin_chunk cur[COLS] = {}, next[COLS] = {};
-    u32 scur[SC], snext[SC];
+    // Chunk c's weights for each column into w (and MXFP4 scale bytes into s), if the row has
+    // a chunk c; columns past nc keep zero weights and scale byte 127 (2^0), which every fast
+    // route takes.
+    auto load = [&](u32 c, lin_chunk (&w)[COLS], u32 (&s)[SC]) {
 #pragma unroll
-    for (int j = 0; j < SC; j++) scur[j] = snext[j] = 127u;
-#pragma unroll
-    for (int j = 0; j < COLS; j++) {
-        if ((u32)j < nc && lane < nchunks) {
-            cur[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[lane];
-            if (!PRE && j < SC) scur[j] = lin_scale_byte<FMT>(scale, o0 + j, lane, in_dim);
+        for (int j = 0; j < COLS; j++) {
+            if ((u32)j < nc && c < nchunks) {
+                w[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[c];
+                if (!PRE && j < SC) s[j] = lin_scale_byte<FMT>(scale, o0 + j, c, in_dim);
+            }
         }
+    };
+    // The ring: R slots, the fewest of 2 and 4 (a tile's rounds are a whole number of rings)
+    // that hold the chunk being added and the DEPTH rounds in flight. Round k of a lane (chunk
+    // lane + 32·k) has slot k mod R. A column past nc keeps zeros and scale byte 127; past the
+    // row's last chunk a slot keeps what it had, which nothing reads again.
+    const int R = DEPTH < 2 ? 2 : 4;
+    static_assert(DEPTH < R && (LIN_TILE / DSV4_WARP) % R == 0, "a tile holds whole rings");
+    lin_chunk ring[R][COLS] = {};
+    u32 sring[R][SC];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int j = 0; j < SC; j++) sring[r][j] = 127u;
     }
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++) load(lane + (u32)d * DSV4_WARP, ring[d], sring[d]);
+    // Adds chunk c of tile t0 (weights cur, MXFP4 scale bytes scur) to every column's sum.
+    auto add = [&](u32 c, u32 t0, const lin_chunk (&cur)[COLS], const u32 (&scur)[SC]) {
+        const u32 lim = min((u32)E, in_dim - c * (u32)E);
+        // The chunk's inputs: staged (fp8: prescaled), or the row's own.
+        const xt* xc;
+        if constexpr (STAGE) {
+            xc = xs + (c - t0) * XS;
+        } else {
+            xc = xr + (u64)c * E;
+        }
+        if constexpr (STAGE) {
+            // Whole chunks whose every column takes the fast route go a word at a time: the
+            // word's inputs read and converted once for all COLS columns, each column's word
+            // decoded and added (its elements in order). The rest (a row's last, partial
+            // chunk; NaN codes; extreme scales) out of line.
+            const int EW = lin_fast<FMT>::EW;
+            // Every column is computed, those past nc too (zero weights, a benign scale byte;
+            // never stored): no per-column branches on the fast path.
+            lin_fast<FMT> fast[COLS];
+            bool ok = lim == (u32)E;
+            if constexpr (PRE) ok = ok && xok[(c - t0) * E / 128u] != 0u;
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                fast[j].prep(cur[j], scur[SC == 1 ? 0 : j]);
+                ok &= fast[j].ok;
+            }
+            if (ok) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc_t xa[EW];
+                    if constexpr (PRE) {
+                        lin_load_staged<acc_t, EW>(xc + q * EW, xa);
+                    } else {
+                        float xv[EW];
+                        lin_load_staged<float, EW>(xc + q * EW, xv);
+#pragma unroll
+                        for (int k = 0; k < EW; k++) xa[k] = (acc_t)xv[k];
+                    }
+#pragma unroll
+                    for (int j = 0; j < COLS; j++) {
+                        acc_t w[EW];
+                        fast[j].word(cur[j].w[q], w);
+#pragma unroll
+                        for (int k = 0; k < EW; k++) acc[j] = lin_mac(w[k], xa[k], acc[j]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < COLS; j++) {
+                    if ((u32)j >= nc) continue;
+                    if constexpr (PRE) {
+                        // From the unscaled row, with the chunk's scale byte.
+                        acc[j] = lin_chunk_dot_general<FMT>(
+                            acc[j], cur[j], lin_scale_byte<FMT>(scale, o0 + j, c, in_dim),
+                            xr + (u64)c * E, lim);
+                    } else {
+                        acc[j] = lin_chunk_dot_general<FMT>(acc[j], cur[j], scur[j], xc, lim);
+                    }
+                }
+            }
+        } else {
+            // f32 and bf16 weights: a column at a time, the chunk's inputs read once.
+            float xv[E];
+            lin_load_x<E>(xc, xv);
+#ifdef DSV4_ACC_F64
+            double xd[E];
+#pragma unroll
+            for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
+#endif
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                if (lim == (u32)E) { // every column (see above)
+#ifdef DSV4_ACC_F64
+                    double wd[E];
+                    lin_decode64<FMT>(cur[j], 0u, wd);
+#pragma unroll
+                    for (int k = 0; k < E; k++) acc[j] = lin_mac(wd[k], xd[k], acc[j]);
+#else
+                    float w[E];
+                    lin_decode_fast<FMT>(cur[j], 0u, w);
+#pragma unroll
+                    for (int k = 0; k < E; k++) acc[j] = lin_mac(w[k], xv[k], acc[j]);
+#endif
+                } else if ((u32)j < nc) {
+                    acc[j] = lin_chunk_dot_any<FMT>(acc[j], cur[j], 0u, xc, lim);
+                }
+            }
+        }
+    };
     const u32 tile = STAGE ? (u32)LIN_TILE : nchunks;
     for (u32 t0 = 0; t0 < nchunks; t0 += tile) {
         const u32 t1 = min(nchunks, t0 + tile);
@@ -172,106 +290,16 @@ __device__ __forceinline__ void linear_r1(const u8* __restrict__ wdata,
             __syncthreads();
         }
         if (!active) continue;
-        for (u32 c = t0 + lane; c < t1; c += DSV4_WARP) {
-            const u32 lim = min((u32)E, in_dim - c * (u32)E);
-            const u32 cn = c + DSV4_WARP;
+        // One ring per pass: chunk c0 + 32·r is in slot r. Chunk c + 32·DEPTH goes into the
+        // slot of chunk c + 32·(DEPTH − R), added already.
+        for (u32 c0 = t0 + lane; c0 < t1; c0 += R * DSV4_WARP) {
 #pragma unroll
-            for (int j = 0; j < COLS; j++) {
-                if ((u32)j < nc && cn < nchunks) {
-                    next[j] = reinterpret_cast<const lin_chunk*>(wdata + (u64)(o0 + j) * pitch)[cn];
-                    if (!PRE && j < SC)
-                        snext[j] = lin_scale_byte<FMT>(scale, o0 + j, cn, in_dim);
-                }
+            for (int r = 0; r < R; r++) {
+                const u32 c = c0 + (u32)r * DSV4_WARP;
+                if (c >= t1) break;
+                load(c + DEPTH * DSV4_WARP, ring[(r + DEPTH) % R], sring[(r + DEPTH) % R]);
+                add(c, t0, ring[r], sring[r]);
             }
-            // The chunk's inputs: staged (fp8: prescaled), or the row's own.
-            const xt* xc;
-            if constexpr (STAGE) {
-                xc = xs + (c - t0) * XS;
-            } else {
-                xc = xr + (u64)c * E;
-            }
-            if constexpr (STAGE) {
-                // Whole chunks whose every column takes the fast route go a word at a time:
-                // the word's inputs read and converted once for all COLS columns, each
-                // column's word decoded and added (its elements in order). The rest (a row's
-                // last, partial chunk; NaN codes; extreme scales) out of line.
-                const int EW = lin_fast<FMT>::EW;
-                // Every column is computed, those past nc too (zero weights, a benign scale
-                // byte; never stored): no per-column branches on the fast path.
-                lin_fast<FMT> fast[COLS];
-                bool ok = lim == (u32)E;
-                if constexpr (PRE) ok = ok && xok[(c - t0) * E / 128u] != 0u;
-#pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    fast[j].prep(cur[j], scur[SC == 1 ? 0 : j]);
-                    ok &= fast[j].ok;
-                }
-                if (ok) {
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        acc_t xa[EW];
-                        if constexpr (PRE) {
-                            lin_load_staged<acc_t, EW>(xc + q * EW, xa);
-                        } else {
-                            float xv[EW];
-                            lin_load_staged<float, EW>(xc + q * EW, xv);
-#pragma unroll
-                            for (int k = 0; k < EW; k++) xa[k] = (acc_t)xv[k];
-                        }
-#pragma unroll
-                        for (int j = 0; j < COLS; j++) {
-                            acc_t w[EW];
-                            fast[j].word(cur[j].w[q], w);
-#pragma unroll
-                            for (int k = 0; k < EW; k++) acc[j] = lin_mac(w[k], xa[k], acc[j]);
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < COLS; j++) {
-                        if ((u32)j >= nc) continue;
-                        if constexpr (PRE) {
-                            // From the unscaled row, with the chunk's scale byte.
-                            acc[j] = lin_chunk_dot_general<FMT>(
-                                acc[j], cur[j], lin_scale_byte<FMT>(scale, o0 + j, c, in_dim),
-                                xr + (u64)c * E, lim);
-                        } else {
-                            acc[j] = lin_chunk_dot_general<FMT>(acc[j], cur[j], scur[j], xc, lim);
-                        }
-                    }
-                }
-            } else {
-                // f32 and bf16 weights: a column at a time, the chunk's inputs read once.
-                float xv[E];
-                lin_load_x<E>(xc, xv);
-#ifdef DSV4_ACC_F64
-                double xd[E];
-#pragma unroll
-                for (int k = 0; k < E; k++) xd[k] = (double)xv[k];
-#endif
-#pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    if (lim == (u32)E) { // every column (see above)
-#ifdef DSV4_ACC_F64
-                        double wd[E];
-                        lin_decode64<FMT>(cur[j], 0u, wd);
-#pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] = lin_mac(wd[k], xd[k], acc[j]);
-#else
-                        float w[E];
-                        lin_decode_fast<FMT>(cur[j], 0u, w);
-#pragma unroll
-                        for (int k = 0; k < E; k++) acc[j] = lin_mac(w[k], xv[k], acc[j]);
-#endif
-                    } else if ((u32)j < nc) {
-                        acc[j] = lin_chunk_dot_any<FMT>(acc[j], cur[j], 0u, xc, lim);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < COLS; j++) cur[j] = next[j];
-#pragma unroll
-            for (int j = 0; j < SC; j++) scur[j] = snext[j];
         }
     }
 #pragma unroll

@@ -82,23 +82,27 @@ __device__ __forceinline__ void linear_rows(const u8* __restrict__ wdata,
     }
 }
 
-// Blocks per multiprocessor the MXFP4 decode kernels are compiled for: ptxas gave them 168–174
-// registers unbounded (the word-at-a-time decode of four columns keeps four tables and eight
-// weight chunks live), two blocks a multiprocessor; bounded to 4 they take 128 with no spills,
-// while 5 (96 registers) spill on sm_90 (`dsv4 kernels compile --resources`). The 8-warp shape
-// keeps 128 registers (2 blocks); the 2-column one keeps half the tables and chunks live.
-#define LIN_MXFP4_BLOCKS 4
+// Blocks per multiprocessor the MXFP4 decode kernels are compiled for, 4-warp and 8-warp shapes:
+// ptxas takes every register a bound leaves them (the word-at-a-time decode of four columns
+// keeps four tables and, with lin_r1.cuh's ring, three sets of weight chunks live). Bounded to
+// 3 blocks, the 4-warp shapes get 168 registers; to 4 (128), the 4-column ones spill on sm_90,
+// as the 8-warp 4-column and 2-column depth-2 shapes do at 2 (`dsv4 kernels compile
+// --resources`), so those are not compiled. 3 blocks are 12 warps a multiprocessor: the H200
+// ran the MXFP4 GEMVs at 13 (docs/performance.md, 2026-12-04).
+#define LIN_MXFP4_BLOCKS 3
+#define LIN_MXFP4_BLOCKS8 2
 
 // One row of a decode launch: block row y computes row y (grid y = rows).
-template <int FMT, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS>
+template <int FMT, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS,
+          int DEPTH = lin_r1<FMT>::DEPTH>
 __device__ __forceinline__ void linear_r1_row(const u8* __restrict__ wdata,
                                               const u8* __restrict__ scale,
                                               const float* __restrict__ x,
                                               float* __restrict__ out, u32 out_dim, u32 in_dim,
                                               u32 pitch, u32 xpitch, u32 rows) {
     if (blockIdx.y >= rows) return; // the whole block
-    linear_r1<FMT, COLS, WARPS>(wdata, scale, x + (u64)blockIdx.y * xpitch,
-                                out + (u64)blockIdx.y * out_dim, out_dim, in_dim, pitch);
+    linear_r1<FMT, COLS, WARPS, DEPTH>(wdata, scale, x + (u64)blockIdx.y * xpitch,
+                                       out + (u64)blockIdx.y * out_dim, out_dim, in_dim, pitch);
 }
 
 // Decode variants (one row; lin_r1<FMT>::COLS columns per warp share each input chunk) and
@@ -166,7 +170,8 @@ struct lin_group {
     u32 rows;
 };
 
-template <int FMT, int ROWS, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS>
+template <int FMT, int ROWS, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS,
+          int DEPTH = lin_r1<FMT>::DEPTH>
 __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ table,
                                                const float* __restrict__ x,
                                                float* __restrict__ out, u32 out_dim, u32 in_dim,
@@ -174,8 +179,8 @@ __device__ __forceinline__ void linear_grouped(const lin_group* __restrict__ tab
     const lin_group g = table[blockIdx.y];
     if constexpr (ROWS == 1) {
         if (g.rows == 0u) return; // the whole block
-        linear_r1<FMT, COLS, WARPS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
-                                    out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch);
+        linear_r1<FMT, COLS, WARPS, DEPTH>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
+                                           out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch);
     } else {
         linear_rows<FMT, ROWS>(g.wdata, g.scale, x + (u64)g.row0 * xpitch,
                                out + (u64)g.row0 * out_dim, out_dim, in_dim, pitch, xpitch,
@@ -261,18 +266,6 @@ linear_mxfp4_g1_c2w4(const lin_group* __restrict__ table,
     u32 xpitch) {
     linear_grouped<LIN_MXFP4, 1, 2, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
-linear_mxfp4_r1_c4w8(const u8* __restrict__ wdata,
-    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
-    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
-    linear_r1_row<LIN_MXFP4, 4, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
-}
-extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
-linear_mxfp4_g1_c4w8(const lin_group* __restrict__ table,
-    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
-    u32 xpitch) {
-    linear_grouped<LIN_MXFP4, 1, 4, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
-}
 extern "C" __global__ void linear_fp8_r1_c1w8(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
@@ -283,15 +276,72 @@ extern "C" __global__ void linear_fp8_g1_c1w8(const lin_group* __restrict__ tabl
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 1, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS8)
 linear_mxfp4_r1_c2w8(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_MXFP4, 2, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS / 2)
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS8)
 linear_mxfp4_g1_c2w8(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_MXFP4, 1, 2, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+// Deeper rings of weight loads (`pD`: D rounds in flight, lin_r1.cuh's DEPTH; the shapes above
+// keep one), for GPUs where one round leaves the decode GEMVs latency-bound, as the H200 found.
+// The fp8 ones are unbounded, as the others (c2w8p3: 94-104 registers on sm_90).
+extern "C" __global__ void linear_fp8_r1_c2w8p2(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 2, 8, 2>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c2w8p2(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 2, 8, 2>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_fp8_r1_c2w8p3(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 2, 8, 3>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c2w8p3(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 2, 8, 3>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void linear_fp8_r1_c1w8p3(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_FP8, 1, 8, 3>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void linear_fp8_g1_c1w8p3(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_FP8, 1, 1, 8, 3>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_r1_c2w4p2(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4, 2, 4, 2>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+linear_mxfp4_g1_c2w4p2(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 2, 4, 2>(table, x, out, out_dim, in_dim, pitch, xpitch);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS8)
+linear_mxfp4_r1_c1w8p3(const u8* __restrict__ wdata,
+    const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
+    u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
+    linear_r1_row<LIN_MXFP4, 1, 8, 3>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
+}
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_MXFP4_BLOCKS8)
+linear_mxfp4_g1_c1w8p3(const lin_group* __restrict__ table,
+    const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
+    u32 xpitch) {
+    linear_grouped<LIN_MXFP4, 1, 1, 8, 3>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }

@@ -286,7 +286,8 @@ fn linear_with_f32_sums_is_batch_invariant_at_every_scale_byte_and_code() {
 #[test]
 fn every_decode_shape_gives_the_default_shapes_bits() {
     // kernels/linear.cu compiles several shapes of the one-row fp8 and MXFP4 kernels (columns
-    // a warp, warps a block; DSV4_CUDA_DECODE picks one): each must give every column the
+    // a warp, warps a block, rounds of loads in flight; DSV4_CUDA_DECODE picks one): each must
+    // give every column the
     // default shape's bits — with f64 sums the reference's — at every scale byte and code, on
     // rows wider than a staged tile and column counts that leave a block part empty; and the
     // device op set (resident and grouped launches) must conform on each.
@@ -331,13 +332,18 @@ fn every_decode_shape_gives_the_default_shapes_bits() {
             }
         }
     }
-    // Resident and grouped (`_g1`) launches on every other shape.
-    for spec in [
-        "fp8=c2w4,mxfp4=c4w8",
-        "fp8=c4w4,mxfp4=c2w4",
-        "fp8=c1w8,mxfp4=c2w8",
-    ] {
-        let decode = DecodeShapes::parse(spec).expect("compiled shapes");
+    // Resident and grouped (`_g1`) launches on every other shape, fp8's and MXFP4's paired.
+    let (f, m) = (
+        DecodeShape::compiled(WeightFormat::Fp8Block),
+        DecodeShape::compiled(WeightFormat::Mxfp4),
+    );
+    for i in 1..f.len().max(m.len()) {
+        let spec = format!(
+            "fp8={},mxfp4={}",
+            f[i.min(f.len() - 1)].name(),
+            m[i.min(m.len() - 1)].name()
+        );
+        let decode = DecodeShapes::parse(&spec).expect("compiled shapes");
         let fails =
             dsv4_kernels::device_check::conformance(&backend(false).with_decode_shapes(decode));
         assert!(fails.is_empty(), "{spec}: {}", fails.join("\n"));

@@ -473,10 +473,10 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             .filter(|s| s["case"] == t["case"])
             .collect();
         let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
-        let compiled = if fp8 {
-            ["c2w8", "c2w4", "c4w4", "c1w8"]
+        let compiled: &[&str] = if fp8 {
+            &["c2w8", "c2w4", "c4w4", "c1w8", "c2w8p2", "c2w8p3", "c1w8p3"]
         } else {
-            ["c4w4", "c2w4", "c4w8", "c2w8"]
+            &["c4w4", "c2w4", "c2w8", "c2w4p2", "c1w8p3"]
         };
         assert_eq!(names, compiled, "{t}");
         for s in shapes {

@@ -97,12 +97,12 @@ fn cuda_knobs_in_the_profile_are_checked_and_must_agree_with_the_environment() {
         &["backend.cuda_decode=fp8=c2w16"],
         &[],
         "backend.cuda_decode = fp8=c2w16: no fp8 decode kernels of shape c2w16: compiled are \
-         c2w8, c2w4, c4w4, c1w8",
+         c2w8, c2w4, c4w4, c1w8, c2w8p2, c2w8p3, c1w8p3",
     );
     fails_with(
-        &["backend.cuda_decode=mxfp4=c4w8"],
+        &["backend.cuda_decode=mxfp4=c1w8p3"],
         &[("DSV4_CUDA_DECODE", "mxfp4=c2w4")],
-        "backend.cuda_decode = fp8=c2w8,mxfp4=c4w8 but DSV4_CUDA_DECODE=fp8=c2w8,mxfp4=c2w4",
+        "backend.cuda_decode = fp8=c2w8,mxfp4=c1w8p3 but DSV4_CUDA_DECODE=fp8=c2w8,mxfp4=c2w4",
     );
 }
 
@@ -151,7 +151,7 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
             ("DSV4_CUDA_DECODE", "fp8=c8w4"),
         ],
         "DSV4_CUDA_DECODE=fp8=c8w4: no fp8 decode kernels of shape c8w4: compiled are c2w8, \
-         c2w4, c4w4, c1w8",
+         c2w4, c4w4, c1w8, c2w8p2, c2w8p3, c1w8p3",
     );
     for cc in ["7.5", "nine", "9"] {
         fails_with(

@@ -121,7 +121,7 @@ pub struct BackendSection {
     #[serde(default)]
     pub cuda_page_cache_mib: PageCacheMib,
     /// Shapes of the CUDA backends' one-row linear kernels: `auto` (the backend's defaults) or
-    /// `fp8=c1w8,mxfp4=c4w8`; speed only, never bits.
+    /// `fp8=c2w8p3,mxfp4=c1w8p3`; speed only, never bits.
     #[serde(default = "auto")]
     pub cuda_decode: String,
 }

@@ -28,7 +28,7 @@ pub struct BackendOptions {
     /// keeps them (`backend.cuda_page_cache_mib`): Some(0) none, None the backend's choice.
     pub page_cache_mib: Option<u64>,
     /// Shapes of the one-row linear kernels where a backend has several
-    /// (`backend.cuda_decode`, e.g. `fp8=c1w8,mxfp4=c4w8`); None the backend's defaults.
+    /// (`backend.cuda_decode`, e.g. `fp8=c2w8p3,mxfp4=c1w8p3`); None the backend's defaults.
     pub decode_shapes: Option<String>,
     /// Where a backend keeps copies of cache pages on its device, check each call's copies
     /// against the host pages (set when `debug.canary` watches the KV or index-K pools).

@@ -1,34 +1,55 @@
 //! The shapes of the one-row linear kernels (`_r1`, `_g1`; kernels/lin_r1.cuh): how many output
-//! columns a warp computes and how many warps a block has (its warps share one staged tile of
-//! the input row). Every shape gives a column the same bits; which one is fastest depends on the
+//! columns a warp computes, how many warps a block has (its warps share one staged tile of the
+//! input row) and how many rounds of weight loads a lane keeps in flight. Every shape gives a column the same bits; which one is fastest depends on the
 //! GPU, so kernels/linear.cu compiles a few for fp8 and MXFP4 weights, `DSV4_CUDA_DECODE`
 //! picks one per format, and `dsv4 bench` times them all.
 
 use dsv4_kernels::WeightFormat;
 
 /// Environment variable choosing the decode shapes, as `backend.cuda_decode` does in a profile:
-/// `fp8=c1w8,mxfp4=c4w8` (each format optional; unset or empty: every format's default, the
+/// `fp8=c1w8,mxfp4=c1w8p3` (each format optional; unset or empty: every format's default, the
 /// first of [`DecodeShape::compiled`]).
 pub const DECODE_ENV: &str = "DSV4_CUDA_DECODE";
 
-/// One decode kernel's shape: `cols` output columns a warp, `warps` warps a block.
+/// One decode kernel's shape: `cols` output columns a warp, `warps` warps a block, `depth`
+/// rounds of weight loads in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
     /// Output columns one warp computes, sharing each input chunk.
     pub cols: u32,
     /// Warps of a block, sharing one staged tile of the input row.
     pub warps: u32,
+    /// Rounds of weight loads a lane has in flight while it adds a chunk (lin_r1.cuh's DEPTH).
+    pub depth: u32,
 }
 
 const fn shape(cols: u32, warps: u32) -> DecodeShape {
-    DecodeShape { cols, warps }
+    deep(cols, warps, 1)
+}
+
+const fn deep(cols: u32, warps: u32, depth: u32) -> DecodeShape {
+    DecodeShape { cols, warps, depth }
 }
 
 /// fp8 shapes kernels/linear.cu compiles, default first (`lin_r1<LIN_FP8>`, then the `_cCwW`
-/// kernels).
-const FP8: &[DecodeShape] = &[shape(2, 8), shape(2, 4), shape(4, 4), shape(1, 8)];
+/// and `_cCwWpD` kernels).
+const FP8: &[DecodeShape] = &[
+    shape(2, 8),
+    shape(2, 4),
+    shape(4, 4),
+    shape(1, 8),
+    deep(2, 8, 2),
+    deep(2, 8, 3),
+    deep(1, 8, 3),
+];
 /// MXFP4 shapes, default first.
-const MXFP4: &[DecodeShape] = &[shape(4, 4), shape(2, 4), shape(4, 8), shape(2, 8)];
+const MXFP4: &[DecodeShape] = &[
+    shape(4, 4),
+    shape(2, 4),
+    shape(2, 8),
+    deep(2, 4, 2),
+    deep(1, 8, 3),
+];
 /// bf16 and f32 weights: one shape.
 const OTHER: &[DecodeShape] = &[shape(4, 4)];
 
@@ -47,18 +68,22 @@ impl DecodeShape {
         Self::compiled(format)[0]
     }
 
-    /// The shape's name, `cCwW` (`c2w4`).
+    /// The shape's name, `cCwW` (`c2w4`), with `pD` appended for a depth above one (`c2w8p4`).
     pub fn name(self) -> String {
-        format!("c{}w{}", self.cols, self.warps)
+        match self.depth {
+            1 => format!("c{}w{}", self.cols, self.warps),
+            d => format!("c{}w{}p{d}", self.cols, self.warps),
+        }
     }
 
-    /// The shape named `s` (`c2w4`), whether compiled or not.
+    /// The shape named `s` (`c2w4`, `c2w8p4`), whether compiled or not.
     pub fn parse(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{s}` is not a decode shape: expected cCwW, e.g. c2w4");
+        let bad = || format!("`{s}` is not a decode shape: expected cCwW or cCwWpD, e.g. c2w4");
         let rest = s.trim().strip_prefix('c').ok_or_else(bad)?;
-        let (c, w) = rest.split_once('w').ok_or_else(bad)?;
+        let (c, rest) = rest.split_once('w').ok_or_else(bad)?;
+        let (w, d) = rest.split_once('p').unwrap_or((rest, "1"));
         let n = |t: &str| t.parse::<u32>().ok().filter(|&v| v > 0).ok_or_else(bad);
-        Ok(shape(n(c)?, n(w)?))
+        Ok(deep(n(c)?, n(w)?, n(d)?))
     }
 
     /// Output columns one block computes.
@@ -130,7 +155,7 @@ impl DecodeShapes {
         Ok(self)
     }
 
-    /// The shapes `spec` asks for: comma-separated `format=shape` pairs (`fp8=c1w8,mxfp4=c4w8`;
+    /// The shapes `spec` asks for: comma-separated `format=shape` pairs (`fp8=c1w8,mxfp4=c1w8p3`;
     /// formats f32, bf16, fp8, mxfp4), the rest at their defaults.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut out = Self::default();
@@ -177,11 +202,20 @@ mod tests {
 
     #[test]
     fn shapes_parse_and_name_their_kernels() {
-        let s = DecodeShapes::parse(" fp8=c1w8 , mxfp4=c4w8").unwrap();
+        let s = DecodeShapes::parse(" fp8=c1w8 , mxfp4=c2w8").unwrap();
         assert_eq!(s.of(Fp8Block), shape(1, 8));
-        assert_eq!(s.of(Mxfp4), shape(4, 8));
-        assert_eq!(s.describe(), "fp8=c1w8,mxfp4=c4w8");
+        assert_eq!(s.of(Mxfp4), shape(2, 8));
+        assert_eq!(s.describe(), "fp8=c1w8,mxfp4=c2w8");
         assert_eq!(DecodeShapes::parse(&s.describe()).unwrap(), s);
+        let d = DecodeShapes::parse("fp8=c2w8p3,mxfp4=c1w8p3").unwrap();
+        assert_eq!(d.of(Fp8Block), deep(2, 8, 3));
+        assert_eq!(d.describe(), "fp8=c2w8p3,mxfp4=c1w8p3");
+        assert_eq!(
+            d.of(Mxfp4).kernel(Mxfp4, "mxfp4", true),
+            "linear_mxfp4_g1_c1w8p3"
+        );
+        // Depth 1 is the plain name, written out or not.
+        assert_eq!(DecodeShape::parse("c2w4p1").unwrap(), shape(2, 4));
         assert_eq!(DecodeShapes::parse("").unwrap(), DecodeShapes::default());
         assert_eq!(
             DecodeShapes::parse("bf16=c4w4").unwrap(),
@@ -202,8 +236,8 @@ mod tests {
         let err = |s: &str| DecodeShapes::parse(s).unwrap_err();
         assert_eq!(
             err("fp8=c3w4"),
-            "no fp8 decode kernels of shape c3w4: compiled are c2w8, c2w4, c4w4, c1w8 (the first \
-             is the default)"
+            "no fp8 decode kernels of shape c3w4: compiled are c2w8, c2w4, c4w4, c1w8, c2w8p2, \
+             c2w8p3, c1w8p3 (the first is the default)"
         );
         assert!(
             err("bf16=c2w8").contains("compiled are c4w4"),
@@ -215,7 +249,16 @@ mod tests {
             "unknown weight format `fp4`: expected f32, bf16, fp8 or mxfp4"
         );
         assert_eq!(err("fp8"), "`fp8` is not format=shape (e.g. fp8=c1w8)");
-        for bad in ["fp8=2w4", "fp8=c2", "fp8=c0w4", "fp8=cxw4", "fp8=c2w-1"] {
+        for bad in [
+            "fp8=2w4",
+            "fp8=c2",
+            "fp8=c0w4",
+            "fp8=cxw4",
+            "fp8=c2w-1",
+            "fp8=c2w8p",
+            "fp8=c2w8p0",
+            "fp8=c2w8p4p2",
+        ] {
             assert!(
                 err(bad).contains("is not a decode shape"),
                 "{bad}: {}",

@@ -98,8 +98,9 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Text,
         "auto",
         "shapes of the CUDA backends' one-row linear kernels per weight format, as \
-         fp8=c1w8,mxfp4=c4w8 (C output columns a warp, W warps a block; the backend lists the \
-         compiled ones), or auto (the backend's defaults); the same bits in every shape, only \
+         fp8=c2w8p3,mxfp4=c1w8p3 (cCwW or cCwWpD: C output columns a warp, W warps a block, D \
+         rounds of weight loads in flight, 1 unless given; the backend lists the compiled \
+         ones), or auto (the backend's defaults); the same bits in every shape, only \
          the speed differs (dsv4 bench times each); other backends ignore it",
     ),
     // [numerics]
