@@ -84,7 +84,7 @@ __device__ __forceinline__ void linear_rows(const u8* __restrict__ wdata,
 
 // Blocks per multiprocessor the MXFP4 decode kernels are compiled for, 4-warp and 8-warp shapes:
 // ptxas takes every register a bound leaves them (the word-at-a-time decode of four columns
-// keeps four tables and, with lin_r1.cuh's ring, three sets of weight chunks live). Bounded to
+// keeps four tables live, and the chunks of lin_r1.cuh's ring, unrolled). Bounded to
 // 3 blocks, the 4-warp shapes get 168 registers; to 4 (128), the 4-column ones spill on sm_90,
 // as the 8-warp 4-column and 2-column depth-2 shapes do at 2 (`dsv4 kernels compile
 // --resources`), so those are not compiled. 3 blocks are 12 warps a multiprocessor: the H200
