@@ -44,7 +44,10 @@
 # each model diff's logits and indexer agreement ("models", from OUT_DIR/model-*.json),
 # each linear case's fraction of the device's own limits ("linear" from bench.json,
 # "linear_f32" from bench-f32.json), the fp8/MXFP4 decode GEMVs on every compiled kernel shape
-# ("decode_shapes", "decode_shapes_f32": each shape's speed over the backend's), each attention-side kernel's fraction of the FMA rate
+# ("decode_shapes", "decode_shapes_f32": each shape's speed over the backend's) and the shapes
+# the bench suggests pinning ("decode_suggestion", "decode_suggestion_f32": the
+# backend.cuda_decode value, per format the shape, its slowest case's speedup and the best
+# other shape's; null where none), each attention-side kernel's fraction of the FMA rate
 # of its sums ("kernels", "kernels_f32"), and the placement A/B's rows ("placement": each
 # on-device path's speedup, side streams' speedup over one stream, and each side's traffic
 # per step; [] where the bench ran no e2e), and the decode GEMVs' Nsight Compute figures
@@ -303,10 +306,24 @@ if bests:
 print(json.dumps([{k: r[k] for k in ("case", "shape", "selected", "seconds", "of_copy_bandwidth", "speedup")} for r in rows]))
 PY
 }
+# The shapes the bench suggests pinning on this GPU (bench/suggest.rs: another shape only
+# where it is faster in every case of its format by the margin); null when it made none.
+suggestion_of() { # bench.json label -> the suggestion as JSON (null when none); a line on stderr
+    python3 - "$1" "$2" <<'PY' || echo 'null'
+import json, sys
+s = json.load(open(sys.argv[1]))["device"][0].get("decode_suggestion")
+if s:
+    print(f"  suggested for {sys.argv[2]}: backend.cuda_decode = \"{s['cuda_decode']}\"" +
+          ("" if s["changed"] else " (the shapes it ran)"), file=sys.stderr)
+print(json.dumps(s))
+PY
+}
 linear=$(linear_of "$out/bench.json" "default sums")
 linear_f32=$(linear_of "$out/bench-f32.json" "f32 sums")
 decode_shapes=$(shapes_of "$out/bench.json" "default sums")
 decode_shapes_f32=$(shapes_of "$out/bench-f32.json" "f32 sums")
+decode_suggestion=$(suggestion_of "$out/bench.json" "default sums")
+decode_suggestion_f32=$(suggestion_of "$out/bench-f32.json" "f32 sums")
 # The attention-side kernels (paged indexer, paged attention, mHC mixing) against the FMA rate
 # of their sums.
 kernels_of() { # bench.json label -> the cases as a JSON array ([] when unreadable); a table on stderr
@@ -374,8 +391,8 @@ failed=$(printf '%s\n' "${steps[@]}" | grep -c '"FAIL"')
     printf '{"schema":"dsv4.device-check/1","date":"%s","backend":"%s","gpu":"%s","seconds":%s,"failed":%s,"steps":[' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$backend" "${gpu//\"/}" "$total" "$failed"
     (IFS=,; printf '%s' "${steps[*]}")
-    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"decode_shapes":%s,"decode_shapes_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s,"profiles":%s}\n' \
-        "$models" "$page_cache" "$linear" "$linear_f32" "$decode_shapes" "$decode_shapes_f32" "$kernels" "$kernels_f32" "$placement" "$profiles"
+    printf '],"models":%s,"page_cache":%s,"linear":%s,"linear_f32":%s,"decode_shapes":%s,"decode_shapes_f32":%s,"decode_suggestion":%s,"decode_suggestion_f32":%s,"kernels":%s,"kernels_f32":%s,"placement":%s,"profiles":%s}\n' \
+        "$models" "$page_cache" "$linear" "$linear_f32" "$decode_shapes" "$decode_shapes_f32" "$decode_suggestion" "$decode_suggestion_f32" "$kernels" "$kernels_f32" "$placement" "$profiles"
 } >"$out/summary.json"
 echo "summary: $out/summary.json ($failed failed, ${total}s)"
 [ "$failed" -eq 0 ]

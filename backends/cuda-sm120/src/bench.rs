@@ -13,9 +13,11 @@
 //! with tiny sizes so the path is tested; its numbers mean nothing and are marked `emulated`.
 
 mod routing;
+mod suggest;
 mod timing;
 
 pub use routing::RoutingTiming;
+pub use suggest::{DecodeSuggestion, MARGIN, ShapeChoice, suggest};
 pub use timing::{CallTimes, time_launches};
 pub(crate) use timing::{time_graphed, time_op};
 
@@ -97,6 +99,8 @@ pub struct LinearTiming {
 pub struct ShapeTiming {
     /// The case, as in [`LinearTiming::case`].
     pub case: String,
+    /// The weight format's `backend.cuda_decode` key (`fp8`, `mxfp4`).
+    pub format: String,
     /// The shape (`c2w8`).
     pub shape: String,
     /// Whether this is the shape the backend runs (its row of `linear`).
@@ -133,6 +137,9 @@ pub struct DeviceBenchReport {
     pub linear: Vec<LinearTiming>,
     /// The fp8 and MXFP4 decode cases on every compiled shape of the one-row kernels.
     pub decode_shapes: Vec<ShapeTiming>,
+    /// The decode shapes to pin on this GPU with these sums, from `decode_shapes` (none when no
+    /// format has more than one shape).
+    pub decode_suggestion: Option<DecodeSuggestion>,
     /// Attention-side cases.
     pub kernels: Vec<KernelTiming>,
     /// A MoE layer's routed experts with the routing on the device and from host-built groups.
@@ -471,6 +478,7 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
                 };
                 decode_shapes.push(ShapeTiming {
                     case: case.to_string(),
+                    format: crate::ops::decode_shape::format_key(fmt).to_string(),
                     shape: shape.name(),
                     selected: is_selected,
                     seconds: secs,
@@ -482,9 +490,11 @@ pub fn run(backend: &CudaBackend) -> Result<DeviceBenchReport, CudaError> {
     }
     let kernels = kernel_cases(backend, &peaks)?;
     let routing = routing::time_routing(backend)?;
+    let decode_suggestion = suggest(&decode_shapes, selected);
     Ok(DeviceBenchReport {
         peaks,
         linear,
+        decode_suggestion,
         decode_shapes,
         kernels,
         routing,

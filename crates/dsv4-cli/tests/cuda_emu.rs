@@ -410,9 +410,12 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
     if !available("bench_reports_the_device_section_for_a_cuda_backend") {
         return;
     }
-    // The fp8 decode kernels of a shape other than the default (DSV4_CUDA_DECODE).
+    // The fp8 decode kernels of a shape other than the default (DSV4_CUDA_DECODE); the
+    // markdown on stdout, the JSON in a file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.json");
     let mut cmd = dsv4(
-        &std::env::temp_dir(),
+        dir.path(),
         &[
             "bench",
             "--backend",
@@ -421,11 +424,16 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             "--no-ops",
             "--no-e2e",
             "--no-serving",
-            "--json",
+            "--out",
+            path.to_str().unwrap(),
         ],
     );
     cmd.env("DSV4_CUDA_DECODE", "fp8=c4w4");
-    let v = json(cmd);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let md = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let d = &v["device"][0];
     assert_eq!(d["backend"], "cuda-emu", "{v}");
     assert_eq!(d["peaks"]["emulated"], true, "{d}");
@@ -484,6 +492,54 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             assert!(s["speedup"].as_f64().is_some_and(|x| x > 0.0), "{s}");
         }
     }
+    // The suggested shapes: per format, another shape only where its slowest case beats the
+    // backend's by the margin, read back from the rows (the emulator's times mean nothing, so
+    // whichever shape it picks, the rule must hold).
+    let sg = &d["decode_suggestion"];
+    let mut value = Vec::new();
+    for (format, current) in [("fp8", "c4w4"), ("mxfp4", "c4w4")] {
+        let choice = sg["formats"]
+            .as_array()
+            .expect("suggested formats")
+            .iter()
+            .find(|f| f["format"] == format)
+            .unwrap_or_else(|| panic!("no {format} in {sg}"));
+        assert_eq!(choice["current"], current, "{sg}");
+        let rows: Vec<&serde_json::Value> = d["decode_shapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["format"] == format)
+            .collect();
+        let worst = |shape: &str| {
+            rows.iter()
+                .filter(|r| r["shape"] == shape)
+                .filter_map(|r| r["speedup"].as_f64())
+                .fold(f64::INFINITY, f64::min)
+        };
+        let best_other = rows
+            .iter()
+            .filter_map(|r| r["shape"].as_str())
+            .filter(|s| *s != current)
+            .map(|s| (s, worst(s)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert_eq!(choice["runner_up"][0], best_other.0, "{sg}");
+        let shape = choice["shape"].as_str().unwrap();
+        if best_other.1 >= 1.02 {
+            assert_eq!(shape, best_other.0, "{sg}");
+            assert_eq!(choice["worst_speedup"].as_f64(), Some(best_other.1), "{sg}");
+        } else {
+            assert_eq!(shape, current, "{sg}");
+        }
+        value.push(format!("{format}={shape}"));
+    }
+    assert_eq!(sg["cuda_decode"], value.join(","), "{sg}");
+    // The markdown names it as a --set line.
+    assert!(
+        md.contains(&format!("`--set backend.cuda_decode={}`", value.join(","))),
+        "{md}"
+    );
     // A MoE layer with the routing on the device against host-built groups.
     let r = &d["routing"];
     for key in [

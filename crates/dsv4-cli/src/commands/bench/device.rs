@@ -3,7 +3,7 @@
 //! attention-side kernels, as fractions of those limits, and a MoE layer with the routing on
 //! the device against host-built groups (dsv4_backend_cuda::bench).
 
-use dsv4_backend_cuda::bench::DeviceBenchReport;
+use dsv4_backend_cuda::bench::{DecodeSuggestion, DeviceBenchReport, MARGIN};
 use dsv4_kernels::BackendOptions;
 use serde::Serialize;
 
@@ -112,6 +112,9 @@ pub fn render(sections: &[DeviceSection]) -> String {
             }
         }
         let sums = if p.f64_sums { "f64" } else { "f32" };
+        if let Some(sg) = &d.report.decode_suggestion {
+            s.push_str(&suggestion_line(sg, sums));
+        }
         s.push_str(&format!(
             "\n| attention-side case ({sums} sums) | ms | 10^12 multiply-adds/s | of the {sums} FMA rate |\n\
              |---|---:|---:|---:|\n"
@@ -138,4 +141,40 @@ pub fn render(sections: &[DeviceSection]) -> String {
         ));
     }
     s
+}
+
+/// The decode shapes the bench suggests pinning with `sums` ("f64"/"f32"), and why, as a
+/// markdown paragraph.
+fn suggestion_line(sg: &DecodeSuggestion, sums: &str) -> String {
+    let why: Vec<String> = sg
+        .formats
+        .iter()
+        .map(|f| {
+            let each = if f.cases == 1 {
+                "its case".to_string()
+            } else {
+                format!("each of its {} cases", f.cases)
+            };
+            if f.shape == f.current {
+                let closest = f.runner_up.as_ref().map_or(String::new(), |(shape, x)| {
+                    format!("; the closest, {shape}, ran its slowest case at {x:.2}x")
+                });
+                format!(
+                    "{}: {} kept (no other shape ran {each} {MARGIN:.2}x as fast or more{closest})",
+                    f.format, f.current
+                )
+            } else {
+                format!(
+                    "{}: {}, at least {:.2}x {}'s speed in {each}",
+                    f.format, f.shape, f.worst_speedup, f.current
+                )
+            }
+        })
+        .collect();
+    format!(
+        "\nDecode kernel shapes to pin on this device with {sums} sums: \
+         `--set backend.cuda_decode={}` ({}).\n",
+        sg.cuda_decode,
+        why.join("; ")
+    )
 }
