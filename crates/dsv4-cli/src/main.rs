@@ -183,15 +183,51 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// An error with its causes, each said once: many error types already end their message with
+/// their source's (`cannot read FILE: No such file…`), and anyhow's `{:#}` would repeat it.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let model = dsv4_model::ModelError::io("read", "/x/config.json", io);
+        let e = anyhow::Error::new(model).context("cannot load model config /x/config.json");
+        assert_eq!(
+            error_text(&e),
+            "cannot load model config /x/config.json: cannot read /x/config.json: No such file"
+        );
+        // Causes that their parent does not print are kept, in order.
+        let e = anyhow::anyhow!("disk full")
+            .context("cannot write bench.json")
+            .context("bench failed");
+        assert_eq!(
+            error_text(&e),
+            "bench failed: cannot write bench.json: disk full"
+        );
+    }
 
     #[test]
     fn every_linked_backend_is_registered() {
