@@ -17,12 +17,14 @@ pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// The nearest candidate to `word`, if it is close enough to be a plausible typo.
+/// The nearest candidate to `word`, if it is close enough to be a plausible typo: at most
+/// `min_limit` edits, or a third of the word's length if that is more.
 fn nearest<'a>(
     word: &str,
+    min_limit: usize,
     candidates: impl Iterator<Item = (&'a str, &'a str)>,
 ) -> Option<&'a str> {
-    let limit = (word.len() / 3).max(2);
+    let limit = (word.len() / 3).max(min_limit);
     candidates
         .map(|(compare, answer)| (levenshtein(word, compare), answer))
         .filter(|(d, _)| *d <= limit)
@@ -33,7 +35,7 @@ fn nearest<'a>(
 /// The known key most likely meant by an unknown dotted key (matching the whole key or its last part).
 pub fn suggest_key(unknown: &str) -> Option<&'static str> {
     let leaf = unknown.rsplit('.').next().unwrap_or(unknown);
-    let whole = nearest(unknown, KEYS.iter().map(|k| (k.key, k.key)));
+    let whole = nearest(unknown, 2, KEYS.iter().map(|k| (k.key, k.key)));
     // A truncated name (`numerics.kv_cache`, `exec.thr`) is a prefix of the key that was meant.
     let prefix = || {
         KEYS.iter()
@@ -41,14 +43,15 @@ pub fn suggest_key(unknown: &str) -> Option<&'static str> {
             .min_by_key(|k| (!unknown.starts_with(k.section()), k.key.len()))
             .map(|k| k.key)
     };
+    // A key name alone is short: two edits would turn `nope` into `mode`.
     whole
         .or_else(prefix)
-        .or_else(|| nearest(leaf, KEYS.iter().map(|k| (k.name(), k.key))))
+        .or_else(|| nearest(leaf, 1, KEYS.iter().map(|k| (k.name(), k.key))))
 }
 
 /// The known section most likely meant by an unknown section name.
 pub fn suggest_section(unknown: &str) -> Option<&'static str> {
-    nearest(unknown, sections().into_iter().map(|s| (s, s)))
+    nearest(unknown, 2, sections().into_iter().map(|s| (s, s)))
 }
 
 /// The advice that follows "unknown key `key`": a suggestion, or the keys that exist.
@@ -64,8 +67,21 @@ pub fn unknown_key_hint(key: &str) -> String {
             keys.join(", ")
         );
     }
+    let section = key.split_once('.').map(|(s, _)| s);
     match suggest_key(key) {
         Some(s) => format!("did you mean `{s}`? (every key is listed in docs/profiles.md)"),
+        None if section.is_some_and(|s| sections().contains(&s)) => {
+            let section = section.unwrap_or_default();
+            let keys: Vec<&str> = KEYS
+                .iter()
+                .filter(|k| k.section() == section)
+                .map(|k| k.key)
+                .collect();
+            format!(
+                "[{section}] has: {} (every key is listed in docs/profiles.md)",
+                keys.join(", ")
+            )
+        }
         None => {
             let all: Vec<&str> = KEYS.iter().map(|k| k.key).collect();
             format!("known keys: {}", all.join(", "))
@@ -123,5 +139,13 @@ mod tests {
         assert_eq!(suggest_section("schedular"), Some("scheduler"));
         assert!(unknown_key_hint("numerics").contains("numerics.act_quant"));
         assert!(unknown_key_hint("zzzz.qqqqqqq").contains("known keys: model.path"));
+        // A short name two edits from a key of another section is no typo of it.
+        assert_eq!(suggest_key("exec.nope"), None);
+        assert_eq!(suggest_key("nope"), None);
+        assert_eq!(suggest_key("server.prot"), Some("server.port"));
+        // Then the hint lists the keys of the section that was named.
+        let hint = unknown_key_hint("exec.nope");
+        assert!(hint.starts_with("[exec] has: exec.cuda_graph,"), "{hint}");
+        assert!(!hint.contains("disagg"), "{hint}");
     }
 }
