@@ -156,9 +156,10 @@ impl DecodeShapes {
     }
 
     /// The shapes `spec` asks for: comma-separated `format=shape` pairs (`fp8=c1w8,mxfp4=c1w8p3`;
-    /// formats f32, bf16, fp8, mxfp4), the rest at their defaults.
+    /// formats f32, bf16, fp8, mxfp4, each at most once), the rest at their defaults.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut out = Self::default();
+        let mut seen: Vec<&str> = Vec::new();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
@@ -174,6 +175,13 @@ impl DecodeShapes {
                     ));
                 }
             };
+            if seen.contains(&key.trim()) {
+                return Err(format!(
+                    "`{}` names a shape twice: give each weight format once",
+                    spec.trim()
+                ));
+            }
+            seen.push(key.trim());
             out = out.with(format, DecodeShape::parse(value)?)?;
         }
         Ok(out)
@@ -249,6 +257,10 @@ mod tests {
             "unknown weight format `fp4`: expected f32, bf16, fp8 or mxfp4"
         );
         assert_eq!(err("fp8"), "`fp8` is not format=shape (e.g. fp8=c1w8)");
+        assert_eq!(
+            err("fp8=c2w8, mxfp4=c4w4,fp8=c1w8"),
+            "`fp8=c2w8, mxfp4=c4w4,fp8=c1w8` names a shape twice: give each weight format once"
+        );
         for bad in [
             "fp8=2w4",
             "fp8=c2",
