@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{dsv4, json, ok, run};
+use common::{dsv4, fails, json, ok, run};
 use dsv4_config::schema::KEYS;
 use serde_json::Value;
 use std::path::Path;
@@ -95,6 +95,73 @@ fn explain_prod_bf16_shows_every_key_with_value_source_and_why() {
             .as_str()
             .unwrap()
             .starts_with("prod-fp8 with bf16")
+    );
+}
+
+#[test]
+fn explain_key_shows_only_that_key_and_a_key_given_as_a_profile_says_how() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = ok(dsv4(
+        dir.path(),
+        &[
+            "profile",
+            "explain",
+            "prod-bf16",
+            "--key",
+            "numerics.index_k_dtype",
+            "--key",
+            "exec.cuda_graph",
+        ],
+    ));
+    let shown: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" = ") && !l.starts_with(' '))
+        .collect();
+    assert_eq!(
+        shown,
+        ["numerics.index_k_dtype = bf16", "exec.cuda_graph = true"],
+        "{text}"
+    );
+    assert!(
+        text.contains("    why:    long-context recall fix"),
+        "{text}"
+    );
+    // The findings are still the whole profile's.
+    assert!(
+        text.contains("warnings (1):\n  - [incident-combination]"),
+        "{text}"
+    );
+    let doc = json(dsv4(
+        dir.path(),
+        &[
+            "profile",
+            "explain",
+            "prod-bf16",
+            "--key",
+            "backend.kind",
+            "--json",
+        ],
+    ));
+    let settings = doc["settings"].as_array().unwrap();
+    assert_eq!(settings.len(), 1, "{doc}");
+    assert_eq!(settings[0]["value"], "cuda-sm120");
+
+    let e = fails(dsv4(
+        dir.path(),
+        &["profile", "explain", "backend.cuda_decode"],
+    ));
+    assert!(
+        e.contains("`backend.cuda_decode` is a configuration key, not a profile")
+            && e.contains("dsv4 profile explain --key backend.cuda_decode"),
+        "{e}"
+    );
+    let e = fails(dsv4(
+        dir.path(),
+        &["profile", "explain", "--key", "exec.cuda_graphs"],
+    ));
+    assert!(
+        e.contains("unknown key `exec.cuda_graphs` in --key: did you mean `exec.cuda_graph`?"),
+        "{e}"
     );
 }
 

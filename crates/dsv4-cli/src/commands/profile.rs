@@ -29,6 +29,9 @@ pub enum ProfileCommand {
     Explain {
         /// Profile name or path (defaults to --profile).
         name: Option<String>,
+        /// Explain only this key (repeatable); the findings stay the whole profile's.
+        #[arg(long = "key", value_name = "KEY")]
+        keys: Vec<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -107,15 +110,31 @@ pub fn run(
             }
             fail_if_invalid(&resolved)
         }
-        ProfileCommand::Explain { name: n, json } => {
+        ProfileCommand::Explain {
+            name: n,
+            keys,
+            json,
+        } => {
+            if let Some(key) = n.as_deref().filter(|n| find_key(n).is_some()) {
+                bail!(
+                    "`{key}` is a configuration key, not a profile: explain it with \
+                     `dsv4 profile explain --key {key}` (after a profile name, in that profile)"
+                );
+            }
+            if let Some(bad) = keys.iter().find(|k| find_key(k).is_none()) {
+                bail!(
+                    "unknown key `{bad}` in --key: {}",
+                    dsv4_config::schema::unknown_key_hint(bad)
+                );
+            }
             let resolved = dsv4_config::assemble(&options(&name(n)))?;
             if *json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&explain_json(&resolved))?
+                    serde_json::to_string_pretty(&document(&resolved, true, keys))?
                 );
             } else {
-                print!("{}", explain_text(&resolved));
+                print!("{}", explain_text(&resolved, keys));
             }
             fail_if_invalid(&resolved)
         }
@@ -316,11 +335,7 @@ struct ShowJson<'a> {
 }
 
 fn show_json(resolved: &Resolved) -> ShowJson<'_> {
-    document(resolved, false)
-}
-
-fn explain_json(resolved: &Resolved) -> ShowJson<'_> {
-    document(resolved, true)
+    document(resolved, false, &[])
 }
 
 /// The profile a file-origin value was set by: the file name without directory or `.toml`.
@@ -359,7 +374,9 @@ fn justifications(resolved: &Resolved) -> std::collections::BTreeMap<String, Str
     out
 }
 
-fn document(resolved: &Resolved, explain: bool) -> ShowJson<'_> {
+/// The JSON document of `profile show` or (`explain`) `profile explain`, with the settings of
+/// `keys` only unless it is empty.
+fn document<'a>(resolved: &'a Resolved, explain: bool, keys: &[String]) -> ShowJson<'a> {
     let justified = if explain {
         justifications(resolved)
     } else {
@@ -372,6 +389,7 @@ fn document(resolved: &Resolved, explain: bool) -> ShowJson<'_> {
         settings: resolved
             .settings
             .iter()
+            .filter(|s| keys.is_empty() || keys.iter().any(|k| k == s.key))
             .map(|s| SettingJson {
                 key: s.key,
                 value: &s.value,
@@ -387,8 +405,9 @@ fn document(resolved: &Resolved, explain: bool) -> ShowJson<'_> {
     }
 }
 
-/// The text of `profile explain`: purpose, files, then each key with source, why and what.
-fn explain_text(resolved: &Resolved) -> String {
+/// The text of `profile explain`: purpose, files, then each key (of `keys` only unless it is
+/// empty) with source, why and what, then the profile's findings.
+fn explain_text(resolved: &Resolved, keys: &[String]) -> String {
     let mut out = format!("profile {}\n", resolved.requested);
     for line in resolved.description.lines() {
         out.push_str(format!("  {line}").trim_end());
@@ -400,7 +419,11 @@ fn explain_text(resolved: &Resolved) -> String {
     ));
     let justified = justifications(resolved);
     let mut section = "";
-    for s in &resolved.settings {
+    for s in resolved
+        .settings
+        .iter()
+        .filter(|s| keys.is_empty() || keys.iter().any(|k| k == s.key))
+    {
         let spec = find_key(s.key);
         let this = spec.map_or("", |k| k.section());
         if this != section {
