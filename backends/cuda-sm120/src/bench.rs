@@ -17,7 +17,7 @@ mod suggest;
 mod timing;
 
 pub use routing::RoutingTiming;
-pub use suggest::{DecodeSuggestion, MARGIN, ShapeChoice, suggest};
+pub use suggest::{DecodeSuggestion, MARGIN, RunnerUp, ShapeChoice, suggest};
 pub use timing::{CallTimes, time_launches};
 pub(crate) use timing::{time_graphed, time_op};
 

@@ -524,7 +524,12 @@ fn bench_reports_the_device_section_for_a_cuda_backend() {
             .map(|s| (s, worst(s)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .unwrap();
-        assert_eq!(choice["runner_up"][0], best_other.0, "{sg}");
+        assert_eq!(choice["runner_up"]["shape"], best_other.0, "{sg}");
+        assert_eq!(
+            choice["runner_up"]["worst_speedup"].as_f64(),
+            Some(best_other.1),
+            "{sg}"
+        );
         let shape = choice["shape"].as_str().unwrap();
         if best_other.1 >= 1.02 {
             assert_eq!(shape, best_other.0, "{sg}");

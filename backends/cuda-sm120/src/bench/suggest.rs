@@ -29,11 +29,20 @@ pub struct ShapeChoice {
     /// The suggested shape's smallest speedup over the current one across the format's cases
     /// (1 when it is the current one).
     pub worst_speedup: f64,
-    /// The best other shape and its smallest speedup, whether or not it reached the margin
-    /// (none when only the current shape was timed).
-    pub runner_up: Option<(String, f64)>,
+    /// The best other shape, whether or not it reached the margin (none when only the current
+    /// shape was timed).
+    pub runner_up: Option<RunnerUp>,
     /// Decode cases of the format the choice rests on.
     pub cases: usize,
+}
+
+/// The best shape other than the backend's, for one format.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunnerUp {
+    /// The shape (`c2w8p2`).
+    pub shape: String,
+    /// Its smallest speedup over the backend's shape across the format's cases.
+    pub worst_speedup: f64,
 }
 
 /// The bench's suggestion: the `backend.cuda_decode` value with each timed format's choice.
@@ -83,17 +92,22 @@ pub fn suggest(rows: &[ShapeTiming], selected: DecodeShapes) -> Option<DecodeSug
                 ));
             }
         }
-        let runner_up = worst
+        let Some(best) = worst
             .iter()
             .filter(|(s, _)| *s != current)
             .max_by(|a, b| a.1.total_cmp(&b.1))
-            .cloned();
-        let Some(best) = &runner_up else { continue };
+        else {
+            continue;
+        };
         let (shape, worst_speedup) = if best.1 >= MARGIN {
             best.clone()
         } else {
             (current.clone(), 1.0)
         };
+        let runner_up = Some(RunnerUp {
+            shape: best.0.clone(),
+            worst_speedup: best.1,
+        });
         if let Ok(next) = DecodeShape::parse(&shape).and_then(|s| shapes.with(format, s)) {
             shapes = next;
         }
@@ -156,6 +170,13 @@ mod tests {
         rows
     }
 
+    fn runner(shape: &str, worst_speedup: f64) -> RunnerUp {
+        RunnerUp {
+            shape: shape.to_string(),
+            worst_speedup,
+        }
+    }
+
     fn old_defaults() -> DecodeShapes {
         DecodeShapes::parse("fp8=c2w4").unwrap()
     }
@@ -174,7 +195,7 @@ mod tests {
         assert_eq!(fp8.cases, 2);
         let mx = &s.formats[1];
         assert_eq!((mx.shape.as_str(), mx.worst_speedup), ("c4w4", 1.0));
-        assert_eq!(mx.runner_up, Some(("c2w4".to_string(), 0.91)));
+        assert_eq!(mx.runner_up, Some(runner("c2w4", 0.91)));
         assert_eq!(
             DecodeShapes::parse(&s.cuda_decode).unwrap().describe(),
             s.cuda_decode,
@@ -194,7 +215,7 @@ mod tests {
         let s = suggest(&rows, old_defaults()).unwrap();
         assert_eq!(s.cuda_decode, "fp8=c2w4,mxfp4=c4w4");
         assert!(!s.changed);
-        assert_eq!(s.formats[0].runner_up, Some(("c2w8".to_string(), 1.015)));
+        assert_eq!(s.formats[0].runner_up, Some(runner("c2w8", 1.015)));
     }
 
     #[test]
@@ -210,7 +231,7 @@ mod tests {
         }
         let s = suggest(&rows, old_defaults()).unwrap();
         assert_eq!(s.formats[0].shape, "c2w4");
-        assert_eq!(s.formats[0].runner_up, Some(("c4w4".to_string(), 0.86)));
+        assert_eq!(s.formats[0].runner_up, Some(runner("c4w4", 0.86)));
     }
 
     #[test]

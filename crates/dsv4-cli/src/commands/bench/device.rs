@@ -156,8 +156,11 @@ fn suggestion_line(sg: &DecodeSuggestion, sums: &str) -> String {
                 format!("each of its {} cases", f.cases)
             };
             if f.shape == f.current {
-                let closest = f.runner_up.as_ref().map_or(String::new(), |(shape, x)| {
-                    format!("; the closest, {shape}, ran its slowest case at {x:.2}x")
+                let closest = f.runner_up.as_ref().map_or(String::new(), |r| {
+                    format!(
+                        "; the closest, {}, ran its slowest case at {:.2}x",
+                        r.shape, r.worst_speedup
+                    )
                 });
                 format!(
                     "{}: {} kept (no other shape ran {each} {MARGIN:.2}x as fast or more{closest})",
