@@ -69,7 +69,7 @@ pub fn siblings(
 pub type Push<'a> = dyn FnMut(String, f64, &'static str) + 'a;
 
 /// Batch-16 captured decode after `prompt_len`-token prompts on `model` (the backend as
-/// configured), [`crate::e2e::MODE_STEPS`] steps, then the same on each sibling loaded with the
+/// configured), `e2e::MODE_STEPS` steps, then the same on each sibling loaded with the
 /// same config and weights: each rate and traffic per step, and each path's speedup (the
 /// configured rate over the sibling's), as rows through `push`. Nothing is measured without
 /// siblings.
