@@ -91,6 +91,27 @@ __device__ __forceinline__ void linear_rows(const u8* __restrict__ wdata,
 // ran the MXFP4 GEMVs at 13 (docs/performance.md, 2026-12-04).
 #define LIN_MXFP4_BLOCKS 3
 #define LIN_MXFP4_BLOCKS8 2
+// MXFP4 c2w4 (two tables live, not four) fits 4 blocks: 128 registers, 16 warps.
+#define LIN_MXFP4_C2_BLOCKS 4
+
+// Blocks per multiprocessor the fp8 decode kernels are compiled for. Unbounded, ptxas gave them
+// more registers than their loads in flight need: the default c2w8 took 96 on sm_90, so a
+// multiprocessor held 2 of its blocks (16 warps; the H200 found these kernels latency-bound with
+// too few bytes in flight). Bounded to 3 it takes 80, and its fast path is the same within 3%
+// with every weight load first touched as far from its issue (sass-fast-path.py), for half as
+// many warps again. Each bound here compiles without a spill for sm_80, sm_90 and sm_120 with
+// either sums (`dsv4 kernels compile --resources`); the ones that spilled are not taken: c4w4
+// at 5 and c1w8p3 at 4 with f64 sums, c2w8p2 and c2w8p3 at 3 (they stay unbounded, 2 blocks).
+#define LIN_FP8_BLOCKS8 3 // c2w8: 80 registers, 24 warps
+#define LIN_FP8_C2W4_BLOCKS 6 // 80 registers, 24 warps
+#define LIN_FP8_C1_BLOCKS 4 // c1w8: 64 registers, 32 warps
+#ifdef DSV4_ACC_F64
+#define LIN_FP8_C4_BLOCKS 4 // c4w4: 128 registers, 16 warps
+#define LIN_FP8_C1P3_BLOCKS 3 // c1w8p3: 80 registers, 24 warps
+#else
+#define LIN_FP8_C4_BLOCKS 5 // 96 registers, 20 warps
+#define LIN_FP8_C1P3_BLOCKS 4 // 64 registers, 32 warps
+#endif
 
 // One row of a decode launch: block row y computes row y (grid y = rows).
 template <int FMT, int COLS = lin_r1<FMT>::COLS, int WARPS = lin_r1<FMT>::WARPS,
@@ -133,7 +154,8 @@ extern "C" __global__ void linear_bf16_r8(const u8* __restrict__ wdata,
     linear_rows<LIN_BF16, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows,
                          blockIdx.y * 8u);
 }
-extern "C" __global__ void linear_fp8_r1(const u8* __restrict__ wdata,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_BLOCKS8)
+linear_fp8_r1(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_FP8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
@@ -208,7 +230,8 @@ extern "C" __global__ void linear_bf16_g8(const lin_group* __restrict__ table,
     u32 xpitch) {
     linear_grouped<LIN_BF16, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void linear_fp8_g1(const lin_group* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_BLOCKS8)
+linear_fp8_g1(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1>(table, x, out, out_dim, in_dim, pitch, xpitch);
@@ -234,44 +257,50 @@ extern "C" __global__ void linear_mxfp4_g8(const lin_group* __restrict__ table,
 // default shapes are the plain kernels above), for DSV4_CUDA_DECODE and `dsv4 bench`, which
 // times each: which is fastest depends on the GPU (docs/cuda.md). Same parameters and bits as
 // the plain _r1 / _g1 kernels.
-extern "C" __global__ void linear_fp8_r1_c2w4(const u8* __restrict__ wdata,
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_FP8_C2W4_BLOCKS)
+linear_fp8_r1_c2w4(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_FP8, 2, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_g1_c2w4(const lin_group* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_FP8_C2W4_BLOCKS)
+linear_fp8_g1_c2w4(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 2, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void linear_fp8_r1_c4w4(const u8* __restrict__ wdata,
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_FP8_C4_BLOCKS)
+linear_fp8_r1_c4w4(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_FP8, 4, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_g1_c4w4(const lin_group* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_FP8_C4_BLOCKS)
+linear_fp8_g1_c4w4(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 4, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_C2_BLOCKS)
 linear_mxfp4_r1_c2w4(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_MXFP4, 2, 4>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_BLOCKS)
+extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MXFP4_C2_BLOCKS)
 linear_mxfp4_g1_c2w4(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_MXFP4, 1, 2, 4>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void linear_fp8_r1_c1w8(const u8* __restrict__ wdata,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_C1_BLOCKS)
+linear_fp8_r1_c1w8(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_FP8, 1, 8>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_g1_c1w8(const lin_group* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_C1_BLOCKS)
+linear_fp8_g1_c1w8(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 1, 8>(table, x, out, out_dim, in_dim, pitch, xpitch);
@@ -290,7 +319,7 @@ linear_mxfp4_g1_c2w8(const lin_group* __restrict__ table,
 }
 // Deeper rings of weight loads (`pD`: D rounds in flight, lin_r1.cuh's DEPTH; the shapes above
 // keep one), for GPUs where one round leaves the decode GEMVs latency-bound, as the H200 found.
-// The fp8 ones are unbounded, as the others (c2w8p3: 94-104 registers on sm_90).
+// fp8 c2w8p2 and c2w8p3 are unbounded (94-109 registers on sm_90, 2 blocks: at 3 they spill).
 extern "C" __global__ void linear_fp8_r1_c2w8p2(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
@@ -311,12 +340,14 @@ extern "C" __global__ void linear_fp8_g1_c2w8p3(const lin_group* __restrict__ ta
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 2, 8, 3>(table, x, out, out_dim, in_dim, pitch, xpitch);
 }
-extern "C" __global__ void linear_fp8_r1_c1w8p3(const u8* __restrict__ wdata,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_C1P3_BLOCKS)
+linear_fp8_r1_c1w8p3(const u8* __restrict__ wdata,
     const u8* __restrict__ scale, const float* __restrict__ x, float* __restrict__ out,
     u32 out_dim, u32 in_dim, u32 pitch, u32 xpitch, u32 rows) {
     linear_r1_row<LIN_FP8, 1, 8, 3>(wdata, scale, x, out, out_dim, in_dim, pitch, xpitch, rows);
 }
-extern "C" __global__ void linear_fp8_g1_c1w8p3(const lin_group* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(2 * LIN_THREADS, LIN_FP8_C1P3_BLOCKS)
+linear_fp8_g1_c1w8p3(const lin_group* __restrict__ table,
     const float* __restrict__ x, float* __restrict__ out, u32 out_dim, u32 in_dim, u32 pitch,
     u32 xpitch) {
     linear_grouped<LIN_FP8, 1, 1, 8, 3>(table, x, out, out_dim, in_dim, pitch, xpitch);
