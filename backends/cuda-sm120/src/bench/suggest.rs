@@ -67,8 +67,12 @@ pub fn suggest(rows: &[ShapeTiming], selected: DecodeShapes) -> Option<DecodeSug
     for format in [WeightFormat::Fp8Block, WeightFormat::Mxfp4] {
         let key = format_key(format);
         let mine: Vec<&ShapeTiming> = rows.iter().filter(|r| r.format == key).collect();
-        let mut cases: Vec<&str> = mine.iter().map(|r| r.case.as_str()).collect();
-        cases.dedup();
+        let mut cases: Vec<&str> = Vec::new();
+        for r in &mine {
+            if !cases.contains(&r.case.as_str()) {
+                cases.push(&r.case);
+            }
+        }
         let current = selected.of(format).name();
         // Each shape's smallest speedup over the cases, in the order the bench timed them.
         let mut worst: Vec<(String, f64)> = Vec::new();
@@ -200,6 +204,17 @@ mod tests {
             DecodeShapes::parse(&s.cuda_decode).unwrap().describe(),
             s.cuda_decode,
             "the value reads back"
+        );
+    }
+
+    #[test]
+    fn the_rows_order_does_not_matter() {
+        let mut rows = h200_f32();
+        rows.reverse();
+        rows.sort_by(|a, b| a.shape.cmp(&b.shape));
+        assert_eq!(
+            suggest(&rows, old_defaults()),
+            suggest(&h200_f32(), old_defaults())
         );
     }
 
