@@ -374,6 +374,11 @@ fn justifications(resolved: &Resolved) -> std::collections::BTreeMap<String, Str
     out
 }
 
+/// Whether `key` is one of `keys`, or `keys` is empty (every key).
+fn asked(keys: &[String], key: &str) -> bool {
+    keys.is_empty() || keys.iter().any(|k| k == key)
+}
+
 /// The JSON document of `profile show` or (`explain`) `profile explain`, with the settings of
 /// `keys` only unless it is empty.
 fn document<'a>(resolved: &'a Resolved, explain: bool, keys: &[String]) -> ShowJson<'a> {
@@ -389,7 +394,7 @@ fn document<'a>(resolved: &'a Resolved, explain: bool, keys: &[String]) -> ShowJ
         settings: resolved
             .settings
             .iter()
-            .filter(|s| keys.is_empty() || keys.iter().any(|k| k == s.key))
+            .filter(|s| asked(keys, s.key))
             .map(|s| SettingJson {
                 key: s.key,
                 value: &s.value,
@@ -419,11 +424,7 @@ fn explain_text(resolved: &Resolved, keys: &[String]) -> String {
     ));
     let justified = justifications(resolved);
     let mut section = "";
-    for s in resolved
-        .settings
-        .iter()
-        .filter(|s| keys.is_empty() || keys.iter().any(|k| k == s.key))
-    {
+    for s in resolved.settings.iter().filter(|s| asked(keys, s.key)) {
         let spec = find_key(s.key);
         let this = spec.map_or("", |k| k.section());
         if this != section {

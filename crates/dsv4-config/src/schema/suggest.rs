@@ -54,35 +54,35 @@ pub fn suggest_section(unknown: &str) -> Option<&'static str> {
     nearest(unknown, 2, sections().into_iter().map(|s| (s, s)))
 }
 
+/// The keys of `section`, comma-separated.
+fn section_keys(section: &str) -> String {
+    let keys: Vec<&str> = KEYS
+        .iter()
+        .filter(|k| k.section() == section)
+        .map(|k| k.key)
+        .collect();
+    keys.join(", ")
+}
+
 /// The advice that follows "unknown key `key`": a suggestion, or the keys that exist.
 pub fn unknown_key_hint(key: &str) -> String {
     if sections().contains(&key) {
-        let keys: Vec<&str> = KEYS
-            .iter()
-            .filter(|k| k.section() == key)
-            .map(|k| k.key)
-            .collect();
         return format!(
             "`{key}` is a section; set one of its keys: {}",
-            keys.join(", ")
+            section_keys(key)
         );
     }
-    let section = key.split_once('.').map(|(s, _)| s);
-    match suggest_key(key) {
-        Some(s) => format!("did you mean `{s}`? (every key is listed in docs/profiles.md)"),
-        None if section.is_some_and(|s| sections().contains(&s)) => {
-            let section = section.unwrap_or_default();
-            let keys: Vec<&str> = KEYS
-                .iter()
-                .filter(|k| k.section() == section)
-                .map(|k| k.key)
-                .collect();
-            format!(
-                "[{section}] has: {} (every key is listed in docs/profiles.md)",
-                keys.join(", ")
-            )
-        }
-        None => {
+    let section = key
+        .split_once('.')
+        .map(|(s, _)| s)
+        .filter(|s| sections().contains(s));
+    match (suggest_key(key), section) {
+        (Some(s), _) => format!("did you mean `{s}`? (every key is listed in docs/profiles.md)"),
+        (None, Some(section)) => format!(
+            "[{section}] has: {} (every key is listed in docs/profiles.md)",
+            section_keys(section)
+        ),
+        (None, None) => {
             let all: Vec<&str> = KEYS.iter().map(|k| k.key).collect();
             format!("known keys: {}", all.join(", "))
         }
