@@ -105,9 +105,16 @@ fn cubins_assemble_for_real_architectures() {
         return;
     }
     let names = kernels::kernel_names();
-    for arch in [(9, 0), (12, 0)] {
-        let what = format!("sm_{}{}", arch.0, arch.1);
-        let (cubin, resources) = nvrtc::compile_cubin_with_resources(arch, arch == (9, 0))
+    // sm_90 with both sums: the fp8 decode kernels' occupancy bounds depend on the sums
+    // (linear.cu), and the bounds that spilled did so on sm_90 (and sm_80).
+    for (arch, f64_sums) in [((9, 0), true), ((9, 0), false), ((12, 0), false)] {
+        let what = format!(
+            "sm_{}{} ({} sums)",
+            arch.0,
+            arch.1,
+            if f64_sums { "f64" } else { "f32" }
+        );
+        let (cubin, resources) = nvrtc::compile_cubin_with_resources(arch, f64_sums)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "{what}: not an ELF image");
         // ptxas reports every kernel, and none spills registers to local memory (the table:
