@@ -29,43 +29,46 @@ multiversion! {
 const GROUP: usize = 4;
 
 /// out[h, c] = (Σ_s p[h, s]·keys[s, c]) / den[h] for the heads of a group, the sum over s in
-/// order as fused f64 steps (the portable form; the AVX-512 form computes the same bits).
+/// order as fused f64 steps (the portable form; the AVX2 and AVX-512 forms compute the same
+/// bits).
 fn weighted_keys(isa: Isa, p: &[f64], keys: &[f32], dim: usize, den: &[f64], out: &mut [f32]) {
     let (heads, n) = (den.len(), keys.len() / dim);
     debug_assert!(p.len() == heads * n && out.len() == heads * dim);
     let full = dim / COLS * COLS;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && heads == GROUP {
+    match isa {
         // SAFETY: AVX-512F is present (Isa); shapes checked above.
-        unsafe { x86::weighted4(p, keys, dim, n, full, den, out) };
-    } else {
-        weighted_cols(p, keys, dim, n, 0..full, den, out);
+        Isa::Avx512 if heads == GROUP => unsafe { x86::weighted4(p, keys, dim, n, full, den, out) },
+        // SAFETY: AVX2 and FMA are present (Isa); shapes checked above.
+        Isa::Avx2Fma if heads == GROUP => unsafe {
+            x86::weighted4_256(p, keys, dim, n, full, den, out)
+        },
+        _ => weighted_cols(isa, p, keys, dim, 0..full, den, out),
     }
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        weighted_cols(p, keys, dim, n, 0..full, den, out);
-    }
-    weighted_cols(p, keys, dim, n, full..dim, den, out);
+    weighted_cols(isa, p, keys, dim, 0..full, den, out);
+    weighted_cols(isa, p, keys, dim, full..dim, den, out);
 }
 
-/// The portable weighted key sum over columns `cols`.
-fn weighted_cols(
-    p: &[f64],
-    keys: &[f32],
-    dim: usize,
-    n: usize,
-    cols: std::ops::Range<usize>,
-    den: &[f64],
-    out: &mut [f32],
-) {
-    for (h, &d) in den.iter().enumerate() {
-        for c in cols.clone() {
-            let mut a = 0f64;
-            for s in 0..n {
-                a = p[h * n + s].mul_add(f64::from(keys[s * dim + c]), a);
+multiversion! {
+    /// The weighted key sum over columns `cols`, one column at a time.
+    fn weighted_cols(
+        p: &[f64],
+        keys: &[f32],
+        dim: usize,
+        cols: std::ops::Range<usize>,
+        den: &[f64],
+        out: &mut [f32],
+    ) {
+        let n = keys.len() / dim;
+        for (h, &d) in den.iter().enumerate() {
+            for c in cols.clone() {
+                let mut a = 0f64;
+                for s in 0..n {
+                    a = p[h * n + s].mul_add(f64::from(keys[s * dim + c]), a);
+                }
+                out[h * dim + c] = (a / d) as f32;
             }
-            out[h * dim + c] = (a / d) as f32;
         }
     }
 }
@@ -113,6 +116,50 @@ mod x86 {
                     let v = _mm512_cvtpd_ps(_mm512_div_pd(a, d));
                     // SAFETY: columns c0 + 8q .. +8 < dim of head h's output row.
                     unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(h * dim + c0 + 8 * q), v) };
+                }
+            }
+        }
+    }
+
+    /// AVX2: four heads × 8 columns at a time, each key chunk widened once, 8 accumulators.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; p holds 4·n, keys n·dim, out 4·dim values; full ≤ dim is a
+    /// multiple of 8.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted4_256(
+        p: &[f64],
+        keys: &[f32],
+        dim: usize,
+        n: usize,
+        full: usize,
+        den: &[f64],
+        out: &mut [f32],
+    ) {
+        let (pp, pk) = (p.as_ptr(), keys.as_ptr());
+        for c0 in (0..full).step_by(8) {
+            let mut acc = [[_mm256_setzero_pd(); 2]; GROUP];
+            for s in 0..n {
+                // SAFETY: key row s holds dim ≥ c0 + 8 values; p rows hold n values.
+                unsafe {
+                    let at = pk.add(s * dim + c0);
+                    let kv = [
+                        _mm256_cvtps_pd(_mm_loadu_ps(at)),
+                        _mm256_cvtps_pd(_mm_loadu_ps(at.add(4))),
+                    ];
+                    for (h, ah) in acc.iter_mut().enumerate() {
+                        let ph = _mm256_set1_pd(*pp.add(h * n + s));
+                        ah[0] = _mm256_fmadd_pd(ph, kv[0], ah[0]);
+                        ah[1] = _mm256_fmadd_pd(ph, kv[1], ah[1]);
+                    }
+                }
+            }
+            for (h, ah) in acc.iter().enumerate() {
+                let d = _mm256_set1_pd(den[h]);
+                for (q, &a) in ah.iter().enumerate() {
+                    let v = _mm256_cvtpd_ps(_mm256_div_pd(a, d));
+                    // SAFETY: columns c0 + 4q .. +4 < dim of head h's output row.
+                    unsafe { _mm_storeu_ps(out.as_mut_ptr().add(h * dim + c0 + 4 * q), v) };
                 }
             }
         }

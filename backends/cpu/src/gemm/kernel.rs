@@ -12,7 +12,7 @@ pub(crate) const FUSED_ROWS: usize = 2;
 
 /// Whether `isa` has the fused decode-and-multiply kernel.
 pub(crate) fn can_fuse(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && isa == Isa::Avx512
+    cfg!(target_arch = "x86_64") && isa >= Isa::Avx2Fma
 }
 
 /// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x64` (f64,
@@ -34,21 +34,27 @@ pub(crate) fn fused(
     assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
     assert!(k0 + kb <= w.k && x64.len() >= rows * w.k && acc.len() >= (rows - 1) * ld + nv);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && kb.is_multiple_of(16) {
+    if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
         use super::decode::with_decoder;
         let (xp, ap, k) = (x64.as_ptr(), acc.as_mut_ptr(), w.k);
-        // SAFETY: AVX-512F, AVX2, FMA and F16C are present (Isa); rows, columns and the acc
-        // tile are bounded by the asserts above.
+        // SAFETY: the kernel's features are present (an Isa is only selected when detected:
+        // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile are
+        // bounded by the asserts above.
         return with_decoder!(
             w,
             n0,
             k0,
             kb,
             |d| unsafe {
-                if rows == 1 {
-                    x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv);
-                } else {
-                    x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv);
+                match (isa, rows) {
+                    (Isa::Avx512, 1) => {
+                        x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv)
+                    }
+                    (Isa::Avx512, _) => {
+                        x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv)
+                    }
+                    (_, 1) => x86::fused256::<_, 1, 4>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
+                    _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
                 }
                 true
             },
@@ -169,6 +175,69 @@ mod x86 {
         }
         // SAFETY: forwarded (the acc tile).
         unsafe { finish::<R>(&a, acc, ld, nv, k0 == 0) };
+    }
+
+    /// The fused kernel on AVX2: R rows of x (f64, stride ldx) against W rows n0..n0+NB
+    /// (clamped), J of them at a time (J·R ≤ 4, so the 2·J·R accumulators and the decoded
+    /// weights fit the 16 ymm registers), each weight row decoded 16 elements at a time once
+    /// for all R rows. Lanes 0..4 of an accumulator are its `lo` ymm and 4..8 its `hi`, so
+    /// elements c..c+4 and c+8..c+12 go to `lo` in that order and the bits equal [`block256`]'s.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are available; kb is a multiple of 16; the rows, columns and acc
+    /// tile are inside their buffers.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fused256<D: Dec16, const R: usize, const J: usize>(
+        dec: D,
+        n: usize,
+        n0: usize,
+        k0: usize,
+        kb: usize,
+        x: *const f64,
+        ldx: usize,
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
+    ) {
+        let widen = |v: __m256| {
+            [
+                _mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)),
+            ]
+        };
+        for j0 in (0..nv).step_by(J) {
+            let cur: [_; J] = std::array::from_fn(|j| dec.cursor((n0 + j0 + j).min(n - 1), k0));
+            let mut a = [[[_mm256_setzero_pd(); 2]; J]; R];
+            for c in (0..kb).step_by(16) {
+                for (j, &at) in cur.iter().enumerate() {
+                    // SAFETY: the 16 elements lie inside W's row (caller); x rows hold
+                    // k ≥ k0 + kb values.
+                    unsafe {
+                        let (lo, hi) = dec.load16(at, c);
+                        let (w0, w1) = (widen(lo), widen(hi));
+                        for (r, ar) in a.iter_mut().enumerate() {
+                            let xp = x.add(r * ldx + k0 + c);
+                            let aj = &mut ar[j];
+                            aj[0] = _mm256_fmadd_pd(w0[0], _mm256_loadu_pd(xp), aj[0]);
+                            aj[1] = _mm256_fmadd_pd(w0[1], _mm256_loadu_pd(xp.add(4)), aj[1]);
+                            aj[0] = _mm256_fmadd_pd(w1[0], _mm256_loadu_pd(xp.add(8)), aj[0]);
+                            aj[1] = _mm256_fmadd_pd(w1[1], _mm256_loadu_pd(xp.add(12)), aj[1]);
+                        }
+                    }
+                }
+            }
+            for (r, ar) in a.iter().enumerate() {
+                for (j, aj) in ar.iter().enumerate().take(nv - j0) {
+                    let v = reduce2x4(aj[0], aj[1]);
+                    // SAFETY: (r, j0 + j < nv) is inside the acc tile (caller).
+                    unsafe {
+                        let d = acc.add(r * ld + j0 + j);
+                        *d = if k0 == 0 { v } else { *d + v };
+                    }
+                }
+            }
+        }
     }
 
     /// Reduce each row's eight accumulators and store (first block) or add them into acc.
