@@ -392,8 +392,9 @@ mod x86 {
         _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)))
     }
 
-    /// AVX2: one row at a time (widened to f64 once per block), four outputs at a time, each
-    /// accumulator as two ymm.
+    /// AVX2: the rows two at a time (each widened to f64 once per block) against two outputs
+    /// at a time, each accumulator as two ymm: per 8 elements 4 panel and 4 x loads feed 8
+    /// multiply-adds, which keeps the FMA units, not the loads, the limit.
     ///
     /// # Safety
     /// AVX2 and FMA are available; bounds as checked by the caller.
@@ -410,36 +411,90 @@ mod x86 {
         nv: usize,
         first: bool,
     ) {
-        let p = panel.0.as_ptr();
         let kb8 = kb.div_ceil(8) * 8;
-        let mut xr = [0f64; KB];
-        for r in 0..rows {
-            // x row widened once, zero past kb.
-            for (c, d) in xr[..kb8].iter_mut().enumerate() {
-                *d = if c < kb {
-                    f64::from(x[r * ldx + c])
-                } else {
-                    0.0
-                };
+        let mut xw = [[0f64; KB]; 2];
+        let mut r = 0;
+        while r < rows {
+            let rr = (rows - r).min(2);
+            for (i, xi) in xw.iter_mut().enumerate().take(rr) {
+                widen(&x[(r + i) * ldx..(r + i) * ldx + kb], &mut xi[..kb8]);
             }
-            let xp = xr.as_ptr();
-            for j0 in (0..nv).step_by(4) {
-                let mut a = [[_mm256_setzero_pd(); 2]; 4];
-                // SAFETY: panel rows j0..j0+4 ≤ NB and the widened row hold kb8 values.
+            let at = &mut acc[r * ld..];
+            // SAFETY: the panel and the widened rows hold kb8 values; acc holds rr rows of
+            // stride ld with nv values (caller).
+            unsafe {
+                if rr == 2 {
+                    tile256::<2>(panel, &xw, kb8, at.as_mut_ptr(), ld, nv, first);
+                } else {
+                    tile256::<1>(panel, &xw, kb8, at.as_mut_ptr(), ld, nv, first);
+                }
+            }
+            r += rr;
+        }
+    }
+
+    /// `to` = the f32 values of `from` as f64, zero past `from`'s end.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn widen(from: &[f32], to: &mut [f64]) {
+        let four = from.len() / 4 * 4;
+        for c in (0..four).step_by(4) {
+            // SAFETY: c + 4 ≤ from.len() ≤ to.len().
+            unsafe {
+                let v = _mm_loadu_ps(from.as_ptr().add(c));
+                _mm256_storeu_pd(to.as_mut_ptr().add(c), _mm256_cvtps_pd(v));
+            }
+        }
+        for (c, d) in to.iter_mut().enumerate().skip(four) {
+            *d = from.get(c).map_or(0.0, |&v| f64::from(v));
+        }
+    }
+
+    /// R widened rows × the panel's outputs two at a time (rows past nv are computed, not
+    /// stored).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; xw rows and panel rows hold kb8 (≤ KB, a multiple of 8)
+    /// values; acc holds R rows of stride ld with nv values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile256<const R: usize>(
+        panel: &Panel,
+        xw: &[[f64; KB]; 2],
+        kb8: usize,
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) {
+        let p = panel.0.as_ptr();
+        for j0 in (0..nv).step_by(2) {
+            let mut a = [[[_mm256_setzero_pd(); 2]; 2]; R];
+            for c in (0..kb8).step_by(8) {
+                // SAFETY: panel rows j0, j0 + 1 < NB and the widened rows hold kb8 values.
                 unsafe {
-                    for c in (0..kb8).step_by(8) {
-                        let (x0, x1) = (_mm256_loadu_pd(xp.add(c)), _mm256_loadu_pd(xp.add(c + 4)));
-                        for (j, aj) in a.iter_mut().enumerate() {
-                            let w = p.add((j0 + j) * KB + c);
-                            aj[0] = _mm256_fmadd_pd(_mm256_loadu_pd(w), x0, aj[0]);
-                            aj[1] = _mm256_fmadd_pd(_mm256_loadu_pd(w.add(4)), x1, aj[1]);
+                    let w: [[__m256d; 2]; 2] = std::array::from_fn(|j| {
+                        let at = p.add((j0 + j) * KB + c);
+                        [_mm256_loadu_pd(at), _mm256_loadu_pd(at.add(4))]
+                    });
+                    for (ar, xr) in a.iter_mut().zip(xw) {
+                        let xp = xr.as_ptr().add(c);
+                        let (x0, x1) = (_mm256_loadu_pd(xp), _mm256_loadu_pd(xp.add(4)));
+                        for (aj, wj) in ar.iter_mut().zip(&w) {
+                            aj[0] = _mm256_fmadd_pd(wj[0], x0, aj[0]);
+                            aj[1] = _mm256_fmadd_pd(wj[1], x1, aj[1]);
                         }
                     }
                 }
-                for (j, aj) in a.iter().enumerate().take(nv - j0) {
+            }
+            for (r, ar) in a.iter().enumerate() {
+                for (j, aj) in ar.iter().enumerate().take(nv - j0) {
                     let v = reduce2x4(aj[0], aj[1]);
-                    let d = &mut acc[r * ld + j0 + j];
-                    *d = if first { v } else { *d + v };
+                    // SAFETY: (r, j0 + j < nv) is inside the acc tile (caller).
+                    unsafe {
+                        let d = acc.add(r * ld + j0 + j);
+                        *d = if first { v } else { *d + v };
+                    }
                 }
             }
         }
