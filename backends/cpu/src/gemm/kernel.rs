@@ -53,7 +53,7 @@ pub(crate) fn fused(
                     (Isa::Avx512, _) => {
                         x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv)
                     }
-                    (_, 1) => x86::fused256::<_, 1, 4>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
+                    (_, 1) => x86::fused256::<_, 1, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
                     _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
                 }
                 true
@@ -178,9 +178,9 @@ mod x86 {
     }
 
     /// The fused kernel on AVX2: R rows of x (f64, stride ldx) against W rows n0..n0+NB
-    /// (clamped), J of them at a time (J·R ≤ 4, so the 2·J·R accumulators and the decoded
-    /// weights fit the 16 ymm registers), each weight row decoded 16 elements at a time once
-    /// for all R rows. Lanes 0..4 of an accumulator are its `lo` ymm and 4..8 its `hi`, so
+    /// (clamped), J of them at a time, each weight row decoded 16 elements at a time once for
+    /// all R rows (R ≤ 2). The callers take J = 2: with J = 4 for one row the compiler spilled
+    /// decoded weights to the stack and batch-1 decode ran 4% slower. Lanes 0..4 of an accumulator are its `lo` ymm and 4..8 its `hi`, so
     /// elements c..c+4 and c+8..c+12 go to `lo` in that order and the bits equal [`block256`]'s.
     ///
     /// # Safety
