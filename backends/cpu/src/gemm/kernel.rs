@@ -179,9 +179,10 @@ mod x86 {
 
     /// The fused kernel on AVX2: R rows of x (f64, stride ldx) against W rows n0..n0+NB
     /// (clamped), J of them at a time, each weight row decoded 16 elements at a time once for
-    /// all R rows (R ≤ 2). The callers take J = 2: with J = 4 for one row the compiler spilled
-    /// decoded weights to the stack and batch-1 decode ran 4% slower. Lanes 0..4 of an accumulator are its `lo` ymm and 4..8 its `hi`, so
-    /// elements c..c+4 and c+8..c+12 go to `lo` in that order and the bits equal [`block256`]'s.
+    /// all R rows (R ≤ 2). The callers take J = 2: with J = 4 for one row the compiler
+    /// spilled decoded weights to the stack and batch-1 decode ran 4% slower. Lanes 0..4 of
+    /// an accumulator are its `lo` ymm and 4..8 its `hi`, so elements c..c+4 and c+8..c+12 go
+    /// to `lo` in that order and the bits equal [`block256`]'s.
     ///
     /// # Safety
     /// AVX2, FMA and F16C are available; kb is a multiple of 16; the rows, columns and acc
@@ -227,16 +228,8 @@ mod x86 {
                     }
                 }
             }
-            for (r, ar) in a.iter().enumerate() {
-                for (j, aj) in ar.iter().enumerate().take(nv - j0) {
-                    let v = reduce2x4(aj[0], aj[1]);
-                    // SAFETY: (r, j0 + j < nv) is inside the acc tile (caller).
-                    unsafe {
-                        let d = acc.add(r * ld + j0 + j);
-                        *d = if k0 == 0 { v } else { *d + v };
-                    }
-                }
-            }
+            // SAFETY: forwarded (the acc tile).
+            unsafe { store256(&a, acc.add(j0), ld, nv - j0, k0 == 0) };
         }
     }
 
@@ -383,6 +376,32 @@ mod x86 {
         unsafe { finish::<MR>(&a, acc, ld, nv, first) };
     }
 
+    /// Reduce R rows × J outputs of two-ymm accumulators and store (first block) or add the
+    /// first `nv` outputs of each row into acc.
+    ///
+    /// # Safety
+    /// AVX2 is available; acc holds R rows of stride ld with min(nv, J) values.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store256<const R: usize, const J: usize>(
+        a: &[[[__m256d; 2]; J]; R],
+        acc: *mut f64,
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) {
+        for (r, ar) in a.iter().enumerate() {
+            for (j, aj) in ar.iter().enumerate().take(nv) {
+                let v = reduce2x4(aj[0], aj[1]);
+                // SAFETY: (r, j < nv) is inside the acc tile (caller).
+                unsafe {
+                    let d = acc.add(r * ld + j);
+                    *d = if first { v } else { *d + v };
+                }
+            }
+        }
+    }
+
     /// The tree of one accumulator held as lanes 0..4 (`lo`) and 4..8 (`hi`).
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -487,16 +506,8 @@ mod x86 {
                     }
                 }
             }
-            for (r, ar) in a.iter().enumerate() {
-                for (j, aj) in ar.iter().enumerate().take(nv - j0) {
-                    let v = reduce2x4(aj[0], aj[1]);
-                    // SAFETY: (r, j0 + j < nv) is inside the acc tile (caller).
-                    unsafe {
-                        let d = acc.add(r * ld + j0 + j);
-                        *d = if first { v } else { *d + v };
-                    }
-                }
-            }
+            // SAFETY: forwarded (the acc tile).
+            unsafe { store256(&a, acc.add(j0), ld, nv - j0, first) };
         }
     }
 }

@@ -11,9 +11,9 @@
 //! the reference backend's f64 dot product.
 //!
 //! The weight side is decoded on the fly, [`NB`] = 8 output rows × one K-block at a time: for
-//! one or two rows of x (decode) straight into the multiply-adds on AVX2 and AVX-512, otherwise into a
-//! small f64 panel that every row of the item reuses. Quantized weights are never materialised
-//! beyond that panel.
+//! one or two rows of x (decode) straight into the multiply-adds on AVX2 and AVX-512,
+//! otherwise into a small f64 panel that every row of the item reuses. Quantized weights are
+//! never materialised beyond that panel.
 
 #[cfg(target_arch = "x86_64")]
 mod decode;
