@@ -1,5 +1,5 @@
-//! Microkernels: up to three rows of x (f64) against one decoded panel of NB = 8 weight rows for
-//! one K-block. Each (row, output) pair keeps 8 f64 lanes (lane l takes the block's elements
+//! Microkernels: rows of x (widened to f64 once by [`widen`]) against one decoded panel of NB = 8
+//! weight rows for one K-block. Each (row, output) pair keeps 8 f64 lanes (lane l takes the block's elements
 //! ≡ l mod 8, fused, ascending), reduces them in the fixed tree, and stores the block value
 //! (first block) or adds it to the running f64 sum. AVX-512, AVX2 and portable kernels compute
 //! the same bits.
@@ -15,8 +15,8 @@ pub(crate) fn can_fuse(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx2Fma
 }
 
-/// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x64` (f64,
-/// stride k), decoded and multiplied in one pass, into acc like [`block`]; the same bits. False
+/// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x` (f64, the
+/// block's columns from its start, stride `ldx`), decoded and multiplied in one pass, into acc like [`block`]; the same bits. False
 /// when this block must go through a panel instead (the caller then does that).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fused(
@@ -25,18 +25,21 @@ pub(crate) fn fused(
     n0: usize,
     k0: usize,
     kb: usize,
-    x64: &[f64],
+    x: &[f64],
+    ldx: usize,
     rows: usize,
     acc: &mut [f64],
     ld: usize,
     nv: usize,
 ) -> bool {
     assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
-    assert!(k0 + kb <= w.k && x64.len() >= rows * w.k && acc.len() >= (rows - 1) * ld + nv);
+    assert!(
+        k0 + kb <= w.k && x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv
+    );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
         use super::decode::with_decoder;
-        let (xp, ap, k) = (x64.as_ptr(), acc.as_mut_ptr(), w.k);
+        let (xp, ap) = (x.as_ptr(), acc.as_mut_ptr());
         // SAFETY: the kernel's features are present (an Isa is only selected when detected:
         // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile are
         // bounded by the asserts above.
@@ -48,13 +51,13 @@ pub(crate) fn fused(
             |d| unsafe {
                 match (isa, rows) {
                     (Isa::Avx512, 1) => {
-                        x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv)
+                        x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
                     }
                     (Isa::Avx512, _) => {
-                        x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv)
+                        x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
                     }
-                    (_, 1) => x86::fused256::<_, 1, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
-                    _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, k, ap, ld, nv),
+                    (_, 1) => x86::fused256::<_, 1, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
+                    _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
                 }
                 true
             },
@@ -65,6 +68,20 @@ pub(crate) fn fused(
     false
 }
 
+/// `to` = the f32 values of `from` widened to f64 (exact), zero past `from`'s end: the x side
+/// of every kernel here, widened once per item or K-block instead of once per panel.
+pub(crate) fn widen(isa: Isa, from: &[f32], to: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2Fma {
+        // SAFETY: AVX is present (an Isa is only selected when detected).
+        return unsafe { x86::widen(from, to) };
+    }
+    let _ = isa;
+    for (c, d) in to.iter_mut().enumerate() {
+        *d = from.get(c).map_or(0.0, |&v| f64::from(v));
+    }
+}
+
 /// The fixed combination of eight lane partials.
 #[inline(always)]
 fn tree(l: &[f64; 8]) -> f64 {
@@ -72,23 +89,24 @@ fn tree(l: &[f64; 8]) -> f64 {
 }
 
 /// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
-/// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each, read as zero from kb up
-/// to the next multiple of 8 (where the panel is zero too).
+/// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
+/// the next multiple of 8 (where the panel is zero too), as [`widen`] leaves them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block(
     isa: Isa,
     rows: usize,
     panel: &Panel,
     kb: usize,
-    x: &[f32],
+    x: &[f64],
     ldx: usize,
     acc: &mut [f64],
     ld: usize,
     nv: usize,
     first: bool,
 ) {
+    let kb8 = kb.div_ceil(8) * 8;
     assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
-    assert!(x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv);
+    assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
     #[cfg(target_arch = "x86_64")]
     match isa {
         // SAFETY: the features are present (an Isa is only selected when detected); the
@@ -103,16 +121,12 @@ pub(crate) fn block(
         Isa::Portable => {}
     }
     let _ = isa;
-    let kb8 = kb.div_ceil(8) * 8;
     for r in 0..rows {
-        let mut xr = [0f64; KB];
-        for (d, &v) in xr.iter_mut().zip(&x[r * ldx..r * ldx + kb]) {
-            *d = f64::from(v);
-        }
+        let xr = &x[r * ldx..r * ldx + kb8];
         for j in 0..nv {
             let wr = &panel.0[j * KB..j * KB + kb8];
             let mut lanes = [0f64; 8];
-            for (xc, wc) in xr[..kb8].chunks_exact(8).zip(wr.chunks_exact(8)) {
+            for (xc, wc) in xr.chunks_exact(8).zip(wr.chunks_exact(8)) {
                 for l in 0..8 {
                     lanes[l] = wc[l].mul_add(xc[l], lanes[l]);
                 }
@@ -153,10 +167,10 @@ mod x86 {
         let cur: [_; NB] = std::array::from_fn(|j| dec.cursor((n0 + j).min(n - 1), k0));
         let mut a = [[_mm512_setzero_pd(); NB]; R];
         for c in (0..kb).step_by(16) {
-            // SAFETY: x rows hold k ≥ k0 + kb values; panel rows decode inside W (caller).
+            // SAFETY: x rows hold kb values; panel rows decode inside W (caller).
             unsafe {
                 let xv: [[__m512d; 2]; R] = std::array::from_fn(|r| {
-                    let p = x.add(r * ldx + k0 + c);
+                    let p = x.add(r * ldx + c);
                     [_mm512_loadu_pd(p), _mm512_loadu_pd(p.add(8))]
                 });
                 for j in 0..NB {
@@ -212,13 +226,13 @@ mod x86 {
             let mut a = [[[_mm256_setzero_pd(); 2]; J]; R];
             for c in (0..kb).step_by(16) {
                 for (j, &at) in cur.iter().enumerate() {
-                    // SAFETY: the 16 elements lie inside W's row (caller); x rows hold
-                    // k ≥ k0 + kb values.
+                    // SAFETY: the 16 elements lie inside W's row (caller); x rows hold kb
+                    // values.
                     unsafe {
                         let (lo, hi) = dec.load16(at, c);
                         let (w0, w1) = (widen(lo), widen(hi));
                         for (r, ar) in a.iter_mut().enumerate() {
-                            let xp = x.add(r * ldx + k0 + c);
+                            let xp = x.add(r * ldx + c);
                             let aj = &mut ar[j];
                             aj[0] = _mm256_fmadd_pd(w0[0], _mm256_loadu_pd(xp), aj[0]);
                             aj[1] = _mm256_fmadd_pd(w0[1], _mm256_loadu_pd(xp.add(4)), aj[1]);
@@ -272,7 +286,7 @@ mod x86 {
         rows: usize,
         panel: &Panel,
         kb: usize,
-        x: &[f32],
+        x: &[f64],
         ldx: usize,
         acc: &mut [f64],
         ld: usize,
@@ -328,14 +342,14 @@ mod x86 {
     ///
     /// # Safety
     /// AVX-512F is available; panel rows hold kb8 values; x holds MR rows of stride ldx with kb8
-    /// values; acc holds MR rows of stride ld with nv values.
+    /// values (zero past kb); acc holds MR rows of stride ld with nv values.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile512<const MR: usize>(
         p: *const f64,
         kb: usize,
-        x: *const f32,
+        x: *const f64,
         ldx: usize,
         acc: *mut f64,
         ld: usize,
@@ -343,33 +357,17 @@ mod x86 {
         first: bool,
     ) {
         let mut a = [[_mm512_setzero_pd(); NB]; MR];
-        let step = |a: &mut [[__m512d; NB]; MR], c: usize, xv: [__m512d; MR]| {
-            for j in 0..NB {
-                // SAFETY: panel row j holds KB values; c < kb ≤ KB.
-                let w = unsafe { _mm512_loadu_pd(p.add(j * KB + c)) };
-                for (ar, &xr) in a.iter_mut().zip(&xv) {
-                    ar[j] = _mm512_fmadd_pd(w, xr, ar[j]);
+        for c in (0..kb.div_ceil(8) * 8).step_by(8) {
+            // SAFETY: every load is inside the x rows and the panel rows (caller); c < kb8 ≤ KB.
+            unsafe {
+                let xv: [__m512d; MR] =
+                    std::array::from_fn(|r| _mm512_loadu_pd(x.add(r * ldx + c)));
+                for j in 0..NB {
+                    let w = _mm512_loadu_pd(p.add(j * KB + c));
+                    for (ar, &xr) in a.iter_mut().zip(&xv) {
+                        ar[j] = _mm512_fmadd_pd(w, xr, ar[j]);
+                    }
                 }
-            }
-        };
-        let full = kb / 8 * 8;
-        // SAFETY: every load is inside the x rows (caller); the last partial chunk is masked
-        // to the block's kb values (the rest reads as zero).
-        unsafe {
-            for c in (0..full).step_by(8) {
-                let xv =
-                    std::array::from_fn(|r| _mm512_cvtps_pd(_mm256_loadu_ps(x.add(r * ldx + c))));
-                step(&mut a, c, xv);
-            }
-            if full < kb {
-                let m: __mmask16 = (1u16 << (kb - full)) - 1;
-                let xv = std::array::from_fn(|r| {
-                    _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(
-                        m,
-                        x.add(r * ldx + full),
-                    )))
-                });
-                step(&mut a, full, xv);
             }
         }
         // SAFETY: forwarded (the acc tile).
@@ -411,9 +409,9 @@ mod x86 {
         _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)))
     }
 
-    /// AVX2: the rows two at a time (each widened to f64 once per block) against two outputs
-    /// at a time, each accumulator as two ymm: per 8 elements 4 panel and 4 x loads feed 8
-    /// multiply-adds, which keeps the FMA units, not the loads, the limit.
+    /// AVX2: the rows three at a time against four outputs at a time, one half of the lanes at
+    /// a time ([`tile3x4`]); a row left over alone takes all eight lanes against four outputs
+    /// ([`tile1x4`]), for eight independent chains.
     ///
     /// # Safety
     /// AVX2 and FMA are available; bounds as checked by the caller.
@@ -423,7 +421,7 @@ mod x86 {
         rows: usize,
         panel: &Panel,
         kb: usize,
-        x: &[f32],
+        x: &[f64],
         ldx: usize,
         acc: &mut [f64],
         ld: usize,
@@ -431,21 +429,18 @@ mod x86 {
         first: bool,
     ) {
         let kb8 = kb.div_ceil(8) * 8;
-        let mut xw = [[0f64; KB]; 2];
+        let (p, xp, ap) = (panel.0.as_ptr(), x.as_ptr(), acc.as_mut_ptr());
         let mut r = 0;
         while r < rows {
-            let rr = (rows - r).min(2);
-            for (i, xi) in xw.iter_mut().enumerate().take(rr) {
-                widen(&x[(r + i) * ldx..(r + i) * ldx + kb], &mut xi[..kb8]);
-            }
-            let at = &mut acc[r * ld..];
-            // SAFETY: the panel and the widened rows hold kb8 values; acc holds rr rows of
-            // stride ld with nv values (caller).
+            let rr = (rows - r).min(3);
+            // SAFETY: the panel and the x rows hold kb8 values; acc holds rows rows of stride
+            // ld with nv values (caller).
             unsafe {
-                if rr == 2 {
-                    tile256::<2>(panel, &xw, kb8, at.as_mut_ptr(), ld, nv, first);
-                } else {
-                    tile256::<1>(panel, &xw, kb8, at.as_mut_ptr(), ld, nv, first);
+                let (x, a) = (xp.add(r * ldx), ap.add(r * ld));
+                match rr {
+                    3 => tile3x4::<3>(p, x, ldx, kb8, a, ld, nv, first),
+                    2 => tile3x4::<2>(p, x, ldx, kb8, a, ld, nv, first),
+                    _ => tile1x4(p, x, kb8, a, nv, first),
                 }
             }
             r += rr;
@@ -453,12 +448,14 @@ mod x86 {
     }
 
     /// `to` = the f32 values of `from` as f64, zero past `from`'s end.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn widen(from: &[f32], to: &mut [f64]) {
-        let four = from.len() / 4 * 4;
+    ///
+    /// # Safety
+    /// AVX is available.
+    #[target_feature(enable = "avx")]
+    pub unsafe fn widen(from: &[f32], to: &mut [f64]) {
+        let four = from.len().min(to.len()) / 4 * 4;
         for c in (0..four).step_by(4) {
-            // SAFETY: c + 4 ≤ from.len() ≤ to.len().
+            // SAFETY: c + 4 ≤ from.len(), to.len().
             unsafe {
                 let v = _mm_loadu_ps(from.as_ptr().add(c));
                 _mm256_storeu_pd(to.as_mut_ptr().add(c), _mm256_cvtps_pd(v));
@@ -469,45 +466,116 @@ mod x86 {
         }
     }
 
-    /// R widened rows × the panel's outputs two at a time (rows past nv are computed, not
-    /// stored).
+    /// R (2 or 3) rows × the panel's outputs four at a time, in two passes over the block:
+    /// lanes 0..4 (elements ≡ 0..4 mod 8), then lanes 4..8. Each lane's chain is the same
+    /// ascending sequence of multiply-adds as in one pass, so the bits are [`tile1x4`]'s. A
+    /// pass keeps 4·R one-ymm accumulators and per 4 elements loads R x and 4 panel vectors
+    /// for 4·R multiply-adds (3 rows: 7 loads for 12), where both halves at once fit only two
+    /// rows by two outputs in the 16 ymm registers (8 loads for 8 multiply-adds).
     ///
     /// # Safety
-    /// AVX2 and FMA are available; xw rows and panel rows hold kb8 (≤ KB, a multiple of 8)
-    /// values; acc holds R rows of stride ld with nv values.
+    /// AVX2 and FMA are available; x holds R rows of stride ldx and the panel rows kb8 (≤ KB,
+    /// a multiple of 8) values; acc holds R rows of stride ld with nv values.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile256<const R: usize>(
-        panel: &Panel,
-        xw: &[[f64; KB]; 2],
+    unsafe fn tile3x4<const R: usize>(
+        p: *const f64,
+        x: *const f64,
+        ldx: usize,
         kb8: usize,
         acc: *mut f64,
         ld: usize,
         nv: usize,
         first: bool,
     ) {
-        let p = panel.0.as_ptr();
-        for j0 in (0..nv).step_by(2) {
-            let mut a = [[[_mm256_setzero_pd(); 2]; 2]; R];
+        for j0 in (0..nv).step_by(4) {
+            let mut halves = [[[0f64; 8]; 4]; R];
+            for h in [0, 4] {
+                // SAFETY: panel rows j0..j0 + 4 ≤ NB and the x rows hold kb8 values.
+                let s = unsafe { half3x4::<R>(p.add(j0 * KB + h), x.add(h), ldx, kb8) };
+                for (hr, sr) in halves.iter_mut().zip(&s) {
+                    for (hj, &sj) in hr.iter_mut().zip(sr) {
+                        // SAFETY: hj holds 8 values.
+                        unsafe { _mm256_storeu_pd(hj.as_mut_ptr().add(h), sj) };
+                    }
+                }
+            }
+            // SAFETY: halves holds R × 4 × 8 values.
+            let a: [[[__m256d; 2]; 4]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|j| unsafe {
+                    let l = halves[r][j].as_ptr();
+                    [_mm256_loadu_pd(l), _mm256_loadu_pd(l.add(4))]
+                })
+            });
+            // SAFETY: forwarded (the acc tile).
+            unsafe { store256(&a, acc.add(j0), ld, nv - j0, first) };
+        }
+    }
+
+    /// One pass of [`tile3x4`]: for the four panel rows at `p` (stride KB) and R x rows at `x`
+    /// (stride ldx), both already offset to the pass's first lane, the 4-lane sums over the
+    /// elements c, c + 8, … < kb8. Per step it loads the R x vectors first and then each panel
+    /// vector for its R multiply-adds, so 4·R accumulators, R x vectors and one panel vector
+    /// (16 ymm for R = 3) are live and nothing spills.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; the rows hold kb8 values from the pass's start.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half3x4<const R: usize>(
+        p: *const f64,
+        x: *const f64,
+        ldx: usize,
+        kb8: usize,
+    ) -> [[__m256d; 4]; R] {
+        let mut s = [[_mm256_setzero_pd(); 4]; R];
+        for c in (0..kb8).step_by(8) {
+            // SAFETY: c + 4 ≤ kb8 values of every row (caller).
+            unsafe {
+                let xv: [__m256d; R] = std::array::from_fn(|r| _mm256_loadu_pd(x.add(r * ldx + c)));
+                for j in 0..4 {
+                    let w = _mm256_loadu_pd(p.add(j * KB + c));
+                    for (sr, &xr) in s.iter_mut().zip(&xv) {
+                        sr[j] = _mm256_fmadd_pd(w, xr, sr[j]);
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// One row × the panel's outputs four at a time, all eight lanes at once (eight
+    /// accumulators; panel rows past nv are computed, not stored).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; x and the panel rows hold kb8 (≤ KB, a multiple of 8)
+    /// values; acc holds nv values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile1x4(
+        p: *const f64,
+        x: *const f64,
+        kb8: usize,
+        acc: *mut f64,
+        nv: usize,
+        first: bool,
+    ) {
+        for j0 in (0..nv).step_by(4) {
+            let mut a = [[[_mm256_setzero_pd(); 2]; 4]; 1];
             for c in (0..kb8).step_by(8) {
-                // SAFETY: panel rows j0, j0 + 1 < NB and the widened rows hold kb8 values.
+                // SAFETY: panel rows j0..j0 + 4 ≤ NB and the x row hold kb8 values.
                 unsafe {
-                    let w: [[__m256d; 2]; 2] = std::array::from_fn(|j| {
+                    let (x0, x1) = (_mm256_loadu_pd(x.add(c)), _mm256_loadu_pd(x.add(c + 4)));
+                    for (j, aj) in a[0].iter_mut().enumerate() {
                         let at = p.add((j0 + j) * KB + c);
-                        [_mm256_loadu_pd(at), _mm256_loadu_pd(at.add(4))]
-                    });
-                    for (ar, xr) in a.iter_mut().zip(xw) {
-                        let xp = xr.as_ptr().add(c);
-                        let (x0, x1) = (_mm256_loadu_pd(xp), _mm256_loadu_pd(xp.add(4)));
-                        for (aj, wj) in ar.iter_mut().zip(&w) {
-                            aj[0] = _mm256_fmadd_pd(wj[0], x0, aj[0]);
-                            aj[1] = _mm256_fmadd_pd(wj[1], x1, aj[1]);
-                        }
+                        aj[0] = _mm256_fmadd_pd(_mm256_loadu_pd(at), x0, aj[0]);
+                        aj[1] = _mm256_fmadd_pd(_mm256_loadu_pd(at.add(4)), x1, aj[1]);
                     }
                 }
             }
             // SAFETY: forwarded (the acc tile).
-            unsafe { store256(&a, acc.add(j0), ld, nv - j0, first) };
+            unsafe { store256(&a, acc.add(j0), 0, nv - j0, first) };
         }
     }
 }

@@ -20,7 +20,7 @@ mod decode;
 mod kernel;
 mod pack;
 
-use crate::exec::{Exec, SharedOut};
+use crate::exec::{Exec, Isa, SharedOut};
 use dsv4_kernels::linear::{FP8_BLOCK, MXFP4_BLOCK};
 use dsv4_kernels::{Linear, WeightFormat};
 use std::cell::RefCell;
@@ -97,12 +97,45 @@ impl<'a> Weights<'a> {
 #[repr(C, align(64))]
 pub(crate) struct Panel(pub [f64; NB * KB]);
 
-/// Per-thread scratch: the panel, the item's f64 running sums, and x widened to f64 for the
-/// fused decode-and-multiply kernel.
+/// 64 bytes of f64: the unit of [`Scratch::x`], so each widened row starts on a cache line and
+/// no 32-byte load of it splits one.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f64; 8]);
+
+/// Per-thread scratch: the panel, the item's f64 running sums, and the item's rows of x
+/// widened to f64.
 struct Scratch {
     panel: Box<Panel>,
     acc: Vec<f64>,
-    x: Vec<f64>,
+    x: Vec<Line>,
+}
+
+/// `rows` rows of `x` (stride k), columns k0..k0 + kb, widened into `buf` as rows of stride ld
+/// (a multiple of 8, ≥ kb) with zeros past kb; the widened values as one slice.
+#[allow(clippy::too_many_arguments)]
+fn widen_rows<'b>(
+    isa: Isa,
+    x: &[f32],
+    k: usize,
+    rows: &std::ops::Range<usize>,
+    k0: usize,
+    kb: usize,
+    ld: usize,
+    buf: &'b mut Vec<Line>,
+) -> &'b [f64] {
+    debug_assert!(ld.is_multiple_of(8) && kb <= ld && k0 + kb <= k);
+    // Every value is written below (zeros past kb included), so old contents may stay.
+    buf.resize(rows.len() * ld / 8, Line([0.0; 8]));
+    // SAFETY: a Line is 8 f64 with no padding (repr(C), size 64), so the buffer is
+    // rows·ld f64 values.
+    let xs =
+        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f64>(), rows.len() * ld) };
+    for (i, r) in rows.clone().enumerate() {
+        let from = &x[r * k + k0..r * k + k0 + kb];
+        kernel::widen(isa, from, &mut xs[i * ld..(i + 1) * ld]);
+    }
+    xs
 }
 
 thread_local! {
@@ -194,52 +227,41 @@ unsafe fn run_item(
     let width = cols.len() * NB;
     s.acc.clear();
     s.acc.resize(rows.len() * width, 0.0);
-    let Scratch { panel, acc, x: x64 } = s;
+    let Scratch {
+        panel,
+        acc,
+        x: xbuf,
+    } = s;
     // One or two rows: decode and multiply in one pass where the kernel set allows it.
     let fuse = rows.len() <= kernel::FUSED_ROWS && kernel::can_fuse(ex.isa);
-    if fuse {
-        x64.clear();
-        x64.extend(
-            x[rows.start * k..rows.end * k]
-                .iter()
-                .map(|&v| f64::from(v)),
-        );
-    }
-    let mut block = |p: usize, k0: usize| {
+    // The block at (panel p, k0) against x64, the widened rows from column k0 on (stride ldx).
+    let mut block = |p: usize, k0: usize, x64: &[f64], ldx: usize| {
         let kb = KB.min(k - k0);
         let nv = NB.min(n - p * NB);
         let col = (p - cols.start) * NB;
         let tile = &mut acc[col..];
-        if fuse && kernel::fused(ex.isa, w, p * NB, k0, kb, x64, rows.len(), tile, width, nv) {
+        let r = rows.len();
+        if fuse && kernel::fused(ex.isa, w, p * NB, k0, kb, x64, ldx, r, tile, width, nv) {
             return;
         }
         pack::pack(ex.isa, w, p * NB, k0, kb, panel);
-        let xr = &x[rows.start * k + k0..];
-        kernel::block(
-            ex.isa,
-            rows.len(),
-            panel,
-            kb,
-            xr,
-            k,
-            tile,
-            width,
-            nv,
-            k0 == 0,
-        );
+        kernel::block(ex.isa, r, panel, kb, x64, ldx, tile, width, nv, k0 == 0);
     };
     if rows.len() <= FEW_ROWS {
-        // Few rows: walk each panel's rows of W front to back.
+        // Few rows: widen them whole once, then walk each panel's rows of W front to back.
+        let ldx = k.div_ceil(KB) * KB;
+        let x64 = widen_rows(ex.isa, x, k, &rows, 0, k, ldx, xbuf);
         for p in cols.clone() {
             for k0 in (0..k).step_by(KB) {
-                block(p, k0);
+                block(p, k0, &x64[k0..], ldx);
             }
         }
     } else {
-        // Many rows: keep the item's K-block of x hot while the panels go by.
+        // Many rows: widen the item's K-block of x and keep it hot while the panels go by.
         for k0 in (0..k).step_by(KB) {
+            let x64 = widen_rows(ex.isa, x, k, &rows, k0, KB.min(k - k0), KB, xbuf);
             for p in cols.clone() {
-                block(p, k0);
+                block(p, k0, x64, KB);
             }
         }
     }
