@@ -123,46 +123,65 @@ mod x86 {
         }
     }
 
-    /// AVX2: one row of `a` against 2 rows of `b` at a time, each accumulator as two ymm.
+    /// AVX2: blocks of 4 rows of `a` × 3 rows of `b` (rows past the ends repeat the last one
+    /// and are not stored), each block in two passes over the rows, lanes 0..4 then 4..8
+    /// ([`half4x3`]): 12 one-ymm accumulators, and each chunk of `b` widened once per 4 rows
+    /// of `a`. Every lane's chain is the same ascending sequence of multiply-adds as in one
+    /// pass, so the bits are the portable form's.
     ///
     /// # Safety
     /// AVX2 and FMA are available; dim is a multiple of 8; a, b, out hold ra·dim, rb·dim, ra·rb.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dots256(a: &[f64], b: &[f32], dim: usize, ra: usize, rb: usize, out: &mut [f64]) {
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        for i in 0..ra {
-            let mut j = 0;
-            while j < rb {
-                let cnt = 2.min(rb - j);
-                let mut acc = [[_mm256_setzero_pd(); 2]; 2];
-                for c in (0..dim).step_by(8) {
-                    // SAFETY: row i of a and rows j..j+cnt of b hold dim values.
-                    unsafe {
-                        let (x0, x1) = (
-                            _mm256_loadu_pd(pa.add(i * dim + c)),
-                            _mm256_loadu_pd(pa.add(i * dim + c + 4)),
-                        );
-                        for (jj, s) in acc.iter_mut().enumerate().take(cnt) {
-                            let y = _mm256_loadu_ps(pb.add((j + jj) * dim + c));
-                            s[0] = _mm256_fmadd_pd(
-                                x0,
-                                _mm256_cvtps_pd(_mm256_castps256_ps128(y)),
-                                s[0],
-                            );
-                            s[1] = _mm256_fmadd_pd(
-                                x1,
-                                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(y)),
-                                s[1],
-                            );
-                        }
+        for i in (0..ra).step_by(4) {
+            // SAFETY: clamped rows are rows of a (ra ≥ 1 here).
+            let pa: [*const f64; 4] =
+                std::array::from_fn(|ii| unsafe { a.as_ptr().add((i + ii).min(ra - 1) * dim) });
+            for j in (0..rb).step_by(3) {
+                // SAFETY: clamped rows are rows of b.
+                let pb: [*const f32; 3] =
+                    std::array::from_fn(|jj| unsafe { b.as_ptr().add((j + jj).min(rb - 1) * dim) });
+                // SAFETY: every row holds dim values (caller).
+                let (lo, hi) = unsafe { (half4x3(pa, pb, dim, 0), half4x3(pa, pb, dim, 4)) };
+                for ii in 0..4.min(ra - i) {
+                    for jj in 0..3.min(rb - j) {
+                        out[(i + ii) * rb + j + jj] = hsum256(lo[ii][jj], hi[ii][jj]);
                     }
                 }
-                for (jj, s) in acc.iter().enumerate().take(cnt) {
-                    out[i * rb + j + jj] = hsum256(s[0], s[1]);
-                }
-                j += cnt;
             }
         }
+    }
+
+    /// One pass of [`dots256`]: the 4-lane partial sums of rows `pa` against rows `pb` over the
+    /// elements h + c (c = 0, 8, … < dim; h = 0 or 4). Per step it widens the 3 chunks of
+    /// `b` first and then loads each row of `a` for its 3 multiply-adds, so 12 accumulators,
+    /// 3 widened chunks and one row chunk (16 ymm) are live.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; every row holds dim values; dim is a multiple of 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half4x3(
+        pa: [*const f64; 4],
+        pb: [*const f32; 3],
+        dim: usize,
+        h: usize,
+    ) -> [[__m256d; 3]; 4] {
+        let mut s = [[_mm256_setzero_pd(); 3]; 4];
+        for c in (h..dim).step_by(8) {
+            // SAFETY: c + 4 ≤ dim (caller).
+            unsafe {
+                let y: [__m256d; 3] =
+                    std::array::from_fn(|jj| _mm256_cvtps_pd(_mm_loadu_ps(pb[jj].add(c))));
+                for (si, &ai) in s.iter_mut().zip(&pa) {
+                    let x = _mm256_loadu_pd(ai.add(c));
+                    for (sij, &yj) in si.iter_mut().zip(&y) {
+                        *sij = _mm256_fmadd_pd(x, yj, *sij);
+                    }
+                }
+            }
+        }
+        s
     }
 }
 
@@ -174,7 +193,14 @@ mod tests {
     #[test]
     fn every_kernel_set_gives_the_same_bits_and_accurate_dots() {
         let mut g = SplitMix64::new(1);
-        for (ra, rb, dim) in [(1, 1, 8), (3, 7, 128), (8, 9, 256), (2, 5, 40), (4, 3, 33)] {
+        for (ra, rb, dim) in [
+            (1, 1, 8),
+            (3, 7, 128),
+            (8, 9, 256),
+            (2, 5, 40),
+            (4, 3, 33),
+            (5, 4, 16),
+        ] {
             let a: Vec<f64> = (0..ra * dim)
                 .map(|_| f64::from(g.uniform_sym(1.0)))
                 .collect();
