@@ -1,5 +1,5 @@
 //! Where the time of a forward pass goes, per op: the cpu backend wrapped in a timing backend,
-//! a prefill of the small config, then 32 decode steps (not a test).
+//! a prefill of the small config, then 32 decode steps, each with its own table (not a test).
 //!
 //! `cargo run --release -p dsv4-backend-cpu --example op_profile [threads] [tokens]`
 
@@ -12,14 +12,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// The cpu backend with a per-op wall-clock account.
+/// The cpu backend with a per-op wall-clock account: seconds, calls and (linear only) flops.
 struct Timed {
     inner: CpuBackend,
-    t: Mutex<HashMap<&'static str, (f64, usize)>>,
+    t: Mutex<HashMap<&'static str, (f64, usize, f64)>>,
 }
 impl Timed {
     /// Run `f`, charging its time to `name`.
     fn rec<R>(&self, name: &'static str, f: impl FnOnce() -> R) -> R {
+        self.rec_flops(name, 0.0, f)
+    }
+    /// [`Self::rec`] for an op of `flops` floating-point operations.
+    fn rec_flops<R>(&self, name: &'static str, flops: f64, f: impl FnOnce() -> R) -> R {
         let t = Instant::now();
         let r = f();
         let e = t.elapsed().as_secs_f64();
@@ -27,6 +31,7 @@ impl Timed {
         let x = m.entry(name).or_default();
         x.0 += e;
         x.1 += 1;
+        x.2 += flops;
         r
     }
 }
@@ -35,9 +40,13 @@ impl Backend for Timed {
         "timed"
     }
     fn linear(&self, w: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.rec(if rows == 1 { "linear1" } else { "linear" }, || {
-            self.inner.linear(w, x, rows, out)
-        })
+        let name = match rows {
+            1 => "linear 1 row",
+            2..=12 => "linear 2-12 rows",
+            _ => "linear 13+ rows",
+        };
+        let flops = 2.0 * (rows * w.in_dim * w.out_dim) as f64;
+        self.rec_flops(name, flops, || self.inner.linear(w, x, rows, out))
     }
     fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
         self.rec("act_quant", || self.inner.act_quant_fp8(x, dim))
@@ -142,22 +151,30 @@ fn main() {
     let mut st = model.new_sequence();
     model.forward(&mut st, &toks).unwrap();
     let total = t.elapsed().as_secs_f64();
+    let prefill = std::mem::take(&mut *be.t.lock().unwrap());
     let t = Instant::now();
     for i in 0..32 {
         model.forward(&mut st, &toks[i..i + 1]).unwrap();
     }
     let dec = t.elapsed().as_secs_f64() / 32.0;
-    let m = be.t.lock().unwrap();
+    println!("prefill {tokens}: {:.1} ms", total * 1e3);
+    print_ops(&prefill);
+    println!("decode: {:.2} ms/token over 32 steps", dec * 1e3);
+    print_ops(&be.t.lock().unwrap());
+}
+
+/// One table of per-op seconds, calls and rates, slowest first.
+fn print_ops(m: &HashMap<&'static str, (f64, usize, f64)>) {
     let mut v: Vec<_> = m.iter().collect();
     v.sort_by(|a, b| b.1.0.partial_cmp(&a.1.0).unwrap());
     let ops: f64 = v.iter().map(|x| x.1.0).sum();
-    println!(
-        "prefill {tokens}: {:.1} ms; decode {:.2} ms/token; ops total (prefill+32 decode) {:.1} ms",
-        total * 1e3,
-        dec * 1e3,
-        ops * 1e3
-    );
-    for (k, (s, n)) in v {
-        println!("{k:>18}: {:8.1} ms {:7} calls", s * 1e3, n);
+    println!("  ops total {:.1} ms", ops * 1e3);
+    for (k, (s, n, flops)) in v {
+        let rate = if *flops > 0.0 {
+            format!(" {:7.1} GFLOP/s", flops / s / 1e9)
+        } else {
+            String::new()
+        };
+        println!("{k:>18}: {:8.1} ms {:7} calls{rate}", s * 1e3, n);
     }
 }
