@@ -179,6 +179,44 @@ impl Backend for CpuBackend {
         attention::sparse_attention(&self.ex, q, dim, keys, sink, scale, out)
     }
 
+    /// Each query's keys gathered into one buffer reused from query to query (a prefill
+    /// chunk's window, decoded once, stays in cache), then the query's [`Self::sparse_attention`]:
+    /// what the default's `sparse_attention_rows` computes, without laying out every query's
+    /// keys first.
+    fn sparse_attention_indexed(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_ids: &[usize],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = sink.len() * dim;
+        let most = key_starts
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0);
+        let mut laid = Vec::with_capacity(most * dim);
+        for (r, w) in key_starts.windows(2).enumerate() {
+            laid.clear();
+            dsv4_kernels::operands::extend_rows_by_id(&mut laid, keys, dim, &key_ids[w[0]..w[1]]);
+            let o = &mut out[r * hd..(r + 1) * hd];
+            attention::sparse_attention(
+                &self.ex,
+                &q[r * hd..(r + 1) * hd],
+                dim,
+                &laid,
+                sink,
+                scale,
+                o,
+            );
+        }
+    }
+
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
         ops::router_scores(logits, out)
     }

@@ -47,6 +47,8 @@ pub enum Op {
     SparseAttention,
     /// `Backend::sparse_attention_rows`.
     SparseAttentionRows,
+    /// `Backend::sparse_attention_indexed`.
+    SparseAttentionIndexed,
     /// `Backend::paged_attention_rows`.
     PagedAttentionRows,
     /// `Backend::paged_attention_indexed`.
@@ -69,7 +71,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 28] = [
+    pub const ALL: [Op; 29] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -89,6 +91,7 @@ impl Op {
         Op::PagedIndexerTopkRanges,
         Op::SparseAttention,
         Op::SparseAttentionRows,
+        Op::SparseAttentionIndexed,
         Op::PagedAttentionRows,
         Op::PagedAttentionIndexed,
         Op::RouterScores,
@@ -122,6 +125,7 @@ impl Op {
             Op::PagedIndexerTopkRanges => "paged_indexer_topk_ranges",
             Op::SparseAttention => "sparse_attention",
             Op::SparseAttentionRows => "sparse_attention_rows",
+            Op::SparseAttentionIndexed => "sparse_attention_indexed",
             Op::PagedAttentionRows => "paged_attention_rows",
             Op::PagedAttentionIndexed => "paged_attention_indexed",
             Op::RouterScores => "router_scores",

@@ -130,6 +130,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
         ),
         Op::SparseAttention => tol(Nmse, 1e-7, "softmax over up to 4224 keys of 512 dims"),
         Op::SparseAttentionRows => tol(Nmse, 1e-7, "sparse_attention, several rows per call"),
+        Op::SparseAttentionIndexed => tol(
+            Nmse,
+            1e-7,
+            "sparse_attention_rows with key rows shared through ids",
+        ),
         Op::PagedAttentionRows => tol(
             Nmse,
             1e-7,

@@ -257,6 +257,29 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// [`Backend::sparse_attention_rows`] with key rows shared between queries: key i is row
+    /// `key_ids[i]` of `keys` [n, dim], and query r attends over keys `key_starts[r] ..
+    /// key_starts[r+1]` in that order (a prefill chunk's rows of one sequence read mostly the
+    /// same window rows, which a host backend then decodes once). Bitwise
+    /// `sparse_attention_rows` over the rows laid out id by id (its default). An id past the
+    /// keys panics, as other operands that do not fit.
+    #[allow(clippy::too_many_arguments)]
+    fn sparse_attention_indexed(
+        &self,
+        q: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_ids: &[usize],
+        key_starts: &[usize],
+        sink: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let mut laid = Vec::new();
+        crate::operands::extend_rows_by_id(&mut laid, keys, dim, key_ids);
+        self.sparse_attention_rows(q, dim, &laid, key_starts, sink, scale, out);
+    }
+
     /// [`Backend::sparse_attention_rows`] over keys still in their cache pages: key row i is
     /// slot `rows[i].1` of page `pages[rows[i].0]` in format `fmt` (dim = `fmt.width()`),
     /// dequantized as [`Backend::cache_load_rows`] does. Bitwise that composition (its default);

@@ -95,6 +95,15 @@ pub fn expand_ranges<T: Copy>(items: &[T], ranges: &[(usize, usize)]) -> (Vec<T>
     (out, starts)
 }
 
+/// Append row `ids[i]` of `rows` (`width` values each) to `out` for each i in order: shared
+/// key rows laid out per query (`sparse_attention_indexed`). Panics on an id past the rows.
+pub fn extend_rows_by_id(out: &mut Vec<f32>, rows: &[f32], width: usize, ids: &[usize]) {
+    out.reserve(ids.len() * width);
+    for &i in ids {
+        out.extend_from_slice(&rows[i * width..(i + 1) * width]);
+    }
+}
+
 /// Sparse attention's key ranges (`sparse_attention_rows` and its paged form) checked and cut to
 /// the key rows `first .. last` the queries attend over.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,12 @@
 //! added, without copies. Either way the values are bitwise what each store's own
 //! `load_rows` gives (the batched decode is row for row the single one).
 //!
-//! A sharing gather ([`RowGather::sharing`], attention's) copies each row of a store once
-//! however many times it is added, and keeps which copy each added row reads: a prefill chunk's
-//! rows of one sequence read mostly the same window rows and, on ratio-128 layers, nested
-//! prefixes of the same compressed entries, and a GPU backend then uploads each once
-//! ([`dsv4_kernels::Backend::paged_attention_indexed`]).
+//! A sharing gather ([`RowGather::sharing`], attention's) copies or decodes each row of a store
+//! once however many times it is added, and keeps which copy each added row reads: a prefill
+//! chunk's rows of one sequence read mostly the same window rows and, on ratio-128 layers,
+//! nested prefixes of the same compressed entries, and a GPU backend then uploads each once
+//! ([`dsv4_kernels::Backend::paged_attention_indexed`]), a host backend decodes each once
+//! ([`dsv4_kernels::Backend::sparse_attention_indexed`]).
 
 use super::ForwardError;
 use super::state::{CopiedPages, PagedRows};
@@ -24,15 +25,16 @@ type Copied = HashMap<(usize, usize), usize>;
 /// Rows gathered from [`PagedRows`] stores of one format, in the order added.
 pub(crate) struct RowGather<'b> {
     backend: &'b dyn Backend,
-    /// Snapshot mode: the format, the copied pages (with their content tags) and each row's
-    /// (page, slot).
+    /// The rows' format and width (once a row is added); in snapshot mode also the copied
+    /// pages (with their content tags) and each row's (page, slot).
     layout: Option<(RowFormat, usize)>,
     pages: CopiedPages,
     picks: Vec<(usize, usize)>,
-    /// Direct mode (no device memory): the rows decoded so far.
+    /// Direct mode (no device memory): the rows decoded so far (in a sharing gather, each
+    /// (store, row) once).
     direct: Option<Vec<f32>>,
-    /// Sharing snapshot mode: the pick each (store address, row) was copied to, and the pick
-    /// each row added reads, in the order added.
+    /// Sharing mode: the pick (snapshot) or decoded row (direct) each (store address, row)
+    /// went to, and the one each row added reads, in the order added.
     shared: Option<(Copied, Vec<usize>)>,
     /// Rows added so far.
     rows: usize,
@@ -52,16 +54,14 @@ impl<'b> RowGather<'b> {
         }
     }
 
-    /// An empty gather that copies each row of a store once however often it is added (on a
-    /// backend with device memory; a host backend decodes as [`Self::new`]'s does). A row
-    /// added again reads the bytes copied the first time, so the rows added must not change
-    /// while the gather lives: an append-only store's written rows, or a ring's rows within
-    /// its window (a later store into their slot must come after the last row reading them).
+    /// An empty gather that copies (on a backend with device memory) or decodes (on a host
+    /// backend) each row of a store once however often it is added. A row added again reads
+    /// what was copied or decoded the first time, so the rows added must not change while the
+    /// gather lives: an append-only store's written rows, or a ring's rows within its window (a
+    /// later store into their slot must come after the last row reading them).
     pub fn sharing(backend: &'b dyn Backend) -> Self {
         let mut g = Self::new(backend);
-        if g.direct.is_none() {
-            g.shared = Some(Default::default());
-        }
+        g.shared = Some(Default::default());
         g
     }
 
@@ -76,12 +76,6 @@ impl<'b> RowGather<'b> {
         if !unsynced {
             store.wait_loaded();
         }
-        if let Some(out) = &mut self.direct {
-            let rows: Vec<usize> = rows.collect();
-            out.extend(store.load_rows_unsynced(self.backend, rows.iter().copied())?);
-            self.rows += rows.len();
-            return Ok(rows.len());
-        }
         let fmt = (*store.layout(), store.width());
         match self.layout {
             None => self.layout = Some(fmt),
@@ -95,13 +89,35 @@ impl<'b> RowGather<'b> {
             }
             Some(_) => {}
         }
+        let at = std::ptr::from_ref(store) as usize;
+        if let Some(out) = &mut self.direct {
+            let Some((copied, ids)) = &mut self.shared else {
+                let rows: Vec<usize> = rows.collect();
+                out.extend(store.load_rows_unsynced(self.backend, rows.iter().copied())?);
+                self.rows += rows.len();
+                return Ok(rows.len());
+            };
+            // Decode each (store, row) the first time it is added; ids name the decoded rows.
+            let (base, added) = (copied.len(), ids.len());
+            let mut fresh = Vec::new();
+            for r in rows {
+                let next = base + fresh.len();
+                ids.push(*copied.entry((at, r)).or_insert_with(|| {
+                    fresh.push(r);
+                    next
+                }));
+            }
+            out.extend(store.load_rows_unsynced(self.backend, fresh.into_iter())?);
+            self.rows = ids.len();
+            return Ok(ids.len() - added);
+        }
         let before = self.picks.len();
         let Some((copied, ids)) = &mut self.shared else {
             store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
             self.rows = self.picks.len();
             return Ok(self.picks.len() - before);
         };
-        let (at, added) = (std::ptr::from_ref(store) as usize, ids.len());
+        let added = ids.len();
         let mut fresh = Vec::new();
         for r in rows {
             let next = before + fresh.len();
@@ -163,6 +179,14 @@ impl<'b> RowGather<'b> {
                         q, &fmt, &refs, picks, key_starts, sink, scale, out,
                     )?,
                 }
+            }
+            (Some(keys), Some((_, width))) if self.shared.is_some() => {
+                self.same_width(width, dim)?;
+                let ids = self
+                    .shared
+                    .as_ref()
+                    .map_or(&[][..], |(_, ids)| ids.as_slice());
+                be.sparse_attention_indexed(q, dim, keys, ids, key_starts, sink, scale, out);
             }
             _ => {
                 let keys = self.finish()?;
@@ -339,7 +363,12 @@ impl<'b> RowGather<'b> {
     /// Every row added, decoded, in order: [rows, width].
     pub fn finish(self) -> Result<Vec<f32>, ForwardError> {
         if let Some(out) = self.direct {
-            return Ok(out);
+            let (Some((_, ids)), Some((_, width))) = (&self.shared, self.layout) else {
+                return Ok(out);
+            };
+            let mut laid = Vec::new();
+            dsv4_kernels::operands::extend_rows_by_id(&mut laid, &out, width, ids);
+            return Ok(laid);
         }
         let Some((fmt, width)) = self.layout else {
             return Ok(Vec::new());
@@ -519,6 +548,10 @@ mod tests {
                 // Rows 0..6 of the first store and row 0 of the second, each copied once.
                 assert_eq!(shared.picks.len(), 7);
                 assert_eq!(plain.picks.len(), 11);
+            } else {
+                // The same 7 rows, each decoded once.
+                let decoded = |g: &RowGather| g.direct.as_ref().map_or(0, Vec::len) / 8;
+                assert_eq!((decoded(&shared), decoded(&plain)), (7, 11));
             }
             let (mut got, mut want) = (vec![0f32; q.len()], vec![0f32; q.len()]);
             shared.attend(&q, 8, &starts, &sink, 0.5, &mut got).unwrap();

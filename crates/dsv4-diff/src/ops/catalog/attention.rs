@@ -353,6 +353,68 @@ fn attention_rows_case(class: SizeClass, heads: usize, dim: usize, ns: &'static 
     )
 }
 
+/// `sparse_attention_indexed` of `counts.len()` queries over one list of key rows: query r
+/// over rows `r + 1 .. r + 1 + counts[r]` (sliding windows, as a prefill chunk's rows of one
+/// sequence read theirs; row 0 is read by none), every second query's first and last id
+/// swapped (ids need not ascend).
+fn attention_indexed_case(
+    class: SizeClass,
+    heads: usize,
+    dim: usize,
+    counts: &'static [usize],
+) -> Case {
+    let n = counts
+        .iter()
+        .enumerate()
+        .map(|(r, c)| r + 1 + c)
+        .max()
+        .unwrap_or(1);
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let rows = counts.len();
+        let q = uniform_std(rng, rows * heads * dim, 1.0);
+        let keys = uniform_std(rng, n * dim, 1.0);
+        let sink = uniform(rng, heads, 2.0);
+        let scale = 1.0 / (dim as f32).sqrt();
+        let starts = starts_of(counts);
+        let mut ids = Vec::with_capacity(starts[rows]);
+        for (r, &c) in counts.iter().enumerate() {
+            let mut window: Vec<usize> = (r + 1..r + 1 + c).collect();
+            if r % 2 == 1 && c > 1 {
+                window.swap(0, c - 1);
+            }
+            ids.extend(window);
+        }
+        Ok(Box::new(move |be| {
+            let mut out = GuardedF32::poisoned(rows * heads * dim);
+            let ((), elapsed) = call(|| {
+                let o = out.slice_mut();
+                be.sparse_attention_indexed(&q, dim, &keys, &ids, &starts, &sink, scale, o)
+            })?;
+            Ok(Ran {
+                out: Produced::Values(out.into_output("out")?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, nf) = (
+        heads as f64,
+        dim as f64,
+        counts.iter().sum::<usize>() as f64,
+    );
+    let r = counts.len() as f64;
+    Case::new(
+        Op::SparseAttentionIndexed,
+        class,
+        format!("h{heads}.d{dim}.n{}", label_of(counts)),
+        None,
+        (
+            4.0 * h * nf * d,
+            4.0 * (n as f64 * d + r * (2.0 * h * d + h)),
+        ),
+        build,
+    )
+}
+
 /// Every case of this module.
 pub(crate) fn cases() -> Vec<Case> {
     use SizeClass::*;
@@ -402,5 +464,8 @@ pub(crate) fn cases() -> Vec<Case> {
         attention_rows_case(Tiny, 4, 128, &[32, 17, 1, 40]),
         attention_rows_case(Odd, 3, 72, &[1, 9, 2]),
         attention_rows_case(Flash, 64, 512, &[640, 192, 640]),
+        attention_indexed_case(Tiny, 4, 128, &[32, 17, 0, 40]),
+        attention_indexed_case(Odd, 3, 72, &[1, 9, 2, 9]),
+        attention_indexed_case(Flash, 64, 512, &[256, 256, 256, 256]),
     ]
 }
