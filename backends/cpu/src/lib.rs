@@ -163,6 +163,47 @@ impl Backend for CpuBackend {
         attention::indexer_scores(&self.ex, q, w, dim, keys, out)
     }
 
+    /// Each query's range scored where it lies in `keys` and ranked: what the default's
+    /// `indexer_topk_rows` over the ranges laid out computes, without the copies.
+    fn indexer_topk_ranges(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        let heads = w.len() / key_ranges.len().max(1);
+        let n = keys.len() / dim.max(1);
+        let mut scores = Vec::new();
+        key_ranges
+            .iter()
+            .enumerate()
+            .map(|(r, &(lo, hi))| {
+                assert!(
+                    lo <= hi && hi <= n,
+                    "key range {r} is {lo}..{hi} of {n} rows"
+                );
+                scores.clear();
+                scores.resize(hi - lo, 0f32);
+                let (qr, wr) = (
+                    &q[r * heads * dim..(r + 1) * heads * dim],
+                    &w[r * heads..(r + 1) * heads],
+                );
+                attention::indexer_scores(
+                    &self.ex,
+                    qr,
+                    wr,
+                    dim,
+                    &keys[lo * dim..hi * dim],
+                    &mut scores,
+                );
+                attention::topk(&scores, k)
+            })
+            .collect()
+    }
+
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
         attention::topk(scores, k)
     }

@@ -39,6 +39,8 @@ pub enum Op {
     TopkRows,
     /// `Backend::indexer_topk_rows`.
     IndexerTopkRows,
+    /// `Backend::indexer_topk_ranges`.
+    IndexerTopkRanges,
     /// `Backend::paged_indexer_topk_rows`.
     PagedIndexerTopkRows,
     /// `Backend::paged_indexer_topk_ranges`.
@@ -71,7 +73,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in trait order.
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 30] = [
         Op::Linear,
         Op::ActQuantFp8,
         Op::RmsNorm,
@@ -87,6 +89,7 @@ impl Op {
         Op::Topk,
         Op::TopkRows,
         Op::IndexerTopkRows,
+        Op::IndexerTopkRanges,
         Op::PagedIndexerTopkRows,
         Op::PagedIndexerTopkRanges,
         Op::SparseAttention,
@@ -121,6 +124,7 @@ impl Op {
             Op::Topk => "topk",
             Op::TopkRows => "topk_rows",
             Op::IndexerTopkRows => "indexer_topk_rows",
+            Op::IndexerTopkRanges => "indexer_topk_ranges",
             Op::PagedIndexerTopkRows => "paged_indexer_topk_rows",
             Op::PagedIndexerTopkRanges => "paged_indexer_topk_ranges",
             Op::SparseAttention => "sparse_attention",

@@ -118,6 +118,11 @@ pub fn op_tolerance(op: Op) -> Tolerance {
             1.0,
             "indexer scores then topk (scores exact in f32: the same set on every backend)",
         ),
+        Op::IndexerTopkRanges => tol(
+            Recall,
+            1.0,
+            "indexer_topk_rows with nested key ranges over shared rows",
+        ),
         Op::PagedIndexerTopkRows => tol(
             Recall,
             1.0,

@@ -180,6 +180,28 @@ pub trait Backend: Send + Sync {
         self.topk_rows(&scores, key_starts, k)
     }
 
+    /// [`Backend::indexer_topk_rows`] with keys shared between queries: query r scores key
+    /// rows `key_ranges[r].0 .. key_ranges[r].1` of `keys` [n, dim], and ranges may overlap (a
+    /// prefill chunk's rows of one sequence score nested prefixes of the same entries, which
+    /// a host backend then reads in place). Exactly `indexer_topk_rows` over the rows laid out
+    /// range after range (its default). A decreasing range or one past the keys panics, as
+    /// other operands that do not fit.
+    fn indexer_topk_ranges(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        key_ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        let all: Vec<usize> = (0..keys.len() / dim.max(1)).collect();
+        let (order, starts) = crate::operands::expand_ranges(&all, key_ranges);
+        let mut laid = Vec::new();
+        crate::operands::extend_rows_by_id(&mut laid, keys, dim, &order);
+        self.indexer_topk_rows(q, w, dim, &laid, &starts, k)
+    }
+
     /// [`Backend::indexer_topk_rows`] over keys still in their cache pages: key row i is slot
     /// `rows[i].1` of page `pages[rows[i].0]` in format `fmt` (dim = `fmt.width()`),
     /// dequantized as [`Backend::cache_load_rows`] does. Exactly that composition (its

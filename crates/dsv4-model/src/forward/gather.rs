@@ -242,8 +242,7 @@ impl<'b> RowGather<'b> {
     /// (`dim` wide), query r over rows `key_ranges[r].0 .. key_ranges[r].1` (ranges may
     /// overlap: a chunk's rows of one sequence share their keys), its `k` best: on a backend
     /// with device memory one [`Backend::paged_indexer_topk_ranges`] call over the copied
-    /// pages (each row uploaded once), else `indexer_topk_rows` over the rows decoded so far,
-    /// laid out range after range.
+    /// pages (each row uploaded once), else `indexer_topk_ranges` over the rows decoded so far.
     pub fn indexer_topk(
         self,
         q: &[f32],
@@ -262,8 +261,11 @@ impl<'b> RowGather<'b> {
                 Ok(be.paged_indexer_topk_ranges(q, w, &fmt, &refs, tags, &picks, key_ranges, k)?)
             }
             _ => {
-                let (keys, starts) = self.expanded(dim, key_ranges)?;
-                Ok(be.indexer_topk_rows(q, w, dim, &keys, &starts, k))
+                if let Some((_, width)) = self.layout {
+                    self.same_width(width, dim)?;
+                }
+                let keys = self.finish()?;
+                Ok(be.indexer_topk_ranges(q, w, dim, &keys, key_ranges, k))
             }
         }
     }

@@ -314,6 +314,54 @@ fn indexer_topk_rows_case(
     )
 }
 
+/// `indexer_topk_ranges` of `counts.len()` queries over one list of key rows, query r over the
+/// prefix `0 .. counts[r]` (nested prefixes, as a prefill chunk's rows of one sequence score
+/// theirs), each second query's range starting one row later.
+fn indexer_ranges_case(
+    class: SizeClass,
+    heads: usize,
+    dim: usize,
+    counts: &'static [usize],
+    k: usize,
+) -> Case {
+    let ranges: Vec<(usize, usize)> = counts
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| (usize::from(r % 2 == 1 && c > 0), c))
+        .collect();
+    let ns: Vec<usize> = ranges.iter().map(|&(lo, hi)| hi - lo).collect();
+    let n = counts.iter().copied().max().unwrap_or(0);
+    let nf = ns.iter().sum::<usize>() as f64;
+    let label = format!("h{heads}.d{dim}.n{}.k{k}", label_of(counts));
+    let build = Box::new(move |rng: &mut SplitMix64| -> Result<Runner, String> {
+        let rows = counts.len();
+        let q = halves(rng, rows * heads * dim);
+        let w = halves(rng, rows * heads);
+        let keys = halves(rng, n * dim);
+        let (ranges, ns) = (ranges.clone(), ns.clone());
+        Ok(Box::new(move |be| {
+            let (per_row, elapsed) =
+                call(|| be.indexer_topk_ranges(&q, &w, dim, &keys, &ranges, k))?;
+            Ok(Ran {
+                out: Produced::Indices(selection(&per_row, &ns, k)?),
+                elapsed,
+            })
+        }))
+    });
+    let (h, d, r) = (heads as f64, dim as f64, counts.len() as f64);
+    Case::new(
+        Op::IndexerTopkRanges,
+        class,
+        label,
+        None,
+        (
+            2.0 * nf * h * (d + 1.0),
+            4.0 * (n as f64 * d + r * (h * d + h)),
+        ),
+        build,
+    )
+}
+
 /// "a+b+c" of a list of counts.
 fn label_of(ns: &[usize]) -> String {
     ns.iter()
@@ -461,6 +509,9 @@ pub(crate) fn cases() -> Vec<Case> {
         indexer_topk_rows_case(Tiny, 4, 128, &[16, 0, 37, 5], 16),
         indexer_topk_rows_case(Odd, 3, 32, &[1, 9, 40], 4),
         indexer_topk_rows_case(Flash, 64, 128, &[4096, 1024, 2048], 512),
+        indexer_ranges_case(Tiny, 4, 128, &[16, 0, 37, 5], 16),
+        indexer_ranges_case(Odd, 3, 32, &[1, 9, 40, 40], 4),
+        indexer_ranges_case(Flash, 64, 128, &[1024, 2048, 3072, 4096], 512),
         attention_rows_case(Tiny, 4, 128, &[32, 17, 1, 40]),
         attention_rows_case(Odd, 3, 72, &[1, 9, 2]),
         attention_rows_case(Flash, 64, 512, &[640, 192, 640]),
