@@ -7,7 +7,7 @@ mod common;
 use common::{FORMATS, same_bits, vec_sym};
 use dsv4_backend_cpu::{CpuBackend, Isa};
 use dsv4_core::{IndexKDtype, SplitMix64};
-use dsv4_kernels::{Backend, HcParams, RopeTable, WeightFormat};
+use dsv4_kernels::{Backend, HcParams, PerRow, RopeTable, WeightFormat};
 
 #[test]
 fn linear_rows_do_not_depend_on_the_other_rows() {
@@ -176,4 +176,77 @@ fn row_ops_do_not_depend_on_the_other_rows() {
             );
         }
     }
+}
+
+/// The shared-key forms read each query's keys where they lie; they must give exactly what the
+/// trait's definitions (the keys laid out per query, then the per-row ops) give on this backend.
+#[test]
+fn shared_key_ops_equal_their_laid_out_definitions() {
+    let be = CpuBackend::new(2).unwrap();
+    let per_row = PerRow(&be);
+    let mut g = SplitMix64::new(11);
+    // (heads, dim, rows of keys, each query's key ids): sliding windows, an unordered window,
+    // a repeated id, a query without keys, more keys than a 128-key chunk.
+    let cases: [(usize, usize, usize, Vec<Vec<usize>>); 3] = [
+        (
+            4,
+            64,
+            40,
+            vec![
+                (1..33).collect(),
+                (2..34).rev().collect(),
+                vec![],
+                vec![5, 5, 0],
+            ],
+        ),
+        (3, 24, 9, vec![vec![8], (0..9).collect()]),
+        (8, 128, 300, vec![(0..300).collect(), (100..260).collect()]),
+    ];
+    for (heads, dim, n, ids) in cases {
+        let queries = ids.len();
+        let q = vec_sym(&mut g, queries * heads * dim, 1.0);
+        let keys = vec_sym(&mut g, n * dim, 1.0);
+        let sink = vec_sym(&mut g, heads, 2.0);
+        let mut starts = vec![0];
+        for i in &ids {
+            starts.push(starts[starts.len() - 1] + i.len());
+        }
+        let flat: Vec<usize> = ids.concat();
+        let (mut got, mut want) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+        be.sparse_attention_indexed(&q, dim, &keys, &flat, &starts, &sink, 0.3, &mut got);
+        per_row.sparse_attention_indexed(&q, dim, &keys, &flat, &starts, &sink, 0.3, &mut want);
+        assert!(
+            same_bits(&got, &want),
+            "sparse_attention_indexed h{heads} d{dim}"
+        );
+
+        // Nested prefixes, an offset range and an empty one.
+        let w = vec_sym(&mut g, queries * heads, 1.0);
+        let ranges: Vec<(usize, usize)> = (0..queries)
+            .map(|r| match r % 3 {
+                0 => (0, n - r),
+                1 => (1, n / 2),
+                _ => (n / 3, n / 3),
+            })
+            .collect();
+        for k in [0, 4, 64] {
+            let got = be.indexer_topk_ranges(&q, &w, dim, &keys, &ranges, k);
+            let want = per_row.indexer_topk_ranges(&q, &w, dim, &keys, &ranges, k);
+            assert_eq!(got, want, "indexer_topk_ranges h{heads} d{dim} k{k}");
+        }
+    }
+}
+
+/// A key range past the keys panics, as the laid-out definition does.
+#[test]
+#[should_panic(expected = "key range 1 is 3..41 of 40 rows")]
+fn a_key_range_past_the_keys_panics() {
+    let be = CpuBackend::new(1).unwrap();
+    let (heads, dim) = (2, 8);
+    let (q, w, keys) = (
+        vec![0.5f32; 2 * heads * dim],
+        vec![1f32; 2 * heads],
+        vec![0.25f32; 40 * dim],
+    );
+    be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, 40), (3, 41)], 4);
 }
