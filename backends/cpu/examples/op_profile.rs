@@ -93,6 +93,35 @@ impl Backend for Timed {
             self.inner.sparse_attention(q, dim, k, s, sc, out)
         })
     }
+    fn sparse_attention_indexed(
+        &self,
+        q: &[f32],
+        dim: usize,
+        k: &[f32],
+        ids: &[usize],
+        starts: &[usize],
+        s: &[f32],
+        sc: f32,
+        out: &mut [f32],
+    ) {
+        self.rec("sparse_attention_indexed", || {
+            self.inner
+                .sparse_attention_indexed(q, dim, k, ids, starts, s, sc, out)
+        })
+    }
+    fn indexer_topk_ranges(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        dim: usize,
+        keys: &[f32],
+        ranges: &[(usize, usize)],
+        k: usize,
+    ) -> Vec<Vec<usize>> {
+        self.rec("indexer_topk_ranges", || {
+            self.inner.indexer_topk_ranges(q, w, dim, keys, ranges, k)
+        })
+    }
     fn router_scores(&self, l: &[f32], out: &mut [f32]) {
         self.rec("router", || self.inner.router_scores(l, out))
     }
