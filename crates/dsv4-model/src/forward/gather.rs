@@ -89,45 +89,33 @@ impl<'b> RowGather<'b> {
             }
             Some(_) => {}
         }
-        let at = std::ptr::from_ref(store) as usize;
-        if let Some(out) = &mut self.direct {
-            let Some((copied, ids)) = &mut self.shared else {
+        let Some((copied, ids)) = &mut self.shared else {
+            if let Some(out) = &mut self.direct {
                 let rows: Vec<usize> = rows.collect();
                 out.extend(store.load_rows_unsynced(self.backend, rows.iter().copied())?);
                 self.rows += rows.len();
                 return Ok(rows.len());
-            };
-            // Decode each (store, row) the first time it is added; ids name the decoded rows.
-            let (base, added) = (copied.len(), ids.len());
-            let mut fresh = Vec::new();
-            for r in rows {
-                let next = base + fresh.len();
-                ids.push(*copied.entry((at, r)).or_insert_with(|| {
-                    fresh.push(r);
-                    next
-                }));
             }
-            out.extend(store.load_rows_unsynced(self.backend, fresh.into_iter())?);
-            self.rows = ids.len();
-            return Ok(ids.len() - added);
-        }
-        let before = self.picks.len();
-        let Some((copied, ids)) = &mut self.shared else {
+            let before = self.picks.len();
             store.copy_rows(rows, &mut self.pages, &mut self.picks)?;
             self.rows = self.picks.len();
             return Ok(self.picks.len() - before);
         };
-        let added = ids.len();
+        // Each (store, row) is copied or decoded the first time it is added, as the next pick
+        // or decoded row (one per (store, row) so far); ids name what each row added reads.
+        let (at, base, added) = (std::ptr::from_ref(store) as usize, copied.len(), ids.len());
         let mut fresh = Vec::new();
         for r in rows {
-            let next = before + fresh.len();
-            let pick = *copied.entry((at, r)).or_insert_with(|| {
+            let next = base + fresh.len();
+            ids.push(*copied.entry((at, r)).or_insert_with(|| {
                 fresh.push(r);
                 next
-            });
-            ids.push(pick);
+            }));
         }
-        store.copy_rows(fresh.into_iter(), &mut self.pages, &mut self.picks)?;
+        match &mut self.direct {
+            Some(out) => out.extend(store.load_rows_unsynced(self.backend, fresh.into_iter())?),
+            None => store.copy_rows(fresh.into_iter(), &mut self.pages, &mut self.picks)?,
+        }
         self.rows = ids.len();
         Ok(ids.len() - added)
     }
