@@ -1,6 +1,6 @@
-//! Execution-mode diffs on one backend: captured vs eager and overlap vs serial agree bitwise
-//! (every tap's tolerance is 0), and the arena fault on the interleaving executor is caught as
-//! a divergence.
+//! Execution-mode diffs on one backend: captured vs eager and overlap vs serial (interleaved or
+//! threaded) agree bitwise (every tap's tolerance is 0), and the arena fault on the interleaving
+//! executor is caught as a divergence.
 
 use dsv4_diff::{ModelOptions, SideConfig, run_model};
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
@@ -36,6 +36,18 @@ fn captured_and_overlap_modes_agree_bitwise_with_eager_serial() {
             overlap: true,
             captured: true,
             executor: Executor::Interleaved { seed: 4 },
+            ..Default::default()
+        },
+        // Fresh buffers, one thread per stream: a launch moves out the operands it is the
+        // last to use while launches on other streams run.
+        ExecOptions {
+            overlap: true,
+            executor: Executor::Threaded,
+            ..Default::default()
+        },
+        ExecOptions {
+            overlap: true,
+            executor: Executor::Interleaved { seed: 9 },
             ..Default::default()
         },
     ] {

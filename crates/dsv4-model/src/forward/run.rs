@@ -150,17 +150,31 @@ impl Run<'_> {
     }
 
     fn read(&self, s: &Slice) -> Result<Vec<f32>, ForwardError> {
+        self.read_or_take(s, false)
+    }
+
+    /// Read transient slice `s` for the launch running now. With `last` (only this launch
+    /// touches the buffer from here on, and it reads it once: [`Run::last_read`]) a fresh
+    /// buffer is moved out rather than copied.
+    fn read_or_take(&self, s: &Slice, last: bool) -> Result<Vec<f32>, ForwardError> {
         let n = self.words_per_row(s.buffer) * self.bound.rows;
         match &self.mem {
-            Memory::Fresh { bufs, .. } => lock(&bufs[s.buffer.0 as usize])
-                .as_ref()
-                .map(|v| v[..n].to_vec())
-                .ok_or_else(|| ForwardError::Plan {
+            Memory::Fresh { bufs, .. } => {
+                let mut slot = lock(&bufs[s.buffer.0 as usize]);
+                let unwritten = || ForwardError::Plan {
                     message: format!(
                         "buffer `{}` was read before any launch wrote it",
                         self.plan.buffer(s.buffer).label()
                     ),
-                }),
+                };
+                if last {
+                    let mut v = slot.take().ok_or_else(unwritten)?;
+                    v.truncate(n);
+                    Ok(v)
+                } else {
+                    slot.as_ref().map(|v| v[..n].to_vec()).ok_or_else(unwritten)
+                }
+            }
             Memory::Arena(arena) => {
                 let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
                 Ok(lock(arena)[off..off + n].to_vec())
@@ -169,19 +183,43 @@ impl Run<'_> {
         }
     }
 
-    fn write(&self, s: &Slice, values: &[f32]) -> Result<(), ForwardError> {
+    /// Whether launch `i`'s read of transient buffer `b` is the buffer's last use in fresh
+    /// memory: no launch after `i` touches it (its use count is down to this one), the
+    /// launch reads it once and does not write it, and the host does not read it afterwards.
+    fn last_read(&self, i: usize, b: BufferId) -> bool {
+        let Memory::Fresh { left, .. } = &self.mem else {
+            return false;
+        };
+        let l = &self.plan.launches[i];
+        !self.plan.buffer(b).host_read
+            && l.reads.iter().filter(|s| s.buffer == b).count() == 1
+            && l.writes.iter().all(|s| s.buffer != b)
+            && *lock(&left[b.0 as usize]) == 1
+    }
+
+    /// Write launch output `values` to transient slice `s`. In fresh memory the first write
+    /// to a buffer moves `values` in (no zero-filled allocation, no copy).
+    fn write(&self, s: &Slice, values: Vec<f32>) -> Result<(), ForwardError> {
         match &self.mem {
             Memory::Fresh { bufs, .. } => {
                 let len = self.plan.buffer(s.buffer).bytes as usize / 4;
                 let mut b = lock(&bufs[s.buffer.0 as usize]);
-                let buf = b.get_or_insert_with(|| vec![0f32; len]);
-                buf[..values.len()].copy_from_slice(values);
+                match b.as_mut() {
+                    Some(buf) => buf[..values.len()].copy_from_slice(&values),
+                    None => {
+                        let mut v = values;
+                        if v.len() < len {
+                            v.resize(len, 0.0);
+                        }
+                        *b = Some(v);
+                    }
+                }
             }
             Memory::Arena(arena) => {
                 let off = self.plan.offset(s.buffer).unwrap_or(0) as usize / 4;
-                lock(arena)[off..off + values.len()].copy_from_slice(values);
+                lock(arena)[off..off + values.len()].copy_from_slice(&values);
             }
-            Memory::Device(dm) => return dm.write(self.plan, s.buffer, values),
+            Memory::Device(dm) => return dm.write(self.plan, s.buffer, &values),
         }
         Ok(())
     }
@@ -305,15 +343,15 @@ impl Run<'_> {
             }
             _ => reads
                 .iter()
-                .map(|s| self.read(s))
+                .map(|s| self.read_or_take(s, self.last_read(i, s.buffer)))
                 .collect::<Result<_, _>>()?,
         };
         let outs = self.dispatch(l.op, &ins)?;
-        for (s, v) in l.writes.iter().filter(transient).zip(&outs) {
-            self.write(s, v)?;
-        }
         if let (Some(taps), Some(_)) = (&self.out.taps, l.op.kind.tap()) {
             lock(taps)[i] = outs.first().cloned();
+        }
+        for (s, v) in l.writes.iter().filter(transient).zip(outs) {
+            self.write(s, v)?;
         }
         self.release(i);
         Ok(())
