@@ -83,6 +83,16 @@ impl Exec {
         self.threads
     }
 
+    /// A context with the same instruction set that runs everything on the calling thread: for
+    /// the work of one item of a parallel split over rows.
+    pub fn serial(&self) -> Exec {
+        Exec {
+            pool: None,
+            threads: 1,
+            isa: self.isa,
+        }
+    }
+
     /// Run `f(i)` for every i < `items`: on the calling thread alone when `work` (multiply-adds,
     /// roughly) is small, else on the calling thread and the helpers, each taking the next
     /// unclaimed item. Each item must write disjoint outputs.

@@ -176,31 +176,50 @@ impl Backend for CpuBackend {
     ) -> Vec<Vec<usize>> {
         let heads = w.len() / key_ranges.len().max(1);
         let n = keys.len() / dim.max(1);
-        let mut scores = Vec::new();
-        key_ranges
+        let rows = key_ranges.len();
+        // Row r's scores and top-k, on `ex`, with `scores` as scratch.
+        let row = |ex: &Exec, r: usize, scores: &mut Vec<f32>| {
+            let (lo, hi) = key_ranges[r];
+            assert!(
+                lo <= hi && hi <= n,
+                "key range {r} is {lo}..{hi} of {n} rows"
+            );
+            scores.clear();
+            scores.resize(hi - lo, 0f32);
+            let (qr, wr) = (
+                &q[r * heads * dim..(r + 1) * heads * dim],
+                &w[r * heads..(r + 1) * heads],
+            );
+            attention::indexer_scores(ex, qr, wr, dim, &keys[lo * dim..hi * dim], scores);
+            attention::topk(scores, k)
+        };
+        if rows < self.ex.threads() {
+            // Too few rows to go round: each row's scores split over keys instead.
+            let mut scores = Vec::new();
+            return (0..rows).map(|r| row(&self.ex, r, &mut scores)).collect();
+        }
+        // A chunk's rows one after another on one thread (the same bits: a row's scores do not
+        // depend on how the work is split).
+        let picked: Vec<std::sync::OnceLock<Vec<usize>>> =
+            (0..rows).map(|_| std::sync::OnceLock::new()).collect();
+        let per = rows.div_ceil(self.ex.threads() * 4);
+        let work = key_ranges
             .iter()
-            .enumerate()
-            .map(|(r, &(lo, hi))| {
-                assert!(
-                    lo <= hi && hi <= n,
-                    "key range {r} is {lo}..{hi} of {n} rows"
-                );
-                scores.clear();
-                scores.resize(hi - lo, 0f32);
-                let (qr, wr) = (
-                    &q[r * heads * dim..(r + 1) * heads * dim],
-                    &w[r * heads..(r + 1) * heads],
-                );
-                attention::indexer_scores(
-                    &self.ex,
-                    qr,
-                    wr,
-                    dim,
-                    &keys[lo * dim..hi * dim],
-                    &mut scores,
-                );
-                attention::topk(&scores, k)
-            })
+            .map(|&(lo, hi)| hi.saturating_sub(lo))
+            .sum::<usize>()
+            * heads
+            * dim;
+        self.ex.for_each(rows.div_ceil(per), work, |c| {
+            let (one, mut scores) = (self.ex.serial(), Vec::new());
+            let first = c * per;
+            for (i, slot) in picked[first..rows.min(first + per)].iter().enumerate() {
+                // Each row is set by the one chunk that holds it.
+                let _ = slot.set(row(&one, first + i, &mut scores));
+            }
+        });
+        picked
+            .into_iter()
+            .map(|p| p.into_inner().expect("every row's chunk ran"))
             .collect()
     }
 
@@ -223,7 +242,8 @@ impl Backend for CpuBackend {
     /// Each query's keys gathered into one buffer reused from query to query (a prefill
     /// chunk's window, decoded once, stays in cache), then the query's [`Self::sparse_attention`]:
     /// what the default's `sparse_attention_rows` computes, without laying out every query's
-    /// keys first.
+    /// keys first. With at least as many queries as threads each thread takes whole queries
+    /// (gather included); with fewer, each query's heads are split over the threads.
     fn sparse_attention_indexed(
         &self,
         q: &[f32],
@@ -236,26 +256,30 @@ impl Backend for CpuBackend {
         out: &mut [f32],
     ) {
         let hd = sink.len() * dim;
-        let most = key_starts
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .max()
-            .unwrap_or(0);
-        let mut laid = Vec::with_capacity(most * dim);
-        for (r, w) in key_starts.windows(2).enumerate() {
-            laid.clear();
-            dsv4_kernels::operands::extend_rows_by_id(&mut laid, keys, dim, &key_ids[w[0]..w[1]]);
-            let o = &mut out[r * hd..(r + 1) * hd];
-            attention::sparse_attention(
-                &self.ex,
-                &q[r * hd..(r + 1) * hd],
-                dim,
-                &laid,
-                sink,
-                scale,
-                o,
-            );
+        let rows = key_starts.len().saturating_sub(1);
+        if hd == 0 || rows == 0 {
+            return;
         }
+        // Queries first..first + out.len()/hd on `ex`.
+        let attend = |ex: &Exec, first: usize, out: &mut [f32]| {
+            let mut laid = Vec::new();
+            for (i, o) in out.chunks_mut(hd).enumerate() {
+                let r = first + i;
+                let ids = &key_ids[key_starts[r]..key_starts[r + 1]];
+                laid.clear();
+                dsv4_kernels::operands::extend_rows_by_id(&mut laid, keys, dim, ids);
+                let qr = &q[r * hd..(r + 1) * hd];
+                attention::sparse_attention(ex, qr, dim, &laid, sink, scale, o);
+            }
+        };
+        let out = &mut out[..rows * hd];
+        if rows < self.ex.threads() {
+            return attend(&self.ex, 0, out);
+        }
+        let work_per_row = 2 * hd * (key_ids.len() / rows).max(1);
+        self.ex.rows_mut(out, hd, work_per_row, |first, chunk| {
+            attend(&self.ex.serial(), first, chunk)
+        });
     }
 
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {

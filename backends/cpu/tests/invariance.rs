@@ -190,8 +190,9 @@ fn shared_key_ops_equal_their_laid_out_definitions() {
     let per_row = PerRow(&be);
     let mut g = SplitMix64::new(11);
     // (heads, dim, rows of keys, each query's key ids): sliding windows, an unordered window,
-    // a repeated id, a query without keys, more keys than a 128-key chunk.
-    let cases: [(usize, usize, usize, Vec<Vec<usize>>); 3] = [
+    // a repeated id, a query without keys, more keys than a 128-key chunk; and a prefill
+    // chunk's worth of queries, which the threads take several at a time.
+    let cases: [(usize, usize, usize, Vec<Vec<usize>>); 4] = [
         (
             4,
             64,
@@ -205,6 +206,12 @@ fn shared_key_ops_equal_their_laid_out_definitions() {
         ),
         (3, 24, 9, vec![vec![8], (0..9).collect()]),
         (8, 128, 300, vec![(0..300).collect(), (100..260).collect()]),
+        (
+            4,
+            64,
+            160,
+            (0..24).map(|r| (r..r + 128 + r % 5).collect()).collect(),
+        ),
     ];
     for (heads, dim, n, ids) in cases {
         let queries = ids.len();
