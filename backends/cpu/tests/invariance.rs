@@ -261,3 +261,18 @@ fn a_key_range_past_the_keys_panics() {
     );
     be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, 40), (3, 41)], 4);
 }
+
+/// The same on two threads with enough work to wake the pool: each thread takes whole rows, and
+/// the bad row's panic reaches the caller with its message, whichever thread ran it.
+#[test]
+#[should_panic(expected = "key range 1 is 3..401 of 400 rows")]
+fn a_key_range_past_the_keys_panics_through_the_pool() {
+    let be = CpuBackend::new(2).unwrap();
+    let (heads, dim) = (16, 128);
+    let (q, w, keys) = (
+        vec![0.5f32; 2 * heads * dim],
+        vec![1f32; 2 * heads],
+        vec![0.25f32; 400 * dim],
+    );
+    be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, 400), (3, 401)], 4);
+}
