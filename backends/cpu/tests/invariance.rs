@@ -248,18 +248,23 @@ fn shared_key_ops_equal_their_laid_out_definitions() {
     }
 }
 
+/// Two rows of `heads` × `dim` over `n` keys, the second range one key past the end: the
+/// call must panic with that row's message.
+fn second_range_past_the_keys(threads: usize, heads: usize, dim: usize, n: usize) {
+    let be = CpuBackend::new(threads).unwrap();
+    let (q, w, keys) = (
+        vec![0.5f32; 2 * heads * dim],
+        vec![1f32; 2 * heads],
+        vec![0.25f32; n * dim],
+    );
+    be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, n), (3, n + 1)], 4);
+}
+
 /// A key range past the keys panics, as the laid-out definition does.
 #[test]
 #[should_panic(expected = "key range 1 is 3..41 of 40 rows")]
 fn a_key_range_past_the_keys_panics() {
-    let be = CpuBackend::new(1).unwrap();
-    let (heads, dim) = (2, 8);
-    let (q, w, keys) = (
-        vec![0.5f32; 2 * heads * dim],
-        vec![1f32; 2 * heads],
-        vec![0.25f32; 40 * dim],
-    );
-    be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, 40), (3, 41)], 4);
+    second_range_past_the_keys(1, 2, 8, 40);
 }
 
 /// The same on two threads with enough work to wake the pool: each thread takes whole rows, and
@@ -267,12 +272,5 @@ fn a_key_range_past_the_keys_panics() {
 #[test]
 #[should_panic(expected = "key range 1 is 3..401 of 400 rows")]
 fn a_key_range_past_the_keys_panics_through_the_pool() {
-    let be = CpuBackend::new(2).unwrap();
-    let (heads, dim) = (16, 128);
-    let (q, w, keys) = (
-        vec![0.5f32; 2 * heads * dim],
-        vec![1f32; 2 * heads],
-        vec![0.25f32; 400 * dim],
-    );
-    be.indexer_topk_ranges(&q, &w, dim, &keys, &[(0, 400), (3, 401)], 4);
+    second_range_past_the_keys(2, 16, 128, 400);
 }
