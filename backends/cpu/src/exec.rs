@@ -123,12 +123,12 @@ impl Exec {
 
     /// Run `f(first_row, rows)` over `out` cut into whole rows of width `dim`, in chunks;
     /// `work_per_row` sizes the decision to use the helpers. `dim` must be positive.
-    pub fn rows_mut(
+    pub fn rows_mut<T: Send>(
         &self,
-        out: &mut [f32],
+        out: &mut [T],
         dim: usize,
         work_per_row: usize,
-        f: impl Fn(usize, &mut [f32]) + Sync + Send,
+        f: impl Fn(usize, &mut [T]) + Sync + Send,
     ) {
         let rows = out.len() / dim;
         let work = rows.saturating_mul(work_per_row.max(1));
@@ -149,21 +149,47 @@ impl Exec {
             f(c * per, chunk);
         });
     }
+
+    /// [`Exec::rows_mut`] for rows whose own work can split too: `f(ex, first_row, rows)`. With
+    /// at least as many rows as threads each chunk of whole rows runs on one thread with a
+    /// serial `ex`; with fewer, all rows run here with this context, whose ops then split each
+    /// row's work instead (a row's result does not depend on either split).
+    pub fn rows_or_within<T: Send>(
+        &self,
+        out: &mut [T],
+        dim: usize,
+        work_per_row: usize,
+        f: impl Fn(&Exec, usize, &mut [T]) + Sync + Send,
+    ) {
+        if out.len() / dim < self.threads {
+            return f(self, 0, out);
+        }
+        let one = self.serial();
+        self.rows_mut(out, dim, work_per_row, |first, rows| f(&one, first, rows));
+    }
 }
 
 /// A raw output pointer shared by parallel items that write disjoint elements.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedOut(pub *mut f32);
+pub(crate) struct SharedOut<T = f32>(pub *mut T);
 
-impl SharedOut {
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
     /// The pointer (a method, so closures capture the Sync wrapper, not the raw field).
-    pub fn get(self) -> *mut f32 {
+    pub fn get(self) -> *mut T {
         self.0
     }
 }
 
 // SAFETY: every user writes through the pointer only to elements no other item touches, and the
-// buffer outlives the parallel section (it is a `&mut` borrowed for the whole call).
-unsafe impl Send for SharedOut {}
+// buffer outlives the parallel section (it is a `&mut` borrowed for the whole call); the
+// elements themselves may move between threads.
+unsafe impl<T: Send> Send for SharedOut<T> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedOut {}
+unsafe impl<T: Send> Sync for SharedOut<T> {}

@@ -177,50 +177,36 @@ impl Backend for CpuBackend {
         let heads = w.len() / key_ranges.len().max(1);
         let n = keys.len() / dim.max(1);
         let rows = key_ranges.len();
-        // Row r's scores and top-k, on `ex`, with `scores` as scratch.
-        let row = |ex: &Exec, r: usize, scores: &mut Vec<f32>| {
-            let (lo, hi) = key_ranges[r];
-            assert!(
-                lo <= hi && hi <= n,
-                "key range {r} is {lo}..{hi} of {n} rows"
-            );
-            scores.clear();
-            scores.resize(hi - lo, 0f32);
-            let (qr, wr) = (
-                &q[r * heads * dim..(r + 1) * heads * dim],
-                &w[r * heads..(r + 1) * heads],
-            );
-            attention::indexer_scores(ex, qr, wr, dim, &keys[lo * dim..hi * dim], scores);
-            attention::topk(scores, k)
-        };
-        if rows < self.ex.threads() {
-            // Too few rows to go round: each row's scores split over keys instead.
-            let mut scores = Vec::new();
-            return (0..rows).map(|r| row(&self.ex, r, &mut scores)).collect();
-        }
-        // A chunk's rows one after another on one thread (the same bits: a row's scores do not
-        // depend on how the work is split).
-        let picked: Vec<std::sync::OnceLock<Vec<usize>>> =
-            (0..rows).map(|_| std::sync::OnceLock::new()).collect();
-        let per = rows.div_ceil(self.ex.threads() * 4);
-        let work = key_ranges
+        let mut picked = vec![Vec::new(); rows];
+        let work_per_row = key_ranges
             .iter()
             .map(|&(lo, hi)| hi.saturating_sub(lo))
             .sum::<usize>()
+            / rows.max(1)
             * heads
             * dim;
-        self.ex.for_each(rows.div_ceil(per), work, |c| {
-            let (one, mut scores) = (self.ex.serial(), Vec::new());
-            let first = c * per;
-            for (i, slot) in picked[first..rows.min(first + per)].iter().enumerate() {
-                // Each row is set by the one chunk that holds it.
-                let _ = slot.set(row(&one, first + i, &mut scores));
-            }
-        });
+        // Each row's scores and top-k.
+        self.ex
+            .rows_or_within(&mut picked, 1, work_per_row, |ex, first, slots| {
+                let mut scores = Vec::new();
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    let (r, (lo, hi)) = (first + i, key_ranges[first + i]);
+                    assert!(
+                        lo <= hi && hi <= n,
+                        "key range {r} is {lo}..{hi} of {n} rows"
+                    );
+                    scores.clear();
+                    scores.resize(hi - lo, 0f32);
+                    let (qr, wr) = (
+                        &q[r * heads * dim..(r + 1) * heads * dim],
+                        &w[r * heads..(r + 1) * heads],
+                    );
+                    let kr = &keys[lo * dim..hi * dim];
+                    attention::indexer_scores(ex, qr, wr, dim, kr, &mut scores);
+                    *slot = attention::topk(&scores, k);
+                }
+            });
         picked
-            .into_iter()
-            .map(|p| p.into_inner().expect("every row's chunk ran"))
-            .collect()
     }
 
     fn topk(&self, scores: &[f32], k: usize) -> Vec<usize> {
@@ -272,14 +258,9 @@ impl Backend for CpuBackend {
                 attention::sparse_attention(ex, qr, dim, &laid, sink, scale, o);
             }
         };
-        let out = &mut out[..rows * hd];
-        if rows < self.ex.threads() {
-            return attend(&self.ex, 0, out);
-        }
         let work_per_row = 2 * hd * (key_ids.len() / rows).max(1);
-        self.ex.rows_mut(out, hd, work_per_row, |first, chunk| {
-            attend(&self.ex.serial(), first, chunk)
-        });
+        self.ex
+            .rows_or_within(&mut out[..rows * hd], hd, work_per_row, attend);
     }
 
     fn router_scores(&self, logits: &[f32], out: &mut [f32]) {
