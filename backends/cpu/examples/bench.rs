@@ -4,9 +4,12 @@
 //!
 //! Also end-to-end prefill of the tiny and small configs, cpu against reference.
 //!
+//! The products run with f64 sums and again with f32 sums (`backend.cpu_sums`), one after the
+//! other, so the two are compared in the same run; the end-to-end prefill uses f64 sums.
+//!
 //! `cargo run --release -p dsv4-backend-cpu --example bench [threads] [filter]`
 
-use dsv4_backend_cpu::CpuBackend;
+use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{Numerics, SplitMix64, Tensor};
 use dsv4_kernels::{Backend, Linear, WeightFormat};
@@ -164,6 +167,9 @@ fn main() {
     // Optional second argument: only run cases whose label contains it.
     let only = std::env::args().nth(2).unwrap_or_default();
     let be = CpuBackend::new(threads).expect("backend");
+    let be32 = CpuBackend::new(threads)
+        .expect("backend")
+        .with_sums(Sums::F32);
     println!("cpu backend: {} threads, {:?}", be.threads(), be.isa());
     if only.is_empty() {
         println!("streaming read: {:.1} GB/s", read_bandwidth(be.threads()));
@@ -178,14 +184,18 @@ fn main() {
         }
         let w = random_linear(fmt, n, k, 2);
         let mut out = vec![0f32; m * n];
-        let (s, c) = best(be.threads(), || be.linear(&w, &x, m, &mut out));
-        let gflops = |t: f64| 2.0 * (m * n * k) as f64 / t / 1e9;
-        println!(
-            "linear {fmt:?} {m}x{n}x{k}: {:.1} ms, {:.1} GFLOP/s (by CPU time per thread: {:.1})",
-            s * 1e3,
-            gflops(s),
-            gflops(c)
-        );
+        for be in [&be, &be32] {
+            let (s, c) = best(be.threads(), || be.linear(&w, &x, m, &mut out));
+            let gflops = |t: f64| 2.0 * (m * n * k) as f64 / t / 1e9;
+            println!(
+                "linear {fmt:?} {m}x{n}x{k}, {} sums: {:.1} ms, {:.1} GFLOP/s (by CPU time per \
+                 thread: {:.1})",
+                be.sums().name(),
+                s * 1e3,
+                gflops(s),
+                gflops(c)
+            );
+        }
     }
     for fmt in [
         WeightFormat::Fp8Block,
@@ -202,18 +212,22 @@ fn main() {
                 continue;
             }
             let mut out = vec![0f32; rows * n];
-            let mut i = 0;
-            let (s, c) = best(be.threads(), || {
-                i = (i + 1) % ws.len();
-                be.linear(&ws[i], &x[..rows * k], rows, &mut out)
-            });
-            let gbs = |t: f64| ws[0].stored_bytes() as f64 / t / 1e9;
-            println!(
-                "gemv {fmt:?} {rows}x{n}x{k}: {:.3} ms, {:.1} GB/s of weights (by CPU time: {:.1})",
-                s * 1e3,
-                gbs(s),
-                gbs(c)
-            );
+            for be in [&be, &be32] {
+                let mut i = 0;
+                let (s, c) = best(be.threads(), || {
+                    i = (i + 1) % ws.len();
+                    be.linear(&ws[i], &x[..rows * k], rows, &mut out)
+                });
+                let gbs = |t: f64| ws[0].stored_bytes() as f64 / t / 1e9;
+                println!(
+                    "gemv {fmt:?} {rows}x{n}x{k}, {} sums: {:.3} ms, {:.1} GB/s of weights (by \
+                     CPU time: {:.1})",
+                    be.sums().name(),
+                    s * 1e3,
+                    gbs(s),
+                    gbs(c)
+                );
+            }
         }
     }
     if only == "gemv-l2" {
@@ -224,11 +238,14 @@ fn main() {
         ] {
             let w = random_linear(fmt, 256, 2048, 3);
             let mut out = vec![0f32; 256];
-            let (s, _) = best(1, || be.linear(&w, &x[..2048], 1, &mut out));
-            println!(
-                "L2-resident gemv {fmt:?}: {:.2} G elements/s",
-                256.0 * 2048.0 / s / 1e9
-            );
+            for be in [&be, &be32] {
+                let (s, _) = best(1, || be.linear(&w, &x[..2048], 1, &mut out));
+                println!(
+                    "L2-resident gemv {fmt:?}, {} sums: {:.2} G elements/s",
+                    be.sums().name(),
+                    256.0 * 2048.0 / s / 1e9
+                );
+            }
         }
     }
     // "prefill" runs both configs, "prefill-cpu" the small one without the reference.

@@ -20,6 +20,11 @@
 //! Because sums are exact-product f64 sums rounded once, results equal the reference backend's
 //! f32 values except where two f64 sums round differently (rare), so quantization points
 //! downstream (bf16/fp8 caches, e4m3 activations, top-k) make the same choices.
+//!
+//! [`Sums::F32`] (`backend.cpu_sums = "f32"`) runs `linear` in the same order with f32
+//! multiply-adds and adds: still batch-invariant and the same bits on every kernel set, up to
+//! twice as fast, but within f32 rounding of the reference rather than on its bits. The mHC
+//! logits and the attention stay in f64.
 
 mod attention;
 mod dots;
@@ -30,6 +35,7 @@ mod mhc;
 mod ops;
 
 pub use exec::Isa;
+pub use gemm::Sums;
 
 use dsv4_core::IndexKDtype;
 use dsv4_core::cache::round_index_vector;
@@ -44,6 +50,7 @@ pub const NAME: &str = "cpu";
 /// The cpu backend: its own thread pool and kernel set.
 pub struct CpuBackend {
     ex: Exec,
+    sums: Sums,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -51,6 +58,7 @@ impl std::fmt::Debug for CpuBackend {
         f.debug_struct("CpuBackend")
             .field("threads", &self.ex.threads())
             .field("isa", &self.ex.isa)
+            .field("sums", &self.sums)
             .finish()
     }
 }
@@ -69,7 +77,20 @@ impl CpuBackend {
             name: NAME.to_string(),
             reason: format!("cannot start a thread pool: {e}"),
         })?;
-        Ok(Self { ex })
+        Ok(Self {
+            ex,
+            sums: Sums::F64,
+        })
+    }
+
+    /// The same backend with linear layers summed as `sums` says (f64 by default).
+    pub fn with_sums(self, sums: Sums) -> Self {
+        Self { sums, ..self }
+    }
+
+    /// What the linear layers are summed in.
+    pub fn sums(&self) -> Sums {
+        self.sums
     }
 
     /// Worker threads in the pool.
@@ -84,7 +105,12 @@ impl CpuBackend {
 }
 
 fn create(opts: &BackendOptions) -> Result<Arc<dyn Backend>, KernelError> {
-    Ok(Arc::new(CpuBackend::new(opts.threads)?))
+    let sums = if opts.cpu_f32_sums {
+        Sums::F32
+    } else {
+        Sums::F64
+    };
+    Ok(Arc::new(CpuBackend::new(opts.threads)?.with_sums(sums)))
 }
 
 inventory::submit! {
@@ -117,7 +143,14 @@ impl Backend for CpuBackend {
             "linear {}: output is not [rows, out]",
             w.name
         );
-        gemm::gemm(&self.ex, &gemm::Weights::of_linear(w), x, rows, out);
+        gemm::gemm(
+            &self.ex,
+            self.sums,
+            &gemm::Weights::of_linear(w),
+            x,
+            rows,
+            out,
+        );
     }
 
     fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {

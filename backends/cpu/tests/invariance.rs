@@ -5,7 +5,7 @@
 mod common;
 
 use common::{FORMATS, same_bits, vec_sym};
-use dsv4_backend_cpu::{CpuBackend, Isa};
+use dsv4_backend_cpu::{CpuBackend, Isa, Sums};
 use dsv4_core::{IndexKDtype, SplitMix64};
 use dsv4_kernels::{Backend, HcParams, PerRow, RopeTable, WeightFormat};
 
@@ -13,9 +13,12 @@ use dsv4_kernels::{Backend, HcParams, PerRow, RopeTable, WeightFormat};
 fn linear_rows_do_not_depend_on_the_other_rows() {
     // Two thread counts split the 200 outputs into items differently: with one, an item spans
     // panels of both 128-row fp8 scale blocks, so a kernel's scales change partway through it.
-    for isa in Isa::available() {
-        for threads in [1, 2] {
-            linear_rows_alone_and_batched(&CpuBackend::with_isa(threads, isa).unwrap());
+    for sums in [Sums::F64, Sums::F32] {
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let be = CpuBackend::with_isa(threads, isa).unwrap();
+                linear_rows_alone_and_batched(&be.with_sums(sums));
+            }
         }
     }
 }
@@ -42,8 +45,9 @@ fn linear_rows_alone_and_batched(be: &CpuBackend) {
             for r in 0..m {
                 assert!(
                     same_bits(&out[r * n..(r + 1) * n], &alone[start + r]),
-                    "{:?} {fmt:?}: row {r} of {m} differs from the 1-row call",
-                    be.isa()
+                    "{:?} {:?} sums, {fmt:?}: row {r} of {m} differs from the 1-row call",
+                    be.isa(),
+                    be.sums()
                 );
             }
         }
@@ -135,20 +139,26 @@ fn all_ops(be: &dyn Backend) -> Vec<Vec<f32>> {
 
 #[test]
 fn thread_count_and_kernel_set_do_not_change_any_op() {
-    let base = all_ops(&CpuBackend::new(1).unwrap());
-    let mut others = vec![
-        ("2 threads".to_string(), CpuBackend::new(2).unwrap()),
-        ("3 threads".to_string(), CpuBackend::new(3).unwrap()),
-    ];
-    for isa in Isa::available() {
-        others.push((
-            format!("{isa:?}, 2 threads"),
-            CpuBackend::with_isa(2, isa).unwrap(),
-        ));
-    }
-    for (what, be) in &others {
-        for (i, (a, b)) in all_ops(be).iter().zip(&base).enumerate() {
-            assert!(same_bits(a, b), "{what}: output {i} differs from 1 thread");
+    for sums in [Sums::F64, Sums::F32] {
+        let base = all_ops(&CpuBackend::new(1).unwrap().with_sums(sums));
+        let mut others = vec![
+            ("2 threads".to_string(), CpuBackend::new(2).unwrap()),
+            ("3 threads".to_string(), CpuBackend::new(3).unwrap()),
+        ];
+        for isa in Isa::available() {
+            others.push((
+                format!("{isa:?}, 2 threads"),
+                CpuBackend::with_isa(2, isa).unwrap(),
+            ));
+        }
+        for (what, be) in others {
+            let be = be.with_sums(sums);
+            for (i, (a, b)) in all_ops(&be).iter().zip(&base).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{what}, {sums:?} sums: output {i} differs from 1 thread"
+                );
+            }
         }
     }
 }

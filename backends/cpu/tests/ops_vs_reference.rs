@@ -6,7 +6,7 @@
 mod common;
 
 use common::{FORMATS, rel_l2, same_bits, vec_sym};
-use dsv4_backend_cpu::CpuBackend;
+use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
@@ -30,48 +30,85 @@ fn check(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn linear_matches_reference_in_every_format() {
-    let (cpu, rf) = (cpu(), ReferenceBackend);
+    let rf = ReferenceBackend;
     let mut g = SplitMix64::new(1);
-    for fmt in FORMATS {
-        for (rows, n, k) in [
-            (1usize, 1usize, 32usize),
-            (3, 33, 64),
-            (7, 100, 300),
-            (16, 130, 256),
-            (33, 257, 160),
-            (200, 40, 96),
-        ] {
-            let k = if fmt == WeightFormat::Mxfp4 {
-                k.div_ceil(32) * 32
-            } else {
-                k
-            };
-            let w = common::random_linear(fmt, n, k, g.next_u64());
-            let x = vec_sym(&mut g, rows * k, 1.0);
-            let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![0f32; rows * n]);
-            cpu.linear(&w, &x, rows, &mut a);
-            rf.linear(&w, &x, rows, &mut b);
-            let what = format!("linear {fmt:?} {rows}x{n}x{k}");
-            check(&what, &a, &b);
-            // f64 accumulation of exact products: the reference's f32 result but for the rare
-            // sum that rounds the other way.
-            let differing = a
-                .iter()
-                .zip(&b)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count();
-            assert!(
-                differing * 1000 <= a.len(),
-                "{what}: {differing} of {} differ",
-                a.len()
-            );
+    for sums in [Sums::F64, Sums::F32] {
+        let cpu = cpu().with_sums(sums);
+        for fmt in FORMATS {
+            for (rows, n, k) in [
+                (1usize, 1usize, 32usize),
+                (3, 33, 64),
+                (7, 100, 300),
+                (16, 130, 256),
+                (33, 257, 160),
+                (200, 40, 96),
+                (2, 24, 4096),
+                (20, 24, 4096),
+            ] {
+                let k = if fmt == WeightFormat::Mxfp4 {
+                    k.div_ceil(32) * 32
+                } else {
+                    k
+                };
+                let w = common::random_linear(fmt, n, k, g.next_u64());
+                let x = vec_sym(&mut g, rows * k, 1.0);
+                let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![0f32; rows * n]);
+                cpu.linear(&w, &x, rows, &mut a);
+                rf.linear(&w, &x, rows, &mut b);
+                let what = format!("linear {fmt:?} {rows}x{n}x{k}, {sums:?} sums");
+                check(&what, &a, &b);
+                if sums == Sums::F64 {
+                    // f64 accumulation of exact products: the reference's f32 result but for
+                    // the rare sum that rounds the other way.
+                    let differing = a
+                        .iter()
+                        .zip(&b)
+                        .filter(|(p, q)| p.to_bits() != q.to_bits())
+                        .count();
+                    assert!(
+                        differing * 1000 <= a.len(),
+                        "{what}: {differing} of {} differ",
+                        a.len()
+                    );
+                }
+            }
         }
     }
 }
 
 #[test]
+fn f32_sums_round_along_the_way() {
+    // Over 4096 inputs f32 sums lose bits an f64 sum keeps, so most outputs differ from the
+    // f64 path's in the last place: the knob really changes the arithmetic.
+    let mut g = SplitMix64::new(9);
+    let (rows, n, k) = (3, 40, 4096);
+    let w = common::random_linear(WeightFormat::Bf16, n, k, g.next_u64());
+    let x = vec_sym(&mut g, rows * k, 1.0);
+    let (mut a, mut b) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+    cpu().with_sums(Sums::F64).linear(&w, &x, rows, &mut a);
+    cpu().with_sums(Sums::F32).linear(&w, &x, rows, &mut b);
+    let differing = a
+        .iter()
+        .zip(&b)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    assert!(
+        differing * 2 > a.len(),
+        "only {differing} of {} differ",
+        a.len()
+    );
+    check("f32 against f64 sums", &b, &a);
+}
+
+#[test]
 fn fp8_weights_with_nan_codes_and_extreme_scales_decode_like_the_reference() {
-    let (cpu, rf) = (cpu(), ReferenceBackend);
+    for sums in [Sums::F64, Sums::F32] {
+        nan_codes_and_extreme_scales(&cpu().with_sums(sums));
+    }
+}
+
+fn nan_codes_and_extreme_scales(cpu: &CpuBackend) {
+    let rf = ReferenceBackend;
     let (n, k) = (40, 136);
     let mut w = common::random_linear(WeightFormat::Fp8Block, n, k, 5);
     w.data[3 * k + 17] = 0x7F; // a NaN code in output row 3

@@ -14,6 +14,9 @@ pub struct BackendOptions {
     /// Sums of dot products where a backend offers a choice (`backend.cuda_sums`: cuda-sm120,
     /// cuda-emu): Some(true) f64, Some(false) f32, None the backend's choice.
     pub f64_sums: Option<bool>,
+    /// The cpu backend sums its linear layers' products in f32, not f64
+    /// (`backend.cpu_sums = "f32"`).
+    pub cpu_f32_sums: bool,
     /// Tensor-core linears where a backend offers them (`backend.cuda_linear`): Some(true) on,
     /// Some(false) off, None the backend's choice.
     pub tensor_core_linears: Option<bool>,

@@ -1,10 +1,10 @@
-//! Microkernels: rows of x (widened to f64 once by [`widen`]) against one decoded panel of NB = 8
+//! Microkernels: rows of x (widened to f64 once by [`Acc::widen`]) against one decoded panel of NB = 8
 //! weight rows for one K-block. Each (row, output) pair keeps 8 f64 lanes (lane l takes the block's elements
 //! ≡ l mod 8, fused, ascending), reduces them in the fixed tree, and stores the block value
 //! (first block) or adds it to the running f64 sum. AVX-512, AVX2 and portable kernels compute
 //! the same bits.
 
-use super::{KB, NB, Panel, Weights};
+use super::{Acc, Dst, KB, NB, Panel, SCRATCH64, Scratch, Weights, portable_block};
 use crate::exec::Isa;
 
 /// Most rows of x the fused decode-and-multiply kernel takes.
@@ -15,125 +15,141 @@ pub(crate) fn can_fuse(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx2Fma
 }
 
-/// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x` (f64, the
-/// block's columns from its start, stride `ldx`), decoded and multiplied in one pass, into acc like [`block`]; the same bits. False
-/// when this block must go through a panel instead (the caller then does that).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fused(
-    isa: Isa,
-    w: &Weights<'_>,
-    n0: usize,
-    k0: usize,
-    kb: usize,
-    x: &[f64],
-    ldx: usize,
-    rows: usize,
-    acc: &mut [f64],
-    ld: usize,
-    nv: usize,
-) -> bool {
-    assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
-    assert!(
-        k0 + kb <= w.k && x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv
-    );
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
-        use super::decode::with_decoder;
-        let (xp, ap) = (x.as_ptr(), acc.as_mut_ptr());
-        // SAFETY: the kernel's features are present (an Isa is only selected when detected:
-        // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile are
-        // bounded by the asserts above.
-        return with_decoder!(
-            w,
-            n0,
-            k0,
-            kb,
-            |d| unsafe {
-                match (isa, rows) {
-                    (Isa::Avx512, 1) => {
-                        x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
-                    }
-                    (Isa::Avx512, _) => {
-                        x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
-                    }
-                    (_, 1) => x86::fused256::<_, 1, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
-                    _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
-                }
-                true
-            },
-            false
+/// f64 sums: the reference's bits but for rare ties.
+impl Acc for f64 {
+    const ZERO: Self = 0.0;
+
+    fn with_scratch<R>(f: impl FnOnce(&mut Scratch<Self>) -> R) -> R {
+        SCRATCH64.with_borrow_mut(f)
+    }
+
+    /// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x` (f64, the
+    /// block's columns from its start, stride `ldx`), decoded and multiplied in one pass, into acc like [`Acc::block`]; the same bits. False
+    /// when this block must go through a panel instead (the caller then does that).
+    #[allow(clippy::too_many_arguments)]
+    fn fused(
+        isa: Isa,
+        w: &Weights<'_>,
+        n0: usize,
+        k0: usize,
+        kb: usize,
+        x: &[f64],
+        ldx: usize,
+        rows: usize,
+        acc: &mut [f64],
+        ld: usize,
+        nv: usize,
+    ) -> bool {
+        assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
+        assert!(
+            k0 + kb <= w.k && x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv
         );
-    }
-    let _ = isa;
-    false
-}
-
-/// `to` = the f32 values of `from` widened to f64 (exact), zero past `from`'s end: the x side
-/// of every kernel here, widened once per item or K-block instead of once per panel.
-pub(crate) fn widen(isa: Isa, from: &[f32], to: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2Fma {
-        // SAFETY: AVX is present (an Isa is only selected when detected).
-        return unsafe { x86::widen(from, to) };
-    }
-    let _ = isa;
-    for (c, d) in to.iter_mut().enumerate() {
-        *d = from.get(c).map_or(0.0, |&v| f64::from(v));
-    }
-}
-
-/// The fixed combination of eight lane partials.
-#[inline(always)]
-fn tree(l: &[f64; 8]) -> f64 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
-/// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
-/// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
-/// the next multiple of 8 (where the panel is zero too), as [`widen`] leaves them.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn block(
-    isa: Isa,
-    rows: usize,
-    panel: &Panel,
-    kb: usize,
-    x: &[f64],
-    ldx: usize,
-    acc: &mut [f64],
-    ld: usize,
-    nv: usize,
-    first: bool,
-) {
-    let kb8 = kb.div_ceil(8) * 8;
-    assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
-    assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
-    #[cfg(target_arch = "x86_64")]
-    match isa {
-        // SAFETY: the features are present (an Isa is only selected when detected); the
-        // asserts above bound every access.
-        Isa::Avx512 => {
-            return unsafe { x86::block512(rows, panel, kb, x, ldx, acc, ld, nv, first) };
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
+            use super::decode::with_decoder;
+            let (xp, ap) = (x.as_ptr(), acc.as_mut_ptr());
+            // SAFETY: the kernel's features are present (an Isa is only selected when detected:
+            // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile are
+            // bounded by the asserts above.
+            return with_decoder!(
+                w,
+                n0,
+                k0,
+                kb,
+                |d| unsafe {
+                    match (isa, rows) {
+                        (Isa::Avx512, 1) => {
+                            x86::fused512::<_, 1>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
+                        }
+                        (Isa::Avx512, _) => {
+                            x86::fused512::<_, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv)
+                        }
+                        (_, 1) => x86::fused256::<_, 1, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
+                        _ => x86::fused256::<_, 2, 2>(d, w.n, n0, k0, kb, xp, ldx, ap, ld, nv),
+                    }
+                    true
+                },
+                false
+            );
         }
-        // SAFETY: as above.
-        Isa::Avx2Fma => {
-            return unsafe { x86::block256(rows, panel, kb, x, ldx, acc, ld, nv, first) };
-        }
-        Isa::Portable => {}
+        let _ = isa;
+        false
     }
-    let _ = isa;
-    for r in 0..rows {
-        let xr = &x[r * ldx..r * ldx + kb8];
-        for j in 0..nv {
-            let wr = &panel.0[j * KB..j * KB + kb8];
-            let mut lanes = [0f64; 8];
-            for (xc, wc) in xr.chunks_exact(8).zip(wr.chunks_exact(8)) {
-                for l in 0..8 {
-                    lanes[l] = wc[l].mul_add(xc[l], lanes[l]);
-                }
+
+    /// `to` = the f32 values of `from` widened to f64 (exact), zero past `from`'s end: the x side
+    /// of every kernel here, widened once per item or K-block instead of once per panel.
+    fn widen(isa: Isa, from: &[f32], to: &mut [f64]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2Fma {
+            // SAFETY: AVX is present (an Isa is only selected when detected).
+            return unsafe { x86::widen(from, to) };
+        }
+        let _ = isa;
+        for (c, d) in to.iter_mut().enumerate() {
+            *d = from.get(c).map_or(0.0, |&v| f64::from(v));
+        }
+    }
+
+    /// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
+    /// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
+    /// the next multiple of 8 (where the panel is zero too), as [`widen`] leaves them.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        isa: Isa,
+        rows: usize,
+        panel: &Panel<Self>,
+        kb: usize,
+        x: &[f64],
+        ldx: usize,
+        acc: &mut [f64],
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) {
+        let kb8 = kb.div_ceil(8) * 8;
+        assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
+        assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            // SAFETY: the features are present (an Isa is only selected when detected); the
+            // asserts above bound every access.
+            Isa::Avx512 => {
+                return unsafe { x86::block512(rows, panel, kb, x, ldx, acc, ld, nv, first) };
             }
-            let v = tree(&lanes);
-            let a = &mut acc[r * ld + j];
-            *a = if first { v } else { *a + v };
+            // SAFETY: as above.
+            Isa::Avx2Fma => {
+                return unsafe { x86::block256(rows, panel, kb, x, ldx, acc, ld, nv, first) };
+            }
+            Isa::Portable => {}
+        }
+        let _ = isa;
+        portable_block(rows, panel, kb8, x, ldx, acc, ld, nv, first);
+    }
+
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f64::mul_add(self, a, b)
+    }
+
+    unsafe fn put(self, dst: Dst, at: usize) {
+        // SAFETY: forwarded (caller).
+        unsafe {
+            match dst {
+                Dst::F32(d) => *d.get().add(at) = self as f32,
+                Dst::F64(d) => *d.get().add(at) = self,
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store8(to: *mut Self, v: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        // SAFETY: 8 writable f64 (caller).
+        unsafe {
+            _mm256_storeu_pd(to, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            _mm256_storeu_pd(to.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
         }
     }
 }
@@ -284,7 +300,7 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn block512(
         rows: usize,
-        panel: &Panel,
+        panel: &Panel<f64>,
         kb: usize,
         x: &[f64],
         ldx: usize,
@@ -419,7 +435,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn block256(
         rows: usize,
-        panel: &Panel,
+        panel: &Panel<f64>,
         kb: usize,
         x: &[f64],
         ldx: usize,

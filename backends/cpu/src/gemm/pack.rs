@@ -1,21 +1,28 @@
-//! Panel decoding: W[n0..n0+8, k0..k0+kb] into an f64 panel (row-major, rows past the last output
-//! repeat it, columns past kb are zero), each element exactly as `Linear::dequantized` gives it
-//! (element × block scale, one f32 multiply) and then widened exactly. The AVX2 path decodes 8
+//! Panel decoding: W[n0..n0+8, k0..k0+kb] into a panel of the sum type (row-major, rows past the
+//! last output repeat it, columns past kb are zero), each element exactly as `Linear::dequantized`
+//! gives it (element × block scale, one f32 multiply) and then widened exactly (f64) or kept (f32). The AVX2 path decodes 8
 //! or 16 elements of a row at a time; it falls back to the scalar path for tails and for fp8
 //! blocks holding a NaN code.
 
-use super::{KB, NB, Panel, View, Weights};
+use super::{Acc, KB, NB, Panel, View, Weights};
 use crate::exec::Isa;
 use dsv4_core::codec::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32};
 use dsv4_kernels::linear::{FP8_BLOCK, MXFP4_BLOCK};
 
 /// Fill `panel` with W[min(n0 + j, n − 1), k0 + kk] at [j][kk] for kk < kb, zeros for kb ≤ kk
 /// up to the next multiple of 8.
-pub(crate) fn pack(isa: Isa, w: &Weights<'_>, n0: usize, k0: usize, kb: usize, panel: &mut Panel) {
+pub(crate) fn pack<T: Acc>(
+    isa: Isa,
+    w: &Weights<'_>,
+    n0: usize,
+    k0: usize,
+    kb: usize,
+    panel: &mut Panel<T>,
+) {
     debug_assert!(kb <= KB && n0 < w.n && k0 + kb <= w.k);
     let kb8 = kb.div_ceil(8) * 8;
     for j in 0..NB {
-        panel.0[j * KB + kb..j * KB + kb8].fill(0.0);
+        panel.0[j * KB + kb..j * KB + kb8].fill(T::ZERO);
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2Fma {
@@ -61,18 +68,18 @@ pub(crate) fn element(w: &Weights<'_>, o: usize, i: usize) -> f32 {
 }
 
 /// Scalar decoding of columns `from..kb` of the panel.
-pub(super) fn pack_scalar(
+pub(super) fn pack_scalar<T: Acc>(
     w: &Weights<'_>,
     n0: usize,
     k0: usize,
     from: usize,
     kb: usize,
-    panel: &mut Panel,
+    panel: &mut Panel<T>,
 ) {
     for j in 0..NB {
         let o = (n0 + j).min(w.n - 1);
         for (kk, v) in panel.0[j * KB + from..j * KB + kb].iter_mut().enumerate() {
-            *v = f64::from(element(w, o, k0 + from + kk));
+            *v = T::from(element(w, o, k0 + from + kk));
         }
     }
 }
@@ -85,20 +92,37 @@ mod tests {
     use super::*;
 
     /// Decode one panel with the detected kernels and with the scalar decoder; the bits of the
-    /// valid rows (rows past the last output are never read back), zero padding included.
+    /// valid rows (rows past the last output are never read back), zero padding included. The
+    /// f32 panels of both decoders widen to the f64 panel's bits (checked here).
     fn both(w: &Weights<'_>, n0: usize, k0: usize) -> (Vec<u64>, Vec<u64>) {
         let kb = KB.min(w.k - k0);
         let nv = NB.min(w.n - n0);
-        let mut fast = Panel([1.0; NB * KB]);
-        let mut slow = Panel([2.0; NB * KB]);
+        let mut fast = Panel([1.0f64; NB * KB]);
+        let mut slow = Panel([2.0f64; NB * KB]);
         pack(Isa::detect(), w, n0, k0, kb, &mut fast);
         pack(Isa::Portable, w, n0, k0, kb, &mut slow);
-        let bits = |p: &Panel| {
+        let valid = |p: &Panel<f64>| -> Vec<f64> {
             p.0.chunks(KB)
                 .take(nv)
-                .flat_map(|row| row[..kb.div_ceil(8) * 8].iter().map(|v| v.to_bits()))
+                .flat_map(|row| row[..kb.div_ceil(8) * 8].iter().copied())
                 .collect()
         };
+        for isa in [Isa::detect(), Isa::Portable] {
+            let mut p32 = Panel([3.0f32; NB * KB]);
+            pack(isa, w, n0, k0, kb, &mut p32);
+            let mut widened = Panel([4.0f64; NB * KB]);
+            for (d, &v) in widened.0.iter_mut().zip(&p32.0) {
+                *d = f64::from(v);
+            }
+            let (a, b) = (valid(&widened), valid(&slow));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_same(
+                &bits(&a),
+                &bits(&b),
+                &format!("f32 panel ({isa:?}), ({n0}, {k0})"),
+            );
+        }
+        let bits = |p: &Panel<f64>| valid(p).iter().map(|v| v.to_bits()).collect();
         (bits(&fast), bits(&slow))
     }
 

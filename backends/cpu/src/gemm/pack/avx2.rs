@@ -1,9 +1,8 @@
 //! AVX2 panel decoding: each weight row 16 elements at a time through the vector decoder, each
-//! value widened exactly to f64.
+//! value stored in the sum type ([`Acc::store8`]: widened exactly to f64, or kept as f32).
 
-use super::{KB, NB, Panel, Weights};
+use super::{Acc, KB, NB, Panel, Weights};
 use crate::gemm::decode::{Dec16, with_decoder};
-use std::arch::x86_64::*;
 
 /// Decode the panel's leading columns; returns how many were done (the scalar path does the
 /// rest: a tail, or the whole block when the vector decoder cannot).
@@ -11,7 +10,13 @@ use std::arch::x86_64::*;
 /// # Safety
 /// AVX2, FMA and F16C are available.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack(w: &Weights<'_>, n0: usize, k0: usize, kb: usize, panel: &mut Panel) -> usize {
+pub unsafe fn pack<T: Acc>(
+    w: &Weights<'_>,
+    n0: usize,
+    k0: usize,
+    kb: usize,
+    panel: &mut Panel<T>,
+) -> usize {
     debug_assert!(kb <= KB);
     // SAFETY: AVX2 and F16C are present (caller); rows < n, columns < k0 + kb ≤ k.
     with_decoder!(
@@ -30,13 +35,13 @@ pub unsafe fn pack(w: &Weights<'_>, n0: usize, k0: usize, kb: usize, panel: &mut
 /// AVX2 and F16C are available; k0 + kb ≤ k.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows<D: Dec16>(
+unsafe fn rows<D: Dec16, T: Acc>(
     d: D,
     n: usize,
     n0: usize,
     k0: usize,
     kb: usize,
-    panel: &mut Panel,
+    panel: &mut Panel<T>,
 ) -> usize {
     let done = kb / 16 * 16;
     let dst = panel.0.as_mut_ptr();
@@ -46,24 +51,10 @@ unsafe fn rows<D: Dec16>(
             // SAFETY: columns c..c+16 lie inside the row's block and panel row j.
             unsafe {
                 let (lo, hi) = d.load16(at, c);
-                store8(dst.add(j * KB + c), lo);
-                store8(dst.add(j * KB + c + 8), hi);
+                T::store8(dst.add(j * KB + c), lo);
+                T::store8(dst.add(j * KB + c + 8), hi);
             }
         }
     }
     done
-}
-
-/// Store 8 f32 lanes widened to f64 at `to`.
-///
-/// # Safety
-/// AVX is available; `to` is valid for 8 f64 writes.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn store8(to: *mut f64, v: __m256) {
-    // SAFETY: 8 writable f64 (caller).
-    unsafe {
-        _mm256_storeu_pd(to, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        _mm256_storeu_pd(to.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
-    }
 }
