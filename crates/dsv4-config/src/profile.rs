@@ -6,7 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
-use crate::values::{CudaLinear, CudaSums, DeviceOrHost, ExecutorChoice, PageCacheMib};
+use crate::values::{CpuSums, CudaLinear, CudaSums, DeviceOrHost, ExecutorChoice, PageCacheMib};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -105,6 +105,9 @@ pub struct BackendSection {
     /// Backend-specific device selector (e.g. a GPU index); `None` lets the backend choose.
     #[serde(default)]
     pub device: Option<String>,
+    /// What the cpu backend sums its linear layers' products in (other backends ignore it).
+    #[serde(default)]
+    pub cpu_sums: CpuSums,
     /// How the CUDA kernels sum dot products (cuda-sm120, cuda-emu; other backends ignore it).
     #[serde(default)]
     pub cuda_sums: CudaSums,
@@ -136,6 +139,7 @@ impl Default for BackendSection {
         BackendSection {
             kind: "reference".to_string(),
             device: None,
+            cpu_sums: CpuSums::default(),
             cuda_sums: CudaSums::default(),
             cuda_linear: CudaLinear::default(),
             cuda_routing: DeviceOrHost::default(),

@@ -118,6 +118,18 @@ impl CudaSums {
     }
 }
 
+/// What the cpu backend sums its linear layers' products in (`backend.cpu_sums`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CpuSums {
+    /// f64 sums of exact f32 products: the reference's bits but for rare ties.
+    #[default]
+    F64,
+    /// f32 multiply-adds in the same fixed order: batch-invariant, within f32 tolerance of the
+    /// reference, up to twice as fast.
+    F32,
+}
+spelled!(CpuSums, "cpu_sums", F64 => "f64", F32 => "f32");
+
 /// Where the CUDA backends run a piece of a step that has a device form and a host form
 /// with the same bits: MoE routing (`backend.cuda_routing`), attention
 /// (`backend.cuda_attention`).
@@ -324,6 +336,11 @@ mod tests {
         assert_eq!(
             "f16".parse::<CudaSums>().unwrap_err(),
             "unknown cuda_sums `f16` (allowed: auto, f64, f32)"
+        );
+        assert_eq!("f32".parse::<CpuSums>(), Ok(CpuSums::F32));
+        assert_eq!(
+            "auto".parse::<CpuSums>().unwrap_err(),
+            "unknown cpu_sums `auto` (allowed: f64, f32)"
         );
     }
 

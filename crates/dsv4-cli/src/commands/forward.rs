@@ -54,6 +54,7 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         threads: profile.exec.threads,
         device: profile.backend.device.clone(),
         f64_sums: profile.backend.cuda_sums.f64_sums(),
+        cpu_f32_sums: profile.backend.cpu_sums == dsv4_config::CpuSums::F32,
         tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
         device_routing: profile.backend.cuda_routing.on_device(),
         device_attention: profile.backend.cuda_attention.on_device(),

@@ -150,6 +150,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
     ),
     row("backend.device", Always, EnvValue("CUDA_VISIBLE_DEVICES")),
     row(
+        "backend.cpu_sums",
+        Always,
+        Same("only the cpu backend reads it; SGLang's GEMMs sum in f32 on the GPU"),
+    ),
+    row(
         "backend.cuda_sums",
         Is("f64"),
         Unmapped(

@@ -3,7 +3,7 @@
 
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
-    CanaryPool, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
+    CanaryPool, CpuSums, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
     ReasoningParser, SchedulePolicy, ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
@@ -51,6 +51,14 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::OptionalText,
         "",
         "backend-specific device selector (e.g. a GPU index); unset lets the backend choose",
+    ),
+    key(
+        "backend.cpu_sums",
+        ValueKind::OneOf(CpuSums::NAMES),
+        "f64",
+        "what the cpu backend sums its linear layers' products in (other backends ignore it): \
+         f64 (the reference's bits) or f32 (the same order in f32: within f32 tolerance, up to \
+         twice as fast)",
     ),
     key(
         "backend.cuda_sums",
