@@ -48,6 +48,8 @@ pub struct BenchReport {
     pub serving: Vec<dsv4_engine::bench::ServingBenchReport>,
     /// Active weight bytes per decode token of each config (for the decode floor).
     pub active_weight_bytes: Vec<(String, usize)>,
+    /// What the cpu backend summed its linear layers in (`backend.cpu_sums`): "f64" or "f32".
+    pub cpu_sums: &'static str,
     /// The targets, evaluated on this run's numbers.
     pub targets: Vec<Target>,
 }
@@ -158,6 +160,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         e2e: e2e_results,
         serving,
         active_weight_bytes: active,
+        cpu_sums: if bopts.cpu_f32_sums { "f32" } else { "f64" },
         targets: Vec::new(),
     };
     report.targets = targets(&report);

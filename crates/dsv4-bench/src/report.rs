@@ -208,7 +208,7 @@ pub fn render_table(r: &BenchReport) -> String {
         }
         s.push('\n');
     }
-    let _ = writeln!(s, "targets:");
+    let _ = writeln!(s, "targets (cpu backend with {} sums):", r.cpu_sums);
     for t in &r.targets {
         let verdict = match t.met {
             Some(true) => "met",

@@ -87,6 +87,7 @@ fn targets_compare_against_the_same_runs_peaks() {
         ],
         serving: Vec::new(),
         active_weight_bytes: vec![("small".into(), 60_000_000)],
+        cpu_sums: "f32",
         targets: Vec::new(),
     };
     let t = targets(&r);
@@ -107,7 +108,9 @@ fn targets_compare_against_the_same_runs_peaks() {
     r.targets = targets(&r);
     let table = render_table(&r);
     assert!(
-        table.contains("not measured") && table.contains("prefill 512 tokens"),
+        table.contains("not measured")
+            && table.contains("prefill 512 tokens")
+            && table.contains("targets (cpu backend with f32 sums)"),
         "{table}"
     );
 }

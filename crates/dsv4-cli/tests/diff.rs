@@ -1,5 +1,5 @@
 //! End-to-end tests of `dsv4 diff`: JSON output and exit status, a candidate that differs only by
-//! a numerics override, unknown backends, and case listing.
+//! a numerics override, the cpu backend's f32 sums, unknown backends, and case listing.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -61,6 +61,28 @@ fn a_numerics_override_on_the_candidate_is_found_and_exits_1() {
         stderr.contains("first divergence at prefill layers.0.attn.o"),
         "{stderr}"
     );
+}
+
+#[test]
+fn cpu_f32_sums_reach_the_backend_stay_within_tolerance_and_are_reported() {
+    let common = "diff --backend reference --against cpu --model --tokens 40 --decode 2 --json";
+    let run = |extra: &str| {
+        let out = dsv4(&format!("{common} {extra}"));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).expect("stdout is JSON")
+    };
+    // f64 sums (the default): the reference's logits to the bit on the tiny model.
+    let f64_doc = run("");
+    assert_eq!(f64_doc["candidate"]["sums"], "f64");
+    assert_eq!(f64_doc["oracle"]["sums"], Value::Null);
+    assert_eq!(f64_doc["model"]["logits"]["max_abs"], 0.0);
+    // f32 sums: other bits, within every tap's tolerance, the same argmax everywhere.
+    let f32_doc = run("--against-set backend.cpu_sums=f32");
+    assert_eq!(f32_doc["candidate"]["sums"], "f32");
+    assert_eq!(f32_doc["passed"], true);
+    let logits = &f32_doc["model"]["logits"];
+    assert!(logits["max_abs"].as_f64().unwrap() > 0.0, "{logits}");
+    assert_eq!(logits["argmax_agreement"], 1.0, "{logits}");
 }
 
 #[test]

@@ -17,8 +17,9 @@ fn sci(v: Option<f64>) -> String {
 }
 
 fn side_line(role: &str, s: &SideInfo) -> String {
+    let sums = s.sums.map(|v| format!(", {v} sums")).unwrap_or_default();
     format!(
-        "{role:<10} {} (model {}, {}, threads {})\n",
+        "{role:<10} {} (model {}, {}, threads {}{sums})\n",
         s.backend, s.model, s.numerics, s.threads
     )
 }

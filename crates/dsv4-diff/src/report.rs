@@ -201,6 +201,10 @@ pub struct SideInfo {
     pub model: String,
     /// Worker threads asked of the backend (0 = all cores).
     pub threads: usize,
+    /// The sums asked of the backend where it offers a choice ("f64" or "f32":
+    /// `backend.cpu_sums` on cpu, `backend.cuda_sums` on the CUDA backends); None when it has
+    /// one kind or chooses itself.
+    pub sums: Option<&'static str>,
 }
 
 /// The whole report: both sides and the result of each mode that ran.

@@ -78,6 +78,18 @@ impl Side {
                 ModelSource::Dir(d) => d.display().to_string(),
             },
             threads: self.config.options.threads,
+            sums: self.sums(),
+        }
+    }
+
+    /// The sums this side asked of its backend, where the backend offers a choice.
+    fn sums(&self) -> Option<&'static str> {
+        let name = |f64_sums: bool| if f64_sums { "f64" } else { "f32" };
+        let o = &self.config.options;
+        match self.config.backend.as_str() {
+            "cpu" => Some(name(!o.cpu_f32_sums)),
+            b if b.starts_with("cuda") => o.f64_sums.map(name),
+            _ => None,
         }
     }
 }
@@ -114,6 +126,30 @@ mod tests {
         assert_eq!(side.backend.name(), "reference");
         assert_eq!(side.info().model, "tiny (seed 9)");
         assert_eq!(side.info().threads, 3);
+        assert_eq!(side.info().sums, None, "the reference has one kind of sums");
+        // The sums a side asks for are named in its report line (the config alone decides).
+        let named = |backend: &str, options: BackendOptions| {
+            let side = Side {
+                config: SideConfig {
+                    options,
+                    ..cfg.clone().with_backend(backend)
+                },
+                ..cfg.clone().open("oracle").unwrap()
+            };
+            side.info().sums
+        };
+        let f32_cpu = BackendOptions {
+            cpu_f32_sums: true,
+            ..BackendOptions::default()
+        };
+        assert_eq!(named("cpu", f32_cpu), Some("f32"));
+        assert_eq!(named("cpu", BackendOptions::default()), Some("f64"));
+        assert_eq!(named("cuda-sm120", BackendOptions::default()), None);
+        let f64_cuda = BackendOptions {
+            f64_sums: Some(true),
+            ..BackendOptions::default()
+        };
+        assert_eq!(named("cuda-emu", f64_cuda), Some("f64"));
         let e = cfg
             .with_backend("no-such-backend")
             .open("candidate")
