@@ -92,7 +92,7 @@ impl Acc for f64 {
 
     /// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
     /// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
-    /// the next multiple of 8 (where the panel is zero too), as [`widen`] leaves them.
+    /// the next multiple of 8 (where the panel is zero too), as [`Acc::widen`] leaves them.
     #[allow(clippy::too_many_arguments)]
     fn block(
         isa: Isa,
