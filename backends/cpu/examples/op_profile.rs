@@ -1,9 +1,10 @@
 //! Where the time of a forward pass goes, per op: the cpu backend wrapped in a timing backend,
 //! a prefill of the small config, then 32 decode steps, each with its own table (not a test).
 //!
-//! `cargo run --release -p dsv4-backend-cpu --example op_profile [threads] [tokens]`
+//! `cargo run --release -p dsv4-backend-cpu --example op_profile [threads] [tokens] [f64|f32]`
+//! (the last: the linears' sums, `backend.cpu_sums`; default f64)
 
-use dsv4_backend_cpu::CpuBackend;
+use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_core::{IndexKDtype, Numerics, SplitMix64, Tensor};
 use dsv4_kernels::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat};
@@ -160,13 +161,18 @@ fn main() {
         .nth(2)
         .and_then(|s| s.parse().ok())
         .unwrap_or(512);
+    let sums = match std::env::args().nth(3).as_deref() {
+        None | Some("f64") => Sums::F64,
+        Some("f32") => Sums::F32,
+        Some(other) => panic!("unknown sums `{other}` (allowed: f64, f32)"),
+    };
     let cfg = ModelConfig::small();
     let weights: HashMap<String, Tensor> = dsv4_model::tiny::generate_weights(&cfg, 0)
         .unwrap()
         .into_iter()
         .collect();
     let be = Arc::new(Timed {
-        inner: CpuBackend::new(threads).unwrap(),
+        inner: CpuBackend::new(threads).unwrap().with_sums(sums),
         t: Mutex::new(HashMap::new()),
     });
     let model = Model::load(cfg.clone(), &weights, be.clone(), Numerics::default()).unwrap();
