@@ -4,7 +4,7 @@
 //! (first block) or adds it to the running f64 sum. AVX-512, AVX2 and portable kernels compute
 //! the same bits.
 
-use super::{Acc, Dst, KB, NB, Panel, SCRATCH64, Scratch, Weights, portable_block};
+use super::{Acc, Dst, KB, NB, Panel, SCRATCH64, Scratch, Weights};
 use crate::exec::Isa;
 
 /// Most rows of x the fused decode-and-multiply kernel takes.
@@ -23,11 +23,8 @@ impl Acc for f64 {
         SCRATCH64.with_borrow_mut(f)
     }
 
-    /// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows of `x` (f64, the
-    /// block's columns from its start, stride `ldx`), decoded and multiplied in one pass, into acc like [`Acc::block`]; the same bits. False
-    /// when this block must go through a panel instead (the caller then does that).
-    #[allow(clippy::too_many_arguments)]
-    fn fused(
+    /// AVX-512 or AVX2: decode 16 weights at a time and multiply them in f64.
+    unsafe fn fused_vec(
         isa: Isa,
         w: &Weights<'_>,
         n0: usize,
@@ -40,18 +37,14 @@ impl Acc for f64 {
         ld: usize,
         nv: usize,
     ) -> bool {
-        assert!((1..=FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
-        assert!(
-            k0 + kb <= w.k && x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv
-        );
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
+        {
             use super::decode::with_decoder;
             let (xp, ap) = (x.as_ptr(), acc.as_mut_ptr());
             // SAFETY: the kernel's features are present (an Isa is only selected when detected:
-            // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile are
-            // bounded by the asserts above.
-            return with_decoder!(
+            // AVX2, FMA and F16C, and AVX-512F for Avx512); rows, columns and the acc tile were
+            // checked by the caller.
+            with_decoder!(
                 w,
                 n0,
                 k0,
@@ -70,10 +63,13 @@ impl Acc for f64 {
                     true
                 },
                 false
-            );
+            )
         }
-        let _ = isa;
-        false
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, w, n0, k0, kb, x, ldx, rows, acc, ld, nv);
+            false
+        }
     }
 
     /// `to` = the f32 values of `from` widened to f64 (exact), zero past `from`'s end: the x side
@@ -90,40 +86,34 @@ impl Acc for f64 {
         }
     }
 
-    /// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
-    /// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
-    /// the next multiple of 8 (where the panel is zero too), as [`Acc::widen`] leaves them.
-    #[allow(clippy::too_many_arguments)]
-    fn block(
+    /// AVX-512 (rows three at a time) or AVX2 tiles.
+    unsafe fn block_vec(
         isa: Isa,
         rows: usize,
         panel: &Panel<Self>,
-        kb: usize,
+        kb8: usize,
         x: &[f64],
         ldx: usize,
         acc: &mut [f64],
         ld: usize,
         nv: usize,
         first: bool,
-    ) {
-        let kb8 = kb.div_ceil(8) * 8;
-        assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
-        assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
         match isa {
             // SAFETY: the features are present (an Isa is only selected when detected); the
-            // asserts above bound every access.
-            Isa::Avx512 => {
-                return unsafe { x86::block512(rows, panel, kb, x, ldx, acc, ld, nv, first) };
-            }
+            // caller checked every operand's bounds.
+            Isa::Avx512 => unsafe { x86::block512(rows, panel, kb8, x, ldx, acc, ld, nv, first) },
             // SAFETY: as above.
-            Isa::Avx2Fma => {
-                return unsafe { x86::block256(rows, panel, kb, x, ldx, acc, ld, nv, first) };
-            }
-            Isa::Portable => {}
+            Isa::Avx2Fma => unsafe { x86::block256(rows, panel, kb8, x, ldx, acc, ld, nv, first) },
+            Isa::Portable => return false,
         }
-        let _ = isa;
-        portable_block(rows, panel, kb8, x, ldx, acc, ld, nv, first);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, rows, panel, kb8, x, ldx, acc, ld, nv, first);
+            return false;
+        }
+        true
     }
 
     #[inline(always)]

@@ -4,7 +4,7 @@
 //! fixed tree, and stores the block value (first block) or adds it to the running f32 sum. The
 //! AVX2 kernels (which AVX-512 machines run too) and the portable ones compute the same bits.
 
-use super::{Acc, Dst, KB, NB, Panel, SCRATCH32, Scratch, Weights, portable_block};
+use super::{Acc, Dst, KB, NB, Panel, SCRATCH32, Scratch, Weights};
 use crate::exec::Isa;
 
 /// f32 sums: the same order, within f32 rounding of the reference.
@@ -21,11 +21,8 @@ impl Acc for f32 {
         to[from.len()..].fill(0.0);
     }
 
-    /// The block of W at (n0, k0, width kb) times the `rows` (≤ FUSED_ROWS) rows
-    /// of `x` (the block's columns from its start, stride `ldx`), decoded and multiplied in one
-    /// pass, into acc like [`Acc::block`]; the same bits. False when this block must go through a panel.
-    #[allow(clippy::too_many_arguments)]
-    fn fused(
+    /// AVX2 (also on AVX-512 machines): decode 16 weights at a time and multiply them in f32.
+    unsafe fn fused_vec(
         isa: Isa,
         w: &Weights<'_>,
         n0: usize,
@@ -38,16 +35,14 @@ impl Acc for f32 {
         ld: usize,
         nv: usize,
     ) -> bool {
-        assert!((1..=super::kernel::FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv));
-        assert!(n0 < w.n && k0 + kb <= w.k);
-        assert!(x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv);
+        let _ = isa;
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2Fma && kb.is_multiple_of(16) {
+        {
             use super::decode::with_decoder;
             let (xp, ap) = (x.as_ptr(), acc.as_mut_ptr());
-            // SAFETY: AVX2, FMA and F16C are present (an Isa is only selected when detected);
-            // rows, columns and the acc tile are bounded by the asserts above.
-            return with_decoder!(
+            // SAFETY: AVX2, FMA and F16C are present (the caller's isa can fuse); rows, columns
+            // and the acc tile were checked by the caller.
+            with_decoder!(
                 w,
                 n0,
                 k0,
@@ -60,39 +55,37 @@ impl Acc for f32 {
                     true
                 },
                 false
-            );
+            )
         }
-        let _ = isa;
-        false
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (w, n0, k0, kb, x, ldx, rows, acc, ld, nv);
+            false
+        }
     }
 
-    /// acc[r·ld + j] (= or +=) the block value of x row r · panel row j, for r < rows, j < nv.
-    /// `x` holds `rows` rows of stride `ldx` with `kb` (≤ KB) values each and zeros from kb up to
-    /// the next multiple of 8 (where the panel is zero too).
-    #[allow(clippy::too_many_arguments)]
-    fn block(
+    /// The AVX2 tiles (also on AVX-512 machines).
+    unsafe fn block_vec(
         isa: Isa,
         rows: usize,
         panel: &Panel<Self>,
-        kb: usize,
+        kb8: usize,
         x: &[f32],
         ldx: usize,
         acc: &mut [f32],
         ld: usize,
         nv: usize,
         first: bool,
-    ) {
-        let kb8 = kb.div_ceil(8) * 8;
-        assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
-        assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2Fma {
             // SAFETY: AVX2 and FMA are present (an Isa is only selected when detected); the
-            // asserts above bound every access.
-            return unsafe { x86::block(rows, panel, kb8, x, ldx, acc, ld, nv, first) };
+            // caller checked every operand's bounds.
+            unsafe { x86::block(rows, panel, kb8, x, ldx, acc, ld, nv, first) };
+            return true;
         }
-        let _ = isa;
-        portable_block(rows, panel, kb8, x, ldx, acc, ld, nv, first);
+        let _ = (isa, rows, panel, kb8, x, ldx, acc, ld, nv, first);
+        false
     }
 
     #[inline(always)]

@@ -174,11 +174,42 @@ pub(crate) trait Acc: Copy + From<f32> + std::ops::Add<Output = Self> + 'static 
         acc: &mut [Self],
         ld: usize,
         nv: usize,
+    ) -> bool {
+        assert!((1..=kernel::FUSED_ROWS).contains(&rows) && (1..=NB).contains(&nv) && n0 < w.n);
+        assert!(
+            k0 + kb <= w.k && x.len() >= (rows - 1) * ldx + kb && acc.len() >= (rows - 1) * ld + nv
+        );
+        if !kernel::can_fuse(isa) || !kb.is_multiple_of(16) {
+            return false;
+        }
+        // SAFETY: the operands were checked just above.
+        unsafe { Self::fused_vec(isa, w, n0, k0, kb, x, ldx, rows, acc, ld, nv) }
+    }
+
+    /// [`Acc::fused`] on this type's vector kernels, once its operands are checked; false where
+    /// this type has none for `isa`.
+    ///
+    /// # Safety
+    /// As checked by [`Acc::fused`]: `isa` can fuse (detected on this CPU), kb is a multiple of
+    /// 16, and rows, columns and the acc tile are inside their buffers.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fused_vec(
+        isa: Isa,
+        w: &Weights<'_>,
+        n0: usize,
+        k0: usize,
+        kb: usize,
+        x: &[Self],
+        ldx: usize,
+        rows: usize,
+        acc: &mut [Self],
+        ld: usize,
+        nv: usize,
     ) -> bool;
 
     /// acc[r·ld + j] (= when `first`, else +=) the block value of x row r · panel row j, for r <
     /// rows, j < nv; x holds rows of stride ldx with kb (≤ KB) values and zeros up to the next
-    /// multiple of 8.
+    /// multiple of 8 (where the panel is zero too).
     #[allow(clippy::too_many_arguments)]
     fn block(
         isa: Isa,
@@ -191,7 +222,35 @@ pub(crate) trait Acc: Copy + From<f32> + std::ops::Add<Output = Self> + 'static 
         ld: usize,
         nv: usize,
         first: bool,
-    );
+    ) {
+        let kb8 = kb.div_ceil(8) * 8;
+        assert!(rows > 0 && kb <= KB && (1..=NB).contains(&nv));
+        assert!(x.len() >= (rows - 1) * ldx + kb8 && acc.len() >= (rows - 1) * ld + nv);
+        // SAFETY: the operands were checked just above.
+        if !unsafe { Self::block_vec(isa, rows, panel, kb8, x, ldx, acc, ld, nv, first) } {
+            portable_block(rows, panel, kb8, x, ldx, acc, ld, nv, first);
+        }
+    }
+
+    /// [`Acc::block`] on this type's vector kernels for `isa` (kb8: kb rounded up to 8), once its
+    /// operands are checked; false where there are none (the portable loop runs instead).
+    ///
+    /// # Safety
+    /// As checked by [`Acc::block`]: the panel and x rows hold kb8 values, acc holds rows rows
+    /// of stride ld with nv values; `isa` was detected on this CPU.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block_vec(
+        isa: Isa,
+        rows: usize,
+        panel: &Panel<Self>,
+        kb8: usize,
+        x: &[Self],
+        ldx: usize,
+        acc: &mut [Self],
+        ld: usize,
+        nv: usize,
+        first: bool,
+    ) -> bool;
 
     /// self·a + b with one rounding.
     fn mul_add(self, a: Self, b: Self) -> Self;
