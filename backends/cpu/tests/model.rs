@@ -49,6 +49,14 @@ fn argmax(v: &[f32]) -> usize {
         .0
 }
 
+/// Rows of `vocab` logits whose argmax is the same in `got` and `want`.
+fn same_argmax_rows(got: &[f32], want: &[f32], vocab: usize) -> usize {
+    got.chunks(vocab)
+        .zip(want.chunks(vocab))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count()
+}
+
 const ALL_FP8: Numerics = Numerics {
     kv_cache_dtype: KvCacheDtype::Fp8,
     index_k_dtype: IndexKDtype::Fp8,
@@ -72,13 +80,7 @@ fn prefill_logits_match_the_reference_backend() {
             let (got, want) = (run(cpu(2)), run(Arc::new(ReferenceBackend)));
             let e = rel_l2(&got.logits, &want.logits);
             assert!(e <= 1e-6, "{numerics}, prompt {seed}: relative L2 {e:e}");
-            let v = got.vocab;
-            let agree = got
-                .logits
-                .chunks(v)
-                .zip(want.logits.chunks(v))
-                .filter(|(a, b)| argmax(a) == argmax(b))
-                .count();
+            let agree = same_argmax_rows(&got.logits, &want.logits, got.vocab);
             assert!(
                 agree >= 99,
                 "{numerics}, prompt {seed}: argmax agrees on {agree}/100 rows"
@@ -105,13 +107,7 @@ fn f32_sums_stay_within_the_spec_bound_of_the_reference() {
         let (got, want) = (run(cpu_with(2, Sums::F32)), run(Arc::new(ReferenceBackend)));
         let e = rel_l2(&got.logits, &want.logits);
         assert!(e > 0.0 && e <= 1e-4, "{numerics}: relative L2 {e:e}");
-        let v = got.vocab;
-        let agree = got
-            .logits
-            .chunks(v)
-            .zip(want.logits.chunks(v))
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
+        let agree = same_argmax_rows(&got.logits, &want.logits, got.vocab);
         assert!(agree >= 99, "{numerics}: argmax agrees on {agree}/100 rows");
         let (mut same, mut all) = (0, 0);
         for (l, sets) in &want.topk {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{FORMATS, rel_l2, same_bits, vec_sym};
+use common::{FORMATS, differing_bits, rel_l2, same_bits, vec_sym};
 use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
@@ -60,11 +60,7 @@ fn linear_matches_reference_in_every_format() {
                 if sums == Sums::F64 {
                     // f64 accumulation of exact products: the reference's f32 result but for
                     // the rare sum that rounds the other way.
-                    let differing = a
-                        .iter()
-                        .zip(&b)
-                        .filter(|(p, q)| p.to_bits() != q.to_bits())
-                        .count();
+                    let differing = differing_bits(&a, &b);
                     assert!(
                         differing * 1000 <= a.len(),
                         "{what}: {differing} of {} differ",
@@ -87,11 +83,7 @@ fn f32_sums_round_along_the_way() {
     let (mut a, mut b) = (vec![0f32; rows * n], vec![0f32; rows * n]);
     cpu().with_sums(Sums::F64).linear(&w, &x, rows, &mut a);
     cpu().with_sums(Sums::F32).linear(&w, &x, rows, &mut b);
-    let differing = a
-        .iter()
-        .zip(&b)
-        .filter(|(p, q)| p.to_bits() != q.to_bits())
-        .count();
+    let differing = differing_bits(&a, &b);
     assert!(
         differing * 2 > a.len(),
         "only {differing} of {} differ",

@@ -29,6 +29,14 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// How many elements of `a` and `b` differ in their bits.
+pub fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count()
+}
+
 /// A random weight [n, k] in `format`: e4m3 codes drawn from every finite code (subnormals
 /// included), e2m1 from every code, scales around 2^-4 (fp8) and 2^-3 (MXFP4).
 pub fn random_linear(format: WeightFormat, n: usize, k: usize, seed: u64) -> Linear {
