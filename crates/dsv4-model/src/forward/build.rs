@@ -68,6 +68,62 @@ struct Streams {
     shared: StreamId,
 }
 
+/// What [`Builder::hc_pre_norm`] leaves for the rest of a block half.
+struct Pre {
+    /// The normed input the half's chains read.
+    sxn: Slice,
+    /// Recorded after the norm; side streams wait for it (overlap plans only).
+    fork: Option<EventId>,
+    /// What [`Builder::hc_post`] needs.
+    post: Post,
+}
+
+/// The residual streams and mixing weights a block half's post-mix reads.
+struct Post {
+    sx: Slice,
+    sp: Slice,
+    sc: Slice,
+}
+
+/// The plan names of a block half's mHC buffers, weights and event.
+struct HalfNames {
+    u: &'static str,
+    post: &'static str,
+    comb: &'static str,
+    xn: &'static str,
+    out: &'static str,
+    hc: &'static str,
+    norm: &'static str,
+    fork: &'static str,
+}
+
+impl HalfNames {
+    fn of(sub: Sub) -> Self {
+        match sub {
+            Sub::Attn => HalfNames {
+                u: "u",
+                post: "post",
+                comb: "comb",
+                xn: "xn",
+                out: "x1",
+                hc: "hc_attn",
+                norm: "attn_norm",
+                fork: "fork",
+            },
+            Sub::Ffn => HalfNames {
+                u: "u2",
+                post: "post2",
+                comb: "comb2",
+                xn: "xn2",
+                out: "x2",
+                hc: "hc_ffn",
+                norm: "ffn_norm",
+                fork: "ffn_fork",
+            },
+        }
+    }
+}
+
 const MAIN: StreamId = StreamId(0);
 
 impl Builder<'_> {
@@ -143,24 +199,23 @@ impl Builder<'_> {
         }
     }
 
-    /// The attention half of a block: x → x1.
-    fn attention(&mut self, b: BlockRef, ratio: usize, x: BufferId, st: &Streams) -> BufferId {
+    /// The mHC pre-mix and the norm that open a block half: the normed input, the event
+    /// side streams wait for, and what the closing [`Self::hc_post`] mixes with.
+    fn hc_pre_norm(&mut self, b: BlockRef, sub: Sub, x: BufferId) -> Pre {
         let c = self.cfg;
         let s = b.scope();
         let blk = Some(b);
-        let (d, m, hd) = (c.hidden_size, c.hc_mult, c.head_dim);
-        let loc = self.t(&s, "loc", loc_width(ratio));
-        let sl = self.all(loc);
-        self.launch(OpKind::Locate, blk, MAIN, vec![], vec![sl], &[], &[]);
+        let (d, m) = (c.hidden_size, c.hc_mult);
+        let n = HalfNames::of(sub);
         let (u, post, comb) = (
-            self.t(&s, "u", d),
-            self.t(&s, "post", m),
-            self.t(&s, "comb", m * m),
+            self.t(&s, n.u, d),
+            self.t(&s, n.post, m),
+            self.t(&s, n.comb, m * m),
         );
-        let w = self.weight(&s, "hc_attn");
+        let w = self.weight(&s, n.hc);
         let (sx, su, sp, sc) = (self.all(x), self.all(u), self.all(post), self.all(comb));
         self.launch(
-            OpKind::HcPre(Sub::Attn),
+            OpKind::HcPre(sub),
             blk,
             MAIN,
             vec![sx, w],
@@ -168,11 +223,11 @@ impl Builder<'_> {
             &[],
             &[],
         );
-        let xn = self.t(&s, "xn", d);
-        let fork = self.event(&s, "fork");
-        let (w, sxn) = (self.weight(&s, "attn_norm"), self.all(xn));
+        let xn = self.t(&s, n.xn, d);
+        let fork = self.event(&s, n.fork);
+        let (w, sxn) = (self.weight(&s, n.norm), self.all(xn));
         self.launch(
-            OpKind::Norm(Sub::Attn),
+            OpKind::Norm(sub),
             blk,
             MAIN,
             vec![su, w],
@@ -180,6 +235,40 @@ impl Builder<'_> {
             &[],
             &[fork],
         );
+        let post = Post { sx, sp, sc };
+        Pre { sxn, fork, post }
+    }
+
+    /// The mHC post-mix that closes a block half: the half's output `sy` back into the
+    /// residual streams, as a new buffer.
+    fn hc_post(&mut self, b: BlockRef, sub: Sub, post: Post, sy: Slice) -> BufferId {
+        let c = self.cfg;
+        let s = b.scope();
+        let out = self.t(&s, HalfNames::of(sub).out, c.hc_mult * c.hidden_size);
+        let so = self.all(out);
+        let reads = vec![post.sx, sy, post.sp, post.sc];
+        self.launch(
+            OpKind::HcPost(sub),
+            Some(b),
+            MAIN,
+            reads,
+            vec![so],
+            &[],
+            &[],
+        );
+        out
+    }
+
+    /// The attention half of a block: x → x1.
+    fn attention(&mut self, b: BlockRef, ratio: usize, x: BufferId, st: &Streams) -> BufferId {
+        let c = self.cfg;
+        let s = b.scope();
+        let blk = Some(b);
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let loc = self.t(&s, "loc", loc_width(ratio));
+        let sl = self.all(loc);
+        self.launch(OpKind::Locate, blk, MAIN, vec![], vec![sl], &[], &[]);
+        let Pre { sxn, fork, post } = self.hc_pre_norm(b, Sub::Attn, x);
 
         let cq = self.t(&s, "cq", c.q_lora_rank);
         let q_ready = if ratio == 4 {
@@ -354,18 +443,7 @@ impl Builder<'_> {
         let y = self.t(&s, "y", d);
         let (w, sy) = (self.weight(&s, "attn.wo_b"), self.all(y));
         self.launch(OpKind::OutB, blk, MAIN, vec![sou, w], vec![sy], &[], &[]);
-        let x1 = self.t(&s, "x1", m * d);
-        let sx1 = self.all(x1);
-        self.launch(
-            OpKind::HcPost(Sub::Attn),
-            blk,
-            MAIN,
-            vec![sx, sy, sp, sc],
-            vec![sx1],
-            &[],
-            &[],
-        );
-        x1
+        self.hc_post(b, Sub::Attn, post, sy)
     }
 
     /// The MoE half of a block: x1 → x2.
@@ -380,35 +458,8 @@ impl Builder<'_> {
         let c = self.cfg;
         let s = b.scope();
         let blk = Some(b);
-        let (d, m) = (c.hidden_size, c.hc_mult);
-        let (u, post, comb) = (
-            self.t(&s, "u2", d),
-            self.t(&s, "post2", m),
-            self.t(&s, "comb2", m * m),
-        );
-        let w = self.weight(&s, "hc_ffn");
-        let (sx1, su, sp, sc) = (self.all(x1), self.all(u), self.all(post), self.all(comb));
-        self.launch(
-            OpKind::HcPre(Sub::Ffn),
-            blk,
-            MAIN,
-            vec![sx1, w],
-            vec![su, sp, sc],
-            &[],
-            &[],
-        );
-        let xn = self.t(&s, "xn2", d);
-        let fork = self.event(&s, "ffn_fork");
-        let (w, sxn) = (self.weight(&s, "ffn_norm"), self.all(xn));
-        self.launch(
-            OpKind::Norm(Sub::Ffn),
-            blk,
-            MAIN,
-            vec![su, w],
-            vec![sxn],
-            &[],
-            &[fork],
-        );
+        let d = c.hidden_size;
+        let Pre { sxn, fork, post } = self.hc_pre_norm(b, Sub::Ffn, x1);
         let k = c.num_experts_per_tok;
         let routes = self.t(&s, "routes", 2 * k);
         let mut reads = vec![sxn];
@@ -452,18 +503,7 @@ impl Builder<'_> {
             &[done],
             &[],
         );
-        let x2 = self.t(&s, "x2", m * d);
-        let sx2 = self.all(x2);
-        self.launch(
-            OpKind::HcPost(Sub::Ffn),
-            blk,
-            MAIN,
-            vec![sx1, sy, sp, sc],
-            vec![sx2],
-            &[],
-            &[],
-        );
-        x2
+        self.hc_post(b, Sub::Ffn, post, sy)
     }
 
     fn head(&mut self, blk: Option<BlockRef>, x: BufferId) {
