@@ -46,6 +46,7 @@ pub struct Linear {
     /// Scale bytes (ue8m0) for Fp8Block and Mxfp4; empty otherwise.
     pub scale: Vec<u8>,
     dense: OnceLock<Vec<f32>>,
+    nan_blocks: OnceLock<Vec<bool>>,
 }
 
 impl Linear {
@@ -94,6 +95,7 @@ impl Linear {
             data,
             scale,
             dense: OnceLock::new(),
+            nan_blocks: OnceLock::new(),
         })
     }
 
@@ -176,6 +178,15 @@ impl Linear {
         self.dense.get_or_init(|| self.dequantize())
     }
 
+    /// For an Fp8Block weight, which 128×128 scale blocks hold an e4m3 NaN code, row-major
+    /// over the scale grid (computed once, like [`Self::dequantized`]); empty otherwise.
+    pub fn fp8_nan_blocks(&self) -> &[bool] {
+        self.nan_blocks.get_or_init(|| match self.format {
+            WeightFormat::Fp8Block => e4m3_nan_blocks(&self.data, self.out_dim, self.in_dim),
+            _ => Vec::new(),
+        })
+    }
+
     /// Bytes of weight data and scales read by one full pass over this weight.
     pub fn stored_bytes(&self) -> usize {
         self.data.len() + self.scale.len()
@@ -219,6 +230,24 @@ impl Linear {
             }
         }
     }
+}
+
+/// Which 128×128 blocks of e4m3 elements `[out_dim, in_dim]` hold a NaN code (0x7F or 0xFF),
+/// row-major over the `[⌈out/128⌉, ⌈in/128⌉]` scale grid.
+pub fn e4m3_nan_blocks(data: &[u8], out_dim: usize, in_dim: usize) -> Vec<bool> {
+    let cols = in_dim.div_ceil(FP8_BLOCK);
+    let mut nan = vec![false; out_dim.div_ceil(FP8_BLOCK) * cols];
+    if in_dim == 0 {
+        return nan;
+    }
+    for (r, row) in data.chunks_exact(in_dim).take(out_dim).enumerate() {
+        for (c, seg) in row.chunks(FP8_BLOCK).enumerate() {
+            // No early exit, so the fold vectorizes.
+            let hit = seg.iter().fold(false, |a, &b| a | (b & 0x7F == 0x7F));
+            nan[(r / FP8_BLOCK) * cols + c] |= hit;
+        }
+    }
+    nan
 }
 
 #[cfg(test)]
@@ -269,6 +298,30 @@ mod tests {
         .unwrap();
         assert!(l.rows(128, 128).is_ok());
         assert!(l.rows(64, 128).is_err());
+    }
+
+    #[test]
+    fn nan_blocks_name_the_scale_blocks_holding_nan_codes() {
+        // 200 × 300: a 2 × 3 scale grid, the last row and column blocks partial.
+        let (o, i) = (200, 300);
+        let mut data = vec![0x38u8; o * i];
+        data[5 * i + 130] = 0x7F; // block (0, 1)
+        data[199 * i + 299] = 0xFF; // block (1, 2), the last element
+        data[150 * i + 10] = 0x7E; // the largest finite code: not NaN
+        let l = Linear::new("f", o, i, WeightFormat::Fp8Block, data, vec![127; 6]).unwrap();
+        assert_eq!(
+            l.fp8_nan_blocks(),
+            &[false, true, false, false, false, true]
+        );
+        let m = Linear::new(
+            "m",
+            1,
+            64,
+            WeightFormat::Mxfp4,
+            vec![0xFF; 32],
+            vec![127; 2],
+        );
+        assert!(m.unwrap().fp8_nan_blocks().is_empty());
     }
 }
 

@@ -161,8 +161,8 @@ macro_rules! with_decoder {
                 let $d = Plain::<2>(data, k);
                 $body
             }
-            $crate::gemm::View::Fp8 { data, scale } => {
-                match Fp8::new(data, scale, w.n, k, n0, k0, kb) {
+            $crate::gemm::View::Fp8 { data, scale, nan } => {
+                match Fp8::new(data, scale, nan, k, n0, k0, kb) {
                     Some($d) => $body,
                     None => $none,
                 }
@@ -183,27 +183,29 @@ pub(super) fn scales() -> &'static [f32; 256] {
 
 impl<'a> Fp8<'a> {
     /// The decoder of the block at (n0, k0) of width kb (≤ 2 scale blocks, k0 a multiple of
-    /// 128), or None for NaN codes or a scale code above 246.
+    /// 128), or None when a scale block it spans holds NaN codes (`nan`, one flag per block)
+    /// or has a scale code above 246.
     pub fn new(
         data: &'a [u8],
         scale: &[u8],
-        n: usize,
+        nan: &[bool],
         k: usize,
         n0: usize,
         k0: usize,
         kb: usize,
     ) -> Option<Self> {
         debug_assert!(k0.is_multiple_of(FP8_BLOCK) && kb <= 2 * FP8_BLOCK);
+        debug_assert!(
+            n0 % FP8_BLOCK + NB <= FP8_BLOCK,
+            "a panel spans one row block"
+        );
         let row = (n0 / FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
-        let codes = [
-            k0 / FP8_BLOCK,
-            ((k0 + kb - 1) / FP8_BLOCK).min(k0 / FP8_BLOCK + 1),
-        ]
-        .map(|b| scale[row + b]);
-        let last = (n0 + NB).min(n);
-        if codes.iter().any(|&c| c > 246)
-            || (n0..last).any(|o| has_e4m3_nan(&data[o * k + k0..o * k + k0 + kb]))
-        {
+        let blocks = [
+            row + k0 / FP8_BLOCK,
+            row + ((k0 + kb - 1) / FP8_BLOCK).min(k0 / FP8_BLOCK + 1),
+        ];
+        let codes = blocks.map(|b| scale[b]);
+        if codes.iter().any(|&c| c > 246) || blocks.iter().any(|&b| nan[b]) {
             return None;
         }
         Some(Fp8(data, k, codes.map(|c| UE8M0[usize::from(c)] * 256.0)))
@@ -268,30 +270,4 @@ unsafe fn e2m1_16(p: *const u8) -> __m256i {
     );
     let high = _mm_shuffle_epi8(table, codes);
     _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(high))
-}
-
-/// Whether any byte is an e4m3 NaN code (0x7F or 0xFF).
-fn has_e4m3_nan(bytes: &[u8]) -> bool {
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above).
-        return unsafe { has_e4m3_nan_avx2(bytes) };
-    }
-    bytes.iter().any(|&b| b & 0x7F == 0x7F)
-}
-
-/// [`has_e4m3_nan`], 32 bytes per step.
-///
-/// # Safety
-/// AVX2 is available.
-#[target_feature(enable = "avx2")]
-unsafe fn has_e4m3_nan_avx2(bytes: &[u8]) -> bool {
-    let mut chunks = bytes.chunks_exact(32);
-    let mask = _mm256_set1_epi8(0x7F);
-    let mut hit = _mm256_setzero_si256();
-    for c in &mut chunks {
-        // SAFETY: 32 readable bytes.
-        let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
-        hit = _mm256_or_si256(hit, _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask));
-    }
-    _mm256_testz_si256(hit, hit) == 0 || chunks.remainder().iter().any(|&b| b & 0x7F == 0x7F)
 }

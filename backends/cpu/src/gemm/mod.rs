@@ -68,8 +68,13 @@ pub(crate) enum View<'a> {
     F32Rows(&'a [f32]),
     /// bf16 bytes, [n, k].
     Bf16(&'a [u8]),
-    /// e4m3 bytes [n, k] with ue8m0 scales per 128×128 block.
-    Fp8 { data: &'a [u8], scale: &'a [u8] },
+    /// e4m3 bytes [n, k] with ue8m0 scales per 128×128 block, and which of those blocks
+    /// hold NaN codes ([`Linear::fp8_nan_blocks`]).
+    Fp8 {
+        data: &'a [u8],
+        scale: &'a [u8],
+        nan: &'a [bool],
+    },
     /// Packed e2m1 pairs [n, k/2] with ue8m0 scales per 32 along a row.
     Mxfp4 { data: &'a [u8], scale: &'a [u8] },
 }
@@ -94,6 +99,7 @@ impl<'a> Weights<'a> {
             WeightFormat::Fp8Block => View::Fp8 {
                 data: &w.data,
                 scale: &w.scale,
+                nan: w.fp8_nan_blocks(),
             },
             WeightFormat::Mxfp4 => View::Mxfp4 {
                 data: &w.data,

@@ -51,7 +51,7 @@ pub(crate) fn element(w: &Weights<'_>, o: usize, i: usize) -> f32 {
             d[(o * k + i) * 2],
             d[(o * k + i) * 2 + 1],
         ])),
-        View::Fp8 { data, scale } => {
+        View::Fp8 { data, scale, .. } => {
             let s = scale[(o / FP8_BLOCK) * k.div_ceil(FP8_BLOCK) + i / FP8_BLOCK];
             e4m3_to_f32(data[o * k + i]) * ue8m0_to_f32(s)
         }
@@ -134,29 +134,33 @@ mod tests {
 
     #[test]
     fn every_fp8_code_and_scale_decodes_exactly() {
-        let (n, k) = (40, 256);
-        // Every byte value appears in every 128-column block; NaN codes only in rows 32..40.
+        let (n, k) = (168, 256);
+        // Every byte value appears in every 128-column block; NaN codes only in rows 128..168
+        // (the second row block, which the scalar decoder does).
         let data: Vec<u8> = (0..n * k)
             .map(|i| {
                 let b = ((i / k) * 7 + i % k) as u8;
-                if i / k < 32 && b & 0x7F == 0x7F {
+                if i / k < 128 && b & 0x7F == 0x7F {
                     0x00
                 } else {
                     b
                 }
             })
             .collect();
+        let nan = dsv4_kernels::linear::e4m3_nan_blocks(&data, n, k);
+        assert_eq!(nan, [false, false, true, true]);
         for sc in [0u8, 1, 100, 127, 200, 246, 247, 254, 255] {
             let scale = vec![sc, 127, 127, sc];
             let w = Weights {
                 view: View::Fp8 {
                     data: &data,
                     scale: &scale,
+                    nan: &nan,
                 },
                 n,
                 k,
             };
-            for (n0, k0) in [(0, 0), (0, 128), (8, 128), (32, 0), (32, 128)] {
+            for (n0, k0) in [(0, 0), (0, 128), (8, 128), (120, 0), (128, 0), (160, 128)] {
                 let (a, b) = both(&w, n0, k0);
                 assert_same(&a, &b, &format!("scale code {sc}, panel ({n0}, {k0})"));
             }
