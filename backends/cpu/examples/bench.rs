@@ -7,7 +7,8 @@
 //! The products run with f64 sums and again with f32 sums (`backend.cpu_sums`), one after the
 //! other, so the two are compared in the same run; the end-to-end prefill uses f64 sums.
 //!
-//! `cargo run --release -p dsv4-backend-cpu --example bench [threads] [filter]`
+//! `cargo run --release -p dsv4-backend-cpu --example bench [threads] [filter]` (filters as
+//! labelled, plus `gemv-l2` for L2-resident GEMVs and `gemv-experts` for many small cold ones)
 
 use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_backend_reference::ReferenceBackend;
@@ -226,6 +227,34 @@ fn main() {
                     s * 1e3,
                     gbs(s),
                     gbs(c)
+                );
+            }
+        }
+    }
+    if only == "gemv-experts" {
+        // Routed-expert-shaped 1-row products: many small weights (≥ 64 MiB in all), each read
+        // once per pass, so every call starts cold like a decode step's experts.
+        let (n, k) = (256, 1024);
+        for fmt in [WeightFormat::Fp8Block, WeightFormat::Mxfp4] {
+            let one = random_linear(fmt, n, k, 3).stored_bytes();
+            let ws: Vec<Linear> = (0..(64 << 20) / one)
+                .map(|i| random_linear(fmt, n, k, 3 + i as u64))
+                .collect();
+            let mut out = vec![0f32; n];
+            for be in [&be, &be32] {
+                let (s, _) = best(be.threads(), || {
+                    for w in &ws {
+                        be.linear(w, &x[..k], 1, &mut out);
+                    }
+                });
+                let each = s / ws.len() as f64;
+                println!(
+                    "expert gemv {fmt:?} 1x{n}x{k} ({} weights), {} sums: {:.1} us/call, {:.1} \
+                     GB/s of weights",
+                    ws.len(),
+                    be.sums().name(),
+                    each * 1e6,
+                    one as f64 / each / 1e9
                 );
             }
         }

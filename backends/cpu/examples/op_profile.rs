@@ -1,5 +1,6 @@
 //! Where the time of a forward pass goes, per op: the cpu backend wrapped in a timing backend,
 //! a prefill of the small config, then 32 decode steps, each with its own table (not a test).
+//! The decode also gets a table of its 1-row linears by weight format and shape.
 //!
 //! `cargo run --release -p dsv4-backend-cpu --example op_profile [threads] [tokens] [f64|f32]`
 //! (the last: the linears' sums, `backend.cpu_sums`; default f64)
@@ -7,16 +8,21 @@
 use dsv4_backend_cpu::{CpuBackend, Sums};
 use dsv4_core::cache::CacheLayoutError;
 use dsv4_core::{IndexKDtype, Numerics, SplitMix64, Tensor};
-use dsv4_kernels::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat};
+use dsv4_kernels::{Backend, HcParams, Linear, MhcPre, RopeTable, RowFormat, WeightFormat};
 use dsv4_model::{Model, ModelConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// 1-row linears by (format, out, in): seconds, calls, stored bytes read per call.
+type GemvTimes = HashMap<(WeightFormat, usize, usize), (f64, usize, usize)>;
+
 /// The cpu backend with a per-op wall-clock account: seconds, calls and (linear only) flops.
 struct Timed {
     inner: CpuBackend,
     t: Mutex<HashMap<&'static str, (f64, usize, f64)>>,
+    /// The decode's 1-row linears by shape.
+    gemv: Mutex<GemvTimes>,
 }
 impl Timed {
     /// Run `f`, charging its time to `name`.
@@ -47,7 +53,15 @@ impl Backend for Timed {
             _ => "linear 13+ rows",
         };
         let flops = 2.0 * (rows * w.in_dim * w.out_dim) as f64;
-        self.rec_flops(name, flops, || self.inner.linear(w, x, rows, out))
+        let t = Instant::now();
+        self.rec_flops(name, flops, || self.inner.linear(w, x, rows, out));
+        if rows == 1 {
+            let mut m = self.gemv.lock().unwrap();
+            let e = m.entry((w.format, w.out_dim, w.in_dim)).or_default();
+            e.0 += t.elapsed().as_secs_f64();
+            e.1 += 1;
+            e.2 = w.stored_bytes();
+        }
     }
     fn act_quant_fp8(&self, x: &mut [f32], dim: usize) {
         self.rec("act_quant", || self.inner.act_quant_fp8(x, dim))
@@ -174,6 +188,7 @@ fn main() {
     let be = Arc::new(Timed {
         inner: CpuBackend::new(threads).unwrap().with_sums(sums),
         t: Mutex::new(HashMap::new()),
+        gemv: Mutex::new(HashMap::new()),
     });
     let model = Model::load(cfg.clone(), &weights, be.clone(), Numerics::default()).unwrap();
     let mut g = SplitMix64::new(5);
@@ -182,11 +197,13 @@ fn main() {
         .collect();
     model.forward(&mut model.new_sequence(), &toks).unwrap();
     be.t.lock().unwrap().clear();
+    be.gemv.lock().unwrap().clear();
     let t = Instant::now();
     let mut st = model.new_sequence();
     model.forward(&mut st, &toks).unwrap();
     let total = t.elapsed().as_secs_f64();
     let prefill = std::mem::take(&mut *be.t.lock().unwrap());
+    be.gemv.lock().unwrap().clear();
     let t = Instant::now();
     for i in 0..32 {
         model.forward(&mut st, &toks[i..i + 1]).unwrap();
@@ -196,6 +213,25 @@ fn main() {
     print_ops(&prefill);
     println!("decode: {:.2} ms/token over 32 steps", dec * 1e3);
     print_ops(&be.t.lock().unwrap());
+    print_gemv(&be.gemv.lock().unwrap());
+}
+
+/// The decode's 1-row linears by format and shape, slowest first, with the stored bytes they
+/// read per second.
+fn print_gemv(m: &GemvTimes) {
+    let mut v: Vec<_> = m.iter().collect();
+    v.sort_by(|a, b| b.1.0.partial_cmp(&a.1.0).unwrap());
+    println!("  1-row linears by shape");
+    for ((f, o, i), (s, n, bytes)) in v {
+        let each = s / *n as f64;
+        let rate = *bytes as f64 / each / 1e9;
+        let shape = format!("{f:?} {o}x{i}");
+        println!(
+            "{shape:>22}: {:8.1} ms {n:7} calls {:7.1} us/call {rate:6.1} GB/s",
+            s * 1e3,
+            each * 1e6
+        );
+    }
 }
 
 /// One table of per-op seconds, calls and rates, slowest first.
