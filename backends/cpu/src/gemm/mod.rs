@@ -39,6 +39,9 @@ const MB: usize = 192;
 /// Item rows up to which each panel's blocks run back to back (the GEMV order).
 const FEW_ROWS: usize = 12;
 
+/// Stored bytes of a weight row up to which the GEMV prefetches the next panel itself.
+const SHORT_ROW: usize = 4096;
+
 /// What a linear layer's products are summed in (`backend.cpu_sums`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Sums {
@@ -113,6 +116,41 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// Stored bytes of one row of W (elements only).
+    pub fn row_bytes(&self) -> usize {
+        match self.view {
+            View::F32Bytes(_) | View::F32Rows(_) => self.k * 4,
+            View::Bf16(_) => self.k * 2,
+            View::Fp8 { .. } => self.k,
+            View::Mxfp4 { .. } => self.k / 2,
+        }
+    }
+
+    /// Ask for the stored bytes (and MXFP4 scales) of rows n0..n0 + NB (clipped to n), columns
+    /// k0..k0 + kb, to be brought into cache ahead of their use; a hint that reads nothing.
+    pub fn prefetch(&self, n0: usize, k0: usize, kb: usize) {
+        let k = self.k;
+        let f32_bytes = |d: &'a [f32]| {
+            // SAFETY: f32 values read as their bytes.
+            unsafe { std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), d.len() * 4) }
+        };
+        let (data, num, den, scale) = match self.view {
+            View::F32Bytes(d) => (d, 4, 1, None),
+            View::F32Rows(d) => (f32_bytes(d), 4, 1, None),
+            View::Bf16(d) => (d, 2, 1, None),
+            View::Fp8 { data, .. } => (data, 1, 1, None),
+            View::Mxfp4 { data, scale } => (data, 1, 2, Some(scale)),
+        };
+        for o in n0..self.n.min(n0 + NB) {
+            let at = (o * k + k0) * num / den;
+            prefetch_lines(&data[at..at + kb * num / den]);
+            if let Some(sc) = scale {
+                let at = (o * k + k0) / MXFP4_BLOCK;
+                prefetch_lines(&sc[at..at + kb / MXFP4_BLOCK]);
+            }
+        }
+    }
+
     /// f32 rows [n, k].
     pub fn rows(data: &'a [f32], n: usize, k: usize) -> Self {
         debug_assert_eq!(data.len(), n * k);
@@ -122,6 +160,22 @@ impl<'a> Weights<'a> {
             k,
         }
     }
+}
+
+/// A prefetch hint for every 64-byte line of `bytes`.
+#[inline]
+fn prefetch_lines(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let p = bytes.as_ptr();
+        for off in (0..bytes.len()).step_by(64) {
+            // SAFETY: a prefetch hint reads nothing and cannot fault; the address is in `bytes`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// A decoded weight panel: NB rows of one K-block in the sum type, zero past the block's end.
@@ -445,8 +499,15 @@ unsafe fn run_item<T: Acc>(
         // Few rows: convert them whole once, then walk each panel's rows of W front to back.
         let ldx = k.div_ceil(KB) * KB;
         let xs = widen_rows::<T>(ex.isa, x, k, &rows, 0, k, ldx, xbuf);
+        let panels = n.div_ceil(NB);
+        // Short rows are runs too short for the hardware prefetchers to pick up: ask for the
+        // next panel's rows while this one is multiplied.
+        let prefetch = w.row_bytes() <= SHORT_ROW;
         for p in cols.clone() {
             for k0 in (0..k).step_by(KB) {
+                if prefetch && p + 1 < panels {
+                    w.prefetch((p + 1) * NB, k0, KB.min(k - k0));
+                }
                 block(p, k0, &xs[k0..], ldx);
             }
         }
