@@ -124,8 +124,16 @@ impl Dec16 for Mxfp4<'_> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load16(&self, at: Cursor, c: usize) -> (__m256, __m256) {
         // SAFETY: 8 bytes and one scale inside the row (caller).
-        let (h, sc) = unsafe { (e2m1_16(at.data.add(c / 2)), *at.scale.add(c / MXFP4_BLOCK)) };
-        halves(h, _mm256_set1_ps(self.3[usize::from(sc)]))
+        let (lo, hi, sc) = unsafe {
+            let p = at.data.add(c / 2);
+            (
+                p.cast::<i32>().read_unaligned(),
+                p.add(4).cast::<i32>().read_unaligned(),
+                *at.scale.add(c / MXFP4_BLOCK),
+            )
+        };
+        let s = _mm256_set1_ps(self.3[usize::from(sc)]);
+        (e2m1_8(lo, s), e2m1_8(hi, s))
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -234,6 +242,22 @@ unsafe fn fp8_16(p: *const u8) -> __m256i {
     let b = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(p.cast()) });
     let t = _mm256_srai_epi16::<1>(_mm256_slli_epi16::<8>(b));
     _mm256_and_si256(t, _mm256_set1_epi16(0xBF80_u16 as i16))
+}
+
+/// 8 e2m1 codes (the nibbles of `w`, lowest first) times `s`: the code's value looked up, its
+/// sign set, then one f32 multiply, the reference's `e2m1_to_f32(code) * scale` exactly.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn e2m1_8(w: i32, s: __m256) -> __m256 {
+    let t = _mm256_srlv_epi32(
+        _mm256_set1_epi32(w),
+        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+    );
+    // The magnitudes of codes 0..8; the lookup reads each lane's low three bits.
+    let table = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    let magnitude = _mm256_permutevar8x32_ps(table, t);
+    let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(t), _mm256_set1_epi32(i32::MIN));
+    _mm256_mul_ps(_mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign)), s)
 }
 
 /// 16 e2m1 codes (8 bytes, low nibble first) as binary16 bits of their exact values.
