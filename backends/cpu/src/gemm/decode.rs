@@ -1,6 +1,8 @@
 //! x86 decoding of weight rows, 16 elements at a time, to f32 values exactly equal to
-//! `Linear::dequantized` (element × block scale, one f32 multiply). e4m3 and e2m1 elements go
-//! through exact binary16 patterns widened by F16C, so f32 subnormal arithmetic never occurs.
+//! `Linear::dequantized` (element × block scale, one f32 multiply). e4m3 elements go through
+//! exact binary16 patterns widened by F16C, so f32 subnormal arithmetic never occurs; e2m1
+//! elements (all normal or zero) are looked up as f32 and multiplied by their scale, as the
+//! reference does (AVX-512 still takes them through binary16).
 
 use super::{FP8_BLOCK, MXFP4_BLOCK, NB};
 use dsv4_core::codec::ue8m0_to_f32;

@@ -2,7 +2,7 @@
 //! last output repeat it, columns past kb are zero), each element exactly as `Linear::dequantized`
 //! gives it (element × block scale, one f32 multiply) and then widened exactly (f64) or kept (f32). The AVX2 path decodes 8
 //! or 16 elements of a row at a time; it falls back to the scalar path for tails and for fp8
-//! blocks holding a NaN code.
+//! scale blocks holding a NaN code (`Linear::fp8_nan_blocks`).
 
 use super::{Acc, KB, NB, Panel, View, Weights};
 use crate::exec::Isa;
