@@ -30,7 +30,9 @@ impl WeightFormat {
     }
 }
 
-/// A linear layer's weight `W: [out, in]` as stored, plus its lazily computed exact f32 form.
+/// A linear layer's weight `W: [out, in]` as stored, plus what is derived from it once, on first
+/// use: the exact f32 form and the fp8 NaN-block flags. Edit `data` or `scale` (tests that plant
+/// NaN codes do) only before the weight's first product; the derived forms are not recomputed.
 #[derive(Debug)]
 pub struct Linear {
     /// Checkpoint name (without `.weight`), for errors and reports.
