@@ -37,17 +37,62 @@ pub struct E2ePlan {
     pub contexts: Vec<usize>,
 }
 
+/// Decode steps the prefill case runs after its prompt on a device backend (upload counts).
+const PREFILL_DECODE_STEPS: usize = 4;
+
+/// Decode steps the context case leaves room for after its prompt (warm-up and medians).
+const CONTEXT_HEADROOM: usize = 16;
+
+impl E2ePlan {
+    /// Check every config name, the prefill length and every context against the configs'
+    /// position limits, so a bad plan fails before any weights are generated or timed.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.configs.is_empty() {
+            return Err("no end-to-end config named (known: tiny, small)".into());
+        }
+        if self.prefill_tokens == 0 {
+            return Err("the prefill case needs at least 1 token (--prefill-tokens)".into());
+        }
+        for name in &self.configs {
+            let cfg = config(name).map_err(|e| e.to_string())?;
+            let max = cfg.max_position_embeddings;
+            if self.prefill_tokens + PREFILL_DECODE_STEPS > max {
+                return Err(format!(
+                    "--prefill-tokens {} does not fit config `{name}`: its prompt and {} decode \
+                     steps must stay within max_position_embeddings {max}",
+                    self.prefill_tokens, PREFILL_DECODE_STEPS
+                ));
+            }
+            if name == "small" {
+                for &ctx in &self.contexts {
+                    if ctx == 0 || ctx + CONTEXT_HEADROOM > max {
+                        return Err(format!(
+                            "context {ctx} is outside what config `small` can decode at: \
+                             1..={} (max_position_embeddings {max} less {CONTEXT_HEADROOM} \
+                             decode steps)",
+                            max - CONTEXT_HEADROOM
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A named config.
-pub fn config(name: &str) -> Result<ModelConfig, ModelError> {
+pub fn config(name: &str) -> Result<ModelConfig, UnknownConfig> {
     match name {
         "tiny" => Ok(ModelConfig::tiny()),
         "small" => Ok(ModelConfig::small()),
-        other => Err(ModelError::invalid(
-            "bench config",
-            format!("unknown config `{other}` (known: tiny, small)"),
-        )),
+        other => Err(UnknownConfig(other.to_string())),
     }
 }
+
+/// A bench config name that is neither tiny nor small.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("unknown bench config `{0}` (known: tiny, small)")]
+pub struct UnknownConfig(pub String);
 
 /// Weights of a config generated from seed 0 (shared by every backend of a run).
 pub fn weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>, ModelError> {
@@ -225,7 +270,7 @@ pub fn run(
         );
         // Decode steps of that sequence: what one step at this context uploads (its cache
         // rows grow with the context unless the device keeps them).
-        const STEPS: usize = 4;
+        const STEPS: usize = PREFILL_DECODE_STEPS;
         let before = stats();
         for t in tokens(STEPS, v, 2) {
             model.forward(&mut long, &[t])?;
@@ -308,9 +353,6 @@ pub fn run(
     // Decode time per token against context (fast backends only: it needs long prefills).
     if fast && cfg_name == "small" {
         for &ctx in &plan.contexts {
-            if ctx + 16 > cfg.max_position_embeddings {
-                continue;
-            }
             let mut st = model.new_sequence();
             prefill_chunks(&model, &mut st, &tokens(ctx, v, 3), 1024)?;
             let step = median_secs(

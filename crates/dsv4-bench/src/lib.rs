@@ -63,6 +63,23 @@ pub enum BenchError {
     /// A model could not be built or run.
     #[error("{0}")]
     Model(String),
+    /// The options ask for something no run can measure (checked before anything runs).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl BenchOptions {
+    /// Check the end-to-end plan and the serving spec, so bad options fail at once rather than
+    /// after minutes of machine and op measurements.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        if let Some(plan) = &self.e2e {
+            plan.validate().map_err(BenchError::Invalid)?;
+        }
+        if let Some(spec) = &self.serving {
+            spec.validate().map_err(BenchError::Invalid)?;
+        }
+        Ok(())
+    }
 }
 
 /// Slow backends ([`is_slow`]) skip the op cases above this many flops and the long-context
@@ -77,10 +94,7 @@ fn is_slow(backend: &str) -> bool {
 
 /// Run the benchmark.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
-    let machine = opts.machine.then(|| {
-        eprintln!("measuring the machine (FMA peak, memory bandwidth)…");
-        machine::measure(opts.threads)
-    });
+    opts.validate()?;
     let bopts = BackendOptions {
         threads: opts.threads,
         ..opts.backend_options.clone()
@@ -90,6 +104,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         .iter()
         .map(|b| registry::create(b, &bopts))
         .collect::<Result<Vec<_>, _>>()?;
+    let machine = opts.machine.then(|| {
+        eprintln!("measuring the machine (FMA peak, memory bandwidth)…");
+        machine::measure(opts.threads)
+    });
     let mut op_results = Vec::new();
     if opts.ops {
         for b in &backends {

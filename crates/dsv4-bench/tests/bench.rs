@@ -1,11 +1,12 @@
-//! Bench plumbing: the shipped small config, op cases on the reference backend, and the target
-//! verdicts computed from a report (no timing is asserted).
+//! Bench plumbing: the shipped small config, op cases on the reference backend, the target
+//! verdicts computed from a report, and bad options refused up front (no timing is asserted).
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_bench::e2e::{self, E2eResult};
 use dsv4_bench::machine::MachinePeaks;
 use dsv4_bench::ops::{self, OpResult};
-use dsv4_bench::{BenchReport, render_table, targets};
+use dsv4_bench::{BenchError, BenchOptions, BenchReport, render_table, targets};
+use dsv4_engine::bench::ServingBenchSpec;
 use std::time::Duration;
 
 #[test]
@@ -113,4 +114,82 @@ fn targets_compare_against_the_same_runs_peaks() {
             && table.contains("targets (cpu backend with f32 sums)"),
         "{table}"
     );
+}
+
+/// Options that pass `validate`: tiny and small, a 512-token prefill, contexts up to 16384.
+fn good_options() -> BenchOptions {
+    BenchOptions {
+        backends: vec!["no-such-backend".into()],
+        threads: 1,
+        backend_options: Default::default(),
+        machine: true,
+        ops: true,
+        e2e: Some(e2e::E2ePlan {
+            configs: vec!["tiny".into(), "small".into()],
+            prefill_tokens: 512,
+            contexts: vec![1024, 16384],
+        }),
+        serving: Some(ServingBenchSpec::default()),
+    }
+}
+
+/// One change to [`good_options`].
+type Edit = Box<dyn Fn(&mut BenchOptions)>;
+
+#[test]
+fn bad_plans_are_refused_before_anything_is_measured() {
+    good_options().validate().unwrap();
+    let max = e2e::config("small").unwrap().max_position_embeddings;
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "unknown bench config `huge`",
+            Box::new(|o| o.e2e.as_mut().unwrap().configs.push("huge".into())),
+        ),
+        (
+            "no end-to-end config",
+            Box::new(|o| o.e2e.as_mut().unwrap().configs.clear()),
+        ),
+        (
+            "at least 1 token",
+            Box::new(|o| o.e2e.as_mut().unwrap().prefill_tokens = 0),
+        ),
+        (
+            "does not fit config `tiny`",
+            Box::new(move |o| o.e2e.as_mut().unwrap().prefill_tokens = max),
+        ),
+        (
+            "context 0 is outside",
+            Box::new(|o| o.e2e.as_mut().unwrap().contexts.push(0)),
+        ),
+        (
+            "is outside what config `small` can decode at",
+            Box::new(move |o| o.e2e.as_mut().unwrap().contexts.push(max)),
+        ),
+        (
+            "every concurrency must be >= 1",
+            Box::new(|o| o.serving.as_mut().unwrap().concurrency.push(0)),
+        ),
+        (
+            "no concurrency level",
+            Box::new(|o| o.serving.as_mut().unwrap().concurrency.clear()),
+        ),
+    ];
+    for (want, edit) in cases {
+        let mut o = good_options();
+        edit(&mut o);
+        let err = o.validate().unwrap_err();
+        assert!(err.to_string().contains(want), "{want}: got {err}");
+        // `run` refuses the same options before creating a backend or timing anything: the
+        // unknown backend of these options would otherwise be the error.
+        match dsv4_bench::run(&o) {
+            Err(BenchError::Invalid(m)) => assert!(m.contains(want), "{want}: run said {m}"),
+            other => panic!("{want}: run gave {:?}", other.map(|_| ())),
+        }
+    }
+    // Contexts only bind the small config: a tiny-only plan ignores them.
+    let mut o = good_options();
+    let plan = o.e2e.as_mut().unwrap();
+    plan.configs = vec!["tiny".into()];
+    plan.contexts = vec![max];
+    o.validate().unwrap();
 }

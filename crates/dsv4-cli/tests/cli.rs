@@ -1,4 +1,5 @@
-//! End-to-end tests of the `dsv4` binary: profiles, `--set`, errors, `model init-tiny`, `model inspect`.
+//! End-to-end tests of the `dsv4` binary: profiles, `--set`, errors, `model init-tiny`, `model inspect`,
+//! `bench` option checks.
 
 mod common;
 
@@ -101,6 +102,28 @@ fn bad_set_values_and_keys_fail_clearly() {
         e.contains("DSV4_EXEC__THREADS") && e.contains("non-negative integer"),
         "{e}"
     );
+}
+
+#[test]
+fn bench_refuses_bad_options_before_measuring_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (
+            &["--configs", "tiny,huge"][..],
+            "unknown bench config `huge`",
+        ),
+        (&["--prefill-tokens", "0"][..], "at least 1 token"),
+        (
+            &["--contexts", "1024,70000"][..],
+            "context 70000 is outside",
+        ),
+        (&["--serving-concurrency", "1,0"][..], "every concurrency"),
+        (&["--backend", "nope"][..], "unknown backend `nope`"),
+    ] {
+        let e = fails(dsv4(dir.path(), &[&["bench"][..], args].concat()));
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert!(!e.contains("measuring the machine"), "{args:?}: {e}");
+    }
 }
 
 #[test]

@@ -35,6 +35,22 @@ pub struct ServingBenchSpec {
     pub seed: u64,
 }
 
+impl ServingBenchSpec {
+    /// Check that every level, the prompt and the generation are at least 1.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.concurrency.is_empty() {
+            return Err("serving benchmark: no concurrency level named".into());
+        }
+        if self.prompt_len == 0 || self.max_tokens == 0 || self.concurrency.contains(&0) {
+            return Err(
+                "serving benchmark: prompt_len, max_tokens and every concurrency must be >= 1"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for ServingBenchSpec {
     fn default() -> Self {
         Self {
@@ -136,11 +152,7 @@ pub fn serving_throughput(
     cfg: EngineConfig,
     spec: &ServingBenchSpec,
 ) -> Result<ServingBenchReport, EngineError> {
-    if spec.prompt_len == 0 || spec.max_tokens == 0 || spec.concurrency.contains(&0) {
-        return Err(EngineError::BadRequest(
-            "serving benchmark: prompt_len, max_tokens and every concurrency must be >= 1".into(),
-        ));
-    }
+    spec.validate().map_err(EngineError::BadRequest)?;
     let vocab = model.cfg.vocab_size as u64;
     let bos = model.cfg.bos_token_id;
     let mut g = SplitMix64::new(spec.seed);
@@ -357,17 +369,7 @@ pub fn overlap_schedule(
     cfg: EngineConfig,
     spec: &ServingBenchSpec,
 ) -> Result<ScheduleBenchReport, EngineError> {
-    if spec.prompt_len == 0
-        || spec.max_tokens == 0
-        || spec.concurrency.is_empty()
-        || spec.concurrency.contains(&0)
-    {
-        return Err(EngineError::BadRequest(
-            "overlap scheduling benchmark: prompt_len, max_tokens and every concurrency must \
-             be >= 1, with at least one concurrency"
-                .into(),
-        ));
-    }
+    spec.validate().map_err(EngineError::BadRequest)?;
     let vocab = model.cfg.vocab_size as u64;
     let bos = model.cfg.bos_token_id;
     let mut modes = Vec::new();

@@ -36,6 +36,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         max_tokens: 16,
         seed: 0,
     };
+    spec.validate().map_err(anyhow::Error::msg)?;
     let cfg = dsv4_bench::e2e::config("tiny")?;
     let tensors = dsv4_bench::e2e::weights(&cfg)?;
     let bopts = BackendOptions {
