@@ -121,6 +121,25 @@ fn the_arena_fault_fails_the_check_with_both_launches_named() {
         "{out}"
     );
     assert!(String::from_utf8_lossy(&text.stderr).contains("plans have hazards"));
+    // A prefix no stream has is refused with the streams named, not read as "no findings".
+    let typo = dsv4(&[
+        "plan",
+        "check",
+        "--profile",
+        "rehearsal",
+        "--config",
+        "tiny",
+        "--batch",
+        "4",
+        "--involving",
+        "indexr",
+    ]);
+    let err = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success(), "{err}");
+    assert!(
+        err.contains("--involving `indexr`") && err.contains("main") && err.contains("indexer"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -287,8 +287,14 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
         shapes.push((StepKind::Prefill, a.prefill_rows));
     }
     let mut checked = Vec::new();
+    let mut streams: Vec<String> = Vec::new();
     for (kind, n) in shapes {
         let (plan, bucket) = plan_for(&cfg, &exec, kind, n)?;
+        for s in &plan.streams {
+            if !streams.contains(s) {
+                streams.push(s.clone());
+            }
+        }
         let verdict = verify(&plan)?;
         let arena_bytes = match plan.placement {
             dsv4_plan::Placement::Arena { bytes, .. } => Some(bytes),
@@ -302,6 +308,22 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
             arena_bytes,
             verdict,
         });
+    }
+    // A prefix no stream has filters every finding away: a typo would read as "nothing involves
+    // that stream".
+    if let Some(prefix) = &a.involving
+        && !streams.iter().any(|s| s.starts_with(prefix.as_str()))
+    {
+        let hint = if streams.len() == 1 {
+            " (side streams need exec.multi_stream_overlap = true)"
+        } else {
+            ""
+        };
+        bail!(
+            "--involving `{prefix}`: no stream of these plans starts with it; their streams: \
+             {}{hint}",
+            streams.join(", ")
+        );
     }
     let failed = checked.iter().filter(|c| !c.verdict.passed()).count();
     if a.common.json {
