@@ -159,6 +159,10 @@ pub fn unsupported<T: PartialEq>(name: &str, value: Option<T>, default: T) -> Re
 pub fn check_n(n: Option<u32>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
+        Some(0) => Err(ApiError::bad_param(
+            "n",
+            "n must be 1 (one choice per request), got 0",
+        )),
         Some(n) => Err(ApiError::bad_param(
             "n",
             format!("only n = 1 is supported, got {n}; send {n} requests instead"),
@@ -216,4 +220,27 @@ pub fn random_hex(serial: u64) -> String {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     format!("{:016x}", z ^ (z >> 31))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn n_other_than_one_is_refused_with_a_fitting_hint() {
+        assert!(check_n(None).is_ok() && check_n(Some(1)).is_ok());
+        let e = check_n(Some(3)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert!(
+            e.message.contains("send 3 requests instead"),
+            "{}",
+            e.message
+        );
+        let e = check_n(Some(0)).unwrap_err();
+        assert!(
+            e.message.contains("n must be 1") && !e.message.contains("send 0"),
+            "{}",
+            e.message
+        );
+    }
 }

@@ -185,6 +185,7 @@ async fn prompts_over_the_context_and_bodies_over_the_limit_are_refused() {
         .await
         .error(400);
     assert_eq!(e["code"], "context_length_exceeded");
+    assert_eq!(e["param"], "prompt", "{e}");
     s.shutdown().await.unwrap();
 
     let s = server().await;
@@ -213,6 +214,11 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
             json!({"model": MODEL, "prompt": "a", "best_of": 3}),
             "best_of",
         ),
+        (
+            json!({"model": MODEL, "prompt": "a", "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (json!({"model": MODEL, "prompt": "a", "n": 0}), "n"),
     ] {
         let e = s.send("POST", "/v1/completions", &body).await.error(400);
         assert_eq!(e["param"], param, "{body} → {e}");
