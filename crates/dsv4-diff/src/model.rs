@@ -263,6 +263,22 @@ pub fn run_model(
             message: "a side's model has an empty vocabulary; check its config.json".into(),
         });
     }
+    let positions = mo
+        .cfg
+        .max_position_embeddings
+        .min(mc.cfg.max_position_embeddings);
+    if opts.prefill.saturating_add(opts.decode) > positions {
+        return Err(DiffError::InvalidOption {
+            what: "decode",
+            message: format!(
+                "{} prefill tokens and {} decode steps reach position {}, beyond the model's \
+                 max_position_embeddings {positions}; lower --tokens or --decode",
+                opts.prefill,
+                opts.decode,
+                opts.prefill.saturating_add(opts.decode)
+            ),
+        });
+    }
     let mut rng = SplitMix64::for_name(opts.seed, "dsv4-diff/model/tokens");
     let tokens: Vec<u32> = (0..opts.prefill + opts.decode)
         .map(|_| rng.below(vocab) as u32)

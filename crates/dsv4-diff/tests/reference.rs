@@ -72,6 +72,28 @@ fn filters_select_cases_and_bad_filters_are_errors() {
 }
 
 #[test]
+fn model_runs_that_cannot_fit_are_refused_before_any_forward() {
+    let side = reference();
+    let run = |prefill, decode| {
+        let opts = ModelOptions {
+            prefill,
+            decode,
+            progress: false,
+            ..ModelOptions::default()
+        };
+        run_model(&side, &side, &opts).unwrap_err().to_string()
+    };
+    assert!(run(0, 4).contains("at least one token"));
+    // The tiny model's positions end at 65536: a decode past them would run for hours first.
+    let e = run(4, 100_000_000);
+    assert!(
+        e.contains("reach position 100000004") && e.contains("65536") && e.contains("--decode"),
+        "{e}"
+    );
+    assert!(run(usize::MAX, 2).contains("max_position_embeddings"));
+}
+
+#[test]
 fn perf_reports_median_timings_per_case() {
     let side = reference();
     let opts = OpsOptions {
