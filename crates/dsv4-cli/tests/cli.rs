@@ -279,6 +279,15 @@ fn generate_runs_the_embedded_tiny_model_deterministically() {
     assert_eq!(a["prompt_ids"][0], 0, "BOS first: {a}");
     let n = a["completion_ids"].as_array().unwrap().len();
     assert!(n == 4 || (n < 4 && a["finish_reason"] == "eos"), "{a}");
+    // A run that would outgrow the context is refused before the prefill, with the room left.
+    let e = fails(dsv4(
+        dir.path(),
+        &["generate", "--prompt", "hello", "--max-tokens", "70000"],
+    ));
+    assert!(
+        e.contains("--max-tokens (70000)") && e.contains("at most 65530"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 pub mod batch;
 
 use super::forward::open_model;
-use anyhow::Context;
+use anyhow::{Context, bail};
 use dsv4_chat::tokenizer::Tokenizer;
 use dsv4_model::load::ModelSource;
 use std::io::Write;
@@ -89,6 +89,25 @@ pub fn run(args: &GenerateArgs, profile: &dsv4_config::Profile, json: bool) -> a
         .context("give --prompt TEXT, or --batch FILE")?;
     let mut prompt_ids = vec![model.cfg.bos_token_id];
     prompt_ids.extend(tok.encode(prompt)?);
+    // The same limit the engine and the server apply, checked before the prefill: a run that
+    // ran out of positions half-way would lose what it generated.
+    let context = model.cfg.max_position_embeddings;
+    if prompt_ids.len() >= context {
+        bail!(
+            "the prompt is {} tokens but the model's context is {context} tokens (room for at \
+             least one generated token is needed); shorten the prompt",
+            prompt_ids.len()
+        );
+    }
+    if prompt_ids.len().saturating_add(args.max_tokens) > context {
+        bail!(
+            "the prompt ({} tokens) plus --max-tokens ({}) exceeds the model's context of \
+             {context} tokens; lower --max-tokens to at most {}",
+            prompt_ids.len(),
+            args.max_tokens,
+            context - prompt_ids.len()
+        );
+    }
     let mut seq = model.new_sequence();
     let out = model.forward(&mut seq, &prompt_ids)?;
     let v = out.vocab;
