@@ -52,6 +52,9 @@ pub struct Recorded {
     pub files: Vec<String>,
 }
 
+/// The longest `--title` accepted: it becomes the commit subject and the incident heading.
+pub const MAX_TITLE_CHARS: usize = 200;
+
 /// Record `req` in the repository whose working tree is at `root`.
 pub fn record(root: &Path, req: &RecordRequest) -> Result<Recorded, LedgerError> {
     let repo = Repository::open(root)?;
@@ -68,10 +71,17 @@ pub fn record(root: &Path, req: &RecordRequest) -> Result<Recorded, LedgerError>
         _ => {}
     }
     check_slug("incident", &req.incident)?;
-    if req.title.trim().is_empty() || req.title.contains('\n') {
+    if req.title.trim().is_empty() || req.title.contains(['\n', '\r']) {
         return Err(LedgerError::Invalid(
             "--title must be one non-empty line".into(),
         ));
+    }
+    let title_chars = req.title.chars().count();
+    if title_chars > MAX_TITLE_CHARS {
+        return Err(LedgerError::Invalid(format!(
+            "--title is {title_chars} characters; keep it to {MAX_TITLE_CHARS} (it is the \
+             commit subject) and put the detail in the evidence or the incident page"
+        )));
     }
     let ledger = Ledger::load(&workdir)?;
     let supersedes = req

@@ -185,6 +185,19 @@ fn refusals_write_nothing() {
     req.set = Some("exec.no_such_key=1".into());
     refused(&fx, &req);
 
+    for title in ["", "two\nlines", "carriage\rreturn"] {
+        let mut req = fx.request();
+        req.title = title.into();
+        assert!(
+            refused(&fx, &req)
+                .to_string()
+                .contains("one non-empty line")
+        );
+    }
+    let mut req = fx.request();
+    req.title = "x".repeat(dsv4_ledger::MAX_TITLE_CHARS + 1);
+    assert!(refused(&fx, &req).to_string().contains("keep it to 200"));
+
     let mut req = fx.request();
     req.supersedes = vec!["20990101T000000Z-000000000000".into()];
     assert!(matches!(refused(&fx, &req), LedgerError::UnknownId(_)));
