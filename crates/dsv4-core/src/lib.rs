@@ -8,6 +8,7 @@ pub mod error;
 pub mod numerics;
 pub mod quant;
 pub mod rng;
+pub mod sys;
 pub mod tensor;
 
 pub use dtype::DType;

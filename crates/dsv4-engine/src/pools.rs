@@ -238,14 +238,6 @@ fn tokens_for_bytes(
     Ok(lo)
 }
 
-/// Bytes of memory available now (Linux), if it can be told.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// Page counts per pool for `cfg`, and the token budget they were sized for.
 pub fn plan_pools(
     geom: &CacheGeometry,
@@ -260,7 +252,7 @@ pub fn plan_pools(
             (geom.pages_for_tokens(t, slots), Some(t))
         }
         CacheBudget::Auto => {
-            let b = mem_available().map_or(1 << 30, |m| m / 4);
+            let b = dsv4_core::sys::mem_available().map_or(1 << 30, |m| m / 4);
             let t = tokens_for_bytes(geom, slots, b, cap)?;
             (geom.pages_for_tokens(t, slots), Some(t))
         }

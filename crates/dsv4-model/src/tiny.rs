@@ -43,10 +43,52 @@ pub fn init_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
 }
 
 /// Write a checkpoint of any valid config with weights generated from `seed` (as the tiny
-/// model's are) to `dir`: config.json and model.safetensors.
+/// model's are) to `dir`: config.json and model.safetensors. A config whose weights would not
+/// fit in the memory available now is refused before anything is allocated or written.
 pub fn init_random(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<(), ModelError> {
+    cfg.validate()?;
+    check_generation_fits(cfg, dsv4_core::sys::mem_available())?;
     let tensors = generate_weights(cfg, seed)?;
     write_checkpoint(dir, cfg, &tensors, None)
+}
+
+/// Bytes [`generate_weights`] holds at its peak: every stored tensor, plus the f32 values of
+/// the largest matrix while it is quantized (an MXFP4 byte packs two values).
+pub fn generation_bytes(cfg: &ModelConfig) -> (u64, u64) {
+    let manifest = checkpoint_manifest(cfg);
+    let stored = manifest
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.byte_len() as u64));
+    let transient = manifest
+        .iter()
+        .map(|s| {
+            let values = if s.dtype == DType::I8 { 2 } else { 1 };
+            (s.numel() as u64).saturating_mul(values * 4)
+        })
+        .max()
+        .unwrap_or(0);
+    (stored, stored.saturating_add(transient))
+}
+
+/// Refuse a config whose generated weights need more than `available` bytes (unknown: allowed).
+fn check_generation_fits(cfg: &ModelConfig, available: Option<u64>) -> Result<(), ModelError> {
+    let (stored, peak) = generation_bytes(cfg);
+    match available {
+        Some(free) if peak > free => {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            Err(ModelError::InvalidArgument {
+                what: "config".into(),
+                message: format!(
+                    "generating its weights needs about {:.1} GiB of memory (the checkpoint \
+                     alone is {:.1} GiB) but {:.1} GiB is available; use a smaller config",
+                    gib(peak),
+                    gib(stored),
+                    gib(free)
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Quantize a row-major `[out, in]` matrix to e4m3 codes with one ue8m0 scale per 128×128
@@ -278,6 +320,36 @@ fn hc_base(n: usize, m: usize, rng: &mut SplitMix64) -> Vec<f32> {
 mod tests {
     use super::*;
     use dsv4_core::codec::{e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32, unpack_e2m1};
+
+    #[test]
+    fn generation_size_matches_the_weights_and_refuses_what_cannot_fit() {
+        let cfg = ModelConfig::tiny();
+        let made: u64 = generate_weights(&cfg, 0)
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.data().len() as u64)
+            .sum();
+        let (stored, peak) = generation_bytes(&cfg);
+        assert_eq!(stored, made);
+        assert!(peak > stored);
+        check_generation_fits(&cfg, None).unwrap();
+        check_generation_fits(&cfg, Some(peak)).unwrap();
+        let e = check_generation_fits(&cfg, Some(peak - 1)).unwrap_err();
+        assert!(e.to_string().contains("use a smaller config"), "{e}");
+        // A config at the field limits: terabytes, refused without allocating them.
+        let mut big = ModelConfig::tiny();
+        big.hidden_size = 1 << 20;
+        big.vocab_size = 1 << 20;
+        big.validate().unwrap();
+        assert!(generation_bytes(&big).0 > 1 << 42);
+        // (Where the available memory cannot be told, init_random would try to allocate them.)
+        if dsv4_core::sys::mem_available().is_some() {
+            let dir = std::env::temp_dir().join("dsv4-tiny-too-big");
+            let e = init_random(&dir, &big, 0).unwrap_err();
+            assert!(e.to_string().contains("GiB of memory"), "{e}");
+            assert!(!dir.join("model.safetensors").exists());
+        }
+    }
 
     #[test]
     fn fp8_blocks_dequantize_close_and_scale_is_pow2_ceil() {
