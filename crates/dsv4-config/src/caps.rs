@@ -29,6 +29,8 @@ pub struct BackendCaps {
     pub kind: &'static str,
     /// Its device memory is host memory (a host tier then copies host memory to host memory).
     pub host_memory: bool,
+    /// What `backend.device` selects on it (`None`: it has no device to select).
+    pub device_selector: Option<&'static str>,
     /// It runs captured plans (`exec.cuda_graph`).
     pub captured_plans: bool,
     /// Where its side streams exist (`exec.multi_stream_overlap`).
@@ -50,6 +52,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
     BackendCaps {
         kind: "reference",
         host_memory: true,
+        device_selector: None,
         captured_plans: false,
         streams: Streams::Single,
         overlap_executor: ExecutorChoice::Interleaved,
@@ -61,6 +64,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
     BackendCaps {
         kind: "cpu",
         host_memory: true,
+        device_selector: None,
         captured_plans: true,
         streams: Streams::Always,
         overlap_executor: ExecutorChoice::Interleaved,
@@ -72,6 +76,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
     BackendCaps {
         kind: "wgpu",
         host_memory: false,
+        device_selector: Some("an adapter: its index or part of its name"),
         captured_plans: true,
         streams: Streams::Single,
         overlap_executor: ExecutorChoice::Interleaved,
@@ -85,6 +90,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
     BackendCaps {
         kind: "cuda-sm120",
         host_memory: false,
+        device_selector: Some("a GPU by its CUDA index"),
         captured_plans: true,
         streams: Streams::CaptureOnly,
         overlap_executor: ExecutorChoice::Serial,
@@ -97,6 +103,7 @@ pub const BACKEND_CAPS: &[BackendCaps] = &[
     BackendCaps {
         kind: "cuda-emu",
         host_memory: true,
+        device_selector: None,
         captured_plans: true,
         streams: Streams::CaptureOnly,
         overlap_executor: ExecutorChoice::Serial,
@@ -115,13 +122,14 @@ pub fn caps_of(kind: &str) -> Option<&'static BackendCaps> {
 /// The capability table as Markdown (printed in docs/profiles.md).
 pub fn markdown_table() -> String {
     let mut out = String::from(
-        "| backend | captured plans | side streams | KV cache | index keys | memory | note |\n\
-         |---|---|---|---|---|---|---|\n",
+        "| backend | captured plans | side streams | KV cache | index keys | memory | \
+         `backend.device` | note |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     let list = |names: Vec<String>| names.join(", ");
     for c in BACKEND_CAPS {
         out.push_str(&format!(
-            "| `{}` | {} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} |\n",
             c.kind,
             if c.captured_plans { "yes" } else { "no" },
             match c.streams {
@@ -132,6 +140,7 @@ pub fn markdown_table() -> String {
             list(c.kv_cache_dtypes.iter().map(|d| d.to_string()).collect()),
             list(c.index_k_dtypes.iter().map(|d| d.to_string()).collect()),
             if c.host_memory { "host" } else { "device" },
+            c.device_selector.unwrap_or("(none: ignored)"),
             c.note
         ));
     }

@@ -208,6 +208,12 @@ pub const RULES: &[Rule] = &[
         "a host tier on a backend whose memory already is host memory",
         hicache_on_host_backend,
     ),
+    warning(
+        "device-without-selector",
+        &["backend.device", "backend.kind"],
+        "a device selector on a backend that has no device to select (it is ignored)",
+        device_without_selector,
+    ),
 ];
 
 fn index_k_dtype_unsupported(p: &Profile, caps: &BackendCaps) -> Option<String> {
@@ -486,6 +492,22 @@ fn hicache_on_host_backend(p: &Profile, caps: &BackendCaps) -> Option<String> {
             "cache.hicache = true on backend.kind = {}, whose device memory already is host \
              memory: the host tier only copies pages within host memory (useful to rehearse \
              transfers, not to gain capacity)",
+            caps.kind
+        )
+    })
+}
+
+fn device_without_selector(p: &Profile, caps: &BackendCaps) -> Option<String> {
+    let device = p
+        .backend
+        .device
+        .as_deref()
+        .filter(|d| !d.trim().is_empty())?;
+    caps.device_selector.is_none().then(|| {
+        format!(
+            "backend.device = \"{device}\" has no effect on backend.kind = {}, which runs on this \
+             machine's CPU (exec.threads sets how many cores); unset it or choose a device \
+             backend",
             caps.kind
         )
     })

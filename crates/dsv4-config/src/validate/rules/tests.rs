@@ -355,6 +355,19 @@ fn hicache_on_host_backend() {
 }
 
 #[test]
+fn device_without_selector() {
+    let mut p = on("cpu");
+    p.backend.device = Some("1".into());
+    let m = fires("device-without-selector", &p);
+    assert!(m.contains("\"1\""), "{m}");
+    p.backend.kind = "wgpu".into();
+    quiet("device-without-selector", &p);
+    p.backend.kind = "reference".into();
+    p.backend.device = None;
+    quiet("device-without-selector", &p);
+}
+
+#[test]
 fn every_rule_has_a_test_here() {
     let text = include_str!("tests.rs");
     for rule in super::RULES {
