@@ -179,4 +179,22 @@ fn an_unreachable_server_exits_2_with_a_clear_message() {
     ));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--url"));
+    // A report path in a missing directory is refused before the server is even asked.
+    let out = common::run(common::dsv4(
+        dir.path(),
+        &[
+            "stress",
+            "--url",
+            &url,
+            "--quiet",
+            "--jsonl",
+            "gone/r.jsonl",
+        ],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--jsonl gone/r.jsonl") && !stderr.contains("cannot reach"),
+        "{stderr}"
+    );
 }

@@ -101,6 +101,16 @@ impl Client {
                 .to_owned(),
         };
         let object = list.iter().find(|m| m["id"].as_str() == Some(&chosen));
+        if object.is_none() && !list.is_empty() {
+            // Some servers answer any model name (SGLang), so this is a warning, not an error.
+            let ids: Vec<&str> = list.iter().filter_map(|m| m["id"].as_str()).collect();
+            tracing::warn!(
+                "--model `{chosen}` is not among the models {} lists ({}); a server that checks \
+                 the name will refuse every request",
+                self.api,
+                ids.join(", ")
+            );
+        }
         let field = |k: &str| {
             object
                 .and_then(|o| o["dsv4"][k].as_str())

@@ -169,6 +169,9 @@ pub fn run(
     profile_dir: Option<&Path>,
     sets: &[String],
 ) -> anyhow::Result<()> {
+    if let Some(path) = &args.json {
+        super::check_output_path("--json", path)?;
+    }
     let (a, b) = arms(args, profile, sets)?;
     let resolve_arm = |arm: &ArmArg, name: &str| -> anyhow::Result<Option<Resolved>> {
         match arm {
@@ -232,12 +235,11 @@ pub fn run(
     let bundle = rt
         .block_on(run_ab_until(&opts, dsv4_server::shutdown_signal()))?
         .context("interrupted: the servers this run booted were stopped")?;
+    // The summary first: a bundle that cannot be written (disk full) still shows the run.
+    print!("{}", bundle.summary());
     if let Some(path) = &args.json {
         std::fs::write(path, bundle.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    print!("{}", bundle.summary());
-    if let Some(path) = &args.json {
         println!("evidence bundle: {}", path.display());
     }
     Ok(())

@@ -58,6 +58,9 @@ const HOST_BACKENDS: [&str; 2] = ["cpu", "reference"];
 
 /// Run `dsv4 bench`.
 pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<()> {
+    if let Some(path) = &args.out {
+        super::check_output_path("--out", path)?;
+    }
     if args.serving {
         return serving::run(args, profile);
     }

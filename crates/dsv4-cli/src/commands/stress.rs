@@ -141,6 +141,14 @@ impl WorkloadArgs {
 /// Run `dsv4 stress`. Sessions that failed are an error (exit 1); a run that could not happen
 /// exits 2 here.
 pub fn run(args: &StressArgs) -> anyhow::Result<()> {
+    for (flag, path) in [("--json", &args.json), ("--jsonl", &args.jsonl)] {
+        if let Some(path) = path
+            && let Err(e) = super::check_output_path(flag, path)
+        {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    }
     let opts = args.options();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -152,6 +160,8 @@ pub fn run(args: &StressArgs) -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    // The summary first: a report that cannot be written (disk full) still shows the run.
+    print!("{}", report.summary());
     let written = args
         .json
         .as_ref()
@@ -167,7 +177,6 @@ pub fn run(args: &StressArgs) -> anyhow::Result<()> {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
-    print!("{}", report.summary());
     if report.failed_sessions > 0 {
         anyhow::bail!(
             "{} of {} sessions failed ({:.1}%)",
