@@ -118,6 +118,11 @@ fn bench_refuses_bad_options_before_measuring_anything() {
             "context 70000 is outside",
         ),
         (&["--serving-concurrency", "1,0"][..], "every concurrency"),
+        (
+            &["--serving", "--serving-concurrency", "0"][..],
+            "every concurrency",
+        ),
+        (&["--out", "gone/bench.json"][..], "does not exist"),
         (&["--backend", "nope"][..], "unknown backend `nope`"),
     ] {
         let e = fails(dsv4(dir.path(), &[&["bench"][..], args].concat()));

@@ -13,6 +13,15 @@ use std::sync::Arc;
 /// Run the case on every chosen backend (default: the registered ones that can run here, less
 /// the slow reference backend) and print a table or JSON.
 pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<()> {
+    // Checked before the backends are probed (a device probe can take seconds).
+    let spec = ServingBenchSpec {
+        concurrency: args.serving_concurrency.clone(),
+        requests_per_level: 32,
+        prompt_len: 64,
+        max_tokens: 16,
+        seed: 0,
+    };
+    spec.validate().map_err(anyhow::Error::msg)?;
     let names: Vec<String> = if args.backends.is_empty() {
         registry::factories()
             .into_iter()
@@ -29,14 +38,6 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
     if names.is_empty() {
         anyhow::bail!("no backend to run the serving case on; name one with --backend");
     }
-    let spec = ServingBenchSpec {
-        concurrency: args.serving_concurrency.clone(),
-        requests_per_level: 32,
-        prompt_len: 64,
-        max_tokens: 16,
-        seed: 0,
-    };
-    spec.validate().map_err(anyhow::Error::msg)?;
     let cfg = dsv4_bench::e2e::config("tiny")?;
     let tensors = dsv4_bench::e2e::weights(&cfg)?;
     let bopts = BackendOptions {
