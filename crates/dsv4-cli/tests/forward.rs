@@ -159,4 +159,16 @@ fn forward_rejects_a_token_outside_the_vocabulary() {
     let err = String::from_utf8_lossy(&st.stderr);
     assert!(err.contains("999") && err.contains("vocab"), "{err}");
     assert!(!dir.path().join("x.npy").exists());
+    // A --dump-topk path that cannot be written is refused before the forward, so the logits
+    // file is not written either.
+    let st = Command::new(env!("CARGO_BIN_EXE_dsv4"))
+        .args(["model", "forward", "--tokens", "1,2", "--out"])
+        .arg(dir.path().join("y.npy"))
+        .arg("--dump-topk")
+        .arg(dir.path().join("gone/topk.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && err.contains("--dump-topk"), "{err}");
+    assert!(!dir.path().join("y.npy").exists());
 }

@@ -101,6 +101,10 @@ pub fn write_npy(path: &Path, shape: &[usize], values: &[f32]) -> anyhow::Result
 
 /// Run `dsv4 model forward`.
 pub fn run(args: &ForwardArgs, profile: &dsv4_config::Profile) -> anyhow::Result<()> {
+    super::check_output_path("--out", &args.out)?;
+    if let Some(path) = &args.dump_topk {
+        super::check_output_path("--dump-topk", path)?;
+    }
     let (model, _) = open_model(args.model.as_deref(), profile)?;
     let mut seq = model.new_sequence();
     let out = model.forward(&mut seq, &args.tokens)?;
