@@ -69,18 +69,15 @@ pub fn run(args: &GenerateArgs, profile: &dsv4_config::Profile, json: bool) -> a
     if let Some(file) = &args.batch {
         return match &args.output {
             Some(out) => {
-                let mut f = std::fs::File::create(out)
-                    .with_context(|| format!("cannot create {}", out.display()))?;
-                batch::run_batch(model, tok, profile, file, args.max_tokens, &mut f)
+                super::check_output_path("--output", out)?;
+                batch::run_batch(model, tok, profile, file, args.max_tokens, || {
+                    std::fs::File::create(out)
+                        .with_context(|| format!("cannot create {}", out.display()))
+                })
             }
-            None => batch::run_batch(
-                model,
-                tok,
-                profile,
-                file,
-                args.max_tokens,
-                &mut std::io::stdout().lock(),
-            ),
+            None => batch::run_batch(model, tok, profile, file, args.max_tokens, || {
+                Ok(std::io::stdout().lock())
+            }),
         };
     }
     let prompt = args

@@ -167,14 +167,15 @@ fn read_requests(
 }
 
 /// Run every request of `path` through an engine on `model`; write one result line each to
-/// `out`, in input order.
-pub fn run_batch(
+/// the output `open_out` opens, in input order. The output is opened only once every request
+/// has parsed and the engine has started, so a bad batch file truncates no earlier results.
+pub fn run_batch<W: Write>(
     model: Model,
     tok: Tokenizer,
     profile: &Profile,
     path: &Path,
     default_max_tokens: usize,
-    out: &mut dyn Write,
+    open_out: impl FnOnce() -> anyhow::Result<W>,
 ) -> anyhow::Result<()> {
     let cfg = engine_config(profile)?;
     let requests = read_requests(path, &tok, model.cfg.bos_token_id, default_max_tokens)?;
@@ -190,6 +191,7 @@ pub fn run_batch(
         .into_iter()
         .map(|(id, r)| (id, engine.submit(r).map_err(anyhow::Error::from)))
         .collect();
+    let mut out = open_out()?;
     let mut failed = 0;
     let total = streams.len();
     for (id, stream) in streams {
@@ -268,7 +270,7 @@ mod tests {
             &profile(),
             &path,
             5,
-            &mut out,
+            || Ok(&mut out),
         );
         let rows = String::from_utf8(out)
             .unwrap()
@@ -366,6 +368,30 @@ mod tests {
         assert_eq!(rows[0]["finish_reason"], "error");
         assert!(rows[0]["error"].as_str().unwrap().contains("top_p"));
         assert_eq!(rows[1]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn a_bad_batch_file_opens_no_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "{\"id\": 1, \"prompt\": \"x\"}\nnot json\n").unwrap();
+        let mut opened = false;
+        let r = run_batch(
+            tiny(),
+            Tokenizer::tiny().unwrap(),
+            &profile(),
+            &path,
+            5,
+            || {
+                opened = true;
+                Ok(Vec::new())
+            },
+        );
+        assert!(format!("{:#}", r.unwrap_err()).contains("line 2"));
+        assert!(
+            !opened,
+            "an existing --output file would have been truncated"
+        );
     }
 
     #[test]
