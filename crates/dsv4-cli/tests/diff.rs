@@ -37,6 +37,33 @@ fn reference_against_itself_on_one_op_exits_0_with_parsable_json() {
         assert_eq!(c["value"], 0.0);
     }
     assert_eq!(doc["model"], Value::Null);
+
+    // --out holds the same report; a run that fails leaves an earlier report untouched.
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("diff.json");
+    let base = "diff --backend reference --against reference -q -o rms_norm --out";
+    let out = dsv4(&format!("{base} {}", report.display()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let saved: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(saved["ops"]["cases"], doc["ops"]["cases"]);
+    let out = dsv4(&format!(
+        "{base} {} --decode 100000000 --model",
+        report.display()
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&std::fs::read(&report).unwrap()).unwrap(),
+        saved
+    );
+    let out = dsv4(&format!(
+        "{base} {}",
+        dir.path().join("gone/d.json").display()
+    ));
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -7,7 +7,6 @@ use anyhow::{Context, bail};
 use dsv4_config::{Profile, ResolveOptions};
 use dsv4_diff::ops::list_cases;
 use dsv4_diff::{DiffError, ModeDiff, ModelOptions, OpsOptions, SideConfig, diff, render};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The candidate backend when neither `--against` nor `--against-set backend.kind=…` names one.
@@ -190,13 +189,9 @@ pub fn run(
     if let Some(m) = mode {
         m.check_neighbours(model.neighbours)?;
     }
-    let mut out_file = match &args.out {
-        Some(path) => Some(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot write the report to {}", path.display()))?,
-        ),
-        None => None,
-    };
+    if let Some(path) = &args.out {
+        super::check_output_path("--out", path)?;
+    }
     let report = diff(
         &oracle,
         &candidate,
@@ -204,8 +199,8 @@ pub fn run(
         run_model.then_some(&model),
     )?;
     let json = serde_json::to_string_pretty(&report.to_json())?;
-    if let (Some(f), Some(path)) = (out_file.as_mut(), &args.out) {
-        writeln!(f, "{json}")
+    if let Some(path) = &args.out {
+        std::fs::write(path, format!("{json}\n"))
             .with_context(|| format!("cannot write the report to {}", path.display()))?;
     }
     if args.json {
