@@ -183,6 +183,25 @@ fn init_tiny_writes_the_three_files() {
         ],
     ));
     assert_eq!(doc["layers"], 4);
+
+    // Without its tokenizer.json the checkpoint is refused before any weight is loaded and, for
+    // serve, before the port opens (nothing printed on stdout).
+    std::fs::remove_file(out.join("tokenizer.json")).unwrap();
+    let model = out.to_str().unwrap();
+    for args in [
+        &["serve", "--port", "0", "--model", model][..],
+        &["generate", "--prompt", "hi", "--model", model][..],
+    ] {
+        let o = common::run(dsv4(dir.path(), args));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr.contains("tokenizer.json"), "{args:?}: {stderr}");
+        assert!(
+            o.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
 }
 
 #[test]

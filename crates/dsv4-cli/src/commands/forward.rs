@@ -1,7 +1,9 @@
 //! `dsv4 model forward`: run a prefill over given token ids and write the logits as .npy, and
-//! optionally the indexer's selections as JSON. Also the model-opening helper `generate` shares.
+//! optionally the indexer's selections as JSON. Also the helpers `generate` and `serve` share:
+//! where the model comes from, its tokenizer, and opening it on the profile's backend.
 
 use anyhow::Context;
+use dsv4_chat::Tokenizer;
 use dsv4_kernels::registry::{self, BackendOptions};
 use dsv4_model::forward::Model;
 use dsv4_model::load::{ModelSource, load_model};
@@ -32,13 +34,7 @@ pub fn open_model(
     model_dir: Option<&Path>,
     profile: &dsv4_config::Profile,
 ) -> anyhow::Result<(Model, ModelSource)> {
-    let source = match model_dir {
-        Some(dir) => ModelSource::Dir(dir.to_path_buf()),
-        None => match profile.model.source() {
-            dsv4_config::ModelSource::Tiny { seed } => ModelSource::Tiny { seed },
-            dsv4_config::ModelSource::Dir(dir) => ModelSource::Dir(dir),
-        },
-    };
+    let source = model_source(model_dir, profile);
     let backend = registry::create(&profile.backend.kind, &backend_options(profile))?;
     tracing::info!(backend = backend.name(), numerics = %profile.numerics(), ?source, "loading model");
     let mut model = load_model(&source, backend, profile.numerics())
@@ -46,6 +42,28 @@ pub fn open_model(
     // The profile's execution mode (captured plans, multi-stream overlap, injected faults).
     model.set_exec(super::plan::exec_options(profile)?);
     Ok((model, source))
+}
+
+/// Where a command's model comes from: `--model DIR` if given, else the profile's `[model]`.
+pub fn model_source(model_dir: Option<&Path>, profile: &dsv4_config::Profile) -> ModelSource {
+    match model_dir {
+        Some(dir) => ModelSource::Dir(dir.to_path_buf()),
+        None => match profile.model.source() {
+            dsv4_config::ModelSource::Tiny { seed } => ModelSource::Tiny { seed },
+            dsv4_config::ModelSource::Dir(dir) => ModelSource::Dir(dir),
+        },
+    }
+}
+
+/// The tokenizer of a model source: the embedded tiny one, or `DIR/tokenizer.json`.
+pub fn tokenizer_for(source: &ModelSource) -> anyhow::Result<Tokenizer> {
+    match source {
+        ModelSource::Tiny { .. } => Ok(Tokenizer::tiny()?),
+        ModelSource::Dir(dir) => {
+            let path = dir.join("tokenizer.json");
+            Tokenizer::from_file(&path).with_context(|| format!("cannot load {}", path.display()))
+        }
+    }
 }
 
 /// The options the profile creates its backends with (`[backend]`, `exec.threads`).

@@ -3,10 +3,8 @@
 
 pub mod batch;
 
-use super::forward::open_model;
+use super::forward::{model_source, open_model, tokenizer_for};
 use anyhow::{Context, bail};
-use dsv4_chat::tokenizer::Tokenizer;
-use dsv4_model::load::ModelSource;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -57,15 +55,9 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// Run `dsv4 generate`; with `json`, print one JSON object instead of streaming text.
 pub fn run(args: &GenerateArgs, profile: &dsv4_config::Profile, json: bool) -> anyhow::Result<()> {
-    let (model, source) = open_model(args.model.as_deref(), profile)?;
-    let tok = match &source {
-        ModelSource::Tiny { .. } => Tokenizer::tiny()?,
-        ModelSource::Dir(dir) => {
-            let path = dir.join("tokenizer.json");
-            Tokenizer::from_file(&path)
-                .with_context(|| format!("cannot load {}", path.display()))?
-        }
-    };
+    // The tokenizer first: a missing tokenizer.json fails before the (long) weight load.
+    let tok = tokenizer_for(&model_source(args.model.as_deref(), profile))?;
+    let (model, _) = open_model(args.model.as_deref(), profile)?;
     if let Some(file) = &args.batch {
         return match &args.output {
             Some(out) => {

@@ -4,13 +4,12 @@
 //! SIGTERM. `--engine sglang` replaces this process with the SGLang launch command that
 //! reproduces the profile (`dsv4 profile export NAME --target sglang`).
 
-use super::forward::open_model;
+use super::forward::{model_source, open_model, tokenizer_for};
 use super::generate::batch::engine_config;
 use anyhow::{Context, bail};
 use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
 use dsv4_config::{ReasoningParser, Resolved, ToolCallParser};
-use dsv4_model::ModelSource;
 use dsv4_server::{AppState, Loaded, OutputParsing, Server, ServerConfig, shutdown_signal};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -120,19 +119,11 @@ fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
     )
 }
 
-/// Load the model and its tokenizer and start the engine (blocking; runs beside the server).
-fn load(model_dir: Option<&Path>, resolved: &Resolved) -> anyhow::Result<Loaded> {
+/// Load the model and start the engine with `tok` (blocking; runs beside the server).
+fn load(model_dir: Option<&Path>, resolved: &Resolved, tok: Tokenizer) -> anyhow::Result<Loaded> {
     let profile = &resolved.profile;
     let cfg = engine_config(profile)?;
-    let (model, source) = open_model(model_dir, profile)?;
-    let tok = match &source {
-        ModelSource::Tiny { .. } => Tokenizer::tiny()?,
-        ModelSource::Dir(dir) => {
-            let path = dir.join("tokenizer.json");
-            Tokenizer::from_file(&path)
-                .with_context(|| format!("cannot load {}", path.display()))?
-        }
-    };
+    let (model, _) = open_model(model_dir, profile)?;
     let debug = super::plan::debug_options(profile);
     let loaded = Loaded::new(Arc::new(model), tok, cfg, debug)?;
     tracing::info!(pools = %loaded.engine.pool_report(), "engine started");
@@ -143,6 +134,10 @@ fn load(model_dir: Option<&Path>, resolved: &Resolved) -> anyhow::Result<Loaded>
 fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
     let id = model_id(args, resolved);
     let cfg = server_config(args, resolved, id.clone())?;
+    // What can fail fast does before the port opens: the engine options and the tokenizer (a
+    // missing tokenizer.json). Only the weight load runs beside the listening server.
+    engine_config(&resolved.profile)?;
+    let tok = tokenizer_for(&model_source(args.model.as_deref(), &resolved.profile))?;
     let has_key = cfg.api_key.is_some();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -174,7 +169,8 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
         let serving = tokio::spawn(server.run(shutdown_signal()));
         let model_dir = args.model.clone();
         let resolved_owned = resolved.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(model_dir.as_deref(), &resolved_owned))
+        let loaded =
+            tokio::task::spawn_blocking(move || load(model_dir.as_deref(), &resolved_owned, tok))
             .await
             .context("the model loader panicked")??;
         state.set_ready(loaded);
