@@ -15,7 +15,7 @@ pub mod verify;
 pub use error::LedgerError;
 pub use evidence::{AbSummary, ArmSummary, EvidenceFile};
 pub use record::{Change, Kind, Record, Status};
-pub use recorder::{MAX_TITLE_CHARS, RecordRequest, Recorded, record};
+pub use recorder::{MAX_EVIDENCE_BYTES, MAX_TITLE_CHARS, RecordRequest, Recorded, record};
 pub use render::{DEFAULT_TEMPLATE, render_all, render_incident};
 pub use store::{Ledger, find_root};
 pub use verify::{Problem, VerifyReport, verify};

@@ -52,6 +52,9 @@ pub struct Recorded {
     pub files: Vec<String>,
 }
 
+/// The largest evidence file accepted: it is copied into the repository and committed.
+pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
+
 /// The longest `--title` accepted: it becomes the commit subject and the incident heading.
 pub const MAX_TITLE_CHARS: usize = 200;
 
@@ -259,6 +262,24 @@ fn read_evidence(args: &[String]) -> Result<Vec<Evidence>, LedgerError> {
             }
             _ => (PathBuf::from(arg), None),
         };
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| LedgerError::Invalid(format!("evidence {}: {e}", path.display())))?;
+        if !meta.is_file() {
+            return Err(LedgerError::Invalid(format!(
+                "evidence {}: not a regular file",
+                path.display()
+            )));
+        }
+        if meta.len() > MAX_EVIDENCE_BYTES {
+            return Err(LedgerError::Invalid(format!(
+                "evidence {} is {:.1} MiB; the ledger commits at most {} MiB per file (git \
+                 hosts refuse large blobs): compress it, or keep the raw file elsewhere and \
+                 record its summary",
+                path.display(),
+                meta.len() as f64 / (1u64 << 20) as f64,
+                MAX_EVIDENCE_BYTES >> 20
+            )));
+        }
         let bytes = std::fs::read(&path)
             .map_err(|e| LedgerError::Invalid(format!("evidence {}: {e}", path.display())))?;
         let sum = sha256(&bytes);

@@ -169,6 +169,22 @@ fn refusals_write_nothing() {
     req.evidence = vec![fx.root.join("missing.json").display().to_string()];
     assert!(refused(&fx, &req).to_string().contains("missing.json"));
 
+    // A directory, and a file over the size limit (sparse: nothing is really written).
+    let mut req = fx.request();
+    req.evidence = vec![fx.root.join("profiles").display().to_string()];
+    assert!(
+        refused(&fx, &req)
+            .to_string()
+            .contains("not a regular file")
+    );
+    let big = tempfile::NamedTempFile::new().unwrap();
+    big.as_file()
+        .set_len(dsv4_ledger::MAX_EVIDENCE_BYTES + 1)
+        .unwrap();
+    let mut req = fx.request();
+    req.evidence = vec![big.path().display().to_string()];
+    assert!(refused(&fx, &req).to_string().contains("at most 64 MiB"));
+
     let mut req = fx.request();
     req.evidence = vec![format!("{}@sha256:{}", fx.bundle.display(), "0".repeat(64))];
     assert!(refused(&fx, &req).to_string().contains("sha256 is"));
