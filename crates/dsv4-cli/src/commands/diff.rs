@@ -190,7 +190,8 @@ pub fn run(
         m.check_neighbours(model.neighbours)?;
     }
     if let Some(path) = &args.out {
-        super::check_output_path("--out", path)?;
+        super::check_output_path("--out", path)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
     }
     let report = diff(
         &oracle,
