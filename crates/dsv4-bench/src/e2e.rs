@@ -270,9 +270,8 @@ pub fn run(
         );
         // Decode steps of that sequence: what one step at this context uploads (its cache
         // rows grow with the context unless the device keeps them).
-        const STEPS: usize = PREFILL_DECODE_STEPS;
         let before = stats();
-        for t in tokens(STEPS, v, 2) {
+        for t in tokens(PREFILL_DECODE_STEPS, v, 2) {
             model.forward(&mut long, &[t])?;
         }
         if let (Some(before), Some(after)) = (before, stats()) {
@@ -281,7 +280,7 @@ pub fn run(
                     "  decode at {} tokens: KiB uploaded/step",
                     plan.prefill_tokens
                 ),
-                after.since(&before).write_bytes as f64 / 1024.0 / STEPS as f64,
+                after.since(&before).write_bytes as f64 / 1024.0 / PREFILL_DECODE_STEPS as f64,
                 "KiB",
             );
         }

@@ -42,6 +42,7 @@ pub fn check_output_path(flag: &str, path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::check_output_path;
+    use std::path::Path;
 
     #[test]
     fn output_paths_are_checked_before_a_run() {
@@ -53,6 +54,4 @@ mod tests {
         let e = check_output_path("--out", dir.path()).unwrap_err();
         assert!(e.to_string().starts_with("--out") && e.to_string().contains("is a directory"));
     }
-
-    use std::path::Path;
 }

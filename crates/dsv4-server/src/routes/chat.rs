@@ -125,6 +125,7 @@ fn prepare(
         loaded,
         &prompt,
         req.max_completion_tokens.or(req.max_tokens),
+        "messages",
     )?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(state.next_serial())?;
@@ -144,19 +145,21 @@ fn prepare(
     })
 }
 
-/// Check the prompt against the context and choose `max_tokens`.
+/// Check the prompt against the context and choose `max_tokens`; `prompt_field` is the request
+/// field the prompt came from (`messages`, or `prompt` on /v1/completions), named in errors.
 pub(super) fn max_tokens(
     loaded: &Loaded,
     prompt: &[u32],
     asked: Option<u64>,
+    prompt_field: &'static str,
 ) -> Result<usize, ApiError> {
     let context = loaded.context;
     let too_long =
-        |m: String| ApiError::bad_param("messages", m).with_code("context_length_exceeded");
+        |m: String| ApiError::bad_param(prompt_field, m).with_code("context_length_exceeded");
     if prompt.len() >= context {
         return Err(too_long(format!(
             "the prompt is {} tokens but the model's context is {context} tokens (room for at \
-             least one generated token is needed); shorten the messages",
+             least one generated token is needed); shorten the {prompt_field}",
             prompt.len()
         )));
     }
@@ -168,7 +171,7 @@ pub(super) fn max_tokens(
         )),
         Some(n) if n > room as u64 => Err(too_long(format!(
             "the prompt ({} tokens) plus max_tokens ({n}) exceeds the model's context of \
-             {context} tokens; lower max_tokens to at most {room} or shorten the messages",
+             {context} tokens; lower max_tokens to at most {room} or shorten the {prompt_field}",
             prompt.len()
         ))),
         Some(n) => Ok(n as usize),

@@ -92,15 +92,7 @@ fn prepare(
         }
     };
     let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
-    // The chat route's check names `messages` for a prompt that does not fit; here that field is
-    // `prompt`. Its own field (`max_tokens`) stays named.
-    let max_tokens = max_tokens(loaded, &prompt, asked).map_err(|e| {
-        if e.param.as_deref() == Some("messages") {
-            e.with_param("prompt")
-        } else {
-            e
-        }
-    })?;
+    let max_tokens = max_tokens(loaded, &prompt, asked, "prompt")?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(state.next_serial())?;
     Ok((
