@@ -1,11 +1,16 @@
 //! [`PlanBuilder`]: declare streams, events and buffers, then append launches in issue order.
 
+use std::collections::HashMap;
+
 use crate::ir::{Buffer, BufferClass, BufferId, EventId, Launch, Placement, Plan, Slice, StreamId};
 
 /// Builds a [`Plan`] with fresh (eager) placement; see [`crate::place`] for arenas.
 #[derive(Debug, Clone)]
 pub struct PlanBuilder<O> {
     plan: Plan<O>,
+    /// The first buffer of each (class, scope, name), so [`Self::persistent`] is a lookup
+    /// rather than a scan (a 4096-layer model's plan has hundreds of thousands of buffers).
+    by_name: HashMap<(BufferClass, String, String), BufferId>,
 }
 
 impl<O> Default for PlanBuilder<O> {
@@ -25,6 +30,7 @@ impl<O> PlanBuilder<O> {
                 launches: Vec::new(),
                 placement: Placement::Fresh,
             },
+            by_name: HashMap::new(),
         }
     }
 
@@ -52,7 +58,11 @@ impl<O> PlanBuilder<O> {
             bytes,
             host_read: false,
         });
-        BufferId((self.plan.buffers.len() - 1) as u32)
+        let id = BufferId((self.plan.buffers.len() - 1) as u32);
+        self.by_name
+            .entry((class, scope.to_string(), name.to_string()))
+            .or_insert(id);
+        id
     }
 
     /// The persistent buffer of this class, scope and name, declared on first use.
@@ -63,13 +73,11 @@ impl<O> PlanBuilder<O> {
         name: &str,
         bytes: u64,
     ) -> BufferId {
-        let found = self
-            .plan
-            .buffers
-            .iter()
-            .position(|b| b.class == class && b.scope == scope && b.name == name);
-        match found {
-            Some(i) => BufferId(i as u32),
+        match self
+            .by_name
+            .get(&(class, scope.to_string(), name.to_string()))
+        {
+            Some(&id) => id,
             None => self.buffer(class, scope, name, bytes),
         }
     }
@@ -102,5 +110,32 @@ impl<O> PlanBuilder<O> {
     /// The finished plan (fresh placement).
     pub fn finish(self) -> Plan<O> {
         self.plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persistent_declares_each_class_scope_and_name_once() {
+        let mut pb = PlanBuilder::<()>::new();
+        let w = pb.persistent(BufferClass::Weight, "layers.0", "wq", 0);
+        assert_eq!(pb.persistent(BufferClass::Weight, "layers.0", "wq", 0), w);
+        let others = [
+            pb.persistent(BufferClass::Pool, "layers.0", "wq", 8),
+            pb.persistent(BufferClass::Weight, "layers.1", "wq", 0),
+            pb.persistent(BufferClass::Weight, "layers.0", "wk", 0),
+        ];
+        assert!(others.iter().all(|&b| b != w));
+        assert_eq!(pb.plan().buffers.len(), 4);
+        // A buffer declared with `buffer` is found by name too (the first of that name wins).
+        let t = pb.buffer(BufferClass::Transient, "layers.0", "x", 16);
+        pb.buffer(BufferClass::Transient, "layers.0", "x", 32);
+        assert_eq!(
+            pb.persistent(BufferClass::Transient, "layers.0", "x", 64),
+            t
+        );
+        assert_eq!(pb.plan().buffers.len(), 6);
     }
 }
