@@ -161,6 +161,18 @@ const INVALID: &[(&str, &str, &str, &str)] = &[
         "at least 1",
     ),
     (
+        "\"n_routed_experts\": 8",
+        "\"n_routed_experts\": 32768",
+        "n_routed_experts",
+        "163840 expert instances",
+    ),
+    (
+        "\"num_nextn_predict_layers\": 1",
+        "\"num_nextn_predict_layers\": 4097",
+        "num_nextn_predict_layers",
+        "maximum 4096 layers",
+    ),
+    (
         "\"num_hash_layers\": 1",
         "\"num_hash_layers\": 5",
         "num_hash_layers",

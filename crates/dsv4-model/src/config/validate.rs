@@ -14,6 +14,10 @@ const RATIOS: [usize; 3] = [0, 4, 128];
 const MAX_SIZE: usize = 1 << 20;
 /// Upper bound on layer counts.
 const MAX_LAYERS: usize = 4096;
+/// Upper bound on routed experts summed over main and MTP layers: each is six tensors of the
+/// checkpoint, so this bounds what listing a config's tensors costs (Flash has 44 × 256 =
+/// 11 264; this is over ten times that).
+const MAX_EXPERT_INSTANCES: usize = 1 << 17;
 
 /// Run every check; the first failure is returned.
 pub(super) fn validate(c: &ModelConfig) -> Result<(), ModelError> {
@@ -79,11 +83,16 @@ fn nonzero(c: &ModelConfig) -> Result<(), ModelError> {
             );
         }
     }
-    if c.num_hidden_layers > MAX_LAYERS || c.num_nextn_predict_layers > MAX_LAYERS {
-        return err(
-            "num_hidden_layers",
-            format!("main or MTP layer count exceeds the supported maximum {MAX_LAYERS}"),
-        );
+    for (field, v) in [
+        ("num_hidden_layers", c.num_hidden_layers),
+        ("num_nextn_predict_layers", c.num_nextn_predict_layers),
+    ] {
+        if v > MAX_LAYERS {
+            return err(
+                field,
+                format!("is {v}, above the supported maximum {MAX_LAYERS} layers"),
+            );
+        }
     }
     if c.max_position_embeddings == 0 {
         return err("max_position_embeddings", "must be at least 1".into());
@@ -210,6 +219,18 @@ fn attention(c: &ModelConfig) -> Result<(), ModelError> {
 }
 
 fn moe(c: &ModelConfig) -> Result<(), ModelError> {
+    let layers = c.num_layers_with_mtp();
+    let instances = layers * c.n_routed_experts;
+    if instances > MAX_EXPERT_INSTANCES {
+        return err(
+            "n_routed_experts",
+            format!(
+                "{} routed experts in each of {layers} layers (main and MTP) make {instances} \
+                 expert instances, above the supported maximum {MAX_EXPERT_INSTANCES}",
+                c.n_routed_experts
+            ),
+        );
+    }
     if c.num_experts_per_tok > c.n_routed_experts {
         return err(
             "num_experts_per_tok",
