@@ -52,6 +52,19 @@ pub enum ModelError {
         message: String,
     },
 
+    /// The config's sizes together describe a checkpoint too large to count in 64 bits safely.
+    #[error(
+        "config.json sizes are too large: tensor `{tensor}` of shape {shape:?} takes the \
+         checkpoint past 2^50 stored elements (thousands of times any published model); check \
+         hidden_size, hc_mult, vocab_size, the head, rank and expert sizes and the layer counts"
+    )]
+    ConfigTooLarge {
+        /// The tensor at which the running total (or its own size) passed the limit.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+
     /// `architectures` does not name DeepseekV4ForCausalLM.
     #[error(
         "config.json field `architectures` is {found:?}: this engine runs only \

@@ -261,6 +261,38 @@ const INVALID: &[(&str, &str, &str, &str)] = &[
 ];
 
 #[test]
+fn sizes_past_what_64_bits_count_safely_are_refused() {
+    // hc_mult 2^20 alone: hc_attn_fn is [(2 + m)·m, m·d], about 2^68 elements.
+    let err = error_of(&tiny_with("\"hc_mult\": 4", "\"hc_mult\": 1048576"));
+    let msg = err.to_string();
+    assert!(matches!(err, ModelError::ConfigTooLarge { .. }), "{msg}");
+    assert!(
+        msg.contains("`layers.0.hc_attn_fn`") && msg.contains("2^50") && msg.contains("hc_mult"),
+        "{msg}"
+    );
+    // Each tensor fits, the sum does not: wq_a is [q_lora_rank, hidden_size] = 2^40 elements,
+    // and 4096 layers of it make 2^52.
+    let mut cfg: serde_json::Value = serde_json::from_str(ModelConfig::tiny_json()).unwrap();
+    cfg["hidden_size"] = 1_048_576.into();
+    cfg["q_lora_rank"] = 1_048_576.into();
+    cfg["num_hidden_layers"] = 4096.into();
+    cfg["compress_ratios"] = serde_json::json!(vec![0; 4097]);
+    let err = error_of(&cfg.to_string());
+    match &err {
+        ModelError::ConfigTooLarge { tensor, .. } => {
+            let layer: usize = tensor.split('.').nth(1).unwrap().parse().unwrap();
+            assert!(
+                layer > 1000,
+                "the total, not one tensor, passes the limit: {err}"
+            );
+        }
+        _ => panic!("expected ConfigTooLarge: {err}"),
+    }
+    // The Flash config is far inside the limit.
+    common::flash().validate().unwrap();
+}
+
+#[test]
 fn invalid_configs_name_the_field() {
     for &(from, to, field, needle) in INVALID {
         let err = error_of(&tiny_with(from, to));

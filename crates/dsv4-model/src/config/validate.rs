@@ -3,6 +3,7 @@
 
 use super::{ARCHITECTURE, ModelConfig};
 use crate::error::ModelError;
+use crate::manifest::checkpoint_manifest;
 
 /// fp8 weight/activation block (spec §6).
 const FP8_BLOCK: usize = 128;
@@ -18,6 +19,9 @@ const MAX_LAYERS: usize = 4096;
 /// checkpoint, so this bounds what listing a config's tensors costs (Flash has 44 × 256 =
 /// 11 264; this is over ten times that).
 const MAX_EXPERT_INSTANCES: usize = 1 << 17;
+/// Upper bound on the elements a checkpoint stores, all tensors together (2^50, thousands of
+/// times any published model), so every size and sum derived from a config fits in 64 bits.
+const MAX_ELEMENTS: u64 = 1 << 50;
 
 /// Run every check; the first failure is returned.
 pub(super) fn validate(c: &ModelConfig) -> Result<(), ModelError> {
@@ -33,6 +37,7 @@ pub(super) fn validate(c: &ModelConfig) -> Result<(), ModelError> {
     indexer(c)?;
     scalars(c)?;
     quantization(c)?;
+    elements(c)?;
     Ok(())
 }
 
@@ -386,4 +391,26 @@ fn quantization(c: &ModelConfig) -> Result<(), ModelError> {
         ),
         _ => Ok(()),
     }
+}
+
+/// The checkpoint's tensors, each and together, stay within [`MAX_ELEMENTS`] (run last: the
+/// manifest is built from the checked fields, and the expert cap bounds its length).
+fn elements(c: &ModelConfig) -> Result<(), ModelError> {
+    let mut total = 0u64;
+    for spec in checkpoint_manifest(c) {
+        let sum = spec
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .and_then(|n| total.checked_add(n))
+            .filter(|&t| t <= MAX_ELEMENTS);
+        let Some(sum) = sum else {
+            return Err(ModelError::ConfigTooLarge {
+                tensor: spec.name,
+                shape: spec.shape,
+            });
+        };
+        total = sum;
+    }
+    Ok(())
 }
