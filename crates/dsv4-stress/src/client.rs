@@ -167,7 +167,7 @@ impl Client {
         while let Some(piece) = bytes.next().await {
             let piece = piece.map_err(|e| fail(None, None, error_chain(&e)))?;
             buf.extend_from_slice(&piece);
-            while let Some((event, used)) = next_event(&buf) {
+            while let Some((event, used)) = next_event(&buf).map_err(|m| fail(None, None, m))? {
                 buf.drain(..used);
                 let now = Instant::now();
                 match acc.feed(&event).map_err(|(ty, m)| fail(None, ty, m))? {
@@ -264,21 +264,36 @@ fn json_text(v: &Value) -> String {
 }
 
 /// The data of the next complete SSE event in `buf` and the bytes it used; `data:` lines are
-/// joined with newlines, other fields ignored.
-pub fn next_event(buf: &[u8]) -> Option<(String, usize)> {
-    let text = std::str::from_utf8(buf).unwrap_or_else(|e| {
-        std::str::from_utf8(&buf[..e.valid_up_to()]).expect("valid up to here")
-    });
-    let (end, sep) = [("\r\n\r\n", 4), ("\n\n", 2)]
+/// joined with newlines, other fields ignored. `Ok(None)` until an event is complete (a
+/// character split across reads waits for its next bytes); bytes that are not UTF-8 are an
+/// error, since no complete event can follow them.
+pub fn next_event(buf: &[u8]) -> Result<Option<(String, usize)>, String> {
+    let text = match std::str::from_utf8(buf) {
+        Ok(text) => text,
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(&buf[..e.valid_up_to()]).expect("valid up to here")
+        }
+        Err(e) => {
+            return Err(format!(
+                "the stream is not UTF-8: invalid byte {:#04x} after {} bytes of the current event",
+                buf[e.valid_up_to()],
+                e.valid_up_to()
+            ));
+        }
+    };
+    let Some((end, sep)) = [("\r\n\r\n", 4), ("\n\n", 2)]
         .iter()
         .filter_map(|(pat, n)| text.find(pat).map(|i| (i, *n)))
-        .min()?;
+        .min()
+    else {
+        return Ok(None);
+    };
     let data: Vec<&str> = text[..end]
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
         .map(|d| d.strip_prefix(' ').unwrap_or(d))
         .collect();
-    Some((data.join("\n"), end + sep))
+    Ok(Some((data.join("\n"), end + sep)))
 }
 
 /// What one SSE event contributed.
@@ -411,7 +426,7 @@ mod tests {
             let mut fed = Vec::new();
             for piece in bytes.chunks(cut) {
                 buf.extend_from_slice(piece);
-                while let Some((ev, used)) = next_event(&buf) {
+                while let Some((ev, used)) = next_event(&buf).unwrap() {
                     buf.drain(..used);
                     fed.push(acc.feed(&ev).unwrap());
                 }
@@ -425,6 +440,19 @@ mod tests {
             assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
             assert_eq!((a.prompt_tokens, a.completion_tokens), (Some(7), Some(4)));
         }
+    }
+
+    #[test]
+    fn a_split_character_waits_and_bytes_that_are_not_utf8_are_an_error() {
+        let wire = "data: {\"x\": \"｜\"}\n\n".as_bytes();
+        let bar = wire.iter().position(|&b| b == 0xef).unwrap();
+        assert_eq!(next_event(&wire[..bar + 1]), Ok(None));
+        let (data, used) = next_event(wire).unwrap().unwrap();
+        assert_eq!((data.as_str(), used), ("{\"x\": \"｜\"}", wire.len()));
+        let mut bad = wire[..bar].to_vec();
+        bad.extend_from_slice(b"\xff\"}\n\ndata: [DONE]\n\n");
+        let err = next_event(&bad).unwrap_err();
+        assert!(err.contains("not UTF-8") && err.contains("0xff"), "{err}");
     }
 
     #[test]
