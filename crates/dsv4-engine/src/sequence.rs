@@ -25,6 +25,42 @@ impl<F: Fn(&[u32]) -> String + Send + Sync> Detokenizer for F {
     }
 }
 
+/// Characters decoded beyond the longest stop string when only the end of the text is
+/// decoded: room for a character split at the window's first token (up to three bytes, each
+/// a U+FFFD on its own) and for a decoder that trims the first token's leading space.
+const STOP_WINDOW_MARGIN: usize = 4;
+
+/// Whether the text of `generated` contains one of `stops` (none empty), decoding only its
+/// end. Called after every token, so an occurrence that ended earlier has already ended the
+/// request: a new one ends in the last token's text (or at a character that token completes),
+/// so it starts at most `longest` characters before that token's text. The window of tokens
+/// grows (doubling) until the text before its last token has that many characters plus the
+/// margin, and the margin's characters at its start are not searched. A token then costs
+/// about the longest stop string, not the whole completion (decoding all of it after every
+/// token made long completions with stop strings quadratic on the step loop).
+pub(crate) fn stop_in_tail(generated: &[u32], stops: &[String], d: &dyn Detokenizer) -> bool {
+    let n = generated.len();
+    let longest = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+    let before = longest + STOP_WINDOW_MARGIN;
+    let mut k = (before + 1).min(n);
+    loop {
+        if k == n {
+            let text = d.decode(generated);
+            return stops.iter().any(|s| text.contains(s.as_str()));
+        }
+        let window = &generated[n - k..];
+        if d.decode(&window[..k - 1]).chars().count() >= before {
+            let text = d.decode(window);
+            let skip = text
+                .char_indices()
+                .nth(STOP_WINDOW_MARGIN)
+                .map_or(text.len(), |(i, _)| i);
+            return stops.iter().any(|s| text[skip..].contains(s.as_str()));
+        }
+        k = (k * 2).min(n);
+    }
+}
+
 /// A request the engine holds, queued or running.
 pub(crate) struct Seq {
     pub id: RequestId,
@@ -153,11 +189,10 @@ impl Seq {
             index,
             logits: self.req.return_logits.then(|| row.to_vec()),
         }));
-        if let Some(d) = detok.filter(|_| !self.req.stop.is_empty()) {
-            let text = d.decode(self.generated());
-            if self.req.stop.iter().any(|s| text.contains(s.as_str())) {
-                return AfterToken::Finish(FinishReason::Stop);
-            }
+        if let Some(d) = detok.filter(|_| !self.req.stop.is_empty())
+            && stop_in_tail(self.generated(), &self.req.stop, d.as_ref())
+        {
+            return AfterToken::Finish(FinishReason::Stop);
         }
         if self.generated().len() >= self.req.max_tokens {
             return AfterToken::Finish(FinishReason::Length);
@@ -207,5 +242,92 @@ impl Seq {
             error,
         };
         (self.tx, finished)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Byte pieces of a byte-level vocabulary: ASCII, characters split across tokens, an
+    /// empty (special) token, and invalid bytes.
+    const PIECES: [&[u8]; 12] = [
+        b"a",
+        b"b",
+        b"ab",
+        b" ",
+        b"\n",
+        b"",
+        b"\xc3",
+        b"\xa9",
+        b"\xef\xbd",
+        b"\x9c",
+        b"\xff",
+        b"ba",
+    ];
+
+    /// Decodes as a byte-level tokenizer does, counting the ids it decodes.
+    struct ByteLevel(AtomicUsize);
+
+    impl Detokenizer for ByteLevel {
+        fn decode(&self, ids: &[u32]) -> String {
+            self.0.fetch_add(ids.len(), Ordering::Relaxed);
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&i| PIECES[i as usize].to_vec())
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    }
+
+    #[test]
+    fn the_tail_check_stops_at_the_same_token_as_decoding_everything() {
+        let d = ByteLevel(AtomicUsize::new(0));
+        let stop_sets: [&[&str]; 5] = [
+            &["bab"],
+            &["é", "aaaa"],
+            &["｜", "b\na"],
+            &["a b a", "\u{fffd}b"],
+            &["abababababab", " é"],
+        ];
+        let mut rng = SplitMix64::new(7);
+        let mut stopped = 0;
+        for round in 0..400 {
+            let stops: Vec<String> = stop_sets[round % stop_sets.len()]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            let ids: Vec<u32> = (0..120)
+                .map(|_| (rng.next_u64() % PIECES.len() as u64) as u32)
+                .collect();
+            let full = (1..=ids.len()).find(|&n| {
+                let text = d.decode(&ids[..n]);
+                stops.iter().any(|s| text.contains(s.as_str()))
+            });
+            let tail = (1..=ids.len()).find(|&n| stop_in_tail(&ids[..n], &stops, &d));
+            assert_eq!(tail, full, "round {round}: stops {stops:?}, ids {ids:?}");
+            stopped += usize::from(full.is_some());
+        }
+        assert!(
+            stopped > 100,
+            "only {stopped} of 400 rounds met a stop string"
+        );
+    }
+
+    #[test]
+    fn checking_stops_after_each_token_decodes_about_the_stop_length_not_the_text() {
+        let d = ByteLevel(AtomicUsize::new(0));
+        let stops = vec!["zz".to_string()];
+        let ids: Vec<u32> = (0..5000).map(|i| i % 5).collect();
+        for n in 1..=ids.len() {
+            assert!(!stop_in_tail(&ids[..n], &stops, &d));
+        }
+        // Decoding everything after every token would be 12.5 million ids.
+        let decoded = d.0.load(Ordering::Relaxed);
+        assert!(
+            decoded < 20 * ids.len(),
+            "{decoded} ids decoded for 5000 tokens"
+        );
     }
 }
