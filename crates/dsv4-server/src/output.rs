@@ -42,6 +42,10 @@ pub struct OutputDecoder {
     fed: usize,
     stops: Vec<Vec<u8>>,
     hold: usize,
+    /// Bytes already searched for stop strings: an occurrence ending within them was found.
+    searched: usize,
+    /// The earliest stop string found so far (byte offset).
+    stop_at: Option<usize>,
 }
 
 impl OutputDecoder {
@@ -74,7 +78,11 @@ impl OutputDecoder {
     }
 
     fn with_mode(mode: Mode, stops: &[String]) -> Self {
-        let stops: Vec<Vec<u8>> = stops.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let stops: Vec<Vec<u8>> = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.as_bytes().to_vec())
+            .collect();
         let hold = stops
             .iter()
             .map(|s| s.len().saturating_sub(1))
@@ -87,6 +95,8 @@ impl OutputDecoder {
             fed: 0,
             stops,
             hold,
+            searched: 0,
+            stop_at: None,
         }
     }
 
@@ -127,12 +137,22 @@ impl OutputDecoder {
         Ok(out)
     }
 
-    /// Byte offset of the earliest stop string in the completion.
-    fn first_stop(&self) -> Option<usize> {
-        self.stops
-            .iter()
-            .filter_map(|s| self.bytes.windows(s.len()).position(|w| w == s.as_slice()))
-            .min()
+    /// Byte offset of the earliest stop string in the completion. Only occurrences that end in
+    /// the bytes added since the last call are new, so each call searches those bytes (and
+    /// the stop's length before them), not the whole completion.
+    fn first_stop(&mut self) -> Option<usize> {
+        for s in &self.stops {
+            let from = (self.searched + 1).saturating_sub(s.len());
+            if let Some(i) = self.bytes[from..]
+                .windows(s.len())
+                .position(|w| w == s.as_slice())
+            {
+                let at = from + i;
+                self.stop_at = Some(self.stop_at.map_or(at, |p| p.min(at)));
+            }
+        }
+        self.searched = self.bytes.len();
+        self.stop_at
     }
 
     fn feed(&mut self, upto: usize) -> Result<Vec<Delta>, ParseError> {
@@ -284,6 +304,40 @@ mod tests {
             "a",
             "stop inside one token"
         );
+    }
+
+    #[test]
+    fn text_shown_token_by_token_is_the_completion_cut_at_its_first_stop() {
+        let pieces: [&[u8]; 9] = [
+            b"a", b"b", b"ab", b"c", b"\xc3", b"\xa9", b"END", b"E", b"ND",
+        ];
+        let stop_sets: [&[&str]; 4] = [
+            &["END"],
+            &["abc", "b"],
+            &["é", "cc"],
+            &["bab", "ca", "ENDa"],
+        ];
+        let mut seed = 11u64;
+        for round in 0..300 {
+            let stops: Vec<String> = stop_sets[round % 4].iter().map(|s| s.to_string()).collect();
+            let tokens: Vec<&[u8]> = (0..60)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    pieces[(seed >> 33) as usize % pieces.len()]
+                })
+                .collect();
+            let all: Vec<u8> = tokens.concat();
+            let cut = stops
+                .iter()
+                .filter_map(|s| all.windows(s.len()).position(|w| w == s.as_bytes()))
+                .min()
+                .unwrap_or(all.len());
+            let want = String::from_utf8_lossy(&all[..cut]).into_owned();
+            let mut d = OutputDecoder::raw(&stops);
+            assert_eq!(text(&run(&mut d, &tokens).unwrap()), want, "round {round}");
+        }
     }
 
     #[test]
