@@ -268,25 +268,27 @@ fn json_text(v: &Value) -> String {
 /// character split across reads waits for its next bytes); bytes that are not UTF-8 are an
 /// error, since no complete event can follow them.
 pub fn next_event(buf: &[u8]) -> Result<Option<(String, usize)>, String> {
-    let text = match std::str::from_utf8(buf) {
-        Ok(text) => text,
-        Err(e) if e.error_len().is_none() => {
-            std::str::from_utf8(&buf[..e.valid_up_to()]).expect("valid up to here")
-        }
-        Err(e) => {
-            return Err(format!(
-                "the stream is not UTF-8: invalid byte {:#04x} after {} bytes of the current event",
-                buf[e.valid_up_to()],
-                e.valid_up_to()
-            ));
-        }
+    // Events before a bad byte come out first, as they would have had the bytes arrived later.
+    let (text, invalid) = match std::str::from_utf8(buf) {
+        Ok(text) => (text, None),
+        Err(e) => (
+            std::str::from_utf8(&buf[..e.valid_up_to()]).expect("valid up to here"),
+            e.error_len().map(|_| e.valid_up_to()),
+        ),
     };
     let Some((end, sep)) = [("\r\n\r\n", 4), ("\n\n", 2)]
         .iter()
         .filter_map(|(pat, n)| text.find(pat).map(|i| (i, *n)))
         .min()
     else {
-        return Ok(None);
+        return match invalid {
+            None => Ok(None),
+            Some(at) => Err(format!(
+                "the stream is not UTF-8: invalid byte {:#04x} after {at} bytes of the current \
+                 event",
+                buf[at]
+            )),
+        };
     };
     let data: Vec<&str> = text[..end]
         .lines()
@@ -453,6 +455,11 @@ mod tests {
         bad.extend_from_slice(b"\xff\"}\n\ndata: [DONE]\n\n");
         let err = next_event(&bad).unwrap_err();
         assert!(err.contains("not UTF-8") && err.contains("0xff"), "{err}");
+        // A complete event before the bad byte still comes out first.
+        let mut first = wire.to_vec();
+        first.extend_from_slice(&bad);
+        assert_eq!(next_event(&first).unwrap().unwrap().1, wire.len());
+        assert!(next_event(&first[wire.len()..]).is_err());
     }
 
     #[test]
