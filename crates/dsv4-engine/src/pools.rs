@@ -280,6 +280,59 @@ pub fn plan_pools(
     Ok((pages, tokens))
 }
 
+/// Refuse pools that cannot be allocated, before allocating any: a host-tier pool with more
+/// pages than a page id can name, or device and host pools together needing more than the
+/// memory `available` (None: not checked). Pools are host memory on every backend, and an
+/// oversized pool would fail at allocation or be killed under load, not at start.
+pub fn check_memory(
+    geom: &CacheGeometry,
+    pages: &PoolPages,
+    host_pages: &PoolPages,
+    available: Option<u64>,
+) -> Result<(), EngineError> {
+    if let Some(kind) = PoolKind::ALL
+        .into_iter()
+        .find(|k| host_pages[k.index()] > u32::MAX as usize)
+    {
+        return Err(EngineError::Config {
+            option: "cache.hicache_ratio",
+            message: format!(
+                "the host tier's {} pool would need {} pages, more than a page id can name; \
+                 lower cache.hicache_ratio",
+                kind.host_name(),
+                host_pages[kind.index()]
+            ),
+        });
+    }
+    let (device, host) = (geom.bytes(pages), geom.bytes(host_pages));
+    match available {
+        Some(free) if device.saturating_add(host) > free => {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            let (option, lower) = if device > free {
+                ("cache.max_total_tokens", "cache.max_total_tokens")
+            } else {
+                (
+                    "cache.hicache_ratio",
+                    "cache.hicache_ratio or cache.max_total_tokens",
+                )
+            };
+            Err(EngineError::Config {
+                option,
+                message: format!(
+                    "the cache pools need {:.1} GiB (device pools {:.1} GiB, host tier {:.1} \
+                     GiB) but {:.1} GiB of memory is available; lower {lower} (0 sizes the \
+                     pools from the memory available)",
+                    gib(device + host),
+                    gib(device),
+                    gib(host),
+                    gib(free)
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The engine's pools and the stores a pooled sequence is built on.
 pub struct CachePools {
     pools: Vec<Arc<Pool>>,
@@ -295,6 +348,13 @@ impl CachePools {
         cfg.validate()?;
         let geom = CacheGeometry::of(model);
         let (pages, tokens) = plan_pools(&geom, cfg)?;
+        let host_pages: PoolPages = match &cfg.hicache {
+            // `as` saturates: a ratio too large for any machine becomes usize::MAX pages, which
+            // check_memory refuses.
+            Some(h) => std::array::from_fn(|i| (pages[i] as f64 * h.ratio).ceil() as usize),
+            None => [0; 7],
+        };
+        check_memory(&geom, &pages, &host_pages, dsv4_core::sys::mem_available())?;
         let pools: Vec<Arc<Pool>> = PoolKind::ALL
             .into_iter()
             .map(|k| {
@@ -316,10 +376,6 @@ impl CachePools {
             c4_ring: store(PoolKind::C4State),
             c128_ring: store(PoolKind::C128State),
             index_ring: store(PoolKind::C4IndexState),
-        };
-        let host_pages: PoolPages = match &cfg.hicache {
-            Some(h) => std::array::from_fn(|i| (pages[i] as f64 * h.ratio).ceil() as usize),
-            None => [0; 7],
         };
         let host: Vec<Arc<Pool>> = match &cfg.hicache {
             Some(_) => PoolKind::ALL

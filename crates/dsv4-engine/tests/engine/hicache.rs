@@ -314,3 +314,57 @@ fn concurrent_requests_with_the_host_tier_give_the_solo_results() {
     );
     assert_eq!(m.canary_rounds_flagged, 0, "the canary stays silent: {m:?}");
 }
+
+#[test]
+fn pools_that_cannot_be_allocated_are_refused_before_any_allocation() {
+    let start = |cache: CacheBudget, ratio: Option<f64>| {
+        let cfg = EngineConfig {
+            cache,
+            page_size: 16,
+            prefix_cache: true,
+            hicache: ratio.map(|ratio| HostTierConfig {
+                ratio,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match Scheduler::new(model(), cfg, None) {
+            Ok(_) => panic!("pools that cannot be allocated were accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    // A host tier of 1e300 times the device pools: more pages than a page id names (it was a
+    // "capacity overflow" panic).
+    let msg = start(CacheBudget::Tokens(4096), Some(1e300));
+    assert!(
+        msg.contains("cache.hicache_ratio") && msg.contains("page id"),
+        "{msg}"
+    );
+    // 10^11 tokens: each pool fits page ids, but not any machine's memory (it was an abort on
+    // a failed allocation of 12.8 TB).
+    let msg = start(CacheBudget::Tokens(100_000_000_000), None);
+    assert!(
+        msg.contains("cache.max_total_tokens") && msg.contains("GiB of memory is available"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_memory_check_names_the_tier_that_does_not_fit() {
+    let geom = CacheGeometry::of(&model());
+    let pages = geom.pages_for_len(4096);
+    let host = pages.map(|p| p * 3);
+    let (device, tier) = (geom.bytes(&pages), geom.bytes(&host));
+    let check = |host: &[usize; 7], free: u64| {
+        dsv4_engine::pools::check_memory(&geom, &pages, host, Some(free))
+    };
+    check(&host, device + tier).expect("exactly enough memory");
+    dsv4_engine::pools::check_memory(&geom, &pages, &host, None).expect("unknown memory");
+    let e = check(&host, device + tier - 1).unwrap_err().to_string();
+    assert!(
+        e.contains("cache.hicache_ratio"),
+        "the host tier tips it: {e}"
+    );
+    let e = check(&[0; 7], device - 1).unwrap_err().to_string();
+    assert!(e.contains("lower cache.max_total_tokens"), "{e}");
+}
