@@ -207,12 +207,22 @@ fn bad_values_name_key_value_and_allowed_values() {
     );
     assert!(e.contains("one of: bf16, fp8"), "{e}");
 
-    o.sets = vec!["exec.threads=-1".into()];
+    o.sets = vec!["cache.max_total_tokens=-1".into()];
     let e = err(&o);
     assert!(
         e.contains("`-1`") && e.contains("non-negative integer"),
         "{e}"
     );
+
+    // Past MAX_THREADS: spawning 20 000 workers took minutes before anything ran.
+    for v in ["-1", "100000"] {
+        o.sets = vec![format!("exec.threads={v}")];
+        let e = err(&o);
+        assert!(
+            e.contains(&format!("`{v}`")) && e.contains("an integer from 0 to 1024"),
+            "{e}"
+        );
+    }
 
     o.sets = vec!["exec.executor=random".into()];
     let e = err(&o);
@@ -232,7 +242,7 @@ fn bad_values_name_key_value_and_allowed_values() {
     write(dir.path(), "bad.toml", "[exec]\nthreads = \"four\"\n");
     let e = err(&opts(dir.path(), "bad"));
     assert!(e.contains("bad.toml:2") && e.contains("`four`"), "{e}");
-    assert!(e.contains("non-negative integer"), "{e}");
+    assert!(e.contains("an integer from 0 to 1024"), "{e}");
 
     write(dir.path(), "flat.toml", "numerics = \"fp8\"\n");
     let e = err(&opts(dir.path(), "flat"));

@@ -8,6 +8,11 @@ use crate::values::{
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
+/// Most worker threads `exec.threads` may ask for: above any machine's cores (the largest
+/// two-socket servers have 768 hardware threads), and low enough that starting the pool is
+/// quick (each thread is spawned and joined; 20 000 took minutes).
+pub const MAX_THREADS: u64 = 1024;
+
 /// Shorthand for one row.
 const fn key(
     key: &'static str,
@@ -182,7 +187,7 @@ pub const KEYS: &[KeySpec] = &[
     ),
     key(
         "exec.threads",
-        ValueKind::Unsigned,
+        ValueKind::Range(0, MAX_THREADS),
         "0",
         "worker threads; 0 means one per available core",
     ),
