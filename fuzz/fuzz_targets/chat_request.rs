@@ -1,0 +1,109 @@
+//! Fuzz target for everything `POST /v1/chat/completions` does with a body before the engine
+//! runs it: the typed request (`parse_body`), `tool_choice`, thinking mode, stop strings,
+//! sampling, the DSV4 prompt encoding and tokenization, and the llguidance grammars for
+//! `tool_choice` "required" and `response_format` (compiled over the tiny model's vocabulary,
+//! then walked for a few tokens chosen by the input). Nothing may panic.
+//!
+//! Input: the request body. Seeds: `fuzz/seeds/chat_request/` (see docs/chat.md).
+#![no_main]
+
+use std::sync::OnceLock;
+
+use dsv4_chat::{Conversation, EncodeOptions, ReasoningEffort, Tokenizer, encode_prompt_ids};
+use dsv4_engine::Constraint;
+use dsv4_server::api::chat::{ChatRequest, ResponseFormat};
+use dsv4_server::api::common::{parse_body, stop_strings};
+use dsv4_server::grammar::{GrammarCompiler, Target};
+use dsv4_server::vocab::Vocab;
+use libfuzzer_sys::fuzz_target;
+
+/// Tokens walked through each compiled grammar.
+const WALK: usize = 24;
+
+struct Env {
+    tok: Tokenizer,
+    vocab: usize,
+    grammars: GrammarCompiler,
+}
+
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let tok = Tokenizer::tiny().expect("the tiny tokenizer loads");
+        let vocab_size = dsv4_model::ModelConfig::tiny().vocab_size;
+        let vocab = Vocab::new(&tok, vocab_size).expect("the tiny vocabulary maps");
+        let grammars = GrammarCompiler::new(&vocab.tok_env(tok.clone()), tok.clone())
+            .expect("the grammar compiler builds");
+        Env {
+            tok,
+            vocab: vocab.len(),
+            grammars,
+        }
+    })
+}
+
+/// Walk `c` for up to [`WALK`] tokens, each the allowed token picked by the next input byte.
+fn walk(c: &Constraint, vocab: usize, picks: &[u8]) {
+    let mut state = c.0.start();
+    for &pick in picks.iter().cycle().take(WALK) {
+        let mut logits = vec![0.0f32; vocab];
+        if state.mask(&mut logits).is_err() {
+            return;
+        }
+        let allowed: Vec<u32> = (0..vocab as u32)
+            .filter(|&i| logits[i as usize] == 0.0)
+            .collect();
+        let Some(&token) = allowed.get(pick as usize % allowed.len().max(1)) else {
+            return;
+        };
+        if state.advance(token).is_err() {
+            return;
+        }
+    }
+}
+
+fuzz_target!(|body: &[u8]| {
+    let env = env();
+    let Ok(req) = parse_body::<ChatRequest>(body) else {
+        return;
+    };
+    let (Ok(_), Ok(thinking)) = (req.tool_choice(), req.thinking()) else {
+        return;
+    };
+    let _ = stop_strings(req.stop.clone());
+    let _ = req.sampling().to_params(7);
+    let Ok(text) = std::str::from_utf8(body) else {
+        return;
+    };
+    let Ok(conv) = Conversation::from_json_str(text) else {
+        return;
+    };
+    let opts = EncodeOptions {
+        thinking,
+        reasoning_effort: req
+            .reasoning_effort
+            .as_deref()
+            .and_then(ReasoningEffort::from_request),
+        ..Default::default()
+    };
+    let _ = encode_prompt_ids(&conv, &opts, &env.tok);
+    let tools = conv.tools.clone().unwrap_or_default();
+    let schema = match &req.response_format {
+        Some(ResponseFormat::JsonSchema { json_schema }) => json_schema.schema.clone(),
+        Some(ResponseFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
+        _ => None,
+    };
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let mut targets = vec![Target::ToolCalls {
+        only: tools.tools().first().map(|t| t.name()),
+        parallel,
+    }];
+    if let Some(schema) = &schema {
+        targets.push(Target::Json(schema));
+    }
+    for target in targets {
+        if let Ok(c) = env.grammars.constraint(target, &tools, thinking) {
+            walk(&c, env.vocab, body);
+        }
+    }
+});
