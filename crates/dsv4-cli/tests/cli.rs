@@ -99,7 +99,7 @@ fn bad_set_values_and_keys_fail_clearly() {
     cmd.env("DSV4_EXEC__THREADS", "many");
     let e = fails(cmd);
     assert!(
-        e.contains("DSV4_EXEC__THREADS") && e.contains("non-negative integer"),
+        e.contains("DSV4_EXEC__THREADS") && e.contains("an integer from 0 to 1024"),
         "{e}"
     );
 }
