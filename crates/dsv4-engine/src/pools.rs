@@ -264,20 +264,31 @@ pub fn plan_pools(
             (pages, None)
         }
     };
-    if let Some(kind) = PoolKind::ALL
+    page_ids_fit(&pages, "cache.max_total_tokens", PoolKind::name)?;
+    Ok((pages, tokens))
+}
+
+/// Every pool of `pages` has at most as many pages as a page id (u32) can name; the error
+/// names the pool (by `name`) and `option`, the knob to lower.
+fn page_ids_fit(
+    pages: &PoolPages,
+    option: &'static str,
+    name: fn(PoolKind) -> &'static str,
+) -> Result<(), EngineError> {
+    match PoolKind::ALL
         .into_iter()
         .find(|k| pages[k.index()] > u32::MAX as usize)
     {
-        return Err(EngineError::Config {
-            option: "cache.max_total_tokens",
+        Some(kind) => Err(EngineError::Config {
+            option,
             message: format!(
-                "pool {} would need {} pages, more than a page id can name; lower the budget",
-                kind.name(),
+                "pool {} would need {} pages, more than a page id can name; lower {option}",
+                name(kind),
                 pages[kind.index()]
             ),
-        });
+        }),
+        None => Ok(()),
     }
-    Ok((pages, tokens))
 }
 
 /// Refuse pools that cannot be allocated, before allocating any: a host-tier pool with more
@@ -290,20 +301,7 @@ pub fn check_memory(
     host_pages: &PoolPages,
     available: Option<u64>,
 ) -> Result<(), EngineError> {
-    if let Some(kind) = PoolKind::ALL
-        .into_iter()
-        .find(|k| host_pages[k.index()] > u32::MAX as usize)
-    {
-        return Err(EngineError::Config {
-            option: "cache.hicache_ratio",
-            message: format!(
-                "the host tier's {} pool would need {} pages, more than a page id can name; \
-                 lower cache.hicache_ratio",
-                kind.host_name(),
-                host_pages[kind.index()]
-            ),
-        });
-    }
+    page_ids_fit(host_pages, "cache.hicache_ratio", PoolKind::host_name)?;
     let (device, host) = (geom.bytes(pages), geom.bytes(host_pages));
     match available {
         Some(free) if device.saturating_add(host) > free => {

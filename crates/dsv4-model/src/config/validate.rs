@@ -66,43 +66,41 @@ fn nonzero(c: &ModelConfig) -> Result<(), ModelError> {
         ("hc_mult", c.hc_mult),
         ("hc_sinkhorn_iters", c.hc_sinkhorn_iters),
     ];
-    for (field, v) in fields {
-        if v == 0 {
-            return err(field, "must be at least 1".into());
-        }
-        if v > MAX_SIZE {
-            return err(
-                field,
-                format!("is {v}, above the supported maximum {MAX_SIZE}"),
-            );
-        }
+    if let Some((field, _)) = fields.iter().find(|(_, v)| *v == 0) {
+        return err(field, "must be at least 1".into());
     }
-    for (field, v) in [
-        ("num_hash_layers", c.num_hash_layers),
-        ("qk_rope_head_dim", c.qk_rope_head_dim),
-    ] {
-        if v > MAX_SIZE {
-            return err(
-                field,
-                format!("is {v}, above the supported maximum {MAX_SIZE}"),
-            );
-        }
-    }
-    for (field, v) in [
-        ("num_hidden_layers", c.num_hidden_layers),
-        ("num_nextn_predict_layers", c.num_nextn_predict_layers),
-    ] {
-        if v > MAX_LAYERS {
-            return err(
-                field,
-                format!("is {v}, above the supported maximum {MAX_LAYERS} layers"),
-            );
-        }
-    }
+    at_most(&fields, MAX_SIZE, "")?;
+    at_most(
+        &[
+            ("num_hash_layers", c.num_hash_layers),
+            ("qk_rope_head_dim", c.qk_rope_head_dim),
+        ],
+        MAX_SIZE,
+        "",
+    )?;
+    at_most(
+        &[
+            ("num_hidden_layers", c.num_hidden_layers),
+            ("num_nextn_predict_layers", c.num_nextn_predict_layers),
+        ],
+        MAX_LAYERS,
+        " layers",
+    )?;
     if c.max_position_embeddings == 0 {
         return err("max_position_embeddings", "must be at least 1".into());
     }
     Ok(())
+}
+
+/// The first of `fields` above `max` is an error ("is N, above the supported maximum M{unit}").
+fn at_most(fields: &[(&str, usize)], max: usize, unit: &str) -> Result<(), ModelError> {
+    match fields.iter().find(|(_, v)| *v > max) {
+        Some((field, v)) => err(
+            field,
+            format!("is {v}, above the supported maximum {max}{unit}"),
+        ),
+        None => Ok(()),
+    }
 }
 
 fn layers(c: &ModelConfig) -> Result<(), ModelError> {
