@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use dsv4_chat::{Conversation, EncodeOptions, ReasoningEffort, Tokenizer, encode_prompt_ids};
+use dsv4_chat::{Conversation, Tokenizer, encode_prompt_ids};
 use dsv4_engine::Constraint;
 use dsv4_server::api::chat::{ChatRequest, ResponseFormat};
 use dsv4_server::api::common::{parse_body, stop_strings};
@@ -78,15 +78,7 @@ fuzz_target!(|body: &[u8]| {
     let Ok(conv) = Conversation::from_json_str(text) else {
         return;
     };
-    let opts = EncodeOptions {
-        thinking,
-        reasoning_effort: req
-            .reasoning_effort
-            .as_deref()
-            .and_then(ReasoningEffort::from_request),
-        ..Default::default()
-    };
-    let _ = encode_prompt_ids(&conv, &opts, &env.tok);
+    let _ = encode_prompt_ids(&conv, &req.encode_options(thinking), &env.tok);
     let tools = conv.tools.clone().unwrap_or_default();
     let schema = match &req.response_format {
         Some(ResponseFormat::JsonSchema { json_schema }) => json_schema.schema.clone(),

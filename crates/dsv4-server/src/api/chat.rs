@@ -122,6 +122,18 @@ impl ChatRequest {
         }
     }
 
+    /// The prompt encoding this request asks for (`thinking` from [`Self::thinking`]).
+    pub fn encode_options(&self, thinking: bool) -> dsv4_chat::EncodeOptions {
+        dsv4_chat::EncodeOptions {
+            thinking,
+            reasoning_effort: self
+                .reasoning_effort
+                .as_deref()
+                .and_then(dsv4_chat::ReasoningEffort::from_request),
+            ..Default::default()
+        }
+    }
+
     /// Whether thinking mode is asked for (`chat_template_kwargs.thinking` or
     /// `enable_thinking`).
     pub fn thinking(&self) -> Result<bool, ApiError> {

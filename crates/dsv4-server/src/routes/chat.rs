@@ -20,9 +20,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
-use dsv4_chat::{
-    Conversation, EncodeError, EncodeOptions, ReasoningEffort, ToolSet, encode_prompt_ids,
-};
+use dsv4_chat::{Conversation, EncodeError, ToolSet, encode_prompt_ids};
 use dsv4_engine::Request;
 use std::sync::Arc;
 
@@ -112,14 +110,7 @@ fn prepare(
     } else {
         Arc::clone(&tools)
     };
-    let opts = EncodeOptions {
-        thinking,
-        reasoning_effort: req
-            .reasoning_effort
-            .as_deref()
-            .and_then(ReasoningEffort::from_request),
-        ..Default::default()
-    };
+    let opts = req.encode_options(thinking);
     let (_, prompt) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
     let max_tokens = max_tokens(
         loaded,
