@@ -32,6 +32,7 @@ pub mod pool;
 pub mod pools;
 pub mod prefix;
 pub mod request;
+mod sampler;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
@@ -46,8 +47,8 @@ pub use metrics::EngineMetrics;
 pub use pool::PoolKind;
 pub use pools::{HostTierReport, PoolReport, PoolUsage};
 pub use request::{
-    Completion, Event, FinishReason, Finished, Request, RequestId, RequestStream, SamplingParams,
-    Timing, TokenEvent, Usage,
+    Completion, Event, FinishReason, Finished, MAX_TOP_LOGPROBS, Request, RequestId, RequestStream,
+    SamplingParams, Timing, TokenEvent, TokenLogprob, Usage,
 };
 pub use scheduler::{Scheduler, StepTiming};
 pub use sequence::Detokenizer;

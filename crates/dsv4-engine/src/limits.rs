@@ -4,7 +4,7 @@
 use crate::error::EngineError;
 use crate::pool::PoolKind;
 use crate::pools::{CacheGeometry, PoolPages};
-use crate::request::Request;
+use crate::request::{MAX_TOP_LOGPROBS, Request};
 use crate::sampling;
 
 /// What a request is checked against before it is queued.
@@ -54,6 +54,29 @@ impl Limits {
             ));
         }
         sampling::validate(&req.sampling).map_err(EngineError::BadRequest)?;
+        if let Some((t, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= self.vocab)
+        {
+            return bad(format!(
+                "logit_bias names token {t}, outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
+        if req.sampling.min_tokens > req.max_tokens {
+            return bad(format!(
+                "min_tokens ({}) must not exceed max_tokens ({})",
+                req.sampling.min_tokens, req.max_tokens
+            ));
+        }
+        if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return bad(format!(
+                "at most {MAX_TOP_LOGPROBS} alternatives per token can be returned with \
+                 logprobs, {n} were asked for"
+            ));
+        }
         if req.stop.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());
         }

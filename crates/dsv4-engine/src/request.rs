@@ -15,8 +15,9 @@ impl std::fmt::Display for RequestId {
     }
 }
 
-/// How the next token is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// How the next token is chosen. The penalties, `logit_bias` and `min_tokens` change the
+/// logits before `temperature`, `top_k`, `top_p` and `min_p` choose from them (vLLM's order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SamplingParams {
     /// 0 picks the most likely token (ties to the lower id); above 0 samples from
@@ -26,8 +27,22 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep only the top_k most likely tokens (0: all).
     pub top_k: usize,
+    /// Keep only tokens at least min_p times as likely as the most likely one (0: all).
+    pub min_p: f32,
     /// Seed of the request's own random stream (results do not depend on other requests).
     pub seed: u64,
+    /// Subtracted once from the logit of every token already generated (−2 to 2, OpenAI).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (−2 to 2, OpenAI).
+    pub frequency_penalty: f32,
+    /// Tokens of the prompt or the generation: a positive logit is divided by it, a negative
+    /// one multiplied (1: off; above 1 discourages repeats, as vLLM and SGLang).
+    pub repetition_penalty: f32,
+    /// `(token id, bias)` pairs: the bias (−100 to 100) is added to the token's logit.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The end-of-sequence token cannot be chosen before this many tokens are generated
+    /// (stop strings still end the request).
+    pub min_tokens: usize,
 }
 
 impl Default for SamplingParams {
@@ -36,9 +51,30 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
         }
     }
+}
+
+/// Most alternatives a request may ask for with each token's log-probability (OpenAI's
+/// `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The log-probability of a generated token under the model (the raw logits row, before
+/// penalties, bias, temperature and any token constraint; vLLM's default), with the most
+/// likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// ln p(token).
+    pub logprob: f32,
+    /// The most likely tokens with their ln p, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// One generation request over token ids.
@@ -57,6 +93,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Send the logits row each token was chosen from with its event.
     pub return_logits: bool,
+    /// Send each token's log-probability with its event, with this many alternatives (at most
+    /// [`MAX_TOP_LOGPROBS`]); None: no log-probabilities.
+    pub logprobs: Option<usize>,
     /// Restricts which tokens may be generated (grammar-constrained decoding); None: any.
     pub constraint: Option<Constraint>,
 }
@@ -146,6 +185,8 @@ pub struct TokenEvent {
     pub index: usize,
     /// The logits row it was chosen from (with `return_logits`).
     pub logits: Option<Vec<f32>>,
+    /// Its log-probability and the top alternatives (with `logprobs`).
+    pub logprob: Option<TokenLogprob>,
 }
 
 /// What a request's stream yields.
@@ -166,6 +207,8 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// The logits rows of the tokens (with `return_logits`).
     pub logits: Vec<Vec<f32>>,
+    /// The log-probabilities of the tokens (with `logprobs`).
+    pub logprobs: Vec<TokenLogprob>,
     /// How it ended.
     pub finished: Finished,
 }
@@ -199,6 +242,7 @@ impl RequestStream {
             id: self.id,
             tokens: Vec::new(),
             logits: Vec::new(),
+            logprobs: Vec::new(),
             finished: stopped(),
         };
         while let Some(ev) = self.blocking_next() {
@@ -206,6 +250,7 @@ impl RequestStream {
                 Event::Token(t) => {
                     c.tokens.push(t.token);
                     c.logits.extend(t.logits);
+                    c.logprobs.extend(t.logprob);
                 }
                 Event::Finished(f) => {
                     c.finished = f;

@@ -1,9 +1,11 @@
-//! Choosing the next token from a logits row: greedy argmax, or seeded sampling with
-//! temperature, top-k and top-p. Every request draws from its own generator, so its tokens do
-//! not depend on what else runs in the batch.
+//! Choosing the next token from a logits row: the penalties and logit bias ([`process`]),
+//! then greedy argmax, or seeded sampling with temperature, top-k, top-p and min-p
+//! ([`sample`]); and the log-probabilities a request can ask for ([`logprob`]). Every request
+//! draws from its own generator, so its tokens do not depend on what else runs in the batch.
 
-use crate::request::SamplingParams;
+use crate::request::{SamplingParams, TokenLogprob};
 use dsv4_core::SplitMix64;
+use std::collections::HashMap;
 
 /// Check sampling options, saying which one is bad.
 pub fn validate(p: &SamplingParams) -> Result<(), String> {
@@ -16,7 +18,154 @@ pub fn validate(p: &SamplingParams) -> Result<(), String> {
     if !(p.top_p > 0.0 && p.top_p <= 1.0) {
         return Err(format!("top_p must be in (0, 1], got {}", p.top_p));
     }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return Err(format!("min_p must be from 0 to 1, got {}", p.min_p));
+    }
+    for (name, v) in [
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ] {
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(format!("{name} must be from -2 to 2, got {v}"));
+        }
+    }
+    if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
+        return Err(format!(
+            "repetition_penalty must be a finite number > 0 (1 = off), got {}",
+            p.repetition_penalty
+        ));
+    }
+    if let Some((t, b)) = p
+        .logit_bias
+        .iter()
+        .find(|(_, b)| !(-100.0..=100.0).contains(b))
+    {
+        return Err(format!(
+            "logit_bias of token {t} must be from -100 to 100, got {b}"
+        ));
+    }
     Ok(())
+}
+
+/// The generated tokens and how often each was generated, as the penalties need them.
+#[derive(Debug, Clone, Default)]
+pub struct TokenCounts {
+    /// Times each generated token was generated (kept only when a penalty needs it).
+    counts: HashMap<u32, u32>,
+    /// The prompt's tokens (kept only for the repetition penalty).
+    prompt: Vec<u32>,
+    /// Tokens generated so far.
+    generated: usize,
+}
+
+impl TokenCounts {
+    /// The counts of a request with `prompt` under `p` (the prompt is kept only when the
+    /// repetition penalty reads it).
+    pub fn new(prompt: &[u32], p: &SamplingParams) -> Self {
+        let mut kept = Vec::new();
+        if p.repetition_penalty != 1.0 {
+            kept = prompt.to_vec();
+            kept.sort_unstable();
+            kept.dedup();
+        }
+        Self {
+            counts: HashMap::new(),
+            prompt: kept,
+            generated: 0,
+        }
+    }
+
+    /// Count a generated token (`track`: whether a penalty reads the counts).
+    pub fn record(&mut self, token: u32, track: bool) {
+        self.generated += 1;
+        if track {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+}
+
+/// Whether [`process`] changes anything under `p`.
+pub fn processes(p: &SamplingParams) -> bool {
+    penalizes(p) || !p.logit_bias.is_empty()
+}
+
+/// Whether `p` has a penalty that reads the generated tokens.
+pub fn penalizes(p: &SamplingParams) -> bool {
+    p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0
+}
+
+/// Apply `p`'s logit bias, then its repetition, frequency and presence penalties (in vLLM's
+/// order), to `row` in place. −∞ stays −∞, so a token constraint's mask survives.
+pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
+    for &(t, b) in &p.logit_bias {
+        if let Some(v) = row.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    let rp = p.repetition_penalty;
+    if rp != 1.0 {
+        let repeated = counts.prompt.iter().chain(
+            counts
+                .counts
+                .keys()
+                .filter(|t| counts.prompt.binary_search(t).is_err()),
+        );
+        for &t in repeated {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v = if *v > 0.0 { *v / rp } else { *v * rp };
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        for (&t, &n) in &counts.counts {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v -= p.frequency_penalty * n as f32 + p.presence_penalty;
+            }
+        }
+    }
+}
+
+/// The log-probability of `token` under softmax(`row`) with the `top` most likely tokens
+/// (ties to the lower id). Sums in f64; NaN logits count as −∞.
+pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
+    let finite = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let max = row
+        .iter()
+        .copied()
+        .map(finite)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let lse = if max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        let m = f64::from(max);
+        let sum: f64 = row.iter().map(|&v| (f64::from(finite(v)) - m).exp()).sum();
+        m + sum.ln()
+    };
+    let lp = |v: f32| (f64::from(finite(v)) - lse) as f32;
+    // The `top` largest, kept sorted (most likely first, lower id first among equals).
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &v) in row.iter().enumerate() {
+            let v = finite(v);
+            if best.len() == top && v <= best[top - 1].1 {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= v);
+            best.insert(at, (i as u32, v));
+            best.truncate(top);
+        }
+    }
+    TokenLogprob {
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&v| lp(v)),
+        top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
+    }
 }
 
 /// The most likely token, ties to the lower id; NaN logits never win.
@@ -53,11 +202,13 @@ pub fn sample(row: &[f32], p: &SamplingParams, rng: &mut SplitMix64) -> u32 {
         .iter()
         .map(|&i| ((f64::from(row[i as usize]) - top) / t).exp())
         .collect();
-    let total: f64 = weights.iter().sum();
-    let mut keep = weights.len();
+    // min_p first (as vLLM): the weights are relative to the most likely token's, which is 1;
+    // top_p then covers what min_p kept.
+    let mut keep = weights.partition_point(|&w| w >= f64::from(p.min_p)).max(1);
     if p.top_p < 1.0 {
+        let total: f64 = weights[..keep].iter().sum();
         let mut cum = 0.0;
-        for (k, w) in weights.iter().enumerate() {
+        for (k, w) in weights[..keep].iter().enumerate() {
             cum += w / total;
             if cum >= f64::from(p.top_p) {
                 keep = k + 1;
@@ -85,7 +236,7 @@ mod tests {
             temperature,
             top_p,
             top_k,
-            seed: 0,
+            ..Default::default()
         }
     }
 
@@ -147,5 +298,82 @@ mod tests {
                 .contains("top_p")
         );
         assert!(validate(&params(0.7, 0.9, 40)).is_ok());
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_with_the_best_alternatives_in_order() {
+        let row = [1.0f32, 3.0, 3.0, f32::NEG_INFINITY, 2.0, f32::NAN];
+        let lp = logprob(&row, 4, 3);
+        let z: f64 = [1.0f64, 3.0, 3.0, 2.0].iter().map(|v| v.exp()).sum();
+        assert!(
+            (f64::from(lp.logprob) - (2.0 - z.ln())).abs() < 1e-6,
+            "{lp:?}"
+        );
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 4], "most likely first, ties to the lower id");
+        assert_eq!(lp.top[0].1, lp.top[1].1);
+        let total: f64 = (0..row.len() as u32)
+            .map(|t| f64::from(logprob(&row, t, 0).logprob).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6, "probabilities sum to {total}");
+        assert_eq!(logprob(&row, 3, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprob(&row, 0, 0).top.is_empty());
+        assert_eq!(logprob(&row, 0, 50).top.len(), row.len());
+    }
+
+    #[test]
+    fn min_p_keeps_only_tokens_near_the_most_likely() {
+        // Relative weights at temperature 1: 1, e^-0.5 ≈ 0.61, e^-3 ≈ 0.05.
+        let row = [2.0, 1.5, -1.0];
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.1,
+            ..Default::default()
+        };
+        let mut g = SplitMix64::new(5);
+        let mut seen = [0usize; 3];
+        for _ in 0..3000 {
+            seen[sample(&row, &p, &mut g) as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        assert_eq!(seen[2], 0, "p(2)/p(0) ≈ 0.05 < min_p: {seen:?}");
+        let all = SamplingParams { min_p: 0.0, ..p };
+        let hits = (0..3000)
+            .filter(|_| sample(&row, &all, &mut g) == 2)
+            .count();
+        assert!(hits > 0, "without min_p token 2 is drawn");
+    }
+
+    #[test]
+    fn bias_and_penalties_move_the_logits_they_name() {
+        let p = SamplingParams {
+            logit_bias: vec![(0, 5.0), (9, 1.0)],
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
+        let mut counts = TokenCounts::new(&[1], &p);
+        for t in [2, 2, 1] {
+            counts.record(t, penalizes(&p));
+        }
+        let mut row = [0.0f32, 1.0, 1.0, f32::NEG_INFINITY];
+        process(&mut row, &p, &counts);
+        assert_eq!(row, [5.0, 1.0 - 0.75, 1.0 - 1.0, f32::NEG_INFINITY]);
+        assert!(!processes(&SamplingParams::default()));
+        assert_eq!(counts.generated(), 3);
+    }
+
+    #[test]
+    fn bad_new_options_are_refused_with_the_option_named() {
+        let with = |f: fn(&mut SamplingParams)| {
+            let mut p = SamplingParams::default();
+            f(&mut p);
+            validate(&p).unwrap_err()
+        };
+        assert!(with(|p| p.min_p = 1.5).contains("min_p"));
+        assert!(with(|p| p.presence_penalty = 2.5).contains("presence_penalty"));
+        assert!(with(|p| p.frequency_penalty = f32::NAN).contains("frequency_penalty"));
+        assert!(with(|p| p.repetition_penalty = 0.0).contains("repetition_penalty"));
+        assert!(with(|p| p.logit_bias = vec![(3, 101.0)]).contains("logit_bias of token 3"));
     }
 }

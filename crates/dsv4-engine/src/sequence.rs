@@ -1,13 +1,12 @@
 //! One request inside the engine: its tokens (prompt, then generated), its pooled cache state
-//! (absent while queued or after preemption), its own random stream, its event channel, stop
+//! (absent while queued or after preemption), its sampling state, its event channel, stop
 //! conditions and timing.
 
-use crate::constraint::{self, ConstraintState};
 use crate::request::{
-    Event, FinishReason, Finished, Request, RequestId, SamplingParams, Timing, TokenEvent, Usage,
+    Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, Usage,
 };
+use crate::sampler::SamplerState;
 use crate::sampling;
-use dsv4_core::SplitMix64;
 use dsv4_model::SequenceState;
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,7 +69,9 @@ pub(crate) struct Seq {
     pub prompt_len: usize,
     /// The cache state (None while queued, or after preemption).
     pub state: Option<SequenceState>,
-    pub rng: SplitMix64,
+    /// Random stream, token constraint and token counts (away on the overlap scheduler's
+    /// device thread while a step that samples this request runs).
+    pub sampler: SamplerState,
     pub tx: UnboundedSender<Event>,
     pub submitted: Instant,
     pub admitted: Option<Instant>,
@@ -80,31 +81,6 @@ pub(crate) struct Seq {
     pub preemptions: usize,
     /// Order of the latest admission (the latest admitted is preempted first).
     pub admit_order: u64,
-    /// The request's token constraint state, if it has one.
-    pub constraint: Option<Box<dyn ConstraintState>>,
-}
-
-/// The next token from `row` under `params`, drawing from `rng`, masked and advanced by the
-/// request's token constraint (not advanced by an end-of-sequence that ends the request, given
-/// as `(eos, ignore_eos)`). Both schedulers choose tokens through this one function, so a
-/// request's tokens are the same whichever thread samples them. An error is the constraint's.
-pub(crate) fn choose_token(
-    row: &[f32],
-    params: &SamplingParams,
-    rng: &mut SplitMix64,
-    constraint: Option<&mut (dyn ConstraintState + 'static)>,
-    (eos, ignore_eos): (u32, bool),
-) -> Result<u32, String> {
-    let Some(c) = constraint else {
-        return Ok(sampling::sample(row, params, rng));
-    };
-    let masked = constraint::apply(c, row).map_err(|e| format!("token constraint: {e}"))?;
-    let tok = sampling::sample(&masked, params, rng);
-    if tok != eos || ignore_eos {
-        c.advance(tok)
-            .map_err(|e| format!("token constraint: {e}"))?;
-    }
-    Ok(tok)
 }
 
 /// What happened after a token was appended.
@@ -118,15 +94,14 @@ pub(crate) enum AfterToken {
 impl Seq {
     /// A queued request.
     pub fn new(id: RequestId, req: Request, tx: UnboundedSender<Event>) -> Self {
-        let rng = SplitMix64::new(req.sampling.seed);
-        let constraint = req.constraint.as_ref().map(|c| c.0.start());
+        let sampler = SamplerState::new(&req);
         Self {
             id,
             tokens: req.prompt.clone(),
             prompt_len: req.prompt.len(),
             req,
             state: None,
-            rng,
+            sampler,
             tx,
             submitted: Instant::now(),
             admitted: None,
@@ -134,7 +109,6 @@ impl Seq {
             cached_tokens: None,
             preemptions: 0,
             admit_order: 0,
-            constraint,
         }
     }
 
@@ -155,21 +129,18 @@ impl Seq {
         eos: u32,
         detok: Option<&Arc<dyn Detokenizer>>,
     ) -> AfterToken {
-        let chosen = choose_token(
-            row,
-            &self.req.sampling,
-            &mut self.rng,
-            self.constraint.as_deref_mut(),
-            (eos, self.req.ignore_eos),
-        );
+        let chosen = self
+            .sampler
+            .choose(row, &self.req.sampling, (eos, self.req.ignore_eos));
         match chosen {
             Ok(tok) => self.accept_token(tok, row, eos, detok),
             Err(message) => AfterToken::Fail(message),
         }
     }
 
-    /// Record a token chosen by [`choose_token`] from `row`: end on end-of-sequence, else
-    /// append it, send it, and check the stop strings and the length limit.
+    /// Record a token chosen by [`SamplerState::choose`] from `row`: end on end-of-sequence,
+    /// else append it, send it (with its log-probability when asked), and check the stop
+    /// strings and the length limit.
     pub fn accept_token(
         &mut self,
         tok: u32,
@@ -188,6 +159,10 @@ impl Seq {
             token: tok,
             index,
             logits: self.req.return_logits.then(|| row.to_vec()),
+            logprob: self
+                .req
+                .logprobs
+                .map(|top| sampling::logprob(row, tok, top)),
         }));
         if let Some(d) = detok.filter(|_| !self.req.stop.is_empty())
             && stop_in_tail(self.generated(), &self.req.stop, d.as_ref())
@@ -248,6 +223,7 @@ impl Seq {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dsv4_core::SplitMix64;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Byte pieces of a byte-level vocabulary: ASCII, characters split across tokens, an

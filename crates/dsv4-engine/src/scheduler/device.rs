@@ -4,11 +4,9 @@
 //! from its future map (filled by the previous step's sampling) before the forward reads them,
 //! then samples the step's own rows and publishes those tokens as the next futures.
 
-use crate::constraint::ConstraintState;
 use crate::error::EngineError;
 use crate::request::{RequestId, SamplingParams};
-use crate::sequence::choose_token;
-use dsv4_core::SplitMix64;
+use crate::sampler::SamplerState;
 use dsv4_model::forward::{StepReport, Taps};
 use dsv4_model::{ForwardError, Model, SequenceState};
 use std::collections::HashMap;
@@ -32,8 +30,8 @@ pub(crate) enum Slot {
 /// What a member needs to choose its next token on the worker.
 pub(crate) struct Sampler {
     pub params: SamplingParams,
-    pub rng: SplitMix64,
-    pub constraint: Option<Box<dyn ConstraintState>>,
+    /// The request's sampling state, away from its `Seq` until the step comes back.
+    pub state: SamplerState,
     /// (end-of-sequence id, ignore it).
     pub eos: (u32, bool),
     /// Where the chosen token is published.
@@ -200,13 +198,7 @@ fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
         if let (Some(o), Some(s)) = (o, sampler.as_mut()) {
             let v = o.vocab;
             row = o.logits[(n - 1) * v..n * v].to_vec();
-            let c = choose_token(
-                &row,
-                &s.params,
-                &mut s.rng,
-                s.constraint.as_deref_mut(),
-                s.eos,
-            );
+            let c = s.state.choose(&row, &s.params, s.eos);
             if let Ok(tok) = c {
                 futures.insert(s.future, tok);
             }

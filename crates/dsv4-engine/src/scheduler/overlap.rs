@@ -19,7 +19,6 @@ use crate::canary::{self, Snapshot};
 use crate::pool::PoolKind;
 use crate::request::{FinishReason, RequestId};
 use crate::sequence::AfterToken;
-use dsv4_core::SplitMix64;
 use dsv4_model::forward::pages::{PageStore, PooledPages};
 use dsv4_model::{ForwardError, Model, SequenceState};
 use serde::Serialize;
@@ -303,8 +302,7 @@ impl Scheduler {
             let s = &mut self.running[i];
             s.state = Some(state);
             if let Some(sm) = sampler {
-                s.rng = sm.rng;
-                s.constraint = sm.constraint;
+                s.sampler = sm.state;
             }
             live.push(id);
             if let Some(chosen) = chosen {
@@ -431,9 +429,8 @@ impl Scheduler {
             let sampler = p.sample.then(|| {
                 pipe.next_future += 1;
                 Sampler {
-                    params: s.req.sampling,
-                    rng: std::mem::replace(&mut s.rng, SplitMix64::new(0)),
-                    constraint: s.constraint.take(),
+                    params: s.req.sampling.clone(),
+                    state: std::mem::take(&mut s.sampler),
                     eos: (eos, s.req.ignore_eos),
                     future: pipe.next_future,
                 }
@@ -475,8 +472,7 @@ impl Scheduler {
                         let s = &mut self.running[i];
                         s.state = Some(m.state);
                         if let Some(sm) = m.sampler {
-                            s.rng = sm.rng;
-                            s.constraint = sm.constraint;
+                            s.sampler = sm.state;
                         }
                         self.fail(i, "the overlap scheduler's device thread stopped".into());
                     }

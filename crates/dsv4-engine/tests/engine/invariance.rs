@@ -49,6 +49,7 @@ fn finish(mut s: RequestStream, seen: Vec<Event>) -> Completion {
         id: s.id(),
         tokens: Vec::new(),
         logits: Vec::new(),
+        logprobs: Vec::new(),
         finished: dsv4_engine::Finished {
             reason: FinishReason::Error,
             usage: Default::default(),
@@ -63,6 +64,7 @@ fn finish(mut s: RequestStream, seen: Vec<Event>) -> Completion {
             Event::Token(t) => {
                 c.tokens.push(t.token);
                 c.logits.extend(t.logits);
+                c.logprobs.extend(t.logprob);
             }
             Event::Finished(f) => {
                 c.finished = f;
@@ -160,6 +162,7 @@ fn seeded_sampling_does_not_depend_on_the_batch() {
                 top_p: 0.9,
                 top_k: 50,
                 seed: 77 + i as u64,
+                ..Default::default()
             },
             ..greedy(p.clone(), 5)
         })

@@ -140,6 +140,7 @@ impl SamplingFields {
             top_p,
             top_k,
             seed: self.seed.unwrap_or(fresh_seed),
+            ..Default::default()
         })
     }
 }

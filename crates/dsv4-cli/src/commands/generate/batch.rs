@@ -151,6 +151,7 @@ fn read_requests(
                 top_p: r.top_p.unwrap_or(defaults.top_p),
                 top_k: r.top_k.unwrap_or(defaults.top_k),
                 seed: r.seed.unwrap_or(defaults.seed),
+                ..SamplingParams::default()
             },
             stop,
             ..Default::default()

@@ -1,0 +1,146 @@
+//! A request's sampling state — its random stream, token constraint and token counts — and
+//! [`SamplerState::choose`], the one place a token is chosen. The state moves as a whole: the
+//! overlap scheduler hands it to its device thread with each step and takes it back, so a
+//! request's tokens are the same whichever thread samples them.
+
+use crate::constraint::{self, ConstraintState};
+use crate::request::{Request, SamplingParams};
+use crate::sampling::{self, TokenCounts};
+use dsv4_core::SplitMix64;
+
+/// What a request carries from one token to the next to choose its tokens.
+pub(crate) struct SamplerState {
+    pub rng: SplitMix64,
+    pub constraint: Option<Box<dyn ConstraintState>>,
+    pub counts: TokenCounts,
+}
+
+impl Default for SamplerState {
+    /// An inert state, left behind while the real one is away on the device thread.
+    fn default() -> Self {
+        Self {
+            rng: SplitMix64::new(0),
+            constraint: None,
+            counts: TokenCounts::default(),
+        }
+    }
+}
+
+impl SamplerState {
+    /// The state of `req` before its first generated token.
+    pub fn new(req: &Request) -> Self {
+        Self {
+            rng: SplitMix64::new(req.sampling.seed),
+            constraint: req.constraint.as_ref().map(|c| c.0.start()),
+            counts: TokenCounts::new(&req.prompt, &req.sampling),
+        }
+    }
+
+    /// The next token from `row` under `params`: logit bias and penalties, the token
+    /// constraint's mask, the end-of-sequence token held back until `min_tokens` (unless that
+    /// would leave nothing), then sampling. The constraint advances past the token unless it is
+    /// an end-of-sequence that ends the request, given as `(eos, ignore_eos)`. An error is the
+    /// constraint's.
+    pub fn choose(
+        &mut self,
+        row: &[f32],
+        params: &SamplingParams,
+        (eos, ignore_eos): (u32, bool),
+    ) -> Result<u32, String> {
+        let hold_eos = !ignore_eos && self.counts.generated() < params.min_tokens;
+        let tok = if !sampling::processes(params) && !hold_eos && self.constraint.is_none() {
+            sampling::sample(row, params, &mut self.rng)
+        } else {
+            let mut row = match self.constraint.as_deref_mut() {
+                Some(c) => {
+                    constraint::apply(c, row).map_err(|e| format!("token constraint: {e}"))?
+                }
+                None => row.to_vec(),
+            };
+            sampling::process(&mut row, params, &self.counts);
+            let e = eos as usize;
+            if hold_eos
+                && e < row.len()
+                && row
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &x)| i != e && x > f32::NEG_INFINITY)
+            {
+                row[e] = f32::NEG_INFINITY;
+            }
+            sampling::sample(&row, params, &mut self.rng)
+        };
+        if let Some(c) = self.constraint.as_deref_mut()
+            && (tok != eos || ignore_eos)
+        {
+            c.advance(tok)
+                .map_err(|e| format!("token constraint: {e}"))?;
+        }
+        self.counts.record(tok, sampling::penalizes(params));
+        Ok(tok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(sampling: SamplingParams) -> Request {
+        Request {
+            prompt: vec![3, 4],
+            max_tokens: 8,
+            sampling,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_end_token_waits_for_min_tokens_unless_it_is_the_only_choice() {
+        let p = SamplingParams {
+            min_tokens: 2,
+            ..Default::default()
+        };
+        let mut s = SamplerState::new(&request(p.clone()));
+        let row = [0.0, 1.0, 5.0];
+        assert_eq!(s.choose(&row, &p, (2, false)), Ok(1), "eos held back");
+        assert_eq!(s.choose(&row, &p, (2, false)), Ok(1), "eos held back");
+        assert_eq!(
+            s.choose(&row, &p, (2, false)),
+            Ok(2),
+            "two tokens generated"
+        );
+        let mut s = SamplerState::new(&request(p.clone()));
+        let only_eos = [f32::NEG_INFINITY, f32::NEG_INFINITY, 5.0];
+        assert_eq!(s.choose(&only_eos, &p, (2, false)), Ok(2));
+        let mut s = SamplerState::new(&request(p.clone()));
+        assert_eq!(
+            s.choose(&row, &p, (2, true)),
+            Ok(2),
+            "with ignore_eos the end token is an ordinary token"
+        );
+    }
+
+    #[test]
+    fn penalties_follow_the_tokens_this_state_chose() {
+        // Greedy with a frequency penalty of 2: token 0 leads by 3, so it is chosen twice
+        // (penalty 2 < 3, then 4 > 3) before token 1 takes over.
+        let p = SamplingParams {
+            frequency_penalty: 2.0,
+            ..Default::default()
+        };
+        let mut s = SamplerState::new(&request(p.clone()));
+        let row = [4.0, 1.0, -9.0];
+        let toks: Vec<u32> = (0..4)
+            .map(|_| s.choose(&row, &p, (2, false)).unwrap())
+            .collect();
+        assert_eq!(toks, [0, 0, 1, 0]);
+        // The repetition penalty reads the prompt: tokens 3 and 4 of the prompt lose.
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        let mut s = SamplerState::new(&request(p.clone()));
+        let row = [0.0, 0.0, 0.0, 1.5, 1.8, 1.0];
+        assert_eq!(s.choose(&row, &p, (0, true)), Ok(5), "1.8/2 and 1.5/2 < 1");
+    }
+}
