@@ -92,6 +92,18 @@ fn serve(
     tight: bool,
     arrival: Arrival,
 ) -> Run {
+    serve_these(model, overlap, prefix_cache, tight, arrival, requests())
+}
+
+/// [`serve`] with the given requests.
+fn serve_these(
+    model: Arc<Model>,
+    overlap: bool,
+    prefix_cache: bool,
+    tight: bool,
+    arrival: Arrival,
+    requests: Vec<Request>,
+) -> Run {
     let cfg = EngineConfig {
         cache: if tight {
             CacheBudget::Pages(tight_pages(40, 10, 3))
@@ -115,7 +127,7 @@ fn serve(
     let mut s = Scheduler::new(model, cfg, None)
         .expect("scheduler starts")
         .with_debug(debug);
-    let mut pending = requests().into_iter();
+    let mut pending = requests.into_iter();
     let mut streams = Vec::new();
     let mut submit = |s: &mut Scheduler, r: Request| {
         streams.push(s.submit(r).expect("request accepted"));
@@ -174,6 +186,7 @@ fn check_clean(run: &Run, what: &str) {
 
 fn same_tokens_and_logits(a: &Completion, b: &Completion) -> bool {
     a.tokens == b.tokens
+        && a.logprobs == b.logprobs
         && a.logits.len() == b.logits.len()
         && a.logits.iter().zip(&b.logits).all(|(x, y)| {
             x.iter()
@@ -213,6 +226,107 @@ fn overlap_and_serial_give_the_solo_tokens_and_logits_bitwise() {
             }
         }
     }
+}
+
+/// The requests of [`requests`], all sampled with a logit bias, penalties and min_p, asking
+/// for log-probabilities; `penalize` false leaves out the penalties that read the tokens.
+fn penalized_requests(penalize: bool) -> Vec<Request> {
+    requests()
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            let p = if penalize { 1.0 } else { 0.0 };
+            r.sampling = SamplingParams {
+                temperature: 0.9,
+                seed: 90 + i as u64,
+                min_p: 0.01,
+                // Token 150 is likely, so repeats and the penalties on them are common.
+                logit_bias: vec![(150, 4.0)],
+                frequency_penalty: 1.5 * p,
+                presence_penalty: 0.5 * p,
+                repetition_penalty: 1.0 + 0.3 * p,
+                ..Default::default()
+            };
+            r.logprobs = Some(3);
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
+    let alone: Vec<Completion> = penalized_requests(true)
+        .into_iter()
+        .map(|r| {
+            let mut run = serve_these(model(), false, false, false, Arrival::AtOnce, vec![r]);
+            run.done.remove(0)
+        })
+        .collect();
+    for tight in [false, true] {
+        let what = |o| format!("overlap={o} tight={tight}");
+        let serial = serve_these(
+            model(),
+            false,
+            true,
+            tight,
+            Arrival::AtOnce,
+            penalized_requests(true),
+        );
+        let overlap = serve_these(
+            model(),
+            true,
+            true,
+            tight,
+            Arrival::AtOnce,
+            penalized_requests(true),
+        );
+        for run in [&serial, &overlap] {
+            assert_eq!(run.metrics.canary_rounds_flagged, 0, "{}", what(true));
+            assert!(run.all_free, "{}", what(true));
+        }
+        if tight {
+            assert!(overlap.metrics.preemptions_total > 0, "{}", what(true));
+        }
+        for (i, (a, b)) in serial.done.iter().zip(&overlap.done).enumerate() {
+            assert_eq!(a.finished.reason, FinishReason::Length, "request {i}");
+            assert_eq!(a.logprobs.len(), a.tokens.len(), "request {i}");
+            assert!(
+                same_tokens_and_logits(a, b),
+                "{}: request {i} differs between the modes",
+                what(true)
+            );
+        }
+        for (i, (a, b)) in alone.iter().zip(&serial.done).enumerate() {
+            assert_eq!(a.tokens, b.tokens, "{}: request {i} alone", what(false));
+            assert_eq!(a.logprobs, b.logprobs, "{}: request {i} alone", what(false));
+        }
+    }
+    let plain = serve_these(
+        model(),
+        true,
+        true,
+        false,
+        Arrival::AtOnce,
+        penalized_requests(false),
+    );
+    let penalized = serve_these(
+        model(),
+        true,
+        true,
+        false,
+        Arrival::AtOnce,
+        penalized_requests(true),
+    );
+    let changed = plain
+        .done
+        .iter()
+        .zip(&penalized.done)
+        .filter(|(a, b)| a.tokens != b.tokens)
+        .count();
+    assert!(
+        changed >= 4,
+        "the penalties changed only {changed} of 16 requests"
+    );
 }
 
 #[test]

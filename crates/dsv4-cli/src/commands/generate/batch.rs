@@ -1,8 +1,9 @@
 //! `dsv4 generate --batch FILE`: many requests through the engine at once. JSONL in, one object
-//! per request (`id`, `prompt` or `messages`, `max_tokens`, optional `temperature`, `top_p`,
-//! `top_k`, `seed`, `stop`); JSONL out in input order (`id`, `text`, `tokens`,
-//! `finish_reason`, `usage`, `timing`, and `error` when it failed). `messages` are rendered with
-//! the DSV4 chat encoding of dsv4-chat (chat mode, no tools).
+//! per request (`id`, `prompt` or `messages`, `max_tokens`, optional sampling fields — those
+//! of `BatchRequest` — `stop` and `logprobs`); JSONL out in input order (`id`, `text`,
+//! `tokens`, `finish_reason`, `usage`, `timing`, `logprobs` when asked, and `error` when it
+//! failed). `messages` are rendered with the DSV4 chat encoding of dsv4-chat (chat mode, no
+//! tools).
 
 use anyhow::{Context, bail};
 use dsv4_chat::tokenizer::Tokenizer;
@@ -10,10 +11,11 @@ use dsv4_chat::{Conversation, EncodeOptions, encode_prompt_ids};
 use dsv4_config::{Profile, SchedulePolicy as ProfilePolicy};
 use dsv4_engine::{
     CacheBudget, Detokenizer, Engine, EngineConfig, HostTierConfig, Request, RequestStream,
-    SamplingParams, SchedulePolicy, Timing, Usage,
+    SamplingParams, SchedulePolicy, Timing, TokenLogprob, Usage,
 };
 use dsv4_model::Model;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -41,8 +43,37 @@ struct BatchRequest {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
+    min_p: Option<f32>,
     seed: Option<u64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    /// Token id → bias (−100 to 100), as OpenAI's `logit_bias`.
+    logit_bias: Option<BTreeMap<u32, f32>>,
+    min_tokens: Option<usize>,
+    ignore_eos: Option<bool>,
     stop: Option<Stop>,
+    /// Return each token's log-probability with this many alternatives (0 to 20).
+    logprobs: Option<usize>,
+}
+
+/// A generated token's log-probability in an output line.
+#[derive(Debug, Serialize)]
+struct LogprobEntry {
+    token: u32,
+    logprob: f32,
+    /// `[id, logprob]` pairs, most likely first.
+    top: Vec<(u32, f32)>,
+}
+
+impl LogprobEntry {
+    fn new(token: u32, lp: TokenLogprob) -> Self {
+        Self {
+            token,
+            logprob: lp.logprob,
+            top: lp.top,
+        }
+    }
 }
 
 /// One output line.
@@ -54,6 +85,8 @@ struct BatchResult {
     finish_reason: &'static str,
     usage: Usage,
     timing: Timing,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Vec<LogprobEntry>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -118,7 +151,8 @@ fn read_requests(
         let r: BatchRequest = serde_json::from_str(&line).with_context(|| {
             format!(
                 "{}: not a request object (fields: id, prompt or messages, max_tokens, \
-                 temperature, top_p, top_k, seed, stop)",
+                 temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, \
+                 repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, logprobs)",
                 at()
             )
         })?;
@@ -150,10 +184,17 @@ fn read_requests(
                 temperature: r.temperature.unwrap_or(defaults.temperature),
                 top_p: r.top_p.unwrap_or(defaults.top_p),
                 top_k: r.top_k.unwrap_or(defaults.top_k),
+                min_p: r.min_p.unwrap_or(defaults.min_p),
                 seed: r.seed.unwrap_or(defaults.seed),
-                ..SamplingParams::default()
+                presence_penalty: r.presence_penalty.unwrap_or(defaults.presence_penalty),
+                frequency_penalty: r.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+                repetition_penalty: r.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+                logit_bias: r.logit_bias.unwrap_or_default().into_iter().collect(),
+                min_tokens: r.min_tokens.unwrap_or(defaults.min_tokens),
             },
             stop,
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+            logprobs: r.logprobs,
             ..Default::default()
         };
         out.push((r.id, req));
@@ -188,18 +229,29 @@ pub fn run_batch<W: Write>(
     let debug = crate::commands::plan::debug_options(profile);
     let engine = Engine::spawn_debug(Arc::new(model), cfg, Some(detok), debug)?;
     tracing::info!(requests = requests.len(), pools = %engine.pool_report(), "batch started");
-    let streams: Vec<(serde_json::Value, anyhow::Result<RequestStream>)> = requests
+    // (id, whether it asked for logprobs, its stream)
+    let streams: Vec<(serde_json::Value, bool, anyhow::Result<RequestStream>)> = requests
         .into_iter()
-        .map(|(id, r)| (id, engine.submit(r).map_err(anyhow::Error::from)))
+        .map(|(id, r)| {
+            let logprobs = r.logprobs.is_some();
+            (id, logprobs, engine.submit(r).map_err(anyhow::Error::from))
+        })
         .collect();
     let mut out = open_out()?;
     let mut failed = 0;
     let total = streams.len();
-    for (id, stream) in streams {
+    for (id, wants_logprobs, stream) in streams {
         let result = match stream {
             Ok(s) => {
                 let c = s.collect_blocking();
                 let f = c.finished;
+                let logprobs = wants_logprobs.then(|| {
+                    c.tokens
+                        .iter()
+                        .zip(c.logprobs)
+                        .map(|(&t, lp)| LogprobEntry::new(t, lp))
+                        .collect()
+                });
                 BatchResult {
                     id,
                     text: f.text.unwrap_or_default(),
@@ -207,6 +259,7 @@ pub fn run_batch<W: Write>(
                     finish_reason: f.reason.as_str(),
                     usage: f.usage,
                     timing: f.timing,
+                    logprobs,
                     error: f.error,
                 }
             }
@@ -217,6 +270,7 @@ pub fn run_batch<W: Write>(
                 finish_reason: "error",
                 usage: Usage::default(),
                 timing: Timing::default(),
+                logprobs: None,
                 error: Some(format!("{e:#}")),
             },
         };
@@ -369,6 +423,59 @@ mod tests {
         assert_eq!(rows[0]["finish_reason"], "error");
         assert!(rows[0]["error"].as_str().unwrap().contains("top_p"));
         assert_eq!(rows[1]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn logit_bias_penalties_and_logprobs_reach_the_engine() {
+        let a = 128 + u32::from(b'A');
+        let tok = Tokenizer::tiny().unwrap();
+        assert_eq!(
+            tok.decode(&[a]).unwrap(),
+            "A",
+            "byte tokens sit at 128 + byte"
+        );
+        let lines = [
+            serde_json::json!({"id": 0, "prompt": "hello", "max_tokens": 12,
+                "logit_bias": {a.to_string(): 30}}),
+            serde_json::json!({"id": 1, "prompt": "hello", "max_tokens": 4, "logprobs": 2}),
+            serde_json::json!({"id": 2, "prompt": "hello", "max_tokens": 12,
+                "logit_bias": {a.to_string(): 30}, "frequency_penalty": 2,
+                "presence_penalty": 2, "repetition_penalty": 1.5, "min_p": 0.2,
+                "min_tokens": 12, "ignore_eos": true, "logprobs": 0}),
+            serde_json::json!({"id": 3, "prompt": "hello", "max_tokens": 2, "min_tokens": 3}),
+            serde_json::json!({"id": 4, "prompt": "hello", "max_tokens": 2,
+                "logit_bias": {"99999": 1}}),
+        ];
+        let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        let (r, rows) = run(&text.join("\n"));
+        assert!(format!("{:#}", r.unwrap_err()).contains("2 of 5 requests failed"));
+        assert_eq!(
+            rows[0]["text"],
+            "A".repeat(12),
+            "a bias of 30 wins every greedy choice"
+        );
+        assert!(rows[0].get("logprobs").is_none(), "not asked for");
+        let tokens = rows[1]["tokens"].as_array().unwrap();
+        let lps = rows[1]["logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), tokens.len());
+        for (t, lp) in tokens.iter().zip(lps) {
+            assert_eq!(&lp["token"], t);
+            let top = lp["top"].as_array().unwrap();
+            assert_eq!(top.len(), 2);
+            assert_eq!(&top[0][0], t, "greedy takes the most likely token");
+            assert_eq!(top[0][1], lp["logprob"]);
+            assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
+        }
+        // Each A costs it 2 more (and 2 once): the penalties end the run of A's.
+        let penalized = rows[2]["text"].as_str().unwrap();
+        assert!(
+            penalized.starts_with('A') && penalized != "A".repeat(12),
+            "{penalized:?}"
+        );
+        assert_eq!(rows[2]["finish_reason"], "length");
+        assert_eq!(rows[2]["logprobs"].as_array().unwrap().len(), 12);
+        assert!(rows[3]["error"].as_str().unwrap().contains("min_tokens"));
+        assert!(rows[4]["error"].as_str().unwrap().contains("logit_bias"));
     }
 
     #[test]
