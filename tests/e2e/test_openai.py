@@ -6,9 +6,10 @@ Run against a running server:
     python3 tests/e2e/test_openai.py --base-url http://127.0.0.1:8000/v1 [--model dsv4-tiny] [--api-key KEY]
 
 `cargo test -p dsv4-cli --test server_e2e` starts `dsv4 serve --port 0` and runs this script.
-Covers: models, chat, streaming chat (with usage), a tool-call round trip (tools declared,
-tool_choice "required", the DSML tool call parsed into `tool_calls`, the tool result sent
-back), JSON answers, completions (plain and streamed), usage, and OpenAI error types.
+Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
+round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
+the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs), usage,
+and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -108,6 +109,7 @@ def test_streaming_chat(client, model):
     check(finish == plain.choices[0].finish_reason, finish)
     check(usage is not None and usage.completion_tokens == plain.usage.completion_tokens, usage)
     check(usage.prompt_tokens == plain.usage.prompt_tokens, usage)
+    check_chat_logprobs(client, model)
 
 
 def test_tool_call_round_trip(client, model):
@@ -205,6 +207,52 @@ def test_completions(client, model):
         usage = chunk.usage or usage
     check(streamed == text, f"{streamed!r} != {text!r}")
     check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
+    check_completion_logprobs(client, model)
+
+
+def check_chat_logprobs(client, model):
+    """logprobs=True, top_logprobs=2: one parsed entry per token; the stream's entries equal them."""
+    kwargs = dict(
+        model=model,
+        messages=chat_messages(),
+        max_tokens=8,
+        temperature=0,
+        stop=CLEAN_STOPS,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    r = client.chat.completions.create(**kwargs)
+    content = r.choices[0].logprobs.content
+    check(len(content) == r.usage.completion_tokens, (len(content), r.usage))
+    for e in content:
+        check(isinstance(e.token, str) and e.logprob <= 0 and isinstance(e.bytes, list), e)
+        check(len(e.top_logprobs) == 2, e)
+        check(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, e)
+        check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob, e)
+    streamed = []
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            if c.logprobs is not None and c.logprobs.content:
+                streamed.extend(c.logprobs.content)
+    check([e.model_dump() for e in streamed] == [e.model_dump() for e in content], streamed)
+
+
+def check_completion_logprobs(client, model):
+    """logprobs=2: the legacy parallel lists; the stream's tokens equal them."""
+    r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n, lp)
+    check(lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), lp.text_offset)
+    for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        check(p <= 0 and top.get(tok) == p and max(top.values()) == p, (tok, p, top))
+    streamed = []
+    for chunk in client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2, stream=True
+    ):
+        for c in chunk.choices:
+            streamed.extend(c.logprobs.tokens)
+    check(streamed == lp.tokens, (streamed, lp.tokens))
 
 
 def test_errors(client, model):

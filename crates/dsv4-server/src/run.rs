@@ -1,22 +1,40 @@
 //! One generation in flight: a submitted engine request, its output decoder and its place in
-//! the server's accounting. [`Run::next`] waits for the next piece of answer. Dropping a run
-//! (the client went away, or the answer broke the grammar) drops its engine stream, which
-//! cancels the request and frees its cache before the engine's next step.
+//! the server's accounting. [`Run::next`] waits for the next piece of answer, with the
+//! log-probabilities of the tokens consumed since the last piece. Dropping a run (the client
+//! went away, or the answer broke the grammar) drops its engine stream, which cancels the
+//! request and frees its cache before the engine's next step.
 
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::state::{AppState, InFlight, Loaded};
+use crate::vocab::Vocab;
 use dsv4_engine::limits::Limits;
-use dsv4_engine::{Event, FinishReason, Finished, Request, RequestStream};
+use dsv4_engine::{Event, FinishReason, Finished, Request, RequestStream, TokenLogprob};
 use std::sync::Arc;
+
+/// A generated token with its log-probability (requests that ask for logprobs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedToken {
+    /// The token id.
+    pub id: u32,
+    /// Bytes it added to the completion text (0 for an end-of-sequence token kept going past
+    /// with `ignore_eos`, whose text is left out).
+    pub text_len: usize,
+    /// Its log-probability and the most likely alternatives.
+    pub logprob: TokenLogprob,
+}
 
 /// What [`Run::next`] produced.
 #[derive(Debug)]
-pub enum Step {
-    /// More of the answer.
-    Deltas(Vec<Delta>),
-    /// The last of the answer and how the request ended.
-    Done(Vec<Delta>, Finished),
+pub struct Step {
+    /// More of the answer (empty only on the last step).
+    pub deltas: Vec<Delta>,
+    /// The tokens consumed since the previous step, with their log-probabilities (empty
+    /// unless the request asked for them); text held back by the decoder carries its tokens
+    /// forward to the step that shows it.
+    pub logprobs: Vec<GeneratedToken>,
+    /// How the request ended, on the last step.
+    pub finished: Option<Finished>,
 }
 
 /// A generation request in flight.
@@ -27,6 +45,9 @@ pub struct Run {
     decoder: OutputDecoder,
     constrained: bool,
     max_tokens: usize,
+    /// The end-of-sequence id when `ignore_eos` keeps it as a token (its text is left out).
+    silent: Option<u32>,
+    pending: Vec<GeneratedToken>,
     _in_flight: InFlight,
 }
 
@@ -40,6 +61,7 @@ impl Run {
     ) -> Result<Self, ApiError> {
         let in_flight = state.begin_request();
         let (constrained, max_tokens) = (req.constraint.is_some(), req.max_tokens);
+        let silent = req.ignore_eos.then_some(loaded.eos);
         let stream = loaded.engine.submit(req)?;
         tracing::debug!(id = %stream.id(), "submitted");
         Ok(Self {
@@ -49,25 +71,43 @@ impl Run {
             decoder,
             constrained,
             max_tokens,
+            silent,
+            pending: Vec::new(),
             _in_flight: in_flight,
         })
     }
 
+    /// The vocabulary the tokens' texts come from.
+    pub fn vocab(&self) -> &Vocab {
+        &self.loaded.vocab
+    }
+
     /// Wait for the next piece of the answer (tokens that only extend held-back text are
-    /// consumed silently). Errors: the answer broke the completion grammar, the engine
-    /// failed, or it stopped.
+    /// consumed silently, their log-probabilities kept for the next step). Errors: the answer
+    /// broke the completion grammar, the engine failed, or it stopped.
     pub async fn next(&mut self) -> Result<Step, ApiError> {
         loop {
             let event = self.stream.next().await;
             match event {
                 Some(Event::Token(t)) => {
-                    let bytes = self.loaded.vocab.bytes(t.token);
+                    let bytes = if self.silent == Some(t.token) {
+                        &[]
+                    } else {
+                        self.loaded.vocab.bytes(t.token)
+                    };
+                    if let Some(logprob) = t.logprob {
+                        self.pending.push(GeneratedToken {
+                            id: t.token,
+                            text_len: bytes.len(),
+                            logprob,
+                        });
+                    }
                     let deltas = self
                         .decoder
                         .push(bytes)
                         .map_err(|e| self.output_error(&e, false))?;
                     if !deltas.is_empty() {
-                        return Ok(Step::Deltas(deltas));
+                        return Ok(self.step(deltas, None));
                     }
                 }
                 Some(Event::Finished(f)) => {
@@ -86,7 +126,7 @@ impl Run {
                                 .decoder
                                 .finish()
                                 .map_err(|e| self.output_error(&e, cut))?;
-                            Ok(Step::Done(deltas, f))
+                            Ok(self.step(deltas, Some(f)))
                         }
                     };
                 }
@@ -96,6 +136,14 @@ impl Run {
                     ));
                 }
             }
+        }
+    }
+
+    fn step(&mut self, deltas: Vec<Delta>, finished: Option<Finished>) -> Step {
+        Step {
+            deltas,
+            logprobs: std::mem::take(&mut self.pending),
+            finished,
         }
     }
 }

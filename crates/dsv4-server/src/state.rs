@@ -28,6 +28,8 @@ pub struct Loaded {
     pub context: usize,
     /// The beginning-of-sequence token id.
     pub bos: u32,
+    /// The end-of-sequence token id (the engine ends a request on it unless `ignore_eos`).
+    pub eos: u32,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -55,7 +57,11 @@ impl Loaded {
             let tok = tokenizer.clone();
             Arc::new(move |ids: &[u32]| tok.decode(ids).unwrap_or_default())
         };
-        let (context, bos) = (model.cfg.max_position_embeddings, model.cfg.bos_token_id);
+        let (context, bos, eos) = (
+            model.cfg.max_position_embeddings,
+            model.cfg.bos_token_id,
+            model.cfg.eos_token_id,
+        );
         let engine = Engine::spawn_debug(model, cfg, Some(detok), debug)?;
         Ok(Self {
             engine,
@@ -64,6 +70,7 @@ impl Loaded {
             grammars,
             context,
             bos,
+            eos,
         })
     }
 }

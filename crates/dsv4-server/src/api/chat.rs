@@ -1,7 +1,9 @@
 //! `/v1/chat/completions` bodies: [`ChatRequest`] (unknown fields are refused, naming them) and
 //! the response and stream-chunk objects.
 
-use super::common::{SamplingFields, Stop, StreamOptions, UsageBody};
+use super::common::{Stop, StreamOptions, UsageBody};
+use super::logprobs::ChatLogprobs;
+use super::sampling::{SamplingFields, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -47,16 +49,24 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
     /// {"thinking": bool} (or "enable_thinking") selects thinking mode.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
-    /// Not supported (must be 0).
+    /// Keep tokens at least this fraction as likely as the most likely one (extension).
+    pub min_p: Option<f32>,
+    /// −2 to 2, per time a token was generated.
     pub frequency_penalty: Option<f32>,
-    /// Not supported (must be 0).
+    /// −2 to 2, once per token generated.
     pub presence_penalty: Option<f32>,
-    /// Not supported (must be false).
-    pub logprobs: Option<bool>,
-    /// Not supported.
-    pub top_logprobs: Option<u32>,
-    /// Not supported (must be empty).
+    /// Above 0, 1 = off: over prompt and generated tokens (extension).
+    pub repetition_penalty: Option<f32>,
+    /// Token id (decimal string) → bias from −100 to 100.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// The end-of-sequence token is held back until this many tokens (extension).
+    pub min_tokens: Option<u64>,
+    /// Keep generating past the end-of-sequence token (extension; its text is left out).
+    pub ignore_eos: Option<bool>,
+    /// Return each generated token's log-probability.
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: this many most likely alternatives per token (0 to 20).
+    pub top_logprobs: Option<u32>,
     /// Accepted and ignored (an end-user id for abuse tracking).
     pub user: Option<String>,
     /// Accepted and ignored.
@@ -116,9 +126,26 @@ impl ChatRequest {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             seed: self.seed,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            min_tokens: self.min_tokens,
+        }
+    }
+
+    /// The alternatives per token to return (None: no log-probabilities). `top_logprobs`
+    /// needs `logprobs: true`, as OpenAI.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs.unwrap_or(false), self.top_logprobs) {
+            (true, top) => top_count("top_logprobs", top.unwrap_or(0)).map(Some),
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(ApiError::bad_param(
+                "top_logprobs",
+                "top_logprobs needs \"logprobs\": true; set it or leave top_logprobs out",
+            )),
         }
     }
 
@@ -258,8 +285,8 @@ pub struct ChoiceBody {
     pub message: AssistantBody,
     /// "stop", "length" or "tool_calls".
     pub finish_reason: &'static str,
-    /// Always null (log probabilities are not supported).
-    pub logprobs: Option<()>,
+    /// With `logprobs`: one entry per generated token (else null).
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 /// A non-streamed chat completion.
@@ -305,8 +332,9 @@ pub struct ChunkChoice {
     pub delta: DeltaBody,
     /// Set on the last content chunk.
     pub finish_reason: Option<&'static str>,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// With `logprobs` (every chunk but the first): the entries of the tokens consumed since
+    /// the previous chunk, possibly none; else null.
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 /// One `chat.completion.chunk` event.

@@ -1,9 +1,9 @@
 //! What chat and text completions share: parsing a body into a request type (malformed JSON
-//! and wrong types become 400s that name the field), sampling fields, stop strings, stream
-//! options and the usage object.
+//! and wrong types become 400s that name the field), stop strings, stream options and the
+//! usage object (the sampling fields are in [`super::sampling`]).
 
 use crate::error::ApiError;
-use dsv4_engine::{SamplingParams, Usage};
+use dsv4_engine::Usage;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -78,71 +78,6 @@ pub struct StreamOptions {
     /// Send a last chunk with the usage (and `"usage": null` on the others).
     #[serde(default)]
     pub include_usage: Option<bool>,
-}
-
-/// The sampling fields both endpoints accept.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct SamplingFields {
-    /// 0 to 2; 0 is greedy (default 1, as OpenAI).
-    pub temperature: Option<f32>,
-    /// (0, 1] (default 1).
-    pub top_p: Option<f32>,
-    /// Keep the k most likely tokens; -1 or 0 keeps all (vLLM/SGLang extension).
-    pub top_k: Option<i64>,
-    /// Seed of the request's random stream (default: a fresh one per request).
-    pub seed: Option<u64>,
-    /// Not supported: must be 0 when given.
-    pub frequency_penalty: Option<f32>,
-    /// Not supported: must be 0 when given.
-    pub presence_penalty: Option<f32>,
-}
-
-impl SamplingFields {
-    /// The engine's sampling options; `fresh_seed` is used when the request gives none.
-    pub fn to_params(&self, fresh_seed: u64) -> Result<SamplingParams, ApiError> {
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
-            return Err(ApiError::bad_param(
-                "temperature",
-                format!("temperature must be from 0 to 2 (0 = greedy), got {temperature}"),
-            ));
-        }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_param(
-                "top_p",
-                format!("top_p must be in (0, 1], got {top_p}"),
-            ));
-        }
-        let top_k = match self.top_k.unwrap_or(0) {
-            -1 | 0 => 0,
-            k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-            k => {
-                return Err(ApiError::bad_param(
-                    "top_k",
-                    format!("top_k must be -1, 0 (all tokens) or positive, got {k}"),
-                ));
-            }
-        };
-        for (name, v) in [
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
-        ] {
-            if v.is_some_and(|v| v != 0.0) {
-                return Err(ApiError::bad_param(
-                    name,
-                    format!("{name} is not supported by this server; leave it out or send 0"),
-                ));
-            }
-        }
-        Ok(SamplingParams {
-            temperature,
-            top_p,
-            top_k,
-            seed: self.seed.unwrap_or(fresh_seed),
-            ..Default::default()
-        })
-    }
 }
 
 /// Refuse an option this server does not implement when it is set to anything but `default`.

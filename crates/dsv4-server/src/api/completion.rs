@@ -1,7 +1,9 @@
 //! `/v1/completions` bodies: [`CompletionRequest`] (one prompt: text or token ids) and the
 //! response and stream-chunk objects.
 
-use super::common::{SamplingFields, Stop, StreamOptions, UsageBody};
+use super::common::{Stop, StreamOptions, UsageBody};
+use super::logprobs::CompletionLogprobs;
+use super::sampling::{SamplingFields, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -37,18 +39,26 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// Not supported (must be false).
     pub echo: Option<bool>,
-    /// Not supported.
+    /// Return each generated token's log-probability with this many alternatives (0 to 20).
     pub logprobs: Option<u32>,
     /// Not supported.
     pub suffix: Option<String>,
     /// Not supported (must be 1).
     pub best_of: Option<u32>,
-    /// Not supported (must be 0).
+    /// Keep tokens at least this fraction as likely as the most likely one (extension).
+    pub min_p: Option<f32>,
+    /// −2 to 2, per time a token was generated.
     pub frequency_penalty: Option<f32>,
-    /// Not supported (must be 0).
+    /// −2 to 2, once per token generated.
     pub presence_penalty: Option<f32>,
-    /// Not supported (must be empty).
+    /// Above 0, 1 = off: over prompt and generated tokens (extension).
+    pub repetition_penalty: Option<f32>,
+    /// Token id (decimal string) → bias from −100 to 100.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// The end-of-sequence token is held back until this many tokens (extension).
+    pub min_tokens: Option<u64>,
+    /// Keep generating past the end-of-sequence token (extension; its text is left out).
+    pub ignore_eos: Option<bool>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
@@ -69,10 +79,19 @@ impl CompletionRequest {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             seed: self.seed,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            min_tokens: self.min_tokens,
         }
+    }
+
+    /// The alternatives per token to return (None: no log-probabilities).
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        self.logprobs.map(|n| top_count("logprobs", n)).transpose()
     }
 
     /// The one prompt, checked.
@@ -115,8 +134,9 @@ pub struct CompletionChoice {
     pub text: String,
     /// "stop" or "length" (null until the last chunk).
     pub finish_reason: Option<&'static str>,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// With `logprobs`: the tokens of this text (a chunk: those consumed since the previous
+    /// chunk); else null.
+    pub logprobs: Option<CompletionLogprobs>,
 }
 
 /// A completion, or one chunk of a streamed one (`object` "text_completion" either way).

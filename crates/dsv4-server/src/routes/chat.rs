@@ -10,10 +10,12 @@ use crate::api::chat::{
     FunctionBody, ResponseFormat, ToolCallBody, ToolChoice,
 };
 use crate::api::common::{check_n, parse_body, random_hex, stop_strings, unix_now, unsupported};
+use crate::api::logprobs::ChatLogprobs;
+use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{Run, Step, finish_reason, fit_max_tokens};
+use crate::run::{GeneratedToken, Run, Step, finish_reason, fit_max_tokens};
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -41,6 +43,7 @@ pub async fn chat_completions(
         created: unix_now(),
         model: state.cfg().model_id.clone(),
         thinking: prepared.thinking,
+        logprobs: prepared.request.logprobs.is_some(),
     };
     let run = Run::start(&state, &loaded, prepared.request, prepared.decoder)?;
     if req.stream.unwrap_or(false) {
@@ -82,14 +85,8 @@ fn prepare(
     body: &[u8],
 ) -> Result<Prepared, ApiError> {
     check_n(req.n)?;
-    unsupported("logprobs", req.logprobs, false)?;
     unsupported("store", req.store, false)?;
-    if req.top_logprobs.is_some() {
-        unsupported("top_logprobs", Some(true), false)?;
-    }
-    if req.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        unsupported("logit_bias", Some(true), false)?;
-    }
+    let logprobs = req.logprobs()?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_param(
             "messages",
@@ -120,6 +117,7 @@ fn prepare(
     )?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(state.next_serial())?;
+    check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let constraint = constraint(loaded, req, &choice, &tools, thinking)?;
     let decoder = OutputDecoder::chat(state.cfg().output, thinking, parser_tools, &stop);
     Ok(Prepared {
@@ -128,6 +126,8 @@ fn prepare(
             max_tokens,
             sampling,
             stop,
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+            logprobs,
             constraint,
             ..Default::default()
         },
@@ -238,6 +238,8 @@ struct Meta {
     created: u64,
     model: String,
     thinking: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
 }
 
 /// A tool call as the API shows it, with a fresh id.
@@ -260,19 +262,18 @@ fn tool_call_body(
 /// Run to the end and answer one `chat.completion`.
 async fn answer(state: &AppState, mut run: Run, meta: Meta) -> Result<Response, ApiError> {
     let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+    let mut tokens: Vec<GeneratedToken> = Vec::new();
     let finished = loop {
-        let (deltas, done) = match run.next().await? {
-            Step::Deltas(d) => (d, None),
-            Step::Done(d, f) => (d, Some(f)),
-        };
-        for d in deltas {
+        let step = run.next().await?;
+        tokens.extend(step.logprobs);
+        for d in step.deltas {
             match d {
                 Delta::Content(c) => content.push_str(&c),
                 Delta::Reasoning(r) => reasoning.push_str(&r),
                 Delta::ToolCall(c) => calls.push(tool_call_body(state, c, None)),
             }
         }
-        if let Some(f) = done {
+        if let Some(f) = step.finished {
             break f;
         }
     };
@@ -290,7 +291,9 @@ async fn answer(state: &AppState, mut run: Run, meta: Meta) -> Result<Response, 
                 reasoning_content: meta.thinking.then_some(reasoning),
                 tool_calls: calls,
             },
-            logprobs: None,
+            logprobs: meta
+                .logprobs
+                .then(|| ChatLogprobs::new(run.vocab(), &tokens)),
         }],
         usage: finished.usage.into(),
     };
@@ -321,13 +324,24 @@ impl ChatStream {
         }
     }
 
-    fn chunk(&self, delta: DeltaBody, finish: Option<&'static str>) -> SseEvent {
+    /// A chunk with `delta`; with logprobs asked, it carries the entries of `tokens` (which
+    /// it takes, so each token's entry is sent once).
+    fn chunk(
+        &self,
+        delta: DeltaBody,
+        finish: Option<&'static str>,
+        tokens: &mut Vec<GeneratedToken>,
+    ) -> SseEvent {
+        let logprobs = self
+            .meta
+            .logprobs
+            .then(|| ChatLogprobs::new(self.run.vocab(), &std::mem::take(tokens)));
         self.event(
             vec![ChunkChoice {
                 index: 0,
                 delta,
                 finish_reason: finish,
-                logprobs: None,
+                logprobs,
             }],
             None,
         )
@@ -349,7 +363,7 @@ impl ChatStream {
         SseEvent::default().data(serde_json::to_string(&chunk).unwrap_or_default())
     }
 
-    fn delta(&mut self, d: Delta) -> SseEvent {
+    fn delta(&mut self, d: Delta, tokens: &mut Vec<GeneratedToken>) -> SseEvent {
         let body = match d {
             Delta::Content(c) => DeltaBody {
                 content: Some(c),
@@ -368,7 +382,7 @@ impl ChatStream {
                 }
             }
         };
-        self.chunk(body, None)
+        self.chunk(body, None, tokens)
     }
 }
 
@@ -380,27 +394,41 @@ impl super::EventSource for ChatStream {
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
-            out.push(self.chunk(
-                DeltaBody {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                    ..Default::default()
-                },
+            let role = DeltaBody {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                ..Default::default()
+            };
+            let event = self.event(
+                vec![ChunkChoice {
+                    index: 0,
+                    delta: role,
+                    finish_reason: None,
+                    logprobs: None,
+                }],
                 None,
-            ));
+            );
+            out.push(event);
             return out;
         }
         match self.run.next().await {
-            Ok(Step::Deltas(deltas)) => out.extend(deltas.into_iter().map(|d| self.delta(d))),
-            Ok(Step::Done(deltas, f)) => {
-                out.extend(deltas.into_iter().map(|d| self.delta(d)));
-                let reason = finish_reason(f.reason, self.calls > 0);
-                out.push(self.chunk(DeltaBody::default(), Some(reason)));
-                if self.include_usage {
-                    out.push(self.event(Vec::new(), Some(f.usage.into())));
+            Ok(Step {
+                deltas,
+                logprobs: mut tokens,
+                finished,
+            }) => {
+                for d in deltas {
+                    out.push(self.delta(d, &mut tokens));
                 }
-                out.push(SseEvent::default().data("[DONE]"));
-                self.done = true;
+                if let Some(f) = finished {
+                    let reason = finish_reason(f.reason, self.calls > 0);
+                    out.push(self.chunk(DeltaBody::default(), Some(reason), &mut tokens));
+                    if self.include_usage {
+                        out.push(self.event(Vec::new(), Some(f.usage.into())));
+                    }
+                    out.push(SseEvent::default().data("[DONE]"));
+                    self.done = true;
+                }
             }
             Err(e) => {
                 out.push(super::error_event(&e));

@@ -10,9 +10,11 @@ use crate::api::common::{
 use crate::api::completion::{
     Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, Prompt,
 };
+use crate::api::logprobs::CompletionLogprobs;
+use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{Run, Step, finish_reason};
+use crate::run::{GeneratedToken, Run, finish_reason};
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -34,6 +36,7 @@ pub async fn completions(
     let req: CompletionRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
     let (request, stops) = prepare(&state, &loaded, &req)?;
+    let logprobs = request.logprobs.is_some();
     let run = Run::start(&state, &loaded, request, OutputDecoder::raw(&stops))?;
     let out = TextStream {
         run,
@@ -46,6 +49,8 @@ pub async fn completions(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         stream: req.stream.unwrap_or(false),
+        logprobs,
+        offset: 0,
         done: false,
     };
     if out.stream {
@@ -63,15 +68,10 @@ fn prepare(
     check_n(req.n)?;
     unsupported("echo", req.echo, false)?;
     unsupported("best_of", req.best_of, 1)?;
-    if req.logprobs.is_some() {
-        unsupported("logprobs", Some(true), false)?;
-    }
     if req.suffix.is_some() {
         unsupported("suffix", Some(true), false)?;
     }
-    if req.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        unsupported("logit_bias", Some(true), false)?;
-    }
+    let logprobs = req.logprobs()?;
     let prompt = match req.prompt()? {
         Prompt::Tokens(ids) if ids.is_empty() => {
             return Err(ApiError::bad_param("prompt", "the prompt has no tokens"));
@@ -95,12 +95,15 @@ fn prepare(
     let max_tokens = max_tokens(loaded, &prompt, asked, "prompt")?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(state.next_serial())?;
+    check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     Ok((
         Request {
             prompt,
             max_tokens,
             sampling,
             stop: stop.clone(),
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+            logprobs,
             ..Default::default()
         },
         stop,
@@ -115,6 +118,10 @@ struct TextStream {
     model: String,
     include_usage: bool,
     stream: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    /// Byte offset in the completion of the next token's text (`text_offset`).
+    offset: usize,
     done: bool,
 }
 
@@ -130,12 +137,17 @@ fn text_of(deltas: Vec<Delta>) -> String {
 }
 
 impl TextStream {
+    /// A completion object with `text`; with logprobs asked, the lists of `tokens`.
     fn object(
-        &self,
+        &mut self,
         text: String,
+        tokens: &[GeneratedToken],
         finish: Option<&'static str>,
         usage: Option<Option<UsageBody>>,
     ) -> Completion {
+        let logprobs = self
+            .logprobs
+            .then(|| CompletionLogprobs::new(self.run.vocab(), tokens, &mut self.offset));
         Completion {
             id: self.id.clone(),
             object: "text_completion",
@@ -145,7 +157,7 @@ impl TextStream {
                 index: 0,
                 text,
                 finish_reason: finish,
-                logprobs: None,
+                logprobs,
             }],
             usage,
         }
@@ -156,19 +168,15 @@ impl TextStream {
     }
 
     async fn answer(mut self) -> Result<Response, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut tokens) = (String::new(), Vec::new());
         loop {
-            match self.run.next().await? {
-                Step::Deltas(d) => text.push_str(&text_of(d)),
-                Step::Done(d, f) => {
-                    text.push_str(&text_of(d));
-                    let body = self.object(
-                        text,
-                        Some(finish_reason(f.reason, false)),
-                        Some(Some(f.usage.into())),
-                    );
-                    return Ok(json_response(&body));
-                }
+            let step = self.run.next().await?;
+            text.push_str(&text_of(step.deltas));
+            tokens.extend(step.logprobs);
+            if let Some(f) = step.finished {
+                let reason = Some(finish_reason(f.reason, false));
+                let body = self.object(text, &tokens, reason, Some(Some(f.usage.into())));
+                return Ok(json_response(&body));
             }
         }
     }
@@ -176,29 +184,33 @@ impl TextStream {
 
 impl EventSource for TextStream {
     async fn next_events(&mut self) -> Vec<SseEvent> {
-        let usage = |u| self.include_usage.then_some(u);
-        match self.run.next().await {
-            Ok(Step::Deltas(d)) => vec![Self::event(&self.object(text_of(d), None, usage(None)))],
-            Ok(Step::Done(d, f)) => {
-                self.done = true;
-                let mut out = vec![Self::event(&self.object(
-                    text_of(d),
-                    Some(finish_reason(f.reason, false)),
-                    usage(None),
-                ))];
-                if self.include_usage {
-                    let mut last = self.object(String::new(), None, Some(Some(f.usage.into())));
-                    last.choices.clear();
-                    out.push(Self::event(&last));
-                }
-                out.push(SseEvent::default().data("[DONE]"));
-                out
-            }
+        let step = match self.run.next().await {
+            Ok(step) => step,
             Err(e) => {
                 self.done = true;
-                vec![error_event(&e), SseEvent::default().data("[DONE]")]
+                return vec![error_event(&e), SseEvent::default().data("[DONE]")];
             }
+        };
+        let usage = self.include_usage.then_some(None);
+        let text = text_of(step.deltas);
+        let Some(f) = step.finished else {
+            return vec![Self::event(&self.object(text, &step.logprobs, None, usage))];
+        };
+        self.done = true;
+        let reason = Some(finish_reason(f.reason, false));
+        let mut out = vec![Self::event(&self.object(
+            text,
+            &step.logprobs,
+            reason,
+            usage,
+        ))];
+        if self.include_usage {
+            let mut last = self.object(String::new(), &[], None, Some(Some(f.usage.into())));
+            last.choices.clear();
+            out.push(Self::event(&last));
         }
+        out.push(SseEvent::default().data("[DONE]"));
+        out
     }
 
     fn is_done(&self) -> bool {

@@ -139,8 +139,28 @@ async fn semantic_errors_are_4xx_with_the_reason() {
         (json!({"temperature": 3}), "temperature"),
         (json!({"top_p": 0}), "top_p"),
         (json!({"max_tokens": 0}), "max_tokens"),
-        (json!({"logprobs": true}), "logprobs"),
-        (json!({"presence_penalty": 0.5}), "presence_penalty"),
+        (json!({"top_logprobs": 3}), "top_logprobs"),
+        (
+            json!({"top_logprobs": 2, "logprobs": false}),
+            "top_logprobs",
+        ),
+        (
+            json!({"top_logprobs": 21, "logprobs": true}),
+            "top_logprobs",
+        ),
+        (json!({"logprobs": 1}), "logprobs"),
+        (json!({"presence_penalty": 3}), "presence_penalty"),
+        (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"999999999": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 200}}), "logit_bias"),
+        (json!({"logit_bias": {"5": "up"}}), "logit_bias"),
+        (json!({"logit_bias": [5]}), "logit_bias"),
+        (json!({"min_tokens": 50, "max_tokens": 5}), "min_tokens"),
+        (json!({"min_tokens": -1}), "min_tokens"),
+        (json!({"ignore_eos": "yes"}), "ignore_eos"),
         (json!({"stop": ["a", ""]}), "stop"),
         (
             json!({"chat_template_kwargs": {"thinking": "yes"}}),
@@ -219,6 +239,30 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
             "max_tokens",
         ),
         (json!({"model": MODEL, "prompt": "a", "n": 0}), "n"),
+        (
+            json!({"model": MODEL, "prompt": "a", "logprobs": 21}),
+            "logprobs",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "logprobs": true}),
+            "logprobs",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "suffix": "z"}),
+            "suffix",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "logit_bias": {"400": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "min_tokens": 17}),
+            "min_tokens",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "repetition_penalty": -1}),
+            "repetition_penalty",
+        ),
     ] {
         let e = s.send("POST", "/v1/completions", &body).await.error(400);
         assert_eq!(e["param"], param, "{body} → {e}");

@@ -1,0 +1,220 @@
+//! Per-token log-probabilities as each endpoint shows them: chat's `{"content": [{"token",
+//! "logprob", "bytes", "top_logprobs"}]}` ([`ChatLogprobs`]) and the legacy completions object
+//! `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}` ([`CompletionLogprobs`]).
+//! A token's string is its bytes as lossy UTF-8 (a byte token that is part of a character
+//! shows as U+FFFD; `bytes` has the exact bytes). Log-probabilities that are not finite are
+//! shown as −9999 (JSON has no infinity; vLLM's convention).
+
+use crate::run::GeneratedToken;
+use crate::vocab::Vocab;
+use serde::Serialize as DeriveSerialize;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+/// What a log-probability that is not finite is shown as.
+pub const LOGPROB_FLOOR: f32 = -9999.0;
+
+/// `lp` as JSON can carry it.
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() { lp } else { LOGPROB_FLOOR }
+}
+
+/// The string of token `id`.
+fn token_string(vocab: &Vocab, id: u32) -> String {
+    String::from_utf8_lossy(vocab.bytes(id)).into_owned()
+}
+
+/// `choices[].logprobs` of a chat answer or stream chunk.
+#[derive(Debug, Clone, PartialEq, DeriveSerialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token, in order.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One generated token of [`ChatLogprobs`].
+#[derive(Debug, Clone, PartialEq, DeriveSerialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text (lossy UTF-8).
+    pub token: String,
+    /// ln p(token) under the model's raw logits.
+    pub logprob: f32,
+    /// The token's exact bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens, most likely first (`top_logprobs` of them).
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// One alternative of [`ChatTokenLogprob::top_logprobs`].
+#[derive(Debug, Clone, PartialEq, DeriveSerialize)]
+pub struct ChatTopLogprob {
+    /// The token's text (lossy UTF-8).
+    pub token: String,
+    /// ln p(token).
+    pub logprob: f32,
+    /// The token's exact bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl ChatTopLogprob {
+    fn new(vocab: &Vocab, id: u32, logprob: f32) -> Self {
+        Self {
+            token: token_string(vocab, id),
+            logprob: finite(logprob),
+            bytes: vocab.bytes(id).to_vec(),
+        }
+    }
+}
+
+impl ChatLogprobs {
+    /// The entries of `tokens`.
+    pub fn new(vocab: &Vocab, tokens: &[GeneratedToken]) -> Self {
+        let content = tokens
+            .iter()
+            .map(|t| {
+                let lp = ChatTopLogprob::new(vocab, t.id, t.logprob.logprob);
+                ChatTokenLogprob {
+                    token: lp.token,
+                    logprob: lp.logprob,
+                    bytes: lp.bytes,
+                    top_logprobs: t
+                        .logprob
+                        .top
+                        .iter()
+                        .map(|&(id, l)| ChatTopLogprob::new(vocab, id, l))
+                        .collect(),
+                }
+            })
+            .collect();
+        Self { content }
+    }
+}
+
+/// `choices[].logprobs` of a text completion (OpenAI's legacy format): parallel lists, one
+/// item per generated token.
+#[derive(Debug, Clone, Default, PartialEq, DeriveSerialize)]
+pub struct CompletionLogprobs {
+    /// The tokens' texts (lossy UTF-8).
+    pub tokens: Vec<String>,
+    /// ln p of each token under the model's raw logits.
+    pub token_logprobs: Vec<f32>,
+    /// Each token's most likely alternatives, token text → ln p.
+    pub top_logprobs: Vec<TopMap>,
+    /// Byte offset of each token's text in the completion (UTF-8 bytes from its start).
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// The lists for `tokens`, whose text starts at byte `*offset` of the completion;
+    /// `*offset` moves past them (streams carry it from chunk to chunk).
+    pub fn new(vocab: &Vocab, tokens: &[GeneratedToken], offset: &mut usize) -> Self {
+        let mut out = Self::default();
+        for t in tokens {
+            out.tokens.push(token_string(vocab, t.id));
+            out.token_logprobs.push(finite(t.logprob.logprob));
+            out.top_logprobs.push(TopMap(
+                t.logprob
+                    .top
+                    .iter()
+                    .map(|&(id, l)| (token_string(vocab, id), finite(l)))
+                    .collect(),
+            ));
+            out.text_offset.push(*offset);
+            *offset += t.text_len;
+        }
+        out
+    }
+}
+
+/// Alternatives as a JSON object, token text → ln p, most likely first; of two tokens with
+/// the same text (e.g. two partial characters, both U+FFFD) only the more likely is kept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seen = std::collections::HashSet::new();
+        let kept: Vec<&(String, f32)> = self.0.iter().filter(|(k, _)| seen.insert(k)).collect();
+        let mut map = s.serialize_map(Some(kept.len()))?;
+        for (k, v) in kept {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_engine::TokenLogprob;
+    use serde_json::json;
+
+    fn vocab() -> Vocab {
+        Vocab::new(&dsv4_chat::Tokenizer::tiny().unwrap(), 400).unwrap()
+    }
+
+    fn byte(b: u8) -> u32 {
+        128 + u32::from(b)
+    }
+
+    fn token(id: u32, logprob: f32, top: Vec<(u32, f32)>) -> GeneratedToken {
+        GeneratedToken {
+            id,
+            text_len: 1,
+            logprob: TokenLogprob { logprob, top },
+        }
+    }
+
+    #[test]
+    fn chat_entries_carry_text_bytes_and_alternatives() {
+        let v = vocab();
+        let tokens = [
+            token(
+                byte(b'A'),
+                -0.25,
+                vec![(byte(b'A'), -0.25), (byte(0xC3), -2.0)],
+            ),
+            token(byte(b'b'), f32::NEG_INFINITY, vec![]),
+        ];
+        let body = serde_json::to_value(ChatLogprobs::new(&v, &tokens)).unwrap();
+        assert_eq!(
+            body,
+            json!({"content": [
+                {"token": "A", "logprob": -0.25, "bytes": [65], "top_logprobs": [
+                    {"token": "A", "logprob": -0.25, "bytes": [65]},
+                    {"token": "\u{FFFD}", "logprob": -2.0, "bytes": [0xC3]}]},
+                {"token": "b", "logprob": -9999.0, "bytes": [98], "top_logprobs": []}
+            ]})
+        );
+    }
+
+    #[test]
+    fn completion_lists_are_parallel_with_running_offsets() {
+        let v = vocab();
+        let mut t2 = token(
+            byte(0xC3),
+            -1.0,
+            vec![(byte(0xC3), -1.0), (byte(0xE2), -1.5)],
+        );
+        t2.text_len = 1;
+        let tokens = [
+            token(
+                byte(b'h'),
+                -0.5,
+                vec![(byte(b'h'), -0.5), (byte(b'i'), -3.0)],
+            ),
+            t2,
+            token(byte(0xA9), -0.1, vec![]),
+        ];
+        let mut offset = 4;
+        let lp = CompletionLogprobs::new(&v, &tokens[..2], &mut offset);
+        assert_eq!(offset, 6);
+        let rest = CompletionLogprobs::new(&v, &tokens[2..], &mut offset);
+        assert_eq!((lp.text_offset, rest.text_offset), (vec![4, 5], vec![6]));
+        assert_eq!(
+            serde_json::to_value(&lp.top_logprobs).unwrap(),
+            json!([{"h": -0.5, "i": -3.0}, {"\u{FFFD}": -1.0}]),
+            "the second U+FFFD alternative is dropped"
+        );
+        assert_eq!(lp.tokens, ["h", "\u{FFFD}"]);
+        assert_eq!(rest.token_logprobs, [-0.1]);
+    }
+}

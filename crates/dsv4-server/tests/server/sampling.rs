@@ -1,0 +1,145 @@
+//! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
+//! penalties break its repeats, `min_tokens` holds the end token back, `ignore_eos` keeps
+//! going past it (its text left out), and `min_p` 1 samples like greedy.
+
+use super::common::*;
+use serde_json::{Value, json};
+
+/// The byte token for `b` in the tiny vocabulary.
+fn byte_token(b: u8) -> u32 {
+    128 + u32::from(b)
+}
+
+/// The tiny model's end-of-sequence id.
+fn eos() -> u32 {
+    dsv4_chat::Tokenizer::tiny().unwrap().eos_id()
+}
+
+/// A greedy completion of `prompt` with `extra` fields.
+async fn complete(s: &TestServer, prompt: &str, extra: Value) -> Value {
+    let mut body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let r = s.send("POST", "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{extra}: {}", r.body);
+    r.json()
+}
+
+fn text(v: &Value) -> &str {
+    v["choices"][0]["text"].as_str().unwrap()
+}
+
+fn count_a(v: &Value) -> usize {
+    text(v).matches('a').count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_and_penalties_steer_greedy_tokens() {
+    let s = start(config()).await;
+    let a = byte_token(b'a').to_string();
+    let v = complete(&s, "Once upon a time", json!({"logit_bias": {&a: 100}})).await;
+    assert_eq!(text(&v), "a".repeat(16), "{v}");
+    // Pushed away: the greedy first token (a byte token here) is never chosen.
+    let plain = complete(&s, "Hello there", json!({"max_tokens": 1, "logprobs": 0})).await;
+    let first = plain["choices"][0]["logprobs"]["tokens"][0].clone();
+    let &[b] = first.as_str().unwrap().as_bytes() else {
+        panic!("the greedy first token is one ASCII byte: {plain}");
+    };
+    let away = json!({"logit_bias": {byte_token(b).to_string(): -100}, "logprobs": 0});
+    let v = complete(&s, "Hello there", away).await;
+    let tokens = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert!(!tokens.contains(&first), "{first} in {v}");
+
+    // A favoured token repeats; penalties on generated tokens make it repeat less.
+    let favoured = json!({"logit_bias": {&a: 5}});
+    let base = complete(&s, "Hello there", favoured.clone()).await;
+    assert!(count_a(&base) >= 12, "{base}");
+    for penalty in ["frequency_penalty", "presence_penalty"] {
+        let mut extra = favoured.clone();
+        extra[penalty] = json!(2);
+        let v = complete(&s, "Hello there", extra).await;
+        assert!(count_a(&v) < count_a(&base) / 2, "{penalty}: {v} vs {base}");
+    }
+    // The repetition penalty also reads the prompt: "a" is in it, so it loses its lead.
+    let base = complete(&s, "aaaa aaaa aaaa", favoured.clone()).await;
+    assert!(count_a(&base) >= 12, "{base}");
+    let mut extra = favoured.clone();
+    extra["repetition_penalty"] = json!(3);
+    let v = complete(&s, "aaaa aaaa aaaa", extra).await;
+    assert!(count_a(&v) < count_a(&base) / 2, "{v} vs {base}");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_tokens_and_ignore_eos_hold_the_end_token_back() {
+    let s = start(config()).await;
+    let to_eos = json!({eos().to_string(): 100});
+    let usage = |v: &Value| v["usage"]["completion_tokens"].as_u64().unwrap();
+    let finish = |v: &Value| {
+        v["choices"][0]["finish_reason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let v = complete(&s, "Hi", json!({"logit_bias": to_eos, "max_tokens": 5})).await;
+    assert_eq!((usage(&v), finish(&v)), (0, "stop".into()), "{v}");
+    let v = complete(
+        &s,
+        "Hi",
+        json!({"logit_bias": to_eos, "max_tokens": 5, "min_tokens": 5}),
+    )
+    .await;
+    assert_eq!((usage(&v), finish(&v)), (5, "length".into()), "{v}");
+    let v = complete(
+        &s,
+        "Hi",
+        json!({"logit_bias": to_eos, "max_tokens": 6, "min_tokens": 3}),
+    )
+    .await;
+    assert_eq!((usage(&v), finish(&v)), (3, "stop".into()), "{v}");
+
+    // With ignore_eos the end token is generated like any other; its text is left out, and
+    // its offset does not advance.
+    let v = complete(
+        &s,
+        "Hi",
+        json!({"logit_bias": to_eos, "max_tokens": 4, "ignore_eos": true, "logprobs": 1}),
+    )
+    .await;
+    assert_eq!((usage(&v), finish(&v)), (4, "length".into()), "{v}");
+    assert_eq!(text(&v), "");
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"], json!(vec!["<｜end▁of▁sentence｜>"; 4]));
+    assert_eq!(lp["text_offset"], json!([0, 0, 0, 0]));
+    // Chat too: the strict parser never sees the end token's text.
+    let r = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat(
+                "Hi",
+                json!({"logit_bias": to_eos, "max_tokens": 4, "ignore_eos": true}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!((usage(&v), finish(&v)), (4, "length".into()), "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_p_of_one_samples_like_greedy() {
+    let s = start(config()).await;
+    let greedy = complete(&s, "Once upon a time", json!({})).await;
+    let sampled = json!({"temperature": 1, "seed": 3});
+    let v = complete(&s, "Once upon a time", sampled.clone()).await;
+    assert_ne!(text(&v), text(&greedy), "seed 3 departs from greedy");
+    let mut extra = sampled.clone();
+    extra["min_p"] = json!(1);
+    let v = complete(&s, "Once upon a time", extra).await;
+    assert_eq!(text(&v), text(&greedy));
+    s.shutdown().await.unwrap();
+}
