@@ -66,8 +66,9 @@ fn healthy(addr: &str) -> bool {
     out.starts_with("HTTP/1.1 200")
 }
 
-/// The workload of both runs: small answers, every turn replayed alone.
-const WORKLOAD: [&str; 16] = [
+/// The workload of both runs: small answers, every turn replayed alone, every token's
+/// log-probability compared.
+const WORKLOAD: [&str; 17] = [
     "--sessions",
     "8",
     "--concurrency",
@@ -83,6 +84,7 @@ const WORKLOAD: [&str; 16] = [
     "solo",
     "--seed",
     "3",
+    "--logprobs",
     "--quiet",
 ];
 
@@ -117,6 +119,7 @@ fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
         "{stdout}"
     );
     assert!(r["oracle_requests"].as_u64().unwrap() >= 16);
+    assert_eq!(r["options"]["logprobs"], true, "{stdout}");
     let tool_calls: usize = r["records"]
         .as_array()
         .unwrap()
@@ -125,6 +128,16 @@ fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
         .map(|t| t["tool_calls"].as_array().unwrap().len())
         .sum();
     assert!(tool_calls > 0, "forced turns made tool calls: {stdout}");
+    // The oracle compared real numbers: one log-probability per generated token.
+    for t in r["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["turns"].as_array().unwrap())
+    {
+        assert_eq!(t["logprobs"], t["completion_tokens"], "{t}");
+        assert!(t["logprobs"].as_u64().unwrap() > 0, "{t}");
+    }
     assert_eq!(r["server"]["model"], "dsv4-tiny");
     assert_eq!(r["server"]["dsv4_profile"], "dev-cpu");
     let hash = r["server"]["dsv4_profile_sha256"].as_str().unwrap();

@@ -39,6 +39,10 @@ pub struct Answer {
     pub itl: Vec<f64>,
     /// Seconds from sending the request to the end of the answer.
     pub e2el: f64,
+    /// Each generated token's log-probability as sent (`logprobs.content[].logprob`, streamed
+    /// chunks joined); empty when the request did not ask for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<f64>,
 }
 
 impl Answer {
@@ -48,8 +52,9 @@ impl Answer {
     }
 
     /// What must be identical between two runs of the same greedy request: text, reasoning,
-    /// tool names and arguments, finish reason and token count (not ids or timings). None when
-    /// they agree, else which part differs first and how.
+    /// tool names and arguments, finish reason, token count and, when both carry them, every
+    /// token's log-probability, exactly (not ids or timings). None when they agree, else which
+    /// part differs first and how.
     pub fn difference(&self, other: &Answer) -> Option<String> {
         fn first_diff(a: &str, b: &str) -> String {
             let at = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
@@ -98,7 +103,26 @@ impl Answer {
         {
             return Some(format!("completion_tokens {a} vs {b}"));
         }
-        None
+        if self.logprobs.is_empty() || other.logprobs.is_empty() {
+            return None;
+        }
+        if self.logprobs.len() != other.logprobs.len() {
+            return Some(format!(
+                "{} token logprobs vs {}",
+                self.logprobs.len(),
+                other.logprobs.len()
+            ));
+        }
+        let (i, (a, b)) = self
+            .logprobs
+            .iter()
+            .zip(&other.logprobs)
+            .enumerate()
+            .find(|(_, (a, b))| a.to_bits() != b.to_bits())?;
+        Some(format!(
+            "logprob of token {i}: {a} vs {b} (same tokens; the numbers moved by {:.3e})",
+            (a - b).abs()
+        ))
     }
 }
 

@@ -250,8 +250,20 @@ pub fn parse_message(v: &Value) -> Result<Answer, String> {
         finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
         prompt_tokens: v["usage"]["prompt_tokens"].as_u64(),
         completion_tokens: v["usage"]["completion_tokens"].as_u64(),
+        logprobs: token_logprobs(choice),
         ..Default::default()
     })
+}
+
+/// The `logprobs.content[].logprob` values of a choice or chunk choice (empty without them; an
+/// entry without a number is NaN, so it never equals anything).
+fn token_logprobs(choice: &Value) -> Vec<f64> {
+    choice["logprobs"]["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["logprob"].as_f64().unwrap_or(f64::NAN))
+        .collect()
 }
 
 /// Arguments are a JSON text; a server that sends an object instead gets it re-serialised.
@@ -380,6 +392,7 @@ impl StreamAccumulator {
             if let Some(f) = choice["finish_reason"].as_str() {
                 self.answer.finish_reason = Some(f.to_owned());
             }
+            self.answer.logprobs.extend(token_logprobs(choice));
         }
         if token {
             self.answer.chunks += 1;
@@ -412,11 +425,11 @@ mod tests {
     fn sse_events_split_anywhere_assemble_the_same_answer() {
         let events = [
             r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
-            r#"{"choices":[{"index":0,"delta":{"content":"a <｜DS"}}]}"#,
-            r#"{"choices":[{"index":0,"delta":{"content":"ML｜invoke"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a <｜DS"},"logprobs":{"content":[{"token":"a","logprob":-0.5},{"token":" <｜DS","logprob":-1.25}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"ML｜invoke"},"logprobs":null}]}"#,
             r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{\"x\""}}]}}]}"#,
             r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":": 1}"}}]}}]}"#,
-            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls","logprobs":{"content":[{"token":"x","logprob":-3e-7}]}}]}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4}}"#,
             "[DONE]",
         ];
@@ -441,6 +454,7 @@ mod tests {
             assert_eq!(a.tool_calls[0].arguments, "{\"x\": 1}");
             assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
             assert_eq!((a.prompt_tokens, a.completion_tokens), (Some(7), Some(4)));
+            assert_eq!(a.logprobs, [-0.5, -1.25, -3e-7], "joined across chunks");
         }
     }
 
@@ -482,6 +496,15 @@ mod tests {
         let a = parse_message(&v).unwrap();
         assert_eq!(a.content, "");
         assert_eq!(a.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert!(a.logprobs.is_empty());
+        let v = serde_json::json!({"choices": [{"message": {"content": "hi"},
+            "logprobs": {"content": [{"token": "h", "logprob": -0.1}, {"token": "i"}]}}]});
+        let lp = parse_message(&v).unwrap().logprobs;
+        assert_eq!(lp[0], -0.1);
+        assert!(
+            lp[1].is_nan(),
+            "an entry without a number never compares equal"
+        );
         assert!(parse_message(&serde_json::json!({"choices": []})).is_err());
     }
 }

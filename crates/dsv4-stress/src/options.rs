@@ -115,6 +115,10 @@ pub struct StressOptions {
     /// `parallel_tool_calls` of every request (off by default: one call per forced turn keeps
     /// the answer length bounded).
     pub parallel_tool_calls: bool,
+    /// Ask for every token's log-probability (`logprobs: true`); the solo oracle then also
+    /// requires them to be identical, which catches numerical corruption that flips no token.
+    #[serde(default)]
+    pub logprobs: bool,
 }
 
 impl Default for StressOptions {
@@ -138,6 +142,7 @@ impl Default for StressOptions {
             repeat_threshold: 48,
             growth_chars: 400,
             request_timeout: Duration::from_secs(300),
+            logprobs: false,
             parallel_tool_calls: false,
         }
     }

@@ -57,6 +57,10 @@ pub struct TurnRecord {
     pub prompt_tokens: Option<u64>,
     /// `usage.completion_tokens` (or the number of chunks without usage).
     pub completion_tokens: Option<u64>,
+    /// Token log-probabilities received (with `--logprobs`; one per generated token from a
+    /// server that returns them).
+    #[serde(default)]
+    pub logprobs: usize,
     /// Time to the first token in ms (streamed only).
     pub ttft_ms: Option<f64>,
     /// End-to-end latency in ms.

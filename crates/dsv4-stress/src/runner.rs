@@ -133,6 +133,9 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
     if turn.stream {
         body["stream_options"] = json!({"include_usage": true});
     }
+    if opts.logprobs {
+        body["logprobs"] = json!(true);
+    }
     // A stop string could cut a forced (grammar-constrained) call, so forced turns get none.
     if !opts.stop.is_empty() && turn.tool_choice == ToolChoice::Auto {
         body["stop"] = json!(opts.stop);
@@ -283,6 +286,7 @@ fn turn_record(
         tool_calls: Vec::new(),
         prompt_tokens: None,
         completion_tokens: None,
+        logprobs: 0,
         ttft_ms: None,
         e2el_ms: 0.0,
         findings: Vec::new(),
@@ -294,6 +298,7 @@ fn turn_record(
             r.tool_calls = a.tool_calls.clone();
             r.prompt_tokens = a.prompt_tokens;
             r.completion_tokens = Some(a.output_tokens());
+            r.logprobs = a.logprobs.len();
             r.ttft_ms = a.ttft.map(|s| s * 1000.0);
             r.e2el_ms = a.e2el * 1000.0;
         }

@@ -297,4 +297,20 @@ fn answers_differ_by_text_calls_and_finish_but_not_ids_or_timing() {
     let mut d = a.clone();
     d.finish_reason = Some("length".into());
     assert!(a.difference(&d).unwrap().contains("finish_reason"));
+    // Log-probabilities are compared bit for bit when both answers carry them.
+    let with = |lp: Vec<f64>| Answer {
+        logprobs: lp,
+        ..a.clone()
+    };
+    let e = with(vec![-0.5, -1.0]);
+    assert_eq!(e.difference(&with(vec![-0.5, -1.0])), None);
+    assert_eq!(e.difference(&a), None, "one answer without logprobs");
+    let moved = e.difference(&with(vec![-0.5, -1.000_000_1])).unwrap();
+    assert!(moved.contains("logprob of token 1"), "{moved}");
+    assert!(
+        e.difference(&with(vec![-0.5]))
+            .unwrap()
+            .contains("2 token logprobs vs 1")
+    );
+    assert!(e.difference(&with(vec![-0.5, f64::NAN])).is_some());
 }

@@ -105,6 +105,10 @@ pub struct WorkloadArgs {
     /// Let the model make several tool calls per answer (parallel_tool_calls: true).
     #[arg(long)]
     pub parallel_tool_calls: bool,
+    /// Ask for every token's log-probability (logprobs: true); with --oracle solo they must
+    /// then match the solo replay exactly, which catches corruption that flips no token.
+    #[arg(long)]
+    pub logprobs: bool,
 }
 
 impl WorkloadArgs {
@@ -134,6 +138,7 @@ impl WorkloadArgs {
             growth_chars: self.growth_chars,
             request_timeout: self.request_timeout,
             parallel_tool_calls: self.parallel_tool_calls,
+            logprobs: self.logprobs,
         }
     }
 }
