@@ -8,8 +8,8 @@ Run against a running server:
 `cargo test -p dsv4-cli --test server_e2e` starts `dsv4 serve --port 0` and runs this script.
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
-the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs), usage,
-and OpenAI error types.
+the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs; n=2
+choices), usage, and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -207,6 +207,15 @@ def test_completions(client, model):
         usage = chunk.usage or usage
     check(streamed == text, f"{streamed!r} != {text!r}")
     check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
+    # n=2: two sampled choices (seeds 7 and 8), indexes 0 and 1; the prompt is counted once,
+    # the generated tokens summed over both choices.
+    r2 = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, temperature=1, seed=7, n=2, logprobs=0
+    )
+    check(len(r2.choices) == 2, r2.choices)
+    check([c.index for c in r2.choices] == [0, 1], r2.choices)
+    check(r2.usage.prompt_tokens == r.usage.prompt_tokens, r2.usage)
+    check(r2.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r2.choices), r2)
     check_completion_logprobs(client, model)
 
 

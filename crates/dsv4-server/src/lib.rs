@@ -8,7 +8,7 @@
 //!   become llguidance grammars over the tokenizer's vocabulary ([`vocab`]), enforced by the
 //!   engine's per-request token constraint.
 //! - Output ([`output`]): per-request decoding of token bytes with stop strings and the
-//!   streaming DSML parser; [`run`] drives one request, [`state`] holds what handlers share
+//!   streaming DSML parser; [`run`] drives one request's choices, [`state`] holds what handlers share
 //!   (with the step-loop stall watch behind `/health`), [`metrics`] renders Prometheus text.
 //! - [`Server`]: bind (port 0 picks one), serve, drain on shutdown.
 //!

@@ -2,7 +2,8 @@
 //! the server's accounting. [`Run::next`] waits for the next piece of answer, with the
 //! log-probabilities of the tokens consumed since the last piece. Dropping a run (the client
 //! went away, or the answer broke the grammar) drops its engine stream, which cancels the
-//! request and frees its cache before the engine's next step.
+//! request and frees its cache before the engine's next step. A request with `n` choices is
+//! `n` runs ([`start_choices`]) whose steps [`merge`] interleaves as they are produced.
 
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
@@ -10,6 +11,8 @@ use crate::state::{AppState, InFlight, Loaded};
 use crate::vocab::Vocab;
 use dsv4_engine::limits::Limits;
 use dsv4_engine::{Event, FinishReason, Finished, Request, RequestStream, TokenLogprob};
+use futures_util::StreamExt;
+use futures_util::stream::{BoxStream, SelectAll};
 use std::sync::Arc;
 
 /// A generated token with its log-probability (requests that ask for logprobs).
@@ -168,6 +171,49 @@ impl Run {
         };
         ApiError::model_output(e, &hint)
     }
+}
+
+/// Start the `n` choices of `req`, each its own engine request (the prompt is the same, so the
+/// prefix cache shares its pages): choice `i` samples with seed `req.sampling.seed + i`
+/// (wrapping), so choice `i` of a seeded request is reproducible and does not depend on `n`,
+/// and its output goes through its own decoder from `decoder`. Everything else is the same for
+/// every choice (the engine starts a fresh grammar state per request from the shared
+/// constraint). If a choice cannot be submitted, the ones already started are dropped, which
+/// cancels them.
+pub fn start_choices(
+    state: &AppState,
+    loaded: &Arc<Loaded>,
+    req: Request,
+    n: usize,
+    mut decoder: impl FnMut() -> OutputDecoder,
+) -> Result<Vec<Run>, ApiError> {
+    let base = req.sampling.seed;
+    (0..n)
+        .map(|i| {
+            let mut choice = req.clone();
+            choice.sampling.seed = base.wrapping_add(i as u64);
+            Run::start(state, loaded, choice, decoder())
+        })
+        .collect()
+}
+
+/// The steps of several choices' runs, merged: each item is a choice's index and its next step
+/// (or error), in the order they are produced, so a slow choice does not hold back the others.
+/// A choice's part ends after its last step or its error; dropping the merged stream drops
+/// every run still going, which cancels their engine requests.
+pub type Merged = SelectAll<BoxStream<'static, (usize, Result<Step, ApiError>)>>;
+
+/// Merge `runs` (choice `i` is `runs[i]`); see [`Merged`].
+pub fn merge(runs: Vec<Run>) -> Merged {
+    futures_util::stream::select_all(runs.into_iter().enumerate().map(|(index, run)| {
+        futures_util::stream::unfold(Some(run), move |run| async move {
+            let mut run = run?;
+            let step = run.next().await;
+            let more = matches!(&step, Ok(s) if s.finished.is_none());
+            Some(((index, step), more.then_some(run)))
+        })
+        .boxed()
+    }))
 }
 
 /// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made.

@@ -41,7 +41,7 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     /// Stop strings.
     pub stop: Option<Stop>,
-    /// Choices (only 1).
+    /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
     pub response_format: Option<ResponseFormat>,
@@ -279,7 +279,7 @@ pub struct AssistantBody {
 /// One choice of a non-streamed answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChoiceBody {
-    /// Always 0.
+    /// The choice's index, 0 to n − 1.
     pub index: usize,
     /// The message.
     pub message: AssistantBody,
@@ -300,7 +300,7 @@ pub struct ChatCompletion {
     pub created: u64,
     /// The model id.
     pub model: String,
-    /// One choice.
+    /// The `n` choices, in index order.
     pub choices: Vec<ChoiceBody>,
     /// Token counts.
     pub usage: UsageBody,
@@ -326,7 +326,7 @@ pub struct DeltaBody {
 /// One choice of a stream chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChunkChoice {
-    /// Always 0.
+    /// The index of the choice this chunk belongs to.
     pub index: usize,
     /// What is new.
     pub delta: DeltaBody,
@@ -348,7 +348,7 @@ pub struct ChatChunk {
     pub created: u64,
     /// The model id.
     pub model: String,
-    /// One choice, or none on the usage chunk.
+    /// One choice (the chunks of several choices interleave), or none on the usage chunk.
     pub choices: Vec<ChunkChoice>,
     /// With `include_usage`: null, then the usage on the last chunk.
     #[serde(skip_serializing_if = "Option::is_none")]

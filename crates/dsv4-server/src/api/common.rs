@@ -91,17 +91,16 @@ pub fn unsupported<T: PartialEq>(name: &str, value: Option<T>, default: T) -> Re
     }
 }
 
-/// Check `n` (only 1 is supported).
-pub fn check_n(n: Option<u32>) -> Result<(), ApiError> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(0) => Err(ApiError::bad_param(
+/// Most choices (`n`) one request may ask for; each choice is its own engine request.
+pub const MAX_N: u32 = 16;
+
+/// Check `n` (1 to [`MAX_N`], default 1) and return the number of choices.
+pub fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_N => Ok(n as usize),
+        n => Err(ApiError::bad_param(
             "n",
-            "n must be 1 (one choice per request), got 0",
-        )),
-        Some(n) => Err(ApiError::bad_param(
-            "n",
-            format!("only n = 1 is supported, got {n}; send {n} requests instead"),
+            format!("n (the number of choices) must be from 1 to {MAX_N}, got {n}"),
         )),
     }
 }
@@ -128,12 +127,23 @@ pub struct PromptTokensDetails {
 
 impl From<Usage> for UsageBody {
     fn from(u: Usage) -> Self {
+        Self::total(&[u])
+    }
+}
+
+impl UsageBody {
+    /// The usage of a request whose choices ended with `usages` (choice 0 first): the prompt
+    /// and its cached tokens counted once (from choice 0, as OpenAI and vLLM), the generated
+    /// tokens summed over the choices.
+    pub fn total(usages: &[Usage]) -> Self {
+        let first = usages.first().copied().unwrap_or_default();
+        let completion_tokens = usages.iter().map(|u| u.completion_tokens).sum();
         Self {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens: first.prompt_tokens,
+            completion_tokens,
+            total_tokens: first.prompt_tokens + completion_tokens,
             prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: u.cached_tokens,
+                cached_tokens: first.cached_tokens,
             },
         }
     }
@@ -146,8 +156,8 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A short pseudo-random hex id from `serial` and the clock.
-pub fn random_hex(serial: u64) -> String {
+/// A pseudo-random 64-bit number from `serial` and the clock (unique per serial).
+pub fn random_u64(serial: u64) -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -155,7 +165,12 @@ pub fn random_hex(serial: u64) -> String {
     let mut z = nanos ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    format!("{:016x}", z ^ (z >> 31))
+    z ^ (z >> 31)
+}
+
+/// A short pseudo-random hex id from `serial` and the clock.
+pub fn random_hex(serial: u64) -> String {
+    format!("{:016x}", random_u64(serial))
 }
 
 #[cfg(test)]
@@ -163,20 +178,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn n_other_than_one_is_refused_with_a_fitting_hint() {
-        assert!(check_n(None).is_ok() && check_n(Some(1)).is_ok());
-        let e = check_n(Some(3)).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("n"));
-        assert!(
-            e.message.contains("send 3 requests instead"),
-            "{}",
-            e.message
-        );
-        let e = check_n(Some(0)).unwrap_err();
-        assert!(
-            e.message.contains("n must be 1") && !e.message.contains("send 0"),
-            "{}",
-            e.message
-        );
+    fn n_from_one_to_max_is_accepted_and_the_rest_refused_naming_n() {
+        assert_eq!(check_n(None).unwrap(), 1);
+        assert_eq!(check_n(Some(1)).unwrap(), 1);
+        assert_eq!(check_n(Some(3)).unwrap(), 3);
+        assert_eq!(check_n(Some(MAX_N)).unwrap(), MAX_N as usize);
+        for bad in [0, MAX_N + 1, u32::MAX] {
+            let e = check_n(Some(bad)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("n"));
+            assert!(
+                e.message.contains("from 1 to 16") && e.message.contains(&format!("got {bad}")),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn usage_counts_the_prompt_once_and_sums_the_choices() {
+        let u = |completion_tokens, cached_tokens| Usage {
+            prompt_tokens: 10,
+            completion_tokens,
+            cached_tokens,
+            preemptions: 0,
+        };
+        let total = UsageBody::total(&[u(3, 0), u(5, 8), u(1, 8)]);
+        assert_eq!(total.prompt_tokens, 10);
+        assert_eq!(total.completion_tokens, 9);
+        assert_eq!(total.total_tokens, 19);
+        assert_eq!(total.prompt_tokens_details.cached_tokens, 0);
+        assert_eq!(UsageBody::from(u(4, 2)), UsageBody::total(&[u(4, 2)]));
     }
 }

@@ -31,7 +31,7 @@ pub struct CompletionRequest {
     pub seed: Option<u64>,
     /// Stop strings.
     pub stop: Option<Stop>,
-    /// Choices (only 1).
+    /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// Stream server-sent events.
     pub stream: Option<bool>,
@@ -128,7 +128,7 @@ impl CompletionRequest {
 /// One choice of a completion or a chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionChoice {
-    /// Always 0.
+    /// The choice's index, 0 to n − 1.
     pub index: usize,
     /// The generated text (or its next piece).
     pub text: String,
@@ -150,7 +150,8 @@ pub struct Completion {
     pub created: u64,
     /// The model id.
     pub model: String,
-    /// One choice (none on a stream's usage chunk).
+    /// The `n` choices in index order; a stream chunk has one (the choices' chunks
+    /// interleave), its usage chunk none.
     pub choices: Vec<CompletionChoice>,
     /// Token counts (streams: only on the usage chunk, with `include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]

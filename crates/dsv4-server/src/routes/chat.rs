@@ -1,29 +1,34 @@
 //! `POST /v1/chat/completions`: check the request, encode the DSV4 prompt (tools in the system
 //! prompt, thinking or chat mode), build the grammar constraint for `tool_choice`
-//! required/named or `response_format`, run it, and answer one JSON object or a stream of
-//! server-sent `chat.completion.chunk` events. The answer is parsed by the request's own strict
-//! DSML parser; an answer that breaks the grammar is an error, never content.
+//! required/named or `response_format`, run its `n` choices, and answer one JSON object or a
+//! stream of server-sent `chat.completion.chunk` events ([`super::chat_stream`]). Each choice is
+//! parsed by its own strict DSML parser; an answer that breaks the grammar is an error, never
+//! content.
 
+use super::chat_stream::ChatStream;
 use super::{body_bytes, check_model, json_response, sse_response};
 use crate::api::chat::{
-    AssistantBody, ChatChunk, ChatCompletion, ChatRequest, ChoiceBody, ChunkChoice, DeltaBody,
-    FunctionBody, ResponseFormat, ToolCallBody, ToolChoice,
+    AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ResponseFormat,
+    ToolCallBody, ToolChoice,
 };
-use crate::api::common::{check_n, parse_body, random_hex, stop_strings, unix_now, unsupported};
+use crate::api::common::{
+    UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
+};
 use crate::api::logprobs::ChatLogprobs;
 use crate::api::sampling::check_fit;
+use crate::config::OutputParsing;
 use crate::error::ApiError;
 use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{GeneratedToken, Run, Step, finish_reason, fit_max_tokens};
+use crate::run::{GeneratedToken, Merged, finish_reason, fit_max_tokens, merge, start_choices};
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use axum::response::sse::Event as SseEvent;
 use dsv4_chat::{Conversation, EncodeError, ToolSet, encode_prompt_ids};
 use dsv4_engine::Request;
+use futures_util::StreamExt;
 use std::sync::Arc;
 
 /// The handler.
@@ -42,27 +47,58 @@ pub async fn chat_completions(
         id: format!("chatcmpl-{}", random_hex(state.next_serial())),
         created: unix_now(),
         model: state.cfg().model_id.clone(),
-        thinking: prepared.thinking,
+        thinking: prepared.decoder.thinking,
         logprobs: prepared.request.logprobs.is_some(),
     };
-    let run = Run::start(&state, &loaded, prepared.request, prepared.decoder)?;
+    let Prepared {
+        request,
+        decoder,
+        n,
+    } = prepared;
+    let runs = start_choices(&state, &loaded, request, n, || decoder.build())?;
+    let runs = merge(runs);
     if req.stream.unwrap_or(false) {
         let usage = req
             .stream_options
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        Ok(sse_response(ChatStream::new(state, run, meta, usage)))
+        Ok(sse_response(ChatStream::new(
+            state, loaded, runs, n, meta, usage,
+        )))
     } else {
-        answer(&state, run, meta).await
+        answer(&state, &loaded, runs, n, meta).await
     }
 }
 
 /// A checked request, ready to run.
 struct Prepared {
+    /// The engine request every choice starts from.
     request: Request,
-    decoder: OutputDecoder,
+    decoder: DecoderSpec,
+    /// The number of choices.
+    n: usize,
+}
+
+/// What each choice's own output decoder is made from.
+struct DecoderSpec {
+    parsing: OutputParsing,
+    /// Thinking mode.
     thinking: bool,
+    tools: Arc<ToolSet>,
+    stop: Vec<String>,
+}
+
+impl DecoderSpec {
+    /// A fresh decoder (one per choice: each has its own parser state).
+    fn build(&self) -> OutputDecoder {
+        OutputDecoder::chat(
+            self.parsing,
+            self.thinking,
+            Arc::clone(&self.tools),
+            &self.stop,
+        )
+    }
 }
 
 /// Map a prompt-encoding error to the field at fault.
@@ -84,7 +120,7 @@ fn prepare(
     req: &ChatRequest,
     body: &[u8],
 ) -> Result<Prepared, ApiError> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     unsupported("store", req.store, false)?;
     let logprobs = req.logprobs()?;
     if req.messages.is_empty() {
@@ -116,10 +152,15 @@ fn prepare(
         "messages",
     )?;
     let stop = stop_strings(req.stop.clone())?;
-    let sampling = req.sampling().to_params(state.next_serial())?;
+    let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let constraint = constraint(loaded, req, &choice, &tools, thinking)?;
-    let decoder = OutputDecoder::chat(state.cfg().output, thinking, parser_tools, &stop);
+    let decoder = DecoderSpec {
+        parsing: state.cfg().output,
+        thinking,
+        tools: parser_tools,
+        stop: stop.clone(),
+    };
     Ok(Prepared {
         request: Request {
             prompt,
@@ -132,7 +173,7 @@ fn prepare(
             ..Default::default()
         },
         decoder,
-        thinking,
+        n,
     })
 }
 
@@ -233,17 +274,21 @@ fn constraint(
 }
 
 /// What every chunk and answer repeats.
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    thinking: bool,
+pub(super) struct Meta {
+    /// "chatcmpl-…".
+    pub(super) id: String,
+    /// Unix seconds.
+    pub(super) created: u64,
+    /// The model id.
+    pub(super) model: String,
+    /// Whether the request is in thinking mode.
+    pub(super) thinking: bool,
     /// Whether the request asked for log-probabilities.
-    logprobs: bool,
+    pub(super) logprobs: bool,
 }
 
 /// A tool call as the API shows it, with a fresh id.
-fn tool_call_body(
+pub(super) fn tool_call_body(
     state: &AppState,
     call: dsv4_chat::ToolCall,
     index: Option<usize>,
@@ -259,187 +304,69 @@ fn tool_call_body(
     }
 }
 
-/// Run to the end and answer one `chat.completion`.
-async fn answer(state: &AppState, mut run: Run, meta: Meta) -> Result<Response, ApiError> {
-    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-    let mut tokens: Vec<GeneratedToken> = Vec::new();
-    let finished = loop {
-        let step = run.next().await?;
-        tokens.extend(step.logprobs);
+/// One choice of a non-streamed answer, as it accumulates.
+#[derive(Default)]
+struct Answer {
+    content: String,
+    reasoning: String,
+    calls: Vec<ToolCallBody>,
+    tokens: Vec<GeneratedToken>,
+    finished: Option<dsv4_engine::Finished>,
+}
+
+/// Run every choice to its end and answer one `chat.completion` (the first error fails the
+/// request; the other choices are cancelled).
+async fn answer(
+    state: &AppState,
+    loaded: &Loaded,
+    mut runs: Merged,
+    n: usize,
+    meta: Meta,
+) -> Result<Response, ApiError> {
+    let mut answers: Vec<Answer> = (0..n).map(|_| Answer::default()).collect();
+    while let Some((i, step)) = runs.next().await {
+        let step = step?;
+        let a = &mut answers[i];
+        a.tokens.extend(step.logprobs);
         for d in step.deltas {
             match d {
-                Delta::Content(c) => content.push_str(&c),
-                Delta::Reasoning(r) => reasoning.push_str(&r),
-                Delta::ToolCall(c) => calls.push(tool_call_body(state, c, None)),
+                Delta::Content(c) => a.content.push_str(&c),
+                Delta::Reasoning(r) => a.reasoning.push_str(&r),
+                Delta::ToolCall(c) => a.calls.push(tool_call_body(state, c, None)),
             }
         }
-        if let Some(f) = step.finished {
-            break f;
+        if step.finished.is_some() {
+            a.finished = step.finished;
         }
-    };
+    }
+    let mut usages = Vec::with_capacity(n);
+    let mut choices = Vec::with_capacity(n);
+    for (index, a) in answers.into_iter().enumerate() {
+        let finished = a
+            .finished
+            .ok_or_else(|| ApiError::internal(format!("choice {index} ended without finishing")))?;
+        usages.push(finished.usage);
+        choices.push(ChoiceBody {
+            index,
+            finish_reason: finish_reason(finished.reason, !a.calls.is_empty()),
+            message: AssistantBody {
+                role: "assistant",
+                content: (!a.content.is_empty() || a.calls.is_empty()).then_some(a.content),
+                reasoning_content: meta.thinking.then_some(a.reasoning),
+                tool_calls: a.calls,
+            },
+            logprobs: meta
+                .logprobs
+                .then(|| ChatLogprobs::new(&loaded.vocab, &a.tokens)),
+        });
+    }
     let body = ChatCompletion {
         id: meta.id,
         object: "chat.completion",
         created: meta.created,
         model: meta.model,
-        choices: vec![ChoiceBody {
-            index: 0,
-            finish_reason: finish_reason(finished.reason, !calls.is_empty()),
-            message: AssistantBody {
-                role: "assistant",
-                content: (!content.is_empty() || calls.is_empty()).then_some(content),
-                reasoning_content: meta.thinking.then_some(reasoning),
-                tool_calls: calls,
-            },
-            logprobs: meta
-                .logprobs
-                .then(|| ChatLogprobs::new(run.vocab(), &tokens)),
-        }],
-        usage: finished.usage.into(),
+        choices,
+        usage: UsageBody::total(&usages),
     };
     Ok(json_response(&body))
-}
-
-/// The state of a streamed answer.
-pub struct ChatStream {
-    state: AppState,
-    run: Run,
-    meta: Meta,
-    include_usage: bool,
-    started: bool,
-    calls: usize,
-    done: bool,
-}
-
-impl ChatStream {
-    fn new(state: AppState, run: Run, meta: Meta, include_usage: bool) -> Self {
-        Self {
-            state,
-            run,
-            meta,
-            include_usage,
-            started: false,
-            calls: 0,
-            done: false,
-        }
-    }
-
-    /// A chunk with `delta`; with logprobs asked, it carries the entries of `tokens` (which
-    /// it takes, so each token's entry is sent once).
-    fn chunk(
-        &self,
-        delta: DeltaBody,
-        finish: Option<&'static str>,
-        tokens: &mut Vec<GeneratedToken>,
-    ) -> SseEvent {
-        let logprobs = self
-            .meta
-            .logprobs
-            .then(|| ChatLogprobs::new(self.run.vocab(), &std::mem::take(tokens)));
-        self.event(
-            vec![ChunkChoice {
-                index: 0,
-                delta,
-                finish_reason: finish,
-                logprobs,
-            }],
-            None,
-        )
-    }
-
-    fn event(
-        &self,
-        choices: Vec<ChunkChoice>,
-        usage: Option<crate::api::common::UsageBody>,
-    ) -> SseEvent {
-        let chunk = ChatChunk {
-            id: self.meta.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.meta.created,
-            model: self.meta.model.clone(),
-            choices,
-            usage: self.include_usage.then_some(usage),
-        };
-        SseEvent::default().data(serde_json::to_string(&chunk).unwrap_or_default())
-    }
-
-    fn delta(&mut self, d: Delta, tokens: &mut Vec<GeneratedToken>) -> SseEvent {
-        let body = match d {
-            Delta::Content(c) => DeltaBody {
-                content: Some(c),
-                ..Default::default()
-            },
-            Delta::Reasoning(r) => DeltaBody {
-                reasoning_content: Some(r),
-                ..Default::default()
-            },
-            Delta::ToolCall(c) => {
-                let index = self.calls;
-                self.calls += 1;
-                DeltaBody {
-                    tool_calls: Some(vec![tool_call_body(&self.state, c, Some(index))]),
-                    ..Default::default()
-                }
-            }
-        };
-        self.chunk(body, None, tokens)
-    }
-}
-
-impl super::EventSource for ChatStream {
-    async fn next_events(&mut self) -> Vec<SseEvent> {
-        if self.done {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        if !self.started {
-            self.started = true;
-            let role = DeltaBody {
-                role: Some("assistant"),
-                content: Some(String::new()),
-                ..Default::default()
-            };
-            let event = self.event(
-                vec![ChunkChoice {
-                    index: 0,
-                    delta: role,
-                    finish_reason: None,
-                    logprobs: None,
-                }],
-                None,
-            );
-            out.push(event);
-            return out;
-        }
-        match self.run.next().await {
-            Ok(Step {
-                deltas,
-                logprobs: mut tokens,
-                finished,
-            }) => {
-                for d in deltas {
-                    out.push(self.delta(d, &mut tokens));
-                }
-                if let Some(f) = finished {
-                    let reason = finish_reason(f.reason, self.calls > 0);
-                    out.push(self.chunk(DeltaBody::default(), Some(reason), &mut tokens));
-                    if self.include_usage {
-                        out.push(self.event(Vec::new(), Some(f.usage.into())));
-                    }
-                    out.push(SseEvent::default().data("[DONE]"));
-                    self.done = true;
-                }
-            }
-            Err(e) => {
-                out.push(super::error_event(&e));
-                out.push(SseEvent::default().data("[DONE]"));
-                self.done = true;
-            }
-        }
-        out
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
 }

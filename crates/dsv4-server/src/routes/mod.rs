@@ -3,6 +3,7 @@
 //! bodies into bytes (413 past the limit), check the model id, and stream server-sent events.
 
 pub mod chat;
+pub mod chat_stream;
 pub mod completions;
 pub mod info;
 

@@ -135,7 +135,8 @@ async fn semantic_errors_are_4xx_with_the_reason() {
             json!({"response_format": {"type": "xml"}}),
             "response_format.type",
         ),
-        (json!({"n": 2}), "n"),
+        (json!({"n": 0}), "n"),
+        (json!({"n": 17}), "n"),
         (json!({"temperature": 3}), "temperature"),
         (json!({"top_p": 0}), "top_p"),
         (json!({"max_tokens": 0}), "max_tokens"),
@@ -173,6 +174,14 @@ async fn semantic_errors_are_4xx_with_the_reason() {
             .error(400);
         assert_eq!(e["param"], param, "{extra} → {e}");
     }
+    let e = s
+        .send("POST", path, &chat("x", json!({"n": 17})))
+        .await
+        .error(400);
+    assert!(
+        e["message"].as_str().unwrap().contains("from 1 to 16"),
+        "{e}"
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -239,6 +248,7 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
             "max_tokens",
         ),
         (json!({"model": MODEL, "prompt": "a", "n": 0}), "n"),
+        (json!({"model": MODEL, "prompt": "a", "n": 17}), "n"),
         (
             json!({"model": MODEL, "prompt": "a", "logprobs": 21}),
             "logprobs",

@@ -1,7 +1,8 @@
 //! End-to-end tests of the HTTP server on the embedded tiny model (the `cpu` backend when it is
 //! registered, else `reference`), over real sockets on 127.0.0.1 with raw HTTP/1.1: every kind
 //! of bad input, the API surface (chat, streaming, tools with constrained decoding, JSON
-//! answers, completions, models, usage, metrics), per-token log-probabilities, sampling options
+//! answers, completions, models, usage, metrics), `n` > 1 choices (seeds, usage, interleaved
+//! streams, cancellation), per-token log-probabilities, sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown.
@@ -9,6 +10,7 @@
 mod api;
 mod bad_input;
 mod canary;
+mod choices;
 mod common;
 mod concurrency;
 mod health;
