@@ -228,8 +228,8 @@ fn overlap_and_serial_give_the_solo_tokens_and_logits_bitwise() {
     }
 }
 
-/// The requests of [`requests`], all sampled with a logit bias, penalties and min_p, asking
-/// for log-probabilities; `penalize` false leaves out the penalties that read the tokens.
+/// The requests of [`requests`], all sampled with a logit bias, penalties, min_p and
+/// min_tokens, asking for log-probabilities; `penalize` false leaves out the penalties that read the tokens.
 fn penalized_requests(penalize: bool) -> Vec<Request> {
     requests()
         .into_iter()
@@ -245,6 +245,9 @@ fn penalized_requests(penalize: bool) -> Vec<Request> {
                 frequency_penalty: 1.5 * p,
                 presence_penalty: 0.5 * p,
                 repetition_penalty: 1.0 + 0.3 * p,
+                // Held back to the end, so every request runs its length (and the count of
+                // generated tokens crosses to the device thread too).
+                min_tokens: r.max_tokens,
                 ..Default::default()
             };
             r.logprobs = Some(3);
