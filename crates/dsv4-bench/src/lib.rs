@@ -7,6 +7,7 @@ pub mod machine;
 pub mod ops;
 pub mod placement;
 mod report;
+pub mod sampling;
 pub mod timing;
 
 pub use report::{Target, render_table, targets};
@@ -33,6 +34,9 @@ pub struct BenchOptions {
     /// Serving throughput through the engine (None = skip): the tiny model on every backend
     /// but the reference.
     pub serving: Option<dsv4_engine::bench::ServingBenchSpec>,
+    /// Time the engine's token choice (sampling options, log-probabilities) at DSV4's
+    /// vocabulary.
+    pub sampling: bool,
 }
 
 /// Everything one `dsv4 bench` run measured.
@@ -46,6 +50,8 @@ pub struct BenchReport {
     pub e2e: Vec<e2e::E2eResult>,
     /// Serving throughput at each concurrency level, per backend (engine, tiny model).
     pub serving: Vec<dsv4_engine::bench::ServingBenchReport>,
+    /// Per-token cost of choosing a token (one request, DSV4's vocabulary), against greedy.
+    pub sampling: Vec<sampling::SamplingCost>,
     /// Active weight bytes per decode token of each config (for the decode floor).
     pub active_weight_bytes: Vec<(String, usize)>,
     /// What the cpu backend summed its linear layers in (`backend.cpu_sums`): "f64" or "f32".
@@ -172,11 +178,18 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             serving.push(r);
         }
     }
+    let sampling = if opts.sampling {
+        eprintln!("timing token choice at DSV4's vocabulary…");
+        sampling::sampling_costs(sampling::DSV4_VOCAB, Duration::from_millis(300))
+    } else {
+        Vec::new()
+    };
     let mut report = BenchReport {
         machine,
         ops: op_results,
         e2e: e2e_results,
         serving,
+        sampling,
         active_weight_bytes: active,
         cpu_sums: if bopts.cpu_f32_sums { "f32" } else { "f64" },
         targets: Vec::new(),

@@ -208,6 +208,17 @@ pub fn render_table(r: &BenchReport) -> String {
         }
         s.push('\n');
     }
+    if !r.sampling.is_empty() {
+        let _ = writeln!(
+            s,
+            "{:<48} {:>10} {:>10}",
+            "token choice (1 request, 129,280 logits)", "ms/token", "x greedy"
+        );
+        for c in &r.sampling {
+            let _ = writeln!(s, "{:<48} {:>10.3} {:>10.1}", c.case, c.ms, c.vs_greedy);
+        }
+        s.push('\n');
+    }
     let _ = writeln!(s, "targets (cpu backend with {} sums):", r.cpu_sums);
     for t in &r.targets {
         let verdict = match t.met {

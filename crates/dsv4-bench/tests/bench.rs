@@ -87,6 +87,11 @@ fn targets_compare_against_the_same_runs_peaks() {
             e("cpu", "small", "decode ms/token at context 16384", 30.0),
         ],
         serving: Vec::new(),
+        sampling: vec![dsv4_bench::sampling::SamplingCost {
+            case: "greedy (argmax)".into(),
+            ms: 0.1,
+            vs_greedy: 1.0,
+        }],
         active_weight_bytes: vec![("small".into(), 60_000_000)],
         cpu_sums: "f32",
         targets: Vec::new(),
@@ -111,7 +116,8 @@ fn targets_compare_against_the_same_runs_peaks() {
     assert!(
         table.contains("not measured")
             && table.contains("prefill 512 tokens")
-            && table.contains("targets (cpu backend with f32 sums)"),
+            && table.contains("targets (cpu backend with f32 sums)")
+            && table.contains("token choice (1 request, 129,280 logits)"),
         "{table}"
     );
 }
@@ -130,6 +136,7 @@ fn good_options() -> BenchOptions {
             contexts: vec![1024, 16384],
         }),
         serving: Some(ServingBenchSpec::default()),
+        sampling: true,
     }
 }
 

@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// Skip the serving throughput case.
     #[arg(long)]
     pub no_serving: bool,
+    /// Skip the token-choice case (sampling and log-probabilities at DSV4's vocabulary).
+    #[arg(long)]
+    pub no_sampling: bool,
     /// Run only the serving case, through the scheduler with overlap scheduling off and on:
     /// exposed CPU scheduling time per step and the fit decode step time = fixed + marginal ×
     /// running requests (tiny model; default backends: all but reference).
@@ -91,6 +94,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
             max_tokens: 16,
             seed: 0,
         }),
+        sampling: !args.no_sampling,
     };
     let report = dsv4_bench::run(&opts)?;
     let device = device::measure(
