@@ -8,8 +8,6 @@
 use super::common::*;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
@@ -292,18 +290,7 @@ async fn a_client_that_disconnects_cancels_every_choice() {
                        "schema": {"type": "string", "minLength": 5000}}}}),
         )
         .to_string();
-        let mut conn = TcpStream::connect(s.addr).await.unwrap();
-        let bytes = request_bytes("POST", CHAT, &[], body.as_bytes());
-        conn.write_all(&bytes).await.unwrap();
-        if stream {
-            let mut buf = vec![0u8; 4096];
-            let mut seen = Vec::new();
-            while !String::from_utf8_lossy(&seen).contains("data: ") {
-                let n = conn.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the server closed early");
-                seen.extend_from_slice(&buf[..n]);
-            }
-        }
+        let conn = open_post(s.addr, CHAT, &body, stream).await;
         eventually("every choice runs", async || {
             engine.metrics().running_requests == 3
         })

@@ -193,6 +193,24 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> Reply {
     parse_reply(&buf)
 }
 
+/// POST `body` to `path` on a connection of its own and, for a streamed request, wait for the
+/// first server-sent event; the connection stays open (drop it to hang up).
+pub async fn open_post(addr: SocketAddr, path: &str, body: &str, stream: bool) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let bytes = request_bytes("POST", path, &[], body.as_bytes());
+    conn.write_all(&bytes).await.unwrap();
+    if stream {
+        let mut buf = vec![0u8; 4096];
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("data: ") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the server closed early");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    }
+    conn
+}
+
 /// One request with a body, `Connection: close`.
 pub async fn request(
     addr: SocketAddr,

@@ -5,8 +5,6 @@
 use super::common::*;
 use serde_json::json;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// A chat request whose answer is long whatever the model wants (a JSON string of at least
 /// `len` characters).
@@ -96,19 +94,9 @@ async fn a_client_that_disconnects_cancels_its_request() {
     let engine = s.state.loaded().unwrap().engine.clone();
     for (stream, cancelled) in [(true, 1), (false, 2)] {
         let body = long_answer(5000, stream).to_string();
-        let mut conn = TcpStream::connect(s.addr).await.unwrap();
-        let bytes = request_bytes("POST", "/v1/chat/completions", &[], body.as_bytes());
-        conn.write_all(&bytes).await.unwrap();
-        if stream {
-            // Wait for the first event, then hang up.
-            let mut buf = vec![0u8; 4096];
-            let mut seen = Vec::new();
-            while !String::from_utf8_lossy(&seen).contains("data: ") {
-                let n = conn.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the server closed early");
-                seen.extend_from_slice(&buf[..n]);
-            }
-        } else {
+        // Streamed: wait for the first event, then hang up.
+        let conn = open_post(s.addr, "/v1/chat/completions", &body, stream).await;
+        if !stream {
             eventually("the request runs", async || {
                 engine.metrics().running_requests == 1
             })

@@ -48,6 +48,21 @@ fn check_greedy_entry(e: &Value, top: usize) {
     assert_eq!(e["token"], String::from_utf8_lossy(&bytes).as_ref(), "{e}");
 }
 
+/// The `logprobs.content` entries of a chat answer's first choice, checked to be one per
+/// generated token.
+fn one_entry_per_token(v: &Value) -> Vec<Value> {
+    let entries = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        entries.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        "one entry per generated token: {v}"
+    );
+    entries
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_logprobs_follow_greedy_tokens_and_streams_carry_each_once() {
     let s = start(config()).await;
@@ -70,15 +85,7 @@ async fn chat_logprobs_follow_greedy_tokens_and_streams_carry_each_once() {
     let r = s.send("POST", path, &req).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
-    let entries = v["choices"][0]["logprobs"]["content"]
-        .as_array()
-        .unwrap()
-        .clone();
-    assert_eq!(
-        entries.len() as u64,
-        v["usage"]["completion_tokens"].as_u64().unwrap(),
-        "one entry per generated token: {v}"
-    );
+    let entries = one_entry_per_token(&v);
     for e in &entries {
         check_greedy_entry(e, 3);
     }
@@ -124,14 +131,7 @@ async fn tool_call_tokens_have_entries_too() {
     );
     let v = s.send("POST", "/v1/chat/completions", &req).await.json();
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
-    let entries = v["choices"][0]["logprobs"]["content"]
-        .as_array()
-        .unwrap()
-        .clone();
-    assert_eq!(
-        entries.len() as u64,
-        v["usage"]["completion_tokens"].as_u64().unwrap()
-    );
+    let entries = one_entry_per_token(&v);
     let text: String = entries
         .iter()
         .map(|e| e["token"].as_str().unwrap())
