@@ -1,8 +1,10 @@
 //! Fuzz target for everything `POST /v1/chat/completions` does with a body before the engine
-//! runs it: the typed request (`parse_body`), `tool_choice`, thinking mode, stop strings,
-//! sampling, the DSV4 prompt encoding and tokenization, and the llguidance grammars for
-//! `tool_choice` "required" and `response_format` (compiled over the tiny model's vocabulary,
-//! then walked for a few tokens chosen by the input). Nothing may panic.
+//! runs it: the typed request (`parse_body`), `tool_choice`, thinking mode, stop strings, `n`,
+//! the sampling fields (then the engine's logit processing and sampler on a row of the tiny
+//! vocabulary under the parameters they give), the DSV4 prompt encoding and tokenization, and
+//! the llguidance grammars for `tool_choice` "required" and `response_format` (compiled over
+//! the tiny model's vocabulary, then walked for a few tokens chosen by the input). Nothing may
+//! panic, and the sampler's token is in the vocabulary.
 //!
 //! Input: the request body. Seeds: `fuzz/seeds/chat_request/` (see docs/chat.md).
 #![no_main]
@@ -10,9 +12,12 @@
 use std::sync::OnceLock;
 
 use dsv4_chat::{Conversation, Tokenizer, encode_prompt_ids};
+use dsv4_core::SplitMix64;
 use dsv4_engine::Constraint;
+use dsv4_engine::sampling::{TokenCounts, penalizes, process, sample, validate};
 use dsv4_server::api::chat::{ChatRequest, ResponseFormat};
-use dsv4_server::api::common::{parse_body, stop_strings};
+use dsv4_server::api::common::{check_n, parse_body, stop_strings};
+use dsv4_server::api::sampling::check_fit;
 use dsv4_server::grammar::{GrammarCompiler, Target};
 use dsv4_server::vocab::Vocab;
 use libfuzzer_sys::fuzz_target;
@@ -71,7 +76,23 @@ fuzz_target!(|body: &[u8]| {
         return;
     };
     let _ = stop_strings(req.stop.clone());
-    let _ = req.sampling().to_params(7);
+    let _ = check_n(req.n);
+    if let Ok(p) = req.sampling().to_params(7)
+        && check_fit(&p, env.vocab, 16).is_ok()
+        && validate(&p).is_ok()
+    {
+        // A row with ties, a masked token and a spread of logits; the body's bytes as history.
+        let mut row: Vec<f32> = (0..env.vocab).map(|i| (i * 37 % 23) as f32 * 0.5 - 5.0).collect();
+        row[1] = f32::NEG_INFINITY;
+        let prompt: Vec<u32> = body.iter().take(64).map(|&b| u32::from(b)).collect();
+        let mut counts = TokenCounts::new(&prompt, &p);
+        for &b in body.iter().take(32) {
+            counts.record(u32::from(b) % env.vocab as u32, penalizes(&p));
+        }
+        process(&mut row, &p, &counts);
+        let token = sample(&row, &p, &mut SplitMix64::new(p.seed));
+        assert!((token as usize) < env.vocab, "token {token} outside the vocabulary");
+    }
     let Ok(text) = std::str::from_utf8(body) else {
         return;
     };
