@@ -202,6 +202,7 @@ pub fn serving_throughput(
                         let mut ok = false;
                         while let Some(ev) = stream.blocking_next() {
                             match ev {
+                                Event::Prompt(_) => {}
                                 Event::Token(_) => times.push(start.elapsed().as_secs_f64() * 1e3),
                                 Event::Finished(f) => {
                                     ok = f.reason != FinishReason::Error;

@@ -216,6 +216,7 @@ mod tests {
         let mut tokens = 0;
         while let Some(ev) = stream.blocking_next() {
             match ev {
+                Event::Prompt(_) => {}
                 Event::Token(_) => tokens += 1,
                 Event::Finished(f) => {
                     assert_eq!(f.reason, FinishReason::Length);

@@ -71,11 +71,16 @@ impl Limits {
                 req.sampling.min_tokens, req.max_tokens
             ));
         }
-        if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
-            return bad(format!(
-                "at most {MAX_TOP_LOGPROBS} alternatives per token can be returned with \
-                 logprobs, {n} were asked for"
-            ));
+        for (field, asked) in [
+            ("logprobs", req.logprobs),
+            ("prompt_logprobs", req.prompt_logprobs),
+        ] {
+            if let Some(n) = asked.filter(|&n| n > MAX_TOP_LOGPROBS) {
+                return bad(format!(
+                    "at most {MAX_TOP_LOGPROBS} alternatives per token can be returned with \
+                     {field}, {n} were asked for"
+                ));
+            }
         }
         if req.stop.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());

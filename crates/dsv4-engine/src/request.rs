@@ -96,6 +96,11 @@ pub struct Request {
     /// Send each token's log-probability with its event, with this many alternatives (at most
     /// [`MAX_TOP_LOGPROBS`]); None: no log-probabilities.
     pub logprobs: Option<usize>,
+    /// Send one [`Event::Prompt`] before the first token with the log-probability of every
+    /// prompt token after the first, each with this many alternatives (at most
+    /// [`MAX_TOP_LOGPROBS`]); None: none. Every prompt row is then computed: the prefix cache
+    /// does not skip any on the first admission.
+    pub prompt_logprobs: Option<usize>,
     /// Restricts which tokens may be generated (grammar-constrained decoding); None: any.
     pub constraint: Option<Constraint>,
 }
@@ -192,6 +197,9 @@ pub struct TokenEvent {
 /// What a request's stream yields.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// With `prompt_logprobs`, once before the first token: entry `k` is the log-probability
+    /// of prompt token `k + 1` given the tokens before it (the first token has none).
+    Prompt(Vec<TokenLogprob>),
     /// A generated token.
     Token(TokenEvent),
     /// The end (always the last event).
@@ -209,6 +217,8 @@ pub struct Completion {
     pub logits: Vec<Vec<f32>>,
     /// The log-probabilities of the tokens (with `logprobs`).
     pub logprobs: Vec<TokenLogprob>,
+    /// The log-probabilities of the prompt tokens after the first (with `prompt_logprobs`).
+    pub prompt_logprobs: Vec<TokenLogprob>,
     /// How it ended.
     pub finished: Finished,
 }
@@ -243,10 +253,12 @@ impl RequestStream {
             tokens: Vec::new(),
             logits: Vec::new(),
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
             finished: stopped(),
         };
         while let Some(ev) = self.blocking_next() {
             match ev {
+                Event::Prompt(p) => c.prompt_logprobs = p,
                 Event::Token(t) => {
                     c.tokens.push(t.token);
                     c.logits.extend(t.logits);

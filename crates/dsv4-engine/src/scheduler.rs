@@ -324,7 +324,7 @@ impl Scheduler {
             (SchedulePolicy::Lpm, Some(p)) => {
                 let mut best = (0, 0);
                 for (i, s) in self.waiting.iter().enumerate() {
-                    let m = p.match_len(&s.tokens, s.tokens.len() - 1);
+                    let m = p.match_len(&s.tokens, s.prefix_limit());
                     if m > best.1 {
                         best = (i, m);
                     }
@@ -349,7 +349,7 @@ impl Scheduler {
                 .waiting
                 .remove(i)
                 .expect("pick returns a waiting index");
-            let limit = seq.tokens.len() - 1;
+            let limit = seq.prefix_limit();
             let hit = self.prefix.as_mut().and_then(|p| {
                 let hit = p.lookup_node(&seq.tokens, limit)?;
                 hicache::serve_hit(p, self.hicache.as_mut(), &self.pools, hit)
@@ -586,7 +586,12 @@ impl Scheduler {
             {
                 p.insert(&s.tokens[..st.pos], st);
             }
-            if st.pos < s.tokens.len() {
+            let pos = st.pos;
+            if let Some(rows) = s.prompt_rows(pos - n, n) {
+                let entries = rows.score(&out.logits, out.vocab);
+                s.record_prompt(rows.first, entries);
+            }
+            if pos < s.tokens.len() {
                 continue;
             }
             let v = out.vocab;

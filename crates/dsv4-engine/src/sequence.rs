@@ -3,7 +3,7 @@
 //! conditions and timing.
 
 use crate::request::{
-    Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, Usage,
+    Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, TokenLogprob, Usage,
 };
 use crate::sampler::SamplerState;
 use crate::sampling;
@@ -81,6 +81,39 @@ pub(crate) struct Seq {
     pub preemptions: usize,
     /// Order of the latest admission (the latest admitted is preempted first).
     pub admit_order: u64,
+    /// With `prompt_logprobs`: the entries scored so far, in prompt order (entry `k` scores
+    /// prompt token `k + 1`); moved into the [`Event::Prompt`] when it is sent.
+    pub prompt_logprobs: Vec<TokenLogprob>,
+    /// Whether the [`Event::Prompt`] was sent.
+    pub prompt_sent: bool,
+}
+
+/// The rows of a step to score for `prompt_logprobs`: rows `offset..` of the step's output
+/// are prompt positions `first..`, each scored against the prompt token after it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PromptRows {
+    /// Alternatives per entry.
+    pub top: usize,
+    /// The first scored row's index in the step.
+    pub offset: usize,
+    /// Its position in the prompt.
+    pub first: usize,
+    /// The prompt token after each scored row.
+    pub targets: Vec<u32>,
+}
+
+impl PromptRows {
+    /// The entries, from the step's logits `[rows, vocab]` of this request.
+    pub fn score(&self, logits: &[f32], vocab: usize) -> Vec<TokenLogprob> {
+        self.targets
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| {
+                let r = self.offset + k;
+                sampling::logprob(&logits[r * vocab..(r + 1) * vocab], t, self.top)
+            })
+            .collect()
+    }
 }
 
 /// What happened after a token was appended.
@@ -109,6 +142,45 @@ impl Seq {
             cached_tokens: None,
             preemptions: 0,
             admit_order: 0,
+            prompt_logprobs: Vec::new(),
+            prompt_sent: false,
+        }
+    }
+
+    /// Tokens a prefix-cache hit may skip: all but the last, or, while prompt log-probabilities
+    /// are owed, only the positions already scored (so every prompt row is computed once).
+    pub fn prefix_limit(&self) -> usize {
+        let all = self.tokens.len() - 1;
+        match self.req.prompt_logprobs {
+            Some(_) if !self.prompt_sent => all.min(self.prompt_logprobs.len()),
+            _ => all,
+        }
+    }
+
+    /// The rows of a step running positions `fed..fed + n` that score prompt tokens not
+    /// scored yet (None without `prompt_logprobs`, or when there are none).
+    pub fn prompt_rows(&self, fed: usize, n: usize) -> Option<PromptRows> {
+        let top = self.req.prompt_logprobs.filter(|_| !self.prompt_sent)?;
+        let first = fed.max(self.prompt_logprobs.len());
+        let end = (fed + n).min(self.prompt_len - 1);
+        (first < end).then(|| PromptRows {
+            top,
+            offset: first - fed,
+            first,
+            targets: self.tokens[first + 1..=end].to_vec(),
+        })
+    }
+
+    /// Keep the entries scored for prompt positions `first..` (positions already held, as
+    /// after a preemption's recomputation, keep their first entry; they are equal).
+    pub fn record_prompt(&mut self, first: usize, entries: Vec<TokenLogprob>) {
+        if self.prompt_sent {
+            return;
+        }
+        for (k, e) in entries.into_iter().enumerate() {
+            if first + k == self.prompt_logprobs.len() {
+                self.prompt_logprobs.push(e);
+            }
         }
     }
 
@@ -149,6 +221,13 @@ impl Seq {
         detok: Option<&Arc<dyn Detokenizer>>,
     ) -> AfterToken {
         self.first_token.get_or_insert_with(Instant::now);
+        if self.req.prompt_logprobs.is_some() && !self.prompt_sent {
+            // The first token was chosen from the last prompt row, so every row is scored.
+            debug_assert_eq!(self.prompt_logprobs.len(), self.prompt_len - 1);
+            self.prompt_sent = true;
+            let entries = std::mem::take(&mut self.prompt_logprobs);
+            let _ = self.tx.send(Event::Prompt(entries));
+        }
         if tok == eos && !self.req.ignore_eos {
             return AfterToken::Finish(FinishReason::Eos);
         }
@@ -255,6 +334,39 @@ mod tests {
                 .collect();
             String::from_utf8_lossy(&bytes).into_owned()
         }
+    }
+
+    #[test]
+    fn prompt_rows_score_each_prompt_position_once_and_bound_prefix_reuse() {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Request {
+            prompt: vec![1, 2, 3, 4, 5],
+            max_tokens: 2,
+            prompt_logprobs: Some(1),
+            ..Default::default()
+        };
+        let mut s = Seq::new(RequestId(0), req, tx);
+        assert_eq!(s.prefix_limit(), 0, "nothing scored: no row may be skipped");
+        let r = s.prompt_rows(0, 3).unwrap();
+        assert_eq!((r.offset, r.first, r.targets), (0, 0, vec![2, 3, 4]));
+        // Positions 3 and 4: row 3 scores token 5; row 4, the last, scores nothing.
+        let r = s.prompt_rows(3, 2).unwrap();
+        assert_eq!((r.offset, r.first, r.targets), (0, 3, vec![5]));
+        assert!(s.prompt_rows(4, 1).is_none());
+        let e = |logprob| TokenLogprob {
+            logprob,
+            top: Vec::new(),
+        };
+        s.record_prompt(0, vec![e(-1.0), e(-2.0), e(-3.0)]);
+        assert_eq!(s.prefix_limit(), 3);
+        // A recomputation from position 1 (after a preemption) keeps the first entries.
+        let r = s.prompt_rows(1, 4).unwrap();
+        assert_eq!((r.offset, r.first, r.targets), (2, 3, vec![5]));
+        s.record_prompt(1, vec![e(-9.0), e(-9.0), e(-4.0)]);
+        let got: Vec<f32> = s.prompt_logprobs.iter().map(|x| x.logprob).collect();
+        assert_eq!(got, [-1.0, -2.0, -3.0, -4.0]);
+        assert!(s.prompt_rows(0, 5).is_none(), "every prompt token is scored");
+        assert_eq!(s.prefix_limit(), 4);
     }
 
     #[test]

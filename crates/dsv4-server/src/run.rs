@@ -36,6 +36,8 @@ pub struct Step {
     /// unless the request asked for them); text held back by the decoder carries its tokens
     /// forward to the step that shows it.
     pub logprobs: Vec<GeneratedToken>,
+    /// With `prompt_logprobs`, on the first step: entry `k` scores prompt token `k + 1`.
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
     /// How the request ended, on the last step.
     pub finished: Option<Finished>,
 }
@@ -51,6 +53,8 @@ pub struct Run {
     /// The end-of-sequence id when `ignore_eos` keeps it as a token (its text is left out).
     silent: Option<u32>,
     pending: Vec<GeneratedToken>,
+    /// The prompt's entries, until the step that carries them.
+    prompt: Option<Vec<TokenLogprob>>,
     _in_flight: InFlight,
 }
 
@@ -76,6 +80,7 @@ impl Run {
             max_tokens,
             silent,
             pending: Vec::new(),
+            prompt: None,
             _in_flight: in_flight,
         })
     }
@@ -92,6 +97,7 @@ impl Run {
         loop {
             let event = self.stream.next().await;
             match event {
+                Some(Event::Prompt(entries)) => self.prompt = Some(entries),
                 Some(Event::Token(t)) => {
                     let bytes = if self.silent == Some(t.token) {
                         &[]
@@ -146,6 +152,7 @@ impl Run {
         Step {
             deltas,
             logprobs: std::mem::take(&mut self.pending),
+            prompt_logprobs: self.prompt.take(),
             finished,
         }
     }

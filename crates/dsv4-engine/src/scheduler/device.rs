@@ -7,6 +7,7 @@
 use crate::error::EngineError;
 use crate::request::{RequestId, SamplingParams};
 use crate::sampler::SamplerState;
+use crate::sequence::PromptRows;
 use dsv4_model::forward::{StepReport, Taps};
 use dsv4_model::{ForwardError, Model, SequenceState};
 use std::collections::HashMap;
@@ -45,6 +46,8 @@ pub(crate) struct Member {
     pub slots: Vec<Slot>,
     /// Present when the step's last row is sampled.
     pub sampler: Option<Sampler>,
+    /// Rows that score prompt tokens (`prompt_logprobs`).
+    pub prompt: Option<PromptRows>,
 }
 
 /// A launched step.
@@ -63,6 +66,8 @@ pub(crate) struct MemberDone {
     pub rows: usize,
     pub chosen: Option<Result<u32, String>>,
     pub row: Vec<f32>,
+    /// The prompt entries scored: (first prompt position, entries).
+    pub prompt: Option<(usize, Vec<crate::request::TokenLogprob>)>,
 }
 
 /// A finished step.
@@ -190,11 +195,16 @@ fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
             id,
             state,
             mut sampler,
+            prompt,
             ..
         } = m;
         let n = t.len();
         let o = outs.as_mut().and_then(Iterator::next);
         let (mut chosen, mut row) = (None, Vec::new());
+        let prompt = match (&o, prompt) {
+            (Some(o), Some(rows)) => Some((rows.first, rows.score(&o.logits, o.vocab))),
+            _ => None,
+        };
         if let (Some(o), Some(s)) = (o, sampler.as_mut()) {
             let v = o.vocab;
             row = o.logits[(n - 1) * v..n * v].to_vec();
@@ -211,6 +221,7 @@ fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
             rows: n,
             chosen,
             row,
+            prompt,
         });
     }
     Done {

@@ -293,6 +293,7 @@ impl Scheduler {
                 rows,
                 chosen,
                 row,
+                prompt,
             } = m;
             self.counters.computed_tokens += rows as u64;
             let Some(i) = self.position(id) else {
@@ -303,6 +304,9 @@ impl Scheduler {
             s.state = Some(state);
             if let Some(sm) = sampler {
                 s.sampler = sm.state;
+            }
+            if let Some((first, entries)) = prompt {
+                s.record_prompt(first, entries);
             }
             live.push(id);
             if let Some(chosen) = chosen {
@@ -447,6 +451,7 @@ impl Scheduler {
             tracks.insert(p.id, track);
             members.push(Member {
                 id: p.id,
+                prompt: s.prompt_rows(p.fed, p.slots.len()),
                 state,
                 slots: p.slots,
                 sampler,

@@ -137,7 +137,7 @@ fn cancelling_through_the_handle_and_dropping_streams_free_every_page() {
     let reason = loop {
         match a.blocking_next() {
             Some(Event::Finished(f)) => break f.reason,
-            Some(Event::Token(_)) => {}
+            Some(Event::Token(_) | Event::Prompt(_)) => {}
             None => panic!("stream ended without Finished"),
         }
     };

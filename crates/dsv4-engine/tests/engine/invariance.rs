@@ -50,6 +50,7 @@ fn finish(mut s: RequestStream, seen: Vec<Event>) -> Completion {
         tokens: Vec::new(),
         logits: Vec::new(),
         logprobs: Vec::new(),
+        prompt_logprobs: Vec::new(),
         finished: dsv4_engine::Finished {
             reason: FinishReason::Error,
             usage: Default::default(),
@@ -61,6 +62,7 @@ fn finish(mut s: RequestStream, seen: Vec<Event>) -> Completion {
     let mut events = seen.into_iter();
     while let Some(ev) = events.next().or_else(|| s.blocking_next()) {
         match ev {
+            Event::Prompt(p) => c.prompt_logprobs = p,
             Event::Token(t) => {
                 c.tokens.push(t.token);
                 c.logits.extend(t.logits);

@@ -10,6 +10,7 @@ mod layout;
 mod overlap;
 mod overload;
 mod plans;
+mod prompt_logprobs;
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{IndexKDtype, KvCacheDtype, Numerics, SplitMix64};

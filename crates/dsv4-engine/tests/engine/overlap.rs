@@ -16,7 +16,7 @@ use dsv4_model::forward::{ExecOptions, Fault};
 
 /// Greedy requests, then two seeded sampled ones: prompts of 6 to 28 tokens, half sharing an
 /// 8-token prefix, asking for 2 to 7 tokens (so they finish at different steps).
-fn requests() -> Vec<Request> {
+pub fn requests() -> Vec<Request> {
     (0..16usize)
         .map(|i| {
             let mut p = vec![0];
@@ -67,16 +67,16 @@ fn faulty_model() -> Arc<Model> {
     Arc::new(m)
 }
 
-struct Run {
-    done: Vec<Completion>,
-    metrics: EngineMetrics,
-    findings: Vec<CanaryFinding>,
-    all_free: bool,
+pub struct Run {
+    pub done: Vec<Completion>,
+    pub metrics: EngineMetrics,
+    pub findings: Vec<CanaryFinding>,
+    pub all_free: bool,
 }
 
 /// How the requests arrive.
 #[derive(Clone, Copy, Debug)]
-enum Arrival {
+pub enum Arrival {
     /// All before the first step.
     AtOnce,
     /// One before each step (so new prefills join steps in which others finish).
@@ -96,7 +96,7 @@ fn serve(
 }
 
 /// [`serve`] with the given requests.
-fn serve_these(
+pub fn serve_these(
     model: Arc<Model>,
     overlap: bool,
     prefix_cache: bool,

@@ -166,6 +166,7 @@ impl EventSource for ChatStream {
                 deltas,
                 logprobs: mut tokens,
                 finished,
+                ..
             }) => {
                 for d in deltas {
                     out.push(self.delta(index, d, &mut tokens));

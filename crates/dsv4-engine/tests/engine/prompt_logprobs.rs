@@ -1,0 +1,153 @@
+//! Prompt log-probabilities (`Request::prompt_logprobs`): every entry is bitwise what one
+//! forward pass over the whole prompt gives, whether the prompt runs in chunks, overlapped,
+//! beside a prefix cache holding its prefix, or again after a preemption; such a request never
+//! skips prompt rows through the prefix cache (the others still do), and asking changes no
+//! generated token.
+
+use super::overlap::{Arrival, requests, serve_these};
+use super::*;
+use dsv4_engine::sampling::logprob;
+use dsv4_engine::{EngineConfig, EngineError, Event, Scheduler, TokenLogprob};
+
+/// Alternatives per entry.
+const TOP: usize = 3;
+
+/// Whether request `i` of [`requests`] asks (a quarter of them, all sharing the 8-token
+/// prefix, so the prefix cache has snapshots they could otherwise use).
+fn asking(i: usize) -> bool {
+    i.is_multiple_of(4)
+}
+
+fn with_prompt_logprobs() -> Vec<Request> {
+    requests()
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            if asking(i) {
+                r.prompt_logprobs = Some(TOP);
+            }
+            r
+        })
+        .collect()
+}
+
+/// One forward over `prompt`: entry `k` from row `k`, scoring prompt token `k + 1`.
+fn oracle(model: &Model, prompt: &[u32]) -> Vec<TokenLogprob> {
+    let mut st = model.new_sequence();
+    let out = model.forward(&mut st, prompt).unwrap();
+    let v = out.vocab;
+    (0..prompt.len() - 1)
+        .map(|k| logprob(&out.logits[k * v..(k + 1) * v], prompt[k + 1], TOP))
+        .collect()
+}
+
+fn bits(entries: &[TokenLogprob]) -> Vec<(u32, Vec<(u32, u32)>)> {
+    entries
+        .iter()
+        .map(|e| {
+            let top = e.top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
+            (e.logprob.to_bits(), top)
+        })
+        .collect()
+}
+
+#[test]
+fn prompt_logprobs_are_one_forward_over_the_prompt_in_every_schedule() {
+    let m = model();
+    let reqs = with_prompt_logprobs();
+    let want: Vec<Vec<TokenLogprob>> = reqs
+        .iter()
+        .map(|r| match r.prompt_logprobs {
+            Some(_) => oracle(&m, &r.prompt),
+            None => Vec::new(),
+        })
+        .collect();
+    for overlap in [false, true] {
+        for tight in [false, true] {
+            let what = format!("overlap={overlap} tight={tight}");
+            let plain = serve_these(m.clone(), overlap, true, tight, Arrival::AtOnce, requests());
+            let run = serve_these(
+                m.clone(),
+                overlap,
+                true,
+                tight,
+                Arrival::AtOnce,
+                reqs.clone(),
+            );
+            assert_eq!(run.metrics.canary_rounds_flagged, 0, "{what}");
+            assert!(run.all_free, "{what}: every page is free at the end");
+            if tight {
+                assert!(run.metrics.preemptions_total > 0, "{what}: preemptions");
+            }
+            let mut reused = 0;
+            for (i, ((c, p), w)) in run.done.iter().zip(&plain.done).zip(&want).enumerate() {
+                assert_eq!(c.tokens, p.tokens, "{what}: request {i}'s tokens changed");
+                assert_eq!(c.finished.reason, p.finished.reason, "{what}: request {i}");
+                assert_eq!(
+                    bits(&c.prompt_logprobs),
+                    bits(w),
+                    "{what}: request {i}'s prompt entries"
+                );
+                if asking(i) {
+                    assert_eq!(w.len(), c.finished.usage.prompt_tokens - 1);
+                    assert_eq!(
+                        c.finished.usage.cached_tokens, 0,
+                        "{what}: request {i} skipped prompt rows"
+                    );
+                } else if i.is_multiple_of(2) {
+                    reused += c.finished.usage.cached_tokens;
+                }
+            }
+            if !tight {
+                assert!(
+                    reused > 0,
+                    "{what}: the requests that do not ask still reuse the shared prefix"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_prompt_event_comes_first_even_for_a_one_token_prompt() {
+    let mut s = Scheduler::new(model(), EngineConfig::default(), None).unwrap();
+    let mut one = greedy(vec![0], 2);
+    one.prompt_logprobs = Some(0);
+    let mut two = greedy(vec![0, 17, 40], 2);
+    two.prompt_logprobs = Some(1);
+    let streams = [s.submit(one).unwrap(), s.submit(two).unwrap()];
+    while s.step() {}
+    let firsts: Vec<Option<Event>> = streams
+        .into_iter()
+        .map(|mut st| st.blocking_next())
+        .collect();
+    assert_eq!(firsts[0], Some(Event::Prompt(Vec::new())));
+    match &firsts[1] {
+        Some(Event::Prompt(e)) => {
+            assert_eq!(e.len(), 2);
+            assert!(e.iter().all(|x| x.top.len() == 1 && x.logprob <= 0.0));
+        }
+        other => panic!("expected the prompt's entries first, got {other:?}"),
+    }
+}
+
+#[test]
+fn too_many_alternatives_are_refused_naming_the_field() {
+    let mut s = Scheduler::new(model(), EngineConfig::default(), None).unwrap();
+    for (field, mut r) in [
+        ("prompt_logprobs", greedy(vec![0, 5], 1)),
+        ("logprobs", greedy(vec![0, 5], 1)),
+    ] {
+        if field == "logprobs" {
+            r.logprobs = Some(21);
+        } else {
+            r.prompt_logprobs = Some(21);
+        }
+        match s.submit(r) {
+            Err(EngineError::BadRequest(m)) => {
+                assert!(m.contains(field) && m.contains("at most 20"), "{m}");
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+    }
+}
