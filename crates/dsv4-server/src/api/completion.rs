@@ -37,7 +37,7 @@ pub struct CompletionRequest {
     pub stream: Option<bool>,
     /// Stream options.
     pub stream_options: Option<StreamOptions>,
-    /// Not supported (must be false).
+    /// Start each choice's text with the prompt (with `logprobs`, its tokens lead the lists).
     pub echo: Option<bool>,
     /// Return each generated token's log-probability with this many alternatives (0 to 20).
     pub logprobs: Option<u32>,

@@ -7,6 +7,7 @@
 
 use crate::run::GeneratedToken;
 use crate::vocab::Vocab;
+use dsv4_engine::TokenLogprob;
 use serde::Serialize as DeriveSerialize;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
@@ -89,38 +90,61 @@ impl ChatLogprobs {
 }
 
 /// `choices[].logprobs` of a text completion (OpenAI's legacy format): parallel lists, one
-/// item per generated token.
+/// item per token of the text (with `echo`, the prompt's tokens first; the sequence's first
+/// token has no log-probability: null).
 #[derive(Debug, Clone, Default, PartialEq, DeriveSerialize)]
 pub struct CompletionLogprobs {
     /// The tokens' texts (lossy UTF-8).
     pub tokens: Vec<String>,
     /// ln p of each token under the model's raw logits.
-    pub token_logprobs: Vec<f32>,
+    pub token_logprobs: Vec<Option<f32>>,
     /// Each token's most likely alternatives, token text → ln p.
-    pub top_logprobs: Vec<TopMap>,
-    /// Byte offset of each token's text in the completion (UTF-8 bytes from its start).
+    pub top_logprobs: Vec<Option<TopMap>>,
+    /// Byte offset of each token's text in the choice's text (UTF-8 bytes from its start).
     pub text_offset: Vec<usize>,
 }
 
 impl CompletionLogprobs {
-    /// The lists for `tokens`, whose text starts at byte `*offset` of the completion;
+    /// The lists for `tokens`, whose text starts at byte `*offset` of the choice's text;
     /// `*offset` moves past them (streams carry it from chunk to chunk).
     pub fn new(vocab: &Vocab, tokens: &[GeneratedToken], offset: &mut usize) -> Self {
         let mut out = Self::default();
         for t in tokens {
-            out.tokens.push(token_string(vocab, t.id));
-            out.token_logprobs.push(finite(t.logprob.logprob));
-            out.top_logprobs.push(TopMap(
-                t.logprob
-                    .top
+            out.push(vocab, t.id, t.text_len, Some(&t.logprob), offset);
+        }
+        out
+    }
+
+    /// Append token `id`, whose text is `text_len` bytes at `*offset`, with its
+    /// log-probability (None: the sequence's first token, which has none).
+    pub fn push(
+        &mut self,
+        vocab: &Vocab,
+        id: u32,
+        text_len: usize,
+        logprob: Option<&TokenLogprob>,
+        offset: &mut usize,
+    ) {
+        self.tokens.push(token_string(vocab, id));
+        self.token_logprobs.push(logprob.map(|l| finite(l.logprob)));
+        self.top_logprobs.push(logprob.map(|l| {
+            TopMap(
+                l.top
                     .iter()
                     .map(|&(id, l)| (token_string(vocab, id), finite(l)))
                     .collect(),
-            ));
-            out.text_offset.push(*offset);
-            *offset += t.text_len;
-        }
-        out
+            )
+        }));
+        self.text_offset.push(*offset);
+        *offset += text_len;
+    }
+
+    /// Append `other`'s lists after these.
+    pub fn extend(&mut self, other: Self) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
     }
 }
 
@@ -144,7 +168,6 @@ impl Serialize for TopMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dsv4_engine::TokenLogprob;
     use serde_json::json;
 
     fn vocab() -> Vocab {
@@ -215,6 +238,6 @@ mod tests {
             "the second U+FFFD alternative is dropped"
         );
         assert_eq!(lp.tokens, ["h", "\u{FFFD}"]);
-        assert_eq!(rest.token_logprobs, [-0.1]);
+        assert_eq!(rest.token_logprobs, [Some(-0.1)]);
     }
 }

@@ -1,7 +1,9 @@
 //! `POST /v1/completions`: raw text completion of one prompt (text gets BOS prepended unless
 //! it starts with it; token ids are used as given) in `n` choices, answered as one
 //! `text_completion` object or a stream of them (the choices' chunks interleaved). No chat
-//! encoding and no DSML parsing.
+//! encoding and no DSML parsing. With `echo`, each choice's text starts with the prompt (a BOS
+//! the server prepended is left out); with `logprobs` too, the prompt's tokens lead the
+//! lists, the sequence's first token with null (what lm-evaluation-harness scores with).
 
 use super::chat::max_tokens;
 use super::{EventSource, body_bytes, check_model, error_event, json_response, sse_response};
@@ -23,7 +25,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
 use dsv4_chat::markers;
-use dsv4_engine::{Request, Usage};
+use dsv4_engine::{Request, TokenLogprob, Usage};
 use futures_util::StreamExt;
 use std::sync::Arc;
 
@@ -38,7 +40,7 @@ pub async fn completions(
         .ok_or_else(|| ApiError::unavailable("the model is still loading; retry shortly"))?;
     let req: CompletionRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
-    let (request, stops, n) = prepare(&state, &loaded, &req)?;
+    let (request, stops, n, echo) = prepare(&state, &loaded, &req)?;
     let logprobs = request.logprobs.is_some();
     let runs = start_choices(&state, &loaded, request, n, || OutputDecoder::raw(&stops))?;
     let out = TextStream {
@@ -53,6 +55,8 @@ pub async fn completions(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         logprobs,
+        echo,
+        echoed: vec![false; n],
         offsets: vec![0; n],
         usages: vec![None; n],
         done: false,
@@ -64,19 +68,30 @@ pub async fn completions(
     }
 }
 
-/// The engine request every choice starts from, the stop strings and the number of choices.
+/// What a choice's text starts with under `echo`.
+struct Echo {
+    /// The prompt's tokens shown: all but a BOS the server prepended.
+    tokens: Vec<u32>,
+    /// Whether a BOS was prepended (so the first shown token has a log-probability).
+    added_bos: bool,
+    /// Their text (their bytes as lossy UTF-8).
+    text: String,
+}
+
+/// The engine request every choice starts from, the stop strings, the number of choices and
+/// the echo.
 fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &CompletionRequest,
-) -> Result<(Request, Vec<String>, usize), ApiError> {
+) -> Result<(Request, Vec<String>, usize, Option<Echo>), ApiError> {
     let n = check_n(req.n)?;
-    unsupported("echo", req.echo, false)?;
     unsupported("best_of", req.best_of, 1)?;
     if req.suffix.is_some() {
         unsupported("suffix", Some(true), false)?;
     }
     let logprobs = req.logprobs()?;
+    let mut added_bos = false;
     let prompt = match req.prompt()? {
         Prompt::Tokens(ids) if ids.is_empty() => {
             return Err(ApiError::bad_param("prompt", "the prompt has no tokens"));
@@ -86,6 +101,7 @@ fn prepare(
             let mut ids = Vec::new();
             if !text.starts_with(markers::BOS) {
                 ids.push(loaded.bos);
+                added_bos = true;
             }
             ids.extend(
                 loaded
@@ -101,6 +117,18 @@ fn prepare(
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
+    let echo = req.echo.unwrap_or(false).then(|| {
+        let tokens = prompt[usize::from(added_bos)..].to_vec();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| loaded.vocab.bytes(t).iter().copied())
+            .collect();
+        Echo {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            tokens,
+            added_bos,
+        }
+    });
     Ok((
         Request {
             prompt,
@@ -109,10 +137,12 @@ fn prepare(
             stop: stop.clone(),
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
+            prompt_logprobs: logprobs.filter(|_| echo.is_some()),
             ..Default::default()
         },
         stop,
         n,
+        echo,
     ))
 }
 
@@ -126,7 +156,11 @@ struct TextStream {
     include_usage: bool,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// Per choice: byte offset in its completion of the next token's text (`text_offset`).
+    /// The prompt, when each choice's text starts with it.
+    echo: Option<Echo>,
+    /// Per choice: whether its prompt was shown.
+    echoed: Vec<bool>,
+    /// Per choice: byte offset in its text of the next token's text (`text_offset`).
     offsets: Vec<usize>,
     /// Per choice: its usage once it has finished.
     usages: Vec<Option<Usage>>,
@@ -145,17 +179,36 @@ fn text_of(deltas: Vec<Delta>) -> String {
 }
 
 impl TextStream {
-    /// Choice `index` with `text`; with logprobs asked, the lists of `tokens`.
+    /// Choice `index` with `text`; with logprobs asked, the lists of `tokens`. The choice's
+    /// first piece starts with the echoed prompt, whose tokens' entries `prompt` holds (entry
+    /// `k` scores the sequence's token `k + 1`).
     fn choice(
         &mut self,
         index: usize,
-        text: String,
+        mut text: String,
         tokens: &[GeneratedToken],
+        prompt: Option<Vec<TokenLogprob>>,
         finish: Option<&'static str>,
     ) -> CompletionChoice {
-        let logprobs = self
-            .logprobs
-            .then(|| CompletionLogprobs::new(&self.loaded.vocab, tokens, &mut self.offsets[index]));
+        let vocab = &self.loaded.vocab;
+        let offset = &mut self.offsets[index];
+        let mut logprobs = self.logprobs.then(CompletionLogprobs::default);
+        if let Some(e) = self.echo.as_ref().filter(|_| !self.echoed[index]) {
+            self.echoed[index] = true;
+            text.insert_str(0, &e.text);
+            if let Some(lp) = logprobs.as_mut() {
+                let entries = prompt.unwrap_or_default();
+                for (j, &id) in e.tokens.iter().enumerate() {
+                    let entry = (j + usize::from(e.added_bos))
+                        .checked_sub(1)
+                        .and_then(|k| entries.get(k));
+                    lp.push(vocab, id, vocab.bytes(id).len(), entry, offset);
+                }
+            }
+        }
+        if let Some(lp) = logprobs.as_mut() {
+            lp.extend(CompletionLogprobs::new(vocab, tokens, offset));
+        }
         CompletionChoice {
             index,
             text,
@@ -196,10 +249,14 @@ impl TextStream {
         let mut texts = vec![String::new(); n];
         let mut tokens: Vec<Vec<GeneratedToken>> = vec![Vec::new(); n];
         let mut reasons = vec![None; n];
+        let mut prompts: Vec<Option<Vec<TokenLogprob>>> = vec![None; n];
         while let Some((i, step)) = self.runs.next().await {
             let step = step?;
             texts[i].push_str(&text_of(step.deltas));
             tokens[i].extend(step.logprobs);
+            if step.prompt_logprobs.is_some() {
+                prompts[i] = step.prompt_logprobs;
+            }
             if let Some(f) = step.finished {
                 reasons[i] = Some(finish_reason(f.reason, false));
                 self.usages[i] = Some(f.usage);
@@ -208,9 +265,12 @@ impl TextStream {
         let choices = texts
             .into_iter()
             .zip(tokens)
+            .zip(prompts)
             .zip(reasons)
             .enumerate()
-            .map(|(i, ((text, tokens), reason))| self.choice(i, text, &tokens, reason))
+            .map(|(i, (((text, tokens), prompt), reason))| {
+                self.choice(i, text, &tokens, prompt, reason)
+            })
             .collect();
         let usage = self.usage();
         Ok(json_response(&self.object(choices, Some(Some(usage)))))
@@ -241,7 +301,13 @@ impl EventSource for TextStream {
             self.usages[i] = Some(f.usage);
             finish_reason(f.reason, false)
         });
-        let choice = self.choice(i, text_of(step.deltas), &step.logprobs, reason);
+        let choice = self.choice(
+            i,
+            text_of(step.deltas),
+            &step.logprobs,
+            step.prompt_logprobs,
+            reason,
+        );
         vec![Self::event(&self.object(vec![choice], usage))]
     }
 

@@ -238,7 +238,6 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
         (json!({"model": MODEL, "prompt": ["a", "b"]}), "prompt"),
         (json!({"model": MODEL, "prompt": {"text": "a"}}), "prompt"),
         (json!({"model": MODEL, "prompt": [-1, 5]}), "prompt"),
-        (json!({"model": MODEL, "prompt": "a", "echo": true}), "echo"),
         (
             json!({"model": MODEL, "prompt": "a", "best_of": 3}),
             "best_of",

@@ -148,7 +148,7 @@ async fn tool_call_tokens_have_entries_too() {
 }
 
 /// The four parallel lists of a completion's `logprobs`.
-fn lists(lp: &Value) -> [Vec<Value>; 4] {
+pub fn lists(lp: &Value) -> [Vec<Value>; 4] {
     ["tokens", "token_logprobs", "top_logprobs", "text_offset"].map(|k| {
         lp[k]
             .as_array()

@@ -2,7 +2,8 @@
 //! registered, else `reference`), over real sockets on 127.0.0.1 with raw HTTP/1.1: every kind
 //! of bad input, the API surface (chat, streaming, tools with constrained decoding, JSON
 //! answers, completions, models, usage, metrics), `n` > 1 choices (seeds, usage, interleaved
-//! streams, cancellation), per-token log-probabilities, sampling options
+//! streams, cancellation), per-token log-probabilities, `echo` with prompt log-probabilities
+//! (scored as generation would), sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown.
@@ -13,6 +14,7 @@ mod canary;
 mod choices;
 mod common;
 mod concurrency;
+mod echo;
 mod health;
 mod logprobs;
 mod sampling;

@@ -1,0 +1,132 @@
+//! `echo` on /v1/completions: each choice's text starts with the prompt; with `logprobs` the
+//! prompt's tokens lead the lists, the sequence's first token with null, every other one
+//! scored exactly as generating it would score it (what lm-evaluation-harness's loglikelihood
+//! tasks read); streamed lists join up to the answer's; a BOS the server prepended to a text
+//! prompt is left out.
+
+use super::common::*;
+use super::logprobs::lists;
+use serde_json::{Value, json};
+
+const PATH: &str = "/v1/completions";
+
+/// The concatenated text and lists of a completion stream's chunks (one choice).
+fn joined(events: &[Value]) -> (String, [Vec<Value>; 4]) {
+    let (mut text, mut all): (String, [Vec<Value>; 4]) = Default::default();
+    for c in events
+        .iter()
+        .filter(|e| e.is_object())
+        .flat_map(|e| e["choices"].as_array().unwrap().clone())
+    {
+        text.push_str(c["text"].as_str().unwrap());
+        for (all, part) in all.iter_mut().zip(lists(&c["logprobs"])) {
+            all.extend(part);
+        }
+    }
+    (text, all)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_prompt_tokens_are_scored_as_generating_them_would_be() {
+    let s = start(config()).await;
+    let loaded = s.state.loaded().unwrap();
+    let mut ids = vec![loaded.bos];
+    ids.extend(loaded.tokenizer.encode("The cat sat on the mat.").unwrap());
+    let len = ids.len();
+    // lm-evaluation-harness's loglikelihood request, over token ids.
+    let req = json!({"model": MODEL, "prompt": ids, "echo": true, "max_tokens": 1,
+                     "temperature": 0, "logprobs": 2});
+    let v = s.send("POST", PATH, &req).await.json();
+    let choice = &v["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    let [tokens, lps, tops, offsets] = lists(&choice["logprobs"]);
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(v["usage"]["prompt_tokens"], len);
+    assert_eq!(tokens.len(), len + generated, "{v}");
+    assert!(
+        text.starts_with("<｜begin▁of▁sentence｜>The cat sat on the mat."),
+        "{text}"
+    );
+    assert_eq!(
+        (&lps[0], &tops[0], &offsets[0]),
+        (&json!(null), &json!(null), &json!(0))
+    );
+    let mut at = 0;
+    for j in 0..tokens.len() {
+        let tok = tokens[j].as_str().unwrap();
+        assert_eq!(offsets[j], at, "token {j}");
+        assert_eq!(&text[at..at + tok.len()], tok, "token {j}");
+        at += tok.len();
+        if j > 0 {
+            assert!(lps[j].as_f64().unwrap() <= 0.0, "{}", lps[j]);
+            assert!(!tops[j].as_object().unwrap().is_empty());
+        }
+    }
+    assert_eq!(at, text.len());
+    // Prompt token j is what a request for prompt[..j] generates under a bias towards it:
+    // its log-probability (under the raw logits) and alternatives are the same, bit for bit.
+    for j in [1, len / 2, len - 1] {
+        let forced = json!({"model": MODEL, "prompt": &ids[..j], "max_tokens": 1,
+                            "temperature": 0, "logprobs": 2,
+                            "logit_bias": {ids[j].to_string(): 100}});
+        let g = s.send("POST", PATH, &forced).await.json();
+        let [gt, gl, gtop, _] = lists(&g["choices"][0]["logprobs"]);
+        assert_eq!(
+            (&gt[0], &gl[0], &gtop[0]),
+            (&tokens[j], &lps[j], &tops[j]),
+            "prompt token {j}"
+        );
+    }
+    // Without logprobs only the text is echoed.
+    let mut plain = req.clone();
+    plain.as_object_mut().unwrap().remove("logprobs");
+    let p = s.send("POST", PATH, &plain).await.json();
+    assert_eq!(p["choices"][0]["text"], text);
+    assert!(p["choices"][0]["logprobs"].is_null());
+    // A stream carries the prompt in its first chunk; its pieces join up to the answer.
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    let events = s.send("POST", PATH, &sreq).await.events();
+    assert_eq!(
+        joined(&events),
+        (text.to_string(), [tokens, lps, tops, offsets])
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_prompt_is_echoed_without_the_bos_the_server_added() {
+    let s = start(config()).await;
+    let loaded = s.state.loaded().unwrap();
+    let prompt = "Once upon a time";
+    let shown = loaded.tokenizer.encode(prompt).unwrap().len();
+    let base = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0});
+    let bare = s.send("POST", PATH, &base).await.json();
+    let mut req = base.clone();
+    req["echo"] = json!(true);
+    req["logprobs"] = json!(1);
+    let v = s.send("POST", PATH, &req).await.json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        format!("{prompt}{}", bare["choices"][0]["text"].as_str().unwrap())
+    );
+    let [tokens, lps, _, _] = lists(&v["choices"][0]["logprobs"]);
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(tokens.len(), shown + generated);
+    assert!(
+        lps.iter().all(|l| l.as_f64().is_some_and(|l| l <= 0.0)),
+        "after the BOS every token has a log-probability: {lps:?}"
+    );
+    // Every choice of n starts with the prompt.
+    let mut many = base.clone();
+    many["echo"] = json!(true);
+    many["n"] = json!(3);
+    many["temperature"] = json!(0.9);
+    many["seed"] = json!(5);
+    let m = s.send("POST", PATH, &many).await.json();
+    for c in m["choices"].as_array().unwrap() {
+        assert!(c["text"].as_str().unwrap().starts_with(prompt), "{c}");
+    }
+    s.shutdown().await.unwrap();
+}
