@@ -55,6 +55,9 @@ struct BatchRequest {
     stop: Option<Stop>,
     /// Return each token's log-probability with this many alternatives (0 to 20).
     logprobs: Option<usize>,
+    /// Return each prompt token's log-probability (after the first) with this many
+    /// alternatives (0 to 20).
+    prompt_logprobs: Option<usize>,
 }
 
 /// A generated token's log-probability in an output line.
@@ -87,6 +90,9 @@ struct BatchResult {
     timing: Timing,
     #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<Vec<LogprobEntry>>,
+    /// The prompt's tokens after the first, each given those before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Vec<LogprobEntry>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -152,7 +158,8 @@ fn read_requests(
             format!(
                 "{}: not a request object (fields: id, prompt or messages, max_tokens, \
                  temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, \
-                 repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, logprobs)",
+                 repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, logprobs, \
+                 prompt_logprobs)",
                 at()
             )
         })?;
@@ -195,6 +202,7 @@ fn read_requests(
             stop,
             ignore_eos: r.ignore_eos.unwrap_or(false),
             logprobs: r.logprobs,
+            prompt_logprobs: r.prompt_logprobs,
             ..Default::default()
         };
         out.push((r.id, req));
@@ -229,18 +237,30 @@ pub fn run_batch<W: Write>(
     let debug = crate::commands::plan::debug_options(profile);
     let engine = Engine::spawn_debug(Arc::new(model), cfg, Some(detok), debug)?;
     tracing::info!(requests = requests.len(), pools = %engine.pool_report(), "batch started");
-    // (id, whether it asked for logprobs, its stream)
-    let streams: Vec<(serde_json::Value, bool, anyhow::Result<RequestStream>)> = requests
+    // (id, whether it asked for logprobs, its prompt if it asked for the prompt's, its stream)
+    type Submitted = (
+        serde_json::Value,
+        bool,
+        Option<Vec<u32>>,
+        anyhow::Result<RequestStream>,
+    );
+    let streams: Vec<Submitted> = requests
         .into_iter()
         .map(|(id, r)| {
             let logprobs = r.logprobs.is_some();
-            (id, logprobs, engine.submit(r).map_err(anyhow::Error::from))
+            let prompt = r.prompt_logprobs.map(|_| r.prompt.clone());
+            (
+                id,
+                logprobs,
+                prompt,
+                engine.submit(r).map_err(anyhow::Error::from),
+            )
         })
         .collect();
     let mut out = open_out()?;
     let mut failed = 0;
     let total = streams.len();
-    for (id, wants_logprobs, stream) in streams {
+    for (id, wants_logprobs, prompt, stream) in streams {
         let result = match stream {
             Ok(s) => {
                 let c = s.collect_blocking();
@@ -252,6 +272,13 @@ pub fn run_batch<W: Write>(
                         .map(|(&t, lp)| LogprobEntry::new(t, lp))
                         .collect()
                 });
+                let prompt_logprobs = prompt.map(|p| {
+                    p.iter()
+                        .skip(1)
+                        .zip(c.prompt_logprobs)
+                        .map(|(&t, lp)| LogprobEntry::new(t, lp))
+                        .collect()
+                });
                 BatchResult {
                     id,
                     text: f.text.unwrap_or_default(),
@@ -260,6 +287,7 @@ pub fn run_batch<W: Write>(
                     usage: f.usage,
                     timing: f.timing,
                     logprobs,
+                    prompt_logprobs,
                     error: f.error,
                 }
             }
@@ -271,6 +299,7 @@ pub fn run_batch<W: Write>(
                 usage: Usage::default(),
                 timing: Timing::default(),
                 logprobs: None,
+                prompt_logprobs: None,
                 error: Some(format!("{e:#}")),
             },
         };
@@ -437,7 +466,8 @@ mod tests {
         let lines = [
             serde_json::json!({"id": 0, "prompt": "hello", "max_tokens": 12,
                 "logit_bias": {a.to_string(): 30}}),
-            serde_json::json!({"id": 1, "prompt": "hello", "max_tokens": 4, "logprobs": 2}),
+            serde_json::json!({"id": 1, "prompt": "hello", "max_tokens": 4, "logprobs": 2,
+                "prompt_logprobs": 1}),
             serde_json::json!({"id": 2, "prompt": "hello", "max_tokens": 12,
                 "logit_bias": {a.to_string(): 30}, "frequency_penalty": 2,
                 "presence_penalty": 2, "repetition_penalty": 1.5, "min_p": 0.2,
@@ -455,6 +485,16 @@ mod tests {
             "a bias of 30 wins every greedy choice"
         );
         assert!(rows[0].get("logprobs").is_none(), "not asked for");
+        assert!(rows[0].get("prompt_logprobs").is_none(), "not asked for");
+        // BOS, then "hello": five entries, one per byte token after BOS.
+        let prompt = rows[1]["prompt_logprobs"].as_array().unwrap();
+        let hello: Vec<u32> = b"hello".iter().map(|&b| 128 + u32::from(b)).collect();
+        assert_eq!(prompt.len(), hello.len(), "{prompt:?}");
+        for (e, t) in prompt.iter().zip(hello) {
+            assert_eq!(e["token"], t);
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+            assert_eq!(e["top"].as_array().unwrap().len(), 1);
+        }
         let tokens = rows[1]["tokens"].as_array().unwrap();
         let lps = rows[1]["logprobs"].as_array().unwrap();
         assert_eq!(lps.len(), tokens.len());
