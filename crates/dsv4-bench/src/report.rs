@@ -212,7 +212,7 @@ pub fn render_table(r: &BenchReport) -> String {
         let _ = writeln!(
             s,
             "{:<48} {:>10} {:>10}",
-            "token choice (1 request, 129,280 logits)", "ms/token", "x greedy"
+            "token choice (per request, 129,280 logits)", "ms/token", "x greedy"
         );
         for c in &r.sampling {
             let _ = writeln!(s, "{:<48} {:>10.3} {:>10.1}", c.case, c.ms, c.vs_greedy);

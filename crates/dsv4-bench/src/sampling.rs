@@ -1,11 +1,14 @@
 //! What choosing one token costs the engine's step loop, per request, at DSV4's vocabulary
 //! (129,280 logits, `tests/data/flash-config.json`): each sampling option and the
-//! log-probabilities, against greedy argmax over the same row in the same run.
+//! log-probabilities, against greedy argmax over the same row in the same run; and a decode
+//! step's choices for a batch of sampled requests, on one thread and on the engine's
+//! automatic count.
 
 use crate::timing::median_secs;
 use dsv4_core::SplitMix64;
-use dsv4_engine::SamplingParams;
+use dsv4_engine::sampler::{ChoiceJob, SamplerState, choice_threads, choose_all};
 use dsv4_engine::sampling::{TokenCounts, argmax, logprob, penalizes, process, sample};
+use dsv4_engine::{Request, SamplingParams};
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Duration;
@@ -106,6 +109,44 @@ pub fn sampling_costs(vocab: usize, budget: Duration) -> Vec<SamplingCost> {
         black_box(&r);
     });
     add("penalties (1000 generated, 4000 prompt)", ms);
+    // A decode step of 32 sampled requests, each with its own row and state, as the engine
+    // chooses them: on one thread, then on the automatic count (per request).
+    const BATCH: usize = 32;
+    let rows: Vec<Vec<f32>> = (0..BATCH as u64).map(|i| logits(vocab, 100 + i)).collect();
+    let p = sampled(0.7, 1.0, 0, 0.0);
+    let req = Request {
+        prompt: vec![0],
+        max_tokens: 1,
+        sampling: p.clone(),
+        ..Default::default()
+    };
+    let mut states: Vec<SamplerState> = (0..BATCH).map(|_| SamplerState::new(&req)).collect();
+    let auto = choice_threads(0, BATCH, vocab);
+    for threads in [1, auto] {
+        let ms = time(&mut || {
+            let mut jobs: Vec<ChoiceJob<'_>> = states
+                .iter_mut()
+                .zip(&rows)
+                .map(|(state, row)| ChoiceJob {
+                    state,
+                    params: &p,
+                    eos: (0, true),
+                    logprobs: None,
+                    row,
+                    out: None,
+                })
+                .collect();
+            choose_all(&mut jobs, threads);
+            black_box(&jobs[0].out);
+        }) / BATCH as f64;
+        add(
+            &format!(
+                "batch of {BATCH}, temperature 0.7, {threads} thread{}",
+                if threads == 1 { "" } else { "s" }
+            ),
+            ms,
+        );
+    }
     out
 }
 
@@ -116,7 +157,7 @@ mod tests {
     #[test]
     fn every_case_is_measured_against_greedy() {
         let c = sampling_costs(4096, Duration::from_millis(5));
-        assert_eq!(c.len(), 8);
+        assert_eq!(c.len(), 10);
         assert_eq!(c[0].vs_greedy, 1.0);
         assert!(c.iter().all(|x| x.ms > 0.0 && x.vs_greedy > 0.0), "{c:?}");
     }

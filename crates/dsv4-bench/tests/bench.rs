@@ -117,7 +117,7 @@ fn targets_compare_against_the_same_runs_peaks() {
         table.contains("not measured")
             && table.contains("prefill 512 tokens")
             && table.contains("targets (cpu backend with f32 sums)")
-            && table.contains("token choice (1 request, 129,280 logits)"),
+            && table.contains("token choice (per request, 129,280 logits)"),
         "{table}"
     );
 }

@@ -104,6 +104,10 @@ pub struct EngineConfig {
     /// (`exec.overlap_schedule`; see docs/engine.md, "Overlap scheduling").
     #[serde(default)]
     pub overlap_schedule: bool,
+    /// Threads that choose a step's tokens and score its log-probabilities (0: by the work,
+    /// one per 131,072 logits, at most the cores). Results do not depend on it.
+    #[serde(default)]
+    pub choice_threads: usize,
 }
 
 impl Default for EngineConfig {
@@ -117,6 +121,7 @@ impl Default for EngineConfig {
             schedule_policy: SchedulePolicy::Fcfs,
             hicache: None,
             overlap_schedule: false,
+            choice_threads: 0,
         }
     }
 }

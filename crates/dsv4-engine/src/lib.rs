@@ -7,6 +7,8 @@
 //! - [`scheduler`]: admission, continuous batching, chunked prefill, preemption, sampling and
 //!   stop conditions, one synchronous step at a time; with `overlap_schedule`, step N runs on a
 //!   worker thread while step N+1 is prepared (docs/engine.md, "Overlap scheduling").
+//! - [`sampler`]: a request's sampling state and the step's token choices, made on several
+//!   threads when the vocabulary makes them worth it.
 //! - [`engine`]: the step loop on its own thread behind [`EngineHandle`].
 //! - [`hicache`]: the host tier — evicted prefix snapshots spill to host pools and load back
 //!   layer by layer on a transfer worker; every page read waits on its layer's counter.
@@ -28,11 +30,12 @@ pub mod error;
 pub mod hicache;
 pub mod limits;
 pub mod metrics;
+mod parallel;
 pub mod pool;
 pub mod pools;
 pub mod prefix;
 pub mod request;
-mod sampler;
+pub mod sampler;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

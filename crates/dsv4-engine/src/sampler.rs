@@ -1,18 +1,66 @@
 //! A request's sampling state — its random stream, token constraint and token counts — and
-//! [`SamplerState::choose`], the one place a token is chosen. The state moves as a whole: the
+//! [`SamplerState::choose`], the one place a token is chosen; [`choose_all`] makes a step's
+//! choices on several threads. The state moves as a whole: the
 //! overlap scheduler hands it to its device thread with each step and takes it back, so a
 //! request's tokens are the same whichever thread samples them.
 
 use crate::constraint::{self, ConstraintState};
-use crate::request::{Request, SamplingParams};
+use crate::parallel;
+use crate::request::{Request, SamplingParams, TokenLogprob};
 use crate::sampling::{self, TokenCounts};
 use dsv4_core::SplitMix64;
 
+/// A token chosen for a request, with its log-probability when the request asks for them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// The token, or the constraint's error.
+    pub token: Result<u32, String>,
+    /// Its log-probability under the raw row (with `logprobs`).
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// One request's token choice in a step, for [`choose_all`].
+pub struct ChoiceJob<'a> {
+    /// The request's sampling state.
+    pub state: &'a mut SamplerState,
+    /// Its sampling parameters.
+    pub params: &'a SamplingParams,
+    /// (end-of-sequence id, ignore it).
+    pub eos: (u32, bool),
+    /// Alternatives to return with the token's log-probability (None: no log-probability).
+    pub logprobs: Option<usize>,
+    /// The logits row the token is chosen from.
+    pub row: &'a [f32],
+    /// The choice, once made.
+    pub out: Option<Choice>,
+}
+
+/// Threads [`choose_all`] uses for `requests` rows of `vocab` logits: `configured` when
+/// non-zero, else one per 131,072 logits, at most the cores (never more than the requests).
+pub fn choice_threads(configured: usize, requests: usize, vocab: usize) -> usize {
+    parallel::threads_for(configured, requests, vocab)
+}
+
+/// Make every job's choice, on [`choice_threads`] threads. Each request's choice depends only
+/// on its own row and state, so the threads change nothing but the time.
+pub fn choose_all(jobs: &mut [ChoiceJob<'_>], configured: usize) {
+    let logits = jobs.first().map_or(0, |j| j.row.len());
+    let threads = choice_threads(configured, jobs.len(), logits);
+    parallel::for_each_mut(jobs, threads, |j| {
+        let token = j.state.choose(j.row, j.params, j.eos);
+        let logprob = match (&token, j.logprobs) {
+            (Ok(t), Some(top)) => Some(sampling::logprob(j.row, *t, top)),
+            _ => None,
+        };
+        j.out = Some(Choice { token, logprob });
+    });
+}
+
 /// What a request carries from one token to the next to choose its tokens.
-pub(crate) struct SamplerState {
-    pub rng: SplitMix64,
-    pub constraint: Option<Box<dyn ConstraintState>>,
-    pub counts: TokenCounts,
+pub struct SamplerState {
+    pub(crate) rng: SplitMix64,
+    pub(crate) constraint: Option<Box<dyn ConstraintState>>,
+    pub(crate) counts: TokenCounts,
 }
 
 impl Default for SamplerState {

@@ -27,6 +27,7 @@ use crate::pool::PoolKind;
 use crate::pools::{CachePools, fresh_pages};
 use crate::prefix::PrefixCache;
 use crate::request::{Event, FinishReason, Request, RequestId, RequestStream};
+use crate::sampler::{Choice, ChoiceJob, choose_all};
 use crate::sequence::{AfterToken, Detokenizer, Seq};
 use dsv4_model::forward::Fault;
 use dsv4_model::forward::Taps;
@@ -89,7 +90,11 @@ impl Scheduler {
         };
         let overlap = if cfg.overlap_schedule {
             let fault = model.exec().has(Fault::StalePageReuse);
-            Some(overlap::Pipeline::new(Arc::clone(&model), fault)?)
+            Some(overlap::Pipeline::new(
+                Arc::clone(&model),
+                fault,
+                cfg.choice_threads,
+            )?)
         } else {
             None
         };
@@ -573,8 +578,10 @@ impl Scheduler {
                 return;
             }
         };
-        let eos = self.model.cfg.eos_token_id;
-        for ((id, &(_, n)), out) in ids.into_iter().zip(&members).zip(outs) {
+        // Snapshots and prompt entries per member; the members whose last row is sampled.
+        let threads = self.cfg.choice_threads;
+        let mut due: Vec<(RequestId, usize, usize)> = Vec::new();
+        for (k, (&id, &(_, n))) in ids.iter().zip(&members).enumerate() {
             self.counters.computed_tokens += n as u64;
             let i = self
                 .position(id)
@@ -588,15 +595,52 @@ impl Scheduler {
             }
             let pos = st.pos;
             if let Some(rows) = s.prompt_rows(pos - n, n) {
-                let entries = rows.score(&out.logits, out.vocab);
+                let entries = rows.score(&outs[k].logits, outs[k].vocab, threads);
                 s.record_prompt(rows.first, entries);
             }
-            if pos < s.tokens.len() {
-                continue;
+            if pos == s.tokens.len() {
+                due.push((id, k, n));
             }
-            let v = out.vocab;
+        }
+        // The members' tokens, chosen in parallel; then their events and stop conditions, in
+        // running order.
+        let eos = self.model.cfg.eos_token_id;
+        let row = |k: usize, n: usize| {
+            let v = outs[k].vocab;
+            &outs[k].logits[(n - 1) * v..n * v]
+        };
+        let choices: Vec<Choice> = {
+            let mut jobs = Vec::with_capacity(due.len());
+            let mut next = due.iter().peekable();
+            for s in &mut self.running {
+                let Some(&&(id, k, n)) = next.peek() else {
+                    break;
+                };
+                if s.id != id {
+                    continue;
+                }
+                next.next();
+                jobs.push(ChoiceJob {
+                    state: &mut s.sampler,
+                    params: &s.req.sampling,
+                    eos: (eos, s.req.ignore_eos),
+                    logprobs: s.req.logprobs,
+                    row: row(k, n),
+                    out: None,
+                });
+            }
+            choose_all(&mut jobs, threads);
+            jobs.into_iter()
+                .map(|j| j.out.expect("choose_all makes every choice"))
+                .collect()
+        };
+        for ((id, k, n), choice) in due.into_iter().zip(choices) {
+            let i = self
+                .position(id)
+                .expect("members stay running until their token is taken");
+            let s = &mut self.running[i];
             let before = s.generated().len();
-            let after = s.take_token(&out.logits[(n - 1) * v..n * v], eos, self.detok.as_ref());
+            let after = s.accept(choice, row(k, n), eos, self.detok.as_ref());
             self.counters.generated_tokens += (s.generated().len() - before) as u64;
             match after {
                 AfterToken::Continue => {}

@@ -2,10 +2,11 @@
 //! (absent while queued or after preemption), its sampling state, its event channel, stop
 //! conditions and timing.
 
+use crate::parallel;
 use crate::request::{
     Event, FinishReason, Finished, Request, RequestId, Timing, TokenEvent, TokenLogprob, Usage,
 };
-use crate::sampler::SamplerState;
+use crate::sampler::{Choice, SamplerState};
 use crate::sampling;
 use dsv4_model::SequenceState;
 use std::sync::Arc;
@@ -103,16 +104,21 @@ pub(crate) struct PromptRows {
 }
 
 impl PromptRows {
-    /// The entries, from the step's logits `[rows, vocab]` of this request.
-    pub fn score(&self, logits: &[f32], vocab: usize) -> Vec<TokenLogprob> {
-        self.targets
+    /// The entries, from the step's logits `[rows, vocab]` of this request, on as many
+    /// threads as the work is worth (`configured` when non-zero).
+    pub fn score(&self, logits: &[f32], vocab: usize, configured: usize) -> Vec<TokenLogprob> {
+        let mut rows: Vec<(usize, u32, Option<TokenLogprob>)> = self
+            .targets
             .iter()
             .enumerate()
-            .map(|(k, &t)| {
-                let r = self.offset + k;
-                sampling::logprob(&logits[r * vocab..(r + 1) * vocab], t, self.top)
-            })
-            .collect()
+            .map(|(k, &t)| (self.offset + k, t, None))
+            .collect();
+        let threads = parallel::threads_for(configured, rows.len(), vocab);
+        parallel::for_each_mut(&mut rows, threads, |(r, t, out)| {
+            let row = &logits[*r * vocab..(*r + 1) * vocab];
+            *out = Some(sampling::logprob(row, *t, self.top));
+        });
+        rows.into_iter().filter_map(|(_, _, e)| e).collect()
     }
 }
 
@@ -194,32 +200,21 @@ impl Seq {
         &self.tokens[self.prompt_len..]
     }
 
-    /// Choose the next token from `row`, send it, and check the stop conditions.
-    pub fn take_token(
+    /// Record a choice made by [`crate::sampler::choose_all`] from `row`: fail on the
+    /// constraint's error, end on end-of-sequence, else append the token, send it (with its
+    /// logits row and log-probability when asked), and check the stop strings and the length
+    /// limit.
+    pub fn accept(
         &mut self,
+        choice: Choice,
         row: &[f32],
         eos: u32,
         detok: Option<&Arc<dyn Detokenizer>>,
     ) -> AfterToken {
-        let chosen = self
-            .sampler
-            .choose(row, &self.req.sampling, (eos, self.req.ignore_eos));
-        match chosen {
-            Ok(tok) => self.accept_token(tok, row, eos, detok),
-            Err(message) => AfterToken::Fail(message),
-        }
-    }
-
-    /// Record a token chosen by [`SamplerState::choose`] from `row`: end on end-of-sequence,
-    /// else append it, send it (with its log-probability when asked), and check the stop
-    /// strings and the length limit.
-    pub fn accept_token(
-        &mut self,
-        tok: u32,
-        row: &[f32],
-        eos: u32,
-        detok: Option<&Arc<dyn Detokenizer>>,
-    ) -> AfterToken {
+        let tok = match choice.token {
+            Ok(tok) => tok,
+            Err(message) => return AfterToken::Fail(message),
+        };
         self.first_token.get_or_insert_with(Instant::now);
         if self.req.prompt_logprobs.is_some() && !self.prompt_sent {
             // The first token was chosen from the last prompt row, so every row is scored.
@@ -238,10 +233,7 @@ impl Seq {
             token: tok,
             index,
             logits: self.req.return_logits.then(|| row.to_vec()),
-            logprob: self
-                .req
-                .logprobs
-                .map(|top| sampling::logprob(row, tok, top)),
+            logprob: choice.logprob,
         }));
         if let Some(d) = detok.filter(|_| !self.req.stop.is_empty())
             && stop_in_tail(self.generated(), &self.req.stop, d.as_ref())
@@ -365,7 +357,10 @@ mod tests {
         s.record_prompt(1, vec![e(-9.0), e(-9.0), e(-4.0)]);
         let got: Vec<f32> = s.prompt_logprobs.iter().map(|x| x.logprob).collect();
         assert_eq!(got, [-1.0, -2.0, -3.0, -4.0]);
-        assert!(s.prompt_rows(0, 5).is_none(), "every prompt token is scored");
+        assert!(
+            s.prompt_rows(0, 5).is_none(),
+            "every prompt token is scored"
+        );
         assert_eq!(s.prefix_limit(), 4);
     }
 

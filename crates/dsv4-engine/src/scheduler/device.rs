@@ -5,8 +5,8 @@
 //! then samples the step's own rows and publishes those tokens as the next futures.
 
 use crate::error::EngineError;
-use crate::request::{RequestId, SamplingParams};
-use crate::sampler::SamplerState;
+use crate::request::{RequestId, SamplingParams, TokenLogprob};
+use crate::sampler::{Choice, ChoiceJob, SamplerState, choose_all};
 use crate::sequence::PromptRows;
 use dsv4_model::forward::{StepReport, Taps};
 use dsv4_model::{ForwardError, Model, SequenceState};
@@ -35,6 +35,10 @@ pub(crate) struct Sampler {
     pub state: SamplerState,
     /// (end-of-sequence id, ignore it).
     pub eos: (u32, bool),
+    /// Alternatives with the token's log-probability (None: no log-probability).
+    pub logprobs: Option<usize>,
+    /// Send the logits row back (`return_logits`).
+    pub keep_row: bool,
     /// Where the chosen token is published.
     pub future: FutureId,
 }
@@ -57,17 +61,18 @@ pub(crate) struct Job {
 }
 
 /// One member after its step: its state and sampler handed back, the token chosen (or the
-/// constraint's error) with the logits row it was chosen from.
+/// constraint's error) with its log-probability, and the logits row it was chosen from when
+/// the request wants it.
 pub(crate) struct MemberDone {
     pub id: RequestId,
     pub state: SequenceState,
     pub sampler: Option<Sampler>,
     /// Tokens the member ran.
     pub rows: usize,
-    pub chosen: Option<Result<u32, String>>,
+    pub choice: Option<Choice>,
     pub row: Vec<f32>,
     /// The prompt entries scored: (first prompt position, entries).
-    pub prompt: Option<(usize, Vec<crate::request::TokenLogprob>)>,
+    pub prompt: Option<(usize, Vec<TokenLogprob>)>,
 }
 
 /// A finished step.
@@ -90,13 +95,13 @@ pub(crate) struct Device {
 }
 
 impl Device {
-    /// Start the worker for `model`.
-    pub fn spawn(model: Arc<Model>) -> Result<Self, EngineError> {
+    /// Start the worker for `model`; `choice_threads` as [`crate::EngineConfig`]'s.
+    pub fn spawn(model: Arc<Model>, choice_threads: usize) -> Result<Self, EngineError> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("dsv4-device".into())
-            .spawn(move || work(&model, &rx, &tx))
+            .spawn(move || work(&model, choice_threads, &rx, &tx))
             .map_err(EngineError::Spawn)?;
         Ok(Self {
             jobs: Some(jobs),
@@ -131,13 +136,13 @@ impl Drop for Device {
 }
 
 /// The worker loop: resolve, run, sample, publish, report.
-fn work(model: &Model, jobs: &Receiver<Job>, done: &Sender<Done>) {
+fn work(model: &Model, choice_threads: usize, jobs: &Receiver<Job>, done: &Sender<Done>) {
     let mut futures: HashMap<FutureId, u32> = HashMap::new();
     let mut last: Option<Instant> = None;
     while let Ok(job) = jobs.recv() {
         let idle_ms = last.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         let t0 = Instant::now();
-        let out = run(model, job, &mut futures);
+        let out = run(model, choice_threads, job, &mut futures);
         let d = Done {
             idle_ms,
             run_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -152,7 +157,12 @@ fn work(model: &Model, jobs: &Receiver<Job>, done: &Sender<Done>) {
 
 /// Run one job: futures are consumed by the step after the one that made them, so the map is
 /// emptied once they are resolved and refilled with this step's tokens.
-fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
+fn run(
+    model: &Model,
+    choice_threads: usize,
+    job: Job,
+    futures: &mut HashMap<FutureId, u32>,
+) -> Done {
     let Job { step, mut members } = job;
     let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(members.len());
     let mut unresolved = None;
@@ -188,40 +198,66 @@ fn run(model: &Model, job: Job, futures: &mut HashMap<FutureId, u32>) -> Done {
         Ok((outs, report)) => (Some(outs), Ok(report)),
         Err(e) => (None, Err(e)),
     };
-    let mut out_members = Vec::with_capacity(members.len());
-    let mut outs = outs.map(Vec::into_iter);
-    for (m, t) in members.into_iter().zip(&tokens) {
-        let Member {
-            id,
-            state,
-            mut sampler,
-            prompt,
-            ..
-        } = m;
-        let n = t.len();
-        let o = outs.as_mut().and_then(Iterator::next);
-        let (mut chosen, mut row) = (None, Vec::new());
-        let prompt = match (&o, prompt) {
-            (Some(o), Some(rows)) => Some((rows.first, rows.score(&o.logits, o.vocab))),
-            _ => None,
-        };
-        if let (Some(o), Some(s)) = (o, sampler.as_mut()) {
-            let v = o.vocab;
-            row = o.logits[(n - 1) * v..n * v].to_vec();
-            let c = s.state.choose(&row, &s.params, s.eos);
-            if let Ok(tok) = c {
-                futures.insert(s.future, tok);
+    let outs = outs.unwrap_or_default();
+    // Prompt entries, then every sampled member's token (chosen in parallel).
+    let prompts: Vec<Option<(usize, Vec<TokenLogprob>)>> = members
+        .iter_mut()
+        .zip(&outs)
+        .map(|(m, o)| {
+            let rows = m.prompt.take()?;
+            Some((rows.first, rows.score(&o.logits, o.vocab, choice_threads)))
+        })
+        .collect();
+    let last_row = |k: usize| {
+        let (o, n) = (&outs[k], tokens[k].len());
+        &o.logits[(n - 1) * o.vocab..n * o.vocab]
+    };
+    let count = members.len();
+    let mut choices: Vec<Option<Choice>> = {
+        let mut jobs = Vec::new();
+        let mut at = Vec::new();
+        for (k, m) in members.iter_mut().enumerate().take(outs.len()) {
+            if let Some(s) = m.sampler.as_mut() {
+                at.push(k);
+                jobs.push(ChoiceJob {
+                    state: &mut s.state,
+                    params: &s.params,
+                    eos: s.eos,
+                    logprobs: s.logprobs,
+                    row: last_row(k),
+                    out: None,
+                });
             }
-            chosen = Some(c);
         }
+        choose_all(&mut jobs, choice_threads);
+        let mut choices = vec![None; count];
+        for (k, j) in at.into_iter().zip(jobs) {
+            choices[k] = j.out;
+        }
+        choices
+    };
+    let mut out_members = Vec::with_capacity(members.len());
+    let mut prompts = prompts.into_iter();
+    for (k, (m, t)) in members.into_iter().zip(&tokens).enumerate() {
+        let Member {
+            id, state, sampler, ..
+        } = m;
+        let choice = choices[k].take();
+        if let (Some(s), Some(Choice { token: Ok(tok), .. })) = (&sampler, &choice) {
+            futures.insert(s.future, *tok);
+        }
+        let row = match &sampler {
+            Some(s) if s.keep_row && choice.is_some() => last_row(k).to_vec(),
+            _ => Vec::new(),
+        };
         out_members.push(MemberDone {
             id,
             state,
             sampler,
-            rows: n,
-            chosen,
+            rows: t.len(),
+            choice,
             row,
-            prompt,
+            prompt: prompts.next().flatten(),
         });
     }
     Done {

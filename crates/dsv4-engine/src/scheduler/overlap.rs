@@ -18,6 +18,7 @@ use super::device::{Device, Done, FutureId, Job, Member, MemberDone, Sampler, Sl
 use crate::canary::{self, Snapshot};
 use crate::pool::PoolKind;
 use crate::request::{FinishReason, RequestId};
+use crate::sampler::Choice;
 use crate::sequence::AfterToken;
 use dsv4_model::forward::pages::{PageStore, PooledPages};
 use dsv4_model::{ForwardError, Model, SequenceState};
@@ -82,15 +83,20 @@ struct Planned {
 /// A token chosen by a collected step, processed after the next step is launched.
 struct Outcome {
     id: RequestId,
-    chosen: Result<u32, String>,
+    choice: Choice,
     row: Vec<f32>,
 }
 
 impl Pipeline {
     /// Start the device worker for `model`.
-    pub fn new(model: Arc<Model>, fault: bool) -> Result<Self, crate::EngineError> {
+    /// Start the device worker for `model`; `choice_threads` as [`crate::EngineConfig`]'s.
+    pub fn new(
+        model: Arc<Model>,
+        fault: bool,
+        choice_threads: usize,
+    ) -> Result<Self, crate::EngineError> {
         Ok(Self {
-            device: Device::spawn(model)?,
+            device: Device::spawn(model, choice_threads)?,
             in_flight: None,
             next_future: 0,
             launched: 0,
@@ -291,7 +297,7 @@ impl Scheduler {
                 state,
                 sampler,
                 rows,
-                chosen,
+                choice,
                 row,
                 prompt,
             } = m;
@@ -309,8 +315,8 @@ impl Scheduler {
                 s.record_prompt(first, entries);
             }
             live.push(id);
-            if let Some(chosen) = chosen {
-                outcomes.push(Outcome { id, chosen, row });
+            if let Some(choice) = choice {
+                outcomes.push(Outcome { id, choice, row });
             }
         }
         // Finish the host-tier load-backs the step started; their waited-for writes are declared.
@@ -396,7 +402,7 @@ impl Scheduler {
         // A request whose token could not be chosen fails once the outcomes are processed.
         let failed: BTreeSet<RequestId> = outcomes
             .iter()
-            .filter(|o| o.chosen.is_err())
+            .filter(|o| o.choice.token.is_err())
             .map(|o| o.id)
             .collect();
         plan.retain(|p| {
@@ -436,6 +442,8 @@ impl Scheduler {
                     params: s.req.sampling.clone(),
                     state: std::mem::take(&mut s.sampler),
                     eos: (eos, s.req.ignore_eos),
+                    logprobs: s.req.logprobs,
+                    keep_row: s.req.return_logits,
                     future: pipe.next_future,
                 }
             });
@@ -498,7 +506,7 @@ impl Scheduler {
     ) {
         let eos = self.model.cfg.eos_token_id;
         for o in outcomes {
-            let (Ok(tok), Some(t)) = (&o.chosen, tracks.get(&o.id)) else {
+            let (Ok(tok), Some(t)) = (&o.choice.token, tracks.get(&o.id)) else {
                 continue;
             };
             let Some(s) = self.running.iter().find(|s| s.id == o.id) else {
@@ -540,18 +548,13 @@ impl Scheduler {
         } else {
             &mut self.waiting[i]
         };
-        let (reason, error) = match o.chosen {
-            Ok(tok) => {
-                let before = s.generated().len();
-                let after = s.accept_token(tok, &o.row, eos, self.detok.as_ref());
-                self.counters.generated_tokens += (s.generated().len() - before) as u64;
-                match after {
-                    AfterToken::Continue => return,
-                    AfterToken::Finish(r) => (r, None),
-                    AfterToken::Fail(m) => (FinishReason::Error, Some(m)),
-                }
-            }
-            Err(m) => (FinishReason::Error, Some(m)),
+        let before = s.generated().len();
+        let after = s.accept(o.choice, &o.row, eos, self.detok.as_ref());
+        self.counters.generated_tokens += (s.generated().len() - before) as u64;
+        let (reason, error) = match after {
+            AfterToken::Continue => return,
+            AfterToken::Finish(r) => (r, None),
+            AfterToken::Fail(m) => (FinishReason::Error, Some(m)),
         };
         let seq = if running {
             self.running.remove(i)

@@ -91,7 +91,14 @@ pub fn staggered(engine: &EngineHandle, requests: Vec<Request>) -> Vec<Completio
     held.into_iter().map(|(s, seen)| finish(s, seen)).collect()
 }
 
-fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: SchedulePolicy) {
+/// `choice_threads` above 1 chooses the tokens of a step on that many threads (at the tiny
+/// model's vocabulary the automatic count is 1).
+fn check(
+    prefix_cache: bool,
+    chunked_prefill_size: Option<usize>,
+    policy: SchedulePolicy,
+    choice_threads: usize,
+) {
     let cfg = EngineConfig {
         cache: CacheBudget::Tokens(4096),
         page_size: 8,
@@ -101,6 +108,7 @@ fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: Schedu
         schedule_policy: policy,
         hicache: None,
         overlap_schedule: false,
+        choice_threads,
     };
     let engine = Engine::spawn(model(), cfg).unwrap();
     let reqs = prompts()
@@ -108,7 +116,9 @@ fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: Schedu
         .map(|p| greedy(p.clone(), MAX_TOKENS))
         .collect();
     let done = staggered(&engine, reqs);
-    let what = format!("prefix_cache={prefix_cache} chunked={chunked_prefill_size:?}");
+    let what = format!(
+        "prefix_cache={prefix_cache} chunked={chunked_prefill_size:?} threads={choice_threads}"
+    );
     for (i, (c, s)) in done.iter().zip(solos()).enumerate() {
         assert_eq!(
             c.finished.reason,
@@ -133,22 +143,22 @@ fn check(prefix_cache: bool, chunked_prefill_size: Option<usize>, policy: Schedu
 
 #[test]
 fn concurrent_equals_solo_without_prefix_cache_or_chunking() {
-    check(false, None, SchedulePolicy::Fcfs);
+    check(false, None, SchedulePolicy::Fcfs, 0);
 }
 
 #[test]
 fn concurrent_equals_solo_with_chunked_prefill() {
-    check(false, Some(16), SchedulePolicy::Fcfs);
+    check(false, Some(16), SchedulePolicy::Fcfs, 0);
 }
 
 #[test]
 fn concurrent_equals_solo_with_prefix_cache() {
-    check(true, None, SchedulePolicy::Fcfs);
+    check(true, None, SchedulePolicy::Fcfs, 0);
 }
 
 #[test]
-fn concurrent_equals_solo_with_prefix_cache_chunking_and_lpm() {
-    check(true, Some(16), SchedulePolicy::Lpm);
+fn concurrent_equals_solo_with_prefix_cache_chunking_lpm_and_parallel_choice() {
+    check(true, Some(16), SchedulePolicy::Lpm, 3);
 }
 
 #[test]

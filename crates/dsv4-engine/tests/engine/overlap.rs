@@ -92,10 +92,11 @@ fn serve(
     tight: bool,
     arrival: Arrival,
 ) -> Run {
-    serve_these(model, overlap, prefix_cache, tight, arrival, requests())
+    serve_these(model, overlap, prefix_cache, tight, arrival, requests(), 0)
 }
 
-/// [`serve`] with the given requests.
+/// [`serve`] with the given requests, choosing tokens on `choice_threads` threads (0:
+/// automatic, which is one at the tiny model's vocabulary).
 pub fn serve_these(
     model: Arc<Model>,
     overlap: bool,
@@ -103,6 +104,7 @@ pub fn serve_these(
     tight: bool,
     arrival: Arrival,
     requests: Vec<Request>,
+    choice_threads: usize,
 ) -> Run {
     let cfg = EngineConfig {
         cache: if tight {
@@ -119,6 +121,7 @@ pub fn serve_these(
         },
         chunked_prefill_size: Some(16),
         overlap_schedule: overlap,
+        choice_threads,
         ..Default::default()
     };
     let debug = DebugOptions {
@@ -261,12 +264,13 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
     let alone: Vec<Completion> = penalized_requests(true)
         .into_iter()
         .map(|r| {
-            let mut run = serve_these(model(), false, false, false, Arrival::AtOnce, vec![r]);
+            let mut run = serve_these(model(), false, false, false, Arrival::AtOnce, vec![r], 0);
             run.done.remove(0)
         })
         .collect();
     for tight in [false, true] {
         let what = |o| format!("overlap={o} tight={tight}");
+        // Both runs choose on several threads; the solo runs on one.
         let serial = serve_these(
             model(),
             false,
@@ -274,6 +278,7 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
             tight,
             Arrival::AtOnce,
             penalized_requests(true),
+            3,
         );
         let overlap = serve_these(
             model(),
@@ -282,6 +287,7 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
             tight,
             Arrival::AtOnce,
             penalized_requests(true),
+            4,
         );
         for run in [&serial, &overlap] {
             assert_eq!(run.metrics.canary_rounds_flagged, 0, "{}", what(true));
@@ -311,6 +317,7 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
         false,
         Arrival::AtOnce,
         penalized_requests(false),
+        0,
     );
     let penalized = serve_these(
         model(),
@@ -319,6 +326,7 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
         false,
         Arrival::AtOnce,
         penalized_requests(true),
+        0,
     );
     let changed = plain
         .done

@@ -2,7 +2,7 @@
 //! forward pass over the whole prompt gives, whether the prompt runs in chunks, overlapped,
 //! beside a prefix cache holding its prefix, or again after a preemption; such a request never
 //! skips prompt rows through the prefix cache (the others still do), and asking changes no
-//! generated token.
+//! generated token. The entries do not depend on how many threads score them.
 
 use super::overlap::{Arrival, requests, serve_these};
 use super::*;
@@ -65,7 +65,16 @@ fn prompt_logprobs_are_one_forward_over_the_prompt_in_every_schedule() {
     for overlap in [false, true] {
         for tight in [false, true] {
             let what = format!("overlap={overlap} tight={tight}");
-            let plain = serve_these(m.clone(), overlap, true, tight, Arrival::AtOnce, requests());
+            let plain = serve_these(
+                m.clone(),
+                overlap,
+                true,
+                tight,
+                Arrival::AtOnce,
+                requests(),
+                0,
+            );
+            // Scored on several threads (the automatic count is one at this vocabulary).
             let run = serve_these(
                 m.clone(),
                 overlap,
@@ -73,6 +82,7 @@ fn prompt_logprobs_are_one_forward_over_the_prompt_in_every_schedule() {
                 tight,
                 Arrival::AtOnce,
                 reqs.clone(),
+                if overlap { 3 } else { 2 },
             );
             assert_eq!(run.metrics.canary_rounds_flagged, 0, "{what}");
             assert!(run.all_free, "{what}: every page is free at the end");

@@ -133,6 +133,8 @@ pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
             ..Default::default()
         }),
         overlap_schedule: profile.exec.overlap_schedule,
+        // Automatic: results do not depend on it, so no profile key pins it.
+        choice_threads: 0,
     };
     cfg.validate()?;
     Ok(cfg)
