@@ -3,8 +3,9 @@
 //! backend's environment variables (driver, kernel source, emulated schedule and capability,
 //! linear path, decode shapes) a clear error.
 //!
-//! Needs a host C++ compiler (the emulator builds the kernels with it). Without one the tests
-//! print why and skip, except under CI=true, where that is a failure.
+//! Needs a host C++ compiler (the emulator builds the kernels with it), and NVRTC for the knobs
+//! read after the backend's probe. Without them the tests print why and skip, except under
+//! CI=true, where that is a failure.
 
 mod common;
 
@@ -141,6 +142,22 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
         ],
         "DSV4_CUDA_EMU_SCHEDULE=random: expected `deferred`",
     );
+    for cc in ["7.5", "nine", "9"] {
+        fails_with(
+            &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
+            &format!("DSV4_CUDA_EMU_CC={cc}: `{cc}` is not a compute capability"),
+        );
+    }
+    // The linear and decode knobs are read once the backend's probe has found NVRTC (without
+    // it, that is the error).
+    if !can_run(
+        "an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_error \
+         (linear and decode knobs)",
+        "cuda-sm120 (emulated driver)",
+        dsv4_backend_cuda::nvrtc::nvrtc_probe(),
+    ) {
+        return;
+    }
     fails_with(
         &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_LINEAR", "wmma")],
         "DSV4_CUDA_LINEAR=wmma: unknown linear path `wmma`: expected simt or mma",
@@ -153,10 +170,4 @@ fn an_unknown_driver_choice_schedule_capability_or_kernel_source_is_a_clear_erro
         "DSV4_CUDA_DECODE=fp8=c8w4: no fp8 decode kernels of shape c8w4: compiled are c2w8, \
          c2w4, c4w4, c1w8, c2w8p2, c2w8p3, c1w8p3",
     );
-    for cc in ["7.5", "nine", "9"] {
-        fails_with(
-            &[("DSV4_CUDA_DRIVER", "emu"), ("DSV4_CUDA_EMU_CC", cc)],
-            &format!("DSV4_CUDA_EMU_CC={cc}: `{cc}` is not a compute capability"),
-        );
-    }
 }
