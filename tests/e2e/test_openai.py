@@ -217,6 +217,7 @@ def test_completions(client, model):
     check(r2.usage.prompt_tokens == r.usage.prompt_tokens, r2.usage)
     check(r2.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r2.choices), r2)
     check_completion_logprobs(client, model)
+    check_completion_echo(client, model)
 
 
 def check_chat_logprobs(client, model):
@@ -262,6 +263,27 @@ def check_completion_logprobs(client, model):
         for c in chunk.choices:
             streamed.extend(c.logprobs.tokens)
     check(streamed == lp.tokens, (streamed, lp.tokens))
+
+
+def check_completion_echo(client, model):
+    """echo with logprobs, as lm-evaluation-harness scores a continuation: the prompt leads the
+    text and the lists; the sequence's first token has null entries, every other one a number."""
+    ids = [128 + b for b in b"hello world"]  # the tiny vocabulary's byte tokens, no BOS
+    r = client.completions.create(
+        model=model, prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    c = r.choices[0]
+    check(c.text.startswith("hello world"), c.text)
+    lp = c.logprobs
+    check(len(lp.tokens) == len(ids) + r.usage.completion_tokens, (lp.tokens, r.usage))
+    check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp)
+    check(all(p is not None and p <= 0 for p in lp.token_logprobs[1:]), lp.token_logprobs)
+    check("".join(lp.tokens[: len(ids)]) == "hello world", lp.tokens)
+    # lm-eval's sum over the continuation " world" (context "hello": 5 tokens).
+    total = sum(lp.token_logprobs[5 : len(ids)])
+    check(total < 0, total)
+    text = client.completions.create(model=model, prompt="hi", echo=True, max_tokens=2, temperature=0)
+    check(text.choices[0].text.startswith("hi"), text.choices[0].text)
 
 
 def test_errors(client, model):
