@@ -149,6 +149,20 @@ impl UsageBody {
     }
 }
 
+impl UsageBody {
+    /// The usage of several prompts' choices together (each part from [`Self::total`]).
+    pub fn sum(parts: impl IntoIterator<Item = Self>) -> Self {
+        let mut out = Self::total(&[]);
+        for p in parts {
+            out.prompt_tokens += p.prompt_tokens;
+            out.completion_tokens += p.completion_tokens;
+            out.total_tokens += p.total_tokens;
+            out.prompt_tokens_details.cached_tokens += p.prompt_tokens_details.cached_tokens;
+        }
+        out
+    }
+}
+
 /// Seconds since the Unix epoch (the `created` field).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

@@ -1,4 +1,4 @@
-//! `/v1/completions` bodies: [`CompletionRequest`] (one prompt: text or token ids) and the
+//! `/v1/completions` bodies: [`CompletionRequest`] (prompts: texts or token ids) and the
 //! response and stream-chunk objects.
 
 use super::common::{Stop, StreamOptions, UsageBody};
@@ -17,7 +17,8 @@ pub const DEFAULT_MAX_TOKENS: u64 = 16;
 pub struct CompletionRequest {
     /// The served model's id.
     pub model: String,
-    /// Text, a list with one text, token ids, or a list with one list of token ids.
+    /// Text, token ids, or a list of texts or of token-id lists (each prompt gets `n`
+    /// choices).
     pub prompt: Value,
     /// Tokens to generate at most (default 16, as OpenAI).
     pub max_tokens: Option<u64>,
@@ -94,41 +95,58 @@ impl CompletionRequest {
         self.logprobs.map(|n| top_count("logprobs", n)).transpose()
     }
 
-    /// The one prompt, checked.
-    pub fn prompt(&self) -> Result<Prompt, ApiError> {
-        let bad = |m: &str| ApiError::bad_param("prompt", m.to_string());
-        let one = |v: &Value| -> Result<Prompt, ApiError> {
-            match v {
-                Value::String(s) => Ok(Prompt::Text(s.clone())),
-                Value::Array(ids) if ids.iter().all(Value::is_number) => ids
-                    .iter()
-                    .map(|i| i.as_u64().and_then(|i| u32::try_from(i).ok()))
-                    .collect::<Option<Vec<u32>>>()
-                    .map(Prompt::Tokens)
-                    .ok_or_else(|| bad("token ids must be non-negative integers")),
-                _ => Err(bad(
-                    "a prompt is a string, a list of token ids, or a list with one of those",
-                )),
-            }
+    /// The prompts, checked: a text, token ids, or a list of texts or of token-id lists (one
+    /// kind per request, 1 to [`MAX_PROMPTS`]).
+    pub fn prompts(&self) -> Result<Vec<Prompt>, ApiError> {
+        let bad = |m: String| ApiError::bad_param("prompt", m);
+        let ids = |v: &[Value]| -> Result<Prompt, ApiError> {
+            v.iter()
+                .map(|i| i.as_u64().and_then(|i| u32::try_from(i).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .map(Prompt::Tokens)
+                .ok_or_else(|| bad("token ids must be non-negative integers".into()))
         };
-        match &self.prompt {
-            Value::Array(items) if !items.is_empty() && !items[0].is_number() => {
-                if items.len() > 1 {
-                    return Err(bad(
-                        "only one prompt per request is supported; send one request per prompt",
-                    ));
-                }
-                one(&items[0])
+        let shape = "a prompt is a string, a list of token ids, or a list of strings or of \
+                     token-id lists";
+        let prompts = match &self.prompt {
+            Value::String(s) => vec![Prompt::Text(s.clone())],
+            Value::Array(items) if items.is_empty() => {
+                return Err(bad("the prompt list is empty".into()));
             }
-            other => one(other),
+            Value::Array(items) if items.iter().all(Value::is_number) => vec![ids(items)?],
+            Value::Array(items) if items.iter().all(Value::is_string) => items
+                .iter()
+                .filter_map(|s| s.as_str().map(|s| Prompt::Text(s.to_string())))
+                .collect(),
+            Value::Array(items) if items.iter().all(Value::is_array) => items
+                .iter()
+                .map(|v| match v.as_array() {
+                    Some(v) if v.iter().all(Value::is_number) => ids(v),
+                    _ => Err(bad(format!("{shape}; one list holds something else"))),
+                })
+                .collect::<Result<_, _>>()?,
+            Value::Array(_) => {
+                return Err(bad(format!("{shape}, not a mix of them")));
+            }
+            _ => return Err(bad(shape.to_string())),
+        };
+        if prompts.len() > MAX_PROMPTS {
+            return Err(bad(format!(
+                "at most {MAX_PROMPTS} prompts per request, got {}; split them over requests",
+                prompts.len()
+            )));
         }
+        Ok(prompts)
     }
 }
+
+/// Most prompts one completion request may carry.
+pub const MAX_PROMPTS: usize = 256;
 
 /// One choice of a completion or a chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionChoice {
-    /// The choice's index, 0 to n − 1.
+    /// The choice's index: prompt × n + its number among the prompt's n.
     pub index: usize,
     /// The generated text (or its next piece).
     pub text: String,
@@ -150,7 +168,7 @@ pub struct Completion {
     pub created: u64,
     /// The model id.
     pub model: String,
-    /// The `n` choices in index order; a stream chunk has one (the choices' chunks
+    /// The choices (prompts × n) in index order; a stream chunk has one (the choices' chunks
     /// interleave), its usage chunk none.
     pub choices: Vec<CompletionChoice>,
     /// Token counts (streams: only on the usage chunk, with `include_usage`).

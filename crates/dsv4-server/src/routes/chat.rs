@@ -183,7 +183,7 @@ pub(super) fn max_tokens(
     loaded: &Loaded,
     prompt: &[u32],
     asked: Option<u64>,
-    prompt_field: &'static str,
+    prompt_field: &str,
 ) -> Result<usize, ApiError> {
     let context = loaded.context;
     let too_long =

@@ -1,6 +1,7 @@
-//! `POST /v1/completions`: raw text completion of one prompt (text gets BOS prepended unless
-//! it starts with it; token ids are used as given) in `n` choices, answered as one
-//! `text_completion` object or a stream of them (the choices' chunks interleaved). No chat
+//! `POST /v1/completions`: raw text completion of one or more prompts (text gets BOS prepended
+//! unless it starts with it; token ids are used as given) in `n` choices each (prompt p's are
+//! choices p·n …), answered as one `text_completion` object or a stream of them (the choices'
+//! chunks interleaved). No chat
 //! encoding and no DSML parsing. With `echo`, each choice's text starts with the prompt (a BOS
 //! the server prepended is left out); with `logprobs` too, the prompt's tokens lead the
 //! lists, the sequence's first token with null (what lm-evaluation-harness scores with).
@@ -11,7 +12,7 @@ use crate::api::common::{
     UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
 };
 use crate::api::completion::{
-    Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, Prompt,
+    Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, MAX_PROMPTS, Prompt,
 };
 use crate::api::logprobs::CompletionLogprobs;
 use crate::api::sampling::check_fit;
@@ -40,9 +41,23 @@ pub async fn completions(
         .ok_or_else(|| ApiError::unavailable("the model is still loading; retry shortly"))?;
     let req: CompletionRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
-    let (request, stops, n, echo) = prepare(&state, &loaded, &req)?;
-    let logprobs = request.logprobs.is_some();
-    let runs = start_choices(&state, &loaded, request, n, || OutputDecoder::raw(&stops))?;
+    let Prepared {
+        prompts,
+        stops,
+        n,
+        logprobs,
+    } = prepare(&state, &loaded, &req)?;
+    // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
+    // the choices already started.
+    let mut runs = Vec::with_capacity(prompts.len() * n);
+    let mut echoes = Vec::new();
+    for (request, echo) in prompts {
+        runs.extend(start_choices(&state, &loaded, request, n, || {
+            OutputDecoder::raw(&stops)
+        })?);
+        echoes.extend(echo);
+    }
+    let total = runs.len();
     let out = TextStream {
         runs: merge(runs),
         loaded,
@@ -55,10 +70,11 @@ pub async fn completions(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         logprobs,
-        echo,
-        echoed: vec![false; n],
-        offsets: vec![0; n],
-        usages: vec![None; n],
+        n,
+        echoes,
+        echoed: vec![false; total],
+        offsets: vec![0; total],
+        usages: vec![None; total],
         done: false,
     };
     if req.stream.unwrap_or(false) {
@@ -78,72 +94,114 @@ struct Echo {
     text: String,
 }
 
-/// The engine request every choice starts from, the stop strings, the number of choices and
-/// the echo.
+/// A checked request: per prompt, the engine request its `n` choices start from and its echo
+/// (with `echo`); the stop strings; `n`; whether log-probabilities are asked for.
+struct Prepared {
+    prompts: Vec<(Request, Option<Echo>)>,
+    stops: Vec<String>,
+    n: usize,
+    logprobs: bool,
+}
+
 fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &CompletionRequest,
-) -> Result<(Request, Vec<String>, usize, Option<Echo>), ApiError> {
+) -> Result<Prepared, ApiError> {
     let n = check_n(req.n)?;
     unsupported("best_of", req.best_of, 1)?;
     if req.suffix.is_some() {
         unsupported("suffix", Some(true), false)?;
     }
     let logprobs = req.logprobs()?;
-    let mut added_bos = false;
-    let prompt = match req.prompt()? {
-        Prompt::Tokens(ids) if ids.is_empty() => {
-            return Err(ApiError::bad_param("prompt", "the prompt has no tokens"));
-        }
-        Prompt::Tokens(ids) => ids,
-        Prompt::Text(text) => {
-            let mut ids = Vec::new();
-            if !text.starts_with(markers::BOS) {
-                ids.push(loaded.bos);
-                added_bos = true;
-            }
-            ids.extend(
-                loaded
-                    .tokenizer
-                    .encode(&text)
-                    .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?,
-            );
-            ids
-        }
-    };
-    let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
-    let max_tokens = max_tokens(loaded, &prompt, asked, "prompt")?;
+    let prompts = req.prompts()?;
+    if prompts.len() * n > MAX_PROMPTS {
+        return Err(ApiError::bad_param(
+            "n",
+            format!(
+                "{} prompts × n = {n} is {} choices; at most {MAX_PROMPTS} per request",
+                prompts.len(),
+                prompts.len() * n
+            ),
+        ));
+    }
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
-    check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
-    let echo = req.echo.unwrap_or(false).then(|| {
-        let tokens = prompt[usize::from(added_bos)..].to_vec();
-        let bytes: Vec<u8> = tokens
-            .iter()
-            .flat_map(|&t| loaded.vocab.bytes(t).iter().copied())
-            .collect();
-        Echo {
-            text: String::from_utf8_lossy(&bytes).into_owned(),
-            tokens,
-            added_bos,
-        }
-    });
-    Ok((
-        Request {
+    let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    let one = prompts.len() == 1;
+    let mut out = Vec::with_capacity(prompts.len());
+    for (k, p) in prompts.into_iter().enumerate() {
+        let field = if one {
+            "prompt".to_string()
+        } else {
+            format!("prompt[{k}]")
+        };
+        let (prompt, added_bos) = prompt_ids(loaded, p, &field)?;
+        let max_tokens = max_tokens(loaded, &prompt, asked, &field)?;
+        check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
+        let echo = req
+            .echo
+            .unwrap_or(false)
+            .then(|| Echo::new(loaded, &prompt, added_bos));
+        let request = Request {
             prompt,
             max_tokens,
-            sampling,
+            sampling: sampling.clone(),
             stop: stop.clone(),
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
             prompt_logprobs: logprobs.filter(|_| echo.is_some()),
             ..Default::default()
-        },
-        stop,
+        };
+        out.push((request, echo));
+    }
+    Ok(Prepared {
+        prompts: out,
+        stops: stop,
         n,
-        echo,
-    ))
+        logprobs: logprobs.is_some(),
+    })
+}
+
+/// The token ids of prompt `p` (from request field `field`), and whether BOS was prepended
+/// (text that does not start with the BOS marker gets it; token ids are used as given).
+fn prompt_ids(loaded: &Loaded, p: Prompt, field: &str) -> Result<(Vec<u32>, bool), ApiError> {
+    match p {
+        Prompt::Tokens(ids) if ids.is_empty() => {
+            Err(ApiError::bad_param(field, "the prompt has no tokens"))
+        }
+        Prompt::Tokens(ids) => Ok((ids, false)),
+        Prompt::Text(text) => {
+            let mut ids = Vec::new();
+            let add = !text.starts_with(markers::BOS);
+            if add {
+                ids.push(loaded.bos);
+            }
+            ids.extend(
+                loaded
+                    .tokenizer
+                    .encode(&text)
+                    .map_err(|e| ApiError::internal(format!("tokenizing the {field}: {e}")))?,
+            );
+            Ok((ids, add))
+        }
+    }
+}
+
+impl Echo {
+    /// The echo of `prompt`, leaving out a BOS the server added.
+    fn new(loaded: &Loaded, prompt: &[u32], added_bos: bool) -> Self {
+        let tokens = prompt[usize::from(added_bos)..].to_vec();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| loaded.vocab.bytes(t).iter().copied())
+            .collect();
+        Self {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            tokens,
+            added_bos,
+        }
+    }
 }
 
 /// A text completion in flight, all its choices (streamed or not).
@@ -156,8 +214,10 @@ struct TextStream {
     include_usage: bool,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// The prompt, when each choice's text starts with it.
-    echo: Option<Echo>,
+    /// Choices per prompt.
+    n: usize,
+    /// With `echo`, each prompt's echo (choice c shows prompt c / n); else empty.
+    echoes: Vec<Echo>,
     /// Per choice: whether its prompt was shown.
     echoed: Vec<bool>,
     /// Per choice: byte offset in its text of the next token's text (`text_offset`).
@@ -193,7 +253,11 @@ impl TextStream {
         let vocab = &self.loaded.vocab;
         let offset = &mut self.offsets[index];
         let mut logprobs = self.logprobs.then(CompletionLogprobs::default);
-        if let Some(e) = self.echo.as_ref().filter(|_| !self.echoed[index]) {
+        if let Some(e) = self
+            .echoes
+            .get(index / self.n)
+            .filter(|_| !self.echoed[index])
+        {
             self.echoed[index] = true;
             text.insert_str(0, &e.text);
             if let Some(lp) = logprobs.as_mut() {
@@ -233,10 +297,14 @@ impl TextStream {
         }
     }
 
-    /// The usage of all choices (once all have finished).
+    /// The usage of all choices (once all have finished): each prompt counted once, the
+    /// generated tokens of every choice.
     fn usage(&self) -> UsageBody {
-        let usages: Vec<Usage> = self.usages.iter().flatten().copied().collect();
-        UsageBody::total(&usages)
+        let per_prompt = self.usages.chunks(self.n).map(|c| {
+            let usages: Vec<Usage> = c.iter().flatten().copied().collect();
+            UsageBody::total(&usages)
+        });
+        UsageBody::sum(per_prompt)
     }
 
     fn event(body: &Completion) -> SseEvent {

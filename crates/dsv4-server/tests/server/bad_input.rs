@@ -235,7 +235,15 @@ async fn prompts_over_the_context_and_bodies_over_the_limit_are_refused() {
 async fn completions_routes_and_keys_refuse_bad_requests() {
     let s = server().await;
     for (body, param) in [
-        (json!({"model": MODEL, "prompt": ["a", "b"]}), "prompt"),
+        (json!({"model": MODEL, "prompt": ["a", [5]]}), "prompt"),
+        (json!({"model": MODEL, "prompt": []}), "prompt"),
+        (json!({"model": MODEL, "prompt": [[5], []]}), "prompt[1]"),
+        (json!({"model": MODEL, "prompt": [[5], ["a"]]}), "prompt"),
+        (json!({"model": MODEL, "prompt": vec!["a"; 257]}), "prompt"),
+        (
+            json!({"model": MODEL, "prompt": vec!["a"; 20], "n": 16}),
+            "n",
+        ),
         (json!({"model": MODEL, "prompt": {"text": "a"}}), "prompt"),
         (json!({"model": MODEL, "prompt": [-1, 5]}), "prompt"),
         (

@@ -2,8 +2,9 @@
 //! seeded request equals the same request with `n` = 1 and seed `seed + i`; usage counts the
 //! prompt once and sums the generated tokens; streamed, the choices' chunks interleave (one
 //! role chunk and one finish chunk per choice, one usage chunk, one `[DONE]` at the end) and
-//! assemble to the non-streamed answer; grammar-constrained tool calls are numbered per choice;
-//! a client that disconnects cancels every choice.
+//! assemble to the non-streamed answer; several completion prompts get n choices each, in
+//! prompt order, with usage summed over the prompts; grammar-constrained tool calls are
+//! numbered per choice; a client that disconnects cancels every choice.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -243,6 +244,68 @@ async fn completion_choices_equal_single_requests_and_their_stream() {
     // The most choices a request may ask for.
     let most = with(&base, json!({"n": 16, "max_tokens": 1, "logprobs": null}));
     choices(&ok(&s, COMPLETIONS, &most).await, 16);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_prompts_each_get_their_n_choices_in_prompt_order() {
+    let s = start(config()).await;
+    let prompts = ["Once upon a time", "The cat sat"];
+    let base = json!({"model": MODEL, "max_tokens": 6, "temperature": 0});
+    let mut singles = Vec::new();
+    for p in prompts {
+        singles.push(ok(&s, COMPLETIONS, &with(&base, json!({"prompt": p}))).await);
+    }
+    let req = with(&base, json!({"prompt": prompts, "n": 2}));
+    let v = ok(&s, COMPLETIONS, &req).await;
+    let cs = choices(&v, 4);
+    for (i, c) in cs.iter().enumerate() {
+        // Greedy: choice i is prompt i / 2's answer.
+        assert_eq!(
+            c["text"],
+            singles[i / 2]["choices"][0]["text"],
+            "choice {i}"
+        );
+    }
+    let sum = |k: &str| -> u64 {
+        singles
+            .iter()
+            .map(|x| x["usage"][k].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(v["usage"]["prompt_tokens"], sum("prompt_tokens"), "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        2 * sum("completion_tokens"),
+        "{v}"
+    );
+    let sreq = with(
+        &req,
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let events = s.send("POST", COMPLETIONS, &sreq).await.events();
+    let (streamed, usage) = assemble(&events);
+    assert_eq!(streamed.len(), 4, "{events:?}");
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!(streamed[&(i as u64)].text, text(c), "choice {i}");
+    }
+    assert_eq!(usage, Some(v["usage"].clone()));
+    // Token-id prompts with echo: each choice starts with its own prompt.
+    let ids = |t: &str| -> Vec<u32> { t.bytes().map(|b| 128 + u32::from(b)).collect() };
+    let echoed = ok(
+        &s,
+        COMPLETIONS,
+        &with(
+            &base,
+            json!({"prompt": [ids("ab"), ids("xyz")], "echo": true, "max_tokens": 2}),
+        ),
+    )
+    .await;
+    let cs = choices(&echoed, 2);
+    assert!(
+        text(&cs[0]).starts_with("ab") && text(&cs[1]).starts_with("xyz"),
+        "{echoed}"
+    );
     s.shutdown().await.unwrap();
 }
 
