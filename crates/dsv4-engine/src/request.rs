@@ -40,8 +40,8 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// `(token id, bias)` pairs: the bias (−100 to 100) is added to the token's logit.
     pub logit_bias: Vec<(u32, f32)>,
-    /// The end-of-sequence token cannot be chosen before this many tokens are generated
-    /// (stop strings still end the request).
+    /// The end-of-sequence token cannot be chosen, and stop strings are not looked for,
+    /// before this many tokens are generated (vLLM's semantics).
     pub min_tokens: usize,
 }
 

@@ -30,23 +30,30 @@ impl<F: Fn(&[u32]) -> String + Send + Sync> Detokenizer for F {
 /// a U+FFFD on its own) and for a decoder that trims the first token's leading space.
 const STOP_WINDOW_MARGIN: usize = 4;
 
-/// Whether the text of `generated` contains one of `stops` (none empty), decoding only its
-/// end. Called after every token, so an occurrence that ended earlier has already ended the
-/// request: a new one ends in the last token's text (or at a character that token completes),
-/// so it starts at most `longest` characters before that token's text. The window of tokens
-/// grows (doubling) until the text before its last token has that many characters plus the
-/// margin, and the margin's characters at its start are not searched. A token then costs
-/// about the longest stop string, not the whole completion (decoding all of it after every
-/// token made long completions with stop strings quadratic on the step loop).
-pub(crate) fn stop_in_tail(generated: &[u32], stops: &[String], d: &dyn Detokenizer) -> bool {
+/// Whether the text of `generated` contains one of `stops` (none empty) that ends after the
+/// text of its first `ignored` tokens (those generated before `min_tokens`, whose occurrences
+/// are not looked for), decoding only its end. Called after every token from then on, so an
+/// occurrence that ended earlier has already ended the request: a new one ends in the last
+/// token's text (or at a character that token completes), so it starts at most `longest`
+/// characters before that token's text. The window of tokens grows (doubling) until the text
+/// before its last token has that many characters plus the margin, and the margin's characters
+/// at its start are not searched; a window that would reach into the ignored tokens is the
+/// whole text, searched past their text. A token then costs about the longest stop string, not
+/// the whole completion (decoding all of it after every token made long completions with stop
+/// strings quadratic on the step loop).
+pub(crate) fn stop_in_tail(
+    generated: &[u32],
+    stops: &[String],
+    d: &dyn Detokenizer,
+    ignored: usize,
+) -> bool {
     let n = generated.len();
     let longest = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0);
     let before = longest + STOP_WINDOW_MARGIN;
     let mut k = (before + 1).min(n);
     loop {
-        if k == n {
-            let text = d.decode(generated);
-            return stops.iter().any(|s| text.contains(s.as_str()));
+        if k == n || n - k < ignored {
+            return first_stop_after(generated, stops, d, ignored).is_some();
         }
         let window = &generated[n - k..];
         if d.decode(&window[..k - 1]).chars().count() >= before {
@@ -59,6 +66,29 @@ pub(crate) fn stop_in_tail(generated: &[u32], stops: &[String], d: &dyn Detokeni
         }
         k = (k * 2).min(n);
     }
+}
+
+/// Byte offset in the text of `generated` of the first stop string that ends after the text of
+/// its first `ignored` tokens.
+fn first_stop_after(
+    generated: &[u32],
+    stops: &[String],
+    d: &dyn Detokenizer,
+    ignored: usize,
+) -> Option<usize> {
+    let text = d.decode(generated);
+    let floor = match ignored.min(generated.len()) {
+        0 => 0,
+        m => d.decode(&generated[..m]).len(),
+    };
+    stops
+        .iter()
+        .filter_map(|s| {
+            text.match_indices(s.as_str())
+                .map(|(i, _)| i)
+                .find(|&i| i + s.len() > floor)
+        })
+        .min()
 }
 
 /// A request the engine holds, queued or running.
@@ -235,8 +265,17 @@ impl Seq {
             logits: self.req.return_logits.then(|| row.to_vec()),
             logprob: choice.logprob,
         }));
+        // Before `min_tokens` tokens, stop strings are not looked for (vLLM): an occurrence
+        // that ends in those tokens' text never ends the request.
+        let min = self.req.sampling.min_tokens;
         if let Some(d) = detok.filter(|_| !self.req.stop.is_empty())
-            && stop_in_tail(self.generated(), &self.req.stop, d.as_ref())
+            && self.generated().len() >= min
+            && stop_in_tail(
+                self.generated(),
+                &self.req.stop,
+                d.as_ref(),
+                min.saturating_sub(1),
+            )
         {
             return AfterToken::Finish(FinishReason::Stop);
         }
@@ -257,12 +296,8 @@ impl Seq {
         let text = detok.map(|d| {
             let mut text = d.decode(self.generated());
             if reason == FinishReason::Stop {
-                let cut = self
-                    .req
-                    .stop
-                    .iter()
-                    .filter_map(|s| text.find(s.as_str()))
-                    .min();
+                let ignored = self.req.sampling.min_tokens.saturating_sub(1);
+                let cut = first_stop_after(self.generated(), &self.req.stop, d.as_ref(), ignored);
                 if let Some(at) = cut {
                     text.truncate(at);
                 }
@@ -365,6 +400,45 @@ mod tests {
     }
 
     #[test]
+    fn stop_strings_are_not_looked_for_before_min_tokens() {
+        let d: Arc<dyn Detokenizer> = Arc::new(ByteLevel(AtomicUsize::new(0)));
+        let run = |min_tokens: usize| {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let req = Request {
+                prompt: vec![3],
+                max_tokens: 8,
+                stop: vec!["b".into()],
+                sampling: crate::SamplingParams {
+                    min_tokens,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut s = Seq::new(RequestId(0), req, tx);
+            // a b a b a …: the request stops at the first "b" it looks for.
+            for (i, tok) in [0, 1, 0, 1, 0].into_iter().enumerate() {
+                let choice = Choice {
+                    token: Ok(tok),
+                    logprob: None,
+                };
+                if let AfterToken::Finish(r) = s.accept(choice, &[], 99, Some(&d)) {
+                    let (_, f) = s.finish(r, None, Some(&d));
+                    return (i + 1, f.text.unwrap());
+                }
+            }
+            panic!("min_tokens {min_tokens}: never stopped");
+        };
+        assert_eq!(run(0), (2, "a".to_string()));
+        assert_eq!(
+            run(2),
+            (2, "a".to_string()),
+            "the second token is looked at"
+        );
+        // The "b" of token 2 is not looked for; the text is cut at the one that stopped it.
+        assert_eq!(run(3), (4, "aba".to_string()));
+    }
+
+    #[test]
     fn the_tail_check_stops_at_the_same_token_as_decoding_everything() {
         let d = ByteLevel(AtomicUsize::new(0));
         let stop_sets: [&[&str]; 5] = [
@@ -388,9 +462,20 @@ mod tests {
                 let text = d.decode(&ids[..n]);
                 stops.iter().any(|s| text.contains(s.as_str()))
             });
-            let tail = (1..=ids.len()).find(|&n| stop_in_tail(&ids[..n], &stops, &d));
+            let tail = (1..=ids.len()).find(|&n| stop_in_tail(&ids[..n], &stops, &d, 0));
             assert_eq!(tail, full, "round {round}: stops {stops:?}, ids {ids:?}");
             stopped += usize::from(full.is_some());
+            // With the first `ignored` tokens not looked at (min_tokens), checked from the
+            // token after them on: the same as searching the whole text past theirs.
+            let ignored = 1 + round % 23;
+            let full = (ignored + 1..=ids.len())
+                .find(|&n| first_stop_after(&ids[..n], &stops, &d, ignored).is_some());
+            let tail =
+                (ignored + 1..=ids.len()).find(|&n| stop_in_tail(&ids[..n], &stops, &d, ignored));
+            assert_eq!(
+                tail, full,
+                "round {round}, {ignored} ignored: {stops:?}, {ids:?}"
+            );
         }
         assert!(
             stopped > 100,
@@ -404,7 +489,7 @@ mod tests {
         let stops = vec!["zz".to_string()];
         let ids: Vec<u32> = (0..5000).map(|i| i % 5).collect();
         for n in 1..=ids.len() {
-            assert!(!stop_in_tail(&ids[..n], &stops, &d));
+            assert!(!stop_in_tail(&ids[..n], &stops, &d, 0));
         }
         // Decoding everything after every token would be 12.5 million ids.
         let decoded = d.0.load(Ordering::Relaxed);

@@ -46,6 +46,8 @@ pub struct OutputDecoder {
     searched: usize,
     /// The earliest stop string found so far (byte offset).
     stop_at: Option<usize>,
+    /// Tokens still to come whose stop strings are not looked for (`min_tokens` − 1 at first).
+    unchecked: usize,
 }
 
 impl OutputDecoder {
@@ -97,13 +99,26 @@ impl OutputDecoder {
             hold,
             searched: 0,
             stop_at: None,
+            unchecked: 0,
         }
+    }
+
+    /// The same decoder for a request with `min_tokens`: a stop string that ends in the text of
+    /// its first `min_tokens − 1` tokens does not count (vLLM; the engine does the same).
+    pub fn with_min_tokens(mut self, min_tokens: usize) -> Self {
+        self.unchecked = min_tokens.saturating_sub(1);
+        self
     }
 
     /// Add one token's bytes; returns what can be shown now.
     pub fn push(&mut self, token: &[u8]) -> Result<Vec<Delta>, ParseError> {
         self.bytes.extend_from_slice(token);
         let mut upto = self.bytes.len().saturating_sub(self.hold).max(self.fed);
+        if self.unchecked > 0 {
+            // Occurrences ending in this token's bytes are never looked for.
+            self.unchecked -= 1;
+            self.searched = self.bytes.len();
+        }
         if let Some(at) = self.first_stop() {
             upto = upto.min(at);
         }
@@ -304,6 +319,22 @@ mod tests {
             "a",
             "stop inside one token"
         );
+    }
+
+    #[test]
+    fn stop_strings_in_the_tokens_before_min_tokens_do_not_count() {
+        let tokens: [&[u8]; 5] = [b"a", b"b", b"a", b"b", b"a"];
+        for (min_tokens, want) in [(0, "a"), (2, "a"), (3, "aba"), (6, "ababa")] {
+            let mut d = OutputDecoder::raw(&["b".into()]).with_min_tokens(min_tokens);
+            assert_eq!(
+                text(&run(&mut d, &tokens).unwrap()),
+                want,
+                "min_tokens {min_tokens}"
+            );
+        }
+        // A stop that starts in the unchecked tokens and ends after them counts.
+        let mut d = OutputDecoder::raw(&["xy".into()]).with_min_tokens(2);
+        assert_eq!(text(&run(&mut d, &[b"ax", b"yb"]).unwrap()), "a");
     }
 
     #[test]

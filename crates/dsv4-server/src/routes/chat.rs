@@ -87,6 +87,7 @@ struct DecoderSpec {
     thinking: bool,
     tools: Arc<ToolSet>,
     stop: Vec<String>,
+    min_tokens: usize,
 }
 
 impl DecoderSpec {
@@ -98,6 +99,7 @@ impl DecoderSpec {
             Arc::clone(&self.tools),
             &self.stop,
         )
+        .with_min_tokens(self.min_tokens)
     }
 }
 
@@ -160,6 +162,7 @@ fn prepare(
         thinking,
         tools: parser_tools,
         stop: stop.clone(),
+        min_tokens: sampling.min_tokens,
     };
     Ok(Prepared {
         request: Request {

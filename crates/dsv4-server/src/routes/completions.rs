@@ -47,13 +47,14 @@ pub async fn completions(
         n,
         logprobs,
     } = prepare(&state, &loaded, &req)?;
+    let min_tokens = prompts.first().map_or(0, |(r, _)| r.sampling.min_tokens);
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
     // the choices already started.
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
     for (request, echo) in prompts {
         runs.extend(start_choices(&state, &loaded, request, n, || {
-            OutputDecoder::raw(&stops)
+            OutputDecoder::raw(&stops).with_min_tokens(min_tokens)
         })?);
         echoes.extend(echo);
     }

@@ -1,6 +1,6 @@
 //! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
-//! penalties break its repeats, `min_tokens` holds the end token back, `ignore_eos` keeps
-//! going past it (its text left out), and `min_p` 1 samples like greedy.
+//! penalties break its repeats, `min_tokens` holds the end token and stop strings back,
+//! `ignore_eos` keeps going past it (its text left out), and `min_p` 1 samples like greedy.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -98,6 +98,36 @@ async fn min_tokens_and_ignore_eos_hold_the_end_token_back() {
     )
     .await;
     assert_eq!((usage(&v), finish(&v)), (3, "stop".into()), "{v}");
+    // Stop strings are not looked for before min_tokens either (vLLM): forced to "a", a stop
+    // of "a" ends the answer at the third token, cut before that token's "a", streamed or not.
+    let to_a = json!({byte_token(b'a').to_string(): 100});
+    for stream in [false, true] {
+        let body = json!({"logit_bias": to_a, "stop": "a", "min_tokens": 3, "stream": stream,
+                          "stream_options": {"include_usage": stream}});
+        if stream {
+            let mut req = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 16,
+                                 "temperature": 0});
+            req.as_object_mut()
+                .unwrap()
+                .extend(body.as_object().unwrap().clone());
+            let events = s.send("POST", "/v1/completions", &req).await.events();
+            let mut chunks = events.iter().filter(|e| e.is_object());
+            let streamed: String = chunks
+                .clone()
+                .flat_map(|e| e["choices"].as_array().unwrap().clone())
+                .map(|c| c["text"].as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(streamed, "aa", "{events:?}");
+            let last = chunks.next_back().unwrap();
+            assert_eq!(last["usage"]["completion_tokens"], 3, "{last}");
+        } else {
+            let v = complete(&s, "Hi", body).await;
+            assert_eq!((usage(&v), finish(&v)), (3, "stop".into()), "{v}");
+            assert_eq!(text(&v), "aa");
+        }
+    }
+    let v = complete(&s, "Hi", json!({"logit_bias": to_a, "stop": "a"})).await;
+    assert_eq!((usage(&v), text(&v)), (1, ""), "without min_tokens: {v}");
 
     // With ignore_eos the end token is generated like any other; its text is left out, and
     // its offset does not advance.
