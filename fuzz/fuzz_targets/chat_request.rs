@@ -3,8 +3,10 @@
 //! the sampling fields (then the engine's logit processing and sampler on a row of the tiny
 //! vocabulary under the parameters they give), the DSV4 prompt encoding and tokenization, and
 //! the llguidance grammars for `tool_choice` "required" and `response_format` (compiled over
-//! the tiny model's vocabulary, then walked for a few tokens chosen by the input). Nothing may
-//! panic, and the sampler's token is in the vocabulary.
+//! the tiny model's vocabulary, then walked for a few tokens chosen by the input); and the same
+//! body as a `/v1/completions` request (its prompts, log-probability count and sampling
+//! fields). Nothing may panic, the sampler's token is in the vocabulary, and accepted prompts
+//! number 1 to `MAX_PROMPTS`.
 //!
 //! Input: the request body. Seeds: `fuzz/seeds/chat_request/` (see docs/chat.md).
 #![no_main]
@@ -17,6 +19,7 @@ use dsv4_engine::Constraint;
 use dsv4_engine::sampling::{TokenCounts, penalizes, process, sample, validate};
 use dsv4_server::api::chat::{ChatRequest, ResponseFormat};
 use dsv4_server::api::common::{check_n, parse_body, stop_strings};
+use dsv4_server::api::completion::{CompletionRequest, MAX_PROMPTS};
 use dsv4_server::api::sampling::check_fit;
 use dsv4_server::grammar::{GrammarCompiler, Target};
 use dsv4_server::vocab::Vocab;
@@ -69,6 +72,13 @@ fn walk(c: &Constraint, vocab: usize, picks: &[u8]) {
 
 fuzz_target!(|body: &[u8]| {
     let env = env();
+    if let Ok(c) = parse_body::<CompletionRequest>(body) {
+        if let Ok(prompts) = c.prompts() {
+            assert!((1..=MAX_PROMPTS).contains(&prompts.len()), "{} prompts", prompts.len());
+        }
+        let _ = c.logprobs();
+        let _ = c.sampling().to_params(7);
+    }
     let Ok(req) = parse_body::<ChatRequest>(body) else {
         return;
     };
