@@ -53,7 +53,8 @@ pub(crate) fn stop_in_tail(
     let mut k = (before + 1).min(n);
     loop {
         if k == n || n - k < ignored {
-            return first_stop_after(generated, stops, d, ignored).is_some();
+            let text = d.decode(generated);
+            return first_stop_after(&text, generated, stops, d, ignored).is_some();
         }
         let window = &generated[n - k..];
         if d.decode(&window[..k - 1]).chars().count() >= before {
@@ -68,15 +69,15 @@ pub(crate) fn stop_in_tail(
     }
 }
 
-/// Byte offset in the text of `generated` of the first stop string that ends after the text of
-/// its first `ignored` tokens.
+/// Byte offset in `text`, the text of `generated`, of the first stop string that ends after
+/// the text of its first `ignored` tokens.
 fn first_stop_after(
+    text: &str,
     generated: &[u32],
     stops: &[String],
     d: &dyn Detokenizer,
     ignored: usize,
 ) -> Option<usize> {
-    let text = d.decode(generated);
     let floor = match ignored.min(generated.len()) {
         0 => 0,
         m => d.decode(&generated[..m]).len(),
@@ -297,7 +298,8 @@ impl Seq {
             let mut text = d.decode(self.generated());
             if reason == FinishReason::Stop {
                 let ignored = self.req.sampling.min_tokens.saturating_sub(1);
-                let cut = first_stop_after(self.generated(), &self.req.stop, d.as_ref(), ignored);
+                let cut =
+                    first_stop_after(&text, self.generated(), &self.req.stop, d.as_ref(), ignored);
                 if let Some(at) = cut {
                     text.truncate(at);
                 }
@@ -468,8 +470,10 @@ mod tests {
             // With the first `ignored` tokens not looked at (min_tokens), checked from the
             // token after them on: the same as searching the whole text past theirs.
             let ignored = 1 + round % 23;
-            let full = (ignored + 1..=ids.len())
-                .find(|&n| first_stop_after(&ids[..n], &stops, &d, ignored).is_some());
+            let full = (ignored + 1..=ids.len()).find(|&n| {
+                let text = d.decode(&ids[..n]);
+                first_stop_after(&text, &ids[..n], &stops, &d, ignored).is_some()
+            });
             let tail =
                 (ignored + 1..=ids.len()).find(|&n| stop_in_tail(&ids[..n], &stops, &d, ignored));
             assert_eq!(

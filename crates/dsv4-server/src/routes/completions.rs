@@ -44,10 +44,10 @@ pub async fn completions(
     let Prepared {
         prompts,
         stops,
+        min_tokens,
         n,
         logprobs,
     } = prepare(&state, &loaded, &req)?;
-    let min_tokens = prompts.first().map_or(0, |(r, _)| r.sampling.min_tokens);
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
     // the choices already started.
     let mut runs = Vec::with_capacity(prompts.len() * n);
@@ -96,10 +96,12 @@ struct Echo {
 }
 
 /// A checked request: per prompt, the engine request its `n` choices start from and its echo
-/// (with `echo`); the stop strings; `n`; whether log-probabilities are asked for.
+/// (with `echo`); the stop strings and `min_tokens` (for the output decoders); `n`; whether
+/// log-probabilities are asked for.
 struct Prepared {
     prompts: Vec<(Request, Option<Echo>)>,
     stops: Vec<String>,
+    min_tokens: usize,
     n: usize,
     logprobs: bool,
 }
@@ -159,6 +161,7 @@ fn prepare(
     Ok(Prepared {
         prompts: out,
         stops: stop,
+        min_tokens: sampling.min_tokens,
         n,
         logprobs: logprobs.is_some(),
     })
