@@ -165,3 +165,40 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
         );
     }
 }
+
+#[test]
+fn a_prefill_gathers_the_rows_it_needs_logits_for_on_the_device() {
+    if !emu_available("a_prefill_gathers_the_rows_it_needs_logits_for_on_the_device") {
+        return;
+    }
+    use dsv4_model::LogitRows;
+    use dsv4_model::forward::Taps;
+    let be: Arc<dyn Backend> = Arc::new(backend());
+    let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
+    let prompts: [Vec<u32>; 2] = [(0..16).map(|i| 3 + 7 * i).collect(), vec![9, 4, 11]];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (what, exec) in exec_modes() {
+        let step = |want: LogitRows<'_>| {
+            let (mut a, mut b) = (m.new_sequence(), m.new_sequence());
+            let toks: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+            let (outs, report) = m
+                .forward_step(&mut [&mut a, &mut b], &toks, want, &exec, &mut Taps::none())
+                .expect("prefill step");
+            assert!(
+                report.device.is_some(),
+                "{what}: the activations are on the device"
+            );
+            outs
+        };
+        let all = step(LogitRows::All);
+        // Two runs of rows: the first prompt's last 3, the second's last 1.
+        let some = step(LogitRows::Last(&[3, 1]));
+        for (s, (a, g)) in all.iter().zip(&some).enumerate() {
+            let tail = &a.logits[a.logits.len() - g.logits.len()..];
+            assert!(
+                !g.logits.is_empty() && bits(&g.logits) == bits(tail),
+                "{what}: sequence {s}: the gathered rows' logits are the every-row step's"
+            );
+        }
+    }
+}

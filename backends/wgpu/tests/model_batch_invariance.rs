@@ -1,10 +1,12 @@
 //! The tiny model on the wgpu backend: a batch of sequences (prefill, then decode steps) gives
 //! each sequence bit for bit the logits and indexer selections it gets alone, as on the cpu
-//! backend. Skips with the reason when no adapter exists, except under CI=true.
+//! backend, also when the batched prefill computes only some rows' logits (gathered on the
+//! device). Skips with the reason when no adapter exists, except under CI=true.
 
 use dsv4_backend_wgpu::WgpuBackend;
 use dsv4_core::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
-use dsv4_model::forward::ForwardOutput;
+use dsv4_model::LogitRows;
+use dsv4_model::forward::{ForwardOutput, Taps};
 use dsv4_model::load::{ModelSource, load_model};
 use std::sync::Arc;
 
@@ -48,12 +50,20 @@ fn a_batch_gives_each_sequence_its_solo_logits() {
     {
         let mut refs: Vec<_> = states.iter_mut().collect();
         let slices: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
-        for (i, o) in model
-            .forward_batch(&mut refs, &slices)
-            .unwrap()
-            .into_iter()
-            .enumerate()
-        {
+        // The last 2 rows of the first prompt, none of the second, every row of the third.
+        let want = [2, 0, prompts[2].len()];
+        let exec = model.exec().clone();
+        let (outs, _) = model
+            .forward_step(
+                &mut refs,
+                &slices,
+                LogitRows::Last(&want),
+                &exec,
+                &mut Taps::none(),
+            )
+            .unwrap();
+        for (i, o) in outs.into_iter().enumerate() {
+            assert_eq!(o.logits.len(), want[i] * o.vocab, "sequence {i}");
             batched[i].push(o);
         }
     }
@@ -72,9 +82,10 @@ fn a_batch_gives_each_sequence_its_solo_logits() {
     }
     for (i, (a, b)) in solo.iter().zip(&batched).enumerate() {
         for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            // The batched prefill's logits are the solo prefill's last rows.
+            let tail = &x.logits[x.logits.len() - y.logits.len()..];
             assert!(
-                x.logits
-                    .iter()
+                tail.iter()
                     .zip(&y.logits)
                     .all(|(p, q)| p.to_bits() == q.to_bits()),
                 "sequence {i}, step {step}: batched logits differ from solo"

@@ -5,7 +5,7 @@ use crate::timing::median_secs;
 use dsv4_core::{Numerics, SplitMix64, Tensor};
 use dsv4_kernels::{Backend, DeviceStats, Linear};
 use dsv4_model::forward::{ExecOptions, Executor, Taps};
-use dsv4_model::{Model, ModelConfig, ModelError, SequenceState};
+use dsv4_model::{LogitRows, Model, ModelConfig, ModelError, SequenceState};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -188,7 +188,7 @@ pub(crate) fn decode_mode(
         .collect();
     let step = |states: &mut [SequenceState], toks: Vec<&[u32]>| {
         let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
-        model.forward_step(&mut refs, &toks, &exec, &mut Taps::none())
+        model.forward_step(&mut refs, &toks, LogitRows::All, &exec, &mut Taps::none())
     };
     step(&mut states, prompts.iter().map(|p| p.as_slice()).collect())?;
     let next = [5u32];

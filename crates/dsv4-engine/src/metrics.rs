@@ -27,6 +27,9 @@ pub struct EngineMetrics {
     pub cached_tokens_total: u64,
     /// Tokens run through the model (prefill chunks and decode tokens, recomputation included).
     pub computed_tokens_total: u64,
+    /// Rows whose logits the model computed: one per sampled token, plus the rows scored for
+    /// `prompt_logprobs` (prefill rows that neither sample nor score need none).
+    pub logit_rows_total: u64,
     /// Tokens generated.
     pub generated_tokens_total: u64,
     /// Steps run.
@@ -73,6 +76,7 @@ pub(crate) struct Counters {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub computed_tokens: u64,
+    pub logit_rows: u64,
     pub generated_tokens: u64,
     pub steps: u64,
     pub finished: u64,
@@ -108,6 +112,7 @@ impl Counters {
         m.cached_tokens_total = self.cached_tokens;
         m.prefix_hit_rate = self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64;
         m.computed_tokens_total = self.computed_tokens;
+        m.logit_rows_total = self.logit_rows;
         m.generated_tokens_total = self.generated_tokens;
         m.steps_total = self.steps;
         m.last_step_ms = self.last_step_ms;

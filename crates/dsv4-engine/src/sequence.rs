@@ -135,14 +135,15 @@ pub(crate) struct PromptRows {
 }
 
 impl PromptRows {
-    /// The entries, from the step's logits `[rows, vocab]` of this request, on as many
-    /// threads as the work is worth (`configured` when non-zero).
+    /// The entries, from the step's logits of this request's rows `offset..` (`[rows,
+    /// vocab]`, as [`logit_rows`] asks for them), on as many threads as the work is worth
+    /// (`configured` when non-zero).
     pub fn score(&self, logits: &[f32], vocab: usize, configured: usize) -> Vec<TokenLogprob> {
         let mut rows: Vec<(usize, u32, Option<TokenLogprob>)> = self
             .targets
             .iter()
             .enumerate()
-            .map(|(k, &t)| (self.offset + k, t, None))
+            .map(|(k, &t)| (k, t, None))
             .collect();
         let threads = parallel::threads_for(configured, rows.len(), vocab);
         parallel::for_each_mut(&mut rows, threads, |(r, t, out)| {
@@ -151,6 +152,20 @@ impl PromptRows {
         });
         rows.into_iter().filter_map(|(_, _, e)| e).collect()
     }
+}
+
+/// How many of a request's last rows of a step of `n` rows need logits: those from the first
+/// row `prompt` scores on, else the last row when the step samples it, else none.
+pub(crate) fn logit_rows(n: usize, prompt: Option<&PromptRows>, samples: bool) -> usize {
+    match prompt {
+        Some(rows) => n - rows.offset,
+        None => usize::from(samples),
+    }
+}
+
+/// The last logits row of a step's output (the row a token is chosen from).
+pub(crate) fn last_row(logits: &[f32], vocab: usize) -> &[f32] {
+    &logits[logits.len() - vocab..]
 }
 
 /// What happened after a token was appended.

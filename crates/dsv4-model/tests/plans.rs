@@ -8,7 +8,7 @@ use dsv4_core::Numerics;
 use dsv4_model::forward::build::{PlanSpec, StepKind, build_plan};
 use dsv4_model::forward::op::{Chain, OpKind};
 use dsv4_model::forward::{ExecOptions, Executor, Fault, ForwardError, Taps};
-use dsv4_model::{ModelConfig, ModelSource, load_model};
+use dsv4_model::{LogitRows, ModelConfig, ModelSource, load_model};
 use dsv4_plan::{FindingKind, Lifetimes, Placement, place, verify};
 use std::sync::Arc;
 
@@ -18,12 +18,19 @@ fn specs() -> Vec<PlanSpec> {
         for overlap in [false, true] {
             for rows in [1, 3, 8] {
                 for mtp in [false, true] {
-                    out.push(PlanSpec {
-                        kind,
-                        rows,
-                        overlap,
-                        mtp,
-                    });
+                    // Every row's logits, and (a prefill asking for fewer) two rows' or none.
+                    for head_rows in [rows, 2, 0] {
+                        if head_rows > rows || (head_rows < rows && kind == StepKind::Decode) {
+                            continue;
+                        }
+                        out.push(PlanSpec {
+                            kind,
+                            rows,
+                            head_rows,
+                            overlap,
+                            mtp,
+                        });
+                    }
                 }
             }
         }
@@ -36,6 +43,16 @@ fn every_plan_shape_verifies_clean_eager_and_captured() {
     for cfg in [ModelConfig::tiny(), common::flash()] {
         for spec in specs() {
             let plan = build_plan(&cfg, spec);
+            let logits = plan.buffers.iter().find(|b| b.name == "logits");
+            assert_eq!(
+                logits.map_or(0, |b| b.bytes),
+                (spec.head_rows * cfg.vocab_size * 4) as u64
+            );
+            assert_eq!(
+                plan.launches.iter().any(|l| l.op.kind == OpKind::HeadRows),
+                (1..spec.rows).contains(&spec.head_rows),
+                "{spec:?}: the head gathers its rows only when it computes fewer, but some"
+            );
             let v = verify(&plan).unwrap();
             assert!(v.passed(), "{spec:?} eager: {:?}", v.findings.first());
             let placed = place(plan, Lifetimes::StreamAware).unwrap();
@@ -58,6 +75,7 @@ fn overlap_plans_follow_sglangs_streams_and_events() {
     let spec = PlanSpec {
         kind: StepKind::Decode,
         rows: 4,
+        head_rows: 4,
         overlap: true,
         mtp: false,
     };
@@ -126,6 +144,7 @@ fn the_faulty_arena_is_a_named_race_between_streams() {
     let spec = PlanSpec {
         kind: StepKind::Decode,
         rows: 4,
+        head_rows: 4,
         overlap: true,
         mtp: false,
     };
@@ -181,10 +200,22 @@ fn the_threaded_executor_refuses_a_plan_the_verifier_rejects() {
     };
     let mut b = model.new_sequence();
     model
-        .forward_step(&mut [&mut b], &[&[0, 5, 9]], &clean, &mut Taps::none())
+        .forward_step(
+            &mut [&mut b],
+            &[&[0, 5, 9]],
+            LogitRows::All,
+            &clean,
+            &mut Taps::none(),
+        )
         .unwrap();
     let (_, report) = model
-        .forward_step(&mut [&mut b], &[&[7]], &clean, &mut Taps::none())
+        .forward_step(
+            &mut [&mut b],
+            &[&[7]],
+            LogitRows::All,
+            &clean,
+            &mut Taps::none(),
+        )
         .unwrap();
     assert!(report.captured && report.plan_rows == 1);
     assert!(

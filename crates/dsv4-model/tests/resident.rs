@@ -8,7 +8,7 @@ use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{Numerics, SplitMix64};
 use dsv4_kernels::{Backend, HostResident};
 use dsv4_model::forward::{ExecOptions, Executor, ForwardOutput, SequenceState, StepReport, Taps};
-use dsv4_model::{Model, ModelConfig, ModelSource, load_model};
+use dsv4_model::{LogitRows, Model, ModelConfig, ModelSource, load_model};
 use std::sync::Arc;
 
 fn model(backend: Arc<dyn Backend>, numerics: Numerics) -> Model {
@@ -41,15 +41,27 @@ fn session(m: &Model, exec: &ExecOptions, decode: usize) -> Vec<(Vec<ForwardOutp
     let (mut a, mut b): (SequenceState, SequenceState) = (m.new_sequence(), m.new_sequence());
     let (pa, pb) = (tokens(24, 1), tokens(9, 2));
     let mut out = vec![
-        m.forward_step(&mut [&mut a, &mut b], &[&pa, &pb], exec, &mut Taps::none())
-            .expect("prefill step"),
+        m.forward_step(
+            &mut [&mut a, &mut b],
+            &[&pa, &pb],
+            LogitRows::All,
+            exec,
+            &mut Taps::none(),
+        )
+        .expect("prefill step"),
     ];
     let next = tokens(2 * decode, 3);
     for s in 0..decode {
         let (ta, tb) = ([next[2 * s]], [next[2 * s + 1]]);
         out.push(
-            m.forward_step(&mut [&mut a, &mut b], &[&ta, &tb], exec, &mut Taps::none())
-                .expect("decode step"),
+            m.forward_step(
+                &mut [&mut a, &mut b],
+                &[&ta, &tb],
+                LogitRows::All,
+                exec,
+                &mut Taps::none(),
+            )
+            .expect("decode step"),
         );
     }
     out
@@ -279,6 +291,7 @@ fn a_refused_step_on_the_device_changes_nothing_and_leaks_nothing() {
         .forward_step(
             &mut [&mut st],
             &[&bad],
+            LogitRows::All,
             &ExecOptions::default(),
             &mut Taps::none(),
         )

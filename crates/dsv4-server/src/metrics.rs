@@ -290,6 +290,13 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
         "Tokens run through the model (prefill and decode, recomputation included).",
         m.computed_tokens_total as f64,
     );
+    scalar(
+        o,
+        "dsv4:engine_logit_rows_total",
+        "counter",
+        "Rows whose logits the model computed (sampled tokens and prompt_logprobs rows).",
+        m.logit_rows_total as f64,
+    );
     let used: usize = m.pools.iter().map(|p| p.used_pages).sum();
     let total: usize = m.pools.iter().map(|p| p.total_pages).sum();
     scalar(

@@ -42,6 +42,7 @@ pub fn tiny_decode(
             .forward_step(
                 &mut [&mut seq],
                 &[step],
+                dsv4_model::LogitRows::All,
                 exec,
                 &mut dsv4_model::forward::Taps::none(),
             )

@@ -178,6 +178,7 @@ fn plan_for(
     let spec = PlanSpec {
         kind,
         rows: bucket.unwrap_or(batch),
+        head_rows: bucket.unwrap_or(batch),
         overlap: exec.overlap,
         mtp: false,
     };

@@ -7,9 +7,9 @@
 use crate::error::EngineError;
 use crate::request::{RequestId, SamplingParams, TokenLogprob};
 use crate::sampler::{Choice, ChoiceJob, SamplerState, choose_all};
-use crate::sequence::PromptRows;
+use crate::sequence::{PromptRows, last_row, logit_rows};
 use dsv4_model::forward::{StepReport, Taps};
-use dsv4_model::{ForwardError, Model, SequenceState};
+use dsv4_model::{ForwardError, LogitRows, Model, SequenceState};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -188,10 +188,21 @@ fn run(
             ),
         }),
         None => {
+            let toks: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+            let want: Vec<usize> = members
+                .iter()
+                .zip(&toks)
+                .map(|(m, t)| logit_rows(t.len(), m.prompt.as_ref(), m.sampler.is_some()))
+                .collect();
             let mut states: Vec<&mut SequenceState> =
                 members.iter_mut().map(|m| &mut m.state).collect();
-            let toks: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-            model.forward_step(&mut states, &toks, model.exec(), &mut Taps::none())
+            model.forward_step(
+                &mut states,
+                &toks,
+                LogitRows::Last(&want),
+                model.exec(),
+                &mut Taps::none(),
+            )
         }
     };
     let (outs, result) = match result {
@@ -208,10 +219,7 @@ fn run(
             Some((rows.first, rows.score(&o.logits, o.vocab, choice_threads)))
         })
         .collect();
-    let last_row = |k: usize| {
-        let (o, n) = (&outs[k], tokens[k].len());
-        &o.logits[(n - 1) * o.vocab..n * o.vocab]
-    };
+    let last_row = |k: usize| last_row(&outs[k].logits, outs[k].vocab);
     let count = members.len();
     let mut choices: Vec<Option<Choice>> = {
         let mut jobs = Vec::new();

@@ -322,7 +322,10 @@ impl Scheduler {
         // Finish the host-tier load-backs the step started; their waited-for writes are declared.
         let transfers = self.hicache.as_mut().map(crate::hicache::HostTier::settle);
         let report = match result {
-            Ok(r) => r,
+            Ok(r) => {
+                self.counters.logit_rows += r.logit_rows as u64;
+                r
+            }
             Err(e) => {
                 let pool = matches!(e, ForwardError::PoolExhausted { .. });
                 tracing::warn!(error = %e, "step failed");

@@ -9,9 +9,9 @@ use crate::hicache::HostTier;
 use crate::pools::fresh_pages;
 use crate::request::RequestId;
 use crate::sampler::{Choice, ChoiceJob, choose_all};
-use crate::sequence::{AfterToken, Seq};
-use dsv4_model::ForwardError;
+use crate::sequence::{AfterToken, PromptRows, Seq, last_row, logit_rows};
 use dsv4_model::forward::Taps;
+use dsv4_model::{ForwardError, LogitRows};
 use std::time::Instant;
 
 /// Canary findings the scheduler keeps (the most recent).
@@ -90,27 +90,38 @@ impl Scheduler {
             .as_ref()
             .map(|c| Snapshot::take(self.pools.all(), c));
         let exec = self.model.exec().clone();
+        // Per member: the rows it scores for `prompt_logprobs`, and its rows that need logits.
+        let mut prompts: Vec<Option<PromptRows>> = Vec::with_capacity(members.len());
+        let mut want: Vec<usize> = Vec::with_capacity(members.len());
         let result = {
             let mut states = Vec::with_capacity(members.len());
             let mut toks: Vec<&[u32]> = Vec::with_capacity(members.len());
-            let mut want = members.iter().peekable();
+            let mut next = members.iter().peekable();
             for (i, s) in self.running.iter_mut().enumerate() {
-                let Some(&&(j, n)) = want.peek() else {
+                let Some(&&(j, n)) = next.peek() else {
                     break;
                 };
                 if i != j {
                     continue;
                 }
-                want.next();
+                next.next();
+                let fed = s.fed();
+                let rows = s.prompt_rows(fed, n);
+                want.push(logit_rows(n, rows.as_ref(), fed + n == s.tokens.len()));
+                prompts.push(rows);
                 let Seq { state, tokens, .. } = s;
                 let st = state.as_mut().expect("running requests have a state");
                 toks.push(&tokens[st.pos..st.pos + n]);
                 states.push(st);
             }
             let t = Instant::now();
-            let r = self
-                .model
-                .forward_step(&mut states, &toks, &exec, &mut Taps::none());
+            let r = self.model.forward_step(
+                &mut states,
+                &toks,
+                LogitRows::Last(&want),
+                &exec,
+                &mut Taps::none(),
+            );
             self.forward_ms += t.elapsed().as_secs_f64() * 1e3;
             r
         };
@@ -118,6 +129,7 @@ impl Scheduler {
         let transfers = self.hicache.as_mut().map(HostTier::settle);
         let outs = match result {
             Ok((outs, mut report)) => {
+                self.counters.logit_rows += report.logit_rows as u64;
                 report.writes.extend(transfers.into_iter().flatten());
                 let findings = snapshot
                     .map_or_else(Vec::new, |s| s.compare(self.counters.steps, &report.writes));
@@ -153,8 +165,8 @@ impl Scheduler {
         };
         // Snapshots and prompt entries per member; the members whose last row is sampled.
         let threads = self.cfg.choice_threads;
-        let mut due: Vec<(RequestId, usize, usize)> = Vec::new();
-        for (k, (&id, &(_, n))) in ids.iter().zip(&members).enumerate() {
+        let mut due: Vec<(RequestId, usize)> = Vec::new();
+        for (k, ((&id, &(_, n)), rows)) in ids.iter().zip(&members).zip(prompts).enumerate() {
             self.counters.computed_tokens += n as u64;
             let i = self
                 .position(id)
@@ -167,26 +179,23 @@ impl Scheduler {
                 p.insert(&s.tokens[..st.pos], st);
             }
             let pos = st.pos;
-            if let Some(rows) = s.prompt_rows(pos - n, n) {
+            if let Some(rows) = rows {
                 let entries = rows.score(&outs[k].logits, outs[k].vocab, threads);
                 s.record_prompt(rows.first, entries);
             }
             if pos == s.tokens.len() {
-                due.push((id, k, n));
+                due.push((id, k));
             }
         }
         // The members' tokens, chosen in parallel; then their events and stop conditions, in
         // running order.
         let eos = self.model.cfg.eos_token_id;
-        let row = |k: usize, n: usize| {
-            let v = outs[k].vocab;
-            &outs[k].logits[(n - 1) * v..n * v]
-        };
+        let row = |k: usize| last_row(&outs[k].logits, outs[k].vocab);
         let choices: Vec<Choice> = {
             let mut jobs = Vec::with_capacity(due.len());
             let mut next = due.iter().peekable();
             for s in &mut self.running {
-                let Some(&&(id, k, n)) = next.peek() else {
+                let Some(&&(id, k)) = next.peek() else {
                     break;
                 };
                 if s.id != id {
@@ -198,7 +207,7 @@ impl Scheduler {
                     params: &s.req.sampling,
                     eos: (eos, s.req.ignore_eos),
                     logprobs: s.req.logprobs,
-                    row: row(k, n),
+                    row: row(k),
                     out: None,
                 });
             }
@@ -207,13 +216,13 @@ impl Scheduler {
                 .map(|j| j.out.expect("choose_all makes every choice"))
                 .collect()
         };
-        for ((id, k, n), choice) in due.into_iter().zip(choices) {
+        for ((id, k), choice) in due.into_iter().zip(choices) {
             let i = self
                 .position(id)
                 .expect("members stay running until their token is taken");
             let s = &mut self.running[i];
             let before = s.generated().len();
-            let after = s.accept(choice, row(k, n), eos, self.detok.as_ref());
+            let after = s.accept(choice, row(k), eos, self.detok.as_ref());
             self.counters.generated_tokens += (s.generated().len() - before) as u64;
             match after {
                 AfterToken::Continue => {}

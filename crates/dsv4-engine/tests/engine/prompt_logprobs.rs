@@ -161,3 +161,49 @@ fn too_many_alternatives_are_refused_naming_the_field() {
         }
     }
 }
+
+#[test]
+fn steps_compute_logits_only_for_the_rows_they_sample_or_score() {
+    // A prompt of 20 tokens in chunks of 8 samples 3 tokens: 3 rows. A prompt of 11 tokens
+    // that scores itself: 10 scored rows, then 2 sampled (the first from its last prompt
+    // row). The chunks that end no prompt and score nothing compute no logits at all.
+    let m = model();
+    for overlap in [false, true] {
+        let cfg = EngineConfig {
+            chunked_prefill_size: Some(8),
+            overlap_schedule: overlap,
+            ..Default::default()
+        };
+        let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
+        let plain = s
+            .submit(Request {
+                ignore_eos: true,
+                ..greedy(tokens(20, 31), 3)
+            })
+            .unwrap();
+        let scored = s
+            .submit(Request {
+                ignore_eos: true,
+                prompt_logprobs: Some(1),
+                ..greedy(tokens(11, 32), 2)
+            })
+            .unwrap();
+        while s.step() {}
+        assert_eq!(plain.collect_blocking().tokens.len(), 3);
+        assert_eq!(scored.collect_blocking().tokens.len(), 2);
+        let metrics = s.metrics();
+        // Overlapped, each request also runs the step it was already in when its last token
+        // was chosen: one more decode row each, sampled and dropped.
+        let extra = if overlap { 2 } else { 0 };
+        assert_eq!(
+            metrics.computed_tokens_total,
+            20 + 2 + 11 + 1 + extra,
+            "overlap={overlap}"
+        );
+        assert_eq!(
+            metrics.logit_rows_total,
+            3 + 10 + 2 + extra,
+            "overlap={overlap}: rows whose logits were computed"
+        );
+    }
+}

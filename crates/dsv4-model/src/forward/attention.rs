@@ -270,7 +270,7 @@ impl Run<'_> {
                 message: format!("launch `{}` has no output", l.op.kind.name()),
             })
         };
-        let n = |b| self.words_per_row(b) * self.bound.rows;
+        let n = |b| self.live_words(b);
         let dev_ins = reads[..on_device]
             .iter()
             .map(|s| dm.input(self.plan, s.buffer, n(s.buffer)))

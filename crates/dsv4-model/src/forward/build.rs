@@ -34,6 +34,10 @@ pub struct PlanSpec {
     pub kind: StepKind,
     /// Rows (tokens) the buffers hold: the batch, or its bucket for captured plans.
     pub rows: usize,
+    /// Rows the head computes logits for (0 ..= `rows`): fewer than `rows` gathers them first
+    /// (a prefill step needs only each sequence's last rows, unless it scores its prompt);
+    /// none leaves the head out (a step of prompt chunks that end no prompt).
+    pub head_rows: usize,
     /// KV, compressor, indexer and shared-expert chains on side streams.
     pub overlap: bool,
     /// The MTP draft layer instead of the main model.
@@ -128,7 +132,12 @@ const MAIN: StreamId = StreamId(0);
 
 impl Builder<'_> {
     fn t(&mut self, scope: &str, name: &str, width: usize) -> BufferId {
-        let bytes = (self.spec.rows * width * 4) as u64;
+        self.t_rows(scope, name, self.spec.rows, width)
+    }
+
+    /// A transient buffer of `rows` rows (the head's, when it gathers fewer rows).
+    fn t_rows(&mut self, scope: &str, name: &str, rows: usize, width: usize) -> BufferId {
+        let bytes = (rows * width * 4) as u64;
         self.pb.buffer(BufferClass::Transient, scope, name, bytes)
     }
 
@@ -509,11 +518,23 @@ impl Builder<'_> {
     fn head(&mut self, blk: Option<BlockRef>, x: BufferId) {
         let c = self.cfg;
         let s = blk.map_or(String::new(), BlockRef::scope);
-        let d = c.hidden_size;
+        let (d, m) = (c.hidden_size, c.hc_mult);
+        let rows = self.spec.head_rows.min(self.spec.rows);
+        if rows == 0 {
+            return;
+        }
+        let x = if rows < self.spec.rows {
+            let xs = self.t_rows(&s, "x_head", rows, m * d);
+            let (sx, sxs) = (self.all(x), self.all(xs));
+            self.launch(OpKind::HeadRows, blk, MAIN, vec![sx], vec![sxs], &[], &[]);
+            xs
+        } else {
+            x
+        };
         let (h, hn, logits) = (
-            self.t(&s, "h", d),
-            self.t(&s, "hn", d),
-            self.t(&s, "logits", c.vocab_size),
+            self.t_rows(&s, "h", rows, d),
+            self.t_rows(&s, "hn", rows, d),
+            self.t_rows(&s, "logits", rows, c.vocab_size),
         );
         let (sx, sh, shn, sl) = (self.all(x), self.all(h), self.all(hn), self.all(logits));
         let w = self.weight(&s, "hc_head");

@@ -103,6 +103,7 @@ pub fn capture(
     let spec = PlanSpec {
         kind: StepKind::Decode,
         rows: bucket,
+        head_rows: bucket,
         overlap: exec.overlap,
         mtp: false,
     };
@@ -182,6 +183,7 @@ mod tests {
             let spec = PlanSpec {
                 kind: StepKind::Decode,
                 rows: 4,
+                head_rows: 4,
                 overlap,
                 mtp: false,
             };
@@ -212,6 +214,7 @@ mod tests {
         let spec = PlanSpec {
             kind: StepKind::Decode,
             rows: 4,
+            head_rows: 4,
             overlap: true,
             mtp: false,
         };

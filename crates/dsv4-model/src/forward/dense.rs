@@ -273,8 +273,9 @@ impl Run<'_> {
             Some(BlockRef::Mtp) => &m.weights.mtp.first().ok_or(ForwardError::Empty)?.hc_head,
             _ => &m.weights.hc_head,
         };
-        let mut h = vec![0f32; self.t() * m.cfg.hidden_size];
-        m.backend.hc_head(&m.hc_params(hc), x, self.t(), &mut h);
+        let rows = self.bound.head_rows();
+        let mut h = vec![0f32; rows * m.cfg.hidden_size];
+        m.backend.hc_head(&m.hc_params(hc), x, rows, &mut h);
         Ok(h)
     }
 
@@ -294,9 +295,20 @@ impl Run<'_> {
     /// `[hn] → [logits]`.
     pub(crate) fn logits(&self, hn: &[f32]) -> Vec<f32> {
         let m = self.model;
-        let mut logits = vec![0f32; self.t() * m.cfg.vocab_size];
-        m.backend.linear(&m.weights.head, hn, self.t(), &mut logits);
+        let rows = self.bound.head_rows();
+        let mut logits = vec![0f32; rows * m.cfg.vocab_size];
+        m.backend.linear(&m.weights.head, hn, rows, &mut logits);
         logits
+    }
+
+    /// `[x] → [xs]`: the rows the head computes logits for, in order.
+    pub(crate) fn head_rows_of(&self, x: &[f32]) -> Vec<f32> {
+        let w = self.model.cfg.hc_mult * self.model.cfg.hidden_size;
+        let runs = self.bound.head.as_deref().unwrap_or_default();
+        runs.iter()
+            .flat_map(|&(first, n)| &x[first * w..(first + n) * w])
+            .copied()
+            .collect()
     }
 }
 

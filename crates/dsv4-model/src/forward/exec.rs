@@ -142,6 +142,9 @@ pub struct StepReport {
     pub rows: usize,
     /// Rows of the plan's buffers (the bucket for a captured plan).
     pub plan_rows: usize,
+    /// Rows the head computed logits for (fewer than `plan_rows` when the step asked for
+    /// fewer rows' logits than it computes).
+    pub logit_rows: usize,
     /// Whether a captured plan was replayed.
     pub captured: bool,
     /// Launches run.

@@ -122,10 +122,25 @@ pub struct SequenceState {
     pub layers: Vec<LayerState>,
 }
 
+/// Which rows of a step the head computes logits for. The logits of a row do not depend on
+/// which other rows the head computes (each is its own row of every head op).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitRows<'a> {
+    /// Every row of every sequence.
+    #[default]
+    All,
+    /// The last `n[s]` rows of sequence `s` (0 ..= its tokens): a step that only samples
+    /// needs each sequence's last row, one that scores a prompt the rows it scores. At
+    /// DSV4's vocabulary a row's logits take 517 KB, so a prompt chunk of 8,192 tokens would
+    /// otherwise compute and read back 4.2 GB.
+    Last(&'a [usize]),
+}
+
 /// What a forward call returns.
 #[derive(Debug, Clone)]
 pub struct ForwardOutput {
-    /// f32 logits, [T, vocab].
+    /// f32 logits, [rows, vocab]: of every token of the call, or of the sequence's last rows
+    /// when the step asked for fewer ([`LogitRows::Last`]).
     pub logits: Vec<f32>,
     /// Vocabulary size (row width of `logits`).
     pub vocab: usize,
@@ -419,7 +434,8 @@ impl Model {
         taps: &mut Taps<'_>,
     ) -> Result<Vec<ForwardOutput>, ForwardError> {
         let exec = self.exec.clone();
-        self.forward_step(seqs, tokens, &exec, taps).map(|(o, _)| o)
+        self.forward_step(seqs, tokens, LogitRows::All, &exec, taps)
+            .map(|(o, _)| o)
     }
 }
 

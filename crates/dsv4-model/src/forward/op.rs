@@ -100,6 +100,9 @@ pub enum OpKind {
     RoutedExperts,
     /// `[yr, ys] → [y]`: routed plus shared.
     MoeSum,
+    /// `[x] → [xs]`: the rows that need logits, gathered (prefill steps that need fewer rows'
+    /// logits than they compute; the step names the rows).
+    HeadRows,
     /// `[x] → [h]`: the head's stream merge.
     HcHead,
     /// `[h] → [hn]`: the final norm.
@@ -149,6 +152,7 @@ impl OpKind {
             OpKind::SharedExpert => "moe.shared",
             OpKind::RoutedExperts => "moe.experts",
             OpKind::MoeSum => "moe.out",
+            OpKind::HeadRows => "head_rows",
             OpKind::HcHead => "hc_head",
             OpKind::FinalNorm => "norm",
             OpKind::Logits => "logits",

@@ -468,7 +468,7 @@ impl Run<'_> {
         }
         let transient =
             |s: &&dsv4_plan::Slice| self.plan.buffer(s.buffer).class == BufferClass::Transient;
-        let n = |s: &dsv4_plan::Slice| self.words_per_row(s.buffer) * self.bound.rows;
+        let n = |s: &dsv4_plan::Slice| self.live_words(s.buffer);
         let ins = l
             .reads
             .iter()
@@ -504,6 +504,7 @@ mod tests {
         let spec = PlanSpec {
             kind: StepKind::Decode,
             rows: 2,
+            head_rows: 2,
             overlap: false,
             mtp: false,
         };

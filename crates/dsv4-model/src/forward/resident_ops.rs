@@ -33,6 +33,7 @@ pub(crate) fn has_device_form(kind: OpKind) -> bool {
             | OpKind::SharedExpert
             | OpKind::RoutedExperts
             | OpKind::MoeSum
+            | OpKind::HeadRows
             | OpKind::HcHead
             | OpKind::FinalNorm
             | OpKind::Logits
@@ -156,6 +157,16 @@ impl Run<'_> {
             OpKind::Router => self.router_dev(d, b, ins, outs[0]),
             OpKind::RoutedExperts => self.routed_dev(d, b, ins, outs[0]),
             OpKind::MoeSum => Ok(d.ops.add(ins[0], ins[1], outs[0])?),
+            OpKind::HeadRows => {
+                let w = m.cfg.hc_mult * m.cfg.hidden_size;
+                let mut at = 0;
+                for &(first, n) in self.bound.head.as_deref().unwrap_or_default() {
+                    let (src, dst) = (ins[0].sub(first * w, n * w), outs[0].sub(at * w, n * w));
+                    d.ops.copy2d(src, dst, Copy2d::contiguous(n * w))?;
+                    at += n;
+                }
+                Ok(())
+            }
             OpKind::HcHead => {
                 let hc = match b {
                     Some(BlockRef::Mtp) => {
@@ -163,7 +174,8 @@ impl Run<'_> {
                     }
                     _ => &m.weights.hc_head,
                 };
-                Ok(d.ops.hc_head(&m.hc_params(hc), ins[0], t, outs[0])?)
+                let rows = self.bound.head_rows();
+                Ok(d.ops.hc_head(&m.hc_params(hc), ins[0], rows, outs[0])?)
             }
             OpKind::FinalNorm => {
                 let norm = match b {
@@ -173,7 +185,10 @@ impl Run<'_> {
                 Ok(d.ops
                     .rms_norm(ins[0], Some(norm), m.cfg.hidden_size, eps, outs[0])?)
             }
-            OpKind::Logits => Ok(d.ops.linear(&m.weights.head, ins[0], t, outs[0])?),
+            OpKind::Logits => {
+                let rows = self.bound.head_rows();
+                Ok(d.ops.linear(&m.weights.head, ins[0], rows, outs[0])?)
+            }
             other => Err(ForwardError::Plan {
                 message: format!("launch `{}` has no device form", other.name()),
             }),

@@ -37,6 +37,18 @@ pub(crate) struct Bound<'a> {
     pub blocks: Vec<BoundBlock<'a>>,
     /// The main model's final residual (MTP plans).
     pub residual_in: Option<&'a [f32]>,
+    /// The rows the head computes logits for, as ascending runs `(first row, rows)`, when
+    /// the plan gathers them (its `head_rows` launch); None: every row.
+    pub head: Option<Vec<(usize, usize)>>,
+}
+
+impl Bound<'_> {
+    /// Rows the head computes logits for.
+    pub fn head_rows(&self) -> usize {
+        self.head
+            .as_ref()
+            .map_or(self.rows, |runs| runs.iter().map(|r| r.1).sum())
+    }
 }
 
 /// Where a plan's transient buffers live during one execution.
@@ -144,9 +156,16 @@ pub(crate) fn plan_rows(plan: &Plan<Op>) -> usize {
 }
 
 impl Run<'_> {
-    /// Words one row of transient buffer `b` takes (its bytes over the plan's rows).
-    pub(crate) fn words_per_row(&self, b: BufferId) -> usize {
-        (self.plan.buffer(b).bytes as usize / 4) / self.plan_rows.max(1)
+    /// Words of transient buffer `b` the step's rows fill: all of it in an eager plan (whose
+    /// buffers hold the step's rows, or the head's gathered rows), the first `rows` of the
+    /// bucket's rows in a captured plan.
+    pub(crate) fn live_words(&self, b: BufferId) -> usize {
+        let words = self.plan.buffer(b).bytes as usize / 4;
+        if self.bound.rows >= self.plan_rows {
+            words
+        } else {
+            words / self.plan_rows.max(1) * self.bound.rows
+        }
     }
 
     fn read(&self, s: &Slice) -> Result<Vec<f32>, ForwardError> {
@@ -157,7 +176,7 @@ impl Run<'_> {
     /// touches the buffer from here on, and it reads it once: [`Run::last_read`]) a fresh
     /// buffer is moved out rather than copied.
     fn read_or_take(&self, s: &Slice, last: bool) -> Result<Vec<f32>, ForwardError> {
-        let n = self.words_per_row(s.buffer) * self.bound.rows;
+        let n = self.live_words(s.buffer);
         match &self.mem {
             Memory::Fresh { bufs, .. } => {
                 let mut slot = lock(&bufs[s.buffer.0 as usize]);
@@ -258,7 +277,7 @@ impl Run<'_> {
                 Ok(BufferId(id as u32))
             })
             .collect::<Result<Vec<_>, ForwardError>>()?;
-        let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
+        let n = |b: BufferId| self.live_words(b);
         match &self.mem {
             Memory::Device(dm) => {
                 let sized: Vec<_> = ids.iter().map(|&b| (b, n(b))).collect();
@@ -333,7 +352,7 @@ impl Run<'_> {
             // next one, which may have more to bring back with it (encoded cache entries).
             Memory::Device(_) if reads.is_empty() => Vec::new(),
             Memory::Device(dm) => {
-                let n = |b: BufferId| self.words_per_row(b) * self.bound.rows;
+                let n = |b: BufferId| self.live_words(b);
                 let mut wanted: Vec<_> = reads.iter().map(|s| (s.buffer, n(s.buffer))).collect();
                 let (run, across) = self.host_run_reads(i, next);
                 wanted.extend(run.into_iter().map(|b| (b, n(b))));
@@ -482,6 +501,7 @@ impl Run<'_> {
             OpKind::MoeSum => Ok(vec![
                 ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect(),
             ]),
+            OpKind::HeadRows => Ok(vec![self.head_rows_of(&ins[0])]),
             OpKind::HcHead => self.hc_head(b, &ins[0]).map(|x| vec![x]),
             OpKind::FinalNorm => self.final_norm(b, &ins[0]).map(|x| vec![x]),
             OpKind::Logits => Ok(vec![self.logits(&ins[0])]),

@@ -4,13 +4,13 @@
 
 use super::build::{PlanSpec, StepKind, build_plan_under};
 use super::exec::{ExecOptions, Executor, Fault, StepReport};
-use super::op::{BlockRef, Op, OpKind};
+use super::op::{BlockRef, Op};
 use super::prepare::{SeqRows, prepare};
 use super::resident::{DeviceMemory, GraphSpan};
 use super::resident_ops::host_last_order;
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
-use super::{ChoiceControl, ForwardError, ForwardOutput, Model, SequenceState, Taps};
+use super::{ChoiceControl, ForwardError, ForwardOutput, LogitRows, Model, SequenceState, Taps};
 use dsv4_plan::Plan;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -81,11 +81,78 @@ fn emit_taps(plan: &Plan<Op>, out: &Gathered, taps: &mut Taps<'_>) {
     }
 }
 
-/// The buffer the head reads (the final residual streams).
+/// The buffer the host reads the final residual streams from (the one host-read buffer of a
+/// main-model plan besides its logits).
 fn final_residual(plan: &Plan<Op>) -> Option<(String, String)> {
-    let l = plan.launches.iter().find(|l| l.op.kind == OpKind::HcHead)?;
-    let b = plan.buffer(l.reads.first()?.buffer);
+    let b = plan
+        .buffers
+        .iter()
+        .find(|b| b.host_read && !(b.name == "logits" && b.scope.is_empty()))?;
     Some((b.name.clone(), b.scope.clone()))
+}
+
+/// Which rows of a step's logits each sequence gets: `(first row in the logits buffer,
+/// rows)` per sequence, and the runs of step rows the head gathers (None: every row).
+struct HeadRows {
+    per_seq: Vec<(usize, usize)>,
+    gather: Option<Vec<(usize, usize)>>,
+}
+
+impl HeadRows {
+    /// The head's rows for `want` over sequences of `lens` tokens each; without `may_gather`
+    /// (a captured plan) it computes every row and each sequence takes its own.
+    fn plan(want: LogitRows<'_>, lens: &[usize], may_gather: bool) -> Result<Self, ForwardError> {
+        let want: &[usize] = match want {
+            LogitRows::All => lens,
+            LogitRows::Last(want) => want,
+        };
+        if want.len() != lens.len() {
+            return Err(ForwardError::Plan {
+                message: format!(
+                    "a step of {} sequences was asked for the logits of {} sequences; give one \
+                     count per sequence",
+                    lens.len(),
+                    want.len()
+                ),
+            });
+        }
+        if let Some(s) = (0..lens.len()).find(|&s| want[s] > lens[s]) {
+            return Err(ForwardError::Plan {
+                message: format!(
+                    "sequence {s} runs {} tokens but was asked for the logits of its last {}",
+                    lens[s], want[s]
+                ),
+            });
+        }
+        let t: usize = lens.iter().sum();
+        let total: usize = want.iter().sum();
+        let (mut runs, mut per_seq) = (Vec::<(usize, usize)>::new(), Vec::new());
+        let (mut start, mut at) = (0, 0);
+        for (&n, &k) in lens.iter().zip(want) {
+            let first = start + n - k;
+            start += n;
+            if !may_gather || total == t {
+                per_seq.push((first, k));
+                continue;
+            }
+            per_seq.push((at, k));
+            at += k;
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == first => r.1 += k,
+                _ if k > 0 => runs.push((first, k)),
+                _ => {}
+            }
+        }
+        let gather = (may_gather && total < t).then_some(runs);
+        Ok(HeadRows { per_seq, gather })
+    }
+
+    /// Rows the head computes.
+    fn rows(&self, t: usize) -> usize {
+        self.gather
+            .as_ref()
+            .map_or(t, |runs| runs.iter().map(|r| r.1).sum())
+    }
 }
 
 impl Model {
@@ -98,12 +165,14 @@ impl Model {
         }
     }
 
-    /// Run one step of several sequences under `exec`: `tokens[s]` continues `seqs[s]`. Also
-    /// returns what the step reports (plan kind, rows, captured or not, declared page writes).
+    /// Run one step of several sequences under `exec`: `tokens[s]` continues `seqs[s]`; the
+    /// head computes the logits of the rows `logits` names. Also returns what the step
+    /// reports (plan kind, rows, captured or not, declared page writes).
     pub fn forward_step(
         &self,
         seqs: &mut [&mut SequenceState],
         tokens: &[&[u32]],
+        logits: LogitRows<'_>,
         exec: &ExecOptions,
         taps: &mut Taps<'_>,
     ) -> Result<(Vec<ForwardOutput>, StepReport), ForwardError> {
@@ -119,6 +188,7 @@ impl Model {
         if seqs.is_empty() {
             return Err(ForwardError::Empty);
         }
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
         let (mut positions, mut row_seq) = (Vec::new(), Vec::new());
         for (s, (st, toks)) in seqs.iter().zip(tokens).enumerate() {
             positions.extend(self.check_tokens(st.pos, toks)?);
@@ -135,6 +205,8 @@ impl Model {
             StepKind::Decode => exec.bucket_for(seqs.len()),
             StepKind::Prefill => None,
         };
+        // A captured plan computes every row's logits; each sequence takes its own.
+        let head = HeadRows::plan(logits, &lens, bucket.is_none())?;
         let ratios = self.layer_ratios();
         let prepared = {
             let mut rows: Vec<SeqRows<'_>> = seqs
@@ -164,6 +236,7 @@ impl Model {
             row_seq: &row_seq,
             blocks,
             residual_in: None,
+            head: head.gather.clone(),
         };
         let captured = bucket.map(|b| self.captured_plan(b, exec)).transpose()?;
         let dev = self.device_for(exec);
@@ -185,6 +258,7 @@ impl Model {
                 let spec = PlanSpec {
                     kind,
                     rows: t,
+                    head_rows: head.rows(t),
                     overlap: exec.overlap,
                     mtp: false,
                 };
@@ -225,12 +299,15 @@ impl Model {
         closed?;
         emit_taps(plan, &run.out, taps);
         let (rname, rscope) = final_residual(plan).unwrap_or_default();
-        let [logits, residual] = <[Vec<f32>; 2]>::try_from(
-            run.results(&[("logits", ""), (&rname, &rscope)])?,
-        )
-        .map_err(|_| ForwardError::Plan {
-            message: "a device read returned other than the step's two results".into(),
+        let mut wanted = vec![(rname.as_str(), rscope.as_str())];
+        if head.rows(t) > 0 {
+            wanted.push(("logits", ""));
+        }
+        let mut results = run.results(&wanted)?.into_iter();
+        let residual = results.next().ok_or_else(|| ForwardError::Plan {
+            message: "a device read returned none of the step's results".into(),
         })?;
+        let logits = results.next().unwrap_or_default();
         let (selected, experts) = (take(&run.out.selected), take(&run.out.experts));
         let (scores, router_scores) = (take(&run.out.scores), take(&run.out.router_scores));
         // A backend with device memory counts the step's traffic in either mode (host ops
@@ -245,11 +322,11 @@ impl Model {
         let (v, m, d) = (self.cfg.vocab_size, self.cfg.hc_mult, self.cfg.hidden_size);
         let mut outs = Vec::with_capacity(seqs.len());
         let mut start = 0;
-        for (st, toks) in seqs.iter_mut().zip(tokens) {
+        for ((st, toks), &(first, k)) in seqs.iter_mut().zip(tokens).zip(&head.per_seq) {
             let n = toks.len();
             st.pos += n;
             outs.push(ForwardOutput {
-                logits: logits[start * v..(start + n) * v].to_vec(),
+                logits: logits[first * v..(first + k) * v].to_vec(),
                 vocab: v,
                 topk: rows_of(&selected, start, n),
                 indexer_scores: rows_of(&scores, start, n),
@@ -263,6 +340,7 @@ impl Model {
             kind,
             rows: t,
             plan_rows: bucket.unwrap_or(t),
+            logit_rows: bucket.unwrap_or(head.rows(t)),
             captured: captured.is_some(),
             launches: plan.launches.len(),
             writes: prepared.writes,
@@ -305,10 +383,12 @@ impl Model {
                 })
                 .collect(),
             residual_in: Some(residual),
+            head: None,
         };
         let spec = PlanSpec {
             kind: StepKind::Prefill,
             rows: t,
+            head_rows: t,
             overlap: self.exec.overlap,
             mtp: true,
         };
