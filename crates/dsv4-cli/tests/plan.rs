@@ -226,6 +226,70 @@ fn show_prints_streams_events_and_arena_offsets() {
 }
 
 #[test]
+fn show_prefill_with_fewer_logit_rows_gathers_them_before_the_head() {
+    let show = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "show",
+            "--profile",
+            "dev-cpu",
+            "--config",
+            "tiny",
+            "--batch",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        dsv4(&args)
+    };
+    let names = |v: &Value| -> Vec<String> {
+        v["launches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let logits_bytes = |v: &Value| {
+        v["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == "logits")
+            .map(|b| b["bytes"].as_u64().unwrap())
+    };
+    let parse = |o: Output| -> Value { serde_json::from_slice(&o.stdout).unwrap() };
+    let all = parse(show(&["--prefill", "--json"]));
+    let two = parse(show(&["--prefill", "--logit-rows", "2", "--json"]));
+    let none = parse(show(&["--prefill", "--logit-rows", "0", "--json"]));
+    let tail = |v: &Value| names(v)[names(v).len() - 4..].to_vec();
+    assert_eq!(tail(&two), ["head_rows", "hc_head", "norm", "logits"]);
+    assert!(!names(&all).contains(&"head_rows".to_string()));
+    assert_eq!(names(&none).len() + 3, names(&all).len(), "no head at all");
+    assert_eq!(logits_bytes(&all), Some(8 * 384 * 4));
+    assert_eq!(logits_bytes(&two), Some(2 * 384 * 4));
+    assert_eq!(logits_bytes(&none), None);
+    let text = show(&["--prefill", "--logit-rows", "2"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("prefill of 8 rows, logits of 2, eager")
+    );
+    for (extra, says) in [
+        (
+            &["--prefill", "--logit-rows", "9"][..],
+            "--logit-rows 9 is more than the step's 8 rows",
+        ),
+        (&["--logit-rows", "2"][..], "--prefill"),
+    ] {
+        let out = show(extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
 fn show_lists_the_order_a_device_runs_with_host_launches_last() {
     let (ok, v) = json(&[
         "plan",

@@ -49,6 +49,11 @@ pub struct ShowArgs {
     /// A prefill step of `--batch` rows instead of a decode step.
     #[arg(long)]
     prefill: bool,
+    /// Rows of the `--prefill` step whose logits the head computes (default: every row). The
+    /// engine asks for one per sequence that ends its prompt and none for a chunk that does
+    /// not, unless the request scores its prompt.
+    #[arg(long, value_name = "N", requires = "prefill")]
+    logit_rows: Option<usize>,
     /// Also list the transient buffers with their arena offsets.
     #[arg(long)]
     buffers: bool,
@@ -67,7 +72,8 @@ pub struct CheckArgs {
     /// Only this decode batch size (default: every captured bucket, or 1 and 8 when eager).
     #[arg(long, value_name = "N")]
     batch: Option<usize>,
-    /// Rows of the prefill plan checked too (0: none).
+    /// Rows of the prefill plans checked too (0: none): one computing every row's logits, one
+    /// computing a single row's (the last of a prompt).
     #[arg(long, default_value_t = 64, value_name = "N")]
     prefill_rows: usize,
     /// Findings printed per plan.
@@ -162,23 +168,33 @@ fn config(common: &Common, p: &Profile) -> anyhow::Result<(ModelConfig, String)>
 }
 
 /// The plan of one step under `exec`: captured (arena) for a decode batch within a bucket.
+/// `logit_rows` (None: every row) is how many rows' logits a prefill computes (a decode step
+/// computes every row's).
 fn plan_for(
     cfg: &ModelConfig,
     exec: &ExecOptions,
     kind: StepKind,
     batch: usize,
+    logit_rows: Option<usize>,
 ) -> anyhow::Result<(Plan<Op>, Option<usize>)> {
     if batch == 0 {
         bail!("--batch must be at least 1");
+    }
+    if let Some(n) = logit_rows.filter(|&n| n > batch) {
+        bail!("--logit-rows {n} is more than the step's {batch} rows (--batch)");
     }
     let bucket = match kind {
         StepKind::Decode => exec.bucket_for(batch),
         StepKind::Prefill => None,
     };
+    let rows = bucket.unwrap_or(batch);
     let spec = PlanSpec {
         kind,
-        rows: bucket.unwrap_or(batch),
-        head_rows: bucket.unwrap_or(batch),
+        rows,
+        head_rows: match kind {
+            StepKind::Prefill => logit_rows.unwrap_or(rows),
+            StepKind::Decode => rows,
+        },
         overlap: exec.overlap,
         mtp: false,
     };
@@ -226,7 +242,7 @@ fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
     } else {
         StepKind::Decode
     };
-    let (plan, bucket) = plan_for(&cfg, &exec, kind, a.batch)?;
+    let (plan, bucket) = plan_for(&cfg, &exec, kind, a.batch, a.logit_rows)?;
     let order = if a.device_order {
         host_last_order(&plan)?
     } else {
@@ -243,7 +259,11 @@ fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
     }
     println!("{}", describe(&exec, &source));
     let what = match (kind, bucket) {
-        (StepKind::Prefill, _) => format!("prefill of {} rows, eager", a.batch),
+        (StepKind::Prefill, _) => format!(
+            "prefill of {} rows, logits of {}, eager",
+            a.batch,
+            a.logit_rows.unwrap_or(a.batch)
+        ),
         (StepKind::Decode, Some(b)) => format!("decode of batch {}, captured bucket {b}", a.batch),
         (StepKind::Decode, None) => format!("decode of batch {}, eager", a.batch),
     };
@@ -268,6 +288,8 @@ fn show(a: &ShowArgs, p: &Profile) -> anyhow::Result<()> {
 struct Checked {
     kind: StepKind,
     rows: usize,
+    /// Rows whose logits the plan computes.
+    logit_rows: usize,
     captured: bool,
     overlap: bool,
     arena_bytes: Option<u64>,
@@ -282,15 +304,25 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
         None if exec.captured => exec.buckets(),
         None => vec![1, 8],
     };
-    let mut shapes: Vec<(StepKind, usize)> =
-        batches.into_iter().map(|b| (StepKind::Decode, b)).collect();
+    let mut shapes: Vec<(StepKind, usize, usize)> = batches
+        .into_iter()
+        .map(|b| (StepKind::Decode, b, b))
+        .collect();
     if a.prefill_rows > 0 {
-        shapes.push((StepKind::Prefill, a.prefill_rows));
+        shapes.push((StepKind::Prefill, a.prefill_rows, a.prefill_rows));
+        if a.prefill_rows > 1 {
+            shapes.push((StepKind::Prefill, a.prefill_rows, 1));
+        }
     }
     let mut checked = Vec::new();
     let mut streams: Vec<String> = Vec::new();
-    for (kind, n) in shapes {
-        let (plan, bucket) = plan_for(&cfg, &exec, kind, n)?;
+    for (kind, n, logit_rows) in shapes {
+        let (plan, bucket) = plan_for(&cfg, &exec, kind, n, Some(logit_rows))?;
+        let logit_rows = plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "logits")
+            .map_or(0, |b| b.bytes as usize / 4 / cfg.vocab_size.max(1));
         for s in &plan.streams {
             if !streams.contains(s) {
                 streams.push(s.clone());
@@ -304,6 +336,7 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
         checked.push(Checked {
             kind,
             rows: n,
+            logit_rows,
             captured: bucket.is_some(),
             overlap: exec.overlap,
             arena_bytes,
@@ -343,13 +376,14 @@ fn check(a: &CheckArgs, p: &Profile) -> anyhow::Result<()> {
                 Some(b) => format!("captured, arena {b} B"),
                 None => "eager".to_string(),
             };
-            let kind = match c.kind {
-                StepKind::Decode => "decode batch",
-                StepKind::Prefill => "prefill rows",
+            let shape = match c.kind {
+                StepKind::Decode => format!("decode batch {}", c.rows),
+                StepKind::Prefill => {
+                    format!("prefill rows {}, logits of {}", c.rows, c.logit_rows)
+                }
             };
             print!(
-                "{kind} {} ({mode}): {}",
-                c.rows,
+                "{shape} ({mode}): {}",
                 render::verdict(&c.verdict, a.limit, a.involving.as_deref())
             );
         }
