@@ -248,21 +248,36 @@ pub fn run(
         });
     };
 
-    // Prefill throughput (one sequence, one call).
+    // Prefill throughput (one sequence, one call), computing the last row's logits as the
+    // engine does; then the same prompt with every row's (what `prompt_logprobs` costs; run
+    // second, so warm-up favours it).
     let toks = tokens(plan.prefill_tokens, v, 1);
     let stats = || backend.device().map(|d| d.stats());
+    let exec = model.exec().clone();
+    let prefill = |st: &mut SequenceState, rows: LogitRows<'_>| {
+        let t0 = Instant::now();
+        model
+            .forward_step(&mut [st], &[&toks], rows, &exec, &mut Taps::none())
+            .map(|_| plan.prefill_tokens as f64 / t0.elapsed().as_secs_f64())
+    };
     let before = stats();
-    let t0 = Instant::now();
     let mut long = model.new_sequence();
-    model.forward(&mut long, &toks)?;
+    let last_row = prefill(&mut long, LogitRows::Last(&[1]))?;
+    let after = stats();
+    let every_row = prefill(&mut model.new_sequence(), LogitRows::All)?;
     push(
         format!("prefill {} tokens", plan.prefill_tokens),
-        plan.prefill_tokens as f64 / t0.elapsed().as_secs_f64(),
+        last_row,
+        "tokens/s",
+    );
+    push(
+        "  prefill: with every row's logits".to_string(),
+        every_row,
         "tokens/s",
     );
     // What the prefill uploaded to a device (cache rows for attention and the indexer, and
     // operands): the host-to-device traffic a GPU pays over its bus.
-    if let (Some(before), Some(after)) = (before, stats()) {
+    if let (Some(before), Some(after)) = (before, after) {
         push(
             "  prefill: MiB uploaded".to_string(),
             after.since(&before).write_bytes as f64 / (1024.0 * 1024.0),
