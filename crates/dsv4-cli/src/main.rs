@@ -176,9 +176,37 @@ fn link_backends() {
     dsv4_backend_cuda::link();
 }
 
+/// Let a command that only prints end quietly when its reader goes away (`dsv4 plan show |
+/// head`), as other Unix tools do, instead of panicking on the failed write. Commands that
+/// hold sockets (serve, stress, ab, bench's serving runs) keep SIGPIPE ignored, as Rust
+/// starts them, so a client that disconnects is an error on that connection only.
+fn default_sigpipe_for(command: &Command) {
+    let prints_only = matches!(
+        command,
+        Command::Model(_)
+            | Command::Generate { .. }
+            | Command::Diff(_)
+            | Command::Chat(_)
+            | Command::Plan(_)
+            | Command::Profile(_)
+            | Command::Ledger(_)
+            | Command::Kernels(_)
+    );
+    #[cfg(unix)]
+    if prints_only {
+        // SAFETY: called before any thread starts; SIG_DFL is a valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = prints_only;
+}
+
 fn main() -> ExitCode {
     link_backends();
     let cli = Cli::parse();
+    default_sigpipe_for(&cli.command);
     init_logging(cli.global.verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -398,3 +398,28 @@ fn diff_mode_shorthands_pass_clean_and_catch_the_arena_fault() {
         "the reference runs no captured plans: {err}"
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // Far more than a pipe holds, so the writer is still writing when the reader leaves.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dsv4"))
+        .current_dir(root)
+        .args(["plan", "show", "--profile", "prod-fp8", "--config", "small"])
+        .args(["--prefill", "--batch", "64", "--buffers", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the dsv4 binary runs");
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    const SIGPIPE: i32 = 13; // Linux and the BSDs
+    assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}", out.status);
+}
