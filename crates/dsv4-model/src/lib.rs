@@ -14,6 +14,6 @@ pub mod weights;
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use forward::{ForwardError, ForwardOutput, LogitRows, Model, SequenceState};
+pub use forward::{ForwardError, ForwardOutput, LogitRows, Model, SequenceState, StepOutputs};
 pub use load::{ModelSource, load_model};
 pub use manifest::{TensorSpec, checkpoint_manifest};

@@ -1,12 +1,13 @@
 //! A step that asks for fewer rows' logits than it computes ([`LogitRows::Last`]): the head
 //! gathers those rows first, and each row's logits are bitwise what an every-row step gives,
-//! on the host and on a device, in every executor.
+//! on the host and on a device, in every executor. A step that does not ask for the residual
+//! does not read it back.
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{Numerics, SplitMix64};
 use dsv4_kernels::HostResident;
 use dsv4_model::forward::{ExecOptions, Executor, ForwardOutput, StepReport, Taps};
-use dsv4_model::{ForwardError, LogitRows, Model, ModelSource, load_model};
+use dsv4_model::{ForwardError, LogitRows, Model, ModelSource, StepOutputs, load_model};
 use std::sync::Arc;
 
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
@@ -170,4 +171,48 @@ fn a_bad_logit_row_request_is_refused_and_changes_nothing() {
         );
         assert_eq!((a.pos, b.pos), (0, 0), "a refused step advances nothing");
     }
+}
+
+#[test]
+fn a_step_that_does_not_ask_for_the_residual_reads_back_only_its_logits() {
+    let device = Arc::new(HostResident::new(Arc::new(ReferenceBackend)));
+    let m = load_model(&ModelSource::Tiny { seed: 3 }, device, Numerics::default()).unwrap();
+    let exec = ExecOptions::default();
+    let prompts = [tokens(6, 1), tokens(9, 2)];
+    let run = |outputs: StepOutputs<'_>| {
+        let (mut a, mut b) = (m.new_sequence(), m.new_sequence());
+        let toks: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        m.forward_step(
+            &mut [&mut a, &mut b],
+            &toks,
+            outputs,
+            &exec,
+            &mut Taps::none(),
+        )
+        .unwrap()
+    };
+    let last = [1, 1];
+    let (with, wr) = run(LogitRows::Last(&last).into());
+    let (without, wor) = run(StepOutputs {
+        logits: LogitRows::Last(&last),
+        residual: false,
+    });
+    let (hc, d) = (m.cfg.hc_mult, m.cfg.hidden_size);
+    for (s, (w, wo)) in with.iter().zip(&without).enumerate() {
+        assert_eq!(w.residual.len(), prompts[s].len() * hc * d);
+        assert!(
+            wo.residual.is_empty(),
+            "sequence {s}: no residual asked for"
+        );
+        assert!(
+            bits(&w.logits) == bits(&wo.logits),
+            "sequence {s}: same logits"
+        );
+    }
+    let read = |r: &StepReport| r.device.expect("device traffic").read_bytes;
+    assert_eq!(
+        read(&wr) - read(&wor),
+        (15 * hc * d * 4) as u64,
+        "the residual's bytes are the whole difference"
+    );
 }

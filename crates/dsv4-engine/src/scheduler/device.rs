@@ -9,7 +9,7 @@ use crate::request::{RequestId, SamplingParams, TokenLogprob};
 use crate::sampler::{Choice, ChoiceJob, SamplerState, choose_all};
 use crate::sequence::{PromptRows, last_row, logit_rows};
 use dsv4_model::forward::{StepReport, Taps};
-use dsv4_model::{ForwardError, LogitRows, Model, SequenceState};
+use dsv4_model::{ForwardError, LogitRows, Model, SequenceState, StepOutputs};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -199,7 +199,10 @@ fn run(
             model.forward_step(
                 &mut states,
                 &toks,
-                LogitRows::Last(&want),
+                StepOutputs {
+                    logits: LogitRows::Last(&want),
+                    residual: false,
+                },
                 model.exec(),
                 &mut Taps::none(),
             )

@@ -11,7 +11,7 @@ use crate::request::RequestId;
 use crate::sampler::{Choice, ChoiceJob, choose_all};
 use crate::sequence::{AfterToken, PromptRows, Seq, last_row, logit_rows};
 use dsv4_model::forward::Taps;
-use dsv4_model::{ForwardError, LogitRows};
+use dsv4_model::{ForwardError, LogitRows, StepOutputs};
 use std::time::Instant;
 
 /// Canary findings the scheduler keeps (the most recent).
@@ -118,7 +118,10 @@ impl Scheduler {
             let r = self.model.forward_step(
                 &mut states,
                 &toks,
-                LogitRows::Last(&want),
+                StepOutputs {
+                    logits: LogitRows::Last(&want),
+                    residual: false,
+                },
                 &exec,
                 &mut Taps::none(),
             );

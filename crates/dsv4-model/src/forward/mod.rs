@@ -136,6 +136,26 @@ pub enum LogitRows<'a> {
     Last(&'a [usize]),
 }
 
+/// What a step reads back: the logits of some rows, and (for the MTP layer) every row's final
+/// residual streams. A [`LogitRows`] alone reads the residual too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepOutputs<'a> {
+    /// The rows whose logits the head computes.
+    pub logits: LogitRows<'a>,
+    /// Read back every row's final residual streams ([`ForwardOutput::residual`]; else it is
+    /// empty). At DSV4-Flash's 4 × 4,096 streams a row's take 64 KB.
+    pub residual: bool,
+}
+
+impl<'a> From<LogitRows<'a>> for StepOutputs<'a> {
+    fn from(logits: LogitRows<'a>) -> Self {
+        StepOutputs {
+            logits,
+            residual: true,
+        }
+    }
+}
+
 /// What a forward call returns.
 #[derive(Debug, Clone)]
 pub struct ForwardOutput {
@@ -156,7 +176,8 @@ pub struct ForwardOutput {
     /// For each main layer with biased routing: each token's biased router scores (what the
     /// top-k ranks), when the call's [`ChoiceControl::record_scores`] asked for them (else empty).
     pub router_scores: BTreeMap<usize, Vec<Vec<f32>>>,
-    /// The final residual streams, [T, M, D] (input of the MTP layer).
+    /// The final residual streams, [T, M, D] (input of the MTP layer), when the step asked for
+    /// them ([`StepOutputs::residual`]; else empty).
     pub residual: Vec<f32>,
 }
 

@@ -10,7 +10,9 @@ use super::resident::{DeviceMemory, GraphSpan};
 use super::resident_ops::host_last_order;
 use super::run::{Bound, BoundBlock, Gathered, Memory, Run, plan_rows};
 use super::threaded::run_threaded;
-use super::{ChoiceControl, ForwardError, ForwardOutput, LogitRows, Model, SequenceState, Taps};
+use super::{
+    ChoiceControl, ForwardError, ForwardOutput, LogitRows, Model, SequenceState, StepOutputs, Taps,
+};
 use dsv4_plan::Plan;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -166,13 +168,14 @@ impl Model {
     }
 
     /// Run one step of several sequences under `exec`: `tokens[s]` continues `seqs[s]`; the
-    /// head computes the logits of the rows `logits` names. Also returns what the step
-    /// reports (plan kind, rows, captured or not, declared page writes).
-    pub fn forward_step(
+    /// step reads back what `outputs` names (a [`LogitRows`]: those rows' logits and the
+    /// residual). Also returns what the step reports (plan kind, rows, captured or not,
+    /// declared page writes).
+    pub fn forward_step<'w>(
         &self,
         seqs: &mut [&mut SequenceState],
         tokens: &[&[u32]],
-        logits: LogitRows<'_>,
+        outputs: impl Into<StepOutputs<'w>>,
         exec: &ExecOptions,
         taps: &mut Taps<'_>,
     ) -> Result<(Vec<ForwardOutput>, StepReport), ForwardError> {
@@ -206,7 +209,8 @@ impl Model {
             StepKind::Prefill => None,
         };
         // A captured plan computes every row's logits; each sequence takes its own.
-        let head = HeadRows::plan(logits, &lens, bucket.is_none())?;
+        let outputs = outputs.into();
+        let head = HeadRows::plan(outputs.logits, &lens, bucket.is_none())?;
         let ratios = self.layer_ratios();
         let prepared = {
             let mut rows: Vec<SeqRows<'_>> = seqs
@@ -299,15 +303,29 @@ impl Model {
         closed?;
         emit_taps(plan, &run.out, taps);
         let (rname, rscope) = final_residual(plan).unwrap_or_default();
-        let mut wanted = vec![(rname.as_str(), rscope.as_str())];
+        let mut wanted = Vec::new();
         if head.rows(t) > 0 {
             wanted.push(("logits", ""));
         }
+        if outputs.residual {
+            wanted.push((rname.as_str(), rscope.as_str()));
+        }
         let mut results = run.results(&wanted)?.into_iter();
-        let residual = results.next().ok_or_else(|| ForwardError::Plan {
-            message: "a device read returned none of the step's results".into(),
-        })?;
-        let logits = results.next().unwrap_or_default();
+        let logits = if head.rows(t) > 0 {
+            results.next()
+        } else {
+            Some(Vec::new())
+        };
+        let residual = if outputs.residual {
+            results.next()
+        } else {
+            Some(Vec::new())
+        };
+        let (Some(logits), Some(residual)) = (logits, residual) else {
+            return Err(ForwardError::Plan {
+                message: "a device read returned fewer than the step's results".into(),
+            });
+        };
         let (selected, experts) = (take(&run.out.selected), take(&run.out.experts));
         let (scores, router_scores) = (take(&run.out.scores), take(&run.out.router_scores));
         // A backend with device memory counts the step's traffic in either mode (host ops
@@ -332,7 +350,9 @@ impl Model {
                 indexer_scores: rows_of(&scores, start, n),
                 experts: rows_of(&experts, start, n),
                 router_scores: rows_of(&router_scores, start, n),
-                residual: residual[start * m * d..(start + n) * m * d].to_vec(),
+                residual: residual
+                    .get(start * m * d..(start + n) * m * d)
+                    .map_or_else(Vec::new, <[f32]>::to_vec),
             });
             start += n;
         }
