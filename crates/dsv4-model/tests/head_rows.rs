@@ -15,6 +15,16 @@ fn tokens(n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| 2 + g.below(380) as u32).collect()
 }
 
+/// The tiny model on the reference backend, activations in host memory.
+fn reference_model() -> Model {
+    load_model(
+        &ModelSource::Tiny { seed: 3 },
+        Arc::new(ReferenceBackend),
+        Numerics::default(),
+    )
+    .unwrap()
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -107,12 +117,7 @@ fn gathered_rows_are_the_every_row_steps_rows_bitwise_on_host_and_device() {
 
 #[test]
 fn a_step_that_needs_no_logits_leaves_the_head_out() {
-    let m = load_model(
-        &ModelSource::Tiny { seed: 3 },
-        Arc::new(ReferenceBackend),
-        Numerics::default(),
-    )
-    .unwrap();
+    let m = reference_model();
     let exec = ExecOptions::default();
     let some = steps(&m, &exec, [LogitRows::Last(&[0, 0, 0]), LogitRows::All]);
     let all = steps(&m, &exec, [LogitRows::All; 2]);
@@ -140,12 +145,7 @@ fn a_step_that_needs_no_logits_leaves_the_head_out() {
 
 #[test]
 fn a_bad_logit_row_request_is_refused_and_changes_nothing() {
-    let m = load_model(
-        &ModelSource::Tiny { seed: 3 },
-        Arc::new(ReferenceBackend),
-        Numerics::default(),
-    )
-    .unwrap();
+    let m = reference_model();
     let exec = ExecOptions::default();
     let (mut a, mut b) = (m.new_sequence(), m.new_sequence());
     let (ta, tb) = (tokens(4, 1), tokens(2, 2));
