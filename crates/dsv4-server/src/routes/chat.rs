@@ -6,7 +6,7 @@
 //! content.
 
 use super::chat_stream::ChatStream;
-use super::{body_bytes, check_model, json_response, sse_response};
+use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
 use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ResponseFormat,
     ToolCallBody, ToolChoice,
@@ -37,9 +37,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
-    let loaded = state
-        .loaded()
-        .ok_or_else(|| ApiError::unavailable("the model is still loading; retry shortly"))?;
+    let loaded = loaded_model(&state)?;
     let req: ChatRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
     let prepared = prepare(&state, &loaded, &req, &body)?;
@@ -116,15 +114,26 @@ fn encode_error(e: EncodeError) -> ApiError {
     }
 }
 
-fn prepare(
-    state: &AppState,
+/// A chat request's prompt as this route encodes it, and what the rest of the request needs
+/// from that encoding.
+pub(super) struct ChatPrompt {
+    /// The prompt's token ids.
+    pub ids: Vec<u32>,
+    /// The tools the request declares.
+    pub tools: Arc<ToolSet>,
+    /// The checked tool choice.
+    pub choice: ToolChoice,
+    /// Thinking mode.
+    pub thinking: bool,
+}
+
+/// Encode `req`'s DSV4 prompt (`body` is its JSON text): its messages, its tools in the system
+/// prompt unless `tool_choice` is none, thinking or chat mode.
+pub(super) fn chat_prompt(
     loaded: &Loaded,
     req: &ChatRequest,
     body: &[u8],
-) -> Result<Prepared, ApiError> {
-    let n = check_n(req.n)?;
-    unsupported("store", req.store, false)?;
-    let logprobs = req.logprobs()?;
+) -> Result<ChatPrompt, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_param(
             "messages",
@@ -140,13 +149,36 @@ fn prepare(
     if choice == ToolChoice::None {
         conv.tools = None;
     }
+    let opts = req.encode_options(thinking);
+    let (_, ids) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
+    Ok(ChatPrompt {
+        ids,
+        tools,
+        choice,
+        thinking,
+    })
+}
+
+fn prepare(
+    state: &AppState,
+    loaded: &Loaded,
+    req: &ChatRequest,
+    body: &[u8],
+) -> Result<Prepared, ApiError> {
+    let n = check_n(req.n)?;
+    unsupported("store", req.store, false)?;
+    let logprobs = req.logprobs()?;
+    let ChatPrompt {
+        ids: prompt,
+        tools,
+        choice,
+        thinking,
+    } = chat_prompt(loaded, req, body)?;
     let parser_tools = if choice == ToolChoice::None {
         Arc::new(ToolSet::default())
     } else {
         Arc::clone(&tools)
     };
-    let opts = req.encode_options(thinking);
-    let (_, prompt) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
     let max_tokens = max_tokens(
         loaded,
         &prompt,

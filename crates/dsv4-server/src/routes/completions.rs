@@ -7,7 +7,9 @@
 //! lists, the sequence's first token with null (what lm-evaluation-harness scores with).
 
 use super::chat::max_tokens;
-use super::{EventSource, body_bytes, check_model, error_event, json_response, sse_response};
+use super::{
+    EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
+};
 use crate::api::common::{
     UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
 };
@@ -36,9 +38,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
-    let loaded = state
-        .loaded()
-        .ok_or_else(|| ApiError::unavailable("the model is still loading; retry shortly"))?;
+    let loaded = loaded_model(&state)?;
     let req: CompletionRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
     let Prepared {

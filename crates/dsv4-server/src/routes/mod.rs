@@ -1,11 +1,13 @@
 //! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
-//! on `/v1/*`, request counting, the body-size limit and the JSON 404/405 answers; helpers turn
-//! bodies into bytes (413 past the limit), check the model id, and stream server-sent events.
+//! on `/v1/*`, `/tokenize` and `/detokenize`, request counting, the body-size limit and the
+//! JSON 404/405 answers; helpers turn bodies into bytes (413 past the limit), check the model
+//! id, and stream server-sent events.
 
 pub mod chat;
 pub mod chat_stream;
 pub mod completions;
 pub mod info;
+pub mod tokenize;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -31,6 +33,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{id}", get(info::model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -50,6 +54,8 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/completions" => "/v1/completions",
         "/v1/models" => "/v1/models",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        "/tokenize" => "/tokenize",
+        "/detokenize" => "/detokenize",
         "/health" => "/health",
         "/metrics" => "/metrics",
         _ => "other",
@@ -64,7 +70,7 @@ async fn count(State(state): State<AppState>, req: Request, next: Next) -> Respo
     response
 }
 
-/// Refuse `/v1/*` requests without the configured bearer key.
+/// Refuse `/v1/*`, `/tokenize` and `/detokenize` requests without the configured bearer key.
 async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.cfg().api_key.as_deref() else {
         return next.run(req).await;
@@ -94,7 +100,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         GET /v1/models, GET /health and GET /metrics",
+         GET /v1/models, POST /tokenize, POST /detokenize, GET /health and GET /metrics",
         req.method(),
         req.uri().path()
     ))
@@ -133,6 +139,15 @@ pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError>
     ))
     .with_param("model")
     .with_code("model_not_found"))
+}
+
+/// The loaded model, or 503 while it loads.
+pub(crate) fn loaded_model(
+    state: &AppState,
+) -> Result<std::sync::Arc<crate::state::Loaded>, ApiError> {
+    state
+        .loaded()
+        .ok_or_else(|| ApiError::unavailable("the model is still loading; retry shortly"))
 }
 
 /// 200 with `body` as JSON.

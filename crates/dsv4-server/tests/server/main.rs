@@ -6,7 +6,7 @@
 //! (scored as generation would), sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
-//! disconnects and graceful shutdown.
+//! disconnects and graceful shutdown, and `/tokenize` / `/detokenize`.
 
 mod api;
 mod bad_input;
@@ -18,3 +18,4 @@ mod echo;
 mod health;
 mod logprobs;
 mod sampling;
+mod tokenize;
