@@ -444,4 +444,20 @@ impl Scheduler {
         self.counters.finished += 1;
         self.retire(seq, FinishReason::Error, Some(message));
     }
+
+    /// After step `e` failed for members `ids` (in running order): a pool that ran out
+    /// preempts them (latest first), any other error fails them.
+    fn step_failed(&mut self, ids: &[RequestId], e: &ForwardError) {
+        let pool = matches!(e, ForwardError::PoolExhausted { .. });
+        tracing::warn!(error = %e, "step failed");
+        for id in ids.iter().rev() {
+            if let Some(i) = self.position(*id) {
+                if pool {
+                    self.preempt(i);
+                } else {
+                    self.fail(i, format!("forward pass failed: {e}"));
+                }
+            }
+        }
+    }
 }

@@ -21,7 +21,7 @@ use crate::request::{FinishReason, RequestId};
 use crate::sampler::Choice;
 use crate::sequence::AfterToken;
 use dsv4_model::forward::pages::{PageStore, PooledPages};
-use dsv4_model::{ForwardError, Model, SequenceState};
+use dsv4_model::{Model, SequenceState};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -327,17 +327,7 @@ impl Scheduler {
                 r
             }
             Err(e) => {
-                let pool = matches!(e, ForwardError::PoolExhausted { .. });
-                tracing::warn!(error = %e, "step failed");
-                for id in live.iter().rev() {
-                    if let Some(i) = self.position(*id) {
-                        if pool {
-                            self.preempt(i);
-                        } else {
-                            self.fail(i, format!("forward pass failed: {e}"));
-                        }
-                    }
-                }
+                self.step_failed(&live, &e);
                 return None;
             }
         };

@@ -11,7 +11,7 @@ use crate::request::RequestId;
 use crate::sampler::{Choice, ChoiceJob, choose_all};
 use crate::sequence::{AfterToken, PromptRows, Seq, last_row, logit_rows};
 use dsv4_model::forward::Taps;
-use dsv4_model::{ForwardError, LogitRows, StepOutputs};
+use dsv4_model::{LogitRows, StepOutputs};
 use std::time::Instant;
 
 /// Canary findings the scheduler keeps (the most recent).
@@ -152,17 +152,7 @@ impl Scheduler {
                 outs
             }
             Err(e) => {
-                let pool = matches!(e, ForwardError::PoolExhausted { .. });
-                tracing::warn!(error = %e, "step failed");
-                for id in ids.iter().rev() {
-                    if let Some(i) = self.position(*id) {
-                        if pool {
-                            self.preempt(i);
-                        } else {
-                            self.fail(i, format!("forward pass failed: {e}"));
-                        }
-                    }
-                }
+                self.step_failed(&ids, &e);
                 return;
             }
         };
