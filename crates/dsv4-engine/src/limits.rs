@@ -40,9 +40,6 @@ impl Limits {
                 self.vocab
             ));
         }
-        if req.max_tokens == 0 {
-            return bad("max_tokens must be at least 1".into());
-        }
         let total = req.prompt.len().saturating_add(req.max_tokens);
         if total > self.max_position {
             return bad(format!(

@@ -82,7 +82,8 @@ pub struct TokenLogprob {
 pub struct Request {
     /// Prompt token ids (BOS included when the model wants one), at least one.
     pub prompt: Vec<u32>,
-    /// Tokens to generate at most.
+    /// Tokens to generate at most; 0 only runs the prompt (scoring it under
+    /// `prompt_logprobs`, and leaving prefix snapshots) and ends with [`FinishReason::Length`].
     pub max_tokens: usize,
     /// Sampling.
     pub sampling: SamplingParams,
@@ -96,7 +97,8 @@ pub struct Request {
     /// Send each token's log-probability with its event, with this many alternatives (at most
     /// [`MAX_TOP_LOGPROBS`]); None: no log-probabilities.
     pub logprobs: Option<usize>,
-    /// Send one [`Event::Prompt`] before the first token with the log-probability of every
+    /// Send one [`Event::Prompt`] before the first token (or before [`Event::Finished`] when
+    /// `max_tokens` is 0) with the log-probability of every
     /// prompt token after the first, each with this many alternatives (at most
     /// [`MAX_TOP_LOGPROBS`]); None: none. Every prompt row is then computed: the prefix cache
     /// does not skip any on the first admission.
@@ -159,7 +161,9 @@ impl Usage {
 pub struct Timing {
     /// Submission to first admission.
     pub queue_ms: f64,
-    /// Submission to the first generated token (0 when none was generated).
+    /// Submission to the first output: the first token chosen (even an end-of-sequence), or
+    /// the end of the prompt for a request that generates nothing (`max_tokens` 0); 0 when
+    /// the request ended before either.
     pub ttft_ms: f64,
     /// Submission to the end.
     pub e2e_ms: f64,

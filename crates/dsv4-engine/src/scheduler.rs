@@ -445,6 +445,22 @@ impl Scheduler {
         self.retire(seq, FinishReason::Error, Some(message));
     }
 
+    /// Finish the running request `id` if it generates nothing (`max_tokens` 0) and its whole
+    /// prompt has run, sending its prompt's entries first.
+    fn finish_prompt_only(&mut self, id: RequestId) {
+        let Some(i) = self
+            .position(id)
+            .filter(|&i| self.running[i].prompt_only_done())
+        else {
+            return;
+        };
+        let mut seq = self.running.remove(i);
+        seq.prompt_done();
+        tracing::debug!(id = %seq.id, "prompt run; nothing to generate");
+        self.counters.finished += 1;
+        self.retire(seq, FinishReason::Length, None);
+    }
+
     /// After step `e` failed for members `ids` (in running order): a pool that ran out
     /// preempts them (latest first), any other error fails them.
     fn step_failed(&mut self, ids: &[RequestId], e: &ForwardError) {

@@ -246,6 +246,25 @@ impl Seq {
         &self.tokens[self.prompt_len..]
     }
 
+    /// Whether the request generates nothing (`max_tokens` 0) and its whole prompt has run:
+    /// it is done once [`Self::prompt_done`] has sent its prompt's entries.
+    pub fn prompt_only_done(&self) -> bool {
+        self.req.max_tokens == 0 && self.fed() == self.tokens.len()
+    }
+
+    /// The whole prompt has been run: its first output is now (the first token, or the
+    /// prompt's entries of a request that generates nothing), and the [`Event::Prompt`] owed
+    /// under `prompt_logprobs` is sent.
+    pub fn prompt_done(&mut self) {
+        self.first_token.get_or_insert_with(Instant::now);
+        if self.req.prompt_logprobs.is_some() && !self.prompt_sent {
+            debug_assert_eq!(self.prompt_logprobs.len(), self.prompt_len - 1);
+            self.prompt_sent = true;
+            let entries = std::mem::take(&mut self.prompt_logprobs);
+            let _ = self.tx.send(Event::Prompt(entries));
+        }
+    }
+
     /// Record a choice made by [`crate::sampler::choose_all`] from `row`: fail on the
     /// constraint's error, end on end-of-sequence, else append the token, send it (with its
     /// logits row and log-probability when asked), and check the stop strings and the length
@@ -261,14 +280,8 @@ impl Seq {
             Ok(tok) => tok,
             Err(message) => return AfterToken::Fail(message),
         };
-        self.first_token.get_or_insert_with(Instant::now);
-        if self.req.prompt_logprobs.is_some() && !self.prompt_sent {
-            // The first token was chosen from the last prompt row, so every row is scored.
-            debug_assert_eq!(self.prompt_logprobs.len(), self.prompt_len - 1);
-            self.prompt_sent = true;
-            let entries = std::mem::take(&mut self.prompt_logprobs);
-            let _ = self.tx.send(Event::Prompt(entries));
-        }
+        // The first token was chosen from the last prompt row, so every row is scored.
+        self.prompt_done();
         if tok == eos && !self.req.ignore_eos {
             return AfterToken::Finish(FinishReason::Eos);
         }

@@ -3,7 +3,8 @@
 //!
 //! 1. prepare (hidden behind step N): reap, admit (new requests take their pages now), plan
 //!    N+1 — a request whose step-N row is sampled gets a [`Slot::Future`] for that token;
-//! 2. collect step N: states and samplers come home, canary, prefix snapshots;
+//! 2. collect step N: states and samplers come home, canary, prefix snapshots; requests
+//!    that only run their prompt finish;
 //! 3. launch N+1 (exposed): make room (snapshot eviction, preemption), hand the states over;
 //! 4. process step N's tokens (hidden behind N+1): events, stop conditions, finishing.
 //!
@@ -257,7 +258,7 @@ impl Scheduler {
                 id: s.id,
                 fed,
                 slots,
-                sample: fed + n == total,
+                sample: fed + n == total && s.req.max_tokens > 0,
             });
         }
         plan
@@ -370,6 +371,9 @@ impl Scheduler {
                     p.insert(&s.tokens[..st.pos], st);
                 }
             }
+        }
+        for id in &live {
+            self.finish_prompt_only(*id);
         }
         Some(outcomes)
     }

@@ -1,7 +1,7 @@
 //! One round of a step: make room for its members (drop snapshots, preempt), run their forward
-//! step with the canary around it, keep prefix snapshots and prompt entries, then choose the
-//! sampled members' tokens together (`sampler::choose_all`) and send them, checking the stop
-//! conditions in running order.
+//! step with the canary around it, keep prefix snapshots and prompt entries, finish the members
+//! that only run their prompt, then choose the sampled members' tokens together
+//! (`sampler::choose_all`) and send them, checking the stop conditions in running order.
 
 use super::Scheduler;
 use crate::canary::{CanaryFinding, Snapshot};
@@ -107,7 +107,8 @@ impl Scheduler {
                 next.next();
                 let fed = s.fed();
                 let rows = s.prompt_rows(fed, n);
-                want.push(logit_rows(n, rows.as_ref(), fed + n == s.tokens.len()));
+                let samples = fed + n == s.tokens.len() && s.req.max_tokens > 0;
+                want.push(logit_rows(n, rows.as_ref(), samples));
                 prompts.push(rows);
                 let Seq { state, tokens, .. } = s;
                 let st = state.as_mut().expect("running requests have a state");
@@ -159,6 +160,7 @@ impl Scheduler {
         // Snapshots and prompt entries per member; the members whose last row is sampled.
         let threads = self.cfg.choice_threads;
         let mut due: Vec<(RequestId, usize)> = Vec::new();
+        let mut prompt_only: Vec<RequestId> = Vec::new();
         for (k, ((&id, &(_, n)), rows)) in ids.iter().zip(&members).zip(prompts).enumerate() {
             self.counters.computed_tokens += n as u64;
             let i = self
@@ -176,9 +178,14 @@ impl Scheduler {
                 let entries = rows.score(&outs[k].logits, outs[k].vocab, threads);
                 s.record_prompt(rows.first, entries);
             }
-            if pos == s.tokens.len() {
+            if s.prompt_only_done() {
+                prompt_only.push(id);
+            } else if pos == s.tokens.len() {
                 due.push((id, k));
             }
+        }
+        for id in prompt_only {
+            self.finish_prompt_only(id);
         }
         // The members' tokens, chosen in parallel; then their events and stop conditions, in
         // running order.

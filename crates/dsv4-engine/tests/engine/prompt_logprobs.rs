@@ -7,7 +7,7 @@
 use super::overlap::{Arrival, requests, serve_these};
 use super::*;
 use dsv4_engine::sampling::logprob;
-use dsv4_engine::{EngineConfig, EngineError, Event, Scheduler, TokenLogprob};
+use dsv4_engine::{EngineConfig, EngineError, Event, FinishReason, Scheduler, TokenLogprob};
 
 /// Alternatives per entry.
 const TOP: usize = 3;
@@ -205,5 +205,79 @@ fn steps_compute_logits_only_for_the_rows_they_sample_or_score() {
             3 + 10 + 2 + extra,
             "overlap={overlap}: rows whose logits were computed"
         );
+    }
+}
+
+#[test]
+fn a_request_for_no_tokens_only_runs_and_scores_its_prompt() {
+    // max_tokens 0 (what `echo` with `max_tokens: 0` scores a text with): the prompt runs in
+    // chunks, its entries are one forward's, nothing is sampled, and it ends `length` with
+    // no completion tokens. Without prompt_logprobs it computes no logits at all, and its
+    // prefix snapshots stay for the next request (warming the prefix cache).
+    let m = model();
+    for overlap in [false, true] {
+        let what = format!("overlap={overlap}");
+        let cfg = EngineConfig {
+            chunked_prefill_size: Some(8),
+            overlap_schedule: overlap,
+            page_size: 8,
+            ..Default::default()
+        };
+        let mut s = Scheduler::new(m.clone(), cfg, None).unwrap();
+        let (scored_prompt, warm_prompt) = (tokens(20, 33), tokens(19, 34));
+        let mut scored = s
+            .submit(Request {
+                prompt_logprobs: Some(TOP),
+                ..greedy(scored_prompt.clone(), 0)
+            })
+            .unwrap();
+        let warm = s.submit(greedy(warm_prompt.clone(), 0)).unwrap();
+        while s.step() {}
+        match scored.blocking_next() {
+            Some(Event::Prompt(e)) => {
+                assert_eq!(bits(&e), bits(&oracle(&m, &scored_prompt)), "{what}");
+            }
+            other => panic!("{what}: expected the prompt's entries first, got {other:?}"),
+        }
+        match scored.blocking_next() {
+            Some(Event::Finished(f)) => {
+                assert_eq!(f.reason, FinishReason::Length, "{what}");
+                assert_eq!(f.usage.completion_tokens, 0, "{what}");
+                assert_eq!(f.usage.prompt_tokens, 20, "{what}");
+                assert!(
+                    f.timing.ttft_ms > 0.0,
+                    "{what}: the prompt's end is its first output"
+                );
+            }
+            other => panic!("{what}: expected the end next, got {other:?}"),
+        }
+        let w = warm.collect_blocking();
+        assert!(
+            w.tokens.is_empty() && w.prompt_logprobs.is_empty(),
+            "{what}"
+        );
+        assert_eq!(w.finished.reason, FinishReason::Length, "{what}");
+        let metrics = s.metrics();
+        assert_eq!(metrics.computed_tokens_total, 20 + 19, "{what}");
+        assert_eq!(metrics.generated_tokens_total, 0, "{what}");
+        // Every scored chunk asks for its rows from the first it scores to its last: all 20
+        // of the scored prompt's (its last row scores nothing but is the chunk's last).
+        assert_eq!(
+            metrics.logit_rows_total, 20,
+            "{what}: rows whose logits were computed"
+        );
+        assert_eq!(
+            metrics.prefix_snapshots, 4,
+            "{what}: both prompts at 8 and 16 tokens"
+        );
+
+        // The warmed prefix serves the next request: two whole pages of 8.
+        let mut longer = warm_prompt.clone();
+        longer.extend(tokens(5, 35));
+        let next = s.submit(greedy(longer.clone(), 2)).unwrap();
+        while s.step() {}
+        let c = next.collect_blocking();
+        assert_eq!(c.finished.usage.cached_tokens, 16, "{what}");
+        assert_same_as_solo(&c, &solo(&m, &longer, 2), &what);
     }
 }
