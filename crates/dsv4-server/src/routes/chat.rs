@@ -184,6 +184,7 @@ fn prepare(
         &prompt,
         req.max_completion_tokens.or(req.max_tokens),
         "messages",
+        None,
     )?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
@@ -214,15 +215,30 @@ fn prepare(
 
 /// Check the prompt against the context and choose `max_tokens`; `prompt_field` is the request
 /// field the prompt came from (`messages`, or `prompt` on /v1/completions), named in errors.
+/// `echo` is /v1/completions' `echo` (None on chat): with it, 0 runs and scores the prompt
+/// without generating anything (OpenAI's legacy API and vLLM accept it, and scoring scripts
+/// send it), so the prompt may fill the whole context.
 pub(super) fn max_tokens(
     loaded: &Loaded,
     prompt: &[u32],
     asked: Option<u64>,
     prompt_field: &str,
+    echo: Option<bool>,
 ) -> Result<usize, ApiError> {
     let context = loaded.context;
     let too_long =
         |m: String| ApiError::bad_param(prompt_field, m).with_code("context_length_exceeded");
+    let only_prompt = asked == Some(0) && echo == Some(true);
+    if only_prompt && prompt.len() > context {
+        return Err(too_long(format!(
+            "the prompt is {} tokens but the model's context is {context} tokens; shorten the \
+             {prompt_field}",
+            prompt.len()
+        )));
+    }
+    if only_prompt {
+        return Ok(0);
+    }
     if prompt.len() >= context {
         return Err(too_long(format!(
             "the prompt is {} tokens but the model's context is {context} tokens (room for at \
@@ -234,7 +250,13 @@ pub(super) fn max_tokens(
     match asked {
         Some(0) => Err(ApiError::bad_param(
             "max_tokens",
-            "max_tokens must be at least 1",
+            match echo {
+                None => "max_tokens must be at least 1",
+                Some(_) => {
+                    "max_tokens must be at least 1, or 0 with echo: true (the prompt is \
+                     returned, scored when logprobs is set, and nothing is generated)"
+                }
+            },
         )),
         Some(n) if n > room as u64 => Err(too_long(format!(
             "the prompt ({} tokens) plus max_tokens ({n}) exceeds the model's context of \

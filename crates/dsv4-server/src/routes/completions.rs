@@ -4,7 +4,9 @@
 //! chunks interleaved). No chat
 //! encoding and no DSML parsing. With `echo`, each choice's text starts with the prompt (a BOS
 //! the server prepended is left out); with `logprobs` too, the prompt's tokens lead the
-//! lists, the sequence's first token with null (what lm-evaluation-harness scores with).
+//! lists, the sequence's first token with null (what lm-evaluation-harness scores with). With
+//! `echo`, `max_tokens: 0` runs the prompt and generates nothing: the choice is the prompt
+//! (scored with `logprobs`), ending `length` (OpenAI's legacy API; vLLM).
 
 use super::chat::max_tokens;
 use super::{
@@ -140,12 +142,10 @@ fn prepare(
             format!("prompt[{k}]")
         };
         let (prompt, added_bos) = prompt_ids(loaded, p, &field)?;
-        let max_tokens = max_tokens(loaded, &prompt, asked, &field)?;
+        let echo = req.echo.unwrap_or(false);
+        let max_tokens = max_tokens(loaded, &prompt, asked, &field, Some(echo))?;
         check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
-        let echo = req
-            .echo
-            .unwrap_or(false)
-            .then(|| Echo::new(loaded, &prompt, added_bos));
+        let echo = echo.then(|| Echo::new(loaded, &prompt, added_bos));
         let request = Request {
             prompt,
             max_tokens,

@@ -293,6 +293,35 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
         .await
         .error(400);
     assert!(e["message"].as_str().unwrap().contains("99999"), "{e}");
+    // max_tokens 0 only scores a prompt; where nothing is echoed the error says so.
+    let e = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "a", "max_tokens": 0, "echo": false}),
+        )
+        .await
+        .error(400);
+    assert!(e["message"].as_str().unwrap().contains("echo: true"), "{e}");
+    let e = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat("x", json!({"max_tokens": 0})),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["message"], "max_tokens must be at least 1", "{e}");
+    let e = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "a", "max_tokens": 0, "echo": true,
+                    "min_tokens": 1}),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "min_tokens", "{e}");
     let e = s.get("/v1/nothing").await.error(404);
     assert!(
         e["message"]

@@ -130,3 +130,71 @@ async fn a_text_prompt_is_echoed_without_the_bos_the_server_added() {
     }
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing() {
+    // What perplexity and scoring scripts send (OpenAI's legacy API; vLLM accepts it too).
+    let s = start(config()).await;
+    let loaded = s.state.loaded().unwrap();
+    let mut ids = vec![loaded.bos];
+    ids.extend(loaded.tokenizer.encode("The cat sat on the mat.").unwrap());
+    let len = ids.len();
+    let req = json!({"model": MODEL, "prompt": ids, "echo": true, "max_tokens": 0,
+                     "logprobs": 2});
+    let v = s.send("POST", PATH, &req).await.json();
+    let choice = &v["choices"][0];
+    assert_eq!(
+        choice["text"], "<｜begin▁of▁sentence｜>The cat sat on the mat.",
+        "{v}"
+    );
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(v["usage"]["prompt_tokens"], len);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    assert_eq!(v["usage"]["total_tokens"], len);
+    // The prompt's lists are those of the same request generating one token, bit for bit.
+    let mut one = req.clone();
+    one["max_tokens"] = json!(1);
+    one["temperature"] = json!(0);
+    let g = s.send("POST", PATH, &one).await.json();
+    let scored = lists(&choice["logprobs"]);
+    let with_token = lists(&g["choices"][0]["logprobs"]);
+    assert_eq!(scored[0].len(), len);
+    for (a, b) in scored.iter().zip(&with_token) {
+        assert_eq!(a[..], b[..len]);
+    }
+    // Streamed: one chunk with the whole prompt and its end, then the usage.
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let events = s.send("POST", PATH, &sreq).await.events();
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["choices"].as_array().is_some_and(|c| !c.is_empty()))
+        .collect();
+    assert_eq!(chunks.len(), 1, "{events:?}");
+    assert_eq!(chunks[0]["choices"][0]["finish_reason"], "length");
+    let (text, streamed) = joined(&events);
+    assert_eq!(
+        (text.as_str(), streamed),
+        (choice["text"].as_str().unwrap(), scored)
+    );
+    let usage = events
+        .iter()
+        .rev()
+        .find(|e| e["usage"].is_object())
+        .unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 0);
+    // Several text prompts: each choice is its prompt, without the BOS the server added.
+    let many = json!({"model": MODEL, "prompt": ["Once upon", "a time"], "echo": true,
+                      "max_tokens": 0});
+    let m = s.send("POST", PATH, &many).await.json();
+    let texts: Vec<&str> = m["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["Once upon", "a time"], "{m}");
+    assert_eq!(m["usage"]["completion_tokens"], 0);
+    s.shutdown().await.unwrap();
+}
