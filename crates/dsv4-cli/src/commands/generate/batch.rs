@@ -477,10 +477,12 @@ mod tests {
             serde_json::json!({"id": 3, "prompt": "hello", "max_tokens": 2, "min_tokens": 3}),
             serde_json::json!({"id": 4, "prompt": "hello", "max_tokens": 2,
                 "logit_bias": {"99999": 1}}),
+            serde_json::json!({"id": 5, "prompt": "hello", "max_tokens": 0,
+                "prompt_logprobs": 1}),
         ];
         let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
         let (r, rows) = run(&text.join("\n"));
-        assert!(format!("{:#}", r.unwrap_err()).contains("2 of 5 requests failed"));
+        assert!(format!("{:#}", r.unwrap_err()).contains("2 of 6 requests failed"));
         assert_eq!(
             rows[0]["text"],
             "A".repeat(12),
@@ -518,6 +520,11 @@ mod tests {
         assert_eq!(rows[2]["logprobs"].as_array().unwrap().len(), 12);
         assert!(rows[3]["error"].as_str().unwrap().contains("min_tokens"));
         assert!(rows[4]["error"].as_str().unwrap().contains("logit_bias"));
+        // max_tokens 0 scores the prompt (the same entries) and generates nothing.
+        assert_eq!(rows[5]["prompt_logprobs"], rows[1]["prompt_logprobs"]);
+        assert_eq!(rows[5]["tokens"], serde_json::json!([]));
+        assert_eq!(rows[5]["finish_reason"], "length");
+        assert_eq!(rows[5]["usage"]["completion_tokens"], 0);
     }
 
     #[test]
