@@ -36,7 +36,7 @@ impl Default for CacheSection {
 }
 
 /// `[scheduler]`: how many requests run at once and how prompts are chunked.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerSection {
     /// Most requests in one running batch; 0 lets the engine derive it from the pool size.
@@ -45,6 +45,20 @@ pub struct SchedulerSection {
     pub chunked_prefill_size: u64,
     /// Order in which waiting requests are admitted.
     pub schedule_policy: SchedulePolicy,
+    /// Hold back a waiting request while a running one prefills prompt pages both share, so
+    /// it reuses that request's prefix snapshots (needs the prefix cache).
+    pub in_batch_prefix_caching: bool,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection {
+            max_running_requests: 0,
+            chunked_prefill_size: 0,
+            schedule_policy: SchedulePolicy::default(),
+            in_batch_prefix_caching: true,
+        }
+    }
 }
 
 /// `[server]`: the OpenAI-compatible HTTP server.

@@ -8,7 +8,9 @@
 //! chunked_prefill_size; schedule_policy (default fcfs; lpm, fcfs among the choices); host, port,
 //! api_key; tool_call_parser (`deepseekv4` in the function-call parser table), reasoning_parser;
 //! disaggregation_mode (null|prefill|decode), disaggregation_bootstrap_port (on the prefill server)).
-//! `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP` is read by `python/sglang/srt/models/deepseek_v4.py`.
+//! `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP` is read by `python/sglang/srt/models/deepseek_v4.py`;
+//! `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (default 32; -1 turns the check off) by
+//! `python/sglang/srt/managers/schedule_policy.py`, which applies it under lpm only.
 
 use crate::schema::KEYS;
 
@@ -394,6 +396,16 @@ pub const SGLANG_MAP: &[MapRow] = &[
         "scheduler.schedule_policy",
         Always,
         FlagValue("--schedule-policy"),
+    ),
+    row(
+        "scheduler.in_batch_prefix_caching",
+        Is("true"),
+        Same("SGLang holds such requests back under --schedule-policy lpm, by its own thresholds"),
+    ),
+    row(
+        "scheduler.in_batch_prefix_caching",
+        Is("false"),
+        Env("IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD", "-1"),
     ),
     row("server.host", Always, FlagValue("--host")),
     row("server.port", Always, FlagValue("--port")),

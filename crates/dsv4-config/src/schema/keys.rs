@@ -242,6 +242,13 @@ pub const KEYS: &[KeySpec] = &[
         "order in which waiting requests are admitted: fcfs, or lpm (longest cached prefix \
          first)",
     ),
+    key(
+        "scheduler.in_batch_prefix_caching",
+        ValueKind::Bool,
+        "true",
+        "hold back a waiting request while a running one prefills prompt pages both share, so \
+         it reuses that request's prefix snapshots instead of computing them again",
+    ),
     // [server]
     key(
         "server.host",
