@@ -97,6 +97,12 @@ pub struct EngineConfig {
     pub chunked_prefill_size: Option<usize>,
     /// Admission order (`scheduler.schedule_policy`).
     pub schedule_policy: SchedulePolicy,
+    /// Hold back a waiting request while a running one is still prefilling whole pages of
+    /// prompt the two share and the prefix cache lacks, so it reuses that request's snapshots
+    /// instead of computing them again (`scheduler.in_batch_prefix_caching`; SGLang's in-batch
+    /// prefix caching). Needs the prefix cache.
+    #[serde(default = "on")]
+    pub in_batch_prefix_caching: bool,
     /// Evicted prefix snapshots spill to a host tier and load back from it (`cache.hicache`);
     /// None: they are dropped.
     pub hicache: Option<HostTierConfig>,
@@ -110,6 +116,11 @@ pub struct EngineConfig {
     pub choice_threads: usize,
 }
 
+/// `true`, the default of the options that are on unless turned off.
+fn on() -> bool {
+    true
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -119,6 +130,7 @@ impl Default for EngineConfig {
             max_running_requests: 32,
             chunked_prefill_size: Some(8192),
             schedule_policy: SchedulePolicy::Fcfs,
+            in_batch_prefix_caching: true,
             hicache: None,
             overlap_schedule: false,
             choice_threads: 0,

@@ -3,9 +3,10 @@
 //! step — so tests can drive it exactly; [`crate::Engine`] runs it on its own thread.
 //!
 //! A step: drop requests whose client is gone; admit waiting requests (restoring the longest
-//! cached prefix, or starting fresh) up to `max_running_requests`; give every running request
-//! its next tokens (one for a decode, a prefill chunk within the step's `chunked_prefill_size`
-//! budget); then run them in rounds of one forward step each (through the model's plan, with
+//! cached prefix, or starting fresh) up to `max_running_requests`, passing over those whose
+//! uncached prompt pages a running request is still prefilling (in-batch prefix caching); give
+//! every running request its next tokens (one for a decode, a prefill chunk within the step's
+//! `chunked_prefill_size` budget); then run them in rounds of one forward step each (through the model's plan, with
 //! the canary around it when `debug.canary` is on) — with the prefix cache on, a
 //! chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
 //! it will take are counted; when a pool is short the least recently used snapshots are dropped,
@@ -38,6 +39,10 @@ use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 pub use overlap::StepTiming;
+
+/// Waiting requests a first-come-first-served admission looks at for one that need not wait for
+/// a running request's prefill (bounds the cost of a step under a long queue).
+const HELD_SCAN: usize = 64;
 
 /// The engine's request state machine over one model and its cache pools.
 pub struct Scheduler {
@@ -320,21 +325,47 @@ impl Scheduler {
         }
     }
 
-    /// Index of the next waiting request to admit under the policy.
-    fn pick(&self) -> usize {
+    /// Index of the next waiting request to admit under the policy, passing over those that
+    /// wait for a running request's prefill ([`Self::waits_for_shared_prefill`]); None when
+    /// every request looked at waits (first come, first served looks at the first
+    /// [`HELD_SCAN`]).
+    fn pick(&self) -> Option<usize> {
+        let held = |s: &Seq| self.waits_for_shared_prefill(s);
         match (self.cfg.schedule_policy, &self.prefix) {
             (SchedulePolicy::Lpm, Some(p)) => {
-                let mut best = (0, 0);
+                let mut best: Option<(usize, usize)> = None;
                 for (i, s) in self.waiting.iter().enumerate() {
                     let m = p.match_len(&s.tokens, s.prefix_limit());
-                    if m > best.1 {
-                        best = (i, m);
+                    if best.is_none_or(|(_, b)| m > b) && !held(s) {
+                        best = Some((i, m));
                     }
                 }
-                best.0
+                best.map(|(i, _)| i)
             }
-            _ => 0,
+            _ => self.waiting.iter().take(HELD_SCAN).position(|s| !held(s)),
         }
+    }
+
+    /// Whether waiting request `s` should wait (`in_batch_prefix_caching`): a running request
+    /// is still prefilling the next whole page of prompt `s` shares with it past what the
+    /// prefix cache holds for `s`, and will snapshot it there, so `s` admitted a little later
+    /// reuses it instead of computing it again. The running request always progresses, so the
+    /// wait ends.
+    fn waits_for_shared_prefill(&self, s: &Seq) -> bool {
+        let Some(p) = self
+            .prefix
+            .as_ref()
+            .filter(|_| self.cfg.in_batch_prefix_caching)
+        else {
+            return false;
+        };
+        let page = p.page_size();
+        let limit = s.prefix_limit();
+        let cached = p.match_len(&s.tokens, limit);
+        self.running.iter().any(|r| {
+            let end = (cached.max(r.progress()) / page + 1) * page;
+            end <= limit && end <= r.tokens.len() && r.tokens[..end] == s.tokens[..end]
+        })
     }
 
     fn evict_snapshot(&mut self) -> bool {
@@ -346,7 +377,9 @@ impl Scheduler {
 
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_running_requests && !self.waiting.is_empty() {
-            let i = self.pick();
+            let Some(i) = self.pick() else {
+                break;
+            };
             let mut seq = self
                 .waiting
                 .remove(i)

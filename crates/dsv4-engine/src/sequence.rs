@@ -118,6 +118,9 @@ pub(crate) struct Seq {
     pub prompt_logprobs: Vec<TokenLogprob>,
     /// Whether the [`Event::Prompt`] was sent.
     pub prompt_sent: bool,
+    /// Its position when the overlap scheduler launched the step that holds its state (read
+    /// while the state is away on the device thread).
+    pub launched_from: usize,
 }
 
 /// The rows of a step to score for `prompt_logprobs`: rows `offset..` of the step's output
@@ -196,6 +199,7 @@ impl Seq {
             admit_order: 0,
             prompt_logprobs: Vec::new(),
             prompt_sent: false,
+            launched_from: 0,
         }
     }
 
@@ -239,6 +243,12 @@ impl Seq {
     /// Tokens already in the cache state.
     pub fn fed(&self) -> usize {
         self.state.as_ref().map_or(0, |s| s.pos)
+    }
+
+    /// Tokens in the cache state; while the state is away in a launched step, those it had at
+    /// launch (the step's own prefix snapshots arrive when it is collected).
+    pub fn progress(&self) -> usize {
+        self.state.as_ref().map_or(self.launched_from, |s| s.pos)
     }
 
     /// Generated tokens so far.

@@ -433,6 +433,7 @@ impl Scheduler {
             let Some(state) = s.state.take() else {
                 continue;
             };
+            s.launched_from = state.pos;
             let sampler = p.sample.then(|| {
                 pipe.next_future += 1;
                 Sampler {

@@ -106,6 +106,7 @@ fn check(
         max_running_requests: 32,
         chunked_prefill_size,
         schedule_policy: policy,
+        in_batch_prefix_caching: true,
         hicache: None,
         overlap_schedule: false,
         choice_threads,

@@ -5,6 +5,7 @@ mod accounting;
 mod backends;
 mod bench;
 mod hicache;
+mod in_batch_prefix;
 mod invariance;
 mod layout;
 mod overlap;

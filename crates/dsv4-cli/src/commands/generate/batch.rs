@@ -128,6 +128,7 @@ pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
             ProfilePolicy::Fcfs => SchedulePolicy::Fcfs,
             ProfilePolicy::Lpm => SchedulePolicy::Lpm,
         },
+        in_batch_prefix_caching: sched.in_batch_prefix_caching,
         hicache: cache.hicache.then(|| HostTierConfig {
             ratio: cache.hicache_ratio,
             ..Default::default()
@@ -566,6 +567,9 @@ mod tests {
         assert_eq!(c.cache, CacheBudget::Tokens(2048));
         assert_eq!(c.chunked_prefill_size, Some(DEFAULT_CHUNKED_PREFILL));
         assert_eq!(c.schedule_policy, SchedulePolicy::Lpm);
+        assert!(c.in_batch_prefix_caching, "on by default");
+        p.scheduler.in_batch_prefix_caching = false;
+        assert!(!engine_config(&p).unwrap().in_batch_prefix_caching);
         assert_eq!(c.max_running_requests, 4);
         assert_eq!(c.hicache, None);
         p.cache.hicache = true;
