@@ -162,20 +162,27 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                 b.name(),
                 spec.concurrency
             );
-            let model =
+            let model = std::sync::Arc::new(
                 dsv4_model::Model::load(cfg.clone(), &tensors, b.clone(), Default::default())
-                    .map_err(|e| BenchError::Model(e.to_string()))?;
-            let engine_cfg = dsv4_engine::EngineConfig {
-                prefix_cache: false,
-                ..Default::default()
+                    .map_err(|e| BenchError::Model(e.to_string()))?,
+            );
+            // Random prompts share nothing: no prefix cache. A shared prefix runs with it, with
+            // in-batch prefix caching off and then on.
+            let modes: &[(bool, bool)] = if spec.shared_prefix > 0 {
+                &[(true, false), (true, true)]
+            } else {
+                &[(false, false)]
             };
-            let r = dsv4_engine::bench::serving_throughput(
-                std::sync::Arc::new(model),
-                engine_cfg,
-                spec,
-            )
-            .map_err(|e| BenchError::Model(e.to_string()))?;
-            serving.push(r);
+            for &(prefix_cache, in_batch_prefix_caching) in modes {
+                let engine_cfg = dsv4_engine::EngineConfig {
+                    prefix_cache,
+                    in_batch_prefix_caching,
+                    ..Default::default()
+                };
+                let r = dsv4_engine::bench::serving_throughput(model.clone(), engine_cfg, spec)
+                    .map_err(|e| BenchError::Model(e.to_string()))?;
+                serving.push(r);
+            }
         }
     }
     let sampling = if opts.sampling {

@@ -189,21 +189,47 @@ pub fn render_table(r: &BenchReport) -> String {
         s.push('\n');
     }
     for sv in &r.serving {
+        let spec = &sv.spec;
+        let _ = write!(
+            s,
+            "serving: {} prompt + {} generated tokens per request",
+            spec.prompt_len, spec.max_tokens
+        );
+        if spec.shared_prefix > 0 {
+            let on = if sv.config.in_batch_prefix_caching {
+                "on"
+            } else {
+                "off"
+            };
+            let _ = write!(
+                s,
+                ", the first {} shared; in-batch prefix caching {on}",
+                spec.shared_prefix
+            );
+        }
+        let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<10} {:>11} {:>9} {:>12} {:>13} {:>12}",
-            "serving", "concurrency", "requests", "output tok/s", "mean TTFT ms", "mean TPOT ms"
+            "{:<10} {:>11} {:>9} {:>12} {:>13} {:>12} {:>14}",
+            "backend",
+            "concurrency",
+            "requests",
+            "output tok/s",
+            "mean TTFT ms",
+            "mean TPOT ms",
+            "cached tokens"
         );
         for l in &sv.levels {
             let _ = writeln!(
                 s,
-                "{:<10} {:>11} {:>9} {:>12.1} {:>13.1} {:>12.2}",
+                "{:<10} {:>11} {:>9} {:>12.1} {:>13.1} {:>12.2} {:>14}",
                 sv.backend,
                 l.concurrency,
                 l.completed,
                 l.output_throughput,
                 l.mean_ttft_ms,
-                l.mean_tpot_ms
+                l.mean_tpot_ms,
+                l.cached_tokens
             );
         }
         s.push('\n');

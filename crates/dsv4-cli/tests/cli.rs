@@ -119,6 +119,15 @@ fn bench_refuses_bad_options_before_measuring_anything() {
         ),
         (&["--serving-concurrency", "1,0"][..], "every concurrency"),
         (
+            &[
+                "--serving-prompt-tokens",
+                "64",
+                "--serving-shared-prefix",
+                "65",
+            ][..],
+            "longer than the prompt",
+        ),
+        (
             &["--serving", "--serving-concurrency", "0"][..],
             "every concurrency",
         ),

@@ -222,10 +222,7 @@ fn show_and_explain_display_an_invalid_profile_then_fail() {
     assert!(!out.status.success());
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(
-        has_row(&stdout, "exec.cuda_graph", "false"),
-        "{stdout}"
-    );
+    assert!(has_row(&stdout, "exec.cuda_graph", "false"), "{stdout}");
     assert!(
         stdout.contains("errors (1):\n  - [overlap-needs-graphs]"),
         "{stdout}"
@@ -318,10 +315,7 @@ fn secrets_never_reach_show_explain_or_diff() {
     let mut cmd = dsv4(dir.path(), &["profile", "show"]);
     cmd.env("DSV4_SERVER__API_KEY", "hunter2");
     let out = ok(cmd);
-    assert!(
-        has_row(&out, "server.api_key", "<redacted>"),
-        "{out}"
-    );
+    assert!(has_row(&out, "server.api_key", "<redacted>"), "{out}");
 }
 
 /// Whether `profile show` output has a row for `key` with `value` (columns are padded to the

@@ -29,6 +29,10 @@ pub struct ServingBenchSpec {
     pub requests_per_level: usize,
     /// Prompt tokens per request (random ids, BOS first).
     pub prompt_len: usize,
+    /// Leading prompt tokens every request shares (BOS included; the rest is random per
+    /// request); 0: none shared.
+    #[serde(default)]
+    pub shared_prefix: usize,
     /// Generated tokens per request (end-of-sequence ignored, so every request makes them all).
     pub max_tokens: usize,
     /// Seed of the prompts.
@@ -47,6 +51,12 @@ impl ServingBenchSpec {
                     .into(),
             );
         }
+        if self.shared_prefix > self.prompt_len {
+            return Err(format!(
+                "serving benchmark: the shared prefix ({} tokens) is longer than the prompt ({})",
+                self.shared_prefix, self.prompt_len
+            ));
+        }
         Ok(())
     }
 }
@@ -57,6 +67,7 @@ impl Default for ServingBenchSpec {
             concurrency: vec![1, 8, 32],
             requests_per_level: 64,
             prompt_len: 128,
+            shared_prefix: 0,
             max_tokens: 32,
             seed: 0,
         }
@@ -110,6 +121,8 @@ pub struct ServingLevel {
     pub p99_e2el_ms: f64,
     /// Preemptions during the level.
     pub preemptions: u64,
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_tokens: u64,
 }
 
 /// The whole benchmark.
@@ -156,6 +169,11 @@ pub fn serving_throughput(
     let vocab = model.cfg.vocab_size as u64;
     let bos = model.cfg.bos_token_id;
     let mut g = SplitMix64::new(spec.seed);
+    let mut random =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (2 + g.below(vocab - 2)) as u32).collect() };
+    let shared: Vec<u32> = std::iter::once(bos)
+        .chain(random(spec.shared_prefix.saturating_sub(1)))
+        .collect();
     let n_max = spec
         .concurrency
         .iter()
@@ -165,9 +183,10 @@ pub fn serving_throughput(
     let prompts: Arc<Vec<Vec<u32>>> = Arc::new(
         (0..n_max)
             .map(|_| {
-                std::iter::once(bos)
-                    .chain((1..spec.prompt_len).map(|_| (2 + g.below(vocab - 2)) as u32))
-                    .collect()
+                let lead = spec.shared_prefix.max(1);
+                let mut p = shared[..lead].to_vec();
+                p.extend(random(spec.prompt_len - lead));
+                p
             })
             .collect(),
     );
@@ -227,7 +246,7 @@ pub fn serving_throughput(
             records.extend(r?);
         }
         let duration = t0.elapsed().as_secs_f64();
-        let preemptions = engine.metrics().preemptions_total;
+        let metrics = engine.metrics();
         let done: Vec<&Record> = records.iter().filter(|r| r.ok).collect();
         let out_tokens: usize = done.iter().map(|r| r.out).sum();
         let in_tokens = done.len() * spec.prompt_len;
@@ -267,7 +286,8 @@ pub fn serving_throughput(
             mean_e2el_ms: l,
             median_e2el_ms: m,
             p99_e2el_ms: o,
-            preemptions,
+            preemptions: metrics.preemptions_total,
+            cached_tokens: metrics.cached_tokens_total,
         });
         tracing::info!(
             concurrency = c,

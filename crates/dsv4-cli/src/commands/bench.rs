@@ -37,6 +37,14 @@ pub struct BenchArgs {
     /// backends).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub serving_concurrency: Vec<usize>,
+    /// Prompt tokens per request of the serving throughput case.
+    #[arg(long, default_value_t = 64)]
+    pub serving_prompt_tokens: usize,
+    /// Leading prompt tokens every request of the serving throughput case shares (as a system
+    /// prompt); above 0 the case runs with the prefix cache, with in-batch prefix caching off
+    /// and then on.
+    #[arg(long, default_value_t = 0)]
+    pub serving_shared_prefix: usize,
     /// Skip the serving throughput case.
     #[arg(long)]
     pub no_serving: bool,
@@ -90,7 +98,8 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         serving: (!args.no_serving).then(|| dsv4_engine::bench::ServingBenchSpec {
             concurrency: args.serving_concurrency.clone(),
             requests_per_level: 32,
-            prompt_len: 64,
+            prompt_len: args.serving_prompt_tokens,
+            shared_prefix: args.serving_shared_prefix,
             max_tokens: 16,
             seed: 0,
         }),

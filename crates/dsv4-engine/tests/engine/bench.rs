@@ -11,6 +11,7 @@ fn serving_throughput_reports_every_level() {
         concurrency: vec![1, 3],
         requests_per_level: 3,
         prompt_len: 6,
+        shared_prefix: 0,
         max_tokens: 3,
         seed: 1,
     };
@@ -44,12 +45,45 @@ fn serving_throughput_reports_every_level() {
 }
 
 #[test]
+fn a_shared_prefix_is_prefilled_once_with_in_batch_prefix_caching() {
+    // Three requests at once sharing 17 prompt tokens: two whole pages of 8 each for the two
+    // that wait for the first's prefill.
+    let spec = ServingBenchSpec {
+        concurrency: vec![3],
+        requests_per_level: 3,
+        prompt_len: 20,
+        shared_prefix: 17,
+        max_tokens: 2,
+        seed: 3,
+    };
+    let cfg = EngineConfig {
+        cache: CacheBudget::Tokens(1024),
+        page_size: 8,
+        ..Default::default()
+    };
+    let r = serving_throughput(model(), cfg, &spec).unwrap();
+    assert_eq!(r.levels[0].completed, 3);
+    assert_eq!(r.levels[0].cached_tokens, 2 * 16);
+    assert_eq!(
+        serde_json::to_value(&r).unwrap()["spec"]["shared_prefix"],
+        17
+    );
+    let bad = ServingBenchSpec {
+        shared_prefix: 21,
+        ..spec
+    };
+    let e = serving_throughput(model(), EngineConfig::default(), &bad).unwrap_err();
+    assert!(e.to_string().contains("longer than the prompt"), "{e}");
+}
+
+#[test]
 fn overlap_schedule_reports_both_modes_and_a_decode_fit() {
     use dsv4_engine::bench::overlap_schedule;
     let spec = ServingBenchSpec {
         concurrency: vec![1, 3],
         requests_per_level: 4,
         prompt_len: 6,
+        shared_prefix: 0,
         max_tokens: 4,
         seed: 2,
     };

@@ -18,6 +18,7 @@ pub fn run(args: &BenchArgs, profile: &dsv4_config::Profile) -> anyhow::Result<(
         concurrency: args.serving_concurrency.clone(),
         requests_per_level: 32,
         prompt_len: 64,
+        shared_prefix: 0,
         max_tokens: 16,
         seed: 0,
     };
