@@ -75,6 +75,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens with their ln p, most likely first (ties: lower id first).
     pub top: Vec<(u32, f32)>,
+    /// The token's place in that order over the whole vocabulary (1: the most likely).
+    #[serde(default)]
+    pub rank: u32,
 }
 
 /// One generation request over token ids.

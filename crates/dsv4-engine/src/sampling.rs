@@ -131,7 +131,8 @@ pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
 }
 
 /// The log-probability of `token` under softmax(`row`) with the `top` most likely tokens
-/// (ties to the lower id). Sums in f64; NaN logits count as −∞.
+/// (ties to the lower id) and its rank in that order (1: the most likely). Sums in f64; NaN
+/// logits count as −∞.
 pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
     let finite = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
     let max = row
@@ -139,15 +140,21 @@ pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
         .copied()
         .map(finite)
         .fold(f32::NEG_INFINITY, f32::max);
+    let t = row
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&v| finite(v));
     // Terms in f32 (exp of at most 0; about 1e-7 relative error each, below the f32 result's
-    // precision), summed in f64.
+    // precision), summed in f64; the same pass counts the tokens ranked before `token`.
+    let mut before = 0u32;
+    let mut sum = 0f64;
+    for (i, &v) in row.iter().enumerate() {
+        let v = finite(v);
+        before += u32::from(v > t || (v == t && (i as u32) < token));
+        sum += f64::from((v - max).exp());
+    }
     let lse = if max == f32::NEG_INFINITY {
         0.0
     } else {
-        let sum: f64 = row
-            .iter()
-            .map(|&v| f64::from((finite(v) - max).exp()))
-            .sum();
         f64::from(max) + sum.ln()
     };
     let lp = |v: f32| (f64::from(finite(v)) - lse) as f32;
@@ -169,6 +176,7 @@ pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
             .get(token as usize)
             .map_or(f32::NEG_INFINITY, |&v| lp(v)),
         top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
+        rank: before + 1,
     }
 }
 
@@ -407,6 +415,12 @@ mod tests {
         assert_eq!(logprob(&row, 3, 0).logprob, f32::NEG_INFINITY);
         assert!(logprob(&row, 0, 0).top.is_empty());
         assert_eq!(logprob(&row, 0, 50).top.len(), row.len());
+        // Ranks follow the same order: 1 and 2 tie first (lower id first), then 4, 0, and the
+        // −∞ and NaN logits last (lower id first).
+        let ranks: Vec<u32> = (0..row.len() as u32)
+            .map(|t| logprob(&row, t, 0).rank)
+            .collect();
+        assert_eq!(ranks, [4, 1, 2, 5, 3, 6]);
     }
 
     #[test]

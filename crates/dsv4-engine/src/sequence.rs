@@ -423,6 +423,7 @@ mod tests {
         let e = |logprob| TokenLogprob {
             logprob,
             top: Vec::new(),
+            rank: 1,
         };
         s.record_prompt(0, vec![e(-1.0), e(-2.0), e(-3.0)]);
         assert_eq!(s.prefix_limit(), 3);
