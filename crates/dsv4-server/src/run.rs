@@ -183,15 +183,18 @@ impl Run {
 /// Start the `n` choices of `req`, each its own engine request (the prompt is the same, so the
 /// prefix cache shares its pages): choice `i` samples with seed `req.sampling.seed + i`
 /// (wrapping), so choice `i` of a seeded request is reproducible and does not depend on `n`,
-/// and its output goes through its own decoder from `decoder`. Everything else is the same for
-/// every choice (the engine starts a fresh grammar state per request from the shared
-/// constraint). If a choice cannot be submitted, the ones already started are dropped, which
-/// cancels them.
+/// and its output goes through its own decoder from `decoder`. Only the first choice scores
+/// the prompt (`req.prompt_logprobs`; the entries are the same for all) unless
+/// `score_every_choice` (each choice shows them as it streams); the others then reuse the first
+/// one's prefill through the prefix cache. Everything else is the same for every choice (the
+/// engine starts a fresh grammar state per request from the shared constraint). If a choice
+/// cannot be submitted, the ones already started are dropped, which cancels them.
 pub fn start_choices(
     state: &AppState,
     loaded: &Arc<Loaded>,
     req: Request,
     n: usize,
+    score_every_choice: bool,
     mut decoder: impl FnMut() -> OutputDecoder,
 ) -> Result<Vec<Run>, ApiError> {
     let base = req.sampling.seed;
@@ -199,6 +202,9 @@ pub fn start_choices(
         .map(|i| {
             let mut choice = req.clone();
             choice.sampling.seed = base.wrapping_add(i as u64);
+            if i > 0 && !score_every_choice {
+                choice.prompt_logprobs = None;
+            }
             Run::start(state, loaded, choice, decoder())
         })
         .collect()

@@ -2,7 +2,7 @@
 //! the response and stream-chunk objects.
 
 use super::common::{Stop, StreamOptions, UsageBody};
-use super::logprobs::ChatLogprobs;
+use super::logprobs::{ChatLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,9 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs`: this many most likely alternatives per token (0 to 20).
     pub top_logprobs: Option<u32>,
+    /// Return each prompt token's log-probability with this many alternatives (0 to 20;
+    /// vLLM's extension), as the answer's `prompt_logprobs`.
+    pub prompt_logprobs: Option<u32>,
     /// Accepted and ignored (an end-user id for abuse tracking).
     pub user: Option<String>,
     /// Accepted and ignored.
@@ -147,6 +150,23 @@ impl ChatRequest {
                 "top_logprobs needs \"logprobs\": true; set it or leave top_logprobs out",
             )),
         }
+    }
+
+    /// The alternatives per prompt token of `prompt_logprobs` (None: not asked for; refused
+    /// with `stream`, as in vLLM).
+    pub fn prompt_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let n = self
+            .prompt_logprobs
+            .map(|n| top_count("prompt_logprobs", n))
+            .transpose()?;
+        if n.is_some() && self.stream.unwrap_or(false) {
+            return Err(ApiError::bad_param(
+                "prompt_logprobs",
+                "prompt_logprobs is not available with stream: true (as in vLLM); ask without \
+                 streaming",
+            ));
+        }
+        Ok(n)
     }
 
     /// The prompt encoding this request asks for (`thinking` from [`Self::thinking`]).
@@ -304,6 +324,9 @@ pub struct ChatCompletion {
     pub choices: Vec<ChoiceBody>,
     /// Token counts.
     pub usage: UsageBody,
+    /// With `prompt_logprobs`: the prompt's tokens (vLLM's extension); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// The delta of one stream chunk.

@@ -2,7 +2,7 @@
 //! response and stream-chunk objects.
 
 use super::common::{Stop, StreamOptions, UsageBody};
-use super::logprobs::CompletionLogprobs;
+use super::logprobs::{CompletionLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -42,6 +42,9 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     /// Return each generated token's log-probability with this many alternatives (0 to 20).
     pub logprobs: Option<u32>,
+    /// Return each prompt token's log-probability with this many alternatives (0 to 20;
+    /// vLLM's extension), as `choices[].prompt_logprobs`.
+    pub prompt_logprobs: Option<u32>,
     /// Not supported.
     pub suffix: Option<String>,
     /// Not supported (must be 1).
@@ -93,6 +96,13 @@ impl CompletionRequest {
     /// The alternatives per token to return (None: no log-probabilities).
     pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
         self.logprobs.map(|n| top_count("logprobs", n)).transpose()
+    }
+
+    /// The alternatives per prompt token of `prompt_logprobs` (None: not asked for).
+    pub fn prompt_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        self.prompt_logprobs
+            .map(|n| top_count("prompt_logprobs", n))
+            .transpose()
     }
 
     /// The prompts, checked: a text, token ids, or a list of texts or of token-id lists (one
@@ -155,6 +165,9 @@ pub struct CompletionChoice {
     /// With `logprobs`: the tokens of this text (a chunk: those consumed since the previous
     /// chunk); else null.
     pub logprobs: Option<CompletionLogprobs>,
+    /// With `prompt_logprobs`: the prompt's tokens (vLLM's extension); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// A completion, or one chunk of a streamed one (`object` "text_completion" either way).

@@ -1,6 +1,7 @@
 //! Per-token log-probabilities as each endpoint shows them: chat's `{"content": [{"token",
 //! "logprob", "bytes", "top_logprobs"}]}` ([`ChatLogprobs`]) and the legacy completions object
-//! `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}` ([`CompletionLogprobs`]).
+//! `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}` ([`CompletionLogprobs`]);
+//! and vLLM's `prompt_logprobs` ([`PromptLogprobs`]).
 //! A token's string is its bytes as lossy UTF-8 (a byte token that is part of a character
 //! shows as U+FFFD; `bytes` has the exact bytes). Log-probabilities that are not finite are
 //! shown as −9999 (JSON has no infinity; vLLM's convention).
@@ -165,6 +166,74 @@ impl Serialize for TopMap {
     }
 }
 
+/// vLLM's `prompt_logprobs`: one item per prompt token, null for the first (nothing comes
+/// before it), else a map from token id (a decimal string) to [`PromptTokenLogprob`]: the
+/// prompt's token first, then the most likely tokens (those not already shown).
+pub type PromptLogprobs = Vec<Option<IdMap>>;
+
+/// One entry of a [`PromptLogprobs`] map.
+#[derive(Debug, Clone, PartialEq, DeriveSerialize)]
+pub struct PromptTokenLogprob {
+    /// ln p(token) under the model's raw logits.
+    pub logprob: f32,
+    /// Its place among all tokens, most likely first (1: the most likely; ties: lower id).
+    pub rank: u32,
+    /// Its text (lossy UTF-8).
+    pub decoded_token: String,
+}
+
+/// Token id → entry, serialized as a JSON object in this order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IdMap(pub Vec<(u32, PromptTokenLogprob)>);
+
+impl Serialize for IdMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (id, e) in &self.0 {
+            map.serialize_entry(&id.to_string(), e)?;
+        }
+        map.end()
+    }
+}
+
+/// The [`PromptLogprobs`] of `prompt` from the engine's entries (entry `k` scores prompt token
+/// `k + 1`), with `top` alternatives each (the entries may hold more).
+pub fn prompt_logprobs(
+    vocab: &Vocab,
+    prompt: &[u32],
+    entries: &[TokenLogprob],
+    top: usize,
+) -> PromptLogprobs {
+    let entry = |id: u32, logprob: f32, rank: u32| PromptTokenLogprob {
+        logprob: finite(logprob),
+        rank,
+        decoded_token: token_string(vocab, id),
+    };
+    std::iter::once(None)
+        .chain(prompt.iter().skip(1).zip(entries).map(|(&id, e)| {
+            let mut map = vec![(id, entry(id, e.logprob, e.rank))];
+            for (k, &(alt, lp)) in e.top.iter().take(top).enumerate() {
+                if alt != id {
+                    map.push((alt, entry(alt, lp, k as u32 + 1)));
+                }
+            }
+            Some(IdMap(map))
+        }))
+        .collect()
+}
+
+/// `entries` with at most `top` alternatives each (a request that asked the engine for more
+/// for another of its views).
+pub fn truncated(entries: &[TokenLogprob], top: usize) -> Vec<TokenLogprob> {
+    entries
+        .iter()
+        .map(|e| TokenLogprob {
+            top: e.top.iter().take(top).copied().collect(),
+            ..e.clone()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,7 +251,11 @@ mod tests {
         GeneratedToken {
             id,
             text_len: 1,
-            logprob: TokenLogprob { logprob, top },
+            logprob: TokenLogprob {
+                logprob,
+                top,
+                rank: 1,
+            },
         }
     }
 

@@ -14,7 +14,7 @@ use crate::api::chat::{
 use crate::api::common::{
     UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
 };
-use crate::api::logprobs::ChatLogprobs;
+use crate::api::logprobs::{ChatLogprobs, prompt_logprobs};
 use crate::api::sampling::check_fit;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
@@ -48,12 +48,17 @@ pub async fn chat_completions(
         thinking: prepared.decoder.thinking,
         logprobs: prepared.request.logprobs.is_some(),
     };
+    // `prompt_logprobs`: the prompt as run and the alternatives asked for.
+    let scored = prepared
+        .request
+        .prompt_logprobs
+        .map(|top| (prepared.request.prompt.clone(), top));
     let Prepared {
         request,
         decoder,
         n,
     } = prepared;
-    let runs = start_choices(&state, &loaded, request, n, || decoder.build())?;
+    let runs = start_choices(&state, &loaded, request, n, false, || decoder.build())?;
     let runs = merge(runs);
     if req.stream.unwrap_or(false) {
         let usage = req
@@ -65,7 +70,7 @@ pub async fn chat_completions(
             state, loaded, runs, n, meta, usage,
         )))
     } else {
-        answer(&state, &loaded, runs, n, meta).await
+        answer(&state, &loaded, runs, n, meta, scored).await
     }
 }
 
@@ -168,6 +173,7 @@ fn prepare(
     let n = check_n(req.n)?;
     unsupported("store", req.store, false)?;
     let logprobs = req.logprobs()?;
+    let prompt_logprobs = req.prompt_logprobs()?;
     let ChatPrompt {
         ids: prompt,
         tools,
@@ -205,6 +211,7 @@ fn prepare(
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
+            prompt_logprobs,
             constraint,
             ..Default::default()
         },
@@ -215,28 +222,29 @@ fn prepare(
 
 /// Check the prompt against the context and choose `max_tokens`; `prompt_field` is the request
 /// field the prompt came from (`messages`, or `prompt` on /v1/completions), named in errors.
-/// `echo` is /v1/completions' `echo` (None on chat): with it, 0 runs and scores the prompt
-/// without generating anything (OpenAI's legacy API and vLLM accept it, and scoring scripts
+/// `only_prompt` is None on chat; on /v1/completions it says whether the request echoes or
+/// scores its prompt (`echo`, `prompt_logprobs`): then 0 runs and scores the prompt without
+/// generating anything (OpenAI's legacy API and vLLM accept it with `echo`, and scoring scripts
 /// send it), so the prompt may fill the whole context.
 pub(super) fn max_tokens(
     loaded: &Loaded,
     prompt: &[u32],
     asked: Option<u64>,
     prompt_field: &str,
-    echo: Option<bool>,
+    only_prompt: Option<bool>,
 ) -> Result<usize, ApiError> {
     let context = loaded.context;
     let too_long =
         |m: String| ApiError::bad_param(prompt_field, m).with_code("context_length_exceeded");
-    let only_prompt = asked == Some(0) && echo == Some(true);
-    if only_prompt && prompt.len() > context {
+    let zero = asked == Some(0) && only_prompt == Some(true);
+    if zero && prompt.len() > context {
         return Err(too_long(format!(
             "the prompt is {} tokens but the model's context is {context} tokens; shorten the \
              {prompt_field}",
             prompt.len()
         )));
     }
-    if only_prompt {
+    if zero {
         return Ok(0);
     }
     if prompt.len() >= context {
@@ -250,11 +258,11 @@ pub(super) fn max_tokens(
     match asked {
         Some(0) => Err(ApiError::bad_param(
             "max_tokens",
-            match echo {
+            match only_prompt {
                 None => "max_tokens must be at least 1",
                 Some(_) => {
-                    "max_tokens must be at least 1, or 0 with echo: true (the prompt is \
-                     returned, scored when logprobs is set, and nothing is generated)"
+                    "max_tokens must be at least 1, or 0 with echo: true or prompt_logprobs \
+                     (the prompt is scored and nothing is generated)"
                 }
             },
         )),
@@ -372,17 +380,23 @@ struct Answer {
 }
 
 /// Run every choice to its end and answer one `chat.completion` (the first error fails the
-/// request; the other choices are cancelled).
+/// request; the other choices are cancelled). With `scored` (the prompt and the alternatives
+/// asked for), the answer carries `prompt_logprobs` from the first choice, which scored it.
 async fn answer(
     state: &AppState,
     loaded: &Loaded,
     mut runs: Merged,
     n: usize,
     meta: Meta,
+    scored: Option<(Vec<u32>, usize)>,
 ) -> Result<Response, ApiError> {
     let mut answers: Vec<Answer> = (0..n).map(|_| Answer::default()).collect();
+    let mut entries = None;
     while let Some((i, step)) = runs.next().await {
         let step = step?;
+        if step.prompt_logprobs.is_some() {
+            entries = step.prompt_logprobs;
+        }
         let a = &mut answers[i];
         a.tokens.extend(step.logprobs);
         for d in step.deltas {
@@ -424,6 +438,14 @@ async fn answer(
         model: meta.model,
         choices,
         usage: UsageBody::total(&usages),
+        prompt_logprobs: scored.map(|(ids, top)| {
+            prompt_logprobs(
+                &loaded.vocab,
+                &ids,
+                entries.as_deref().unwrap_or_default(),
+                top,
+            )
+        }),
     };
     Ok(json_response(&body))
 }

@@ -18,7 +18,7 @@ use crate::api::common::{
 use crate::api::completion::{
     Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, MAX_PROMPTS, Prompt,
 };
-use crate::api::logprobs::CompletionLogprobs;
+use crate::api::logprobs::{CompletionLogprobs, PromptLogprobs, prompt_logprobs, truncated};
 use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
@@ -49,13 +49,21 @@ pub async fn completions(
         min_tokens,
         n,
         logprobs,
+        prompt_logprobs,
     } = prepare(&state, &loaded, &req)?;
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
-    // the choices already started.
+    // the choices already started. An echo with logprobs shows the prompt's entries in every
+    // choice's first chunk, so each choice scores it; `prompt_logprobs` alone takes the first
+    // choice's.
+    let every = logprobs.is_some() && req.echo.unwrap_or(false);
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
+    let mut prompt_ids = Vec::new();
     for (request, echo) in prompts {
-        runs.extend(start_choices(&state, &loaded, request, n, || {
+        if prompt_logprobs.is_some() {
+            prompt_ids.push(request.prompt.clone());
+        }
+        runs.extend(start_choices(&state, &loaded, request, n, every, || {
             OutputDecoder::raw(&stops).with_min_tokens(min_tokens)
         })?);
         echoes.extend(echo);
@@ -73,6 +81,8 @@ pub async fn completions(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         logprobs,
+        prompt_logprobs,
+        prompt_ids,
         n,
         echoes,
         echoed: vec![false; total],
@@ -98,14 +108,15 @@ struct Echo {
 }
 
 /// A checked request: per prompt, the engine request its `n` choices start from and its echo
-/// (with `echo`); the stop strings and `min_tokens` (for the output decoders); `n`; whether
-/// log-probabilities are asked for.
+/// (with `echo`); the stop strings and `min_tokens` (for the output decoders); `n`; the
+/// alternatives asked for with `logprobs` and with `prompt_logprobs`.
 struct Prepared {
     prompts: Vec<(Request, Option<Echo>)>,
     stops: Vec<String>,
     min_tokens: usize,
     n: usize,
-    logprobs: bool,
+    logprobs: Option<usize>,
+    prompt_logprobs: Option<usize>,
 }
 
 fn prepare(
@@ -119,6 +130,14 @@ fn prepare(
         unsupported("suffix", Some(true), false)?;
     }
     let logprobs = req.logprobs()?;
+    let prompt_logprobs = req.prompt_logprobs()?;
+    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
+        return Err(ApiError::bad_param(
+            "prompt_logprobs",
+            "prompt_logprobs is not available with stream: true (as in vLLM); ask without \
+             streaming, or stream with echo and logprobs, whose first chunk scores the prompt",
+        ));
+    }
     let prompts = req.prompts()?;
     if prompts.len() * n > MAX_PROMPTS {
         return Err(ApiError::bad_param(
@@ -143,9 +162,12 @@ fn prepare(
         };
         let (prompt, added_bos) = prompt_ids(loaded, p, &field)?;
         let echo = req.echo.unwrap_or(false);
-        let max_tokens = max_tokens(loaded, &prompt, asked, &field, Some(echo))?;
+        let only_prompt = echo || prompt_logprobs.is_some();
+        let max_tokens = max_tokens(loaded, &prompt, asked, &field, Some(only_prompt))?;
         check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
         let echo = echo.then(|| Echo::new(loaded, &prompt, added_bos));
+        // The engine scores the prompt once for both views, with the larger count.
+        let scored = logprobs.filter(|_| echo.is_some()).max(prompt_logprobs);
         let request = Request {
             prompt,
             max_tokens,
@@ -153,7 +175,7 @@ fn prepare(
             stop: stop.clone(),
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
-            prompt_logprobs: logprobs.filter(|_| echo.is_some()),
+            prompt_logprobs: scored,
             ..Default::default()
         };
         out.push((request, echo));
@@ -163,7 +185,8 @@ fn prepare(
         stops: stop,
         min_tokens: sampling.min_tokens,
         n,
-        logprobs: logprobs.is_some(),
+        logprobs,
+        prompt_logprobs,
     })
 }
 
@@ -216,8 +239,12 @@ struct TextStream {
     created: u64,
     model: String,
     include_usage: bool,
-    /// Whether the request asked for log-probabilities.
-    logprobs: bool,
+    /// The alternatives asked for with `logprobs` (None: no log-probabilities).
+    logprobs: Option<usize>,
+    /// The alternatives asked for with `prompt_logprobs` (None: not asked for).
+    prompt_logprobs: Option<usize>,
+    /// With `prompt_logprobs`, each prompt's ids as run (BOS included); else empty.
+    prompt_ids: Vec<Vec<u32>>,
     /// Choices per prompt.
     n: usize,
     /// With `echo`, each prompt's echo (choice c shows prompt c / n); else empty.
@@ -256,7 +283,7 @@ impl TextStream {
     ) -> CompletionChoice {
         let vocab = &self.loaded.vocab;
         let offset = &mut self.offsets[index];
-        let mut logprobs = self.logprobs.then(CompletionLogprobs::default);
+        let mut logprobs = self.logprobs.map(|_| CompletionLogprobs::default());
         if let Some(e) = self
             .echoes
             .get(index / self.n)
@@ -264,8 +291,8 @@ impl TextStream {
         {
             self.echoed[index] = true;
             text.insert_str(0, &e.text);
-            if let Some(lp) = logprobs.as_mut() {
-                let entries = prompt.unwrap_or_default();
+            if let (Some(lp), Some(top)) = (logprobs.as_mut(), self.logprobs) {
+                let entries = truncated(&prompt.unwrap_or_default(), top);
                 for (j, &id) in e.tokens.iter().enumerate() {
                     let entry = (j + usize::from(e.added_bos))
                         .checked_sub(1)
@@ -282,6 +309,7 @@ impl TextStream {
             text,
             finish_reason: finish,
             logprobs,
+            prompt_logprobs: None,
         }
     }
 
@@ -334,6 +362,19 @@ impl TextStream {
                 self.usages[i] = Some(f.usage);
             }
         }
+        // `prompt_logprobs`: each prompt's first choice scored it.
+        let scored: Vec<Option<PromptLogprobs>> = match self.prompt_logprobs {
+            Some(top) => self
+                .prompt_ids
+                .iter()
+                .zip(prompts.iter().step_by(self.n))
+                .map(|(ids, entries)| {
+                    let entries = entries.as_deref().unwrap_or_default();
+                    Some(prompt_logprobs(&self.loaded.vocab, ids, entries, top))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let choices = texts
             .into_iter()
             .zip(tokens)
@@ -341,7 +382,9 @@ impl TextStream {
             .zip(reasons)
             .enumerate()
             .map(|(i, (((text, tokens), prompt), reason))| {
-                self.choice(i, text, &tokens, prompt, reason)
+                let mut c = self.choice(i, text, &tokens, prompt, reason);
+                c.prompt_logprobs = scored.get(i / self.n).cloned().flatten();
+                c
             })
             .collect();
         let usage = self.usage();

@@ -17,5 +17,6 @@ mod concurrency;
 mod echo;
 mod health;
 mod logprobs;
+mod prompt_logprobs;
 mod sampling;
 mod tokenize;
