@@ -26,7 +26,7 @@ enum Command {
         tx: UnboundedSender<Event>,
     },
     Cancel(RequestId),
-    ClearPrefixCache,
+    ClearPrefixCache(Option<tokio::sync::oneshot::Sender<usize>>),
     /// Block the loop until the sender is dropped (fault injection).
     Stall(Receiver<()>),
     Shutdown,
@@ -87,7 +87,13 @@ fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
         Command::Cancel(id) => {
             sched.cancel(id);
         }
-        Command::ClearPrefixCache => sched.clear_prefix_cache(),
+        Command::ClearPrefixCache(done) => {
+            let dropped = sched.clear_prefix_cache();
+            if let Some(done) = done {
+                // A closed channel only means the caller stopped waiting.
+                let _ = done.send(dropped);
+            }
+        }
         Command::Stall(release) => {
             tracing::warn!("step loop stalled on purpose (fault injection)");
             // Returns when the guard's sender is dropped.
@@ -175,9 +181,20 @@ impl EngineHandle {
         let _ = self.inner.cmd.send(Command::Cancel(id));
     }
 
-    /// Drop every prefix snapshot.
+    /// Drop every prefix snapshot (before the next step; does not wait).
     pub fn clear_prefix_cache(&self) {
-        let _ = self.inner.cmd.send(Command::ClearPrefixCache);
+        let _ = self.inner.cmd.send(Command::ClearPrefixCache(None));
+    }
+
+    /// Drop every prefix snapshot, device and host tier, and wait until they are gone: the
+    /// number dropped. Pages a running request shares with a snapshot stay with the request.
+    pub async fn flush_prefix_cache(&self) -> Result<usize, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner
+            .cmd
+            .send(Command::ClearPrefixCache(Some(tx)))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
     }
 
     /// The metrics as of the last step.

@@ -228,12 +228,16 @@ impl Scheduler {
             && self.overlap.as_ref().is_none_or(|p| !p.busy())
     }
 
-    /// Drop every prefix snapshot (their pages are freed unless a request shares them).
-    pub fn clear_prefix_cache(&mut self) {
-        if let Some(p) = &mut self.prefix {
+    /// Drop every prefix snapshot, device and host tier (their pages are freed unless a
+    /// request shares them); the number dropped.
+    pub fn clear_prefix_cache(&mut self) -> usize {
+        let dropped = self.prefix.as_mut().map_or(0, |p| {
+            let n = p.snapshots();
             p.clear();
-        }
+            n
+        });
         self.settle();
+        dropped
     }
 
     /// The metrics now.

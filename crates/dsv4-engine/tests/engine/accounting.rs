@@ -87,7 +87,12 @@ fn every_page_is_free_after_finished_cancelled_and_preempted_requests() {
         assert_eq!(c.finished.reason, FinishReason::Length, "request {i}");
         assert_same_as_solo(&c, &solo(&m, &prompts[i], 6), &format!("request {i}"));
     }
-    s.clear_prefix_cache();
+    assert_eq!(
+        s.clear_prefix_cache(),
+        m2.prefix_snapshots,
+        "every snapshot dropped"
+    );
+    assert_eq!(s.metrics().prefix_snapshots, 0);
     for u in s.pools().usage() {
         assert_eq!(u.used_pages, 0, "pool {} still has pages in use", u.pool);
     }

@@ -1,8 +1,9 @@
 //! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
-//! on `/v1/*`, `/tokenize` and `/detokenize`, request counting, the body-size limit and the
+//! on `/v1/*`, `/tokenize`, `/detokenize` and the cache flush, request counting, the body-size limit and the
 //! JSON 404/405 answers; helpers turn bodies into bytes (413 past the limit), check the model
 //! id, and stream server-sent events.
 
+pub mod cache;
 pub mod chat;
 pub mod chat_stream;
 pub mod completions;
@@ -35,6 +36,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{id}", get(info::model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/reset_prefix_cache", post(cache::reset_prefix_cache))
+        .route("/flush_cache", post(cache::reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -56,6 +59,8 @@ fn endpoint(path: &str) -> &'static str {
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         "/tokenize" => "/tokenize",
         "/detokenize" => "/detokenize",
+        "/reset_prefix_cache" => "/reset_prefix_cache",
+        "/flush_cache" => "/flush_cache",
         "/health" => "/health",
         "/metrics" => "/metrics",
         _ => "other",
@@ -70,7 +75,8 @@ async fn count(State(state): State<AppState>, req: Request, next: Next) -> Respo
     response
 }
 
-/// Refuse `/v1/*`, `/tokenize` and `/detokenize` requests without the configured bearer key.
+/// Refuse `/v1/*`, `/tokenize`, `/detokenize` and cache-flush requests without the configured
+/// bearer key.
 async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.cfg().api_key.as_deref() else {
         return next.run(req).await;

@@ -32,6 +32,9 @@ async fn loading_servers_answer_503() {
         .await
         .error(503);
     assert_eq!(e["type"], "service_unavailable");
+    s.send("POST", "/reset_prefix_cache", &json!({}))
+        .await
+        .error(503);
     assert_eq!(r.header("x-should-retry"), None);
     assert_eq!(s.get("/v1/models").await.json()["data"][0]["id"], MODEL);
     assert_eq!(s.get("/metrics").await.status, 200);

@@ -6,10 +6,12 @@
 //! (scored as generation would), sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
-//! disconnects and graceful shutdown, and `/tokenize` / `/detokenize`.
+//! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
+//! prefix-cache flush.
 
 mod api;
 mod bad_input;
+mod cache;
 mod canary;
 mod choices;
 mod common;
