@@ -52,10 +52,11 @@ pub async fn completions(
         prompt_logprobs,
     } = prepare(&state, &loaded, &req)?;
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
-    // the choices already started. An echo with logprobs shows the prompt's entries in every
-    // choice's first chunk, so each choice scores it; `prompt_logprobs` alone takes the first
-    // choice's.
-    let every = logprobs.is_some() && req.echo.unwrap_or(false);
+    // the choices already started. A streamed echo with logprobs shows the prompt's entries in
+    // every choice's first chunk, so each choice scores it; otherwise only a prompt's first
+    // choice does and the others show its entries.
+    let stream = req.stream.unwrap_or(false);
+    let every = stream && logprobs.is_some() && req.echo.unwrap_or(false);
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
     let mut prompt_ids = Vec::new();
@@ -90,7 +91,7 @@ pub async fn completions(
         usages: vec![None; total],
         done: false,
     };
-    if req.stream.unwrap_or(false) {
+    if stream {
         Ok(sse_response(out))
     } else {
         out.answer().await
@@ -362,7 +363,12 @@ impl TextStream {
                 self.usages[i] = Some(f.usage);
             }
         }
-        // `prompt_logprobs`: each prompt's first choice scored it.
+        // Each prompt's first choice scored it (every choice, when streamed).
+        for i in 0..prompts.len() {
+            if prompts[i].is_none() {
+                prompts[i] = prompts[i - i % self.n].clone();
+            }
+        }
         let scored: Vec<Option<PromptLogprobs>> = match self.prompt_logprobs {
             Some(top) => self
                 .prompt_ids

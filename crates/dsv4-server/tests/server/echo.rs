@@ -198,3 +198,52 @@ async fn max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing() {
     assert_eq!(m["usage"]["completion_tokens"], 0);
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_of_one_echoed_prompt_share_its_scoring_unless_streamed() {
+    // Only the first choice scores the prompt; the others reuse its prefill through the prefix
+    // cache (whole pages of 64) and show its entries. A stream shows them in every choice's
+    // first chunk, so there every choice scores it (and reuses nothing).
+    let s = start(config()).await;
+    let engine = s.state.loaded().unwrap().engine.clone();
+    let prompt = "Once upon a time there was a small model. ".repeat(4);
+    let req = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2, "echo": true,
+                     "logprobs": 1, "n": 3, "temperature": 0.9, "seed": 4});
+    let cached = engine.metrics().cached_tokens_total;
+    let v = s.send("POST", PATH, &req).await.json();
+    assert!(
+        engine.metrics().cached_tokens_total >= cached + 2 * 64,
+        "choices 1 and 2 reuse the first one's pages"
+    );
+    let choices = v["choices"].as_array().unwrap();
+    let shown = prompt.len();
+    let lists_of = |c: &Value| -> Vec<Vec<Value>> {
+        lists(&c["logprobs"])
+            .iter()
+            .map(|l| l[..shown].to_vec())
+            .collect()
+    };
+    for c in choices {
+        assert!(c["text"].as_str().unwrap().starts_with(&prompt), "{c}");
+        assert_eq!(
+            lists_of(c),
+            lists_of(&choices[0]),
+            "the prompt's lists are shared"
+        );
+    }
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    streamed["seed"] = json!(5);
+    s.send("POST", "/reset_prefix_cache", &json!({}))
+        .await
+        .json();
+    let cached = engine.metrics().cached_tokens_total;
+    let events = s.send("POST", PATH, &streamed).await.events();
+    assert!(events.iter().any(|e| e["choices"][0]["index"] == 2));
+    assert_eq!(
+        engine.metrics().cached_tokens_total,
+        cached,
+        "every streamed choice scores"
+    );
+    s.shutdown().await.unwrap();
+}
