@@ -6,9 +6,9 @@
 //! cached prefix, or starting fresh) up to `max_running_requests`, passing over those whose
 //! uncached prompt pages a running request is still prefilling (in-batch prefix caching); give
 //! every running request its next tokens (one for a decode, a prefill chunk within the step's
-//! `chunked_prefill_size` budget); then run them in rounds of one forward step each (through the model's plan, with
-//! the canary around it when `debug.canary` is on) — with the prefix cache on, a
-//! chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
+//! `chunked_prefill_size` budget); then run them in rounds of one forward step each (through
+//! the model's plan, with the canary around it when `debug.canary` is on) — with the prefix
+//! cache on, a chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
 //! it will take are counted; when a pool is short the least recently used snapshots are dropped,
 //! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
 //! With the host tier on, dropped snapshots spill to it and host hits load back
