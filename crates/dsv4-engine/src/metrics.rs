@@ -30,6 +30,9 @@ pub struct EngineMetrics {
     /// Rows whose logits the model computed: one per sampled token, plus the rows scored for
     /// `prompt_logprobs` (prefill rows that neither sample nor score need none).
     pub logit_rows_total: u64,
+    /// Requests admission passed over at least once to wait for a running request's prefill
+    /// of prompt pages they share (in-batch prefix caching).
+    pub prefill_waits_total: u64,
     /// Tokens generated.
     pub generated_tokens_total: u64,
     /// Steps run.
@@ -77,6 +80,7 @@ pub(crate) struct Counters {
     pub cached_tokens: u64,
     pub computed_tokens: u64,
     pub logit_rows: u64,
+    pub prefill_waits: u64,
     pub generated_tokens: u64,
     pub steps: u64,
     pub finished: u64,
@@ -113,6 +117,7 @@ impl Counters {
         m.prefix_hit_rate = self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64;
         m.computed_tokens_total = self.computed_tokens;
         m.logit_rows_total = self.logit_rows;
+        m.prefill_waits_total = self.prefill_waits;
         m.generated_tokens_total = self.generated_tokens;
         m.steps_total = self.steps;
         m.last_step_ms = self.last_step_ms;

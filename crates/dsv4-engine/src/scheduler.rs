@@ -330,24 +330,48 @@ impl Scheduler {
     }
 
     /// Index of the next waiting request to admit under the policy, passing over those that
-    /// wait for a running request's prefill ([`Self::waits_for_shared_prefill`]); None when
-    /// every request looked at waits (first come, first served looks at the first
-    /// [`HELD_SCAN`]).
-    fn pick(&self) -> Option<usize> {
-        let held = |s: &Seq| self.waits_for_shared_prefill(s);
-        match (self.cfg.schedule_policy, &self.prefix) {
+    /// wait for a running request's prefill ([`Self::waits_for_shared_prefill`]; each counts
+    /// once in `prefill_waits`); None when every request looked at waits (first come, first
+    /// served looks at the first [`HELD_SCAN`]).
+    fn pick(&mut self) -> Option<usize> {
+        let mut held = Vec::new();
+        let picked = match (self.cfg.schedule_policy, &self.prefix) {
             (SchedulePolicy::Lpm, Some(p)) => {
                 let mut best: Option<(usize, usize)> = None;
                 for (i, s) in self.waiting.iter().enumerate() {
                     let m = p.match_len(&s.tokens, s.prefix_limit());
-                    if best.is_none_or(|(_, b)| m > b) && !held(s) {
+                    if best.is_some_and(|(_, b)| m <= b) {
+                        continue;
+                    }
+                    if self.waits_for_shared_prefill(s) {
+                        held.push(i);
+                    } else {
                         best = Some((i, m));
                     }
                 }
                 best.map(|(i, _)| i)
             }
-            _ => self.waiting.iter().take(HELD_SCAN).position(|s| !held(s)),
+            _ => {
+                let mut found = None;
+                for (i, s) in self.waiting.iter().enumerate().take(HELD_SCAN) {
+                    if self.waits_for_shared_prefill(s) {
+                        held.push(i);
+                    } else {
+                        found = Some(i);
+                        break;
+                    }
+                }
+                found
+            }
+        };
+        for i in held {
+            let s = &mut self.waiting[i];
+            if !s.waited_for_prefill {
+                s.waited_for_prefill = true;
+                self.counters.prefill_waits += 1;
+            }
         }
+        picked
     }
 
     /// Whether waiting request `s` should wait (`in_batch_prefix_caching`): a running request

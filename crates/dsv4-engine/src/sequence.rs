@@ -118,6 +118,8 @@ pub(crate) struct Seq {
     pub prompt_logprobs: Vec<TokenLogprob>,
     /// Whether the [`Event::Prompt`] was sent.
     pub prompt_sent: bool,
+    /// Whether admission passed it over to wait for a running request's prefill.
+    pub waited_for_prefill: bool,
     /// Its position when the overlap scheduler launched the step that holds its state (read
     /// while the state is away on the device thread).
     pub launched_from: usize,
@@ -199,6 +201,7 @@ impl Seq {
             admit_order: 0,
             prompt_logprobs: Vec::new(),
             prompt_sent: false,
+            waited_for_prefill: false,
             launched_from: 0,
         }
     }

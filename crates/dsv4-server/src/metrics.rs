@@ -297,6 +297,13 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
         "Rows whose logits the model computed (sampled tokens and prompt_logprobs rows).",
         m.logit_rows_total as f64,
     );
+    scalar(
+        o,
+        "dsv4:engine_prefill_waits_total",
+        "counter",
+        "Requests held back to reuse a running request's prefill of the prompt pages they share.",
+        m.prefill_waits_total as f64,
+    );
     let used: usize = m.pools.iter().map(|p| p.used_pages).sum();
     let total: usize = m.pools.iter().map(|p| p.total_pages).sum();
     scalar(

@@ -1,8 +1,9 @@
 //! In-batch prefix caching (`EngineConfig::in_batch_prefix_caching`): requests that arrive
 //! together sharing whole pages of prompt wait for the first one's prefill and reuse its
-//! snapshots instead of computing those pages again, in both schedulers and under both
-//! policies; their tokens and logits are the solo runs'. Turned off, each computes its whole
-//! prompt. A request scoring its prompt (which cannot skip rows) does not wait.
+//! snapshots instead of computing those pages again (each counted once as a prefill wait), in
+//! both schedulers and under both policies; their tokens and logits are the solo runs'.
+//! Turned off, each computes its whole prompt. A request scoring its prompt (which cannot skip
+//! rows) does not wait.
 
 use super::*;
 use dsv4_engine::{EngineConfig, SchedulePolicy, Scheduler};
@@ -58,10 +59,9 @@ fn requests_sharing_a_prompt_prefill_the_shared_pages_once() {
                     .collect();
                 let want = if on { [0, 32, 32, 32] } else { [0; 4] };
                 assert_eq!(cached, want, "{what}");
-                assert_eq!(
-                    s.metrics().cached_tokens_total,
-                    want.iter().sum::<usize>() as u64
-                );
+                let m = s.metrics();
+                assert_eq!(m.cached_tokens_total, want.iter().sum::<usize>() as u64);
+                assert_eq!(m.prefill_waits_total, if on { 3 } else { 0 }, "{what}");
             }
         }
     }

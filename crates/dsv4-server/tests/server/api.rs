@@ -300,6 +300,8 @@ async fn completions_models_stops_and_metrics() {
         "dsv4:prefix_cache_hit_rate",
         "dsv4:cache_pool_total_pages{pool=\"swa_kv\"}",
         "dsv4:generation_tokens_total",
+        "dsv4:engine_logit_rows_total",
+        "dsv4:engine_prefill_waits_total 0",
     ] {
         assert!(m.body.contains(needle), "{needle} missing:\n{}", m.body);
     }
