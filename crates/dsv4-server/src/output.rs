@@ -1,5 +1,6 @@
 //! From generated token bytes to what a client sees: [`OutputDecoder`] holds back text that may
-//! still become a stop string, cuts the completion at the first stop string, decodes UTF-8 as
+//! still become a stop string, cuts the completion at the first stop string (before it, or
+//! after it with `include_stop_str_in_output`), decodes UTF-8 as
 //! the tokenizer does (a character split across tokens waits for its last byte; invalid bytes
 //! become U+FFFD), and turns the text into [`Delta`]s — raw text, or (chat) the strict
 //! streaming DSML parser's reasoning, content and tool calls. Each request owns its decoder
@@ -44,8 +45,10 @@ pub struct OutputDecoder {
     hold: usize,
     /// Bytes already searched for stop strings: an occurrence ending within them was found.
     searched: usize,
-    /// The earliest stop string found so far (byte offset).
-    stop_at: Option<usize>,
+    /// The earliest stop string found so far: (start, end) byte offsets.
+    stop_at: Option<(usize, usize)>,
+    /// Keep the stop string in the text (`include_stop_str_in_output`): cut after it.
+    keep_stop: bool,
     /// Tokens still to come whose stop strings are not looked for (`min_tokens` − 1 at first).
     unchecked: usize,
 }
@@ -99,8 +102,20 @@ impl OutputDecoder {
             hold,
             searched: 0,
             stop_at: None,
+            keep_stop: false,
             unchecked: 0,
         }
+    }
+
+    /// The same decoder keeping the stop string that ends the text (vLLM's
+    /// `include_stop_str_in_output`): the text is cut after it instead of before, and nothing
+    /// is held back (a partial stop string is shown either way).
+    pub fn with_stop_in_output(mut self, keep: bool) -> Self {
+        self.keep_stop = keep;
+        if keep {
+            self.hold = 0;
+        }
+        self
     }
 
     /// The same decoder for a request with `min_tokens`: a stop string that ends in the text of
@@ -152,9 +167,10 @@ impl OutputDecoder {
         Ok(out)
     }
 
-    /// Byte offset of the earliest stop string in the completion. Only occurrences that end in
-    /// the bytes added since the last call are new, so each call searches those bytes (and
-    /// the stop's length before them), not the whole completion.
+    /// Byte offset where the completion ends at its earliest stop string (ties: the first
+    /// listed): its start, or its end when the stop is kept. Only occurrences that end in the
+    /// bytes added since the last call are new, so each call searches those bytes (and the
+    /// stop's length before them), not the whole completion.
     fn first_stop(&mut self) -> Option<usize> {
         for s in &self.stops {
             let from = (self.searched + 1).saturating_sub(s.len());
@@ -163,11 +179,14 @@ impl OutputDecoder {
                 .position(|w| w == s.as_slice())
             {
                 let at = from + i;
-                self.stop_at = Some(self.stop_at.map_or(at, |p| p.min(at)));
+                if self.stop_at.is_none_or(|(p, _)| at < p) {
+                    self.stop_at = Some((at, at + s.len()));
+                }
             }
         }
         self.searched = self.bytes.len();
         self.stop_at
+            .map(|(start, end)| if self.keep_stop { end } else { start })
     }
 
     fn feed(&mut self, upto: usize) -> Result<Vec<Delta>, ParseError> {
@@ -360,14 +379,24 @@ mod tests {
                 })
                 .collect();
             let all: Vec<u8> = tokens.concat();
-            let cut = stops
+            // The earliest occurrence (ties: the first listed), cut before it or after it.
+            let first = stops
                 .iter()
-                .filter_map(|s| all.windows(s.len()).position(|w| w == s.as_bytes()))
-                .min()
-                .unwrap_or(all.len());
-            let want = String::from_utf8_lossy(&all[..cut]).into_owned();
-            let mut d = OutputDecoder::raw(&stops);
-            assert_eq!(text(&run(&mut d, &tokens).unwrap()), want, "round {round}");
+                .filter_map(|s| {
+                    let at = all.windows(s.len()).position(|w| w == s.as_bytes())?;
+                    Some((at, at + s.len()))
+                })
+                .min_by_key(|&(at, _)| at);
+            for keep in [false, true] {
+                let cut = first.map_or(all.len(), |(at, end)| if keep { end } else { at });
+                let want = String::from_utf8_lossy(&all[..cut]).into_owned();
+                let mut d = OutputDecoder::raw(&stops).with_stop_in_output(keep);
+                assert_eq!(
+                    text(&run(&mut d, &tokens).unwrap()),
+                    want,
+                    "round {round}, keep {keep}"
+                );
+            }
         }
     }
 

@@ -41,6 +41,9 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     /// Stop strings.
     pub stop: Option<Stop>,
+    /// Keep the stop string that ended the answer in its text (vLLM's extension; default
+    /// false: the text is cut before it).
+    pub include_stop_str_in_output: Option<bool>,
     /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.

@@ -32,6 +32,9 @@ pub struct CompletionRequest {
     pub seed: Option<u64>,
     /// Stop strings.
     pub stop: Option<Stop>,
+    /// Keep the stop string that ended the answer in its text (vLLM's extension; default
+    /// false: the text is cut before it).
+    pub include_stop_str_in_output: Option<bool>,
     /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// Stream server-sent events.

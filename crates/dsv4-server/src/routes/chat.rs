@@ -91,6 +91,8 @@ struct DecoderSpec {
     tools: Arc<ToolSet>,
     stop: Vec<String>,
     min_tokens: usize,
+    /// `include_stop_str_in_output`.
+    keep_stop: bool,
 }
 
 impl DecoderSpec {
@@ -103,6 +105,7 @@ impl DecoderSpec {
             &self.stop,
         )
         .with_min_tokens(self.min_tokens)
+        .with_stop_in_output(self.keep_stop)
     }
 }
 
@@ -202,6 +205,7 @@ fn prepare(
         tools: parser_tools,
         stop: stop.clone(),
         min_tokens: sampling.min_tokens,
+        keep_stop: req.include_stop_str_in_output.unwrap_or(false),
     };
     Ok(Prepared {
         request: Request {

@@ -64,8 +64,11 @@ pub async fn completions(
         if prompt_logprobs.is_some() {
             prompt_ids.push(request.prompt.clone());
         }
+        let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
         runs.extend(start_choices(&state, &loaded, request, n, every, || {
-            OutputDecoder::raw(&stops).with_min_tokens(min_tokens)
+            OutputDecoder::raw(&stops)
+                .with_min_tokens(min_tokens)
+                .with_stop_in_output(keep_stop)
         })?);
         echoes.extend(echo);
     }

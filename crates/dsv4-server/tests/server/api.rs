@@ -287,13 +287,29 @@ async fn completions_models_stops_and_metrics() {
         text.starts_with(cut) && !cut.contains(&stop),
         "{cut:?} from {text:?}"
     );
+    // include_stop_str_in_output keeps the stop string, streamed or not.
+    stopped["include_stop_str_in_output"] = json!(true);
+    let kept = s.send("POST", "/v1/completions", &stopped).await.json();
+    assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    assert_eq!(kept["choices"][0]["text"], format!("{cut}{stop}"));
+    stopped["stream"] = json!(true);
+    let streamed: String = s
+        .send("POST", "/v1/completions", &stopped)
+        .await
+        .events()
+        .iter()
+        .filter(|e| e.is_object())
+        .flat_map(|e| e["choices"].as_array().unwrap().clone())
+        .map(|c| c["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, format!("{cut}{stop}"));
 
     let m = s.get("/metrics").await;
     assert!(m.header("content-type").unwrap().starts_with("text/plain"));
     for needle in [
-        "dsv4:http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 4",
+        "dsv4:http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 6",
         "dsv4:request_success_total{finished_reason=\"stop\"}",
-        "dsv4:time_to_first_token_seconds_count 4",
+        "dsv4:time_to_first_token_seconds_count 6",
         "dsv4:time_per_output_token_seconds_bucket{le=\"+Inf\"}",
         "dsv4:num_requests_running 0",
         "dsv4:num_requests_waiting 0",
