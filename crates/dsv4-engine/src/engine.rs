@@ -22,7 +22,8 @@ use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 enum Command {
     Submit {
         id: RequestId,
-        req: Request,
+        /// Boxed: a request is far larger than the other commands.
+        req: Box<Request>,
         tx: UnboundedSender<Event>,
     },
     Cancel(RequestId),
@@ -83,7 +84,7 @@ impl Engine {
 /// Apply a command; false on shutdown.
 fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
     match cmd {
-        Command::Submit { id, req, tx } => sched.enqueue(id, req, tx),
+        Command::Submit { id, req, tx } => sched.enqueue(id, *req, tx),
         Command::Cancel(id) => {
             sched.cancel(id);
         }
@@ -170,7 +171,11 @@ impl EngineHandle {
         let (tx, rx) = unbounded_channel();
         self.inner
             .cmd
-            .send(Command::Submit { id, req, tx })
+            .send(Command::Submit {
+                id,
+                req: Box::new(req),
+                tx,
+            })
             .map_err(|_| EngineError::Stopped)?;
         Ok(RequestStream { id, rx })
     }

@@ -62,6 +62,17 @@ impl Limits {
                 self.vocab
             ));
         }
+        if let Some(t) = req
+            .sampling
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.vocab)
+        {
+            return bad(format!(
+                "stop_token_ids names token {t}, outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
         if req.sampling.min_tokens > req.max_tokens {
             return bad(format!(
                 "min_tokens ({}) must not exceed max_tokens ({})",

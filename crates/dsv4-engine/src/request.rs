@@ -40,9 +40,21 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// `(token id, bias)` pairs: the bias (−100 to 100) is added to the token's logit.
     pub logit_bias: Vec<(u32, f32)>,
-    /// The end-of-sequence token cannot be chosen, and stop strings are not looked for,
-    /// before this many tokens are generated (vLLM's semantics).
+    /// The end tokens (end-of-sequence and `stop_token_ids`) cannot be chosen, and stop
+    /// strings are not looked for, before this many tokens are generated (vLLM's semantics).
     pub min_tokens: usize,
+    /// More tokens that end the request as the end-of-sequence token does (vLLM's
+    /// `stop_token_ids`): never part of the output, held back before `min_tokens`, and not
+    /// affected by `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl SamplingParams {
+    /// Whether `token` ends a request with end-of-sequence token `eos` (`ignore_eos` keeps
+    /// going past that one only).
+    pub fn ends(&self, token: u32, (eos, ignore_eos): (u32, bool)) -> bool {
+        (token == eos && !ignore_eos) || self.stop_token_ids.contains(&token)
+    }
 }
 
 impl Default for SamplingParams {
@@ -58,6 +70,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             min_tokens: 0,
+            stop_token_ids: Vec::new(),
         }
     }
 }
@@ -114,7 +127,8 @@ pub struct Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// The model produced its end-of-sequence token (not included in the output).
+    /// The model produced an end token: its end-of-sequence token, or one of the request's
+    /// `stop_token_ids` (not included in the output).
     Eos,
     /// A stop string appeared.
     Stop,

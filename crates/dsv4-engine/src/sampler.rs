@@ -85,17 +85,18 @@ impl SamplerState {
     }
 
     /// The next token from `row` under `params`: logit bias and penalties, the token
-    /// constraint's mask, the end-of-sequence token held back until `min_tokens` (unless that
-    /// would leave nothing), then sampling. The constraint advances past the token unless it is
-    /// an end-of-sequence that ends the request, given as `(eos, ignore_eos)`. An error is the
-    /// constraint's.
+    /// constraint's mask, the end tokens (the end-of-sequence token, given as `(eos,
+    /// ignore_eos)`, and `stop_token_ids`) held back until `min_tokens` (unless that would leave
+    /// nothing), then sampling. The constraint advances past the token unless it ends the
+    /// request. An error is the constraint's.
     pub fn choose(
         &mut self,
         row: &[f32],
         params: &SamplingParams,
         (eos, ignore_eos): (u32, bool),
     ) -> Result<u32, String> {
-        let hold_eos = !ignore_eos && self.counts.generated() < params.min_tokens;
+        let hold_eos = (!ignore_eos || !params.stop_token_ids.is_empty())
+            && self.counts.generated() < params.min_tokens;
         let tok = if !sampling::processes(params) && !hold_eos && self.constraint.is_none() {
             sampling::sample(row, params, &mut self.rng)
         } else {
@@ -106,20 +107,23 @@ impl SamplerState {
                 None => row.to_vec(),
             };
             sampling::process(&mut row, params, &self.counts);
-            let e = eos as usize;
+            let end = |i: usize| params.ends(i as u32, (eos, ignore_eos));
             if hold_eos
-                && e < row.len()
                 && row
                     .iter()
                     .enumerate()
-                    .any(|(i, &x)| i != e && x > f32::NEG_INFINITY)
+                    .any(|(i, &x)| !end(i) && x > f32::NEG_INFINITY)
             {
-                row[e] = f32::NEG_INFINITY;
+                for (i, x) in row.iter_mut().enumerate() {
+                    if end(i) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
             }
             sampling::sample(&row, params, &mut self.rng)
         };
         if let Some(c) = self.constraint.as_deref_mut()
-            && (tok != eos || ignore_eos)
+            && !params.ends(tok, (eos, ignore_eos))
         {
             c.advance(tok)
                 .map_err(|e| format!("token constraint: {e}"))?;
@@ -166,6 +170,33 @@ mod tests {
             Ok(2),
             "with ignore_eos the end token is an ordinary token"
         );
+    }
+
+    #[test]
+    fn stop_token_ids_are_end_tokens_held_back_until_min_tokens() {
+        // Token 3 is a stop token and the most likely; end-of-sequence (2) is kept going past.
+        let p = SamplingParams {
+            min_tokens: 2,
+            stop_token_ids: vec![3],
+            ..Default::default()
+        };
+        let row = [0.0, 1.0, 4.0, 5.0];
+        let mut s = SamplerState::new(&request(p.clone()));
+        assert_eq!(
+            s.choose(&row, &p, (2, true)),
+            Ok(2),
+            "the stop token held back"
+        );
+        assert_eq!(s.choose(&row, &p, (2, true)), Ok(2));
+        assert_eq!(s.choose(&row, &p, (2, true)), Ok(3), "two tokens generated");
+        assert!(p.ends(3, (2, true)) && !p.ends(2, (2, true)) && p.ends(2, (2, false)));
+        // Both end tokens held: the next most likely is chosen.
+        let mut s = SamplerState::new(&request(p.clone()));
+        assert_eq!(s.choose(&row, &p, (2, false)), Ok(1));
+        // Only end tokens left: one is chosen.
+        let mut s = SamplerState::new(&request(p.clone()));
+        let only_ends = [f32::NEG_INFINITY, f32::NEG_INFINITY, 4.0, 5.0];
+        assert_eq!(s.choose(&only_ends, &p, (2, false)), Ok(3));
     }
 
     #[test]

@@ -295,7 +295,7 @@ impl Seq {
         };
         // The first token was chosen from the last prompt row, so every row is scored.
         self.prompt_done();
-        if tok == eos && !self.req.ignore_eos {
+        if self.req.sampling.ends(tok, (eos, self.req.ignore_eos)) {
             return AfterToken::Finish(FinishReason::Eos);
         }
         self.tokens.push(tok);

@@ -510,8 +510,8 @@ impl Scheduler {
             let Some(s) = self.running.iter().find(|s| s.id == o.id) else {
                 continue;
             };
-            let ends =
-                (*tok == eos && !s.req.ignore_eos) || s.generated().len() + 1 >= s.req.max_tokens;
+            let ends = s.req.sampling.ends(*tok, (eos, s.req.ignore_eos))
+                || s.generated().len() + 1 >= s.req.max_tokens;
             if !ends {
                 continue;
             }

@@ -66,6 +66,8 @@ pub struct CompletionRequest {
     pub min_tokens: Option<u64>,
     /// Keep generating past the end-of-sequence token (extension; its text is left out).
     pub ignore_eos: Option<bool>,
+    /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
+    pub stop_token_ids: Option<Value>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
@@ -93,6 +95,7 @@ impl CompletionRequest {
             repetition_penalty: self.repetition_penalty,
             logit_bias: self.logit_bias.clone(),
             min_tokens: self.min_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
         }
     }
 

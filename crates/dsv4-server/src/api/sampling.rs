@@ -29,9 +29,14 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f32>,
     /// Token id (decimal string) → bias from −100 to 100, added to the token's logit.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
-    /// The end-of-sequence token is held back until this many tokens are generated (extension).
+    /// The end tokens are held back until this many tokens are generated (extension).
     pub min_tokens: Option<u64>,
+    /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
+    pub stop_token_ids: Option<Value>,
 }
+
+/// Most ids `stop_token_ids` may name.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
 
 impl SamplingFields {
     /// The engine's sampling options; `fresh_seed` is used when the request gives none. Checks
@@ -102,8 +107,37 @@ impl SamplingFields {
             repetition_penalty,
             logit_bias: logit_bias(self.logit_bias.as_ref())?,
             min_tokens: usize::try_from(self.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX),
+            stop_token_ids: stop_token_ids(self.stop_token_ids.as_ref())?,
         })
     }
+}
+
+/// `stop_token_ids`: a list of at most [`MAX_STOP_TOKEN_IDS`] token ids (null: none).
+fn stop_token_ids(v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: String| ApiError::bad_param("stop_token_ids", m);
+    let items = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(bad(format!(
+                "stop_token_ids is a list of token ids, got {other}"
+            )));
+        }
+    };
+    if items.len() > MAX_STOP_TOKEN_IDS {
+        return Err(bad(format!(
+            "at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {}",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .map(|i| {
+            i.as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| bad(format!("stop_token_ids holds {i}, not a token id")))
+        })
+        .collect()
 }
 
 /// `logit_bias` as `(token id, bias)` pairs in id order: keys must be token ids (decimal), each
@@ -137,14 +171,23 @@ fn logit_bias(map: Option<&serde_json::Map<String, Value>>) -> Result<Vec<(u32, 
     Ok(out)
 }
 
-/// What depends on the model and the request's length: every `logit_bias` id must be below
-/// `vocab`, and `min_tokens` must not exceed `max_tokens`.
+/// What depends on the model and the request's length: every `logit_bias` and
+/// `stop_token_ids` id must be below `vocab`, and `min_tokens` must not exceed `max_tokens`.
 pub fn check_fit(p: &SamplingParams, vocab: usize, max_tokens: usize) -> Result<(), ApiError> {
     if let Some(&(id, _)) = p.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
         return Err(ApiError::bad_param(
             "logit_bias",
             format!(
                 "logit_bias names token {id}, outside the model's vocabulary (ids 0 to {})",
+                vocab.saturating_sub(1)
+            ),
+        ));
+    }
+    if let Some(id) = p.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::bad_param(
+            "stop_token_ids",
+            format!(
+                "stop_token_ids names token {id}, outside the model's vocabulary (ids 0 to {})",
                 vocab.saturating_sub(1)
             ),
         ));

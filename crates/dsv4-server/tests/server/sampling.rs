@@ -1,6 +1,7 @@
 //! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
 //! penalties break its repeats, `min_tokens` holds the end token and stop strings back,
-//! `ignore_eos` keeps going past it (its text left out), and `min_p` 1 samples like greedy.
+//! `ignore_eos` keeps going past it (its text left out), `stop_token_ids` end the answer as
+//! the end token does, and `min_p` 1 samples like greedy.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -157,6 +158,59 @@ async fn min_tokens_and_ignore_eos_hold_the_end_token_back() {
     let v = r.json();
     assert_eq!((usage(&v), finish(&v)), (4, "length".into()), "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_token_ids_end_the_answer_as_the_end_token_does() {
+    // Token "z" biased to win and named a stop token: the answer ends on it, empty, unless
+    // min_tokens holds it back (then "z" never shows: it is an end token, left out).
+    let s = start(config()).await;
+    let z = byte_token(b'z');
+    let body = json!({"logit_bias": {z.to_string(): 100}, "stop_token_ids": [z],
+                      "max_tokens": 6, "ignore_eos": true});
+    let v = complete(&s, "Hi", body.clone()).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(
+        (v["usage"]["completion_tokens"].as_u64(), text(&v)),
+        (Some(0), "")
+    );
+    let mut held = body.clone();
+    held["min_tokens"] = json!(3);
+    let v = complete(&s, "Hi", held).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    assert!(!text(&v).contains('z'), "{v}");
+    // Without stop_token_ids "z" is an ordinary token.
+    let mut plain = body.clone();
+    plain.as_object_mut().unwrap().remove("stop_token_ids");
+    let v = complete(&s, "Hi", plain).await;
+    assert_eq!(text(&v), "zzzzzz");
+    // Chat takes them too.
+    let c = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat(
+                "Hi",
+                json!({"logit_bias": {z.to_string(): 100}, "stop_token_ids": [z]}),
+            ),
+        )
+        .await
+        .json();
+    assert_eq!(c["choices"][0]["finish_reason"], "stop", "{c}");
+    assert_eq!(c["usage"]["completion_tokens"], 0, "{c}");
+    for bad in [json!("z"), json!([-1]), json!([99999]), json!(vec![z; 65])] {
+        let e = s
+            .send(
+                "POST",
+                "/v1/completions",
+                &json!({"model": MODEL, "prompt": "a", "stop_token_ids": bad}),
+            )
+            .await
+            .error(400);
+        assert_eq!(e["param"], "stop_token_ids", "{bad} → {e}");
+    }
     s.shutdown().await.unwrap();
 }
 

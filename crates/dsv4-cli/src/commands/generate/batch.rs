@@ -53,6 +53,8 @@ struct BatchRequest {
     min_tokens: Option<usize>,
     ignore_eos: Option<bool>,
     stop: Option<Stop>,
+    /// Token ids that end the request as the end-of-sequence token does.
+    stop_token_ids: Option<Vec<u32>>,
     /// Return each token's log-probability with this many alternatives (0 to 20).
     logprobs: Option<usize>,
     /// Return each prompt token's log-probability (after the first) with this many
@@ -161,8 +163,8 @@ fn read_requests(
             format!(
                 "{}: not a request object (fields: id, prompt or messages, max_tokens, \
                  temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, \
-                 repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, logprobs, \
-                 prompt_logprobs)",
+                 repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, stop_token_ids, \
+                 logprobs, prompt_logprobs)",
                 at()
             )
         })?;
@@ -201,6 +203,7 @@ fn read_requests(
                 repetition_penalty: r.repetition_penalty.unwrap_or(defaults.repetition_penalty),
                 logit_bias: r.logit_bias.unwrap_or_default().into_iter().collect(),
                 min_tokens: r.min_tokens.unwrap_or(defaults.min_tokens),
+                stop_token_ids: r.stop_token_ids.unwrap_or_default(),
             },
             stop,
             ignore_eos: r.ignore_eos.unwrap_or(false),
