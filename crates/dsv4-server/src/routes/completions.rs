@@ -6,7 +6,8 @@
 //! the server prepended is left out); with `logprobs` too, the prompt's tokens lead the
 //! lists, the sequence's first token with null (what lm-evaluation-harness scores with). With
 //! `echo`, `max_tokens: 0` runs the prompt and generates nothing: the choice is the prompt
-//! (scored with `logprobs`), ending `length` (OpenAI's legacy API; vLLM).
+//! (scored with `logprobs`), ending `length` (OpenAI's legacy API; vLLM). `prompt_logprobs`
+//! (vLLM) adds each choice's `prompt_logprobs` list; a prompt's first choice scores it for all.
 
 use super::chat::max_tokens;
 use super::{
@@ -60,11 +61,11 @@ pub async fn completions(
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
     let mut prompt_ids = Vec::new();
+    let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
     for (request, echo) in prompts {
         if prompt_logprobs.is_some() {
             prompt_ids.push(request.prompt.clone());
         }
-        let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
         runs.extend(start_choices(&state, &loaded, request, n, every, || {
             OutputDecoder::raw(&stops)
                 .with_min_tokens(min_tokens)
