@@ -3,7 +3,7 @@
 
 use super::common::{Stop, StreamOptions, UsageBody};
 use super::logprobs::{ChatLogprobs, PromptLogprobs};
-use super::sampling::{SamplingFields, top_count};
+use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -161,18 +161,7 @@ impl ChatRequest {
     /// The alternatives per prompt token of `prompt_logprobs` (None: not asked for; refused
     /// with `stream`, as in vLLM).
     pub fn prompt_logprobs(&self) -> Result<Option<usize>, ApiError> {
-        let n = self
-            .prompt_logprobs
-            .map(|n| top_count("prompt_logprobs", n))
-            .transpose()?;
-        if n.is_some() && self.stream.unwrap_or(false) {
-            return Err(ApiError::bad_param(
-                "prompt_logprobs",
-                "prompt_logprobs is not available with stream: true (as in vLLM); ask without \
-                 streaming",
-            ));
-        }
-        Ok(n)
+        prompt_logprobs_count(self.prompt_logprobs, self.stream.unwrap_or(false))
     }
 
     /// The prompt encoding this request asks for (`thinking` from [`Self::thinking`]).

@@ -3,7 +3,7 @@
 
 use super::common::{Stop, StreamOptions, UsageBody};
 use super::logprobs::{CompletionLogprobs, PromptLogprobs};
-use super::sampling::{SamplingFields, top_count};
+use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -104,11 +104,10 @@ impl CompletionRequest {
         self.logprobs.map(|n| top_count("logprobs", n)).transpose()
     }
 
-    /// The alternatives per prompt token of `prompt_logprobs` (None: not asked for).
+    /// The alternatives per prompt token of `prompt_logprobs` (None: not asked for; refused
+    /// with `stream`, as in vLLM).
     pub fn prompt_logprobs(&self) -> Result<Option<usize>, ApiError> {
-        self.prompt_logprobs
-            .map(|n| top_count("prompt_logprobs", n))
-            .transpose()
+        prompt_logprobs_count(self.prompt_logprobs, self.stream.unwrap_or(false))
     }
 
     /// The prompts, checked: a text, token ids, or a list of texts or of token-id lists (one

@@ -205,6 +205,20 @@ pub fn check_fit(p: &SamplingParams, vocab: usize, max_tokens: usize) -> Result<
     Ok(())
 }
 
+/// The alternatives per prompt token of vLLM's `prompt_logprobs` (None: not asked for),
+/// refused with `stream` as vLLM does.
+pub fn prompt_logprobs_count(n: Option<u32>, stream: bool) -> Result<Option<usize>, ApiError> {
+    let n = n.map(|n| top_count("prompt_logprobs", n)).transpose()?;
+    if n.is_some() && stream {
+        return Err(ApiError::bad_param(
+            "prompt_logprobs",
+            "prompt_logprobs is not available with stream: true (as in vLLM); ask without \
+             streaming (on /v1/completions, echo with logprobs streams the prompt's entries)",
+        ));
+    }
+    Ok(n)
+}
+
 /// Check a count of alternatives per token (`param`: the field it came from), at most
 /// [`MAX_TOP_LOGPROBS`].
 pub fn top_count(param: &str, n: u32) -> Result<usize, ApiError> {

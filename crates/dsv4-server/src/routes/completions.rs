@@ -136,13 +136,6 @@ fn prepare(
     }
     let logprobs = req.logprobs()?;
     let prompt_logprobs = req.prompt_logprobs()?;
-    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
-        return Err(ApiError::bad_param(
-            "prompt_logprobs",
-            "prompt_logprobs is not available with stream: true (as in vLLM); ask without \
-             streaming, or stream with echo and logprobs, whose first chunk scores the prompt",
-        ));
-    }
     let prompts = req.prompts()?;
     if prompts.len() * n > MAX_PROMPTS {
         return Err(ApiError::bad_param(
