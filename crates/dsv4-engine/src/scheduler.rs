@@ -343,7 +343,7 @@ impl Scheduler {
                     if best.is_some_and(|(_, b)| m <= b) {
                         continue;
                     }
-                    if self.waits_for_shared_prefill(s) {
+                    if self.waits_for_shared_prefill(s, Some(m)) {
                         held.push(i);
                     } else {
                         best = Some((i, m));
@@ -354,7 +354,7 @@ impl Scheduler {
             _ => {
                 let mut found = None;
                 for (i, s) in self.waiting.iter().enumerate().take(HELD_SCAN) {
-                    if self.waits_for_shared_prefill(s) {
+                    if self.waits_for_shared_prefill(s, None) {
                         held.push(i);
                     } else {
                         found = Some(i);
@@ -374,12 +374,12 @@ impl Scheduler {
         picked
     }
 
-    /// Whether waiting request `s` should wait (`in_batch_prefix_caching`): a running request
-    /// is still prefilling the next whole page of prompt `s` shares with it past what the
-    /// prefix cache holds for `s`, and will snapshot it there, so `s` admitted a little later
-    /// reuses it instead of computing it again. The running request always progresses, so the
-    /// wait ends.
-    fn waits_for_shared_prefill(&self, s: &Seq) -> bool {
+    /// Whether waiting request `s`, whose first `cached` tokens the prefix cache holds (None:
+    /// not looked up yet), should wait (`in_batch_prefix_caching`): a running request is still
+    /// prefilling the next whole page of prompt `s` shares with it past those, and will
+    /// snapshot it there, so `s` admitted a little later reuses it instead of computing it
+    /// again. The running request always progresses, so the wait ends.
+    fn waits_for_shared_prefill(&self, s: &Seq, cached: Option<usize>) -> bool {
         let Some(p) = self
             .prefix
             .as_ref()
@@ -389,7 +389,7 @@ impl Scheduler {
         };
         let page = p.page_size();
         let limit = s.prefix_limit();
-        let cached = p.match_len(&s.tokens, limit);
+        let cached = cached.unwrap_or_else(|| p.match_len(&s.tokens, limit));
         self.running.iter().any(|r| {
             let end = (cached.max(r.progress()) / page + 1) * page;
             end <= limit && end <= r.tokens.len() && r.tokens[..end] == s.tokens[..end]
