@@ -200,6 +200,10 @@ pub struct Finished {
     pub text: Option<String>,
     /// What went wrong, for [`FinishReason::Error`].
     pub error: Option<String>,
+    /// With [`FinishReason::Eos`]: the token that ended the request, the end-of-sequence token
+    /// or one of `stop_token_ids` (not among the generated tokens nor counted in the usage).
+    #[serde(default)]
+    pub stop_token: Option<u32>,
 }
 
 /// One generated token.
@@ -303,5 +307,6 @@ fn stopped() -> Finished {
         timing: Timing::default(),
         text: None,
         error: Some("the engine stopped before the request finished".into()),
+        stop_token: None,
     }
 }

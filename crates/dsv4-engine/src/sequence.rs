@@ -123,6 +123,8 @@ pub(crate) struct Seq {
     /// Its position when the overlap scheduler launched the step that holds its state (read
     /// while the state is away on the device thread).
     pub launched_from: usize,
+    /// The token that ended it: the end-of-sequence token or one of `stop_token_ids`.
+    pub stop_token: Option<u32>,
 }
 
 /// The rows of a step to score for `prompt_logprobs`: rows `offset..` of the step's output
@@ -203,6 +205,7 @@ impl Seq {
             prompt_sent: false,
             waited_for_prefill: false,
             launched_from: 0,
+            stop_token: None,
         }
     }
 
@@ -296,6 +299,7 @@ impl Seq {
         // The first token was chosen from the last prompt row, so every row is scored.
         self.prompt_done();
         if self.req.sampling.ends(tok, (eos, self.req.ignore_eos)) {
+            self.stop_token = Some(tok);
             return AfterToken::Finish(FinishReason::Eos);
         }
         self.tokens.push(tok);
@@ -364,6 +368,7 @@ impl Seq {
             },
             text,
             error,
+            stop_token: self.stop_token,
         };
         (self.tx, finished)
     }
@@ -480,6 +485,41 @@ mod tests {
         );
         // The "b" of token 2 is not looked for; the text is cut at the one that stopped it.
         assert_eq!(run(3), (4, "aba".to_string()));
+    }
+
+    #[test]
+    fn the_token_that_ends_a_request_is_reported_and_not_generated() {
+        // (eos, ignore_eos, stop_token_ids) → (tokens generated, stop_token).
+        let run = |ignore_eos: bool, stop_token_ids: Vec<u32>| {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let req = Request {
+                prompt: vec![3],
+                max_tokens: 8,
+                ignore_eos,
+                sampling: crate::SamplingParams {
+                    stop_token_ids,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut s = Seq::new(RequestId(0), req, tx);
+            for tok in [5, 9, 7, 9, 4] {
+                let choice = Choice {
+                    token: Ok(tok),
+                    logprob: None,
+                };
+                if let AfterToken::Finish(r) = s.accept(choice, &[], 9, None) {
+                    let (_, f) = s.finish(r, None, None);
+                    return (f.reason, f.usage.completion_tokens, f.stop_token);
+                }
+            }
+            let (_, f) = s.finish(FinishReason::Length, None, None);
+            (f.reason, f.usage.completion_tokens, f.stop_token)
+        };
+        assert_eq!(run(false, vec![]), (FinishReason::Eos, 1, Some(9)));
+        assert_eq!(run(false, vec![7]), (FinishReason::Eos, 1, Some(9)));
+        assert_eq!(run(true, vec![7]), (FinishReason::Eos, 2, Some(7)));
+        assert_eq!(run(true, vec![]), (FinishReason::Length, 5, None));
     }
 
     #[test]

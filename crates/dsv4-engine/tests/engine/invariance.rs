@@ -57,6 +57,7 @@ fn finish(mut s: RequestStream, seen: Vec<Event>) -> Completion {
             timing: Default::default(),
             text: None,
             error: Some("stream ended without Finished".into()),
+            stop_token: None,
         },
     };
     let mut events = seen.into_iter();
