@@ -9,7 +9,7 @@ Run against a running server:
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
 the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs; n=2
-choices), usage, and OpenAI error types.
+choices), vLLM's token-id extensions through extra_body, usage, and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -286,6 +286,45 @@ def check_completion_echo(client, model):
     check(text.choices[0].text.startswith("hi"), text.choices[0].text)
 
 
+def test_vllm_token_ids(client, model):
+    """vLLM's extensions through extra_body, as RL rollout clients send them: the prompt's and
+    the answer's token ids, logprobs tokens named `token_id:N`, `stop_reason`, and a stream's
+    ids and continuous usage."""
+    extra = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    r = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=1, extra_body=extra
+    )
+    c = r.choices[0]
+    check(len(c.prompt_token_ids) == r.usage.prompt_tokens, (c.prompt_token_ids, r.usage))
+    named = [f"token_id:{t}" for t in c.token_ids]
+    check(named[: len(c.logprobs.tokens)] == c.logprobs.tokens, (c.token_ids, c.logprobs.tokens))
+    check(len(c.token_ids) - r.usage.completion_tokens in (0, 1), (c.token_ids, r.usage))
+    check(hasattr(c, "stop_reason"), c)
+    streamed, prompt_ids, last_usage = [], None, None
+    for chunk in client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body=extra,
+    ):
+        for ch in chunk.choices:
+            prompt_ids = prompt_ids or getattr(ch, "prompt_token_ids", None)
+            streamed.extend(ch.token_ids)
+            check(chunk.usage.prompt_tokens == r.usage.prompt_tokens, chunk.usage)
+        last_usage = chunk.usage
+    check(streamed == c.token_ids, (streamed, c.token_ids))
+    check(prompt_ids == c.prompt_token_ids, prompt_ids)
+    check(last_usage.completion_tokens == r.usage.completion_tokens, last_usage)
+    chat = client.chat.completions.create(
+        model=model, messages=chat_messages(), max_tokens=8, temperature=0, stop=CLEAN_STOPS, extra_body=extra
+    )
+    check(len(chat.prompt_token_ids) == chat.usage.prompt_tokens, chat)
+    check(len(chat.choices[0].token_ids) >= chat.usage.completion_tokens, chat)
+
+
 def test_errors(client, model):
     try:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -306,6 +345,7 @@ TESTS = [
     test_tool_call_round_trip,
     test_json_answer,
     test_completions,
+    test_vllm_token_ids,
     test_errors,
 ]
 

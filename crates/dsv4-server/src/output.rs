@@ -47,6 +47,8 @@ pub struct OutputDecoder {
     searched: usize,
     /// The earliest stop string found so far: (start, end) byte offsets.
     stop_at: Option<(usize, usize)>,
+    /// Which of `stops` that is.
+    matched: Option<usize>,
     /// Keep the stop string in the text (`include_stop_str_in_output`): cut after it.
     keep_stop: bool,
     /// Tokens still to come whose stop strings are not looked for (`min_tokens` − 1 at first).
@@ -102,6 +104,7 @@ impl OutputDecoder {
             hold,
             searched: 0,
             stop_at: None,
+            matched: None,
             keep_stop: false,
             unchecked: 0,
         }
@@ -167,12 +170,18 @@ impl OutputDecoder {
         Ok(out)
     }
 
+    /// The stop string the text was cut at, if any (vLLM's `stop_reason`).
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.matched
+            .and_then(|k| std::str::from_utf8(&self.stops[k]).ok())
+    }
+
     /// Byte offset where the completion ends at its earliest stop string (ties: the first
     /// listed): its start, or its end when the stop is kept. Only occurrences that end in the
     /// bytes added since the last call are new, so each call searches those bytes (and the
     /// stop's length before them), not the whole completion.
     fn first_stop(&mut self) -> Option<usize> {
-        for s in &self.stops {
+        for (k, s) in self.stops.iter().enumerate() {
             let from = (self.searched + 1).saturating_sub(s.len());
             if let Some(i) = self.bytes[from..]
                 .windows(s.len())
@@ -181,6 +190,7 @@ impl OutputDecoder {
                 let at = from + i;
                 if self.stop_at.is_none_or(|(p, _)| at < p) {
                     self.stop_at = Some((at, at + s.len()));
+                    self.matched = Some(k);
                 }
             }
         }
@@ -384,11 +394,11 @@ mod tests {
                 .iter()
                 .filter_map(|s| {
                     let at = all.windows(s.len()).position(|w| w == s.as_bytes())?;
-                    Some((at, at + s.len()))
+                    Some((at, at + s.len(), s.as_str()))
                 })
-                .min_by_key(|&(at, _)| at);
+                .min_by_key(|&(at, _, _)| at);
             for keep in [false, true] {
-                let cut = first.map_or(all.len(), |(at, end)| if keep { end } else { at });
+                let cut = first.map_or(all.len(), |(at, end, _)| if keep { end } else { at });
                 let want = String::from_utf8_lossy(&all[..cut]).into_owned();
                 let mut d = OutputDecoder::raw(&stops).with_stop_in_output(keep);
                 assert_eq!(
@@ -396,6 +406,7 @@ mod tests {
                     want,
                     "round {round}, keep {keep}"
                 );
+                assert_eq!(d.matched_stop(), first.map(|f| f.2), "round {round}");
             }
         }
     }

@@ -5,6 +5,7 @@
 //! request and frees its cache before the engine's next step. A request with `n` choices is
 //! `n` runs ([`start_choices`]) whose steps [`merge`] interleaves as they are produced.
 
+use crate::api::common::StopReason;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::state::{AppState, InFlight, Loaded};
@@ -38,6 +39,14 @@ pub struct Step {
     pub logprobs: Vec<GeneratedToken>,
     /// With `prompt_logprobs`, on the first step: entry `k` scores prompt token `k + 1`.
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
+    /// The ids of the tokens consumed since the previous step (carried forward as
+    /// `logprobs` are); the last step's end with the token that ended the answer (the
+    /// end-of-sequence token or a `stop_token_ids` id) when one did, as vLLM's `token_ids`.
+    pub token_ids: Vec<u32>,
+    /// Tokens generated so far (the token that ended the answer not counted).
+    pub generated: usize,
+    /// On the last step: the `stop_token_ids` id or stop string that ended the answer.
+    pub stop_reason: Option<StopReason>,
     /// How the request ended, on the last step.
     pub finished: Option<Finished>,
 }
@@ -53,6 +62,10 @@ pub struct Run {
     /// The end-of-sequence id when `ignore_eos` keeps it as a token (its text is left out).
     silent: Option<u32>,
     pending: Vec<GeneratedToken>,
+    /// The ids of the tokens not yet in a step.
+    pending_ids: Vec<u32>,
+    /// Tokens generated so far.
+    generated: usize,
     /// The prompt's entries, until the step that carries them.
     prompt: Option<Vec<TokenLogprob>>,
     _in_flight: InFlight,
@@ -80,6 +93,8 @@ impl Run {
             max_tokens,
             silent,
             pending: Vec::new(),
+            pending_ids: Vec::new(),
+            generated: 0,
             prompt: None,
             _in_flight: in_flight,
         })
@@ -99,6 +114,8 @@ impl Run {
             match event {
                 Some(Event::Prompt(entries)) => self.prompt = Some(entries),
                 Some(Event::Token(t)) => {
+                    self.pending_ids.push(t.token);
+                    self.generated += 1;
                     let bytes = if self.silent == Some(t.token) {
                         &[]
                     } else {
@@ -149,10 +166,27 @@ impl Run {
     }
 
     fn step(&mut self, deltas: Vec<Delta>, finished: Option<Finished>) -> Step {
+        let mut token_ids = std::mem::take(&mut self.pending_ids);
+        let stop_token = finished.as_ref().and_then(|f| f.stop_token);
+        token_ids.extend(stop_token);
+        // vLLM: the end-of-sequence token (when not ignored) is no stop reason.
+        let stop_reason = match (stop_token, &finished) {
+            (Some(t), _) if t != self.loaded.eos || self.silent.is_some() => {
+                Some(StopReason::Token(t))
+            }
+            (None, Some(f)) if f.reason == FinishReason::Stop => self
+                .decoder
+                .matched_stop()
+                .map(|s| StopReason::Text(s.to_string())),
+            _ => None,
+        };
         Step {
             deltas,
             logprobs: std::mem::take(&mut self.pending),
             prompt_logprobs: self.prompt.take(),
+            token_ids,
+            generated: self.generated,
+            stop_reason,
             finished,
         }
     }

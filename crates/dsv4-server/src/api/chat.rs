@@ -1,7 +1,7 @@
 //! `/v1/chat/completions` bodies: [`ChatRequest`] (unknown fields are refused, naming them) and
 //! the response and stream-chunk objects.
 
-use super::common::{Stop, StreamOptions, UsageBody};
+use super::common::{Stop, StopReason, StreamOptions, UsageBody};
 use super::logprobs::{ChatLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
 use crate::error::ApiError;
@@ -75,6 +75,12 @@ pub struct ChatRequest {
     /// Return each prompt token's log-probability with this many alternatives (0 to 20;
     /// vLLM's extension), as the answer's `prompt_logprobs`.
     pub prompt_logprobs: Option<u32>,
+    /// Return the token ids of the prompt (`prompt_token_ids`) and of each choice
+    /// (`choices[].token_ids`; streams: the prompt's on the first chunk, each chunk's own),
+    /// vLLM's extension.
+    pub return_token_ids: Option<bool>,
+    /// Name the tokens of `logprobs` `token_id:N` instead of by their text (vLLM's extension).
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Accepted and ignored (an end-user id for abuse tracking).
     pub user: Option<String>,
     /// Accepted and ignored.
@@ -302,6 +308,14 @@ pub struct ChoiceBody {
     pub finish_reason: &'static str,
     /// With `logprobs`: one entry per generated token (else null).
     pub logprobs: Option<ChatLogprobs>,
+    /// The `stop_token_ids` id or stop string that ended the choice, else null (vLLM's
+    /// extension).
+    pub stop_reason: Option<StopReason>,
+    /// With `return_token_ids`: the generated tokens' ids, ending with the token that ended
+    /// the choice when one did (end-of-sequence or a `stop_token_ids` id, which `usage` does
+    /// not count); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A non-streamed chat completion.
@@ -322,6 +336,9 @@ pub struct ChatCompletion {
     /// With `prompt_logprobs`: the prompt's tokens (vLLM's extension); else absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<PromptLogprobs>,
+    /// With `return_token_ids`: the encoded prompt's token ids; else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// The delta of one stream chunk.
@@ -353,6 +370,14 @@ pub struct ChunkChoice {
     /// With `logprobs` (every chunk but the first): the entries of the tokens consumed since
     /// the previous chunk, possibly none; else null.
     pub logprobs: Option<ChatLogprobs>,
+    /// With the `finish_reason`: the `stop_token_ids` id or stop string that ended the choice,
+    /// else null; absent before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Option<StopReason>>,
+    /// With `return_token_ids` (every chunk but the role chunk): the ids of the tokens
+    /// consumed since the previous chunk (see [`ChoiceBody::token_ids`]); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// One `chat.completion.chunk` event.
@@ -368,7 +393,11 @@ pub struct ChatChunk {
     pub model: String,
     /// One choice (the chunks of several choices interleave), or none on the usage chunk.
     pub choices: Vec<ChunkChoice>,
-    /// With `include_usage`: null, then the usage on the last chunk.
+    /// With `include_usage`: null, then the usage on the last chunk (with
+    /// `continuous_usage_stats`, each choice chunk's choice so far).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<UsageBody>>,
+    /// With `return_token_ids`, on the stream's first chunk: the encoded prompt's token ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }

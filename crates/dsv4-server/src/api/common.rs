@@ -72,12 +72,53 @@ pub fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// `stream_options`.
+/// What ended an answer that stopped (vLLM's `stop_reason`): a `stop_token_ids` id or a stop
+/// string; end-of-sequence and length limits have none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// A token of `stop_token_ids`.
+    Token(u32),
+    /// A stop string.
+    Text(String),
+}
+
+/// `stream_options` (unknown options are refused, naming them).
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Send a last chunk with the usage (and `"usage": null` on the others).
     #[serde(default)]
     pub include_usage: Option<bool>,
+    /// With `include_usage`: every chunk of a choice carries that choice's usage so far
+    /// (vLLM's extension).
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// What a stream reports of its usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A last chunk with the totals (`include_usage`).
+    pub last: bool,
+    /// Every choice chunk with its choice's usage so far (`continuous_usage_stats`).
+    pub every: bool,
+}
+
+impl StreamUsage {
+    /// The usage reporting `opts` asks for; `continuous_usage_stats` needs `include_usage`
+    /// (as in vLLM, where it does nothing without it; here it is refused).
+    pub fn new(opts: Option<&StreamOptions>) -> Result<Self, ApiError> {
+        let last = opts.and_then(|o| o.include_usage).unwrap_or(false);
+        let every = opts.and_then(|o| o.continuous_usage_stats).unwrap_or(false);
+        if every && !last {
+            return Err(ApiError::bad_param(
+                "stream_options.continuous_usage_stats",
+                "continuous_usage_stats needs \"include_usage\": true in stream_options",
+            ));
+        }
+        Ok(Self { last, every })
+    }
 }
 
 /// Refuse an option this server does not implement when it is set to anything but `default`.
@@ -114,8 +155,10 @@ pub struct UsageBody {
     pub completion_tokens: usize,
     /// Both.
     pub total_tokens: usize,
-    /// Prompt tokens served from the prefix cache.
-    pub prompt_tokens_details: PromptTokensDetails,
+    /// Prompt tokens served from the prefix cache (absent from the usage so far of a choice
+    /// still going, which the engine reports at its end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -142,9 +185,19 @@ impl UsageBody {
             prompt_tokens: first.prompt_tokens,
             completion_tokens,
             total_tokens: first.prompt_tokens + completion_tokens,
-            prompt_tokens_details: PromptTokensDetails {
+            prompt_tokens_details: Some(PromptTokensDetails {
                 cached_tokens: first.cached_tokens,
-            },
+            }),
+        }
+    }
+
+    /// The usage so far of a choice still going (`continuous_usage_stats`).
+    pub fn so_far(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
         }
     }
 }
@@ -157,7 +210,9 @@ impl UsageBody {
             out.prompt_tokens += p.prompt_tokens;
             out.completion_tokens += p.completion_tokens;
             out.total_tokens += p.total_tokens;
-            out.prompt_tokens_details.cached_tokens += p.prompt_tokens_details.cached_tokens;
+            if let (Some(o), Some(p)) = (&mut out.prompt_tokens_details, &p.prompt_tokens_details) {
+                o.cached_tokens += p.cached_tokens;
+            }
         }
         out
     }
@@ -220,7 +275,7 @@ mod tests {
         assert_eq!(total.prompt_tokens, 10);
         assert_eq!(total.completion_tokens, 9);
         assert_eq!(total.total_tokens, 19);
-        assert_eq!(total.prompt_tokens_details.cached_tokens, 0);
+        assert_eq!(total.prompt_tokens_details.unwrap().cached_tokens, 0);
         assert_eq!(UsageBody::from(u(4, 2)), UsageBody::total(&[u(4, 2)]));
     }
 }

@@ -1,7 +1,7 @@
 //! `/v1/completions` bodies: [`CompletionRequest`] (prompts: texts or token ids) and the
 //! response and stream-chunk objects.
 
-use super::common::{Stop, StreamOptions, UsageBody};
+use super::common::{Stop, StopReason, StreamOptions, UsageBody};
 use super::logprobs::{CompletionLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
 use crate::error::ApiError;
@@ -68,6 +68,12 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Return the token ids of the prompt (`prompt_token_ids`) and of each choice
+    /// (`choices[].token_ids`; streams: the prompt's on the first chunk, each chunk's own),
+    /// vLLM's extension.
+    pub return_token_ids: Option<bool>,
+    /// Name the tokens of `logprobs` `token_id:N` instead of by their text (vLLM's extension).
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
@@ -173,6 +179,19 @@ pub struct CompletionChoice {
     /// With `prompt_logprobs`: the prompt's tokens (vLLM's extension); else absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<PromptLogprobs>,
+    /// The `stop_token_ids` id or stop string that ended the choice, else null (vLLM's
+    /// extension; a stream's chunks carry it with their `finish_reason`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Option<StopReason>>,
+    /// With `return_token_ids`: the prompt's token ids as run (a stream: on the choice's
+    /// first chunk); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `return_token_ids`: the ids of the generated tokens (a chunk: those consumed since
+    /// the previous chunk), ending with the token that ended the choice when one did
+    /// (end-of-sequence or a `stop_token_ids` id, which `usage` does not count); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A completion, or one chunk of a streamed one (`object` "text_completion" either way).
@@ -189,7 +208,8 @@ pub struct Completion {
     /// The choices (prompts × n) in index order; a stream chunk has one (the choices' chunks
     /// interleave), its usage chunk none.
     pub choices: Vec<CompletionChoice>,
-    /// Token counts (streams: only on the usage chunk, with `include_usage`).
+    /// Token counts (streams, with `include_usage`: null on chunks, the totals on the usage
+    /// chunk; with `continuous_usage_stats`, each choice chunk's choice so far).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<UsageBody>>,
 }

@@ -4,7 +4,9 @@
 //! and vLLM's `prompt_logprobs` ([`PromptLogprobs`]).
 //! A token's string is its bytes as lossy UTF-8 (a byte token that is part of a character
 //! shows as U+FFFD; `bytes` has the exact bytes). Log-probabilities that are not finite are
-//! shown as −9999 (JSON has no infinity; vLLM's convention).
+//! shown as −9999 (JSON has no infinity; vLLM's convention). With vLLM's
+//! `return_tokens_as_token_ids`, the `logprobs` views name tokens `token_id:N` instead
+//! ([`TokenNames`]).
 
 use crate::run::GeneratedToken;
 use crate::vocab::Vocab;
@@ -23,6 +25,35 @@ fn finite(lp: f32) -> f32 {
 /// The string of token `id`.
 fn token_string(vocab: &Vocab, id: u32) -> String {
     String::from_utf8_lossy(vocab.bytes(id)).into_owned()
+}
+
+/// How the `logprobs` views name a token: by its text, or as `token_id:N` (vLLM's
+/// `return_tokens_as_token_ids`: a token that is part of a character then stays identifiable).
+#[derive(Clone, Copy)]
+pub struct TokenNames<'a> {
+    /// Where the tokens' texts and bytes come from.
+    pub vocab: &'a Vocab,
+    /// Name tokens `token_id:N`.
+    pub as_ids: bool,
+}
+
+impl<'a> TokenNames<'a> {
+    /// Tokens named by their text.
+    pub fn text(vocab: &'a Vocab) -> Self {
+        Self {
+            vocab,
+            as_ids: false,
+        }
+    }
+
+    /// The name of token `id`.
+    pub fn name(&self, id: u32) -> String {
+        if self.as_ids {
+            format!("token_id:{id}")
+        } else {
+            token_string(self.vocab, id)
+        }
+    }
 }
 
 /// `choices[].logprobs` of a chat answer or stream chunk.
@@ -57,22 +88,22 @@ pub struct ChatTopLogprob {
 }
 
 impl ChatTopLogprob {
-    fn new(vocab: &Vocab, id: u32, logprob: f32) -> Self {
+    fn new(names: TokenNames, id: u32, logprob: f32) -> Self {
         Self {
-            token: token_string(vocab, id),
+            token: names.name(id),
             logprob: finite(logprob),
-            bytes: vocab.bytes(id).to_vec(),
+            bytes: names.vocab.bytes(id).to_vec(),
         }
     }
 }
 
 impl ChatLogprobs {
     /// The entries of `tokens`.
-    pub fn new(vocab: &Vocab, tokens: &[GeneratedToken]) -> Self {
+    pub fn new(names: TokenNames, tokens: &[GeneratedToken]) -> Self {
         let content = tokens
             .iter()
             .map(|t| {
-                let lp = ChatTopLogprob::new(vocab, t.id, t.logprob.logprob);
+                let lp = ChatTopLogprob::new(names, t.id, t.logprob.logprob);
                 ChatTokenLogprob {
                     token: lp.token,
                     logprob: lp.logprob,
@@ -81,7 +112,7 @@ impl ChatLogprobs {
                         .logprob
                         .top
                         .iter()
-                        .map(|&(id, l)| ChatTopLogprob::new(vocab, id, l))
+                        .map(|&(id, l)| ChatTopLogprob::new(names, id, l))
                         .collect(),
                 }
             })
@@ -108,10 +139,10 @@ pub struct CompletionLogprobs {
 impl CompletionLogprobs {
     /// The lists for `tokens`, whose text starts at byte `*offset` of the choice's text;
     /// `*offset` moves past them (streams carry it from chunk to chunk).
-    pub fn new(vocab: &Vocab, tokens: &[GeneratedToken], offset: &mut usize) -> Self {
+    pub fn new(names: TokenNames, tokens: &[GeneratedToken], offset: &mut usize) -> Self {
         let mut out = Self::default();
         for t in tokens {
-            out.push(vocab, t.id, t.text_len, Some(&t.logprob), offset);
+            out.push(names, t.id, t.text_len, Some(&t.logprob), offset);
         }
         out
     }
@@ -120,19 +151,19 @@ impl CompletionLogprobs {
     /// log-probability (None: the sequence's first token, which has none).
     pub fn push(
         &mut self,
-        vocab: &Vocab,
+        names: TokenNames,
         id: u32,
         text_len: usize,
         logprob: Option<&TokenLogprob>,
         offset: &mut usize,
     ) {
-        self.tokens.push(token_string(vocab, id));
+        self.tokens.push(names.name(id));
         self.token_logprobs.push(logprob.map(|l| finite(l.logprob)));
         self.top_logprobs.push(logprob.map(|l| {
             TopMap(
                 l.top
                     .iter()
-                    .map(|&(id, l)| (token_string(vocab, id), finite(l)))
+                    .map(|&(id, l)| (names.name(id), finite(l)))
                     .collect(),
             )
         }));
@@ -270,7 +301,7 @@ mod tests {
             ),
             token(byte(b'b'), f32::NEG_INFINITY, vec![]),
         ];
-        let body = serde_json::to_value(ChatLogprobs::new(&v, &tokens)).unwrap();
+        let body = serde_json::to_value(ChatLogprobs::new(TokenNames::text(&v), &tokens)).unwrap();
         assert_eq!(
             body,
             json!({"content": [
@@ -301,9 +332,10 @@ mod tests {
             token(byte(0xA9), -0.1, vec![]),
         ];
         let mut offset = 4;
-        let lp = CompletionLogprobs::new(&v, &tokens[..2], &mut offset);
+        let names = TokenNames::text(&v);
+        let lp = CompletionLogprobs::new(names, &tokens[..2], &mut offset);
         assert_eq!(offset, 6);
-        let rest = CompletionLogprobs::new(&v, &tokens[2..], &mut offset);
+        let rest = CompletionLogprobs::new(names, &tokens[2..], &mut offset);
         assert_eq!((lp.text_offset, rest.text_offset), (vec![4, 5], vec![6]));
         assert_eq!(
             serde_json::to_value(&lp.top_logprobs).unwrap(),
@@ -312,5 +344,32 @@ mod tests {
         );
         assert_eq!(lp.tokens, ["h", "\u{FFFD}"]);
         assert_eq!(rest.token_logprobs, [Some(-0.1)]);
+        // Named by id, both partial characters are kept and told apart.
+        let ids = TokenNames {
+            vocab: &v,
+            as_ids: true,
+        };
+        let lp = CompletionLogprobs::new(ids, &tokens[..2], &mut 0);
+        assert_eq!(
+            lp.tokens,
+            [
+                format!("token_id:{}", byte(b'h')),
+                format!("token_id:{}", byte(0xC3))
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&lp.top_logprobs[1]).unwrap(),
+            json!({(format!("token_id:{}", byte(0xC3))): -1.0, (format!("token_id:{}", byte(0xE2))): -1.5})
+        );
+        let chat = serde_json::to_value(ChatLogprobs::new(ids, &tokens[1..2])).unwrap();
+        assert_eq!(
+            chat["content"][0]["token"],
+            format!("token_id:{}", byte(0xC3))
+        );
+        assert_eq!(
+            chat["content"][0]["bytes"],
+            json!([0xC3]),
+            "bytes stay the token's"
+        );
     }
 }

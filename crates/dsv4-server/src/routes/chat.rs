@@ -12,9 +12,10 @@ use crate::api::chat::{
     ToolCallBody, ToolChoice,
 };
 use crate::api::common::{
-    UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
+    StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
+    unix_now, unsupported,
 };
-use crate::api::logprobs::{ChatLogprobs, prompt_logprobs};
+use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::check_fit;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
@@ -47,6 +48,12 @@ pub async fn chat_completions(
         model: state.cfg().model_id.clone(),
         thinking: prepared.decoder.thinking,
         logprobs: prepared.request.logprobs.is_some(),
+        names_as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        prompt_tokens: prepared.request.prompt.len(),
+        prompt_ids: req
+            .return_token_ids
+            .unwrap_or(false)
+            .then(|| prepared.request.prompt.clone()),
     };
     // `prompt_logprobs`: the prompt as run and the alternatives asked for.
     let scored = prepared
@@ -58,14 +65,10 @@ pub async fn chat_completions(
         decoder,
         n,
     } = prepared;
+    let usage = StreamUsage::new(req.stream_options.as_ref())?;
     let runs = start_choices(&state, &loaded, request, n, false, || decoder.build())?;
     let runs = merge(runs);
     if req.stream.unwrap_or(false) {
-        let usage = req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
         Ok(sse_response(ChatStream::new(
             state, loaded, runs, n, meta, usage,
         )))
@@ -354,6 +357,22 @@ pub(super) struct Meta {
     pub(super) thinking: bool,
     /// Whether the request asked for log-probabilities.
     pub(super) logprobs: bool,
+    /// `return_tokens_as_token_ids`.
+    pub(super) names_as_ids: bool,
+    /// The prompt's length in tokens.
+    pub(super) prompt_tokens: usize,
+    /// With `return_token_ids`: the prompt's ids.
+    pub(super) prompt_ids: Option<Vec<u32>>,
+}
+
+impl Meta {
+    /// How the request's `logprobs` name tokens.
+    pub(super) fn names<'a>(&self, loaded: &'a Loaded) -> TokenNames<'a> {
+        TokenNames {
+            vocab: &loaded.vocab,
+            as_ids: self.names_as_ids,
+        }
+    }
 }
 
 /// A tool call as the API shows it, with a fresh id.
@@ -380,7 +399,9 @@ struct Answer {
     reasoning: String,
     calls: Vec<ToolCallBody>,
     tokens: Vec<GeneratedToken>,
+    token_ids: Vec<u32>,
     finished: Option<dsv4_engine::Finished>,
+    stop_reason: Option<StopReason>,
 }
 
 /// Run every choice to its end and answer one `chat.completion` (the first error fails the
@@ -403,6 +424,7 @@ async fn answer(
         }
         let a = &mut answers[i];
         a.tokens.extend(step.logprobs);
+        a.token_ids.extend(step.token_ids);
         for d in step.deltas {
             match d {
                 Delta::Content(c) => a.content.push_str(&c),
@@ -412,6 +434,7 @@ async fn answer(
         }
         if step.finished.is_some() {
             a.finished = step.finished;
+            a.stop_reason = step.stop_reason;
         }
     }
     let mut usages = Vec::with_capacity(n);
@@ -432,7 +455,9 @@ async fn answer(
             },
             logprobs: meta
                 .logprobs
-                .then(|| ChatLogprobs::new(&loaded.vocab, &a.tokens)),
+                .then(|| ChatLogprobs::new(meta.names(loaded), &a.tokens)),
+            stop_reason: a.stop_reason,
+            token_ids: meta.prompt_ids.is_some().then_some(a.token_ids),
         });
     }
     let body = ChatCompletion {
@@ -450,6 +475,7 @@ async fn answer(
                 top,
             )
         }),
+        prompt_token_ids: meta.prompt_ids,
     };
     Ok(json_response(&body))
 }

@@ -1,12 +1,14 @@
 //! A streamed chat completion: server-sent `chat.completion.chunk` events of all the request's
 //! choices, interleaved as they are produced. Each chunk carries one choice with its `index`;
 //! every choice gets its own role chunk first and its own `finish_reason` chunk; then (with
-//! `include_usage`) one usage chunk with the totals, and `data: [DONE]` once at the end.
+//! `include_usage`) one usage chunk with the totals, and `data: [DONE]` once at the end. With
+//! `return_token_ids` the first chunk carries the prompt's ids and each later chunk its tokens'
+//! ids; with `continuous_usage_stats` each chunk its choice's usage so far.
 
 use super::EventSource;
 use super::chat::{Meta, tool_call_body};
 use crate::api::chat::{ChatChunk, ChunkChoice, DeltaBody};
-use crate::api::common::UsageBody;
+use crate::api::common::{StopReason, StreamUsage, UsageBody};
 use crate::api::logprobs::ChatLogprobs;
 use crate::output::Delta;
 use crate::run::{GeneratedToken, Merged, Step, finish_reason};
@@ -22,13 +24,21 @@ pub struct ChatStream {
     loaded: Arc<Loaded>,
     runs: Merged,
     meta: Meta,
-    include_usage: bool,
+    usage: StreamUsage,
     started: bool,
     /// Per choice: the tool calls sent so far (the next call's `index`).
     calls: Vec<usize>,
     /// Per choice: its usage once it has finished.
     usages: Vec<Option<Usage>>,
     done: bool,
+}
+
+/// What the chunks of one step share: the tokens consumed (each chunk takes what is left, so
+/// the first carries them) and the choice's usage so far.
+struct StepTokens {
+    logprobs: Vec<GeneratedToken>,
+    ids: Vec<u32>,
+    usage: UsageBody,
 }
 
 impl ChatStream {
@@ -39,14 +49,14 @@ impl ChatStream {
         runs: Merged,
         n: usize,
         meta: Meta,
-        include_usage: bool,
+        usage: StreamUsage,
     ) -> Self {
         Self {
             state,
             loaded,
             runs,
             meta,
-            include_usage,
+            usage,
             started: false,
             calls: vec![0; n],
             usages: vec![None; n],
@@ -54,44 +64,61 @@ impl ChatStream {
         }
     }
 
-    /// A chunk of choice `index` with `delta`; with logprobs asked, it carries the entries of
-    /// `tokens` (which it takes, so each token's entry is sent once).
+    /// A chunk of choice `index` with `delta`; with logprobs asked (or token ids), it carries
+    /// the entries (ids) of the tokens in `step`, which it takes, so each is sent once.
     fn chunk(
         &self,
         index: usize,
         delta: DeltaBody,
-        finish: Option<&'static str>,
-        tokens: &mut Vec<GeneratedToken>,
+        finish: Option<(&'static str, Option<StopReason>)>,
+        step: &mut StepTokens,
     ) -> SseEvent {
-        let logprobs = self
+        let logprobs = self.meta.logprobs.then(|| {
+            ChatLogprobs::new(
+                self.meta.names(&self.loaded),
+                &std::mem::take(&mut step.logprobs),
+            )
+        });
+        let token_ids = self
             .meta
-            .logprobs
-            .then(|| ChatLogprobs::new(&self.loaded.vocab, &std::mem::take(tokens)));
+            .prompt_ids
+            .is_some()
+            .then(|| std::mem::take(&mut step.ids));
+        let usage = self.usage.every.then(|| step.usage.clone());
         self.event(
             vec![ChunkChoice {
                 index,
                 delta,
-                finish_reason: finish,
+                finish_reason: finish.as_ref().map(|f| f.0),
                 logprobs,
+                stop_reason: finish.map(|f| f.1),
+                token_ids,
             }],
+            usage,
             None,
         )
     }
 
-    fn event(&self, choices: Vec<ChunkChoice>, usage: Option<UsageBody>) -> SseEvent {
+    fn event(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<UsageBody>,
+        prompt_token_ids: Option<Vec<u32>>,
+    ) -> SseEvent {
         let chunk = ChatChunk {
             id: self.meta.id.clone(),
             object: "chat.completion.chunk",
             created: self.meta.created,
             model: self.meta.model.clone(),
             choices,
-            usage: self.include_usage.then_some(usage),
+            usage: self.usage.last.then_some(usage),
+            prompt_token_ids,
         };
         SseEvent::default().data(serde_json::to_string(&chunk).unwrap_or_default())
     }
 
     /// The chunk of delta `d` of choice `index`.
-    fn delta(&mut self, index: usize, d: Delta, tokens: &mut Vec<GeneratedToken>) -> SseEvent {
+    fn delta(&mut self, index: usize, d: Delta, step: &mut StepTokens) -> SseEvent {
         let body = match d {
             Delta::Content(c) => DeltaBody {
                 content: Some(c),
@@ -110,10 +137,11 @@ impl ChatStream {
                 }
             }
         };
-        self.chunk(index, body, None, tokens)
+        self.chunk(index, body, None, step)
     }
 
-    /// The first chunk of every choice: its role.
+    /// The first chunk of every choice: its role (the stream's first chunk carries the
+    /// prompt's ids, with `return_token_ids`).
     fn role_chunks(&self) -> Vec<SseEvent> {
         (0..self.calls.len())
             .map(|index| {
@@ -122,14 +150,22 @@ impl ChatStream {
                     content: Some(String::new()),
                     ..Default::default()
                 };
+                let usage = self
+                    .usage
+                    .every
+                    .then(|| UsageBody::so_far(self.meta.prompt_tokens, 0));
+                let prompt_ids = self.meta.prompt_ids.clone().filter(|_| index == 0);
                 self.event(
                     vec![ChunkChoice {
                         index,
                         delta: role,
                         finish_reason: None,
                         logprobs: None,
+                        stop_reason: None,
+                        token_ids: None,
                     }],
-                    None,
+                    usage,
+                    prompt_ids,
                 )
             })
             .collect()
@@ -139,9 +175,9 @@ impl ChatStream {
     fn end(&mut self) -> Vec<SseEvent> {
         self.done = true;
         let mut out = Vec::new();
-        if self.include_usage {
+        if self.usage.last {
             let usages: Vec<Usage> = self.usages.iter().flatten().copied().collect();
-            out.push(self.event(Vec::new(), Some(UsageBody::total(&usages))));
+            out.push(self.event(Vec::new(), Some(UsageBody::total(&usages)), None));
         }
         out.push(SseEvent::default().data("[DONE]"));
         out
@@ -164,17 +200,30 @@ impl EventSource for ChatStream {
         match step {
             Ok(Step {
                 deltas,
-                logprobs: mut tokens,
+                logprobs,
+                token_ids,
+                generated,
+                stop_reason,
                 finished,
                 ..
             }) => {
+                let usage = match &finished {
+                    Some(f) => UsageBody::from(f.usage),
+                    None => UsageBody::so_far(self.meta.prompt_tokens, generated),
+                };
+                let mut step = StepTokens {
+                    logprobs,
+                    ids: token_ids,
+                    usage,
+                };
                 for d in deltas {
-                    out.push(self.delta(index, d, &mut tokens));
+                    out.push(self.delta(index, d, &mut step));
                 }
                 if let Some(f) = finished {
                     self.usages[index] = Some(f.usage);
                     let reason = finish_reason(f.reason, self.calls[index] > 0);
-                    out.push(self.chunk(index, DeltaBody::default(), Some(reason), &mut tokens));
+                    let finish = Some((reason, stop_reason));
+                    out.push(self.chunk(index, DeltaBody::default(), finish, &mut step));
                 }
             }
             Err(e) => {

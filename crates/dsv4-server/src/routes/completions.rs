@@ -8,18 +8,23 @@
 //! `echo`, `max_tokens: 0` runs the prompt and generates nothing: the choice is the prompt
 //! (scored with `logprobs`), ending `length` (OpenAI's legacy API; vLLM). `prompt_logprobs`
 //! (vLLM) adds each choice's `prompt_logprobs` list; a prompt's first choice scores it for all.
+//! `return_token_ids` (vLLM) adds each choice's prompt and answer ids, and every choice says its
+//! `stop_reason`.
 
 use super::chat::max_tokens;
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
 use crate::api::common::{
-    UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings, unix_now, unsupported,
+    StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
+    unix_now, unsupported,
 };
 use crate::api::completion::{
     Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, MAX_PROMPTS, Prompt,
 };
-use crate::api::logprobs::{CompletionLogprobs, PromptLogprobs, prompt_logprobs, truncated};
+use crate::api::logprobs::{
+    CompletionLogprobs, PromptLogprobs, TokenNames, prompt_logprobs, truncated,
+};
 use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
@@ -63,9 +68,7 @@ pub async fn completions(
     let mut prompt_ids = Vec::new();
     let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
     for (request, echo) in prompts {
-        if prompt_logprobs.is_some() {
-            prompt_ids.push(request.prompt.clone());
-        }
+        prompt_ids.push(request.prompt.clone());
         runs.extend(start_choices(&state, &loaded, request, n, every, || {
             OutputDecoder::raw(&stops)
                 .with_min_tokens(min_tokens)
@@ -80,17 +83,15 @@ pub async fn completions(
         id: format!("cmpl-{}", random_hex(state.next_serial())),
         created: unix_now(),
         model: state.cfg().model_id.clone(),
-        include_usage: req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
+        usage: StreamUsage::new(req.stream_options.as_ref())?,
         logprobs,
+        names_as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
         prompt_logprobs,
+        return_token_ids: req.return_token_ids.unwrap_or(false),
         prompt_ids,
         n,
         echoes,
-        echoed: vec![false; total],
+        started: vec![false; total],
         offsets: vec![0; total],
         usages: vec![None; total],
         done: false,
@@ -236,19 +237,25 @@ struct TextStream {
     id: String,
     created: u64,
     model: String,
-    include_usage: bool,
+    /// The usage a stream reports.
+    usage: StreamUsage,
     /// The alternatives asked for with `logprobs` (None: no log-probabilities).
     logprobs: Option<usize>,
+    /// `return_tokens_as_token_ids`.
+    names_as_ids: bool,
     /// The alternatives asked for with `prompt_logprobs` (None: not asked for).
     prompt_logprobs: Option<usize>,
-    /// With `prompt_logprobs`, each prompt's ids as run (BOS included); else empty.
+    /// `return_token_ids`.
+    return_token_ids: bool,
+    /// Each prompt's ids as run (BOS included).
     prompt_ids: Vec<Vec<u32>>,
     /// Choices per prompt.
     n: usize,
     /// With `echo`, each prompt's echo (choice c shows prompt c / n); else empty.
     echoes: Vec<Echo>,
-    /// Per choice: whether its prompt was shown.
-    echoed: Vec<bool>,
+    /// Per choice: whether its first piece was made (it carries the echo and the prompt's
+    /// ids).
+    started: Vec<bool>,
     /// Per choice: byte offset in its text of the next token's text (`text_offset`).
     offsets: Vec<usize>,
     /// Per choice: its usage once it has finished.
@@ -267,27 +274,40 @@ fn text_of(deltas: Vec<Delta>) -> String {
         .collect()
 }
 
+/// One piece of a choice: all of it, or what a stream chunk carries.
+struct Piece {
+    text: String,
+    /// The tokens with log-probabilities (with `logprobs`).
+    tokens: Vec<GeneratedToken>,
+    /// With an echo and `logprobs`, the prompt's entries (entry `k` scores the sequence's
+    /// token `k + 1`).
+    prompt: Option<Vec<TokenLogprob>>,
+    /// The tokens' ids.
+    token_ids: Vec<u32>,
+    /// On the choice's last piece: its finish reason and stop reason.
+    finish: Option<(&'static str, Option<StopReason>)>,
+}
+
 impl TextStream {
-    /// Choice `index` with `text`; with logprobs asked, the lists of `tokens`. The choice's
-    /// first piece starts with the echoed prompt, whose tokens' entries `prompt` holds (entry
-    /// `k` scores the sequence's token `k + 1`).
-    fn choice(
-        &mut self,
-        index: usize,
-        mut text: String,
-        tokens: &[GeneratedToken],
-        prompt: Option<Vec<TokenLogprob>>,
-        finish: Option<&'static str>,
-    ) -> CompletionChoice {
-        let vocab = &self.loaded.vocab;
+    /// Choice `index` made of `piece`. The choice's first piece starts with the echoed prompt
+    /// (and its entries, with logprobs asked) and carries the prompt's ids (with
+    /// `return_token_ids`).
+    fn choice(&mut self, index: usize, piece: Piece) -> CompletionChoice {
+        let Piece {
+            mut text,
+            tokens,
+            prompt,
+            token_ids,
+            finish,
+        } = piece;
+        let names = TokenNames {
+            vocab: &self.loaded.vocab,
+            as_ids: self.names_as_ids,
+        };
         let offset = &mut self.offsets[index];
         let mut logprobs = self.logprobs.map(|_| CompletionLogprobs::default());
-        if let Some(e) = self
-            .echoes
-            .get(index / self.n)
-            .filter(|_| !self.echoed[index])
-        {
-            self.echoed[index] = true;
+        let first = !std::mem::replace(&mut self.started[index], true);
+        if let Some(e) = self.echoes.get(index / self.n).filter(|_| first) {
             text.insert_str(0, &e.text);
             if let (Some(lp), Some(top)) = (logprobs.as_mut(), self.logprobs) {
                 let entries = truncated(&prompt.unwrap_or_default(), top);
@@ -295,19 +315,23 @@ impl TextStream {
                     let entry = (j + usize::from(e.added_bos))
                         .checked_sub(1)
                         .and_then(|k| entries.get(k));
-                    lp.push(vocab, id, vocab.bytes(id).len(), entry, offset);
+                    lp.push(names, id, names.vocab.bytes(id).len(), entry, offset);
                 }
             }
         }
         if let Some(lp) = logprobs.as_mut() {
-            lp.extend(CompletionLogprobs::new(vocab, tokens, offset));
+            lp.extend(CompletionLogprobs::new(names, &tokens, offset));
         }
+        let ids = self.return_token_ids;
         CompletionChoice {
             index,
             text,
-            finish_reason: finish,
+            finish_reason: finish.as_ref().map(|f| f.0),
             logprobs,
             prompt_logprobs: None,
+            stop_reason: finish.map(|f| f.1),
+            prompt_token_ids: (ids && first).then(|| self.prompt_ids[index / self.n].clone()),
+            token_ids: ids.then_some(token_ids),
         }
     }
 
@@ -344,49 +368,55 @@ impl TextStream {
     /// Run every choice to its end and answer one completion (the first error fails it all).
     async fn answer(mut self) -> Result<Response, ApiError> {
         let n = self.usages.len();
-        let mut texts = vec![String::new(); n];
-        let mut tokens: Vec<Vec<GeneratedToken>> = vec![Vec::new(); n];
-        let mut reasons = vec![None; n];
-        let mut prompts: Vec<Option<Vec<TokenLogprob>>> = vec![None; n];
+        let mut pieces: Vec<Piece> = (0..n)
+            .map(|_| Piece {
+                text: String::new(),
+                tokens: Vec::new(),
+                prompt: None,
+                token_ids: Vec::new(),
+                finish: None,
+            })
+            .collect();
         while let Some((i, step)) = self.runs.next().await {
             let step = step?;
-            texts[i].push_str(&text_of(step.deltas));
-            tokens[i].extend(step.logprobs);
+            let p = &mut pieces[i];
+            p.text.push_str(&text_of(step.deltas));
+            p.tokens.extend(step.logprobs);
+            p.token_ids.extend(step.token_ids);
             if step.prompt_logprobs.is_some() {
-                prompts[i] = step.prompt_logprobs;
+                p.prompt = step.prompt_logprobs;
             }
             if let Some(f) = step.finished {
-                reasons[i] = Some(finish_reason(f.reason, false));
+                p.finish = Some((finish_reason(f.reason, false), step.stop_reason));
                 self.usages[i] = Some(f.usage);
             }
         }
         // Each prompt's first choice scored it (every choice, when streamed).
-        for i in 0..prompts.len() {
-            if prompts[i].is_none() {
-                prompts[i] = prompts[i - i % self.n].clone();
+        for i in 0..n {
+            if pieces[i].prompt.is_none() {
+                pieces[i].prompt = pieces[i - i % self.n].prompt.clone();
             }
         }
         let scored: Vec<Option<PromptLogprobs>> = match self.prompt_logprobs {
             Some(top) => self
                 .prompt_ids
                 .iter()
-                .zip(prompts.iter().step_by(self.n))
-                .map(|(ids, entries)| {
-                    let entries = entries.as_deref().unwrap_or_default();
+                .zip(pieces.iter().step_by(self.n))
+                .map(|(ids, p)| {
+                    let entries = p.prompt.as_deref().unwrap_or_default();
                     Some(prompt_logprobs(&self.loaded.vocab, ids, entries, top))
                 })
                 .collect(),
             None => Vec::new(),
         };
-        let choices = texts
+        let choices = pieces
             .into_iter()
-            .zip(tokens)
-            .zip(prompts)
-            .zip(reasons)
             .enumerate()
-            .map(|(i, (((text, tokens), prompt), reason))| {
-                let mut c = self.choice(i, text, &tokens, prompt, reason);
+            .map(|(i, piece)| {
+                let mut c = self.choice(i, piece);
                 c.prompt_logprobs = scored.get(i / self.n).cloned().flatten();
+                // A whole answer always says its stop reason (null when there is none).
+                c.stop_reason = Some(c.stop_reason.flatten());
                 c
             })
             .collect();
@@ -397,11 +427,10 @@ impl TextStream {
 
 impl EventSource for TextStream {
     async fn next_events(&mut self) -> Vec<SseEvent> {
-        let usage = self.include_usage.then_some(None);
         let Some((i, step)) = self.runs.next().await else {
             self.done = true;
             let mut out = Vec::new();
-            if self.include_usage {
+            if self.usage.last {
                 let last = self.object(Vec::new(), Some(Some(self.usage())));
                 out.push(Self::event(&last));
             }
@@ -415,17 +444,25 @@ impl EventSource for TextStream {
                 return vec![error_event(&e), SseEvent::default().data("[DONE]")];
             }
         };
-        let reason = step.finished.map(|f| {
+        let prompt_tokens = self.prompt_ids[i / self.n].len();
+        let usage = match &step.finished {
+            _ if !self.usage.last => None,
+            _ if !self.usage.every => Some(None),
+            Some(f) => Some(Some(UsageBody::from(f.usage))),
+            None => Some(Some(UsageBody::so_far(prompt_tokens, step.generated))),
+        };
+        let finish = step.finished.map(|f| {
             self.usages[i] = Some(f.usage);
-            finish_reason(f.reason, false)
+            (finish_reason(f.reason, false), step.stop_reason)
         });
-        let choice = self.choice(
-            i,
-            text_of(step.deltas),
-            &step.logprobs,
-            step.prompt_logprobs,
-            reason,
-        );
+        let piece = Piece {
+            text: text_of(step.deltas),
+            tokens: step.logprobs,
+            prompt: step.prompt_logprobs,
+            token_ids: step.token_ids,
+            finish,
+        };
+        let choice = self.choice(i, piece);
         vec![Self::event(&self.object(vec![choice], usage))]
     }
 

@@ -7,7 +7,7 @@
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
-//! prefix-cache flush.
+//! prefix-cache flush, and vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous usage).
 
 mod api;
 mod bad_input;
@@ -21,4 +21,5 @@ mod health;
 mod logprobs;
 mod prompt_logprobs;
 mod sampling;
+mod token_ids;
 mod tokenize;
