@@ -75,6 +75,8 @@ pub struct ChatRequest {
     /// Return each prompt token's log-probability with this many alternatives (0 to 20;
     /// vLLM's extension), as the answer's `prompt_logprobs`.
     pub prompt_logprobs: Option<u32>,
+    /// Keep only the prompt's last k tokens (−1: the model's context), vLLM's extension.
+    pub truncate_prompt_tokens: Option<i64>,
     /// Return the token ids of the prompt (`prompt_token_ids`) and of each choice
     /// (`choices[].token_ids`; streams: the prompt's on the first chunk, each chunk's own),
     /// vLLM's extension.

@@ -132,6 +132,38 @@ pub fn unsupported<T: PartialEq>(name: &str, value: Option<T>, default: T) -> Re
     }
 }
 
+/// Apply `truncate_prompt_tokens` (vLLM's extension) to `prompt`: keep its last `k` tokens
+/// (−1: the model's `context`), so a long document's end fits. Returns whether tokens were
+/// dropped. 0, values below −1 and values over the context are refused, naming the field.
+pub fn truncate_prompt(
+    prompt: &mut Vec<u32>,
+    keep: Option<i64>,
+    context: usize,
+) -> Result<bool, ApiError> {
+    let bad = |m: String| ApiError::bad_param("truncate_prompt_tokens", m);
+    let k = match keep {
+        None => return Ok(false),
+        Some(-1) => context,
+        Some(k) if k >= 1 && k as u64 <= context as u64 => k as usize,
+        Some(k) if k >= 1 => {
+            return Err(bad(format!(
+                "truncate_prompt_tokens ({k}) is over the model's context of {context} tokens"
+            )));
+        }
+        Some(k) => {
+            return Err(bad(format!(
+                "truncate_prompt_tokens keeps the prompt's last k tokens: k ≥ 1, or −1 for \
+                 the model's context; got {k}"
+            )));
+        }
+    };
+    if prompt.len() <= k {
+        return Ok(false);
+    }
+    prompt.drain(..prompt.len() - k);
+    Ok(true)
+}
+
 /// Most choices (`n`) one request may ask for; each choice is its own engine request.
 pub const MAX_N: u32 = 16;
 
@@ -261,6 +293,26 @@ mod tests {
                 e.message
             );
         }
+    }
+
+    #[test]
+    fn truncation_keeps_the_prompts_end_and_refuses_what_cannot_be_kept() {
+        let mut p: Vec<u32> = (0..10).collect();
+        assert!(!truncate_prompt(&mut p, None, 8).unwrap());
+        assert!(truncate_prompt(&mut p, Some(4), 8).unwrap());
+        assert_eq!(p, [6, 7, 8, 9]);
+        assert!(
+            !truncate_prompt(&mut p, Some(4), 8).unwrap(),
+            "already short enough"
+        );
+        let mut p: Vec<u32> = (0..10).collect();
+        assert!(truncate_prompt(&mut p, Some(-1), 8).unwrap());
+        assert_eq!(p, (2..10).collect::<Vec<u32>>());
+        for bad in [0, -2, 9, i64::MIN, i64::MAX] {
+            let e = truncate_prompt(&mut p, Some(bad), 8).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("truncate_prompt_tokens"), "{bad}");
+        }
+        assert_eq!(p.len(), 8, "a refusal leaves the prompt alone");
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Keep only the prompt's last k tokens (−1: the model's context), vLLM's extension.
+    pub truncate_prompt_tokens: Option<i64>,
     /// Return the token ids of the prompt (`prompt_token_ids`) and of each choice
     /// (`choices[].token_ids`; streams: the prompt's on the first chunk, each chunk's own),
     /// vLLM's extension.

@@ -13,7 +13,7 @@ use crate::api::chat::{
 };
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
-    unix_now, unsupported,
+    truncate_prompt, unix_now, unsupported,
 };
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::check_fit;
@@ -139,7 +139,8 @@ pub(super) struct ChatPrompt {
 }
 
 /// Encode `req`'s DSV4 prompt (`body` is its JSON text): its messages, its tools in the system
-/// prompt unless `tool_choice` is none, thinking or chat mode.
+/// prompt unless `tool_choice` is none, thinking or chat mode; then its last
+/// `truncate_prompt_tokens` tokens when asked.
 pub(super) fn chat_prompt(
     loaded: &Loaded,
     req: &ChatRequest,
@@ -161,7 +162,8 @@ pub(super) fn chat_prompt(
         conv.tools = None;
     }
     let opts = req.encode_options(thinking);
-    let (_, ids) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
+    let (_, mut ids) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
+    truncate_prompt(&mut ids, req.truncate_prompt_tokens, loaded.context)?;
     Ok(ChatPrompt {
         ids,
         tools,

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
-    unix_now, unsupported,
+    truncate_prompt, unix_now, unsupported,
 };
 use crate::api::completion::{
     Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, MAX_PROMPTS, Prompt,
@@ -159,7 +159,10 @@ fn prepare(
         } else {
             format!("prompt[{k}]")
         };
-        let (prompt, added_bos) = prompt_ids(loaded, p, &field)?;
+        let (mut prompt, added_bos) = prompt_ids(loaded, p, &field)?;
+        // A truncated prompt no longer starts with the BOS the server added.
+        let cut = truncate_prompt(&mut prompt, req.truncate_prompt_tokens, loaded.context)?;
+        let added_bos = added_bos && !cut;
         let echo = req.echo.unwrap_or(false);
         let only_prompt = echo || prompt_logprobs.is_some();
         let max_tokens = max_tokens(loaded, &prompt, asked, &field, Some(only_prompt))?;

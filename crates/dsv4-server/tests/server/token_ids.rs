@@ -1,6 +1,7 @@
 //! vLLM's token-level outputs over HTTP: `return_token_ids` (the prompt's ids and each
 //! choice's, ending with the token that ended it), `return_tokens_as_token_ids`, `stop_reason`,
-//! and `stream_options.continuous_usage_stats`, on both endpoints, streamed or not.
+//! and `stream_options.continuous_usage_stats`, on both endpoints, streamed or not; and
+//! `truncate_prompt_tokens`, checked through the ids.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -380,5 +381,102 @@ async fn continuous_usage_stats_count_each_choice_as_it_goes() {
             );
         }
     }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_prompt_tokens_keeps_the_prompts_end() {
+    let s = start(config()).await;
+    let context = s.get("/v1/models").await.json()["data"][0]["max_model_len"]
+        .as_u64()
+        .unwrap() as usize;
+    let full = ids(&s
+        .send("POST", "/tokenize", &json!({"prompt": "Hello world"}))
+        .await
+        .json()["tokens"]);
+    let tail = full[full.len() - 4..].to_vec();
+    // Completions: the run, the echo and the answer are those of the last 4 tokens given as
+    // ids (no BOS was added to them, so the first has no log-probability).
+    let v = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "Hello world", "truncate_prompt_tokens": 4,
+                    "return_token_ids": true, "echo": true, "logprobs": 0, "max_tokens": 4,
+                    "temperature": 0}),
+        )
+        .await;
+    assert_eq!(v.status, 200, "{}", v.body);
+    let v = v.json();
+    let c = &v["choices"][0];
+    assert_eq!(ids(&c["prompt_token_ids"]), tail, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert!(c["text"].as_str().unwrap().starts_with("orld"), "{v}");
+    assert!(c["logprobs"]["token_logprobs"][0].is_null(), "{v}");
+    let by_ids = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": tail, "echo": true, "max_tokens": 4,
+                    "temperature": 0}),
+        )
+        .await
+        .json();
+    assert_eq!(c["text"], by_ids["choices"][0]["text"], "{v} vs {by_ids}");
+
+    // A prompt over the context fits once truncated; −1 keeps up to the context.
+    let long: Vec<u32> = (0..context + 5)
+        .map(|i| byte_token(b'a' + (i % 26) as u8))
+        .collect();
+    let body = |keep: i64| {
+        json!({"model": MODEL, "prompt": long, "truncate_prompt_tokens": keep,
+               "max_tokens": 8})
+    };
+    let v = s.send("POST", "/v1/completions", &body(1000)).await;
+    assert_eq!(v.status, 200, "{}", v.body);
+    assert_eq!(v.json()["usage"]["prompt_tokens"], 1000);
+    let e = s
+        .send("POST", "/v1/completions", &body(-1))
+        .await
+        .error(400);
+    assert_eq!(
+        e["code"], "context_length_exceeded",
+        "the whole context leaves no room: {e}"
+    );
+    for bad in [0, -2, context as i64 + 1] {
+        let e = s
+            .send("POST", "/v1/completions", &body(bad))
+            .await
+            .error(400);
+        assert_eq!(e["param"], "truncate_prompt_tokens", "{bad}: {e}");
+    }
+
+    // Chat keeps the encoded prompt's end; /tokenize shows the same ids.
+    let messages = json!([{"role": "user", "content": "Hi there"}]);
+    let all = ids(&s
+        .send("POST", "/tokenize", &json!({"messages": messages}))
+        .await
+        .json()["tokens"]);
+    let cut = s
+        .send(
+            "POST",
+            "/tokenize",
+            &json!({"messages": messages, "truncate_prompt_tokens": 5}),
+        )
+        .await
+        .json();
+    assert_eq!(ids(&cut["tokens"]), all[all.len() - 5..].to_vec());
+    let mut req = chat(
+        "Hi there",
+        json!({"truncate_prompt_tokens": 5, "max_tokens": 2,
+                                         "return_token_ids": true,
+                                         "logit_bias": {byte_token(b'a').to_string(): 100}}),
+    );
+    req["messages"] = messages;
+    let v = s.send("POST", "/v1/chat/completions", &req).await;
+    assert_eq!(v.status, 200, "{}", v.body);
+    let v = v.json();
+    assert_eq!(v["prompt_token_ids"], cut["tokens"], "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
     s.shutdown().await.unwrap();
 }
