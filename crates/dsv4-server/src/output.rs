@@ -53,6 +53,9 @@ pub struct OutputDecoder {
     keep_stop: bool,
     /// Tokens still to come whose stop strings are not looked for (`min_tokens` − 1 at first).
     unchecked: usize,
+    /// Special tokens' text is left out (SGLang's `skip_special_tokens`; read by the run that
+    /// feeds the decoder, which knows the ids).
+    skip_special: bool,
 }
 
 impl OutputDecoder {
@@ -107,6 +110,7 @@ impl OutputDecoder {
             matched: None,
             keep_stop: false,
             unchecked: 0,
+            skip_special: false,
         }
     }
 
@@ -119,6 +123,18 @@ impl OutputDecoder {
             self.hold = 0;
         }
         self
+    }
+
+    /// The same decoder for a request whose special tokens' text is left out (SGLang's
+    /// `skip_special_tokens`): the run feeds it no bytes for them.
+    pub fn with_special_tokens_skipped(mut self, skip: bool) -> Self {
+        self.skip_special = skip;
+        self
+    }
+
+    /// Whether special tokens' text is left out.
+    pub fn skips_special_tokens(&self) -> bool {
+        self.skip_special
     }
 
     /// The same decoder for a request with `min_tokens`: a stop string that ends in the text of

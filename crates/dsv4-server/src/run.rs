@@ -116,7 +116,10 @@ impl Run {
                 Some(Event::Token(t)) => {
                     self.pending_ids.push(t.token);
                     self.generated += 1;
-                    let bytes = if self.silent == Some(t.token) {
+                    let hidden = self.silent == Some(t.token)
+                        || (self.decoder.skips_special_tokens()
+                            && self.loaded.tokenizer.is_special(t.token));
+                    let bytes = if hidden {
                         &[]
                     } else {
                         self.loaded.vocab.bytes(t.token)

@@ -18,12 +18,12 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 pub const LOGPROB_FLOOR: f32 = -9999.0;
 
 /// `lp` as JSON can carry it.
-fn finite(lp: f32) -> f32 {
+pub fn finite(lp: f32) -> f32 {
     if lp.is_finite() { lp } else { LOGPROB_FLOOR }
 }
 
 /// The string of token `id`.
-fn token_string(vocab: &Vocab, id: u32) -> String {
+pub fn token_string(vocab: &Vocab, id: u32) -> String {
     String::from_utf8_lossy(vocab.bytes(id)).into_owned()
 }
 

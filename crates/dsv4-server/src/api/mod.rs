@@ -1,12 +1,13 @@
 //! The OpenAI request and response bodies: [`chat`] (`/v1/chat/completions`), [`completion`]
 //! (`/v1/completions`) and what both share ([`common`]: body parsing with the path of a bad
 //! field, stop strings, usage; [`sampling`]: the sampling fields and their checks;
-//! [`logprobs`]: per-token log-probabilities in each endpoint's format), and [`tokenize`]
-//! (`/tokenize`, `/detokenize`).
+//! [`logprobs`]: per-token log-probabilities in each endpoint's format), [`tokenize`]
+//! (`/tokenize`, `/detokenize`), and SGLang's native [`generate`] (`/generate`).
 
 pub mod chat;
 pub mod common;
 pub mod completion;
+pub mod generate;
 pub mod logprobs;
 pub mod sampling;
 pub mod tokenize;

@@ -359,8 +359,8 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
     request(s.addr, "GET", "/v1/models", &[], b"")
         .await
         .error(401);
-    for path in ["/tokenize", "/detokenize"] {
-        let body = json!({"prompt": "hi", "tokens": [1]}).to_string();
+    for path in ["/tokenize", "/detokenize", "/generate"] {
+        let body = json!({"prompt": "hi", "tokens": [1], "text": "hi"}).to_string();
         request(s.addr, "POST", path, &[], body.as_bytes())
             .await
             .error(401);

@@ -7,8 +7,8 @@
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
-//! prefix-cache flush, and vLLM's token-id outputs (`return_token_ids`, `stop_reason`,
-//! continuous usage) and `truncate_prompt_tokens`.
+//! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
+//! usage) and `truncate_prompt_tokens`, and SGLang's native `/generate`.
 
 mod api;
 mod bad_input;
@@ -18,6 +18,7 @@ mod choices;
 mod common;
 mod concurrency;
 mod echo;
+mod generate;
 mod health;
 mod logprobs;
 mod prompt_logprobs;

@@ -1,0 +1,498 @@
+//! `POST /generate`: SGLang's native endpoint, what SGLang-based RL and evaluation clients call.
+//! A text (BOS prepended unless it starts with it, as SGLang's tokenizer does for DeepSeek
+//! models) or token ids, or a batch of them, each with `n` outputs; no chat template. The
+//! answer is `{"text", "output_ids", "meta_info"}` per output (a list for a batch or `n` > 1),
+//! streamed as server-sent events that each carry the output so far (SGLang's default), then
+//! `data: [DONE]`. `output_ids` end with the token that ended the output, `finish_reason` says
+//! which (`{"type": "stop", "matched": …}` or `{"type": "length", "length": N}`), and
+//! `return_logprob` gives SGLang's `[logprob, id, text]` entries for the output and, from
+//! `logprob_start_len`, the prompt.
+
+use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
+use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
+use crate::api::completion::Prompt;
+use crate::api::generate::{
+    DEFAULT_MAX_NEW_TOKENS, GenerateFinish, GenerateOutput, GenerateRequest, GenerateSampling,
+    LogprobEntry, MetaInfo, PerPrompt,
+};
+use crate::api::logprobs::{finite, token_string};
+use crate::api::sampling::{check_fit, top_count};
+use crate::error::ApiError;
+use crate::grammar::Target;
+use crate::output::{Delta, OutputDecoder};
+use crate::run::{Merged, Step, merge, start_choices};
+use crate::state::{AppState, Loaded};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::Response;
+use axum::response::sse::Event as SseEvent;
+use dsv4_chat::{ToolSet, markers};
+use dsv4_engine::{FinishReason, Request, TokenLogprob};
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The handler.
+pub async fn generate(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let loaded = loaded_model(&state)?;
+    let req: GenerateRequest = parse_body(&body)?;
+    let (prompts, batch) = req.prompts()?;
+    let specs = prepare(&state, &loaded, &req, prompts)?;
+    let stream = req.stream.unwrap_or(false);
+    let names = req.return_text_in_logprobs.unwrap_or(false);
+    let mut runs = Vec::new();
+    let mut outs = Vec::new();
+    for spec in specs {
+        // A streamed output shows the prompt's entries from its first event, so each scores
+        // them; otherwise the first output of a prompt does, and the others show its entries.
+        let every = stream && spec.input.is_some();
+        let decoder = || {
+            OutputDecoder::raw(&spec.stops)
+                .with_min_tokens(spec.request.sampling.min_tokens)
+                .with_stop_in_output(spec.keep_stop)
+                .with_special_tokens_skipped(spec.skip_special)
+        };
+        runs.extend(start_choices(
+            &state,
+            &loaded,
+            spec.request.clone(),
+            spec.n,
+            every,
+            decoder,
+        )?);
+        let first = outs.len();
+        for k in 0..spec.n {
+            outs.push(Out::new(&state, &spec, k, first));
+        }
+    }
+    let batch = batch || outs.len() > 1;
+    let generation = Generation {
+        runs: merge(runs),
+        loaded,
+        outs,
+        text_in_logprobs: names,
+        batch,
+        done: false,
+    };
+    if stream {
+        Ok(sse_response(generation))
+    } else {
+        generation.answer().await
+    }
+}
+
+/// One prompt, checked: the engine request its `n` outputs start from and what its outputs
+/// show.
+struct Spec {
+    request: Request,
+    n: usize,
+    rid: Option<String>,
+    stops: Vec<String>,
+    keep_stop: bool,
+    skip_special: bool,
+    /// With `return_logprob`: the alternatives per position.
+    top: Option<usize>,
+    /// With `return_logprob` and `logprob_start_len` ≥ 0: the first prompt position shown.
+    input: Option<usize>,
+}
+
+/// Check every prompt's options (per-prompt lists must have one value per prompt).
+fn prepare(
+    state: &AppState,
+    loaded: &Loaded,
+    req: &GenerateRequest,
+    prompts: Vec<Prompt>,
+) -> Result<Vec<Spec>, ApiError> {
+    let count = prompts.len();
+    let sampling = spread(
+        &req.sampling_params,
+        count,
+        "sampling_params",
+        Default::default(),
+    )?;
+    let rids: Vec<Option<String>> = match &req.rid {
+        None => vec![None; count],
+        Some(v) => v.spread(count, "rid")?.into_iter().map(Some).collect(),
+    };
+    let logprob = spread(&req.return_logprob, count, "return_logprob", false)?;
+    let starts = spread(&req.logprob_start_len, count, "logprob_start_len", -1)?;
+    let tops = spread(&req.top_logprobs_num, count, "top_logprobs_num", 0)?;
+    let mut specs = Vec::with_capacity(count);
+    for (k, p) in prompts.into_iter().enumerate() {
+        let field = match (&p, count) {
+            (Prompt::Text(_), 1) => "text".to_string(),
+            (Prompt::Tokens(_), 1) => "input_ids".to_string(),
+            (Prompt::Text(_), _) => format!("text[{k}]"),
+            (Prompt::Tokens(_), _) => format!("input_ids[{k}]"),
+        };
+        let prompt = prompt_ids(loaded, p)?;
+        let sp = &sampling[k];
+        let named = |e: ApiError| match e.param.clone() {
+            Some(p) if !p.starts_with("sampling_params") => {
+                e.with_param(format!("sampling_params.{p}"))
+            }
+            _ => e,
+        };
+        let n = check_n(sp.n).map_err(named)?;
+        let params = sp
+            .fields()
+            .to_params(random_u64(state.next_serial()))
+            .map_err(named)?;
+        let max_tokens = max_new_tokens(loaded, &prompt, sp.max_new_tokens, &field)?;
+        check_fit(&params, loaded.vocab.len(), max_tokens).map_err(named)?;
+        let top = logprob[k]
+            .then(|| top_count("top_logprobs_num", tops[k]))
+            .transpose()?;
+        let input = match (top, starts[k]) {
+            (None, _) | (_, -1) => None,
+            (Some(_), s) if s >= 0 && (s as u64) < prompt.len() as u64 => Some(s as usize),
+            (Some(_), s) => {
+                return Err(ApiError::bad_param(
+                    "logprob_start_len",
+                    format!(
+                        "logprob_start_len must be -1 (output only) or a prompt position from \
+                         0 to {}, got {s}",
+                        prompt.len() - 1
+                    ),
+                ));
+            }
+        };
+        let stops = stop_strings(sp.stop.clone()).map_err(named)?;
+        let request = Request {
+            prompt,
+            max_tokens,
+            sampling: params,
+            stop: stops.clone(),
+            ignore_eos: sp.ignore_eos.unwrap_or(false),
+            logprobs: top,
+            prompt_logprobs: input.and(top),
+            constraint: constraint(loaded, sp)?,
+            ..Default::default()
+        };
+        specs.push(Spec {
+            request,
+            n,
+            rid: rids[k].clone(),
+            stops,
+            keep_stop: sp.no_stop_trim.unwrap_or(false),
+            skip_special: sp.skip_special_tokens.unwrap_or(true),
+            top,
+            input,
+        });
+    }
+    Ok(specs)
+}
+
+/// `v` for each of `count` prompts, `default` when it is not given.
+fn spread<T: Clone>(
+    v: &Option<PerPrompt<T>>,
+    count: usize,
+    field: &str,
+    default: T,
+) -> Result<Vec<T>, ApiError> {
+    match v {
+        None => Ok(vec![default; count]),
+        Some(v) => v.spread(count, field),
+    }
+}
+
+/// The token ids of prompt `p`: text gets BOS prepended unless it starts with it (SGLang's
+/// tokenizer adds it for DeepSeek models); token ids are used as given.
+fn prompt_ids(loaded: &Loaded, p: Prompt) -> Result<Vec<u32>, ApiError> {
+    match p {
+        Prompt::Tokens(ids) => Ok(ids),
+        Prompt::Text(text) => {
+            let mut ids = Vec::new();
+            if !text.starts_with(markers::BOS) {
+                ids.push(loaded.bos);
+            }
+            ids.extend(
+                loaded
+                    .tokenizer
+                    .encode(&text)
+                    .map_err(|e| ApiError::internal(format!("tokenizing the text: {e}")))?,
+            );
+            Ok(ids)
+        }
+    }
+}
+
+/// `max_new_tokens` checked against the context (`field` names the prompt): unset, the
+/// default 128 lowered to the room left; 0 only runs the prompt.
+fn max_new_tokens(
+    loaded: &Loaded,
+    prompt: &[u32],
+    asked: Option<u64>,
+    field: &str,
+) -> Result<usize, ApiError> {
+    let context = loaded.context;
+    if prompt.len() > context {
+        return Err(ApiError::bad_param(
+            field,
+            format!(
+                "the prompt is {} tokens but the model's context is {context} tokens",
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = (context - prompt.len()) as u64;
+    match asked {
+        None => Ok(DEFAULT_MAX_NEW_TOKENS.min(room) as usize),
+        Some(n) if n <= room => Ok(n as usize),
+        Some(n) => Err(ApiError::bad_param(
+            "sampling_params.max_new_tokens",
+            format!(
+                "the prompt ({} tokens) plus max_new_tokens ({n}) exceeds the model's context \
+                 of {context} tokens; lower max_new_tokens to at most {room}",
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded")),
+    }
+}
+
+/// The grammar of `json_schema`; `regex` and `ebnf` are refused.
+fn constraint(
+    loaded: &Loaded,
+    sp: &GenerateSampling,
+) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
+    for (name, v) in [("regex", &sp.regex), ("ebnf", &sp.ebnf)] {
+        if v.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_param(
+                format!("sampling_params.{name}"),
+                format!("`{name}` is not supported by this server; use json_schema"),
+            ));
+        }
+    }
+    let param = "sampling_params.json_schema";
+    let schema = match &sp.json_schema {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+            ApiError::bad_param(param, format!("json_schema is not valid JSON: {e}"))
+        })?,
+        Some(v @ (Value::Object(_) | Value::Bool(_))) => v.clone(),
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                param,
+                format!("json_schema is a JSON schema (an object, or its JSON text), not {other}"),
+            ));
+        }
+    };
+    loaded
+        .grammars
+        .constraint(Target::Json(&schema), &ToolSet::default(), false)
+        .map(Some)
+        .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced by a grammar: {e}")))
+}
+
+/// One output as it accumulates.
+struct Out {
+    id: String,
+    /// The index of its prompt's first output (which scores the prompt for the others).
+    first: usize,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    top: Option<usize>,
+    input: Option<usize>,
+    started: Instant,
+    text: String,
+    output_ids: Vec<u32>,
+    generated: usize,
+    /// The prompt's entries (entry k scores prompt token k + 1), once known.
+    prompt_entries: Option<Vec<TokenLogprob>>,
+    /// The output's tokens with their entries.
+    tokens: Vec<(u32, TokenLogprob)>,
+    finish: Option<GenerateFinish>,
+    cached_tokens: Option<usize>,
+}
+
+impl Out {
+    /// Output `k` of `spec`, whose first output is the request's output `first`.
+    fn new(state: &AppState, spec: &Spec, k: usize, first: usize) -> Self {
+        let id = match (&spec.rid, k) {
+            (Some(rid), 0) => rid.clone(),
+            (Some(rid), k) => format!("{rid}-{k}"),
+            (None, _) => random_hex(state.next_serial()),
+        };
+        Self {
+            id,
+            first,
+            prompt: spec.request.prompt.clone(),
+            max_tokens: spec.request.max_tokens,
+            top: spec.top,
+            input: spec.input,
+            started: Instant::now(),
+            text: String::new(),
+            output_ids: Vec::new(),
+            generated: 0,
+            prompt_entries: None,
+            tokens: Vec::new(),
+            finish: None,
+            cached_tokens: None,
+        }
+    }
+
+    /// Take in a step of its run.
+    fn absorb(&mut self, step: Step) {
+        for d in step.deltas {
+            if let Delta::Content(c) = d {
+                self.text.push_str(&c);
+            }
+        }
+        self.output_ids.extend(step.token_ids);
+        self.generated = step.generated;
+        if step.prompt_logprobs.is_some() {
+            self.prompt_entries = step.prompt_logprobs;
+        }
+        self.tokens
+            .extend(step.logprobs.into_iter().map(|t| (t.id, t.logprob)));
+        if let Some(f) = step.finished {
+            self.cached_tokens = Some(f.usage.cached_tokens);
+            self.generated = f.usage.completion_tokens;
+            self.finish = Some(match (f.reason, f.stop_token, step.stop_reason) {
+                (FinishReason::Length, ..) => GenerateFinish::Length {
+                    length: self.max_tokens,
+                },
+                (_, Some(t), _) => GenerateFinish::Stop { matched: t.into() },
+                (_, None, Some(StopReason::Text(s))) => GenerateFinish::Stop { matched: s.into() },
+                (_, None, _) => GenerateFinish::Stop {
+                    matched: Value::Null,
+                },
+            });
+        }
+    }
+
+    /// The output so far as SGLang shows it; `text_in` puts token texts in the entries.
+    fn body(&self, loaded: &Loaded, text_in: bool, index: Option<usize>) -> GenerateOutput {
+        let entry = |lp: Option<f32>, id: u32| -> LogprobEntry {
+            (
+                lp.map(finite),
+                id,
+                text_in.then(|| token_string(&loaded.vocab, id)),
+            )
+        };
+        let top_list = |e: &TokenLogprob, n: usize| -> Vec<LogprobEntry> {
+            e.top
+                .iter()
+                .take(n)
+                .map(|&(id, lp)| entry(Some(lp), id))
+                .collect()
+        };
+        let mut meta = MetaInfo {
+            id: self.id.clone(),
+            finish_reason: self.finish.clone(),
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+            cached_tokens: self.cached_tokens,
+            e2e_latency: self
+                .finish
+                .as_ref()
+                .map(|_| self.started.elapsed().as_secs_f64()),
+            input_token_logprobs: None,
+            output_token_logprobs: None,
+            input_top_logprobs: None,
+            output_top_logprobs: None,
+        };
+        if let Some(top) = self.top {
+            meta.output_token_logprobs = Some(
+                self.tokens
+                    .iter()
+                    .map(|(id, e)| entry(Some(e.logprob), *id))
+                    .collect(),
+            );
+            if top > 0 {
+                meta.output_top_logprobs =
+                    Some(self.tokens.iter().map(|(_, e)| top_list(e, top)).collect());
+            }
+            if let (Some(start), Some(entries)) = (self.input, &self.prompt_entries) {
+                // Position p ≥ 1 is scored by entry p − 1; position 0 has nothing before it.
+                let at = |p: usize| p.checked_sub(1).and_then(|k| entries.get(k));
+                let positions = start..self.prompt.len();
+                meta.input_token_logprobs = Some(
+                    positions
+                        .clone()
+                        .map(|p| entry(at(p).map(|e| e.logprob), self.prompt[p]))
+                        .collect(),
+                );
+                if top > 0 {
+                    meta.input_top_logprobs =
+                        Some(positions.map(|p| at(p).map(|e| top_list(e, top))).collect());
+                }
+            }
+        }
+        GenerateOutput {
+            text: self.text.clone(),
+            output_ids: self.output_ids.clone(),
+            meta_info: meta,
+            index,
+        }
+    }
+}
+
+/// A `/generate` request in flight, all its outputs.
+struct Generation {
+    runs: Merged,
+    loaded: Arc<Loaded>,
+    outs: Vec<Out>,
+    text_in_logprobs: bool,
+    /// The answer is a list (a batch, or `n` > 1).
+    batch: bool,
+    done: bool,
+}
+
+impl Generation {
+    /// Run every output to its end and answer (the first error fails the request).
+    async fn answer(mut self) -> Result<Response, ApiError> {
+        while let Some((i, step)) = self.runs.next().await {
+            self.outs[i].absorb(step?);
+        }
+        // A prompt's first output scored it for the others.
+        for i in 0..self.outs.len() {
+            if self.outs[i].prompt_entries.is_none() {
+                self.outs[i].prompt_entries = self.outs[self.outs[i].first].prompt_entries.clone();
+            }
+        }
+        let bodies: Vec<GenerateOutput> = self
+            .outs
+            .iter()
+            .map(|o| o.body(&self.loaded, self.text_in_logprobs, None))
+            .collect();
+        if self.batch {
+            Ok(json_response(&bodies))
+        } else {
+            Ok(json_response(&bodies[0]))
+        }
+    }
+}
+
+impl EventSource for Generation {
+    async fn next_events(&mut self) -> Vec<SseEvent> {
+        let Some((i, step)) = self.runs.next().await else {
+            self.done = true;
+            return vec![SseEvent::default().data("[DONE]")];
+        };
+        match step {
+            Ok(step) => {
+                self.outs[i].absorb(step);
+                let index = self.batch.then_some(i);
+                let body = self.outs[i].body(&self.loaded, self.text_in_logprobs, index);
+                vec![SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())]
+            }
+            Err(e) => {
+                self.done = true;
+                vec![error_event(&e), SseEvent::default().data("[DONE]")]
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+}
