@@ -194,7 +194,12 @@ fn prepare(
 
 /// The token ids of prompt `p` (from request field `field`), and whether BOS was prepended
 /// (text that does not start with the BOS marker gets it; token ids are used as given).
-fn prompt_ids(loaded: &Loaded, p: Prompt, field: &str) -> Result<(Vec<u32>, bool), ApiError> {
+/// `/generate` tokenizes the same way.
+pub(super) fn prompt_ids(
+    loaded: &Loaded,
+    p: Prompt,
+    field: &str,
+) -> Result<(Vec<u32>, bool), ApiError> {
     match p {
         Prompt::Tokens(ids) if ids.is_empty() => {
             Err(ApiError::bad_param(field, "the prompt has no tokens"))

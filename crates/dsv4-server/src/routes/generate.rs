@@ -8,6 +8,7 @@
 //! `return_logprob` gives SGLang's `[logprob, id, text]` entries for the output and, from
 //! `logprob_start_len`, the prompt.
 
+use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::Prompt;
@@ -27,7 +28,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
-use dsv4_chat::{ToolSet, markers};
+use dsv4_chat::ToolSet;
 use dsv4_engine::{FinishReason, Request, TokenLogprob};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -131,7 +132,9 @@ fn prepare(
             (Prompt::Text(_), _) => format!("text[{k}]"),
             (Prompt::Tokens(_), _) => format!("input_ids[{k}]"),
         };
-        let prompt = prompt_ids(loaded, p)?;
+        // Text gets BOS prepended unless it starts with it (SGLang's tokenizer adds it for
+        // DeepSeek models); token ids are used as given.
+        let (prompt, _) = prompt_ids(loaded, p, &field)?;
         let sp = &sampling[k];
         let named = |e: ApiError| match e.param.clone() {
             Some(p) if !p.starts_with("sampling_params") => {
@@ -199,27 +202,6 @@ fn spread<T: Clone>(
     match v {
         None => Ok(vec![default; count]),
         Some(v) => v.spread(count, field),
-    }
-}
-
-/// The token ids of prompt `p`: text gets BOS prepended unless it starts with it (SGLang's
-/// tokenizer adds it for DeepSeek models); token ids are used as given.
-fn prompt_ids(loaded: &Loaded, p: Prompt) -> Result<Vec<u32>, ApiError> {
-    match p {
-        Prompt::Tokens(ids) => Ok(ids),
-        Prompt::Text(text) => {
-            let mut ids = Vec::new();
-            if !text.starts_with(markers::BOS) {
-                ids.push(loaded.bos);
-            }
-            ids.extend(
-                loaded
-                    .tokenizer
-                    .encode(&text)
-                    .map_err(|e| ApiError::internal(format!("tokenizing the text: {e}")))?,
-            );
-            Ok(ids)
-        }
     }
 }
 
