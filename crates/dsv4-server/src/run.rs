@@ -221,17 +221,16 @@ impl Run {
 /// prefix cache shares its pages): choice `i` samples with seed `req.sampling.seed + i`
 /// (wrapping), so choice `i` of a seeded request is reproducible and does not depend on `n`,
 /// and its output goes through its own decoder from `decoder`. Only the first choice scores
-/// the prompt (`req.prompt_logprobs`; the entries are the same for all) unless
-/// `score_every_choice` (each choice shows them as it streams); the others then reuse the first
-/// one's prefill through the prefix cache. Everything else is the same for every choice (the
-/// engine starts a fresh grammar state per request from the shared constraint). If a choice
-/// cannot be submitted, the ones already started are dropped, which cancels them.
+/// the prompt (`req.prompt_logprobs`; the entries are the same for all): the others reuse its
+/// prefill through the prefix cache, and show its entries ([`SharedScoring`] when streamed).
+/// Everything else is the same for every choice (the engine starts a fresh grammar state per
+/// request from the shared constraint). If a choice cannot be submitted, the ones already
+/// started are dropped, which cancels them.
 pub fn start_choices(
     state: &AppState,
     loaded: &Arc<Loaded>,
     req: Request,
     n: usize,
-    score_every_choice: bool,
     mut decoder: impl FnMut() -> OutputDecoder,
 ) -> Result<Vec<Run>, ApiError> {
     let base = req.sampling.seed;
@@ -239,12 +238,78 @@ pub fn start_choices(
         .map(|i| {
             let mut choice = req.clone();
             choice.sampling.seed = base.wrapping_add(i as u64);
-            if i > 0 && !score_every_choice {
+            if i > 0 {
                 choice.prompt_logprobs = None;
             }
             Run::start(state, loaded, choice, decoder())
         })
         .collect()
+}
+
+/// A stream's steps of choices that show their prompt's scoring on their first chunk, while only
+/// each prompt's first choice scores it ([`start_choices`]): a choice's steps are held back
+/// until that first choice's first step has brought the entries, then released with them.
+/// The wait is short: the other choices reuse the first one's prefill, so they are behind it.
+pub struct SharedScoring {
+    /// Per choice: the index of its prompt's first choice.
+    first: Vec<usize>,
+    /// Per choice: whether its first step must carry the prompt's entries.
+    needs: Vec<bool>,
+    /// Per first choice: its prompt's entries, once scored.
+    entries: Vec<Option<Vec<TokenLogprob>>>,
+    /// Per choice: whether a step of it was released.
+    released: Vec<bool>,
+    /// Per choice: its steps held back, in order.
+    held: Vec<Vec<Step>>,
+}
+
+impl SharedScoring {
+    /// Choices whose prompts' first choices are `first` (per choice), and which of them show
+    /// their prompt's entries (`needs`).
+    pub fn new(first: Vec<usize>, needs: Vec<bool>) -> Self {
+        let n = first.len();
+        Self {
+            first,
+            needs,
+            entries: vec![None; n],
+            released: vec![false; n],
+            held: (0..n).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// Take in choice `i`'s next step; returns the steps ready to show, in order (a choice's
+    /// first one carrying its prompt's entries when it needs them).
+    pub fn ready(&mut self, i: usize, step: Step) -> Vec<(usize, Step)> {
+        let f = self.first[i];
+        if i == f && self.entries[f].is_none() {
+            self.entries[f] = step.prompt_logprobs.clone();
+        }
+        if i != f && self.needs[i] && !self.released[i] && !self.released[f] {
+            self.held[i].push(step);
+            return Vec::new();
+        }
+        let first_step = !self.released[i];
+        let mut out = vec![self.release(i, step)];
+        if i == f && first_step {
+            for j in 0..self.first.len() {
+                if self.first[j] != f || j == f {
+                    continue;
+                }
+                for s in std::mem::take(&mut self.held[j]) {
+                    out.push(self.release(j, s));
+                }
+            }
+        }
+        out
+    }
+
+    fn release(&mut self, i: usize, mut step: Step) -> (usize, Step) {
+        if self.needs[i] && !self.released[i] && step.prompt_logprobs.is_none() {
+            step.prompt_logprobs = self.entries[self.first[i]].clone();
+        }
+        self.released[i] = true;
+        (i, step)
+    }
 }
 
 /// The steps of several choices' runs, merged: each item is a choice's index and its next step
@@ -301,4 +366,63 @@ pub fn fit_max_tokens(limits: &Limits, prompt: &[u32], upper: usize) -> usize {
         }
     }
     lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step of `generated` tokens, carrying prompt entries when `scored`.
+    fn step(generated: usize, scored: bool) -> Step {
+        Step {
+            deltas: Vec::new(),
+            logprobs: Vec::new(),
+            prompt_logprobs: scored.then(|| {
+                vec![TokenLogprob {
+                    logprob: -1.5,
+                    top: Vec::new(),
+                    rank: 1,
+                }]
+            }),
+            token_ids: Vec::new(),
+            generated,
+            stop_reason: None,
+            finished: None,
+        }
+    }
+
+    /// (choice, generated, carries entries) of released steps.
+    fn seen(out: Vec<(usize, Step)>) -> Vec<(usize, usize, bool)> {
+        out.into_iter()
+            .map(|(i, s)| (i, s.generated, s.prompt_logprobs.is_some()))
+            .collect()
+    }
+
+    #[test]
+    fn steps_wait_for_their_prompts_first_choice_then_come_out_in_order() {
+        // Prompt 0: choices 0–2; prompt 1: choices 3–4, which do not show the entries.
+        let mut s = SharedScoring::new(vec![0, 0, 0, 3, 3], vec![true, true, true, false, false]);
+        assert!(s.ready(2, step(1, false)).is_empty());
+        assert!(s.ready(2, step(2, false)).is_empty());
+        assert_eq!(seen(s.ready(4, step(1, false))), [(4, 1, false)]);
+        assert!(s.ready(1, step(1, false)).is_empty());
+        assert_eq!(
+            seen(s.ready(0, step(1, true))),
+            [(0, 1, true), (1, 1, true), (2, 1, true), (2, 2, false)],
+            "the first choice, then the held steps in order, each choice's first with entries"
+        );
+        assert_eq!(seen(s.ready(1, step(2, false))), [(1, 2, false)]);
+        assert_eq!(seen(s.ready(0, step(2, false))), [(0, 2, false)]);
+    }
+
+    #[test]
+    fn a_first_choice_without_entries_never_stalls_the_others() {
+        let mut s = SharedScoring::new(vec![0, 0], vec![true, true]);
+        assert!(s.ready(1, step(1, false)).is_empty());
+        assert_eq!(
+            seen(s.ready(0, step(1, false))),
+            [(0, 1, false), (1, 1, false)]
+        );
+        assert_eq!(seen(s.ready(1, step(2, false))), [(1, 2, false)]);
+    }
 }

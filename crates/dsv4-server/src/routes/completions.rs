@@ -28,7 +28,9 @@ use crate::api::logprobs::{
 use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{GeneratedToken, Merged, finish_reason, merge, start_choices};
+use crate::run::{
+    GeneratedToken, Merged, SharedScoring, Step, finish_reason, merge, start_choices,
+};
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -58,18 +60,17 @@ pub async fn completions(
         prompt_logprobs,
     } = prepare(&state, &loaded, &req)?;
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
-    // the choices already started. A streamed echo with logprobs shows the prompt's entries in
-    // every choice's first chunk, so each choice scores it; otherwise only a prompt's first
-    // choice does and the others show its entries.
+    // the choices already started. Only a prompt's first choice scores it; the others show its
+    // entries (a stream holds their chunks back until it has them).
     let stream = req.stream.unwrap_or(false);
-    let every = stream && logprobs.is_some() && req.echo.unwrap_or(false);
+    let lists_echo = logprobs.is_some() && req.echo.unwrap_or(false);
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
     let mut prompt_ids = Vec::new();
     let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
     for (request, echo) in prompts {
         prompt_ids.push(request.prompt.clone());
-        runs.extend(start_choices(&state, &loaded, request, n, every, || {
+        runs.extend(start_choices(&state, &loaded, request, n, || {
             OutputDecoder::raw(&stops)
                 .with_min_tokens(min_tokens)
                 .with_stop_in_output(keep_stop)
@@ -94,6 +95,10 @@ pub async fn completions(
         started: vec![false; total],
         offsets: vec![0; total],
         usages: vec![None; total],
+        sharing: SharedScoring::new(
+            (0..total).map(|i| i - i % n).collect(),
+            vec![lists_echo; total],
+        ),
         done: false,
     };
     if stream {
@@ -268,6 +273,8 @@ struct TextStream {
     offsets: Vec<usize>,
     /// Per choice: its usage once it has finished.
     usages: Vec<Option<Usage>>,
+    /// A stream's chunks waiting for their prompt's scoring.
+    sharing: SharedScoring,
     done: bool,
 }
 
@@ -399,7 +406,7 @@ impl TextStream {
                 self.usages[i] = Some(f.usage);
             }
         }
-        // Each prompt's first choice scored it (every choice, when streamed).
+        // Each prompt's first choice scored it.
         for i in 0..n {
             if pieces[i].prompt.is_none() {
                 pieces[i].prompt = pieces[i - i % self.n].prompt.clone();
@@ -452,6 +459,21 @@ impl EventSource for TextStream {
                 return vec![error_event(&e), SseEvent::default().data("[DONE]")];
             }
         };
+        let ready = self.sharing.ready(i, step);
+        ready
+            .into_iter()
+            .map(|(i, step)| self.chunk_event(i, step))
+            .collect()
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+impl TextStream {
+    /// The chunk of choice `i`'s `step`.
+    fn chunk_event(&mut self, i: usize, step: Step) -> SseEvent {
         let prompt_tokens = self.prompt_ids[i / self.n].len();
         let usage = match &step.finished {
             _ if !self.usage.last => None,
@@ -471,10 +493,6 @@ impl EventSource for TextStream {
             finish,
         };
         let choice = self.choice(i, piece);
-        vec![Self::event(&self.object(vec![choice], usage))]
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
+        Self::event(&self.object(vec![choice], usage))
     }
 }

@@ -6,7 +6,7 @@
 //! `data: [DONE]`. `output_ids` end with the token that ended the output, `finish_reason` says
 //! which (`{"type": "stop", "matched": …}` or `{"type": "length", "length": N}`), and
 //! `return_logprob` gives SGLang's `[logprob, id, text]` entries for the output and, from
-//! `logprob_start_len`, the prompt.
+//! `logprob_start_len`, the prompt, scored once per prompt.
 
 use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
@@ -21,7 +21,7 @@ use crate::api::sampling::{check_fit, top_count};
 use crate::error::ApiError;
 use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{Merged, Step, merge, start_choices};
+use crate::run::{Merged, SharedScoring, Step, merge, start_choices};
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -50,9 +50,8 @@ pub async fn generate(
     let mut runs = Vec::new();
     let mut outs = Vec::new();
     for spec in specs {
-        // A streamed output shows the prompt's entries from its first event, so each scores
-        // them; otherwise the first output of a prompt does, and the others show its entries.
-        let every = stream && spec.input.is_some();
+        // A prompt's first output scores it; the others show its entries (a stream holds their
+        // events back until it has them).
         let decoder = || {
             OutputDecoder::raw(&spec.stops)
                 .with_min_tokens(spec.request.sampling.min_tokens)
@@ -64,7 +63,6 @@ pub async fn generate(
             &loaded,
             spec.request.clone(),
             spec.n,
-            every,
             decoder,
         )?);
         let first = outs.len();
@@ -73,10 +71,15 @@ pub async fn generate(
         }
     }
     let batch = batch || outs.len() > 1;
+    let sharing = SharedScoring::new(
+        outs.iter().map(|o| o.first).collect(),
+        outs.iter().map(|o| o.input.is_some()).collect(),
+    );
     let generation = Generation {
         runs: merge(runs),
         loaded,
         outs,
+        sharing,
         text_in_logprobs: names,
         batch,
         done: false,
@@ -423,6 +426,8 @@ struct Generation {
     runs: Merged,
     loaded: Arc<Loaded>,
     outs: Vec<Out>,
+    /// A stream's events waiting for their prompt's scoring.
+    sharing: SharedScoring,
     text_in_logprobs: bool,
     /// The answer is a list (a batch, or `n` > 1).
     batch: bool,
@@ -462,10 +467,16 @@ impl EventSource for Generation {
         };
         match step {
             Ok(step) => {
-                self.outs[i].absorb(step);
-                let index = self.batch.then_some(i);
-                let body = self.outs[i].body(&self.loaded, self.text_in_logprobs, index);
-                vec![SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())]
+                let ready = self.sharing.ready(i, step);
+                ready
+                    .into_iter()
+                    .map(|(i, step)| {
+                        self.outs[i].absorb(step);
+                        let index = self.batch.then_some(i);
+                        let body = self.outs[i].body(&self.loaded, self.text_in_logprobs, index);
+                        SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())
+                    })
+                    .collect()
             }
             Err(e) => {
                 self.done = true;

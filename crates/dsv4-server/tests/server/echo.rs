@@ -200,10 +200,10 @@ async fn max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn choices_of_one_echoed_prompt_share_its_scoring_unless_streamed() {
+async fn choices_of_one_echoed_prompt_share_its_scoring_streamed_or_not() {
     // Only the first choice scores the prompt; the others reuse its prefill through the prefix
-    // cache (whole pages of 64) and show its entries. A stream shows them in every choice's
-    // first chunk, so there every choice scores it (and reuses nothing).
+    // cache (whole pages of 64) and show its entries. A stream holds their first chunks back
+    // until the first choice's has brought them.
     let s = start(config()).await;
     let engine = s.state.loaded().unwrap().engine.clone();
     let prompt = "Once upon a time there was a small model. ".repeat(4);
@@ -239,11 +239,31 @@ async fn choices_of_one_echoed_prompt_share_its_scoring_unless_streamed() {
         .json();
     let cached = engine.metrics().cached_tokens_total;
     let events = s.send("POST", PATH, &streamed).await.events();
-    assert!(events.iter().any(|e| e["choices"][0]["index"] == 2));
+    assert!(
+        engine.metrics().cached_tokens_total >= cached + 2 * 64,
+        "streamed, choices 1 and 2 reuse the first one's pages too"
+    );
+    // Each choice's chunks assemble to its lists, whose prompt part is the first choice's.
+    let per_choice: Vec<Vec<Vec<Value>>> = (0..3)
+        .map(|k| {
+            let mine: Vec<Value> = events
+                .iter()
+                .filter(|e| e.is_object() && e["choices"][0]["index"] == k)
+                .cloned()
+                .collect();
+            joined(&mine)
+                .1
+                .iter()
+                .map(|l| l[..shown].to_vec())
+                .collect()
+        })
+        .collect();
+    assert_eq!(per_choice[1], per_choice[0], "{events:?}");
+    assert_eq!(per_choice[2], per_choice[0]);
     assert_eq!(
-        engine.metrics().cached_tokens_total,
-        cached,
-        "every streamed choice scores"
+        per_choice[0],
+        lists_of(&choices[0]),
+        "equal to the unstreamed scoring"
     );
     s.shutdown().await.unwrap();
 }

@@ -175,6 +175,18 @@ async fn logprobs_are_sglang_triples_equal_to_the_completions_entries() {
     );
     assert!(meta["input_top_logprobs"][0].is_null() && meta["input_top_logprobs"][1].is_array());
 
+    // Streamed with n = 2: the first output scores the prompt, both show its entries.
+    let body = json!({"input_ids": prompt, "return_logprob": true, "logprob_start_len": 0,
+                      "stream": true, "sampling_params": {"max_new_tokens": 2, "n": 2}});
+    let events = s.send("POST", "/generate", &body).await.events();
+    for k in 0..2 {
+        let last = events.iter().rfind(|e| e["index"] == k).unwrap();
+        let got = &last["meta_info"]["input_token_logprobs"];
+        for p in 0..3 {
+            assert_eq!(got[p][0], lp[p], "output {k}, position {p}: {last}");
+        }
+    }
+
     // From position 1, without texts, without alternatives.
     let v = generate(
         &s,
