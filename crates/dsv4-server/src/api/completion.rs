@@ -68,6 +68,11 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Leave special tokens' text out of the generated text (vLLM's extension; default false
+    /// here: dsv4 shows them, where vLLM's default is true).
+    pub skip_special_tokens: Option<bool>,
+    /// Accepted (the byte-level tokenizer adds no spaces between special tokens).
+    pub spaces_between_special_tokens: Option<bool>,
     /// Keep only the prompt's last k tokens (−1: the model's context), vLLM's extension.
     pub truncate_prompt_tokens: Option<i64>,
     /// Return the token ids of the prompt (`prompt_token_ids`) and of each choice

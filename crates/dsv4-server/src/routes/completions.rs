@@ -68,12 +68,14 @@ pub async fn completions(
     let mut echoes = Vec::new();
     let mut prompt_ids = Vec::new();
     let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
+    let skip_special = req.skip_special_tokens.unwrap_or(false);
     for (request, echo) in prompts {
         prompt_ids.push(request.prompt.clone());
         runs.extend(start_choices(&state, &loaded, request, n, || {
             OutputDecoder::raw(&stops)
                 .with_min_tokens(min_tokens)
                 .with_stop_in_output(keep_stop)
+                .with_special_tokens_skipped(skip_special)
         })?);
         echoes.extend(echo);
     }

@@ -1,7 +1,8 @@
 //! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
 //! penalties break its repeats, `min_tokens` holds the end token and stop strings back,
 //! `ignore_eos` keeps going past it (its text left out), `stop_token_ids` end the answer as
-//! the end token does, and `min_p` 1 samples like greedy.
+//! the end token does, `skip_special_tokens` leaves their text out, and `min_p` 1 samples like
+//! greedy.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -211,6 +212,33 @@ async fn stop_token_ids_end_the_answer_as_the_end_token_does() {
             .error(400);
         assert_eq!(e["param"], "stop_token_ids", "{bad} → {e}");
     }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_special_tokens_leaves_their_text_out() {
+    let s = start(config()).await;
+    let special = 100u32;
+    let body = json!({"logit_bias": {special.to_string(): 100}, "max_tokens": 2, "logprobs": 0});
+    let v = complete(&s, "Hi", body.clone()).await;
+    let one = dsv4_chat::markers::reserved(special);
+    assert_eq!(text(&v), format!("{one}{one}"), "shown by default: {v}");
+    let mut skipped = body.clone();
+    skipped["skip_special_tokens"] = json!(true);
+    skipped["spaces_between_special_tokens"] = json!(false);
+    let v = complete(&s, "Hi", skipped).await;
+    assert_eq!(
+        (text(&v), &v["usage"]["completion_tokens"]),
+        ("", &json!(2)),
+        "{v}"
+    );
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["tokens"],
+        json!([one, one]),
+        "the lists still name them: {v}"
+    );
+    assert_eq!(lp["text_offset"], json!([0, 0]), "they add no text: {v}");
     s.shutdown().await.unwrap();
 }
 
