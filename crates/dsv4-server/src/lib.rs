@@ -3,7 +3,8 @@
 //!
 //! - Routes ([`routes`]): `POST /v1/chat/completions` (DSV4 prompt encoding, tools,
 //!   `tool_choice`, thinking mode, SSE streaming, strict DSML parsing of every answer),
-//!   `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
+//!   `POST /v1/completions`, SGLang's `POST /generate` and `POST /abort_request` ([`abort`]),
+//!   `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
 //! - Constrained decoding ([`grammar`]): `tool_choice` required/named and `response_format`
 //!   become llguidance grammars over the tokenizer's vocabulary ([`vocab`]), enforced by the
 //!   engine's per-request token constraint.
@@ -15,6 +16,7 @@
 //! Bad input is answered with a 4xx OpenAI error object ([`ApiError`]); no request can panic
 //! the server.
 
+pub mod abort;
 pub mod api;
 pub mod config;
 pub mod error;

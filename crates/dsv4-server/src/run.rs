@@ -5,6 +5,7 @@
 //! request and frees its cache before the engine's next step. A request with `n` choices is
 //! `n` runs ([`start_choices`]) whose steps [`merge`] interleaves as they are produced.
 
+use crate::abort::AbortGuard;
 use crate::api::common::StopReason;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
@@ -68,15 +69,19 @@ pub struct Run {
     generated: usize,
     /// The prompt's entries, until the step that carries them.
     prompt: Option<Vec<TokenLogprob>>,
+    /// Its registration for `/abort_request`.
+    abort: AbortGuard,
     _in_flight: InFlight,
 }
 
 impl Run {
-    /// Submit `req`; its output goes through `decoder`.
+    /// Submit `req` as the run `id` of the request `group` (the ids `/abort_request` takes);
+    /// its output goes through `decoder`.
     pub fn start(
         state: &AppState,
         loaded: &Arc<Loaded>,
         req: Request,
+        (id, group): (String, String),
         decoder: OutputDecoder,
     ) -> Result<Self, ApiError> {
         let in_flight = state.begin_request();
@@ -84,6 +89,7 @@ impl Run {
         let silent = req.ignore_eos.then_some(loaded.eos);
         let stream = loaded.engine.submit(req)?;
         tracing::debug!(id = %stream.id(), "submitted");
+        let abort = state.aborts().register(id, group, stream.id());
         Ok(Self {
             state: state.clone(),
             loaded: Arc::clone(loaded),
@@ -96,6 +102,7 @@ impl Run {
             pending_ids: Vec::new(),
             generated: 0,
             prompt: None,
+            abort,
             _in_flight: in_flight,
         })
     }
@@ -134,7 +141,7 @@ impl Run {
                     let deltas = self
                         .decoder
                         .push(bytes)
-                        .map_err(|e| self.output_error(&e, false))?;
+                        .map_err(|e| self.output_error(&e, FinishReason::Eos))?;
                     if !deltas.is_empty() {
                         return Ok(self.step(deltas, None));
                     }
@@ -146,15 +153,18 @@ impl Run {
                             "the engine failed on this request: {}",
                             f.error.as_deref().unwrap_or("no reason given")
                         ))),
-                        FinishReason::Cancelled => Err(ApiError::unavailable(
-                            "the request was cancelled by the server (shutting down)",
-                        )),
-                        FinishReason::Eos | FinishReason::Stop | FinishReason::Length => {
-                            let cut = f.reason == FinishReason::Length;
+                        FinishReason::Cancelled if !self.abort.aborted() => {
+                            Err(ApiError::unavailable(
+                                "the request was cancelled by the server (shutting down)",
+                            ))
+                        }
+                        // Ended by its length, its end token, a stop, or an abort (which keeps
+                        // what it had).
+                        _ => {
                             let deltas = self
                                 .decoder
                                 .finish()
-                                .map_err(|e| self.output_error(&e, cut))?;
+                                .map_err(|e| self.output_error(&e, f.reason))?;
                             Ok(self.step(deltas, Some(f)))
                         }
                     };
@@ -196,10 +206,13 @@ impl Run {
 }
 
 impl Run {
-    /// Count a broken answer and say what could help (`cut`: it ended at max_tokens).
-    fn output_error(&self, e: &dsv4_chat::ParseError, cut: bool) -> ApiError {
+    /// Count a broken answer and say what could help (`ended`: how the answer ended; while it
+    /// goes, `Eos` stands for "not yet").
+    fn output_error(&self, e: &dsv4_chat::ParseError, ended: FinishReason) -> ApiError {
         self.state.stats().output_error(e.class.as_str());
-        let hint = if cut {
+        let hint = if ended == FinishReason::Cancelled {
+            "the request was aborted (/abort_request) before the answer was complete".to_string()
+        } else if ended == FinishReason::Length {
             format!(
                 "the answer reached max_tokens ({}) before it was complete; raise max_tokens",
                 self.max_tokens
@@ -217,7 +230,8 @@ impl Run {
     }
 }
 
-/// Start the `n` choices of `req`, each its own engine request (the prompt is the same, so the
+/// Start the `n` choices of `req` as the request `rid` (choice k is the run `rid` or, past the
+/// first, `rid-k`, the ids `/abort_request` takes), each its own engine request (the prompt is the same, so the
 /// prefix cache shares its pages): choice `i` samples with seed `req.sampling.seed + i`
 /// (wrapping), so choice `i` of a seeded request is reproducible and does not depend on `n`,
 /// and its output goes through its own decoder from `decoder`. Only the first choice scores
@@ -231,6 +245,7 @@ pub fn start_choices(
     loaded: &Arc<Loaded>,
     req: Request,
     n: usize,
+    rid: &str,
     mut decoder: impl FnMut() -> OutputDecoder,
 ) -> Result<Vec<Run>, ApiError> {
     let base = req.sampling.seed;
@@ -241,7 +256,11 @@ pub fn start_choices(
             if i > 0 {
                 choice.prompt_logprobs = None;
             }
-            Run::start(state, loaded, choice, decoder())
+            let id = match i {
+                0 => rid.to_string(),
+                i => format!("{rid}-{i}"),
+            };
+            Run::start(state, loaded, choice, (id, rid.to_string()), decoder())
         })
         .collect()
 }
@@ -331,9 +350,11 @@ pub fn merge(runs: Vec<Run>) -> Merged {
     }))
 }
 
-/// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made.
+/// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made (an
+/// aborted request's is vLLM's `abort`).
 pub fn finish_reason(reason: FinishReason, tool_calls: bool) -> &'static str {
     match reason {
+        FinishReason::Cancelled => "abort",
         _ if tool_calls => "tool_calls",
         FinishReason::Length => "length",
         _ => "stop",

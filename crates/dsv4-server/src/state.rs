@@ -2,6 +2,7 @@
 //! tokenizer, vocabulary bytes, grammar compiler) once it is ready, statistics, the count of
 //! generation requests in flight, and the step-loop progress watch behind `/health`.
 
+use crate::abort::AbortRegistry;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::grammar::GrammarCompiler;
@@ -94,6 +95,7 @@ pub struct Shared {
     draining: AtomicBool,
     serial: AtomicU64,
     progress: Mutex<Progress>,
+    aborts: Arc<AbortRegistry>,
 }
 
 /// The state handed to every handler (cheap to clone).
@@ -132,6 +134,7 @@ impl AppState {
                 steps: 0,
                 at: Instant::now(),
             }),
+            aborts: Arc::default(),
         }))
     }
 
@@ -173,6 +176,11 @@ impl AppState {
     pub fn begin_request(&self) -> InFlight {
         self.0.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(Arc::clone(&self.0))
+    }
+
+    /// The runs in flight, for `/abort_request`.
+    pub fn aborts(&self) -> &Arc<AbortRegistry> {
+        &self.0.aborts
     }
 
     /// A number unique to this server process (ids, default seeds).

@@ -224,7 +224,8 @@ impl GenerateRequest {
 }
 
 /// `meta_info.finish_reason`: `{"type": "stop", "matched": ID | TEXT}` (the end-of-sequence
-/// token, a stop token or a stop string) or `{"type": "length", "length": N}`.
+/// token, a stop token or a stop string), `{"type": "length", "length": N}` or `{"type":
+/// "abort", "message": …}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GenerateFinish {
@@ -237,6 +238,11 @@ pub enum GenerateFinish {
     Length {
         /// The limit.
         length: usize,
+    },
+    /// `/abort_request` ended the output (what it had is kept).
+    Abort {
+        /// Why.
+        message: String,
     },
 }
 

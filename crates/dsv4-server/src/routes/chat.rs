@@ -66,7 +66,7 @@ pub async fn chat_completions(
         n,
     } = prepared;
     let usage = StreamUsage::new(req.stream_options.as_ref())?;
-    let runs = start_choices(&state, &loaded, request, n, || decoder.build())?;
+    let runs = start_choices(&state, &loaded, request, n, &meta.id, || decoder.build())?;
     let runs = merge(runs);
     if req.stream.unwrap_or(false) {
         Ok(sse_response(ChatStream::new(

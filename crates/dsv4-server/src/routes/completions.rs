@@ -69,9 +69,10 @@ pub async fn completions(
     let mut prompt_ids = Vec::new();
     let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
     let skip_special = req.skip_special_tokens.unwrap_or(false);
+    let id = format!("cmpl-{}", random_hex(state.next_serial()));
     for (request, echo) in prompts {
         prompt_ids.push(request.prompt.clone());
-        runs.extend(start_choices(&state, &loaded, request, n, || {
+        runs.extend(start_choices(&state, &loaded, request, n, &id, || {
             OutputDecoder::raw(&stops)
                 .with_min_tokens(min_tokens)
                 .with_stop_in_output(keep_stop)
@@ -83,7 +84,7 @@ pub async fn completions(
     let out = TextStream {
         runs: merge(runs),
         loaded,
-        id: format!("cmpl-{}", random_hex(state.next_serial())),
+        id,
         created: unix_now(),
         model: state.cfg().model_id.clone(),
         usage: StreamUsage::new(req.stream_options.as_ref())?,

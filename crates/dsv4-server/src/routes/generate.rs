@@ -58,16 +58,22 @@ pub async fn generate(
                 .with_stop_in_output(spec.keep_stop)
                 .with_special_tokens_skipped(spec.skip_special)
         };
+        // Output k of the prompt is `rid` or `rid-k`, as start_choices registers it.
+        let rid = spec
+            .rid
+            .clone()
+            .unwrap_or_else(|| random_hex(state.next_serial()));
         runs.extend(start_choices(
             &state,
             &loaded,
             spec.request.clone(),
             spec.n,
+            &rid,
             decoder,
         )?);
         let first = outs.len();
         for k in 0..spec.n {
-            outs.push(Out::new(&state, &spec, k, first));
+            outs.push(Out::new(&spec, &rid, k, first));
         }
     }
     let batch = batch || outs.len() > 1;
@@ -299,12 +305,12 @@ struct Out {
 }
 
 impl Out {
-    /// Output `k` of `spec`, whose first output is the request's output `first`.
-    fn new(state: &AppState, spec: &Spec, k: usize, first: usize) -> Self {
-        let id = match (&spec.rid, k) {
-            (Some(rid), 0) => rid.clone(),
-            (Some(rid), k) => format!("{rid}-{k}"),
-            (None, _) => random_hex(state.next_serial()),
+    /// Output `k` of `spec` (whose outputs are `rid`, `rid-1`, …), whose first output is the
+    /// request's output `first`.
+    fn new(spec: &Spec, rid: &str, k: usize, first: usize) -> Self {
+        let id = match k {
+            0 => rid.to_string(),
+            k => format!("{rid}-{k}"),
         };
         Self {
             id,
@@ -344,6 +350,9 @@ impl Out {
             self.finish = Some(match (f.reason, f.stop_token, step.stop_reason) {
                 (FinishReason::Length, ..) => GenerateFinish::Length {
                     length: self.max_tokens,
+                },
+                (FinishReason::Cancelled, ..) => GenerateFinish::Abort {
+                    message: "aborted by /abort_request".into(),
                 },
                 (_, Some(t), _) => GenerateFinish::Stop { matched: t.into() },
                 (_, None, Some(StopReason::Text(s))) => GenerateFinish::Stop { matched: s.into() },

@@ -1,8 +1,9 @@
 //! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
-//! on `/v1/*`, `/generate`, `/tokenize`, `/detokenize` and the cache flush, request counting, the body-size limit and the
+//! on `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize` and the cache flush, request counting, the body-size limit and the
 //! JSON 404/405 answers; helpers turn bodies into bytes (413 past the limit), check the model
 //! id, and stream server-sent events.
 
+pub mod abort;
 pub mod cache;
 pub mod chat;
 pub mod chat_stream;
@@ -34,6 +35,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/generate", post(generate::generate))
+        .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{id}", get(info::model))
         .route("/tokenize", post(tokenize::tokenize))
@@ -58,6 +60,7 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/generate" => "/generate",
+        "/abort_request" => "/abort_request",
         "/v1/models" => "/v1/models",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         "/tokenize" => "/tokenize",
@@ -78,7 +81,7 @@ async fn count(State(state): State<AppState>, req: Request, next: Next) -> Respo
     response
 }
 
-/// Refuse `/v1/*`, `/generate`, `/tokenize`, `/detokenize` and cache-flush requests without the configured
+/// Refuse `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize` and cache-flush requests without the configured
 /// bearer key.
 async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.cfg().api_key.as_deref() else {
@@ -109,7 +112,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         POST /generate, GET /v1/models, POST /tokenize, POST /detokenize, GET /health and GET \
+         POST /generate, POST /abort_request, GET /v1/models, POST /tokenize, POST /detokenize, GET /health and GET \
          /metrics",
         req.method(),
         req.uri().path()

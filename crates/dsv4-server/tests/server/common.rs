@@ -238,7 +238,8 @@ pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &
     out
 }
 
-fn parse_reply(buf: &[u8]) -> Reply {
+/// A whole HTTP/1.1 answer (status line, headers, body; a chunked body decoded).
+pub fn parse_reply(buf: &[u8]) -> Reply {
     let split = buf
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

@@ -8,8 +8,9 @@
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
-//! usage) and `truncate_prompt_tokens`, and SGLang's native `/generate`.
+//! usage) and `truncate_prompt_tokens`, and SGLang's native `/generate` and `/abort_request`.
 
+mod abort;
 mod api;
 mod bad_input;
 mod cache;
