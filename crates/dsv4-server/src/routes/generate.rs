@@ -11,7 +11,7 @@
 use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
-use crate::api::completion::Prompt;
+use crate::api::completion::{MAX_PROMPTS, Prompt};
 use crate::api::generate::{
     DEFAULT_MAX_NEW_TOKENS, GenerateFinish, GenerateOutput, GenerateRequest, GenerateSampling,
     LogprobEntry, MetaInfo, PerPrompt,
@@ -197,6 +197,16 @@ fn prepare(
             top,
             input,
         });
+    }
+    let outputs: usize = specs.iter().map(|s| s.n).sum();
+    if outputs > MAX_PROMPTS {
+        return Err(ApiError::bad_param(
+            "sampling_params.n",
+            format!(
+                "{count} prompts with their n make {outputs} outputs; at most {MAX_PROMPTS} per \
+                 request"
+            ),
+        ));
     }
     Ok(specs)
 }

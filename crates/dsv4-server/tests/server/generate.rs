@@ -287,15 +287,30 @@ async fn batches_take_per_prompt_parameters_and_streams_grow_to_the_answer() {
     // A JSON schema constrains the output to it.
     let schema = json!({"type": "object", "properties": {"x": {"type": "integer"}},
                         "required": ["x"], "additionalProperties": false});
-    for given in [schema.clone(), json!(schema.to_string())] {
+    for (seed, given) in [(7, schema.clone()), (8, json!(schema.to_string()))] {
         let v = generate(
             &s,
-            json!({"text": "Hi", "sampling_params": {"json_schema": given, "max_new_tokens": 256}}),
+            json!({"text": "Hi", "sampling_params": {"json_schema": given, "max_new_tokens": 256,
+                                                     "sampling_seed": seed}}),
         )
         .await;
         assert_eq!(v["meta_info"]["finish_reason"]["type"], "stop", "{v}");
-        let parsed: Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
-        assert!(parsed["x"].is_i64(), "{v}");
+        let text = v["text"].as_str().unwrap();
+        let parsed: serde_json::Map<String, Value> = serde_json::from_str(text).unwrap();
+        assert_eq!(parsed.keys().collect::<Vec<_>>(), ["x"], "{v}");
+        // An integer of any size: digits after an optional minus sign.
+        let digits = text
+            .split_once(':')
+            .unwrap()
+            .1
+            .trim()
+            .trim_end_matches('}')
+            .trim();
+        let digits = digits.strip_prefix('-').unwrap_or(digits);
+        assert!(
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{v}"
+        );
     }
     s.shutdown().await.unwrap();
 }
@@ -373,6 +388,12 @@ async fn bad_generate_requests_name_what_is_wrong() {
             Some("top_logprobs_num"),
             "20",
         ),
+        (
+            json!({"text": vec!["a"; 20], "sampling_params": {"n": 16}}),
+            Some("sampling_params.n"),
+            "320 outputs",
+        ),
+        (json!({"input_ids": [1, 99999]}), None, "vocabulary"),
         (
             json!({"text": "a", "sampling_params": {"logit_bias": {"999999": 1}}}),
             Some("sampling_params.logit_bias"),
