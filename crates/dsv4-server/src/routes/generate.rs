@@ -145,9 +145,16 @@ fn prepare(
         // DeepSeek models); token ids are used as given.
         let (prompt, _) = prompt_ids(loaded, p, &field)?;
         let sp = &sampling[k];
-        let named = |e: ApiError| match e.param.clone() {
+        // The shared checks name the OpenAI fields; here they are SGLang's sampling_params.
+        let named = |e: ApiError| match e.param.as_deref() {
             Some(p) if !p.starts_with("sampling_params") => {
-                e.with_param(format!("sampling_params.{p}"))
+                let p = match p {
+                    "min_tokens" => "min_new_tokens",
+                    "seed" => "sampling_seed",
+                    p => p,
+                };
+                let p = format!("sampling_params.{p}");
+                e.with_param(p)
             }
             _ => e,
         };

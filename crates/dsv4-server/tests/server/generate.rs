@@ -359,6 +359,11 @@ async fn bad_generate_requests_name_what_is_wrong() {
             "0 to 2",
         ),
         (
+            json!({"text": "a", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}),
+            Some("sampling_params.min_new_tokens"),
+            "",
+        ),
+        (
             json!({"text": "a", "sampling_params": {"n": 0}}),
             Some("sampling_params.n"),
             "1 to 16",
