@@ -141,7 +141,7 @@ impl Run {
                     let deltas = self
                         .decoder
                         .push(bytes)
-                        .map_err(|e| self.output_error(&e, FinishReason::Eos))?;
+                        .map_err(|e| self.output_error(&e, None))?;
                     if !deltas.is_empty() {
                         return Ok(self.step(deltas, None));
                     }
@@ -164,7 +164,7 @@ impl Run {
                             let deltas = self
                                 .decoder
                                 .finish()
-                                .map_err(|e| self.output_error(&e, f.reason))?;
+                                .map_err(|e| self.output_error(&e, Some(f.reason)))?;
                             Ok(self.step(deltas, Some(f)))
                         }
                     };
@@ -206,13 +206,13 @@ impl Run {
 }
 
 impl Run {
-    /// Count a broken answer and say what could help (`ended`: how the answer ended; while it
-    /// goes, `Eos` stands for "not yet").
-    fn output_error(&self, e: &dsv4_chat::ParseError, ended: FinishReason) -> ApiError {
+    /// Count a broken answer and say what could help (`ended`: how the answer ended, None
+    /// while it goes).
+    fn output_error(&self, e: &dsv4_chat::ParseError, ended: Option<FinishReason>) -> ApiError {
         self.state.stats().output_error(e.class.as_str());
-        let hint = if ended == FinishReason::Cancelled {
+        let hint = if ended == Some(FinishReason::Cancelled) {
             "the request was aborted (/abort_request) before the answer was complete".to_string()
-        } else if ended == FinishReason::Length {
+        } else if ended == Some(FinishReason::Length) {
             format!(
                 "the answer reached max_tokens ({}) before it was complete; raise max_tokens",
                 self.max_tokens
