@@ -1,13 +1,16 @@
 //! `GET /v1/models` (the one served model), `GET /health` (200 when serving; 503 while
-//! loading, draining, or when requests are pending and the step loop has stalled) and
-//! `GET /metrics` (Prometheus text).
+//! loading, draining, or when requests are pending and the step loop has stalled),
+//! `GET /health_generate` (SGLang's: one token generated through the engine), `GET /version`
+//! and `GET /metrics` (Prometheus text).
 
 use crate::error::ApiError;
 use crate::state::{AppState, Health};
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use dsv4_engine::{Event, FinishReason, Request};
 use serde_json::json;
+use std::time::Instant;
 
 /// The model object of the served model; with a profile, a `dsv4` object names it and its
 /// SHA-256 (`{"profile": NAME, "profile_sha256": HEX}`).
@@ -77,6 +80,75 @@ pub async fn health(State(state): State<AppState>) -> Response {
         }
     };
     (status, axum::Json(body)).into_response()
+}
+
+/// `GET /health_generate` (SGLang's probe): generate one token from BOS through the engine and
+/// answer 200 once it comes back, 503 when the server is loading, draining or stalled, or when
+/// the token does not come within `server.health_stall_s`. A liveness probe that a wedged
+/// engine cannot pass while its idle step loop looks fine.
+pub async fn health_generate(State(state): State<AppState>) -> Response {
+    let unavailable = |status: &str, message: String| {
+        let body = json!({"status": status, "message": message});
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    };
+    let Some(loaded) = state.loaded() else {
+        return unavailable("loading", "the model is loading".into());
+    };
+    match state.health() {
+        Health::Ok => {}
+        Health::Stalled { .. } => {
+            return unavailable("stalled", "the engine's step loop is stalled".into());
+        }
+        Health::Draining | Health::Loading => {
+            return unavailable("draining", "shutting down".into());
+        }
+    }
+    let started = Instant::now();
+    let probe = Request {
+        prompt: vec![loaded.bos],
+        max_tokens: 1,
+        ..Default::default()
+    };
+    let mut stream = match loaded.engine.submit(probe) {
+        Ok(s) => s,
+        Err(e) => return unavailable("failed", format!("the engine refused the probe: {e}")),
+    };
+    let finished = async {
+        while let Some(ev) = stream.next().await {
+            if let Event::Finished(f) = ev {
+                return Some(f);
+            }
+        }
+        None
+    };
+    let limit = state.cfg().health_stall;
+    match tokio::time::timeout(limit, finished).await {
+        Ok(Some(f)) if matches!(f.reason, FinishReason::Eos | FinishReason::Length) => {
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            axum::Json(json!({"status": "ok", "generate_ms": ms})).into_response()
+        }
+        Ok(Some(f)) => unavailable(
+            "failed",
+            format!(
+                "the probe ended `{}`: {}",
+                f.reason.as_str(),
+                f.error.as_deref().unwrap_or("no reason given")
+            ),
+        ),
+        Ok(None) => unavailable("failed", "the engine stopped".into()),
+        Err(_) => unavailable(
+            "stalled",
+            format!(
+                "no token within {:.1} s (server.health_stall_s)",
+                limit.as_secs_f64()
+            ),
+        ),
+    }
+}
+
+/// `GET /version` (vLLM's): the server's version.
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
 /// `GET /metrics`.

@@ -46,6 +46,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(info::health))
+        .route("/health_generate", get(info::health_generate))
+        .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -68,6 +70,8 @@ fn endpoint(path: &str) -> &'static str {
         "/reset_prefix_cache" => "/reset_prefix_cache",
         "/flush_cache" => "/flush_cache",
         "/health" => "/health",
+        "/health_generate" => "/health_generate",
+        "/version" => "/version",
         "/metrics" => "/metrics",
         _ => "other",
     }
@@ -112,7 +116,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         POST /generate, POST /abort_request, GET /v1/models, POST /tokenize, POST /detokenize, GET /health and GET \
+         GET /v1/models, POST /generate, POST /abort_request, POST /tokenize, POST /detokenize, \
+         POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \
          /metrics",
         req.method(),
         req.uri().path()

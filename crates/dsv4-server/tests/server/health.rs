@@ -1,6 +1,7 @@
 //! Health: 503 while loading, 503 "stalled" while a stalled step loop (injected) holds pending
-//! requests and 200 again once it moves, "draining" during shutdown; a client that disconnects
-//! cancels its request; shutdown finishes the streams in flight.
+//! requests and 200 again once it moves, "draining" during shutdown; `/health_generate`'s
+//! one-token probe through the engine, and `/version`; a client that disconnects cancels its
+//! request; shutdown finishes the streams in flight.
 
 use super::common::*;
 use serde_json::json;
@@ -38,8 +39,30 @@ async fn loading_servers_answer_503() {
     assert_eq!(r.header("x-should-retry"), None);
     assert_eq!(s.get("/v1/models").await.json()["data"][0]["id"], MODEL);
     assert_eq!(s.get("/metrics").await.status, 200);
+    let r = s.get("/health_generate").await;
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (503, Some("loading"))
+    );
     s.state.set_ready(loaded());
     assert_eq!(s.get("/health").await.status, 200);
+    // Ready: the probe generates one token through the engine.
+    let finished = s.state.loaded().unwrap().engine.metrics().requests_finished;
+    let r = s.get("/health_generate").await;
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("ok")),
+        "{}",
+        r.body
+    );
+    assert!(r.json()["generate_ms"].as_f64().unwrap() >= 0.0);
+    assert_eq!(
+        s.state.loaded().unwrap().engine.metrics().requests_finished,
+        finished + 1,
+        "it went through the engine"
+    );
+    let v = s.get("/version").await.json();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     s.shutdown().await.unwrap();
 }
 
@@ -52,6 +75,14 @@ async fn a_stalled_step_loop_turns_health_503_until_it_moves_again() {
     .await;
     assert_eq!(s.get("/health").await.status, 200);
     let guard = s.state.loaded().unwrap().engine.stall();
+    // The generating probe gets no token while the loop is stalled.
+    let r = s.get("/health_generate").await;
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (503, Some("stalled")),
+        "{}",
+        r.body
+    );
     let addr = s.addr;
     let body = chat(
         "hi",
@@ -86,6 +117,7 @@ async fn a_stalled_step_loop_turns_health_503_until_it_moves_again() {
         s.get("/health").await.status == 200
     })
     .await;
+    assert_eq!(s.get("/health_generate").await.status, 200);
     let r = pending.await.unwrap();
     assert_eq!(r.events().last().unwrap(), "[DONE]", "{}", r.body);
     assert!(
