@@ -1,9 +1,9 @@
 //! `dsv4 generate --batch FILE`: many requests through the engine at once. JSONL in, one object
 //! per request (`id`, `prompt` or `messages`, `max_tokens`, optional sampling fields — those
 //! of `BatchRequest` — `stop` and `logprobs`); JSONL out in input order (`id`, `text`,
-//! `tokens`, `finish_reason`, `usage`, `timing`, `logprobs` when asked, and `error` when it
-//! failed). `messages` are rendered with the DSV4 chat encoding of dsv4-chat (chat mode, no
-//! tools).
+//! `tokens`, `finish_reason` (with `stop_token` when a token ended it), `usage`, `timing`,
+//! `logprobs` when asked, and `error` when it failed). `messages` are rendered with the DSV4
+//! chat encoding of dsv4-chat (chat mode, no tools).
 
 use anyhow::{Context, bail};
 use dsv4_chat::tokenizer::Tokenizer;
@@ -88,6 +88,10 @@ struct BatchResult {
     text: String,
     tokens: Vec<u32>,
     finish_reason: &'static str,
+    /// With `eos`: the token that ended the request (the end-of-sequence token or a
+    /// `stop_token_ids` id), which `tokens` does not hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_token: Option<u32>,
     usage: Usage,
     timing: Timing,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -290,6 +294,7 @@ pub fn run_batch<W: Write>(
                     text: f.text.unwrap_or_default(),
                     tokens: c.tokens,
                     finish_reason: f.reason.as_str(),
+                    stop_token: f.stop_token,
                     usage: f.usage,
                     timing: f.timing,
                     logprobs,
@@ -302,6 +307,7 @@ pub fn run_batch<W: Write>(
                 text: String::new(),
                 tokens: Vec::new(),
                 finish_reason: "error",
+                stop_token: None,
                 usage: Usage::default(),
                 timing: Timing::default(),
                 logprobs: None,
@@ -458,6 +464,25 @@ mod tests {
         assert_eq!(rows[0]["finish_reason"], "error");
         assert!(rows[0]["error"].as_str().unwrap().contains("top_p"));
         assert_eq!(rows[1]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn the_token_that_ended_a_request_is_reported() {
+        let z = 128 + u32::from(b'z');
+        let line = serde_json::json!({"id": 1, "prompt": "x", "max_tokens": 4, "min_tokens": 1,
+            "logit_bias": {z.to_string(): 100}, "stop_token_ids": [z]});
+        let plain = serde_json::json!({"id": 2, "prompt": "x", "max_tokens": 2});
+        let (r, rows) = run(&format!("{line}\n{plain}"));
+        r.unwrap();
+        assert_eq!(rows[0]["finish_reason"], "eos");
+        assert_eq!(rows[0]["stop_token"], z);
+        assert_eq!(
+            rows[0]["tokens"].as_array().unwrap().len(),
+            1,
+            "{}",
+            rows[0]
+        );
+        assert!(rows[1].get("stop_token").is_none(), "{}", rows[1]);
     }
 
     #[test]
