@@ -380,11 +380,27 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_keeps_serving_after_bad_requests() {
     let s = server().await;
-    for body in [&b"{"[..], b"[]", b"{\"model\": null}", b"\"\\ud800\""] {
-        let r = request(s.addr, "POST", "/v1/chat/completions", &[], body).await;
-        assert!((400..500).contains(&r.status), "{r:?}");
-        let r = request(s.addr, "POST", "/v1/completions", &[], body).await;
-        assert!((400..500).contains(&r.status), "{r:?}");
+    let paths = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/generate",
+        "/abort_request",
+        "/tokenize",
+    ];
+    let bodies = [
+        &b"{"[..],
+        b"[]",
+        b"{\"model\": null}",
+        b"\"\\ud800\"",
+        b"{\"text\": {\"a\": 1}, \"rid\": [[1]]}",
+        b"{\"input_ids\": [[[1]]], \"sampling_params\": [[]]}",
+        b"{\"rid\": null, \"abort_all\": \"yes\"}",
+    ];
+    for path in paths {
+        for body in bodies {
+            let r = request(s.addr, "POST", path, &[], body).await;
+            assert!((400..500).contains(&r.status), "{path}: {r:?}");
+        }
     }
     let ok = s
         .send(
@@ -396,10 +412,9 @@ async fn the_server_keeps_serving_after_bad_requests() {
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(s.get("/health").await.json()["status"], "ok");
     let metrics = s.get("/metrics").await.body;
-    assert!(
-        metrics
-            .contains("dsv4:http_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"),
-        "{metrics}"
-    );
+    for path in paths {
+        let line = format!("dsv4:http_requests_total{{endpoint=\"{path}\",status=\"400\"}}");
+        assert!(metrics.contains(&line), "{line}: {metrics}");
+    }
     s.shutdown().await.unwrap();
 }
