@@ -206,58 +206,82 @@ impl ChatRequest {
         Ok(thinking)
     }
 
+    /// The JSON schema `response_format` asks the answer to follow, if any.
+    pub fn schema(&self) -> Option<Value> {
+        match &self.response_format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
+            Some(ResponseFormat::JsonSchema { json_schema }) => Some(
+                json_schema
+                    .schema
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({})),
+            ),
+        }
+    }
+
     /// The checked tool choice (default: auto with tools, none without).
     pub fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
         let has_tools = self.tools.as_ref().is_some_and(|t| !t.is_empty());
-        let bad = |m: String| ApiError::bad_param("tool_choice", m);
-        let choice = match &self.tool_choice {
-            None | Some(Value::Null) => {
-                return Ok(if has_tools {
-                    ToolChoice::Auto
-                } else {
-                    ToolChoice::None
-                });
-            }
-            Some(Value::String(s)) => match s.as_str() {
-                "auto" => ToolChoice::Auto,
-                "none" => ToolChoice::None,
-                "required" => ToolChoice::Required,
-                other => {
-                    return Err(bad(format!(
-                        "unknown tool_choice {other:?}; use \"none\", \"auto\", \"required\" or \
-                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
-                    )));
-                }
-            },
-            Some(Value::Object(o)) => {
-                let name = o
-                    .get("function")
-                    .and_then(|f| f.get("name"))
-                    .and_then(Value::as_str);
-                match (o.get("type").and_then(Value::as_str), name) {
-                    (Some("function"), Some(name)) => ToolChoice::Named(name.to_string()),
-                    _ => {
-                        return Err(bad(
-                            "a named tool_choice is {\"type\": \"function\", \"function\": \
-                             {\"name\": \"TOOL\"}}"
-                                .into(),
-                        ));
-                    }
-                }
-            }
-            Some(other) => {
+        check_tool_choice(
+            self.tool_choice.as_ref(),
+            has_tools,
+            |o| o.get("function").and_then(|f| f.get("name")),
+            r#"{"type": "function", "function": {"name": "TOOL"}}"#,
+        )
+    }
+}
+
+/// Check a `tool_choice`: "none", "auto", "required", or an object of type "function" whose
+/// name `name` finds (chat nests it in `function`, the Responses API does not; `shape` spells
+/// the object in errors). The default is auto with tools, none without.
+pub fn check_tool_choice(
+    value: Option<&Value>,
+    has_tools: bool,
+    name: impl Fn(&serde_json::Map<String, Value>) -> Option<&Value>,
+    shape: &str,
+) -> Result<ToolChoice, ApiError> {
+    let bad = |m: String| ApiError::bad_param("tool_choice", m);
+    let choice = match value {
+        None | Some(Value::Null) => {
+            return Ok(if has_tools {
+                ToolChoice::Auto
+            } else {
+                ToolChoice::None
+            });
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
                 return Err(bad(format!(
-                    "tool_choice must be a string or an object, not {other}"
+                    "unknown tool_choice {other:?}; use \"none\", \"auto\", \"required\" or \
+                     {shape}"
                 )));
             }
-        };
-        if !has_tools && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-            return Err(bad(
-                "tool_choice asks for a tool call but the request declares no `tools`".into(),
-            ));
+        },
+        Some(Value::Object(o)) => {
+            match (
+                o.get("type").and_then(Value::as_str),
+                name(o).and_then(Value::as_str),
+            ) {
+                (Some("function"), Some(name)) => ToolChoice::Named(name.to_string()),
+                _ => return Err(bad(format!("a named tool_choice is {shape}"))),
+            }
         }
-        Ok(choice)
+        Some(other) => {
+            return Err(bad(format!(
+                "tool_choice must be a string or an object, not {other}"
+            )));
+        }
+    };
+    if !has_tools && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(bad(
+            "tool_choice asks for a tool call but the request declares no `tools`".into(),
+        ));
     }
+    Ok(choice)
 }
 
 /// A tool call in a response (`function.arguments` is a JSON text).

@@ -69,6 +69,7 @@ pub struct ChatTokenLogprob {
     /// The token's text (lossy UTF-8).
     pub token: String,
     /// ln p(token) under the model's raw logits.
+    #[serde(serialize_with = "shortest_f32")]
     pub logprob: f32,
     /// The token's exact bytes.
     pub bytes: Vec<u8>,
@@ -82,9 +83,22 @@ pub struct ChatTopLogprob {
     /// The token's text (lossy UTF-8).
     pub token: String,
     /// ln p(token).
+    #[serde(serialize_with = "shortest_f32")]
     pub logprob: f32,
     /// The token's exact bytes.
     pub bytes: Vec<u8>,
+}
+
+/// Serialize an f32 as the f64 of its shortest decimal form: the same digits whether written
+/// straight to JSON text or kept in a `serde_json::Value` first (which widens an f32 to all
+/// the digits of its f64 value, -3.5563888549804688 for -3.5563889).
+pub fn shortest_f32<S: serde::Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(f32_as_f64(*x))
+}
+
+/// The f64 nearest to `x`'s shortest decimal form (`x` itself when it is not finite).
+pub fn f32_as_f64(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
 }
 
 impl ChatTopLogprob {

@@ -8,8 +8,7 @@
 use super::chat_stream::ChatStream;
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
 use crate::api::chat::{
-    AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ResponseFormat,
-    ToolCallBody, ToolChoice,
+    AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
 };
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
@@ -87,20 +86,21 @@ struct Prepared {
 }
 
 /// What each choice's own output decoder is made from.
-struct DecoderSpec {
-    parsing: OutputParsing,
+pub(super) struct DecoderSpec {
+    pub(super) parsing: OutputParsing,
     /// Thinking mode.
-    thinking: bool,
-    tools: Arc<ToolSet>,
-    stop: Vec<String>,
-    min_tokens: usize,
+    pub(super) thinking: bool,
+    /// The tools whose calls the parser accepts.
+    pub(super) tools: Arc<ToolSet>,
+    pub(super) stop: Vec<String>,
+    pub(super) min_tokens: usize,
     /// `include_stop_str_in_output`.
-    keep_stop: bool,
+    pub(super) keep_stop: bool,
 }
 
 impl DecoderSpec {
     /// A fresh decoder (one per choice: each has its own parser state).
-    fn build(&self) -> OutputDecoder {
+    pub(super) fn build(&self) -> OutputDecoder {
         OutputDecoder::chat(
             self.parsing,
             self.thinking,
@@ -203,7 +203,15 @@ fn prepare(
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
-    let constraint = constraint(loaded, req, &choice, &tools, thinking)?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let constraint = constraint(
+        loaded,
+        (req.schema(), "response_format"),
+        parallel,
+        &choice,
+        &tools,
+        thinking,
+    )?;
     let decoder = DecoderSpec {
         parsing: state.cfg().output,
         thinking,
@@ -285,30 +293,22 @@ pub(super) fn max_tokens(
     }
 }
 
-/// The grammar constraint the request asks for, if any.
-fn constraint(
+/// The grammar constraint a request asks for, if any: a JSON `schema` its answer follows
+/// (`response_format`, or the Responses API's `text.format`: the field named in errors), or
+/// the tool calls its `choice` requires (`parallel`: several in one answer).
+pub(super) fn constraint(
     loaded: &Loaded,
-    req: &ChatRequest,
+    (schema, format_param): (Option<serde_json::Value>, &'static str),
+    parallel: bool,
     choice: &ToolChoice,
     tools: &ToolSet,
     thinking: bool,
 ) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
-    let schema = match &req.response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
-        Some(ResponseFormat::JsonSchema { json_schema }) => Some(
-            json_schema
-                .schema
-                .clone()
-                .unwrap_or_else(|| serde_json::json!({})),
-        ),
-    };
-    let parallel = req.parallel_tool_calls.unwrap_or(true);
     let (target, param) = match (choice, &schema) {
         (ToolChoice::Required | ToolChoice::Named(_), Some(_)) => {
             return Err(ApiError::bad_param(
-                "response_format",
-                "a JSON response_format cannot be combined with tool_choice \"required\" or a \
+                format_param,
+                "a JSON output format cannot be combined with tool_choice \"required\" or a \
                  named tool; use one or the other",
             ));
         }
@@ -337,7 +337,7 @@ fn constraint(
                 "tool_choice",
             )
         }
-        (_, Some(schema)) => (Target::Json(schema), "response_format"),
+        (_, Some(schema)) => (Target::Json(schema), format_param),
         (_, None) => return Ok(None),
     };
     loaded
