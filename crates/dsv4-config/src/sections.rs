@@ -81,6 +81,8 @@ pub struct ServerSection {
     /// `/health` answers 503 when requests are pending and no engine step completed for this
     /// many seconds.
     pub health_stall_s: u64,
+    /// Most `/v1/responses` answers kept in memory for `previous_response_id`; 0 stores none.
+    pub responses_store: u64,
 }
 
 impl Default for ServerSection {
@@ -93,6 +95,7 @@ impl Default for ServerSection {
             reasoning_parser: ReasoningParser::default(),
             max_request_bytes: 16 * 1024 * 1024,
             health_stall_s: 60,
+            responses_store: 256,
         }
     }
 }

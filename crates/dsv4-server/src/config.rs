@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// `/health` answers 503 when requests are pending and the step loop has not completed a
     /// step for this long (`server.health_stall_s`).
     pub health_stall: Duration,
+    /// Most responses of `/v1/responses` kept for `previous_response_id` and `GET
+    /// /v1/responses/{id}` (`server.responses_store`; 0 stores none).
+    pub responses_store: usize,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             api_key: None,
             max_request_bytes: 16 * 1024 * 1024,
             health_stall: Duration::from_secs(60),
+            responses_store: 256,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

@@ -7,6 +7,7 @@ use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::grammar::GrammarCompiler;
 use crate::metrics::Stats;
+use crate::responses_store::ResponseStore;
 use crate::vocab::Vocab;
 use dsv4_chat::Tokenizer;
 use dsv4_engine::{DebugOptions, Detokenizer, Engine, EngineConfig, EngineHandle};
@@ -96,6 +97,7 @@ pub struct Shared {
     serial: AtomicU64,
     progress: Mutex<Progress>,
     aborts: Arc<AbortRegistry>,
+    responses: ResponseStore,
 }
 
 /// The state handed to every handler (cheap to clone).
@@ -123,6 +125,7 @@ pub enum Health {
 impl AppState {
     /// A state with no model yet (`/health` answers 503 "loading").
     pub fn new(cfg: ServerConfig) -> Self {
+        let cfg_responses = cfg.responses_store;
         Self(Arc::new(Shared {
             cfg,
             stats: Stats::default(),
@@ -135,6 +138,7 @@ impl AppState {
                 at: Instant::now(),
             }),
             aborts: Arc::default(),
+            responses: ResponseStore::new(cfg_responses),
         }))
     }
 
@@ -181,6 +185,11 @@ impl AppState {
     /// The runs in flight, for `/abort_request`.
     pub fn aborts(&self) -> &Arc<AbortRegistry> {
         &self.0.aborts
+    }
+
+    /// The stored responses of `/v1/responses`.
+    pub fn responses(&self) -> &ResponseStore {
+        &self.0.responses
     }
 
     /// A number unique to this server process (ids, default seeds).

@@ -82,6 +82,8 @@ fn server_config(
         max_request_bytes: usize::try_from(s.max_request_bytes)
             .context("server.max_request_bytes is too large for this machine")?,
         health_stall: Duration::from_secs(s.health_stall_s),
+        responses_store: usize::try_from(s.responses_store)
+            .context("server.responses_store is too large for this machine")?,
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

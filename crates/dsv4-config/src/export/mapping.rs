@@ -447,6 +447,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
              kills a server whose batch hangs",
         ),
     ),
+    row(
+        "server.responses_store",
+        Always,
+        Same("SGLang has no setting for how many stored /v1/responses answers it keeps"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

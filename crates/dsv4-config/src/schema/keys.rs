@@ -293,6 +293,13 @@ pub const KEYS: &[KeySpec] = &[
         "/health answers 503 when requests are pending and the engine has completed no step for \
          this many seconds",
     ),
+    key(
+        "server.responses_store",
+        ValueKind::Range(0, 1_000_000),
+        "256",
+        "most /v1/responses answers kept in memory for previous_response_id and GET \
+         /v1/responses/{id} (the oldest goes first); 0 stores none",
+    ),
     // [debug]
     key(
         "debug.canary",

@@ -2,12 +2,15 @@
 //! (`/v1/completions`) and what both share ([`common`]: body parsing with the path of a bad
 //! field, stop strings, usage; [`sampling`]: the sampling fields and their checks;
 //! [`logprobs`]: per-token log-probabilities in each endpoint's format), [`tokenize`]
-//! (`/tokenize`, `/detokenize`), and SGLang's native [`generate`] (`/generate`).
+//! (`/tokenize`, `/detokenize`), the Responses API's [`responses`] and [`responses_input`]
+//! (`/v1/responses`), and SGLang's native [`generate`] (`/generate`).
 
 pub mod chat;
 pub mod common;
 pub mod completion;
 pub mod generate;
 pub mod logprobs;
+pub mod responses;
+pub mod responses_input;
 pub mod sampling;
 pub mod tokenize;

@@ -10,6 +10,8 @@ pub mod chat_stream;
 pub mod completions;
 pub mod generate;
 pub mod info;
+pub mod responses;
+pub mod responses_output;
 pub mod tokenize;
 
 use crate::error::ApiError;
@@ -34,6 +36,11 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/generate", post(generate::generate))
         .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
@@ -61,6 +68,8 @@ fn endpoint(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/responses" => "/v1/responses",
+        p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         "/generate" => "/generate",
         "/abort_request" => "/abort_request",
         "/v1/models" => "/v1/models",
@@ -116,7 +125,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         GET /v1/models, POST /generate, POST /abort_request, POST /tokenize, POST /detokenize, \
+         POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET /v1/models, POST /generate, POST /abort_request, POST /tokenize, POST /detokenize, \
          POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \
          /metrics",
         req.method(),

@@ -4,37 +4,9 @@
 
 use super::common::*;
 use serde_json::{Value, json};
-use std::net::SocketAddr;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// A long greedy generation nothing ends before its 8000 tokens but an abort.
 const LONG: u64 = 8000;
-
-/// POST `body` to `path` and read until the first event; the connection and what was read.
-async fn open_stream(addr: SocketAddr, path: &str, body: &Value) -> (TcpStream, Vec<u8>) {
-    let mut conn = TcpStream::connect(addr).await.unwrap();
-    let bytes = request_bytes("POST", path, &[], body.to_string().as_bytes());
-    conn.write_all(&bytes).await.unwrap();
-    let mut seen = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("\n\n") {
-        let n = conn.read(&mut buf).await.unwrap();
-        assert!(
-            n > 0,
-            "the server closed early: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.extend_from_slice(&buf[..n]);
-    }
-    (conn, seen)
-}
-
-/// Read the rest of a stream opened by [`open_stream`].
-async fn finish(mut conn: TcpStream, mut seen: Vec<u8>) -> Reply {
-    conn.read_to_end(&mut seen).await.unwrap();
-    parse_reply(&seen)
-}
 
 async fn abort(s: &TestServer, body: Value) -> usize {
     let r = s.send("POST", "/abort_request", &body).await;
@@ -53,7 +25,7 @@ async fn an_aborted_generation_ends_with_what_it_had() {
                       "sampling_params": {"max_new_tokens": LONG, "ignore_eos": true}});
     let (conn, seen) = open_stream(s.addr, "/generate", &body).await;
     assert_eq!(abort(&s, json!({"rid": "long"})).await, 1);
-    let r = finish(conn, seen).await;
+    let r = finish_stream(conn, seen).await;
     let events = r.events();
     assert_eq!(events.last(), Some(&json!("[DONE]")), "{}", r.body);
     let last = &events[events.len() - 2];
@@ -79,7 +51,7 @@ async fn an_aborted_generation_ends_with_what_it_had() {
     let first = parse_reply(&seen);
     let id = first.events()[0]["id"].as_str().unwrap().to_string();
     assert_eq!(abort(&s, json!({"rid": id})).await, 2);
-    let r = finish(conn, seen).await;
+    let r = finish_stream(conn, seen).await;
     let reasons: Vec<Value> = r
         .events()
         .iter()

@@ -359,8 +359,8 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
     request(s.addr, "GET", "/v1/models", &[], b"")
         .await
         .error(401);
-    for path in ["/tokenize", "/detokenize", "/generate"] {
-        let body = json!({"prompt": "hi", "tokens": [1], "text": "hi"}).to_string();
+    for path in ["/tokenize", "/detokenize", "/generate", "/v1/responses"] {
+        let body = json!({"prompt": "hi", "tokens": [1], "text": "hi", "input": "hi"}).to_string();
         request(s.addr, "POST", path, &[], body.as_bytes())
             .await
             .error(401);
@@ -383,6 +383,7 @@ async fn the_server_keeps_serving_after_bad_requests() {
     let paths = [
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/generate",
         "/abort_request",
         "/tokenize",
@@ -395,6 +396,8 @@ async fn the_server_keeps_serving_after_bad_requests() {
         b"{\"text\": {\"a\": 1}, \"rid\": [[1]]}",
         b"{\"input_ids\": [[[1]]], \"sampling_params\": [[]]}",
         b"{\"rid\": null, \"abort_all\": \"yes\"}",
+        b"{\"model\": \"dsv4-tiny\", \"input\": [{\"type\": \"message\", \"content\": [[]]}]}",
+        b"{\"model\": \"dsv4-tiny\", \"input\": \"x\", \"tools\": [{\"type\": \"function\", \"name\": \"f\", \"parameters\": 7}]}",
     ];
     for path in paths {
         for body in bodies {

@@ -306,3 +306,28 @@ pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// POST `body` to `path` and read until the first event; the connection and what was read.
+pub async fn open_stream(addr: SocketAddr, path: &str, body: &Value) -> (TcpStream, Vec<u8>) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let bytes = request_bytes("POST", path, &[], body.to_string().as_bytes());
+    conn.write_all(&bytes).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\n\n") {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "the server closed early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    (conn, seen)
+}
+
+/// Read the rest of a stream opened by [`open_stream`].
+pub async fn finish_stream(mut conn: TcpStream, mut seen: Vec<u8>) -> Reply {
+    conn.read_to_end(&mut seen).await.unwrap();
+    parse_reply(&seen)
+}

@@ -8,7 +8,8 @@
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
-//! usage) and `truncate_prompt_tokens`, and SGLang's native `/generate` and `/abort_request`.
+//! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
+//! OpenAI's Responses API (`/v1/responses`, stored responses).
 
 mod abort;
 mod api;
@@ -23,6 +24,7 @@ mod generate;
 mod health;
 mod logprobs;
 mod prompt_logprobs;
+mod responses;
 mod sampling;
 mod token_ids;
 mod tokenize;

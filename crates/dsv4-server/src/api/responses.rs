@@ -1,0 +1,360 @@
+//! `/v1/responses` bodies (OpenAI's Responses API): [`ResponsesRequest`] (unknown fields are
+//! refused, naming them) and the pieces of the `response` object and its stream events. The
+//! request's `input` and `tools` are read again, keys in order, by [`super::responses_input`].
+
+use super::chat::{ToolChoice, check_tool_choice};
+use super::common::Stop;
+use super::sampling::{SamplingFields, top_count};
+use crate::error::ApiError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The `include` values accepted. Only `message.output_text.logprobs` changes the answer; the
+/// others name outputs of tools this server does not run (or encrypted reasoning, which it
+/// never produces: the reasoning text is in the reasoning item's `content`), so they add
+/// nothing.
+pub const INCLUDE_VALUES: &[&str] = &[
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+];
+
+/// A Responses API request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponsesRequest {
+    /// The served model's id.
+    pub model: String,
+    /// A string (one user message) or a list of input items.
+    pub input: Option<Value>,
+    /// A system message put before the input (not carried over by `previous_response_id`).
+    pub instructions: Option<String>,
+    /// Continue the conversation of a stored response: its input and output come first.
+    pub previous_response_id: Option<String>,
+    /// Function tools, `{"type": "function", "name", "description", "parameters"}`.
+    pub tools: Option<Vec<Value>>,
+    /// "none", "auto", "required" or {"type": "function", "name": ...}.
+    pub tool_choice: Option<Value>,
+    /// Allow several tool calls in one answer (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// Tokens to generate at most (reasoning included).
+    pub max_output_tokens: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (extension).
+    pub top_k: Option<i64>,
+    /// Keep tokens at least this fraction as likely as the most likely one (extension).
+    pub min_p: Option<f32>,
+    /// Seed (extension).
+    pub seed: Option<u64>,
+    /// Above 0, 1 = off (extension).
+    pub repetition_penalty: Option<f32>,
+    /// Stop strings (extension, as chat's: the text is cut before the first one).
+    pub stop: Option<Stop>,
+    /// With `message.output_text.logprobs` in `include`: this many alternatives per token.
+    pub top_logprobs: Option<u32>,
+    /// Extra outputs (see [`INCLUDE_VALUES`]).
+    pub include: Option<Vec<String>>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Stream options (`include_obfuscation` is accepted; no obfuscation is added).
+    pub stream_options: Option<ResponsesStreamOptions>,
+    /// `{"effort": ...}`: low, medium, high or xhigh turn thinking mode on.
+    pub reasoning: Option<ReasoningConfig>,
+    /// `{"format": ...}`: text, json_object or json_schema.
+    pub text: Option<TextConfig>,
+    /// Keep the response for `previous_response_id` and `GET /v1/responses/{id}` (default
+    /// true).
+    pub store: Option<bool>,
+    /// Up to 16 string pairs, returned with the response.
+    pub metadata: Option<serde_json::Map<String, Value>>,
+    /// "disabled" (the default; "auto" is refused: nothing is dropped from the input).
+    pub truncation: Option<String>,
+    /// Must not be true (no background responses).
+    pub background: Option<bool>,
+    /// Accepted and ignored (an end-user id).
+    pub user: Option<String>,
+    /// Accepted and ignored (the prefix cache needs no key).
+    pub prompt_cache_key: Option<String>,
+    /// Accepted and ignored.
+    pub safety_identifier: Option<String>,
+    /// Accepted and ignored.
+    pub service_tier: Option<String>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponsesStreamOptions {
+    /// Accepted; no obfuscation padding is added.
+    pub include_obfuscation: Option<bool>,
+}
+
+/// `reasoning`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningConfig {
+    /// "none" or "minimal" (chat mode), "low", "medium", "high" or "xhigh" (thinking mode;
+    /// "xhigh" asks DSV4 for its maximum effort).
+    pub effort: Option<String>,
+    /// Accepted; the reasoning is returned as text, never summarized.
+    pub summary: Option<String>,
+    /// The older name of `summary`.
+    #[serde(skip_serializing)]
+    pub generate_summary: Option<String>,
+}
+
+/// `text`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextConfig {
+    /// The output's format.
+    pub format: Option<TextFormat>,
+    /// Accepted; "medium" is the only verbosity.
+    pub verbosity: Option<String>,
+}
+
+/// `text.format`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TextFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under `schema`.
+    JsonSchema {
+        /// The schema's name.
+        name: String,
+        /// What the schema is for.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+        /// The JSON Schema.
+        schema: Value,
+        /// Always enforced here.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+    },
+}
+
+impl ResponsesRequest {
+    /// The sampling fields.
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            ..Default::default()
+        }
+    }
+
+    /// The alternatives per token to return with the message's text (None: no
+    /// log-probabilities): asked for by `message.output_text.logprobs` in `include` or by
+    /// `top_logprobs`.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let included = self.includes("message.output_text.logprobs");
+        match (included, self.top_logprobs) {
+            (false, None) => Ok(None),
+            (_, top) => top_count("top_logprobs", top.unwrap_or(0)).map(Some),
+        }
+    }
+
+    fn includes(&self, what: &str) -> bool {
+        self.include.iter().flatten().any(|i| i == what)
+    }
+
+    /// Refuse what this server cannot do, naming the field.
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        for (k, value) in self.include.iter().flatten().enumerate() {
+            if !INCLUDE_VALUES.contains(&value.as_str()) {
+                return Err(ApiError::bad_param(
+                    format!("include[{k}]"),
+                    format!(
+                        "unknown include value {value:?}; accepted: {}",
+                        INCLUDE_VALUES.join(", ")
+                    ),
+                ));
+            }
+        }
+        if self.background == Some(true) {
+            return Err(ApiError::bad_param(
+                "background",
+                "background responses are not supported; leave `background` out and keep the \
+                 connection (or stream)",
+            ));
+        }
+        match self.truncation.as_deref() {
+            None | Some("disabled") => {}
+            Some(other) => {
+                return Err(ApiError::bad_param(
+                    "truncation",
+                    format!(
+                        "truncation {other:?} is not supported: the input is never cut; use \
+                         \"disabled\" (an input over the context is an error)"
+                    ),
+                ));
+            }
+        }
+        if let Some(meta) = &self.metadata
+            && (meta.len() > 16 || meta.values().any(|v| !v.is_string()))
+        {
+            return Err(ApiError::bad_param(
+                "metadata",
+                "metadata holds at most 16 keys, each with a string value",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether thinking mode is asked for, and the DSV4 reasoning effort.
+    pub fn thinking(&self) -> Result<(bool, Option<dsv4_chat::ReasoningEffort>), ApiError> {
+        let effort = self.reasoning.as_ref().and_then(|r| r.effort.as_deref());
+        match effort {
+            None | Some("none") | Some("minimal") => Ok((false, None)),
+            Some("low") | Some("medium") => Ok((true, None)),
+            Some("high") => Ok((true, Some(dsv4_chat::ReasoningEffort::High))),
+            Some("xhigh") => Ok((true, Some(dsv4_chat::ReasoningEffort::Max))),
+            Some(other) => Err(ApiError::bad_param(
+                "reasoning.effort",
+                format!(
+                    "unknown reasoning effort {other:?}; use none, minimal, low, medium, high or \
+                     xhigh"
+                ),
+            )),
+        }
+    }
+
+    /// The checked tool choice (default: auto with tools, none without; hosted-tool and
+    /// `allowed_tools` choices are refused).
+    pub fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
+        let has_tools = self.tools.as_ref().is_some_and(|t| !t.is_empty());
+        check_tool_choice(
+            self.tool_choice.as_ref(),
+            has_tools,
+            |o| o.get("name"),
+            r#"{"type": "function", "name": "TOOL"}"#,
+        )
+    }
+
+    /// The JSON schema `text.format` asks the output to follow, if any.
+    pub fn schema(&self) -> Option<Value> {
+        match self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            None | Some(TextFormat::Text) => None,
+            Some(TextFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
+            Some(TextFormat::JsonSchema { schema, .. }) => Some(schema.clone()),
+        }
+    }
+}
+
+/// One item of a response's `output`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputItem {
+    /// The reasoning (thinking mode), as text.
+    Reasoning {
+        /// "rs_…".
+        id: String,
+        /// Always empty: the reasoning is not summarized.
+        summary: Vec<Value>,
+        /// One `{"type": "reasoning_text", "text"}` part.
+        content: Vec<ContentPart>,
+        /// "in_progress" while streamed, then "completed".
+        status: &'static str,
+    },
+    /// The visible answer.
+    Message {
+        /// "msg_…".
+        id: String,
+        /// "in_progress", "completed" or "incomplete".
+        status: &'static str,
+        /// Always "assistant".
+        role: &'static str,
+        /// One `output_text` part.
+        content: Vec<ContentPart>,
+    },
+    /// A checked call of one of the request's tools.
+    FunctionCall {
+        /// "fc_…".
+        id: String,
+        /// "call_…": the `call_id` of the `function_call_output` that answers it.
+        call_id: String,
+        /// The tool's name.
+        name: String,
+        /// The arguments as JSON text.
+        arguments: String,
+        /// "in_progress" while streamed, then "completed".
+        status: &'static str,
+    },
+}
+
+impl OutputItem {
+    /// The item's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Reasoning { id, .. }
+            | Self::Message { id, .. }
+            | Self::FunctionCall { id, .. } => id,
+        }
+    }
+}
+
+/// A content part of an output item.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// The message's text.
+    OutputText {
+        /// The text.
+        text: String,
+        /// Always empty.
+        annotations: Vec<Value>,
+        /// With `message.output_text.logprobs`: one entry per token (chat's shape).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<super::logprobs::ChatTokenLogprob>>,
+    },
+    /// The reasoning's text.
+    ReasoningText {
+        /// The text.
+        text: String,
+    },
+}
+
+/// A response's `usage`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ResponseUsage {
+    /// Prompt tokens (the encoded input).
+    pub input_tokens: usize,
+    /// `{"cached_tokens"}`: reused from the prefix cache.
+    pub input_tokens_details: Value,
+    /// Generated tokens, reasoning included.
+    pub output_tokens: usize,
+    /// `{"reasoning_tokens"}`: those up to the end of the reasoning.
+    pub output_tokens_details: Value,
+    /// Both.
+    pub total_tokens: usize,
+}
+
+impl ResponseUsage {
+    /// From the engine's usage and the count of reasoning tokens.
+    pub fn new(u: dsv4_engine::Usage, reasoning_tokens: usize) -> Self {
+        Self {
+            input_tokens: u.prompt_tokens,
+            input_tokens_details: serde_json::json!({"cached_tokens": u.cached_tokens}),
+            output_tokens: u.completion_tokens,
+            output_tokens_details: serde_json::json!({
+                "reasoning_tokens": reasoning_tokens.min(u.completion_tokens)
+            }),
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+        }
+    }
+}

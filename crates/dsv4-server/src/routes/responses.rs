@@ -1,0 +1,209 @@
+//! OpenAI's Responses API: `POST /v1/responses` runs one answer to a conversation given as
+//! input items (plus, with `previous_response_id`, a stored response's whole conversation) and
+//! answers a `response` object, or streams its typed events ([`super::responses_output`]);
+//! `GET` and `DELETE /v1/responses/{id}` read and forget stored responses. The prompt, the
+//! DSML parsing of the answer, tools and JSON formats are chat's.
+
+use super::chat::{DecoderSpec, constraint, max_tokens};
+use super::responses_output::{Envelope, ResponseOutput};
+use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
+use crate::api::chat::ToolChoice;
+use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
+use crate::api::responses::ResponsesRequest;
+use crate::api::responses_input::{ChatMessages, chat_tools};
+use crate::api::sampling::check_fit;
+use crate::error::ApiError;
+use crate::responses_store::Stored;
+use crate::run::Run;
+use crate::state::{AppState, Loaded};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use dsv4_chat::pyjson::OrderedJson;
+use dsv4_chat::{Conversation, EncodeOptions, ToolSet, encode_prompt_ids, markers};
+use dsv4_engine::Request;
+use serde_json::json;
+use std::sync::Arc;
+
+/// `POST /v1/responses`.
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let loaded = loaded_model(&state)?;
+    let req: ResponsesRequest = crate::api::common::parse_body(&body)?;
+    check_model(&state, &req.model)?;
+    req.check_supported()?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
+    let raw = OrderedJson::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let previous = match &req.previous_response_id {
+        None => None,
+        Some(id) => Some(previous(&state, id)?),
+    };
+    let mut turn = ChatMessages::default();
+    if let Some(input) = raw.get("input") {
+        turn.push_input(input)?;
+    }
+    let (request, decoder) = prepare(&state, &loaded, &req, &raw, previous.as_deref(), &turn)?;
+    let id = format!("resp_{}", random_hex(state.next_serial()));
+    let store = req.store.unwrap_or(true) && state.responses().enabled();
+    let envelope = Envelope::new(&req, id.clone(), unix_now(), store, &raw);
+    let logprobs = request.logprobs.is_some();
+    let thinking = decoder.thinking;
+    let run = Run::start(&state, &loaded, request, (id.clone(), id), decoder.build())?;
+    let think_end = loaded.tokenizer.token_id(markers::THINK_END);
+    let output = ResponseOutput::new(
+        state.clone(),
+        loaded,
+        envelope,
+        logprobs,
+        thinking.then_some(think_end).flatten(),
+    );
+    let stored = store.then_some((previous, turn));
+    if req.stream.unwrap_or(false) {
+        Ok(sse_response(output.stream(run, stored)))
+    } else {
+        let body = output.run_to_end(run, stored).await?;
+        Ok(json_response(&body))
+    }
+}
+
+/// The stored response `id` that `previous_response_id` names, or 404.
+fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
+    state.responses().get(id).ok_or_else(|| {
+        let why = if state.responses().enabled() {
+            format!(
+                "no stored response has id '{id}' (responses are kept in memory, the newest {} \
+                 of them, until the server restarts; a response made with \"store\": false is \
+                 not kept)",
+                state.responses().capacity()
+            )
+        } else {
+            "this server stores no responses (server.responses_store = 0); send the whole \
+             conversation as input instead"
+                .to_string()
+        };
+        ApiError::not_found(why)
+            .with_param("previous_response_id")
+            .with_code("previous_response_not_found")
+    })
+}
+
+/// Encode the prompt (instructions, the stored conversation, the input; tools unless
+/// `tool_choice` is none) and check the request: the engine request and the decoder.
+fn prepare(
+    state: &AppState,
+    loaded: &Loaded,
+    req: &ResponsesRequest,
+    raw: &OrderedJson,
+    previous: Option<&Stored>,
+    turn: &ChatMessages,
+) -> Result<(Request, DecoderSpec), ApiError> {
+    let choice = req.tool_choice()?;
+    let (thinking, reasoning_effort) = req.thinking()?;
+    let logprobs = req.logprobs()?;
+    let tools = match raw.get("tools").filter(|t| **t != OrderedJson::Null) {
+        Some(t) => chat_tools(t)?,
+        None => Arc::new(ToolSet::default()),
+    };
+    let mut all = ChatMessages::default();
+    if let Some(instructions) = &req.instructions {
+        let system = OrderedJson::Object(vec![
+            ("role".into(), OrderedJson::String("system".into())),
+            ("content".into(), OrderedJson::String(instructions.clone())),
+        ]);
+        all.push(system, "instructions");
+    }
+    if let Some(p) = previous {
+        let mut earlier = p.conversation();
+        earlier.origins.fill("previous_response_id".into());
+        all.extend(&earlier);
+    }
+    all.extend(turn);
+    let conv = Conversation {
+        messages: all.to_messages()?,
+        tools: (choice != ToolChoice::None && !tools.is_empty()).then(|| Arc::clone(&tools)),
+    };
+    let opts = EncodeOptions {
+        thinking,
+        reasoning_effort,
+        ..Default::default()
+    };
+    let (_, prompt) =
+        encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| all.encode_error(e))?;
+    let max_tokens =
+        max_tokens(loaded, &prompt, req.max_output_tokens, "input", None).map_err(|e| {
+            match e.param.as_deref() {
+                Some("max_tokens") => e.with_param("max_output_tokens"),
+                _ => e,
+            }
+        })?;
+    let stop = stop_strings(req.stop.clone())?;
+    let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
+    let constraint = constraint(
+        loaded,
+        (req.schema(), "text.format"),
+        req.parallel_tool_calls.unwrap_or(true),
+        &choice,
+        &tools,
+        thinking,
+    )?;
+    let decoder = DecoderSpec {
+        parsing: state.cfg().output,
+        thinking,
+        tools: if choice == ToolChoice::None {
+            Arc::new(ToolSet::default())
+        } else {
+            tools
+        },
+        stop: stop.clone(),
+        min_tokens: 0,
+        keep_stop: false,
+    };
+    let request = Request {
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        logprobs,
+        constraint,
+        ..Default::default()
+    };
+    Ok((request, decoder))
+}
+
+/// 404 naming a response that is not stored.
+fn not_stored(id: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no stored response has id '{id}' (it was made with \"store\": false, was dropped for \
+         newer ones, or the server restarted)"
+    ))
+    .with_code("not_found")
+}
+
+/// `GET /v1/responses/{id}`: a stored response as it was answered.
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let stored = state.responses().get(&id).ok_or_else(|| not_stored(&id))?;
+    Ok(json_response(&stored.response))
+}
+
+/// `DELETE /v1/responses/{id}`: forget a stored response (responses that continue it keep
+/// their conversation).
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !state.responses().remove(&id) {
+        return Err(not_stored(&id));
+    }
+    Ok(json_response(
+        &json!({"id": id, "object": "response", "deleted": true}),
+    ))
+}

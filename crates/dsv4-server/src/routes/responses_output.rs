@@ -1,0 +1,595 @@
+//! A response as it is produced: [`ResponseOutput`] turns the run's steps into output items
+//! (reasoning, message, function calls, in the order the model wrote them) and the Responses
+//! API's typed stream events: `response.created`, `response.in_progress`, per item
+//! `output_item.added`, its content part, text or argument deltas and `*.done` events, then
+//! `response.completed` (or `incomplete` at the token limit, `cancelled` when aborted,
+//! `failed` on an error). A non-streamed request runs the same machine and answers the final
+//! response object. A finished response is stored (`store`) with its conversation.
+
+use super::EventSource;
+use crate::api::common::random_hex;
+use crate::api::logprobs::{ChatLogprobs, ChatTokenLogprob, TokenNames, f32_as_f64};
+use crate::api::responses::{ContentPart, OutputItem, ResponseUsage, ResponsesRequest};
+use crate::api::responses_input::ChatMessages;
+use crate::error::ApiError;
+use crate::output::Delta;
+use crate::responses_store::Stored;
+use crate::run::{Run, Step};
+use crate::state::{AppState, Loaded};
+use axum::response::sse::Event as SseEvent;
+use dsv4_chat::pyjson::OrderedJson;
+use dsv4_engine::{FinishReason, Finished};
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+
+/// What every response object of a request repeats: its id, its time, and the request's
+/// settings as OpenAI echoes them.
+pub(super) struct Envelope {
+    id: String,
+    fields: Map<String, Value>,
+}
+
+impl Envelope {
+    /// The envelope of response `id` to `req` (`raw`: its body, for the tools as given).
+    pub(super) fn new(
+        req: &ResponsesRequest,
+        id: String,
+        created_at: u64,
+        store: bool,
+        raw: &OrderedJson,
+    ) -> Self {
+        let tools = raw
+            .get("tools")
+            .filter(|t| **t != OrderedJson::Null)
+            .map_or_else(|| json!([]), OrderedJson::to_value);
+        let text = json!({
+            "format": req.text.as_ref().and_then(|t| t.format.clone())
+                .map_or_else(|| json!({"type": "text"}), |f| json!(f)),
+            "verbosity": "medium",
+        });
+        let reasoning = req.reasoning.as_ref().map_or_else(
+            || json!({"effort": null, "summary": null}),
+            |r| json!({"effort": r.effort, "summary": r.summary.clone().or(r.generate_summary.clone())}),
+        );
+        let fields = json!({
+            "id": id,
+            "object": "response",
+            "created_at": created_at,
+            "model": req.model,
+            "instructions": req.instructions,
+            "previous_response_id": req.previous_response_id,
+            "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+            "temperature": f32_as_f64(req.temperature.unwrap_or(1.0)),
+            "top_p": f32_as_f64(req.top_p.unwrap_or(1.0)),
+            "top_logprobs": req.top_logprobs.unwrap_or(0),
+            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            "tools": tools,
+            "text": text,
+            "reasoning": reasoning,
+            "store": store,
+            "background": false,
+            "truncation": "disabled",
+            "metadata": req.metadata.clone().unwrap_or_default(),
+            "user": req.user,
+        });
+        let Value::Object(fields) = fields else {
+            unreachable!("json! of an object literal is an object")
+        };
+        Self { id, fields }
+    }
+
+    /// The response object in `status` with `output` and the rest.
+    fn response(&self, status: &str, output: &[OutputItem], end: Option<&End>) -> Value {
+        let mut r = self.fields.clone();
+        r.insert("status".into(), json!(status));
+        r.insert("output".into(), json!(output));
+        r.insert("error".into(), json!(end.and_then(|e| e.error.clone())));
+        r.insert(
+            "incomplete_details".into(),
+            json!(
+                end.and_then(|e| e.incomplete)
+                    .map(|reason| json!({"reason": reason}))
+            ),
+        );
+        r.insert("usage".into(), json!(end.and_then(|e| e.usage.clone())));
+        Value::Object(r)
+    }
+}
+
+/// How a response ended.
+struct End {
+    usage: Option<ResponseUsage>,
+    /// `incomplete_details.reason`.
+    incomplete: Option<&'static str>,
+    /// `error`, for a failed response.
+    error: Option<Value>,
+}
+
+/// One event: its type and its body.
+type Ev = (&'static str, Value);
+
+/// The output of one response as its steps arrive.
+pub(super) struct ResponseOutput {
+    state: AppState,
+    loaded: Arc<Loaded>,
+    env: Envelope,
+    /// The message's text carries log-probabilities.
+    logprobs: bool,
+    /// In thinking mode: the id of `</think>`, which ends the reasoning tokens.
+    think_end: Option<u32>,
+    items: Vec<OutputItem>,
+    /// The last item (reasoning or message) may still grow.
+    open: bool,
+    seq: u64,
+    /// Tokens seen so far.
+    tokens: usize,
+    /// Tokens up to and including `</think>`, once it came.
+    reasoning_tokens: Option<usize>,
+}
+
+impl ResponseOutput {
+    /// The output of the response `env` describes.
+    pub(super) fn new(
+        state: AppState,
+        loaded: Arc<Loaded>,
+        env: Envelope,
+        logprobs: bool,
+        think_end: Option<u32>,
+    ) -> Self {
+        Self {
+            state,
+            loaded,
+            env,
+            logprobs,
+            think_end,
+            items: Vec::new(),
+            open: false,
+            seq: 0,
+            tokens: 0,
+            reasoning_tokens: None,
+        }
+    }
+
+    fn emit(&mut self, kind: &'static str, body: Value) -> Ev {
+        let mut body = body;
+        if let Value::Object(o) = &mut body {
+            o.insert("type".into(), json!(kind));
+            o.insert("sequence_number".into(), json!(self.seq));
+        }
+        self.seq += 1;
+        (kind, body)
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}_{}", random_hex(self.state.next_serial()))
+    }
+
+    /// The first events: the response created and in progress.
+    fn start(&mut self) -> Vec<Ev> {
+        let r = self.env.response("in_progress", &[], None);
+        vec![
+            self.emit("response.created", json!({"response": r.clone()})),
+            self.emit("response.in_progress", json!({"response": r})),
+        ]
+    }
+
+    /// The events of one step.
+    fn step(&mut self, step: Step) -> Vec<Ev> {
+        for &id in &step.token_ids {
+            self.tokens += 1;
+            if self.reasoning_tokens.is_none() && Some(id) == self.think_end {
+                self.reasoning_tokens = Some(self.tokens);
+            }
+        }
+        let mut logprobs = self.logprobs.then(|| {
+            let names = TokenNames::text(&self.loaded.vocab);
+            ChatLogprobs::new(names, &step.logprobs).content
+        });
+        let mut out = Vec::new();
+        for d in step.deltas {
+            match d {
+                Delta::Reasoning(text) => out.extend(self.text(false, text, None)),
+                Delta::Content(text) => {
+                    let lp = logprobs.take();
+                    out.extend(self.text(true, text, lp));
+                }
+                Delta::ToolCall(call) => out.extend(self.call(call)),
+            }
+        }
+        out
+    }
+
+    /// More text of the message (`message`) or of the reasoning.
+    fn text(
+        &mut self,
+        message: bool,
+        text: String,
+        logprobs: Option<Vec<ChatTokenLogprob>>,
+    ) -> Vec<Ev> {
+        let mut out = Vec::new();
+        let same = self.open
+            && matches!(
+                (self.items.last(), message),
+                (Some(OutputItem::Message { .. }), true)
+                    | (Some(OutputItem::Reasoning { .. }), false)
+            );
+        if !same {
+            out.extend(self.close("completed"));
+            out.extend(self.open_item(message));
+        }
+        let index = self.items.len() - 1;
+        let item_id = self.items[index].id().to_string();
+        match self.items.last_mut() {
+            Some(OutputItem::Message { content, .. }) => {
+                if let Some(ContentPart::OutputText {
+                    text: t,
+                    logprobs: all,
+                    ..
+                }) = content.first_mut()
+                {
+                    t.push_str(&text);
+                    if let (Some(all), Some(lp)) = (all.as_mut(), &logprobs) {
+                        all.extend(lp.iter().cloned());
+                    }
+                }
+                let body = json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                                  "delta": text, "logprobs": logprobs.unwrap_or_default()});
+                out.push(self.emit("response.output_text.delta", body));
+            }
+            Some(OutputItem::Reasoning { content, .. }) => {
+                if let Some(ContentPart::ReasoningText { text: t }) = content.first_mut() {
+                    t.push_str(&text);
+                }
+                let body = json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                                  "delta": text});
+                out.push(self.emit("response.reasoning_text.delta", body));
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// Start a message (`message`) or a reasoning item, with its empty content part.
+    fn open_item(&mut self, message: bool) -> Vec<Ev> {
+        let (item, part) = if message {
+            let part = ContentPart::OutputText {
+                text: String::new(),
+                annotations: Vec::new(),
+                logprobs: self.logprobs.then(Vec::new),
+            };
+            let item = OutputItem::Message {
+                id: self.new_id("msg"),
+                status: "in_progress",
+                role: "assistant",
+                content: Vec::new(),
+            };
+            (item, part)
+        } else {
+            let item = OutputItem::Reasoning {
+                id: self.new_id("rs"),
+                summary: Vec::new(),
+                content: Vec::new(),
+                status: "in_progress",
+            };
+            (
+                item,
+                ContentPart::ReasoningText {
+                    text: String::new(),
+                },
+            )
+        };
+        let index = self.items.len();
+        let item_id = item.id().to_string();
+        let added = json!({"output_index": index, "item": item});
+        let part_added =
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part});
+        let mut item = item;
+        if let OutputItem::Message { content, .. } | OutputItem::Reasoning { content, .. } =
+            &mut item
+        {
+            content.push(part);
+        }
+        self.items.push(item);
+        self.open = true;
+        vec![
+            self.emit("response.output_item.added", added),
+            self.emit("response.content_part.added", part_added),
+        ]
+    }
+
+    /// Close the open item, if any, with `status`.
+    fn close(&mut self, status: &'static str) -> Vec<Ev> {
+        if !self.open {
+            return Vec::new();
+        }
+        self.open = false;
+        let index = self.items.len() - 1;
+        let mut out = Vec::new();
+        let (done, part) = match self.items.last_mut() {
+            Some(OutputItem::Message {
+                id,
+                status: s,
+                content,
+                ..
+            }) => {
+                *s = status;
+                let part = content.first().cloned();
+                let (text, logprobs) = match &part {
+                    Some(ContentPart::OutputText { text, logprobs, .. }) => {
+                        (text.clone(), logprobs.clone().unwrap_or_default())
+                    }
+                    _ => Default::default(),
+                };
+                let done = json!({"item_id": id, "output_index": index, "content_index": 0,
+                                  "text": text, "logprobs": logprobs});
+                (("response.output_text.done", done), part)
+            }
+            Some(OutputItem::Reasoning {
+                id,
+                status: s,
+                content,
+                ..
+            }) => {
+                *s = "completed";
+                let part = content.first().cloned();
+                let text = match &part {
+                    Some(ContentPart::ReasoningText { text }) => text.clone(),
+                    _ => String::new(),
+                };
+                let done = json!({"item_id": id, "output_index": index, "content_index": 0,
+                                  "text": text});
+                (("response.reasoning_text.done", done), part)
+            }
+            _ => return out,
+        };
+        let item = self.items[index].clone();
+        out.push(self.emit(done.0, done.1));
+        let part_done = json!({"item_id": item.id(), "output_index": index, "content_index": 0,
+                               "part": part});
+        out.push(self.emit("response.content_part.done", part_done));
+        out.push(self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        out
+    }
+
+    /// A complete tool call: its item, its arguments at once, and its end.
+    fn call(&mut self, call: dsv4_chat::ToolCall) -> Vec<Ev> {
+        let mut out = self.close("completed");
+        let index = self.items.len();
+        let id = self.new_id("fc");
+        let call_id = self.new_id("call");
+        let started = OutputItem::FunctionCall {
+            id: id.clone(),
+            call_id: call_id.clone(),
+            name: call.name.clone(),
+            arguments: String::new(),
+            status: "in_progress",
+        };
+        out.push(self.emit(
+            "response.output_item.added",
+            json!({"output_index": index, "item": started}),
+        ));
+        let delta = json!({"item_id": id, "output_index": index, "delta": call.arguments});
+        out.push(self.emit("response.function_call_arguments.delta", delta));
+        let done = json!({"item_id": id, "output_index": index, "name": call.name,
+                          "arguments": call.arguments});
+        out.push(self.emit("response.function_call_arguments.done", done));
+        let item = OutputItem::FunctionCall {
+            id,
+            call_id,
+            name: call.name,
+            arguments: call.arguments,
+            status: "completed",
+        };
+        out.push(self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item.clone()}),
+        ));
+        self.items.push(item);
+        out
+    }
+
+    /// The last events once the run finished, and the final response object.
+    fn finish(&mut self, f: &Finished) -> (Vec<Ev>, Value) {
+        let (status, incomplete) = match f.reason {
+            FinishReason::Length => ("incomplete", Some("max_output_tokens")),
+            FinishReason::Cancelled => ("cancelled", None),
+            _ => ("completed", None),
+        };
+        let item_status = if status == "completed" {
+            "completed"
+        } else {
+            "incomplete"
+        };
+        let mut out = Vec::new();
+        let answered = self.items.iter().any(|i| {
+            matches!(
+                i,
+                OutputItem::Message { .. } | OutputItem::FunctionCall { .. }
+            )
+        });
+        if !answered {
+            // An answer with no text and no call still has its (empty) message.
+            out.extend(self.close("completed"));
+            out.extend(self.open_item(true));
+        }
+        out.extend(self.close(item_status));
+        let reasoning = match self.think_end {
+            None => 0,
+            Some(_) => self.reasoning_tokens.unwrap_or(f.usage.completion_tokens),
+        };
+        let end = End {
+            usage: Some(ResponseUsage::new(f.usage, reasoning)),
+            incomplete,
+            error: None,
+        };
+        let response = self.env.response(status, &self.items, Some(&end));
+        // An aborted response ends as one that did not complete (the stream events have no
+        // `response.cancelled`); its status says `cancelled`.
+        let kind = match status {
+            "completed" => "response.completed",
+            _ => "response.incomplete",
+        };
+        out.push(self.emit(kind, json!({"response": response.clone()})));
+        (out, response)
+    }
+
+    /// The `response.failed` event of an error after the stream started.
+    fn failed(&mut self, e: &ApiError) -> Ev {
+        let code = e.code.clone().unwrap_or_else(|| "server_error".into());
+        let end = End {
+            usage: None,
+            incomplete: None,
+            error: Some(json!({"code": code, "message": e.message})),
+        };
+        let response = self.env.response("failed", &self.items, Some(&end));
+        self.emit("response.failed", json!({"response": response}))
+    }
+
+    /// The answer's assistant turn, as a chat message for the stored conversation.
+    fn assistant_turn(&self) -> OrderedJson {
+        let (mut content, mut reasoning, mut calls) = (String::new(), None::<String>, Vec::new());
+        for item in &self.items {
+            match item {
+                OutputItem::Message { content: parts, .. } => {
+                    if let Some(ContentPart::OutputText { text, .. }) = parts.first() {
+                        content.push_str(text);
+                    }
+                }
+                OutputItem::Reasoning { content: parts, .. } => {
+                    if let Some(ContentPart::ReasoningText { text }) = parts.first() {
+                        reasoning.get_or_insert_default().push_str(text);
+                    }
+                }
+                OutputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                    ..
+                } => calls.push(OrderedJson::Object(vec![
+                    ("id".into(), OrderedJson::String(call_id.clone())),
+                    ("type".into(), OrderedJson::String("function".into())),
+                    (
+                        "function".into(),
+                        OrderedJson::Object(vec![
+                            ("name".into(), OrderedJson::String(name.clone())),
+                            ("arguments".into(), OrderedJson::String(arguments.clone())),
+                        ]),
+                    ),
+                ])),
+            }
+        }
+        let mut fields = vec![
+            ("role".to_string(), OrderedJson::String("assistant".into())),
+            ("content".to_string(), OrderedJson::String(content)),
+        ];
+        if let Some(r) = reasoning {
+            fields.push(("reasoning_content".into(), OrderedJson::String(r)));
+        }
+        if !calls.is_empty() {
+            fields.push(("tool_calls".into(), OrderedJson::Array(calls)));
+        }
+        OrderedJson::Object(fields)
+    }
+
+    /// Keep the finished response (`stored`: what it continued and its input turn).
+    fn store(&self, response: &Value, stored: Option<(Option<Arc<Stored>>, ChatMessages)>) {
+        let Some((previous, mut turn)) = stored else {
+            return;
+        };
+        turn.push(self.assistant_turn(), "previous_response_id");
+        self.state.responses().insert(
+            self.env.id.clone(),
+            Stored {
+                response: response.clone(),
+                previous,
+                turn,
+            },
+        );
+    }
+
+    /// Run to the end and answer the response object (an error fails the request).
+    pub(super) async fn run_to_end(
+        mut self,
+        mut run: Run,
+        stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
+    ) -> Result<Value, ApiError> {
+        loop {
+            let mut step = run.next().await?;
+            let finished = step.finished.take();
+            self.step(step);
+            if let Some(f) = finished {
+                let (_, response) = self.finish(&f);
+                self.store(&response, stored);
+                return Ok(response);
+            }
+        }
+    }
+
+    /// Stream the response's events.
+    pub(super) fn stream(
+        self,
+        run: Run,
+        stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
+    ) -> ResponseStream {
+        ResponseStream {
+            output: self,
+            run,
+            stored,
+            started: false,
+            done: false,
+        }
+    }
+}
+
+/// A streamed response.
+pub(super) struct ResponseStream {
+    output: ResponseOutput,
+    run: Run,
+    stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
+    started: bool,
+    done: bool,
+}
+
+fn sse(events: Vec<Ev>) -> Vec<SseEvent> {
+    events
+        .into_iter()
+        .map(|(kind, body)| SseEvent::default().event(kind).data(body.to_string()))
+        .collect()
+}
+
+impl EventSource for ResponseStream {
+    async fn next_events(&mut self) -> Vec<SseEvent> {
+        if self.done {
+            return Vec::new();
+        }
+        if !self.started {
+            self.started = true;
+            return sse(self.output.start());
+        }
+        match self.run.next().await {
+            Ok(mut step) => {
+                let finished = step.finished.take();
+                let mut events = self.output.step(step);
+                if let Some(f) = finished {
+                    let (end, response) = self.output.finish(&f);
+                    events.extend(end);
+                    self.output.store(&response, self.stored.take());
+                    self.done = true;
+                }
+                sse(events)
+            }
+            Err(e) => {
+                self.done = true;
+                sse(vec![self.output.failed(&e)])
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+}
