@@ -9,7 +9,9 @@ Run against a running server:
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
 the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs; n=2
-choices), vLLM's token-id extensions through extra_body, usage, and OpenAI error types.
+choices), vLLM's token-id extensions through extra_body, the Responses API (streamed through the
+SDK's event accumulator, a function call continued with previous_response_id, stored responses
+read and deleted), usage, and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -325,6 +327,58 @@ def test_vllm_token_ids(client, model):
     check(len(chat.choices[0].token_ids) >= chat.usage.completion_tokens, chat)
 
 
+RESPONSES_WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+        "required": ["city"],
+    },
+}
+
+
+def test_responses(client, model):
+    """OpenAI's Responses API: an answer, the same one streamed through the SDK's own event
+    accumulator (which checks the order of the typed events), a required function call, its
+    result sent back with previous_response_id, and a stored response read back and deleted."""
+    clean = {"stop": CLEAN_STOPS}
+    r = client.responses.create(model=model, input="Hi", max_output_tokens=8, temperature=0, extra_body=clean)
+    check(r.object == "response" and r.status == "completed", r)
+    check(r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens, r.usage)
+    with client.responses.stream(
+        model=model, input="Hi", max_output_tokens=8, temperature=0, extra_body=clean
+    ) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    check(deltas == final.output_text == r.output_text, (deltas, final.output_text, r.output_text))
+    tools = {"tools": [RESPONSES_WEATHER_TOOL], "tool_choice": "required", "parallel_tool_calls": False}
+    first = client.responses.create(
+        model=model, input="Weather in Oslo?", max_output_tokens=400, temperature=0, **tools
+    )
+    call = next(o for o in first.output if o.type == "function_call")
+    check(json.loads(call.arguments)["city"] in ("Oslo", "Paris"), call)
+    second = client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        max_output_tokens=400,
+        temperature=0,
+        **tools,
+    )
+    check(second.previous_response_id == first.id, second)
+    check(second.usage.input_tokens > first.usage.input_tokens, (first.usage, second.usage))
+    check(any(o.type == "function_call" for o in second.output), second.output)
+    check(client.responses.retrieve(first.id).output == first.output, first.id)
+    client.responses.delete(first.id)
+    try:
+        client.responses.retrieve(first.id)
+        raise AssertionError("a deleted response was read back")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, e)
+
+
 def test_errors(client, model):
     try:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -346,6 +400,7 @@ TESTS = [
     test_json_answer,
     test_completions,
     test_vllm_token_ids,
+    test_responses,
     test_errors,
 ]
 
