@@ -7,7 +7,7 @@
 //! response object. A finished response is stored (`store`) with its conversation.
 
 use super::EventSource;
-use crate::api::common::random_hex;
+use crate::api::common::{random_hex, unix_now};
 use crate::api::logprobs::{ChatLogprobs, ChatTokenLogprob, TokenNames, f32_as_f64};
 use crate::api::responses::{ContentPart, OutputItem, ResponseUsage, ResponsesRequest};
 use crate::api::responses_input::ChatMessages;
@@ -93,6 +93,8 @@ impl Envelope {
             ),
         );
         r.insert("usage".into(), json!(end.and_then(|e| e.usage.clone())));
+        let completed = end.is_some() && status == "completed";
+        r.insert("completed_at".into(), json!(completed.then(unix_now)));
         Value::Object(r)
     }
 }

@@ -1,6 +1,7 @@
 //! 64 concurrent streaming requests (greedy) each get exactly what the same request gets when
-//! sent alone: 40 text completions, 8 SGLang `/generate` requests with their log-probabilities
-//! and token ids, and 16 grammar-constrained tool calls.
+//! sent alone: 32 text completions, 8 SGLang `/generate` requests with their log-probabilities
+//! and token ids, 8 Responses API answers with their log-probabilities, and 16
+//! grammar-constrained tool calls.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -18,6 +19,12 @@ fn requests() -> Vec<(&'static str, Value)> {
                            "max_tokens": 200, "stream": true}),
                 );
                 ("/v1/chat/completions", body)
+            } else if i % 8 == 5 {
+                let body = json!({"model": MODEL, "input": format!("Story {}: once upon a time {i}", i % 5),
+                                  "stream": true, "temperature": 0, "max_output_tokens": 6,
+                                  "stop": CLEAN_STOPS, "top_logprobs": 2,
+                                  "include": ["message.output_text.logprobs"]});
+                ("/v1/responses", body)
             } else if i % 8 == 1 {
                 let body = json!({"text": format!("Story {}: once upon a time {i}", i % 5),
                                   "stream": true, "return_logprob": true,
@@ -39,6 +46,31 @@ fn requests() -> Vec<(&'static str, Value)> {
 fn outcome(r: &Reply) -> Value {
     assert_eq!(r.status, 200, "{}", r.body);
     let events = r.events();
+    if events[0]["type"] == "response.created" {
+        // /v1/responses: the final response (its ids and times left out) and the deltas.
+        let end = events.last().unwrap();
+        assert!(
+            matches!(
+                end["type"].as_str(),
+                Some("response.completed" | "response.incomplete")
+            ),
+            "{end}"
+        );
+        let last = &end["response"];
+        let deltas: Vec<Value> = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| json!([e["delta"], e["logprobs"]]))
+            .collect();
+        let output: Vec<Value> = last["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| json!([o["type"], o["status"], o["content"]]))
+            .collect();
+        return json!({"status": last["status"], "output": output, "deltas": deltas,
+                      "tokens": last["usage"]["output_tokens"]});
+    }
     assert_eq!(events.last().unwrap(), "[DONE]", "{}", r.body);
     let mut text = String::new();
     let mut calls = Vec::new();

@@ -360,7 +360,12 @@ fn normalized(v: &Value) -> Value {
     match v {
         Value::Object(o) => Value::Object(
             o.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "id" | "call_id" | "created_at" | "item_id"))
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "id" | "call_id" | "created_at" | "completed_at" | "item_id"
+                    )
+                })
                 .filter(|(k, _)| k.as_str() != "input_tokens_details")
                 .map(|(k, v)| (k.clone(), normalized(v)))
                 .collect(),
@@ -386,6 +391,12 @@ fn check_stream(events: &[(String, Value)], want: &Value) {
         _ => "response.incomplete",
     };
     assert_eq!(last_kind, expected);
+    assert_eq!(
+        last["response"]["completed_at"].is_u64(),
+        expected == "response.completed",
+        "completed_at only once completed: {last}"
+    );
+    assert!(events[0].1["response"]["completed_at"].is_null());
     assert_eq!(&last["response"]["id"], id);
     assert_eq!(normalized(&last["response"]), normalized(want));
     // Each item: added, its deltas adding up to its done text, done equal to the final item.
@@ -443,6 +454,43 @@ async fn streams_carry_the_same_response_as_ordered_typed_events() {
         assert!(!streamed.body.contains("[DONE]"));
         check_stream(&typed_events(&streamed), &want.json());
     }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_breaks_the_parser_fails_the_response() {
+    let s = start(config()).await;
+    // Without stop strings the tiny model's greedy answer to "Hi" starts with DSML markup
+    // outside a tool-call block, which the strict parser refuses (as chat does).
+    let body = with(
+        responses(json!("Hi"), json!({"max_output_tokens": 8})),
+        json!({"stop": []}),
+    );
+    let e = s.send("POST", "/v1/responses", &body).await.error(500);
+    assert_eq!(e["type"], "model_output_error", "{e}");
+    let streamed = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &with(body, json!({"stream": true})),
+        )
+        .await;
+    let events = typed_events(&streamed);
+    let (kind, last) = events.last().unwrap();
+    assert_eq!(kind, "response.failed", "{}", streamed.body);
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], e["code"]);
+    assert!(
+        last["response"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a valid DSV4")
+    );
+    assert_eq!(events[0].0, "response.created");
+    assert!(
+        s.state.responses().is_empty(),
+        "a failed response is not stored"
+    );
     s.shutdown().await.unwrap();
 }
 
