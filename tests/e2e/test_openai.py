@@ -342,7 +342,8 @@ RESPONSES_WEATHER_TOOL = {
 def test_responses(client, model):
     """OpenAI's Responses API: an answer, the same one streamed through the SDK's own event
     accumulator (which checks the order of the typed events), a required function call, its
-    result sent back with previous_response_id, and a stored response read back and deleted."""
+    result sent back with previous_response_id (its input items listed), and a stored response
+    read back and deleted."""
     clean = {"stop": CLEAN_STOPS}
     r = client.responses.create(model=model, input="Hi", max_output_tokens=8, temperature=0, extra_body=clean)
     check(r.object == "response" and r.status == "completed", r)
@@ -370,6 +371,8 @@ def test_responses(client, model):
     check(second.previous_response_id == first.id, second)
     check(second.usage.input_tokens > first.usage.input_tokens, (first.usage, second.usage))
     check(any(o.type == "function_call" for o in second.output), second.output)
+    items = client.responses.input_items.list(second.id)
+    check([i.type for i in items.data] == ["function_call_output"], items)
     check(client.responses.retrieve(first.id).output == first.output, first.id)
     client.responses.delete(first.id)
     try:

@@ -18,6 +18,8 @@ pub struct Stored {
     pub previous: Option<Arc<Stored>>,
     /// Its own turn: the request's input as chat messages, then the answer's assistant turn.
     pub turn: ChatMessages,
+    /// The request's input items as given (a string as one user message), each with an `id`.
+    pub input_items: Vec<Value>,
 }
 
 impl Stored {
@@ -136,6 +138,7 @@ mod tests {
                 response: Value::Null,
                 previous: None,
                 turn: turn("1"),
+                input_items: Vec::new(),
             },
         );
         let a = store.get("a").unwrap();
@@ -145,6 +148,7 @@ mod tests {
                 response: Value::Null,
                 previous: Some(a),
                 turn: turn("2"),
+                input_items: Vec::new(),
             },
         );
         let b = store.get("b").unwrap();
@@ -154,6 +158,7 @@ mod tests {
                 response: Value::Null,
                 previous: Some(b),
                 turn: turn("3"),
+                input_items: Vec::new(),
             },
         );
         assert!(store.get("a").is_none(), "the oldest is dropped");
@@ -175,6 +180,7 @@ mod tests {
                     response: Value::Null,
                     previous: None,
                     turn: turn("x"),
+                    input_items: Vec::new(),
                 },
             );
         }
@@ -192,6 +198,7 @@ mod tests {
                 response: Value::Null,
                 previous: None,
                 turn: turn("1"),
+                input_items: Vec::new(),
             },
         );
         assert!(store.is_empty() && !store.enabled());

@@ -11,6 +11,7 @@
 use crate::error::ApiError;
 use dsv4_chat::pyjson::OrderedJson;
 use dsv4_chat::{EncodeError, Message, ToolSet};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// Chat messages, each with the request field it came from (named in errors).
@@ -300,6 +301,32 @@ fn reasoning_text(item: &OrderedJson, at: &str) -> Result<String, ApiError> {
         }
     }
     Ok(String::new())
+}
+
+/// `input` as the list of items `GET /v1/responses/{id}/input_items` shows: a string as one
+/// user message with an `input_text` part, items as given; each gets an `id` from `new_id`
+/// (given the item's type) unless it has one.
+pub fn input_items(input: &OrderedJson, mut new_id: impl FnMut(&str) -> String) -> Vec<Value> {
+    let items = match input {
+        OrderedJson::String(text) => vec![serde_json::json!({
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        })],
+        OrderedJson::Array(items) => items.iter().map(OrderedJson::to_value).collect(),
+        _ => Vec::new(),
+    };
+    items
+        .into_iter()
+        .map(|mut item| {
+            if let Value::Object(o) = &mut item
+                && !o.get("id").is_some_and(Value::is_string)
+            {
+                let kind = o.get("type").and_then(Value::as_str).unwrap_or("message");
+                o.insert("id".into(), Value::String(new_id(kind)));
+            }
+            item
+        })
+        .collect()
 }
 
 /// The request's function tools as dsv4-chat's tool set. Each is `{"type": "function",

@@ -41,6 +41,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::list_input_items),
+        )
         .route("/generate", post(generate::generate))
         .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
@@ -69,6 +73,9 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/responses" => "/v1/responses",
+        p if p.starts_with("/v1/responses/") && p.ends_with("/input_items") => {
+            "/v1/responses/{id}/input_items"
+        }
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         "/generate" => "/generate",
         "/abort_request" => "/abort_request",
@@ -125,7 +132,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET /v1/models, POST /generate, POST /abort_request, POST /tokenize, POST /detokenize, \
+         POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET \
+         /v1/responses/{{id}}/input_items, GET /v1/models, POST /generate, POST /abort_request, \
+         POST /tokenize, POST /detokenize, \
          POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \
          /metrics",
         req.method(),

@@ -5,12 +5,12 @@
 //! DSML parsing of the answer, tools and JSON formats are chat's.
 
 use super::chat::{DecoderSpec, constraint, max_tokens};
-use super::responses_output::{Envelope, ResponseOutput};
+use super::responses_output::{Envelope, ResponseOutput, ToStore};
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
 use crate::api::chat::ToolChoice;
 use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
-use crate::api::responses_input::{ChatMessages, chat_tools};
+use crate::api::responses_input::{ChatMessages, chat_tools, input_items};
 use crate::api::sampling::check_fit;
 use crate::error::ApiError;
 use crate::responses_store::Stored;
@@ -19,6 +19,7 @@ use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
+use axum::http::Uri;
 use axum::response::Response;
 use dsv4_chat::pyjson::OrderedJson;
 use dsv4_chat::{Conversation, EncodeOptions, ToolSet, encode_prompt_ids, markers};
@@ -62,7 +63,21 @@ pub async fn create(
         logprobs,
         thinking.then_some(think_end).flatten(),
     );
-    let stored = store.then_some((previous, turn));
+    let stored = store.then(|| ToStore {
+        previous,
+        turn,
+        input_items: raw.get("input").map_or_else(Vec::new, |input| {
+            input_items(input, |kind| {
+                let prefix = match kind {
+                    "function_call" => "fc",
+                    "function_call_output" => "fco",
+                    "reasoning" => "rs",
+                    _ => "msg",
+                };
+                format!("{prefix}_{}", random_hex(state.next_serial()))
+            })
+        }),
+    });
     if req.stream.unwrap_or(false) {
         Ok(sse_response(output.stream(run, stored)))
     } else {
@@ -206,4 +221,83 @@ pub async fn delete(
     Ok(json_response(
         &json!({"id": id, "object": "response", "deleted": true}),
     ))
+}
+
+/// `GET /v1/responses/{id}/input_items`: a stored response's own input items (not those of the
+/// responses it continued), newest first unless `order=asc`, `limit` (1 to 100, default 20) at
+/// a time, after the item `after`.
+pub async fn list_input_items(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    let (mut limit, mut asc, mut after) = (20usize, false, None);
+    for pair in uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_param(
+                            "limit",
+                            format!("limit must be 1 to 100, not {value:?}"),
+                        )
+                    })?;
+            }
+            "order" => {
+                asc = match value {
+                    "asc" => true,
+                    "desc" => false,
+                    other => {
+                        return Err(ApiError::bad_param(
+                            "order",
+                            format!("order must be asc or desc, not {other:?}"),
+                        ));
+                    }
+                };
+            }
+            "after" => after = Some(value.to_string()),
+            // Extra outputs of hosted tools: there are none to add.
+            "include" | "include[]" | "include%5B%5D" => {}
+            other => {
+                return Err(ApiError::bad_param(
+                    other,
+                    format!("unknown query parameter {other:?}; use limit, order and after"),
+                ));
+            }
+        }
+    }
+    let stored = state.responses().get(&id).ok_or_else(|| not_stored(&id))?;
+    let mut items: Vec<&serde_json::Value> = stored.input_items.iter().collect();
+    if !asc {
+        items.reverse();
+    }
+    let start = match &after {
+        None => 0,
+        Some(a) => {
+            items
+                .iter()
+                .position(|i| i["id"] == a.as_str())
+                .ok_or_else(|| {
+                    ApiError::bad_param("after", format!("response {id} has no input item {a:?}"))
+                })?
+                + 1
+        }
+    };
+    let page: Vec<&serde_json::Value> = items.iter().skip(start).take(limit).copied().collect();
+    Ok(json_response(&json!({
+        "object": "list",
+        "data": page,
+        "first_id": page.first().map(|i| &i["id"]),
+        "last_id": page.last().map(|i| &i["id"]),
+        "has_more": start + page.len() < items.len(),
+    })))
 }

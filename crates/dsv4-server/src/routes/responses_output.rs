@@ -108,6 +108,16 @@ struct End {
     error: Option<Value>,
 }
 
+/// What a stored response keeps besides itself.
+pub(super) struct ToStore {
+    /// The response it continued.
+    pub(super) previous: Option<Arc<Stored>>,
+    /// Its input as chat messages.
+    pub(super) turn: ChatMessages,
+    /// Its input items, with ids.
+    pub(super) input_items: Vec<Value>,
+}
+
 /// One event: its type and its body.
 type Ev = (&'static str, Value);
 
@@ -498,8 +508,13 @@ impl ResponseOutput {
     }
 
     /// Keep the finished response (`stored`: what it continued and its input turn).
-    fn store(&self, response: &Value, stored: Option<(Option<Arc<Stored>>, ChatMessages)>) {
-        let Some((previous, mut turn)) = stored else {
+    fn store(&self, response: &Value, stored: Option<ToStore>) {
+        let Some(ToStore {
+            previous,
+            mut turn,
+            input_items,
+        }) = stored
+        else {
             return;
         };
         turn.push(self.assistant_turn(), "previous_response_id");
@@ -509,6 +524,7 @@ impl ResponseOutput {
                 response: response.clone(),
                 previous,
                 turn,
+                input_items,
             },
         );
     }
@@ -517,7 +533,7 @@ impl ResponseOutput {
     pub(super) async fn run_to_end(
         mut self,
         mut run: Run,
-        stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
+        stored: Option<ToStore>,
     ) -> Result<Value, ApiError> {
         loop {
             let mut step = run.next().await?;
@@ -532,11 +548,7 @@ impl ResponseOutput {
     }
 
     /// Stream the response's events.
-    pub(super) fn stream(
-        self,
-        run: Run,
-        stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
-    ) -> ResponseStream {
+    pub(super) fn stream(self, run: Run, stored: Option<ToStore>) -> ResponseStream {
         ResponseStream {
             output: self,
             run,
@@ -551,7 +563,7 @@ impl ResponseOutput {
 pub(super) struct ResponseStream {
     output: ResponseOutput,
     run: Run,
-    stored: Option<(Option<Arc<Stored>>, ChatMessages)>,
+    stored: Option<ToStore>,
     started: bool,
     done: bool,
 }

@@ -1,6 +1,7 @@
 //! Stored responses over HTTP: continued with `previous_response_id` (a tool result
 //! included, equal to sending the whole conversation), read back, deleted, dropped past
-//! `server.responses_store`; and aborted responses, ended `cancelled`.
+//! `server.responses_store`, their input items listed page by page; and aborted responses,
+//! ended `cancelled`.
 
 use super::*;
 
@@ -253,5 +254,74 @@ async fn an_aborted_response_is_cancelled_with_what_it_had() {
     assert_eq!(last["type"], "response.incomplete", "{last}");
     assert_eq!(last["response"]["status"], "cancelled");
     assert_eq!(last["response"]["id"], id.as_str());
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_items_page_through_a_stored_response() {
+    let s = start(config()).await;
+    let items = json!([
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "id": "msg_mine",
+         "content": [{"type": "input_text", "text": "Hello"}]},
+        {"role": "user", "content": "again"},
+    ]);
+    let r = create(&s, &responses(items, json!({"max_output_tokens": 2}))).await;
+    let path = format!("/v1/responses/{}/input_items", r["id"].as_str().unwrap());
+    let all = s.get(&path).await.json();
+    assert_eq!(all["object"], "list");
+    let data = all["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3, "{all}");
+    assert_eq!(data[0]["content"], "again", "newest first");
+    assert_eq!(data[1]["id"], "msg_mine", "an item's own id is kept");
+    assert_eq!(data[2]["role"], "developer");
+    assert!(data[0]["id"].as_str().unwrap().starts_with("msg_"));
+    assert_ne!(data[0]["id"], data[2]["id"]);
+    assert_eq!(all["first_id"], data[0]["id"]);
+    assert_eq!(all["last_id"], data[2]["id"]);
+    assert_eq!(all["has_more"], false);
+
+    let page = s.get(&format!("{path}?order=asc&limit=2")).await.json();
+    assert_eq!(page["data"][0]["role"], "developer");
+    assert_eq!(page["data"].as_array().unwrap().len(), 2);
+    assert_eq!(page["has_more"], true);
+    let after = page["last_id"].as_str().unwrap();
+    let rest = s
+        .get(&format!("{path}?order=asc&limit=2&after={after}"))
+        .await
+        .json();
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["data"][0]["content"], "again");
+    assert_eq!(rest["has_more"], false);
+
+    // A string input is one user message with an input_text part.
+    let r = create(
+        &s,
+        &responses(json!("Hello"), json!({"max_output_tokens": 1})),
+    )
+    .await;
+    let one = s
+        .get(&format!(
+            "/v1/responses/{}/input_items",
+            r["id"].as_str().unwrap()
+        ))
+        .await
+        .json();
+    assert_eq!(one["data"][0]["content"][0]["text"], "Hello");
+    assert_eq!(one["data"][0]["role"], "user");
+
+    for (query, param) in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("order=up", "order"),
+        ("after=nope", "after"),
+        ("page=2", "page"),
+    ] {
+        let e = s.get(&format!("{path}?{query}")).await.error(400);
+        assert_eq!(e["param"], param, "{query}: {e}");
+    }
+    s.get("/v1/responses/resp_nope/input_items")
+        .await
+        .error(404);
     s.shutdown().await.unwrap();
 }
