@@ -4,7 +4,9 @@
 //! turn (the request's input and the answer) and shares its predecessor's, so a long chain
 //! costs its text once; a response still reachable from a newer one stays alive with it.
 
+use crate::api::responses::{ContentPart, OutputItem};
 use crate::api::responses_input::ChatMessages;
+use dsv4_chat::pyjson::OrderedJson;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -118,10 +120,56 @@ impl ResponseStore {
     }
 }
 
+/// An answer's assistant turn (its output items), as the chat message the stored conversation
+/// continues from: the message text, the reasoning, the calls with their `call_id`s.
+pub fn assistant_turn(items: &[OutputItem]) -> OrderedJson {
+    let (mut content, mut reasoning, mut calls) = (String::new(), None::<String>, Vec::new());
+    for item in items {
+        match item {
+            OutputItem::Message { content: parts, .. } => {
+                if let Some(ContentPart::OutputText { text, .. }) = parts.first() {
+                    content.push_str(text);
+                }
+            }
+            OutputItem::Reasoning { content: parts, .. } => {
+                if let Some(ContentPart::ReasoningText { text }) = parts.first() {
+                    reasoning.get_or_insert_default().push_str(text);
+                }
+            }
+            OutputItem::FunctionCall {
+                call_id,
+                name,
+                arguments,
+                ..
+            } => calls.push(OrderedJson::Object(vec![
+                ("id".into(), OrderedJson::String(call_id.clone())),
+                ("type".into(), OrderedJson::String("function".into())),
+                (
+                    "function".into(),
+                    OrderedJson::Object(vec![
+                        ("name".into(), OrderedJson::String(name.clone())),
+                        ("arguments".into(), OrderedJson::String(arguments.clone())),
+                    ]),
+                ),
+            ])),
+        }
+    }
+    let mut fields = vec![
+        ("role".to_string(), OrderedJson::String("assistant".into())),
+        ("content".to_string(), OrderedJson::String(content)),
+    ];
+    if let Some(r) = reasoning {
+        fields.push(("reasoning_content".into(), OrderedJson::String(r)));
+    }
+    if !calls.is_empty() {
+        fields.push(("tool_calls".into(), OrderedJson::Array(calls)));
+    }
+    OrderedJson::Object(fields)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dsv4_chat::pyjson::OrderedJson;
 
     fn turn(text: &str) -> ChatMessages {
         let mut m = ChatMessages::default();
@@ -202,5 +250,51 @@ mod tests {
             },
         );
         assert!(store.is_empty() && !store.enabled());
+    }
+
+    #[test]
+    fn the_assistant_turn_holds_text_reasoning_and_calls() {
+        let text = |t: &str| ContentPart::OutputText {
+            text: t.into(),
+            annotations: Vec::new(),
+            logprobs: None,
+        };
+        let items = [
+            OutputItem::Reasoning {
+                id: "rs_1".into(),
+                summary: Vec::new(),
+                content: vec![ContentPart::ReasoningText {
+                    text: "think".into(),
+                }],
+                status: "completed",
+            },
+            OutputItem::Message {
+                id: "msg_1".into(),
+                status: "completed",
+                role: "assistant",
+                content: vec![text("hi")],
+            },
+            OutputItem::FunctionCall {
+                id: "fc_1".into(),
+                call_id: "call_1".into(),
+                name: "get".into(),
+                arguments: "{\"a\": 1}".into(),
+                status: "completed",
+            },
+        ];
+        let turn = assistant_turn(&items);
+        assert_eq!(
+            turn.to_value(),
+            serde_json::json!({"role": "assistant", "content": "hi", "reasoning_content": "think",
+                "tool_calls": [{"id": "call_1", "type": "function",
+                                "function": {"name": "get", "arguments": "{\"a\": 1}"}}]})
+        );
+        let m = dsv4_chat::Message::from_ordered(0, &turn).unwrap();
+        assert_eq!(m.tool_calls[0].id.as_deref(), Some("call_1"));
+        let plain = assistant_turn(&items[1..2]).to_value();
+        assert_eq!(
+            plain,
+            serde_json::json!({"role": "assistant", "content": "hi"})
+        );
     }
 }

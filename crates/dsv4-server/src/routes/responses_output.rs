@@ -13,7 +13,7 @@ use crate::api::responses::{ContentPart, OutputItem, ResponseUsage, ResponsesReq
 use crate::api::responses_input::ChatMessages;
 use crate::error::ApiError;
 use crate::output::Delta;
-use crate::responses_store::Stored;
+use crate::responses_store::{Stored, assistant_turn};
 use crate::run::{Run, Step};
 use crate::state::{AppState, Loaded};
 use axum::response::sse::Event as SseEvent;
@@ -461,52 +461,6 @@ impl ResponseOutput {
         self.emit("response.failed", json!({"response": response}))
     }
 
-    /// The answer's assistant turn, as a chat message for the stored conversation.
-    fn assistant_turn(&self) -> OrderedJson {
-        let (mut content, mut reasoning, mut calls) = (String::new(), None::<String>, Vec::new());
-        for item in &self.items {
-            match item {
-                OutputItem::Message { content: parts, .. } => {
-                    if let Some(ContentPart::OutputText { text, .. }) = parts.first() {
-                        content.push_str(text);
-                    }
-                }
-                OutputItem::Reasoning { content: parts, .. } => {
-                    if let Some(ContentPart::ReasoningText { text }) = parts.first() {
-                        reasoning.get_or_insert_default().push_str(text);
-                    }
-                }
-                OutputItem::FunctionCall {
-                    call_id,
-                    name,
-                    arguments,
-                    ..
-                } => calls.push(OrderedJson::Object(vec![
-                    ("id".into(), OrderedJson::String(call_id.clone())),
-                    ("type".into(), OrderedJson::String("function".into())),
-                    (
-                        "function".into(),
-                        OrderedJson::Object(vec![
-                            ("name".into(), OrderedJson::String(name.clone())),
-                            ("arguments".into(), OrderedJson::String(arguments.clone())),
-                        ]),
-                    ),
-                ])),
-            }
-        }
-        let mut fields = vec![
-            ("role".to_string(), OrderedJson::String("assistant".into())),
-            ("content".to_string(), OrderedJson::String(content)),
-        ];
-        if let Some(r) = reasoning {
-            fields.push(("reasoning_content".into(), OrderedJson::String(r)));
-        }
-        if !calls.is_empty() {
-            fields.push(("tool_calls".into(), OrderedJson::Array(calls)));
-        }
-        OrderedJson::Object(fields)
-    }
-
     /// Keep the finished response (`stored`: what it continued and its input turn).
     fn store(&self, response: &Value, stored: Option<ToStore>) {
         let Some(ToStore {
@@ -517,7 +471,7 @@ impl ResponseOutput {
         else {
             return;
         };
-        turn.push(self.assistant_turn(), "previous_response_id");
+        turn.push(assistant_turn(&self.items), "previous_response_id");
         self.state.responses().insert(
             self.env.id.clone(),
             Stored {
