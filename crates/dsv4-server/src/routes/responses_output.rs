@@ -449,13 +449,14 @@ impl ResponseOutput {
         (out, response)
     }
 
-    /// The `response.failed` event of an error after the stream started.
+    /// The `response.failed` event of an error after the stream started (its `error` has
+    /// OpenAI's `code` and `message`, and the error `type` chat's error objects carry).
     fn failed(&mut self, e: &ApiError) -> Ev {
         let code = e.code.clone().unwrap_or_else(|| "server_error".into());
         let end = End {
             usage: None,
             incomplete: None,
-            error: Some(json!({"code": code, "message": e.message})),
+            error: Some(json!({"code": code, "message": e.message, "type": e.kind})),
         };
         let response = self.env.response("failed", &self.items, Some(&end));
         self.emit("response.failed", json!({"response": response}))

@@ -480,6 +480,7 @@ async fn an_answer_that_breaks_the_parser_fails_the_response() {
     assert_eq!(kind, "response.failed", "{}", streamed.body);
     assert_eq!(last["response"]["status"], "failed");
     assert_eq!(last["response"]["error"]["code"], e["code"]);
+    assert_eq!(last["response"]["error"]["type"], "model_output_error");
     assert!(
         last["response"]["error"]["message"]
             .as_str()
