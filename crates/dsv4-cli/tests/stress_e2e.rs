@@ -54,16 +54,21 @@ impl Drop for Serve {
 }
 
 fn healthy(addr: &str) -> bool {
+    get(addr, "/health").starts_with("HTTP/1.1 200")
+}
+
+/// The whole answer to `GET path` (empty when the server is not there).
+fn get(addr: &str, path: &str) -> String {
     let Ok(mut s) = TcpStream::connect(addr) else {
-        return false;
+        return String::new();
     };
     let _ = write!(
         s,
-        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     );
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    out.starts_with("HTTP/1.1 200")
+    out
 }
 
 /// The workload of both runs: small answers, every turn replayed alone, every token's
@@ -89,11 +94,12 @@ const WORKLOAD: [&str; 17] = [
 ];
 
 /// Run `dsv4 stress` against `url`; exit code, stdout, stderr and the JSON report.
-fn stress(url: &str) -> (i32, String, String, Value) {
+fn stress(url: &str, extra: &[&str]) -> (i32, String, String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
     let mut args = vec!["stress", "--url", url, "--json", report.to_str().unwrap()];
     args.extend(WORKLOAD);
+    args.extend(extra);
     let out = common::run(common::dsv4(dir.path(), &args));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -110,7 +116,7 @@ fn stress(url: &str) -> (i32, String, String, Value) {
 #[test]
 fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
     let serve = Serve::start(&[]);
-    let (code, stdout, stderr, r) = stress(&serve.url);
+    let (code, stdout, stderr, r) = stress(&serve.url, &[]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert_eq!(r["failed_sessions"], 0, "{stdout}");
     assert_eq!(
@@ -146,6 +152,39 @@ fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
         "{hash}"
     );
     assert!(stdout.contains("signatures:        none"), "{stdout}");
+
+    // The same workload through the Responses API: clean too, and every turn went there.
+    let (code, stdout, stderr, r) = stress(&serve.url, &["--api", "responses"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(r["failed_sessions"], 0, "{stdout}");
+    assert_eq!(r["completed"], 16, "{stdout}");
+    assert_eq!(r["options"]["api"], "responses");
+    let turns: Vec<&Value> = r["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["turns"].as_array().unwrap())
+        .collect();
+    assert!(
+        turns
+            .iter()
+            .any(|t| !t["tool_calls"].as_array().unwrap().is_empty())
+    );
+    let addr = serve.url.trim_start_matches("http://");
+    let metrics = get(addr, "/metrics");
+    let answered = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("dsv4:http_requests_total{endpoint=\"/v1/responses\",status=\"200\"}")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no /v1/responses count: {metrics}"));
+    let oracle = r["oracle_requests"].as_u64().unwrap() as usize;
+    assert_eq!(
+        answered,
+        16 + oracle,
+        "each turn and each replay went to /v1/responses"
+    );
 }
 
 #[test]
@@ -155,7 +194,7 @@ fn the_injected_arena_fault_fails_sessions() {
         "exec.multi_stream_overlap=true",
         "debug.inject=arena-ignores-streams",
     ]);
-    let (code, stdout, stderr, r) = stress(&serve.url);
+    let (code, stdout, stderr, r) = stress(&serve.url, &[]);
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(stderr.contains("sessions failed"), "{stderr}");
     assert!(r["failed_sessions"].as_u64().unwrap() > 0, "{stdout}");

@@ -1,10 +1,12 @@
-//! The HTTP side: one OpenAI-compatible chat request, streamed (SSE) or not, turned into an
-//! [`Answer`] with timings, or a [`RequestFailure`]; and the server's identity from
-//! `GET /v1/models`.
+//! The HTTP side: one OpenAI-compatible chat request (or, with [`Api::Responses`], a Responses
+//! API request: [`crate::responses`]), streamed (SSE) or not, turned into an [`Answer`] with
+//! timings, or a [`RequestFailure`]; and the server's identity from `GET /v1/models`.
 
 use crate::answer::{Answer, Outcome, RequestFailure, ToolCall};
 use crate::error::StressError;
+use crate::options::Api;
 use crate::report::ServerIdentity;
+use crate::responses::{ResponsesAccumulator, parse_response};
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -128,7 +130,16 @@ impl Client {
 
     /// Send one chat completion request (its `stream` field decides the mode).
     pub async fn chat(&self, body: &Value) -> Outcome {
+        self.send(Api::Chat, body).await
+    }
+
+    /// Send one request to `api` (its `stream` field decides the mode).
+    pub async fn send(&self, api: Api, body: &Value) -> Outcome {
         let stream = body["stream"].as_bool().unwrap_or(false);
+        let path = match api {
+            Api::Chat => "chat/completions",
+            Api::Responses => "responses",
+        };
         let start = Instant::now();
         let fail =
             |status: Option<u16>, error_type: Option<String>, message: String| RequestFailure {
@@ -138,7 +149,7 @@ impl Client {
                 e2el: start.elapsed().as_secs_f64(),
             };
         let resp = self
-            .auth(self.http.post(format!("{}/chat/completions", self.api)))
+            .auth(self.http.post(format!("{}/{path}", self.api)))
             .json(body)
             .send()
             .await
@@ -156,11 +167,15 @@ impl Client {
                 .map_err(|e| fail(Some(status.as_u16()), None, error_chain(&e)))?;
             let v: Value = serde_json::from_str(&text)
                 .map_err(|e| fail(None, None, format!("the answer is not JSON ({e})")))?;
-            let mut a = parse_message(&v).map_err(|m| fail(None, None, m))?;
+            let parsed = match api {
+                Api::Chat => parse_message(&v),
+                Api::Responses => parse_response(&v),
+            };
+            let mut a = parsed.map_err(|m| fail(None, None, m))?;
             a.e2el = start.elapsed().as_secs_f64();
             return Ok(a);
         }
-        let mut acc = StreamAccumulator::default();
+        let mut acc = Accumulator::new(api);
         let mut bytes = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut last_token: Option<Instant> = None;
@@ -178,8 +193,8 @@ impl Client {
                     }
                     Fed::Token => {
                         match last_token {
-                            None => acc.answer.ttft = Some((now - start).as_secs_f64()),
-                            Some(t) => acc.answer.itl.push((now - t).as_secs_f64()),
+                            None => acc.answer().ttft = Some((now - start).as_secs_f64()),
+                            Some(t) => acc.answer().itl.push((now - t).as_secs_f64()),
                         }
                         last_token = Some(now);
                     }
@@ -187,11 +202,47 @@ impl Client {
                 }
             }
         }
-        Err(fail(
-            None,
-            None,
-            "the stream ended without `data: [DONE]`".into(),
-        ))
+        let end = match api {
+            Api::Chat => "`data: [DONE]`",
+            Api::Responses => "response.completed or response.incomplete",
+        };
+        Err(fail(None, None, format!("the stream ended without {end}")))
+    }
+}
+
+/// The stream assembler of an API.
+enum Accumulator {
+    Chat(StreamAccumulator),
+    Responses(ResponsesAccumulator),
+}
+
+impl Accumulator {
+    fn new(api: Api) -> Self {
+        match api {
+            Api::Chat => Self::Chat(StreamAccumulator::default()),
+            Api::Responses => Self::Responses(ResponsesAccumulator::default()),
+        }
+    }
+
+    fn answer(&mut self) -> &mut Answer {
+        match self {
+            Self::Chat(a) => &mut a.answer,
+            Self::Responses(a) => &mut a.answer,
+        }
+    }
+
+    fn feed(&mut self, data: &str) -> Result<Fed, (Option<String>, String)> {
+        match self {
+            Self::Chat(a) => a.feed(data),
+            Self::Responses(a) => a.feed(data),
+        }
+    }
+
+    fn finish(self) -> Result<Answer, String> {
+        match self {
+            Self::Chat(a) => a.finish(),
+            Self::Responses(a) => a.finish(),
+        }
     }
 }
 

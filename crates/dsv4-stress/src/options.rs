@@ -31,6 +31,30 @@ impl std::str::FromStr for StreamMode {
     }
 }
 
+/// Which API the turns are sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST /v1/responses`: each turn sends the whole conversation as input items with
+    /// `store: false` (as agents that keep their own history do), so a turn and its solo replay
+    /// are the same request.
+    Responses,
+}
+
+impl std::str::FromStr for Api {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "chat" => Ok(Self::Chat),
+            "responses" => Ok(Self::Responses),
+            _ => Err(format!("unknown api `{s}` (allowed: chat, responses)")),
+        }
+    }
+}
+
 /// A reference every turn is compared with after the concurrent run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -119,6 +143,9 @@ pub struct StressOptions {
     /// requires them to be identical, which catches numerical corruption that flips no token.
     #[serde(default)]
     pub logprobs: bool,
+    /// The API every turn is sent to.
+    #[serde(default)]
+    pub api: Api,
 }
 
 impl Default for StressOptions {
@@ -144,6 +171,7 @@ impl Default for StressOptions {
             request_timeout: Duration::from_secs(300),
             logprobs: false,
             parallel_tool_calls: false,
+            api: Api::Chat,
         }
     }
 }

@@ -37,7 +37,7 @@ pub struct TurnRecord {
     pub stream: bool,
     /// `tool_choice` sent: `auto`, `required` or `named:TOOL`.
     pub tool_choice: String,
-    /// Messages in the request.
+    /// Messages in the request (input items with `--api responses`).
     pub messages: usize,
     /// SHA-256 of the request body (the solo replay sends the same body).
     pub request_sha256: String,

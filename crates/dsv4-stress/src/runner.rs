@@ -5,9 +5,10 @@ use crate::answer::{Answer, Outcome};
 use crate::client::Client;
 use crate::error::StressError;
 use crate::metrics::Metrics;
-use crate::options::{Oracle, StreamMode, StressOptions};
+use crate::options::{Api, Oracle, StreamMode, StressOptions};
 use crate::progress::Progress;
 use crate::report::{SessionRecord, StressReport, TurnRecord, zero_counts};
+use crate::responses::responses_body;
 use crate::signatures::{Expectation, Finding, Signature, classify_failure, detect};
 use crate::workload::{SessionPlan, ToolChoice, append_answer, plan_session, tools_json};
 use futures_util::StreamExt;
@@ -140,14 +141,18 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
     if !opts.stop.is_empty() && turn.tool_choice == ToolChoice::Auto {
         body["stop"] = json!(opts.stop);
     }
-    body
+    match opts.api {
+        Api::Chat => body,
+        Api::Responses => responses_body(&body),
+    }
 }
 
-/// Set `stream` (and `stream_options`) of a body.
-fn with_stream(body: &Value, stream: bool) -> Value {
+/// Set `stream` (and, for chat, `stream_options`) of a body.
+fn with_stream(api: Api, body: &Value, stream: bool) -> Value {
     let mut b = body.clone();
     b["stream"] = json!(stream);
     match b.as_object_mut() {
+        _ if api == Api::Responses => {}
         Some(o) if stream => {
             o.insert("stream_options".into(), json!({"include_usage": true}));
         }
@@ -219,7 +224,7 @@ async fn run_session(phase: &Phase<'_>, plan: SessionPlan) -> SessionRun {
         let body = request_body(phase, &plan, &messages, t);
         let now = phase.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         phase.max_in_flight.fetch_max(now, Ordering::Relaxed);
-        let outcome = phase.client.chat(&body).await;
+        let outcome = phase.client.send(opts.api, &body).await;
         phase.in_flight.fetch_sub(1, Ordering::Relaxed);
         let expect = Expectation {
             tools: &plan.tools,
@@ -276,7 +281,10 @@ fn turn_record(
         turn: t,
         stream,
         tool_choice: choice.label(),
-        messages: body["messages"].as_array().map_or(0, Vec::len),
+        messages: body["messages"]
+            .as_array()
+            .or(body["input"].as_array())
+            .map_or(0, Vec::len),
         request_sha256: sha256_hex(body),
         ok: o.is_ok(),
         status: None,
@@ -331,7 +339,7 @@ async fn solo_replay(
             let body = &run.bodies[t];
             let findings = &mut run.record.turns[t].findings;
             sent += 1;
-            let solo = client.chat(body).await;
+            let solo = client.send(opts.api, body).await;
             match &solo {
                 Ok(s) => {
                     if let Some(d) = answer.difference(s) {
@@ -350,7 +358,9 @@ async fn solo_replay(
                 && let Ok(s) = &solo
             {
                 sent += 1;
-                let other = client.chat(&with_stream(body, !answer.stream)).await;
+                let other = client
+                    .send(opts.api, &with_stream(opts.api, body, !answer.stream))
+                    .await;
                 let mode = |stream: bool| if stream { "streamed" } else { "not streamed" };
                 let detail = match &other {
                     Ok(o) => s.difference(o),

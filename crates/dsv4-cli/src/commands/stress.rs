@@ -4,7 +4,7 @@
 //! (bad options, server unreachable).
 
 use dsv4_stress::{
-    Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration, run_stress,
+    Api, Oracle, STOP_BEFORE_MARKUP, StreamMode, StressOptions, parse_duration, run_stress,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -109,6 +109,10 @@ pub struct WorkloadArgs {
     /// then match the solo replay exactly, which catches corruption that flips no token.
     #[arg(long)]
     pub logprobs: bool,
+    /// The API every turn is sent to: chat (/v1/chat/completions) or responses (/v1/responses,
+    /// the whole conversation as input items with store false).
+    #[arg(long, default_value = "chat")]
+    pub api: Api,
 }
 
 impl WorkloadArgs {
@@ -139,6 +143,7 @@ impl WorkloadArgs {
             request_timeout: self.request_timeout,
             parallel_tool_calls: self.parallel_tool_calls,
             logprobs: self.logprobs,
+            api: self.api,
         }
     }
 }
