@@ -214,7 +214,8 @@ impl Run {
             "the request was aborted (/abort_request) before the answer was complete".to_string()
         } else if ended == Some(FinishReason::Length) {
             format!(
-                "the answer reached max_tokens ({}) before it was complete; raise max_tokens",
+                "the answer reached its token limit ({} tokens: max_tokens, or \
+                 max_output_tokens on /v1/responses) before it was complete; raise it",
                 self.max_tokens
             )
         } else if self.constrained {
@@ -222,8 +223,8 @@ impl Run {
              them (otherwise this is a bug: please report it)"
                 .to_string()
         } else {
-            "tool_choice \"required\", a named tool or a response_format constrain the answer \
-             to the grammar"
+            "tool_choice \"required\", a named tool or a JSON output format (response_format, or \
+             text.format on /v1/responses) constrain the answer to the grammar"
                 .to_string()
         };
         ApiError::model_output(e, &hint)

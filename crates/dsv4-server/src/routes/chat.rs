@@ -197,7 +197,7 @@ fn prepare(
         loaded,
         &prompt,
         req.max_completion_tokens.or(req.max_tokens),
-        "messages",
+        ("messages", "max_tokens"),
         None,
     )?;
     let stop = stop_strings(req.stop.clone())?;
@@ -238,7 +238,9 @@ fn prepare(
 }
 
 /// Check the prompt against the context and choose `max_tokens`; `prompt_field` is the request
-/// field the prompt came from (`messages`, or `prompt` on /v1/completions), named in errors.
+/// field the prompt came from (`messages`, `prompt` on /v1/completions, `input` on
+/// /v1/responses) and `limit` the token limit's (`max_tokens`, or `max_output_tokens`), both
+/// named in errors.
 /// `only_prompt` is None on chat; on /v1/completions it says whether the request echoes or
 /// scores its prompt (`echo`, `prompt_logprobs`): then 0 runs and scores the prompt without
 /// generating anything (OpenAI's legacy API and vLLM accept it with `echo`, and scoring scripts
@@ -247,7 +249,7 @@ pub(super) fn max_tokens(
     loaded: &Loaded,
     prompt: &[u32],
     asked: Option<u64>,
-    prompt_field: &str,
+    (prompt_field, limit): (&str, &str),
     only_prompt: Option<bool>,
 ) -> Result<usize, ApiError> {
     let context = loaded.context;
@@ -274,18 +276,18 @@ pub(super) fn max_tokens(
     let room = context - prompt.len();
     match asked {
         Some(0) => Err(ApiError::bad_param(
-            "max_tokens",
+            limit,
             match only_prompt {
-                None => "max_tokens must be at least 1",
-                Some(_) => {
-                    "max_tokens must be at least 1, or 0 with echo: true or prompt_logprobs \
-                     (the prompt is scored and nothing is generated)"
-                }
+                None => format!("{limit} must be at least 1"),
+                Some(_) => format!(
+                    "{limit} must be at least 1, or 0 with echo: true or prompt_logprobs (the \
+                     prompt is scored and nothing is generated)"
+                ),
             },
         )),
         Some(n) if n > room as u64 => Err(too_long(format!(
-            "the prompt ({} tokens) plus max_tokens ({n}) exceeds the model's context of \
-             {context} tokens; lower max_tokens to at most {room} or shorten the {prompt_field}",
+            "the prompt ({} tokens) plus {limit} ({n}) exceeds the model's context of \
+             {context} tokens; lower {limit} to at most {room} or shorten the {prompt_field}",
             prompt.len()
         ))),
         Some(n) => Ok(n as usize),

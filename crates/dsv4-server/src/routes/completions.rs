@@ -173,7 +173,13 @@ fn prepare(
         let added_bos = added_bos && !cut;
         let echo = req.echo.unwrap_or(false);
         let only_prompt = echo || prompt_logprobs.is_some();
-        let max_tokens = max_tokens(loaded, &prompt, asked, &field, Some(only_prompt))?;
+        let max_tokens = max_tokens(
+            loaded,
+            &prompt,
+            asked,
+            (&field, "max_tokens"),
+            Some(only_prompt),
+        )?;
         check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
         let echo = echo.then(|| Echo::new(loaded, &prompt, added_bos));
         // The engine scores the prompt once for both views, with the larger count.

@@ -149,13 +149,13 @@ fn prepare(
     };
     let (_, prompt) =
         encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| all.encode_error(e))?;
-    let max_tokens =
-        max_tokens(loaded, &prompt, req.max_output_tokens, "input", None).map_err(|e| {
-            match e.param.as_deref() {
-                Some("max_tokens") => e.with_param("max_output_tokens"),
-                _ => e,
-            }
-        })?;
+    let max_tokens = max_tokens(
+        loaded,
+        &prompt,
+        req.max_output_tokens,
+        ("input", "max_output_tokens"),
+        None,
+    )?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;

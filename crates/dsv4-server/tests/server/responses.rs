@@ -605,6 +605,16 @@ async fn bad_requests_name_their_field() {
             assert_eq!(e["param"], param, "{extra}: {e}");
         }
     }
+    // The limit's errors name the Responses field, not chat's.
+    for limit in [0, 100_000_000] {
+        let body = responses(json!("Hi"), json!({"max_output_tokens": limit}));
+        let e = s.send("POST", "/v1/responses", &body).await.error(400);
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.contains("max_output_tokens") && !m.contains("max_tokens "),
+            "{m}"
+        );
+    }
     // A body that is not JSON, and one without a model.
     let r = request(s.addr, "POST", "/v1/responses", &[], b"{\"input\": ").await;
     assert_eq!(r.error(400)["code"], "invalid_json");
