@@ -83,6 +83,8 @@ pub struct ServerSection {
     pub health_stall_s: u64,
     /// Most `/v1/responses` answers kept in memory for `previous_response_id`; 0 stores none.
     pub responses_store: u64,
+    /// Most MiB those stored responses hold of their own.
+    pub responses_store_mib: u64,
 }
 
 impl Default for ServerSection {
@@ -96,6 +98,7 @@ impl Default for ServerSection {
             max_request_bytes: 16 * 1024 * 1024,
             health_stall_s: 60,
             responses_store: 256,
+            responses_store_mib: 256,
         }
     }
 }

@@ -53,6 +53,8 @@ pub struct ServerConfig {
     /// Most responses of `/v1/responses` kept for `previous_response_id` and `GET
     /// /v1/responses/{id}` (`server.responses_store`; 0 stores none).
     pub responses_store: usize,
+    /// Most bytes those stored responses hold of their own (`server.responses_store_mib`).
+    pub responses_store_bytes: usize,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -74,6 +76,7 @@ impl Default for ServerConfig {
             max_request_bytes: 16 * 1024 * 1024,
             health_stall: Duration::from_secs(60),
             responses_store: 256,
+            responses_store_bytes: 256 << 20,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

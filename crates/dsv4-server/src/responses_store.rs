@@ -1,8 +1,10 @@
 //! Stored responses of `/v1/responses` (`store`, the default): what `previous_response_id`
 //! continues and `GET`/`DELETE /v1/responses/{id}` read. In memory, at most
-//! `server.responses_store` responses; the oldest goes first. A stored response holds its own
-//! turn (the request's input and the answer) and shares its predecessor's, so a long chain
-//! costs its text once; a response still reachable from a newer one stays alive with it.
+//! `server.responses_store` responses and `server.responses_store_mib` of their own JSON and
+//! text; the oldest goes first. A stored response holds its own turn (the request's input and
+//! the answer) and shares its predecessor's, so a long chain costs its text once; a response
+//! still reachable from a newer one stays alive with it (a chain's text is bounded by the
+//! context it had to fit).
 
 use crate::api::responses::{ContentPart, OutputItem};
 use crate::api::responses_input::ChatMessages;
@@ -25,6 +27,19 @@ pub struct Stored {
 }
 
 impl Stored {
+    /// About how many bytes it holds of its own: the response's JSON, its turn's messages and
+    /// its input items (predecessors not counted).
+    pub fn own_bytes(&self) -> usize {
+        let turn: usize = self
+            .turn
+            .messages
+            .iter()
+            .map(|m| m.to_python_json().len())
+            .sum();
+        let items: usize = self.input_items.iter().map(|i| i.to_string().len()).sum();
+        self.response.to_string().len() + turn + items
+    }
+
     /// The whole conversation up to and including this response, oldest turn first.
     pub fn conversation(&self) -> ChatMessages {
         let mut chain = vec![self];
@@ -45,21 +60,27 @@ impl Stored {
 #[derive(Debug)]
 pub struct ResponseStore {
     capacity: usize,
+    max_bytes: usize,
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_id: HashMap<String, Arc<Stored>>,
+    /// Each response with its [`Stored::own_bytes`].
+    by_id: HashMap<String, (Arc<Stored>, usize)>,
     /// Ids, oldest first (may name deleted ones, skipped on eviction).
     order: VecDeque<String>,
+    /// The sum of the stored responses' own bytes.
+    bytes: usize,
 }
 
 impl ResponseStore {
-    /// A store of at most `capacity` responses (0: nothing is stored).
-    pub fn new(capacity: usize) -> Self {
+    /// A store of at most `capacity` responses (0: nothing is stored) holding at most
+    /// `max_bytes` of their own.
+    pub fn new(capacity: usize, max_bytes: usize) -> Self {
         Self {
             capacity,
+            max_bytes,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -78,35 +99,55 @@ impl ResponseStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keep `stored` as `id`, dropping the oldest past the capacity.
-    pub fn insert(&self, id: String, stored: Stored) {
-        if !self.enabled() {
-            return;
+    /// Keep `stored` as `id`, dropping the oldest past the capacity or the byte budget. A
+    /// response bigger than the whole budget is not kept; returns whether it was.
+    pub fn insert(&self, id: String, stored: Stored) -> bool {
+        let size = stored.own_bytes();
+        if !self.enabled() || size > self.max_bytes {
+            return false;
         }
         let mut inner = self.lock();
         inner.order.push_back(id.clone());
-        inner.by_id.insert(id, Arc::new(stored));
-        while inner.by_id.len() > self.capacity {
+        inner.bytes += size;
+        if let Some((_, replaced)) = inner.by_id.insert(id, (Arc::new(stored), size)) {
+            inner.bytes -= replaced;
+        }
+        while inner.by_id.len() > self.capacity || inner.bytes > self.max_bytes {
             let Some(old) = inner.order.pop_front() else {
                 break;
             };
-            inner.by_id.remove(&old);
+            if let Some((_, freed)) = inner.by_id.remove(&old) {
+                inner.bytes -= freed;
+            }
         }
         // Deleted ids left in `order` are dropped once they outnumber the live ones.
         if inner.order.len() > 2 * self.capacity {
-            let Inner { by_id, order } = &mut *inner;
+            let Inner { by_id, order, .. } = &mut *inner;
             order.retain(|id| by_id.contains_key(id));
         }
+        true
     }
 
     /// The response `id`, if it is stored.
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        self.lock().by_id.get(id).cloned()
+        self.lock().by_id.get(id).map(|(s, _)| Arc::clone(s))
     }
 
     /// Forget `id`; whether it was stored.
     pub fn remove(&self, id: &str) -> bool {
-        self.lock().by_id.remove(id).is_some()
+        let mut inner = self.lock();
+        match inner.by_id.remove(id) {
+            Some((_, freed)) => {
+                inner.bytes -= freed;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The stored responses' own bytes.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// How many responses are stored.
@@ -179,7 +220,7 @@ mod tests {
 
     #[test]
     fn keeps_the_newest_and_chains_conversations() {
-        let store = ResponseStore::new(2);
+        let store = ResponseStore::new(2, usize::MAX);
         store.insert(
             "a".into(),
             Stored {
@@ -239,7 +280,7 @@ mod tests {
 
     #[test]
     fn capacity_zero_stores_nothing() {
-        let store = ResponseStore::new(0);
+        let store = ResponseStore::new(0, usize::MAX);
         store.insert(
             "a".into(),
             Stored {
@@ -296,5 +337,28 @@ mod tests {
             plain,
             serde_json::json!({"role": "assistant", "content": "hi"})
         );
+    }
+
+    #[test]
+    fn the_byte_budget_drops_the_oldest_and_refuses_a_giant() {
+        let stored = |text: &str| Stored {
+            response: Value::String(text.into()),
+            previous: None,
+            turn: turn(text),
+            input_items: Vec::new(),
+        };
+        let one = stored(&"a".repeat(100)).own_bytes();
+        assert!(one > 200, "the response and the turn both count: {one}");
+        let store = ResponseStore::new(100, 2 * one + 10);
+        assert!(store.insert("a".into(), stored(&"a".repeat(100))));
+        assert!(store.insert("b".into(), stored(&"b".repeat(100))));
+        assert_eq!(store.bytes(), 2 * one);
+        assert!(store.insert("c".into(), stored(&"c".repeat(100))));
+        assert!(store.get("a").is_none(), "over the budget, the oldest goes");
+        assert_eq!(store.bytes(), 2 * one);
+        assert!(!store.insert("big".into(), stored(&"x".repeat(1000))));
+        assert!(store.get("big").is_none() && store.get("b").is_some());
+        assert!(store.remove("b"));
+        assert_eq!(store.bytes(), one);
     }
 }

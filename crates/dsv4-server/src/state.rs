@@ -125,7 +125,7 @@ pub enum Health {
 impl AppState {
     /// A state with no model yet (`/health` answers 503 "loading").
     pub fn new(cfg: ServerConfig) -> Self {
-        let cfg_responses = cfg.responses_store;
+        let cfg_responses = (cfg.responses_store, cfg.responses_store_bytes);
         Self(Arc::new(Shared {
             cfg,
             stats: Stats::default(),
@@ -138,7 +138,7 @@ impl AppState {
                 at: Instant::now(),
             }),
             aborts: Arc::default(),
-            responses: ResponseStore::new(cfg_responses),
+            responses: ResponseStore::new(cfg_responses.0, cfg_responses.1),
         }))
     }
 

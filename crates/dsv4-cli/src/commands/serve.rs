@@ -84,6 +84,8 @@ fn server_config(
         health_stall: Duration::from_secs(s.health_stall_s),
         responses_store: usize::try_from(s.responses_store)
             .context("server.responses_store is too large for this machine")?,
+        responses_store_bytes: usize::try_from(s.responses_store_mib << 20)
+            .context("server.responses_store_mib is too large for this machine")?,
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

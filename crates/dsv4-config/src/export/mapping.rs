@@ -452,6 +452,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Always,
         Same("SGLang has no setting for how many stored /v1/responses answers it keeps"),
     ),
+    row(
+        "server.responses_store_mib",
+        Always,
+        Same("SGLang has no setting for how much memory stored /v1/responses answers take"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

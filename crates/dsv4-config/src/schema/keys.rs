@@ -300,6 +300,13 @@ pub const KEYS: &[KeySpec] = &[
         "most /v1/responses answers kept in memory for previous_response_id and GET \
          /v1/responses/{id} (the oldest goes first); 0 stores none",
     ),
+    key(
+        "server.responses_store_mib",
+        ValueKind::Range(1, 1_048_576),
+        "256",
+        "most MiB the stored /v1/responses answers hold of their own JSON and text (the oldest \
+         goes first past it; an answer bigger than all of it is not kept)",
+    ),
     // [debug]
     key(
         "debug.canary",

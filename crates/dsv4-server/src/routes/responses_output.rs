@@ -404,8 +404,9 @@ impl ResponseOutput {
         out
     }
 
-    /// The last events once the run finished, and the final response object.
-    fn finish(&mut self, f: &Finished) -> (Vec<Ev>, Value) {
+    /// The last events once the run finished, and the final response object, stored first
+    /// when `stored` says so (so its `store` is false when it could not be kept).
+    fn finish(&mut self, f: &Finished, stored: Option<ToStore>) -> (Vec<Ev>, Value) {
         let (status, incomplete) = match f.reason {
             FinishReason::Length => ("incomplete", Some("max_output_tokens")),
             FinishReason::Cancelled => ("cancelled", None),
@@ -438,7 +439,8 @@ impl ResponseOutput {
             incomplete,
             error: None,
         };
-        let response = self.env.response(status, &self.items, Some(&end));
+        let mut response = self.env.response(status, &self.items, Some(&end));
+        self.store(&mut response, stored);
         // An aborted response ends as one that did not complete (the stream events have no
         // `response.cancelled`); its status says `cancelled`.
         let kind = match status {
@@ -462,8 +464,9 @@ impl ResponseOutput {
         self.emit("response.failed", json!({"response": response}))
     }
 
-    /// Keep the finished response (`stored`: what it continued and its input turn).
-    fn store(&self, response: &Value, stored: Option<ToStore>) {
+    /// Keep the finished response (`stored`: what it continued and its input turn); one bigger
+    /// than the store's byte budget is not kept and says `"store": false`.
+    fn store(&self, response: &mut Value, stored: Option<ToStore>) {
         let Some(ToStore {
             previous,
             mut turn,
@@ -473,15 +476,19 @@ impl ResponseOutput {
             return;
         };
         turn.push(assistant_turn(&self.items), "previous_response_id");
-        self.state.responses().insert(
-            self.env.id.clone(),
-            Stored {
-                response: response.clone(),
-                previous,
-                turn,
-                input_items,
-            },
-        );
+        let stored = Stored {
+            response: response.clone(),
+            previous,
+            turn,
+            input_items,
+        };
+        if !self.state.responses().insert(self.env.id.clone(), stored) {
+            tracing::warn!(
+                id = %self.env.id,
+                "the response is larger than server.responses_store_mib; it is not stored"
+            );
+            response["store"] = json!(false);
+        }
     }
 
     /// Run to the end and answer the response object (an error fails the request).
@@ -495,8 +502,7 @@ impl ResponseOutput {
             let finished = step.finished.take();
             self.step(step);
             if let Some(f) = finished {
-                let (_, response) = self.finish(&f);
-                self.store(&response, stored);
+                let (_, response) = self.finish(&f, stored);
                 return Ok(response);
             }
         }
@@ -544,9 +550,8 @@ impl EventSource for ResponseStream {
                 let finished = step.finished.take();
                 let mut events = self.output.step(step);
                 if let Some(f) = finished {
-                    let (end, response) = self.output.finish(&f);
+                    let (end, _) = self.output.finish(&f, self.stored.take());
                     events.extend(end);
-                    self.output.store(&response, self.stored.take());
                     self.done = true;
                 }
                 sse(events)

@@ -171,7 +171,7 @@ async fn a_tool_result_continues_a_stored_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_keeps_the_newest_and_can_be_off() {
+async fn the_store_keeps_the_newest_within_its_budget_and_can_be_off() {
     let s = start(dsv4_server::ServerConfig {
         responses_store: 1,
         ..config()
@@ -207,6 +207,28 @@ async fn the_store_keeps_the_newest_and_can_be_off() {
             .contains("server.responses_store = 0"),
         "{e}"
     );
+    s.shutdown().await.unwrap();
+
+    // A response bigger than the whole byte budget is answered but not kept, and says so,
+    // streamed or not; the store stays within its budget.
+    let s = start(dsv4_server::ServerConfig {
+        responses_store_bytes: 1000,
+        ..config()
+    })
+    .await;
+    let big = create(&s, &body).await;
+    assert_eq!(big["store"], false, "{big}");
+    s.get(&path(&big)).await.error(404);
+    let streamed = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &with(body.clone(), json!({"stream": true})),
+        )
+        .await;
+    let last = streamed.events().pop().unwrap();
+    assert_eq!(last["response"]["store"], false, "{last}");
+    assert!(s.state.responses().is_empty());
     s.shutdown().await.unwrap();
 }
 
