@@ -94,6 +94,14 @@ impl AbortRegistry {
         count
     }
 
+    /// Runs aborted that have not ended yet.
+    pub fn aborting(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|e| e.aborted.load(Ordering::SeqCst))
+            .count()
+    }
+
     /// Runs registered now.
     pub fn len(&self) -> usize {
         self.lock().len()

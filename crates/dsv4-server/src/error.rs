@@ -75,6 +75,11 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
+    /// 429: the server holds as much of this kind of work as it keeps; retry later.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+    }
+
     /// 503: the server cannot take requests now (loading, draining, engine stopped).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(

@@ -4,10 +4,12 @@
 //! text; the oldest goes first. A stored response holds its own turn (the request's input and
 //! the answer) and shares its predecessor's, so a long chain costs its text once; a response
 //! still reachable from a newer one stays alive with it (a chain's text is bounded by the
-//! context it had to fit).
+//! context it had to fit). Background responses still running are kept apart
+//! ([`ResponseStore::start_background`]) until they finish and are stored.
 
 use crate::api::responses::{ContentPart, OutputItem};
 use crate::api::responses_input::ChatMessages;
+use crate::responses_background::Background;
 use dsv4_chat::pyjson::OrderedJson;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -23,12 +25,14 @@ pub struct Stored {
     /// Its own turn: the request's input as chat messages, then the answer's assistant turn.
     pub turn: ChatMessages,
     /// The request's input items as given (a string as one user message), each with an `id`.
-    pub input_items: Vec<Value>,
+    pub input_items: Arc<Vec<Value>>,
+    /// A background response created with `stream`: its events, to replay.
+    pub events: Option<Arc<Background>>,
 }
 
 impl Stored {
-    /// About how many bytes it holds of its own: the response's JSON, its turn's messages and
-    /// its input items (predecessors not counted).
+    /// About how many bytes it holds of its own: the response's JSON, its turn's messages, its
+    /// input items and its kept events (predecessors not counted).
     pub fn own_bytes(&self) -> usize {
         let turn: usize = self
             .turn
@@ -37,7 +41,13 @@ impl Stored {
             .map(|m| m.to_python_json().len())
             .sum();
         let items: usize = self.input_items.iter().map(|i| i.to_string().len()).sum();
-        self.response.to_string().len() + turn + items
+        let response = self.response.to_string().len();
+        // The last event, recorded just after the response is stored, repeats the response.
+        let events = self
+            .events
+            .as_ref()
+            .map_or(0, |bg| bg.event_bytes() + response);
+        response + turn + items + events
     }
 
     /// The whole conversation up to and including this response, oldest turn first.
@@ -72,6 +82,17 @@ struct Inner {
     order: VecDeque<String>,
     /// The sum of the stored responses' own bytes.
     bytes: usize,
+    /// Background responses still running, by id.
+    running: HashMap<String, Arc<Background>>,
+}
+
+/// A response found by id: still running in the background, or stored.
+#[derive(Debug, Clone)]
+pub enum Found {
+    /// A background response not finished yet.
+    Running(Arc<Background>),
+    /// A finished, stored response.
+    Stored(Arc<Stored>),
 }
 
 impl ResponseStore {
@@ -143,6 +164,39 @@ impl ResponseStore {
             }
             None => false,
         }
+    }
+
+    /// Hold the background response `id` until it finishes (`end_background`). At most
+    /// `capacity` run at once, since each will be stored: past that, `Err` with how many run.
+    pub fn start_background(&self, id: String, bg: Arc<Background>) -> Result<(), usize> {
+        let mut inner = self.lock();
+        if inner.running.len() >= self.capacity {
+            return Err(inner.running.len());
+        }
+        inner.running.insert(id, bg);
+        Ok(())
+    }
+
+    /// The background response `id` finished (and was stored, if it could be).
+    pub fn end_background(&self, id: &str) {
+        self.lock().running.remove(id);
+    }
+
+    /// How many background responses run now.
+    pub fn running(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    /// The response `id`: a background one still running, or a stored one.
+    pub fn find(&self, id: &str) -> Option<Found> {
+        let inner = self.lock();
+        if let Some(bg) = inner.running.get(id) {
+            return Some(Found::Running(Arc::clone(bg)));
+        }
+        inner
+            .by_id
+            .get(id)
+            .map(|(s, _)| Found::Stored(Arc::clone(s)))
     }
 
     /// The stored responses' own bytes.
@@ -227,7 +281,8 @@ mod tests {
                 response: Value::Null,
                 previous: None,
                 turn: turn("1"),
-                input_items: Vec::new(),
+                input_items: Arc::default(),
+                events: None,
             },
         );
         let a = store.get("a").unwrap();
@@ -237,7 +292,8 @@ mod tests {
                 response: Value::Null,
                 previous: Some(a),
                 turn: turn("2"),
-                input_items: Vec::new(),
+                input_items: Arc::default(),
+                events: None,
             },
         );
         let b = store.get("b").unwrap();
@@ -247,7 +303,8 @@ mod tests {
                 response: Value::Null,
                 previous: Some(b),
                 turn: turn("3"),
-                input_items: Vec::new(),
+                input_items: Arc::default(),
+                events: None,
             },
         );
         assert!(store.get("a").is_none(), "the oldest is dropped");
@@ -269,7 +326,8 @@ mod tests {
                     response: Value::Null,
                     previous: None,
                     turn: turn("x"),
-                    input_items: Vec::new(),
+                    input_items: Arc::default(),
+                    events: None,
                 },
             );
         }
@@ -287,7 +345,8 @@ mod tests {
                 response: Value::Null,
                 previous: None,
                 turn: turn("1"),
-                input_items: Vec::new(),
+                input_items: Arc::default(),
+                events: None,
             },
         );
         assert!(store.is_empty() && !store.enabled());
@@ -345,7 +404,8 @@ mod tests {
             response: Value::String(text.into()),
             previous: None,
             turn: turn(text),
-            input_items: Vec::new(),
+            input_items: Arc::default(),
+            events: None,
         };
         let one = stored(&"a".repeat(100)).own_bytes();
         assert!(one > 200, "the response and the turn both count: {one}");
@@ -360,5 +420,61 @@ mod tests {
         assert!(store.get("big").is_none() && store.get("b").is_some());
         assert!(store.remove("b"));
         assert_eq!(store.bytes(), one);
+    }
+
+    #[test]
+    fn background_responses_run_apart_within_the_capacity() {
+        let store = ResponseStore::new(1, usize::MAX);
+        let bg = |events| {
+            Arc::new(Background::new(
+                serde_json::json!({"status": "queued"}),
+                events,
+                Arc::default(),
+            ))
+        };
+        let running = bg(true);
+        store
+            .start_background("a".into(), Arc::clone(&running))
+            .unwrap();
+        assert_eq!(store.start_background("b".into(), bg(false)), Err(1));
+        assert!(matches!(store.find("a"), Some(Found::Running(_))));
+        assert!(store.get("a").is_none(), "not stored while it runs");
+
+        running.record(
+            "response.created",
+            &serde_json::json!({"sequence_number": 0}),
+        );
+        let stored = Stored {
+            response: Value::String("done".into()),
+            previous: None,
+            turn: turn("1"),
+            input_items: Arc::default(),
+            events: Some(Arc::clone(&running)),
+        };
+        let plain = Stored {
+            events: None,
+            ..stored_copy(&stored)
+        };
+        assert_eq!(
+            stored.own_bytes(),
+            plain.own_bytes() + running.event_bytes() + "\"done\"".len(),
+            "kept events count, and the last event repeats the response"
+        );
+        assert!(store.insert("a".into(), stored));
+        store.end_background("a");
+        assert!(matches!(store.find("a"), Some(Found::Stored(_))));
+        assert_eq!(store.running(), 0);
+        store.start_background("b".into(), bg(false)).unwrap();
+        assert!(store.find("zzz").is_none());
+    }
+
+    fn stored_copy(s: &Stored) -> Stored {
+        Stored {
+            response: s.response.clone(),
+            previous: s.previous.clone(),
+            turn: s.turn.clone(),
+            input_items: Arc::clone(&s.input_items),
+            events: s.events.clone(),
+        }
     }
 }

@@ -298,7 +298,8 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Range(0, 1_000_000),
         "256",
         "most /v1/responses answers kept in memory for previous_response_id and GET \
-         /v1/responses/{id} (the oldest goes first); 0 stores none",
+         /v1/responses/{id} (the oldest goes first), and most background responses running at \
+         once; 0 stores none",
     ),
     key(
         "server.responses_store_mib",

@@ -77,7 +77,8 @@ pub struct ResponsesRequest {
     pub metadata: Option<serde_json::Map<String, Value>>,
     /// "disabled" (the default; "auto" is refused: nothing is dropped from the input).
     pub truncation: Option<String>,
-    /// Must not be true (no background responses).
+    /// Answer at once (`queued`) and run on without the connection; poll, stream or cancel
+    /// it by id (needs `store`).
     pub background: Option<bool>,
     /// Accepted and ignored (an end-user id).
     pub user: Option<String>,
@@ -185,13 +186,6 @@ impl ResponsesRequest {
                     ),
                 ));
             }
-        }
-        if self.background == Some(true) {
-            return Err(ApiError::bad_param(
-                "background",
-                "background responses are not supported; leave `background` out and keep the \
-                 connection (or stream)",
-            ));
         }
         match self.truncation.as_deref() {
             None | Some("disabled") => {}

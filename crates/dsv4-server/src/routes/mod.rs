@@ -11,6 +11,8 @@ pub mod completions;
 pub mod generate;
 pub mod info;
 pub mod responses;
+pub mod responses_background;
+pub mod responses_envelope;
 pub mod responses_output;
 pub mod tokenize;
 
@@ -45,6 +47,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}/input_items",
             get(responses::list_input_items),
         )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(responses_background::cancel),
+        )
         .route("/generate", post(generate::generate))
         .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
@@ -75,6 +81,9 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/responses" => "/v1/responses",
         p if p.starts_with("/v1/responses/") && p.ends_with("/input_items") => {
             "/v1/responses/{id}/input_items"
+        }
+        p if p.starts_with("/v1/responses/") && p.ends_with("/cancel") => {
+            "/v1/responses/{id}/cancel"
         }
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         "/generate" => "/generate",
@@ -133,7 +142,8 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
          POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET \
-         /v1/responses/{{id}}/input_items, GET /v1/models, POST /generate, POST /abort_request, \
+         /v1/responses/{{id}}/input_items, POST /v1/responses/{{id}}/cancel, GET /v1/models, \
+         POST /generate, POST /abort_request, \
          POST /tokenize, POST /detokenize, \
          POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \
          /metrics",

@@ -2,18 +2,22 @@
 //! input items (plus, with `previous_response_id`, a stored response's whole conversation) and
 //! answers a `response` object, or streams its typed events ([`super::responses_output`]);
 //! `GET` and `DELETE /v1/responses/{id}` read and forget stored responses. The prompt, the
-//! DSML parsing of the answer, tools and JSON formats are chat's.
+//! DSML parsing of the answer, tools and JSON formats are chat's. Background responses:
+//! [`super::responses_background`].
 
 use super::chat::{DecoderSpec, constraint, max_tokens};
-use super::responses_output::{Envelope, ResponseOutput, ToStore};
-use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
+use super::responses_envelope::Envelope;
+use super::responses_output::{ResponseOutput, ToStore};
+use super::{
+    body_bytes, check_model, json_response, loaded_model, responses_background, sse_response,
+};
 use crate::api::chat::ToolChoice;
 use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
 use crate::api::responses_input::{ChatMessages, chat_tools, input_items};
 use crate::api::sampling::check_fit;
 use crate::error::ApiError;
-use crate::responses_store::Stored;
+use crate::responses_store::{Found, Stored};
 use crate::run::Run;
 use crate::state::{AppState, Loaded};
 use axum::body::Bytes;
@@ -37,6 +41,10 @@ pub async fn create(
     let req: ResponsesRequest = crate::api::common::parse_body(&body)?;
     check_model(&state, &req.model)?;
     req.check_supported()?;
+    let background = req.background.unwrap_or(false);
+    if background {
+        check_background(&state, &req)?;
+    }
     let text = std::str::from_utf8(&body)
         .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
     let raw = OrderedJson::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -54,7 +62,13 @@ pub async fn create(
     let envelope = Envelope::new(&req, id.clone(), unix_now(), store, &raw);
     let logprobs = request.logprobs.is_some();
     let thinking = decoder.thinking;
-    let run = Run::start(&state, &loaded, request, (id.clone(), id), decoder.build())?;
+    let run = Run::start(
+        &state,
+        &loaded,
+        request,
+        (id.clone(), id.clone()),
+        decoder.build(),
+    )?;
     let think_end = loaded.tokenizer.token_id(markers::THINK_END);
     let output = ResponseOutput::new(
         state.clone(),
@@ -66,7 +80,7 @@ pub async fn create(
     let stored = store.then(|| ToStore {
         previous,
         turn,
-        input_items: raw.get("input").map_or_else(Vec::new, |input| {
+        input_items: Arc::new(raw.get("input").map_or_else(Vec::new, |input| {
             input_items(input, |kind| {
                 let prefix = match kind {
                     "function_call" => "fc",
@@ -76,8 +90,12 @@ pub async fn create(
                 };
                 format!("{prefix}_{}", random_hex(state.next_serial()))
             })
-        }),
+        })),
     });
+    if background && let Some(stored) = stored {
+        let stream = req.stream.unwrap_or(false);
+        return responses_background::start(&state, id, output, run, stored, stream);
+    }
     if req.stream.unwrap_or(false) {
         Ok(sse_response(output.stream(run, stored)))
     } else {
@@ -86,9 +104,49 @@ pub async fn create(
     }
 }
 
-/// The stored response `id` that `previous_response_id` names, or 404.
+/// 400 unless a background response can be kept: it is stored (polling reads it), so
+/// `store` must not be false and the server must store responses.
+fn check_background(state: &AppState, req: &ResponsesRequest) -> Result<(), ApiError> {
+    if req.store == Some(false) {
+        return Err(ApiError::bad_param(
+            "background",
+            "a background response is stored (GET /v1/responses/{id} polls it); drop \
+             \"store\": false or \"background\": true",
+        ));
+    }
+    if !state.responses().enabled() {
+        return Err(ApiError::bad_param(
+            "background",
+            "this server stores no responses (server.responses_store = 0), so it cannot run \
+             background ones; leave `background` out",
+        ));
+    }
+    Ok(())
+}
+
+/// The stored response `id` that `previous_response_id` names: 404 if there is none, 400 if
+/// it is still running in the background or failed.
 fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
-    state.responses().get(id).ok_or_else(|| {
+    if let Some(s) = state.responses().get(id) {
+        if s.response["status"] == "failed" {
+            return Err(ApiError::bad_param(
+                "previous_response_id",
+                format!("response {id} failed; continue from an earlier one instead"),
+            ));
+        }
+        return Ok(s);
+    }
+    if let Some(Found::Running(_)) = state.responses().find(id) {
+        return Err(ApiError::bad_param(
+            "previous_response_id",
+            format!(
+                "response {id} is still running in the background; wait until GET \
+                 /v1/responses/{id} shows it finished"
+            ),
+        )
+        .with_code("previous_response_in_progress"));
+    }
+    Err({
         let why = if state.responses().enabled() {
             format!(
                 "no stored response has id '{id}' (responses are kept in memory, the newest {} \
@@ -192,7 +250,7 @@ fn prepare(
 }
 
 /// 404 naming a response that is not stored.
-fn not_stored(id: &str) -> ApiError {
+pub(super) fn not_stored(id: &str) -> ApiError {
     ApiError::not_found(format!(
         "no stored response has id '{id}' (it was made with \"store\": false, was dropped for \
          newer ones, or the server restarted)"
@@ -200,21 +258,85 @@ fn not_stored(id: &str) -> ApiError {
     .with_code("not_found")
 }
 
-/// `GET /v1/responses/{id}`: a stored response as it was answered.
+/// The `key=value` pairs of a query string.
+fn query_pairs(uri: &Uri) -> impl Iterator<Item = (&str, &str)> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// Whether `key` names `include` (extra outputs of hosted tools: there are none to add).
+fn is_include(key: &str) -> bool {
+    matches!(key, "include" | "include[]" | "include%5B%5D")
+}
+
+/// `GET /v1/responses/{id}`: a stored response as it was answered, a background one as it is
+/// now; with `stream=true`, a background streamed response's events after `starting_after`
+/// (all without it), then live until it ends.
 pub async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    uri: Uri,
 ) -> Result<Response, ApiError> {
-    let stored = state.responses().get(&id).ok_or_else(|| not_stored(&id))?;
-    Ok(json_response(&stored.response))
+    let (mut stream, mut starting_after) = (false, None);
+    for (key, value) in query_pairs(&uri) {
+        match key {
+            "stream" => {
+                stream = value.parse().map_err(|_| {
+                    ApiError::bad_param(
+                        "stream",
+                        format!("stream must be true or false, not {value:?}"),
+                    )
+                })?;
+            }
+            "starting_after" => {
+                starting_after = Some(value.parse::<usize>().map_err(|_| {
+                    ApiError::bad_param(
+                        "starting_after",
+                        format!("starting_after must be an event's sequence number, not {value:?}"),
+                    )
+                })?);
+            }
+            "include_obfuscation" => {}
+            k if is_include(k) => {}
+            other => {
+                return Err(ApiError::bad_param(
+                    other,
+                    format!("unknown query parameter {other:?}; use stream and starting_after"),
+                ));
+            }
+        }
+    }
+    if starting_after.is_some() && !stream {
+        return Err(ApiError::bad_param(
+            "starting_after",
+            "starting_after resumes a stream: send it with stream=true",
+        ));
+    }
+    let found = state.responses().find(&id).ok_or_else(|| not_stored(&id))?;
+    if stream {
+        return responses_background::follow(&id, found, starting_after);
+    }
+    Ok(json_response(&match found {
+        Found::Running(bg) => bg.response(),
+        Found::Stored(s) => s.response.clone(),
+    }))
 }
 
 /// `DELETE /v1/responses/{id}`: forget a stored response (responses that continue it keep
-/// their conversation).
+/// their conversation); a background one still running must be cancelled first.
 pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    if let Some(Found::Running(_)) = state.responses().find(&id) {
+        return Err(ApiError::bad_request(format!(
+            "response {id} is still running in the background; cancel it first (POST \
+             /v1/responses/{id}/cancel)"
+        )));
+    }
     if !state.responses().remove(&id) {
         return Err(not_stored(&id));
     }
@@ -232,13 +354,7 @@ pub async fn list_input_items(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let (mut limit, mut asc, mut after) = (20usize, false, None);
-    for pair in uri
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (key, value) in query_pairs(&uri) {
         match key {
             "limit" => {
                 limit = value
@@ -265,8 +381,7 @@ pub async fn list_input_items(
                 };
             }
             "after" => after = Some(value.to_string()),
-            // Extra outputs of hosted tools: there are none to add.
-            "include" | "include[]" | "include%5B%5D" => {}
+            k if is_include(k) => {}
             other => {
                 return Err(ApiError::bad_param(
                     other,
@@ -275,8 +390,11 @@ pub async fn list_input_items(
             }
         }
     }
-    let stored = state.responses().get(&id).ok_or_else(|| not_stored(&id))?;
-    let mut items: Vec<&serde_json::Value> = stored.input_items.iter().collect();
+    let all = match state.responses().find(&id).ok_or_else(|| not_stored(&id))? {
+        Found::Running(bg) => Arc::clone(bg.input_items()),
+        Found::Stored(s) => Arc::clone(&s.input_items),
+    };
+    let mut items: Vec<&serde_json::Value> = all.iter().collect();
     if !asc {
         items.reverse();
     }

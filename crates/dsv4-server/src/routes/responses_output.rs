@@ -4,109 +4,26 @@
 //! `output_item.added`, its content part, text or argument deltas and `*.done` events, then
 //! `response.completed` (or `incomplete` at the token limit, `cancelled` when aborted,
 //! `failed` on an error). A non-streamed request runs the same machine and answers the final
-//! response object. A finished response is stored (`store`) with its conversation.
+//! response object. A finished response is stored (`store`) with its conversation. A
+//! background response runs the same machine in its own task
+//! ([`super::responses_background`]), recording its events as they are made.
 
 use super::EventSource;
-use crate::api::common::{random_hex, unix_now};
-use crate::api::logprobs::{ChatLogprobs, ChatTokenLogprob, TokenNames, f32_as_f64};
-use crate::api::responses::{ContentPart, OutputItem, ResponseUsage, ResponsesRequest};
+use super::responses_envelope::{End, Envelope};
+use crate::api::common::random_hex;
+use crate::api::logprobs::{ChatLogprobs, ChatTokenLogprob, TokenNames};
+use crate::api::responses::{ContentPart, OutputItem, ResponseUsage};
 use crate::api::responses_input::ChatMessages;
 use crate::error::ApiError;
 use crate::output::Delta;
+use crate::responses_background::Background;
 use crate::responses_store::{Stored, assistant_turn};
 use crate::run::{Run, Step};
 use crate::state::{AppState, Loaded};
 use axum::response::sse::Event as SseEvent;
-use dsv4_chat::pyjson::OrderedJson;
 use dsv4_engine::{FinishReason, Finished};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// What every response object of a request repeats: its id, its time, and the request's
-/// settings as OpenAI echoes them.
-pub(super) struct Envelope {
-    id: String,
-    fields: Map<String, Value>,
-}
-
-impl Envelope {
-    /// The envelope of response `id` to `req` (`raw`: its body, for the tools as given).
-    pub(super) fn new(
-        req: &ResponsesRequest,
-        id: String,
-        created_at: u64,
-        store: bool,
-        raw: &OrderedJson,
-    ) -> Self {
-        let tools = raw
-            .get("tools")
-            .filter(|t| **t != OrderedJson::Null)
-            .map_or_else(|| json!([]), OrderedJson::to_value);
-        let text = json!({
-            "format": req.text.as_ref().and_then(|t| t.format.clone())
-                .map_or_else(|| json!({"type": "text"}), |f| json!(f)),
-            "verbosity": "medium",
-        });
-        let reasoning = req.reasoning.as_ref().map_or_else(
-            || json!({"effort": null, "summary": null}),
-            |r| json!({"effort": r.effort, "summary": r.summary.clone().or(r.generate_summary.clone())}),
-        );
-        let fields = json!({
-            "id": id,
-            "object": "response",
-            "created_at": created_at,
-            "model": req.model,
-            "instructions": req.instructions,
-            "previous_response_id": req.previous_response_id,
-            "max_output_tokens": req.max_output_tokens,
-            "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
-            "temperature": f32_as_f64(req.temperature.unwrap_or(1.0)),
-            "top_p": f32_as_f64(req.top_p.unwrap_or(1.0)),
-            "top_logprobs": req.top_logprobs.unwrap_or(0),
-            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-            "tools": tools,
-            "text": text,
-            "reasoning": reasoning,
-            "store": store,
-            "background": false,
-            "truncation": "disabled",
-            "metadata": req.metadata.clone().unwrap_or_default(),
-            "user": req.user,
-        });
-        let Value::Object(fields) = fields else {
-            unreachable!("json! of an object literal is an object")
-        };
-        Self { id, fields }
-    }
-
-    /// The response object in `status` with `output` and the rest.
-    fn response(&self, status: &str, output: &[OutputItem], end: Option<&End>) -> Value {
-        let mut r = self.fields.clone();
-        r.insert("status".into(), json!(status));
-        r.insert("output".into(), json!(output));
-        r.insert("error".into(), json!(end.and_then(|e| e.error.clone())));
-        r.insert(
-            "incomplete_details".into(),
-            json!(
-                end.and_then(|e| e.incomplete)
-                    .map(|reason| json!({"reason": reason}))
-            ),
-        );
-        r.insert("usage".into(), json!(end.and_then(|e| e.usage.clone())));
-        let completed = end.is_some() && status == "completed";
-        r.insert("completed_at".into(), json!(completed.then(unix_now)));
-        Value::Object(r)
-    }
-}
-
-/// How a response ended.
-struct End {
-    usage: Option<ResponseUsage>,
-    /// `incomplete_details.reason`.
-    incomplete: Option<&'static str>,
-    /// `error`, for a failed response.
-    error: Option<Value>,
-}
 
 /// What a stored response keeps besides itself.
 pub(super) struct ToStore {
@@ -115,7 +32,7 @@ pub(super) struct ToStore {
     /// Its input as chat messages.
     pub(super) turn: ChatMessages,
     /// Its input items, with ids.
-    pub(super) input_items: Vec<Value>,
+    pub(super) input_items: Arc<Vec<Value>>,
 }
 
 /// One event: its type and its body.
@@ -138,6 +55,10 @@ pub(super) struct ResponseOutput {
     tokens: usize,
     /// Tokens up to and including `</think>`, once it came.
     reasoning_tokens: Option<usize>,
+    /// A background response: where its events are recorded.
+    background: Option<Arc<Background>>,
+    /// Items closed so far.
+    closed: usize,
 }
 
 impl ResponseOutput {
@@ -160,7 +81,25 @@ impl ResponseOutput {
             seq: 0,
             tokens: 0,
             reasoning_tokens: None,
+            background: None,
+            closed: 0,
         }
+    }
+
+    /// The same output recording its events in `bg` (a background response).
+    pub(super) fn in_background(mut self, bg: Arc<Background>) -> Self {
+        self.background = Some(bg);
+        self
+    }
+
+    /// The response object as of now, in `status`, with the items so far.
+    pub(super) fn snapshot(&self, status: &str) -> Value {
+        self.env.response(status, &self.items, None)
+    }
+
+    /// How many items closed so far.
+    pub(super) fn closed(&self) -> usize {
+        self.closed
     }
 
     fn emit(&mut self, kind: &'static str, body: Value) -> Ev {
@@ -170,6 +109,9 @@ impl ResponseOutput {
             o.insert("sequence_number".into(), json!(self.seq));
         }
         self.seq += 1;
+        if let Some(bg) = &self.background {
+            bg.record(kind, &body);
+        }
         (kind, body)
     }
 
@@ -177,17 +119,23 @@ impl ResponseOutput {
         format!("{prefix}_{}", random_hex(self.state.next_serial()))
     }
 
-    /// The first events: the response created and in progress.
-    fn start(&mut self) -> Vec<Ev> {
+    /// The first events: the response created (queued, in the background) and in progress.
+    pub(super) fn start(&mut self) -> Vec<Ev> {
+        let created = if self.background.is_some() {
+            "queued"
+        } else {
+            "in_progress"
+        };
+        let created = self.env.response(created, &[], None);
         let r = self.env.response("in_progress", &[], None);
         vec![
-            self.emit("response.created", json!({"response": r.clone()})),
+            self.emit("response.created", json!({"response": created})),
             self.emit("response.in_progress", json!({"response": r})),
         ]
     }
 
     /// The events of one step.
-    fn step(&mut self, step: Step) -> Vec<Ev> {
+    pub(super) fn step(&mut self, step: Step) -> Vec<Ev> {
         for &id in &step.token_ids {
             self.tokens += 1;
             if self.reasoning_tokens.is_none() && Some(id) == self.think_end {
@@ -356,6 +304,7 @@ impl ResponseOutput {
             _ => return out,
         };
         let item = self.items[index].clone();
+        self.closed += 1;
         out.push(self.emit(done.0, done.1));
         let part_done = json!({"item_id": item.id(), "output_index": index, "content_index": 0,
                                "part": part});
@@ -396,17 +345,18 @@ impl ResponseOutput {
             arguments: call.arguments,
             status: "completed",
         };
+        self.items.push(item.clone());
+        self.closed += 1;
         out.push(self.emit(
             "response.output_item.done",
-            json!({"output_index": index, "item": item.clone()}),
+            json!({"output_index": index, "item": item}),
         ));
-        self.items.push(item);
         out
     }
 
     /// The last events once the run finished, and the final response object, stored first
     /// when `stored` says so (so its `store` is false when it could not be kept).
-    fn finish(&mut self, f: &Finished, stored: Option<ToStore>) -> (Vec<Ev>, Value) {
+    pub(super) fn finish(&mut self, f: &Finished, stored: Option<ToStore>) -> (Vec<Ev>, Value) {
         let (status, incomplete) = match f.reason {
             FinishReason::Length => ("incomplete", Some("max_output_tokens")),
             FinishReason::Cancelled => ("cancelled", None),
@@ -452,16 +402,20 @@ impl ResponseOutput {
     }
 
     /// The `response.failed` event of an error after the stream started (its `error` has
-    /// OpenAI's `code` and `message`, and the error `type` chat's error objects carry).
-    fn failed(&mut self, e: &ApiError) -> Ev {
+    /// OpenAI's `code` and `message`, and the error `type` chat's error objects carry), and the
+    /// failed response, stored first when `stored` says so (background responses: polling
+    /// must see how they ended).
+    pub(super) fn failed(&mut self, e: &ApiError, stored: Option<ToStore>) -> (Ev, Value) {
         let code = e.code.clone().unwrap_or_else(|| "server_error".into());
         let end = End {
             usage: None,
             incomplete: None,
             error: Some(json!({"code": code, "message": e.message, "type": e.kind})),
         };
-        let response = self.env.response("failed", &self.items, Some(&end));
-        self.emit("response.failed", json!({"response": response}))
+        let mut response = self.env.response("failed", &self.items, Some(&end));
+        self.store(&mut response, stored);
+        let ev = self.emit("response.failed", json!({"response": response.clone()}));
+        (ev, response)
     }
 
     /// Keep the finished response (`stored`: what it continued and its input turn); one bigger
@@ -481,6 +435,7 @@ impl ResponseOutput {
             previous,
             turn,
             input_items,
+            events: self.background.clone().filter(|bg| bg.keeps_events()),
         };
         if !self.state.responses().insert(self.env.id.clone(), stored) {
             tracing::warn!(
@@ -558,7 +513,7 @@ impl EventSource for ResponseStream {
             }
             Err(e) => {
                 self.done = true;
-                sse(vec![self.output.failed(&e)])
+                sse(vec![self.output.failed(&e, None).0])
             }
         }
     }

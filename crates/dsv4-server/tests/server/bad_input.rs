@@ -359,7 +359,13 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
     request(s.addr, "GET", "/v1/models", &[], b"")
         .await
         .error(401);
-    for path in ["/tokenize", "/detokenize", "/generate", "/v1/responses"] {
+    for path in [
+        "/tokenize",
+        "/detokenize",
+        "/generate",
+        "/v1/responses",
+        "/v1/responses/resp_1/cancel",
+    ] {
         let body = json!({"prompt": "hi", "tokens": [1], "text": "hi", "input": "hi"}).to_string();
         request(s.addr, "POST", path, &[], body.as_bytes())
             .await

@@ -1,7 +1,7 @@
 //! 64 concurrent streaming requests (greedy) each get exactly what the same request gets when
 //! sent alone: 32 text completions, 8 SGLang `/generate` requests with their log-probabilities
-//! and token ids, 8 Responses API answers with their log-probabilities, and 16
-//! grammar-constrained tool calls.
+//! and token ids, 8 Responses API answers with their log-probabilities (4 of them run in the
+//! background and streamed from its event log), and 16 grammar-constrained tool calls.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -23,7 +23,8 @@ fn requests() -> Vec<(&'static str, Value)> {
                 let body = json!({"model": MODEL, "input": format!("Story {}: once upon a time {i}", i % 5),
                                   "stream": true, "temperature": 0, "max_output_tokens": 6,
                                   "stop": CLEAN_STOPS, "top_logprobs": 2,
-                                  "include": ["message.output_text.logprobs"]});
+                                  "include": ["message.output_text.logprobs"],
+                                  "background": i % 16 == 13});
                 ("/v1/responses", body)
             } else if i % 8 == 1 {
                 let body = json!({"text": format!("Story {}: once upon a time {i}", i % 5),

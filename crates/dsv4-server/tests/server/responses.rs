@@ -1,11 +1,13 @@
 //! OpenAI's Responses API over HTTP: each answer equals the chat completion of the same
 //! conversation (plain, instructions and items, thinking with reasoning tokens, tools, JSON
 //! formats, log-probabilities); streams carry the same response as ordered typed events; bad
-//! input names its field. Stored responses and aborts: [`lifecycle`].
+//! input names its field. Stored responses and aborts: [`lifecycle`]; background responses:
+//! [`background`].
 
 use super::common::*;
 use serde_json::{Value, json};
 
+mod background;
 mod lifecycle;
 
 /// The tiny tokenizer's id of `</think>`.
@@ -382,7 +384,13 @@ fn check_stream(events: &[(String, Value)], want: &Value) {
     }
     let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
-    assert_eq!(events[0].1["response"]["status"], "in_progress");
+    let created = if want["background"] == true {
+        "queued"
+    } else {
+        "in_progress"
+    };
+    assert_eq!(events[0].1["response"]["status"], created);
+    assert_eq!(events[1].1["response"]["status"], "in_progress");
     assert_eq!(events[0].1["response"]["output"], json!([]));
     let id = &events[0].1["response"]["id"];
     let (last_kind, last) = events.last().unwrap();
@@ -571,7 +579,11 @@ async fn bad_requests_name_their_field() {
             "text.format",
         ),
         (json!({"include": ["everything"]}), 400, "include[0]"),
-        (json!({"background": true}), 400, "background"),
+        (
+            json!({"background": true, "store": false}),
+            400,
+            "background",
+        ),
         (json!({"truncation": "auto"}), 400, "truncation"),
         (json!({"metadata": {"k": 1}}), 400, "metadata"),
         (json!({"max_output_tokens": 0}), 400, "max_output_tokens"),
