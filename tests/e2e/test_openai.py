@@ -22,6 +22,7 @@ answers need nothing of the kind, since a grammar constrains them.
 import argparse
 import json
 import sys
+import time
 import traceback
 
 import openai
@@ -382,6 +383,29 @@ def test_responses(client, model):
         check(e.status_code == 404, e)
 
 
+def test_background_responses(client, model):
+    """Background mode: a response created queued and polled with retrieve to the foreground
+    answer; one created streaming, its events replayed by retrieve(stream=True,
+    starting_after=N); cancelling a finished background response answers it unchanged."""
+    args = dict(model=model, input="Hello", max_output_tokens=8, temperature=0, extra_body={"stop": CLEAN_STOPS})
+    fg = client.responses.create(**args)
+    bg = client.responses.create(background=True, **args)
+    check(bg.status == "queued" and bg.background, bg)
+    deadline = time.monotonic() + 60
+    while bg.status in ("queued", "in_progress"):
+        check(time.monotonic() < deadline, bg)
+        time.sleep(0.05)
+        bg = client.responses.retrieve(bg.id)
+    check((bg.status, bg.output_text) == (fg.status, fg.output_text), (bg, fg))
+    events = list(client.responses.create(background=True, stream=True, **args))
+    check(events[0].type == "response.created" and events[0].response.status == "queued", events[0])
+    rid = events[0].response.id
+    replay = list(client.responses.retrieve(rid, stream=True, starting_after=2))
+    check([e.sequence_number for e in replay] == [e.sequence_number for e in events[3:]], replay)
+    check(replay[-1].response.output_text == fg.output_text, replay[-1])
+    check(client.responses.cancel(rid).status == events[-1].response.status, rid)
+
+
 def test_errors(client, model):
     try:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -404,6 +428,7 @@ TESTS = [
     test_completions,
     test_vllm_token_ids,
     test_responses,
+    test_background_responses,
     test_errors,
 ]
 
