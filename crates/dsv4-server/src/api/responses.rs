@@ -75,7 +75,8 @@ pub struct ResponsesRequest {
     pub store: Option<bool>,
     /// Up to 16 string pairs, returned with the response.
     pub metadata: Option<serde_json::Map<String, Value>>,
-    /// "disabled" (the default; "auto" is refused: nothing is dropped from the input).
+    /// "disabled" (the default: an input over the context is an error) or "auto" (the oldest
+    /// turns are dropped until it fits).
     pub truncation: Option<String>,
     /// Answer at once (`queued`) and run on without the connection; poll, stream or cancel
     /// it by id (needs `store`).
@@ -188,14 +189,11 @@ impl ResponsesRequest {
             }
         }
         match self.truncation.as_deref() {
-            None | Some("disabled") => {}
+            None | Some("disabled" | "auto") => {}
             Some(other) => {
                 return Err(ApiError::bad_param(
                     "truncation",
-                    format!(
-                        "truncation {other:?} is not supported: the input is never cut; use \
-                         \"disabled\" (an input over the context is an error)"
-                    ),
+                    format!("truncation must be \"disabled\" or \"auto\", not {other:?}"),
                 ));
             }
         }

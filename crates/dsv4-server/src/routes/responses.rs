@@ -26,7 +26,7 @@ use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::Response;
 use dsv4_chat::pyjson::OrderedJson;
-use dsv4_chat::{Conversation, EncodeOptions, ToolSet, encode_prompt_ids, markers};
+use dsv4_chat::{Conversation, EncodeOptions, Message, Role, ToolSet, encode_prompt_ids, markers};
 use dsv4_engine::Request;
 use serde_json::json;
 use std::sync::Arc;
@@ -205,15 +205,64 @@ fn prepare(
         reasoning_effort,
         ..Default::default()
     };
-    let (_, prompt) =
+    let (_, mut prompt) =
         encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| all.encode_error(e))?;
-    let max_tokens = max_tokens(
-        loaded,
-        &prompt,
-        req.max_output_tokens,
-        ("input", "max_output_tokens"),
-        None,
-    )?;
+    // The most tokens it may generate, or why not: `context_length_exceeded` when the prompt
+    // does not fit the context or the cache.
+    let check = |prompt: &[u32]| -> Result<usize, ApiError> {
+        let max_tokens = max_tokens(
+            loaded,
+            prompt,
+            req.max_output_tokens,
+            ("input", "max_output_tokens"),
+            None,
+        )?;
+        let req = Request {
+            prompt: prompt.to_vec(),
+            max_tokens,
+            ..Default::default()
+        };
+        loaded.engine.limits().check(&req).map_err(|e| {
+            ApiError::from(e)
+                .with_param("input")
+                .with_code("context_length_exceeded")
+        })?;
+        Ok(max_tokens)
+    };
+    let auto = req.truncation.as_deref() == Some("auto");
+    let max_tokens = match check(&prompt) {
+        Ok(n) => n,
+        Err(e) if e.code.as_deref() != Some("context_length_exceeded") => return Err(e),
+        Err(mut e) if !auto => {
+            e.message.push_str(
+                " (or send \"truncation\": \"auto\" to drop the oldest turns until it fits)",
+            );
+            return Err(e);
+        }
+        Err(mut e) => {
+            let encode = |messages: Vec<Message>| {
+                let conv = Conversation {
+                    messages,
+                    tools: conv.tools.clone(),
+                };
+                encode_prompt_ids(&conv, &opts, &loaded.tokenizer).ok()
+            };
+            let fits = |p: &[u32]| check(p).is_ok();
+            let Some((shorter, dropped)) = truncated(&conv.messages, encode, fits) else {
+                e.message
+                    .push_str(" (truncation auto: even the last user turn alone does not fit)");
+                return Err(e);
+            };
+            tracing::info!(
+                dropped,
+                from = prompt.len(),
+                to = shorter.len(),
+                "truncation auto: dropped the oldest messages"
+            );
+            prompt = shorter;
+            check(&prompt)?
+        }
+    };
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
@@ -247,6 +296,53 @@ fn prepare(
         ..Default::default()
     };
     Ok((request, decoder))
+}
+
+/// `truncation: "auto"`: the prompt of `messages` without as few of the oldest turns as make
+/// it `fit`, and how many messages were dropped; `None` if even the last user turn does not
+/// fit. System and developer messages stay; the rest is cut just before a user message, so
+/// a tool call is never parted from its result.
+fn truncated(
+    messages: &[Message],
+    encode: impl Fn(Vec<Message>) -> Option<(String, Vec<u32>)>,
+    fits: impl Fn(&[u32]) -> bool,
+) -> Option<(Vec<u32>, usize)> {
+    let kept_always = |m: &Message| matches!(m.role, Role::System | Role::Developer);
+    let cuts: Vec<usize> = (1..messages.len())
+        .filter(|&i| messages[i].role == Role::User)
+        .collect();
+    let cut_at = |at: usize| -> (Vec<Message>, usize) {
+        let kept: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i >= at || kept_always(m))
+            .map(|(_, m)| m.clone())
+            .collect();
+        let dropped = messages.len() - kept.len();
+        (kept, dropped)
+    };
+    let try_cut = |j: usize| {
+        let (kept, dropped) = cut_at(cuts[j]);
+        encode(kept)
+            .map(|(_, prompt)| prompt)
+            .filter(|p| fits(p))
+            .map(|p| (p, dropped))
+    };
+    // Dropping more never lengthens the prompt: the first cut that fits, by bisection.
+    let last = cuts.len().checked_sub(1)?;
+    let mut best = try_cut(last)?;
+    let (mut lo, mut hi) = (0, last);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match try_cut(mid) {
+            Some(found) => {
+                best = found;
+                hi = mid;
+            }
+            None => lo = mid + 1,
+        }
+    }
+    Some(best)
 }
 
 /// 404 naming a response that is not stored.
@@ -418,4 +514,72 @@ pub async fn list_input_items(
         "last_id": page.last().map(|i| &i["id"]),
         "has_more": start + page.len() < items.len(),
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token per byte of each message's content and role.
+    fn encode(messages: Vec<Message>) -> Option<(String, Vec<u32>)> {
+        let text: String = messages
+            .iter()
+            .map(|m| format!("{:?}{}", m.role, m.content))
+            .collect();
+        Some((text.clone(), text.bytes().map(u32::from).collect()))
+    }
+
+    #[test]
+    fn truncation_keeps_system_messages_and_calls_with_their_results() {
+        let mut call = Message::new(Role::Assistant, "calling");
+        call.tool_calls.push(dsv4_chat::message::HistoryToolCall {
+            id: Some("call_1".into()),
+            name: "f".into(),
+            arguments: dsv4_chat::message::ToolArguments::Raw("{}".into()),
+        });
+        let mut result = Message::new(Role::Tool, "sunny");
+        result.tool_call_id = Some("call_1".into());
+        let messages = vec![
+            Message::new(Role::System, "Be brief."),
+            Message::new(Role::User, "first question, rather long"),
+            call,
+            result,
+            Message::new(Role::User, "second"),
+            Message::new(Role::Developer, "Mind the tools."),
+            Message::new(Role::Assistant, "ok"),
+            Message::new(Role::User, "third"),
+        ];
+        let whole = encode(messages.clone()).unwrap().1.len();
+        let cuts = [1, 4, 7];
+        for budget in 0..=whole {
+            let fits = |p: &[u32]| p.len() <= budget;
+            let got = truncated(&messages, encode, fits);
+            // The fewest dropped, by trying every cut in order.
+            let want = cuts.iter().find_map(|&at| {
+                let kept: Vec<Message> = messages
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, m)| *i >= at || matches!(m.role, Role::System | Role::Developer))
+                    .map(|(_, m)| m.clone())
+                    .collect();
+                let dropped = messages.len() - kept.len();
+                let prompt = encode(kept).unwrap().1;
+                fits(&prompt).then_some((prompt, dropped))
+            });
+            assert_eq!(got, want, "budget {budget}");
+            if let Some((_, dropped)) = got {
+                // Never between a call and its result: the call, its result and the first
+                // question go together; the developer message stays.
+                assert!([0, 3, 5].contains(&dropped), "{dropped}");
+            }
+        }
+        let fits_all = |_: &[u32]| true;
+        assert_eq!(
+            truncated(&messages, encode, fits_all).map(|(_, d)| d),
+            Some(0),
+            "nothing is dropped when everything fits"
+        );
+        let none_fit = |_: &[u32]| false;
+        assert_eq!(truncated(&messages, encode, none_fit), None);
+    }
 }

@@ -54,7 +54,7 @@ impl Envelope {
             "reasoning": reasoning,
             "store": store,
             "background": req.background.unwrap_or(false),
-            "truncation": "disabled",
+            "truncation": req.truncation.as_deref().unwrap_or("disabled"),
             "metadata": req.metadata.clone().unwrap_or_default(),
             "user": req.user,
         });

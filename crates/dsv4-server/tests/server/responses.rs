@@ -2,13 +2,14 @@
 //! conversation (plain, instructions and items, thinking with reasoning tokens, tools, JSON
 //! formats, log-probabilities); streams carry the same response as ordered typed events; bad
 //! input names its field. Stored responses and aborts: [`lifecycle`]; background responses:
-//! [`background`].
+//! [`background`]; `truncation: "auto"`: [`truncation`].
 
 use super::common::*;
 use serde_json::{Value, json};
 
 mod background;
 mod lifecycle;
+mod truncation;
 
 /// The tiny tokenizer's id of `</think>`.
 const THINK_END: u64 = 6;
@@ -584,7 +585,7 @@ async fn bad_requests_name_their_field() {
             400,
             "background",
         ),
-        (json!({"truncation": "auto"}), 400, "truncation"),
+        (json!({"truncation": "middle"}), 400, "truncation"),
         (json!({"metadata": {"k": 1}}), 400, "metadata"),
         (json!({"max_output_tokens": 0}), 400, "max_output_tokens"),
         (json!({"max_output_tokens": 100000000}), 400, "input"),

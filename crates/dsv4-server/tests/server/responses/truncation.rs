@@ -1,0 +1,136 @@
+//! `truncation: "auto"`: a conversation longer than the engine can hold loses as few of its
+//! oldest turns as make it fit (system and developer messages kept), and answers what chat
+//! answers for that shorter conversation; without it, or when even the last turn is too long,
+//! the request is refused.
+
+use super::*;
+use dsv4_engine::{CacheBudget, EngineConfig};
+use dsv4_server::Loaded;
+
+/// A server whose cache holds 1024 tokens, so a few long turns overflow it.
+async fn small_server() -> TestServer {
+    let s = start_loading(config()).await;
+    let cfg = EngineConfig {
+        cache: CacheBudget::Tokens(1024),
+        max_running_requests: 4,
+        ..Default::default()
+    };
+    let loaded = Loaded::new(
+        model(),
+        dsv4_chat::Tokenizer::tiny().unwrap(),
+        cfg,
+        Default::default(),
+    )
+    .unwrap();
+    s.state.set_ready(loaded);
+    s
+}
+
+/// Chat messages: a developer message, then `turns` long user/assistant exchanges, then
+/// `last` from the user.
+fn conversation(turns: usize, last: &str) -> Vec<Value> {
+    let mut m = vec![json!({"role": "developer", "content": "Be brief."})];
+    for k in 0..turns {
+        m.push(json!({"role": "user", "content": format!("Turn {k}: {}", "tell me more. ".repeat(20))}));
+        m.push(json!({"role": "assistant", "content": format!("Answer {k}.")}));
+    }
+    m.push(json!({"role": "user", "content": last}));
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_truncation_drops_the_fewest_oldest_turns() {
+    let s = small_server().await;
+    let messages = conversation(12, "Hello");
+    let body = responses(json!(messages), json!({"max_output_tokens": 6}));
+    let e = s.send("POST", "/v1/responses", &body).await.error(400);
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("truncation"), "{e}");
+
+    let auto = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &with(body.clone(), json!({"truncation": "auto"})),
+        )
+        .await;
+    assert_eq!(auto.status, 200, "{}", auto.body);
+    let auto = auto.json();
+    assert_eq!(auto["truncation"], "auto");
+
+    // The answer is chat's for the shortest-dropped conversation chat accepts: the developer
+    // message, then from some user turn on.
+    let mut want = None;
+    for cut in (1..messages.len()).filter(|&i| messages[i]["role"] == "user") {
+        let mut kept = vec![messages[0].clone()];
+        kept.extend_from_slice(&messages[cut..]);
+        let c = s
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &chat_of(json!(kept), json!({"max_tokens": 6})),
+            )
+            .await;
+        if c.status == 200 {
+            want = Some((cut, c.json()));
+            break;
+        }
+        assert_eq!(c.status, 400, "{}", c.body);
+    }
+    let (cut, want) = want.expect("the last turn alone fits");
+    assert!(cut > 1, "something was dropped");
+    assert_eq!(said_by_response(&auto), said_by_chat(&want));
+
+    // Stored, it is continued with the same rule: the new turn fits after more is dropped.
+    let next = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &responses(
+                json!("More"),
+                json!({"previous_response_id": auto["id"], "truncation": "auto",
+                       "max_output_tokens": 6}),
+            ),
+        )
+        .await;
+    assert_eq!(next.status, 200, "{}", next.body);
+
+    // A last turn longer than the cache cannot be saved by dropping the others.
+    let huge = "tell me more. ".repeat(600);
+    let body = responses(
+        json!(conversation(2, &huge)),
+        json!({"max_output_tokens": 6, "truncation": "auto"}),
+    );
+    let e = s.send("POST", "/v1/responses", &body).await.error(400);
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("even the last user turn"),
+        "{e}"
+    );
+    // Errors that are not about length are not truncated away.
+    let e = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &with(
+                responses(json!(messages), json!({"max_output_tokens": 0})),
+                json!({"truncation": "auto"}),
+            ),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "max_output_tokens", "{e}");
+    let e = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &responses(json!("Hi"), json!({"truncation": "middle"})),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "truncation", "{e}");
+    s.shutdown().await.unwrap();
+}
