@@ -220,6 +220,32 @@ impl Stats {
     }
 }
 
+/// The gauges of `/v1/responses`' store: responses stored, their own bytes (what
+/// `server.responses_store_mib` bounds), and background responses running.
+pub fn render_responses(out: &mut String, stored: usize, bytes: usize, running: usize) {
+    scalar(
+        out,
+        "dsv4:responses_stored",
+        "gauge",
+        "Responses kept for previous_response_id and GET /v1/responses/{id}.",
+        stored as f64,
+    );
+    scalar(
+        out,
+        "dsv4:responses_stored_bytes",
+        "gauge",
+        "Bytes the stored responses hold of their own (server.responses_store_mib bounds it).",
+        bytes as f64,
+    );
+    scalar(
+        out,
+        "dsv4:responses_background_running",
+        "gauge",
+        "Background responses running.",
+        running as f64,
+    );
+}
+
 /// Write the HELP and TYPE lines of `name`; returns the name.
 fn header<'a>(out: &mut String, name: &'a str, kind: &str, help: &str) -> &'a str {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

@@ -154,7 +154,9 @@ pub async fn version() -> Response {
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let engine = state.loaded().map(|l| l.engine.metrics());
-    let text = state.stats().render(engine.as_ref(), state.in_flight());
+    let mut text = state.stats().render(engine.as_ref(), state.in_flight());
+    let store = state.responses();
+    crate::metrics::render_responses(&mut text, store.len(), store.bytes(), store.running());
     (
         [(
             header::CONTENT_TYPE,

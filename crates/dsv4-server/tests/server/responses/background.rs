@@ -225,6 +225,11 @@ async fn background_use_is_checked() {
     // continued or deleted yet, but can be read.
     let stall = engine.stall();
     let id = id_of(&create(&s, &body).await);
+    let metrics = s.get("/metrics").await.body;
+    assert!(
+        metrics.contains("\ndsv4:responses_background_running 1\n"),
+        "{metrics}"
+    );
     let r = s.send("POST", "/v1/responses", &body).await;
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "too_many_background_responses");
@@ -290,6 +295,8 @@ async fn background_use_is_checked() {
     for line in [
         r#"endpoint="/v1/responses/{id}/cancel",status="400""#,
         r#"endpoint="/v1/responses",status="429""#,
+        "\ndsv4:responses_stored 1\n",
+        "\ndsv4:responses_background_running 0\n",
     ] {
         assert!(metrics.contains(line), "{line}: {metrics}");
     }
