@@ -185,6 +185,32 @@ fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
         16 + oracle,
         "each turn and each replay went to /v1/responses"
     );
+
+    // Again in background mode: plain turns polled, streams dropped after a few tokens and
+    // resumed by sequence number, each response deleted once read; still clean.
+    let (code, stdout, stderr, r) = stress(&serve.url, &["--api", "responses-background"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(r["failed_sessions"], 0, "{stdout}");
+    assert_eq!(r["completed"], 16, "{stdout}");
+    assert_eq!(r["options"]["api"], "responses-background");
+    let resumed: u64 = r["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["turns"].as_array().unwrap())
+        .map(|t| t["resumed"].as_u64().unwrap())
+        .sum();
+    assert!(resumed > 0, "some stream was resumed: {stdout}");
+    let metrics = get(addr, "/metrics");
+    for gauge in [
+        "\ndsv4:responses_stored 0\n",
+        "\ndsv4:responses_background_running 0\n",
+    ] {
+        assert!(
+            metrics.contains(gauge),
+            "every background response was deleted: {gauge}: {metrics}"
+        );
+    }
 }
 
 #[test]

@@ -43,6 +43,13 @@ pub struct Answer {
     /// chunks joined); empty when the request did not ask for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<f64>,
+    /// Times the stream was dropped and resumed (background responses).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumed: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Answer {

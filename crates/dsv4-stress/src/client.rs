@@ -1,13 +1,15 @@
 //! The HTTP side: one OpenAI-compatible chat request (or, with [`Api::Responses`], a Responses
-//! API request: [`crate::responses`]), streamed (SSE) or not, turned into an [`Answer`] with
-//! timings, or a [`RequestFailure`]; and the server's identity from `GET /v1/models`.
+//! API request: [`crate::responses`]), streamed (SSE, read by [`crate::stream::Pump`]) or not,
+//! turned into an [`Answer`] with timings, or a [`RequestFailure`]; background responses
+//! ([`Api::ResponsesBackground`]) polled, or streamed with a dropped and resumed connection,
+//! then deleted; and the server's identity from `GET /v1/models`.
 
 use crate::answer::{Answer, Outcome, RequestFailure, ToolCall};
 use crate::error::StressError;
 use crate::options::Api;
 use crate::report::ServerIdentity;
-use crate::responses::{ResponsesAccumulator, parse_response};
-use futures_util::StreamExt;
+use crate::responses::parse_response;
+use crate::stream::{Pump, Pumped};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,8 @@ pub struct Client {
     http: reqwest::Client,
     api: String,
     api_key: Option<String>,
+    /// The per-request timeout, also the longest a background response is polled.
+    timeout: Duration,
 }
 
 impl Client {
@@ -48,7 +52,12 @@ impl Client {
                 url: api.clone(),
                 message: format!("cannot build an HTTP client: {e}"),
             })?;
-        Ok(Self { http, api, api_key })
+        Ok(Self {
+            http,
+            api,
+            api_key,
+            timeout,
+        })
     }
 
     fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -136,9 +145,10 @@ impl Client {
     /// Send one request to `api` (its `stream` field decides the mode).
     pub async fn send(&self, api: Api, body: &Value) -> Outcome {
         let stream = body["stream"].as_bool().unwrap_or(false);
+        let background = api == Api::ResponsesBackground;
         let path = match api {
             Api::Chat => "chat/completions",
-            Api::Responses => "responses",
+            Api::Responses | Api::ResponsesBackground => "responses",
         };
         let start = Instant::now();
         let fail =
@@ -154,97 +164,161 @@ impl Client {
             .send()
             .await
             .map_err(|e| fail(None, None, error_chain(&e)))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            let (ty, msg) = error_object(&text);
-            return Err(fail(Some(status.as_u16()), ty, msg));
-        }
+        let resp = self
+            .success(resp)
+            .await
+            .map_err(|(s, t, m)| fail(s, t, m))?;
         if !stream {
-            let text = resp
-                .text()
-                .await
-                .map_err(|e| fail(Some(status.as_u16()), None, error_chain(&e)))?;
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| fail(None, None, format!("the answer is not JSON ({e})")))?;
+            let mut v = self.json(resp).await.map_err(|(s, t, m)| fail(s, t, m))?;
+            if background {
+                v = self
+                    .poll(&v, start)
+                    .await
+                    .map_err(|(s, t, m)| fail(s, t, m))?;
+            }
             let parsed = match api {
                 Api::Chat => parse_message(&v),
-                Api::Responses => parse_response(&v),
+                Api::Responses | Api::ResponsesBackground => parse_response(&v),
             };
             let mut a = parsed.map_err(|m| fail(None, None, m))?;
+            if background {
+                let id = v["id"].as_str().unwrap_or_default();
+                self.forget(id).await.map_err(|(s, t, m)| fail(s, t, m))?;
+            }
             a.e2el = start.elapsed().as_secs_f64();
             return Ok(a);
         }
-        let mut acc = Accumulator::new(api);
-        let mut bytes = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        let mut last_token: Option<Instant> = None;
-        while let Some(piece) = bytes.next().await {
-            let piece = piece.map_err(|e| fail(None, None, error_chain(&e)))?;
-            buf.extend_from_slice(&piece);
-            while let Some((event, used)) = next_event(&buf).map_err(|m| fail(None, None, m))? {
-                buf.drain(..used);
-                let now = Instant::now();
-                match acc.feed(&event).map_err(|(ty, m)| fail(None, ty, m))? {
-                    Fed::Done => {
-                        let mut a = acc.finish().map_err(|m| fail(None, None, m))?;
-                        a.e2el = start.elapsed().as_secs_f64();
-                        return Ok(a);
-                    }
-                    Fed::Token => {
-                        match last_token {
-                            None => acc.answer().ttft = Some((now - start).as_secs_f64()),
-                            Some(t) => acc.answer().itl.push((now - t).as_secs_f64()),
-                        }
-                        last_token = Some(now);
-                    }
-                    Fed::Other => {}
+        let mut pump = Pump::new(api, start);
+        // A background stream is dropped after a few tokens (how many varies with the body)
+        // and resumed after the last whole event.
+        let mut cut = background.then(|| 1 + body.to_string().len() % 4);
+        let (mut resp, mut resumed) = (resp, 0);
+        loop {
+            match pump
+                .pump(resp, cut.take())
+                .await
+                .map_err(|(ty, m)| fail(None, ty, m))?
+            {
+                Pumped::Done => break,
+                Pumped::Cut => {
+                    resumed += 1;
+                    resp = self
+                        .resume(&pump)
+                        .await
+                        .map_err(|(s, t, m)| fail(s, t, m))?;
+                }
+                Pumped::Ended => {
+                    let end = match api {
+                        Api::Chat => "`data: [DONE]`",
+                        _ => "response.completed or response.incomplete",
+                    };
+                    return Err(fail(None, None, format!("the stream ended without {end}")));
                 }
             }
         }
-        let end = match api {
-            Api::Chat => "`data: [DONE]`",
-            Api::Responses => "response.completed or response.incomplete",
-        };
-        Err(fail(None, None, format!("the stream ended without {end}")))
+        if background {
+            let id = pump.id.clone().unwrap_or_default();
+            self.forget(&id).await.map_err(|(s, t, m)| fail(s, t, m))?;
+        }
+        let mut a = pump.finish().map_err(|m| fail(None, None, m))?;
+        a.e2el = start.elapsed().as_secs_f64();
+        a.resumed = resumed;
+        Ok(a)
+    }
+
+    /// `resp` if it succeeded, else its status, error type and message.
+    async fn success(&self, resp: reqwest::Response) -> Result<reqwest::Response, Failed> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let (ty, msg) = error_object(&text);
+        Err((Some(status.as_u16()), ty, msg))
+    }
+
+    /// The JSON body of a successful answer.
+    async fn json(&self, resp: reqwest::Response) -> Result<Value, Failed> {
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| (Some(status), None, error_chain(&e)))?;
+        serde_json::from_str(&text)
+            .map_err(|e| (None, None, format!("the answer is not JSON ({e})")))
+    }
+
+    /// Poll the background response `queued` (as created) until it left `queued` and
+    /// `in_progress`; at most the request timeout after `start`.
+    async fn poll(&self, queued: &Value, start: Instant) -> Result<Value, Failed> {
+        if queued["background"] != true || queued["status"] != "queued" {
+            return Err((
+                None,
+                None,
+                format!(
+                    "a background request was not answered queued in the background: status                      {}, background {}",
+                    queued["status"], queued["background"]
+                ),
+            ));
+        }
+        let id = queued["id"].as_str().unwrap_or_default();
+        loop {
+            let resp = self
+                .auth(self.http.get(format!("{}/responses/{id}", self.api)))
+                .send()
+                .await
+                .map_err(|e| (None, None, error_chain(&e)))?;
+            let v = self.json(self.success(resp).await?).await?;
+            if !matches!(v["status"].as_str(), Some("queued" | "in_progress")) {
+                return Ok(v);
+            }
+            if start.elapsed() > self.timeout {
+                return Err((
+                    None,
+                    None,
+                    format!(
+                        "background response {id} still {} after the timeout",
+                        v["status"]
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Resume the background stream `pump` read after its last whole event.
+    async fn resume(&self, pump: &Pump) -> Result<reqwest::Response, Failed> {
+        let id = pump.id.as_deref().ok_or((
+            None,
+            None,
+            "the stream was cut before response.created named its id".to_owned(),
+        ))?;
+        let after = pump
+            .last_seq
+            .map(|n| format!("&starting_after={n}"))
+            .unwrap_or_default();
+        let url = format!("{}/responses/{id}?stream=true{after}", self.api);
+        let resp = self
+            .auth(self.http.get(url))
+            .send()
+            .await
+            .map_err(|e| (None, None, error_chain(&e)))?;
+        self.success(resp).await
+    }
+
+    /// Delete the finished background response `id`.
+    async fn forget(&self, id: &str) -> Result<(), Failed> {
+        let resp = self
+            .auth(self.http.delete(format!("{}/responses/{id}", self.api)))
+            .send()
+            .await
+            .map_err(|e| (None, None, error_chain(&e)))?;
+        self.success(resp).await.map(|_| ())
     }
 }
 
-/// The stream assembler of an API.
-enum Accumulator {
-    Chat(StreamAccumulator),
-    Responses(ResponsesAccumulator),
-}
-
-impl Accumulator {
-    fn new(api: Api) -> Self {
-        match api {
-            Api::Chat => Self::Chat(StreamAccumulator::default()),
-            Api::Responses => Self::Responses(ResponsesAccumulator::default()),
-        }
-    }
-
-    fn answer(&mut self) -> &mut Answer {
-        match self {
-            Self::Chat(a) => &mut a.answer,
-            Self::Responses(a) => &mut a.answer,
-        }
-    }
-
-    fn feed(&mut self, data: &str) -> Result<Fed, (Option<String>, String)> {
-        match self {
-            Self::Chat(a) => a.feed(data),
-            Self::Responses(a) => a.feed(data),
-        }
-    }
-
-    fn finish(self) -> Result<Answer, String> {
-        match self {
-            Self::Chat(a) => a.finish(),
-            Self::Responses(a) => a.finish(),
-        }
-    }
-}
+/// Why a request failed: its HTTP status, error type and message.
+type Failed = (Option<u16>, Option<String>, String);
 
 /// The type and message of an OpenAI error body (or the raw text).
 fn error_object(text: &str) -> (Option<String>, String) {
@@ -268,7 +342,7 @@ fn clip(s: &str) -> String {
 }
 
 /// An error with its causes (reqwest hides "connection refused" two levels down).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

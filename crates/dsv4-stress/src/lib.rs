@@ -44,6 +44,7 @@ mod runner;
 pub mod schema;
 pub mod signatures;
 pub mod stats;
+pub mod stream;
 pub mod workload;
 
 pub use answer::{Answer, RequestFailure, ToolCall};

@@ -42,6 +42,19 @@ pub enum Api {
     /// `store: false` (as agents that keep their own history do), so a turn and its solo replay
     /// are the same request.
     Responses,
+    /// `POST /v1/responses` with `background: true` (and `store: true`): a plain turn is polled
+    /// with `GET /v1/responses/{id}` until it finished; a streamed turn drops its connection
+    /// after a few tokens and resumes with `GET /v1/responses/{id}?stream=true&starting_after=N`.
+    /// Each finished response is deleted.
+    #[serde(rename = "responses-background")]
+    ResponsesBackground,
+}
+
+impl Api {
+    /// Whether turns go to `/v1/responses`.
+    pub fn is_responses(self) -> bool {
+        self != Self::Chat
+    }
 }
 
 impl std::str::FromStr for Api {
@@ -50,7 +63,10 @@ impl std::str::FromStr for Api {
         match s {
             "chat" => Ok(Self::Chat),
             "responses" => Ok(Self::Responses),
-            _ => Err(format!("unknown api `{s}` (allowed: chat, responses)")),
+            "responses-background" => Ok(Self::ResponsesBackground),
+            _ => Err(format!(
+                "unknown api `{s}` (allowed: chat, responses, responses-background)"
+            )),
         }
     }
 }

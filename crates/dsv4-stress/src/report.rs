@@ -61,6 +61,10 @@ pub struct TurnRecord {
     /// server that returns them).
     #[serde(default)]
     pub logprobs: usize,
+    /// Times the stream was dropped and resumed by sequence number (`--api
+    /// responses-background`).
+    #[serde(default)]
+    pub resumed: usize,
     /// Time to the first token in ms (streamed only).
     pub ttft_ms: Option<f64>,
     /// End-to-end latency in ms.

@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 /// The `/v1/responses` request of a chat request `chat` (as the runner builds it): messages as
 /// input items, tools and `tool_choice` in the Responses shape, `max_tokens` as
 /// `max_output_tokens`, `logprobs` as the `message.output_text.logprobs` include; the sampling
-/// fields, `stream` and `stop` (an extension dsv4 accepts) as they are.
-pub fn responses_body(chat: &Value) -> Value {
+/// fields, `stream` and `stop` (an extension dsv4 accepts) as they are. With `background`, it
+/// runs in the background and is stored (background responses must be); else `store: false`.
+pub fn responses_body(chat: &Value, background: bool) -> Value {
     let mut input = Vec::new();
     for m in chat["messages"].as_array().into_iter().flatten() {
         let role = m["role"].as_str().unwrap_or("user");
@@ -57,8 +58,11 @@ pub fn responses_body(chat: &Value) -> Value {
         "temperature": chat["temperature"],
         "seed": chat["seed"],
         "stream": chat["stream"],
-        "store": false,
+        "store": background,
     });
+    if background {
+        body["background"] = json!(true);
+    }
     if chat["logprobs"] == true {
         body["include"] = json!(["message.output_text.logprobs"]);
     }
@@ -245,7 +249,7 @@ mod tests {
                 {"role": "assistant", "content": "done"},
             ],
         });
-        let r = responses_body(&chat);
+        let r = responses_body(&chat, false);
         assert_eq!(
             r["input"],
             json!([
@@ -269,9 +273,16 @@ mod tests {
         assert_eq!(r["include"], json!(["message.output_text.logprobs"]));
         assert_eq!(r["stop"], json!(["<｜"]));
         assert!(r.get("stream_options").is_none() && r.get("messages").is_none());
-        let auto = responses_body(&json!({"tool_choice": "auto", "messages": []}));
+        assert!(r.get("background").is_none());
+        let auto = responses_body(&json!({"tool_choice": "auto", "messages": []}), false);
         assert_eq!(auto["tool_choice"], "auto");
         assert!(auto.get("include").is_none() && auto.get("stop").is_none());
+        let bg = responses_body(&chat, true);
+        assert_eq!(
+            (&bg["background"], &bg["store"]),
+            (&json!(true), &json!(true))
+        );
+        assert_eq!(bg["input"], r["input"]);
     }
 
     fn final_response(status: &str) -> Value {

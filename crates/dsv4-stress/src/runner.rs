@@ -143,7 +143,8 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
     }
     match opts.api {
         Api::Chat => body,
-        Api::Responses => responses_body(&body),
+        Api::Responses => responses_body(&body, false),
+        Api::ResponsesBackground => responses_body(&body, true),
     }
 }
 
@@ -152,7 +153,7 @@ fn with_stream(api: Api, body: &Value, stream: bool) -> Value {
     let mut b = body.clone();
     b["stream"] = json!(stream);
     match b.as_object_mut() {
-        _ if api == Api::Responses => {}
+        _ if api.is_responses() => {}
         Some(o) if stream => {
             o.insert("stream_options".into(), json!({"include_usage": true}));
         }
@@ -295,6 +296,7 @@ fn turn_record(
         prompt_tokens: None,
         completion_tokens: None,
         logprobs: 0,
+        resumed: 0,
         ttft_ms: None,
         e2el_ms: 0.0,
         findings: Vec::new(),
@@ -307,6 +309,7 @@ fn turn_record(
             r.prompt_tokens = a.prompt_tokens;
             r.completion_tokens = Some(a.output_tokens());
             r.logprobs = a.logprobs.len();
+            r.resumed = a.resumed;
             r.ttft_ms = a.ttft.map(|s| s * 1000.0);
             r.e2el_ms = a.e2el * 1000.0;
         }

@@ -109,8 +109,10 @@ pub struct WorkloadArgs {
     /// then match the solo replay exactly, which catches corruption that flips no token.
     #[arg(long)]
     pub logprobs: bool,
-    /// The API every turn is sent to: chat (/v1/chat/completions) or responses (/v1/responses,
-    /// the whole conversation as input items with store false).
+    /// The API every turn is sent to: chat (/v1/chat/completions), responses (/v1/responses,
+    /// the whole conversation as input items with store false) or responses-background (the
+    /// same in background mode: plain turns polled, streams dropped after a few tokens and
+    /// resumed by sequence number, each response deleted once read).
     #[arg(long, default_value = "chat")]
     pub api: Api,
 }
