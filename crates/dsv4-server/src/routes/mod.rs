@@ -14,6 +14,7 @@ pub mod responses;
 pub mod responses_background;
 pub mod responses_envelope;
 pub mod responses_output;
+pub mod responses_truncation;
 pub mod tokenize;
 
 use crate::error::ApiError;
