@@ -17,6 +17,8 @@ pub struct Background {
     inner: Mutex<Inner>,
     /// Bumped on every change.
     version: watch::Sender<u64>,
+    /// Whether its events are kept.
+    keeps_events: bool,
     /// Its input items as given (`GET /v1/responses/{id}/input_items` while it runs).
     input_items: Arc<Vec<Value>>,
 }
@@ -25,9 +27,9 @@ pub struct Background {
 struct Inner {
     /// The response object as of now.
     response: Value,
-    /// The stream events so far, `(type, data)` as sent, indexed by sequence number; `None`
-    /// when not kept (created without `stream`).
-    events: Option<Vec<(String, String)>>,
+    /// The stream events so far, `(type, data)` as sent, indexed by sequence number (none
+    /// when not kept: created without `stream`).
+    events: Vec<(String, String)>,
     /// The events' bytes.
     bytes: usize,
     /// Whether the response finished (its last event recorded, its response final).
@@ -49,11 +51,12 @@ impl Background {
         Self {
             inner: Mutex::new(Inner {
                 response,
-                events: keep_events.then(Vec::new),
+                events: Vec::new(),
                 bytes: 0,
                 done: false,
             }),
             version: watch::Sender::new(0),
+            keeps_events: keep_events,
             input_items,
         }
     }
@@ -68,19 +71,18 @@ impl Background {
 
     /// Whether its stream events are kept.
     pub fn keeps_events(&self) -> bool {
-        self.lock().events.is_some()
+        self.keeps_events
     }
 
     /// Record the next event (its sequence number is its index), if events are kept.
     pub fn record(&self, kind: &str, body: &Value) {
-        let mut inner = self.lock();
-        let Inner { events, bytes, .. } = &mut *inner;
-        let Some(events) = events else {
+        if !self.keeps_events {
             return;
-        };
+        }
         let data = body.to_string();
-        *bytes += kind.len() + data.len();
-        events.push((kind.to_string(), data));
+        let mut inner = self.lock();
+        inner.bytes += kind.len() + data.len();
+        inner.events.push((kind.to_string(), data));
         drop(inner);
         self.changed();
     }
@@ -123,11 +125,7 @@ impl Background {
     /// The events from index `start` on (none when events are not kept).
     pub fn events_from(&self, start: usize) -> EventsFrom {
         let inner = self.lock();
-        let events = inner
-            .events
-            .as_ref()
-            .map(|e| e.get(start..).unwrap_or_default().to_vec())
-            .unwrap_or_default();
+        let events = inner.events.get(start..).unwrap_or_default().to_vec();
         EventsFrom {
             events,
             done: inner.done,
