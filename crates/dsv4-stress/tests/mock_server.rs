@@ -1,10 +1,12 @@
 //! `run_stress` end to end against a scripted OpenAI-compatible mock (not dsv4): a clean server
 //! gives no failed session; every corruption signature, streamed and not, is found through the
-//! real client; unreachable servers are errors; the workload is a function of the seed.
+//! real client on chat, the Responses API and background responses; background faults (a
+//! replayed event, a response that never ends, one not queued) fail their turns; unreachable
+//! servers are errors; the workload is a function of the seed.
 
 mod mock;
 
-use dsv4_stress::{Oracle, Signature, StreamMode, StressError, StressOptions, run_stress};
+use dsv4_stress::{Api, Oracle, Signature, StreamMode, StressError, StressOptions, run_stress};
 use mock::Script;
 
 fn opts(url: &str) -> StressOptions {
@@ -111,24 +113,104 @@ async fn every_signature_is_found_end_to_end_streamed_and_not() {
     ];
     for (script, rate, sig) in cases {
         let url = mock::start(script).await;
-        for stream in [StreamMode::Always, StreamMode::Never] {
-            let o = StressOptions {
-                forced_tool_rate: rate,
-                stream,
-                ..opts(&url)
-            };
-            let r = run_stress(&o).await.unwrap();
-            assert!(
-                r.signatures[sig.name()] > 0 && r.failed_sessions == r.sessions,
-                "{script:?} {stream:?} should give {}:\n{}",
-                sig.name(),
-                r.summary()
-            );
-            assert_eq!(r.signature_sessions[sig.name()], r.sessions);
-            let rec = &r.records[0];
-            assert!(rec.failed && rec.signatures.contains_key(sig.name()));
+        for api in [Api::Chat, Api::Responses, Api::ResponsesBackground] {
+            for stream in [StreamMode::Always, StreamMode::Never] {
+                let o = StressOptions {
+                    forced_tool_rate: rate,
+                    stream,
+                    api,
+                    ..opts(&url)
+                };
+                let r = run_stress(&o).await.unwrap();
+                assert!(
+                    r.signatures[sig.name()] > 0 && r.failed_sessions == r.sessions,
+                    "{script:?} {api:?} {stream:?} should give {}:\n{}",
+                    sig.name(),
+                    r.summary()
+                );
+                assert_eq!(r.signature_sessions[sig.name()], r.sessions);
+                let rec = &r.records[0];
+                assert!(rec.failed && rec.signatures.contains_key(sig.name()));
+            }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_responses_apis_are_clean_on_a_clean_server() {
+    let url = mock::start(Script::Clean).await;
+    for api in [Api::Responses, Api::ResponsesBackground] {
+        // Every turn streams, so the background streams whose cut point falls inside their
+        // answer are resumed.
+        let o = StressOptions {
+            oracle: Some(Oracle::Solo),
+            stream: StreamMode::Always,
+            api,
+            ..opts(&url)
+        };
+        let r = run_stress(&o).await.unwrap();
+        assert_eq!(r.failed_sessions, 0, "{api:?}: {}", r.summary());
+        assert_eq!(r.completed, 12);
+        let turns = || r.records.iter().flat_map(|s| &s.turns);
+        assert!(turns().any(|t| !t.tool_calls.is_empty()));
+        let resumed: usize = turns().map(|t| t.resumed).sum();
+        assert_eq!(
+            resumed > 0,
+            api == Api::ResponsesBackground,
+            "only background streams are cut and resumed"
+        );
+    }
+}
+
+/// The errors of the failed turns of `o`'s run, which must fail every session.
+async fn failed_turn_errors(o: &StressOptions) -> Vec<String> {
+    let r = run_stress(o).await.unwrap();
+    assert!(r.failed_sessions > 0, "{}", r.summary());
+    r.records
+        .iter()
+        .flat_map(|s| &s.turns)
+        .filter_map(|t| t.error.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_faults_fail_the_turns_that_meet_them() {
+    let background = |url: &str, stream| StressOptions {
+        api: Api::ResponsesBackground,
+        stream,
+        forced_tool_rate: 0.0,
+        ..opts(url)
+    };
+    // A resumed stream that repeats the last event read: the text no longer adds up.
+    let url = mock::start(Script::ResumeRepeats).await;
+    let errors = failed_turn_errors(&background(&url, StreamMode::Always)).await;
+    assert!(
+        errors.iter().any(|e| e.contains("do not add up")),
+        "{errors:?}"
+    );
+    // Plain turns of a server that does not queue them.
+    let url = mock::start(Script::NotQueued).await;
+    let errors = failed_turn_errors(&background(&url, StreamMode::Never)).await;
+    assert!(
+        errors.iter().all(|e| e.contains("not answered queued")),
+        "{errors:?}"
+    );
+    // A response that never finishes: polls give up at the timeout, streams end short.
+    let url = mock::start(Script::NeverFinishes).await;
+    let o = StressOptions {
+        request_timeout: std::time::Duration::from_millis(300),
+        ..background(&url, StreamMode::Never)
+    };
+    let errors = failed_turn_errors(&o).await;
+    assert!(
+        errors.iter().all(|e| e.contains("after the timeout")),
+        "{errors:?}"
+    );
+    let errors = failed_turn_errors(&background(&url, StreamMode::Always)).await;
+    assert!(
+        errors.iter().all(|e| e.contains("stream ended without")),
+        "{errors:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,9 @@
-//! A scripted OpenAI-compatible server (axum) for the end-to-end tests: `GET /v1/models` and
-//! `POST /v1/chat/completions`, streaming (SSE) or not, answering every request by one
-//! [`Script`] — clean answers, or one kind of corruption.
+//! A scripted OpenAI-compatible server (axum) for the end-to-end tests: `GET /v1/models`,
+//! `POST /v1/chat/completions` and the Responses API ([`responses`]: foreground and background),
+//! streaming (SSE) or not, answering every request by one [`Script`] — clean answers, or one
+//! kind of corruption.
+
+mod responses;
 
 use axum::Router;
 use axum::body::Body;
@@ -44,6 +47,14 @@ pub enum Script {
     ModelOutputError,
     /// 503 `service_unavailable` (a stream cut before `[DONE]` when streamed).
     Unavailable,
+    /// Background responses: a resumed stream starts at event `N`, not `N + 1`, so the last
+    /// event read comes twice (otherwise clean).
+    ResumeRepeats,
+    /// Background responses never finish: polls say `in_progress`, streams end without their
+    /// last event (otherwise clean).
+    NeverFinishes,
+    /// Background requests are answered finished, not `queued` (otherwise clean).
+    NotQueued,
 }
 
 #[derive(Clone)]
@@ -51,6 +62,8 @@ struct Mock {
     script: Script,
     max_model_len: u64,
     seen: Arc<Mutex<HashMap<String, usize>>>,
+    /// Background responses by id.
+    background: Arc<Mutex<HashMap<String, responses::Background>>>,
 }
 
 /// Start the mock on a free loopback port; its base URL.
@@ -64,10 +77,16 @@ pub async fn start_with_context(script: Script, max_model_len: u64) -> String {
         script,
         max_model_len,
         seen: Arc::default(),
+        background: Arc::default(),
     };
     let app = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .with_state(mock);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -152,7 +171,9 @@ fn reply(mock: &Mock, req: &Value, stream: bool) -> Result<Reply, (StatusCode, &
         .or_else(|| tools.first().map(|t| t["function"].clone()))
         .unwrap_or(json!({"name": "none"}));
     Ok(match mock.script {
-        Script::Clean => clean(),
+        Script::Clean | Script::ResumeRepeats | Script::NeverFinishes | Script::NotQueued => {
+            clean()
+        }
         Script::MarkupInContent => text(&["ok <｜DS", "ML｜invoke name=\"read_file\">"], "stop"),
         Script::Unbalanced => text(&["done", "</think>"], "stop"),
         Script::InvalidJson => call(first_tool["name"].as_str().unwrap(), "{\"path\": ".into()),
@@ -255,7 +276,12 @@ async fn chat(State(mock): State<Mock>, body: String) -> Response {
     if done {
         text.push_str("data: [DONE]\n\n");
     }
-    // Send in small pieces so events (and multi-byte characters) are split across reads.
+    sse(text)
+}
+
+/// An SSE answer of `text`, sent in small pieces so events (and multi-byte characters) are
+/// split across reads.
+fn sse(text: String) -> Response {
     let pieces: Vec<Result<Vec<u8>, std::io::Error>> = text
         .into_bytes()
         .chunks(7)
