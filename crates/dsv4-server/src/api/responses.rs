@@ -89,6 +89,16 @@ pub struct ResponsesRequest {
     pub safety_identifier: Option<String>,
     /// Accepted and ignored.
     pub service_tier: Option<String>,
+    /// "in-memory" or "24h": accepted; the prefix cache keeps what its budget allows.
+    pub prompt_cache_retention: Option<String>,
+    /// At least 1; it bounds calls to built-in tools, of which this server has none.
+    pub max_tool_calls: Option<u64>,
+    /// Refused: conversation objects are not supported (use `previous_response_id`).
+    pub conversation: Option<Value>,
+    /// Refused: stored prompt templates are not supported (send `instructions` and `input`).
+    pub prompt: Option<Value>,
+    /// Refused: context compaction is not supported (`truncation: "auto"` drops old turns).
+    pub context_management: Option<Value>,
 }
 
 /// `stream_options`.
@@ -119,7 +129,8 @@ pub struct ReasoningConfig {
 pub struct TextConfig {
     /// The output's format.
     pub format: Option<TextFormat>,
-    /// Accepted; "medium" is the only verbosity.
+    /// "low", "medium" (the default) or "high": echoed; DSV4 has no verbosity setting, so it
+    /// does not change the answer.
     pub verbosity: Option<String>,
 }
 
@@ -187,6 +198,50 @@ impl ResponsesRequest {
                     ),
                 ));
             }
+        }
+        let refused: [(&str, bool, &str); 3] = [
+            (
+                "conversation",
+                self.conversation.is_some(),
+                "conversation objects are not supported; continue a stored response with \
+                 previous_response_id, or send the whole conversation as input",
+            ),
+            (
+                "prompt",
+                self.prompt.is_some(),
+                "stored prompt templates are not supported; send instructions and input",
+            ),
+            (
+                "context_management",
+                self.context_management.is_some(),
+                "context compaction is not supported; truncation: \"auto\" drops the oldest \
+                 turns when a conversation outgrows the context",
+            ),
+        ];
+        if let Some((field, _, why)) = refused.into_iter().find(|(_, given, _)| *given) {
+            return Err(ApiError::bad_param(field, why));
+        }
+        if let Some(r) = self.prompt_cache_retention.as_deref()
+            && !matches!(r, "in-memory" | "in_memory" | "24h")
+        {
+            return Err(ApiError::bad_param(
+                "prompt_cache_retention",
+                format!("prompt_cache_retention must be \"in-memory\" or \"24h\", not {r:?}"),
+            ));
+        }
+        if self.max_tool_calls == Some(0) {
+            return Err(ApiError::bad_param(
+                "max_tool_calls",
+                "max_tool_calls must be at least 1",
+            ));
+        }
+        if let Some(v) = self.text.as_ref().and_then(|t| t.verbosity.as_deref())
+            && !matches!(v, "low" | "medium" | "high")
+        {
+            return Err(ApiError::bad_param(
+                "text.verbosity",
+                format!("text.verbosity must be low, medium or high, not {v:?}"),
+            ));
         }
         match self.truncation.as_deref() {
             None | Some("disabled" | "auto") => {}

@@ -30,7 +30,8 @@ impl Envelope {
         let text = json!({
             "format": req.text.as_ref().and_then(|t| t.format.clone())
                 .map_or_else(|| json!({"type": "text"}), |f| json!(f)),
-            "verbosity": "medium",
+            "verbosity": req.text.as_ref().and_then(|t| t.verbosity.clone())
+                .unwrap_or_else(|| "medium".into()),
         });
         let reasoning = req.reasoning.as_ref().map_or_else(
             || json!({"effort": null, "summary": null}),
@@ -44,6 +45,7 @@ impl Envelope {
             "instructions": req.instructions,
             "previous_response_id": req.previous_response_id,
             "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": req.max_tool_calls,
             "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
             "temperature": f32_as_f64(req.temperature.unwrap_or(1.0)),
             "top_p": f32_as_f64(req.top_p.unwrap_or(1.0)),

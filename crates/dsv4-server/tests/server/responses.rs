@@ -157,6 +157,21 @@ async fn answers_equal_the_chat_completion_of_the_same_conversation() {
     if r["status"] == "incomplete" {
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
     }
+    // Settings that do nothing here are accepted, echoed, and change nothing.
+    let inert = same_as_chat(
+        &s,
+        &responses(
+            json!("Hello"),
+            json!({"max_output_tokens": 12, "max_tool_calls": 3, "prompt_cache_retention": "24h",
+                   "text": {"verbosity": "low"}, "service_tier": "auto"}),
+        ),
+        &chat("Hello", json!({"max_tokens": 12})),
+    )
+    .await;
+    assert_eq!(inert["max_tool_calls"], 3);
+    assert_eq!(inert["text"]["verbosity"], "low");
+    assert_eq!(r["max_tool_calls"], Value::Null);
+    assert_eq!(r["text"]["verbosity"], "medium");
 
     // Instructions go first as the system prompt; items keep their roles and text parts.
     let items = json!([
@@ -586,6 +601,24 @@ async fn bad_requests_name_their_field() {
             "background",
         ),
         (json!({"truncation": "middle"}), 400, "truncation"),
+        (json!({"conversation": "conv_1"}), 400, "conversation"),
+        (json!({"prompt": {"id": "pmpt_1"}}), 400, "prompt"),
+        (
+            json!({"context_management": [{"type": "compaction"}]}),
+            400,
+            "context_management",
+        ),
+        (
+            json!({"prompt_cache_retention": "1y"}),
+            400,
+            "prompt_cache_retention",
+        ),
+        (json!({"max_tool_calls": 0}), 400, "max_tool_calls"),
+        (
+            json!({"text": {"verbosity": "loud"}}),
+            400,
+            "text.verbosity",
+        ),
         (json!({"metadata": {"k": 1}}), 400, "metadata"),
         (json!({"max_output_tokens": 0}), 400, "max_output_tokens"),
         (json!({"max_output_tokens": 100000000}), 400, "input"),
