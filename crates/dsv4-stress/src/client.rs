@@ -217,7 +217,7 @@ impl Client {
             }
         }
         if background {
-            let id = pump.id.clone().unwrap_or_default();
+            let id = pump.id().unwrap_or_default().to_owned();
             self.forget(&id).await.map_err(|(s, t, m)| fail(s, t, m))?;
         }
         let mut a = pump.finish().map_err(|m| fail(None, None, m))?;
@@ -288,13 +288,13 @@ impl Client {
 
     /// Resume the background stream `pump` read after its last whole event.
     async fn resume(&self, pump: &Pump) -> Result<reqwest::Response, Failed> {
-        let id = pump.id.as_deref().ok_or((
+        let id = pump.id().ok_or((
             None,
             None,
             "the stream was cut before response.created named its id".to_owned(),
         ))?;
         let after = pump
-            .last_seq
+            .last_seq()
             .map(|n| format!("&starting_after={n}"))
             .unwrap_or_default();
         let url = format!("{}/responses/{id}?stream=true{after}", self.api);

@@ -158,6 +158,10 @@ pub struct ResponsesAccumulator {
     pub answer: Answer,
     /// The final `response` object, once it came.
     last: Option<Value>,
+    /// The response's id, from the first event that carries the response.
+    pub id: Option<String>,
+    /// The `sequence_number` of the last event taken.
+    pub last_seq: Option<u64>,
 }
 
 impl ResponsesAccumulator {
@@ -174,6 +178,12 @@ impl ResponsesAccumulator {
                 format!("a stream event is not JSON ({e}): {data:.300}"),
             )
         })?;
+        if let Some(n) = v["sequence_number"].as_u64() {
+            self.last_seq = Some(n);
+        }
+        if self.id.is_none() {
+            self.id = v["response"]["id"].as_str().map(str::to_owned);
+        }
         let a = &mut self.answer;
         match v["type"].as_str().unwrap_or("") {
             "response.output_text.delta" => {
@@ -331,6 +341,17 @@ mod tests {
             json!({"type": "response.output_item.done", "item": call}),
             json!({"type": "response.completed", "response": final_response("completed")}),
         ];
+        let mut acc = ResponsesAccumulator::default();
+        let created = json!({"type": "response.created", "sequence_number": 0,
+                             "response": {"id": "resp_1"}});
+        acc.feed(&created.to_string()).unwrap();
+        acc.feed(
+            &json!({"type": "response.in_progress", "sequence_number": 1,
+                         "response": {"id": "resp_1"}})
+            .to_string(),
+        )
+        .unwrap();
+        assert_eq!((acc.id.as_deref(), acc.last_seq), (Some("resp_1"), Some(1)));
         let a = stream(&events).unwrap();
         assert!(a.stream);
         assert_eq!(a.chunks, 4);

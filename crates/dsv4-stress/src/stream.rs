@@ -1,15 +1,14 @@
 //! Reading one streamed answer: a [`Pump`] feeds a response's server-sent events to its API's
-//! accumulator, timing the tokens; on the Responses API it also notes the response's id and
-//! the last whole event's `sequence_number`, so a background stream can be dropped after some
-//! tokens and resumed after that event on a new connection (a partly received event is
-//! dropped with the old connection and comes again).
+//! accumulator, timing the tokens. On the Responses API the accumulator also keeps the
+//! response's id and the last whole event's `sequence_number`, so a background stream can be
+//! dropped after some tokens and resumed after that event on a new connection (a partly
+//! received event is dropped with the old connection and comes again).
 
 use crate::answer::Answer;
 use crate::client::{Fed, StreamAccumulator, error_chain, next_event};
 use crate::options::Api;
 use crate::responses::ResponsesAccumulator;
 use futures_util::StreamExt;
-use serde_json::Value;
 use std::time::Instant;
 
 /// The stream assembler of an API.
@@ -67,12 +66,6 @@ pub struct Pump {
     start: Instant,
     last_token: Option<Instant>,
     tokens: usize,
-    /// Note ids and sequence numbers (the Responses API).
-    track: bool,
-    /// The response's id, from `response.created`.
-    pub id: Option<String>,
-    /// The `sequence_number` of the last whole event read.
-    pub last_seq: Option<u64>,
 }
 
 impl Pump {
@@ -83,9 +76,22 @@ impl Pump {
             start,
             last_token: None,
             tokens: 0,
-            track: api.is_responses(),
-            id: None,
-            last_seq: None,
+        }
+    }
+
+    /// The response's id (the Responses API, once an event named it).
+    pub fn id(&self) -> Option<&str> {
+        match &self.acc {
+            Accumulator::Responses(a) => a.id.as_deref(),
+            Accumulator::Chat(_) => None,
+        }
+    }
+
+    /// The `sequence_number` of the last whole event read (the Responses API).
+    pub fn last_seq(&self) -> Option<u64> {
+        match &self.acc {
+            Accumulator::Responses(a) => a.last_seq,
+            Accumulator::Chat(_) => None,
         }
     }
 
@@ -103,9 +109,6 @@ impl Pump {
             buf.extend_from_slice(&piece);
             while let Some((event, used)) = next_event(&buf).map_err(|m| (None, m))? {
                 buf.drain(..used);
-                if self.track {
-                    self.note(&event);
-                }
                 let now = Instant::now();
                 match self.acc.feed(&event)? {
                     Fed::Done => return Ok(Pumped::Done),
@@ -126,19 +129,6 @@ impl Pump {
             }
         }
         Ok(Pumped::Ended)
-    }
-
-    /// Note a Responses event's sequence number, and the response id of the first.
-    fn note(&mut self, event: &str) {
-        let Ok(v) = serde_json::from_str::<Value>(event) else {
-            return;
-        };
-        if let Some(n) = v["sequence_number"].as_u64() {
-            self.last_seq = Some(n);
-        }
-        if self.id.is_none() {
-            self.id = v["response"]["id"].as_str().map(str::to_owned);
-        }
     }
 
     /// The assembled answer (after [`Pumped::Done`]).

@@ -23,6 +23,11 @@ async fn until_done(s: &TestServer, id: &str) -> Value {
     last
 }
 
+/// A request continuing the response `id`.
+fn continuing(id: &str) -> Value {
+    responses(json!("More"), json!({"previous_response_id": id}))
+}
+
 fn id_of(v: &Value) -> String {
     v["id"].as_str().unwrap().to_string()
 }
@@ -188,11 +193,7 @@ async fn a_failed_background_response_is_kept_failed() {
     assert_eq!(failed["status"], "failed", "{failed}");
     assert_eq!(failed["error"]["type"], "model_output_error");
     let e = s
-        .send(
-            "POST",
-            "/v1/responses",
-            &responses(json!("More"), json!({"previous_response_id": id})),
-        )
+        .send("POST", "/v1/responses", &continuing(&id))
         .await
         .error(400);
     assert_eq!(e["param"], "previous_response_id", "{e}");
@@ -234,11 +235,7 @@ async fn background_use_is_checked() {
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "too_many_background_responses");
     let e = s
-        .send(
-            "POST",
-            "/v1/responses",
-            &responses(json!("More"), json!({"previous_response_id": id})),
-        )
+        .send("POST", "/v1/responses", &continuing(&id))
         .await
         .error(400);
     assert_eq!(e["code"], "previous_response_in_progress", "{e}");
