@@ -168,62 +168,103 @@ impl Client {
             .success(resp)
             .await
             .map_err(|(s, t, m)| fail(s, t, m))?;
-        if !stream {
-            let mut v = self.json(resp).await.map_err(|(s, t, m)| fail(s, t, m))?;
-            if background {
-                v = self
-                    .poll(&v, start)
-                    .await
-                    .map_err(|(s, t, m)| fail(s, t, m))?;
+        let (answer, id) = if stream {
+            self.read_stream(api, body, resp, start).await
+        } else {
+            self.read_plain(api, resp, start).await
+        };
+        let mut a = match answer {
+            Ok(a) => a,
+            Err((s, t, m)) => {
+                // A background response that failed its turn is not left running or stored.
+                if let Some(id) = id.filter(|_| background) {
+                    self.abandon(&id).await;
+                }
+                return Err(fail(s, t, m));
             }
-            let parsed = match api {
-                Api::Chat => parse_message(&v),
-                Api::Responses | Api::ResponsesBackground => parse_response(&v),
-            };
-            let mut a = parsed.map_err(|m| fail(None, None, m))?;
-            if background {
-                let id = v["id"].as_str().unwrap_or_default();
-                self.forget(id).await.map_err(|(s, t, m)| fail(s, t, m))?;
+        };
+        a.e2el = start.elapsed().as_secs_f64();
+        Ok(a)
+    }
+
+    /// The answer of a plain request (a background one polled to its end, then deleted), and
+    /// the response's id once known.
+    async fn read_plain(
+        &self,
+        api: Api,
+        resp: reqwest::Response,
+        start: Instant,
+    ) -> (Result<Answer, Failed>, Option<String>) {
+        let v = match self.json(resp).await {
+            Ok(v) => v,
+            Err(f) => return (Err(f), None),
+        };
+        let id = v["id"].as_str().map(str::to_owned);
+        let answer = async {
+            if api != Api::ResponsesBackground {
+                let parsed = match api {
+                    Api::Chat => parse_message(&v),
+                    _ => parse_response(&v),
+                };
+                return parsed.map_err(|m| (None, None, m));
             }
-            a.e2el = start.elapsed().as_secs_f64();
-            return Ok(a);
+            let done = self.poll(&v, start).await?;
+            let a = parse_response(&done).map_err(|m| (None, None, m))?;
+            self.forget(id.as_deref().unwrap_or_default()).await?;
+            Ok(a)
         }
+        .await;
+        (answer, id)
+    }
+
+    /// The answer of a streamed request (a background stream dropped after a few tokens, how
+    /// many varying with the body, and resumed after its last whole event, then deleted), and
+    /// the response's id once known.
+    async fn read_stream(
+        &self,
+        api: Api,
+        body: &Value,
+        resp: reqwest::Response,
+        start: Instant,
+    ) -> (Result<Answer, Failed>, Option<String>) {
+        let background = api == Api::ResponsesBackground;
         let mut pump = Pump::new(api, start);
-        // A background stream is dropped after a few tokens (how many varies with the body)
-        // and resumed after the last whole event.
         let mut cut = background.then(|| 1 + body.to_string().len() % 4);
         let (mut resp, mut resumed) = (resp, 0);
-        loop {
-            match pump
-                .pump(resp, cut.take())
-                .await
-                .map_err(|(ty, m)| fail(None, ty, m))?
-            {
-                Pumped::Done => break,
-                Pumped::Cut => {
+        let read: Result<(), Failed> = loop {
+            match pump.pump(resp, cut.take()).await {
+                Err((ty, m)) => break Err((None, ty, m)),
+                Ok(Pumped::Done) => break Ok(()),
+                Ok(Pumped::Cut) => {
                     resumed += 1;
-                    resp = self
-                        .resume(&pump)
-                        .await
-                        .map_err(|(s, t, m)| fail(s, t, m))?;
+                    match self.resume(&pump).await {
+                        Ok(next) => resp = next,
+                        Err(f) => break Err(f),
+                    }
                 }
-                Pumped::Ended => {
+                Ok(Pumped::Ended) => {
                     let end = match api {
                         Api::Chat => "`data: [DONE]`",
                         _ => "response.completed or response.incomplete",
                     };
-                    return Err(fail(None, None, format!("the stream ended without {end}")));
+                    break Err((None, None, format!("the stream ended without {end}")));
                 }
             }
-        }
-        if background {
-            let id = pump.id().unwrap_or_default().to_owned();
-            self.forget(&id).await.map_err(|(s, t, m)| fail(s, t, m))?;
-        }
-        let mut a = pump.finish().map_err(|m| fail(None, None, m))?;
-        a.e2el = start.elapsed().as_secs_f64();
-        a.resumed = resumed;
-        Ok(a)
+        };
+        let id = pump.id().map(str::to_owned);
+        let answer = match read {
+            Err(f) => Err(f),
+            Ok(()) if background => match self.forget(id.as_deref().unwrap_or_default()).await {
+                Err(f) => Err(f),
+                Ok(()) => pump.finish().map_err(|m| (None, None, m)),
+            },
+            Ok(()) => pump.finish().map_err(|m| (None, None, m)),
+        };
+        let answer = answer.map(|mut a| {
+            a.resumed = resumed;
+            a
+        });
+        (answer, id)
     }
 
     /// `resp` if it succeeded, else its status, error type and message.
@@ -304,6 +345,17 @@ impl Client {
             .await
             .map_err(|e| (None, None, error_chain(&e)))?;
         self.success(resp).await
+    }
+
+    /// Cancel and delete the background response `id` whose turn failed, as far as the server
+    /// lets us (errors are ignored: the turn already failed with its own reason).
+    async fn abandon(&self, id: &str) {
+        let url = format!("{}/responses/{id}", self.api);
+        let _ = self
+            .auth(self.http.post(format!("{url}/cancel")))
+            .send()
+            .await;
+        let _ = self.auth(self.http.delete(url)).send().await;
     }
 
     /// Delete the finished background response `id`.

@@ -159,7 +159,19 @@ async fn the_responses_apis_are_clean_on_a_clean_server() {
             api == Api::ResponsesBackground,
             "only background streams are cut and resumed"
         );
+        assert_eq!(held(&url).await, 0, "each background response was deleted");
     }
+}
+
+/// How many background responses the mock at `url` still holds.
+async fn held(url: &str) -> u64 {
+    let v: serde_json::Value = reqwest::get(format!("{url}/mock/held"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["held"].as_u64().unwrap()
 }
 
 /// The errors of the failed turns of `o`'s run, which must fail every session.
@@ -188,6 +200,11 @@ async fn background_faults_fail_the_turns_that_meet_them() {
         errors.iter().any(|e| e.contains("do not add up")),
         "{errors:?}"
     );
+    assert_eq!(
+        held(&url).await,
+        0,
+        "failed turns' responses are deleted too"
+    );
     // Plain turns of a server that does not queue them.
     let url = mock::start(Script::NotQueued).await;
     let errors = failed_turn_errors(&background(&url, StreamMode::Never)).await;
@@ -195,6 +212,7 @@ async fn background_faults_fail_the_turns_that_meet_them() {
         errors.iter().all(|e| e.contains("not answered queued")),
         "{errors:?}"
     );
+    assert_eq!(held(&url).await, 0);
     // A response that never finishes: polls give up at the timeout, streams end short.
     let url = mock::start(Script::NeverFinishes).await;
     let o = StressOptions {
@@ -210,6 +228,11 @@ async fn background_faults_fail_the_turns_that_meet_them() {
     assert!(
         errors.iter().all(|e| e.contains("stream ended without")),
         "{errors:?}"
+    );
+    assert_eq!(
+        held(&url).await,
+        0,
+        "responses that never finish are abandoned"
     );
 }
 

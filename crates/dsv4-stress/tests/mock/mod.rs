@@ -87,6 +87,7 @@ pub async fn start_with_context(script: Script, max_model_len: u64) -> String {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/mock/held", get(responses::held))
         .with_state(mock);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

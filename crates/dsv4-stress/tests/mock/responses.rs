@@ -195,6 +195,12 @@ pub async fn retrieve(State(mock): State<Mock>, Path(id): Path<String>, uri: Uri
     axum::Json(b.last.clone()).into_response()
 }
 
+/// `GET /mock/held`: how many background responses the mock still holds (the harness deletes
+/// each, finished or abandoned).
+pub async fn held(State(mock): State<Mock>) -> Response {
+    axum::Json(json!({"held": mock.background.lock().unwrap().len()})).into_response()
+}
+
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(State(mock): State<Mock>, Path(id): Path<String>) -> Response {
     match mock.background.lock().unwrap().remove(&id) {
