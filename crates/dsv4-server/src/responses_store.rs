@@ -266,6 +266,17 @@ pub fn assistant_turn(items: &[OutputItem]) -> OrderedJson {
 mod tests {
     use super::*;
 
+    /// A stored response with no answer object, continuing `previous`, whose turn is `text`.
+    fn stored(previous: Option<Arc<Stored>>, text: &str) -> Stored {
+        Stored {
+            response: Value::Null,
+            previous,
+            turn: turn(text),
+            input_items: Arc::default(),
+            events: None,
+        }
+    }
+
     fn turn(text: &str) -> ChatMessages {
         let mut m = ChatMessages::default();
         m.push(OrderedJson::String(text.into()), "input");
@@ -275,38 +286,11 @@ mod tests {
     #[test]
     fn keeps_the_newest_and_chains_conversations() {
         let store = ResponseStore::new(2, usize::MAX);
-        store.insert(
-            "a".into(),
-            Stored {
-                response: Value::Null,
-                previous: None,
-                turn: turn("1"),
-                input_items: Arc::default(),
-                events: None,
-            },
-        );
+        store.insert("a".into(), stored(None, "1"));
         let a = store.get("a").unwrap();
-        store.insert(
-            "b".into(),
-            Stored {
-                response: Value::Null,
-                previous: Some(a),
-                turn: turn("2"),
-                input_items: Arc::default(),
-                events: None,
-            },
-        );
+        store.insert("b".into(), stored(Some(a), "2"));
         let b = store.get("b").unwrap();
-        store.insert(
-            "c".into(),
-            Stored {
-                response: Value::Null,
-                previous: Some(b),
-                turn: turn("3"),
-                input_items: Arc::default(),
-                events: None,
-            },
-        );
+        store.insert("c".into(), stored(Some(b), "3"));
         assert!(store.get("a").is_none(), "the oldest is dropped");
         assert_eq!(store.len(), 2);
         let conv = store.get("c").unwrap().conversation();
@@ -320,16 +304,7 @@ mod tests {
         assert!(!store.remove("b"));
         assert_eq!(store.len(), 1);
         for k in 0..10 {
-            store.insert(
-                format!("x{k}"),
-                Stored {
-                    response: Value::Null,
-                    previous: None,
-                    turn: turn("x"),
-                    input_items: Arc::default(),
-                    events: None,
-                },
-            );
+            store.insert(format!("x{k}"), stored(None, "x"));
         }
         assert_eq!(store.len(), 2);
         assert!(store.get("x9").is_some() && store.get("x8").is_some());
@@ -339,16 +314,7 @@ mod tests {
     #[test]
     fn capacity_zero_stores_nothing() {
         let store = ResponseStore::new(0, usize::MAX);
-        store.insert(
-            "a".into(),
-            Stored {
-                response: Value::Null,
-                previous: None,
-                turn: turn("1"),
-                input_items: Arc::default(),
-                events: None,
-            },
-        );
+        store.insert("a".into(), stored(None, "1"));
         assert!(store.is_empty() && !store.enabled());
     }
 
