@@ -1,7 +1,9 @@
 //! Grammar-constrained decoding with llguidance: `tool_choice` "required" or a named tool
 //! becomes a Lark grammar of the DSML tool-call block (each tool's JSON Schema constraining its
-//! arguments), `response_format` json_schema / json_object a grammar of one JSON value; the
-//! compiled grammar drives an engine [`TokenConstraint`] that masks every sampled token.
+//! arguments); a structured output (see [`crate::api::structured`]) a grammar of one JSON
+//! value, of a regular expression, of a list of choices, or the request's own grammar (Lark,
+//! or GBNF converted by [`gbnf`]); the compiled grammar drives an engine [`TokenConstraint`]
+//! that masks every sampled token.
 //!
 //! The block is written exactly as the DSV4 encoder writes history tool calls (one tag per
 //! line). DSML markers that are single tokens of the vocabulary are named by id (`<[ID]>`), so
@@ -17,10 +19,12 @@ use dsv4_chat::pyjson::OrderedJson;
 use dsv4_chat::tools::ToolDef;
 use dsv4_chat::{Tokenizer, ToolSet};
 use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
-use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
+use llguidance::{Matcher, ParserFactory, regex_to_lark};
 use std::sync::Mutex;
 use toktrie::TokEnv;
+
+pub(crate) mod gbnf;
 
 /// Free text in a `string="true"` value: anything without the closing tag.
 const STRING_VALUE: &str = r#"/(?s:.+)/ & ~/(?s:.*)<\/｜DSML｜parameter>(?s:.*)/"#;
@@ -54,7 +58,27 @@ pub enum Target<'a> {
     },
     /// One JSON value valid under this schema.
     Json(&'a serde_json::Value),
+    /// Text matching this regular expression (Rust `regex` syntax).
+    Regex(&'a str),
+    /// Exactly one of these strings.
+    Choice(&'a [String]),
+    /// Text of this grammar: Lark, or GBNF (see [`gbnf`]), told apart by [`gbnf::is_gbnf`].
+    Grammar(&'a str),
 }
+
+/// Longest regular expression or grammar text a request may give: a grammar compiles in time
+/// and stack that grow with its size.
+pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
+
+/// Stack of the thread that compiles a grammar. llguidance compiles rules recursively (about
+/// 3 KiB of stack a nested rule in optimized code, about three times that unoptimized), and a
+/// request's grammar may nest as deep as [`MAX_GRAMMAR_BYTES`] allows (a Lark chain of 3,000
+/// rules compiles in an unoptimized build on half of it); pages are only touched as deep as a
+/// grammar goes.
+pub(crate) const COMPILE_STACK: usize = 64 << 20;
+
+/// The name the request's own grammar goes by inside the constraint grammar.
+const USER_GRAMMAR: &str = "user_grammar";
 
 impl GrammarCompiler {
     /// A compiler over `env` (see [`crate::vocab::Vocab::tok_env`]) for `tok`'s markers.
@@ -72,6 +96,17 @@ impl GrammarCompiler {
         tools: &ToolSet,
         thinking: bool,
     ) -> Result<Constraint, String> {
+        let size = match target {
+            Target::Regex(text) | Target::Grammar(text) => text.len(),
+            Target::Choice(choices) => choices.iter().map(String::len).sum(),
+            Target::ToolCalls { .. } | Target::Json(_) => 0,
+        };
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(format!(
+                "it is {size} bytes long; at most {MAX_GRAMMAR_BYTES} bytes are accepted"
+            ));
+        }
+        let mut user = None;
         let body = match target {
             Target::ToolCalls { only, parallel } => {
                 let chosen: Vec<&ToolDef> = tools
@@ -82,6 +117,20 @@ impl GrammarCompiler {
                 self.tool_calls(&chosen, parallel)?
             }
             Target::Json(schema) => format!("start_body: %json {}\n", compact(schema.clone())),
+            Target::Choice(choices) => {
+                let alts: Vec<String> = choices.iter().map(|c| lark_str(c)).collect();
+                format!("start_body: {}\n", alts.join(" | "))
+            }
+            Target::Regex(rx) => format!("start_body: /{}/\n", regex_to_lark(rx, "")),
+            Target::Grammar(src) => {
+                let lark = if gbnf::is_gbnf(src) {
+                    gbnf::gbnf_to_lark(src).map_err(|e| format!("GBNF: {e}"))?
+                } else {
+                    src.to_string()
+                };
+                user = Some(lark);
+                format!("start_body: @{USER_GRAMMAR}\n")
+            }
         };
         let start = if thinking {
             format!(
@@ -92,18 +141,44 @@ impl GrammarCompiler {
             "start: start_body\n".to_string()
         };
         let lark = format!("{start}{body}");
-        tracing::debug!(grammar = %lark, "constraint grammar");
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_lark(lark))
-            .map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
+        tracing::debug!(grammar = %lark, user = ?user, "constraint grammar");
+        let mut top = TopLevelGrammar::from_lark(lark);
+        if let Some(user) = user {
+            let mut g = GrammarWithLexer::from_lark(user);
+            g.name = Some(USER_GRAMMAR.to_string());
+            top.grammars.push(g);
         }
+        let matcher = self.compile(top)?;
         Ok(Constraint::new(LlgConstraint {
             proto: Mutex::new(matcher),
         }))
+    }
+
+    /// Compile `top` on a thread with a [`COMPILE_STACK`] stack, so that no grammar a
+    /// request can send overflows the caller's.
+    fn compile(&self, top: TopLevelGrammar) -> Result<Matcher, String> {
+        let compile = || {
+            let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
+            let mut matcher = Matcher::new(Ok(parser));
+            if let Some(e) = matcher.get_error() {
+                return Err(e);
+            }
+            // The first mask, so that a grammar the lexer cannot even start (a regex too big
+            // to build) is a refused request rather than a failed one.
+            matcher
+                .compute_mask_or_eos()
+                .map_err(|e| first_line(&e.to_string()))?;
+            Ok(matcher)
+        };
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("dsv4-grammar".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, compile)
+                .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?
+                .join()
+                .map_err(|_| "the grammar compiler failed".to_string())?
+        })
     }
 
     /// A marker as a grammar atom: its token id when the vocabulary has it as one special
@@ -309,9 +384,21 @@ impl TokenConstraint for LlgConstraint {
 /// One request's position in the grammar.
 struct LlgState(Matcher);
 
+/// The first line of an llguidance error (the lines after it dump the parser's state; they
+/// are logged, not sent to clients).
+fn first_line(e: &str) -> String {
+    if e.contains('\n') {
+        tracing::debug!(error = %e, "grammar engine error");
+    }
+    e.lines().next().unwrap_or(e).to_string()
+}
+
 impl ConstraintState for LlgState {
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let allowed = self.0.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        let allowed = self
+            .0
+            .compute_mask_or_eos()
+            .map_err(|e| first_line(&e.to_string()))?;
         for (id, v) in logits.iter_mut().enumerate() {
             if !allowed.is_allowed(id as u32) {
                 *v = f32::NEG_INFINITY;
@@ -321,7 +408,9 @@ impl ConstraintState for LlgState {
     }
 
     fn advance(&mut self, token: u32) -> Result<(), String> {
-        self.0.consume_token(token).map_err(|e| e.to_string())
+        self.0
+            .consume_token(token)
+            .map_err(|e| first_line(&e.to_string()))
     }
 }
 

@@ -177,3 +177,85 @@ fn schemas_a_grammar_cannot_follow_are_refused_with_the_reason() {
             .is_err()
     );
 }
+
+#[test]
+fn regex_choice_and_grammar_answers_stay_in_their_language_also_after_reasoning() {
+    let (g, vocab) = compiler();
+    let choices = ["alpha".to_string(), "beta".into(), "alphabet".into()];
+    let gbnf = "root ::= item (\",\" item){0,2}\nitem ::= [a-c] | \"xy\"";
+    let lark = "start: item (\",\" item){0,2}\nitem: /[a-c]/ | \"xy\"";
+    let item = "(?:[a-c]|xy)";
+    let item_list = format!("{item}(?:,{item}){{0,2}}");
+    let cases = [
+        (
+            Target::Regex("[0-9]{2}-[a-z]{1,3}"),
+            "[0-9]{2}-[a-z]{1,3}".to_string(),
+        ),
+        (Target::Choice(&choices), "alpha|beta|alphabet".to_string()),
+        (Target::Grammar(gbnf), item_list.clone()),
+        (Target::Grammar(lark), item_list),
+    ];
+    let think_end = Tokenizer::tiny()
+        .unwrap()
+        .decode(&[Tokenizer::tiny()
+            .unwrap()
+            .token_id(markers::THINK_END)
+            .unwrap()])
+        .unwrap();
+    for (target, rx) in cases {
+        let whole = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
+        for thinking in [false, true] {
+            let c = g.constraint(target, &ToolSet::default(), thinking).unwrap();
+            for seed in 0..6 {
+                let text = String::from_utf8(generate(&c, &vocab, seed, 3000)).unwrap();
+                let answer = if thinking {
+                    let (reasoning, answer) = text
+                        .split_once(&think_end)
+                        .unwrap_or_else(|| panic!("{target:?}: no {think_end}: {text:?}"));
+                    assert!(!reasoning.contains('<'), "{reasoning:?}");
+                    answer
+                } else {
+                    &text
+                };
+                assert!(whole.is_match(answer), "{target:?} seed {seed}: {answer:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn request_grammars_that_cannot_compile_are_refused_not_fatal() {
+    let (g, _) = compiler();
+    for (target, says) in [
+        (Target::Regex("(a"), "regex"),
+        (Target::Grammar("start: missing"), "missing"),
+        (Target::Grammar("root ::= missing"), "missing"),
+        (Target::Grammar("start: \"a\"\nstart: \"b\""), "start"),
+    ] {
+        let e = g
+            .constraint(target, &ToolSet::default(), false)
+            .err()
+            .unwrap_or_else(|| panic!("{target:?} compiles"));
+        assert!(e.to_lowercase().contains(says), "{target:?}: {e}");
+    }
+    // A Lark grammar as deep as the size limit allows (a chain of rules, compiled recursively
+    // by llguidance) compiles without overflowing the stack.
+    let depth = MAX_GRAMMAR_BYTES / 24;
+    let chain: String = (0..depth)
+        .map(|i| format!("r{i}: \"x\" r{}?\n", i + 1))
+        .chain(std::iter::once(format!("r{depth}: \"y\"\n")))
+        .collect();
+    let lark = format!("start: r0\n{chain}");
+    let gbnf = format!("root ::= r0\n{}", chain.replace(':', " ::="));
+    for chain in [lark, gbnf] {
+        assert!(chain.len() <= MAX_GRAMMAR_BYTES, "{}", chain.len());
+        let compiled = g.constraint(Target::Grammar(&chain), &ToolSet::default(), false);
+        assert!(compiled.is_ok(), "{:?}", compiled.err());
+    }
+    let long = "a".repeat(MAX_GRAMMAR_BYTES + 1);
+    let e = g
+        .constraint(Target::Regex(&long), &ToolSet::default(), false)
+        .err()
+        .unwrap();
+    assert!(e.contains("at most 65536 bytes"), "{e}");
+}
