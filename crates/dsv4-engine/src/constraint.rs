@@ -48,6 +48,10 @@ impl PartialEq for Constraint {
     }
 }
 
+/// How the error of a request whose token constraint failed starts (the rest says why), so
+/// that a server can tell a constraint the request gave from a failure of the engine.
+pub const CONSTRAINT_FAILED: &str = "token constraint: ";
+
 /// Mask `row` with `state` and check that some token is left.
 pub(crate) fn apply(state: &mut dyn ConstraintState, row: &[f32]) -> Result<Vec<f32>, String> {
     let mut masked = row.to_vec();

@@ -42,7 +42,7 @@ pub mod sequence;
 
 pub use canary::{CanaryCheck, CanaryConfig, CanaryFinding, CanaryPools, DebugOptions};
 pub use config::{CacheBudget, EngineConfig, HostTierConfig, SchedulePolicy, TransferPace};
-pub use constraint::{Constraint, ConstraintState, TokenConstraint};
+pub use constraint::{CONSTRAINT_FAILED, Constraint, ConstraintState, TokenConstraint};
 pub use engine::{Engine, EngineHandle, StallGuard};
 pub use error::EngineError;
 pub use hicache::HostTierStats;

@@ -101,9 +101,8 @@ impl SamplerState {
             sampling::sample(row, params, &mut self.rng)
         } else {
             let mut row = match self.constraint.as_deref_mut() {
-                Some(c) => {
-                    constraint::apply(c, row).map_err(|e| format!("token constraint: {e}"))?
-                }
+                Some(c) => constraint::apply(c, row)
+                    .map_err(|e| format!("{}{e}", constraint::CONSTRAINT_FAILED))?,
                 None => row.to_vec(),
             };
             sampling::process(&mut row, params, &self.counts);
@@ -126,7 +125,7 @@ impl SamplerState {
             && !params.ends(tok, (eos, ignore_eos))
         {
             c.advance(tok)
-                .map_err(|e| format!("token constraint: {e}"))?;
+                .map_err(|e| format!("{}{e}", constraint::CONSTRAINT_FAILED))?;
         }
         self.counts.record(tok, sampling::penalizes(params));
         Ok(tok)

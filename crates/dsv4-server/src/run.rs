@@ -149,10 +149,7 @@ impl Run {
                 Some(Event::Finished(f)) => {
                     self.state.stats().finished(&f);
                     return match f.reason {
-                        FinishReason::Error => Err(ApiError::internal(format!(
-                            "the engine failed on this request: {}",
-                            f.error.as_deref().unwrap_or("no reason given")
-                        ))),
+                        FinishReason::Error => Err(engine_error(f.error.as_deref())),
                         FinishReason::Cancelled if !self.abort.aborted() => {
                             Err(ApiError::unavailable(
                                 "the request was cancelled by the server (shutting down)",
@@ -349,6 +346,21 @@ pub fn merge(runs: Vec<Run>) -> Merged {
         })
         .boxed()
     }))
+}
+
+/// The error of a request the engine ended with an error: a failed token constraint (the
+/// request's own grammar: its structured output or required tool calls) is the request's
+/// fault, a 400 with code `grammar_failed`; anything else is the server's, a 500.
+fn engine_error(error: Option<&str>) -> ApiError {
+    let error = error.unwrap_or("no reason given");
+    match error.strip_prefix(dsv4_engine::CONSTRAINT_FAILED) {
+        Some(why) => ApiError::bad_request(format!(
+            "the request's grammar (its structured output or required tool calls) could not \
+             be followed while generating: {why}"
+        ))
+        .with_code("grammar_failed"),
+        None => ApiError::internal(format!("the engine failed on this request: {error}")),
+    }
 }
 
 /// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made (an
