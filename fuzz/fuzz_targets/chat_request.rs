@@ -2,10 +2,11 @@
 //! runs it: the typed request (`parse_body`), `tool_choice`, thinking mode, stop strings, `n`,
 //! the sampling fields (then the engine's logit processing and sampler on a row of the tiny
 //! vocabulary under the parameters they give), the DSV4 prompt encoding and tokenization, and
-//! the llguidance grammars for `tool_choice` "required" and `response_format` (compiled over
-//! the tiny model's vocabulary, then walked for a few tokens chosen by the input); and the same
-//! body as a `/v1/completions` request (its prompts, log-probability count and sampling
-//! fields). Nothing may panic, the sampler's token is in the vocabulary, and accepted prompts
+//! the llguidance grammars for `tool_choice` "required" and the structured output
+//! (`response_format`, `structured_outputs`, `regex`, `ebnf`: compiled over the tiny model's
+//! vocabulary, then walked for a few tokens chosen by the input); and the same body as a
+//! `/v1/completions` request (its prompts, log-probability count, sampling fields and
+//! structured output). Nothing may panic, the sampler's token is in the vocabulary, and accepted prompts
 //! number 1 to `MAX_PROMPTS`.
 //!
 //! Input: the request body. Seeds: `fuzz/seeds/chat_request/` (see docs/chat.md).
@@ -17,7 +18,7 @@ use dsv4_chat::{Conversation, Tokenizer, encode_prompt_ids};
 use dsv4_core::SplitMix64;
 use dsv4_engine::Constraint;
 use dsv4_engine::sampling::{TokenCounts, penalizes, process, sample, validate};
-use dsv4_server::api::chat::{ChatRequest, ResponseFormat};
+use dsv4_server::api::chat::ChatRequest;
 use dsv4_server::api::common::{check_n, parse_body, stop_strings};
 use dsv4_server::api::completion::{CompletionRequest, MAX_PROMPTS};
 use dsv4_server::api::sampling::check_fit;
@@ -78,6 +79,11 @@ fuzz_target!(|body: &[u8]| {
         }
         let _ = c.logprobs();
         let _ = c.sampling().to_params(7);
+        if let Ok(Some(shape)) = c.structured() {
+            if let Ok(c) = env.grammars.constraint(shape.target(), &Default::default(), false) {
+                walk(&c, env.vocab, body);
+            }
+        }
     }
     let Ok(req) = parse_body::<ChatRequest>(body) else {
         return;
@@ -111,18 +117,14 @@ fuzz_target!(|body: &[u8]| {
     };
     let _ = encode_prompt_ids(&conv, &req.encode_options(thinking), &env.tok);
     let tools = conv.tools.clone().unwrap_or_default();
-    let schema = match &req.response_format {
-        Some(ResponseFormat::JsonSchema { json_schema }) => json_schema.schema.clone(),
-        Some(ResponseFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
-        _ => None,
-    };
+    let shape = req.structured().ok().flatten();
     let parallel = req.parallel_tool_calls.unwrap_or(true);
     let mut targets = vec![Target::ToolCalls {
         only: tools.tools().first().map(|t| t.name()),
         parallel,
     }];
-    if let Some(schema) = &schema {
-        targets.push(Target::Json(schema));
+    if let Some(shape) = &shape {
+        targets.push(shape.target());
     }
     for target in targets {
         if let Ok(c) = env.grammars.constraint(target, &tools, thinking) {

@@ -4,6 +4,7 @@
 use super::common::{Stop, StopReason, StreamOptions, UsageBody};
 use super::logprobs::{ChatLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
+use super::structured::{Fields, ResponseFormat, Shape, StructuredOutputs};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -48,6 +49,12 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured outputs: `json`, `regex`, `choice`, `grammar` or `json_object`.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// A regular expression the whole answer matches (SGLang's extension).
+    pub regex: Option<String>,
+    /// A grammar the answer follows, GBNF or Lark (SGLang's extension).
+    pub ebnf: Option<String>,
     /// "high" or "max" (thinking mode); others add nothing.
     pub reasoning_effort: Option<String>,
     /// {"thinking": bool} (or "enable_thinking") selects thinking mode.
@@ -91,35 +98,6 @@ pub struct ChatRequest {
     pub store: Option<bool>,
     /// Accepted and ignored.
     pub service_tier: Option<String>,
-}
-
-/// `response_format`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ResponseFormat {
-    /// Free text (the default).
-    Text,
-    /// Any JSON object.
-    JsonObject,
-    /// JSON valid under a schema.
-    JsonSchema {
-        /// The schema and its name.
-        json_schema: JsonSchemaFormat,
-    },
-}
-
-/// `response_format.json_schema`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JsonSchemaFormat {
-    /// The schema's name.
-    pub name: String,
-    /// What the schema is for.
-    pub description: Option<String>,
-    /// The JSON Schema (default: any JSON value).
-    pub schema: Option<Value>,
-    /// Always enforced here.
-    pub strict: Option<bool>,
 }
 
 /// `tool_choice`, checked.
@@ -206,18 +184,16 @@ impl ChatRequest {
         Ok(thinking)
     }
 
-    /// The JSON schema `response_format` asks the answer to follow, if any.
-    pub fn schema(&self) -> Option<Value> {
-        match &self.response_format {
-            None | Some(ResponseFormat::Text) => None,
-            Some(ResponseFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
-            Some(ResponseFormat::JsonSchema { json_schema }) => Some(
-                json_schema
-                    .schema
-                    .clone()
-                    .unwrap_or_else(|| serde_json::json!({})),
-            ),
+    /// The structured output the request asks for, if any (at most one of
+    /// `response_format`, `structured_outputs`, `regex` and `ebnf`).
+    pub fn structured(&self) -> Result<Option<Shape>, ApiError> {
+        Fields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            regex: self.regex.as_deref(),
+            ebnf: self.ebnf.as_deref(),
         }
+        .resolve()
     }
 
     /// The checked tool choice (default: auto with tools, none without).

@@ -17,6 +17,12 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value = parsed.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        let hint = if inner.to_string().starts_with("unknown field `guided_") {
+            " (vLLM 0.12 replaced its guided_* fields with `structured_outputs`: `json`, \
+             `regex`, `choice`, `grammar`)"
+        } else {
+            ""
+        };
         if inner.is_syntax() || inner.is_eof() {
             ApiError::bad_request(format!(
                 "the request body is not valid JSON ({inner}); send one JSON object"
@@ -25,7 +31,7 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         } else if path == "." {
             ApiError::bad_request(format!("invalid request body: {inner}"))
         } else {
-            ApiError::bad_param(&path, format!("invalid value for `{path}`: {inner}"))
+            ApiError::bad_param(&path, format!("invalid value for `{path}`: {inner}{hint}"))
         }
     })?;
     de.end().map_err(|e| {

@@ -4,6 +4,7 @@
 use super::common::{Stop, StopReason, StreamOptions, UsageBody};
 use super::logprobs::{CompletionLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
+use super::structured::{Fields, ResponseFormat, Shape, StructuredOutputs};
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -83,6 +84,15 @@ pub struct CompletionRequest {
     pub return_tokens_as_token_ids: Option<bool>,
     /// Accepted and ignored.
     pub user: Option<String>,
+    /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}} (vLLM's
+    /// extension on text completions).
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured outputs: `json`, `regex`, `choice`, `grammar` or `json_object`.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// A regular expression the whole text matches (SGLang's extension).
+    pub regex: Option<String>,
+    /// A grammar the text follows, GBNF or Lark (SGLang's extension).
+    pub ebnf: Option<String>,
 }
 
 /// The prompt of a completion request.
@@ -95,6 +105,18 @@ pub enum Prompt {
 }
 
 impl CompletionRequest {
+    /// The structured output the request asks for, if any (at most one of
+    /// `response_format`, `structured_outputs`, `regex` and `ebnf`).
+    pub fn structured(&self) -> Result<Option<Shape>, ApiError> {
+        Fields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            regex: self.regex.as_deref(),
+            ebnf: self.ebnf.as_deref(),
+        }
+        .resolve()
+    }
+
     /// The sampling fields.
     pub fn sampling(&self) -> SamplingFields {
         SamplingFields {

@@ -129,10 +129,10 @@ pub struct GenerateSampling {
     pub no_stop_trim: Option<bool>,
     /// A JSON schema (as JSON text or an object) the output must follow.
     pub json_schema: Option<Value>,
-    /// Not supported (refused unless null).
-    pub regex: Option<Value>,
-    /// Not supported (refused unless null).
-    pub ebnf: Option<Value>,
+    /// A regular expression the whole output matches.
+    pub regex: Option<String>,
+    /// A grammar the output follows: GBNF (xgrammar's EBNF, start rule `root`) or Lark.
+    pub ebnf: Option<String>,
 }
 
 impl GenerateSampling {

@@ -1,7 +1,8 @@
 //! The OpenAI request and response bodies: [`chat`] (`/v1/chat/completions`), [`completion`]
 //! (`/v1/completions`) and what both share ([`common`]: body parsing with the path of a bad
 //! field, stop strings, usage; [`sampling`]: the sampling fields and their checks;
-//! [`logprobs`]: per-token log-probabilities in each endpoint's format), [`tokenize`]
+//! [`logprobs`]: per-token log-probabilities in each endpoint's format; [`structured`]: the
+//! structured outputs an answer must follow), [`tokenize`]
 //! (`/tokenize`, `/detokenize`), the Responses API's [`responses`] and [`responses_input`]
 //! (`/v1/responses`), and SGLang's native [`generate`] (`/generate`).
 
@@ -13,4 +14,5 @@ pub mod logprobs;
 pub mod responses;
 pub mod responses_input;
 pub mod sampling;
+pub mod structured;
 pub mod tokenize;

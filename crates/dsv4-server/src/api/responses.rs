@@ -5,6 +5,7 @@
 use super::chat::{ToolChoice, check_tool_choice};
 use super::common::Stop;
 use super::sampling::{SamplingFields, top_count};
+use super::structured::Shape;
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -294,12 +295,13 @@ impl ResponsesRequest {
     }
 
     /// The JSON schema `text.format` asks the output to follow, if any.
-    pub fn schema(&self) -> Option<Value> {
-        match self.text.as_ref().and_then(|t| t.format.as_ref()) {
-            None | Some(TextFormat::Text) => None,
-            Some(TextFormat::JsonObject) => Some(serde_json::json!({"type": "object"})),
-            Some(TextFormat::JsonSchema { schema, .. }) => Some(schema.clone()),
-        }
+    pub fn structured(&self) -> Option<Shape> {
+        let schema = match self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            None | Some(TextFormat::Text) => return None,
+            Some(TextFormat::JsonObject) => serde_json::json!({"type": "object"}),
+            Some(TextFormat::JsonSchema { schema, .. }) => schema.clone(),
+        };
+        Some(Shape::json(schema, "text.format"))
     }
 }
 

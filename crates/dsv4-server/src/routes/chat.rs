@@ -16,6 +16,7 @@ use crate::api::common::{
 };
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::check_fit;
+use crate::api::structured::Shape;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
 use crate::grammar::Target;
@@ -206,7 +207,7 @@ fn prepare(
     let parallel = req.parallel_tool_calls.unwrap_or(true);
     let constraint = constraint(
         loaded,
-        (req.schema(), "response_format"),
+        req.structured()?.as_ref(),
         parallel,
         &choice,
         &tools,
@@ -295,23 +296,27 @@ pub(super) fn max_tokens(
     }
 }
 
-/// The grammar constraint a request asks for, if any: a JSON `schema` its answer follows
-/// (`response_format`, or the Responses API's `text.format`: the field named in errors), or
-/// the tool calls its `choice` requires (`parallel`: several in one answer).
+/// The grammar constraint a request asks for, if any: the structured output its answer
+/// follows (`shape`: a JSON schema, regex, choice or grammar, with the field that asked for it,
+/// named in errors), or the tool calls its `choice` requires (`parallel`: several in one
+/// answer).
 pub(super) fn constraint(
     loaded: &Loaded,
-    (schema, format_param): (Option<serde_json::Value>, &'static str),
+    shape: Option<&Shape>,
     parallel: bool,
     choice: &ToolChoice,
     tools: &ToolSet,
     thinking: bool,
 ) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
-    let (target, param) = match (choice, &schema) {
-        (ToolChoice::Required | ToolChoice::Named(_), Some(_)) => {
+    let (target, param) = match (choice, shape) {
+        (ToolChoice::Required | ToolChoice::Named(_), Some(shape)) => {
             return Err(ApiError::bad_param(
-                format_param,
-                "a JSON output format cannot be combined with tool_choice \"required\" or a \
-                 named tool; use one or the other",
+                shape.field.as_str(),
+                format!(
+                    "`{}` cannot be combined with tool_choice \"required\" or a named tool; \
+                     use one or the other",
+                    shape.field
+                ),
             ));
         }
         (ToolChoice::Required, None) => (
@@ -339,7 +344,7 @@ pub(super) fn constraint(
                 "tool_choice",
             )
         }
-        (_, Some(schema)) => (Target::Json(schema), format_param),
+        (_, Some(shape)) => (shape.target(), shape.field.as_str()),
         (_, None) => return Ok(None),
     };
     loaded
@@ -347,6 +352,22 @@ pub(super) fn constraint(
         .constraint(target, tools, thinking)
         .map(Some)
         .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced by a grammar: {e}")))
+}
+
+/// The constraint of a structured output on an answer with no tools and no thinking
+/// (`/v1/completions`, `/generate`).
+pub(super) fn structured_constraint(
+    loaded: &Loaded,
+    shape: Option<&Shape>,
+) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
+    constraint(
+        loaded,
+        shape,
+        false,
+        &ToolChoice::None,
+        &ToolSet::default(),
+        false,
+    )
 }
 
 /// What every chunk and answer repeats.

@@ -11,7 +11,7 @@
 //! `return_token_ids` (vLLM) adds each choice's prompt and answer ids, and every choice says its
 //! `stop_reason`.
 
-use super::chat::max_tokens;
+use super::chat::{max_tokens, structured_constraint};
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
@@ -158,6 +158,7 @@ fn prepare(
     }
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    let constraint = structured_constraint(loaded, req.structured()?.as_ref())?;
     let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     let one = prompts.len() == 1;
     let mut out = Vec::with_capacity(prompts.len());
@@ -192,6 +193,7 @@ fn prepare(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
             prompt_logprobs: scored,
+            constraint: constraint.clone(),
             ..Default::default()
         };
         out.push((request, echo));

@@ -8,6 +8,7 @@
 //! `return_logprob` gives SGLang's `[logprob, id, text]` entries for the output and, from
 //! `logprob_start_len`, the prompt, scored once per prompt.
 
+use super::chat::structured_constraint;
 use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
@@ -18,8 +19,8 @@ use crate::api::generate::{
 };
 use crate::api::logprobs::{finite, token_string};
 use crate::api::sampling::{check_fit, top_count};
+use crate::api::structured::{self, Shape};
 use crate::error::ApiError;
-use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{Merged, SharedScoring, Step, merge, start_choices};
 use crate::state::{AppState, Loaded};
@@ -28,7 +29,6 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
-use dsv4_chat::ToolSet;
 use dsv4_engine::{FinishReason, Request, TokenLogprob};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -266,38 +266,24 @@ fn max_new_tokens(
     }
 }
 
-/// The grammar of `json_schema`; `regex` and `ebnf` are refused.
+/// The constraint of `json_schema`, `regex` or `ebnf` (at most one).
 fn constraint(
     loaded: &Loaded,
     sp: &GenerateSampling,
 ) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
-    for (name, v) in [("regex", &sp.regex), ("ebnf", &sp.ebnf)] {
-        if v.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad_param(
-                format!("sampling_params.{name}"),
-                format!("`{name}` is not supported by this server; use json_schema"),
-            ));
-        }
+    let field = |k: &str| format!("sampling_params.{k}");
+    let mut shapes = Vec::new();
+    if let Some(v) = sp.json_schema.as_ref().filter(|v| !v.is_null()) {
+        let f = field("json_schema");
+        shapes.push(Shape::json(structured::schema(v, &f)?, &f));
     }
-    let param = "sampling_params.json_schema";
-    let schema = match &sp.json_schema {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
-            ApiError::bad_param(param, format!("json_schema is not valid JSON: {e}"))
-        })?,
-        Some(v @ (Value::Object(_) | Value::Bool(_))) => v.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_param(
-                param,
-                format!("json_schema is a JSON schema (an object, or its JSON text), not {other}"),
-            ));
-        }
-    };
-    loaded
-        .grammars
-        .constraint(Target::Json(&schema), &ToolSet::default(), false)
-        .map(Some)
-        .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced by a grammar: {e}")))
+    if let Some(rx) = &sp.regex {
+        shapes.push(structured::regex(rx, &field("regex"))?);
+    }
+    if let Some(g) = &sp.ebnf {
+        shapes.push(structured::grammar(g, &field("ebnf"))?);
+    }
+    structured_constraint(loaded, structured::one(shapes)?.as_ref())
 }
 
 /// One output as it accumulates.

@@ -269,7 +269,7 @@ fn prepare(
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let constraint = constraint(
         loaded,
-        (req.schema(), "text.format"),
+        req.structured().as_ref(),
         req.parallel_tool_calls.unwrap_or(true),
         &choice,
         &tools,

@@ -369,9 +369,9 @@ async fn bad_generate_requests_name_what_is_wrong() {
             "1 to 16",
         ),
         (
-            json!({"text": "a", "sampling_params": {"regex": "a+"}}),
-            Some("sampling_params.regex"),
-            "not supported",
+            json!({"text": "a", "sampling_params": {"regex": "a+", "ebnf": "root ::= \"a\""}}),
+            Some("sampling_params.ebnf"),
+            "send only one",
         ),
         (
             json!({"text": "a", "sampling_params": {"json_schema": "{oops"}}),

@@ -9,7 +9,8 @@
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
-//! OpenAI's Responses API (`/v1/responses`, stored responses).
+//! OpenAI's Responses API (`/v1/responses`, stored responses), and structured outputs beyond
+//! JSON (regex, choice, GBNF and Lark grammars) on every endpoint.
 
 mod abort;
 mod api;
@@ -26,5 +27,6 @@ mod logprobs;
 mod prompt_logprobs;
 mod responses;
 mod sampling;
+mod structured;
 mod token_ids;
 mod tokenize;

@@ -1,0 +1,493 @@
+//! Structured outputs: what a request asks its answer to follow beyond free text — a JSON
+//! schema, a regular expression, one of a list of choices, or a grammar (Lark, or GBNF as
+//! llama.cpp, xgrammar and SGLang's `ebnf` write it) — from whichever field spells it:
+//! OpenAI's `response_format`, vLLM's `structured_outputs` object, SGLang's `regex` and
+//! `ebnf` extensions, or `/generate`'s `json_schema`, `regex` and `ebnf` sampling parameters.
+//! A request may ask for one; two are refused, naming both.
+//!
+//! vLLM's field names and meanings: <https://docs.vllm.ai/en/latest/features/structured_outputs/>
+//! (its older `guided_*` fields were removed in vLLM 0.12 and are not taken here).
+
+use crate::error::ApiError;
+use crate::grammar::Target;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Most entries of a `choice` list.
+pub const MAX_CHOICES: usize = 1024;
+
+/// What the answer must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Structured {
+    /// One JSON value valid under this schema.
+    Json(Value),
+    /// Text matching this regular expression (Rust `regex` syntax), whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text of this grammar: Lark, or GBNF (some rule defined with `::=`, start rule `root`).
+    Grammar(String),
+}
+
+/// A structured-output demand and the request field that made it (named in errors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    /// What the answer must be.
+    pub what: Structured,
+    /// The field, e.g. `response_format` or `structured_outputs.regex`.
+    pub field: String,
+}
+
+impl Shape {
+    /// A demand for JSON under `schema`, made by `field`.
+    pub fn json(schema: Value, field: &str) -> Self {
+        Self {
+            what: Structured::Json(schema),
+            field: field.to_string(),
+        }
+    }
+
+    /// What the grammar compiler makes of it.
+    pub fn target(&self) -> Target<'_> {
+        match &self.what {
+            Structured::Json(schema) => Target::Json(schema),
+            Structured::Regex(rx) => Target::Regex(rx),
+            Structured::Choice(c) => Target::Choice(c),
+            Structured::Grammar(g) => Target::Grammar(g),
+        }
+    }
+}
+
+/// `response_format` of chat and text completions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    pub name: String,
+    /// What the schema is for.
+    pub description: Option<String>,
+    /// The JSON Schema (default: any JSON value).
+    pub schema: Option<Value>,
+    /// Always enforced here.
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The schema this format asks for (None: free text).
+    pub fn schema(&self) -> Option<Value> {
+        match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(serde_json::json!({"type": "object"})),
+            ResponseFormat::JsonSchema { json_schema } => Some(
+                json_schema
+                    .schema
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({})),
+            ),
+        }
+    }
+}
+
+/// vLLM's `structured_outputs` object (one of `json`, `regex`, `choice`, `grammar`,
+/// `json_object`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    /// A JSON schema (an object, or its JSON text).
+    pub json: Option<Value>,
+    /// A regular expression the whole answer matches.
+    pub regex: Option<String>,
+    /// The answer is exactly one of these strings.
+    pub choice: Option<Vec<String>>,
+    /// A grammar: Lark, or GBNF (xgrammar's EBNF).
+    pub grammar: Option<String>,
+    /// true: any JSON object.
+    pub json_object: Option<bool>,
+    /// Accepted: there is no other grammar backend to fall back to.
+    pub disable_fallback: Option<bool>,
+    /// Accepted: JSON answers are always compact here (Python's separators, no other
+    /// whitespace), which is what `true` asks for.
+    pub disable_any_whitespace: Option<bool>,
+    /// true: objects of the `json` schema that do not say otherwise take no properties
+    /// beyond those they list.
+    pub disable_additional_properties: Option<bool>,
+    /// Refused (JSON whitespace is fixed here).
+    pub whitespace_pattern: Option<String>,
+    /// Refused (tool calls are constrained through `tool_choice`).
+    pub structural_tag: Option<Value>,
+}
+
+/// The structured-output fields of a chat or text completion request.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fields<'a> {
+    /// OpenAI's `response_format`.
+    pub response_format: Option<&'a ResponseFormat>,
+    /// vLLM's `structured_outputs`.
+    pub structured_outputs: Option<&'a StructuredOutputs>,
+    /// SGLang's `regex`.
+    pub regex: Option<&'a str>,
+    /// SGLang's `ebnf`.
+    pub ebnf: Option<&'a str>,
+}
+
+impl Fields<'_> {
+    /// The one demand these fields make, if any; two or more are refused, naming them.
+    pub fn resolve(&self) -> Result<Option<Shape>, ApiError> {
+        let mut shapes = Vec::new();
+        if let Some(schema) = self.response_format.and_then(ResponseFormat::schema) {
+            shapes.push(Shape::json(schema, "response_format"));
+        }
+        if let Some(so) = self.structured_outputs {
+            shapes.extend(structured_outputs(so)?);
+        }
+        if let Some(rx) = self.regex {
+            shapes.push(regex(rx, "regex")?);
+        }
+        if let Some(g) = self.ebnf {
+            shapes.push(grammar(g, "ebnf")?);
+        }
+        one(shapes)
+    }
+}
+
+/// At most one of `shapes`.
+pub fn one(mut shapes: Vec<Shape>) -> Result<Option<Shape>, ApiError> {
+    if shapes.len() > 1 {
+        let names: Vec<String> = shapes.iter().map(|s| format!("`{}`", s.field)).collect();
+        return Err(ApiError::bad_param(
+            shapes[1].field.clone(),
+            format!(
+                "{} each constrain the answer; send only one",
+                names.join(" and ")
+            ),
+        ));
+    }
+    Ok(shapes.pop())
+}
+
+/// The demands of a `structured_outputs` object (several are refused by [`one`]).
+fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
+    let field = |k: &str| format!("structured_outputs.{k}");
+    if so.whitespace_pattern.is_some() {
+        return Err(ApiError::bad_param(
+            field("whitespace_pattern"),
+            "whitespace_pattern is not supported: JSON answers here are always compact (one \
+             space after `:` and `,`, none elsewhere)",
+        ));
+    }
+    if so.structural_tag.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_param(
+            field("structural_tag"),
+            "structural_tag is not supported; constrain tool calls with `tools` and \
+             `tool_choice` (\"required\" or a named tool)",
+        ));
+    }
+    let mut shapes = Vec::new();
+    if let Some(v) = so.json.as_ref().filter(|v| !v.is_null()) {
+        let mut schema = schema(v, &field("json"))?;
+        if so.disable_additional_properties == Some(true) {
+            close_objects(&mut schema);
+        }
+        shapes.push(Shape::json(schema, &field("json")));
+    } else if so.disable_additional_properties == Some(true) {
+        return Err(ApiError::bad_param(
+            field("disable_additional_properties"),
+            "disable_additional_properties applies to a `json` schema; send one",
+        ));
+    }
+    if so.json_object == Some(true) {
+        shapes.push(Shape::json(
+            serde_json::json!({"type": "object"}),
+            &field("json_object"),
+        ));
+    }
+    if let Some(rx) = &so.regex {
+        shapes.push(regex(rx, &field("regex"))?);
+    }
+    if let Some(c) = &so.choice {
+        shapes.push(choice(c, &field("choice"))?);
+    }
+    if let Some(g) = &so.grammar {
+        shapes.push(grammar(g, &field("grammar"))?);
+    }
+    if shapes.is_empty() {
+        return Err(ApiError::bad_param(
+            "structured_outputs",
+            "structured_outputs names nothing to follow; give one of `json`, `regex`, \
+             `choice`, `grammar` or `json_object: true`",
+        ));
+    }
+    Ok(shapes)
+}
+
+/// A JSON schema given as an object (or `true`/`false`) or as its JSON text.
+pub fn schema(v: &Value, field: &str) -> Result<Value, ApiError> {
+    match v {
+        Value::String(s) => serde_json::from_str(s)
+            .map_err(|e| ApiError::bad_param(field, format!("`{field}` is not valid JSON: {e}"))),
+        Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
+        other => Err(ApiError::bad_param(
+            field,
+            format!("`{field}` is a JSON schema (an object, or its JSON text), not {other}"),
+        )),
+    }
+}
+
+/// A regular-expression demand (its syntax is checked when the grammar is compiled).
+pub fn regex(rx: &str, field: &str) -> Result<Shape, ApiError> {
+    if rx.is_empty() {
+        return Err(ApiError::bad_param(
+            field,
+            format!("`{field}` is empty; give a regular expression"),
+        ));
+    }
+    Ok(Shape {
+        what: Structured::Regex(rx.to_string()),
+        field: field.to_string(),
+    })
+}
+
+/// A grammar demand (its syntax is checked when it is compiled).
+pub fn grammar(g: &str, field: &str) -> Result<Shape, ApiError> {
+    if g.trim().is_empty() {
+        return Err(ApiError::bad_param(
+            field,
+            format!("`{field}` is empty; give a grammar (Lark, or GBNF with a `root` rule)"),
+        ));
+    }
+    Ok(Shape {
+        what: Structured::Grammar(g.to_string()),
+        field: field.to_string(),
+    })
+}
+
+/// A choice demand: 1 to [`MAX_CHOICES`] strings, none empty.
+fn choice(c: &[String], field: &str) -> Result<Shape, ApiError> {
+    let bad = |m: String| Err(ApiError::bad_param(field, m));
+    if c.is_empty() || c.len() > MAX_CHOICES {
+        return bad(format!(
+            "`{field}` must list 1 to {MAX_CHOICES} strings, not {}",
+            c.len()
+        ));
+    }
+    if let Some(i) = c.iter().position(String::is_empty) {
+        return bad(format!(
+            "`{field}[{i}]` is empty; every choice is a non-empty string"
+        ));
+    }
+    Ok(Shape {
+        what: Structured::Choice(c.to_vec()),
+        field: field.to_string(),
+    })
+}
+
+/// Give every object schema in `schema` that does not say otherwise
+/// `"additionalProperties": false` (vLLM's `disable_additional_properties`). Only schema
+/// keywords are walked, so `const`, `enum` and `default` values stay as given.
+fn close_objects(schema: &mut Value) {
+    let Value::Object(o) = schema else {
+        return;
+    };
+    let is_object = o.get("type").is_some_and(|t| t == "object") || o.contains_key("properties");
+    if is_object && !o.contains_key("additionalProperties") {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, v) in o.iter_mut() {
+        match (key.as_str(), v) {
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(m)) => {
+                m.values_mut().for_each(close_objects)
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(a)) => {
+                a.iter_mut().for_each(close_objects)
+            }
+            ("items" | "additionalProperties" | "not" | "if" | "then" | "else", v) => {
+                close_objects(v)
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn so(v: Value) -> StructuredOutputs {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn each_spelling_becomes_one_shape_naming_its_field() {
+        let rf: ResponseFormat = serde_json::from_value(json!({"type": "json_object"})).unwrap();
+        let cases = [
+            (
+                Fields {
+                    response_format: Some(&rf),
+                    ..Default::default()
+                },
+                Structured::Json(json!({"type": "object"})),
+                "response_format",
+            ),
+            (
+                Fields {
+                    regex: Some("[0-9]+"),
+                    ..Default::default()
+                },
+                Structured::Regex("[0-9]+".into()),
+                "regex",
+            ),
+            (
+                Fields {
+                    ebnf: Some("root ::= \"a\""),
+                    ..Default::default()
+                },
+                Structured::Grammar("root ::= \"a\"".into()),
+                "ebnf",
+            ),
+        ];
+        for (fields, what, field) in cases {
+            let shape = fields.resolve().unwrap().unwrap();
+            assert_eq!((shape.what, shape.field.as_str()), (what, field));
+        }
+        let text: ResponseFormat = serde_json::from_value(json!({"type": "text"})).unwrap();
+        let none = Fields {
+            response_format: Some(&text),
+            ..Default::default()
+        };
+        assert_eq!(none.resolve().unwrap(), None);
+        for (v, what, field) in [
+            (
+                json!({"json": "{\"type\": \"integer\"}"}),
+                Structured::Json(json!({"type": "integer"})),
+                "structured_outputs.json",
+            ),
+            (
+                json!({"choice": ["yes", "no"], "disable_fallback": true}),
+                Structured::Choice(vec!["yes".into(), "no".into()]),
+                "structured_outputs.choice",
+            ),
+            (
+                json!({"grammar": "start: \"x\""}),
+                Structured::Grammar("start: \"x\"".into()),
+                "structured_outputs.grammar",
+            ),
+            (
+                json!({"json_object": true, "disable_any_whitespace": true}),
+                Structured::Json(json!({"type": "object"})),
+                "structured_outputs.json_object",
+            ),
+        ] {
+            let s = so(v);
+            let fields = Fields {
+                structured_outputs: Some(&s),
+                ..Default::default()
+            };
+            let shape = fields.resolve().unwrap().unwrap();
+            assert_eq!((shape.what, shape.field.as_str()), (what, field));
+        }
+    }
+
+    #[test]
+    fn two_demands_or_bad_ones_are_refused_naming_the_field() {
+        let rf: ResponseFormat = serde_json::from_value(json!({"type": "json_object"})).unwrap();
+        let s = so(json!({"regex": "a+"}));
+        let both = Fields {
+            response_format: Some(&rf),
+            structured_outputs: Some(&s),
+            ..Default::default()
+        };
+        let e = both.resolve().unwrap_err().body().to_string();
+        assert!(
+            e.contains("`response_format` and `structured_outputs.regex`"),
+            "{e}"
+        );
+        for (v, param) in [
+            (
+                json!({"regex": "a", "choice": ["a"]}),
+                "structured_outputs.choice",
+            ),
+            (json!({}), "structured_outputs"),
+            (json!({"choice": []}), "structured_outputs.choice"),
+            (json!({"choice": ["a", ""]}), "structured_outputs.choice"),
+            (json!({"regex": ""}), "structured_outputs.regex"),
+            (json!({"grammar": "  \n"}), "structured_outputs.grammar"),
+            (json!({"json": "{not json"}), "structured_outputs.json"),
+            (json!({"json": 3}), "structured_outputs.json"),
+            (
+                json!({"json": {}, "whitespace_pattern": " "}),
+                "structured_outputs.whitespace_pattern",
+            ),
+            (
+                json!({"structural_tag": {"type": "x"}}),
+                "structured_outputs.structural_tag",
+            ),
+            (
+                json!({"regex": "a", "disable_additional_properties": true}),
+                "structured_outputs.disable_additional_properties",
+            ),
+        ] {
+            let s = so(v.clone());
+            let fields = Fields {
+                structured_outputs: Some(&s),
+                ..Default::default()
+            };
+            let body = fields.resolve().unwrap_err().body();
+            assert_eq!(body["error"]["param"], param, "{v}: {body}");
+        }
+        let many: Vec<String> = (0..=MAX_CHOICES).map(|i| i.to_string()).collect();
+        assert!(choice(&many, "c").is_err());
+    }
+
+    #[test]
+    fn disable_additional_properties_closes_every_open_object() {
+        let s = so(json!({"json": {
+            "type": "object",
+            "properties": {
+                "inner": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                "free": {"type": "object", "additionalProperties": true},
+                "list": {"type": "array", "items": {"properties": {"b": {}}}},
+                "fixed": {"const": {"properties": 1}}
+            }
+        }, "disable_additional_properties": true}));
+        let fields = Fields {
+            structured_outputs: Some(&s),
+            ..Default::default()
+        };
+        let Structured::Json(schema) = fields.resolve().unwrap().unwrap().what else {
+            panic!("a json shape");
+        };
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["inner"]["additionalProperties"], false);
+        assert_eq!(schema["properties"]["free"]["additionalProperties"], true);
+        assert_eq!(
+            schema["properties"]["list"]["items"]["additionalProperties"],
+            false
+        );
+        assert!(
+            schema["properties"]["list"]
+                .get("additionalProperties")
+                .is_none()
+        );
+        assert_eq!(
+            schema["properties"]["fixed"]["const"],
+            json!({"properties": 1}),
+            "data is not a schema"
+        );
+    }
+}

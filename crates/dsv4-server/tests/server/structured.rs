@@ -1,0 +1,342 @@
+//! Structured outputs beyond JSON: a regular expression, a list of choices, or a grammar (GBNF
+//! or Lark), however it is spelled (vLLM's `structured_outputs`, SGLang's `regex`/`ebnf`,
+//! `/generate`'s sampling parameters), on chat (plain, streamed, thinking), text completions
+//! and `/generate`; and the requests that cannot be enforced, refused naming the field.
+
+use crate::common::{TestServer, chat, config, start};
+use regex::Regex;
+use serde_json::{Value, json};
+
+/// Numbers 0–99 in parentheses, one to four of them, as GBNF.
+const TUPLE_GBNF: &str = r#"# a tuple of small numbers
+root ::= "(" num ( "," num ){0,3} ")"
+num  ::= [0-9] | [1-9] [0-9]
+"#;
+
+/// The same language in Lark.
+const TUPLE_LARK: &str = r#"start: "(" num ("," num){0,3} ")"
+num: /[0-9]/ | /[1-9][0-9]/
+"#;
+
+/// The same language as a regular expression.
+const TUPLE_RX: &str = r"\((?:[0-9]|[1-9][0-9])(?:,(?:[0-9]|[1-9][0-9])){0,3}\)";
+
+/// A word, a dash and two digits.
+const WORD_RX: &str = "[a-z]{3,8}-[0-9]{2}";
+
+/// Whether `text` matches `rx` whole.
+fn matches(rx: &str, text: &str) -> bool {
+    Regex::new(&format!("^(?:{rx})$")).unwrap().is_match(text)
+}
+
+/// A chat answer's content and finish reason, plain or assembled from its stream (both must
+/// agree; the stream's is returned).
+async fn chat_content(s: &TestServer, body: &Value) -> (String, String) {
+    let r = s.send("POST", "/v1/chat/completions", body).await;
+    assert_eq!(r.status, 200, "{body}: {}", r.body);
+    let v = r.json();
+    let choice = &v["choices"][0];
+    let plain = choice["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = s.send("POST", "/v1/chat/completions", &streamed).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (mut text, mut finish) = (String::new(), String::new());
+    for e in r.events().iter().filter(|e| e.is_object()) {
+        for c in e["choices"].as_array().unwrap() {
+            text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+    }
+    assert_eq!(text, plain, "the stream spells the answer: {body}");
+    assert_eq!(finish, choice["finish_reason"], "{body}");
+    (text, finish)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_constrains_chat_plain_streamed_and_thinking() {
+    let s = start(config()).await;
+    let ask = |extra: Value| {
+        let mut body = chat(
+            "Answer in the asked shape",
+            json!({"max_tokens": 64, "stop": []}),
+        );
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // Each language, spelled two ways: the same grammar gives the same greedy answer.
+    let spellings = [
+        (
+            WORD_RX,
+            json!({"regex": WORD_RX}),
+            json!({"structured_outputs": {"regex": WORD_RX}}),
+        ),
+        (
+            TUPLE_RX,
+            json!({"ebnf": TUPLE_GBNF}),
+            json!({"structured_outputs": {"grammar": TUPLE_LARK}}),
+        ),
+        (
+            TUPLE_RX,
+            json!({"structured_outputs": {"grammar": TUPLE_GBNF}}),
+            json!({"regex": TUPLE_RX}),
+        ),
+        (
+            "red|green|blue",
+            json!({"structured_outputs": {"choice": ["red", "green", "blue"]}}),
+            json!({"regex": "red|green|blue"}),
+        ),
+    ];
+    for (rx, one, other) in spellings {
+        let (a, finish) = chat_content(&s, &ask(one.clone())).await;
+        assert!(matches(rx, &a), "{one}: {a:?} does not match {rx}");
+        assert_eq!(finish, "stop", "{one}: the grammar ends the answer");
+        let (b, _) = chat_content(&s, &ask(other.clone())).await;
+        assert_eq!(a, b, "{one} and {other} are one language");
+    }
+    // Sampled answers follow the grammar too, each choice its own way.
+    let mut sampled = ask(json!({"ebnf": TUPLE_GBNF, "n": 4, "temperature": 1.0, "seed": 11}));
+    sampled["max_tokens"] = json!(64);
+    let r = s.send("POST", "/v1/chat/completions", &sampled).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answers: Vec<String> = r.json()["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+        .collect();
+    for a in &answers {
+        assert!(matches(TUPLE_RX, a), "{a:?}");
+    }
+    // In thinking mode the reasoning is free; the answer after it is constrained.
+    let think = ask(json!({
+        "structured_outputs": {"choice": ["yes", "no"]},
+        "chat_template_kwargs": {"thinking": true},
+        "max_tokens": 3000,
+    }));
+    let r = s.send("POST", "/v1/chat/completions", &think).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let msg = &r.json()["choices"][0]["message"];
+    assert!(msg["reasoning_content"].is_string(), "{msg}");
+    assert!(
+        ["yes", "no"].contains(&msg["content"].as_str().unwrap()),
+        "{msg}"
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_generate_follow_the_same_grammars() {
+    let s = start(config()).await;
+    let completion = |extra: Value| {
+        let mut body = json!({"model": crate::common::MODEL, "prompt": "The tuple is ",
+                              "max_tokens": 64, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let text = |v: &Value, i: usize| v["choices"][i]["text"].as_str().unwrap().to_string();
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &completion(json!({"ebnf": TUPLE_GBNF})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let greedy = text(&v, 0);
+    assert!(matches(TUPLE_RX, &greedy), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // /generate with the same grammar and prompt gives the same text.
+    let g = s
+        .send(
+            "POST",
+            "/generate",
+            &json!({"text": ["The tuple is ", "The tuple is "], "sampling_params": [
+                {"ebnf": TUPLE_GBNF, "max_new_tokens": 64, "temperature": 0},
+                {"regex": TUPLE_RX, "max_new_tokens": 64, "temperature": 0},
+            ]}),
+        )
+        .await;
+    assert_eq!(g.status, 200, "{}", g.body);
+    for out in g.json().as_array().unwrap() {
+        assert_eq!(out["text"], greedy.as_str(), "{out}");
+        assert_eq!(out["meta_info"]["finish_reason"]["type"], "stop", "{out}");
+    }
+    // Sampled choices, echo, and JSON through response_format on text completions.
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &completion(
+                json!({"structured_outputs": {"choice": ["alpha", "beta", "gamma"]},
+                               "n": 3, "temperature": 1.0, "seed": 5, "echo": true}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    for i in 0..3 {
+        let t = text(&v, i);
+        let answer = t
+            .strip_prefix("The tuple is ")
+            .unwrap_or_else(|| panic!("{v}"));
+        assert!(["alpha", "beta", "gamma"].contains(&answer), "{v}");
+    }
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &completion(json!({"response_format": {"type": "json_object"}, "max_tokens": 200})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let parsed: Value = serde_json::from_str(&text(&v, 0)).unwrap_or_else(|e| panic!("{e}: {v}"));
+    assert!(parsed.is_object(), "{v}");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_outputs_that_cannot_be_enforced_are_refused_naming_the_field() {
+    let s = start(config()).await;
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]);
+    let huge = format!("root ::= \"{}\"", "a".repeat(70_000));
+    let chat_cases = [
+        (json!({"ebnf": huge}), "ebnf", "at most 65536 bytes"),
+        (
+            json!({"response_format": {"type": "json_object"}, "regex": "a+"}),
+            "regex",
+            "`response_format` and `regex`",
+        ),
+        (
+            json!({"structured_outputs": {"choice": ["a"], "grammar": "start: \"a\""}}),
+            "structured_outputs.grammar",
+            "send only one",
+        ),
+        (json!({"regex": "(unclosed"}), "regex", "cannot be enforced"),
+        (
+            json!({"ebnf": "root ::= valu\nvalue ::= \"x\""}),
+            "ebnf",
+            "valu",
+        ),
+        (
+            json!({"ebnf": "root ::= \"x\" (= \"y\")"}),
+            "ebnf",
+            "lookahead",
+        ),
+        (json!({"ebnf": "value ::= \"x\""}), "ebnf", "root"),
+        (
+            json!({"structured_outputs": {"grammar": "start: missing_rule"}}),
+            "structured_outputs.grammar",
+            "missing_rule",
+        ),
+        (
+            json!({"structured_outputs": {"choice": []}}),
+            "structured_outputs.choice",
+            "1 to",
+        ),
+        (
+            json!({"structured_outputs": {}}),
+            "structured_outputs",
+            "names nothing",
+        ),
+        (
+            json!({"structured_outputs": {"structural_tag": {"type": "tag"}}}),
+            "structured_outputs.structural_tag",
+            "tool_choice",
+        ),
+        (
+            json!({"structured_outputs": {"json": {}, "whitespace_pattern": " *"}}),
+            "structured_outputs.whitespace_pattern",
+            "compact",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": "required", "structured_outputs": {"choice": ["a"]}}),
+            "structured_outputs.choice",
+            "cannot be combined",
+        ),
+    ];
+    for (extra, param, says) in chat_cases {
+        let body = chat("Hi", extra.clone());
+        let e = s
+            .send("POST", "/v1/chat/completions", &body)
+            .await
+            .error(400);
+        assert_eq!(e["param"], param, "{extra}: {e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains(says), "{extra}: {m}");
+    }
+    // A regex too big for the grammar engine's lexer fails after the first token: the
+    // request's fault, not the server's.
+    let e = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat("Hi", json!({"regex": "(a{1000}){1000}", "max_tokens": 8})),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["code"], "grammar_failed", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("too many expressions") && !m.contains('\n'),
+        "{m}"
+    );
+    // vLLM's removed guided_* fields are refused with what replaced them.
+    let e = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat("Hi", json!({"guided_choice": ["a"]})),
+        )
+        .await
+        .error(400);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("vLLM 0.12 replaced"),
+        "{e}"
+    );
+    assert_eq!(e["param"], "guided_choice", "{e}");
+    // The other endpoints name their own fields.
+    let e = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": crate::common::MODEL, "prompt": "a", "regex": "", "max_tokens": 4}),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "regex", "{e}");
+    let e = s
+        .send(
+            "POST",
+            "/generate",
+            &json!({"text": "a", "sampling_params": {"ebnf": "root ::= [a-"}}),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "sampling_params.ebnf", "{e}");
+    // Nothing was started: the server is idle and answers normally.
+    let ok = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat("Hi", json!({"max_tokens": 2, "regex": "ok"})),
+        )
+        .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.json()["choices"][0]["message"]["content"], "ok");
+    s.shutdown().await.unwrap();
+}
