@@ -8,7 +8,8 @@ Run against a running server:
 `cargo test -p dsv4-cli --test server_e2e` starts `dsv4 serve --port 0` and runs this script.
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
-the tool result sent back), JSON answers, completions (plain and streamed; legacy logprobs; n=2
+the tool result sent back), JSON answers, structured outputs (vLLM's `structured_outputs`,
+SGLang's `regex`/`ebnf`), completions (plain and streamed; legacy logprobs; n=2
 choices), vLLM's token-id extensions through extra_body, the Responses API (streamed through the
 SDK's event accumulator, a function call continued with previous_response_id, stored responses
 read and deleted), usage, and OpenAI error types.
@@ -21,6 +22,7 @@ answers need nothing of the kind, since a grammar constrains them.
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -186,6 +188,42 @@ def test_json_answer(client, model):
     )
     value = json.loads(r.choices[0].message.content)
     check(isinstance(value["ok"], bool) and 0 <= value["n"] <= 9, value)
+
+
+def test_structured_outputs(client, model):
+    """vLLM's structured_outputs and SGLang's regex/ebnf through extra_body, as their clients send
+    them: a choice and a GBNF grammar on chat, a regex on text completions."""
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Is it raining?"}],
+        temperature=0,
+        max_tokens=16,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+    )
+    check(r.choices[0].message.content in ("yes", "no", "maybe"), r)
+    gbnf = 'root ::= "(" [0-9] ("," [0-9]){0,2} ")"'
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "A tuple"}],
+        temperature=0,
+        max_tokens=16,
+        extra_body={"ebnf": gbnf},
+    )
+    check(re.fullmatch(r"\([0-9](,[0-9]){0,2}\)", r.choices[0].message.content), r)
+    r = client.completions.create(
+        model=model, prompt="Code: ", max_tokens=16, temperature=0, extra_body={"regex": "[A-Z]{3}-[0-9]{3}"}
+    )
+    check(re.fullmatch(r"[A-Z]{3}-[0-9]{3}", r.choices[0].text), r)
+    try:
+        client.chat.completions.create(
+            model=model,
+            messages=chat_messages(),
+            max_tokens=4,
+            extra_body={"structured_outputs": {"grammar": "root ::= undefined_rule"}},
+        )
+        check(False, "an undefined rule is refused")
+    except openai.BadRequestError as e:
+        check(e.body["param"] == "structured_outputs.grammar", e.body)
 
 
 def test_completions(client, model):
@@ -425,6 +463,7 @@ TESTS = [
     test_streaming_chat,
     test_tool_call_round_trip,
     test_json_answer,
+    test_structured_outputs,
     test_completions,
     test_vllm_token_ids,
     test_responses,
