@@ -1,10 +1,16 @@
-//! 64 concurrent streaming requests (greedy) each get exactly what the same request gets when
-//! sent alone: 32 text completions, 8 SGLang `/generate` requests with their log-probabilities
-//! and token ids, 8 Responses API answers with their log-probabilities (4 of them run in the
-//! background and streamed from its event log), and 16 grammar-constrained tool calls.
+//! 64 concurrent streaming requests (greedy, or sampled with a seed) each get exactly what the
+//! same request gets when sent alone: 24 text completions, 8 SGLang `/generate` requests with
+//! their log-probabilities and token ids, 8 Responses API answers with their log-probabilities
+//! (4 of them run in the background and streamed from its event log), 16 grammar-constrained
+//! tool calls, and 8 text completions sampled under a GBNF grammar or a regex.
 
 use super::common::*;
 use serde_json::{Value, json};
+
+/// Up to three numbers of one or two digits in parentheses, as GBNF.
+const TUPLE_GBNF: &str = "root ::= \"(\" num (\",\" num){0,2} \")\"\nnum ::= [0-9] | [1-9] [0-9]";
+/// The same language as a regular expression.
+const TUPLE_RX: &str = r"\((?:[0-9]|[1-9][0-9])(?:,(?:[0-9]|[1-9][0-9])){0,2}\)";
 
 /// The 64 requests: (path, body).
 fn requests() -> Vec<(&'static str, Value)> {
@@ -32,6 +38,18 @@ fn requests() -> Vec<(&'static str, Value)> {
                                   "logprob_start_len": 0, "top_logprobs_num": 2,
                                   "sampling_params": {"max_new_tokens": 6, "temperature": 0}});
                 ("/generate", body)
+            } else if i % 8 == 6 {
+                // Sampled under a grammar: GBNF or a regex, seeded.
+                let mut body = json!({"model": MODEL, "prompt": format!("Tuple {i}: "),
+                                      "max_tokens": 24, "temperature": 1.0, "seed": i,
+                                      "stream": true});
+                let (key, grammar) = if i % 16 == 6 {
+                    ("ebnf", TUPLE_GBNF)
+                } else {
+                    ("regex", TUPLE_RX)
+                };
+                body[key] = json!(grammar);
+                ("/v1/completions", body)
             } else {
                 // Shared prefixes exercise the prefix cache under load.
                 let body = json!({"model": MODEL, "prompt": format!("Story {}: once upon a time {i}", i % 5),
@@ -140,6 +158,19 @@ async fn sixty_four_concurrent_streams_equal_their_solo_runs() {
             == 16,
         "every tool request made its call"
     );
+    let tuple = regex::Regex::new(&format!("^{TUPLE_RX}$")).unwrap();
+    let constrained: Vec<&Value> = together
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 8 == 6)
+        .map(|(_, o)| o)
+        .collect();
+    assert_eq!(constrained.len(), 8);
+    for o in constrained {
+        let text = o["text"].as_str().unwrap();
+        assert!(tuple.is_match(text), "{o}");
+        assert_eq!(o["finish"], "stop", "{o}");
+    }
     let m = s.state.loaded().unwrap().engine.metrics();
     assert_eq!(m.requests_cancelled, 0);
     s.shutdown().await.unwrap();
