@@ -9,10 +9,10 @@ Run against a running server:
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
 the tool result sent back), JSON answers, structured outputs (vLLM's `structured_outputs`,
-SGLang's `regex`/`ebnf`), completions (plain and streamed; legacy logprobs; n=2
-choices), vLLM's token-id extensions through extra_body, the Responses API (streamed through the
-SDK's event accumulator, a function call continued with previous_response_id, stored responses
-read and deleted), usage, and OpenAI error types.
+SGLang's `regex`/`ebnf`), a strict pydantic tool (its arguments validated), completions (plain and
+streamed; legacy logprobs; n=2 choices), vLLM's token-id extensions through extra_body, the
+Responses API (streamed through the SDK's event accumulator, a function call continued with
+previous_response_id, stored responses read and deleted), usage, and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -224,6 +224,32 @@ def test_structured_outputs(client, model):
         check(False, "an undefined rule is refused")
     except openai.BadRequestError as e:
         check(e.body["param"] == "structured_outputs.grammar", e.body)
+
+
+def test_strict_pydantic_tool(client, model):
+    """The SDK's pydantic_function_tool marks tools strict; with tool_choice auto the answer is
+    content or calls whose arguments validate as the model (never a parser error, even from the
+    random tiny model)."""
+    import pydantic
+
+    class GetWeather(pydantic.BaseModel):
+        city: str
+        days: int
+
+    tool = openai.pydantic_function_tool(GetWeather)
+    check(tool["function"]["strict"] is True, tool)
+    for prompt in ["Hi", "Weather in Oslo?", "Hello"]:
+        r = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            tools=[tool],
+            temperature=0,
+            max_tokens=64,
+        )
+        msg = r.choices[0].message
+        for call in msg.tool_calls or []:
+            GetWeather.model_validate_json(call.function.arguments)
+        check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
 
 
 def test_completions(client, model):
@@ -464,6 +490,7 @@ TESTS = [
     test_tool_call_round_trip,
     test_json_answer,
     test_structured_outputs,
+    test_strict_pydantic_tool,
     test_completions,
     test_vllm_token_ids,
     test_responses,

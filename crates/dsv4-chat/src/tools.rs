@@ -33,6 +33,13 @@ impl ToolDef {
         &self.name
     }
 
+    /// Whether the tool asks for strict calls (`"strict": true`, as OpenAI's structured
+    /// function calling and `pydantic_function_tool` send it): its arguments are then generated
+    /// under its `parameters` schema, whatever `tool_choice` is.
+    pub fn strict(&self) -> bool {
+        matches!(self.function.get("strict"), Some(OrderedJson::Bool(true)))
+    }
+
     /// The `function` object exactly as given (what the prompt shows).
     pub fn function(&self) -> &OrderedJson {
         &self.function
@@ -152,6 +159,18 @@ fn tool_def(index: usize, item: &OrderedJson) -> Result<ToolDef, ToolError> {
             format!("tool name {name:?} must be non-empty and free of '\"', '<' and '>'"),
         ));
     }
+    match function.get("strict") {
+        None | Some(OrderedJson::Null | OrderedJson::Bool(_)) => {}
+        Some(other) => {
+            return Err(shape(
+                index,
+                format!(
+                    "`function.strict` must be true or false, not {}",
+                    other.type_name()
+                ),
+            ));
+        }
+    }
     let validator = match function.get("parameters") {
         None | Some(OrderedJson::Null) => None,
         Some(schema @ (OrderedJson::Object(_) | OrderedJson::Bool(_))) => {
@@ -235,6 +254,10 @@ mod tests {
             ("[1]", "must be an object"),
             (r#"[{"type":"retrieval"}]"#, "unsupported tool type"),
             (r#"[{"type":"function"}]"#, "missing `function`"),
+            (
+                r#"[{"function":{"name":"a","strict":"yes"}}]"#,
+                "`function.strict` must be true or false",
+            ),
             (r#"[{"function":{"name":7}}]"#, "`function.name`"),
             (r#"[{"function":{"name":"a\"b"}}]"#, "free of"),
         ] {
@@ -250,6 +273,17 @@ mod tests {
             ToolSet::from_json_str("[{"),
             Err(ToolError::Json(_))
         ));
+    }
+
+    #[test]
+    fn strict_is_read_from_the_function() {
+        let set = ToolSet::from_json_str(
+            r#"[{"function":{"name":"a","strict":true}},{"function":{"name":"b","strict":false}},
+                {"function":{"name":"c"}}]"#,
+        )
+        .unwrap();
+        let strict: Vec<bool> = set.tools().iter().map(ToolDef::strict).collect();
+        assert_eq!(strict, [true, false, false]);
     }
 
     #[test]

@@ -28,6 +28,19 @@ pub(crate) mod gbnf;
 
 /// Free text in a `string="true"` value: anything without the closing tag.
 const STRING_VALUE: &str = r#"/(?s:.+)/ & ~/(?s:.*)<\/｜DSML｜parameter>(?s:.*)/"#;
+/// An answer's content (`CONTENT`), and content a tool-call block may follow (`CALLS_PREFIX`).
+/// Content is text without the DSV4 markup the parser refuses in it (`<｜…`, `</｜…`, `<think>`,
+/// `</think>`). Before a block, the parser must be outside code and quotes, or it reads the
+/// block as content: every code fence (a run of three or more backticks) closed, and the text
+/// ending with a newline (which ends inline code and quotes), as the DSV4 encoder writes it.
+const CONTENT_RULES: &str = r#"CONTENT: /(?s:.+)/ & ~/(?s:.*)(<｜|<\/｜|<think>|<\/think>)(?s:.*)/
+NO_FENCE: ~/(?s:.*)```(?s:.*)/
+FENCE: /`{3,}/
+FIRST: NO_FENCE & /((?s:.*)[^`])?/
+BETWEEN: NO_FENCE & /[^`]((?s:.*)[^`])?/
+LAST: NO_FENCE & /([^`](?s:.*))?/
+CALLS_PREFIX: CONTENT & /(?s:.*)\n/ & (NO_FENCE | FIRST FENCE BETWEEN FENCE (BETWEEN FENCE BETWEEN FENCE)* LAST)
+"#;
 /// Reasoning before `</think>` in thinking mode: text without `<` (so no markup).
 const REASONING: &str = "/[^<]+/";
 
@@ -49,6 +62,12 @@ impl std::fmt::Debug for GrammarCompiler {
 /// What the constrained completion must be.
 #[derive(Debug, Clone, Copy)]
 pub enum Target<'a> {
+    /// Free content, then optionally a DSML tool-call block (`tool_choice` auto with a strict
+    /// tool): strict tools' arguments follow their schemas, other tools' are free.
+    ContentOrCalls {
+        /// Allow more than one call.
+        parallel: bool,
+    },
     /// A DSML tool-call block (one call, or several when `parallel`).
     ToolCalls {
         /// Only this tool may be called (None: any of the request's tools).
@@ -99,7 +118,7 @@ impl GrammarCompiler {
         let size = match target {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
-            Target::ToolCalls { .. } | Target::Json(_) => 0,
+            Target::ToolCalls { .. } | Target::ContentOrCalls { .. } | Target::Json(_) => 0,
         };
         if size > MAX_GRAMMAR_BYTES {
             return Err(format!(
@@ -114,7 +133,13 @@ impl GrammarCompiler {
                     .iter()
                     .filter(|t| only.is_none_or(|n| t.name() == n))
                     .collect();
-                self.tool_calls(&chosen, parallel)?
+                "start_body: tool_block\n".to_string()
+                    + &self.tool_calls(&chosen, parallel, false)?
+            }
+            Target::ContentOrCalls { parallel } => {
+                let all: Vec<&ToolDef> = tools.tools().iter().collect();
+                format!("start_body: CONTENT? | CALLS_PREFIX? tool_block\n{CONTENT_RULES}")
+                    + &self.tool_calls(&all, parallel, true)?
             }
             Target::Json(schema) => format!("start_body: %json {}\n", compact(schema.clone())),
             Target::Choice(choices) => {
@@ -190,7 +215,14 @@ impl GrammarCompiler {
         }
     }
 
-    fn tool_calls(&self, tools: &[&ToolDef], parallel: bool) -> Result<String, String> {
+    /// The rules of a tool-call block (`tool_block`) calling `tools`; with `loose`, only strict
+    /// tools' arguments follow their schemas (the others take any parameters).
+    fn tool_calls(
+        &self,
+        tools: &[&ToolDef],
+        parallel: bool,
+        loose: bool,
+    ) -> Result<String, String> {
         if tools.is_empty() {
             return Err("no tool to call".into());
         }
@@ -200,17 +232,53 @@ impl GrammarCompiler {
             "call".to_string()
         };
         let mut g = format!(
-            "start_body: {} \"\\n\" {calls} {}\n",
+            "tool_block: {} \"\\n\" {calls} {}\n",
             self.marker(markers::TOOL_CALLS_START),
             self.marker(markers::TOOL_CALLS_END)
         );
         let names: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
         g.push_str(&format!("call: {}\n", names.join(" | ")));
+        let mut any_loose = false;
         for (i, tool) in tools.iter().enumerate() {
-            g.push_str(&self.invoke(i, tool)?);
+            if loose && !tool.strict() {
+                any_loose = true;
+                g.push_str(&self.loose_invoke(i, tool));
+            } else {
+                g.push_str(&self.invoke(i, tool)?);
+            }
+        }
+        if any_loose {
+            g.push_str(&self.loose_param());
         }
         g.push_str(&format!("STRING_VALUE: {STRING_VALUE}\n"));
         Ok(g)
+    }
+
+    /// The rule of a non-strict tool's invoke: its name, then any parameters.
+    fn loose_invoke(&self, i: usize, tool: &ToolDef) -> String {
+        format!(
+            "tool_{i}: {} {} loose_param* {} \"\\n\"\n",
+            self.marker(markers::INVOKE_START),
+            lark_str(&format!(" name=\"{}\">\n", tool.name())),
+            self.marker(markers::INVOKE_END)
+        )
+    }
+
+    /// Any parameter: a name, then raw text (`string="true"`) or any JSON value.
+    fn loose_param(&self) -> String {
+        let (start, end) = (
+            self.marker(markers::PARAMETER_START),
+            self.marker(markers::PARAMETER_END),
+        );
+        let name = lark_str(" name=\"");
+        let text = lark_str("\" string=\"true\">");
+        let json = lark_str("\" string=\"false\">");
+        let any = compact(serde_json::json!({}));
+        format!(
+            "loose_param: {start} {name} PARAM_NAME {text} STRING_VALUE? {end} \"\\n\" \
+             | {start} {name} PARAM_NAME {json} %json {any} {end} \"\\n\"\n\
+             PARAM_NAME: /[^\"<>]+/\n"
+        )
     }
 
     /// The rule of one tool's invoke and its parameters.

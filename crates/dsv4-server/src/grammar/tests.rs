@@ -28,12 +28,24 @@ const TOOLS: &str = r#"[
 /// Sample greedily from seeded random logits under `c` until EOS (or `limit` tokens); the
 /// completion's bytes.
 fn generate(c: &dsv4_engine::Constraint, vocab: &Vocab, seed: u64, limit: usize) -> Vec<u8> {
+    generate_biased(c, vocab, seed, limit, |_, _| {})
+}
+
+/// [`generate`], with `bias(step, row)` applied to each row of random logits before the mask.
+fn generate_biased(
+    c: &dsv4_engine::Constraint,
+    vocab: &Vocab,
+    seed: u64,
+    limit: usize,
+    bias: impl Fn(usize, &mut [f32]),
+) -> Vec<u8> {
     let mut rng = dsv4_core::SplitMix64::new(seed);
     let mut state = c.0.start();
     let mut out = Vec::new();
     let eos = Tokenizer::tiny().unwrap().eos_id();
-    for _ in 0..limit {
+    for step in 0..limit {
         let mut row: Vec<f32> = (0..vocab.len()).map(|_| rng.next_f64() as f32).collect();
+        bias(step, &mut row);
         state.mask(&mut row).unwrap();
         let tok = dsv4_engine::sampling::argmax(&row);
         assert!(
@@ -258,4 +270,74 @@ fn request_grammars_that_cannot_compile_are_refused_not_fatal() {
         .err()
         .unwrap();
     assert!(e.contains("at most 65536 bytes"), "{e}");
+}
+
+#[test]
+fn strict_tools_in_auto_mode_allow_content_or_calls_that_always_parse() {
+    let (g, vocab) = compiler();
+    // A strict tool, and a non-strict one whose schema no DSML grammar could enforce.
+    let tools = r#"[
+      {"type": "function", "function": {"name": "get_weather", "strict": true, "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "log", "parameters": {"anyOf": [{"type": "object"}]}}}
+    ]"#;
+    let tools = Arc::new(ToolSet::from_json_str(tools).unwrap());
+    for thinking in [false, true] {
+        let c = g
+            .constraint(Target::ContentOrCalls { parallel: true }, &tools, thinking)
+            .unwrap();
+        let tok = Tokenizer::tiny().unwrap();
+        let block = tok.token_id(markers::TOOL_CALLS_START).unwrap() as usize;
+        let newline = tok.encode("\n").unwrap()[0] as usize;
+        let (mut with_calls, mut content_only, mut both) = (0, 0, 0);
+        for seed in 0..16 {
+            // Odd seeds: after some content, favour a newline and then the block, so that
+            // content followed by calls is exercised (random logits alone rarely get there).
+            let text = generate_biased(&c, &vocab, seed, 6000, |step, row| {
+                if seed % 2 == 1 && step >= 24 {
+                    row[block] += 1.0;
+                    row[newline] += 0.3;
+                }
+            });
+            let text = String::from_utf8(text).unwrap();
+            let opts = ParserOptions {
+                thinking,
+                tools: Some(Arc::clone(&tools)),
+            };
+            let msg = parse_completion(&text, opts).unwrap_or_else(|e| panic!("{e:?} in {text:?}"));
+            if msg.tool_calls.is_empty() {
+                content_only += 1;
+            } else {
+                with_calls += 1;
+                both += usize::from(!msg.content.is_empty());
+            }
+            for call in msg.tool_calls.iter().filter(|c| c.name == "get_weather") {
+                let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+                assert!(
+                    ["Oslo", "Paris"].contains(&args["city"].as_str().unwrap()),
+                    "{args}"
+                );
+                assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+            }
+        }
+        assert!(
+            with_calls > 0 && content_only > 0 && both > 0,
+            "thinking {thinking}: {with_calls} answers with calls ({both} after content), \
+             {content_only} without"
+        );
+    }
+    // A strict tool's schema must be one the grammar can enforce.
+    let bad = ToolSet::from_json_str(
+        r#"[{"type": "function", "function": {"name": "f", "strict": true,
+             "parameters": {"anyOf": [{"type": "object"}]}}}]"#,
+    )
+    .unwrap();
+    let e = g
+        .constraint(Target::ContentOrCalls { parallel: true }, &bad, false)
+        .err()
+        .unwrap();
+    assert!(e.contains("`f`") && e.contains("anyOf"), "{e}");
 }

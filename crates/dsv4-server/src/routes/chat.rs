@@ -298,8 +298,9 @@ pub(super) fn max_tokens(
 
 /// The grammar constraint a request asks for, if any: the structured output its answer
 /// follows (`shape`: a JSON schema, regex, choice or grammar, with the field that asked for it,
-/// named in errors), or the tool calls its `choice` requires (`parallel`: several in one
-/// answer).
+/// named in errors), the tool calls its `choice` requires (`parallel`: several in one answer),
+/// or, with `tool_choice` auto and a strict tool, free content and calls whose strict tools'
+/// arguments follow their schemas.
 pub(super) fn constraint(
     loaded: &Loaded,
     shape: Option<&Shape>,
@@ -345,6 +346,9 @@ pub(super) fn constraint(
             )
         }
         (_, Some(shape)) => (shape.target(), shape.field.as_str()),
+        (ToolChoice::Auto, None) if tools.tools().iter().any(|t| t.strict()) => {
+            (Target::ContentOrCalls { parallel }, "tools")
+        }
         (_, None) => return Ok(None),
     };
     loaded

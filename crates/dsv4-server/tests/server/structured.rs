@@ -340,3 +340,80 @@ async fn structured_outputs_that_cannot_be_enforced_are_refused_naming_the_field
     assert_eq!(ok.json()["choices"][0]["message"]["content"], "ok");
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_tools_in_auto_mode_keep_answers_parseable() {
+    let s = start(config()).await;
+    let tool = |strict: bool| {
+        json!([{"type": "function", "function": {"name": "get_weather", "strict": strict,
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+                "required": ["city"], "additionalProperties": false}}}])
+    };
+    // Greedy "Hi" makes the random tiny model emit markup the strict parser refuses.
+    let loose = chat(
+        "Hi",
+        json!({"tools": tool(false), "max_tokens": 64, "stop": []}),
+    );
+    let r = s.send("POST", "/v1/chat/completions", &loose).await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["type"],
+        "model_output_error",
+        "{}",
+        r.body
+    );
+    // With a strict tool the same request is constrained: content or valid calls, always.
+    let mut calls = 0;
+    for prompt in [
+        "Hi",
+        "Weather?",
+        "Hello there",
+        "Oslo or Paris",
+        "Tell me a story",
+    ] {
+        let strict = chat(
+            prompt,
+            json!({"tools": tool(true), "max_tokens": 200, "stop": []}),
+        );
+        let (content, finish) = chat_content(&s, &strict).await;
+        let r = s.send("POST", "/v1/chat/completions", &strict).await;
+        let msg = &r.json()["choices"][0]["message"];
+        for call in msg["tool_calls"].as_array().into_iter().flatten() {
+            calls += 1;
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert!(
+                ["Oslo", "Paris"].contains(&args["city"].as_str().unwrap()),
+                "{msg}"
+            );
+            assert_eq!(finish, "tool_calls", "{msg}");
+        }
+        assert!(
+            !content.contains("<｜") && !content.contains("</｜"),
+            "{content:?}"
+        );
+    }
+    eprintln!("strict auto answers made {calls} calls");
+    // The Responses API reads `strict` from its function tools too.
+    let body = json!({"model": crate::common::MODEL, "input": "Hi", "temperature": 0,
+                      "max_output_tokens": 64,
+                      "tools": [{"type": "function", "name": "get_weather", "strict": true,
+                                 "parameters": tool(true)[0]["function"]["parameters"]}]});
+    let r = s.send("POST", "/v1/responses", &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ne!(r.json()["status"], "failed", "{}", r.body);
+    // A strict tool whose schema no grammar can enforce is refused up front.
+    let bad = json!([{"type": "function", "function": {"name": "f", "strict": true,
+        "parameters": {"anyOf": [{"type": "object"}]}}}]);
+    let e = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &chat("Hi", json!({"tools": bad})),
+        )
+        .await
+        .error(400);
+    assert_eq!(e["param"], "tools", "{e}");
+    s.shutdown().await.unwrap();
+}
