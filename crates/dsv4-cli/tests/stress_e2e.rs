@@ -1,12 +1,13 @@
 //! `dsv4 stress` end to end against the real `dsv4 serve --port 0` (embedded tiny model): a clean
 //! profile gives no failed session with the solo oracle (exit 0) and the report names the
-//! served profile and its hash; the injected arena fault (`debug.inject=arena-ignores-streams`
+//! served profile and its hash (through chat, the Responses API and background responses; and
+//! without stop strings only when the tools are strict, which constrains every answer); the injected arena fault (`debug.inject=arena-ignores-streams`
 //! with CUDA-graph-style capture and multi-stream overlap) gives failed sessions (exit 1); an
 //! unreachable server exits 2.
 
 mod common;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};
@@ -73,7 +74,7 @@ fn get(addr: &str, path: &str) -> String {
 
 /// The workload of both runs: small answers, every turn replayed alone, every token's
 /// log-probability compared.
-const WORKLOAD: [&str; 17] = [
+const WORKLOAD: [&str; 16] = [
     "--sessions",
     "8",
     "--concurrency",
@@ -84,7 +85,6 @@ const WORKLOAD: [&str; 17] = [
     "200",
     "--growth-chars",
     "60",
-    "--stop-before-markup",
     "--oracle",
     "solo",
     "--seed",
@@ -93,8 +93,14 @@ const WORKLOAD: [&str; 17] = [
     "--quiet",
 ];
 
-/// Run `dsv4 stress` against `url`; exit code, stdout, stderr and the JSON report.
+/// Run `dsv4 stress` with [`WORKLOAD`] against `url`, its "auto" answers stopped before any
+/// markup the random tiny model would emit; exit code, stdout, stderr and the JSON report.
 fn stress(url: &str, extra: &[&str]) -> (i32, String, String, Value) {
+    stress_with(url, &[&["--stop-before-markup"], extra].concat())
+}
+
+/// Run `dsv4 stress` with [`WORKLOAD`] and `extra` against `url`.
+fn stress_with(url: &str, extra: &[&str]) -> (i32, String, String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
     let mut args = vec!["stress", "--url", url, "--json", report.to_str().unwrap()];
@@ -211,6 +217,19 @@ fn a_clean_profile_has_no_failed_sessions_with_the_solo_oracle() {
             "every background response was deleted: {gauge}: {metrics}"
         );
     }
+
+    // Without stop strings the random tiny model's "auto" answers break the DSV4 parser; with
+    // strict tools every answer is grammar-constrained and the run is clean, oracle included.
+    let (code, stdout, _, r) = stress_with(&serve.url, &[]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(r["failed_sessions"].as_u64().unwrap() > 0, "{stdout}");
+    let (code, stdout, stderr, r) = stress_with(&serve.url, &["--strict-tools"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(r["failed_sessions"], 0, "{stdout}");
+    assert_eq!(r["completed"], 16, "{stdout}");
+    assert_eq!(r["options"]["strict_tools"], true);
+    assert_eq!(r["options"]["stop"], json!([]), "no stop strings were sent");
+    assert!(stdout.contains("signatures:        none"), "{stdout}");
 }
 
 #[test]

@@ -162,6 +162,10 @@ pub struct StressOptions {
     /// The API every turn is sent to.
     #[serde(default)]
     pub api: Api,
+    /// Declare every tool `"strict": true`, so that a server honouring it (dsv4 does)
+    /// constrains "auto" turns too: content, then optionally calls under the tools' schemas.
+    #[serde(default)]
+    pub strict_tools: bool,
 }
 
 impl Default for StressOptions {
@@ -188,6 +192,7 @@ impl Default for StressOptions {
             logprobs: false,
             parallel_tool_calls: false,
             api: Api::Chat,
+            strict_tools: false,
         }
     }
 }

@@ -41,7 +41,12 @@ pub fn responses_body(chat: &Value, background: bool) -> Value {
         .flatten()
         .map(|t| {
             let f = &t["function"];
-            json!({"type": "function", "name": f["name"], "parameters": f["parameters"]})
+            let mut tool =
+                json!({"type": "function", "name": f["name"], "parameters": f["parameters"]});
+            if let Some(strict) = f.get("strict") {
+                tool["strict"] = strict.clone();
+            }
+            tool
         })
         .collect();
     let tool_choice = match &chat["tool_choice"] {
@@ -284,6 +289,13 @@ mod tests {
         assert_eq!(r["stop"], json!(["<｜"]));
         assert!(r.get("stream_options").is_none() && r.get("messages").is_none());
         assert!(r.get("background").is_none());
+        let strict = json!({"messages": [], "tools": [{"type": "function", "function": {
+            "name": "s", "parameters": {}, "strict": true}}]});
+        assert_eq!(
+            responses_body(&strict, false)["tools"][0]["strict"],
+            true,
+            "strict travels to the Responses tool"
+        );
         let auto = responses_body(&json!({"tool_choice": "auto", "messages": []}), false);
         assert_eq!(auto["tool_choice"], "auto");
         assert!(auto.get("include").is_none() && auto.get("stop").is_none());

@@ -123,7 +123,7 @@ fn request_body(phase: &Phase<'_>, plan: &SessionPlan, messages: &[Value], t: us
     let mut body = json!({
         "model": phase.model,
         "messages": messages,
-        "tools": tools_json(&plan.tools),
+        "tools": tools_json(&plan.tools, opts.strict_tools),
         "tool_choice": turn.tool_choice.to_json(),
         "parallel_tool_calls": opts.parallel_tool_calls,
         "max_tokens": opts.max_tokens,
@@ -214,7 +214,9 @@ async fn run_session(phase: &Phase<'_>, plan: SessionPlan) -> SessionRun {
             .map(|m| m.to_string().len() + 16)
             .sum();
         let tools_bytes = if known.is_none() {
-            tools_json(&plan.tools).to_string().len()
+            tools_json(&plan.tools, phase.opts.strict_tools)
+                .to_string()
+                .len()
         } else {
             0
         };

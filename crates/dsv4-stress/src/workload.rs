@@ -201,15 +201,19 @@ pub fn plan_session(opts: &StressOptions, index: usize) -> SessionPlan {
 }
 
 /// The `tools` array of a request.
-pub fn tools_json(tools: &[DeclaredTool]) -> Value {
+pub fn tools_json(tools: &[DeclaredTool], strict: bool) -> Value {
     Value::Array(
         tools
             .iter()
             .map(|t| {
-                json!({"type": "function", "function": {
+                let mut function = json!({
                     "name": t.name,
                     "description": format!("the {} tool", t.name.replace('_', " ")),
-                    "parameters": t.parameters}})
+                    "parameters": t.parameters});
+                if strict {
+                    function["strict"] = json!(true);
+                }
+                json!({"type": "function", "function": function})
             })
             .collect(),
     )

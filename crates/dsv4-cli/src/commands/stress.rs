@@ -115,6 +115,11 @@ pub struct WorkloadArgs {
     /// resumed by sequence number, each response deleted once read).
     #[arg(long, default_value = "chat")]
     pub api: Api,
+    /// Declare every tool "strict": true: a server that honours it (dsv4 does) then constrains
+    /// "auto" turns too (content, then optionally calls under the tools' schemas), so random
+    /// weights need no --stop-before-markup.
+    #[arg(long)]
+    pub strict_tools: bool,
 }
 
 impl WorkloadArgs {
@@ -146,6 +151,7 @@ impl WorkloadArgs {
             parallel_tool_calls: self.parallel_tool_calls,
             logprobs: self.logprobs,
             api: self.api,
+            strict_tools: self.strict_tools,
         }
     }
 }
