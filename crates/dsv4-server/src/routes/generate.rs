@@ -134,6 +134,8 @@ fn prepare(
     let starts = spread(&req.logprob_start_len, count, "logprob_start_len", -1)?;
     let tops = spread(&req.top_logprobs_num, count, "top_logprobs_num", 0)?;
     let mut specs = Vec::with_capacity(count);
+    // Each distinct structured output is compiled once (a batch usually shares one).
+    let mut compiled: Vec<(Option<Shape>, Option<dsv4_engine::Constraint>)> = Vec::new();
     for (k, p) in prompts.into_iter().enumerate() {
         let field = match (&p, count) {
             (Prompt::Text(_), 1) => "text".to_string(),
@@ -183,6 +185,15 @@ fn prepare(
             }
         };
         let stops = stop_strings(sp.stop.clone()).map_err(named)?;
+        let shape = shape_of(sp)?;
+        let constraint = match compiled.iter().find(|(s, _)| *s == shape) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = structured_constraint(loaded, shape.as_ref())?;
+                compiled.push((shape, c.clone()));
+                c
+            }
+        };
         let request = Request {
             prompt,
             max_tokens,
@@ -191,7 +202,7 @@ fn prepare(
             ignore_eos: sp.ignore_eos.unwrap_or(false),
             logprobs: top,
             prompt_logprobs: input.and(top),
-            constraint: constraint(loaded, sp)?,
+            constraint,
             ..Default::default()
         };
         specs.push(Spec {
@@ -266,11 +277,8 @@ fn max_new_tokens(
     }
 }
 
-/// The constraint of `json_schema`, `regex` or `ebnf` (at most one).
-fn constraint(
-    loaded: &Loaded,
-    sp: &GenerateSampling,
-) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
+/// The structured output of `json_schema`, `regex` or `ebnf` (at most one).
+fn shape_of(sp: &GenerateSampling) -> Result<Option<Shape>, ApiError> {
     let field = |k: &str| format!("sampling_params.{k}");
     let mut shapes = Vec::new();
     if let Some(v) = sp.json_schema.as_ref().filter(|v| !v.is_null()) {
@@ -283,7 +291,7 @@ fn constraint(
     if let Some(g) = &sp.ebnf {
         shapes.push(structured::grammar(g, &field("ebnf"))?);
     }
-    structured_constraint(loaded, structured::one(shapes)?.as_ref())
+    structured::one(shapes)
 }
 
 /// One output as it accumulates.
