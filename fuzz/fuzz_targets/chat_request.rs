@@ -12,9 +12,9 @@
 //! Input: the request body. Seeds: `fuzz/seeds/chat_request/` (see docs/chat.md).
 #![no_main]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use dsv4_chat::{Conversation, Tokenizer, encode_prompt_ids};
+use dsv4_chat::{Conversation, Tokenizer, ToolSet, encode_prompt_ids};
 use dsv4_core::SplitMix64;
 use dsv4_engine::Constraint;
 use dsv4_engine::sampling::{TokenCounts, penalizes, process, sample, validate};
@@ -32,7 +32,23 @@ const WALK: usize = 24;
 struct Env {
     tok: Tokenizer,
     vocab: usize,
-    grammars: GrammarCompiler,
+    grammars: Arc<GrammarCompiler>,
+    /// Waits for the grammar compiler's thread.
+    rt: tokio::runtime::Runtime,
+}
+
+impl Env {
+    /// The constraint for `target`, compiled as a request's is.
+    fn constraint(
+        &self,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Option<Constraint> {
+        self.rt
+            .block_on(self.grammars.constraint(target, tools, thinking))
+            .ok()
+    }
 }
 
 fn env() -> &'static Env {
@@ -46,7 +62,10 @@ fn env() -> &'static Env {
         Env {
             tok,
             vocab: vocab.len(),
-            grammars,
+            grammars: Arc::new(grammars),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime starts"),
         }
     })
 }
@@ -75,12 +94,16 @@ fuzz_target!(|body: &[u8]| {
     let env = env();
     if let Ok(c) = parse_body::<CompletionRequest>(body) {
         if let Ok(prompts) = c.prompts() {
-            assert!((1..=MAX_PROMPTS).contains(&prompts.len()), "{} prompts", prompts.len());
+            assert!(
+                (1..=MAX_PROMPTS).contains(&prompts.len()),
+                "{} prompts",
+                prompts.len()
+            );
         }
         let _ = c.logprobs();
         let _ = c.sampling().to_params(7);
         if let Ok(Some(shape)) = c.structured() {
-            if let Ok(c) = env.grammars.constraint(shape.target(), &Default::default(), false) {
+            if let Some(c) = env.constraint(shape.target(), &Default::default(), false) {
                 walk(&c, env.vocab, body);
             }
         }
@@ -98,7 +121,9 @@ fuzz_target!(|body: &[u8]| {
         && validate(&p).is_ok()
     {
         // A row with ties, a masked token and a spread of logits; the body's bytes as history.
-        let mut row: Vec<f32> = (0..env.vocab).map(|i| (i * 37 % 23) as f32 * 0.5 - 5.0).collect();
+        let mut row: Vec<f32> = (0..env.vocab)
+            .map(|i| (i * 37 % 23) as f32 * 0.5 - 5.0)
+            .collect();
         row[1] = f32::NEG_INFINITY;
         let prompt: Vec<u32> = body.iter().take(64).map(|&b| u32::from(b)).collect();
         let mut counts = TokenCounts::new(&prompt, &p);
@@ -107,7 +132,10 @@ fuzz_target!(|body: &[u8]| {
         }
         process(&mut row, &p, &counts);
         let token = sample(&row, &p, &mut SplitMix64::new(p.seed));
-        assert!((token as usize) < env.vocab, "token {token} outside the vocabulary");
+        assert!(
+            (token as usize) < env.vocab,
+            "token {token} outside the vocabulary"
+        );
     }
     let Ok(text) = std::str::from_utf8(body) else {
         return;
@@ -127,7 +155,7 @@ fuzz_target!(|body: &[u8]| {
         targets.push(shape.target());
     }
     for target in targets {
-        if let Ok(c) = env.grammars.constraint(target, &tools, thinking) {
+        if let Some(c) = env.constraint(target, &tools, thinking) {
             walk(&c, env.vocab, body);
         }
     }

@@ -21,7 +21,8 @@ use dsv4_chat::{Tokenizer, ToolSet};
 use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory, regex_to_lark};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Semaphore, oneshot};
 use toktrie::TokEnv;
 
 pub(crate) mod gbnf;
@@ -47,10 +48,14 @@ const REASONING: &str = "/[^<]+/";
 /// Most tool calls one constrained answer may make (so a model that keeps calling stops).
 pub const MAX_PARALLEL_CALLS: usize = 16;
 
-/// Compiles request grammars over one tokenizer's vocabulary.
+/// Compiles request grammars over one tokenizer's vocabulary, on threads of its own (see
+/// [`GrammarCompiler::constraint`]).
 pub struct GrammarCompiler {
     factory: ParserFactory,
     tok: Tokenizer,
+    /// One permit a compile running: at most one a core, the others wait their turn without
+    /// holding a thread.
+    compiling: Semaphore,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -104,17 +109,59 @@ impl GrammarCompiler {
     pub fn new(env: &TokEnv, tok: Tokenizer) -> Result<Self, String> {
         let mut factory = ParserFactory::new_simple(env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Self { factory, tok })
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(Self {
+            factory,
+            tok,
+            compiling: Semaphore::new(cores),
+        })
     }
 
     /// The constraint for `target`; in thinking mode the completion starts with reasoning and
     /// `</think>`. The error says what in the request cannot be turned into a grammar.
-    pub fn constraint(
-        &self,
+    ///
+    /// The grammar compiles on a thread of its own with a [`COMPILE_STACK`] stack, so that no
+    /// grammar a request can send overflows a stack, and the caller's task waits without
+    /// holding its runtime worker: a big grammar (or a big vocabulary) takes milliseconds to
+    /// seconds, in which the worker goes on streaming other requests' tokens. At most one
+    /// grammar a core compiles at once.
+    pub async fn constraint(
+        self: &Arc<Self>,
         target: Target<'_>,
         tools: &ToolSet,
         thinking: bool,
     ) -> Result<Constraint, String> {
+        let top = self.grammar(target, tools, thinking)?;
+        let _permit = self
+            .compiling
+            .acquire()
+            .await
+            .map_err(|_| "the grammar compiler has shut down".to_string())?;
+        let (tx, rx) = oneshot::channel();
+        let this = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("dsv4-grammar".into())
+            .stack_size(COMPILE_STACK)
+            .spawn(move || {
+                // The receiver is gone when the request was dropped (its client left).
+                let _ = tx.send(this.compile(top));
+            })
+            .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?;
+        let matcher = rx
+            .await
+            .map_err(|_| "the grammar compiler failed".to_string())??;
+        Ok(Constraint::new(LlgConstraint {
+            proto: Mutex::new(matcher),
+        }))
+    }
+
+    /// The grammar of `target` (see [`Self::constraint`]), not yet compiled.
+    fn grammar(
+        &self,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Result<TopLevelGrammar, String> {
         let size = match target {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
@@ -173,37 +220,22 @@ impl GrammarCompiler {
             g.name = Some(USER_GRAMMAR.to_string());
             top.grammars.push(g);
         }
-        let matcher = self.compile(top)?;
-        Ok(Constraint::new(LlgConstraint {
-            proto: Mutex::new(matcher),
-        }))
+        Ok(top)
     }
 
-    /// Compile `top` on a thread with a [`COMPILE_STACK`] stack, so that no grammar a
-    /// request can send overflows the caller's.
+    /// Compile `top`, with its first token mask: a grammar the lexer cannot even start (a
+    /// regex too big to build) is then a refused request rather than a failed one. Runs on a
+    /// [`COMPILE_STACK`] thread.
     fn compile(&self, top: TopLevelGrammar) -> Result<Matcher, String> {
-        let compile = || {
-            let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
-            let mut matcher = Matcher::new(Ok(parser));
-            if let Some(e) = matcher.get_error() {
-                return Err(e);
-            }
-            // The first mask, so that a grammar the lexer cannot even start (a regex too big
-            // to build) is a refused request rather than a failed one.
-            matcher
-                .compute_mask_or_eos()
-                .map_err(|e| first_line(&e.to_string()))?;
-            Ok(matcher)
-        };
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("dsv4-grammar".into())
-                .stack_size(COMPILE_STACK)
-                .spawn_scoped(scope, compile)
-                .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?
-                .join()
-                .map_err(|_| "the grammar compiler failed".to_string())?
-        })
+        let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
+        let mut matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        matcher
+            .compute_mask_or_eos()
+            .map_err(|e| first_line(&e.to_string()))?;
+        Ok(matcher)
     }
 
     /// A marker as a grammar atom: its token id when the vocabulary has it as one special

@@ -24,6 +24,11 @@ const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0,
 ];
 
+/// Bucket upper bounds (seconds) of the grammar compile-time histogram.
+const GRAMMAR_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 /// A cumulative histogram.
 #[derive(Debug)]
 struct Histogram {
@@ -74,6 +79,7 @@ struct Inner {
     ttft: Histogram,
     tpot: Histogram,
     e2e: Histogram,
+    grammar: Histogram,
 }
 
 /// Counters and histograms the handlers update.
@@ -94,6 +100,7 @@ impl Default for Stats {
                 ttft: Histogram::new(TTFT_BUCKETS),
                 tpot: Histogram::new(TPOT_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
+                grammar: Histogram::new(GRAMMAR_BUCKETS),
             }),
         }
     }
@@ -122,6 +129,11 @@ impl Stats {
     /// A completion broke the DSV4 completion grammar (`class`: the parser's error class).
     pub fn output_error(&self, class: &'static str) {
         *self.lock().output_errors.entry(class).or_default() += 1;
+    }
+
+    /// A request's grammar compiled (or failed to) in `secs`, waiting for a compiler included.
+    pub fn grammar_compiled(&self, secs: f64) {
+        self.lock().grammar.observe(secs);
     }
 
     /// A generation request ended (any way) with the engine's final event.
@@ -212,6 +224,11 @@ impl Stats {
             o,
             "dsv4:e2e_request_latency_seconds",
             "Submission to the end of a generation request.",
+        );
+        s.grammar.render(
+            o,
+            "dsv4:grammar_compile_seconds",
+            "Compiling a request's constrained-decoding grammar, waiting for a compiler included.",
         );
         if let Some(m) = engine {
             render_engine(o, m);

@@ -25,7 +25,7 @@ pub struct Loaded {
     /// Token id → bytes.
     pub vocab: Vocab,
     /// Compiles constrained-decoding grammars over the vocabulary.
-    pub grammars: GrammarCompiler,
+    pub grammars: Arc<GrammarCompiler>,
     /// The model's context limit in tokens.
     pub context: usize,
     /// The beginning-of-sequence token id.
@@ -54,6 +54,7 @@ impl Loaded {
     ) -> Result<Self, ServerError> {
         let vocab = Vocab::new(&tokenizer, model.cfg.vocab_size)?;
         let grammars = GrammarCompiler::new(&vocab.tok_env(tokenizer.clone()), tokenizer.clone())
+            .map(Arc::new)
             .map_err(ServerError::Grammar)?;
         let detok: Arc<dyn Detokenizer> = {
             let tok = tokenizer.clone();

@@ -6,11 +6,35 @@ use crate::vocab::Vocab;
 use dsv4_chat::{ParserOptions, parse_completion};
 use std::sync::Arc;
 
-fn compiler() -> (GrammarCompiler, Vocab) {
+fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
     let tok = Tokenizer::tiny().unwrap();
     let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
     let env = vocab.tok_env(tok.clone());
-    (GrammarCompiler::new(&env, tok).unwrap(), vocab)
+    (Arc::new(GrammarCompiler::new(&env, tok).unwrap()), vocab)
+}
+
+/// [`GrammarCompiler::constraint`], waited for on a runtime of its own.
+trait Now {
+    fn constraint_now(
+        &self,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Result<Constraint, String>;
+}
+
+impl Now for Arc<GrammarCompiler> {
+    fn constraint_now(
+        &self,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Result<Constraint, String> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(self.constraint(target, tools, thinking))
+    }
 }
 
 const TOOLS: &str = r#"[
@@ -70,7 +94,7 @@ fn required_tool_calls_always_parse_and_satisfy_the_schemas() {
     let tools = Arc::new(ToolSet::from_json_str(TOOLS).unwrap());
     for (thinking, parallel) in [(false, true), (false, false), (true, true)] {
         let c = g
-            .constraint(
+            .constraint_now(
                 Target::ToolCalls {
                     only: None,
                     parallel,
@@ -110,7 +134,7 @@ fn a_named_tool_choice_calls_only_that_tool() {
     let (g, vocab) = compiler();
     let tools = Arc::new(ToolSet::from_json_str(TOOLS).unwrap());
     let c = g
-        .constraint(
+        .constraint_now(
             Target::ToolCalls {
                 only: Some("get_weather"),
                 parallel: false,
@@ -150,7 +174,7 @@ fn json_schema_answers_are_valid_json_of_the_schema() {
         "additionalProperties": false
     });
     let c = g
-        .constraint(Target::Json(&schema), &ToolSet::default(), false)
+        .constraint_now(Target::Json(&schema), &ToolSet::default(), false)
         .unwrap();
     for seed in 0..8 {
         let text = String::from_utf8(generate(&c, &vocab, seed, 2000)).unwrap();
@@ -172,7 +196,7 @@ fn schemas_a_grammar_cannot_follow_are_refused_with_the_reason() {
     )
     .unwrap();
     let e = g
-        .constraint(
+        .constraint_now(
             Target::ToolCalls {
                 only: None,
                 parallel: true,
@@ -185,7 +209,7 @@ fn schemas_a_grammar_cannot_follow_are_refused_with_the_reason() {
     assert!(e.contains("anyOf"), "{e}");
     let bad = serde_json::json!({"type": "object", "properties": {"a": {"type": "nonsense"}}});
     assert!(
-        g.constraint(Target::Json(&bad), &ToolSet::default(), false)
+        g.constraint_now(Target::Json(&bad), &ToolSet::default(), false)
             .is_err()
     );
 }
@@ -217,7 +241,9 @@ fn regex_choice_and_grammar_answers_stay_in_their_language_also_after_reasoning(
     for (target, rx) in cases {
         let whole = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
         for thinking in [false, true] {
-            let c = g.constraint(target, &ToolSet::default(), thinking).unwrap();
+            let c = g
+                .constraint_now(target, &ToolSet::default(), thinking)
+                .unwrap();
             for seed in 0..6 {
                 let text = String::from_utf8(generate(&c, &vocab, seed, 3000)).unwrap();
                 let answer = if thinking {
@@ -245,7 +271,7 @@ fn request_grammars_that_cannot_compile_are_refused_not_fatal() {
         (Target::Grammar("start: \"a\"\nstart: \"b\""), "start"),
     ] {
         let e = g
-            .constraint(target, &ToolSet::default(), false)
+            .constraint_now(target, &ToolSet::default(), false)
             .err()
             .unwrap_or_else(|| panic!("{target:?} compiles"));
         assert!(e.to_lowercase().contains(says), "{target:?}: {e}");
@@ -261,12 +287,12 @@ fn request_grammars_that_cannot_compile_are_refused_not_fatal() {
     let gbnf = format!("root ::= r0\n{}", chain.replace(':', " ::="));
     for chain in [lark, gbnf] {
         assert!(chain.len() <= MAX_GRAMMAR_BYTES, "{}", chain.len());
-        let compiled = g.constraint(Target::Grammar(&chain), &ToolSet::default(), false);
+        let compiled = g.constraint_now(Target::Grammar(&chain), &ToolSet::default(), false);
         assert!(compiled.is_ok(), "{:?}", compiled.err());
     }
     let long = "a".repeat(MAX_GRAMMAR_BYTES + 1);
     let e = g
-        .constraint(Target::Regex(&long), &ToolSet::default(), false)
+        .constraint_now(Target::Regex(&long), &ToolSet::default(), false)
         .err()
         .unwrap();
     assert!(e.contains("at most 65536 bytes"), "{e}");
@@ -287,7 +313,7 @@ fn strict_tools_in_auto_mode_allow_content_or_calls_that_always_parse() {
     let tools = Arc::new(ToolSet::from_json_str(tools).unwrap());
     for thinking in [false, true] {
         let c = g
-            .constraint(Target::ContentOrCalls { parallel: true }, &tools, thinking)
+            .constraint_now(Target::ContentOrCalls { parallel: true }, &tools, thinking)
             .unwrap();
         let tok = Tokenizer::tiny().unwrap();
         let block = tok.token_id(markers::TOOL_CALLS_START).unwrap() as usize;
@@ -336,8 +362,63 @@ fn strict_tools_in_auto_mode_allow_content_or_calls_that_always_parse() {
     )
     .unwrap();
     let e = g
-        .constraint(Target::ContentOrCalls { parallel: true }, &bad, false)
+        .constraint_now(Target::ContentOrCalls { parallel: true }, &bad, false)
         .err()
         .unwrap();
     assert!(e.contains("`f`") && e.contains("anyOf"), "{e}");
+}
+
+#[test]
+fn compiles_wait_for_a_compiler_without_holding_the_runtime_worker() {
+    let (g, vocab) = compiler();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A chain of rules that takes llguidance milliseconds to compile.
+    let chain: String = (0..2000)
+        .map(|i| format!("r{i}: \"x\" r{}?\n", i + 1))
+        .collect::<String>()
+        + "r2000: \"y\"\n";
+    let chain = format!("start: \"ab\" | r0\n{chain}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Every compiler busy: a request's compile waits its turn.
+        let held = g.compiling.acquire_many(cores as u32).await.unwrap();
+        let regex = tokio::spawn({
+            let g = Arc::clone(&g);
+            async move {
+                g.constraint(Target::Regex("[ab]{3}"), &ToolSet::default(), false)
+                    .await
+            }
+        });
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!regex.is_finished(), "compiled with every compiler busy");
+        drop(held);
+        let c = regex.await.unwrap().unwrap();
+        let text = String::from_utf8(generate(&c, &vocab, 1, 10)).unwrap();
+        assert!(
+            regex::Regex::new("^[ab]{3}$").unwrap().is_match(&text),
+            "{text:?}"
+        );
+        // While a grammar compiles, the one worker thread runs the other tasks.
+        let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ticker = tokio::spawn({
+            let ticks = Arc::clone(&ticks);
+            async move {
+                loop {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let compiled = g
+            .constraint(Target::Grammar(&chain), &ToolSet::default(), false)
+            .await;
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        ticker.abort();
+        assert!(compiled.is_ok(), "{:?}", compiled.err());
+        assert!(during > 0, "the worker was held while the grammar compiled");
+    });
 }

@@ -41,7 +41,7 @@ pub async fn chat_completions(
     let loaded = loaded_model(&state)?;
     let req: ChatRequest = parse_body(&body)?;
     check_model(&state, &req.model)?;
-    let prepared = prepare(&state, &loaded, &req, &body)?;
+    let prepared = prepare(&state, &loaded, &req, &body).await?;
     let meta = Meta {
         id: format!("chatcmpl-{}", random_hex(state.next_serial())),
         created: unix_now(),
@@ -173,7 +173,7 @@ pub(super) fn chat_prompt(
     })
 }
 
-fn prepare(
+async fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &ChatRequest,
@@ -206,13 +206,15 @@ fn prepare(
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
     let constraint = constraint(
+        state,
         loaded,
         req.structured()?.as_ref(),
         parallel,
         &choice,
         &tools,
         thinking,
-    )?;
+    )
+    .await?;
     let decoder = DecoderSpec {
         parsing: state.cfg().output,
         thinking,
@@ -300,8 +302,9 @@ pub(super) fn max_tokens(
 /// follows (`shape`: a JSON schema, regex, choice or grammar, with the field that asked for it,
 /// named in errors), the tool calls its `choice` requires (`parallel`: several in one answer),
 /// or, with `tool_choice` auto and a strict tool, free content and calls whose strict tools'
-/// arguments follow their schemas.
-pub(super) fn constraint(
+/// arguments follow their schemas. The compile time goes to `state`'s metrics.
+pub(super) async fn constraint(
+    state: &AppState,
     loaded: &Loaded,
     shape: Option<&Shape>,
     parallel: bool,
@@ -351,20 +354,25 @@ pub(super) fn constraint(
         }
         (_, None) => return Ok(None),
     };
-    loaded
-        .grammars
-        .constraint(target, tools, thinking)
+    let started = std::time::Instant::now();
+    let compiled = loaded.grammars.constraint(target, tools, thinking).await;
+    state
+        .stats()
+        .grammar_compiled(started.elapsed().as_secs_f64());
+    compiled
         .map(Some)
         .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced by a grammar: {e}")))
 }
 
 /// The constraint of a structured output on an answer with no tools and no thinking
 /// (`/v1/completions`, `/generate`).
-pub(super) fn structured_constraint(
+pub(super) async fn structured_constraint(
+    state: &AppState,
     loaded: &Loaded,
     shape: Option<&Shape>,
 ) -> Result<Option<dsv4_engine::Constraint>, ApiError> {
     constraint(
+        state,
         loaded,
         shape,
         false,
@@ -372,6 +380,7 @@ pub(super) fn structured_constraint(
         &ToolSet::default(),
         false,
     )
+    .await
 }
 
 /// What every chunk and answer repeats.

@@ -58,7 +58,7 @@ pub async fn completions(
         n,
         logprobs,
         prompt_logprobs,
-    } = prepare(&state, &loaded, &req)?;
+    } = prepare(&state, &loaded, &req).await?;
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
     // the choices already started. Only a prompt's first choice scores it; the others show its
     // entries (a stream holds their chunks back until it has them).
@@ -133,7 +133,7 @@ struct Prepared {
     prompt_logprobs: Option<usize>,
 }
 
-fn prepare(
+async fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &CompletionRequest,
@@ -158,7 +158,7 @@ fn prepare(
     }
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
-    let constraint = structured_constraint(loaded, req.structured()?.as_ref())?;
+    let constraint = structured_constraint(state, loaded, req.structured()?.as_ref()).await?;
     let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     let one = prompts.len() == 1;
     let mut out = Vec::with_capacity(prompts.len());

@@ -44,7 +44,7 @@ pub async fn generate(
     let loaded = loaded_model(&state)?;
     let req: GenerateRequest = parse_body(&body)?;
     let (prompts, batch) = req.prompts()?;
-    let specs = prepare(&state, &loaded, &req, prompts)?;
+    let specs = prepare(&state, &loaded, &req, prompts).await?;
     let stream = req.stream.unwrap_or(false);
     let names = req.return_text_in_logprobs.unwrap_or(false);
     let mut runs = Vec::new();
@@ -113,7 +113,7 @@ struct Spec {
 }
 
 /// Check every prompt's options (per-prompt lists must have one value per prompt).
-fn prepare(
+async fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &GenerateRequest,
@@ -189,7 +189,7 @@ fn prepare(
         let constraint = match compiled.iter().find(|(s, _)| *s == shape) {
             Some((_, c)) => c.clone(),
             None => {
-                let c = structured_constraint(loaded, shape.as_ref())?;
+                let c = structured_constraint(state, loaded, shape.as_ref()).await?;
                 compiled.push((shape, c.clone()));
                 c
             }

@@ -57,7 +57,8 @@ pub async fn create(
     if let Some(input) = raw.get("input") {
         turn.push_input(input)?;
     }
-    let (request, decoder) = prepare(&state, &loaded, &req, &raw, previous.as_deref(), &turn)?;
+    let (request, decoder) =
+        prepare(&state, &loaded, &req, &raw, previous.as_deref(), &turn).await?;
     let id = format!("resp_{}", random_hex(state.next_serial()));
     let store = req.store.unwrap_or(true) && state.responses().enabled();
     let envelope = Envelope::new(&req, id.clone(), unix_now(), store, &raw);
@@ -168,7 +169,7 @@ fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
 
 /// Encode the prompt (instructions, the stored conversation, the input; tools unless
 /// `tool_choice` is none) and check the request: the engine request and the decoder.
-fn prepare(
+async fn prepare(
     state: &AppState,
     loaded: &Loaded,
     req: &ResponsesRequest,
@@ -268,13 +269,15 @@ fn prepare(
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let constraint = constraint(
+        state,
         loaded,
         req.structured().as_ref(),
         req.parallel_tool_calls.unwrap_or(true),
         &choice,
         &tools,
         thinking,
-    )?;
+    )
+    .await?;
     let decoder = DecoderSpec {
         parsing: state.cfg().output,
         thinking,

@@ -203,6 +203,16 @@ async fn completions_and_generate_follow_the_same_grammars() {
     let v = r.json();
     let parsed: Value = serde_json::from_str(&text(&v, 0)).unwrap_or_else(|e| panic!("{e}: {v}"));
     assert!(parsed.is_object(), "{v}");
+    // One compile a request, and one a distinct grammar of a batch: 1 + 2 + 1 + 1.
+    let m = s.get("/metrics").await.body;
+    assert!(
+        m.contains("dsv4:grammar_compile_seconds_count 5"),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("grammar"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     s.shutdown().await.unwrap();
 }
 
