@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, oneshot};
 use toktrie::TokEnv;
 
 pub(crate) mod gbnf;
+pub mod structural;
 
 /// Free text in a `string="true"` value: anything without the closing tag.
 const STRING_VALUE: &str = r#"/(?s:.+)/ & ~/(?s:.*)<\/｜DSML｜parameter>(?s:.*)/"#;
@@ -88,6 +89,8 @@ pub enum Target<'a> {
     Choice(&'a [String]),
     /// Text of this grammar: Lark, or GBNF (see [`gbnf`]), told apart by [`gbnf::is_gbnf`].
     Grammar(&'a str),
+    /// Text of this structural-tag format (see [`structural`]).
+    Structural(&'a structural::Format),
 }
 
 /// Longest regular expression or grammar text a request may give: a grammar compiles in time
@@ -165,14 +168,18 @@ impl GrammarCompiler {
         let size = match target {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
-            Target::ToolCalls { .. } | Target::ContentOrCalls { .. } | Target::Json(_) => 0,
+            Target::ToolCalls { .. }
+            | Target::ContentOrCalls { .. }
+            | Target::Json(_)
+            | Target::Structural(_) => 0,
         };
         if size > MAX_GRAMMAR_BYTES {
             return Err(format!(
                 "it is {size} bytes long; at most {MAX_GRAMMAR_BYTES} bytes are accepted"
             ));
         }
-        let mut user = None;
+        // Sub-grammars the body refers to with `@name`.
+        let mut subs: Vec<(String, String)> = Vec::new();
         let body = match target {
             Target::ToolCalls { only, parallel } => {
                 let chosen: Vec<&ToolDef> = tools
@@ -195,13 +202,13 @@ impl GrammarCompiler {
             }
             Target::Regex(rx) => format!("start_body: /{}/\n", regex_to_lark(rx, "")),
             Target::Grammar(src) => {
-                let lark = if gbnf::is_gbnf(src) {
-                    gbnf::gbnf_to_lark(src).map_err(|e| format!("GBNF: {e}"))?
-                } else {
-                    src.to_string()
-                };
-                user = Some(lark);
+                subs.push((USER_GRAMMAR.to_string(), user_lark(src)?));
                 format!("start_body: @{USER_GRAMMAR}\n")
+            }
+            Target::Structural(format) => {
+                let emitted = structural::Emitter::new(format, &user_lark)?;
+                subs = emitted.grammars;
+                emitted.rules
             }
         };
         let start = if thinking {
@@ -213,11 +220,11 @@ impl GrammarCompiler {
             "start: start_body\n".to_string()
         };
         let lark = format!("{start}{body}");
-        tracing::debug!(grammar = %lark, user = ?user, "constraint grammar");
+        tracing::debug!(grammar = %lark, subs = ?subs, "constraint grammar");
         let mut top = TopLevelGrammar::from_lark(lark);
-        if let Some(user) = user {
-            let mut g = GrammarWithLexer::from_lark(user);
-            g.name = Some(USER_GRAMMAR.to_string());
+        for (name, sub) in subs {
+            let mut g = GrammarWithLexer::from_lark(sub);
+            g.name = Some(name);
             top.grammars.push(g);
         }
         Ok(top)
@@ -464,9 +471,20 @@ fn compact(mut schema: serde_json::Value) -> String {
     schema.to_string()
 }
 
-/// A Lark string literal.
+/// `s` as a Lark string literal: JSON, with DEL escaped too (Lark's lexer refuses it raw).
 fn lark_str(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
+    serde_json::Value::String(s.to_string())
+        .to_string()
+        .replace('\u{7f}', "\\u007f")
+}
+
+/// A request's grammar text as Lark: GBNF converted (see [`gbnf`]), Lark as given.
+fn user_lark(src: &str) -> Result<String, String> {
+    if gbnf::is_gbnf(src) {
+        gbnf::gbnf_to_lark(src).map_err(|e| format!("GBNF: {e}"))
+    } else {
+        Ok(src.to_string())
+    }
 }
 
 /// A compiled grammar; every request gets its own copy of the matcher.

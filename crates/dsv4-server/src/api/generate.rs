@@ -133,6 +133,8 @@ pub struct GenerateSampling {
     pub regex: Option<String>,
     /// A grammar the output follows: GBNF (xgrammar's EBNF, start rule `root`) or Lark.
     pub ebnf: Option<String>,
+    /// A structural tag (as JSON text or an object) the output follows.
+    pub structural_tag: Option<Value>,
 }
 
 impl GenerateSampling {

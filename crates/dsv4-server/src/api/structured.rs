@@ -10,6 +10,7 @@
 
 use crate::error::ApiError;
 use crate::grammar::Target;
+use crate::grammar::structural::{Format, StructuralTag};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -27,6 +28,8 @@ pub enum Structured {
     Choice(Vec<String>),
     /// Text of this grammar: Lark, or GBNF (some rule defined with `::=`, start rule `root`).
     Grammar(String),
+    /// Text of this structural-tag format.
+    Structural(Format),
 }
 
 /// A structured-output demand and the request field that made it (named in errors).
@@ -54,6 +57,7 @@ impl Shape {
             Structured::Regex(rx) => Target::Regex(rx),
             Structured::Choice(c) => Target::Choice(c),
             Structured::Grammar(g) => Target::Grammar(g),
+            Structured::Structural(f) => Target::Structural(f),
         }
     }
 }
@@ -71,6 +75,8 @@ pub enum ResponseFormat {
         /// The schema and its name.
         json_schema: JsonSchemaFormat,
     },
+    /// Text following a structural tag (vLLM's and SGLang's extension).
+    StructuralTag(StructuralTag),
 }
 
 /// `response_format.json_schema`.
@@ -88,10 +94,10 @@ pub struct JsonSchemaFormat {
 }
 
 impl ResponseFormat {
-    /// The schema this format asks for (None: free text).
+    /// The schema this format asks for (None: free text or a structural tag).
     pub fn schema(&self) -> Option<Value> {
         match self {
-            ResponseFormat::Text => None,
+            ResponseFormat::Text | ResponseFormat::StructuralTag(_) => None,
             ResponseFormat::JsonObject => Some(serde_json::json!({"type": "object"})),
             ResponseFormat::JsonSchema { json_schema } => Some(
                 json_schema
@@ -128,7 +134,7 @@ pub struct StructuredOutputs {
     pub disable_additional_properties: Option<bool>,
     /// Refused (JSON whitespace is fixed here).
     pub whitespace_pattern: Option<String>,
-    /// Refused (tool calls are constrained through `tool_choice`).
+    /// A structural tag (an object, or its JSON text).
     pub structural_tag: Option<Value>,
 }
 
@@ -149,8 +155,16 @@ impl Fields<'_> {
     /// The one demand these fields make, if any; two or more are refused, naming them.
     pub fn resolve(&self) -> Result<Option<Shape>, ApiError> {
         let mut shapes = Vec::new();
-        if let Some(schema) = self.response_format.and_then(ResponseFormat::schema) {
-            shapes.push(Shape::json(schema, "response_format"));
+        match self.response_format {
+            Some(ResponseFormat::StructuralTag(tag)) => {
+                shapes.push(structural(tag, "response_format")?);
+            }
+            Some(f) => {
+                if let Some(schema) = f.schema() {
+                    shapes.push(Shape::json(schema, "response_format"));
+                }
+            }
+            None => {}
         }
         if let Some(so) = self.structured_outputs {
             shapes.extend(structured_outputs(so)?);
@@ -190,14 +204,10 @@ fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
              space after `:` and `,`, none elsewhere)",
         ));
     }
-    if so.structural_tag.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::bad_param(
-            field("structural_tag"),
-            "structural_tag is not supported; constrain tool calls with `tools` and \
-             `tool_choice` (\"required\" or a named tool)",
-        ));
-    }
     let mut shapes = Vec::new();
+    if let Some(v) = so.structural_tag.as_ref().filter(|v| !v.is_null()) {
+        shapes.push(structural_value(v, &field("structural_tag"))?);
+    }
     if let Some(v) = so.json.as_ref().filter(|v| !v.is_null()) {
         let mut schema = schema(v, &field("json"))?;
         if so.disable_additional_properties == Some(true) {
@@ -229,7 +239,7 @@ fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
         return Err(ApiError::bad_param(
             "structured_outputs",
             "structured_outputs names nothing to follow; give one of `json`, `regex`, \
-             `choice`, `grammar` or `json_object: true`",
+             `choice`, `grammar`, `structural_tag` or `json_object: true`",
         ));
     }
     Ok(shapes)
@@ -246,6 +256,45 @@ pub fn schema(v: &Value, field: &str) -> Result<Value, ApiError> {
             format!("`{field}` is a JSON schema (an object, or its JSON text), not {other}"),
         )),
     }
+}
+
+/// A structural-tag demand made by `field`; its shape is checked here, its strings and
+/// schemas when the grammar is compiled.
+fn structural(tag: &StructuralTag, field: &str) -> Result<Shape, ApiError> {
+    let format = tag
+        .resolve()
+        .map_err(|e| ApiError::bad_param(field, format!("`{field}`: {e}")))?;
+    Ok(Shape {
+        what: Structured::Structural(format),
+        field: field.to_string(),
+    })
+}
+
+/// A structural tag given as an object or as its JSON text (vLLM's
+/// `structured_outputs.structural_tag`, SGLang's `sampling_params.structural_tag`), with or
+/// without `"type": "structural_tag"`.
+pub fn structural_value(v: &Value, field: &str) -> Result<Shape, ApiError> {
+    let bad = |m: String| ApiError::bad_param(field, format!("`{field}`: {m}"));
+    let mut v = match v {
+        Value::String(s) => {
+            serde_json::from_str(s).map_err(|e| bad(format!("not valid JSON: {e}")))?
+        }
+        other => other.clone(),
+    };
+    let Value::Object(o) = &mut v else {
+        return Err(bad("a structural tag is a JSON object".into()));
+    };
+    match o.remove("type") {
+        None => {}
+        Some(Value::String(t)) if t == "structural_tag" => {}
+        Some(t) => {
+            return Err(bad(format!(
+                "type is {t}; a structural tag's is \"structural_tag\""
+            )));
+        }
+    }
+    let tag: StructuralTag = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
+    structural(&tag, field)
 }
 
 /// A regular-expression demand (its syntax is checked when the grammar is compiled).

@@ -470,10 +470,9 @@ fn chars(s: &str) -> Result<String, String> {
     Ok(chars?.join(" "))
 }
 
-/// `s` as a Lark string literal: JSON, with DEL escaped too (Lark's lexer refuses it raw).
+/// `s` as a Lark string literal (see [`super::lark_str`]).
 fn lark_string(s: &str) -> Result<String, String> {
-    let json = serde_json::to_string(s).map_err(|e| e.to_string())?;
-    Ok(json.replace('\u{7f}', "\\u007f"))
+    Ok(super::lark_str(s))
 }
 
 /// `c` as a Lark regex, every character that is not ASCII alphanumeric written `\x{HEX}`.

@@ -6,7 +6,7 @@ use crate::vocab::Vocab;
 use dsv4_chat::{ParserOptions, parse_completion};
 use std::sync::Arc;
 
-fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
+pub(crate) fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
     let tok = Tokenizer::tiny().unwrap();
     let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
     let env = vocab.tok_env(tok.clone());
@@ -14,7 +14,7 @@ fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
 }
 
 /// [`GrammarCompiler::constraint`], waited for on a runtime of its own.
-trait Now {
+pub(crate) trait Now {
     fn constraint_now(
         &self,
         target: Target<'_>,
@@ -51,12 +51,17 @@ const TOOLS: &str = r#"[
 
 /// Sample greedily from seeded random logits under `c` until EOS (or `limit` tokens); the
 /// completion's bytes.
-fn generate(c: &dsv4_engine::Constraint, vocab: &Vocab, seed: u64, limit: usize) -> Vec<u8> {
+pub(crate) fn generate(
+    c: &dsv4_engine::Constraint,
+    vocab: &Vocab,
+    seed: u64,
+    limit: usize,
+) -> Vec<u8> {
     generate_biased(c, vocab, seed, limit, |_, _| {})
 }
 
 /// [`generate`], with `bias(step, row)` applied to each row of random logits before the mask.
-fn generate_biased(
+pub(crate) fn generate_biased(
     c: &dsv4_engine::Constraint,
     vocab: &Vocab,
     seed: u64,
@@ -421,4 +426,18 @@ fn compiles_wait_for_a_compiler_without_holding_the_runtime_worker() {
         assert!(compiled.is_ok(), "{:?}", compiled.err());
         assert!(during > 0, "the worker was held while the grammar compiled");
     });
+}
+
+#[test]
+fn choices_with_control_characters_compile_and_are_kept_whole() {
+    // DEL must be escaped in a Lark literal; llguidance's lexer refuses it raw.
+    let (g, vocab) = compiler();
+    let choices = ["a\u{7f}b".to_string(), "tab\there".to_string()];
+    let c = g
+        .constraint_now(Target::Choice(&choices), &ToolSet::default(), false)
+        .unwrap();
+    for seed in 0..4 {
+        let text = String::from_utf8(generate(&c, &vocab, seed, 100)).unwrap();
+        assert!(choices.contains(&text), "{text:?}");
+    }
 }

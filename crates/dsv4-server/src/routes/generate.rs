@@ -277,7 +277,7 @@ fn max_new_tokens(
     }
 }
 
-/// The structured output of `json_schema`, `regex` or `ebnf` (at most one).
+/// The structured output of `json_schema`, `regex`, `ebnf` or `structural_tag` (at most one).
 fn shape_of(sp: &GenerateSampling) -> Result<Option<Shape>, ApiError> {
     let field = |k: &str| format!("sampling_params.{k}");
     let mut shapes = Vec::new();
@@ -290,6 +290,9 @@ fn shape_of(sp: &GenerateSampling) -> Result<Option<Shape>, ApiError> {
     }
     if let Some(g) = &sp.ebnf {
         shapes.push(structured::grammar(g, &field("ebnf"))?);
+    }
+    if let Some(v) = sp.structural_tag.as_ref().filter(|v| !v.is_null()) {
+        shapes.push(structured::structural_value(v, &field("structural_tag"))?);
     }
     structured::one(shapes)
 }

@@ -217,6 +217,79 @@ async fn completions_and_generate_follow_the_same_grammars() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structural_tags_constrain_chat_completions_and_generate() {
+    let s = start(config()).await;
+    let weather = json!({"type": "object", "additionalProperties": false, "required": ["city"],
+                         "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}}});
+    // vLLM's legacy shape in response_format, with SGLang's at_least_one: the answer opens
+    // with a tag whose JSON follows the schema; free text may follow.
+    let legacy = json!({"type": "structural_tag", "triggers": ["<function="], "at_least_one": true,
+        "structures": [{"begin": "<function=get_weather>", "schema": weather, "end": "</function>"}]});
+    let body = chat(
+        "Weather?",
+        json!({"response_format": legacy, "max_tokens": 120, "stop": []}),
+    );
+    let (text, _) = chat_content(&s, &body).await;
+    let rest = text
+        .strip_prefix("<function=get_weather>")
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let args: Value = rest
+        .match_indices("</function>")
+        .find_map(|(i, _)| serde_json::from_str(&rest[..i]).ok())
+        .unwrap_or_else(|| panic!("no JSON then </function>: {text:?}"));
+    assert!(
+        ["Oslo", "Paris"].contains(&args["city"].as_str().unwrap()),
+        "{text:?}"
+    );
+    // xgrammar's `format` shape, as an object in response_format and as JSON text in
+    // structured_outputs: the same language gives the same greedy answer, and the regex of
+    // that language agrees.
+    let format = json!({"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "tags_with_separator", "separator": ",", "at_least_one": true,
+         "tags": [{"begin": "<n>", "end": "</n>",
+                   "content": {"type": "regex", "pattern": "[0-9]{1,2}"}}]}
+    ]});
+    let rx = "Answer: <n>[0-9]{1,2}</n>(,<n>[0-9]{1,2}</n>)*";
+    let tag = json!({"type": "structural_tag", "format": format});
+    let ask = |extra: Value| {
+        let mut extra = extra;
+        extra["max_tokens"] = json!(64);
+        extra["stop"] = json!([]);
+        chat("Numbers", extra)
+    };
+    let (a, finish) = chat_content(&s, &ask(json!({"response_format": tag}))).await;
+    assert!(matches(rx, &a), "{a:?}");
+    assert_eq!(finish, "stop", "{a:?}");
+    let as_text = json!({"structured_outputs": {"structural_tag": tag.to_string()}});
+    assert_eq!(chat_content(&s, &ask(as_text)).await.0, a);
+    assert_eq!(chat_content(&s, &ask(json!({"regex": rx}))).await.0, a);
+    // Text completions and /generate (SGLang's sampling_params.structural_tag) agree.
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": crate::common::MODEL, "prompt": "List: ", "max_tokens": 64,
+                    "temperature": 0, "response_format": tag}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let completion = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(matches(rx, &completion), "{completion:?}");
+    let g = s
+        .send(
+            "POST",
+            "/generate",
+            &json!({"text": "List: ", "sampling_params": {"structural_tag": tag.to_string(),
+                    "max_new_tokens": 64, "temperature": 0}}),
+        )
+        .await;
+    assert_eq!(g.status, 200, "{}", g.body);
+    assert_eq!(g.json()["text"], completion.as_str());
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn structured_outputs_that_cannot_be_enforced_are_refused_naming_the_field() {
     let s = start(config()).await;
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]);
@@ -263,7 +336,29 @@ async fn structured_outputs_that_cannot_be_enforced_are_refused_naming_the_field
         (
             json!({"structured_outputs": {"structural_tag": {"type": "tag"}}}),
             "structured_outputs.structural_tag",
-            "tool_choice",
+            "\"structural_tag\"",
+        ),
+        (
+            json!({"structured_outputs": {"structural_tag": "{\"format\": "}}),
+            "structured_outputs.structural_tag",
+            "not valid JSON",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "token", "token": 1}}}),
+            "response_format",
+            "unknown variant `token`",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "triggers": ["<f="]}}),
+            "response_format",
+            "either `format`",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {
+                "type": "triggered_tags", "triggers": ["<f="],
+                "tags": [{"begin": "<g>", "content": {"type": "any_text"}, "end": "</g>"}]}}}),
+            "response_format",
+            "does not start with any of the triggers",
         ),
         (
             json!({"structured_outputs": {"json": {}, "whitespace_pattern": " *"}}),
