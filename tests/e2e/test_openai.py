@@ -192,7 +192,8 @@ def test_json_answer(client, model):
 
 def test_structured_outputs(client, model):
     """vLLM's structured_outputs and SGLang's regex/ebnf through extra_body, as their clients send
-    them: a choice and a GBNF grammar on chat, a regex on text completions."""
+    them: a choice and a GBNF grammar on chat, a regex on text completions, a structural tag in
+    response_format."""
     r = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Is it raining?"}],
@@ -214,6 +215,24 @@ def test_structured_outputs(client, model):
         model=model, prompt="Code: ", max_tokens=16, temperature=0, extra_body={"regex": "[A-Z]{3}-[0-9]{3}"}
     )
     check(re.fullmatch(r"[A-Z]{3}-[0-9]{3}", r.choices[0].text), r)
+    # A structural tag in response_format, as vLLM's structured-outputs docs send it.
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Numbers"}],
+        temperature=0,
+        max_tokens=64,
+        stop=[],
+        response_format={
+            "type": "structural_tag",
+            "format": {
+                "type": "tags_with_separator",
+                "separator": ",",
+                "at_least_one": True,
+                "tags": [{"begin": "<n>", "end": "</n>", "content": {"type": "regex", "pattern": "[0-9]{1,2}"}}],
+            },
+        },
+    )
+    check(re.fullmatch(r"<n>[0-9]{1,2}</n>(,<n>[0-9]{1,2}</n>)*", r.choices[0].message.content), r)
     try:
         client.chat.completions.create(
             model=model,
