@@ -57,7 +57,7 @@ fn env() -> &'static Env {
         let tok = Tokenizer::tiny().expect("the tiny tokenizer loads");
         let vocab_size = dsv4_model::ModelConfig::tiny().vocab_size;
         let vocab = Vocab::new(&tok, vocab_size).expect("the tiny vocabulary maps");
-        let grammars = GrammarCompiler::new(&vocab.tok_env(tok.clone()), tok.clone())
+        let grammars = GrammarCompiler::new(&vocab.tok_env(tok.clone()), tok.clone(), 0)
             .expect("the grammar compiler builds");
         Env {
             tok,

@@ -85,6 +85,8 @@ pub struct ServerSection {
     pub responses_store: u64,
     /// Most MiB those stored responses hold of their own.
     pub responses_store_mib: u64,
+    /// Compiled constrained-decoding grammars kept for reuse; 0 compiles every request's.
+    pub grammar_cache: u64,
 }
 
 impl Default for ServerSection {
@@ -99,6 +101,7 @@ impl Default for ServerSection {
             health_stall_s: 60,
             responses_store: 256,
             responses_store_mib: 256,
+            grammar_cache: 64,
         }
     }
 }

@@ -36,6 +36,9 @@ impl OutputParsing {
     }
 }
 
+/// Compiled grammars kept for reuse unless the profile says otherwise (`server.grammar_cache`).
+pub const DEFAULT_GRAMMAR_CACHE: usize = 64;
+
 /// Everything the HTTP server is configured with.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {

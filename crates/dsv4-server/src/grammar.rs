@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, oneshot};
 use toktrie::TokEnv;
 
+mod cache;
 pub(crate) mod gbnf;
 pub mod structural;
 
@@ -57,6 +58,16 @@ pub struct GrammarCompiler {
     /// One permit a compile running: at most one a core, the others wait their turn without
     /// holding a thread.
     compiling: Semaphore,
+    /// Compiled grammars kept for later requests with the same grammar.
+    cache: cache::GrammarCache,
+}
+
+/// A request's constraint, and whether it came from the cache rather than a compile.
+pub struct Constrained {
+    /// The constraint, or what in the request cannot be turned into a grammar.
+    pub constraint: Result<Constraint, String>,
+    /// Taken from the cache (nothing was compiled).
+    pub cached: bool,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -108,8 +119,9 @@ pub(crate) const COMPILE_STACK: usize = 64 << 20;
 const USER_GRAMMAR: &str = "user_grammar";
 
 impl GrammarCompiler {
-    /// A compiler over `env` (see [`crate::vocab::Vocab::tok_env`]) for `tok`'s markers.
-    pub fn new(env: &TokEnv, tok: Tokenizer) -> Result<Self, String> {
+    /// A compiler over `env` (see [`crate::vocab::Vocab::tok_env`]) for `tok`'s markers,
+    /// keeping up to `cached` compiled grammars for reuse (`server.grammar_cache`).
+    pub fn new(env: &TokEnv, tok: Tokenizer, cached: usize) -> Result<Self, String> {
         let mut factory = ParserFactory::new_simple(env).map_err(|e| e.to_string())?;
         factory.quiet();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -117,24 +129,79 @@ impl GrammarCompiler {
             factory,
             tok,
             compiling: Semaphore::new(cores),
+            cache: cache::GrammarCache::new(cached),
         })
+    }
+
+    /// How many compiled grammars the cache holds.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
     }
 
     /// The constraint for `target`; in thinking mode the completion starts with reasoning and
     /// `</think>`. The error says what in the request cannot be turned into a grammar.
-    ///
-    /// The grammar compiles on a thread of its own with a [`COMPILE_STACK`] stack, so that no
-    /// grammar a request can send overflows a stack, and the caller's task waits without
-    /// holding its runtime worker: a big grammar (or a big vocabulary) takes milliseconds to
-    /// seconds, in which the worker goes on streaming other requests' tokens. At most one
-    /// grammar a core compiles at once.
     pub async fn constraint(
         self: &Arc<Self>,
         target: Target<'_>,
         tools: &ToolSet,
         thinking: bool,
     ) -> Result<Constraint, String> {
-        let top = self.grammar(target, tools, thinking)?;
+        self.constrain(target, tools, thinking).await.constraint
+    }
+
+    /// [`Self::constraint`], saying whether it came from the cache.
+    ///
+    /// A grammar not in the cache compiles on a thread of its own with a [`COMPILE_STACK`]
+    /// stack, so that no grammar a request can send overflows a stack, and the caller's task
+    /// waits without holding its runtime worker: a big grammar (or a big vocabulary) takes
+    /// milliseconds to seconds, in which the worker goes on streaming other requests' tokens.
+    /// At most one grammar a core compiles at once.
+    pub async fn constrain(
+        self: &Arc<Self>,
+        target: Target<'_>,
+        tools: &ToolSet,
+        thinking: bool,
+    ) -> Constrained {
+        let (key, top) = match self.grammar(target, tools, thinking) {
+            Ok(g) => g,
+            Err(e) => {
+                return Constrained {
+                    constraint: Err(e),
+                    cached: false,
+                };
+            }
+        };
+        if let Some(c) = self.cache.get(&key) {
+            return Constrained {
+                constraint: c,
+                cached: true,
+            };
+        }
+        let constraint = match self.compile_off_worker(top).await {
+            // What the grammar itself decides is kept, a failure included.
+            Ok(compiled) => {
+                let compiled = compiled.map(|matcher| {
+                    Constraint::new(LlgConstraint {
+                        proto: Mutex::new(matcher),
+                    })
+                });
+                self.cache.put(key, compiled.clone());
+                compiled
+            }
+            Err(e) => Err(e),
+        };
+        Constrained {
+            constraint,
+            cached: false,
+        }
+    }
+
+    /// [`Self::compile`] on a [`COMPILE_STACK`] thread once a compiler is free; the outer error
+    /// is the server's (no thread, a compile that panicked), the inner the grammar's.
+    async fn compile_off_worker(
+        self: &Arc<Self>,
+        top: TopLevelGrammar,
+    ) -> Result<Result<Matcher, String>, String> {
         let _permit = self
             .compiling
             .acquire()
@@ -150,21 +217,18 @@ impl GrammarCompiler {
                 let _ = tx.send(this.compile(top));
             })
             .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?;
-        let matcher = rx
-            .await
-            .map_err(|_| "the grammar compiler failed".to_string())??;
-        Ok(Constraint::new(LlgConstraint {
-            proto: Mutex::new(matcher),
-        }))
+        rx.await
+            .map_err(|_| "the grammar compiler failed".to_string())
     }
 
-    /// The grammar of `target` (see [`Self::constraint`]), not yet compiled.
+    /// The grammar of `target` (see [`Self::constraint`]), not yet compiled, with its cache
+    /// key (its whole text).
     fn grammar(
         &self,
         target: Target<'_>,
         tools: &ToolSet,
         thinking: bool,
-    ) -> Result<TopLevelGrammar, String> {
+    ) -> Result<(String, TopLevelGrammar), String> {
         let size = match target {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
@@ -221,13 +285,17 @@ impl GrammarCompiler {
         };
         let lark = format!("{start}{body}");
         tracing::debug!(grammar = %lark, subs = ?subs, "constraint grammar");
+        let mut key = lark.clone();
+        for (name, sub) in &subs {
+            key.push_str(&format!("\0@{name}\0{sub}"));
+        }
         let mut top = TopLevelGrammar::from_lark(lark);
         for (name, sub) in subs {
             let mut g = GrammarWithLexer::from_lark(sub);
             g.name = Some(name);
             top.grammars.push(g);
         }
-        Ok(top)
+        Ok((key, top))
     }
 
     /// Compile `top`, with its first token mask: a grammar the lexer cannot even start (a

@@ -80,6 +80,7 @@ struct Inner {
     tpot: Histogram,
     e2e: Histogram,
     grammar: Histogram,
+    grammar_cache_hits: u64,
 }
 
 /// Counters and histograms the handlers update.
@@ -101,6 +102,7 @@ impl Default for Stats {
                 tpot: Histogram::new(TPOT_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
                 grammar: Histogram::new(GRAMMAR_BUCKETS),
+                grammar_cache_hits: 0,
             }),
         }
     }
@@ -134,6 +136,11 @@ impl Stats {
     /// A request's grammar compiled (or failed to) in `secs`, waiting for a compiler included.
     pub fn grammar_compiled(&self, secs: f64) {
         self.lock().grammar.observe(secs);
+    }
+
+    /// A request's grammar came from the cache of compiled grammars.
+    pub fn grammar_cache_hit(&self) {
+        self.lock().grammar_cache_hits += 1;
     }
 
     /// A generation request ended (any way) with the engine's final event.
@@ -230,6 +237,13 @@ impl Stats {
             "dsv4:grammar_compile_seconds",
             "Compiling a request's constrained-decoding grammar, waiting for a compiler included.",
         );
+        scalar(
+            o,
+            "dsv4:grammar_cache_hits_total",
+            "counter",
+            "Requests whose grammar came from the cache of compiled grammars (server.grammar_cache).",
+            s.grammar_cache_hits as f64,
+        );
         if let Some(m) = engine {
             render_engine(o, m);
         }
@@ -260,6 +274,17 @@ pub fn render_responses(out: &mut String, stored: usize, bytes: usize, running: 
         "gauge",
         "Background responses running.",
         running as f64,
+    );
+}
+
+/// The gauge of the compiled-grammar cache: grammars it holds (`server.grammar_cache` bounds it).
+pub fn render_grammar_cache(out: &mut String, entries: usize) {
+    scalar(
+        out,
+        "dsv4:grammar_cache_entries",
+        "gauge",
+        "Compiled grammars kept for reuse (server.grammar_cache bounds it).",
+        entries as f64,
     );
 }
 

@@ -45,15 +45,18 @@ impl std::fmt::Debug for Loaded {
 
 impl Loaded {
     /// Start an engine on `model` under `cfg` with the run-time checks of `debug`, with
-    /// `tokenizer` for prompts, stop strings and grammars.
+    /// `tokenizer` for prompts, stop strings and grammars, keeping up to `grammar_cache`
+    /// compiled grammars (`server.grammar_cache`).
     pub fn new(
         model: Arc<Model>,
         tokenizer: Tokenizer,
         cfg: EngineConfig,
         debug: DebugOptions,
+        grammar_cache: usize,
     ) -> Result<Self, ServerError> {
         let vocab = Vocab::new(&tokenizer, model.cfg.vocab_size)?;
-        let grammars = GrammarCompiler::new(&vocab.tok_env(tokenizer.clone()), tokenizer.clone())
+        let env = vocab.tok_env(tokenizer.clone());
+        let grammars = GrammarCompiler::new(&env, tokenizer.clone(), grammar_cache)
             .map(Arc::new)
             .map_err(ServerError::Grammar)?;
         let detok: Arc<dyn Detokenizer> = {

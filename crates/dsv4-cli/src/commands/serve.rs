@@ -129,7 +129,9 @@ fn load(model_dir: Option<&Path>, resolved: &Resolved, tok: Tokenizer) -> anyhow
     let cfg = engine_config(profile)?;
     let (model, _) = open_model(model_dir, profile)?;
     let debug = super::plan::debug_options(profile);
-    let loaded = Loaded::new(Arc::new(model), tok, cfg, debug)?;
+    let grammar_cache = usize::try_from(profile.server.grammar_cache)
+        .context("server.grammar_cache is too large for this machine")?;
+    let loaded = Loaded::new(Arc::new(model), tok, cfg, debug, grammar_cache)?;
     tracing::info!(pools = %loaded.engine.pool_report(), "engine started");
     Ok(loaded)
 }

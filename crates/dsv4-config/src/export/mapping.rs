@@ -457,6 +457,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Always,
         Same("SGLang has no setting for how much memory stored /v1/responses answers take"),
     ),
+    row(
+        "server.grammar_cache",
+        Always,
+        Same("SGLang keeps compiled grammars in a cache of its own, without a setting"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

@@ -308,6 +308,14 @@ pub const KEYS: &[KeySpec] = &[
         "most MiB the stored /v1/responses answers hold of their own JSON and text (the oldest \
          goes first past it; an answer bigger than all of it is not kept)",
     ),
+    key(
+        "server.grammar_cache",
+        ValueKind::Range(0, 65_536),
+        "64",
+        "compiled constrained-decoding grammars (JSON schemas, tool sets, regexes, grammars, \
+         structural tags) kept for later requests with the same grammar; the least recently \
+         used goes first, and 0 compiles every request's anew",
+    ),
     // [debug]
     key(
         "debug.canary",

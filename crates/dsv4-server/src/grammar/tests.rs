@@ -10,7 +10,10 @@ pub(crate) fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
     let tok = Tokenizer::tiny().unwrap();
     let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
     let env = vocab.tok_env(tok.clone());
-    (Arc::new(GrammarCompiler::new(&env, tok).unwrap()), vocab)
+    (
+        Arc::new(GrammarCompiler::new(&env, tok, crate::config::DEFAULT_GRAMMAR_CACHE).unwrap()),
+        vocab,
+    )
 }
 
 /// [`GrammarCompiler::constraint`], waited for on a runtime of its own.
@@ -440,4 +443,66 @@ fn choices_with_control_characters_compile_and_are_kept_whole() {
         let text = String::from_utf8(generate(&c, &vocab, seed, 100)).unwrap();
         assert!(choices.contains(&text), "{text:?}");
     }
+}
+
+/// A compiler over the tiny vocabulary keeping `cached` grammars.
+fn compiler_caching(cached: usize) -> Arc<GrammarCompiler> {
+    let tok = Tokenizer::tiny().unwrap();
+    let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
+    let env = vocab.tok_env(tok.clone());
+    Arc::new(GrammarCompiler::new(&env, tok, cached).unwrap())
+}
+
+#[test]
+fn compiled_grammars_are_reused_least_recently_used_first_out() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let none = ToolSet::default();
+    let get = |g: &Arc<GrammarCompiler>, rx: &str, thinking: bool| {
+        rt.block_on(g.constrain(Target::Regex(rx), &none, thinking))
+    };
+    let g = compiler_caching(2);
+    let a = get(&g, "a+", false);
+    assert!(!a.cached);
+    let again = get(&g, "a+", false);
+    assert!(again.cached, "the same grammar is reused");
+    let (a, again) = (a.constraint.unwrap(), again.constraint.unwrap());
+    assert!(Arc::ptr_eq(&a.0, &again.0));
+    // Thinking mode makes another grammar.
+    assert!(!get(&g, "a+", true).cached);
+    // Capacity 2: "a+" (used before thinking's) goes when "b+" comes.
+    assert!(!get(&g, "b+", false).cached);
+    assert_eq!(g.cached(), 2);
+    assert!(
+        !get(&g, "a+", false).cached,
+        "the least recently used went first"
+    );
+    assert!(get(&g, "b+", false).cached);
+    // A grammar that cannot compile is kept as the same refusal.
+    let bad = get(&g, "(a", false);
+    let bad_again = get(&g, "(a", false);
+    assert!(!bad.cached && bad_again.cached);
+    assert_eq!(bad.constraint.err(), bad_again.constraint.err());
+    // Each request sharing a compiled grammar has its own state.
+    let (_, vocab) = compiler();
+    let eos = Tokenizer::tiny().unwrap().eos_id() as usize;
+    let a_id = Tokenizer::tiny().unwrap().encode("a").unwrap()[0];
+    let mut first = a.0.start();
+    first.advance(a_id).unwrap();
+    let mut row = vec![0.0f32; vocab.len()];
+    first.mask(&mut row).unwrap();
+    assert_eq!(row[eos], 0.0, "after `a` the answer may end");
+    let mut second = again.0.start();
+    let mut row = vec![0.0f32; vocab.len()];
+    second.mask(&mut row).unwrap();
+    assert_eq!(
+        row[eos],
+        f32::NEG_INFINITY,
+        "a fresh state must write `a` first"
+    );
+    // 0 keeps nothing.
+    let g = compiler_caching(0);
+    assert!(!get(&g, "a+", false).cached && !get(&g, "a+", false).cached);
+    assert_eq!(g.cached(), 0);
 }

@@ -302,7 +302,8 @@ pub(super) fn max_tokens(
 /// follows (`shape`: a JSON schema, regex, choice or grammar, with the field that asked for it,
 /// named in errors), the tool calls its `choice` requires (`parallel`: several in one answer),
 /// or, with `tool_choice` auto and a strict tool, free content and calls whose strict tools'
-/// arguments follow their schemas. The compile time goes to `state`'s metrics.
+/// arguments follow their schemas. The compile time, or a cache hit, goes to `state`'s
+/// metrics.
 pub(super) async fn constraint(
     state: &AppState,
     loaded: &Loaded,
@@ -355,11 +356,15 @@ pub(super) async fn constraint(
         (_, None) => return Ok(None),
     };
     let started = std::time::Instant::now();
-    let compiled = loaded.grammars.constraint(target, tools, thinking).await;
-    state
-        .stats()
-        .grammar_compiled(started.elapsed().as_secs_f64());
-    compiled
+    let got = loaded.grammars.constrain(target, tools, thinking).await;
+    if got.cached {
+        state.stats().grammar_cache_hit();
+    } else {
+        state
+            .stats()
+            .grammar_compiled(started.elapsed().as_secs_f64());
+    }
+    got.constraint
         .map(Some)
         .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced by a grammar: {e}")))
 }

@@ -153,10 +153,14 @@ pub async fn version() -> Response {
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let engine = state.loaded().map(|l| l.engine.metrics());
+    let loaded = state.loaded();
+    let engine = loaded.as_ref().map(|l| l.engine.metrics());
     let mut text = state.stats().render(engine.as_ref(), state.in_flight());
     let store = state.responses();
     crate::metrics::render_responses(&mut text, store.len(), store.bytes(), store.running());
+    if let Some(l) = &loaded {
+        crate::metrics::render_grammar_cache(&mut text, l.grammars.cached());
+    }
     (
         [(
             header::CONTENT_TYPE,

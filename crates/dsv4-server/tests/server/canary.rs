@@ -45,6 +45,7 @@ fn loaded_with(faults: &[Fault]) -> Loaded {
         dsv4_chat::Tokenizer::tiny().unwrap(),
         cfg,
         debug,
+        dsv4_server::config::DEFAULT_GRAMMAR_CACHE,
     )
     .unwrap()
 }

@@ -67,6 +67,7 @@ pub fn loaded() -> Loaded {
         dsv4_chat::Tokenizer::tiny().unwrap(),
         cfg,
         Default::default(),
+        dsv4_server::config::DEFAULT_GRAMMAR_CACHE,
     )
     .unwrap()
 }

@@ -20,6 +20,7 @@ async fn small_server() -> TestServer {
         dsv4_chat::Tokenizer::tiny().unwrap(),
         cfg,
         Default::default(),
+        dsv4_server::config::DEFAULT_GRAMMAR_CACHE,
     )
     .unwrap();
     s.state.set_ready(loaded);
