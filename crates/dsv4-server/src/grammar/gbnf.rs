@@ -32,6 +32,7 @@
 //! recursively, grammars whose rule references nest too deep for its stack are refused too.
 
 mod lex;
+pub(crate) use lex::MAX_REPEAT;
 mod split;
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! The GBNF lexer: source text to tokens with their 1-based line and column. Whitespace
 //! (newlines included) and `#` comments are skipped; string escapes are decoded here.
 
-/// Largest count a repetition `{m,n}` may name.
-pub(super) const MAX_REPEAT: u32 = 10_000;
+/// Largest count a repetition `{m,n}` may name (GBNF's, and a structural tag's `repeat`).
+pub(crate) const MAX_REPEAT: u32 = 10_000;
 
 /// A character class `[...]` / `[^...]`: inclusive ranges of characters.
 #[derive(Debug, Clone)]

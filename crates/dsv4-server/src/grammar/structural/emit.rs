@@ -2,6 +2,7 @@
 //! text and the string after it are one lexeme).
 
 use super::{Format, Tag};
+use crate::grammar::gbnf::MAX_REPEAT;
 use crate::grammar::{compact, lark_str};
 
 /// What follows a format: the end of the output, or the enclosing tag's closing strings.
@@ -184,11 +185,16 @@ impl<'u> Emitter<'u> {
                 Piece::open(format!("{inner}*"))
             }
             Format::Repeat { min, max, content } => {
+                if *min > MAX_REPEAT || *max > i64::from(MAX_REPEAT) {
+                    return Err(format!(
+                        "{at}: repeat counts go up to {MAX_REPEAT} (-1 for no upper limit)"
+                    ));
+                }
                 let inner = self.bounded(content, &format!("{at}.content"))?;
                 let expr = match *max {
                     -1 if *min == 0 => format!("{inner}*"),
                     -1 => format!("{inner}{{{min},}}"),
-                    m if m >= i64::from(*min) && m <= i64::from(u32::MAX) => {
+                    m if m >= i64::from(*min) => {
                         if m == 0 {
                             "\"\"".into()
                         } else {

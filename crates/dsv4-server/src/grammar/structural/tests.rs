@@ -193,6 +193,12 @@ fn repetitions_options_and_separated_tags() {
         &["x", "xxxxxxxx"],
         &[""],
     );
+    // The largest count compiles (llguidance expands counted repetitions).
+    check(
+        json!({"type": "repeat", "min": 0, "max": 10_000, "content": {"type": "const_string", "value": "xy"}}),
+        &["", "xyxy"],
+        &["x"],
+    );
 }
 
 #[test]
@@ -313,6 +319,10 @@ fn request_shapes_parse_and_unsupported_formats_are_named() {
         (
             json!({"type": "repeat", "min": 3, "max": 2, "content": {"type": "const_string", "value": "x"}}),
             "at least min 3",
+        ),
+        (
+            json!({"type": "repeat", "min": 0, "max": 4_000_000_000u64, "content": {"type": "const_string", "value": "x"}}),
+            "up to 10000",
         ),
         (
             json!({"type": "tag", "begin": "<a>", "content": {"type": "grammar", "grammar": "root ::= missing"}, "end": "</a>"}),
