@@ -193,7 +193,7 @@ fn repetitions_options_and_separated_tags() {
         &["x", "xxxxxxxx"],
         &[""],
     );
-    // The largest count compiles (llguidance expands counted repetitions).
+    // The largest count compiles.
     check(
         json!({"type": "repeat", "min": 0, "max": 10_000, "content": {"type": "const_string", "value": "xy"}}),
         &["", "xyxy"],
