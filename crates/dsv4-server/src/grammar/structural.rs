@@ -7,8 +7,8 @@
 //!
 //! Format reference: xgrammar's docs/structural_tag/structural_tag.md (mlc-ai/xgrammar).
 //! Token-level formats (`token`, `exclude_token`, `any_tokens`, `token_triggered_tags`,
-//! `token_dispatch`), `dispatch`, `any_text`'s `max_tokens`/`max_chars`, non-JSON `style`s and
-//! `any_order` are refused.
+//! `token_dispatch`), `dispatch`, `any_text`'s `max_tokens`, non-JSON `style`s and `any_order`
+//! are refused.
 //!
 //! llguidance lexes greedily: a lexeme of free text would run over the string that should end
 //! it. So free text is never a lexeme of its own where something follows it: free text and the
@@ -80,9 +80,9 @@ pub enum Format {
         /// Strings the text may not contain.
         #[serde(default)]
         excludes: Vec<String>,
-        /// Refused.
+        /// Refused (a token budget, which text-level rules cannot count).
         max_tokens: Option<u64>,
-        /// Refused.
+        /// At most this many characters (Unicode scalar values).
         max_chars: Option<u64>,
     },
     /// The elements one after another.

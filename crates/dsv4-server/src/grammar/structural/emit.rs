@@ -3,6 +3,9 @@
 
 use super::{Format, Tag};
 use crate::grammar::gbnf::MAX_REPEAT;
+
+/// Most characters `any_text`'s `max_chars` may allow.
+const MAX_CHARS: u64 = 1_000_000;
 use crate::grammar::{compact, lark_str};
 
 /// What follows a format: the end of the output, or the enclosing tag's closing strings.
@@ -126,12 +129,18 @@ impl<'u> Emitter<'u> {
                 max_tokens,
                 max_chars,
             } => {
-                if max_tokens.is_some() || max_chars.is_some() {
+                if max_tokens.is_some() {
                     return Err(format!(
-                        "{at}: any_text's max_tokens and max_chars are not supported"
+                        "{at}: any_text's max_tokens is not supported (max_chars is)"
                     ));
                 }
-                self.free_text(excludes, follow, at)?
+                let max_chars = match *max_chars {
+                    Some(n) if n > MAX_CHARS => {
+                        return Err(format!("{at}: max_chars goes up to {MAX_CHARS}"));
+                    }
+                    n => n,
+                };
+                self.free_text(excludes, max_chars, follow, at)?
             }
             Format::Sequence { elements } => {
                 if elements.is_empty() {
@@ -287,23 +296,31 @@ impl<'u> Emitter<'u> {
     fn free_text(
         &mut self,
         excludes: &[String],
+        max_chars: Option<u64>,
         follow: Follow<'_>,
         at: &str,
     ) -> Result<Piece, String> {
         match follow {
+            Follow::End if max_chars == Some(0) => Ok(Piece::open("\"\"".into())),
             Follow::End => {
                 let name = self.fresh("TEXT").to_uppercase();
-                self.rules
-                    .push_str(&format!("{name}: {}\n", text_without(excludes, true)));
+                self.rules.push_str(&format!(
+                    "{name}: {}\n",
+                    text_without(excludes, true, max_chars)
+                ));
                 Ok(Piece::open(format!("{name}?")))
             }
+            Follow::Ends(ends) if max_chars == Some(0) => Ok(Piece {
+                expr: alternatives(ends),
+                closed: true,
+            }),
             Follow::Ends(ends) => {
                 let mut banned = excludes.to_vec();
                 banned.extend(ends.iter().cloned());
                 let name = self.fresh("TEXT").to_uppercase();
                 self.rules.push_str(&format!(
                     "{name}: ({}) {}\n",
-                    text_without(&banned, false),
+                    text_without(&banned, false, max_chars),
                     alternatives(ends)
                 ));
                 Ok(Piece {
@@ -328,7 +345,7 @@ impl<'u> Emitter<'u> {
         at: &str,
     ) -> Result<Piece, String> {
         if matches!(follow, Follow::Inner) {
-            return self.free_text(excludes, follow, at);
+            return self.free_text(excludes, None, follow, at);
         }
         if triggers.is_empty() || triggers.iter().any(String::is_empty) {
             return Err(format!("{at}: triggers must list non-empty strings"));
@@ -345,7 +362,7 @@ impl<'u> Emitter<'u> {
         banned.extend(ends.iter().cloned());
         let free = self.fresh("FREE").to_uppercase();
         self.rules
-            .push_str(&format!("{free}: {}\n", text_without(&banned, false)));
+            .push_str(&format!("{free}: {}\n", text_without(&banned, false, None)));
         // Each tag: free text then its begin (one lexeme), then its content and end.
         let mut after_free = Vec::new();
         let mut direct = Vec::new();
@@ -378,7 +395,7 @@ impl<'u> Emitter<'u> {
             _ => {
                 let t = self.fresh("TAIL").to_uppercase();
                 self.rules
-                    .push_str(&format!("{t}: {}\n", text_without(&banned, true)));
+                    .push_str(&format!("{t}: {}\n", text_without(&banned, true, None)));
                 (format!("{t}?"), String::new())
             }
         };
@@ -410,9 +427,13 @@ fn alternatives(strings: &[String]) -> String {
 }
 
 /// A Lark terminal expression for text that contains none of `banned` (`non_empty`: at least
-/// one character).
-fn text_without(banned: &[String], non_empty: bool) -> String {
-    let any = if non_empty { "/(?s:.+)/" } else { "/(?s:.*)/" };
+/// one character; `max_chars`: at most that many characters, at least 1).
+fn text_without(banned: &[String], non_empty: bool, max_chars: Option<u64>) -> String {
+    let any = match (non_empty, max_chars) {
+        (false, None) => "/(?s:.*)/".to_string(),
+        (true, None) => "/(?s:.+)/".to_string(),
+        (non_empty, Some(n)) => format!("/(?s:.{{{},{n}}})/", u8::from(non_empty)),
+    };
     let banned: Vec<String> = banned
         .iter()
         .filter(|s| !s.is_empty())

@@ -133,6 +133,25 @@ fn tags_sequences_and_free_text_inside_a_tag() {
         &["[a)", "[a]tail", "[]", "[x] and anything ] ! after"],
         &["[a!]", "(a)", "[a"],
     );
+    // max_chars counts characters, not bytes; 0 allows nothing.
+    check(
+        json!({"type": "sequence", "elements": [
+            {"type": "tag", "begin": "<r>", "content": {"type": "any_text", "max_chars": 3},
+             "end": "</r>"},
+            {"type": "any_text", "max_chars": 2}
+        ]}),
+        &["<r></r>", "<r>abc</r>", "<r>ééé</r>ab", "<r>a</r>é"],
+        &["<r>abcd</r>", "<r>a</r>abc"],
+    );
+    check(
+        json!({"type": "sequence", "elements": [
+            {"type": "tag", "begin": "<r>", "content": {"type": "any_text", "max_chars": 0},
+             "end": "</r>"},
+            {"type": "any_text", "max_chars": 0}
+        ]}),
+        &["<r></r>"],
+        &["<r>a</r>", "<r></r>a"],
+    );
     // Triggered tags inside a tag end at the tag's end.
     check(
         json!({"type": "tag", "begin": "<calls>", "end": "</calls>", "content": {
@@ -311,7 +330,14 @@ fn request_shapes_parse_and_unsupported_formats_are_named() {
                    "tags": [{"begin": "<g>", "content": {"type": "any_text"}, "end": "</g>"}]}),
             "does not start with any of the triggers",
         ),
-        (json!({"type": "any_text", "max_chars": 10}), "max_chars"),
+        (
+            json!({"type": "any_text", "max_tokens": 10}),
+            "max_tokens is not supported",
+        ),
+        (
+            json!({"type": "any_text", "max_chars": 2_000_000}),
+            "max_chars goes up to",
+        ),
         (
             json!({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}),
             "style \"qwen_xml\"",
