@@ -232,10 +232,8 @@ impl GrammarCompiler {
         let size = match target {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
-            Target::ToolCalls { .. }
-            | Target::ContentOrCalls { .. }
-            | Target::Json(_)
-            | Target::Structural(_) => 0,
+            Target::Structural(format) => format.text_bytes(),
+            Target::ToolCalls { .. } | Target::ContentOrCalls { .. } | Target::Json(_) => 0,
         };
         if size > MAX_GRAMMAR_BYTES {
             return Err(format!(

@@ -195,6 +195,48 @@ impl Ends {
     }
 }
 
+impl Format {
+    /// The bytes of every string in the tree (literals, triggers, excludes, separators,
+    /// regexes, grammars; not JSON schemas): what [`super::MAX_GRAMMAR_BYTES`] bounds, since
+    /// a grammar's compile time and stack grow with them.
+    pub fn text_bytes(&self) -> usize {
+        let strings = |v: &[String]| v.iter().map(String::len).sum::<usize>();
+        let tags = |v: &[Tag]| v.iter().map(Tag::text_bytes).sum::<usize>();
+        match self {
+            Format::ConstString { value } => value.len(),
+            Format::JsonSchema { .. } => 0,
+            Format::Grammar { grammar } => grammar.len(),
+            Format::Regex { pattern } => pattern.len(),
+            Format::AnyText { excludes, .. } => strings(excludes),
+            Format::Sequence { elements } | Format::Or { elements } => {
+                elements.iter().map(Format::text_bytes).sum()
+            }
+            Format::Optional { content }
+            | Format::Plus { content }
+            | Format::Star { content }
+            | Format::Repeat { content, .. } => content.text_bytes(),
+            Format::Tag(tag) => tag.text_bytes(),
+            Format::TriggeredTags {
+                triggers,
+                tags: t,
+                excludes,
+                ..
+            } => strings(triggers) + tags(t) + strings(excludes),
+            Format::TagsWithSeparator {
+                tags: t, separator, ..
+            } => tags(t) + separator.len(),
+        }
+    }
+}
+
+impl Tag {
+    fn text_bytes(&self) -> usize {
+        self.begin.len()
+            + self.content.text_bytes()
+            + self.end.list().iter().map(String::len).sum::<usize>()
+    }
+}
+
 impl StructuralTag {
     /// The format it asks for; the error says what is wrong with its shape.
     pub fn resolve(&self) -> Result<Format, String> {

@@ -3,10 +3,10 @@
 
 use super::{Format, Tag};
 use crate::grammar::gbnf::MAX_REPEAT;
+use crate::grammar::{compact, lark_str};
 
 /// Most characters `any_text`'s `max_chars` may allow.
 const MAX_CHARS: u64 = 1_000_000;
-use crate::grammar::{compact, lark_str};
 
 /// What follows a format: the end of the output, or the enclosing tag's closing strings.
 #[derive(Clone, Copy)]

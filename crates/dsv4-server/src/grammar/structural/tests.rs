@@ -355,6 +355,14 @@ fn request_shapes_parse_and_unsupported_formats_are_named() {
             "format.content: GBNF",
         ),
         (json!({"type": "regex", "pattern": "(a"}), "regex"),
+        (
+            // Grammars inside a structural tag count toward the 64 KiB of request grammar.
+            json!({"type": "tag", "begin": "<a>", "end": "</a>", "content": {"type": "or", "elements": [
+                {"type": "grammar", "grammar": format!("root ::= \"{}\"", "a".repeat(40_000))},
+                {"type": "regex", "pattern": "b".repeat(30_000)}
+            ]}}),
+            "at most 65536 bytes",
+        ),
     ] {
         let e = compile(&g, &format(f.clone()))
             .err()
