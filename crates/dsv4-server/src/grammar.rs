@@ -22,7 +22,7 @@ use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory, regex_to_lark};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use toktrie::TokEnv;
 
 mod cache;
@@ -56,8 +56,9 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     tok: Tokenizer,
     /// One permit a compile running: at most one a core, the others wait their turn without
-    /// holding a thread.
-    compiling: Semaphore,
+    /// holding a thread. The compile thread holds its permit, so a request dropped while its
+    /// grammar compiles does not free a compiler early.
+    compiling: Arc<Semaphore>,
     /// Compiled grammars kept for later requests with the same grammar.
     cache: cache::GrammarCache,
 }
@@ -128,7 +129,7 @@ impl GrammarCompiler {
         Ok(Self {
             factory,
             tok,
-            compiling: Semaphore::new(cores),
+            compiling: Arc::new(Semaphore::new(cores)),
             cache: cache::GrammarCache::new(cached),
         })
     }
@@ -171,21 +172,37 @@ impl GrammarCompiler {
                 };
             }
         };
+        let hit = |c| Constrained {
+            constraint: c,
+            cached: true,
+        };
         if let Some(c) = self.cache.get(&key) {
-            return Constrained {
-                constraint: c,
-                cached: true,
-            };
+            return hit(c);
         }
-        let constraint = match self.compile_off_worker(top).await {
-            // What the grammar itself decides is kept, a failure included.
-            Ok(compiled) => {
+        let permit = match Arc::clone(&self.compiling).acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => {
+                return Constrained {
+                    constraint: Err("the grammar compiler has shut down".into()),
+                    cached: false,
+                };
+            }
+        };
+        // A request with the same grammar may have compiled it while this one waited.
+        if let Some(c) = self.cache.get(&key) {
+            return hit(c);
+        }
+        let constraint = match self.compile_off_worker(top, permit).await {
+            // What the grammar itself decides is kept, a failure included; the permit goes
+            // back once it is in the cache, where the next request in line looks.
+            Ok((compiled, permit)) => {
                 let compiled = compiled.map(|matcher| {
                     Constraint::new(LlgConstraint {
                         proto: Mutex::new(matcher),
                     })
                 });
                 self.cache.put(key, compiled.clone());
+                drop(permit);
                 compiled
             }
             Err(e) => Err(e),
@@ -196,25 +213,23 @@ impl GrammarCompiler {
         }
     }
 
-    /// [`Self::compile`] on a [`COMPILE_STACK`] thread once a compiler is free; the outer error
-    /// is the server's (no thread, a compile that panicked), the inner the grammar's.
+    /// [`Self::compile`] on a [`COMPILE_STACK`] thread, which hands `permit` back with the
+    /// result (or drops it when the request is gone); the outer error is the server's (no
+    /// thread, a compile that panicked), the inner the grammar's.
     async fn compile_off_worker(
         self: &Arc<Self>,
         top: TopLevelGrammar,
-    ) -> Result<Result<Matcher, String>, String> {
-        let _permit = self
-            .compiling
-            .acquire()
-            .await
-            .map_err(|_| "the grammar compiler has shut down".to_string())?;
+        permit: OwnedSemaphorePermit,
+    ) -> Result<(Result<Matcher, String>, OwnedSemaphorePermit), String> {
         let (tx, rx) = oneshot::channel();
         let this = Arc::clone(self);
         std::thread::Builder::new()
             .name("dsv4-grammar".into())
             .stack_size(COMPILE_STACK)
             .spawn(move || {
-                // The receiver is gone when the request was dropped (its client left).
-                let _ = tx.send(this.compile(top));
+                // The receiver is gone when the request was dropped (its client left); the
+                // permit is dropped with the unsent result.
+                let _ = tx.send((this.compile(top), permit));
             })
             .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?;
         rx.await

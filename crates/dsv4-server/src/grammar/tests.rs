@@ -506,3 +506,46 @@ fn compiled_grammars_are_reused_least_recently_used_first_out() {
     assert!(!get(&g, "a+", false).cached && !get(&g, "a+", false).cached);
     assert_eq!(g.cached(), 0);
 }
+
+#[test]
+fn requests_waiting_for_a_compiler_take_the_grammar_another_compiled_meanwhile() {
+    let (g, _) = compiler();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // No compiler free: three requests with one grammar queue for one.
+        g.compiling
+            .acquire_many(cores as u32)
+            .await
+            .unwrap()
+            .forget();
+        let tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let g = Arc::clone(&g);
+                tokio::spawn(async move {
+                    g.constrain(Target::Regex("[0-9]{2,4}x"), &ToolSet::default(), false)
+                        .await
+                })
+            })
+            .collect();
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        // One compiler frees up: the first in line compiles; once it is done, the others
+        // find its grammar in the cache.
+        g.compiling.add_permits(1);
+        while !tasks.iter().any(|t| t.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+        g.compiling.add_permits(cores - 1);
+        let mut compiled = 0;
+        for t in tasks {
+            let got = t.await.unwrap();
+            assert!(got.constraint.is_ok());
+            compiled += usize::from(!got.cached);
+        }
+        assert_eq!(compiled, 1, "one compile for one grammar");
+    });
+}
