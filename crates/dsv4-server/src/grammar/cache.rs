@@ -2,11 +2,17 @@
 //! request with the same JSON schema, tool set or regex compiles it once. Keyed by the whole
 //! constraint grammar (thinking mode and tool markers included), so two requests share an
 //! entry only when their grammars are the same text. Failures are kept too: a request that
-//! repeats a grammar that cannot compile is refused without compiling it again.
+//! repeats a grammar that cannot compile is refused without compiling it again. Grammars whose
+//! text is over [`MAX_KEY_BYTES`] are not kept, so the cache holds at most that much text an
+//! entry, whatever a request's body carries.
 
 use dsv4_engine::Constraint;
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+/// Longest grammar text (schemas and tools included) the cache keeps: a request body may be
+/// megabytes, and a kept grammar stays until it is the least recently used.
+pub(crate) const MAX_KEY_BYTES: usize = 1 << 20;
 
 /// What compiling a grammar gave.
 pub(crate) type Compiled = Result<Constraint, String>;
@@ -41,7 +47,7 @@ impl GrammarCache {
 
     /// The result kept for `key`, if any (it becomes the most recently used).
     pub(crate) fn get(&self, key: &str) -> Option<Compiled> {
-        if self.capacity == 0 {
+        if self.capacity == 0 || key.len() > MAX_KEY_BYTES {
             return None;
         }
         let mut inner = self.lock();
@@ -55,7 +61,7 @@ impl GrammarCache {
 
     /// Keep `compiled` for `key`, dropping the least recently used entry when full.
     pub(crate) fn put(&self, key: String, compiled: Compiled) {
-        if self.capacity == 0 {
+        if self.capacity == 0 || key.len() > MAX_KEY_BYTES {
             return;
         }
         let mut inner = self.lock();
@@ -77,5 +83,22 @@ impl GrammarCache {
     /// How many grammars it holds.
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammars_over_the_key_limit_are_not_kept() {
+        let cache = GrammarCache::new(4);
+        let small = "s".repeat(MAX_KEY_BYTES);
+        let big = "b".repeat(MAX_KEY_BYTES + 1);
+        cache.put(small.clone(), Err("small".into()));
+        cache.put(big.clone(), Err("big".into()));
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.get(&small).unwrap().err().unwrap(), "small");
+        assert!(cache.get(&big).is_none());
     }
 }

@@ -440,7 +440,7 @@ fn text_without(banned: &[String], non_empty: bool, max_chars: Option<u64>) -> S
         .map(|s| regex_literal(s))
         .collect();
     if banned.is_empty() {
-        any.to_string()
+        any
     } else {
         format!("{any} & ~/(?s:.*)({})(?s:.*)/", banned.join("|"))
     }
