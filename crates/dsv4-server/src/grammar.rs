@@ -163,36 +163,29 @@ impl GrammarCompiler {
         tools: &ToolSet,
         thinking: bool,
     ) -> Constrained {
+        let hit = |constraint| Constrained {
+            constraint,
+            cached: true,
+        };
+        let miss = |constraint| Constrained {
+            constraint,
+            cached: false,
+        };
         let (key, top) = match self.grammar(target, tools, thinking) {
             Ok(g) => g,
-            Err(e) => {
-                return Constrained {
-                    constraint: Err(e),
-                    cached: false,
-                };
-            }
-        };
-        let hit = |c| Constrained {
-            constraint: c,
-            cached: true,
+            Err(e) => return miss(Err(e)),
         };
         if let Some(c) = self.cache.get(&key) {
             return hit(c);
         }
-        let permit = match Arc::clone(&self.compiling).acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => {
-                return Constrained {
-                    constraint: Err("the grammar compiler has shut down".into()),
-                    cached: false,
-                };
-            }
+        let Ok(permit) = Arc::clone(&self.compiling).acquire_owned().await else {
+            return miss(Err("the grammar compiler has shut down".into()));
         };
         // A request with the same grammar may have compiled it while this one waited.
         if let Some(c) = self.cache.get(&key) {
             return hit(c);
         }
-        let constraint = match self.compile_off_worker(top, permit).await {
+        match self.compile_off_worker(top, permit).await {
             // What the grammar itself decides is kept, a failure included; the permit goes
             // back once it is in the cache, where the next request in line looks.
             Ok((compiled, permit)) => {
@@ -203,13 +196,9 @@ impl GrammarCompiler {
                 });
                 self.cache.put(key, compiled.clone());
                 drop(permit);
-                compiled
+                miss(compiled)
             }
-            Err(e) => Err(e),
-        };
-        Constrained {
-            constraint,
-            cached: false,
+            Err(e) => miss(Err(e)),
         }
     }
 

@@ -7,11 +7,16 @@ use dsv4_chat::{ParserOptions, parse_completion};
 use std::sync::Arc;
 
 pub(crate) fn compiler() -> (Arc<GrammarCompiler>, Vocab) {
+    compiler_caching(crate::config::DEFAULT_GRAMMAR_CACHE)
+}
+
+/// A compiler over the tiny vocabulary keeping `cached` grammars, and the vocabulary.
+fn compiler_caching(cached: usize) -> (Arc<GrammarCompiler>, Vocab) {
     let tok = Tokenizer::tiny().unwrap();
     let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
     let env = vocab.tok_env(tok.clone());
     (
-        Arc::new(GrammarCompiler::new(&env, tok, crate::config::DEFAULT_GRAMMAR_CACHE).unwrap()),
+        Arc::new(GrammarCompiler::new(&env, tok, cached).unwrap()),
         vocab,
     )
 }
@@ -445,14 +450,6 @@ fn choices_with_control_characters_compile_and_are_kept_whole() {
     }
 }
 
-/// A compiler over the tiny vocabulary keeping `cached` grammars.
-fn compiler_caching(cached: usize) -> Arc<GrammarCompiler> {
-    let tok = Tokenizer::tiny().unwrap();
-    let vocab = Vocab::new(&tok, tok.vocab_size()).unwrap();
-    let env = vocab.tok_env(tok.clone());
-    Arc::new(GrammarCompiler::new(&env, tok, cached).unwrap())
-}
-
 #[test]
 fn compiled_grammars_are_reused_least_recently_used_first_out() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -462,7 +459,7 @@ fn compiled_grammars_are_reused_least_recently_used_first_out() {
     let get = |g: &Arc<GrammarCompiler>, rx: &str, thinking: bool| {
         rt.block_on(g.constrain(Target::Regex(rx), &none, thinking))
     };
-    let g = compiler_caching(2);
+    let (g, vocab) = compiler_caching(2);
     let a = get(&g, "a+", false);
     assert!(!a.cached);
     let again = get(&g, "a+", false);
@@ -485,7 +482,6 @@ fn compiled_grammars_are_reused_least_recently_used_first_out() {
     assert!(!bad.cached && bad_again.cached);
     assert_eq!(bad.constraint.err(), bad_again.constraint.err());
     // Each request sharing a compiled grammar has its own state.
-    let (_, vocab) = compiler();
     let eos = Tokenizer::tiny().unwrap().eos_id() as usize;
     let a_id = Tokenizer::tiny().unwrap().encode("a").unwrap()[0];
     let mut first = a.0.start();
@@ -502,7 +498,7 @@ fn compiled_grammars_are_reused_least_recently_used_first_out() {
         "a fresh state must write `a` first"
     );
     // 0 keeps nothing.
-    let g = compiler_caching(0);
+    let (g, _) = compiler_caching(0);
     assert!(!get(&g, "a+", false).cached && !get(&g, "a+", false).cached);
     assert_eq!(g.cached(), 0);
 }
