@@ -9,6 +9,9 @@
 //! Numbers: integers print as written; floats print as Python's `repr` does (`1.0`, `1e-05`,
 //! `1e+16`). Integers beyond 64 bits are read as floats by `serde_json` (no arbitrary
 //! precision), so they print as floats where Python would print the integer.
+//!
+//! [`parse_value`] reads generated JSON (tool-call arguments) into a `serde_json::Value` for
+//! schema checks, accepting numbers beyond the double range that `serde_json` alone refuses.
 
 use std::fmt::{self, Write as _};
 
@@ -271,6 +274,90 @@ impl<'de> Visitor<'de> for OrderedVisitor {
         }
         Ok(OrderedJson::Object(fields))
     }
+}
+
+/// Parses strict JSON text into a `serde_json::Value`. A number literal beyond the double
+/// range (`1e400`, a 400-digit integer), which `serde_json` alone refuses and Python's
+/// `json.loads` reads as infinity, becomes the largest finite double of its sign.
+pub fn parse_value(text: &str) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_str(text).or_else(|first| {
+        clamp_huge_numbers(text)
+            .and_then(|clamped| serde_json::from_str(&clamped).ok())
+            .ok_or(first)
+    })
+}
+
+/// `text` with every JSON number literal whose value overflows a double replaced by
+/// `±f64::MAX`; `None` when there is none (strings are skipped, escapes included).
+fn clamp_huge_numbers(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let (mut copied, mut i, mut changed) = (0, 0, false);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let literal = &text[start..i];
+                if is_json_number(literal) && literal.parse::<f64>().is_ok_and(f64::is_infinite) {
+                    out.push_str(&text[copied..start]);
+                    out.push_str(if literal.starts_with('-') {
+                        "-1.7976931348623157e308"
+                    } else {
+                        "1.7976931348623157e308"
+                    });
+                    copied = i;
+                    changed = true;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    changed.then(|| {
+        out.push_str(&text[copied..]);
+        out
+    })
+}
+
+/// Whether `s` is exactly one RFC 8259 number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+fn is_json_number(s: &str) -> bool {
+    let b = s.strip_prefix('-').unwrap_or(s).as_bytes();
+    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut i = match b.first() {
+        Some(b'0') => 1,
+        Some(b'1'..=b'9') => digits(1),
+        _ => return false,
+    };
+    if b.get(i) == Some(&b'.') {
+        let end = digits(i + 1);
+        if end == i + 1 {
+            return false;
+        }
+        i = end;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let end = digits(i);
+        if end == i {
+            return false;
+        }
+        i = end;
+    }
+    i == b.len()
 }
 
 #[cfg(test)]

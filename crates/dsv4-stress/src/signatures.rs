@@ -306,7 +306,7 @@ pub fn detect(answer: &Answer, expect: &Expectation<'_>) -> Vec<Finding> {
                 format!("tool call {i}: `{}`", call.name),
             ));
         }
-        match serde_json::from_str::<Value>(&call.arguments) {
+        match dsv4_chat::pyjson::parse_value(&call.arguments) {
             Err(e) => out.push(Finding::new(
                 InvalidArgumentsJson,
                 format!("tool call {i} (`{}`): {e}", call.name),

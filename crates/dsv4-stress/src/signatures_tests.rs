@@ -169,6 +169,15 @@ fn tool_call_arguments_json_schema_and_names() {
         vec![Signature::UnknownTool]
     );
     assert_eq!(k(call("read_file", r#"{"path": "a"}"#)), vec![]);
+    // Valid JSON a schema grammar lets through, though beyond a double.
+    assert_eq!(
+        k(call("read_file", r#"{"path": "a", "max_lines": 1e400}"#)),
+        vec![]
+    );
+    assert_eq!(
+        k(call("read_file", r#"{"path": "a", "max_lines": -1e400}"#)),
+        vec![Signature::SchemaViolation]
+    );
     let leaked = k(call("read_file", r#"{"path": "<|DSML|parameter"}"#));
     assert!(leaked.contains(&Signature::MarkupInContent), "{leaked:?}");
     assert!(leaked.contains(&Signature::UnbalancedTags), "{leaked:?}");

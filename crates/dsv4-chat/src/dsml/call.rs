@@ -5,12 +5,16 @@
 //! `{"key": value, ...}` in parameter order with Python `json.dumps` separators, a
 //! `string="true"` value written as a JSON string, a `string="false"` value written as the
 //! model wrote it (surrounding whitespace trimmed) after it was checked to be strict JSON.
+//!
+//! A number too large for a double (`1e400`, a 400-digit integer) is valid JSON that a JSON
+//! schema grammar lets through; `json.loads` reads it as infinity. The arguments keep the
+//! model's digits, and the schema check sees the largest finite double of its sign.
 
 use serde_json::{Map, Value};
 
 use super::ToolCall;
 use super::error::{ErrorClass, ParseError};
-use crate::pyjson::write_python_str;
+use crate::pyjson::{parse_value, write_python_str};
 use crate::tools::ToolSet;
 
 /// A parameter whose value is being read.
@@ -69,7 +73,7 @@ impl PendingCall {
             (text, Value::String(param.value))
         } else {
             let trimmed = param.value.trim_matches(|c: char| c.is_ascii_whitespace());
-            let value: Value = serde_json::from_str(trimmed).map_err(|e| {
+            let value = parse_value(trimmed).map_err(|e| {
                 ParseError::new(
                     ErrorClass::BadJson,
                     param.value_start,

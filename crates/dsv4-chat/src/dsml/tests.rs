@@ -163,3 +163,60 @@ fn the_openai_message_has_string_arguments_and_null_content_for_pure_calls() {
     assert_eq!(ErrorClass::from_name("bad_json"), Some(ErrorClass::BadJson));
     assert_eq!(ErrorClass::from_name("nope"), None);
 }
+
+fn call_with(value: &str) -> String {
+    format!(
+        "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n\
+         <｜DSML｜parameter name=\"n\" string=\"false\">{value}</｜DSML｜parameter>\n\
+         </｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    )
+}
+
+fn with_schema(schema: &str) -> ParserOptions {
+    let tools = format!(
+        r#"[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object",
+        "properties":{{"n":{schema}}}}}}}}}]"#
+    );
+    ParserOptions {
+        thinking: false,
+        tools: Some(Arc::new(ToolSet::from_json_str(&tools).unwrap())),
+    }
+}
+
+#[test]
+fn numbers_beyond_a_double_keep_their_digits_and_meet_the_schema_at_its_edge() {
+    let long = format!("-{}", "9".repeat(400));
+    for value in [
+        "1e400",
+        "-1E+400",
+        "[1.5e999, {\"k\": 2e308}]",
+        long.as_str(),
+    ] {
+        let msg = parse_completion(&call_with(value), chat()).unwrap();
+        assert_eq!(msg.tool_calls[0].arguments, format!("{{\"n\": {value}}}"));
+    }
+    let number = with_schema(r#"{"type":"number"}"#);
+    assert!(parse_completion(&call_with("1e400"), number).is_ok());
+    for (schema, value) in [
+        (r#"{"type":"number","maximum":1e300}"#, "1e400"),
+        (r#"{"type":"number","minimum":-1e300}"#, "-1e400"),
+        (r#"{"type":"string"}"#, "1e400"),
+    ] {
+        let err = parse_completion(&call_with(value), with_schema(schema)).unwrap_err();
+        assert_eq!(err.class, ErrorClass::SchemaViolation, "{schema} {value}");
+    }
+}
+
+#[test]
+fn only_valid_json_numbers_are_clamped() {
+    for value in [
+        "01e400", "+1e400", "1.e400", "1e400e1", "1e400 2", "[1e400,]", "\"1e400",
+    ] {
+        let err = parse_completion(&call_with(value), chat()).unwrap_err();
+        assert_eq!(err.class, ErrorClass::BadJson, "{value}");
+    }
+    let msg = parse_completion(&call_with(r#"["a\"1e400", 1e400]"#), chat()).unwrap();
+    assert_eq!(msg.tool_calls[0].arguments, r#"{"n": ["a\"1e400", 1e400]}"#);
+    let strings = with_schema(r#"{"type":"array","prefixItems":[{"const":"a\"1e400"}]}"#);
+    assert!(parse_completion(&call_with(r#"["a\"1e400", 1e400]"#), strings).is_ok());
+}
