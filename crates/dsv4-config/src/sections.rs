@@ -85,7 +85,7 @@ pub struct ServerSection {
     pub responses_store: u64,
     /// Most MiB those stored responses hold of their own.
     pub responses_store_mib: u64,
-    /// Compiled constrained-decoding grammars kept for reuse; 0 compiles every request's.
+    /// Compiled constrained-decoding grammars kept for reuse; 0 keeps none.
     pub grammar_cache: u64,
 }
 

@@ -57,17 +57,19 @@ pub struct GrammarCompiler {
     tok: Tokenizer,
     /// One permit a compile running: at most one a core, the others wait their turn without
     /// holding a thread. The compile thread holds its permit, so a request dropped while its
-    /// grammar compiles does not free a compiler early.
+    /// grammar compiles does not free a compiler early. Requests whose grammar is being
+    /// compiled wait for that compile and take no permit.
     compiling: Arc<Semaphore>,
-    /// Compiled grammars kept for later requests with the same grammar.
+    /// Compiled grammars kept for later requests with the same grammar, and those in flight.
     cache: cache::GrammarCache,
 }
 
 /// A request's constraint, and whether it came from the cache rather than a compile.
+#[derive(Debug)]
 pub struct Constrained {
     /// The constraint, or what in the request cannot be turned into a grammar.
     pub constraint: Result<Constraint, String>,
-    /// Taken from the cache (nothing was compiled).
+    /// Not compiled for this request: taken from the cache or from a concurrent compile.
     pub cached: bool,
 }
 
@@ -156,7 +158,8 @@ impl GrammarCompiler {
     /// stack, so that no grammar a request can send overflows a stack, and the caller's task
     /// waits without holding its runtime worker: a big grammar (or a big vocabulary) takes
     /// milliseconds to seconds, in which the worker goes on streaming other requests' tokens.
-    /// At most one grammar a core compiles at once.
+    /// At most one grammar a core compiles at once, and each grammar once at a time: a request
+    /// whose grammar another is compiling waits for that result (and counts as `cached`).
     pub async fn constrain(
         self: &Arc<Self>,
         target: Target<'_>,
@@ -175,50 +178,55 @@ impl GrammarCompiler {
             Ok(g) => g,
             Err(e) => return miss(Err(e)),
         };
-        if let Some(c) = self.cache.get(&key) {
-            return hit(c);
-        }
-        let Ok(permit) = Arc::clone(&self.compiling).acquire_owned().await else {
-            return miss(Err("the grammar compiler has shut down".into()));
-        };
-        // A request with the same grammar may have compiled it while this one waited.
-        if let Some(c) = self.cache.get(&key) {
-            return hit(c);
-        }
-        match self.compile_off_worker(top, permit).await {
-            // What the grammar itself decides is kept, a failure included; the permit goes
-            // back once it is in the cache, where the next request in line looks.
-            Ok((compiled, permit)) => {
-                let compiled = compiled.map(|matcher| {
-                    Constraint::new(LlgConstraint {
-                        proto: Mutex::new(matcher),
-                    })
-                });
-                self.cache.put(key, compiled.clone());
-                drop(permit);
-                miss(compiled)
-            }
-            Err(e) => miss(Err(e)),
+        loop {
+            let lead = match self.cache.lookup(&key) {
+                cache::Lookup::Hit(c) => return hit(c),
+                cache::Lookup::Follow(f) => match f.result().await {
+                    Some(c) => return hit(c),
+                    // Its leader went before compiling: look again (maybe lead).
+                    None => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                },
+                cache::Lookup::Lead(lead) => lead,
+            };
+            let Ok(permit) = Arc::clone(&self.compiling).acquire_owned().await else {
+                return miss(Err("the grammar compiler has shut down".into()));
+            };
+            return miss(
+                self.compile_off_worker(top, permit, lead)
+                    .await
+                    .and_then(|c| c),
+            );
         }
     }
 
-    /// [`Self::compile`] on a [`COMPILE_STACK`] thread, which hands `permit` back with the
-    /// result (or drops it when the request is gone); the outer error is the server's (no
-    /// thread, a compile that panicked), the inner the grammar's.
+    /// [`Self::compile`] on a [`COMPILE_STACK`] thread, which keeps the result for `lead`'s
+    /// grammar, then returns `permit`, so the next request in line finds it kept. The thread
+    /// finishes the flight even when the request is gone (its client left) for the others
+    /// waiting. The outer error is the server's (no thread, a compile that panicked), the
+    /// inner the grammar's.
     async fn compile_off_worker(
         self: &Arc<Self>,
         top: TopLevelGrammar,
         permit: OwnedSemaphorePermit,
-    ) -> Result<(Result<Matcher, String>, OwnedSemaphorePermit), String> {
+        lead: cache::Lead,
+    ) -> Result<Result<Constraint, String>, String> {
         let (tx, rx) = oneshot::channel();
         let this = Arc::clone(self);
         std::thread::Builder::new()
             .name("dsv4-grammar".into())
             .stack_size(COMPILE_STACK)
             .spawn(move || {
-                // The receiver is gone when the request was dropped (its client left); the
-                // permit is dropped with the unsent result.
-                let _ = tx.send((this.compile(top), permit));
+                let compiled = this.compile(top).map(|matcher| {
+                    Constraint::new(LlgConstraint {
+                        proto: Mutex::new(matcher),
+                    })
+                });
+                this.cache.finish(lead, compiled.clone());
+                drop(permit);
+                let _ = tx.send(compiled);
             })
             .map_err(|e| format!("cannot start the grammar compiler's thread: {e}"))?;
         rx.await

@@ -138,7 +138,7 @@ impl Stats {
         self.lock().grammar.observe(secs);
     }
 
-    /// A request's grammar came from the cache of compiled grammars.
+    /// A request compiled no grammar: it was kept, or another request was compiling it.
     pub fn grammar_cache_hit(&self) {
         self.lock().grammar_cache_hits += 1;
     }
@@ -241,7 +241,7 @@ impl Stats {
             o,
             "dsv4:grammar_cache_hits_total",
             "counter",
-            "Requests whose grammar came from the cache of compiled grammars (server.grammar_cache).",
+            "Requests that compiled no grammar: theirs was kept (server.grammar_cache) or another request was compiling it.",
             s.grammar_cache_hits as f64,
         );
         if let Some(m) = engine {

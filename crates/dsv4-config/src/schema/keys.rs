@@ -314,7 +314,7 @@ pub const KEYS: &[KeySpec] = &[
         "64",
         "compiled constrained-decoding grammars (JSON schemas, tool sets, regexes, grammars, \
          structural tags) kept for later requests with the same grammar; the least recently \
-         used goes first, and 0 compiles every request's anew",
+         used goes first; 0 keeps none (requests at the same time still share one compile)",
     ),
     // [debug]
     key(

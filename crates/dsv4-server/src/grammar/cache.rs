@@ -5,10 +5,17 @@
 //! repeats a grammar that cannot compile is refused without compiling it again. Grammars whose
 //! text is over [`MAX_KEY_BYTES`] are not kept, so the cache holds at most that much text an
 //! entry, whatever a request's body carries.
+//!
+//! A grammar being compiled is in flight: requests with the same grammar that arrive
+//! meanwhile wait for that compile's result instead of compiling it again (also with the
+//! cache off), so a burst of sessions sharing one new tool set costs one compile, not one a
+//! core. When the request leading a compile goes before its compile starts, one of those
+//! waiting takes over.
 
 use dsv4_engine::Constraint;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
 
 /// Longest grammar text (schemas and tools included) the cache keeps: a request body may be
 /// megabytes, and a kept grammar stays until it is the least recently used.
@@ -21,6 +28,51 @@ pub(crate) type Compiled = Result<Constraint, String>;
 pub(crate) struct GrammarCache {
     capacity: usize,
     inner: Mutex<Inner>,
+    flights: Flights,
+}
+
+/// Grammars being compiled, by key: each one's result, once there.
+type Flights = Arc<Mutex<HashMap<String, watch::Receiver<Option<Compiled>>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a request finds its grammar.
+pub(crate) enum Lookup {
+    /// Kept from an earlier compile.
+    Hit(Compiled),
+    /// Another request is compiling it: wait for [`Follower::result`].
+    Follow(Follower),
+    /// Nobody has it: compile it and give the result to [`GrammarCache::finish`].
+    Lead(Lead),
+}
+
+/// A request waiting for another's compile of its grammar.
+pub(crate) struct Follower(watch::Receiver<Option<Compiled>>);
+
+impl Follower {
+    /// The compile's result; `None` when its leader went without one (look up again).
+    pub(crate) async fn result(mut self) -> Option<Compiled> {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(got) => got.clone(),
+            Err(_) => None,
+        }
+    }
+}
+
+/// The right and duty to compile one grammar: [`GrammarCache::finish`] publishes the result;
+/// dropped without it, the flight ends and its followers look up again.
+pub(crate) struct Lead {
+    key: String,
+    tx: watch::Sender<Option<Compiled>>,
+    flights: Flights,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        lock(&self.flights).remove(&self.key);
+    }
 }
 
 struct Inner {
@@ -38,11 +90,44 @@ impl GrammarCache {
                 entries: HashMap::new(),
                 clock: 0,
             }),
+            flights: Arc::default(),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
+    }
+
+    /// The kept result for `key`, the compile in flight to wait for, or the lead of a new one.
+    pub(crate) fn lookup(&self, key: &str) -> Lookup {
+        let mut flights = lock(&self.flights);
+        // Looked at under the flights lock: `finish` keeps a result before its flight ends,
+        // so a grammar is either kept or in flight from the first compile on.
+        if let Some(c) = self.get(key) {
+            return Lookup::Hit(c);
+        }
+        if let Some(rx) = flights.get(key) {
+            return Lookup::Follow(Follower(rx.clone()));
+        }
+        let (tx, rx) = watch::channel(None);
+        flights.insert(key.to_owned(), rx);
+        Lookup::Lead(Lead {
+            key: key.to_owned(),
+            tx,
+            flights: Arc::clone(&self.flights),
+        })
+    }
+
+    /// Keeps `compiled` for `lead`'s grammar and hands it to the requests waiting for it.
+    pub(crate) fn finish(&self, lead: Lead, compiled: Compiled) {
+        self.put(lead.key.clone(), compiled.clone());
+        lead.tx.send_replace(Some(compiled));
+    }
+
+    /// How many grammars are being compiled.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        lock(&self.flights).len()
     }
 
     /// The result kept for `key`, if any (it becomes the most recently used).

@@ -503,45 +503,91 @@ fn compiled_grammars_are_reused_least_recently_used_first_out() {
     assert_eq!(g.cached(), 0);
 }
 
-#[test]
-fn requests_waiting_for_a_compiler_take_the_grammar_another_compiled_meanwhile() {
-    let (g, _) = compiler();
+/// Holds every compiler, so that requests queue: the permits come back with `add_permits`.
+async fn hold_every_compiler(g: &GrammarCompiler) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    g.compiling
+        .acquire_many(cores as u32)
+        .await
+        .unwrap()
+        .forget();
+    cores
+}
+
+/// Spawns a request for `rx` on `g`.
+fn spawn_regex(g: &Arc<GrammarCompiler>, rx: &'static str) -> tokio::task::JoinHandle<Constrained> {
+    let g = Arc::clone(g);
+    tokio::spawn(async move {
+        g.constrain(Target::Regex(rx), &ToolSet::default(), false)
+            .await
+    })
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// How many of `tasks` compiled (the others took a shared result); each must have a grammar.
+async fn compiles(tasks: Vec<tokio::task::JoinHandle<Constrained>>) -> usize {
+    let mut compiled = 0;
+    for t in tasks {
+        let got = t.await.unwrap();
+        assert!(got.constraint.is_ok(), "{:?}", got.constraint.err());
+        compiled += usize::from(!got.cached);
+    }
+    compiled
+}
+
+#[test]
+fn a_burst_with_one_new_grammar_compiles_it_once_also_without_the_cache() {
+    // Cache off: only the compile in flight can be shared.
+    let (g, _) = compiler_caching(0);
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        // No compiler free: three requests with one grammar queue for one.
-        g.compiling
-            .acquire_many(cores as u32)
-            .await
-            .unwrap()
-            .forget();
-        let tasks: Vec<_> = (0..3)
-            .map(|_| {
-                let g = Arc::clone(&g);
-                tokio::spawn(async move {
-                    g.constrain(Target::Regex("[0-9]{2,4}x"), &ToolSet::default(), false)
-                        .await
-                })
-            })
-            .collect();
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-        // One compiler frees up: the first in line compiles; once it is done, the others
-        // find its grammar in the cache.
-        g.compiling.add_permits(1);
-        while !tasks.iter().any(|t| t.is_finished()) {
-            tokio::task::yield_now().await;
-        }
-        g.compiling.add_permits(cores - 1);
-        let mut compiled = 0;
-        for t in tasks {
-            let got = t.await.unwrap();
-            assert!(got.constraint.is_ok());
-            compiled += usize::from(!got.cached);
-        }
-        assert_eq!(compiled, 1, "one compile for one grammar");
+        let cores = hold_every_compiler(&g).await;
+        let tasks: Vec<_> = (0..3).map(|_| spawn_regex(&g, "[0-9]{2,4}x")).collect();
+        settle().await;
+        assert_eq!(
+            g.cache.in_flight(),
+            1,
+            "one compile in flight for one grammar"
+        );
+        // Every compiler free: still one compile, the other two wait for it.
+        g.compiling.add_permits(cores);
+        assert_eq!(compiles(tasks).await, 1, "one compile for one grammar");
+        assert_eq!(g.cache.in_flight(), 0);
+        // Nothing is kept: a later request compiles again.
+        assert_eq!(compiles(vec![spawn_regex(&g, "[0-9]{2,4}x")]).await, 1);
+    });
+}
+
+#[test]
+fn a_request_gone_before_its_compile_leaves_it_to_one_that_waited() {
+    let (g, _) = compiler();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cores = hold_every_compiler(&g).await;
+        let leader = spawn_regex(&g, "[a-c]{5}");
+        settle().await;
+        let tasks: Vec<_> = (0..2).map(|_| spawn_regex(&g, "[a-c]{5}")).collect();
+        settle().await;
+        // The leader's client leaves while it waits for a compiler.
+        leader.abort();
+        assert!(leader.await.unwrap_err().is_cancelled());
+        settle().await;
+        assert_eq!(g.cache.in_flight(), 1, "a follower leads now");
+        g.compiling.add_permits(cores);
+        let shared = tokio::time::timeout(std::time::Duration::from_secs(120), compiles(tasks));
+        assert_eq!(shared.await.expect("the followers got a grammar"), 1);
+        assert_eq!(g.cache.in_flight(), 0);
+        assert_eq!(g.cached(), 1);
     });
 }
