@@ -262,12 +262,23 @@ fn an_unreachable_server_exits_2_with_a_clear_message() {
     let url = format!("http://127.0.0.1:{port}");
     let out = common::run(common::dsv4(
         dir.path(),
-        &["stress", "--url", &url, "--quiet"],
+        &["stress", "--url", &url, "--quiet", "--ready-timeout", "0"],
     ));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("cannot reach") && stderr.contains(&url),
+        "{stderr}"
+    );
+    // Waited for first (the default), it is "not ready" once the wait is over.
+    let out = common::run(common::dsv4(
+        dir.path(),
+        &["stress", "--url", &url, "--ready-timeout", "1s"],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("waiting for") && stderr.contains("not ready within 1 s"),
         "{stderr}"
     );
     let out = common::run(common::dsv4(

@@ -24,7 +24,8 @@
 //! The public surface (stable for `dsv4 ab` and other callers):
 //! - [`StressOptions`] (all fields have defaults), [`StreamMode`], [`Oracle`],
 //!   [`STOP_BEFORE_MARKUP`], [`parse_duration`];
-//! - [`run_stress`] → [`StressReport`] or [`StressError`] (bad options, server unreachable);
+//! - [`run_stress`] → [`StressReport`] or [`StressError`] (bad options, server unreachable or
+//!   not ready within `ready_timeout`);
 //! - [`StressReport`]: `sessions`, `failed_sessions`, `completed`, `failed`, `signatures` (count
 //!   per signature name, every name present), `signature_sessions`, [`Metrics`] flattened into
 //!   the JSON top level (vLLM key names), `server` ([`ServerIdentity`]), `options`, `records`
@@ -38,6 +39,7 @@ pub mod error;
 pub mod metrics;
 pub mod options;
 mod progress;
+pub mod ready;
 pub mod report;
 pub mod responses;
 mod runner;

@@ -152,6 +152,10 @@ pub struct StressOptions {
     pub growth_chars: usize,
     /// Per-request timeout.
     pub request_timeout: Duration,
+    /// How long to wait for the server's `GET /health` to answer 200 before the run (a server
+    /// still loading its model answers 503); zero does not wait.
+    #[serde(default)]
+    pub ready_timeout: Duration,
     /// `parallel_tool_calls` of every request (off by default: one call per forced turn keeps
     /// the answer length bounded).
     pub parallel_tool_calls: bool,
@@ -189,6 +193,7 @@ impl Default for StressOptions {
             repeat_threshold: 48,
             growth_chars: 400,
             request_timeout: Duration::from_secs(300),
+            ready_timeout: Duration::from_secs(600),
             logprobs: false,
             parallel_tool_calls: false,
             api: Api::Chat,

@@ -38,11 +38,13 @@ struct Phase<'a> {
 }
 
 /// Run the stress workload of `opts` against its server and return the report. Fails only when
-/// the options are unusable or the server cannot be reached (`GET /v1/models`); failed requests
+/// the options are unusable, the server is not ready within `opts.ready_timeout` or cannot be
+/// reached (`GET /v1/models`); failed requests
 /// and corrupted answers are counted in the report.
 pub async fn run_stress(opts: &StressOptions) -> Result<StressReport, StressError> {
     opts.validate()?;
     let client = Client::new(&opts.url, opts.api_key.clone(), opts.request_timeout)?;
+    crate::ready::wait_ready(&opts.url, opts.ready_timeout, opts.progress).await?;
     let server = client.identity(opts.model.as_deref()).await?;
     let progress = Progress::new(opts.progress, opts.sessions);
     let start = Instant::now();

@@ -2,12 +2,13 @@
 //! gives no failed session; every corruption signature, streamed and not, is found through the
 //! real client on chat, the Responses API and background responses; background faults (a
 //! replayed event, a response that never ends, one not queued) fail their turns; unreachable
-//! servers are errors; the workload is a function of the seed.
+//! servers are errors; a loading server is waited for; the workload is a function of the seed.
 
 mod mock;
 
 use dsv4_stress::{Api, Oracle, Signature, StreamMode, StressError, StressOptions, run_stress};
 use mock::Script;
+use std::time::Duration;
 
 fn opts(url: &str) -> StressOptions {
     StressOptions {
@@ -324,11 +325,22 @@ async fn unreachable_servers_and_bad_options_are_errors() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
-    let e = run_stress(&opts(&format!("http://127.0.0.1:{port}")))
-        .await
-        .unwrap_err();
+    let url = format!("http://127.0.0.1:{port}");
+    let e = run_stress(&StressOptions {
+        ready_timeout: Duration::ZERO,
+        ..opts(&url)
+    })
+    .await
+    .unwrap_err();
     assert!(matches!(e, StressError::Server { .. }), "{e}");
     assert!(e.to_string().contains("cannot reach"), "{e}");
+    let e = run_stress(&StressOptions {
+        ready_timeout: Duration::from_millis(600),
+        ..opts(&url)
+    })
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("not ready within 0.6 s"), "{e}");
     let e = run_stress(&StressOptions {
         concurrency: 0,
         ..opts("http://127.0.0.1:1")
@@ -336,6 +348,37 @@ async fn unreachable_servers_and_bad_options_are_errors() {
     .await
     .unwrap_err();
     assert!(e.to_string().contains("--concurrency"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_still_loading_is_waited_for_up_to_the_ready_timeout() {
+    // Started at once, every session meets the 503 of a loading server.
+    let url = mock::start_loading(3).await;
+    let r = run_stress(&StressOptions {
+        ready_timeout: Duration::ZERO,
+        ..opts(&url)
+    })
+    .await
+    .unwrap();
+    assert_eq!(r.failed_sessions, r.sessions);
+    // Waited for, none fails.
+    let url = mock::start_loading(3).await;
+    let r = run_stress(&opts(&url)).await.unwrap();
+    assert_eq!((r.failed_sessions, r.completed), (0, 12));
+    // One that never gets ready is an error that says what /health said last.
+    let url = mock::start_loading(usize::MAX).await;
+    let e = run_stress(&StressOptions {
+        ready_timeout: Duration::from_millis(600),
+        ..opts(&url)
+    })
+    .await
+    .unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.contains("/health") && e.contains("not ready within"),
+        "{e}"
+    );
+    assert!(e.contains("503") && e.contains("loading"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

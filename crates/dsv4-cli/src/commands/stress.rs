@@ -102,6 +102,10 @@ pub struct WorkloadArgs {
     /// Per-request timeout (e.g. 300s).
     #[arg(long, value_parser = parse_duration, default_value = "300s")]
     pub request_timeout: Duration,
+    /// Wait up to this long for the server's /health to answer 200 before starting (a server
+    /// still loading answers 503); 0 starts at once. As vLLM's --ready-check-timeout-sec.
+    #[arg(long, value_parser = duration_or_zero, default_value = "600s")]
+    pub ready_timeout: Duration,
     /// Let the model make several tool calls per answer (parallel_tool_calls: true).
     #[arg(long)]
     pub parallel_tool_calls: bool,
@@ -120,6 +124,14 @@ pub struct WorkloadArgs {
     /// weights need no --stop-before-markup.
     #[arg(long)]
     pub strict_tools: bool,
+}
+
+/// [`parse_duration`], or `0` for none.
+fn duration_or_zero(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "0" | "0s" => Ok(Duration::ZERO),
+        _ => parse_duration(s),
+    }
 }
 
 impl WorkloadArgs {
@@ -148,6 +160,7 @@ impl WorkloadArgs {
             repeat_threshold: self.repeat_threshold,
             growth_chars: self.growth_chars,
             request_timeout: self.request_timeout,
+            ready_timeout: self.ready_timeout,
             parallel_tool_calls: self.parallel_tool_calls,
             logprobs: self.logprobs,
             api: self.api,

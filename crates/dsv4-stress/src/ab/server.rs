@@ -150,18 +150,18 @@ impl ServerProcess {
                 message: format!("cannot build an HTTP client: {e}"),
                 stderr_tail: String::new(),
             })?;
-        let health = format!("{}/health", self.url);
+        let health = crate::ready::health_url(&self.url);
         let mut last;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 let msg = format!("exited with {status} before {health} answered 200");
                 return Err(self.fail(what, &msg).await);
             }
-            match client.get(&health).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => last = format!("HTTP {}", r.status()),
-                Err(e) => last = e.to_string(),
-            }
+            last = match crate::ready::probe(&client, &health).await {
+                crate::ready::Probe::Ready => return Ok(()),
+                crate::ready::Probe::Unknown(status) => format!("HTTP {status}"),
+                crate::ready::Probe::Waiting(why) => why,
+            };
             if started.elapsed() >= timeout {
                 let msg = format!(
                     "{health} did not answer 200 within {} s (last: {last}); raise --boot-timeout \

@@ -1,5 +1,5 @@
-//! A scripted OpenAI-compatible server (axum) for the end-to-end tests: `GET /v1/models`,
-//! `POST /v1/chat/completions` and the Responses API ([`responses`]: foreground and background),
+//! A scripted OpenAI-compatible server (axum) for the end-to-end tests: `GET /health`,
+//! `GET /v1/models`, `POST /v1/chat/completions` and the Responses API ([`responses`]: foreground and background),
 //! streaming (SSE) or not, answering every request by one [`Script`] — clean answers, or one
 //! kind of corruption.
 
@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How the mock answers.
@@ -64,6 +65,9 @@ struct Mock {
     seen: Arc<Mutex<HashMap<String, usize>>>,
     /// Background responses by id.
     background: Arc<Mutex<HashMap<String, responses::Background>>>,
+    /// `GET /health` answers 503 "loading" this many more times, and chat requests 503 until
+    /// then, as a server loading its model does.
+    loading: Arc<AtomicUsize>,
 }
 
 /// Start the mock on a free loopback port; its base URL.
@@ -73,13 +77,24 @@ pub async fn start(script: Script) -> String {
 
 /// Start the mock with this `max_model_len` in `GET /v1/models`; its base URL.
 pub async fn start_with_context(script: Script, max_model_len: u64) -> String {
+    start_full(script, max_model_len, 0).await
+}
+
+/// Start a clean mock that is loading until `GET /health` was asked `probes` times.
+pub async fn start_loading(probes: usize) -> String {
+    start_full(Script::Clean, 1_000_000, probes).await
+}
+
+async fn start_full(script: Script, max_model_len: u64, loading: usize) -> String {
     let mock = Mock {
         script,
         max_model_len,
         seen: Arc::default(),
         background: Arc::default(),
+        loading: Arc::new(AtomicUsize::new(loading)),
     };
     let app = Router::new()
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/responses", post(responses::create))
@@ -93,6 +108,20 @@ pub async fn start_with_context(script: Script, max_model_len: u64) -> String {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
+}
+
+async fn health(State(mock): State<Mock>) -> Response {
+    let was = mock
+        .loading
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    match was {
+        Ok(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+        Err(_) => axum::Json(json!({"status": "ok"})).into_response(),
+    }
 }
 
 async fn models(State(mock): State<Mock>) -> Response {
@@ -213,6 +242,13 @@ fn error_body(ty: &str) -> Value {
 }
 
 async fn chat(State(mock): State<Mock>, body: String) -> Response {
+    if mock.loading.load(Ordering::SeqCst) > 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(error_body("service_unavailable")),
+        )
+            .into_response();
+    }
     let req: Value = match serde_json::from_str(&body) {
         Ok(v) => v,
         Err(_) => {
