@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
     let options = ParserOptions {
         thinking: head[0] & 1 == 1,
         tools: (head[0] & 2 == 2).then(tools),
+        verbatim_content: head[0] & 4 == 4,
     };
     let seed = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
     let whole = parse_completion_chunked(input, usize::MAX, options.clone());

@@ -52,6 +52,7 @@ fn every_corpus_case_has_its_expected_outcome() {
                 .as_bool()
                 .expect("tools flag")
                 .then(|| Arc::clone(&tools)),
+            verbatim_content: false,
         };
         let outcome = parse_completion_chunked(input, usize::MAX, options.clone());
         match (&outcome, expected.get("error"), expected.get("message")) {

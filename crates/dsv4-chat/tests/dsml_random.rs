@@ -139,6 +139,7 @@ fn random_inputs_never_panic_and_ignore_chunking() {
         let options = ParserOptions {
             thinking: rng.below(2) == 0,
             tools: (rng.below(2) == 0).then(|| Arc::clone(&tools)),
+            verbatim_content: false,
         };
         let input = if round % 2 == 0 {
             random_input(&mut rng)

@@ -17,6 +17,7 @@ fn with_tools(thinking: bool) -> ParserOptions {
         tools: Some(Arc::new(
             ToolSet::from_json_str(TOOLS).expect("tools are valid"),
         )),
+        verbatim_content: false,
     }
 }
 

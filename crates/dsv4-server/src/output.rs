@@ -8,8 +8,7 @@
 
 use crate::config::OutputParsing;
 use dsv4_chat::dsml::Event;
-use dsv4_chat::{DsmlParser, ParseError, ParserOptions, ToolCall, ToolSet, markers};
-use std::sync::Arc;
+use dsv4_chat::{DsmlParser, ParseError, ParserOptions, ToolCall, markers};
 
 /// A piece of the assistant's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,21 +63,15 @@ impl OutputDecoder {
         Self::with_mode(Mode::Raw, stops)
     }
 
-    /// A chat completion parsed as `parsing` says (`Raw` gives raw text), with the request's
-    /// tools (calls of other tools are errors) and stop strings.
-    pub fn chat(
-        parsing: OutputParsing,
-        thinking: bool,
-        tools: Arc<ToolSet>,
-        stops: &[String],
-    ) -> Self {
+    /// A chat completion parsed as `parsing` says (`Raw` gives raw text) with the DSML
+    /// parser's `options` (thinking mode, the request's tools: calls of others are errors,
+    /// verbatim structured content), and stop strings.
+    pub fn chat(parsing: OutputParsing, options: ParserOptions, stops: &[String]) -> Self {
+        let thinking = options.thinking;
         let mode = match parsing {
             OutputParsing::Raw => Mode::Raw,
             OutputParsing::Dsv4 | OutputParsing::Dsv4ReasoningInContent => Mode::Chat {
-                parser: Box::new(DsmlParser::new(ParserOptions {
-                    thinking,
-                    tools: Some(tools),
-                })),
+                parser: Box::new(DsmlParser::new(options)),
                 reasoning_as_content: parsing == OutputParsing::Dsv4ReasoningInContent,
                 thinking,
                 past_reasoning: false,
@@ -321,6 +314,8 @@ impl Utf8Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dsv4_chat::ToolSet;
+    use std::sync::Arc;
 
     fn run(d: &mut OutputDecoder, tokens: &[&[u8]]) -> Result<Vec<Delta>, ParseError> {
         let mut out = Vec::new();
@@ -329,6 +324,15 @@ mod tests {
         }
         out.extend(d.finish()?);
         Ok(out)
+    }
+
+    /// Parser options in `thinking` mode with `tools`.
+    fn opts(thinking: bool, tools: &Arc<ToolSet>) -> ParserOptions {
+        ParserOptions {
+            thinking,
+            tools: Some(Arc::clone(tools)),
+            verbatim_content: false,
+        }
     }
 
     fn text(deltas: &[Delta]) -> String {
@@ -445,7 +449,7 @@ mod tests {
         );
         let completion = "Hmm.</think>Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
         let bytes: Vec<&[u8]> = completion.as_bytes().chunks(3).collect();
-        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, true, Arc::clone(&tools), &[]);
+        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, opts(true, &tools), &[]);
         let out = run(&mut d, &bytes).unwrap();
         let reasoning: String = out
             .iter()
@@ -467,15 +471,14 @@ mod tests {
         assert_eq!(calls[0].arguments, r#"{"a": 3}"#);
         let mut d = OutputDecoder::chat(
             OutputParsing::Dsv4ReasoningInContent,
-            true,
-            Arc::clone(&tools),
+            opts(true, &tools),
             &[],
         );
         assert_eq!(text(&run(&mut d, &bytes).unwrap()), "Hmm.</think>Sure.");
-        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, false, Arc::clone(&tools), &[]);
+        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, opts(false, &tools), &[]);
         let e = run(&mut d, &[b"a<\xef\xbd\x9cUser\xef\xbd\x9c>"]).unwrap_err();
         assert_eq!(e.class.as_str(), "malformed");
-        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, false, tools, &[]);
+        let mut d = OutputDecoder::chat(OutputParsing::Dsv4, opts(false, &tools), &[]);
         let out = run(&mut d, &[b"a", &[0xFF], &[0xC3], b"b", &[0xE2, 0x82]]).unwrap();
         assert_eq!(
             text(&out),

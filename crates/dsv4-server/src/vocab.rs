@@ -103,13 +103,27 @@ impl TokenizerEnv for Env {
         &self.trie
     }
 
+    /// Text (bytes the grammar forces) as tokens whose trie bytes spell it. The tokenizer
+    /// turns the text of a special token (`</think>` in a regex or a JSON enum) into that
+    /// token, whose trie bytes carry the special marker: llguidance would then allow a token
+    /// the grammar cannot take, and fail when it comes. Such a token is spelled with
+    /// ordinary tokens instead (the trie's greedy split).
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         self.trie.tokenize_with_greedy_fallback(s, |text| {
             // The tokenizer only fails on internal errors; the trie's greedy split is a valid
             // (if not canonical) tokenization.
-            self.tok
-                .encode(text)
-                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+            let Ok(ids) = self.tok.encode(text) else {
+                return self.trie.greedy_tokenize(text.as_bytes());
+            };
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if self.trie.is_special_token(id) {
+                    out.extend(self.trie.greedy_tokenize(&self.trie.token(id)[1..]));
+                } else {
+                    out.push(id);
+                }
+            }
+            out
         })
     }
 }
@@ -133,6 +147,19 @@ mod tests {
         assert!(env.tok_trie().is_special_token(block));
         assert!(!env.tok_trie().is_special_token(128 + u32::from(b'A')));
         assert_eq!(env.tokenize_bytes(b"hi"), tok.encode("hi").unwrap());
+        // Special tokens' text is spelled with ordinary tokens, so that the tokens spell it.
+        let text = format!("a{}b{}", markers::THINK_END, markers::TOOL_CALLS_START);
+        assert!(
+            tok.encode(&text).unwrap().contains(&block),
+            "the tokenizer finds the marker"
+        );
+        let ids = env.tokenize_bytes(text.as_bytes());
+        assert!(
+            ids.iter().all(|&id| !env.tok_trie().is_special_token(id)),
+            "{ids:?}"
+        );
+        let spelled: Vec<u8> = ids.iter().flat_map(|&id| v.bytes(id).to_vec()).collect();
+        assert_eq!(spelled, text.as_bytes());
         assert!(Vocab::new(&tok, 100).is_err(), "fewer logits than tokens");
     }
 }

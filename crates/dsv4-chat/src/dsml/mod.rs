@@ -63,6 +63,10 @@ pub struct ParserOptions {
     /// The request's tools; when given, calls of other tools are `unknown_tool` and arguments
     /// are validated against each tool's schema. When `None`, any tool name is accepted.
     pub tools: Option<Arc<ToolSet>>,
+    /// The content is a structured output whose form a grammar decided (a regex, a JSON
+    /// schema, a structural tag): after the reasoning it is taken as written, up to the
+    /// end-of-sentence token, with no markup or tool-call block looked for.
+    pub verbatim_content: bool,
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ const TEXT_MARKERS: &[(&str, Act)] = &[
 /// Reasoning inside code or quotes: only the end of reasoning and of the sequence count.
 const PROTECTED_REASONING_MARKERS: &[(&str, Act)] =
     &[(EOS, Act::Eos), (THINK_END, Act::EndReasoning)];
-/// Content inside code or quotes: only the end of the sequence counts.
+/// Content inside code or quotes, and verbatim content: only the end of the sequence counts.
 const PROTECTED_CONTENT_MARKERS: &[(&str, Act)] = &[(EOS, Act::Eos)];
 const BLOCK_MARKERS: &[(&str, Act)] = &[
     (EOS, Act::Unclosed(EOS_WORDS)),
@@ -116,6 +116,8 @@ const AFTER_BLOCK_MARKERS: &[(&str, Act)] = &[(EOS, Act::Eos)];
 #[derive(Debug)]
 pub struct DsmlParser {
     tools: Option<Arc<ToolSet>>,
+    /// [`ParserOptions::verbatim_content`].
+    verbatim: bool,
     mode: Mode,
     /// Text received but not yet decided (at most a marker prefix between calls).
     pending: String,
@@ -146,6 +148,7 @@ impl DsmlParser {
     pub fn new(options: ParserOptions) -> Self {
         Self {
             tools: options.tools,
+            verbatim: options.verbatim_content,
             mode: if options.thinking {
                 Mode::Reasoning
             } else {
@@ -292,6 +295,7 @@ impl DsmlParser {
                     self.text.resolve_ticks();
                 }
                 match (self.text.protected(), self.mode) {
+                    (_, Mode::Content) if self.verbatim => PROTECTED_CONTENT_MARKERS,
                     (false, _) => TEXT_MARKERS,
                     (true, Mode::Reasoning) => PROTECTED_REASONING_MARKERS,
                     (true, _) => PROTECTED_CONTENT_MARKERS,

@@ -14,6 +14,7 @@ fn thinking() -> ParserOptions {
     ParserOptions {
         thinking: true,
         tools: None,
+        verbatim_content: false,
     }
 }
 
@@ -90,6 +91,7 @@ fn errors_carry_class_and_offset_of_the_construct() {
     let with_tools = ParserOptions {
         thinking: false,
         tools: Some(tools),
+        verbatim_content: false,
     };
     assert!(parse_completion(CALL, with_tools.clone()).is_ok());
     let unknown = CALL.replace("name=\"f\"", "name=\"g\"");
@@ -180,6 +182,7 @@ fn with_schema(schema: &str) -> ParserOptions {
     ParserOptions {
         thinking: false,
         tools: Some(Arc::new(ToolSet::from_json_str(&tools).unwrap())),
+        verbatim_content: false,
     }
 }
 
@@ -219,4 +222,34 @@ fn only_valid_json_numbers_are_clamped() {
     assert_eq!(msg.tool_calls[0].arguments, r#"{"n": ["a\"1e400", 1e400]}"#);
     let strings = with_schema(r#"{"type":"array","prefixItems":[{"const":"a\"1e400"}]}"#);
     assert!(parse_completion(&call_with(r#"["a\"1e400", 1e400]"#), strings).is_ok());
+}
+
+#[test]
+fn verbatim_content_is_taken_as_written_after_the_reasoning() {
+    let markup = format!("a</think>b<think> {CALL} <｜User｜>\n\n");
+    for thinking in [false, true] {
+        let options = ParserOptions {
+            thinking,
+            tools: None,
+            verbatim_content: true,
+        };
+        let text = if thinking {
+            format!("why</think>{markup}<｜end▁of▁sentence｜>")
+        } else {
+            format!("{markup}<｜end▁of▁sentence｜>")
+        };
+        let msg = parse_completion(&text, options.clone()).unwrap();
+        assert_eq!(msg.content, markup, "thinking {thinking}");
+        assert!(msg.tool_calls.is_empty());
+        assert_eq!(msg.reasoning_content.as_deref(), thinking.then_some("why"));
+        for chunk in [1, 2, 3, 7] {
+            let chunked = parse_completion_chunked(text.as_bytes(), chunk, options.clone());
+            assert_eq!(chunked.unwrap(), msg, "chunks of {chunk}");
+        }
+        // Nothing may follow the end of the sequence, verbatim or not.
+        let err = parse_completion(&format!("{text}x"), options).unwrap_err();
+        assert_eq!(err.class, ErrorClass::Malformed);
+    }
+    // Without the option the same content is markup in the wrong place.
+    assert!(parse_completion(&markup, chat()).is_err());
 }

@@ -115,6 +115,7 @@ fn parse(args: &ParseArgs) -> anyhow::Result<()> {
     let options = ParserOptions {
         thinking: args.thinking,
         tools: args.tools.as_deref().map(tools).transpose()?,
+        verbatim_content: false,
     };
     let mut input = Vec::new();
     std::io::stdin()

@@ -122,6 +122,7 @@ fn required_tool_calls_always_parse_and_satisfy_the_schemas() {
             let opts = ParserOptions {
                 thinking,
                 tools: Some(Arc::clone(&tools)),
+                verbatim_content: false,
             };
             let msg = parse_completion(&text, opts).unwrap_or_else(|e| panic!("{e:?} in {text:?}"));
             let calls = &msg.tool_calls;
@@ -163,6 +164,7 @@ fn a_named_tool_choice_calls_only_that_tool() {
             ParserOptions {
                 thinking: false,
                 tools: Some(Arc::clone(&tools)),
+                verbatim_content: false,
             },
         )
         .unwrap();
@@ -345,6 +347,7 @@ fn strict_tools_in_auto_mode_allow_content_or_calls_that_always_parse() {
             let opts = ParserOptions {
                 thinking,
                 tools: Some(Arc::clone(&tools)),
+                verbatim_content: false,
             };
             let msg = parse_completion(&text, opts).unwrap_or_else(|e| panic!("{e:?} in {text:?}"));
             if msg.tool_calls.is_empty() {
@@ -434,6 +437,28 @@ fn compiles_wait_for_a_compiler_without_holding_the_runtime_worker() {
         assert!(compiled.is_ok(), "{:?}", compiled.err());
         assert!(during > 0, "the worker was held while the grammar compiled");
     });
+}
+
+#[test]
+fn text_that_spells_special_tokens_is_written_with_ordinary_tokens() {
+    // The tokenizer reads `</think>` and the DSML block start as special tokens; a grammar
+    // that forces their text must still be followed (once a 400 grammar_failed).
+    let (g, vocab) = compiler();
+    let block = dsv4_chat::markers::TOOL_CALLS_START;
+    let none = ToolSet::default();
+    let regex = format!("a</think>b{}", regex::escape(block));
+    let choices = [format!("x{block}"), "</think>".to_string()];
+    for target in [Target::Regex(&regex), Target::Choice(&choices)] {
+        let c = g.constraint_now(target, &none, false).unwrap();
+        for seed in 0..4 {
+            let text = String::from_utf8(generate(&c, &vocab, seed, 200)).unwrap();
+            let ok = match target {
+                Target::Regex(_) => text == format!("a</think>b{block}"),
+                _ => choices.contains(&text),
+            };
+            assert!(ok, "{target:?}: {text:?}");
+        }
+    }
 }
 
 #[test]

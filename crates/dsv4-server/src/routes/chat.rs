@@ -27,7 +27,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use dsv4_chat::{Conversation, EncodeError, ToolSet, encode_prompt_ids};
+use dsv4_chat::{Conversation, EncodeError, ParserOptions, ToolSet, encode_prompt_ids};
 use dsv4_engine::Request;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -97,6 +97,8 @@ pub(super) struct DecoderSpec {
     pub(super) min_tokens: usize,
     /// `include_stop_str_in_output`.
     pub(super) keep_stop: bool,
+    /// A structured output (grammar-decided) is the content: taken as written.
+    pub(super) verbatim_content: bool,
 }
 
 impl DecoderSpec {
@@ -104,8 +106,11 @@ impl DecoderSpec {
     pub(super) fn build(&self) -> OutputDecoder {
         OutputDecoder::chat(
             self.parsing,
-            self.thinking,
-            Arc::clone(&self.tools),
+            ParserOptions {
+                thinking: self.thinking,
+                tools: Some(Arc::clone(&self.tools)),
+                verbatim_content: self.verbatim_content,
+            },
             &self.stop,
         )
         .with_min_tokens(self.min_tokens)
@@ -205,10 +210,11 @@ async fn prepare(
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let shape = req.structured()?;
     let constraint = constraint(
         state,
         loaded,
-        req.structured()?.as_ref(),
+        shape.as_ref(),
         parallel,
         &choice,
         &tools,
@@ -222,6 +228,7 @@ async fn prepare(
         stop: stop.clone(),
         min_tokens: sampling.min_tokens,
         keep_stop: req.include_stop_str_in_output.unwrap_or(false),
+        verbatim_content: shape.is_some(),
     };
     Ok(Prepared {
         request: Request {

@@ -268,10 +268,11 @@ async fn prepare(
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
+    let shape = req.structured();
     let constraint = constraint(
         state,
         loaded,
-        req.structured().as_ref(),
+        shape.as_ref(),
         req.parallel_tool_calls.unwrap_or(true),
         &choice,
         &tools,
@@ -289,6 +290,7 @@ async fn prepare(
         stop: stop.clone(),
         min_tokens: 0,
         keep_stop: false,
+        verbatim_content: shape.is_some(),
     };
     let request = Request {
         prompt,

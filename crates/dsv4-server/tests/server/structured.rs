@@ -133,6 +133,55 @@ async fn every_spelling_constrains_chat_plain_streamed_and_thinking() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_spell_markup_are_content_as_written() {
+    // The tokenizer reads these as special tokens; a grammar that asks for their text gets
+    // it spelled with ordinary tokens, and the chat answer is that text, not markup to parse.
+    let s = start(config()).await;
+    let block = "<｜DSML｜tool_calls>";
+    let answer = format!("a</think>b{block}<think>");
+    let rx = regex::escape(&answer);
+    let body = |extra: Value| {
+        let mut b = chat("Hi", json!({"max_tokens": 64, "stop": []}));
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (text, finish) = chat_content(&s, &body(json!({"regex": rx}))).await;
+    assert_eq!((text.as_str(), finish.as_str()), (answer.as_str(), "stop"));
+    // In thinking mode the reasoning ends at `</think>`; the answer after it is as written.
+    let r = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &body(json!({
+                "structured_outputs": {"choice": [answer]},
+                "chat_template_kwargs": {"thinking": true},
+                "max_tokens": 3000,
+            })),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let msg = &r.json()["choices"][0]["message"];
+    assert_eq!(msg["content"], json!(answer), "{msg}");
+    assert!(
+        msg["tool_calls"].is_null() || msg["tool_calls"] == json!([]),
+        "{msg}"
+    );
+    // Text completions and /generate return it too.
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": "dsv4-tiny", "prompt": "x", "max_tokens": 64, "regex": rx}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], json!(answer));
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_and_generate_follow_the_same_grammars() {
     let s = start(config()).await;
     let completion = |extra: Value| {
