@@ -21,6 +21,14 @@ fn compiler_caching(cached: usize) -> (Arc<GrammarCompiler>, Vocab) {
     )
 }
 
+/// A single-threaded runtime (timers on) for driving compiles.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// [`GrammarCompiler::constraint`], waited for on a runtime of its own.
 pub(crate) trait Now {
     fn constraint_now(
@@ -38,10 +46,7 @@ impl Now for Arc<GrammarCompiler> {
         tools: &ToolSet,
         thinking: bool,
     ) -> Result<Constraint, String> {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(self.constraint(target, tools, thinking))
+        runtime().block_on(self.constraint(target, tools, thinking))
     }
 }
 
@@ -394,9 +399,7 @@ fn compiles_wait_for_a_compiler_without_holding_the_runtime_worker() {
         .collect::<String>()
         + "r2000: \"y\"\n";
     let chain = format!("start: \"ab\" | r0\n{chain}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         // Every compiler busy: a request's compile waits its turn.
         let held = g.compiling.acquire_many(cores as u32).await.unwrap();
@@ -477,9 +480,7 @@ fn choices_with_control_characters_compile_and_are_kept_whole() {
 
 #[test]
 fn compiled_grammars_are_reused_least_recently_used_first_out() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let none = ToolSet::default();
     let get = |g: &Arc<GrammarCompiler>, rx: &str, thinking: bool| {
         rt.block_on(g.constrain(Target::Regex(rx), &none, thinking))
@@ -569,10 +570,7 @@ async fn compiles(tasks: Vec<tokio::task::JoinHandle<Constrained>>) -> usize {
 fn a_burst_with_one_new_grammar_compiles_it_once_also_without_the_cache() {
     // Cache off: only the compile in flight can be shared.
     let (g, _) = compiler_caching(0);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let cores = hold_every_compiler(&g).await;
         let tasks: Vec<_> = (0..3).map(|_| spawn_regex(&g, "[0-9]{2,4}x")).collect();
@@ -594,10 +592,7 @@ fn a_burst_with_one_new_grammar_compiles_it_once_also_without_the_cache() {
 #[test]
 fn a_request_gone_before_its_compile_leaves_it_to_one_that_waited() {
     let (g, _) = compiler();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let cores = hold_every_compiler(&g).await;
         let leader = spawn_regex(&g, "[a-c]{5}");
