@@ -203,10 +203,9 @@ impl GrammarCompiler {
     }
 
     /// [`Self::compile`] on a [`COMPILE_STACK`] thread, which keeps the result for `lead`'s
-    /// grammar, then returns `permit`, so the next request in line finds it kept. The thread
-    /// finishes the flight even when the request is gone (its client left) for the others
-    /// waiting. The outer error is the server's (no thread, a compile that panicked), the
-    /// inner the grammar's.
+    /// grammar (handing it to the requests waiting for it), then returns `permit`. The thread
+    /// finishes the flight even when the request is gone (its client left). The outer error
+    /// is the server's (no thread, a compile that panicked), the inner the grammar's.
     async fn compile_off_worker(
         self: &Arc<Self>,
         top: TopLevelGrammar,
