@@ -96,7 +96,13 @@ pub enum Target<'a> {
         parallel: bool,
     },
     /// One JSON value valid under this schema.
-    Json(&'a serde_json::Value),
+    Json {
+        /// The schema.
+        schema: &'a serde_json::Value,
+        /// The whitespace allowed between tokens of the JSON text, as a regular expression
+        /// matching only JSON whitespace (None: compact, with Python's separators).
+        whitespace: Option<&'a str>,
+    },
     /// Text matching this regular expression (Rust `regex` syntax).
     Regex(&'a str),
     /// Exactly one of these strings.
@@ -244,7 +250,8 @@ impl GrammarCompiler {
             Target::Regex(text) | Target::Grammar(text) => text.len(),
             Target::Choice(choices) => choices.iter().map(String::len).sum(),
             Target::Structural(format) => format.text_bytes(),
-            Target::ToolCalls { .. } | Target::ContentOrCalls { .. } | Target::Json(_) => 0,
+            Target::Json { whitespace, .. } => whitespace.map_or(0, str::len),
+            Target::ToolCalls { .. } | Target::ContentOrCalls { .. } => 0,
         };
         if size > MAX_GRAMMAR_BYTES {
             return Err(format!(
@@ -268,7 +275,10 @@ impl GrammarCompiler {
                 format!("start_body: CONTENT? | CALLS_PREFIX? tool_block\n{CONTENT_RULES}")
                     + &self.tool_calls(&all, parallel, true)?
             }
-            Target::Json(schema) => format!("start_body: %json {}\n", compact(schema.clone())),
+            Target::Json { schema, whitespace } => format!(
+                "start_body: %json {}\n",
+                json_options(schema.clone(), whitespace)
+            ),
             Target::Choice(choices) => {
                 let alts: Vec<String> = choices.iter().map(|c| lark_str(c)).collect();
                 format!("start_body: {}\n", alts.join(" | "))
@@ -528,14 +538,29 @@ fn is_plain_string(sub: &serde_json::Value) -> bool {
     })
 }
 
-/// `schema` with llguidance options for compact JSON with Python's separators (what the DSV4
+/// `schema` with llguidance's options for compact JSON with Python's separators (what the DSV4
 /// encoder writes), as JSON text.
-fn compact(mut schema: serde_json::Value) -> String {
-    let options = serde_json::json!({
-        "whitespace_flexible": false,
-        "item_separator": ", ",
-        "key_separator": ": ",
-    });
+fn compact(schema: serde_json::Value) -> String {
+    json_options(schema, None)
+}
+
+/// `schema` with llguidance's options for its JSON text, as JSON text: compact with Python's
+/// separators (what the DSV4 encoder writes), or bare separators and `whitespace` (a regular
+/// expression) between any two tokens, as outlines places its whitespace pattern.
+fn json_options(mut schema: serde_json::Value, whitespace: Option<&str>) -> String {
+    let options = match whitespace {
+        None => serde_json::json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
+        }),
+        Some(ws) => serde_json::json!({
+            "whitespace_flexible": false,
+            "whitespace_pattern": ws,
+            "item_separator": ",",
+            "key_separator": ":",
+        }),
+    };
     match &mut schema {
         serde_json::Value::Object(o) => {
             o.insert("x-guidance".into(), options);

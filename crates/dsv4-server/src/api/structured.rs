@@ -14,6 +14,8 @@ use crate::grammar::structural::{Format, StructuralTag};
 use serde::Deserialize;
 use serde_json::Value;
 
+mod whitespace;
+
 /// Most entries of a `choice` list.
 pub const MAX_CHOICES: usize = 1024;
 
@@ -21,7 +23,13 @@ pub const MAX_CHOICES: usize = 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Structured {
     /// One JSON value valid under this schema.
-    Json(Value),
+    Json {
+        /// The schema.
+        schema: Value,
+        /// A regular expression for the whitespace between the JSON text's tokens, matching
+        /// only JSON whitespace (None: compact, with Python's separators).
+        whitespace: Option<String>,
+    },
     /// Text matching this regular expression (Rust `regex` syntax), whole.
     Regex(String),
     /// Exactly one of these strings.
@@ -45,7 +53,10 @@ impl Shape {
     /// A demand for JSON under `schema`, made by `field`.
     pub fn json(schema: Value, field: &str) -> Self {
         Self {
-            what: Structured::Json(schema),
+            what: Structured::Json {
+                schema,
+                whitespace: None,
+            },
             field: field.to_string(),
         }
     }
@@ -53,7 +64,10 @@ impl Shape {
     /// What the grammar compiler makes of it.
     pub fn target(&self) -> Target<'_> {
         match &self.what {
-            Structured::Json(schema) => Target::Json(schema),
+            Structured::Json { schema, whitespace } => Target::Json {
+                schema,
+                whitespace: whitespace.as_deref(),
+            },
             Structured::Regex(rx) => Target::Regex(rx),
             Structured::Choice(c) => Target::Choice(c),
             Structured::Grammar(g) => Target::Grammar(g),
@@ -126,13 +140,14 @@ pub struct StructuredOutputs {
     pub json_object: Option<bool>,
     /// Accepted: there is no other grammar backend to fall back to.
     pub disable_fallback: Option<bool>,
-    /// Accepted: JSON answers are always compact here (Python's separators, no other
-    /// whitespace), which is what `true` asks for.
+    /// Accepted: JSON answers are compact here unless `whitespace_pattern` is given
+    /// (Python's separators, no other whitespace), which is what `true` asks for.
     pub disable_any_whitespace: Option<bool>,
     /// true: objects of the `json` schema that do not say otherwise take no properties
     /// beyond those they list.
     pub disable_additional_properties: Option<bool>,
-    /// Refused (JSON whitespace is fixed here).
+    /// A regular expression for the whitespace between the tokens of a `json` or
+    /// `json_object` answer (outlines' whitespace pattern); it may match only JSON whitespace.
     pub whitespace_pattern: Option<String>,
     /// A structural tag (an object, or its JSON text).
     pub structural_tag: Option<Value>,
@@ -197,13 +212,29 @@ pub fn one(mut shapes: Vec<Shape>) -> Result<Option<Shape>, ApiError> {
 /// The demands of a `structured_outputs` object (several are refused by [`one`]).
 fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
     let field = |k: &str| format!("structured_outputs.{k}");
-    if so.whitespace_pattern.is_some() {
-        return Err(ApiError::bad_param(
-            field("whitespace_pattern"),
-            "whitespace_pattern is not supported: JSON answers here are always compact (one \
-             space after `:` and `,`, none elsewhere)",
-        ));
+    let whitespace = so.whitespace_pattern.clone();
+    if let Some(p) = &whitespace {
+        whitespace::check(p).map_err(|why| {
+            ApiError::bad_param(
+                field("whitespace_pattern"),
+                format!("`whitespace_pattern` {p:?} cannot be used: {why}"),
+            )
+        })?;
+        if so.disable_any_whitespace == Some(true) {
+            return Err(ApiError::bad_param(
+                field("whitespace_pattern"),
+                "`disable_any_whitespace: true` and `whitespace_pattern` each say what \
+                 whitespace JSON answers have; send one",
+            ));
+        }
     }
+    let json_shape = |schema: Value, name: &str| Shape {
+        what: Structured::Json {
+            schema,
+            whitespace: whitespace.clone(),
+        },
+        field: field(name),
+    };
     let mut shapes = Vec::new();
     if let Some(v) = so.structural_tag.as_ref().filter(|v| !v.is_null()) {
         shapes.push(structural_value(v, &field("structural_tag"))?);
@@ -213,7 +244,7 @@ fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
         if so.disable_additional_properties == Some(true) {
             close_objects(&mut schema);
         }
-        shapes.push(Shape::json(schema, &field("json")));
+        shapes.push(json_shape(schema, "json"));
     } else if so.disable_additional_properties == Some(true) {
         return Err(ApiError::bad_param(
             field("disable_additional_properties"),
@@ -221,9 +252,19 @@ fn structured_outputs(so: &StructuredOutputs) -> Result<Vec<Shape>, ApiError> {
         ));
     }
     if so.json_object == Some(true) {
-        shapes.push(Shape::json(
+        shapes.push(json_shape(
             serde_json::json!({"type": "object"}),
-            &field("json_object"),
+            "json_object",
+        ));
+    }
+    if whitespace.is_some()
+        && shapes
+            .iter()
+            .all(|s| !matches!(s.what, Structured::Json { .. }))
+    {
+        return Err(ApiError::bad_param(
+            field("whitespace_pattern"),
+            "whitespace_pattern applies to a `json` schema or `json_object: true`; send one",
         ));
     }
     if let Some(rx) = &so.regex {
@@ -381,6 +422,14 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    /// A demand for compact JSON under `schema`.
+    fn compact_json(schema: Value) -> Structured {
+        Structured::Json {
+            schema,
+            whitespace: None,
+        }
+    }
+
     #[test]
     fn each_spelling_becomes_one_shape_naming_its_field() {
         let rf: ResponseFormat = serde_json::from_value(json!({"type": "json_object"})).unwrap();
@@ -390,7 +439,7 @@ mod tests {
                     response_format: Some(&rf),
                     ..Default::default()
                 },
-                Structured::Json(json!({"type": "object"})),
+                compact_json(json!({"type": "object"})),
                 "response_format",
             ),
             (
@@ -423,7 +472,7 @@ mod tests {
         for (v, what, field) in [
             (
                 json!({"json": "{\"type\": \"integer\"}"}),
-                Structured::Json(json!({"type": "integer"})),
+                compact_json(json!({"type": "integer"})),
                 "structured_outputs.json",
             ),
             (
@@ -438,7 +487,15 @@ mod tests {
             ),
             (
                 json!({"json_object": true, "disable_any_whitespace": true}),
-                Structured::Json(json!({"type": "object"})),
+                compact_json(json!({"type": "object"})),
+                "structured_outputs.json_object",
+            ),
+            (
+                json!({"json_object": true, "whitespace_pattern": "[ \n]*"}),
+                Structured::Json {
+                    schema: json!({"type": "object"}),
+                    whitespace: Some("[ \n]*".into()),
+                },
                 "structured_outputs.json_object",
             ),
         ] {
@@ -479,7 +536,15 @@ mod tests {
             (json!({"json": "{not json"}), "structured_outputs.json"),
             (json!({"json": 3}), "structured_outputs.json"),
             (
-                json!({"json": {}, "whitespace_pattern": " "}),
+                json!({"json": {}, "whitespace_pattern": "\\s*"}),
+                "structured_outputs.whitespace_pattern",
+            ),
+            (
+                json!({"regex": "a", "whitespace_pattern": " "}),
+                "structured_outputs.whitespace_pattern",
+            ),
+            (
+                json!({"json": {}, "whitespace_pattern": " ", "disable_any_whitespace": true}),
                 "structured_outputs.whitespace_pattern",
             ),
             (
@@ -518,7 +583,7 @@ mod tests {
             structured_outputs: Some(&s),
             ..Default::default()
         };
-        let Structured::Json(schema) = fields.resolve().unwrap().unwrap().what else {
+        let Structured::Json { schema, .. } = fields.resolve().unwrap().unwrap().what else {
             panic!("a json shape");
         };
         assert_eq!(schema["additionalProperties"], false);

@@ -194,7 +194,7 @@ fn json_schema_answers_are_valid_json_of_the_schema() {
         "additionalProperties": false
     });
     let c = g
-        .constraint_now(Target::Json(&schema), &ToolSet::default(), false)
+        .constraint_now(compact_json(&schema), &ToolSet::default(), false)
         .unwrap();
     for seed in 0..8 {
         let text = String::from_utf8(generate(&c, &vocab, seed, 2000)).unwrap();
@@ -206,6 +206,97 @@ fn json_schema_answers_are_valid_json_of_the_schema() {
         );
         assert_eq!(v.as_object().unwrap().len(), 2);
     }
+}
+
+/// A JSON target: compact, with Python's separators.
+fn compact_json(schema: &serde_json::Value) -> Target<'_> {
+    Target::Json {
+        schema,
+        whitespace: None,
+    }
+}
+
+#[test]
+fn a_whitespace_pattern_governs_the_whitespace_between_json_tokens() {
+    let (g, vocab) = compiler();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "list": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["ok", "list"],
+        "additionalProperties": false
+    });
+    let spaces: Vec<usize> = (0..vocab.len() as u32)
+        .filter(|&t| matches!(vocab.bytes(t), b" " | b"\n" | b"\t"))
+        .map(|t| t as usize)
+        .collect();
+    assert_eq!(spaces.len(), 3, "the tiny vocabulary spells each byte");
+    // Whitespace is favoured wherever the grammar allows it.
+    let favour = |_: usize, row: &mut [f32]| spaces.iter().for_each(|&t| row[t] += 1.0);
+    let json = |text: &[u8]| -> serde_json::Value {
+        let text = std::str::from_utf8(text).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["ok"].is_boolean() && v["list"].is_array(), "{v}");
+        v
+    };
+    for (pattern, allowed) in [
+        (r"[\n ]{0,2}", &b"\n "[..]),
+        (" ?", &b" "[..]),
+        ("", &b""[..]),
+    ] {
+        let target = Target::Json {
+            schema: &schema,
+            whitespace: Some(pattern),
+        };
+        let c = g
+            .constraint_now(target, &ToolSet::default(), false)
+            .unwrap();
+        let mut seen = Vec::new();
+        for seed in 0..6 {
+            let text = generate_biased(&c, &vocab, seed, 4000, favour);
+            json(&text);
+            let ws: Vec<u8> = text
+                .iter()
+                .copied()
+                .filter(|b| b.is_ascii_whitespace())
+                .collect();
+            assert!(
+                ws.iter().all(|b| allowed.contains(b)),
+                "{pattern:?}: {:?}",
+                String::from_utf8_lossy(&text)
+            );
+            // No run longer than the pattern allows.
+            let longest = text
+                .split(|b| !b.is_ascii_whitespace())
+                .map(<[u8]>::len)
+                .max()
+                .unwrap_or(0);
+            assert!(
+                longest <= 2,
+                "{pattern:?}: {:?}",
+                String::from_utf8_lossy(&text)
+            );
+            seen.extend(ws);
+        }
+        for b in allowed {
+            assert!(
+                seen.contains(b),
+                "{pattern:?}: {:?} never written",
+                *b as char
+            );
+        }
+    }
+    // Without a pattern the answer is compact with Python's separators.
+    let c = g
+        .constraint_now(compact_json(&schema), &ToolSet::default(), false)
+        .unwrap();
+    let text = generate_biased(&c, &vocab, 0, 4000, favour);
+    json(&text);
+    let text = String::from_utf8(text).unwrap();
+    let python = dsv4_chat::pyjson::OrderedJson::parse(&text)
+        .unwrap()
+        .to_python_json();
+    assert_eq!(text, python, "compact");
 }
 
 #[test]
@@ -229,7 +320,7 @@ fn schemas_a_grammar_cannot_follow_are_refused_with_the_reason() {
     assert!(e.contains("anyOf"), "{e}");
     let bad = serde_json::json!({"type": "object", "properties": {"a": {"type": "nonsense"}}});
     assert!(
-        g.constraint_now(Target::Json(&bad), &ToolSet::default(), false)
+        g.constraint_now(compact_json(&bad), &ToolSet::default(), false)
             .is_err()
     );
 }

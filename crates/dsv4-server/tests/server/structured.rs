@@ -115,6 +115,16 @@ async fn every_spelling_constrains_chat_plain_streamed_and_thinking() {
     for a in &answers {
         assert!(matches(TUPLE_RX, a), "{a:?}");
     }
+    // JSON with vLLM's whitespace pattern: still JSON of the schema, whitespace only as given.
+    let spaced = ask(json!({"structured_outputs": {
+        "json": {"type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer"}}},
+                 "required": ["n"], "additionalProperties": false},
+        "whitespace_pattern": "[ \n]{0,2}"}, "max_tokens": 200}));
+    let (a, finish) = chat_content(&s, &spaced).await;
+    let v: Value = serde_json::from_str(&a).unwrap_or_else(|e| panic!("{e}: {a:?}"));
+    assert!(v["n"].is_array(), "{a:?}");
+    assert!(!a.contains(['\t', '\r']), "{a:?}");
+    assert_eq!(finish, "stop", "{a:?}");
     // In thinking mode the reasoning is free; the answer after it is constrained.
     let think = ask(json!({
         "structured_outputs": {"choice": ["yes", "no"]},
@@ -413,9 +423,14 @@ async fn structured_outputs_that_cannot_be_enforced_are_refused_naming_the_field
             "does not start with any of the triggers",
         ),
         (
-            json!({"structured_outputs": {"json": {}, "whitespace_pattern": " *"}}),
+            json!({"structured_outputs": {"json": {}, "whitespace_pattern": "\\s*"}}),
             "structured_outputs.whitespace_pattern",
-            "compact",
+            "only JSON whitespace",
+        ),
+        (
+            json!({"structured_outputs": {"regex": "a", "whitespace_pattern": " *"}}),
+            "structured_outputs.whitespace_pattern",
+            "applies to a `json` schema",
         ),
         (
             json!({"tools": tools, "tool_choice": "required", "structured_outputs": {"choice": ["a"]}}),
