@@ -132,6 +132,7 @@ pub fn sampling_costs(vocab: usize, budget: Duration) -> Vec<SamplingCost> {
                     params: &p,
                     eos: (0, true),
                     logprobs: None,
+                    token_ids: &[],
                     row,
                     out: None,
                 })

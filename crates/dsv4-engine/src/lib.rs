@@ -50,8 +50,8 @@ pub use metrics::EngineMetrics;
 pub use pool::PoolKind;
 pub use pools::{HostTierReport, PoolReport, PoolUsage};
 pub use request::{
-    Completion, Event, FinishReason, Finished, MAX_TOP_LOGPROBS, Request, RequestId, RequestStream,
-    SamplingParams, Timing, TokenEvent, TokenLogprob, Usage,
+    Completion, Event, FinishReason, Finished, MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS, Request,
+    RequestId, RequestStream, SamplingParams, Timing, TokenEvent, TokenLogprob, Usage,
 };
 pub use scheduler::{Scheduler, StepTiming};
 pub use sequence::Detokenizer;

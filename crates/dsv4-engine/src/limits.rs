@@ -4,7 +4,7 @@
 use crate::error::EngineError;
 use crate::pool::PoolKind;
 use crate::pools::{CacheGeometry, PoolPages};
-use crate::request::{MAX_TOP_LOGPROBS, Request};
+use crate::request::{MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS, Request};
 use crate::sampling;
 
 /// What a request is checked against before it is queued.
@@ -89,6 +89,22 @@ impl Limits {
                      {field}, {n} were asked for"
                 ));
             }
+        }
+        let ids = &req.logprob_token_ids;
+        if !ids.is_empty() && req.logprobs.is_none() && req.prompt_logprobs.is_none() {
+            return bad("logprob_token_ids needs logprobs or prompt_logprobs".into());
+        }
+        if ids.len() > MAX_LOGPROB_TOKEN_IDS {
+            return bad(format!(
+                "at most {MAX_LOGPROB_TOKEN_IDS} logprob_token_ids can be asked for, {} were",
+                ids.len()
+            ));
+        }
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return bad(format!(
+                "logprob_token_ids names token {t}, outside the vocabulary (size {})",
+                self.vocab
+            ));
         }
         if req.stop.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());

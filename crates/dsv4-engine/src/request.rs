@@ -79,6 +79,10 @@ impl Default for SamplingParams {
 /// `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// Most token ids a request may ask the log-probability of at every position (SGLang's
+/// `token_ids_logprob`).
+pub const MAX_LOGPROB_TOKEN_IDS: usize = 256;
+
 /// The log-probability of a generated token under the model (the raw logits row, before
 /// penalties, bias, temperature and any token constraint; vLLM's default), with the most
 /// likely alternatives.
@@ -91,6 +95,9 @@ pub struct TokenLogprob {
     /// The token's place in that order over the whole vocabulary (1: the most likely).
     #[serde(default)]
     pub rank: u32,
+    /// ln p of each of the request's `logprob_token_ids`, in that order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked: Vec<f32>,
 }
 
 /// One generation request over token ids.
@@ -119,6 +126,9 @@ pub struct Request {
     /// [`MAX_TOP_LOGPROBS`]); None: none. Every prompt row is then computed: the prefix cache
     /// does not skip any on the first admission.
     pub prompt_logprobs: Option<usize>,
+    /// With `logprobs` or `prompt_logprobs`: the ln p of each of these tokens too, at every
+    /// position scored ([`TokenLogprob::asked`]), at most [`MAX_LOGPROB_TOKEN_IDS`].
+    pub logprob_token_ids: Vec<u32>,
     /// Restricts which tokens may be generated (grammar-constrained decoding); None: any.
     pub constraint: Option<Constraint>,
 }

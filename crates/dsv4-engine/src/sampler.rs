@@ -29,6 +29,8 @@ pub struct ChoiceJob<'a> {
     pub eos: (u32, bool),
     /// Alternatives to return with the token's log-probability (None: no log-probability).
     pub logprobs: Option<usize>,
+    /// Tokens whose log-probabilities come with the token's (`logprob_token_ids`).
+    pub token_ids: &'a [u32],
     /// The logits row the token is chosen from.
     pub row: &'a [f32],
     /// The choice, once made.
@@ -49,7 +51,7 @@ pub fn choose_all(jobs: &mut [ChoiceJob<'_>], configured: usize) {
     parallel::for_each_mut(jobs, threads, |j| {
         let token = j.state.choose(j.row, j.params, j.eos);
         let logprob = match (&token, j.logprobs) {
-            (Ok(t), Some(top)) => Some(sampling::logprob(j.row, *t, top)),
+            (Ok(t), Some(top)) => Some(sampling::logprob_with(j.row, *t, top, j.token_ids)),
             _ => None,
         };
         j.out = Some(Choice { token, logprob });

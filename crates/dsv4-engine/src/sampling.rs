@@ -134,6 +134,12 @@ pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
 /// (ties to the lower id) and its rank in that order (1: the most likely). Sums in f64; NaN
 /// logits count as −∞.
 pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
+    logprob_with(row, token, top, &[])
+}
+
+/// [`logprob`], with the log-probability of each of `asked` too (−∞ for an id outside the
+/// row).
+pub fn logprob_with(row: &[f32], token: u32, top: usize, asked: &[u32]) -> TokenLogprob {
     let finite = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
     let max = row
         .iter()
@@ -177,6 +183,10 @@ pub fn logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
             .map_or(f32::NEG_INFINITY, |&v| lp(v)),
         top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
         rank: before + 1,
+        asked: asked
+            .iter()
+            .map(|&a| row.get(a as usize).map_or(f32::NEG_INFINITY, |&v| lp(v)))
+            .collect(),
     }
 }
 
@@ -413,6 +423,14 @@ mod tests {
             .sum();
         assert!((total - 1.0).abs() < 1e-6, "probabilities sum to {total}");
         assert_eq!(logprob(&row, 3, 0).logprob, f32::NEG_INFINITY);
+        // Asked tokens get the same values as the chosen one would, in the asked order.
+        let asked = logprob_with(&row, 4, 3, &[2, 0, 2, 99]);
+        assert_eq!(asked.asked[0], logprob(&row, 2, 0).logprob);
+        assert_eq!(asked.asked[1], logprob(&row, 0, 0).logprob);
+        assert_eq!(asked.asked[2], asked.asked[0]);
+        assert_eq!(asked.asked[3], f32::NEG_INFINITY, "outside the row");
+        assert_eq!((asked.logprob, &asked.top), (lp.logprob, &lp.top));
+        assert!(logprob(&row, 4, 3).asked.is_empty());
         assert!(logprob(&row, 0, 0).top.is_empty());
         assert_eq!(logprob(&row, 0, 50).top.len(), row.len());
         // Ranks follow the same order: 1 and 2 tie first (lower id first), then 4, 0, and the

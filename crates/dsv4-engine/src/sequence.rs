@@ -139,6 +139,8 @@ pub(crate) struct PromptRows {
     pub first: usize,
     /// The prompt token after each scored row.
     pub targets: Vec<u32>,
+    /// Tokens whose log-probabilities come with each entry (`logprob_token_ids`).
+    pub token_ids: Vec<u32>,
 }
 
 impl PromptRows {
@@ -155,7 +157,7 @@ impl PromptRows {
         let threads = parallel::threads_for(configured, rows.len(), vocab);
         parallel::for_each_mut(&mut rows, threads, |(r, t, out)| {
             let row = &logits[*r * vocab..(*r + 1) * vocab];
-            *out = Some(sampling::logprob(row, *t, self.top));
+            *out = Some(sampling::logprob_with(row, *t, self.top, &self.token_ids));
         });
         rows.into_iter().filter_map(|(_, _, e)| e).collect()
     }
@@ -230,6 +232,7 @@ impl Seq {
             offset: first - fed,
             first,
             targets: self.tokens[first + 1..=end].to_vec(),
+            token_ids: self.req.logprob_token_ids.clone(),
         })
     }
 
@@ -432,6 +435,7 @@ mod tests {
             logprob,
             top: Vec::new(),
             rank: 1,
+            asked: Vec::new(),
         };
         s.record_prompt(0, vec![e(-1.0), e(-2.0), e(-3.0)]);
         assert_eq!(s.prefix_limit(), 3);

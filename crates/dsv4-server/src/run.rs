@@ -416,6 +416,7 @@ mod tests {
                     logprob: -1.5,
                     top: Vec::new(),
                     rank: 1,
+                    asked: Vec::new(),
                 }]
             }),
             token_ids: Vec::new(),

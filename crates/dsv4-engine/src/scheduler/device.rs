@@ -37,6 +37,8 @@ pub(crate) struct Sampler {
     pub eos: (u32, bool),
     /// Alternatives with the token's log-probability (None: no log-probability).
     pub logprobs: Option<usize>,
+    /// Tokens whose log-probabilities come with the token's (`logprob_token_ids`).
+    pub token_ids: Vec<u32>,
     /// Send the logits row back (`return_logits`).
     pub keep_row: bool,
     /// Where the chosen token is published.
@@ -235,6 +237,7 @@ fn run(
                     params: &s.params,
                     eos: s.eos,
                     logprobs: s.logprobs,
+                    token_ids: &s.token_ids,
                     row: last_row(k),
                     out: None,
                 });

@@ -441,6 +441,7 @@ impl Scheduler {
                     state: std::mem::take(&mut s.sampler),
                     eos: (eos, s.req.ignore_eos),
                     logprobs: s.req.logprobs,
+                    token_ids: s.req.logprob_token_ids.clone(),
                     keep_row: s.req.return_logits,
                     future: pipe.next_future,
                 }

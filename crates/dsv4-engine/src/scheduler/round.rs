@@ -207,6 +207,7 @@ impl Scheduler {
                     params: &s.req.sampling,
                     eos: (eos, s.req.ignore_eos),
                     logprobs: s.req.logprobs,
+                    token_ids: &s.req.logprob_token_ids,
                     row: row(k),
                     out: None,
                 });

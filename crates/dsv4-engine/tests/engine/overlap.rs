@@ -8,6 +8,7 @@
 use super::accounting::{tight_mixed_workload, tight_pages};
 use super::invariance::staggered;
 use super::*;
+use dsv4_engine::sampling::logprob_with;
 use dsv4_engine::{
     CacheBudget, CanaryCheck, CanaryConfig, CanaryFinding, Completion, DebugOptions, Engine,
     EngineConfig, EngineMetrics, FinishReason, Scheduler,
@@ -254,6 +255,9 @@ fn penalized_requests(penalize: bool) -> Vec<Request> {
                 ..Default::default()
             };
             r.logprobs = Some(3);
+            // Token 150 (often chosen), a fixed one and one per request.
+            r.logprob_token_ids = vec![150, 7, 300 + i as u32];
+            r.return_logits = true;
             r
         })
         .collect()
@@ -299,6 +303,15 @@ fn penalties_and_logprobs_do_not_depend_on_overlap_preemption_or_the_batch() {
         for (i, (a, b)) in serial.done.iter().zip(&overlap.done).enumerate() {
             assert_eq!(a.finished.reason, FinishReason::Length, "request {i}");
             assert_eq!(a.logprobs.len(), a.tokens.len(), "request {i}");
+            // Each entry is the raw row's, the asked tokens' included.
+            let ids = [150, 7, 300 + i as u32];
+            for ((e, row), &t) in a.logprobs.iter().zip(&a.logits).zip(&a.tokens) {
+                assert_eq!(e, &logprob_with(row, t, 3, &ids), "request {i}");
+                assert_eq!(e.asked.len(), 3, "request {i}");
+                if t == 150 {
+                    assert_eq!(e.asked[0], e.logprob, "request {i}");
+                }
+            }
             assert!(
                 same_tokens_and_logits(a, b),
                 "{}: request {i} differs between the modes",

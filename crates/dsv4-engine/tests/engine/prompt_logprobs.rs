@@ -6,11 +6,14 @@
 
 use super::overlap::{Arrival, requests, serve_these};
 use super::*;
-use dsv4_engine::sampling::logprob;
+use dsv4_engine::sampling::logprob_with;
 use dsv4_engine::{EngineConfig, EngineError, Event, FinishReason, Scheduler, TokenLogprob};
 
 /// Alternatives per entry.
 const TOP: usize = 3;
+
+/// Tokens whose log-probabilities come with every entry.
+const ASKED: [u32; 3] = [5, 0, 211];
 
 /// Whether request `i` of [`requests`] asks (a quarter of them, all sharing the 8-token
 /// prefix, so the prefix cache has snapshots they could otherwise use).
@@ -25,6 +28,7 @@ fn with_prompt_logprobs() -> Vec<Request> {
         .map(|(i, mut r)| {
             if asking(i) {
                 r.prompt_logprobs = Some(TOP);
+                r.logprob_token_ids = ASKED.to_vec();
             }
             r
         })
@@ -37,16 +41,20 @@ fn oracle(model: &Model, prompt: &[u32]) -> Vec<TokenLogprob> {
     let out = model.forward(&mut st, prompt).unwrap();
     let v = out.vocab;
     (0..prompt.len() - 1)
-        .map(|k| logprob(&out.logits[k * v..(k + 1) * v], prompt[k + 1], TOP))
+        .map(|k| logprob_with(&out.logits[k * v..(k + 1) * v], prompt[k + 1], TOP, &ASKED))
         .collect()
 }
 
-fn bits(entries: &[TokenLogprob]) -> Vec<(u32, Vec<(u32, u32)>)> {
+/// An entry's numbers as bits: the token's, the alternatives' and the asked tokens'.
+type EntryBits = (u32, Vec<(u32, u32)>, Vec<u32>);
+
+fn bits(entries: &[TokenLogprob]) -> Vec<EntryBits> {
     entries
         .iter()
         .map(|e| {
             let top = e.top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
-            (e.logprob.to_bits(), top)
+            let asked = e.asked.iter().map(|l| l.to_bits()).collect();
+            (e.logprob.to_bits(), top, asked)
         })
         .collect()
 }
@@ -163,6 +171,32 @@ fn too_many_alternatives_are_refused_naming_the_field() {
 }
 
 #[test]
+fn asked_token_ids_are_refused_without_logprobs_outside_the_vocabulary_or_too_many() {
+    let mut s = Scheduler::new(model(), EngineConfig::default(), None).unwrap();
+    let vocab = model().cfg.vocab_size as u32;
+    let ask = |ids: Vec<u32>, logprobs: Option<usize>| {
+        let mut r = greedy(vec![0, 5], 1);
+        r.logprobs = logprobs;
+        r.logprob_token_ids = ids;
+        r
+    };
+    for (r, says) in [
+        (ask(vec![1], None), "needs logprobs or prompt_logprobs"),
+        (ask(vec![1, vocab], Some(0)), "outside the vocabulary"),
+        (
+            ask(vec![1; dsv4_engine::MAX_LOGPROB_TOKEN_IDS + 1], Some(0)),
+            "at most 256",
+        ),
+    ] {
+        match s.submit(r) {
+            Err(EngineError::BadRequest(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("{says}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(s.submit(ask(vec![vocab - 1, 0], Some(0))).is_ok());
+}
+
+#[test]
 fn steps_compute_logits_only_for_the_rows_they_sample_or_score() {
     // A prompt of 20 tokens in chunks of 8 samples 3 tokens: 3 rows. A prompt of 11 tokens
     // that scores itself: 10 scored rows, then 2 sampled (the first from its last prompt
@@ -228,6 +262,7 @@ fn a_request_for_no_tokens_only_runs_and_scores_its_prompt() {
         let mut scored = s
             .submit(Request {
                 prompt_logprobs: Some(TOP),
+                logprob_token_ids: ASKED.to_vec(),
                 ..greedy(scored_prompt.clone(), 0)
             })
             .unwrap();

@@ -300,6 +300,7 @@ mod tests {
                 logprob,
                 top,
                 rank: 1,
+                asked: Vec::new(),
             },
         }
     }
