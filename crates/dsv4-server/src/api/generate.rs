@@ -42,6 +42,46 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for PerPrompt<T> {
     }
 }
 
+/// SGLang's `token_ids_logprob`: one list of token ids for every prompt, or one list (or
+/// null) per prompt.
+#[derive(Debug, Clone)]
+pub enum TokenIdLists {
+    /// The same ids for every prompt.
+    One(Vec<u32>),
+    /// Prompt k's at position k (None: none for it).
+    Each(Vec<Option<Vec<u32>>>),
+}
+
+impl<'de> Deserialize<'de> for TokenIdLists {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A list of lists (or nulls) is one per prompt; any other list is one for all.
+        let v = Value::deserialize(d)?;
+        let per_prompt = v.as_array().is_some_and(|items| {
+            !items.is_empty() && items.iter().all(|i| i.is_array() || i.is_null())
+        });
+        let expect = "a list of token ids, or a list of such lists (one per prompt)";
+        if per_prompt {
+            serde_json::from_value(v)
+                .map(Self::Each)
+                .map_err(|e| de::Error::custom(format!("{expect}: {e}")))
+        } else {
+            serde_json::from_value(v)
+                .map(Self::One)
+                .map_err(|e| de::Error::custom(format!("{expect}: {e}")))
+        }
+    }
+}
+
+impl TokenIdLists {
+    /// The ids for each of `n` prompts (None: none asked for that prompt).
+    pub fn spread(&self, n: usize) -> Result<Vec<Option<Vec<u32>>>, ApiError> {
+        match self {
+            Self::One(ids) => Ok(vec![Some(ids.clone()); n]),
+            Self::Each(v) => PerPrompt::Each(v.clone()).spread(n, "token_ids_logprob"),
+        }
+    }
+}
+
 impl<T: Clone> PerPrompt<T> {
     /// The value for each of `n` prompts (`field` names the request field in errors).
     pub fn spread(&self, n: usize, field: &str) -> Result<Vec<T>, ApiError> {
@@ -79,6 +119,9 @@ pub struct GenerateRequest {
     pub logprob_start_len: Option<PerPrompt<i64>>,
     /// With `return_logprob`: the most likely alternatives per position (0 to 20).
     pub top_logprobs_num: Option<PerPrompt<u32>>,
+    /// With `return_logprob`: token ids whose log-probabilities are returned at every position
+    /// (one list for all prompts, or a list of lists, one per prompt).
+    pub token_ids_logprob: Option<TokenIdLists>,
     /// Put each token's text in the log-probability entries (else null).
     pub return_text_in_logprobs: Option<bool>,
     /// Stream server-sent events, each with the output so far.
@@ -281,6 +324,12 @@ pub struct MetaInfo {
     /// With `top_logprobs_num` > 0: the alternatives of each output token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_top_logprobs: Option<Vec<Vec<LogprobEntry>>>,
+    /// With `token_ids_logprob`: the asked tokens at each input position (null first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_token_ids_logprobs: Option<Vec<Option<Vec<LogprobEntry>>>>,
+    /// With `token_ids_logprob`: the asked tokens at each output position.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_token_ids_logprobs: Option<Vec<Vec<LogprobEntry>>>,
 }
 
 /// One output: the whole answer, or (streamed) the output so far.

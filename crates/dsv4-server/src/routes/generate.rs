@@ -29,7 +29,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
-use dsv4_engine::{FinishReason, Request, TokenLogprob};
+use dsv4_engine::{FinishReason, MAX_LOGPROB_TOKEN_IDS, Request, TokenLogprob};
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
@@ -110,6 +110,8 @@ struct Spec {
     top: Option<usize>,
     /// With `return_logprob` and `logprob_start_len` ≥ 0: the first prompt position shown.
     input: Option<usize>,
+    /// With `return_logprob` and `token_ids_logprob`: the tokens shown at every position.
+    asked: Option<Vec<u32>>,
 }
 
 /// Check every prompt's options (per-prompt lists must have one value per prompt).
@@ -133,6 +135,10 @@ async fn prepare(
     let logprob = spread(&req.return_logprob, count, "return_logprob", false)?;
     let starts = spread(&req.logprob_start_len, count, "logprob_start_len", -1)?;
     let tops = spread(&req.top_logprobs_num, count, "top_logprobs_num", 0)?;
+    let asked_ids = match &req.token_ids_logprob {
+        None => vec![None; count],
+        Some(lists) => lists.spread(count)?,
+    };
     let mut specs = Vec::with_capacity(count);
     // Each distinct structured output is compiled once (a batch usually shares one).
     let mut compiled: Vec<(Option<Shape>, Option<dsv4_engine::Constraint>)> = Vec::new();
@@ -184,6 +190,10 @@ async fn prepare(
                 ));
             }
         };
+        let asked = match (top, &asked_ids[k]) {
+            (Some(_), Some(ids)) => Some(checked_ids(ids, loaded.vocab.len())?),
+            _ => None,
+        };
         let stops = stop_strings(sp.stop.clone()).map_err(named)?;
         let shape = shape_of(sp)?;
         let constraint = match compiled.iter().find(|(s, _)| *s == shape) {
@@ -202,6 +212,7 @@ async fn prepare(
             ignore_eos: sp.ignore_eos.unwrap_or(false),
             logprobs: top,
             prompt_logprobs: input.and(top),
+            logprob_token_ids: asked.clone().unwrap_or_default(),
             constraint,
             ..Default::default()
         };
@@ -214,6 +225,7 @@ async fn prepare(
             skip_special: sp.skip_special_tokens.unwrap_or(true),
             top,
             input,
+            asked,
         });
     }
     let outputs: usize = specs.iter().map(|s| s.n).sum();
@@ -239,6 +251,25 @@ fn spread<T: Clone>(
     match v {
         None => Ok(vec![default; count]),
         Some(v) => v.spread(count, field),
+    }
+}
+
+/// `token_ids_logprob`'s ids for one prompt, checked: at most [`MAX_LOGPROB_TOKEN_IDS`], each
+/// in the vocabulary of `vocab` tokens.
+fn checked_ids(ids: &[u32], vocab: usize) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: String| Err(ApiError::bad_param("token_ids_logprob", m));
+    if ids.len() > MAX_LOGPROB_TOKEN_IDS {
+        return bad(format!(
+            "token_ids_logprob lists {} token ids; at most {MAX_LOGPROB_TOKEN_IDS} are accepted",
+            ids.len()
+        ));
+    }
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => bad(format!(
+            "token_ids_logprob names token {t}, outside the vocabulary (ids 0 to {})",
+            vocab - 1
+        )),
+        None => Ok(ids.to_vec()),
     }
 }
 
@@ -306,6 +337,7 @@ struct Out {
     max_tokens: usize,
     top: Option<usize>,
     input: Option<usize>,
+    asked: Option<Vec<u32>>,
     started: Instant,
     text: String,
     output_ids: Vec<u32>,
@@ -333,6 +365,7 @@ impl Out {
             max_tokens: spec.request.max_tokens,
             top: spec.top,
             input: spec.input,
+            asked: spec.asked.clone(),
             started: Instant::now(),
             text: String::new(),
             output_ids: Vec::new(),
@@ -393,6 +426,12 @@ impl Out {
                 .map(|&(id, lp)| entry(Some(lp), id))
                 .collect()
         };
+        let asked_list = |e: &TokenLogprob, ids: &[u32]| -> Vec<LogprobEntry> {
+            ids.iter()
+                .zip(&e.asked)
+                .map(|(&id, &lp)| entry(Some(lp), id))
+                .collect()
+        };
         let mut meta = MetaInfo {
             id: self.id.clone(),
             finish_reason: self.finish.clone(),
@@ -407,6 +446,8 @@ impl Out {
             output_token_logprobs: None,
             input_top_logprobs: None,
             output_top_logprobs: None,
+            input_token_ids_logprobs: None,
+            output_token_ids_logprobs: None,
         };
         if let Some(top) = self.top {
             meta.output_token_logprobs = Some(
@@ -419,6 +460,14 @@ impl Out {
                 meta.output_top_logprobs =
                     Some(self.tokens.iter().map(|(_, e)| top_list(e, top)).collect());
             }
+            if let Some(ids) = &self.asked {
+                meta.output_token_ids_logprobs = Some(
+                    self.tokens
+                        .iter()
+                        .map(|(_, e)| asked_list(e, ids))
+                        .collect(),
+                );
+            }
             if let (Some(start), Some(entries)) = (self.input, &self.prompt_entries) {
                 // Position p ≥ 1 is scored by entry p − 1; position 0 has nothing before it.
                 let at = |p: usize| p.checked_sub(1).and_then(|k| entries.get(k));
@@ -430,8 +479,19 @@ impl Out {
                         .collect(),
                 );
                 if top > 0 {
-                    meta.input_top_logprobs =
-                        Some(positions.map(|p| at(p).map(|e| top_list(e, top))).collect());
+                    meta.input_top_logprobs = Some(
+                        positions
+                            .clone()
+                            .map(|p| at(p).map(|e| top_list(e, top)))
+                            .collect(),
+                    );
+                }
+                if let Some(ids) = &self.asked {
+                    meta.input_token_ids_logprobs = Some(
+                        positions
+                            .map(|p| at(p).map(|e| asked_list(e, ids)))
+                            .collect(),
+                    );
                 }
             }
         }

@@ -175,6 +175,72 @@ async fn logprobs_are_sglang_triples_equal_to_the_completions_entries() {
     );
     assert!(meta["input_top_logprobs"][0].is_null() && meta["input_top_logprobs"][1].is_array());
 
+    // token_ids_logprob: the asked tokens at every position, in the asked order; where one is
+    // the token there, its entry is that token's.
+    let (out0, out1) = (
+        output[0][1].as_u64().unwrap(),
+        output[1][1].as_u64().unwrap(),
+    );
+    let asked = generate(
+        &s,
+        json!({"input_ids": prompt, "return_logprob": true, "logprob_start_len": 0,
+               "token_ids_logprob": [out0, out1, 200],
+               "sampling_params": {"max_new_tokens": 4, "temperature": 0}}),
+    )
+    .await;
+    let am = &asked["meta_info"];
+    assert_eq!(
+        am["output_token_logprobs"],
+        meta["output_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| json!([e[0], e[1], null]))
+            .collect::<Value>()
+    );
+    let outs = am["output_token_ids_logprobs"].as_array().unwrap();
+    assert_eq!(outs.len(), 4, "{asked}");
+    for at in outs {
+        let ids: Vec<u64> = at
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e[1].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [out0, out1, 200], "{asked}");
+    }
+    assert_eq!(outs[0][0][0], output[0][0], "{asked}");
+    assert_eq!(outs[1][1][0], output[1][0], "{asked}");
+    let ins = am["input_token_ids_logprobs"].as_array().unwrap();
+    assert_eq!(ins.len(), 3);
+    assert!(
+        ins[0].is_null(),
+        "position 0 has nothing before it: {asked}"
+    );
+    assert_eq!(ins[1][2], json!([lp[1], 200, null]), "{asked}");
+    assert!(
+        meta.get("output_token_ids_logprobs").is_none(),
+        "only when asked: {v}"
+    );
+    // One list per prompt (null: none for that prompt).
+    let pair = generate(
+        &s,
+        json!({"input_ids": [prompt, prompt], "return_logprob": true,
+               "token_ids_logprob": [[out0], null],
+               "sampling_params": {"max_new_tokens": 2, "temperature": 0}}),
+    )
+    .await;
+    assert_eq!(
+        pair[0]["meta_info"]["output_token_ids_logprobs"][0][0][0], output[0][0],
+        "{pair}"
+    );
+    assert!(
+        pair[1]["meta_info"]
+            .get("output_token_ids_logprobs")
+            .is_none(),
+        "{pair}"
+    );
+
     // Streamed with n = 2: the first output scores the prompt, both show its entries.
     let body = json!({"input_ids": prompt, "return_logprob": true, "logprob_start_len": 0,
                       "stream": true, "sampling_params": {"max_new_tokens": 2, "n": 2}});
@@ -399,6 +465,26 @@ async fn bad_generate_requests_name_what_is_wrong() {
             "320 outputs",
         ),
         (json!({"input_ids": [1, 99999]}), None, "vocabulary"),
+        (
+            json!({"text": "a", "return_logprob": true, "token_ids_logprob": [1, 99999]}),
+            Some("token_ids_logprob"),
+            "vocabulary",
+        ),
+        (
+            json!({"text": "a", "return_logprob": true, "token_ids_logprob": [[1], [2]]}),
+            Some("token_ids_logprob"),
+            "2 values",
+        ),
+        (
+            json!({"text": "a", "return_logprob": true, "token_ids_logprob": vec![1; 257]}),
+            Some("token_ids_logprob"),
+            "at most 256",
+        ),
+        (
+            json!({"text": "a", "token_ids_logprob": ["a"]}),
+            Some("token_ids_logprob"),
+            "a list of token ids",
+        ),
         (
             json!({"text": "a", "sampling_params": {"logit_bias": {"999999": 1}}}),
             Some("sampling_params.logit_bias"),
