@@ -147,6 +147,8 @@ struct Turn {
     tool_calls: Vec<HistoryToolCall>,
     tools: Option<Arc<ToolSet>>,
     response_format: Option<OrderedJson>,
+    /// An assistant's text the answer continues: no end-of-sentence token after it.
+    prefix: bool,
 }
 
 impl Turn {
@@ -159,6 +161,7 @@ impl Turn {
             tool_calls: m.tool_calls.clone(),
             tools: m.tools.clone(),
             response_format: m.response_format.clone(),
+            prefix: m.prefix,
         }
     }
 
@@ -178,6 +181,9 @@ pub fn encode_prompt(conv: &Conversation, opts: &EncodeOptions) -> Result<String
                 index,
                 reason: "a developer message needs non-empty content".into(),
             });
+        }
+        if m.prefix {
+            check_prefix(&conv.messages, index)?;
         }
     }
     let mut messages = conv.messages.clone();
@@ -212,6 +218,30 @@ pub fn encode_prompt_ids(
     let prompt = encode_prompt(conv, opts)?;
     let ids = tokenizer.encode(&prompt)?;
     Ok((prompt, ids))
+}
+
+/// A `prefix` message (see [`Message::prefix`]) must be the last, follow a user, developer or
+/// tool message (after which the prompt opens the assistant's turn) and call no tools.
+fn check_prefix(messages: &[Message], index: usize) -> Result<(), EncodeError> {
+    let bad = |reason: &str| {
+        Err(EncodeError::Message {
+            index,
+            reason: format!("a `prefix` message {reason}"),
+        })
+    };
+    if index + 1 != messages.len() {
+        return bad("must be the last message (the answer continues it)");
+    }
+    if !matches!(
+        index.checked_sub(1).map(|i| messages[i].role),
+        Some(Role::User | Role::Developer | Role::Tool)
+    ) {
+        return bad("must follow a user, developer or tool message");
+    }
+    if !messages[index].tool_calls.is_empty() {
+        return bad("cannot carry `tool_calls`; the answer continues its text");
+    }
+    Ok(())
 }
 
 /// Tool messages become `<tool_result>` blocks of a user turn; a user message that follows a

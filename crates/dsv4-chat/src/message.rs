@@ -81,6 +81,10 @@ pub struct Message {
     pub tools: Option<Arc<ToolSet>>,
     /// A response format declared on a system or developer message.
     pub response_format: Option<OrderedJson>,
+    /// The last message, an assistant's, whose text the answer continues (DeepSeek's
+    /// `prefix: true`): rendered without its end-of-sentence token, as the reference encoder
+    /// renders a message marked `wo_eos`.
+    pub prefix: bool,
 }
 
 impl Message {
@@ -94,6 +98,7 @@ impl Message {
             tool_call_id: None,
             tools: None,
             response_format: None,
+            prefix: false,
         }
     }
 
@@ -141,6 +146,21 @@ impl Message {
             }
             msg.response_format = Some(rf.clone());
         }
+        msg.prefix = match value.get("prefix") {
+            None | Some(OrderedJson::Null) | Some(OrderedJson::Bool(false)) => false,
+            Some(OrderedJson::Bool(true)) if role == Role::Assistant => true,
+            Some(OrderedJson::Bool(true)) => {
+                return Err(err(
+                    "only an assistant message can be a `prefix` the answer continues".into(),
+                ));
+            }
+            Some(other) => {
+                return Err(err(format!(
+                    "`prefix` must be true or false, not {}",
+                    other.type_name()
+                )));
+            }
+        };
         Ok(msg)
     }
 }

@@ -86,7 +86,8 @@ pub(super) fn push_blocks(out: &mut String, blocks: &[Block]) {
     }
 }
 
-/// Appends an assistant turn: `[reasoning</think>]content[\n\n<tool_calls block>]<EOS>`.
+/// Appends an assistant turn: `[reasoning</think>]content[\n\n<tool_calls block>]<EOS>`, the
+/// EOS left out for a prefix the answer continues.
 pub(super) fn push_assistant(out: &mut String, turn: &Turn, show_reasoning: bool) {
     if show_reasoning {
         out.push_str(turn.reasoning.as_deref().unwrap_or(""));
@@ -106,7 +107,9 @@ pub(super) fn push_assistant(out: &mut String, turn: &Turn, show_reasoning: bool
         out.push('\n');
         out.push_str(TOOL_CALLS_END);
     }
-    out.push_str(EOS);
+    if !turn.prefix {
+        out.push_str(EOS);
+    }
 }
 
 /// `<｜DSML｜invoke name="NAME">\n` + one parameter line per argument + `\n</｜DSML｜invoke>`.

@@ -220,3 +220,80 @@ fn reasoning_effort_maps_like_sglang() {
     assert_eq!(ReasoningEffort::from_request("medium"), None);
     assert!("low".parse::<ReasoningEffort>().is_err());
 }
+
+#[test]
+fn a_prefix_message_is_continued_as_the_reference_renders_wo_eos() {
+    let opts = |thinking| EncodeOptions {
+        thinking,
+        ..Default::default()
+    };
+    let chat = r#"[{"role":"user","content":"Write code"},
+                   {"role":"assistant","content":"```python\n","prefix":true}]"#;
+    let closed = r#"[{"role":"user","content":"Write code"},
+                     {"role":"assistant","content":"```python\n"}]"#;
+    let chat_text = encode_prompt(&conv(chat), &opts(false)).unwrap();
+    assert_eq!(
+        chat_text,
+        format!(
+            "{BOS}{}Write code{ASSISTANT}{THINK_END}```python\n",
+            crate::markers::USER
+        )
+    );
+    // The same as the closed turn without its end-of-sentence token.
+    let closed_text = encode_prompt(&conv(closed), &opts(false)).unwrap();
+    assert_eq!(closed_text, format!("{chat_text}{}", crate::markers::EOS));
+    // Thinking mode: the reasoning given is closed, the answer continues the content.
+    let thinking = r#"[{"role":"user","content":"Q"},
+        {"role":"assistant","reasoning_content":"easy","content":"A:","prefix":true}]"#;
+    assert_eq!(
+        encode_prompt(&conv(thinking), &opts(true)).unwrap(),
+        format!(
+            "{BOS}{}Q{ASSISTANT}{THINK_START}easy{THINK_END}A:",
+            crate::markers::USER
+        )
+    );
+}
+
+#[test]
+fn prefix_messages_that_cannot_be_continued_are_refused_naming_them() {
+    for (json, index, says) in [
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b","prefix":true},
+                {"role":"user","content":"c"}]"#,
+            1,
+            "must be the last",
+        ),
+        (
+            r#"[{"role":"system","content":"s"},{"role":"assistant","content":"b","prefix":true}]"#,
+            1,
+            "must follow a user",
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b","prefix":true,
+                "tool_calls":[{"id":"x","function":{"name":"f","arguments":"{}"}}]}]"#,
+            1,
+            "tool_calls",
+        ),
+    ] {
+        match encode_prompt(&conv(json), &EncodeOptions::default()) {
+            Err(EncodeError::Message { index: i, reason }) => {
+                assert_eq!(i, index, "{json}");
+                assert!(reason.contains(says), "{json}: {reason}");
+            }
+            other => panic!("{json}: expected a refusal, got {other:?}"),
+        }
+    }
+    for (json, says) in [
+        (
+            r#"[{"role":"user","content":"a","prefix":true}]"#,
+            "only an assistant",
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b","prefix":"yes"}]"#,
+            "true or false",
+        ),
+    ] {
+        let e = Conversation::from_json_str(json).unwrap_err().to_string();
+        assert!(e.contains(says), "{json}: {e}");
+    }
+}
