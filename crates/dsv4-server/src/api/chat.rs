@@ -90,6 +90,12 @@ pub struct ChatRequest {
     pub return_token_ids: Option<bool>,
     /// Name the tokens of `logprobs` `token_id:N` instead of by their text (vLLM's extension).
     pub return_tokens_as_token_ids: Option<bool>,
+    /// true: the last message, an assistant's, is a prefix the answer continues (vLLM's and
+    /// SGLang's name for DeepSeek's `prefix: true` on that message).
+    pub continue_final_message: Option<bool>,
+    /// vLLM's: `true` (the default) opens the assistant's turn after the last message; `false`
+    /// only where the answer continues a prefix message instead.
+    pub add_generation_prompt: Option<bool>,
     /// Accepted and ignored (an end-user id for abuse tracking).
     pub user: Option<String>,
     /// Accepted and ignored.

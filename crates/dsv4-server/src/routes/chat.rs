@@ -163,6 +163,9 @@ pub(super) fn chat_prompt(
     let text = std::str::from_utf8(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
     let mut conv = Conversation::from_json_str(text).map_err(encode_error)?;
+    let continues = continue_final_message(req, &mut conv)?;
+    // The prompt of a continued answer closes any reasoning: the answer goes on as content.
+    let thinking = thinking && !continues;
     let tools = conv.tools.clone().unwrap_or_default();
     if choice == ToolChoice::None {
         conv.tools = None;
@@ -176,6 +179,42 @@ pub(super) fn chat_prompt(
         choice,
         thinking,
     })
+}
+
+/// Whether the answer continues the last message (a `prefix` message, or
+/// `continue_final_message`, which makes the last message one), checking
+/// `add_generation_prompt` against it.
+fn continue_final_message(req: &ChatRequest, conv: &mut Conversation) -> Result<bool, ApiError> {
+    let asked = req.continue_final_message.unwrap_or(false);
+    if asked {
+        if req.add_generation_prompt == Some(true) {
+            return Err(ApiError::bad_param(
+                "continue_final_message",
+                "`continue_final_message: true` continues the last message, and \
+                 `add_generation_prompt: true` opens a new turn after it; send one",
+            ));
+        }
+        match conv.messages.last_mut() {
+            Some(m) if m.role == dsv4_chat::Role::Assistant => m.prefix = true,
+            _ => {
+                return Err(ApiError::bad_param(
+                    "continue_final_message",
+                    "`continue_final_message: true` needs the last message to be an \
+                     assistant's, whose text the answer continues",
+                ));
+            }
+        }
+    }
+    let continues = conv.messages.last().is_some_and(|m| m.prefix);
+    if req.add_generation_prompt == Some(false) && !continues {
+        return Err(ApiError::bad_param(
+            "add_generation_prompt",
+            "`add_generation_prompt: false` is only for continuing the last message \
+             (`continue_final_message: true`, or `prefix: true` on it); otherwise the DSV4 \
+             prompt always ends where the assistant's answer starts",
+        ));
+    }
+    Ok(continues)
 }
 
 async fn prepare(

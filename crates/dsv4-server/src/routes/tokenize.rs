@@ -58,9 +58,8 @@ pub async fn tokenize(
     }))
 }
 
-/// The prompt ids of a chat body (`model` may be left out; `return_token_strs` and
-/// `add_generation_prompt: true` are accepted besides the chat fields), and whether each
-/// token's text is wanted.
+/// The prompt ids of a chat body (`model` may be left out; `return_token_strs` is accepted
+/// besides the chat fields), and whether each token's text is wanted.
 fn chat_ids(
     state: &AppState,
     loaded: &Loaded,
@@ -79,19 +78,6 @@ fn chat_ids(
             ));
         }
     };
-    // vLLM's field: the prompt always ends where the assistant's answer starts.
-    match obj.remove("add_generation_prompt") {
-        None | Some(Value::Null) | Some(Value::Bool(true)) => {}
-        Some(other) => {
-            return Err(ApiError::bad_param(
-                "add_generation_prompt",
-                format!(
-                    "only `true` is supported (the prompt ends where the assistant's answer \
-                     starts), not {other}"
-                ),
-            ));
-        }
-    }
     if !obj.contains_key("model") {
         obj.insert("model".into(), Value::String(state.cfg().model_id.clone()));
     }

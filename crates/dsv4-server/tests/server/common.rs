@@ -299,6 +299,16 @@ pub fn chat(content: &str, extra: Value) -> Value {
     v
 }
 
+/// The `tokens` of a `/tokenize` answer.
+pub fn tokenized(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
 /// Poll `f` until it is true (panics after a generous deadline; no test asserts a duration).
 pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -6,7 +6,8 @@
 //! (scored as generation would), sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
-//! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, and the
+//! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, chat prefix
+//! completion (`prefix`, `continue_final_message`), and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
 //! OpenAI's Responses API (`/v1/responses`, stored responses), and structured outputs beyond
@@ -24,6 +25,7 @@ mod echo;
 mod generate;
 mod health;
 mod logprobs;
+mod prefix;
 mod prompt_logprobs;
 mod responses;
 mod sampling;

@@ -4,16 +4,7 @@
 //! bad input is refused with the field named.
 
 use super::common::*;
-use serde_json::{Value, json};
-
-fn ids(v: &Value) -> Vec<u64> {
-    v["tokens"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{v}"))
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_text_prompt_tokenizes_to_what_completions_runs_and_decodes_back() {
@@ -28,7 +19,7 @@ async fn a_text_prompt_tokenizes_to_what_completions_runs_and_decodes_back() {
         )
         .await
         .json();
-    let tokens = ids(&v);
+    let tokens = tokenized(&v);
     assert_eq!(tokens[0], u64::from(loaded.bos), "BOS first: {v}");
     assert_eq!(v["count"], tokens.len());
     assert_eq!(v["max_model_len"], loaded.context);
@@ -52,10 +43,10 @@ async fn a_text_prompt_tokenizes_to_what_completions_runs_and_decodes_back() {
         )
         .await
         .json();
-    assert_eq!(ids(&bare), tokens[1..]);
+    assert_eq!(tokenized(&bare), tokens[1..]);
     assert!(bare.get("token_strs").is_none());
     let d = s
-        .send("POST", "/detokenize", &json!({"tokens": ids(&bare)}))
+        .send("POST", "/detokenize", &json!({"tokens": tokenized(&bare)}))
         .await
         .json();
     assert_eq!(d["prompt"], text);
@@ -91,7 +82,7 @@ async fn chat_messages_tokenize_to_what_chat_completions_runs() {
             .json();
         assert_eq!(
             c["usage"]["prompt_tokens"],
-            ids(&v).len(),
+            tokenized(&v).len(),
             "{extra}: {v} vs {c}"
         );
     }
@@ -107,13 +98,13 @@ async fn chat_messages_tokenize_to_what_chat_completions_runs() {
         )
         .await
         .json();
-    assert_eq!(ids(&explicit), ids(&plain));
+    assert_eq!(tokenized(&explicit), tokenized(&plain));
     let with_tools = s
         .send("POST", "/tokenize", &chat("hi", json!({"tools": tools})))
         .await
         .json();
     assert!(
-        ids(&with_tools).len() > ids(&plain).len(),
+        tokenized(&with_tools).len() > tokenized(&plain).len(),
         "the tools are in the prompt"
     );
 }
