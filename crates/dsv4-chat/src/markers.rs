@@ -74,8 +74,15 @@ pub const LEGACY_TOOL_MARKERS: [&str; 9] = [
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 ];
-/// Fill-in-the-middle markers (V3).
-pub const FIM_MARKERS: [&str; 3] = ["<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>"];
+/// Fill-in-the-middle (DeepSeek's prefix-suffix-middle order: `FIM_BEGIN prefix FIM_HOLE
+/// suffix FIM_END`, then the middle is generated): opens the text before the hole.
+pub const FIM_BEGIN: &str = "<｜fim▁begin｜>";
+/// Fill-in-the-middle: the hole, between the text before it and the text after it.
+pub const FIM_HOLE: &str = "<｜fim▁hole｜>";
+/// Fill-in-the-middle: ends the text after the hole; the middle follows.
+pub const FIM_END: &str = "<｜fim▁end｜>";
+/// Fill-in-the-middle markers (V3), in the tiny tokenizer's id order.
+pub const FIM_MARKERS: [&str; 3] = [FIM_HOLE, FIM_BEGIN, FIM_END];
 
 /// Number of special tokens in the tiny tokenizer (ids 0..128); bytes follow at 128 + b.
 pub const TINY_SPECIAL_COUNT: u32 = 128;

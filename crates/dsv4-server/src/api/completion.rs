@@ -49,7 +49,8 @@ pub struct CompletionRequest {
     /// Return each prompt token's log-probability with this many alternatives (0 to 20;
     /// vLLM's extension), as `choices[].prompt_logprobs`.
     pub prompt_logprobs: Option<u32>,
-    /// Not supported.
+    /// The text after the hole: each (text) prompt is the text before it, and the completion
+    /// fills the middle (DeepSeek's fill-in-the-middle prompt).
     pub suffix: Option<String>,
     /// Not supported (must be 1).
     pub best_of: Option<u32>,

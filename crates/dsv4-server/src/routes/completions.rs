@@ -141,7 +141,20 @@ async fn prepare(
     let n = check_n(req.n)?;
     unsupported("best_of", req.best_of, 1)?;
     if req.suffix.is_some() {
-        unsupported("suffix", Some(true), false)?;
+        if req.echo == Some(true) {
+            return Err(ApiError::bad_param(
+                "echo",
+                "`echo` would show the fill-in-the-middle markup of a prompt with `suffix`; \
+                 send one of them",
+            ));
+        }
+        if req.truncate_prompt_tokens.is_some() {
+            return Err(ApiError::bad_param(
+                "truncate_prompt_tokens",
+                "`truncate_prompt_tokens` would cut the start of a fill-in-the-middle prompt; \
+                 send it without `suffix`",
+            ));
+        }
     }
     let logprobs = req.logprobs()?;
     let prompt_logprobs = req.prompt_logprobs()?;
@@ -167,6 +180,10 @@ async fn prepare(
             "prompt".to_string()
         } else {
             format!("prompt[{k}]")
+        };
+        let p = match &req.suffix {
+            Some(suffix) => fill_in_the_middle(loaded, p, suffix, &field)?,
+            None => p,
         };
         let (mut prompt, added_bos) = prompt_ids(loaded, p, &field)?;
         // A truncated prompt no longer starts with the BOS the server added.
@@ -206,6 +223,42 @@ async fn prepare(
         logprobs,
         prompt_logprobs,
     })
+}
+
+/// Prompt `p` (from request field `field`) as the text before the hole and `suffix` as the
+/// text after it, in DeepSeek's fill-in-the-middle prompt: BOS, `<｜fim▁begin｜>`, the text,
+/// `<｜fim▁hole｜>`, the suffix, `<｜fim▁end｜>` (the format of DeepSeek's FIM completion, which
+/// DeepSeek-Coder and V3 document; the tokenizer must have the three tokens).
+fn fill_in_the_middle(
+    loaded: &Loaded,
+    p: Prompt,
+    suffix: &str,
+    field: &str,
+) -> Result<Prompt, ApiError> {
+    let Prompt::Text(text) = p else {
+        return Err(ApiError::bad_param(
+            field,
+            "`suffix` needs text prompts (the text before the hole), not token ids",
+        ));
+    };
+    let markers = [markers::FIM_BEGIN, markers::FIM_HOLE, markers::FIM_END];
+    if let Some(m) = markers
+        .into_iter()
+        .find(|m| loaded.tokenizer.token_id(m).is_none())
+    {
+        return Err(ApiError::bad_param(
+            "suffix",
+            format!("this model's tokenizer has no {m} token, so it cannot fill in the middle"),
+        ));
+    }
+    let before = text.strip_prefix(markers::BOS).unwrap_or(&text);
+    Ok(Prompt::Text(format!(
+        "{}{}{before}{}{suffix}{}",
+        markers::BOS,
+        markers::FIM_BEGIN,
+        markers::FIM_HOLE,
+        markers::FIM_END
+    )))
 }
 
 /// The token ids of prompt `p` (from request field `field`), and whether BOS was prepended

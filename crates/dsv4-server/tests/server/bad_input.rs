@@ -265,8 +265,16 @@ async fn completions_routes_and_keys_refuse_bad_requests() {
             "logprobs",
         ),
         (
-            json!({"model": MODEL, "prompt": "a", "suffix": "z"}),
-            "suffix",
+            json!({"model": MODEL, "prompt": [5, 6], "suffix": "z"}),
+            "prompt",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "suffix": "z", "echo": true}),
+            "echo",
+        ),
+        (
+            json!({"model": MODEL, "prompt": "a", "suffix": "z", "truncate_prompt_tokens": 4}),
+            "truncate_prompt_tokens",
         ),
         (
             json!({"model": MODEL, "prompt": "a", "logit_bias": {"400": 1}}),

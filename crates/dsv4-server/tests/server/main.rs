@@ -1,7 +1,7 @@
 //! End-to-end tests of the HTTP server on the embedded tiny model (the `cpu` backend when it is
 //! registered, else `reference`), over real sockets on 127.0.0.1 with raw HTTP/1.1: every kind
 //! of bad input, the API surface (chat, streaming, tools with constrained decoding, JSON
-//! answers, completions, models, usage, metrics), `n` > 1 choices (seeds, usage, interleaved
+//! answers, completions (fill in the middle with `suffix`), models, usage, metrics), `n` > 1 choices (seeds, usage, interleaved
 //! streams, cancellation), per-token log-probabilities, `echo` with prompt log-probabilities
 //! (scored as generation would), sampling options
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
@@ -22,6 +22,7 @@ mod choices;
 mod common;
 mod concurrency;
 mod echo;
+mod fim;
 mod generate;
 mod health;
 mod logprobs;
