@@ -51,27 +51,20 @@ impl Limits {
             ));
         }
         sampling::validate(&req.sampling).map_err(EngineError::BadRequest)?;
-        if let Some((t, _)) = req
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(t, _)| *t as usize >= self.vocab)
-        {
-            return bad(format!(
-                "logit_bias names token {t}, outside the vocabulary (size {})",
-                self.vocab
-            ));
-        }
-        if let Some(t) = req
-            .sampling
-            .stop_token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.vocab)
-        {
-            return bad(format!(
-                "stop_token_ids names token {t}, outside the vocabulary (size {})",
-                self.vocab
-            ));
+        let sp = &req.sampling;
+        let biased: Vec<u32> = sp.logit_bias.iter().map(|&(t, _)| t).collect();
+        for (field, ids) in [
+            ("logit_bias", &biased[..]),
+            ("stop_token_ids", &sp.stop_token_ids[..]),
+            ("allowed_token_ids", &sp.allowed_token_ids[..]),
+            ("logprob_token_ids", &req.logprob_token_ids[..]),
+        ] {
+            if let Some(t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+                return bad(format!(
+                    "{field} names token {t}, outside the vocabulary (size {})",
+                    self.vocab
+                ));
+            }
         }
         if req.sampling.min_tokens > req.max_tokens {
             return bad(format!(
@@ -98,12 +91,6 @@ impl Limits {
             return bad(format!(
                 "at most {MAX_LOGPROB_TOKEN_IDS} logprob_token_ids can be asked for, {} were",
                 ids.len()
-            ));
-        }
-        if let Some(t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
-            return bad(format!(
-                "logprob_token_ids names token {t}, outside the vocabulary (size {})",
-                self.vocab
             ));
         }
         if req.stop.iter().any(String::is_empty) {

@@ -47,6 +47,9 @@ pub struct SamplingParams {
     /// `stop_token_ids`): never part of the output, held back before `min_tokens`, and not
     /// affected by `ignore_eos`.
     pub stop_token_ids: Vec<u32>,
+    /// Only these tokens may be chosen (vLLM's `allowed_token_ids`); empty: any. The end
+    /// tokens too: without them the request runs to `max_tokens` or a stop string.
+    pub allowed_token_ids: Vec<u32>,
 }
 
 impl SamplingParams {
@@ -71,6 +74,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             min_tokens: 0,
             stop_token_ids: Vec::new(),
+            allowed_token_ids: Vec::new(),
         }
     }
 }

@@ -91,7 +91,7 @@ impl TokenCounts {
 
 /// Whether [`process`] changes anything under `p`.
 pub fn processes(p: &SamplingParams) -> bool {
-    penalizes(p) || !p.logit_bias.is_empty()
+    penalizes(p) || !p.logit_bias.is_empty() || !p.allowed_token_ids.is_empty()
 }
 
 /// Whether `p` has a penalty that reads the generated tokens.
@@ -99,9 +99,21 @@ pub fn penalizes(p: &SamplingParams) -> bool {
     p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0
 }
 
-/// Apply `p`'s logit bias, then its repetition, frequency and presence penalties (in vLLM's
-/// order), to `row` in place. −∞ stays −∞, so a token constraint's mask survives.
+/// Apply `p`'s allowed tokens (every other one becomes −∞), its logit bias, then its
+/// repetition, frequency and presence penalties (in vLLM's order), to `row` in place. −∞ stays
+/// −∞, so a token constraint's mask survives.
 pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
+    if !p.allowed_token_ids.is_empty() {
+        let kept: Vec<(usize, f32)> = p
+            .allowed_token_ids
+            .iter()
+            .filter_map(|&t| row.get(t as usize).map(|&v| (t as usize, v)))
+            .collect();
+        row.fill(f32::NEG_INFINITY);
+        for (t, v) in kept {
+            row[t] = v;
+        }
+    }
     for &(t, b) in &p.logit_bias {
         if let Some(v) = row.get_mut(t as usize) {
             *v += b;
@@ -481,6 +493,29 @@ mod tests {
         assert_eq!(row, [5.0, 1.0 - 0.75, 1.0 - 1.0, f32::NEG_INFINITY]);
         assert!(!processes(&SamplingParams::default()));
         assert_eq!(counts.generated(), 3);
+    }
+
+    #[test]
+    fn only_allowed_tokens_survive_and_keep_their_processed_logits() {
+        let p = SamplingParams {
+            allowed_token_ids: vec![3, 1, 99],
+            logit_bias: vec![(1, 2.0), (2, 50.0)],
+            temperature: 1.0,
+            ..Default::default()
+        };
+        assert!(processes(&p));
+        let counts = TokenCounts::new(&[], &p);
+        let mut row = [4.0f32, 0.5, 9.0, -1.0];
+        process(&mut row, &p, &counts);
+        assert_eq!(row, [f32::NEG_INFINITY, 2.5, f32::NEG_INFINITY, -1.0]);
+        // Sampled freely, only allowed tokens come out; the id outside the row is ignored.
+        let mut rng = SplitMix64::new(7);
+        let mut seen = [0usize; 4];
+        for _ in 0..200 {
+            seen[sample(&row, &p, &mut rng) as usize] += 1;
+        }
+        assert_eq!((seen[0], seen[2]), (0, 0), "{seen:?}");
+        assert!(seen[1] > 0 && seen[3] > 0, "{seen:?}");
     }
 
     #[test]

@@ -55,6 +55,8 @@ struct BatchRequest {
     stop: Option<Stop>,
     /// Token ids that end the request as the end-of-sequence token does.
     stop_token_ids: Option<Vec<u32>>,
+    /// Only these token ids may be generated.
+    allowed_token_ids: Option<Vec<u32>>,
     /// Return each token's log-probability with this many alternatives (0 to 20).
     logprobs: Option<usize>,
     /// Return each prompt token's log-probability (after the first) with this many
@@ -168,7 +170,7 @@ fn read_requests(
                 "{}: not a request object (fields: id, prompt or messages, max_tokens, \
                  temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, \
                  repetition_penalty, logit_bias, min_tokens, ignore_eos, stop, stop_token_ids, \
-                 logprobs, prompt_logprobs)",
+                 allowed_token_ids, logprobs, prompt_logprobs)",
                 at()
             )
         })?;
@@ -208,6 +210,7 @@ fn read_requests(
                 logit_bias: r.logit_bias.unwrap_or_default().into_iter().collect(),
                 min_tokens: r.min_tokens.unwrap_or(defaults.min_tokens),
                 stop_token_ids: r.stop_token_ids.unwrap_or_default(),
+                allowed_token_ids: r.allowed_token_ids.unwrap_or_default(),
             },
             stop,
             ignore_eos: r.ignore_eos.unwrap_or(false),
@@ -483,6 +486,29 @@ mod tests {
             rows[0]
         );
         assert!(rows[1].get("stop_token").is_none(), "{}", rows[1]);
+    }
+
+    #[test]
+    fn allowed_token_ids_reach_the_engine() {
+        let (q, r) = (128 + u32::from(b'q'), 128 + u32::from(b'r'));
+        let line = serde_json::json!({"id": 1, "prompt": "x", "max_tokens": 6,
+            "temperature": 1.0, "seed": 9, "allowed_token_ids": [q, r]});
+        let (res, rows) = run(&line.to_string());
+        res.unwrap();
+        let tokens: Vec<u64> = rows[0]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens.len(), 6, "{}", rows[0]);
+        assert!(
+            tokens
+                .iter()
+                .all(|&t| t == u64::from(q) || t == u64::from(r)),
+            "{}",
+            rows[0]
+        );
     }
 
     #[test]
