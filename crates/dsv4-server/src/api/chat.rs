@@ -75,6 +75,8 @@ pub struct ChatRequest {
     pub ignore_eos: Option<bool>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Only these token ids may be generated (vLLM's extension).
+    pub allowed_token_ids: Option<Value>,
     /// Return each generated token's log-probability.
     pub logprobs: Option<bool>,
     /// With `logprobs`: this many most likely alternatives per token (0 to 20).
@@ -134,6 +136,7 @@ impl ChatRequest {
             logit_bias: self.logit_bias.clone(),
             min_tokens: self.min_tokens,
             stop_token_ids: self.stop_token_ids.clone(),
+            allowed_token_ids: self.allowed_token_ids.clone(),
         }
     }
 

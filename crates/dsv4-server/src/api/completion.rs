@@ -70,6 +70,8 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Only these token ids may be generated (vLLM's extension).
+    pub allowed_token_ids: Option<Value>,
     /// Leave special tokens' text out of the generated text (vLLM's extension; default false
     /// here: dsv4 shows them, where vLLM's default is true).
     pub skip_special_tokens: Option<bool>,
@@ -132,6 +134,7 @@ impl CompletionRequest {
             logit_bias: self.logit_bias.clone(),
             min_tokens: self.min_tokens,
             stop_token_ids: self.stop_token_ids.clone(),
+            allowed_token_ids: self.allowed_token_ids.clone(),
         }
     }
 

@@ -195,6 +195,7 @@ impl GenerateSampling {
             logit_bias: self.logit_bias.clone(),
             min_tokens: self.min_new_tokens,
             stop_token_ids: self.stop_token_ids.clone(),
+            allowed_token_ids: None,
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct SamplingFields {
     pub min_tokens: Option<u64>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
+    /// Only these token ids may be generated (vLLM's extension); a non-empty list.
+    pub allowed_token_ids: Option<Value>,
 }
 
 /// Most ids `stop_token_ids` may name.
@@ -107,37 +109,53 @@ impl SamplingFields {
             repetition_penalty,
             logit_bias: logit_bias(self.logit_bias.as_ref())?,
             min_tokens: usize::try_from(self.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX),
-            stop_token_ids: stop_token_ids(self.stop_token_ids.as_ref())?,
+            stop_token_ids: token_ids(
+                "stop_token_ids",
+                self.stop_token_ids.as_ref(),
+                MAX_STOP_TOKEN_IDS,
+            )?,
+            allowed_token_ids: allowed_token_ids(self.allowed_token_ids.as_ref())?,
         })
     }
 }
 
-/// `stop_token_ids`: a list of at most [`MAX_STOP_TOKEN_IDS`] token ids (null: none).
-fn stop_token_ids(v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
-    let bad = |m: String| ApiError::bad_param("stop_token_ids", m);
+/// Field `field`: a list of at most `max` token ids (null: none).
+fn token_ids(field: &str, v: Option<&Value>, max: usize) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: String| ApiError::bad_param(field, m);
     let items = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
         Some(other) => {
-            return Err(bad(format!(
-                "stop_token_ids is a list of token ids, got {other}"
-            )));
+            return Err(bad(format!("{field} is a list of token ids, got {other}")));
         }
     };
-    if items.len() > MAX_STOP_TOKEN_IDS {
-        return Err(bad(format!(
-            "at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {}",
-            items.len()
-        )));
+    if items.len() > max {
+        return Err(bad(format!("at most {max} {field}, got {}", items.len())));
     }
     items
         .iter()
         .map(|i| {
             i.as_u64()
                 .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| bad(format!("stop_token_ids holds {i}, not a token id")))
+                .ok_or_else(|| bad(format!("{field} holds {i}, not a token id")))
         })
         .collect()
+}
+
+/// `allowed_token_ids`: a non-empty list of token ids (null: any token), sorted and without
+/// repeats (each is checked against the vocabulary by [`check_fit`]).
+fn allowed_token_ids(v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let mut ids = token_ids("allowed_token_ids", v, usize::MAX)?;
+    if ids.is_empty() && matches!(v, Some(Value::Array(_))) {
+        return Err(ApiError::bad_param(
+            "allowed_token_ids",
+            "allowed_token_ids is empty, so no token could be generated; leave it out to allow \
+             any",
+        ));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
 }
 
 /// `logit_bias` as `(token id, bias)` pairs in id order: keys must be token ids (decimal), each
@@ -183,14 +201,19 @@ pub fn check_fit(p: &SamplingParams, vocab: usize, max_tokens: usize) -> Result<
             ),
         ));
     }
-    if let Some(id) = p.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::bad_param(
-            "stop_token_ids",
-            format!(
-                "stop_token_ids names token {id}, outside the model's vocabulary (ids 0 to {})",
-                vocab.saturating_sub(1)
-            ),
-        ));
+    for (field, ids) in [
+        ("stop_token_ids", &p.stop_token_ids),
+        ("allowed_token_ids", &p.allowed_token_ids),
+    ] {
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ApiError::bad_param(
+                field,
+                format!(
+                    "{field} names token {id}, outside the model's vocabulary (ids 0 to {})",
+                    vocab.saturating_sub(1)
+                ),
+            ));
+        }
     }
     if p.min_tokens > max_tokens {
         return Err(ApiError::bad_param(

@@ -1,8 +1,8 @@
 //! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
 //! penalties break its repeats, `min_tokens` holds the end token and stop strings back,
 //! `ignore_eos` keeps going past it (its text left out), `stop_token_ids` end the answer as
-//! the end token does, `skip_special_tokens` leaves their text out, and `min_p` 1 samples like
-//! greedy.
+//! the end token does, `allowed_token_ids` are all that is generated, `skip_special_tokens`
+//! leaves their text out, and `min_p` 1 samples like greedy.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -26,6 +26,23 @@ async fn complete(s: &TestServer, prompt: &str, extra: Value) -> Value {
     let r = s.send("POST", "/v1/completions", &body).await;
     assert_eq!(r.status, 200, "{extra}: {}", r.body);
     r.json()
+}
+
+/// The answer to a greedy chat "Hi" with `extra` fields.
+async fn chat_hi(s: &TestServer, extra: Value) -> Value {
+    s.send("POST", "/v1/chat/completions", &chat("Hi", extra))
+        .await
+        .json()
+}
+
+/// Each of `bads` as `field` of a completion is a 400 naming the field.
+async fn refused_values(s: &TestServer, field: &str, bads: &[Value]) {
+    for bad in bads {
+        let mut body = json!({"model": MODEL, "prompt": "a"});
+        body[field] = bad.clone();
+        let e = s.send("POST", "/v1/completions", &body).await.error(400);
+        assert_eq!(e["param"], field, "{bad} → {e}");
+    }
 }
 
 fn text(v: &Value) -> &str {
@@ -188,30 +205,63 @@ async fn stop_token_ids_end_the_answer_as_the_end_token_does() {
     let v = complete(&s, "Hi", plain).await;
     assert_eq!(text(&v), "zzzzzz");
     // Chat takes them too.
-    let c = s
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &chat(
-                "Hi",
-                json!({"logit_bias": {z.to_string(): 100}, "stop_token_ids": [z]}),
-            ),
-        )
-        .await
-        .json();
+    let c = chat_hi(
+        &s,
+        json!({"logit_bias": {z.to_string(): 100}, "stop_token_ids": [z]}),
+    )
+    .await;
     assert_eq!(c["choices"][0]["finish_reason"], "stop", "{c}");
     assert_eq!(c["usage"]["completion_tokens"], 0, "{c}");
-    for bad in [json!("z"), json!([-1]), json!([99999]), json!(vec![z; 65])] {
+    let bads = [json!("z"), json!([-1]), json!([99999]), json!(vec![z; 65])];
+    refused_values(&s, "stop_token_ids", &bads).await;
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_token_ids_are_all_that_is_generated() {
+    let s = start(config()).await;
+    let (x, y) = (byte_token(b'x'), byte_token(b'y'));
+    // Sampled freely from two letters (and repeats dropped): nothing else, and without the
+    // end token the answer runs its length.
+    let v = complete(
+        &s,
+        "Hi",
+        json!({"allowed_token_ids": [y, x, y], "temperature": 1.0, "seed": 3, "n": 4,
+               "max_tokens": 12}),
+    )
+    .await;
+    let mut letters = String::new();
+    for c in v["choices"].as_array().unwrap() {
+        let t = c["text"].as_str().unwrap();
+        assert_eq!(t.len(), 12, "{v}");
+        assert!(t.chars().all(|ch| ch == 'x' || ch == 'y'), "{v}");
+        assert_eq!(c["finish_reason"], "length", "{v}");
+        letters.push_str(t);
+    }
+    assert!(letters.contains('x') && letters.contains('y'), "{v}");
+    // With the end token allowed and biased, the answer ends at once; chat takes them too.
+    let c = chat_hi(
+        &s,
+        json!({"allowed_token_ids": [x, eos()], "logit_bias": {eos().to_string(): 100}}),
+    )
+    .await;
+    assert_eq!(c["choices"][0]["finish_reason"], "stop", "{c}");
+    assert_eq!(c["usage"]["completion_tokens"], 0, "{c}");
+    // A grammar that allows none of them fails the request as the request's fault.
+    for temperature in [0.0, 1.0] {
         let e = s
             .send(
                 "POST",
                 "/v1/completions",
-                &json!({"model": MODEL, "prompt": "a", "stop_token_ids": bad}),
+                &json!({"model": MODEL, "prompt": "a", "allowed_token_ids": [x],
+                        "regex": "[0-9]+", "temperature": temperature, "max_tokens": 4}),
             )
             .await
             .error(400);
-        assert_eq!(e["param"], "stop_token_ids", "{bad} → {e}");
+        assert_eq!(e["code"], "grammar_failed", "{e}");
     }
+    let bads = [json!([]), json!("x"), json!([-1]), json!([99999])];
+    refused_values(&s, "allowed_token_ids", &bads).await;
     s.shutdown().await.unwrap();
 }
 
