@@ -53,10 +53,12 @@ impl Limits {
         sampling::validate(&req.sampling).map_err(EngineError::BadRequest)?;
         let sp = &req.sampling;
         let biased: Vec<u32> = sp.logit_bias.iter().map(|&(t, _)| t).collect();
+        let bad_words: Vec<u32> = sp.bad_words_ids.iter().flatten().copied().collect();
         for (field, ids) in [
             ("logit_bias", &biased[..]),
             ("stop_token_ids", &sp.stop_token_ids[..]),
             ("allowed_token_ids", &sp.allowed_token_ids[..]),
+            ("bad_words_ids", &bad_words[..]),
             ("logprob_token_ids", &req.logprob_token_ids[..]),
         ] {
             if let Some(t) = ids.iter().find(|&&t| t as usize >= self.vocab) {

@@ -50,6 +50,10 @@ pub struct SamplingParams {
     /// Only these tokens may be chosen (vLLM's `allowed_token_ids`); empty: any. The end
     /// tokens too: without them the request runs to `max_tokens` or a stop string.
     pub allowed_token_ids: Vec<u32>,
+    /// Token sequences never generated (vLLM's `bad_words`, tokenized): a sequence's last
+    /// token is banned wherever the generated tokens end with the rest of it (a one-token
+    /// sequence is banned everywhere).
+    pub bad_words_ids: Vec<Vec<u32>>,
 }
 
 impl SamplingParams {
@@ -75,6 +79,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             allowed_token_ids: Vec::new(),
+            bad_words_ids: Vec::new(),
         }
     }
 }

@@ -44,8 +44,25 @@ pub fn validate(p: &SamplingParams) -> Result<(), String> {
             "logit_bias of token {t} must be from -100 to 100, got {b}"
         ));
     }
+    let words = &p.bad_words_ids;
+    if words.len() > MAX_BAD_WORD_SEQUENCES
+        || words
+            .iter()
+            .any(|w| w.is_empty() || w.len() > MAX_BAD_WORD_TOKENS)
+    {
+        return Err(format!(
+            "bad_words_ids must be at most {MAX_BAD_WORD_SEQUENCES} sequences of 1 to \
+             {MAX_BAD_WORD_TOKENS} tokens"
+        ));
+    }
     Ok(())
 }
+
+/// Most bad-word token sequences a request may give (the server makes up to two of a word).
+pub const MAX_BAD_WORD_SEQUENCES: usize = 128;
+
+/// Most tokens of one bad word.
+pub const MAX_BAD_WORD_TOKENS: usize = 64;
 
 /// The generated tokens and how often each was generated, as the penalties need them.
 #[derive(Debug, Clone, Default)]
@@ -56,6 +73,10 @@ pub struct TokenCounts {
     prompt: Vec<u32>,
     /// Tokens generated so far.
     generated: usize,
+    /// The last generated tokens, as many as the longest bad word needs (its length − 1).
+    recent: Vec<u32>,
+    /// How many `recent` keeps.
+    keep_recent: usize,
 }
 
 impl TokenCounts {
@@ -68,10 +89,18 @@ impl TokenCounts {
             kept.sort_unstable();
             kept.dedup();
         }
+        let keep_recent = p
+            .bad_words_ids
+            .iter()
+            .map(|w| w.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
         Self {
             counts: HashMap::new(),
             prompt: kept,
             generated: 0,
+            recent: Vec::with_capacity(keep_recent + 1),
+            keep_recent,
         }
     }
 
@@ -81,6 +110,21 @@ impl TokenCounts {
         if track {
             *self.counts.entry(token).or_insert(0) += 1;
         }
+        if self.keep_recent > 0 {
+            if self.recent.len() == self.keep_recent {
+                self.recent.remove(0);
+            }
+            self.recent.push(token);
+        }
+    }
+
+    /// The tokens a bad word bans next: the last token of each one whose other tokens the
+    /// generated tokens end with.
+    fn banned<'a>(&'a self, p: &'a SamplingParams) -> impl Iterator<Item = u32> + 'a {
+        p.bad_words_ids.iter().filter_map(|w| {
+            let (&last, head) = w.split_last()?;
+            self.recent.ends_with(head).then_some(last)
+        })
     }
 
     /// Tokens generated so far.
@@ -91,7 +135,10 @@ impl TokenCounts {
 
 /// Whether [`process`] changes anything under `p`.
 pub fn processes(p: &SamplingParams) -> bool {
-    penalizes(p) || !p.logit_bias.is_empty() || !p.allowed_token_ids.is_empty()
+    penalizes(p)
+        || !p.logit_bias.is_empty()
+        || !p.allowed_token_ids.is_empty()
+        || !p.bad_words_ids.is_empty()
 }
 
 /// Whether `p` has a penalty that reads the generated tokens.
@@ -99,9 +146,9 @@ pub fn penalizes(p: &SamplingParams) -> bool {
     p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0
 }
 
-/// Apply `p`'s allowed tokens (every other one becomes −∞), its logit bias, then its
-/// repetition, frequency and presence penalties (in vLLM's order), to `row` in place. −∞ stays
-/// −∞, so a token constraint's mask survives.
+/// Apply `p`'s allowed tokens (every other one becomes −∞) and bad words (the tokens they ban
+/// next become −∞), its logit bias, then its repetition, frequency and presence penalties (in
+/// vLLM's order), to `row` in place. −∞ stays −∞, so a token constraint's mask survives.
 pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
     if !p.allowed_token_ids.is_empty() {
         let kept: Vec<(usize, f32)> = p
@@ -112,6 +159,11 @@ pub fn process(row: &mut [f32], p: &SamplingParams, counts: &TokenCounts) {
         row.fill(f32::NEG_INFINITY);
         for (t, v) in kept {
             row[t] = v;
+        }
+    }
+    for t in counts.banned(p) {
+        if let Some(v) = row.get_mut(t as usize) {
+            *v = f32::NEG_INFINITY;
         }
     }
     for &(t, b) in &p.logit_bias {
@@ -493,6 +545,42 @@ mod tests {
         assert_eq!(row, [5.0, 1.0 - 0.75, 1.0 - 1.0, f32::NEG_INFINITY]);
         assert!(!processes(&SamplingParams::default()));
         assert_eq!(counts.generated(), 3);
+    }
+
+    #[test]
+    fn bad_words_ban_their_last_token_after_the_rest_of_them() {
+        let p = SamplingParams {
+            bad_words_ids: vec![vec![2], vec![0, 1, 3], vec![1, 3]],
+            ..Default::default()
+        };
+        assert!(processes(&p) && validate(&p).is_ok());
+        let mut counts = TokenCounts::new(&[0, 1], &p);
+        let row = [1.0f32; 4];
+        let after = |counts: &TokenCounts| {
+            let mut r = row;
+            process(&mut r, &p, counts);
+            r.map(|v| v > f32::NEG_INFINITY)
+        };
+        // Token 2 always; token 3 once the generated tokens end with [1] (the prompt's do not
+        // count) or [0, 1].
+        assert_eq!(after(&counts), [true, true, false, true]);
+        counts.record(0, false);
+        assert_eq!(after(&counts), [true, true, false, true]);
+        counts.record(1, false);
+        assert_eq!(after(&counts), [true, true, false, false]);
+        counts.record(0, false);
+        assert_eq!(after(&counts), [true, true, false, true]);
+        for bad in [
+            vec![vec![]],
+            vec![vec![1; MAX_BAD_WORD_TOKENS + 1]],
+            vec![vec![1]; MAX_BAD_WORD_SEQUENCES + 1],
+        ] {
+            let p = SamplingParams {
+                bad_words_ids: bad,
+                ..Default::default()
+            };
+            assert!(validate(&p).unwrap_err().contains("bad_words_ids"));
+        }
     }
 
     #[test]

@@ -211,6 +211,7 @@ fn read_requests(
                 min_tokens: r.min_tokens.unwrap_or(defaults.min_tokens),
                 stop_token_ids: r.stop_token_ids.unwrap_or_default(),
                 allowed_token_ids: r.allowed_token_ids.unwrap_or_default(),
+                bad_words_ids: Vec::new(),
             },
             stop,
             ignore_eos: r.ignore_eos.unwrap_or(false),
