@@ -77,6 +77,8 @@ pub struct ChatRequest {
     pub stop_token_ids: Option<Value>,
     /// Only these token ids may be generated (vLLM's extension).
     pub allowed_token_ids: Option<Value>,
+    /// Words never generated (vLLM's extension; see [`crate::api::sampling::bad_words_ids`]).
+    pub bad_words: Option<Value>,
     /// Return each generated token's log-probability.
     pub logprobs: Option<bool>,
     /// With `logprobs`: this many most likely alternatives per token (0 to 20).

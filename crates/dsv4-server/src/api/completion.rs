@@ -72,6 +72,8 @@ pub struct CompletionRequest {
     pub stop_token_ids: Option<Value>,
     /// Only these token ids may be generated (vLLM's extension).
     pub allowed_token_ids: Option<Value>,
+    /// Words never generated (vLLM's extension; see [`crate::api::sampling::bad_words_ids`]).
+    pub bad_words: Option<Value>,
     /// Leave special tokens' text out of the generated text (vLLM's extension; default false
     /// here: dsv4 shows them, where vLLM's default is true).
     pub skip_special_tokens: Option<bool>,

@@ -3,6 +3,8 @@
 //! per-token log-probability counts (`top_logprobs`, legacy `logprobs`).
 
 use crate::error::ApiError;
+use dsv4_chat::Tokenizer;
+use dsv4_engine::sampling::{MAX_BAD_WORD_SEQUENCES, MAX_BAD_WORD_TOKENS};
 use dsv4_engine::{MAX_TOP_LOGPROBS, SamplingParams};
 use serde::Deserialize;
 use serde_json::Value;
@@ -115,6 +117,8 @@ impl SamplingFields {
                 MAX_STOP_TOKEN_IDS,
             )?,
             allowed_token_ids: allowed_token_ids(self.allowed_token_ids.as_ref())?,
+            // Tokenized by the route, which holds the tokenizer (see [`bad_words_ids`]).
+            bad_words_ids: Vec::new(),
         })
     }
 }
@@ -140,6 +144,57 @@ fn token_ids(field: &str, v: Option<&Value>, max: usize) -> Result<Vec<u32>, Api
                 .ok_or_else(|| bad(format!("{field} holds {i}, not a token id")))
         })
         .collect()
+}
+
+/// Most `bad_words` a request may give (each makes up to two token sequences).
+pub const MAX_BAD_WORDS: usize = MAX_BAD_WORD_SEQUENCES / 2;
+
+/// vLLM's `bad_words` as token sequences for the engine: each word without its leading
+/// whitespace, and with one space before it when that spells a different first token in as
+/// many tokens (vLLM's rule, so " word" inside a sentence is caught too). At most
+/// [`MAX_BAD_WORDS`] words, each non-empty and at most [`MAX_BAD_WORD_TOKENS`] tokens.
+pub fn bad_words_ids(words: Option<&Value>, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    let bad = |m: String| ApiError::bad_param("bad_words", m);
+    let words = match words {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= MAX_BAD_WORDS => items,
+        Some(Value::Array(items)) => {
+            return Err(bad(format!(
+                "at most {MAX_BAD_WORDS} bad_words, got {}",
+                items.len()
+            )));
+        }
+        Some(other) => return Err(bad(format!("bad_words is a list of strings, got {other}"))),
+    };
+    let encode = |text: &str| {
+        tok.encode(text)
+            .map_err(|e| ApiError::internal(format!("tokenizing bad_words: {e}")))
+    };
+    let mut ids = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let word = match w.as_str().map(str::trim_start) {
+            Some(word) if !word.is_empty() => word,
+            _ => {
+                return Err(bad(format!(
+                    "bad_words[{i}] must be a string with something besides whitespace, got {w}"
+                )));
+            }
+        };
+        let plain = encode(word)?;
+        if plain.len() > MAX_BAD_WORD_TOKENS {
+            return Err(bad(format!(
+                "bad_words[{i}] is {} tokens; at most {MAX_BAD_WORD_TOKENS} are accepted",
+                plain.len()
+            )));
+        }
+        let spaced = encode(&format!(" {word}"))?;
+        let distinct = spaced.len() == plain.len() && spaced.first() != plain.first();
+        ids.push(plain);
+        if distinct {
+            ids.push(spaced);
+        }
+    }
+    Ok(ids)
 }
 
 /// `allowed_token_ids`: a non-empty list of token ids (null: any token), sorted and without

@@ -15,7 +15,7 @@ use crate::api::common::{
     truncate_prompt, unix_now, unsupported,
 };
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
-use crate::api::sampling::check_fit;
+use crate::api::sampling::{bad_words_ids, check_fit};
 use crate::api::structured::Shape;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
@@ -246,7 +246,8 @@ async fn prepare(
         None,
     )?;
     let stop = stop_strings(req.stop.clone())?;
-    let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    let mut sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    sampling.bad_words_ids = bad_words_ids(req.bad_words.as_ref(), &loaded.tokenizer)?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
     let shape = req.structured()?;

@@ -25,7 +25,7 @@ use crate::api::completion::{
 use crate::api::logprobs::{
     CompletionLogprobs, PromptLogprobs, TokenNames, prompt_logprobs, truncated,
 };
-use crate::api::sampling::check_fit;
+use crate::api::sampling::{bad_words_ids, check_fit};
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{
@@ -170,7 +170,8 @@ async fn prepare(
         ));
     }
     let stop = stop_strings(req.stop.clone())?;
-    let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    let mut sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
+    sampling.bad_words_ids = bad_words_ids(req.bad_words.as_ref(), &loaded.tokenizer)?;
     let constraint = structured_constraint(state, loaded, req.structured()?.as_ref()).await?;
     let asked = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     let one = prompts.len() == 1;

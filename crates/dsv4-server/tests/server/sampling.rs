@@ -1,7 +1,8 @@
 //! Sampling options over HTTP on greedy requests: `logit_bias` forces or favours a token, the
 //! penalties break its repeats, `min_tokens` holds the end token and stop strings back,
 //! `ignore_eos` keeps going past it (its text left out), `stop_token_ids` end the answer as
-//! the end token does, `allowed_token_ids` are all that is generated, `skip_special_tokens`
+//! the end token does, `allowed_token_ids` are all that is generated, `bad_words` never are,
+//! `skip_special_tokens`
 //! leaves their text out, and `min_p` 1 samples like greedy.
 
 use super::common::*;
@@ -262,6 +263,52 @@ async fn allowed_token_ids_are_all_that_is_generated() {
     }
     let bads = [json!([]), json!("x"), json!([-1]), json!([99999])];
     refused_values(&s, "allowed_token_ids", &bads).await;
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_words_are_never_generated() {
+    let s = start(config()).await;
+    let (a, b) = (byte_token(b'a'), byte_token(b'b'));
+    // Sampled from "a" and "b": "ab" appears unless it is a bad word; then once an "a" is
+    // written only "a" can follow.
+    let body = |bad: Value| {
+        json!({"allowed_token_ids": [a, b], "temperature": 1.0, "seed": 5, "n": 4,
+               "max_tokens": 16, "bad_words": bad})
+    };
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let free = texts(&complete(&s, "Hi", body(Value::Null)).await);
+    assert!(free.iter().any(|t| t.contains("ab")), "{free:?}");
+    let banned = texts(&complete(&s, "Hi", body(json!(["  ab"]))).await);
+    for t in &banned {
+        assert_eq!(t.len(), 16, "{banned:?}");
+        assert!(!t.contains("ab"), "{banned:?}");
+    }
+    // A one-token word is never generated; chat takes them too.
+    let c = chat_hi(
+        &s,
+        json!({"allowed_token_ids": [a, b], "logit_bias": {a.to_string(): 100},
+               "bad_words": ["a"], "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(c["choices"][0]["message"]["content"], "bbbbb", "{c}");
+    let long = "x".repeat(65);
+    let bads = [
+        json!("ab"),
+        json!([""]),
+        json!(["  "]),
+        json!([1]),
+        json!([long]),
+        json!(vec!["w"; 65]),
+    ];
+    refused_values(&s, "bad_words", &bads).await;
     s.shutdown().await.unwrap();
 }
 
