@@ -164,8 +164,6 @@ pub(super) fn chat_prompt(
         .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
     let mut conv = Conversation::from_json_str(text).map_err(encode_error)?;
     let continues = continue_final_message(req, &mut conv)?;
-    // The prompt of a continued answer closes any reasoning: the answer goes on as content.
-    let thinking = thinking && !continues;
     let tools = conv.tools.clone().unwrap_or_default();
     if choice == ToolChoice::None {
         conv.tools = None;
@@ -177,7 +175,9 @@ pub(super) fn chat_prompt(
         ids,
         tools,
         choice,
-        thinking,
+        // The prompt of a continued answer closes any reasoning (thinking mode renders the
+        // prefix as `reasoning</think>content`): the answer goes on as content.
+        thinking: thinking && !continues,
     })
 }
 

@@ -65,12 +65,15 @@ async fn the_answer_continues_the_prefix_as_content() {
         msg.get("reasoning_content").is_none_or(Value::is_null),
         "{v}"
     );
-    // Its usage counts the prompt that ends with the prefix.
-    assert_eq!(
-        v["usage"]["prompt_tokens"],
-        tokenize(body.clone()).await.len(),
-        "{v}"
-    );
+    // Its usage counts the prompt that ends with the prefix, rendered in thinking mode: the
+    // assistant's turn opens with <think>, closed before the prefix.
+    let ids = tokenize(body.clone()).await;
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{v}");
+    let tok = &s.state.loaded().unwrap().tokenizer;
+    let marker = |m: &str| u64::from(tok.token_id(m).unwrap());
+    let (think, end) = (marker("<think>"), marker("</think>"));
+    let at = ids.len() - "The answer is ".len();
+    assert_eq!((ids[at - 2], ids[at - 1]), (think, end), "{ids:?}");
     s.shutdown().await.unwrap();
 }
 
