@@ -375,4 +375,38 @@ mod tests {
         let e = top_count("logprobs", 21).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
     }
+
+    /// The tiny byte tokenizer with two merges, as a real BPE vocabulary has them: "ab" and
+    /// "Ġab" (" ab") become single tokens 384 and 385; "cd" stays two bytes.
+    fn merging_tokenizer() -> Tokenizer {
+        let mut doc: Value =
+            serde_json::from_str(&dsv4_chat::tokenizer::tiny_tokenizer_json()).unwrap();
+        let model = &mut doc["model"];
+        model["vocab"]["ab"] = json!(384);
+        model["vocab"]["\u{120}ab"] = json!(385);
+        model["merges"] = json!(["a b", "\u{120} ab"]);
+        Tokenizer::from_json_str(&doc.to_string()).unwrap()
+    }
+
+    #[test]
+    fn bad_words_add_the_spaced_spelling_only_when_it_is_as_many_tokens_and_differs() {
+        let tok = merging_tokenizer();
+        let byte = |b: u8| 128 + u32::from(b);
+        assert_eq!(
+            tok.encode(" ab").unwrap(),
+            [385],
+            "the merge is not applied"
+        );
+        // "ab" is one token, " ab" another single token: both are banned (vLLM's rule).
+        let ids = bad_words_ids(Some(&json!(["ab"])), &tok).unwrap();
+        assert_eq!(ids, [vec![384], vec![385]]);
+        // Leading whitespace is dropped before both spellings are formed.
+        assert_eq!(bad_words_ids(Some(&json!(["  ab"])), &tok).unwrap(), ids);
+        // " cd" is three tokens against two: only the plain spelling.
+        let ids = bad_words_ids(Some(&json!(["cd"])), &tok).unwrap();
+        assert_eq!(ids, [vec![byte(b'c'), byte(b'd')]]);
+        // "abx" and " abx" are as long, and differ in their first token.
+        let ids = bad_words_ids(Some(&json!(["abx"])), &tok).unwrap();
+        assert_eq!(ids, [vec![384, byte(b'x')], vec![385, byte(b'x')]]);
+    }
 }
