@@ -54,4 +54,4 @@ pub use request::{
     RequestId, RequestStream, SamplingParams, Timing, TokenEvent, TokenLogprob, Usage,
 };
 pub use scheduler::{Scheduler, StepTiming};
-pub use sequence::Detokenizer;
+pub use sequence::{Detokenizer, stop_string_ends};

@@ -280,6 +280,21 @@ impl RequestStream {
         self.id
     }
 
+    /// A stream of `events` made elsewhere, not by an engine (the server replays a beam
+    /// search's hypotheses through its usual output path with it). Its id names no engine
+    /// request, so cancelling it does nothing.
+    pub fn replay(events: Vec<Event>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for e in events {
+            // The receiver is alive: it is returned below.
+            let _ = tx.send(e);
+        }
+        Self {
+            id: RequestId(u64::MAX),
+            rx,
+        }
+    }
+
     /// The next event (None after the last one, or when the engine stopped).
     pub async fn next(&mut self) -> Option<Event> {
         self.rx.recv().await

@@ -69,6 +69,21 @@ pub(crate) fn stop_in_tail(
     }
 }
 
+/// Whether the last of the `generated` tokens ends the request on one of `stops`, as the
+/// engine checks after each token: never before `min_tokens` tokens, and an occurrence ending
+/// in the text of the tokens before the `min_tokens`-th is not looked for (vLLM). The server's
+/// beam search ends its hypotheses with it.
+pub fn stop_string_ends(
+    generated: &[u32],
+    stops: &[String],
+    d: &dyn Detokenizer,
+    min_tokens: usize,
+) -> bool {
+    !stops.is_empty()
+        && generated.len() >= min_tokens
+        && stop_in_tail(generated, stops, d, min_tokens.saturating_sub(1))
+}
+
 /// Byte offset in `text`, the text of `generated`, of the first stop string that ends after
 /// the text of its first `ignored` tokens.
 fn first_stop_after(
@@ -316,14 +331,12 @@ impl Seq {
         }));
         // Before `min_tokens` tokens, stop strings are not looked for (vLLM): an occurrence
         // that ends in those tokens' text never ends the request.
-        let min = self.req.sampling.min_tokens;
-        if let Some(d) = detok.filter(|_| !self.req.stop.is_empty())
-            && self.generated().len() >= min
-            && stop_in_tail(
+        if let Some(d) = detok
+            && stop_string_ends(
                 self.generated(),
                 &self.req.stop,
                 d.as_ref(),
-                min.saturating_sub(1),
+                self.req.sampling.min_tokens,
             )
         {
             return AfterToken::Finish(FinishReason::Stop);
