@@ -39,6 +39,11 @@ impl AbortGuard {
     pub fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
     }
+
+    /// Mark the run aborted (a replayed run whose search an abort stopped).
+    pub fn mark_aborted(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for AbortGuard {

@@ -19,6 +19,7 @@
 
 pub mod abort;
 pub mod api;
+pub mod beam;
 pub mod config;
 pub mod error;
 pub mod grammar;

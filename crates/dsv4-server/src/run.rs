@@ -71,6 +71,9 @@ pub struct Run {
     prompt: Option<Vec<TokenLogprob>>,
     /// Its registration for `/abort_request`.
     abort: AbortGuard,
+    /// Whether its end counts in the server's request metrics (a replay's does not: its
+    /// engine requests were counted as they ran).
+    counted: bool,
     _in_flight: InFlight,
 }
 
@@ -84,27 +87,69 @@ impl Run {
         (id, group): (String, String),
         decoder: OutputDecoder,
     ) -> Result<Self, ApiError> {
-        let in_flight = state.begin_request();
-        let (constrained, max_tokens) = (req.constraint.is_some(), req.max_tokens);
-        let silent = req.ignore_eos.then_some(loaded.eos);
+        let shape = (req.constraint.is_some(), req.max_tokens, req.ignore_eos);
         let stream = loaded.engine.submit(req)?;
         tracing::debug!(id = %stream.id(), "submitted");
+        Ok(Self::over(
+            state,
+            loaded,
+            stream,
+            (id, group),
+            decoder,
+            shape,
+        ))
+    }
+
+    /// A run of `events` made by the server, not by the engine (a beam search's hypothesis,
+    /// [`crate::beam`]), through `decoder` as the engine request `req` would have run: its
+    /// `max_tokens` and `ignore_eos` apply. With `aborted`, the events end as an aborted run
+    /// ends (an abort stopped the search). Its end is not counted in the request metrics.
+    pub fn replay(
+        state: &AppState,
+        loaded: &Arc<Loaded>,
+        (req, events): (&Request, Vec<Event>),
+        (id, group): (String, String),
+        decoder: OutputDecoder,
+        aborted: bool,
+    ) -> Self {
+        let stream = RequestStream::replay(events);
+        let shape = (false, req.max_tokens, req.ignore_eos);
+        let mut run = Self::over(state, loaded, stream, (id, group), decoder, shape);
+        run.counted = false;
+        if aborted {
+            run.abort.mark_aborted();
+        }
+        run
+    }
+
+    /// A run reading `stream`, whose request was constrained or not, asked for at most
+    /// `max_tokens` and kept going past the end-of-sequence token or not.
+    fn over(
+        state: &AppState,
+        loaded: &Arc<Loaded>,
+        stream: RequestStream,
+        (id, group): (String, String),
+        decoder: OutputDecoder,
+        (constrained, max_tokens, ignore_eos): (bool, usize, bool),
+    ) -> Self {
+        let in_flight = state.begin_request();
         let abort = state.aborts().register(id, group, stream.id());
-        Ok(Self {
+        Self {
             state: state.clone(),
             loaded: Arc::clone(loaded),
             stream,
             decoder,
             constrained,
             max_tokens,
-            silent,
+            silent: ignore_eos.then_some(loaded.eos),
             pending: Vec::new(),
             pending_ids: Vec::new(),
             generated: 0,
             prompt: None,
             abort,
+            counted: true,
             _in_flight: in_flight,
-        })
+        }
     }
 
     /// The vocabulary the tokens' texts come from.
@@ -147,7 +192,9 @@ impl Run {
                     }
                 }
                 Some(Event::Finished(f)) => {
-                    self.state.stats().finished(&f);
+                    if self.counted {
+                        self.state.stats().finished(&f);
+                    }
                     return match f.reason {
                         FinishReason::Error => Err(engine_error(f.error.as_deref())),
                         FinishReason::Cancelled if !self.abort.aborted() => {

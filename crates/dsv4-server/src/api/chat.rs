@@ -73,6 +73,11 @@ pub struct ChatRequest {
     pub min_tokens: Option<u64>,
     /// Keep generating past the end-of-sequence token (extension; its text is left out).
     pub ignore_eos: Option<bool>,
+    /// Beam search instead of sampling, with `n` beams (vLLM's extension; default false).
+    pub use_beam_search: Option<bool>,
+    /// With `use_beam_search`: a hypothesis's log-probability is divided by its generated
+    /// length to this power (default 1; vLLM's extension).
+    pub length_penalty: Option<f32>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
     /// Only these token ids may be generated (vLLM's extension).

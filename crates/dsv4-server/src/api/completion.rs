@@ -54,6 +54,11 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     /// Not supported (must be 1).
     pub best_of: Option<u32>,
+    /// Beam search instead of sampling, with `n` beams (vLLM's extension; default false).
+    pub use_beam_search: Option<bool>,
+    /// With `use_beam_search`: a hypothesis's log-probability is divided by its generated
+    /// length to this power (default 1; vLLM's extension).
+    pub length_penalty: Option<f32>,
     /// Keep tokens at least this fraction as likely as the most likely one (extension).
     pub min_p: Option<f32>,
     /// −2 to 2, per time a token was generated.

@@ -17,6 +17,7 @@ use crate::api::common::{
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::{bad_words_ids, check_fit};
 use crate::api::structured::Shape;
+use crate::beam;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
 use crate::grammar::Target;
@@ -66,7 +67,13 @@ pub async fn chat_completions(
         n,
     } = prepared;
     let usage = StreamUsage::new(req.stream_options.as_ref())?;
-    let runs = start_choices(&state, &loaded, request, n, &meta.id, || decoder.build())?;
+    let runs = match beam::params(req.use_beam_search, req.length_penalty, n)? {
+        Some(p) => {
+            beam::check(&request, &p)?;
+            beam::start_beams(&state, &loaded, &request, p, &meta.id, || decoder.build()).await?
+        }
+        None => start_choices(&state, &loaded, request, n, &meta.id, || decoder.build())?,
+    };
     let runs = merge(runs);
     if req.stream.unwrap_or(false) {
         Ok(sse_response(ChatStream::new(

@@ -26,6 +26,7 @@ use crate::api::logprobs::{
     CompletionLogprobs, PromptLogprobs, TokenNames, prompt_logprobs, truncated,
 };
 use crate::api::sampling::{bad_words_ids, check_fit};
+use crate::beam::{self, BeamParams};
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{
@@ -40,6 +41,7 @@ use axum::response::sse::Event as SseEvent;
 use dsv4_chat::markers;
 use dsv4_engine::{Request, TokenLogprob, Usage};
 use futures_util::StreamExt;
+use futures_util::future::try_join_all;
 use std::sync::Arc;
 
 /// The handler.
@@ -58,6 +60,7 @@ pub async fn completions(
         n,
         logprobs,
         prompt_logprobs,
+        beam,
     } = prepare(&state, &loaded, &req).await?;
     // Prompt p's choices are p·n … p·n + n − 1; a prompt that cannot start drops (cancels)
     // the choices already started. Only a prompt's first choice scores it; the others show its
@@ -70,14 +73,24 @@ pub async fn completions(
     let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
     let skip_special = req.skip_special_tokens.unwrap_or(false);
     let id = format!("cmpl-{}", random_hex(state.next_serial()));
+    let decoder = || {
+        OutputDecoder::raw(&stops)
+            .with_min_tokens(min_tokens)
+            .with_stop_in_output(keep_stop)
+            .with_special_tokens_skipped(skip_special)
+    };
+    if let Some(p) = beam {
+        // Every prompt's search runs at once; its choices replay its best hypotheses.
+        let searches = prompts
+            .iter()
+            .map(|(request, _)| beam::start_beams(&state, &loaded, request, p, &id, decoder));
+        runs.extend(try_join_all(searches).await?.into_iter().flatten());
+    }
     for (request, echo) in prompts {
         prompt_ids.push(request.prompt.clone());
-        runs.extend(start_choices(&state, &loaded, request, n, &id, || {
-            OutputDecoder::raw(&stops)
-                .with_min_tokens(min_tokens)
-                .with_stop_in_output(keep_stop)
-                .with_special_tokens_skipped(skip_special)
-        })?);
+        if beam.is_none() {
+            runs.extend(start_choices(&state, &loaded, request, n, &id, decoder)?);
+        }
         echoes.extend(echo);
     }
     let total = runs.len();
@@ -131,6 +144,8 @@ struct Prepared {
     n: usize,
     logprobs: Option<usize>,
     prompt_logprobs: Option<usize>,
+    /// With `use_beam_search`: the search (every prompt's request passed [`beam::check`]).
+    beam: Option<BeamParams>,
 }
 
 async fn prepare(
@@ -140,6 +155,7 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let n = check_n(req.n)?;
     unsupported("best_of", req.best_of, 1)?;
+    let beam = beam::params(req.use_beam_search, req.length_penalty, n)?;
     if req.suffix.is_some() {
         if req.echo == Some(true) {
             return Err(ApiError::bad_param(
@@ -214,6 +230,9 @@ async fn prepare(
             constraint: constraint.clone(),
             ..Default::default()
         };
+        if let Some(p) = &beam {
+            beam::check(&request, p)?;
+        }
         out.push((request, echo));
     }
     Ok(Prepared {
@@ -223,6 +242,7 @@ async fn prepare(
         n,
         logprobs,
         prompt_logprobs,
+        beam,
     })
 }
 

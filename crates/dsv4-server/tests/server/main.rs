@@ -7,7 +7,7 @@
 //! (logit bias, penalties, min_tokens, ignore_eos, min_p), canary findings on /metrics, 64
 //! concurrent streams against solo runs, health (loading, injected stall, draining), client
 //! disconnects and graceful shutdown, `/tokenize` / `/detokenize`, `prompt_logprobs`, chat prefix
-//! completion (`prefix`, `continue_final_message`), and the
+//! completion (`prefix`, `continue_final_message`), beam search (`use_beam_search`), and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
 //! OpenAI's Responses API (`/v1/responses`, stored responses), and structured outputs beyond
@@ -16,6 +16,7 @@
 mod abort;
 mod api;
 mod bad_input;
+mod beam;
 mod cache;
 mod canary;
 mod choices;
