@@ -14,6 +14,7 @@ pub mod responses;
 pub mod responses_background;
 pub mod responses_envelope;
 pub mod responses_output;
+pub mod responses_tokens;
 pub mod responses_truncation;
 pub mod tokenize;
 
@@ -40,6 +41,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/input_tokens",
+            post(responses_tokens::input_tokens),
+        )
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

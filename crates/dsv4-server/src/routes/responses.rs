@@ -128,7 +128,7 @@ fn check_background(state: &AppState, req: &ResponsesRequest) -> Result<(), ApiE
 
 /// The stored response `id` that `previous_response_id` names: 404 if there is none, 400 if
 /// it is still running in the background or failed.
-fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
+pub(super) fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
     if let Some(s) = state.responses().get(id) {
         if s.response["status"] == "failed" {
             return Err(ApiError::bad_param(
@@ -167,19 +167,29 @@ fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
     })
 }
 
+/// A request's prompt as it runs, and what encoding it decided.
+pub(super) struct Encoded {
+    /// The prompt's ids (after `truncation: "auto"` dropped what it had to).
+    pub(super) prompt: Vec<u32>,
+    /// The most tokens the answer may have, or why the prompt does not fit
+    /// (`context_length_exceeded`).
+    pub(super) max_tokens: Result<usize, ApiError>,
+    choice: ToolChoice,
+    thinking: bool,
+    tools: Arc<ToolSet>,
+}
+
 /// Encode the prompt (instructions, the stored conversation, the input; tools unless
-/// `tool_choice` is none) and check the request: the engine request and the decoder.
-async fn prepare(
-    state: &AppState,
+/// `tool_choice` is none), dropping the oldest turns under `truncation: "auto"` until it fits.
+pub(super) fn encode_input(
     loaded: &Loaded,
     req: &ResponsesRequest,
     raw: &OrderedJson,
     previous: Option<&Stored>,
     turn: &ChatMessages,
-) -> Result<(Request, DecoderSpec), ApiError> {
+) -> Result<Encoded, ApiError> {
     let choice = req.tool_choice()?;
     let (thinking, reasoning_effort) = req.thinking()?;
-    let logprobs = req.logprobs()?;
     let tools = match raw.get("tools").filter(|t| **t != OrderedJson::Null) {
         Some(t) => chat_tools(t)?,
         None => Arc::new(ToolSet::default()),
@@ -207,7 +217,7 @@ async fn prepare(
         reasoning_effort,
         ..Default::default()
     };
-    let (_, mut prompt) =
+    let (_, prompt) =
         encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| all.encode_error(e))?;
     // The most tokens it may generate, or why not: `context_length_exceeded` when the prompt
     // does not fit the context or the cache.
@@ -232,14 +242,21 @@ async fn prepare(
         Ok(max_tokens)
     };
     let auto = req.truncation.as_deref() == Some("auto");
-    let max_tokens = match check(&prompt) {
-        Ok(n) => n,
+    let encoded = |prompt: Vec<u32>, max_tokens| Encoded {
+        prompt,
+        max_tokens,
+        choice: choice.clone(),
+        thinking,
+        tools: Arc::clone(&tools),
+    };
+    Ok(match check(&prompt) {
+        Ok(n) => encoded(prompt, Ok(n)),
         Err(e) if e.code.as_deref() != Some("context_length_exceeded") => return Err(e),
         Err(mut e) if !auto => {
             e.message.push_str(
                 " (or send \"truncation\": \"auto\" to drop the oldest turns until it fits)",
             );
-            return Err(e);
+            encoded(prompt, Err(e))
         }
         Err(mut e) => {
             let encode = |messages: Vec<Message>| {
@@ -250,21 +267,46 @@ async fn prepare(
                 encode_prompt_ids(&conv, &opts, &loaded.tokenizer).ok()
             };
             let fits = |p: &[u32]| check(p).is_ok();
-            let Some((shorter, dropped)) = truncated(&conv.messages, encode, fits) else {
-                e.message
-                    .push_str(" (truncation auto: even the last user turn alone does not fit)");
-                return Err(e);
-            };
-            tracing::info!(
-                dropped,
-                from = prompt.len(),
-                to = shorter.len(),
-                "truncation auto: dropped the oldest messages"
-            );
-            prompt = shorter;
-            check(&prompt)?
+            match truncated(&conv.messages, encode, fits) {
+                None => {
+                    e.message
+                        .push_str(" (truncation auto: even the last user turn alone does not fit)");
+                    encoded(prompt, Err(e))
+                }
+                Some((shorter, dropped)) => {
+                    tracing::info!(
+                        dropped,
+                        from = prompt.len(),
+                        to = shorter.len(),
+                        "truncation auto: dropped the oldest messages"
+                    );
+                    let fit = check(&shorter);
+                    encoded(shorter, fit)
+                }
+            }
         }
-    };
+    })
+}
+
+/// Encode the prompt ([`encode_input`]) and check the request: the engine request and the
+/// decoder.
+async fn prepare(
+    state: &AppState,
+    loaded: &Loaded,
+    req: &ResponsesRequest,
+    raw: &OrderedJson,
+    previous: Option<&Stored>,
+    turn: &ChatMessages,
+) -> Result<(Request, DecoderSpec), ApiError> {
+    let Encoded {
+        prompt,
+        max_tokens,
+        choice,
+        thinking,
+        tools,
+    } = encode_input(loaded, req, raw, previous, turn)?;
+    let max_tokens = max_tokens?;
+    let logprobs = req.logprobs()?;
     let stop = stop_strings(req.stop.clone())?;
     let sampling = req.sampling().to_params(random_u64(state.next_serial()))?;
     check_fit(&sampling, loaded.vocab.len(), max_tokens)?;

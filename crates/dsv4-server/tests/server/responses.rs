@@ -2,12 +2,14 @@
 //! conversation (plain, instructions and items, thinking with reasoning tokens, tools, JSON
 //! formats, log-probabilities); streams carry the same response as ordered typed events; bad
 //! input names its field. Stored responses and aborts: [`lifecycle`]; background responses:
-//! [`background`]; `truncation: "auto"`: [`truncation`].
+//! [`background`]; `truncation: "auto"`: [`truncation`]; the input token count:
+//! [`input_tokens`].
 
 use super::common::*;
 use serde_json::{Value, json};
 
 mod background;
+mod input_tokens;
 mod lifecycle;
 mod truncation;
 

@@ -135,3 +135,30 @@ async fn auto_truncation_drops_the_fewest_oldest_turns() {
     assert_eq!(e["param"], "truncation", "{e}");
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_input_token_count_follows_truncation() {
+    let s = small_server().await;
+    let messages = conversation(12, "Hello");
+    let whole = super::input_tokens::count(&s, json!({"input": messages})).await;
+    // Too long to run, and counted whole: what a client asks before compacting.
+    assert!(whole > 1024, "{whole}");
+    // One output token: the count leaves room for at least one, as a response without
+    // max_output_tokens does.
+    let body = responses(json!(messages), json!({"max_output_tokens": 1}));
+    let e = s.send("POST", "/v1/responses", &body).await.error(400);
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    // With truncation auto, the count is what the response keeps.
+    let auto = json!({"input": messages, "truncation": "auto"});
+    let kept = super::input_tokens::count(&s, auto).await;
+    let r = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &with(body, json!({"truncation": "auto"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["input_tokens"], kept);
+    assert!(kept < whole, "{kept} {whole}");
+}
