@@ -1,6 +1,6 @@
 //! Fuzz target for everything `POST /v1/chat/completions` does with a body before the engine
 //! runs it: the typed request (`parse_body`), `tool_choice`, thinking mode, stop strings, `n`,
-//! the sampling fields (then the engine's logit processing and sampler on a row of the tiny
+//! the sampling fields and beam search's checks (then the engine's logit processing and sampler on a row of the tiny
 //! vocabulary under the parameters they give), the DSV4 prompt encoding and tokenization, and
 //! the llguidance grammars for `tool_choice` "required" and the structured output
 //! (`response_format`, `structured_outputs`, `regex`, `ebnf`: compiled over the tiny model's
@@ -115,7 +115,18 @@ fuzz_target!(|body: &[u8]| {
         return;
     };
     let _ = stop_strings(req.stop.clone());
-    let _ = check_n(req.n);
+    if let Ok(n) = check_n(req.n)
+        && let Ok(Some(beam)) = dsv4_server::beam::params(req.use_beam_search, req.length_penalty, n)
+        && let Ok(sampling) = req.sampling().to_params(7)
+    {
+        let one = dsv4_engine::Request {
+            prompt: vec![0],
+            max_tokens: 4,
+            sampling,
+            ..Default::default()
+        };
+        let _ = dsv4_server::beam::check(&one, &beam);
+    }
     if let Ok(p) = req.sampling().to_params(7)
         && check_fit(&p, env.vocab, 16).is_ok()
         && validate(&p).is_ok()
