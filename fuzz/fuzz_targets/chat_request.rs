@@ -116,7 +116,8 @@ fuzz_target!(|body: &[u8]| {
     };
     let _ = stop_strings(req.stop.clone());
     if let Ok(n) = check_n(req.n)
-        && let Ok(Some(beam)) = dsv4_server::beam::params(req.use_beam_search, req.length_penalty, n)
+        && let Ok(Some(beam)) =
+            dsv4_server::beam::params(req.use_beam_search, req.length_penalty, n)
         && let Ok(sampling) = req.sampling().to_params(7)
     {
         let one = dsv4_engine::Request {
