@@ -46,17 +46,11 @@ pub async fn create(
     if background {
         check_background(&state, &req)?;
     }
-    let text = std::str::from_utf8(&body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
-    let raw = OrderedJson::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let previous = match &req.previous_response_id {
-        None => None,
-        Some(id) => Some(previous(&state, id)?),
-    };
-    let mut turn = ChatMessages::default();
-    if let Some(input) = raw.get("input") {
-        turn.push_input(input)?;
-    }
+    let Conversed {
+        raw,
+        previous,
+        turn,
+    } = conversation(&state, &body, &req)?;
     let (request, decoder) =
         prepare(&state, &loaded, &req, &raw, previous.as_deref(), &turn).await?;
     let id = format!("resp_{}", random_hex(state.next_serial()));
@@ -128,7 +122,7 @@ fn check_background(state: &AppState, req: &ResponsesRequest) -> Result<(), ApiE
 
 /// The stored response `id` that `previous_response_id` names: 404 if there is none, 400 if
 /// it is still running in the background or failed.
-pub(super) fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
+fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
     if let Some(s) = state.responses().get(id) {
         if s.response["status"] == "failed" {
             return Err(ApiError::bad_param(
@@ -164,6 +158,38 @@ pub(super) fn previous(state: &AppState, id: &str) -> Result<Arc<Stored>, ApiErr
         ApiError::not_found(why)
             .with_param("previous_response_id")
             .with_code("previous_response_not_found")
+    })
+}
+
+/// A request's conversation: its body in order, the stored response it continues and its own
+/// turn (the input as chat messages).
+pub(super) struct Conversed {
+    pub(super) raw: OrderedJson,
+    pub(super) previous: Option<Arc<Stored>>,
+    pub(super) turn: ChatMessages,
+}
+
+/// Read the conversation of `req`, parsed from `body`.
+pub(super) fn conversation(
+    state: &AppState,
+    body: &[u8],
+    req: &ResponsesRequest,
+) -> Result<Conversed, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
+    let raw = OrderedJson::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let previous = match &req.previous_response_id {
+        None => None,
+        Some(id) => Some(previous(state, id)?),
+    };
+    let mut turn = ChatMessages::default();
+    if let Some(input) = raw.get("input") {
+        turn.push_input(input)?;
+    }
+    Ok(Conversed {
+        raw,
+        previous,
+        turn,
     })
 }
 

@@ -5,18 +5,16 @@
 //! prompt too long for the context is counted whole (that is what the count is for), and runs
 //! nothing.
 
-use super::responses::{encode_input, previous};
+use super::responses::{Conversed, conversation, encode_input};
 use super::{body_bytes, check_model, json_response, loaded_model};
 use crate::api::common::parse_body;
 use crate::api::responses::ResponsesRequest;
-use crate::api::responses_input::ChatMessages;
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use dsv4_chat::pyjson::OrderedJson;
 use serde_json::{Value, json};
 
 /// The fields the count takes (OpenAI's): those of a response's conversation.
@@ -61,17 +59,11 @@ pub async fn input_tokens(
     let req: ResponsesRequest = parse_body(&serde_json::to_vec(&fields).unwrap_or_default())?;
     check_model(&state, &req.model)?;
     req.check_supported()?;
-    let text = std::str::from_utf8(&body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
-    let raw = OrderedJson::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let previous = match &req.previous_response_id {
-        None => None,
-        Some(id) => Some(previous(&state, id)?),
-    };
-    let mut turn = ChatMessages::default();
-    if let Some(input) = raw.get("input") {
-        turn.push_input(input)?;
-    }
+    let Conversed {
+        raw,
+        previous,
+        turn,
+    } = conversation(&state, &body, &req)?;
     let encoded = encode_input(&loaded, &req, &raw, previous.as_deref(), &turn)?;
     Ok(json_response(&json!({
         "object": "response.input_tokens",
