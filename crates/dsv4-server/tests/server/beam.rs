@@ -1,7 +1,8 @@
 //! Beam search (`use_beam_search`, vLLM's extension) on completions and chat: the choices are
 //! the best hypotheses of an independent search over one-token requests, one beam is greedy
 //! decoding, a stop string ends a hypothesis, streams carry the same answer, chat and
-//! completions search alike, and what beam search cannot do is a 400 naming the field.
+//! completions search alike, an abort stops the search, a search beside other requests
+//! answers as it does alone, and what beam search cannot do is a 400 naming the field.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -358,4 +359,41 @@ async fn an_abort_stops_the_search_with_the_best_beams_so_far() {
         s.state.aborts().is_empty() && s.state.in_flight() == 0
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_beside_other_requests_answers_as_it_does_alone() {
+    let s = start(config()).await;
+    let search = |prompt: &str| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "n": 3,
+               "use_beam_search": true, "ignore_eos": true, "return_token_ids": true,
+               "logprobs": 3})
+    };
+    let alone = completion(&s, search("Hello")).await;
+    // The same search again while two other searches and two sampled requests run: its beams'
+    // one-token requests share steps (and prefix pages) with theirs.
+    let sampled = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 64, "n": 2,
+                         "temperature": 1, "seed": 5, "ignore_eos": true});
+    let bodies = [search("Hello"), search("Hello there"), search("Bye")];
+    let (again, other, third, noise, more) = tokio::join!(
+        s.send("POST", "/v1/completions", &bodies[0]),
+        s.send("POST", "/v1/completions", &bodies[1]),
+        s.send("POST", "/v1/completions", &bodies[2]),
+        s.send("POST", "/v1/completions", &sampled),
+        s.send("POST", "/v1/completions", &sampled),
+    );
+    for r in [&other, &third, &noise, &more] {
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(again.status, 200, "{}", again.body);
+    let again = again.json();
+    for k in 0..3 {
+        let (a, b) = (&alone["choices"][k], &again["choices"][k]);
+        assert_eq!(
+            a["token_ids"], b["token_ids"],
+            "choice {k}: {alone} {again}"
+        );
+        assert_eq!(a["logprobs"], b["logprobs"], "choice {k}");
+    }
+    assert_eq!(other.json()["choices"].as_array().unwrap().len(), 3);
 }
