@@ -85,6 +85,9 @@ pub struct ServerSection {
     pub responses_store: u64,
     /// Most MiB those stored responses hold of their own.
     pub responses_store_mib: u64,
+    /// A directory where the stored responses are also kept as files, so they survive a
+    /// restart; None: in memory only.
+    pub responses_dir: Option<String>,
     /// Compiled constrained-decoding grammars kept for reuse; 0 keeps none.
     pub grammar_cache: u64,
 }
@@ -101,6 +104,7 @@ impl Default for ServerSection {
             health_stall_s: 60,
             responses_store: 256,
             responses_store_mib: 256,
+            responses_dir: None,
             grammar_cache: 64,
         }
     }

@@ -458,6 +458,16 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Same("SGLang has no setting for how much memory stored /v1/responses answers take"),
     ),
     row(
+        "server.responses_dir",
+        Unset,
+        Same("SGLang keeps stored /v1/responses answers in memory"),
+    ),
+    row(
+        "server.responses_dir",
+        Always,
+        Unmapped("SGLang keeps stored /v1/responses answers in memory only; {value} is not read"),
+    ),
+    row(
         "server.grammar_cache",
         Always,
         Same("SGLang keeps compiled grammars in a cache of its own, without a setting"),

@@ -309,6 +309,14 @@ pub const KEYS: &[KeySpec] = &[
          goes first past it; an answer bigger than all of it is not kept)",
     ),
     key(
+        "server.responses_dir",
+        ValueKind::OptionalText,
+        "",
+        "directory where the stored /v1/responses answers are also kept as files, so \
+         previous_response_id and GET /v1/responses/{id} survive a restart (created if missing, \
+         read back at start); unset keeps them in memory only",
+    ),
+    key(
         "server.grammar_cache",
         ValueKind::Range(0, 65_536),
         "64",
