@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub responses_store: usize,
     /// Most bytes those stored responses hold of their own (`server.responses_store_mib`).
     pub responses_store_bytes: usize,
+    /// Where stored responses are also kept as files, to survive a restart
+    /// (`server.responses_dir`); None: in memory only.
+    pub responses_dir: Option<std::path::PathBuf>,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -80,6 +83,7 @@ impl Default for ServerConfig {
             health_stall: Duration::from_secs(60),
             responses_store: 256,
             responses_store_bytes: 256 << 20,
+            responses_dir: None,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

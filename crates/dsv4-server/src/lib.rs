@@ -26,6 +26,7 @@ pub mod grammar;
 pub mod metrics;
 pub mod output;
 pub mod responses_background;
+pub mod responses_disk;
 pub mod responses_store;
 pub mod routes;
 pub mod run;

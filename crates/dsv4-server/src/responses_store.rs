@@ -10,9 +10,11 @@
 use crate::api::responses::{ContentPart, OutputItem};
 use crate::api::responses_input::ChatMessages;
 use crate::responses_background::Background;
+use crate::responses_disk::{Disk, DiskFile};
 use dsv4_chat::pyjson::OrderedJson;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// One stored response.
@@ -28,6 +30,8 @@ pub struct Stored {
     pub input_items: Arc<Vec<Value>>,
     /// A background response created with `stream`: its events, to replay.
     pub events: Option<Arc<Background>>,
+    /// Its file under `server.responses_dir` (the store sets it when it writes one).
+    pub file: Option<DiskFile>,
 }
 
 impl Stored {
@@ -72,6 +76,17 @@ pub struct ResponseStore {
     capacity: usize,
     max_bytes: usize,
     inner: Mutex<Inner>,
+    /// `server.responses_dir`: where they are also written, to survive a restart.
+    disk: Option<Arc<Disk>>,
+}
+
+impl Drop for ResponseStore {
+    fn drop(&mut self) {
+        // The server stops: the responses it drops now stay on disk for the next start.
+        if let Some(d) = &self.disk {
+            d.close();
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -103,7 +118,27 @@ impl ResponseStore {
             capacity,
             max_bytes,
             inner: Mutex::new(Inner::default()),
+            disk: None,
         }
+    }
+
+    /// A store as [`Self::new`] that also keeps its responses in `dir` (created if missing),
+    /// starting with those a previous run left there ([`crate::responses_disk`]); the files it
+    /// could not read back are named in the second value.
+    pub fn open(
+        capacity: usize,
+        max_bytes: usize,
+        dir: &Path,
+    ) -> std::io::Result<(Self, Vec<String>)> {
+        let disk = Disk::open(dir)?;
+        let read = disk.read()?;
+        let mut store = Self::new(capacity, max_bytes);
+        store.disk = Some(disk);
+        for (id, stored) in read.listed {
+            let size = stored.own_bytes();
+            store.keep(id, stored, size);
+        }
+        Ok((store, read.skipped))
     }
 
     /// Whether responses are stored at all.
@@ -122,23 +157,36 @@ impl ResponseStore {
 
     /// Keep `stored` as `id`, dropping the oldest past the capacity or the byte budget. A
     /// response bigger than the whole budget is not kept; returns whether it was.
-    pub fn insert(&self, id: String, stored: Stored) -> bool {
+    pub fn insert(&self, id: String, mut stored: Stored) -> bool {
         let size = stored.own_bytes();
         if !self.enabled() || size > self.max_bytes {
             return false;
         }
+        if let Some(disk) = &self.disk
+            && disk.save(&id, &stored, true)
+        {
+            stored.file = Some(disk.file(&id));
+        }
+        self.keep(id, Arc::new(stored), size);
+        true
+    }
+
+    /// Hold `stored` (of `size` own bytes) as `id`, dropping the oldest past the limits.
+    fn keep(&self, id: String, stored: Arc<Stored>, size: usize) {
         let mut inner = self.lock();
         inner.order.push_back(id.clone());
         inner.bytes += size;
-        if let Some((_, replaced)) = inner.by_id.insert(id, (Arc::new(stored), size)) {
+        if let Some((old, replaced)) = inner.by_id.insert(id, (stored, size)) {
             inner.bytes -= replaced;
+            self.unlist(&old);
         }
         while inner.by_id.len() > self.capacity || inner.bytes > self.max_bytes {
             let Some(old) = inner.order.pop_front() else {
                 break;
             };
-            if let Some((_, freed)) = inner.by_id.remove(&old) {
+            if let Some((gone, freed)) = inner.by_id.remove(&old) {
                 inner.bytes -= freed;
+                self.unlist(&gone);
             }
         }
         // Deleted ids left in `order` are dropped once they outnumber the live ones.
@@ -146,7 +194,16 @@ impl ResponseStore {
             let Inner { by_id, order, .. } = &mut *inner;
             order.retain(|id| by_id.contains_key(id));
         }
-        true
+    }
+
+    /// `stored` is no longer found by id: a newer response (or a request running) that still
+    /// continues it keeps its file, marked unlisted; otherwise its file goes with it.
+    fn unlist(&self, stored: &Arc<Stored>) {
+        if let (Some(disk), Some(file)) = (&self.disk, &stored.file)
+            && Arc::strong_count(stored) > 1
+        {
+            disk.save(file.id(), stored, false);
+        }
     }
 
     /// The response `id`, if it is stored.
@@ -158,8 +215,9 @@ impl ResponseStore {
     pub fn remove(&self, id: &str) -> bool {
         let mut inner = self.lock();
         match inner.by_id.remove(id) {
-            Some((_, freed)) => {
+            Some((gone, freed)) => {
                 inner.bytes -= freed;
+                self.unlist(&gone);
                 true
             }
             None => false,
@@ -274,6 +332,7 @@ mod tests {
             turn: turn(text),
             input_items: Arc::default(),
             events: None,
+            file: None,
         }
     }
 
@@ -372,6 +431,7 @@ mod tests {
             turn: turn(text),
             input_items: Arc::default(),
             events: None,
+            file: None,
         };
         let one = stored(&"a".repeat(100)).own_bytes();
         assert!(one > 200, "the response and the turn both count: {one}");
@@ -416,6 +476,7 @@ mod tests {
             turn: turn("1"),
             input_items: Arc::default(),
             events: Some(Arc::clone(&running)),
+            file: None,
         };
         let plain = Stored {
             events: None,
@@ -441,6 +502,7 @@ mod tests {
             turn: s.turn.clone(),
             input_items: Arc::clone(&s.input_items),
             events: s.events.clone(),
+            file: None,
         }
     }
 }

@@ -127,10 +127,44 @@ pub enum Health {
 }
 
 impl AppState {
-    /// A state with no model yet (`/health` answers 503 "loading").
-    pub fn new(cfg: ServerConfig) -> Self {
-        let cfg_responses = (cfg.responses_store, cfg.responses_store_bytes);
-        Self(Arc::new(Shared {
+    /// A state with no model yet (`/health` answers 503 "loading"); with
+    /// `server.responses_dir`, the stored responses a previous run left there are read back.
+    pub fn new(cfg: ServerConfig) -> Result<Self, ServerError> {
+        let (capacity, bytes) = (cfg.responses_store, cfg.responses_store_bytes);
+        let responses = match &cfg.responses_dir {
+            None => ResponseStore::new(capacity, bytes),
+            Some(_) if capacity == 0 => {
+                return Err(ServerError::Config {
+                    option: "server.responses_dir",
+                    message:
+                        "it keeps stored responses, but server.responses_store = 0 stores none; \
+                              leave it empty or store some"
+                            .into(),
+                });
+            }
+            Some(dir) => {
+                let (store, skipped) =
+                    ResponseStore::open(capacity, bytes, dir).map_err(|e| ServerError::Config {
+                        option: "server.responses_dir",
+                        message: format!("{}: {e}", dir.display()),
+                    })?;
+                if !skipped.is_empty() {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        files = ?skipped,
+                        "server.responses_dir: files left as they were (unreadable, or \
+                         continuing a response whose file is missing)"
+                    );
+                }
+                tracing::info!(
+                    dir = %dir.display(),
+                    stored = store.len(),
+                    "server.responses_dir: stored responses read back"
+                );
+                store
+            }
+        };
+        Ok(Self(Arc::new(Shared {
             cfg,
             stats: Stats::default(),
             loaded: OnceLock::new(),
@@ -142,8 +176,8 @@ impl AppState {
                 at: Instant::now(),
             }),
             aborts: Arc::default(),
-            responses: ResponseStore::new(cfg_responses.0, cfg_responses.1),
-        }))
+            responses,
+        })))
     }
 
     /// The model is ready: start serving requests and watching the step loop's progress

@@ -86,6 +86,7 @@ fn server_config(
             .context("server.responses_store is too large for this machine")?,
         responses_store_bytes: usize::try_from(s.responses_store_mib << 20)
             .context("server.responses_store_mib is too large for this machine")?,
+        responses_dir: s.responses_dir.clone().map(Into::into),
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,
@@ -150,7 +151,7 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let state = AppState::new(cfg);
+        let state = AppState::new(cfg)?;
         let server = Server::bind(state.clone()).await?;
         let url = format!("http://{}", server.local_addr());
         let auth = if has_key {
@@ -170,6 +171,14 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
              '{{\"model\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \
              \"max_tokens\": 16}}'"
         )?;
+        if let Some(dir) = &state.cfg().responses_dir {
+            writeln!(
+                out,
+                "dsv4 serve: {} stored responses read back from {} (server.responses_dir)",
+                state.responses().len(),
+                dir.display()
+            )?;
+        }
         out.flush()?;
         drop(out);
         let serving = tokio::spawn(server.run(shutdown_signal()));

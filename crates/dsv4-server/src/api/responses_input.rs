@@ -50,6 +50,35 @@ fn str_field<'a>(item: &'a OrderedJson, key: &str, at: &str) -> Result<&'a str, 
 }
 
 impl ChatMessages {
+    /// As JSON to keep on disk: each message as the Python JSON text the prompt encoder reads,
+    /// their origins, and whether a reasoning item left the assistant turn open.
+    pub fn to_json(&self) -> serde_json::Value {
+        let messages: Vec<String> = self.messages.iter().map(|m| m.to_python_json()).collect();
+        serde_json::json!({
+            "messages": messages,
+            "origins": self.origins,
+            "open_reasoning": self.open_reasoning,
+        })
+    }
+
+    /// Read back what [`Self::to_json`] wrote (None: not that shape).
+    pub fn from_json(v: &serde_json::Value) -> Option<Self> {
+        let strings = |key: &str| -> Option<Vec<&str>> {
+            v.get(key)?.as_array()?.iter().map(|m| m.as_str()).collect()
+        };
+        let messages = strings("messages")?
+            .into_iter()
+            .map(|m| OrderedJson::parse(m).ok())
+            .collect::<Option<Vec<_>>>()?;
+        let origins: Vec<String> = strings("origins")?.into_iter().map(String::from).collect();
+        (messages.len() == origins.len()).then_some(())?;
+        Some(Self {
+            messages,
+            origins,
+            open_reasoning: v.get("open_reasoning")?.as_bool()?,
+        })
+    }
+
     /// Append one message from `origin`.
     pub fn push(&mut self, message: OrderedJson, origin: impl Into<String>) {
         self.messages.push(message);

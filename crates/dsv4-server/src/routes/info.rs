@@ -178,13 +178,14 @@ mod tests {
 
     #[test]
     fn the_model_object_names_the_profile_when_it_is_known() {
-        let plain = AppState::new(ServerConfig::default());
+        let plain = AppState::new(ServerConfig::default()).unwrap();
         assert!(model_object(&plain).get("dsv4").is_none());
         let named = AppState::new(ServerConfig {
             profile_name: Some("dev-cpu".into()),
             profile_sha256: Some("ab12".into()),
             ..Default::default()
-        });
+        })
+        .unwrap();
         let m = model_object(&named);
         assert_eq!(
             m["dsv4"],

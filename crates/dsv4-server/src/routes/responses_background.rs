@@ -183,8 +183,9 @@ pub(super) fn follow(
         ApiError::bad_param(
             "stream",
             format!(
-                "response {id} was not created with \"background\": true and \"stream\": true, \
-                 so its events were not kept; GET it without stream"
+                "response {id} has no events kept: only a background response created with \
+                 \"stream\": true keeps them, and not across a restart (server.responses_dir \
+                 keeps the response, not its stream); GET it without stream"
             ),
         )
     })?;

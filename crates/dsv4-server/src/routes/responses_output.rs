@@ -436,6 +436,7 @@ impl ResponseOutput {
             turn,
             input_items,
             events: self.background.clone().filter(|bg| bg.keeps_events()),
+            file: None,
         };
         if !self.state.responses().insert(self.env.id.clone(), stored) {
             tracing::warn!(

@@ -99,7 +99,7 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
 
 /// Start a server with `cfg` whose model never finishes loading.
 pub async fn start_loading(cfg: ServerConfig) -> TestServer {
-    let state = AppState::new(cfg);
+    let state = AppState::new(cfg).unwrap();
     let server = Server::bind(state.clone()).await.unwrap();
     let addr = server.local_addr();
     let (tx, rx) = oneshot::channel::<()>();

@@ -3,7 +3,7 @@
 //! formats, log-probabilities); streams carry the same response as ordered typed events; bad
 //! input names its field. Stored responses and aborts: [`lifecycle`]; background responses:
 //! [`background`]; `truncation: "auto"`: [`truncation`]; the input token count:
-//! [`input_tokens`].
+//! [`input_tokens`]; stored responses on disk: [`on_disk`].
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 mod background;
 mod input_tokens;
 mod lifecycle;
+mod on_disk;
 mod truncation;
 
 /// The tiny tokenizer's id of `</think>`.
