@@ -275,6 +275,7 @@ async fn search(
             .collect();
         cands.sort_by(|x, y| y.0.total_cmp(&x.0));
         let mut next = Vec::with_capacity(p.width);
+        let mut spelled: Vec<Option<Vec<u32>>> = vec![None; running.len()];
         for &(sum, b, r) in &cands {
             let parent = &running[b];
             let top = &grown[b].top;
@@ -295,8 +296,20 @@ async fn search(
                 }
                 continue;
             }
-            if next.len() == p.width && req.stop.is_empty() {
-                // The beams are full, and only end tokens can still end a hypothesis.
+            let full = next.len() == p.width;
+            // Whether it completes a stop string, checked on the beam's tokens with this one
+            // after them (one copy per beam, not per candidate).
+            let stopped = !req.stop.is_empty() && {
+                let with = spelled[b].get_or_insert_with(|| {
+                    let mut t = parent.tokens.clone();
+                    t.push(token);
+                    t
+                });
+                with[len] = token;
+                stop_string_ends(with, &req.stop, &detok, min_tokens)
+            };
+            if full && !stopped {
+                // The beams are full: only an end can still make a hypothesis.
                 continue;
             }
             let mut child = parent.clone();
@@ -308,16 +321,14 @@ async fn search(
                 rank: r as u32 + 1,
                 asked: Vec::new(),
             });
-            if stop_string_ends(&child.tokens, &req.stop, &detok, min_tokens) {
+            if stopped {
                 let score = score(sum, len + 1, p.length_penalty);
                 done.push(Hypothesis {
                     beam: child,
                     end: End::Stop,
                     score,
                 });
-                continue;
-            }
-            if next.len() < p.width {
+            } else {
                 next.push(child);
             }
         }
