@@ -12,6 +12,7 @@
 //! - Output ([`output`]): per-request decoding of token bytes with stop strings and the
 //!   streaming DSML parser; [`run`] drives one request's choices, [`state`] holds what handlers share
 //!   (with the step-loop stall watch behind `/health`), [`metrics`] renders Prometheus text.
+//! - [`batch`]: OpenAI Batch API files run through the routes in process (`dsv4 run-batch`).
 //! - [`Server`]: bind (port 0 picks one), serve, drain on shutdown.
 //!
 //! Bad input is answered with a 4xx OpenAI error object ([`ApiError`]); no request can panic
@@ -19,6 +20,7 @@
 
 pub mod abort;
 pub mod api;
+pub mod batch;
 pub mod beam;
 pub mod config;
 pub mod error;

@@ -10,12 +10,14 @@
 //! completion (`prefix`, `continue_final_message`), beam search (`use_beam_search`), and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
-//! OpenAI's Responses API (`/v1/responses`, stored responses), and structured outputs beyond
+//! OpenAI's Responses API (`/v1/responses`, stored responses), OpenAI Batch API files run
+//! in process, and structured outputs beyond
 //! JSON (regex, choice, GBNF and Lark grammars) on every endpoint.
 
 mod abort;
 mod api;
 mod bad_input;
+mod batch;
 mod beam;
 mod cache;
 mod canary;
