@@ -4,7 +4,8 @@ mod commands;
 
 use clap::{Args, Parser, Subcommand};
 use commands::{
-    ab, bench, chat, diff, forward, generate, kernels, ledger, model, plan, profile, serve, stress,
+    ab, bench, chat, diff, forward, generate, kernels, ledger, model, plan, profile, run_batch,
+    serve, stress,
 };
 use dsv4_config::{DEFAULT_PROFILE, Profile, ResolveOptions, Resolved};
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ enum Command {
     Profile(profile::ProfileCommand),
     /// Serve the profile's model over an OpenAI-compatible HTTP API (or with SGLang).
     Serve(serve::ServeArgs),
+    /// Run an OpenAI Batch API file (JSONL of custom_id/method/url/body) through the server's
+    /// routes offline, writing OpenAI's batch output lines in input order.
+    RunBatch(run_batch::RunBatchArgs),
     /// Multi-turn tool-calling load against any OpenAI-compatible server, with corruption
     /// signatures and vLLM-named metrics (exit 1 when a session failed).
     Stress(stress::StressArgs),
@@ -156,6 +160,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             profile::run(cmd, &|name| options(&cli.global, name), &cli.global.profile)
         }
         Command::Serve(args) => serve::run(args, &resolve(&cli.global, None)?),
+        Command::RunBatch(args) => run_batch::run(args, &resolve(&cli.global, None)?),
         Command::Stress(args) => stress::run(args),
         Command::Ab(args) => ab::run(
             args,
@@ -185,6 +190,7 @@ fn default_sigpipe_for(command: &Command) {
         command,
         Command::Model(_)
             | Command::Generate { .. }
+            | Command::RunBatch(_)
             | Command::Diff(_)
             | Command::Chat(_)
             | Command::Plan(_)

@@ -1,5 +1,5 @@
 //! End-to-end tests of the `dsv4` binary: profiles, `--set`, errors, `model init-tiny`, `model inspect`,
-//! `bench` option checks.
+//! `bench` option checks, `run-batch` on OpenAI Batch API files.
 
 mod common;
 
@@ -414,4 +414,131 @@ fn kernels_list_tells_current_from_stale_and_prunes_the_stale() {
         &["kernels", "list", "--cache-dir", "cache"],
     ));
     assert!(text.starts_with("sm_90   f64  current"), "{text}");
+}
+
+/// A batch input line for `run-batch`.
+fn batch_line(custom_id: &str, url: &str, body: Value) -> String {
+    serde_json::json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+        .to_string()
+}
+
+/// The JSON lines of a file.
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn run_batch_writes_answers_and_failures_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = |p: &str| serde_json::json!({"model": "dsv4-tiny", "prompt": p, "max_tokens": 3});
+    let input = [
+        batch_line("a", "/v1/completions", body("one")),
+        batch_line(
+            "b",
+            "/v1/completions",
+            serde_json::json!({"model": "dsv4-tiny", "prompt": "x", "n": 0}),
+        ),
+        String::new(),
+        batch_line(
+            "c",
+            "/v1/chat/completions",
+            serde_json::json!({"model": "dsv4-tiny",
+            "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "stop": ["<｜"]}),
+        ),
+    ]
+    .join("\n");
+    std::fs::write(dir.path().join("in.jsonl"), &input).unwrap();
+    let args = [
+        "run-batch",
+        "-i",
+        "in.jsonl",
+        "-o",
+        "out.jsonl",
+        "--error-file",
+        "err.jsonl",
+        "--json",
+    ];
+    let summary = json(dsv4(dir.path(), &args));
+    assert_eq!(summary["total"], 3, "{summary}");
+    assert_eq!(summary["succeeded"], 2, "{summary}");
+    assert_eq!(summary["failed"], 1, "{summary}");
+    let out = jsonl(&dir.path().join("out.jsonl"));
+    let ids: Vec<&Value> = out.iter().map(|o| &o["custom_id"]).collect();
+    assert_eq!(ids, ["a", "c"]);
+    assert_eq!(out[1]["response"]["body"]["object"], "chat.completion");
+    let err = jsonl(&dir.path().join("err.jsonl"));
+    assert_eq!(err.len(), 1);
+    assert_eq!(err[0]["custom_id"], "b");
+    assert_eq!(err[0]["response"]["status_code"], 400);
+
+    // stdin to stdout: one file of every line, the progress on stderr.
+    let mut cmd = dsv4(dir.path(), &["run-batch", "-i", "-", "-o", "-"]);
+    cmd.stdin(std::fs::File::open(dir.path().join("in.jsonl")).unwrap());
+    let run = common::run(cmd);
+    assert!(run.status.success());
+    let lines: Vec<Value> = String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&Value> = lines.iter().map(|o| &o["custom_id"]).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("run-batch: done: 2 succeeded, 1 failed")
+    );
+}
+
+#[test]
+fn run_batch_refuses_a_file_that_cannot_run_before_loading_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = serde_json::json!({"model": "dsv4-tiny", "prompt": "p"});
+    let write = |text: &str| std::fs::write(dir.path().join("in.jsonl"), text).unwrap();
+    let refuse = |extra: &[&str]| {
+        let mut args = vec!["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"];
+        args.extend_from_slice(extra);
+        fails(dsv4(dir.path(), &args))
+    };
+    write(
+        &[
+            batch_line("x", "/v1/completions", body.clone()),
+            batch_line("x", "/v1/completions", body.clone()),
+        ]
+        .join("\n"),
+    );
+    let e = refuse(&[]);
+    assert!(e.contains("custom_id `x` is on line 1 and line 2"), "{e}");
+    assert!(
+        !dir.path().join("out.jsonl").exists(),
+        "a refused batch wrote its output"
+    );
+    write(&batch_line(
+        "x",
+        "/v1/completions",
+        serde_json::json!({"model": "gpt-4o"}),
+    ));
+    let e = refuse(&[]);
+    assert!(e.contains("--served-model-name gpt-4o"), "{e}");
+    write("\n\n");
+    assert!(refuse(&[]).contains("no requests"));
+    write(&batch_line("x", "/v1/completions", body));
+    let e = fails(dsv4(
+        dir.path(),
+        &["run-batch", "-i", "in.jsonl", "-o", "-", "--json"],
+    ));
+    assert!(e.contains("pick one"), "{e}");
+    assert!(refuse(&["--max-concurrency", "0"]).contains("--max-concurrency"));
+    let e = refuse(&["--error-file", "nodir/err.jsonl"]);
+    assert!(e.contains("does not exist"), "{e}");
+    let e = fails(dsv4(
+        dir.path(),
+        &["run-batch", "-i", "missing.jsonl", "-o", "o"],
+    ));
+    assert!(
+        e.contains("cannot read the batch file missing.jsonl"),
+        "{e}"
+    );
 }

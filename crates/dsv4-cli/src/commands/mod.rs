@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod model;
 pub mod plan;
 pub mod profile;
+pub mod run_batch;
 pub mod serve;
 pub mod stress;
 

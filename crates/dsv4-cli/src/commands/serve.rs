@@ -69,7 +69,7 @@ pub fn run(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
 }
 
 /// The server options of the profile and the command line.
-fn server_config(
+pub(crate) fn server_config(
     args: &ServeArgs,
     resolved: &Resolved,
     model_id: String,
@@ -109,7 +109,7 @@ fn profile_sha256(resolved: &Resolved) -> String {
 }
 
 /// The model id: `--served-model-name`, else "dsv4-tiny" or the checkpoint directory's name.
-fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
+pub(crate) fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
     if let Some(name) = &args.served_model_name {
         return name.clone();
     }
@@ -125,7 +125,11 @@ fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
 }
 
 /// Load the model and start the engine with `tok` (blocking; runs beside the server).
-fn load(model_dir: Option<&Path>, resolved: &Resolved, tok: Tokenizer) -> anyhow::Result<Loaded> {
+pub(crate) fn load(
+    model_dir: Option<&Path>,
+    resolved: &Resolved,
+    tok: Tokenizer,
+) -> anyhow::Result<Loaded> {
     let profile = &resolved.profile;
     let cfg = engine_config(profile)?;
     let (model, _) = open_model(model_dir, profile)?;
