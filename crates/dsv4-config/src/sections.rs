@@ -90,6 +90,9 @@ pub struct ServerSection {
     pub responses_dir: Option<String>,
     /// Compiled constrained-decoding grammars kept for reuse; 0 keeps none.
     pub grammar_cache: u64,
+    /// Most MiB of uploaded and batch output files kept in memory (`/v1/files`,
+    /// `/v1/batches`); 0 turns the Files and Batch APIs off.
+    pub files_mib: u64,
 }
 
 impl Default for ServerSection {
@@ -106,6 +109,7 @@ impl Default for ServerSection {
             responses_store_mib: 256,
             responses_dir: None,
             grammar_cache: 64,
+            files_mib: 1024,
         }
     }
 }

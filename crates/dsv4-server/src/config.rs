@@ -61,6 +61,8 @@ pub struct ServerConfig {
     /// Where stored responses are also kept as files, to survive a restart
     /// (`server.responses_dir`); None: in memory only.
     pub responses_dir: Option<std::path::PathBuf>,
+    /// Most bytes of files the Files and Batch APIs keep (`server.files_mib`); 0 turns both off.
+    pub files_bytes: usize,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -84,6 +86,7 @@ impl Default for ServerConfig {
             responses_store: 256,
             responses_store_bytes: 256 << 20,
             responses_dir: None,
+            files_bytes: 1024 << 20,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

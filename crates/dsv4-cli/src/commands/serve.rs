@@ -87,6 +87,8 @@ pub(crate) fn server_config(
         responses_store_bytes: usize::try_from(s.responses_store_mib << 20)
             .context("server.responses_store_mib is too large for this machine")?,
         responses_dir: s.responses_dir.clone().map(Into::into),
+        files_bytes: usize::try_from(s.files_mib << 20)
+            .context("server.files_mib is too large for this machine")?,
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

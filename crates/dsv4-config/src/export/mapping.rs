@@ -472,6 +472,11 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Always,
         Same("SGLang keeps compiled grammars in a cache of its own, without a setting"),
     ),
+    row(
+        "server.files_mib",
+        Always,
+        Same("SGLang keeps /v1/files uploads and batch outputs without a size setting"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

@@ -324,6 +324,14 @@ pub const KEYS: &[KeySpec] = &[
          structural tags) kept for later requests with the same grammar; the least recently \
          used goes first; 0 keeps none (requests at the same time still share one compile)",
     ),
+    key(
+        "server.files_mib",
+        ValueKind::Range(0, 1_048_576),
+        "1024",
+        "most MiB of files kept in memory for the Files and Batch APIs (/v1/files uploads and \
+         the output and error files of /v1/batches); an upload may be this large; uploads and \
+         new batches are refused while it is full; 0 turns both APIs off",
+    ),
     // [debug]
     key(
         "debug.canary",
