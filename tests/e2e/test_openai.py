@@ -12,7 +12,8 @@ the tool result sent back), JSON answers, structured outputs (vLLM's `structured
 SGLang's `regex`/`ebnf`), a strict pydantic tool (its arguments validated), completions (plain and
 streamed; legacy logprobs; n=2 choices), vLLM's token-id extensions through extra_body, the
 Responses API (streamed through the SDK's event accumulator, a function call continued with
-previous_response_id, stored responses read and deleted), usage, and OpenAI error types.
+previous_response_id, stored responses read and deleted), the Files and Batch APIs (a batch
+file uploaded, run and its output read), usage, and OpenAI error types.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. The plain chat requests therefore
@@ -489,6 +490,37 @@ def test_background_responses(client, model):
     check(client.responses.cancel(rid).status == events[-1].response.status, rid)
 
 
+def test_batches(client, model):
+    """The Files and Batch APIs: upload a JSONL file, run it as a batch, read the output file."""
+    lines = [
+        {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": model, "messages": chat_messages(), "max_tokens": 4 + i,
+                  "temperature": 0, "stop": CLEAN_STOPS}}
+        for i in range(3)
+    ]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    f = client.files.create(file=("batch.jsonl", data), purpose="batch")
+    check(f.purpose == "batch" and f.bytes == len(data), f)
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+        metadata={"suite": "e2e"},
+    )
+    deadline = time.time() + 120
+    while batch.status not in ("completed", "failed", "cancelled"):
+        check(time.time() < deadline, f"batch {batch.id} still {batch.status}")
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    check(batch.status == "completed", batch)
+    check(batch.request_counts.total == 3 and batch.request_counts.completed == 3, batch.request_counts)
+    out = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
+    check([o["custom_id"] for o in out] == ["req-0", "req-1", "req-2"], out)
+    alone = client.chat.completions.create(**lines[1]["body"])
+    got = out[1]["response"]["body"]["choices"][0]["message"]["content"]
+    check(got == alone.choices[0].message.content, (got, alone.choices[0].message.content))
+    check(any(b.id == batch.id for b in client.batches.list()), "batch not listed")
+    check(client.files.delete(f.id).deleted, f.id)
+
+
 def test_errors(client, model):
     try:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -514,6 +546,7 @@ TESTS = [
     test_vllm_token_ids,
     test_responses,
     test_background_responses,
+    test_batches,
     test_errors,
 ]
 

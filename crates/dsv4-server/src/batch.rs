@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tower::ServiceExt;
 
 /// The routes a batch line may name (OpenAI's Batch API names these three for text models).
@@ -75,6 +75,18 @@ pub enum BatchFileError {
         /// Where it appears again.
         again: usize,
     },
+    /// A line's URL is not the batch's endpoint (a `/v1/batches` batch names one).
+    #[error(
+        "line {line} goes to `{url}`, but the batch's endpoint is `{endpoint}`; every line of a batch goes to its endpoint"
+    )]
+    WrongEndpoint {
+        /// The line.
+        line: usize,
+        /// Its URL.
+        url: String,
+        /// The batch's endpoint.
+        endpoint: String,
+    },
     /// A line asks for a model this run does not serve.
     #[error(
         "line {line} asks for model `{asked}`, but this run serves `{served}`; pass \
@@ -92,8 +104,13 @@ pub enum BatchFileError {
 
 /// Read a batch file: one [`Item`] per non-empty line. Lines that cannot be sent become items
 /// with an error; a file that cannot run at all is a [`BatchFileError`]. `served` is the model
-/// id each body's `model` (when it has one) must name.
-pub fn parse(text: &str, served: &str) -> Result<Vec<Item>, BatchFileError> {
+/// id each body's `model` (when it has one) must name; `endpoint`, when given, the URL every
+/// line must go to.
+pub fn parse(
+    text: &str,
+    served: &str,
+    endpoint: Option<&str>,
+) -> Result<Vec<Item>, BatchFileError> {
     let mut items = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, raw) in text.lines().enumerate() {
@@ -111,6 +128,15 @@ pub fn parse(text: &str, served: &str) -> Result<Vec<Item>, BatchFileError> {
                 });
             }
             seen.insert(id.clone(), line);
+        }
+        if let (Ok(call), Some(endpoint)) = (&item.call, endpoint)
+            && call.url != endpoint
+        {
+            return Err(BatchFileError::WrongEndpoint {
+                line,
+                url: call.url.clone(),
+                endpoint: endpoint.to_string(),
+            });
         }
         if let Ok(call) = &item.call
             && let Some(asked) = call.body.get("model").and_then(Value::as_str)
@@ -214,10 +240,34 @@ fn check(l: Line, line: usize) -> Result<Call, (&'static str, String)> {
 /// How a batch runs.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Requests in flight at once (the engine batches them); at least 1.
-    pub concurrency: usize,
+    /// One permit per request in flight (the engine batches them); batches that share the
+    /// semaphore share its limit.
+    pub permits: Arc<Semaphore>,
     /// Prefix of the output lines' `id`s (`{prefix}_{line}`), unique per run.
     pub id_prefix: String,
+    /// Once it turns true no further line starts; the lines in flight finish and are written.
+    pub cancel: Option<watch::Receiver<bool>>,
+}
+
+impl Options {
+    /// Up to `concurrency` requests at once (at least 1), not cancellable.
+    pub fn new(concurrency: usize, id_prefix: impl Into<String>) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            id_prefix: id_prefix.into(),
+            cancel: None,
+        }
+    }
+}
+
+/// Resolves once `cancel` turns true; never when there is none or its sender is gone.
+async fn cancelled(cancel: Option<watch::Receiver<bool>>) {
+    if let Some(mut c) = cancel
+        && c.wait_for(|v| *v).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Counts of a run so far.
@@ -237,13 +287,14 @@ pub struct Summary {
 /// OpenAI splits a batch's output and error files).
 pub struct Sinks<'a> {
     /// Successful lines (and failed ones when `errors` is `None`).
-    pub output: &'a mut dyn Write,
+    pub output: &'a mut (dyn Write + Send),
     /// Failed lines, when they go to a file of their own.
-    pub errors: Option<&'a mut dyn Write>,
+    pub errors: Option<&'a mut (dyn Write + Send)>,
 }
 
 /// Run `items` through the routes of `state` (which must be ready), writing one output line per
-/// item in input order, and call `progress` after each answer. An I/O error writing the output
+/// item in input order, and call `progress` after each answer. With [`Options::cancel`], the
+/// lines started before it are written and the rest are not. An I/O error writing the output
 /// stops the run.
 pub async fn run(
     state: &AppState,
@@ -255,7 +306,8 @@ pub async fn run(
     let Sinks { output, mut errors } = sinks;
     let app = router(state.clone());
     let key = state.cfg().api_key.clone();
-    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let permits = opts.permits.clone();
+    let cancel = opts.cancel.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, bool, Value)>();
     let mut summary = Summary {
         total: items.len(),
@@ -265,8 +317,16 @@ pub async fn run(
         let prefix = opts.id_prefix.clone();
         tokio::spawn(async move {
             for (index, item) in items.into_iter().enumerate() {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
+                if cancel.as_ref().is_some_and(|c| *c.borrow()) {
                     return;
+                }
+                let permit = tokio::select! {
+                    biased;
+                    () = cancelled(cancel.clone()) => return,
+                    p = permits.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
                 };
                 let (app, key, tx, prefix) = (app.clone(), key.clone(), tx.clone(), prefix.clone());
                 tokio::spawn(async move {
@@ -289,7 +349,7 @@ pub async fn run(
         }
         pending.insert(index, (ok, out));
         while let Some((ok, out)) = pending.remove(&next) {
-            let sink: &mut dyn Write = match (&mut errors, ok) {
+            let sink: &mut (dyn Write + Send) = match (&mut errors, ok) {
                 (Some(e), false) => &mut **e,
                 _ => &mut *output,
             };
@@ -298,9 +358,6 @@ pub async fn run(
             next += 1;
         }
         progress(&summary);
-        if summary.done == summary.total {
-            break;
-        }
     }
     output.flush()?;
     if let Some(e) = errors {
@@ -384,7 +441,7 @@ mod tests {
             line("a", "/v1/chat/completions", body.clone()),
             line("b", "/v1/completions", json!({"prompt": "x"}))
         );
-        let items = parse(&text, "m").unwrap();
+        let items = parse(&text, "m", None).unwrap();
         assert_eq!(items.len(), 2);
         assert_eq!(items[0].line, 1);
         assert_eq!(items[0].custom_id.as_deref(), Some("a"));
@@ -414,7 +471,7 @@ mod tests {
             line("ok", "/v1/completions", json!({"stream": false})),
         ]
         .join("\n");
-        let items = parse(&text, "m").unwrap();
+        let items = parse(&text, "m", None).unwrap();
         let codes: Vec<_> = items
             .iter()
             .map(|i| i.call.as_ref().err().map(|e| e.0))
@@ -448,7 +505,7 @@ mod tests {
 
     #[test]
     fn files_that_cannot_run_are_refused_whole() {
-        assert_eq!(parse("\n  \n", "m"), Err(BatchFileError::Empty));
+        assert_eq!(parse("\n  \n", "m", None), Err(BatchFileError::Empty));
         let text = [
             line("a", "/v1/completions", json!({})),
             line("b", "/v1/completions", json!({})),
@@ -456,7 +513,7 @@ mod tests {
         ]
         .join("\n");
         assert_eq!(
-            parse(&text, "m"),
+            parse(&text, "m", None),
             Err(BatchFileError::DuplicateId {
                 id: "a".into(),
                 first: 1,
@@ -468,7 +525,20 @@ mod tests {
             line("b", "/v1/completions", json!({"model": "gpt-4o"})),
         ]
         .join("\n");
-        let e = parse(&text, "m").unwrap_err();
+        let e = parse(&text, "m", None).unwrap_err();
+        let other = parse(
+            &text.replace("gpt-4o", "m"),
+            "m",
+            Some("/v1/chat/completions"),
+        );
+        assert_eq!(
+            other,
+            Err(BatchFileError::WrongEndpoint {
+                line: 1,
+                url: "/v1/completions".into(),
+                endpoint: "/v1/chat/completions".into()
+            })
+        );
         assert!(e.to_string().contains("--served-model-name gpt-4o"), "{e}");
     }
 }

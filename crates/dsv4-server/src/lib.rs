@@ -12,7 +12,8 @@
 //! - Output ([`output`]): per-request decoding of token bytes with stop strings and the
 //!   streaming DSML parser; [`run`] drives one request's choices, [`state`] holds what handlers share
 //!   (with the step-loop stall watch behind `/health`), [`metrics`] renders Prometheus text.
-//! - [`batch`]: OpenAI Batch API files run through the routes in process (`dsv4 run-batch`).
+//! - [`batch`]: OpenAI Batch API files run through the routes in process (`dsv4 run-batch`);
+//!   [`files`] and [`batches`] hold the Files and Batch APIs' files and background batches.
 //! - [`Server`]: bind (port 0 picks one), serve, drain on shutdown.
 //!
 //! Bad input is answered with a 4xx OpenAI error object ([`ApiError`]); no request can panic
@@ -21,9 +22,11 @@
 pub mod abort;
 pub mod api;
 pub mod batch;
+pub mod batches;
 pub mod beam;
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod grammar;
 pub mod metrics;
 pub mod output;

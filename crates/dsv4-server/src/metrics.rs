@@ -277,6 +277,32 @@ pub fn render_responses(out: &mut String, stored: usize, bytes: usize, running: 
     );
 }
 
+/// The gauges of the Files and Batch APIs: files kept, their bytes (what `server.files_mib`
+/// bounds) and batches not yet ended.
+pub fn render_batches(out: &mut String, files: usize, bytes: usize, running: usize) {
+    scalar(
+        out,
+        "dsv4:files_stored",
+        "gauge",
+        "Files kept for the Files and Batch APIs (uploads and batch outputs).",
+        files as f64,
+    );
+    scalar(
+        out,
+        "dsv4:files_stored_bytes",
+        "gauge",
+        "Bytes of those files (server.files_mib bounds uploads).",
+        bytes as f64,
+    );
+    scalar(
+        out,
+        "dsv4:batches_running",
+        "gauge",
+        "Batches validating, running or cancelling.",
+        running as f64,
+    );
+}
+
 /// The gauge of the compiled-grammar cache: grammars it holds (`server.grammar_cache` bounds it).
 pub fn render_grammar_cache(out: &mut String, entries: usize) {
     scalar(

@@ -3,8 +3,10 @@
 //! generation requests in flight, and the step-loop progress watch behind `/health`.
 
 use crate::abort::AbortRegistry;
+use crate::batches::BatchStore;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
+use crate::files::FileStore;
 use crate::grammar::GrammarCompiler;
 use crate::metrics::Stats;
 use crate::responses_store::ResponseStore;
@@ -32,6 +34,9 @@ pub struct Loaded {
     pub bos: u32,
     /// The end-of-sequence token id (the engine ends a request on it unless `ignore_eos`).
     pub eos: u32,
+    /// Requests the engine runs at once (`scheduler.max_running_requests`): how many lines of
+    /// `/v1/batches` batches are in flight together.
+    pub max_running: usize,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -68,6 +73,7 @@ impl Loaded {
             model.cfg.bos_token_id,
             model.cfg.eos_token_id,
         );
+        let max_running = cfg.max_running_requests;
         let engine = Engine::spawn_debug(model, cfg, Some(detok), debug)?;
         Ok(Self {
             engine,
@@ -77,6 +83,7 @@ impl Loaded {
             context,
             bos,
             eos,
+            max_running,
         })
     }
 }
@@ -102,6 +109,8 @@ pub struct Shared {
     progress: Mutex<Progress>,
     aborts: Arc<AbortRegistry>,
     responses: ResponseStore,
+    files: FileStore,
+    batches: BatchStore,
 }
 
 /// The state handed to every handler (cheap to clone).
@@ -131,6 +140,7 @@ impl AppState {
     /// `server.responses_dir`, the stored responses a previous run left there are read back.
     pub fn new(cfg: ServerConfig) -> Result<Self, ServerError> {
         let (capacity, bytes) = (cfg.responses_store, cfg.responses_store_bytes);
+        let files_bytes = cfg.files_bytes;
         let responses = match &cfg.responses_dir {
             None => ResponseStore::new(capacity, bytes),
             Some(_) if capacity == 0 => {
@@ -177,6 +187,8 @@ impl AppState {
             }),
             aborts: Arc::default(),
             responses,
+            files: FileStore::new(files_bytes),
+            batches: BatchStore::default(),
         })))
     }
 
@@ -223,6 +235,16 @@ impl AppState {
     /// The runs in flight, for `/abort_request`.
     pub fn aborts(&self) -> &Arc<AbortRegistry> {
         &self.0.aborts
+    }
+
+    /// The Files API's files.
+    pub fn files(&self) -> &FileStore {
+        &self.0.files
+    }
+
+    /// The Batch API's batches.
+    pub fn batches(&self) -> &BatchStore {
+        &self.0.batches
     }
 
     /// The stored responses of `/v1/responses`.

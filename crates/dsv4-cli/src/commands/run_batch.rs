@@ -66,7 +66,7 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
     };
     let id = model_id(&serve, resolved);
     let text = read_input(&args.input)?;
-    let items = batch::parse(&text, &id)
+    let items = batch::parse(&text, &id, None)
         .with_context(|| format!("{}: nothing has run", args.input.display()))?;
     let engine = engine_config(&resolved.profile)?;
     let concurrency = args.max_concurrency.map_or_else(
@@ -103,10 +103,7 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
     let _entered = runtime.enter();
     let state = AppState::new(cfg)?;
     state.set_ready(loaded);
-    let opts = Options {
-        concurrency,
-        id_prefix: id_prefix(),
-    };
+    let opts = Options::new(concurrency, id_prefix());
     let started = Instant::now();
     let mut last = started;
     let quiet = args.quiet;
@@ -117,7 +114,7 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
             &opts,
             Sinks {
                 output: &mut *output,
-                errors: errors.as_mut().map(|e| &mut **e as &mut dyn Write),
+                errors: errors.as_mut().map(|e| &mut **e as &mut (dyn Write + Send)),
             },
             |s| {
                 if !quiet && (last.elapsed() >= PROGRESS_EVERY || s.done == s.total) {
@@ -175,7 +172,7 @@ fn read_input(path: &Path) -> anyhow::Result<String> {
 }
 
 /// An output sink opened before the model loads, so a bad path fails at once.
-fn open_output(flag: &str, path: &Path) -> anyhow::Result<Box<dyn Write>> {
+fn open_output(flag: &str, path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
     if path == Path::new("-") {
         return Ok(Box::new(BufWriter::new(std::io::stdout())));
     }

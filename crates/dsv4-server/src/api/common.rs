@@ -256,6 +256,21 @@ impl UsageBody {
     }
 }
 
+/// OpenAI's `metadata` (of a response or a batch): at most 16 keys, each with a string value.
+pub fn check_metadata(
+    metadata: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), ApiError> {
+    match metadata {
+        Some(meta) if meta.len() > 16 || meta.values().any(|v| !v.is_string()) => {
+            Err(ApiError::bad_param(
+                "metadata",
+                "metadata holds at most 16 keys, each with a string value",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Seconds since the Unix epoch (the `created` field).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

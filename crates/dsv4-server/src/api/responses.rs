@@ -253,15 +253,7 @@ impl ResponsesRequest {
                 ));
             }
         }
-        if let Some(meta) = &self.metadata
-            && (meta.len() > 16 || meta.values().any(|v| !v.is_string()))
-        {
-            return Err(ApiError::bad_param(
-                "metadata",
-                "metadata holds at most 16 keys, each with a string value",
-            ));
-        }
-        Ok(())
+        crate::api::common::check_metadata(self.metadata.as_ref())
     }
 
     /// Whether thinking mode is asked for, and the DSV4 reasoning effort.

@@ -158,6 +158,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.stats().render(engine.as_ref(), state.in_flight());
     let store = state.responses();
     crate::metrics::render_responses(&mut text, store.len(), store.bytes(), store.running());
+    let files = state.files();
+    crate::metrics::render_batches(
+        &mut text,
+        files.len(),
+        files.bytes(),
+        state.batches().running(),
+    );
     if let Some(l) = &loaded {
         crate::metrics::render_grammar_cache(&mut text, l.grammars.cached());
     }

@@ -4,12 +4,15 @@
 //! id, and stream server-sent events.
 
 pub mod abort;
+pub mod batches;
 pub mod cache;
 pub mod chat;
 pub mod chat_stream;
 pub mod completions;
+pub mod files;
 pub mod generate;
 pub mod info;
+mod page;
 pub mod responses;
 pub mod responses_background;
 pub mod responses_envelope;
@@ -37,6 +40,8 @@ use std::future::Future;
 /// The application: every route with its middleware, over `state`.
 pub fn router(state: AppState) -> Router {
     let limit = state.cfg().max_request_bytes;
+    // An upload may be as large as the files budget, past the request limit.
+    let files_limit = state.cfg().files_bytes.max(1);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
@@ -57,6 +62,17 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}/cancel",
             post(responses_background::cancel),
         )
+        .route(
+            "/v1/files",
+            post(files::upload)
+                .get(files::list)
+                .layer(DefaultBodyLimit::max(files_limit)),
+        )
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/generate", post(generate::generate))
         .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
@@ -92,6 +108,12 @@ fn endpoint(path: &str) -> &'static str {
             "/v1/responses/{id}/cancel"
         }
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
+        "/v1/files" => "/v1/files",
+        p if p.starts_with("/v1/files/") && p.ends_with("/content") => "/v1/files/{id}/content",
+        p if p.starts_with("/v1/files/") => "/v1/files/{id}",
+        "/v1/batches" => "/v1/batches",
+        p if p.starts_with("/v1/batches/") && p.ends_with("/cancel") => "/v1/batches/{id}/cancel",
+        p if p.starts_with("/v1/batches/") => "/v1/batches/{id}",
         "/generate" => "/generate",
         "/abort_request" => "/abort_request",
         "/v1/models" => "/v1/models",
@@ -148,7 +170,9 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
          POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET \
-         /v1/responses/{{id}}/input_items, POST /v1/responses/{{id}}/cancel, GET /v1/models, \
+         /v1/responses/{{id}}/input_items, POST /v1/responses/{{id}}/cancel, POST and GET \
+         /v1/files, GET and DELETE /v1/files/{{id}}, GET /v1/files/{{id}}/content, POST and GET \
+         /v1/batches, GET /v1/batches/{{id}}, POST /v1/batches/{{id}}/cancel, GET /v1/models, \
          POST /generate, POST /abort_request, \
          POST /tokenize, POST /detokenize, \
          POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \

@@ -6,6 +6,7 @@
 //! [`super::responses_background`].
 
 use super::chat::{DecoderSpec, constraint, max_tokens};
+use super::page::{Page, query_pairs};
 use super::responses_envelope::Envelope;
 use super::responses_output::{ResponseOutput, ToStore};
 use super::responses_truncation::truncated;
@@ -29,7 +30,7 @@ use axum::response::Response;
 use dsv4_chat::pyjson::OrderedJson;
 use dsv4_chat::{Conversation, EncodeOptions, Message, ToolSet, encode_prompt_ids, markers};
 use dsv4_engine::Request;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// `POST /v1/responses`.
@@ -381,15 +382,6 @@ pub(super) fn not_stored(id: &str) -> ApiError {
     .with_code("not_found")
 }
 
-/// The `key=value` pairs of a query string.
-fn query_pairs(uri: &Uri) -> impl Iterator<Item = (&str, &str)> {
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
-}
-
 /// Whether `key` names `include` (extra outputs of hosted tools: there are none to add).
 fn is_include(key: &str) -> bool {
     matches!(key, "include" | "include[]" | "include%5B%5D")
@@ -476,69 +468,14 @@ pub async fn list_input_items(
     Path(id): Path<String>,
     uri: Uri,
 ) -> Result<Response, ApiError> {
-    let (mut limit, mut asc, mut after) = (20usize, false, None);
-    for (key, value) in query_pairs(&uri) {
-        match key {
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=100).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_param(
-                            "limit",
-                            format!("limit must be 1 to 100, not {value:?}"),
-                        )
-                    })?;
-            }
-            "order" => {
-                asc = match value {
-                    "asc" => true,
-                    "desc" => false,
-                    other => {
-                        return Err(ApiError::bad_param(
-                            "order",
-                            format!("order must be asc or desc, not {other:?}"),
-                        ));
-                    }
-                };
-            }
-            "after" => after = Some(value.to_string()),
-            k if is_include(k) => {}
-            other => {
-                return Err(ApiError::bad_param(
-                    other,
-                    format!("unknown query parameter {other:?}; use limit, order and after"),
-                ));
-            }
-        }
-    }
+    let page = Page::from_query(&uri, (20, 100), false, "limit, order and after", |k, _| {
+        Ok(is_include(k))
+    })?;
     let all = match state.responses().find(&id).ok_or_else(|| not_stored(&id))? {
         Found::Running(bg) => Arc::clone(bg.input_items()),
         Found::Stored(s) => Arc::clone(&s.input_items),
     };
-    let mut items: Vec<&serde_json::Value> = all.iter().collect();
-    if !asc {
-        items.reverse();
-    }
-    let start = match &after {
-        None => 0,
-        Some(a) => {
-            items
-                .iter()
-                .position(|i| i["id"] == a.as_str())
-                .ok_or_else(|| {
-                    ApiError::bad_param("after", format!("response {id} has no input item {a:?}"))
-                })?
-                + 1
-        }
-    };
-    let page: Vec<&serde_json::Value> = items.iter().skip(start).take(limit).copied().collect();
-    Ok(json_response(&json!({
-        "object": "list",
-        "data": page,
-        "first_id": page.first().map(|i| &i["id"]),
-        "last_id": page.last().map(|i| &i["id"]),
-        "has_more": start + page.len() < items.len(),
-    })))
+    Ok(json_response(&page.list(&all, Value::clone, |a| {
+        format!("response {id} has no input item {a:?}")
+    })?))
 }

@@ -20,13 +20,10 @@ async fn run(
     concurrency: usize,
     split: bool,
 ) -> (Vec<Value>, Vec<Value>, Vec<Summary>) {
-    let items = batch::parse(text, MODEL).unwrap();
+    let items = batch::parse(text, MODEL, None).unwrap();
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let mut seen = Vec::new();
-    let opts = Options {
-        concurrency,
-        id_prefix: "batch_req_test".into(),
-    };
+    let opts = Options::new(concurrency, "batch_req_test");
     let sinks = Sinks {
         output: &mut out,
         errors: if split { Some(&mut err) } else { None },
@@ -44,8 +41,8 @@ async fn run(
     (lines(&out), lines(&err), seen)
 }
 
-/// `v` without what differs between two runs of one request: ids, creation times and how many
-/// prompt tokens the prefix cache had.
+/// `v` without what differs between two runs of one request: ids, creation and completion times
+/// and how many prompt tokens the prefix cache had.
 fn stable(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
@@ -53,7 +50,7 @@ fn stable(v: &Value) -> Value {
                 .filter(|(k, _)| {
                     !matches!(
                         k.as_str(),
-                        "id" | "created" | "created_at" | "cached_tokens"
+                        "id" | "created" | "created_at" | "completed_at" | "cached_tokens"
                     )
                 })
                 .map(|(k, v)| (k.clone(), stable(v)))

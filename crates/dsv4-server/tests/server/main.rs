@@ -11,13 +11,14 @@
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
 //! OpenAI's Responses API (`/v1/responses`, stored responses), OpenAI Batch API files run
-//! in process, and structured outputs beyond
+//! in process and over HTTP (`/v1/files`, `/v1/batches`), and structured outputs beyond
 //! JSON (regex, choice, GBNF and Lark grammars) on every endpoint.
 
 mod abort;
 mod api;
 mod bad_input;
 mod batch;
+mod batches;
 mod beam;
 mod cache;
 mod canary;

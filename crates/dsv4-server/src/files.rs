@@ -1,0 +1,247 @@
+//! OpenAI's Files API store: uploaded batch input files and the output and error files batches
+//! write, in memory, within `server.files_mib` ([`FileStore`]).
+//!
+//! Uploads are refused while the files fill the budget; a batch's output is always kept (the
+//! work is done), so outputs can push the total past it, and then uploads and new batches wait
+//! until files are deleted.
+
+use crate::error::ApiError;
+use axum::body::Bytes;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// The purposes a file may have: what clients upload, and what batches write.
+pub const UPLOAD_PURPOSE: &str = "batch";
+/// The purpose of a batch's output and error files.
+pub const OUTPUT_PURPOSE: &str = "batch_output";
+
+/// One stored file.
+#[derive(Debug)]
+pub struct StoredFile {
+    /// `file-…`.
+    pub id: String,
+    /// The name it was uploaded with (or the batch output's name).
+    pub filename: String,
+    /// `batch` or `batch_output`.
+    pub purpose: &'static str,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// The bytes.
+    pub content: Bytes,
+}
+
+impl StoredFile {
+    /// OpenAI's file object.
+    pub fn object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "file",
+            "bytes": self.content.len(),
+            "created_at": self.created_at,
+            "expires_at": null,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": null,
+        })
+    }
+}
+
+/// The files, oldest first, within a byte budget.
+#[derive(Debug)]
+pub struct FileStore {
+    limit: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Files by upload order (a serial), so listing is by age.
+    files: BTreeMap<u64, Arc<StoredFile>>,
+    next: u64,
+    bytes: usize,
+}
+
+impl Inner {
+    fn add(&mut self, file: StoredFile) -> Arc<StoredFile> {
+        let file = Arc::new(file);
+        self.bytes += file.content.len();
+        self.files.insert(self.next, file.clone());
+        self.next += 1;
+        file
+    }
+
+    fn find(&self, id: &str) -> Option<(u64, &Arc<StoredFile>)> {
+        self.files
+            .iter()
+            .find(|(_, f)| f.id == id)
+            .map(|(k, f)| (*k, f))
+    }
+}
+
+impl FileStore {
+    /// A store of at most `limit` bytes; 0 turns the Files and Batch APIs off.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Whether the Files and Batch APIs are on (`server.files_mib` > 0).
+    pub fn enabled(&self) -> bool {
+        self.limit > 0
+    }
+
+    /// Bytes the files hold.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Files held.
+    pub fn len(&self) -> usize {
+        self.lock().files.len()
+    }
+
+    /// Whether no file is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// 400 `files_full` unless `more` bytes fit beside the files held.
+    pub fn check_room(&self, more: usize) -> Result<(), ApiError> {
+        let held = self.bytes();
+        if held.saturating_add(more) <= self.limit {
+            return Ok(());
+        }
+        Err(ApiError::bad_request(format!(
+            "the server's files hold {held} of {} bytes (server.files_mib) and this needs {more} \
+             more; delete files (DELETE /v1/files/{{id}}) or raise server.files_mib",
+            self.limit
+        ))
+        .with_code("files_full"))
+    }
+
+    /// Keep an upload, or 400 `files_full` when it does not fit.
+    pub fn upload(
+        &self,
+        id: String,
+        filename: String,
+        content: Bytes,
+        created_at: u64,
+    ) -> Result<Arc<StoredFile>, ApiError> {
+        let mut inner = self.lock();
+        if inner.bytes.saturating_add(content.len()) > self.limit {
+            drop(inner);
+            return Err(self.check_room(content.len()).unwrap_err());
+        }
+        Ok(inner.add(StoredFile {
+            id,
+            filename,
+            purpose: UPLOAD_PURPOSE,
+            created_at,
+            content,
+        }))
+    }
+
+    /// Keep a batch's output or error file, whatever room is left (the work is done).
+    pub fn put_output(
+        &self,
+        id: String,
+        filename: String,
+        content: Bytes,
+        created_at: u64,
+    ) -> Arc<StoredFile> {
+        self.lock().add(StoredFile {
+            id,
+            filename,
+            purpose: OUTPUT_PURPOSE,
+            created_at,
+            content,
+        })
+    }
+
+    /// A file by id.
+    pub fn get(&self, id: &str) -> Option<Arc<StoredFile>> {
+        self.lock().find(id).map(|(_, f)| f.clone())
+    }
+
+    /// Forget a file; whether there was one. A batch reading it keeps its own copy.
+    pub fn delete(&self, id: &str) -> bool {
+        let mut inner = self.lock();
+        let Some((key, _)) = inner.find(id) else {
+            return false;
+        };
+        if let Some(f) = inner.files.remove(&key) {
+            inner.bytes -= f.content.len();
+        }
+        true
+    }
+
+    /// The files of `purpose` (all without one), oldest first.
+    pub fn all(&self, purpose: Option<&str>) -> Vec<Arc<StoredFile>> {
+        self.lock()
+            .files
+            .values()
+            .filter(|f| purpose.is_none_or(|p| f.purpose == p))
+            .cloned()
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    #[test]
+    fn uploads_stop_at_the_budget_and_outputs_are_always_kept() {
+        let store = FileStore::new(100);
+        store
+            .upload("file-a".into(), "a".into(), bytes(60), 1)
+            .unwrap();
+        let e = store
+            .upload("file-b".into(), "b".into(), bytes(41), 2)
+            .unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("files_full"));
+        assert!(e.message.contains("60 of 100 bytes"), "{}", e.message);
+        store
+            .upload("file-b".into(), "b".into(), bytes(40), 2)
+            .unwrap();
+        store.put_output("file-o".into(), "o".into(), bytes(50), 3);
+        assert_eq!(store.bytes(), 150);
+        assert!(store.check_room(0).is_err());
+        assert!(store.delete("file-o"));
+        assert!(!store.delete("file-o"));
+        assert_eq!(store.bytes(), 100);
+        assert!(store.check_room(0).is_ok());
+        assert_eq!(store.get("file-a").unwrap().content.len(), 60);
+    }
+
+    #[test]
+    fn files_list_by_age_and_purpose() {
+        let store = FileStore::new(1000);
+        for i in 0..3 {
+            store
+                .upload(format!("file-{i}"), "f".into(), bytes(1), i)
+                .unwrap();
+        }
+        store.put_output("file-out".into(), "o".into(), bytes(1), 9);
+        let ids =
+            |v: Vec<Arc<StoredFile>>| -> Vec<String> { v.iter().map(|f| f.id.clone()).collect() };
+        assert_eq!(
+            ids(store.all(None)),
+            ["file-0", "file-1", "file-2", "file-out"]
+        );
+        assert_eq!(ids(store.all(Some("batch_output"))), ["file-out"]);
+        assert_eq!(store.all(Some("batch")).len(), 3);
+    }
+}
