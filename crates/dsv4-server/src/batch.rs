@@ -348,6 +348,7 @@ pub async fn run(
             summary.failed += 1;
         }
         pending.insert(index, (ok, out));
+        let written = next;
         while let Some((ok, out)) = pending.remove(&next) {
             let sink: &mut (dyn Write + Send) = match (&mut errors, ok) {
                 (Some(e), false) => &mut **e,
@@ -356,6 +357,13 @@ pub async fn run(
             serde_json::to_writer(&mut *sink, &out)?;
             sink.write_all(b"\n")?;
             next += 1;
+        }
+        if next > written {
+            // The finished prefix is on disk even if the run is killed.
+            output.flush()?;
+            if let Some(e) = errors.as_mut() {
+                e.flush()?;
+            }
         }
         progress(&summary);
     }

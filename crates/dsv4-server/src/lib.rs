@@ -4,7 +4,9 @@
 //! - Routes ([`routes`]): `POST /v1/chat/completions` (DSV4 prompt encoding, tools,
 //!   `tool_choice`, thinking mode, SSE streaming, strict DSML parsing of every answer),
 //!   `POST /v1/completions`, OpenAI's Responses API (`/v1/responses`, with stored responses in
-//!   [`responses_store`] and background ones in [`responses_background`]), SGLang's `POST /generate` and `POST /abort_request` ([`abort`]),
+//!   [`responses_store`] and background ones in [`responses_background`]), OpenAI's Files and
+//!   Batch APIs (`/v1/files`, `/v1/batches`), SGLang's `POST /generate` and `POST
+//!   /abort_request` ([`abort`]),
 //!   `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
 //! - Constrained decoding ([`grammar`]): `tool_choice` required/named and `response_format`
 //!   become llguidance grammars over the tokenizer's vocabulary ([`vocab`]), enforced by the

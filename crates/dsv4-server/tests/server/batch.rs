@@ -1,11 +1,14 @@
 //! OpenAI Batch API files run through the routes in process (`dsv4 run-batch`): each line's
 //! answer equals the same request sent alone over HTTP, lines come back in input order with
 //! their `custom_id`, failed lines keep their place (or go to the error sink), progress counts
-//! every line, and a server with an API key runs its batch.
+//! every line, every line written is flushed before progress is reported (a killed run keeps
+//! its finished prefix), and a server with an API key runs its batch.
 
 use super::common::*;
 use dsv4_server::batch::{self, Options, Sinks, Summary};
 use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A batch line.
 fn line(custom_id: &str, url: &str, body: Value) -> String {
@@ -221,5 +224,62 @@ async fn a_server_with_an_api_key_runs_its_batch() {
     );
     let (out, _, _) = run(&s, &text, 1, false).await;
     assert_eq!(out[0]["response"]["status_code"], 200, "{}", out[0]);
+    s.shutdown().await.unwrap();
+}
+
+/// A sink that counts the bytes written and the bytes flushed.
+struct Counted {
+    written: Arc<AtomicUsize>,
+    flushed: Arc<AtomicUsize>,
+}
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written.fetch_add(buf.len(), Ordering::SeqCst);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.flushed
+            .store(self.written.load(Ordering::SeqCst), Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_written_line_is_flushed_before_progress_is_reported() {
+    let s = start(config()).await;
+    let text: Vec<String> = (0..12)
+        .map(|i| {
+            line(
+                &format!("r{i}"),
+                "/v1/completions",
+                json!({"model": MODEL, "prompt": format!("p{i}"), "max_tokens": 1 + i % 5}),
+            )
+        })
+        .collect();
+    let items = batch::parse(&text.join("\n"), MODEL, None).unwrap();
+    let (written, flushed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut sink = Counted {
+        written: written.clone(),
+        flushed: flushed.clone(),
+    };
+    let sinks = Sinks {
+        output: &mut sink,
+        errors: None,
+    };
+    let mut checked = 0;
+    batch::run(&s.state, items, &Options::new(4, "t"), sinks, |_| {
+        // What a killed run leaves on disk is every line written so far.
+        assert_eq!(
+            flushed.load(Ordering::SeqCst),
+            written.load(Ordering::SeqCst)
+        );
+        checked += 1;
+    })
+    .await
+    .unwrap();
+    assert_eq!(checked, 12);
+    assert!(written.load(Ordering::SeqCst) > 0);
     s.shutdown().await.unwrap();
 }
