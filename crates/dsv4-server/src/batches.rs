@@ -277,17 +277,30 @@ async fn run(
             r.errors.push(error);
         });
     };
-    let input = &batch.asked.input_file;
-    let Ok(text) = std::str::from_utf8(&input.content) else {
-        fail(json!({"code": "invalid_file", "message": format!(
-            "the input file {} is not UTF-8 text; a batch file is JSONL", input.id),
-            "param": "input_file_id", "line": null}));
-        return;
-    };
-    let items = match batch::parse(text, &state.cfg().model_id, Some(&batch.asked.endpoint)) {
-        Ok(items) => items,
+    // Reading a file as large as server.files_mib takes a while: off the runtime's workers.
+    let (input, served, endpoint) = (
+        batch.asked.input_file.clone(),
+        state.cfg().model_id.clone(),
+        batch.asked.endpoint.clone(),
+    );
+    let checked = tokio::task::spawn_blocking(move || {
+        let Ok(text) = std::str::from_utf8(&input.content) else {
+            return Err(json!({"code": "invalid_file", "message": format!(
+                "the input file {} is not UTF-8 text; a batch file is JSONL", input.id),
+                "param": "input_file_id", "line": null}));
+        };
+        batch::parse(text, &served, Some(&endpoint)).map_err(|e| validation_error(&e))
+    })
+    .await;
+    let items = match checked {
+        Ok(Ok(items)) => items,
+        Ok(Err(error)) => {
+            fail(error);
+            return;
+        }
         Err(e) => {
-            fail(validation_error(&e));
+            fail(json!({"code": "internal_error", "message": format!(
+                "reading the input file failed: {e}"), "param": null, "line": null}));
             return;
         }
     };

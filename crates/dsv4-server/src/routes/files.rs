@@ -74,6 +74,12 @@ pub async fn upload(
         .map_err(|e| multipart_error(&state, &e))?
     {
         let name = field.name().unwrap_or_default().to_string();
+        if (name == "file" && file.is_some()) || (name == "purpose" && purpose.is_some()) {
+            return Err(ApiError::bad_param(
+                name.as_str(),
+                format!("the upload has two `{name}` fields; send one file per upload"),
+            ));
+        }
         match name.as_str() {
             "file" => {
                 let filename = field.file_name().unwrap_or("upload.jsonl").to_string();

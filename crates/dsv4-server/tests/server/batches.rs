@@ -317,7 +317,7 @@ async fn bad_uploads_and_batch_requests_are_refused_naming_the_field() {
             .contains("multipart/form-data")
     );
     let file: &[u8] = b"{}";
-    let cases: [(&[Field<'_>], &str); 5] = [
+    let cases: [(&[Field<'_>], &str); 6] = [
         (&[("file", Some("a.jsonl"), file)], "purpose"),
         (
             &[
@@ -334,6 +334,14 @@ async fn bad_uploads_and_batch_requests_are_refused_naming_the_field() {
         (
             &[("purpose", None, b"batch"), ("colour", None, b"red")],
             "colour",
+        ),
+        (
+            &[
+                ("purpose", None, b"batch"),
+                ("file", Some("a"), file),
+                ("file", Some("b"), file),
+            ],
+            "file",
         ),
     ];
     for (fields, param) in cases {
