@@ -1,7 +1,8 @@
 //! OpenAI's Files and Batch APIs over HTTP: an uploaded file's batch answers each line as the
 //! request sent alone, in input order, with output and error files; a file that cannot run
-//! ends the batch failed with the reason; a cancel keeps the lines that finished; bad uploads,
-//! bad create requests, a full files budget and `server.files_mib = 0` are refused clearly.
+//! ends the batch failed with the reason; a cancel keeps the lines that finished; two batches
+//! beside interactive requests answer as each line alone; bad uploads, bad create requests, a
+//! full files budget and `server.files_mib = 0` are refused clearly.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -436,4 +437,57 @@ async fn bad_uploads_and_batch_requests_are_refused_naming_the_field() {
     .await;
     r.error(404);
     off.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_batches_beside_interactive_requests_answer_as_each_line_alone() {
+    let s = start(config()).await;
+    let body = |i: usize| {
+        json!({"model": MODEL, "prompt": format!("Request {i} of many"), "max_tokens": 4 + i % 7,
+               "temperature": 1, "seed": i, "ignore_eos": true, "logprobs": 1})
+    };
+    let file = |from: usize| -> String {
+        (from..from + 24)
+            .map(|i| line(&format!("r{i}"), "/v1/completions", body(i)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (a, b) = (upload(&s, &file(0)).await, upload(&s, &file(100)).await);
+    let (ba, bb) = (
+        create(&s, &a, "/v1/completions").await,
+        create(&s, &b, "/v1/completions").await,
+    );
+    // Interactive requests while both batches run.
+    let mut beside = Vec::new();
+    for i in 200..208 {
+        let (addr, sent) = (s.addr, body(i));
+        beside.push(tokio::spawn(async move {
+            request(
+                addr,
+                "POST",
+                "/v1/completions",
+                &[],
+                sent.to_string().as_bytes(),
+            )
+            .await
+        }));
+    }
+    for h in beside {
+        assert_eq!(h.await.unwrap().status, 200);
+    }
+    for batch in [&ba, &bb] {
+        let done = ended(&s, batch["id"].as_str().unwrap()).await;
+        assert_eq!(done["request_counts"]["completed"], 24, "{done}");
+        for o in lines_of(&s, &done["output_file_id"]).await {
+            let i: usize = o["custom_id"].as_str().unwrap()[1..].parse().unwrap();
+            let alone = s.send("POST", "/v1/completions", &body(i)).await.json();
+            let got = &o["response"]["body"]["choices"][0];
+            assert_eq!(got["text"], alone["choices"][0]["text"], "line r{i}");
+            assert_eq!(
+                got["logprobs"], alone["choices"][0]["logprobs"],
+                "line r{i}"
+            );
+        }
+    }
+    s.shutdown().await.unwrap();
 }
