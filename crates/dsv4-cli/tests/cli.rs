@@ -434,7 +434,11 @@ fn jsonl(path: &Path) -> Vec<Value> {
 #[test]
 fn run_batch_writes_answers_and_failures_in_input_order() {
     let dir = tempfile::tempdir().unwrap();
-    let body = |p: &str| serde_json::json!({"model": "dsv4-tiny", "prompt": p, "max_tokens": 3});
+    let body = |p: &str| {
+        let mut b = serde_json::json!({"model": "dsv4-tiny", "max_tokens": 3, "temperature": 0});
+        b["prompt"] = p.into();
+        b
+    };
     let input = [
         batch_line("a", "/v1/completions", body("one")),
         batch_line(
@@ -447,7 +451,7 @@ fn run_batch_writes_answers_and_failures_in_input_order() {
             "c",
             "/v1/chat/completions",
             serde_json::json!({"model": "dsv4-tiny",
-            "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "stop": ["<｜"]}),
+            "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "temperature": 0, "stop": ["<｜"]}),
         ),
     ]
     .join("\n");
@@ -466,6 +470,13 @@ fn run_batch_writes_answers_and_failures_in_input_order() {
     assert_eq!(summary["total"], 3, "{summary}");
     assert_eq!(summary["succeeded"], 2, "{summary}");
     assert_eq!(summary["failed"], 1, "{summary}");
+    // Line a: 3 tokens; line c: at most 3 (a stop string may end it sooner).
+    let generated = summary["usage"]["output_tokens"].as_u64().unwrap();
+    assert!((4..=6).contains(&generated), "{summary}");
+    assert!(
+        summary["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
     let out = jsonl(&dir.path().join("out.jsonl"));
     let ids: Vec<&Value> = out.iter().map(|o| &o["custom_id"]).collect();
     assert_eq!(ids, ["a", "c"]);
@@ -487,8 +498,14 @@ fn run_batch_writes_answers_and_failures_in_input_order() {
         .collect();
     let ids: Vec<&Value> = lines.iter().map(|o| &o["custom_id"]).collect();
     assert_eq!(ids, ["a", "b", "c"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
-        String::from_utf8_lossy(&run.stderr).contains("run-batch: done: 2 succeeded, 1 failed")
+        stderr.contains("run-batch: done: 2 succeeded, 1 failed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{generated} generated")),
+        "{stderr}"
     );
 }
 

@@ -281,6 +281,62 @@ pub struct Summary {
     pub succeeded: usize,
     /// Of those, lines that could not be sent or whose request the route refused.
     pub failed: usize,
+    /// Tokens of the lines that succeeded.
+    pub tokens: Tokens,
+}
+
+/// Tokens the answered lines report in their `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Prompt tokens (`prompt_tokens`, or `input_tokens` of a response).
+    pub input: u64,
+    /// Of those, tokens the prefix cache had (`cached_tokens`).
+    pub cached: u64,
+    /// Generated tokens (`completion_tokens`, or `output_tokens`).
+    pub output: u64,
+    /// Of those, reasoning tokens (`reasoning_tokens`).
+    pub reasoning: u64,
+}
+
+impl Tokens {
+    /// The usage of an answer body: chat and completions (`prompt_tokens`, `completion_tokens`,
+    /// `prompt_tokens_details.cached_tokens`) or the Responses API (`input_tokens`,
+    /// `output_tokens`, `input_tokens_details.cached_tokens`); zeros where it has none.
+    pub fn of(body: &Value) -> Self {
+        let usage = &body["usage"];
+        let n = |a: &str, b: &str| usage[a].as_u64().or_else(|| usage[b].as_u64()).unwrap_or(0);
+        let detail = |a: &str, b: &str, field: &str| {
+            usage[a][field]
+                .as_u64()
+                .or_else(|| usage[b][field].as_u64())
+                .unwrap_or(0)
+        };
+        Self {
+            input: n("prompt_tokens", "input_tokens"),
+            cached: detail(
+                "prompt_tokens_details",
+                "input_tokens_details",
+                "cached_tokens",
+            ),
+            output: n("completion_tokens", "output_tokens"),
+            reasoning: detail(
+                "completion_tokens_details",
+                "output_tokens_details",
+                "reasoning_tokens",
+            ),
+        }
+    }
+
+    /// OpenAI's batch `usage` object.
+    pub fn usage(&self) -> Value {
+        json!({
+            "input_tokens": self.input,
+            "input_tokens_details": {"cached_tokens": self.cached},
+            "output_tokens": self.output,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning},
+            "total_tokens": self.input + self.output,
+        })
+    }
 }
 
 /// Where output lines go: every line to `output`, or failed ones to `errors` when given (as
@@ -344,6 +400,11 @@ pub async fn run(
         summary.done += 1;
         if ok {
             summary.succeeded += 1;
+            let t = Tokens::of(&out["response"]["body"]);
+            summary.tokens.input += t.input;
+            summary.tokens.cached += t.cached;
+            summary.tokens.output += t.output;
+            summary.tokens.reasoning += t.reasoning;
         } else {
             summary.failed += 1;
         }
@@ -509,6 +570,35 @@ mod tests {
         assert!(message(7).contains("extra"), "{}", message(7));
         assert_eq!(items[0].custom_id, None);
         assert_eq!(items[6].custom_id.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn token_counts_read_both_usage_shapes() {
+        let chat = json!({"usage": {"prompt_tokens": 9, "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 3}}});
+        let response = json!({"usage": {"input_tokens": 7, "output_tokens": 5,
+            "input_tokens_details": {}, "output_tokens_details": {"reasoning_tokens": 2}}});
+        let t = |v: &Value| Tokens::of(v);
+        assert_eq!(
+            t(&chat),
+            Tokens {
+                input: 9,
+                cached: 3,
+                output: 4,
+                reasoning: 0
+            }
+        );
+        assert_eq!(
+            t(&response),
+            Tokens {
+                input: 7,
+                cached: 0,
+                output: 5,
+                reasoning: 2
+            }
+        );
+        assert_eq!(t(&json!({"error": {}})), Tokens::default());
+        assert_eq!(t(&response).usage()["total_tokens"], 12);
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct NewBatch {
     pub completion_window: String,
     /// Up to 16 string pairs, or null.
     pub metadata: Value,
+    /// The served model (the batch object's `model`).
+    pub model: String,
 }
 
 /// One batch: what it was asked and where it is.
@@ -135,6 +137,8 @@ impl Batch {
                 "failed": r.counts.failed,
             },
             "metadata": self.asked.metadata,
+            "model": self.asked.model,
+            "usage": r.counts.tokens.usage(),
         })
     }
 

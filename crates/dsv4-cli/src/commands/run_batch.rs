@@ -125,12 +125,16 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         ))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     let seconds = started.elapsed().as_secs_f64();
+    let tokens = summary.tokens;
+    let output_per_s = tokens.output as f64 / seconds.max(1e-9);
     if args.json {
         let report = serde_json::json!({
             "total": summary.total,
             "succeeded": summary.succeeded,
             "failed": summary.failed,
             "seconds": seconds,
+            "usage": tokens.usage(),
+            "output_tokens_per_s": output_per_s,
             "output_file": args.output,
             "error_file": args.error_file,
         });
@@ -138,9 +142,13 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
     }
     if !quiet {
         eprintln!(
-            "run-batch: done: {} succeeded, {} failed, in {seconds:.1} s; output {}{}",
+            "run-batch: done: {} succeeded, {} failed, in {seconds:.1} s; {} prompt tokens ({} \
+             cached), {} generated ({output_per_s:.0}/s); output {}{}",
             summary.succeeded,
             summary.failed,
+            tokens.input,
+            tokens.cached,
+            tokens.output,
             args.output.display(),
             args.error_file
                 .as_ref()
@@ -216,6 +224,7 @@ mod tests {
             done: 4,
             succeeded: 3,
             failed: 1,
+            ..Summary::default()
         };
         assert_eq!(
             progress_line(&s, Duration::from_secs(2)),

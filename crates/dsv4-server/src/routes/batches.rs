@@ -81,6 +81,7 @@ pub async fn create(
         endpoint: req.endpoint,
         completion_window: req.completion_window,
         metadata: req.metadata.map_or(Value::Null, Value::Object),
+        model: state.cfg().model_id.clone(),
     };
     let batch = state.batches().start(&state, asked, loaded.max_running);
     Ok(json_response(&batch.object()))

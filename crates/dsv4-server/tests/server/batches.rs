@@ -133,6 +133,9 @@ async fn a_batch_answers_each_line_as_the_request_alone_with_output_and_error_fi
         done["request_counts"],
         json!({"total": 5, "completed": 4, "failed": 1})
     );
+    // 6 + 9 + 3 + 6 tokens generated (ignore_eos) by the four lines that ran.
+    assert_eq!(done["usage"]["output_tokens"], 24, "{done}");
+    assert_eq!(done["model"], MODEL);
     for k in ["in_progress_at", "finalizing_at", "completed_at"] {
         assert!(done[k].is_u64(), "{k}: {done}");
     }
