@@ -93,6 +93,9 @@ pub struct ServerSection {
     /// Most MiB of uploaded and batch output files kept in memory (`/v1/files`,
     /// `/v1/batches`); 0 turns the Files and Batch APIs off.
     pub files_mib: u64,
+    /// A directory where those files and the batches are kept, so they survive a restart;
+    /// None: in memory only.
+    pub files_dir: Option<String>,
 }
 
 impl Default for ServerSection {
@@ -110,6 +113,7 @@ impl Default for ServerSection {
             responses_dir: None,
             grammar_cache: 64,
             files_mib: 1024,
+            files_dir: None,
         }
     }
 }

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub responses_dir: Option<std::path::PathBuf>,
     /// Most bytes of files the Files and Batch APIs keep (`server.files_mib`); 0 turns both off.
     pub files_bytes: usize,
+    /// Where the Files and Batch APIs keep files and batches, to survive a restart
+    /// (`server.files_dir`); None: in memory only.
+    pub files_dir: Option<std::path::PathBuf>,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             responses_store_bytes: 256 << 20,
             responses_dir: None,
             files_bytes: 1024 << 20,
+            files_dir: None,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

@@ -85,6 +85,7 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
     // Nothing listens: no key to check, and no server's response directory to write into.
     cfg.api_key = None;
     cfg.responses_dir = None;
+    cfg.files_dir = None;
     let tok = tokenizer_for(&model_source(args.model.as_deref(), &resolved.profile))?;
     if !args.quiet {
         eprintln!(

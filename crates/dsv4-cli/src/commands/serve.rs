@@ -89,6 +89,7 @@ pub(crate) fn server_config(
         responses_dir: s.responses_dir.clone().map(Into::into),
         files_bytes: usize::try_from(s.files_mib << 20)
             .context("server.files_mib is too large for this machine")?,
+        files_dir: s.files_dir.clone().map(Into::into),
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

@@ -477,6 +477,16 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Always,
         Same("SGLang keeps /v1/files uploads and batch outputs without a size setting"),
     ),
+    row(
+        "server.files_dir",
+        Unset,
+        Same("SGLang keeps /v1/files uploads and batch outputs where its own storage path says"),
+    ),
+    row(
+        "server.files_dir",
+        Always,
+        Unmapped("SGLang does not read back batches after a restart; {value} is not used"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

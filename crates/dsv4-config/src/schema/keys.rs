@@ -332,6 +332,15 @@ pub const KEYS: &[KeySpec] = &[
          the output and error files of /v1/batches); an upload may be this large; uploads and \
          new batches are refused while it is full; 0 turns both APIs off",
     ),
+    key(
+        "server.files_dir",
+        ValueKind::OptionalText,
+        "",
+        "directory where the Files and Batch APIs keep their files (on disk instead of in \
+         memory, within server.files_mib) and their batches, so both survive a restart (created \
+         if missing, read back at start; a batch still running when the server stopped is read \
+         back failed); unset keeps them in memory only",
+    ),
     // [debug]
     key(
         "debug.canary",
