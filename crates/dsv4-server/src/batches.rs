@@ -7,8 +7,9 @@
 //! `max_running_requests`, so batches together never hold more of the engine than one batch.
 
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::{self, BatchFileError, Options, Sinks, Summary};
+use crate::batch::{self, BatchFileError, Options, Sinks, Summary, Tokens};
 use crate::files::StoredFile;
+use crate::files_disk::FilesDir;
 use crate::state::AppState;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -55,6 +56,21 @@ impl Status {
         }
     }
 
+    /// The status of an OpenAI name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Status::Validating,
+            Status::Failed,
+            Status::InProgress,
+            Status::Finalizing,
+            Status::Completed,
+            Status::Cancelling,
+            Status::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
+
     /// Whether the batch has ended.
     pub fn is_final(self) -> bool {
         matches!(self, Status::Failed | Status::Completed | Status::Cancelled)
@@ -64,8 +80,8 @@ impl Status {
 /// What a new batch asks for (its create request, checked).
 #[derive(Debug, Clone)]
 pub struct NewBatch {
-    /// The uploaded input file.
-    pub input_file: Arc<StoredFile>,
+    /// The uploaded input file's id.
+    pub input_file_id: String,
     /// One of [`batch::ENDPOINTS`].
     pub endpoint: String,
     /// `"24h"`.
@@ -117,7 +133,7 @@ impl Batch {
             "object": "batch",
             "endpoint": self.asked.endpoint,
             "errors": errors,
-            "input_file_id": self.asked.input_file.id,
+            "input_file_id": self.asked.input_file_id,
             "completion_window": self.asked.completion_window,
             "status": r.status.name(),
             "output_file_id": r.output_file_id,
@@ -139,6 +155,78 @@ impl Batch {
             "metadata": self.asked.metadata,
             "model": self.asked.model,
             "usage": r.counts.tokens.usage(),
+        })
+    }
+
+    /// Keep the batch's object in `server.files_dir`, when there is one.
+    pub fn save(&self, disk: Option<&FilesDir>) {
+        if let Some(dir) = disk
+            && let Err(e) = dir.write_batch(&self.id, &self.object())
+        {
+            tracing::warn!(id = self.id, error = %e, "server.files_dir: cannot write a batch");
+        }
+    }
+
+    /// A batch read back from its object; one that had not ended ends `failed`
+    /// (`server_restarted`), since its lines in flight were lost with the server.
+    fn from_object(v: &Value) -> Option<Self> {
+        let text = |k: &str| v[k].as_str().map(str::to_string);
+        let at = |k: &str| v[k].as_u64();
+        let count = |k: &str| v["request_counts"][k].as_u64().unwrap_or(0) as usize;
+        let status = Status::from_name(v["status"].as_str()?)?;
+        let usage = &v["usage"];
+        let (succeeded, failed) = (count("completed"), count("failed"));
+        let mut record = Record {
+            status,
+            counts: Summary {
+                total: count("total"),
+                done: succeeded + failed,
+                succeeded,
+                failed,
+                tokens: Tokens {
+                    input: usage["input_tokens"].as_u64().unwrap_or(0),
+                    cached: usage["input_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .unwrap_or(0),
+                    output: usage["output_tokens"].as_u64().unwrap_or(0),
+                    reasoning: usage["output_tokens_details"]["reasoning_tokens"]
+                        .as_u64()
+                        .unwrap_or(0),
+                },
+            },
+            errors: v["errors"]["data"].as_array().cloned().unwrap_or_default(),
+            output_file_id: text("output_file_id"),
+            error_file_id: text("error_file_id"),
+            in_progress_at: at("in_progress_at"),
+            finalizing_at: at("finalizing_at"),
+            completed_at: at("completed_at"),
+            failed_at: at("failed_at"),
+            cancelling_at: at("cancelling_at"),
+            cancelled_at: at("cancelled_at"),
+        };
+        if !status.is_final() {
+            record.status = Status::Failed;
+            record.failed_at = Some(unix_now());
+            record.errors.push(json!({
+                "code": "server_restarted",
+                "message": "the server stopped while this batch ran; its answers were lost (run \
+                            the batch again)",
+                "param": null,
+                "line": null,
+            }));
+        }
+        Some(Self {
+            id: text("id")?,
+            asked: NewBatch {
+                input_file_id: text("input_file_id")?,
+                endpoint: text("endpoint")?,
+                completion_window: text("completion_window")?,
+                metadata: v["metadata"].clone(),
+                model: text("model").unwrap_or_default(),
+            },
+            created_at: at("created_at")?,
+            state: Mutex::new(record),
+            cancel: watch::channel(false).0,
         })
     }
 
@@ -191,6 +279,25 @@ impl BatchStore {
         self.lock().values().find(|b| b.id == id).cloned()
     }
 
+    /// Take the batches a previous run kept in `server.files_dir` (oldest first); those that
+    /// had not ended are saved back failed. Objects that cannot be read are returned.
+    pub fn restore(&self, objects: Vec<Value>, disk: Option<&FilesDir>) -> Vec<String> {
+        let mut bad = Vec::new();
+        for v in objects {
+            let Some(batch) = Batch::from_object(&v) else {
+                bad.push(format!("batch {}: not a batch object", v["id"]));
+                continue;
+            };
+            let ended = Status::from_name(v["status"].as_str().unwrap_or_default())
+                .is_some_and(Status::is_final);
+            if !ended {
+                batch.save(disk);
+            }
+            self.insert(Arc::new(batch), disk);
+        }
+        bad
+    }
+
     /// Every batch, oldest first.
     pub fn all(&self) -> Vec<Arc<Batch>> {
         self.lock().values().cloned().collect()
@@ -204,9 +311,15 @@ impl BatchStore {
             .count()
     }
 
-    /// Start `asked` in the background on `state` (whose model is loaded, with `max_running`
-    /// requests at once); the new batch, validating.
-    pub fn start(&self, state: &AppState, asked: NewBatch, max_running: usize) -> Arc<Batch> {
+    /// Start `asked` over `input` in the background on `state` (whose model is loaded, with
+    /// `max_running` requests at once); the new batch, validating.
+    pub fn start(
+        &self,
+        state: &AppState,
+        asked: NewBatch,
+        input: Arc<StoredFile>,
+        max_running: usize,
+    ) -> Arc<Batch> {
         let (cancel, cancelled) = watch::channel(false);
         let batch = Arc::new(Batch {
             id: format!("batch_{}", random_hex(state.next_serial())),
@@ -227,28 +340,35 @@ impl BatchStore {
             }),
             cancel,
         });
-        {
-            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-            let mut batches = self.lock();
-            batches.insert(*next, batch.clone());
-            *next += 1;
-            while batches.len() > MAX_BATCHES {
-                let Some(old) = batches
-                    .iter()
-                    .find(|(_, b)| b.status().is_final())
-                    .map(|(k, _)| *k)
-                else {
-                    break;
-                };
-                batches.remove(&old);
-            }
-        }
+        let disk = state.files().disk();
+        batch.save(disk);
+        self.insert(batch.clone(), disk);
         let permits = self
             .permits
             .get_or_init(|| Arc::new(Semaphore::new(max_running.max(1))))
             .clone();
-        tokio::spawn(run(state.clone(), batch.clone(), permits, cancelled));
+        tokio::spawn(run(state.clone(), batch.clone(), input, permits, cancelled));
         batch
+    }
+
+    /// List a batch; past [`MAX_BATCHES`] the oldest ended one is forgotten.
+    fn insert(&self, batch: Arc<Batch>, disk: Option<&FilesDir>) {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut batches = self.lock();
+        batches.insert(*next, batch);
+        *next += 1;
+        while batches.len() > MAX_BATCHES {
+            let Some(old) = batches
+                .iter()
+                .find(|(_, b)| b.status().is_final())
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let (Some(b), Some(dir)) = (batches.remove(&old), disk) {
+                dir.remove_batch(&b.id);
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Batch>>> {
@@ -271,24 +391,28 @@ fn validation_error(e: &BatchFileError) -> Value {
 async fn run(
     state: AppState,
     batch: Arc<Batch>,
+    input: Arc<StoredFile>,
     permits: Arc<Semaphore>,
     cancelled: watch::Receiver<bool>,
 ) {
+    let disk = state.files().disk();
     let fail = |error: Value| {
         batch.update(|r| {
             r.status = Status::Failed;
             r.failed_at = Some(unix_now());
             r.errors.push(error);
         });
+        batch.save(disk);
     };
     // Reading a file as large as server.files_mib takes a while: off the runtime's workers.
-    let (input, served, endpoint) = (
-        batch.asked.input_file.clone(),
-        state.cfg().model_id.clone(),
-        batch.asked.endpoint.clone(),
-    );
+    let (served, endpoint) = (state.cfg().model_id.clone(), batch.asked.endpoint.clone());
     let checked = tokio::task::spawn_blocking(move || {
-        let Ok(text) = std::str::from_utf8(&input.content) else {
+        let content = input.content.read().map_err(|e| {
+            json!({"code": "invalid_file", "message": format!(
+                "the input file {} cannot be read: {e}", input.id),
+                "param": "input_file_id", "line": null})
+        })?;
+        let Ok(text) = std::str::from_utf8(&content) else {
             return Err(json!({"code": "invalid_file", "message": format!(
                 "the input file {} is not UTF-8 text; a batch file is JSONL", input.id),
                 "param": "input_file_id", "line": null}));
@@ -315,6 +439,7 @@ async fn run(
         r.in_progress_at = Some(unix_now());
         r.counts.total = items.len();
     });
+    batch.save(disk);
     let opts = Options {
         permits,
         id_prefix: format!("batch_req_{}", batch.id.trim_start_matches("batch_")),
@@ -332,18 +457,34 @@ async fn run(
     .await
     .unwrap_or_default();
     batch.update(|r| r.finalizing_at = Some(unix_now()));
-    let files = state.files();
-    let keep = |bytes: Vec<u8>, kind: &str| {
-        (!bytes.is_empty()).then(|| {
-            let id = format!("file-{}", random_hex(state.next_serial()));
-            let name = format!("{}_{kind}.jsonl", batch.id);
-            files
-                .put_output(id, name, bytes.into(), unix_now())
-                .id
-                .clone()
-        })
-    };
-    let (output_id, error_id) = (keep(output, "output"), keep(errors, "error"));
+    // With server.files_dir the outputs are written to disk: off the runtime's workers.
+    let ids = [
+        format!("file-{}", random_hex(state.next_serial())),
+        format!("file-{}", random_hex(state.next_serial())),
+    ];
+    let (keeper, name) = (state.clone(), batch.id.clone());
+    let kept = tokio::task::spawn_blocking(move || {
+        let [output_id, error_id] = ids;
+        let keep = |id: String, bytes: Vec<u8>, kind: &str| {
+            (!bytes.is_empty()).then(|| {
+                let file = format!("{name}_{kind}.jsonl");
+                keeper
+                    .files()
+                    .put_output(id, file, bytes.into(), unix_now())
+                    .id
+                    .clone()
+            })
+        };
+        (
+            keep(output_id, output, "output"),
+            keep(error_id, errors, "error"),
+        )
+    })
+    .await;
+    let (output_id, error_id) = kept.unwrap_or_else(|e| {
+        tracing::error!(batch = batch.id, error = %e, "the batch's output files were lost");
+        (None, None)
+    });
     batch.update(|r| {
         r.counts = summary;
         r.output_file_id = output_id;
@@ -356,4 +497,5 @@ async fn run(
             r.completed_at = Some(unix_now());
         }
     });
+    batch.save(disk);
 }

@@ -1,20 +1,60 @@
 //! OpenAI's Files API store: uploaded batch input files and the output and error files batches
-//! write, in memory, within `server.files_mib` ([`FileStore`]).
+//! write, within `server.files_mib` ([`FileStore`]): in memory, or with `server.files_dir` on
+//! disk ([`crate::files_disk`]), read back at start.
 //!
 //! Uploads are refused while the files fill the budget; a batch's output is always kept (the
 //! work is done), so outputs can push the total past it, and then uploads and new batches wait
 //! until files are deleted.
 
 use crate::error::ApiError;
+use crate::files_disk::{FileMeta, FilesDir};
 use axum::body::Bytes;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// The purposes a file may have: what clients upload, and what batches write.
 pub const UPLOAD_PURPOSE: &str = "batch";
 /// The purpose of a batch's output and error files.
 pub const OUTPUT_PURPOSE: &str = "batch_output";
+
+/// Where a file's bytes are.
+#[derive(Debug)]
+pub enum Content {
+    /// In memory.
+    Memory(Bytes),
+    /// In `server.files_dir`, `len` bytes.
+    Disk {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl Content {
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Content::Memory(b) => b.len(),
+            Content::Disk { len, .. } => *len,
+        }
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes (read from disk when they are there: call off the runtime's workers).
+    pub fn read(&self) -> std::io::Result<Bytes> {
+        match self {
+            Content::Memory(b) => Ok(b.clone()),
+            Content::Disk { path, .. } => std::fs::read(path).map(Bytes::from),
+        }
+    }
+}
 
 /// One stored file.
 #[derive(Debug)]
@@ -27,8 +67,8 @@ pub struct StoredFile {
     pub purpose: &'static str,
     /// Unix seconds.
     pub created_at: u64,
-    /// The bytes.
-    pub content: Bytes,
+    /// The bytes, or where they are.
+    pub content: Content,
 }
 
 impl StoredFile {
@@ -52,6 +92,7 @@ impl StoredFile {
 #[derive(Debug)]
 pub struct FileStore {
     limit: usize,
+    disk: Option<FilesDir>,
     inner: Mutex<Inner>,
 }
 
@@ -60,13 +101,13 @@ struct Inner {
     /// Files by upload order (a serial), so listing is by age.
     files: BTreeMap<u64, Arc<StoredFile>>,
     next: u64,
+    /// Bytes of the files held, and of uploads being written.
     bytes: usize,
 }
 
 impl Inner {
     fn add(&mut self, file: StoredFile) -> Arc<StoredFile> {
         let file = Arc::new(file);
-        self.bytes += file.content.len();
         self.files.insert(self.next, file.clone());
         self.next += 1;
         file
@@ -80,13 +121,57 @@ impl Inner {
     }
 }
 
+/// The purpose names a file can have, as the `'static` strings files hold.
+fn purpose_of(name: &str) -> Option<&'static str> {
+    [UPLOAD_PURPOSE, OUTPUT_PURPOSE]
+        .into_iter()
+        .find(|p| *p == name)
+}
+
 impl FileStore {
-    /// A store of at most `limit` bytes; 0 turns the Files and Batch APIs off.
+    /// A store of at most `limit` bytes in memory; 0 turns the Files and Batch APIs off.
     pub fn new(limit: usize) -> Self {
         Self {
             limit,
+            disk: None,
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// A store of at most `limit` bytes in `dir`, with the files a previous run left there;
+    /// also what was found of the batches, and the entries left as they were.
+    pub fn open(limit: usize, dir: FilesDir) -> std::io::Result<(Self, Vec<Value>, Vec<String>)> {
+        let found = dir.read()?;
+        let mut skipped = found.skipped;
+        let mut inner = Inner::default();
+        for (meta, path) in found.files {
+            let Some(purpose) = purpose_of(&meta.purpose) else {
+                skipped.push(format!("{}: purpose {:?}", path.display(), meta.purpose));
+                continue;
+            };
+            inner.bytes += meta.bytes;
+            inner.add(StoredFile {
+                id: meta.id,
+                filename: meta.filename,
+                purpose,
+                created_at: meta.created_at,
+                content: Content::Disk {
+                    path,
+                    len: meta.bytes,
+                },
+            });
+        }
+        let store = Self {
+            limit,
+            disk: Some(dir),
+            inner: Mutex::new(inner),
+        };
+        Ok((store, found.batches, skipped))
+    }
+
+    /// The directory of `server.files_dir`, when files are kept on disk.
+    pub fn disk(&self) -> Option<&FilesDir> {
+        self.disk.as_ref()
     }
 
     /// Whether the Files and Batch APIs are on (`server.files_mib` > 0).
@@ -115,15 +200,20 @@ impl FileStore {
         if held.saturating_add(more) <= self.limit {
             return Ok(());
         }
-        Err(ApiError::bad_request(format!(
+        Err(self.full(held, more))
+    }
+
+    fn full(&self, held: usize, more: usize) -> ApiError {
+        ApiError::bad_request(format!(
             "the server's files hold {held} of {} bytes (server.files_mib) and this needs {more} \
              more; delete files (DELETE /v1/files/{{id}}) or raise server.files_mib",
             self.limit
         ))
-        .with_code("files_full"))
+        .with_code("files_full")
     }
 
-    /// Keep an upload, or 400 `files_full` when it does not fit.
+    /// Keep an upload, or 400 `files_full` when it does not fit (500 when the disk refuses it).
+    /// Writes to disk with `server.files_dir`: call off the runtime's workers.
     pub fn upload(
         &self,
         id: String,
@@ -131,21 +221,31 @@ impl FileStore {
         content: Bytes,
         created_at: u64,
     ) -> Result<Arc<StoredFile>, ApiError> {
-        let mut inner = self.lock();
-        if inner.bytes.saturating_add(content.len()) > self.limit {
-            drop(inner);
-            return Err(self.check_room(content.len()).unwrap_err());
+        let len = content.len();
+        {
+            // Reserve the room before writing, so two uploads cannot both take the last of it.
+            let mut inner = self.lock();
+            if inner.bytes.saturating_add(len) > self.limit {
+                let held = inner.bytes;
+                drop(inner);
+                return Err(self.full(held, len));
+            }
+            inner.bytes += len;
         }
-        Ok(inner.add(StoredFile {
-            id,
-            filename,
-            purpose: UPLOAD_PURPOSE,
-            created_at,
-            content,
-        }))
+        match self.keep(id, filename, UPLOAD_PURPOSE, content, created_at) {
+            Ok(file) => Ok(file),
+            Err(e) => {
+                self.lock().bytes -= len;
+                Err(ApiError::internal(format!(
+                    "the upload could not be written to server.files_dir: {e}"
+                )))
+            }
+        }
     }
 
-    /// Keep a batch's output or error file, whatever room is left (the work is done).
+    /// Keep a batch's output or error file, whatever room is left (the work is done). With
+    /// `server.files_dir` it goes to disk (call off the runtime's workers); if the disk refuses
+    /// it, it stays in memory, logged.
     pub fn put_output(
         &self,
         id: String,
@@ -153,13 +253,53 @@ impl FileStore {
         content: Bytes,
         created_at: u64,
     ) -> Arc<StoredFile> {
-        self.lock().add(StoredFile {
+        self.lock().bytes += content.len();
+        let kept = self.keep(
+            id.clone(),
+            filename.clone(),
+            OUTPUT_PURPOSE,
+            content.clone(),
+            created_at,
+        );
+        kept.unwrap_or_else(|e| {
+            tracing::warn!(id, error = %e, "server.files_dir: cannot write a batch output; kept in memory only");
+            self.lock().add(StoredFile {
+                id,
+                filename,
+                purpose: OUTPUT_PURPOSE,
+                created_at,
+                content: Content::Memory(content),
+            })
+        })
+    }
+
+    /// Write a file where this store keeps them and list it (its bytes are already counted).
+    fn keep(
+        &self,
+        id: String,
+        filename: String,
+        purpose: &'static str,
+        content: Bytes,
+        created_at: u64,
+    ) -> std::io::Result<Arc<StoredFile>> {
+        let content = match &self.disk {
+            None => Content::Memory(content),
+            Some(dir) => {
+                let meta = FileMeta::new(&id, &filename, purpose, created_at, content.len());
+                let path = dir.write_file(&meta, &content)?;
+                Content::Disk {
+                    path,
+                    len: content.len(),
+                }
+            }
+        };
+        Ok(self.lock().add(StoredFile {
             id,
             filename,
-            purpose: OUTPUT_PURPOSE,
+            purpose,
             created_at,
             content,
-        })
+        }))
     }
 
     /// A file by id.
@@ -167,7 +307,8 @@ impl FileStore {
         self.lock().find(id).map(|(_, f)| f.clone())
     }
 
-    /// Forget a file; whether there was one. A batch reading it keeps its own copy.
+    /// Forget a file; whether there was one. A batch reading it keeps its own copy in memory;
+    /// on disk, a batch already reading it has read it whole.
     pub fn delete(&self, id: &str) -> bool {
         let mut inner = self.lock();
         let Some((key, _)) = inner.find(id) else {
@@ -175,6 +316,10 @@ impl FileStore {
         };
         if let Some(f) = inner.files.remove(&key) {
             inner.bytes -= f.content.len();
+        }
+        drop(inner);
+        if let Some(dir) = &self.disk {
+            dir.remove_file(id);
         }
         true
     }

@@ -29,6 +29,7 @@ pub mod beam;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod files_disk;
 pub mod grammar;
 pub mod metrics;
 pub mod output;

@@ -11,6 +11,7 @@
 //! its stream is not replayed.
 
 use crate::api::responses_input::ChatMessages;
+use crate::files_disk::{valid_id, write_atomic};
 use crate::responses_store::Stored;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -75,14 +76,6 @@ pub struct Read {
     pub listed: Vec<(String, Arc<Stored>)>,
     /// Files left as they were: unreadable, or continuing a response whose file is missing.
     pub skipped: Vec<String>,
-}
-
-/// Whether `id` is a response id the server makes (and so a safe file name).
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The id of a stored response: its file's, else its response object's.
@@ -150,14 +143,11 @@ impl Disk {
             turn: stored.turn.to_json(),
             input_items: stored.input_items.as_ref().clone(),
         };
-        let tmp = self.dir.join(format!("{id}.json.tmp"));
         let written = serde_json::to_vec(&record)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, self.path(id)));
+            .and_then(|bytes| write_atomic(&self.path(id), &bytes));
         if let Err(e) = &written {
             tracing::warn!(id, error = %e, "server.responses_dir: cannot write a stored response; kept in memory only");
-            let _ = std::fs::remove_file(&tmp);
         }
         written.is_ok()
     }

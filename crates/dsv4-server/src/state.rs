@@ -7,6 +7,7 @@ use crate::batches::BatchStore;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::files::FileStore;
+use crate::files_disk::FilesDir;
 use crate::grammar::GrammarCompiler;
 use crate::metrics::Stats;
 use crate::responses_store::ResponseStore;
@@ -95,6 +96,40 @@ struct Progress {
     at: Instant,
 }
 
+/// The Files and Batch APIs' stores: in memory, or read back from `server.files_dir`.
+fn open_files(cfg: &ServerConfig) -> Result<(FileStore, BatchStore), ServerError> {
+    let Some(dir) = &cfg.files_dir else {
+        return Ok((FileStore::new(cfg.files_bytes), BatchStore::default()));
+    };
+    let config_error = |e: std::io::Error| ServerError::Config {
+        option: "server.files_dir",
+        message: format!("{}: {e}", dir.display()),
+    };
+    if cfg.files_bytes == 0 {
+        return Err(ServerError::Config {
+            option: "server.files_dir",
+            message: "it keeps the Files and Batch APIs' files, but server.files_mib = 0 turns \
+                      those APIs off; leave it empty or give them room"
+                .into(),
+        });
+    }
+    let disk = FilesDir::open(dir).map_err(config_error)?;
+    let (files, objects, mut skipped) =
+        FileStore::open(cfg.files_bytes, disk).map_err(config_error)?;
+    let batches = BatchStore::default();
+    skipped.extend(batches.restore(objects, files.disk()));
+    if !skipped.is_empty() {
+        tracing::warn!(dir = %dir.display(), entries = ?skipped, "server.files_dir: entries left as they were");
+    }
+    tracing::info!(
+        dir = %dir.display(),
+        files = files.len(),
+        batches = batches.all().len(),
+        "server.files_dir: files and batches read back"
+    );
+    Ok((files, batches))
+}
+
 /// Everything handlers share.
 #[derive(Debug)]
 pub struct Shared {
@@ -140,7 +175,7 @@ impl AppState {
     /// `server.responses_dir`, the stored responses a previous run left there are read back.
     pub fn new(cfg: ServerConfig) -> Result<Self, ServerError> {
         let (capacity, bytes) = (cfg.responses_store, cfg.responses_store_bytes);
-        let files_bytes = cfg.files_bytes;
+        let (files, batches) = open_files(&cfg)?;
         let responses = match &cfg.responses_dir {
             None => ResponseStore::new(capacity, bytes),
             Some(_) if capacity == 0 => {
@@ -187,8 +222,8 @@ impl AppState {
             }),
             aborts: Arc::default(),
             responses,
-            files: FileStore::new(files_bytes),
-            batches: BatchStore::default(),
+            files,
+            batches,
         })))
     }
 

@@ -186,6 +186,15 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
                 dir.display()
             )?;
         }
+        if let Some(dir) = &state.cfg().files_dir {
+            writeln!(
+                out,
+                "dsv4 serve: {} files and {} batches read back from {} (server.files_dir)",
+                state.files().len(),
+                state.batches().all().len(),
+                dir.display()
+            )?;
+        }
         out.flush()?;
         drop(out);
         let serving = tokio::spawn(server.run(shutdown_signal()));

@@ -77,13 +77,15 @@ pub async fn create(
     // The output files must have somewhere to go.
     state.files().check_room(0)?;
     let asked = NewBatch {
-        input_file,
+        input_file_id: input_file.id.clone(),
         endpoint: req.endpoint,
         completion_window: req.completion_window,
         metadata: req.metadata.map_or(Value::Null, Value::Object),
         model: state.cfg().model_id.clone(),
     };
-    let batch = state.batches().start(&state, asked, loaded.max_running);
+    let batch = state
+        .batches()
+        .start(&state, asked, input_file, loaded.max_running);
     Ok(json_response(&batch.object()))
 }
 
@@ -119,6 +121,7 @@ pub async fn cancel(
         ))
         .with_code("batch_not_cancellable")
     })?;
+    batch.save(state.files().disk());
     Ok(json_response(&batch.object()))
 }
 

@@ -135,7 +135,12 @@ pub async fn upload(
         return Err(ApiError::bad_param("file", "the uploaded file is empty"));
     }
     let id = format!("file-{}", random_hex(state.next_serial()));
-    let stored = state.files().upload(id, filename, bytes, unix_now())?;
+    let keeper = state.clone();
+    // With server.files_dir the upload is written to disk: off the runtime's workers.
+    let stored =
+        tokio::task::spawn_blocking(move || keeper.files().upload(id, filename, bytes, unix_now()))
+            .await
+            .map_err(|e| ApiError::internal(format!("storing the upload failed: {e}")))??;
     Ok(json_response(&stored.object()))
 }
 
@@ -194,11 +199,11 @@ pub async fn content(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let file = find(&state, &id)?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        file.content.clone(),
-    )
-        .into_response())
+    let bytes = tokio::task::spawn_blocking(move || file.content.read())
+        .await
+        .map_err(|e| ApiError::internal(format!("reading file {id} failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("file {id} cannot be read: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// `DELETE /v1/files/{id}`: forget a file (a batch already reading it keeps its copy).

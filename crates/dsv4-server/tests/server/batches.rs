@@ -1,8 +1,9 @@
 //! OpenAI's Files and Batch APIs over HTTP: an uploaded file's batch answers each line as the
 //! request sent alone, in input order, with output and error files; a file that cannot run
 //! ends the batch failed with the reason; a cancel keeps the lines that finished; two batches
-//! beside interactive requests answer as each line alone; bad uploads, bad create requests, a
-//! full files budget and `server.files_mib = 0` are refused clearly.
+//! beside interactive requests answer as each line alone; with `server.files_dir` files and
+//! batches survive a restart (a batch cut by it reads back failed); bad uploads, bad create
+//! requests, a full files budget and `server.files_mib = 0` are refused clearly.
 
 use super::common::*;
 use serde_json::{Value, json};
@@ -493,4 +494,92 @@ async fn two_batches_beside_interactive_requests_answer_as_each_line_alone() {
         }
     }
     s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_batches_survive_a_restart_with_files_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = || dsv4_server::ServerConfig {
+        files_dir: Some(dir.path().to_owned()),
+        ..config()
+    };
+    let a = start(on_disk()).await;
+    let body = |i: usize, n: usize| {
+        json!({"model": MODEL, "prompt": format!("p{i}"), "max_tokens": n, "temperature": 0,
+               "ignore_eos": true})
+    };
+    let small: Vec<String> = (0..3)
+        .map(|i| line(&format!("s{i}"), "/v1/completions", body(i, 3)))
+        .collect();
+    let input = upload(&a, &small.join("\n")).await;
+    let done = ended(
+        &a,
+        create(&a, &input, "/v1/completions").await["id"]
+            .as_str()
+            .unwrap(),
+    )
+    .await;
+    let output = lines_of(&a, &done["output_file_id"]).await;
+    assert_eq!(output.len(), 3);
+    // A long batch still running when the server stops.
+    let long: Vec<String> = (0..400)
+        .map(|i| line(&format!("l{i}"), "/v1/completions", body(i, 48)))
+        .collect();
+    let long_input = upload(&a, &long.join("\n")).await;
+    let running = create(&a, &long_input, "/v1/completions").await;
+    let running_id = running["id"].as_str().unwrap().to_string();
+    eventually("the long batch runs", async || {
+        a.get(&format!("/v1/batches/{running_id}")).await.json()["status"] == "in_progress"
+    })
+    .await;
+    let a_state = a.state.clone();
+    a.shutdown().await.unwrap();
+
+    let b = start(on_disk()).await;
+    // The old server's task is stopped here, as the process would have been.
+    a_state
+        .batches()
+        .get(&running_id)
+        .unwrap()
+        .cancel()
+        .unwrap();
+    let files = b.get("/v1/files?order=asc").await.json();
+    let ids: Vec<&str> = files["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&input.as_str()) && ids.contains(&long_input.as_str()),
+        "{files}"
+    );
+    assert!(
+        ids.contains(&done["output_file_id"].as_str().unwrap()),
+        "{files}"
+    );
+    let again = b
+        .get(&format!("/v1/batches/{}", done["id"].as_str().unwrap()))
+        .await
+        .json();
+    assert_eq!(again, done, "a finished batch reads back as it was");
+    assert_eq!(lines_of(&b, &again["output_file_id"]).await, output);
+    let lost = b.get(&format!("/v1/batches/{running_id}")).await.json();
+    assert_eq!(lost["status"], "failed", "{lost}");
+    assert_eq!(lost["errors"]["data"][0]["code"], "server_restarted");
+    assert_eq!(lost["input_file_id"], long_input.as_str());
+    // Deleting a file removes it from the directory.
+    let r = request(b.addr, "DELETE", &format!("/v1/files/{input}"), &[], b"").await;
+    assert_eq!(r.status, 200);
+    assert!(!dir.path().join(format!("{input}.data")).exists());
+    assert!(!dir.path().join(format!("{input}.json")).exists());
+    b.shutdown().await.unwrap();
+
+    // A directory without a budget is a contradiction.
+    let e = dsv4_server::AppState::new(dsv4_server::ServerConfig {
+        files_bytes: 0,
+        ..on_disk()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("server.files_mib"), "{e}");
 }
