@@ -298,6 +298,15 @@ pub struct Tokens {
     pub reasoning: u64,
 }
 
+impl std::ops::AddAssign for Tokens {
+    fn add_assign(&mut self, t: Tokens) {
+        self.input += t.input;
+        self.cached += t.cached;
+        self.output += t.output;
+        self.reasoning += t.reasoning;
+    }
+}
+
 impl Tokens {
     /// The usage of an answer body: chat and completions (`prompt_tokens`, `completion_tokens`,
     /// `prompt_tokens_details.cached_tokens`) or the Responses API (`input_tokens`,
@@ -400,11 +409,7 @@ pub async fn run(
         summary.done += 1;
         if ok {
             summary.succeeded += 1;
-            let t = Tokens::of(&out["response"]["body"]);
-            summary.tokens.input += t.input;
-            summary.tokens.cached += t.cached;
-            summary.tokens.output += t.output;
-            summary.tokens.reasoning += t.reasoning;
+            summary.tokens += Tokens::of(&out["response"]["body"]);
         } else {
             summary.failed += 1;
         }

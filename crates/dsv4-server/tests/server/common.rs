@@ -348,3 +348,28 @@ pub async fn finish_stream(mut conn: TcpStream, mut seen: Vec<u8>) -> Reply {
     conn.read_to_end(&mut seen).await.unwrap();
     parse_reply(&seen)
 }
+
+/// `v` without what differs between two runs of one request: ids, creation and completion
+/// times, and how many prompt tokens the prefix cache had.
+pub fn normalized(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "id" | "call_id"
+                            | "item_id"
+                            | "created"
+                            | "created_at"
+                            | "completed_at"
+                            | "cached_tokens"
+                    )
+                })
+                .map(|(k, v)| (k.clone(), normalized(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalized).collect()),
+        other => other.clone(),
+    }
+}
