@@ -10,11 +10,6 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A batch line.
-fn line(custom_id: &str, url: &str, body: Value) -> String {
-    json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).to_string()
-}
-
 /// Run `text` through the routes of `s`, `concurrency` requests at once: the output lines, the
 /// error lines (when `split`) and the summaries `progress` saw.
 async fn run(
@@ -92,7 +87,7 @@ async fn each_answer_equals_the_request_sent_alone_in_input_order() {
     ];
     let text: Vec<String> = lines
         .iter()
-        .map(|(id, url, b)| line(id, url, b.clone()))
+        .map(|(id, url, b)| batch_line(id, url, b.clone()))
         .collect();
     let (out, err, _) = run(&s, &text.join("\n"), 8, false).await;
     assert!(err.is_empty());
@@ -128,21 +123,21 @@ async fn failed_lines_keep_their_place_or_go_to_the_error_sink() {
     let s = start(config()).await;
     let ok = |p: &str| json!({"model": MODEL, "prompt": p, "max_tokens": 3, "temperature": 0});
     let text = [
-        line("ok-1", "/v1/completions", ok("a")),
-        line(
+        batch_line("ok-1", "/v1/completions", ok("a")),
+        batch_line(
             "hot",
             "/v1/completions",
             json!({"model": MODEL, "prompt": "a", "temperature": 9}),
         ),
-        line(
+        batch_line(
             "where",
             "/v1/embeddings",
             json!({"model": MODEL, "input": "a"}),
         ),
         "{\"custom_id\": \"cut".to_string(),
-        line("ok-2", "/v1/completions", ok("b")),
-        line("nomodel", "/v1/chat/completions", json!({"messages": []})),
-        line("ok-3", "/v1/completions", ok("c")),
+        batch_line("ok-2", "/v1/completions", ok("b")),
+        batch_line("nomodel", "/v1/chat/completions", json!({"messages": []})),
+        batch_line("ok-3", "/v1/completions", ok("c")),
     ]
     .join("\n");
 
@@ -197,7 +192,7 @@ async fn a_server_with_an_api_key_runs_its_batch() {
         ..config()
     })
     .await;
-    let text = line(
+    let text = batch_line(
         "k",
         "/v1/completions",
         json!({"model": MODEL, "prompt": "a", "max_tokens": 2}),
@@ -231,7 +226,7 @@ async fn every_written_line_is_flushed_before_progress_is_reported() {
     let s = start(config()).await;
     let text: Vec<String> = (0..12)
         .map(|i| {
-            line(
+            batch_line(
                 &format!("r{i}"),
                 "/v1/completions",
                 json!({"model": MODEL, "prompt": format!("p{i}"), "max_tokens": 1 + i % 5}),

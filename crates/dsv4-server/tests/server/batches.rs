@@ -62,11 +62,6 @@ async fn upload(s: &TestServer, text: &str) -> String {
     f["id"].as_str().unwrap().to_string()
 }
 
-/// A batch line.
-fn line(custom_id: &str, url: &str, body: Value) -> String {
-    json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).to_string()
-}
-
 /// Create a batch over `file` to `endpoint`; its object.
 async fn create(s: &TestServer, file: &str, endpoint: &str) -> Value {
     let r = s
@@ -83,16 +78,13 @@ async fn create(s: &TestServer, file: &str, endpoint: &str) -> Value {
 
 /// Poll a batch until it has ended; its object.
 async fn ended(s: &TestServer, id: &str) -> Value {
-    let mut last = Value::Null;
-    eventually("the batch ends", async || {
-        last = s.get(&format!("/v1/batches/{id}")).await.json();
+    poll(s, &format!("/v1/batches/{id}"), "the batch ends", |v| {
         matches!(
-            last["status"].as_str(),
+            v["status"].as_str(),
             Some("completed" | "failed" | "cancelled")
         )
     })
-    .await;
-    last
+    .await
 }
 
 /// The JSON lines of a stored file.
@@ -120,7 +112,7 @@ async fn a_batch_answers_each_line_as_the_request_alone_with_output_and_error_fi
     ];
     let text: Vec<String> = bodies
         .iter()
-        .map(|(id, b)| line(id, "/v1/completions", b.clone()))
+        .map(|(id, b)| batch_line(id, "/v1/completions", b.clone()))
         .collect();
     let file = upload(&s, &text.join("\n")).await;
     let batch = create(&s, &file, "/v1/completions").await;
@@ -223,18 +215,18 @@ async fn a_file_that_cannot_run_ends_the_batch_failed_saying_why() {
     let cases = [
         (
             [
-                line("x", "/v1/completions", ok.clone()),
-                line("x", "/v1/completions", ok.clone()),
+                batch_line("x", "/v1/completions", ok.clone()),
+                batch_line("x", "/v1/completions", ok.clone()),
             ]
             .join("\n"),
             "duplicate_custom_id",
         ),
         (
-            line("x", "/v1/chat/completions", ok.clone()),
+            batch_line("x", "/v1/chat/completions", ok.clone()),
             "mismatched_endpoint",
         ),
         (
-            line(
+            batch_line(
                 "x",
                 "/v1/completions",
                 json!({"model": "gpt-4o", "prompt": "x"}),
@@ -260,7 +252,7 @@ async fn a_cancelled_batch_keeps_the_lines_that_finished() {
     let s = start(config()).await;
     let text: Vec<String> = (0..300)
         .map(|i| {
-            line(
+            batch_line(
                 &format!("r{i}"),
                 "/v1/completions",
                 json!({"model": MODEL, "prompt": format!("line {i}"), "max_tokens": 24,
@@ -452,7 +444,7 @@ async fn two_batches_beside_interactive_requests_answer_as_each_line_alone() {
     };
     let file = |from: usize| -> String {
         (from..from + 24)
-            .map(|i| line(&format!("r{i}"), "/v1/completions", body(i)))
+            .map(|i| batch_line(&format!("r{i}"), "/v1/completions", body(i)))
             .collect::<Vec<_>>()
             .join("\n")
     };
@@ -509,7 +501,7 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
                "ignore_eos": true})
     };
     let small: Vec<String> = (0..3)
-        .map(|i| line(&format!("s{i}"), "/v1/completions", body(i, 3)))
+        .map(|i| batch_line(&format!("s{i}"), "/v1/completions", body(i, 3)))
         .collect();
     let input = upload(&a, &small.join("\n")).await;
     let done = ended(
@@ -523,7 +515,7 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
     assert_eq!(output.len(), 3);
     // A long batch still running when the server stops.
     let long: Vec<String> = (0..400)
-        .map(|i| line(&format!("l{i}"), "/v1/completions", body(i, 48)))
+        .map(|i| batch_line(&format!("l{i}"), "/v1/completions", body(i, 48)))
         .collect();
     let long_input = upload(&a, &long.join("\n")).await;
     let running = create(&a, &long_input, "/v1/completions").await;

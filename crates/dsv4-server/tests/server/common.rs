@@ -6,7 +6,7 @@ use dsv4_engine::{CacheBudget, EngineConfig};
 use dsv4_kernels::{BackendOptions, registry};
 use dsv4_model::{Model, ModelSource, load_model};
 use dsv4_server::{AppState, Loaded, Server, ServerConfig, ServerError};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -372,4 +372,20 @@ pub fn normalized(v: &Value) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(normalized).collect()),
         other => other.clone(),
     }
+}
+
+/// `GET path` until `done` holds for its JSON answer (60 s at most); that answer.
+pub async fn poll(s: &TestServer, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    eventually(what, async || {
+        last = s.get(path).await.json();
+        done(&last)
+    })
+    .await;
+    last
+}
+
+/// One line of an OpenAI Batch API input file.
+pub fn batch_line(custom_id: &str, url: &str, body: Value) -> String {
+    json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).to_string()
 }

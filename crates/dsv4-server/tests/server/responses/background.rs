@@ -14,13 +14,13 @@ async fn create(s: &TestServer, body: &Value) -> Value {
 
 /// Poll `GET /v1/responses/{id}` until it left `queued` and `in_progress`.
 async fn until_done(s: &TestServer, id: &str) -> Value {
-    let mut last = Value::Null;
-    eventually("the background response finished", async || {
-        last = s.get(&format!("/v1/responses/{id}")).await.json();
-        !matches!(last["status"].as_str(), Some("queued" | "in_progress"))
-    })
-    .await;
-    last
+    poll(
+        s,
+        &format!("/v1/responses/{id}"),
+        "the background response finished",
+        |v| !matches!(v["status"].as_str(), Some("queued" | "in_progress")),
+    )
+    .await
 }
 
 /// A request continuing the response `id`.
