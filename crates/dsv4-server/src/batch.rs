@@ -78,6 +78,20 @@ pub struct Summary {
     pub tokens: Tokens,
 }
 
+impl std::ops::Add for Summary {
+    type Output = Summary;
+
+    /// The counts of two runs of one file's lines, one after the other.
+    fn add(mut self, s: Summary) -> Summary {
+        self.total += s.total;
+        self.done += s.done;
+        self.succeeded += s.succeeded;
+        self.failed += s.failed;
+        self.tokens += s.tokens;
+        self
+    }
+}
+
 /// Tokens the answered lines report in their `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tokens {

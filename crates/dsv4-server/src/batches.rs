@@ -1,20 +1,30 @@
 //! OpenAI's Batch API (`/v1/batches`): a batch is an uploaded input file run in the background
 //! through [`crate::batch::run`], its answers and failures then kept as output and error files in
 //! the [`crate::files::FileStore`]. [`BatchStore`] holds the batches; [`Batch`] one batch's
-//! state, which its task updates as lines finish (`request_counts` moves while it runs).
+//! state, which its task (`task.rs`) updates as lines finish (`request_counts` moves while it
+//! runs).
 //!
 //! Lines of every batch share one limit of requests in flight, the engine's
 //! `max_running_requests`, so batches together never hold more of the engine than one batch.
+//!
+//! With `server.files_dir` a batch survives its server: its lines are written to part files as
+//! they are answered, a shutdown lets the lines in flight finish and stops there, and the next
+//! server goes on from the last whole line (`resume.rs`) once its model is ready.
+
+mod resume;
+mod task;
 
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::{self, BatchFileError, Options, Sinks, Summary, Tokens};
+use crate::batch::Summary;
 use crate::files::StoredFile;
 use crate::files_disk::FilesDir;
 use crate::state::AppState;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
 
 /// Most batches kept; past it the oldest finished one is forgotten (its files stay).
 pub const MAX_BATCHES: usize = 10_000;
@@ -100,7 +110,8 @@ pub struct Batch {
     asked: NewBatch,
     created_at: u64,
     state: Mutex<Record>,
-    cancel: watch::Sender<bool>,
+    /// Turns true when the batch must start no more lines: a cancel, or the server stopping.
+    stop: watch::Sender<bool>,
 }
 
 /// The parts of a batch that change.
@@ -117,7 +128,33 @@ struct Record {
     failed_at: Option<u64>,
     cancelling_at: Option<u64>,
     cancelled_at: Option<u64>,
+    /// The ids its output and error files get, chosen as it starts keeping them (kept on disk,
+    /// so a server stopped part-way finishes with the same ids).
+    outputs: Option<[String; 2]>,
 }
+
+impl Record {
+    /// A new batch's record: validating, nothing counted.
+    fn new() -> Self {
+        Self {
+            status: Status::Validating,
+            counts: Summary::default(),
+            errors: Vec::new(),
+            output_file_id: None,
+            error_file_id: None,
+            in_progress_at: None,
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            outputs: None,
+        }
+    }
+}
+
+/// The key of a batch's record on disk naming its output files while it keeps them.
+const OUTPUTS_KEY: &str = "dsv4_outputs";
 
 impl Batch {
     /// OpenAI's batch object.
@@ -158,17 +195,23 @@ impl Batch {
         })
     }
 
-    /// Keep the batch's object in `server.files_dir`, when there is one.
+    /// Keep the batch's object in `server.files_dir`, when there is one (with the ids its
+    /// output files get while it keeps them).
     pub fn save(&self, disk: Option<&FilesDir>) {
-        if let Some(dir) = disk
-            && let Err(e) = dir.write_batch(&self.id, &self.object())
-        {
+        let Some(dir) = disk else {
+            return;
+        };
+        let mut object = self.object();
+        if let Some(ids) = self.lock().outputs.clone() {
+            object[OUTPUTS_KEY] = json!(ids);
+        }
+        if let Err(e) = dir.write_batch(&self.id, &object) {
             tracing::warn!(id = self.id, error = %e, "server.files_dir: cannot write a batch");
         }
     }
 
-    /// A batch read back from its object; one that had not ended ends `failed`
-    /// (`server_restarted`), since its lines in flight were lost with the server.
+    /// A batch read back from what [`Batch::save`] wrote; one that had not ended goes on once
+    /// the model is ready ([`BatchStore::resume`]).
     fn from_object(v: &Value) -> Option<Self> {
         let text = |k: &str| v[k].as_str().map(str::to_string);
         let at = |k: &str| v[k].as_u64();
@@ -176,14 +219,18 @@ impl Batch {
         let status = Status::from_name(v["status"].as_str()?)?;
         let usage = &v["usage"];
         let (succeeded, failed) = (count("completed"), count("failed"));
-        let mut record = Record {
+        let outputs = match v[OUTPUTS_KEY].as_array().map(Vec::as_slice) {
+            Some([Value::String(o), Value::String(e)]) => Some([o.clone(), e.clone()]),
+            _ => None,
+        };
+        let record = Record {
             status,
             counts: Summary {
                 total: count("total"),
                 done: succeeded + failed,
                 succeeded,
                 failed,
-                tokens: Tokens {
+                tokens: crate::batch::Tokens {
                     input: usage["input_tokens"].as_u64().unwrap_or(0),
                     cached: usage["input_tokens_details"]["cached_tokens"]
                         .as_u64()
@@ -203,18 +250,8 @@ impl Batch {
             failed_at: at("failed_at"),
             cancelling_at: at("cancelling_at"),
             cancelled_at: at("cancelled_at"),
+            outputs,
         };
-        if !status.is_final() {
-            record.status = Status::Failed;
-            record.failed_at = Some(unix_now());
-            record.errors.push(json!({
-                "code": "server_restarted",
-                "message": "the server stopped while this batch ran; its answers were lost (run \
-                            the batch again)",
-                "param": null,
-                "line": null,
-            }));
-        }
         Some(Self {
             id: text("id")?,
             asked: NewBatch {
@@ -226,8 +263,24 @@ impl Batch {
             },
             created_at: at("created_at")?,
             state: Mutex::new(record),
-            cancel: watch::channel(false).0,
+            stop: watch::channel(status == Status::Cancelling).0,
         })
+    }
+
+    /// The prefix of its output lines' ids (`{prefix}_{line}`).
+    fn id_prefix(&self) -> String {
+        format!("batch_req_{}", self.id.trim_start_matches("batch_"))
+    }
+
+    /// End the batch `failed` with `error` (an entry of its `errors`).
+    fn fail(&self, error: Value, disk: Option<&FilesDir>) {
+        self.update(|r| {
+            r.status = Status::Failed;
+            r.failed_at = Some(unix_now());
+            r.outputs = None;
+            r.errors.push(error);
+        });
+        self.save(disk);
     }
 
     /// Where the batch is.
@@ -244,7 +297,7 @@ impl Batch {
                 r.status = Status::Cancelling;
                 r.cancelling_at = Some(unix_now());
                 drop(r);
-                self.cancel.send_replace(true);
+                self.stop.send_replace(true);
                 Ok(())
             }
             Status::Cancelling | Status::Cancelled => Ok(()),
@@ -265,12 +318,14 @@ impl Batch {
     }
 }
 
-/// The batches, oldest first, and the one limit their lines share.
+/// The batches, oldest first, the one limit their lines share, and their tasks.
 #[derive(Debug, Default)]
 pub struct BatchStore {
     batches: Mutex<BTreeMap<u64, Arc<Batch>>>,
     next: Mutex<u64>,
     permits: OnceLock<Arc<Semaphore>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    stopping: AtomicBool,
 }
 
 impl BatchStore {
@@ -279,21 +334,16 @@ impl BatchStore {
         self.lock().values().find(|b| b.id == id).cloned()
     }
 
-    /// Take the batches a previous run kept in `server.files_dir` (oldest first); those that
-    /// had not ended are saved back failed. Objects that cannot be read are returned.
+    /// Take the batches a previous run kept in `server.files_dir` (oldest first), as they were;
+    /// those that had not ended go on at [`BatchStore::resume`]. Objects that cannot be read
+    /// are returned.
     pub fn restore(&self, objects: Vec<Value>, disk: Option<&FilesDir>) -> Vec<String> {
         let mut bad = Vec::new();
         for v in objects {
-            let Some(batch) = Batch::from_object(&v) else {
-                bad.push(format!("batch {}: not a batch object", v["id"]));
-                continue;
-            };
-            let ended = Status::from_name(v["status"].as_str().unwrap_or_default())
-                .is_some_and(Status::is_final);
-            if !ended {
-                batch.save(disk);
+            match Batch::from_object(&v) {
+                Some(batch) => self.insert(Arc::new(batch), disk),
+                None => bad.push(format!("batch {}: not a batch object", v["id"])),
             }
-            self.insert(Arc::new(batch), disk);
         }
         bad
     }
@@ -320,35 +370,76 @@ impl BatchStore {
         input: Arc<StoredFile>,
         max_running: usize,
     ) -> Arc<Batch> {
-        let (cancel, cancelled) = watch::channel(false);
         let batch = Arc::new(Batch {
             id: format!("batch_{}", random_hex(state.next_serial())),
             asked,
             created_at: unix_now(),
-            state: Mutex::new(Record {
-                status: Status::Validating,
-                counts: Summary::default(),
-                errors: Vec::new(),
-                output_file_id: None,
-                error_file_id: None,
-                in_progress_at: None,
-                finalizing_at: None,
-                completed_at: None,
-                failed_at: None,
-                cancelling_at: None,
-                cancelled_at: None,
-            }),
-            cancel,
+            state: Mutex::new(Record::new()),
+            stop: watch::channel(false).0,
         });
         let disk = state.files().disk();
         batch.save(disk);
         self.insert(batch.clone(), disk);
+        self.spawn(state, batch.clone(), Some(input), max_running);
+        batch
+    }
+
+    /// Go on with the batches read back that had not ended (the model of `state` is ready, with
+    /// `max_running` requests at once); how many.
+    pub fn resume(&self, state: &AppState, max_running: usize) -> usize {
+        let unfinished: Vec<Arc<Batch>> = self
+            .all()
+            .into_iter()
+            .filter(|b| !b.status().is_final())
+            .collect();
+        for batch in &unfinished {
+            tracing::info!(
+                id = batch.id,
+                status = batch.status().name(),
+                "batch goes on"
+            );
+            self.spawn(state, batch.clone(), None, max_running);
+        }
+        unfinished.len()
+    }
+
+    /// Run `batch`'s task (reading `input`, or its input file from the store when resumed).
+    fn spawn(
+        &self,
+        state: &AppState,
+        batch: Arc<Batch>,
+        input: Option<Arc<StoredFile>>,
+        max_running: usize,
+    ) {
         let permits = self
             .permits
             .get_or_init(|| Arc::new(Semaphore::new(max_running.max(1))))
             .clone();
-        tokio::spawn(run(state.clone(), batch.clone(), input, permits, cancelled));
-        batch
+        let stop = batch.stop.subscribe();
+        // Listed before this check, so a concurrent `stop` either signals it or is seen here.
+        if self.stopping.load(Ordering::SeqCst) {
+            batch.stop.send_replace(true);
+        }
+        let handle = tokio::spawn(task::run(state.clone(), batch, input, permits, stop));
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
+    }
+
+    /// The server is stopping: batches start no more lines, and this returns once the lines in
+    /// flight are answered and written. With `server.files_dir` the batches go on from there at
+    /// the next start; without, they end with the process.
+    pub async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for batch in self.all() {
+            batch.stop.send_replace(true);
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "a batch task failed");
+            }
+        }
     }
 
     /// List a batch; past [`MAX_BATCHES`] the oldest ended one is forgotten.
@@ -374,128 +465,4 @@ impl BatchStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Batch>>> {
         self.batches.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// A validation failure as an entry of the batch's `errors`.
-fn validation_error(e: &BatchFileError) -> Value {
-    let (code, line) = match e {
-        BatchFileError::Empty => ("empty_file", None),
-        BatchFileError::DuplicateId { again, .. } => ("duplicate_custom_id", Some(*again)),
-        BatchFileError::WrongEndpoint { line, .. } => ("mismatched_endpoint", Some(*line)),
-        BatchFileError::WrongModel { line, .. } => ("model_not_found", Some(*line)),
-    };
-    json!({"code": code, "message": e.to_string(), "param": null, "line": line})
-}
-
-/// A batch's life: check the file, run its lines, keep the output and error files.
-async fn run(
-    state: AppState,
-    batch: Arc<Batch>,
-    input: Arc<StoredFile>,
-    permits: Arc<Semaphore>,
-    cancelled: watch::Receiver<bool>,
-) {
-    let disk = state.files().disk();
-    let fail = |error: Value| {
-        batch.update(|r| {
-            r.status = Status::Failed;
-            r.failed_at = Some(unix_now());
-            r.errors.push(error);
-        });
-        batch.save(disk);
-    };
-    // Reading a file as large as server.files_mib takes a while: off the runtime's workers.
-    let (served, endpoint) = (state.cfg().model_id.clone(), batch.asked.endpoint.clone());
-    let checked = tokio::task::spawn_blocking(move || {
-        let content = input.content.read().map_err(|e| {
-            json!({"code": "invalid_file", "message": format!(
-                "the input file {} cannot be read: {e}", input.id),
-                "param": "input_file_id", "line": null})
-        })?;
-        let Ok(text) = std::str::from_utf8(&content) else {
-            return Err(json!({"code": "invalid_file", "message": format!(
-                "the input file {} is not UTF-8 text; a batch file is JSONL", input.id),
-                "param": "input_file_id", "line": null}));
-        };
-        batch::parse(text, &served, Some(&endpoint)).map_err(|e| validation_error(&e))
-    })
-    .await;
-    let items = match checked {
-        Ok(Ok(items)) => items,
-        Ok(Err(error)) => {
-            fail(error);
-            return;
-        }
-        Err(e) => {
-            fail(json!({"code": "internal_error", "message": format!(
-                "reading the input file failed: {e}"), "param": null, "line": null}));
-            return;
-        }
-    };
-    batch.update(|r| {
-        if r.status == Status::Validating {
-            r.status = Status::InProgress;
-        }
-        r.in_progress_at = Some(unix_now());
-        r.counts.total = items.len();
-    });
-    batch.save(disk);
-    let opts = Options {
-        permits,
-        id_prefix: format!("batch_req_{}", batch.id.trim_start_matches("batch_")),
-        cancel: Some(cancelled),
-    };
-    let (mut output, mut errors) = (Vec::new(), Vec::new());
-    let sinks = Sinks {
-        output: &mut output,
-        errors: Some(&mut errors),
-    };
-    // Writing to memory cannot fail.
-    let summary = batch::run(&state, items, &opts, sinks, |s| {
-        batch.update(|r| r.counts = *s);
-    })
-    .await
-    .unwrap_or_default();
-    batch.update(|r| r.finalizing_at = Some(unix_now()));
-    // With server.files_dir the outputs are written to disk: off the runtime's workers.
-    let ids = [
-        format!("file-{}", random_hex(state.next_serial())),
-        format!("file-{}", random_hex(state.next_serial())),
-    ];
-    let (keeper, name) = (state.clone(), batch.id.clone());
-    let kept = tokio::task::spawn_blocking(move || {
-        let [output_id, error_id] = ids;
-        let keep = |id: String, bytes: Vec<u8>, kind: &str| {
-            (!bytes.is_empty()).then(|| {
-                let file = format!("{name}_{kind}.jsonl");
-                keeper
-                    .files()
-                    .put_output(id, file, bytes.into(), unix_now())
-                    .id
-                    .clone()
-            })
-        };
-        (
-            keep(output_id, output, "output"),
-            keep(error_id, errors, "error"),
-        )
-    })
-    .await;
-    let (output_id, error_id) = kept.unwrap_or_else(|e| {
-        tracing::error!(batch = batch.id, error = %e, "the batch's output files were lost");
-        (None, None)
-    });
-    batch.update(|r| {
-        r.counts = summary;
-        r.output_file_id = output_id;
-        r.error_file_id = error_id;
-        if r.status == Status::Cancelling {
-            r.status = Status::Cancelled;
-            r.cancelled_at = Some(unix_now());
-        } else {
-            r.status = Status::Completed;
-            r.completed_at = Some(unix_now());
-        }
-    });
-    batch.save(disk);
 }

@@ -11,7 +11,7 @@ use crate::files_disk::{FileMeta, FilesDir};
 use axum::body::Bytes;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The purposes a file may have: what clients upload, and what batches write.
@@ -243,9 +243,8 @@ impl FileStore {
         }
     }
 
-    /// Keep a batch's output or error file, whatever room is left (the work is done). With
-    /// `server.files_dir` it goes to disk (call off the runtime's workers); if the disk refuses
-    /// it, it stays in memory, logged.
+    /// Keep a batch's output or error file in memory (a store without `server.files_dir`;
+    /// with one, [`FileStore::adopt_output`]), whatever room is left: the work is done.
     pub fn put_output(
         &self,
         id: String,
@@ -253,24 +252,54 @@ impl FileStore {
         content: Bytes,
         created_at: u64,
     ) -> Arc<StoredFile> {
-        self.lock().bytes += content.len();
-        let kept = self.keep(
-            id.clone(),
-            filename.clone(),
-            OUTPUT_PURPOSE,
-            content.clone(),
+        let mut inner = self.lock();
+        inner.bytes += content.len();
+        inner.add(StoredFile {
+            id,
+            filename,
+            purpose: OUTPUT_PURPOSE,
             created_at,
-        );
-        kept.unwrap_or_else(|e| {
-            tracing::warn!(id, error = %e, "server.files_dir: cannot write a batch output; kept in memory only");
-            self.lock().add(StoredFile {
-                id,
-                filename,
-                purpose: OUTPUT_PURPOSE,
-                created_at,
-                content: Content::Memory(content),
-            })
+            content: Content::Memory(content),
         })
+    }
+
+    /// Keep a batch's part file in `server.files_dir` as its output or error file `id`: `None`
+    /// when it has no lines (the part is removed). Done again after a stop part-way, it finds
+    /// the file already kept or finishes keeping it. Call off the runtime's workers.
+    pub fn adopt_output(
+        &self,
+        id: &str,
+        filename: &str,
+        part: &Path,
+        created_at: u64,
+    ) -> std::io::Result<Option<Arc<StoredFile>>> {
+        if let Some(file) = self.get(id) {
+            return Ok(Some(file));
+        }
+        let Some(dir) = &self.disk else {
+            return Err(std::io::Error::other("no server.files_dir to keep it in"));
+        };
+        let data = dir.data_path(id);
+        let len = match std::fs::metadata(part).or_else(|_| std::fs::metadata(&data)) {
+            Ok(m) => m.len() as usize,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if len == 0 {
+            let _ = std::fs::remove_file(part);
+            return Ok(None);
+        }
+        let meta = FileMeta::new(id, filename, OUTPUT_PURPOSE, created_at, len);
+        let path = dir.adopt(&meta, part)?;
+        let mut inner = self.lock();
+        inner.bytes += len;
+        Ok(Some(inner.add(StoredFile {
+            id: id.to_string(),
+            filename: filename.to_string(),
+            purpose: OUTPUT_PURPOSE,
+            created_at,
+            content: Content::Disk { path, len },
+        })))
     }
 
     /// Write a file where this store keeps them and list it (its bytes are already counted).

@@ -2,9 +2,12 @@
 //! restart. A file is two files: `{id}.data`, its bytes, and `{id}.json`, what `GET
 //! /v1/files/{id}` answers (`format`, id, filename, purpose, created_at, bytes), written after
 //! the bytes, so a file is listed only once its bytes are whole. A batch is `batches/{id}.json`,
-//! its batch object, rewritten at each change of status. Everything is written through a
-//! temporary file and a rename. On start both are read back; a file whose bytes are missing or
-//! of another length, and a record that cannot be read, are left as they are and reported.
+//! its batch object, rewritten at each change of status, and while it runs its output and error
+//! lines go to `batches/{id}.{output,error}.jsonl.part` (moved into place as the batch's files
+//! when it ends; read back by [`crate::batches`] to go on after a restart). Everything else is
+//! written through a temporary file and a rename. On start both are read back; a file whose
+//! bytes are missing or of another length, and a record that cannot be read, are left as they
+//! are and reported.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -12,6 +15,9 @@ use std::path::{Path, PathBuf};
 
 /// The `format` of a file's metadata.
 const FORMAT: &str = "dsv4-file/1";
+
+/// The part files a running batch writes: its output lines and its failed lines.
+pub const PART_KINDS: [&str; 2] = ["output", "error"];
 
 /// Write `bytes` to `path` through `path.tmp` and a rename (a reader never sees half a file).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -127,9 +133,32 @@ impl FilesDir {
         write_atomic(&self.dir.join("batches").join(format!("{id}.json")), &json)
     }
 
-    /// Forget a batch's record.
+    /// Forget a batch's record and any part files it left.
     pub fn remove_batch(&self, id: &str) {
         let _ = std::fs::remove_file(self.dir.join("batches").join(format!("{id}.json")));
+        for kind in PART_KINDS {
+            let _ = std::fs::remove_file(self.part_path(id, kind));
+        }
+    }
+
+    /// Where a running batch writes its `output` or `error` lines until it ends.
+    pub fn part_path(&self, batch: &str, kind: &str) -> PathBuf {
+        self.dir
+            .join("batches")
+            .join(format!("{batch}.{kind}.jsonl.part"))
+    }
+
+    /// Make `part` (a batch's part file, already whole) the bytes of the file `meta`: move it
+    /// into place, then write the metadata; the path of its bytes. Done again after a stop
+    /// between the two steps, it writes the metadata of the bytes already moved.
+    pub fn adopt(&self, meta: &FileMeta, part: &Path) -> std::io::Result<PathBuf> {
+        let data = self.data_path(&meta.id);
+        if part.exists() || !data.exists() {
+            std::fs::rename(part, &data)?;
+        }
+        let json = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+        write_atomic(&self.dir.join(format!("{}.json", meta.id)), &json)?;
+        Ok(data)
     }
 
     /// Read back the files (oldest first) and batches; leftover temporary files are deleted.

@@ -1,7 +1,8 @@
 //! [`Server`]: the listening socket and the serve loop with graceful shutdown — when the
 //! shutdown future completes (SIGTERM or Ctrl-C with [`shutdown_signal`]) `/health` turns 503
 //! "draining", no new connections are accepted, and the loop returns once every request in
-//! flight (streams included) has been answered.
+//! flight (streams included) has been answered and the batches running have written the lines
+//! in flight (with `server.files_dir` they go on from there at the next start).
 
 use crate::error::ServerError;
 use crate::routes::router;
@@ -59,7 +60,7 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let state = self.state.clone();
+        let (state, state_after) = (self.state.clone(), self.state.clone());
         let drain = async move {
             shutdown.await;
             state.start_draining();
@@ -73,6 +74,7 @@ impl Server {
             .with_graceful_shutdown(drain)
             .await
             .map_err(ServerError::Serve)?;
+        state_after.batches().stop().await;
         tracing::info!("drained; server stopped");
         Ok(())
     }

@@ -227,8 +227,9 @@ impl AppState {
         })))
     }
 
-    /// The model is ready: start serving requests and watching the step loop's progress
-    /// (call inside a tokio runtime). A second call is ignored.
+    /// The model is ready: start serving requests and watching the step loop's progress, and
+    /// go on with the batches read back from `server.files_dir` that had not ended (call inside
+    /// a tokio runtime). A second call is ignored.
     pub fn set_ready(&self, loaded: Loaded) {
         if self.0.loaded.set(Arc::new(loaded)).is_err() {
             tracing::warn!("the model was already set; ignoring the second one");
@@ -239,6 +240,9 @@ impl AppState {
             (self.0.cfg.health_stall / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
         tokio::spawn(watch_progress(weak, tick));
         tracing::info!(model = %self.0.cfg.model_id, "model ready");
+        if let Some(loaded) = self.loaded() {
+            self.0.batches.resume(self, loaded.max_running);
+        }
     }
 
     /// The loaded model, or 503 while it loads.

@@ -2,7 +2,8 @@
 //! request sent alone, in input order, with output and error files; a file that cannot run
 //! ends the batch failed with the reason; a cancel keeps the lines that finished; two batches
 //! beside interactive requests answer as each line alone; with `server.files_dir` files and
-//! batches survive a restart (a batch cut by it reads back failed); bad uploads, bad create
+//! batches survive a restart (a batch cut by it goes on from its last whole line, one stopped
+//! while keeping its files finishes keeping them); bad uploads, bad create
 //! requests, a full files budget and `server.files_mib = 0` are refused clearly.
 
 use super::common::*;
@@ -520,46 +521,115 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
     let long_input = upload(&a, &long.join("\n")).await;
     let running = create(&a, &long_input, "/v1/completions").await;
     let running_id = running["id"].as_str().unwrap().to_string();
-    eventually("the long batch runs", async || {
-        a.get(&format!("/v1/batches/{running_id}")).await.json()["status"] == "in_progress"
-    })
+    poll(
+        &a,
+        &format!("/v1/batches/{running_id}"),
+        "lines answered",
+        |v| v["request_counts"]["completed"].as_u64() > Some(0),
+    )
     .await;
-    let a_state = a.state.clone();
+    // A shutdown lets the lines in flight finish, writes them, and leaves the rest.
     a.shutdown().await.unwrap();
-
-    let b = start(on_disk()).await;
-    // The old server's task is stopped here, as the process would have been.
-    a_state
-        .batches()
-        .get(&running_id)
-        .unwrap()
-        .cancel()
+    let batches = dir.path().join("batches");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(batches.join(format!("{running_id}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "in_progress", "{record}");
+    let part = batches.join(format!("{running_id}.output.jsonl.part"));
+    let before = std::fs::read_to_string(&part).unwrap();
+    let written = before.lines().count();
+    assert!(
+        written > 0 && written < 400,
+        "{written} lines written before the stop"
+    );
+    // What a kill leaves: a line cut short.
+    let mut cut = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&part)
         .unwrap();
-    let files = b.get("/v1/files?order=asc").await.json();
-    let ids: Vec<&str> = files["data"]
-        .as_array()
-        .unwrap()
+    std::io::Write::write_all(&mut cut, br#"{"id": "batch_req_"#).unwrap();
+    drop(cut);
+    // A batch stopped while keeping its files (one moved into place, its record not yet
+    // written), and one whose input file went while the server was down.
+    let crafted = |id: &str, status: &str, input: &str| {
+        let mut v = done.clone();
+        v["id"] = json!(id);
+        v["status"] = json!(status);
+        v["input_file_id"] = json!(input);
+        v["output_file_id"] = Value::Null;
+        v
+    };
+    let mut keeping = crafted("batch_keeping", "finalizing", &input);
+    keeping["dsv4_outputs"] = json!(["file-kept-out", "file-kept-err"]);
+    let output_file = format!("{}.data", done["output_file_id"].as_str().unwrap());
+    let output_text = std::fs::read(dir.path().join(output_file)).unwrap();
+    std::fs::write(
+        batches.join("batch_keeping.output.jsonl.part"),
+        &output_text,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("file-kept-err.data"), b"{}\n").unwrap();
+    let orphan = crafted("batch_orphan", "in_progress", "file-gone");
+    for v in [&keeping, &orphan] {
+        let path = batches.join(format!("{}.json", v["id"].as_str().unwrap()));
+        std::fs::write(path, v.to_string()).unwrap();
+    }
+
+    let b = start_loading(on_disk()).await;
+    let waiting = b.get(&format!("/v1/batches/{running_id}")).await.json();
+    assert_eq!(
+        waiting["status"], "in_progress",
+        "read back as it was: {waiting}"
+    );
+    b.state.set_ready(loaded());
+    let resumed = ended(&b, &running_id).await;
+    assert_eq!(resumed["status"], "completed", "{resumed}");
+    assert_eq!(resumed["request_counts"]["completed"], 400, "{resumed}");
+    assert_eq!(resumed["request_counts"]["failed"], 0);
+    assert_eq!(resumed["usage"]["output_tokens"], 400 * 48);
+    assert_eq!(resumed["in_progress_at"], record["in_progress_at"]);
+    let lines = lines_of(&b, &resumed["output_file_id"]).await;
+    let ids: Vec<&str> = lines
         .iter()
-        .map(|f| f["id"].as_str().unwrap())
+        .map(|l| l["custom_id"].as_str().unwrap())
         .collect();
-    assert!(
-        ids.contains(&input.as_str()) && ids.contains(&long_input.as_str()),
-        "{files}"
-    );
-    assert!(
-        ids.contains(&done["output_file_id"].as_str().unwrap()),
-        "{files}"
-    );
-    let again = b
-        .get(&format!("/v1/batches/{}", done["id"].as_str().unwrap()))
+    let want: Vec<String> = (0..400).map(|i| format!("l{i}")).collect();
+    assert_eq!(ids, want, "every line once, in input order");
+    let text = b
+        .get(&format!(
+            "/v1/files/{}/content",
+            resumed["output_file_id"].as_str().unwrap()
+        ))
         .await
-        .json();
-    assert_eq!(again, done, "a finished batch reads back as it was");
-    assert_eq!(lines_of(&b, &again["output_file_id"]).await, output);
-    let lost = b.get(&format!("/v1/batches/{running_id}")).await.json();
-    assert_eq!(lost["status"], "failed", "{lost}");
-    assert_eq!(lost["errors"]["data"][0]["code"], "server_restarted");
-    assert_eq!(lost["input_file_id"], long_input.as_str());
+        .body;
+    assert!(
+        text.starts_with(&before),
+        "the lines answered before the stop are kept as they were, not run again"
+    );
+    // Lines from before and after the stop answer as the request alone.
+    for i in [0, written - 1, written, 399] {
+        let alone = b.send("POST", "/v1/completions", &body(i, 48)).await.json();
+        assert_eq!(
+            lines[i]["response"]["body"]["choices"][0]["text"], alone["choices"][0]["text"],
+            "line {i}"
+        );
+    }
+    assert!(!part.exists(), "the part files are moved into place");
+    let kept = ended(&b, "batch_keeping").await;
+    assert_eq!(kept["status"], "completed", "{kept}");
+    assert_eq!(kept["output_file_id"], "file-kept-out");
+    assert_eq!(kept["error_file_id"], "file-kept-err");
+    assert_eq!(lines_of(&b, &kept["output_file_id"]).await, output);
+    let gone = ended(&b, "batch_orphan").await;
+    assert_eq!(gone["status"], "failed", "{gone}");
+    assert_eq!(gone["errors"]["data"][0]["code"], "server_restarted");
+    assert!(
+        gone["errors"]["data"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("file-gone"),
+        "{gone}"
+    );
     // Deleting a file removes it from the directory.
     let r = request(b.addr, "DELETE", &format!("/v1/files/{input}"), &[], b"").await;
     assert_eq!(r.status, 200);

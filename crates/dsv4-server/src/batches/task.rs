@@ -1,0 +1,289 @@
+//! A batch's life in the background: check its input file, run its lines through
+//! [`crate::batch::run`], keep its output and error files. With `server.files_dir` the lines go
+//! to part files as they are answered, and a batch read back after a restart goes on from the
+//! last whole line the part files kept ([`super::resume`]).
+
+use super::resume::{Kept, kept};
+use super::{Batch, Status};
+use crate::api::common::{random_hex, unix_now};
+use crate::batch::{self, BatchFileError, Item, Options, Sinks, Summary};
+use crate::files::StoredFile;
+use crate::files_disk::{FilesDir, PART_KINDS};
+use crate::state::AppState;
+use serde_json::{Value, json};
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::sync::Arc;
+use tokio::sync::{Semaphore, watch};
+
+/// Where a batch's lines go while it runs.
+enum Outputs {
+    /// In memory (no `server.files_dir`): output, error.
+    Memory([Vec<u8>; 2]),
+    /// The part files in `server.files_dir`: output, error.
+    Disk([BufWriter<File>; 2]),
+}
+
+/// A batch's task: from wherever it is (validating, running, keeping its files) to its end,
+/// or until `stop` turns true without a cancel (the server stopping).
+pub(super) async fn run(
+    state: AppState,
+    batch: Arc<Batch>,
+    input: Option<Arc<StoredFile>>,
+    permits: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+) {
+    let disk = state.files().disk();
+    let keeping = batch.record().outputs;
+    if let Some(ids) = keeping {
+        // A server stopped while keeping this batch's files: finish keeping them.
+        keep_outputs(&state, &batch, ids, None).await;
+        return;
+    }
+    let items = match validate(&state, &batch, input).await {
+        Ok(items) => items,
+        Err(error) => return batch.fail(error, disk),
+    };
+    let stopping = || *stop.borrow() && batch.status() != Status::Cancelling;
+    if stopping() {
+        // Validated again at the next start.
+        return;
+    }
+    let total = items.len();
+    let (kept, mut outputs) = match open_outputs(disk, &batch, &items).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            return batch.fail(
+                json!({"code": "output_write_failed", "message": format!(
+                    "the batch's part files in server.files_dir cannot be opened: {e}"),
+                    "param": null, "line": null}),
+                disk,
+            );
+        }
+    };
+    // The lines an earlier server answered, then this run's (whose total is the rest).
+    let base = kept.summary;
+    batch.update(|r| {
+        if r.status == Status::Validating {
+            r.status = Status::InProgress;
+        }
+        r.in_progress_at.get_or_insert_with(unix_now);
+        r.counts = Summary { total, ..base };
+    });
+    batch.save(disk);
+    let rest: Vec<Item> = items.into_iter().skip(kept.lines).collect();
+    let opts = Options {
+        permits,
+        id_prefix: batch.id_prefix(),
+        cancel: Some(stop.clone()),
+    };
+    let progress = |s: &Summary| batch.update(|r| r.counts = base + *s);
+    let ran = match &mut outputs {
+        Outputs::Memory([o, e]) => {
+            let sinks = Sinks {
+                output: o,
+                errors: Some(e),
+            };
+            batch::run(&state, rest, &opts, sinks, progress).await
+        }
+        Outputs::Disk([o, e]) => {
+            let sinks = Sinks {
+                output: o,
+                errors: Some(e),
+            };
+            batch::run(&state, rest, &opts, sinks, progress).await
+        }
+    };
+    let summary = match ran {
+        Ok(s) => base + s,
+        Err(e) => {
+            return batch.fail(
+                json!({"code": "output_write_failed", "message": format!(
+                    "writing the batch's output failed: {e}"), "param": null, "line": null}),
+                disk,
+            );
+        }
+    };
+    if summary.done < summary.total && stopping() {
+        // The server is stopping: what was answered is written; the rest runs at the next
+        // start (with server.files_dir).
+        batch.update(|r| r.counts = summary);
+        batch.save(disk);
+        tracing::info!(
+            id = batch.id,
+            answered = summary.done,
+            total = summary.total,
+            "batch stopped with the server; with server.files_dir it goes on at the next start"
+        );
+        return;
+    }
+    let ids = [
+        format!("file-{}", random_hex(state.next_serial())),
+        format!("file-{}", random_hex(state.next_serial())),
+    ];
+    batch.update(|r| {
+        r.counts = summary;
+        r.finalizing_at = Some(unix_now());
+        r.outputs = Some(ids.clone());
+        if r.status == Status::InProgress {
+            r.status = Status::Finalizing;
+        }
+    });
+    batch.save(disk);
+    let memory = match outputs {
+        Outputs::Memory(bytes) => Some(bytes),
+        // Closed (and flushed by `batch::run`) before they are moved into place.
+        Outputs::Disk(files) => {
+            drop(files);
+            None
+        }
+    };
+    keep_outputs(&state, &batch, ids, memory).await;
+}
+
+/// The batch's items: its input file (`input`, or read back from the store when resumed), read
+/// and checked off the runtime's workers; the `errors` entry when it cannot run.
+async fn validate(
+    state: &AppState,
+    batch: &Batch,
+    input: Option<Arc<StoredFile>>,
+) -> Result<Vec<Item>, Value> {
+    let id = &batch.asked.input_file_id;
+    let Some(input) = input.or_else(|| state.files().get(id)) else {
+        return Err(json!({"code": "server_restarted", "message": format!(
+            "the server restarted while this batch ran and its input file {id} is gone, so it \
+             cannot go on"), "param": "input_file_id", "line": null}));
+    };
+    let (served, endpoint) = (state.cfg().model_id.clone(), batch.asked.endpoint.clone());
+    let checked = tokio::task::spawn_blocking(move || {
+        let content = input.content.read().map_err(|e| {
+            json!({"code": "invalid_file", "message": format!(
+                "the input file {} cannot be read: {e}", input.id),
+                "param": "input_file_id", "line": null})
+        })?;
+        let Ok(text) = std::str::from_utf8(&content) else {
+            return Err(json!({"code": "invalid_file", "message": format!(
+                "the input file {} is not UTF-8 text; a batch file is JSONL", input.id),
+                "param": "input_file_id", "line": null}));
+        };
+        batch::parse(text, &served, Some(&endpoint)).map_err(|e| validation_error(&e))
+    })
+    .await;
+    checked.unwrap_or_else(|e| {
+        Err(json!({"code": "internal_error", "message": format!(
+            "reading the input file failed: {e}"), "param": null, "line": null}))
+    })
+}
+
+/// A validation failure as an entry of the batch's `errors`.
+fn validation_error(e: &BatchFileError) -> Value {
+    let (code, line) = match e {
+        BatchFileError::Empty => ("empty_file", None),
+        BatchFileError::DuplicateId { again, .. } => ("duplicate_custom_id", Some(*again)),
+        BatchFileError::WrongEndpoint { line, .. } => ("mismatched_endpoint", Some(*line)),
+        BatchFileError::WrongModel { line, .. } => ("model_not_found", Some(*line)),
+    };
+    json!({"code": code, "message": e.to_string(), "param": null, "line": line})
+}
+
+/// Where the batch's lines go, and what an earlier server already wrote there: in memory, or
+/// its part files in `server.files_dir`, cut to their last whole lines and opened to append.
+async fn open_outputs(
+    disk: Option<&FilesDir>,
+    batch: &Batch,
+    items: &[Item],
+) -> std::io::Result<(Kept, Outputs)> {
+    let Some(dir) = disk else {
+        let none = Kept {
+            lines: 0,
+            lens: [0, 0],
+            summary: Summary::default(),
+        };
+        return Ok((none, Outputs::Memory([Vec::new(), Vec::new()])));
+    };
+    let paths = PART_KINDS.map(|kind| dir.part_path(&batch.id, kind));
+    let (prefix, lines) = (
+        batch.id_prefix(),
+        items.iter().map(|i| i.line).collect::<Vec<_>>(),
+    );
+    let opened = tokio::task::spawn_blocking(move || {
+        let open =
+            |p: &std::path::Path| File::options().read(true).append(true).create(true).open(p);
+        let files = [open(&paths[0])?, open(&paths[1])?];
+        let k = {
+            let (mut o, mut e) = (BufReader::new(&files[0]), BufReader::new(&files[1]));
+            kept(&prefix, &lines, [&mut o, &mut e])?
+        };
+        for (file, len) in files.iter().zip(k.lens) {
+            file.set_len(len)?;
+        }
+        if k.lines > 0 {
+            tracing::info!(
+                lines = k.lines,
+                "batch goes on after the lines already written"
+            );
+        }
+        Ok((k, Outputs::Disk(files.map(BufWriter::new))))
+    })
+    .await;
+    opened.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// Keep the batch's output and error files under `ids` (from `memory`, or from its part files)
+/// and end it: completed, or cancelled after a cancel. Done again after a stop part-way.
+async fn keep_outputs(
+    state: &AppState,
+    batch: &Arc<Batch>,
+    ids: [String; 2],
+    memory: Option<[Vec<u8>; 2]>,
+) {
+    let disk = state.files().disk();
+    let (keeper, name) = (state.clone(), batch.id.clone());
+    let kept = tokio::task::spawn_blocking(move || {
+        let files = keeper.files();
+        let mut memory = memory.map(|m| m.map(Some));
+        let mut kept = [None, None];
+        for (i, kind) in PART_KINDS.iter().enumerate() {
+            let filename = format!("{name}_{kind}.jsonl");
+            kept[i] = match (&mut memory, files.disk()) {
+                (Some(m), _) => m[i]
+                    .take()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| files.put_output(ids[i].clone(), filename, b.into(), unix_now())),
+                (None, Some(dir)) => {
+                    let part = dir.part_path(&name, kind);
+                    files.adopt_output(&ids[i], &filename, &part, unix_now())?
+                }
+                (None, None) => None,
+            }
+            .map(|f| f.id.clone());
+        }
+        Ok::<_, std::io::Error>(kept)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let [output_id, error_id] = match kept {
+        Ok(ids) => ids,
+        Err(e) => {
+            return batch.fail(
+                json!({"code": "output_write_failed", "message": format!(
+                    "the batch's output files cannot be kept: {e}"), "param": null,
+                    "line": null}),
+                disk,
+            );
+        }
+    };
+    batch.update(|r| {
+        r.output_file_id = output_id;
+        r.error_file_id = error_id;
+        r.outputs = None;
+        if r.status == Status::Cancelling {
+            r.status = Status::Cancelled;
+            r.cancelled_at = Some(unix_now());
+        } else {
+            r.status = Status::Completed;
+            r.completed_at = Some(unix_now());
+        }
+    });
+    batch.save(disk);
+}
