@@ -194,6 +194,14 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
                 state.batches().all().len(),
                 dir.display()
             )?;
+            let unfinished = state.batches().running();
+            if unfinished > 0 {
+                writeln!(
+                    out,
+                    "dsv4 serve: {unfinished} batches had not ended; they go on from their last \
+                     answered line once the model is loaded"
+                )?;
+            }
         }
         out.flush()?;
         drop(out);

@@ -338,8 +338,8 @@ pub const KEYS: &[KeySpec] = &[
         "",
         "directory where the Files and Batch APIs keep their files (on disk instead of in \
          memory, within server.files_mib) and their batches, so both survive a restart (created \
-         if missing, read back at start; a batch still running when the server stopped is read \
-         back failed); unset keeps them in memory only",
+         if missing, read back at start; a batch still running when the server stopped goes on \
+         from its last answered line once the model is loaded); unset keeps them in memory only",
     ),
     // [debug]
     key(
