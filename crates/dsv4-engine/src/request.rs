@@ -140,6 +140,12 @@ pub struct Request {
     pub logprob_token_ids: Vec<u32>,
     /// Restricts which tokens may be generated (grammar-constrained decoding); None: any.
     pub constraint: Option<Constraint>,
+    /// Admission order: a waiting request of higher priority is admitted before any of lower
+    /// priority (equal ones in the schedule policy's order), and under memory pressure the
+    /// lowest-priority running request is preempted first. Running requests are never
+    /// preempted to admit a higher-priority one. 0 by default (SGLang's `priority`, larger
+    /// first).
+    pub priority: i32,
 }
 
 /// Why a request ended.

@@ -163,7 +163,11 @@ impl Scheduler {
     /// Queue an already checked request under `id` (the engine thread's path).
     pub(crate) fn enqueue(&mut self, id: RequestId, req: Request, tx: UnboundedSender<Event>) {
         tracing::debug!(%id, prompt = req.prompt.len(), max_tokens = req.max_tokens, "queued");
-        self.waiting.push_back(Seq::new(id, req, tx));
+        let p = req.priority;
+        // Behind every waiting request of its priority or higher (the queue stays ordered by
+        // priority, first come first within one).
+        let at = self.waiting.partition_point(|s| s.req.priority >= p);
+        self.waiting.insert(at, Seq::new(id, req, tx));
     }
 
     /// Cancel a queued or running request: its pages are freed now and its stream ends with
@@ -329,16 +333,23 @@ impl Scheduler {
         }
     }
 
-    /// Index of the next waiting request to admit under the policy, passing over those that
-    /// wait for a running request's prefill ([`Self::waits_for_shared_prefill`]; each counts
-    /// once in `prefill_waits`); None when every request looked at waits (first come, first
-    /// served looks at the first [`HELD_SCAN`]).
+    /// Index of the next waiting request to admit under the policy, among those of the highest
+    /// priority waiting (the queue's front), passing over those that wait for a running
+    /// request's prefill ([`Self::waits_for_shared_prefill`]; each counts once in
+    /// `prefill_waits`); None when every request looked at waits (first come, first served
+    /// looks at the first [`HELD_SCAN`]).
     fn pick(&mut self) -> Option<usize> {
         let mut held = Vec::new();
+        let top = self.waiting.front().map(|s| s.req.priority);
+        let first = self
+            .waiting
+            .iter()
+            .take_while(|s| Some(s.req.priority) == top)
+            .count();
         let picked = match (self.cfg.schedule_policy, &self.prefix) {
             (SchedulePolicy::Lpm, Some(p)) => {
                 let mut best: Option<(usize, usize)> = None;
-                for (i, s) in self.waiting.iter().enumerate() {
+                for (i, s) in self.waiting.iter().enumerate().take(first) {
                     let m = p.match_len(&s.tokens, s.prefix_limit());
                     if best.is_some_and(|(_, b)| m <= b) {
                         continue;
@@ -353,7 +364,7 @@ impl Scheduler {
             }
             _ => {
                 let mut found = None;
-                for (i, s) in self.waiting.iter().enumerate().take(HELD_SCAN) {
+                for (i, s) in self.waiting.iter().enumerate().take(HELD_SCAN.min(first)) {
                     if self.waits_for_shared_prefill(s, None) {
                         held.push(i);
                     } else {
@@ -489,14 +500,17 @@ impl Scheduler {
         self.running.iter().position(|s| s.id == id)
     }
 
-    /// Free a running request's cache and requeue it at the front.
+    /// Free a running request's cache and requeue it at the front of its priority.
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i);
         seq.state = None;
         seq.preemptions += 1;
         self.counters.preemptions += 1;
         tracing::debug!(id = %seq.id, generated = seq.generated().len(), "preempted");
-        self.waiting.push_front(seq);
+        // Ahead of the waiting requests of its priority, behind those of higher priority.
+        let p = seq.req.priority;
+        let at = self.waiting.partition_point(|s| s.req.priority > p);
+        self.waiting.insert(at, seq);
     }
 
     fn fail(&mut self, i: usize, message: String) {

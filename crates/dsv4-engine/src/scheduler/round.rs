@@ -41,8 +41,12 @@ impl Scheduler {
             if self.evict_snapshot() {
                 continue;
             }
+            // The lowest priority, then the latest admitted.
             let victim = (0..self.running.len())
-                .max_by_key(|&i| self.running[i].admit_order)
+                .max_by_key(|&i| {
+                    let s = &self.running[i];
+                    (std::cmp::Reverse(s.req.priority), s.admit_order)
+                })
                 .expect("round members are running");
             if self.running.len() == 1 {
                 // Cannot happen for a request that passed Limits::check; never loop forever.

@@ -11,6 +11,7 @@ mod layout;
 mod overlap;
 mod overload;
 mod plans;
+mod priority;
 mod prompt_logprobs;
 
 use dsv4_backend_reference::ReferenceBackend;
