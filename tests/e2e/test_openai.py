@@ -499,14 +499,16 @@ def test_batches(client, model):
         for i in range(3)
     ]
     data = "\n".join(json.dumps(line) for line in lines).encode()
-    f = client.files.create(file=("batch.jsonl", data), purpose="batch")
+    f = client.files.create(file=("batch.jsonl", data), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 3600})
     check(f.purpose == "batch" and f.bytes == len(data), f)
+    check(f.expires_at == f.created_at + 3600, f)
     batch = client.batches.create(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-        metadata={"suite": "e2e"},
+        metadata={"suite": "e2e"}, output_expires_after={"anchor": "created_at", "seconds": 7200},
     )
     deadline = time.time() + 120
-    while batch.status not in ("completed", "failed", "cancelled"):
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
         check(time.time() < deadline, f"batch {batch.id} still {batch.status}")
         time.sleep(0.1)
         batch = client.batches.retrieve(batch.id)
@@ -514,6 +516,8 @@ def test_batches(client, model):
     check(batch.request_counts.total == 3 and batch.request_counts.completed == 3, batch.request_counts)
     out = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
     check([o["custom_id"] for o in out] == ["req-0", "req-1", "req-2"], out)
+    kept = client.files.retrieve(batch.output_file_id)
+    check(kept.expires_at == kept.created_at + 7200, kept)
     alone = client.chat.completions.create(**lines[1]["body"])
     got = out[1]["response"]["body"]["choices"][0]["message"]["content"]
     check(got == alone.choices[0].message.content, (got, alone.choices[0].message.content))

@@ -247,8 +247,9 @@ pub async fn run(
     Ok(summary)
 }
 
-/// Stops the task that starts requests when the run ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Aborts its task when dropped (the task that starts requests, when the run ends however it
+/// ends; a batch's expiry timer).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -302,7 +303,12 @@ async fn answer(app: axum::Router, key: Option<&str>, prefix: &str, item: Item) 
 }
 
 /// An output line in OpenAI's batch output format.
-fn line_json(id: &str, custom_id: &Option<String>, response: Value, error: Value) -> Value {
+pub(crate) fn line_json(
+    id: &str,
+    custom_id: &Option<String>,
+    response: Value,
+    error: Value,
+) -> Value {
     json!({"id": id, "custom_id": custom_id, "response": response, "error": error})
 }
 

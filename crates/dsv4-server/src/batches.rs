@@ -29,8 +29,9 @@ use tokio::task::JoinHandle;
 /// Most batches kept; past it the oldest finished one is forgotten (its files stay).
 pub const MAX_BATCHES: usize = 10_000;
 
-/// Seconds a batch has to finish by OpenAI's only `completion_window`, "24h" (dsv4 runs every
-/// batch to its end; `expires_at` is reported, nothing expires).
+/// Seconds a batch has to finish by OpenAI's only `completion_window`, "24h": past it, its
+/// lines not yet started are written to its error file as `batch_expired` and it ends
+/// `expired`.
 const WINDOW_S: u64 = 24 * 3600;
 
 /// Where a batch is in its life (OpenAI's statuses).
@@ -50,6 +51,9 @@ pub enum Status {
     Cancelling,
     /// Cancelled; the lines that finished have their output lines.
     Cancelled,
+    /// Its completion window ended first: the lines that finished have their output lines, the
+    /// others are `batch_expired` lines of its error file.
+    Expired,
 }
 
 impl Status {
@@ -63,6 +67,7 @@ impl Status {
             Status::Completed => "completed",
             Status::Cancelling => "cancelling",
             Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
         }
     }
 
@@ -76,6 +81,7 @@ impl Status {
             Status::Completed,
             Status::Cancelling,
             Status::Cancelled,
+            Status::Expired,
         ]
         .into_iter()
         .find(|s| s.name() == name)
@@ -83,7 +89,10 @@ impl Status {
 
     /// Whether the batch has ended.
     pub fn is_final(self) -> bool {
-        matches!(self, Status::Failed | Status::Completed | Status::Cancelled)
+        matches!(
+            self,
+            Status::Failed | Status::Completed | Status::Cancelled | Status::Expired
+        )
     }
 }
 
@@ -100,6 +109,9 @@ pub struct NewBatch {
     pub metadata: Value,
     /// The served model (the batch object's `model`).
     pub model: String,
+    /// Seconds its output and error files live after they are written (`output_expires_after`),
+    /// or for ever.
+    pub output_expires_after: Option<u64>,
 }
 
 /// One batch: what it was asked and where it is.
@@ -128,6 +140,8 @@ struct Record {
     failed_at: Option<u64>,
     cancelling_at: Option<u64>,
     cancelled_at: Option<u64>,
+    /// When its completion window ended with lines not yet started (it ends `expired`).
+    expired_at: Option<u64>,
     /// The ids its output and error files get, chosen as it starts keeping them (kept on disk,
     /// so a server stopped part-way finishes with the same ids).
     outputs: Option<[String; 2]>,
@@ -148,6 +162,7 @@ impl Record {
             failed_at: None,
             cancelling_at: None,
             cancelled_at: None,
+            expired_at: None,
             outputs: None,
         }
     }
@@ -155,6 +170,8 @@ impl Record {
 
 /// The key of a batch's record on disk naming its output files while it keeps them.
 const OUTPUTS_KEY: &str = "dsv4_outputs";
+/// The key of a batch's record on disk keeping its `output_expires_after` seconds.
+const OUTPUT_EXPIRY_KEY: &str = "dsv4_output_expires_after";
 
 impl Batch {
     /// OpenAI's batch object.
@@ -181,7 +198,7 @@ impl Batch {
             "finalizing_at": r.finalizing_at,
             "completed_at": r.completed_at,
             "failed_at": r.failed_at,
-            "expired_at": null,
+            "expired_at": r.expired_at,
             "cancelling_at": r.cancelling_at,
             "cancelled_at": r.cancelled_at,
             "request_counts": {
@@ -204,6 +221,9 @@ impl Batch {
         let mut object = self.object();
         if let Some(ids) = self.lock().outputs.clone() {
             object[OUTPUTS_KEY] = json!(ids);
+        }
+        if let Some(seconds) = self.asked.output_expires_after {
+            object[OUTPUT_EXPIRY_KEY] = json!(seconds);
         }
         if let Err(e) = dir.write_batch(&self.id, &object) {
             tracing::warn!(id = self.id, error = %e, "server.files_dir: cannot write a batch");
@@ -250,6 +270,7 @@ impl Batch {
             failed_at: at("failed_at"),
             cancelling_at: at("cancelling_at"),
             cancelled_at: at("cancelled_at"),
+            expired_at: at("expired_at"),
             outputs,
         };
         Some(Self {
@@ -260,6 +281,7 @@ impl Batch {
                 completion_window: text("completion_window")?,
                 metadata: v["metadata"].clone(),
                 model: text("model").unwrap_or_default(),
+                output_expires_after: at(OUTPUT_EXPIRY_KEY),
             },
             created_at: at("created_at")?,
             state: Mutex::new(record),
@@ -270,6 +292,22 @@ impl Batch {
     /// The prefix of its output lines' ids (`{prefix}_{line}`).
     fn id_prefix(&self) -> String {
         format!("batch_req_{}", self.id.trim_start_matches("batch_"))
+    }
+
+    /// When its completion window ends (Unix seconds).
+    fn deadline(&self) -> u64 {
+        self.created_at + WINDOW_S
+    }
+
+    /// Its completion window has ended: start no more lines (unless it is being cancelled,
+    /// which ends it first).
+    fn expire(&self) {
+        let mut r = self.lock();
+        if matches!(r.status, Status::Validating | Status::InProgress) && r.expired_at.is_none() {
+            r.expired_at = Some(unix_now());
+            drop(r);
+            self.stop.send_replace(true);
+        }
     }
 
     /// End the batch `failed` with `error` (an entry of its `errors`).
@@ -292,6 +330,9 @@ impl Batch {
     /// ended cancelled), `Err` with its status when it has ended otherwise.
     pub fn cancel(&self) -> Result<(), Status> {
         let mut r = self.lock();
+        if r.expired_at.is_some() {
+            return Err(Status::Expired);
+        }
         match r.status {
             Status::Validating | Status::InProgress => {
                 r.status = Status::Cancelling;

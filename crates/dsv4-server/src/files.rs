@@ -6,6 +6,7 @@
 //! work is done), so outputs can push the total past it, and then uploads and new batches wait
 //! until files are deleted.
 
+use crate::api::common::unix_now;
 use crate::error::ApiError;
 use crate::files_disk::{FileMeta, FilesDir};
 use axum::body::Bytes;
@@ -67,8 +68,48 @@ pub struct StoredFile {
     pub purpose: &'static str,
     /// Unix seconds.
     pub created_at: u64,
+    /// When it goes away (Unix seconds), if ever.
+    pub expires_at: Option<u64>,
     /// The bytes, or where they are.
     pub content: Content,
+}
+
+/// What names a file and when it lives, for keeping one.
+#[derive(Debug, Clone)]
+pub struct FileInfo {
+    /// `file-…`.
+    pub id: String,
+    /// Its name.
+    pub filename: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// When it goes away (Unix seconds), if ever.
+    pub expires_at: Option<u64>,
+}
+
+impl FileInfo {
+    /// The metadata kept beside its `bytes` bytes on disk.
+    fn meta(&self, purpose: &str, bytes: usize) -> FileMeta {
+        FileMeta::new(
+            &self.id,
+            &self.filename,
+            purpose,
+            (self.created_at, self.expires_at),
+            bytes,
+        )
+    }
+
+    /// The stored file with `content`.
+    fn stored(self, purpose: &'static str, content: Content) -> StoredFile {
+        StoredFile {
+            id: self.id,
+            filename: self.filename,
+            purpose,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            content,
+        }
+    }
 }
 
 impl StoredFile {
@@ -79,12 +120,17 @@ impl StoredFile {
             "object": "file",
             "bytes": self.content.len(),
             "created_at": self.created_at,
-            "expires_at": null,
+            "expires_at": self.expires_at,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
             "status_details": null,
         })
+    }
+
+    /// Whether it has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
     }
 }
 
@@ -155,6 +201,7 @@ impl FileStore {
                 filename: meta.filename,
                 purpose,
                 created_at: meta.created_at,
+                expires_at: meta.expires_at,
                 content: Content::Disk {
                     path,
                     len: meta.bytes,
@@ -194,8 +241,10 @@ impl FileStore {
         self.len() == 0
     }
 
-    /// 400 `files_full` unless `more` bytes fit beside the files held.
+    /// 400 `files_full` unless `more` bytes fit beside the files held (expired files are
+    /// forgotten first).
     pub fn check_room(&self, more: usize) -> Result<(), ApiError> {
+        self.expire(unix_now());
         let held = self.bytes();
         if held.saturating_add(more) <= self.limit {
             return Ok(());
@@ -214,13 +263,8 @@ impl FileStore {
 
     /// Keep an upload, or 400 `files_full` when it does not fit (500 when the disk refuses it).
     /// Writes to disk with `server.files_dir`: call off the runtime's workers.
-    pub fn upload(
-        &self,
-        id: String,
-        filename: String,
-        content: Bytes,
-        created_at: u64,
-    ) -> Result<Arc<StoredFile>, ApiError> {
+    pub fn upload(&self, info: FileInfo, content: Bytes) -> Result<Arc<StoredFile>, ApiError> {
+        self.expire(info.created_at);
         let len = content.len();
         {
             // Reserve the room before writing, so two uploads cannot both take the last of it.
@@ -232,7 +276,7 @@ impl FileStore {
             }
             inner.bytes += len;
         }
-        match self.keep(id, filename, UPLOAD_PURPOSE, content, created_at) {
+        match self.keep(info, UPLOAD_PURPOSE, content) {
             Ok(file) => Ok(file),
             Err(e) => {
                 self.lock().bytes -= len;
@@ -245,22 +289,10 @@ impl FileStore {
 
     /// Keep a batch's output or error file in memory (a store without `server.files_dir`;
     /// with one, [`FileStore::adopt_output`]), whatever room is left: the work is done.
-    pub fn put_output(
-        &self,
-        id: String,
-        filename: String,
-        content: Bytes,
-        created_at: u64,
-    ) -> Arc<StoredFile> {
+    pub fn put_output(&self, info: FileInfo, content: Bytes) -> Arc<StoredFile> {
         let mut inner = self.lock();
         inner.bytes += content.len();
-        inner.add(StoredFile {
-            id,
-            filename,
-            purpose: OUTPUT_PURPOSE,
-            created_at,
-            content: Content::Memory(content),
-        })
+        inner.add(info.stored(OUTPUT_PURPOSE, Content::Memory(content)))
     }
 
     /// Keep a batch's part file in `server.files_dir` as its output or error file `id`: `None`
@@ -268,13 +300,12 @@ impl FileStore {
     /// the file already kept or finishes keeping it. Call off the runtime's workers.
     pub fn adopt_output(
         &self,
-        id: &str,
-        filename: &str,
+        info: FileInfo,
         part: &Path,
-        created_at: u64,
     ) -> std::io::Result<Option<Arc<StoredFile>>> {
-        if let Some(file) = self.get(id) {
-            return Ok(Some(file));
+        let id = info.id.as_str();
+        if let Some((_, file)) = self.lock().find(id) {
+            return Ok(Some(file.clone()));
         }
         let Some(dir) = &self.disk else {
             return Err(std::io::Error::other("no server.files_dir to keep it in"));
@@ -289,51 +320,53 @@ impl FileStore {
             let _ = std::fs::remove_file(part);
             return Ok(None);
         }
-        let meta = FileMeta::new(id, filename, OUTPUT_PURPOSE, created_at, len);
-        let path = dir.adopt(&meta, part)?;
+        let path = dir.adopt(&info.meta(OUTPUT_PURPOSE, len), part)?;
         let mut inner = self.lock();
         inner.bytes += len;
-        Ok(Some(inner.add(StoredFile {
-            id: id.to_string(),
-            filename: filename.to_string(),
-            purpose: OUTPUT_PURPOSE,
-            created_at,
-            content: Content::Disk { path, len },
-        })))
+        Ok(Some(inner.add(
+            info.stored(OUTPUT_PURPOSE, Content::Disk { path, len }),
+        )))
     }
 
     /// Write a file where this store keeps them and list it (its bytes are already counted).
     fn keep(
         &self,
-        id: String,
-        filename: String,
+        info: FileInfo,
         purpose: &'static str,
         content: Bytes,
-        created_at: u64,
     ) -> std::io::Result<Arc<StoredFile>> {
         let content = match &self.disk {
             None => Content::Memory(content),
             Some(dir) => {
-                let meta = FileMeta::new(&id, &filename, purpose, created_at, content.len());
-                let path = dir.write_file(&meta, &content)?;
+                let path = dir.write_file(&info.meta(purpose, content.len()), &content)?;
                 Content::Disk {
                     path,
                     len: content.len(),
                 }
             }
         };
-        Ok(self.lock().add(StoredFile {
-            id,
-            filename,
-            purpose,
-            created_at,
-            content,
-        }))
+        Ok(self.lock().add(info.stored(purpose, content)))
     }
 
-    /// A file by id.
+    /// A file by id (not one that has expired).
     pub fn get(&self, id: &str) -> Option<Arc<StoredFile>> {
-        self.lock().find(id).map(|(_, f)| f.clone())
+        let now = unix_now();
+        self.lock()
+            .find(id)
+            .map(|(_, f)| f.clone())
+            .filter(|f| !f.expired(now))
+    }
+
+    /// Forget the files that have expired at `now` (Unix seconds); their ids.
+    pub fn expire(&self, now: u64) -> Vec<String> {
+        let ids: Vec<String> = self
+            .lock()
+            .files
+            .values()
+            .filter(|f| f.expired(now))
+            .map(|f| f.id.clone())
+            .collect();
+        ids.into_iter().filter(|id| self.delete(id)).collect()
     }
 
     /// Forget a file; whether there was one. A batch reading it keeps its own copy in memory;
@@ -353,12 +386,13 @@ impl FileStore {
         true
     }
 
-    /// The files of `purpose` (all without one), oldest first.
+    /// The files of `purpose` (all without one) that have not expired, oldest first.
     pub fn all(&self, purpose: Option<&str>) -> Vec<Arc<StoredFile>> {
+        let now = unix_now();
         self.lock()
             .files
             .values()
-            .filter(|f| purpose.is_none_or(|p| f.purpose == p))
+            .filter(|f| purpose.is_none_or(|p| f.purpose == p) && !f.expired(now))
             .cloned()
             .collect()
     }
@@ -376,21 +410,26 @@ mod tests {
         Bytes::from(vec![b'x'; n])
     }
 
+    fn info(id: &str, created_at: u64, expires_at: Option<u64>) -> FileInfo {
+        FileInfo {
+            id: id.into(),
+            filename: format!("{id}.jsonl"),
+            created_at,
+            expires_at,
+        }
+    }
+
     #[test]
     fn uploads_stop_at_the_budget_and_outputs_are_always_kept() {
         let store = FileStore::new(100);
-        store
-            .upload("file-a".into(), "a".into(), bytes(60), 1)
-            .unwrap();
+        store.upload(info("file-a", 1, None), bytes(60)).unwrap();
         let e = store
-            .upload("file-b".into(), "b".into(), bytes(41), 2)
+            .upload(info("file-b", 2, None), bytes(41))
             .unwrap_err();
         assert_eq!(e.code.as_deref(), Some("files_full"));
         assert!(e.message.contains("60 of 100 bytes"), "{}", e.message);
-        store
-            .upload("file-b".into(), "b".into(), bytes(40), 2)
-            .unwrap();
-        store.put_output("file-o".into(), "o".into(), bytes(50), 3);
+        store.upload(info("file-b", 2, None), bytes(40)).unwrap();
+        store.put_output(info("file-o", 3, None), bytes(50));
         assert_eq!(store.bytes(), 150);
         assert!(store.check_room(0).is_err());
         assert!(store.delete("file-o"));
@@ -405,10 +444,10 @@ mod tests {
         let store = FileStore::new(1000);
         for i in 0..3 {
             store
-                .upload(format!("file-{i}"), "f".into(), bytes(1), i)
+                .upload(info(&format!("file-{i}"), i, None), bytes(1))
                 .unwrap();
         }
-        store.put_output("file-out".into(), "o".into(), bytes(1), 9);
+        store.put_output(info("file-out", 9, None), bytes(1));
         let ids =
             |v: Vec<Arc<StoredFile>>| -> Vec<String> { v.iter().map(|f| f.id.clone()).collect() };
         assert_eq!(
@@ -417,5 +456,31 @@ mod tests {
         );
         assert_eq!(ids(store.all(Some("batch_output"))), ["file-out"]);
         assert_eq!(store.all(Some("batch")).len(), 3);
+    }
+
+    #[test]
+    fn expired_files_are_not_served_and_are_forgotten() {
+        let store = FileStore::new(100);
+        store.upload(info("file-a", 1, None), bytes(5)).unwrap();
+        // Expired long ago by the clock, but kept until swept.
+        store.upload(info("file-x", 1, Some(10)), bytes(7)).unwrap();
+        store.put_output(info("file-o", 2, Some(11)), bytes(3));
+        assert!(
+            store.get("file-x").is_none(),
+            "an expired file is not served"
+        );
+        assert_eq!(store.all(None).len(), 1);
+        assert_eq!(store.bytes(), 15);
+        assert!(store.expire(9).is_empty());
+        assert_eq!(store.expire(10), ["file-x"]);
+        assert_eq!(store.expire(20), ["file-o"]);
+        assert_eq!(store.bytes(), 5);
+        assert_eq!(store.len(), 1);
+        let o = store.put_output(info("file-p", 2, Some(3600)), bytes(1));
+        assert_eq!(o.object()["expires_at"], 3600);
+        assert_eq!(
+            store.get("file-a").unwrap().object()["expires_at"],
+            Value::Null
+        );
     }
 }

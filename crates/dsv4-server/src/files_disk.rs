@@ -52,19 +52,30 @@ pub struct FileMeta {
     pub purpose: String,
     /// Unix seconds.
     pub created_at: u64,
+    /// When it goes away (Unix seconds), if ever (absent in records written before it was
+    /// kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
     /// Its length.
     pub bytes: usize,
 }
 
 impl FileMeta {
-    /// The metadata of a file.
-    pub fn new(id: &str, filename: &str, purpose: &str, created_at: u64, bytes: usize) -> Self {
+    /// The metadata of a file created and expiring at `(created_at, expires_at)`.
+    pub fn new(
+        id: &str,
+        filename: &str,
+        purpose: &str,
+        (created_at, expires_at): (u64, Option<u64>),
+        bytes: usize,
+    ) -> Self {
         Self {
             format: FORMAT.into(),
             id: id.into(),
             filename: filename.into(),
             purpose: purpose.into(),
             created_at,
+            expires_at,
             bytes,
         }
     }
@@ -239,11 +250,11 @@ mod tests {
     fn files_and_batches_are_read_back_and_broken_ones_reported() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = FilesDir::open(tmp.path()).unwrap();
-        let a = FileMeta::new("file-a", "a.jsonl", "batch", 5, 3);
-        let b = FileMeta::new("file-b", "b.jsonl", "batch_output", 2, 4);
+        let a = FileMeta::new("file-a", "a.jsonl", "batch", (5, None), 3);
+        let b = FileMeta::new("file-b", "b.jsonl", "batch_output", (2, Some(9)), 4);
         dir.write_file(&a, b"abc").unwrap();
         dir.write_file(&b, b"wxyz").unwrap();
-        dir.write_file(&FileMeta::new("file-c", "c", "batch", 9, 2), b"hi")
+        dir.write_file(&FileMeta::new("file-c", "c", "batch", (9, None), 2), b"hi")
             .unwrap();
         std::fs::write(dir.data_path("file-c"), b"cut").unwrap();
         std::fs::write(tmp.path().join("file-d.json.tmp"), b"half").unwrap();
@@ -253,6 +264,10 @@ mod tests {
         let found = dir.read().unwrap();
         let ids: Vec<&str> = found.files.iter().map(|(m, _)| m.id.as_str()).collect();
         assert_eq!(ids, ["file-b", "file-a"], "oldest first");
+        assert_eq!(found.files[0].0, b, "the expiry is read back");
+        // A record written before files could expire reads back without one.
+        let old = r#"{"format":"dsv4-file/1","id":"file-a","filename":"a.jsonl","purpose":"batch","created_at":5,"bytes":3}"#;
+        assert_eq!(serde_json::from_str::<FileMeta>(old).unwrap(), a);
         assert_eq!(std::fs::read(&found.files[1].1).unwrap(), b"abc");
         assert_eq!(found.batches, [batch]);
         assert_eq!(found.skipped.len(), 2, "{:?}", found.skipped);

@@ -227,9 +227,9 @@ impl AppState {
         })))
     }
 
-    /// The model is ready: start serving requests and watching the step loop's progress, and
-    /// go on with the batches read back from `server.files_dir` that had not ended (call inside
-    /// a tokio runtime). A second call is ignored.
+    /// The model is ready: start serving requests, watching the step loop's progress and
+    /// deleting expired files, and go on with the batches read back from `server.files_dir`
+    /// that had not ended (call inside a tokio runtime). A second call is ignored.
     pub fn set_ready(&self, loaded: Loaded) {
         if self.0.loaded.set(Arc::new(loaded)).is_err() {
             tracing::warn!("the model was already set; ignoring the second one");
@@ -238,7 +238,10 @@ impl AppState {
         let weak = Arc::downgrade(&self.0);
         let tick =
             (self.0.cfg.health_stall / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        tokio::spawn(watch_progress(weak, tick));
+        tokio::spawn(watch_progress(weak.clone(), tick));
+        if self.0.files.enabled() {
+            tokio::spawn(sweep_files(weak, FILE_SWEEP));
+        }
         tracing::info!(model = %self.0.cfg.model_id, "model ready");
         if let Some(loaded) = self.loaded() {
             self.0.batches.resume(self, loaded.max_running);
@@ -340,6 +343,30 @@ async fn watch_progress(state: Weak<Shared>, tick: Duration) {
         if !busy || steps != p.steps {
             p.steps = steps;
             p.at = Instant::now();
+        }
+    }
+}
+
+/// How often files past their `expires_at` are deleted (they are not served from that second).
+const FILE_SWEEP: Duration = Duration::from_secs(60);
+
+/// Delete the files that have expired every `every`, starting now. Ends with the server.
+async fn sweep_files(state: Weak<Shared>, every: Duration) {
+    let mut interval = tokio::time::interval(every);
+    loop {
+        interval.tick().await;
+        let Some(shared) = state.upgrade() else {
+            return;
+        };
+        // With server.files_dir this deletes files on disk: off the runtime's workers.
+        let swept = tokio::task::spawn_blocking(move || {
+            shared.files.expire(crate::api::common::unix_now())
+        })
+        .await;
+        match swept {
+            Ok(ids) if !ids.is_empty() => tracing::info!(files = ?ids, "expired files deleted"),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "deleting expired files failed"),
         }
     }
 }

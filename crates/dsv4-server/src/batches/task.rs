@@ -6,14 +6,15 @@
 use super::resume::{Kept, kept};
 use super::{Batch, Status};
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::{self, BatchFileError, Item, Options, Sinks, Summary};
-use crate::files::StoredFile;
+use crate::batch::{self, AbortOnDrop, BatchFileError, Item, Options, Sinks, Summary};
+use crate::files::{FileInfo, StoredFile};
 use crate::files_disk::{FilesDir, PART_KINDS};
 use crate::state::AppState;
 use serde_json::{Value, json};
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 
 /// Where a batch's lines go while it runs.
@@ -22,6 +23,27 @@ enum Outputs {
     Memory([Vec<u8>; 2]),
     /// The part files in `server.files_dir`: output, error.
     Disk([BufWriter<File>; 2]),
+}
+
+impl Outputs {
+    /// The sinks [`batch::run`] writes to: answered lines to the first, failed to the second.
+    fn sinks(&mut self) -> Sinks<'_> {
+        match self {
+            Outputs::Memory([o, e]) => Sinks {
+                output: o,
+                errors: Some(e),
+            },
+            Outputs::Disk([o, e]) => Sinks {
+                output: o,
+                errors: Some(e),
+            },
+        }
+    }
+}
+
+/// The `errors` entry of a batch whose output could not be written.
+fn write_failed(message: String) -> Value {
+    json!({"code": "output_write_failed", "message": message, "param": null, "line": null})
 }
 
 /// A batch's task: from wherever it is (validating, running, keeping its files) to its end,
@@ -44,7 +66,11 @@ pub(super) async fn run(
         Ok(items) => items,
         Err(error) => return batch.fail(error, disk),
     };
-    let stopping = || *stop.borrow() && batch.status() != Status::Cancelling;
+    // Stopped by the server stopping, not by a cancel or the completion window's end.
+    let stopping = || {
+        let r = batch.record();
+        *stop.borrow() && r.status != Status::Cancelling && r.expired_at.is_none()
+    };
     if stopping() {
         // Validated again at the next start.
         return;
@@ -53,12 +79,9 @@ pub(super) async fn run(
     let (kept, mut outputs) = match open_outputs(disk, &batch, &items).await {
         Ok(opened) => opened,
         Err(e) => {
-            return batch.fail(
-                json!({"code": "output_write_failed", "message": format!(
-                    "the batch's part files in server.files_dir cannot be opened: {e}"),
-                    "param": null, "line": null}),
-                disk,
-            );
+            let message =
+                format!("the batch's part files in server.files_dir cannot be opened: {e}");
+            return batch.fail(write_failed(message), disk);
         }
     };
     // The lines an earlier server answered, then this run's (whose total is the rest).
@@ -71,37 +94,47 @@ pub(super) async fn run(
         r.counts = Summary { total, ..base };
     });
     batch.save(disk);
+    // Past its completion window no line starts; until then a timer watches it.
+    let now = unix_now();
+    let _timer = if now >= batch.deadline() {
+        batch.expire();
+        None
+    } else {
+        let (b, wait) = (batch.clone(), batch.deadline() - now);
+        Some(AbortOnDrop(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+            b.expire();
+        })))
+    };
     let rest: Vec<Item> = items.into_iter().skip(kept.lines).collect();
+    let unstarted: Vec<(usize, Option<String>)> =
+        rest.iter().map(|i| (i.line, i.custom_id.clone())).collect();
     let opts = Options {
         permits,
         id_prefix: batch.id_prefix(),
         cancel: Some(stop.clone()),
     };
     let progress = |s: &Summary| batch.update(|r| r.counts = base + *s);
-    let ran = match &mut outputs {
-        Outputs::Memory([o, e]) => {
-            let sinks = Sinks {
-                output: o,
-                errors: Some(e),
-            };
-            batch::run(&state, rest, &opts, sinks, progress).await
+    let ran = batch::run(&state, rest, &opts, outputs.sinks(), progress).await;
+    let ran = ran.and_then(|s| {
+        let expired = &unstarted[s.done.min(unstarted.len())..];
+        if batch.record().expired_at.is_none() || expired.is_empty() {
+            return Ok(base + s);
         }
-        Outputs::Disk([o, e]) => {
-            let sinks = Sinks {
-                output: o,
-                errors: Some(e),
-            };
-            batch::run(&state, rest, &opts, sinks, progress).await
-        }
-    };
+        write_expired(&mut outputs, &batch.id_prefix(), expired)?;
+        let n = expired.len();
+        Ok(base
+            + Summary {
+                done: s.done + n,
+                failed: s.failed + n,
+                ..s
+            })
+    });
     let summary = match ran {
-        Ok(s) => base + s,
+        Ok(s) => s,
         Err(e) => {
-            return batch.fail(
-                json!({"code": "output_write_failed", "message": format!(
-                    "writing the batch's output failed: {e}"), "param": null, "line": null}),
-                disk,
-            );
+            let message = format!("writing the batch's output failed: {e}");
+            return batch.fail(write_failed(message), disk);
         }
     };
     if summary.done < summary.total && stopping() {
@@ -139,6 +172,31 @@ pub(super) async fn run(
         }
     };
     keep_outputs(&state, &batch, ids, memory).await;
+}
+
+/// Write the lines of `unstarted` (input line, `custom_id`) to the error output as
+/// `batch_expired`: the completion window ended before they started.
+fn write_expired(
+    outputs: &mut Outputs,
+    id_prefix: &str,
+    unstarted: &[(usize, Option<String>)],
+) -> std::io::Result<()> {
+    let Sinks { output, errors } = outputs.sinks();
+    let sink = errors.unwrap_or(output);
+    for (line, custom_id) in unstarted {
+        let error = json!({"code": "batch_expired", "message": format!(
+            "line {line}: the batch's 24h completion window ended before this request started"),
+            "line": line});
+        let out = batch::line_json(
+            &format!("{id_prefix}_{line}"),
+            custom_id,
+            Value::Null,
+            error,
+        );
+        serde_json::to_writer(&mut *sink, &out)?;
+        sink.write_all(b"\n")?;
+    }
+    sink.flush()
 }
 
 /// The batch's items: its input file (`input`, or read back from the store when resumed), read
@@ -230,7 +288,8 @@ async fn open_outputs(
 }
 
 /// Keep the batch's output and error files under `ids` (from `memory`, or from its part files)
-/// and end it: completed, or cancelled after a cancel. Done again after a stop part-way.
+/// and end it: completed, cancelled after a cancel, or expired when its window ended first.
+/// Done again after a stop part-way.
 async fn keep_outputs(
     state: &AppState,
     batch: &Arc<Batch>,
@@ -239,20 +298,27 @@ async fn keep_outputs(
 ) {
     let disk = state.files().disk();
     let (keeper, name) = (state.clone(), batch.id.clone());
+    let lives = batch.asked.output_expires_after;
     let kept = tokio::task::spawn_blocking(move || {
         let files = keeper.files();
         let mut memory = memory.map(|m| m.map(Some));
         let mut kept = [None, None];
         for (i, kind) in PART_KINDS.iter().enumerate() {
-            let filename = format!("{name}_{kind}.jsonl");
+            let created_at = unix_now();
+            let info = FileInfo {
+                id: ids[i].clone(),
+                filename: format!("{name}_{kind}.jsonl"),
+                created_at,
+                expires_at: lives.map(|s| created_at + s),
+            };
             kept[i] = match (&mut memory, files.disk()) {
                 (Some(m), _) => m[i]
                     .take()
                     .filter(|b| !b.is_empty())
-                    .map(|b| files.put_output(ids[i].clone(), filename, b.into(), unix_now())),
+                    .map(|b| files.put_output(info, b.into())),
                 (None, Some(dir)) => {
                     let part = dir.part_path(&name, kind);
-                    files.adopt_output(&ids[i], &filename, &part, unix_now())?
+                    files.adopt_output(info, &part)?
                 }
                 (None, None) => None,
             }
@@ -265,12 +331,8 @@ async fn keep_outputs(
     let [output_id, error_id] = match kept {
         Ok(ids) => ids,
         Err(e) => {
-            return batch.fail(
-                json!({"code": "output_write_failed", "message": format!(
-                    "the batch's output files cannot be kept: {e}"), "param": null,
-                    "line": null}),
-                disk,
-            );
+            let message = format!("the batch's output files cannot be kept: {e}");
+            return batch.fail(write_failed(message), disk);
         }
     };
     batch.update(|r| {
@@ -280,6 +342,8 @@ async fn keep_outputs(
         if r.status == Status::Cancelling {
             r.status = Status::Cancelled;
             r.cancelled_at = Some(unix_now());
+        } else if r.expired_at.is_some() {
+            r.status = Status::Expired;
         } else {
             r.status = Status::Completed;
             r.completed_at = Some(unix_now());

@@ -1,9 +1,10 @@
 //! OpenAI's Batch API: `POST /v1/batches` (an uploaded file of requests to one endpoint, run in
-//! the background), `GET /v1/batches` (`limit`, `after`), `GET /v1/batches/{id}` and `POST
-//! /v1/batches/{id}/cancel`, over the server's [`crate::batches::BatchStore`]. The answers land
-//! in output and error files (`GET /v1/files/{id}/content`).
+//! the background, with `output_expires_after` for its output files), `GET /v1/batches`
+//! (`limit`, `after`), `GET /v1/batches/{id}` and `POST /v1/batches/{id}/cancel`, over the
+//! server's [`crate::batches::BatchStore`]. The answers land in output and error files (`GET
+//! /v1/files/{id}/content`).
 
-use super::files::{files_on, no_file};
+use super::files::{expiry, files_on, no_file};
 use super::page::Page;
 use super::{body_bytes, json_response, loaded_model};
 use crate::api::common::{check_metadata, parse_body};
@@ -30,6 +31,16 @@ struct CreateBatch {
     completion_window: String,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    output_expires_after: Option<ExpiresAfter>,
+}
+
+/// OpenAI's `output_expires_after`: how long a batch's output and error files live.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpiresAfter {
+    anchor: Option<String>,
+    seconds: Option<u64>,
 }
 
 /// `POST /v1/batches`: start a batch; its object (status `validating`).
@@ -61,6 +72,10 @@ pub async fn create(
         ));
     }
     check_metadata(req.metadata.as_ref())?;
+    let output_expires_after = req
+        .output_expires_after
+        .map(|e| expiry("output_expires_after", e.anchor.as_deref(), e.seconds))
+        .transpose()?;
     let input_file = state
         .files()
         .get(&req.input_file_id)
@@ -82,6 +97,7 @@ pub async fn create(
         completion_window: req.completion_window,
         metadata: req.metadata.map_or(Value::Null, Value::Object),
         model: state.cfg().model_id.clone(),
+        output_expires_after,
     };
     let batch = state
         .batches()

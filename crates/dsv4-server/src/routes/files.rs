@@ -1,5 +1,5 @@
-//! OpenAI's Files API, for batches: `POST /v1/files` (multipart/form-data with `file` and
-//! `purpose: "batch"`), `GET /v1/files` (`purpose`, `limit`, `order`, `after`), `GET
+//! OpenAI's Files API, for batches: `POST /v1/files` (multipart/form-data with `file`,
+//! `purpose: "batch"` and optionally `expires_after[anchor]`/`expires_after[seconds]`), `GET /v1/files` (`purpose`, `limit`, `order`, `after`), `GET
 //! /v1/files/{id}`, `GET /v1/files/{id}/content` and `DELETE /v1/files/{id}`, over the
 //! server's [`crate::files::FileStore`] (`server.files_mib`; 0 turns them off).
 
@@ -7,7 +7,7 @@ use super::json_response;
 use super::page::Page;
 use crate::api::common::{random_hex, unix_now};
 use crate::error::ApiError;
-use crate::files::{OUTPUT_PURPOSE, StoredFile, UPLOAD_PURPOSE};
+use crate::files::{FileInfo, OUTPUT_PURPOSE, StoredFile, UPLOAD_PURPOSE};
 use crate::state::AppState;
 use axum::extract::multipart::{MultipartError, MultipartRejection};
 use axum::extract::{Multipart, Path, State};
@@ -24,6 +24,49 @@ pub(crate) fn files_on(state: &AppState) -> Result<(), ApiError> {
     Err(ApiError::not_found(
         "the Files and Batch APIs are off on this server (server.files_mib = 0)",
     ))
+}
+
+/// OpenAI's bounds on an expiry's `seconds`: an hour to 30 days.
+const EXPIRY_SECONDS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
+
+/// The seconds after its creation that a file lives, from an `expires_after` (`param`: the
+/// field's name, `expires_after` or `output_expires_after`): anchor `created_at`, seconds from
+/// 3600 to 2592000, as OpenAI takes it.
+pub(crate) fn expiry(
+    param: &str,
+    anchor: Option<&str>,
+    seconds: Option<u64>,
+) -> Result<u64, ApiError> {
+    match anchor {
+        Some("created_at") => {}
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                format!("{param}.anchor"),
+                format!("{param}.anchor must be \"created_at\", not {other:?}"),
+            ));
+        }
+        None => {
+            return Err(ApiError::bad_param(
+                format!("{param}.anchor"),
+                format!("{param} needs an anchor, \"created_at\""),
+            ));
+        }
+    }
+    match seconds {
+        Some(s) if EXPIRY_SECONDS.contains(&s) => Ok(s),
+        Some(s) => Err(ApiError::bad_param(
+            format!("{param}.seconds"),
+            format!(
+                "{param}.seconds must be from {} (an hour) to {} (30 days), not {s}",
+                EXPIRY_SECONDS.start(),
+                EXPIRY_SECONDS.end()
+            ),
+        )),
+        None => Err(ApiError::bad_param(
+            format!("{param}.seconds"),
+            format!("{param} needs seconds, from 3600 to 2592000"),
+        )),
+    }
 }
 
 /// 404 naming the file.
@@ -68,13 +111,15 @@ pub async fn upload(
         ))
     })?;
     let (mut file, mut purpose) = (None, None);
+    let (mut anchor, mut seconds) = (None, None);
+    let mut seen = std::collections::HashSet::new();
     while let Some(field) = form
         .next_field()
         .await
         .map_err(|e| multipart_error(&state, &e))?
     {
         let name = field.name().unwrap_or_default().to_string();
-        if (name == "file" && file.is_some()) || (name == "purpose" && purpose.is_some()) {
+        if !seen.insert(name.clone()) {
             return Err(ApiError::bad_param(
                 name.as_str(),
                 format!("the upload has two `{name}` fields; send one file per upload"),
@@ -97,11 +142,28 @@ pub async fn upload(
                         .map_err(|e| multipart_error(&state, &e))?,
                 );
             }
+            "expires_after[anchor]" | "expires_after[seconds]" => {
+                let text = field
+                    .text()
+                    .await
+                    .map_err(|e| multipart_error(&state, &e))?;
+                if name.ends_with("[anchor]") {
+                    anchor = Some(text);
+                } else {
+                    seconds = Some(text.trim().parse::<u64>().map_err(|_| {
+                        ApiError::bad_param(
+                            "expires_after.seconds",
+                            format!("expires_after[seconds] must be a whole number of seconds, not {text:?}"),
+                        )
+                    })?);
+                }
+            }
             other => {
                 return Err(ApiError::bad_param(
                     other,
                     format!(
-                        "`{other}` is not a field of a file upload, which takes `file` and `purpose`"
+                        "`{other}` is not a field of a file upload, which takes `file`, `purpose` \
+                         and `expires_after[anchor]`/`expires_after[seconds]`"
                     ),
                 ));
             }
@@ -134,13 +196,22 @@ pub async fn upload(
     if bytes.is_empty() {
         return Err(ApiError::bad_param("file", "the uploaded file is empty"));
     }
-    let id = format!("file-{}", random_hex(state.next_serial()));
+    let lives = match (anchor, seconds) {
+        (None, None) => None,
+        (anchor, seconds) => Some(expiry("expires_after", anchor.as_deref(), seconds)?),
+    };
+    let created_at = unix_now();
+    let info = FileInfo {
+        id: format!("file-{}", random_hex(state.next_serial())),
+        filename,
+        created_at,
+        expires_at: lives.map(|s| created_at + s),
+    };
     let keeper = state.clone();
     // With server.files_dir the upload is written to disk: off the runtime's workers.
-    let stored =
-        tokio::task::spawn_blocking(move || keeper.files().upload(id, filename, bytes, unix_now()))
-            .await
-            .map_err(|e| ApiError::internal(format!("storing the upload failed: {e}")))??;
+    let stored = tokio::task::spawn_blocking(move || keeper.files().upload(info, bytes))
+        .await
+        .map_err(|e| ApiError::internal(format!("storing the upload failed: {e}")))??;
     Ok(json_response(&stored.object()))
 }
 
@@ -211,7 +282,7 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    files_on(&state)?;
+    find(&state, &id)?;
     if !state.files().delete(&id) {
         return Err(no_file(&id, None));
     }

@@ -3,7 +3,8 @@
 //! ends the batch failed with the reason; a cancel keeps the lines that finished; two batches
 //! beside interactive requests answer as each line alone; with `server.files_dir` files and
 //! batches survive a restart (a batch cut by it goes on from its last whole line, one stopped
-//! while keeping its files finishes keeping them); bad uploads, bad create
+//! while keeping its files finishes keeping them); files expire, and a batch past its completion
+//! window ends expired with its unstarted lines as `batch_expired`; bad uploads, bad create
 //! requests, a full files budget and `server.files_mib = 0` are refused clearly.
 
 use super::common::*;
@@ -82,7 +83,7 @@ async fn ended(s: &TestServer, id: &str) -> Value {
     poll(s, &format!("/v1/batches/{id}"), "the batch ends", |v| {
         matches!(
             v["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
+            Some("completed" | "failed" | "cancelled" | "expired")
         )
     })
     .await
@@ -315,6 +316,28 @@ async fn bad_uploads_and_batch_requests_are_refused_naming_the_field() {
             .contains("multipart/form-data")
     );
     let file: &[u8] = b"{}";
+    let up: [Field<'_>; 2] = [("purpose", None, b"batch"), ("file", Some("a.jsonl"), file)];
+    let expiring = |anchor: &'static [u8], seconds: &'static [u8]| {
+        let mut f = up.to_vec();
+        f.push(("expires_after[anchor]", None, anchor));
+        f.push(("expires_after[seconds]", None, seconds));
+        f
+    };
+    let mut only_seconds = up.to_vec();
+    only_seconds.push(("expires_after[seconds]", None, b"3600"));
+    let mut twice = expiring(b"created_at", b"3600");
+    twice.push(("expires_after[anchor]", None, b"created_at"));
+    for (fields, param) in [
+        (expiring(b"last_active_at", b"3600"), "expires_after.anchor"),
+        (expiring(b"created_at", b"10"), "expires_after.seconds"),
+        (expiring(b"created_at", b"2592001"), "expires_after.seconds"),
+        (expiring(b"created_at", b"soon"), "expires_after.seconds"),
+        (only_seconds, "expires_after.anchor"),
+        (twice, "expires_after[anchor]"),
+    ] {
+        let r = post_form(&s, &fields).await;
+        assert_eq!(r.error(400)["param"], param, "{}", r.body);
+    }
     let cases: [(&[Field<'_>], &str); 6] = [
         (&[("file", Some("a.jsonl"), file)], "purpose"),
         (
@@ -394,6 +417,32 @@ async fn bad_uploads_and_batch_requests_are_refused_naming_the_field() {
         ),
         (with("colour", json!("red")), ".", 400),
         (with("metadata", json!({"a": 1})), "metadata", 400),
+        (
+            with(
+                "output_expires_after",
+                json!({"anchor": "created_at", "seconds": 100}),
+            ),
+            "output_expires_after.seconds",
+            400,
+        ),
+        (
+            with(
+                "output_expires_after",
+                json!({"anchor": "completed_at", "seconds": 3600}),
+            ),
+            "output_expires_after.anchor",
+            400,
+        ),
+        (
+            with("output_expires_after", json!({"anchor": "created_at"})),
+            "output_expires_after.seconds",
+            400,
+        ),
+        (
+            with("output_expires_after", json!({"seconds": -5})),
+            ".",
+            400,
+        ),
     ] {
         let r = create_with(body).await;
         let e = r.error(status);
@@ -644,4 +693,113 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("server.files_mib"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_expire_and_a_batch_past_its_window_expires_with_its_unstarted_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = || dsv4_server::ServerConfig {
+        files_dir: Some(dir.path().to_owned()),
+        ..config()
+    };
+    // A file that expired while no server ran is not served, and is deleted at start.
+    let meta = json!({"format": "dsv4-file/1", "id": "file-old", "filename": "old.jsonl",
+                      "purpose": "batch", "created_at": 1, "expires_at": 3601, "bytes": 2});
+    std::fs::write(dir.path().join("file-old.data"), b"{}").unwrap();
+    std::fs::write(dir.path().join("file-old.json"), meta.to_string()).unwrap();
+    let a = start(on_disk()).await;
+    a.get("/v1/files/file-old").await.error(404);
+    eventually("the expired file is deleted", async || {
+        !dir.path().join("file-old.data").exists()
+    })
+    .await;
+    assert!(!dir.path().join("file-old.json").exists());
+    // An upload and a batch's outputs with expiries.
+    let body = |i: usize| {
+        json!({"model": MODEL, "prompt": format!("e{i}"), "max_tokens": 48, "temperature": 0,
+               "ignore_eos": true})
+    };
+    let text: Vec<String> = (0..200)
+        .map(|i| batch_line(&format!("e{i}"), "/v1/completions", body(i)))
+        .collect();
+    let text = text.join("\n");
+    let r = post_form(
+        &a,
+        &[
+            ("purpose", None, b"batch"),
+            ("file", Some("in.jsonl"), text.as_bytes()),
+            ("expires_after[anchor]", None, b"created_at"),
+            ("expires_after[seconds]", None, b"7200"),
+        ],
+    )
+    .await;
+    let f = r.json();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(f["expires_at"], f["created_at"].as_u64().unwrap() + 7200);
+    let input = f["id"].as_str().unwrap();
+    let r = a
+        .send(
+            "POST",
+            "/v1/batches",
+            &json!({"input_file_id": input, "endpoint": "/v1/completions",
+                    "completion_window": "24h",
+                    "output_expires_after": {"anchor": "created_at", "seconds": 3600}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    poll(&a, &format!("/v1/batches/{id}"), "lines answered", |v| {
+        v["request_counts"]["completed"].as_u64() > Some(0)
+    })
+    .await;
+    a.shutdown().await.unwrap();
+    // The batch was stopped part-way; move its creation a day and an hour back, so its
+    // completion window has ended when the next server goes on with it.
+    let batches = dir.path().join("batches");
+    let written = std::fs::read_to_string(batches.join(format!("{id}.output.jsonl.part")))
+        .unwrap()
+        .lines()
+        .count();
+    let path = batches.join(format!("{id}.json"));
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["created_at"] = json!(record["created_at"].as_u64().unwrap() - 25 * 3600);
+    std::fs::write(&path, record.to_string()).unwrap();
+
+    let b = start(on_disk()).await;
+    let done = ended(&b, &id).await;
+    assert_eq!(done["status"], "expired", "{done}");
+    assert!(done["expired_at"].is_u64(), "{done}");
+    assert!(done["completed_at"].is_null());
+    let counts = &done["request_counts"];
+    assert_eq!(counts["completed"], written, "{done}");
+    assert_eq!(counts["failed"], 200 - written);
+    let output = lines_of(&b, &done["output_file_id"]).await;
+    let errors = lines_of(&b, &done["error_file_id"]).await;
+    let ids: Vec<&str> = output
+        .iter()
+        .chain(&errors)
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..200).map(|i| format!("e{i}")).collect();
+    assert_eq!(ids, want, "answered lines, then the expired ones, in order");
+    for e in &errors {
+        assert_eq!(e["response"], Value::Null);
+        assert_eq!(e["error"]["code"], "batch_expired", "{e}");
+    }
+    for kind in ["output_file_id", "error_file_id"] {
+        let file = b
+            .get(&format!("/v1/files/{}", done[kind].as_str().unwrap()))
+            .await
+            .json();
+        assert_eq!(
+            file["expires_at"],
+            file["created_at"].as_u64().unwrap() + 3600,
+            "{file}"
+        );
+    }
+    let r = b
+        .send("POST", &format!("/v1/batches/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(r.error(400)["code"], "batch_not_cancellable");
+    b.shutdown().await.unwrap();
 }
