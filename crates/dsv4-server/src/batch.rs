@@ -11,6 +11,9 @@
 //! "message", "line"}` instead; a request the route refuses keeps its status and error body in
 //! `response`, as OpenAI writes it.
 //!
+//! Each line's request runs at [`LINE_PRIORITY`] unless its body sets a `priority`, so
+//! interactive requests beside a batch are admitted first.
+//!
 //! What would spoil the whole run is refused before anything runs ([`BatchFileError`], read by
 //! [`parse`] in `file.rs`): an empty file, a repeated `custom_id`, a `model` this run does not
 //! serve, a line to another endpoint than a `/v1/batches` batch's.
@@ -29,6 +32,10 @@ use std::io::Write;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tower::ServiceExt;
+
+/// The `priority` a batch line's request gets unless its body sets one: below interactive
+/// requests (0 by default), so they are admitted ahead of the batch's waiting lines.
+pub const LINE_PRIORITY: i32 = -1;
 
 /// How a batch runs.
 #[derive(Debug, Clone)]
@@ -271,8 +278,12 @@ async fn answer(app: axum::Router, key: Option<&str>, prefix: &str, item: Item) 
     if let Some(key) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
     }
+    let mut body = call.body;
+    if let Some(fields) = body.as_object_mut() {
+        fields.entry("priority").or_insert(json!(LINE_PRIORITY));
+    }
     let sent = req
-        .body(Body::from(call.body.to_string()))
+        .body(Body::from(body.to_string()))
         .expect("a POST to a fixed route with a JSON body is a valid request");
     let response = match app.oneshot(sent).await {
         Ok(r) => r,

@@ -73,6 +73,9 @@ pub struct ChatRequest {
     pub min_tokens: Option<u64>,
     /// Keep generating past the end-of-sequence token (extension; its text is left out).
     pub ignore_eos: Option<bool>,
+    /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
+    /// extension; default 0; batch lines default to -1).
+    pub priority: Option<i32>,
     /// Beam search instead of sampling, with `n` beams (vLLM's extension; default false).
     pub use_beam_search: Option<bool>,
     /// With `use_beam_search`: a hypothesis's log-probability is divided by its generated

@@ -73,6 +73,9 @@ pub struct CompletionRequest {
     pub min_tokens: Option<u64>,
     /// Keep generating past the end-of-sequence token (extension; its text is left out).
     pub ignore_eos: Option<bool>,
+    /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
+    /// extension; default 0; batch lines default to -1).
+    pub priority: Option<i32>,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
     /// Only these token ids may be generated (vLLM's extension).

@@ -128,6 +128,9 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     /// Accepted and ignored (requests are always logged the same way).
     pub log_metrics: Option<bool>,
+    /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
+    /// extension; default 0; batch lines default to -1).
+    pub priority: Option<i32>,
 }
 
 /// SGLang's `sampling_params`.

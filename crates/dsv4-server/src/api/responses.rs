@@ -37,6 +37,9 @@ pub struct ResponsesRequest {
     pub instructions: Option<String>,
     /// Continue the conversation of a stored response: its input and output come first.
     pub previous_response_id: Option<String>,
+    /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
+    /// extension; default 0; batch lines default to -1).
+    pub priority: Option<i32>,
     /// Function tools, `{"type": "function", "name", "description", "parameters"}`.
     pub tools: Option<Vec<Value>>,
     /// "none", "auto", "required" or {"type": "function", "name": ...}.

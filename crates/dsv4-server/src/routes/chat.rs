@@ -287,6 +287,7 @@ async fn prepare(
             logprobs,
             prompt_logprobs,
             constraint,
+            priority: req.priority.unwrap_or(0),
             ..Default::default()
         },
         decoder,

@@ -228,6 +228,7 @@ async fn prepare(
             logprobs,
             prompt_logprobs: scored,
             constraint: constraint.clone(),
+            priority: req.priority.unwrap_or(0),
             ..Default::default()
         };
         if let Some(p) = &beam {

@@ -214,6 +214,7 @@ async fn prepare(
             prompt_logprobs: input.and(top),
             logprob_token_ids: asked.clone().unwrap_or_default(),
             constraint,
+            priority: req.priority.unwrap_or(0),
             ..Default::default()
         };
         specs.push(Spec {

@@ -368,6 +368,7 @@ async fn prepare(
         stop,
         logprobs,
         constraint,
+        priority: req.priority.unwrap_or(0),
         ..Default::default()
     };
     Ok((request, decoder))

@@ -31,6 +31,7 @@ mod generate;
 mod health;
 mod logprobs;
 mod prefix;
+mod priority;
 mod prompt_logprobs;
 mod responses;
 mod sampling;
