@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 /// The `format` of a file's metadata.
 const FORMAT: &str = "dsv4-file/1";
 
+/// The lock file of a `server.files_dir` ([`DirLock`]).
+const LOCK: &str = ".dsv4-files.lock";
+
 /// The part files a running batch writes: its output lines and its failed lines.
 pub const PART_KINDS: [&str; 2] = ["output", "error"];
 
@@ -29,6 +32,51 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// An exclusive lock on a directory a server keeps its state in (`DIR/{name}`, holding the
+/// server's pid), so a second server on the directory is refused at start instead of both
+/// writing it. Released when dropped, or when the process dies.
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    /// Held open: the lock lasts as long as the file does.
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    /// Take the lock file `name` in `dir`, or fail saying which process holds it.
+    pub(crate) fn take(dir: &Path, name: &str) -> std::io::Result<Self> {
+        use std::io::{Read, Write};
+        let path = dir.join(name);
+        let mut file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                let who = if pid.is_empty() {
+                    "another process".to_string()
+                } else {
+                    format!("process {pid}")
+                };
+                return Err(std::io::Error::other(format!(
+                    "another server uses it ({who} holds {}); give each server its own \
+                     directory",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        file.set_len(0)?;
+        writeln!(file, "{}", std::process::id())?;
+        Ok(Self { _file: file })
+    }
 }
 
 /// Whether `id` is an id the server makes (and so a safe file name).
@@ -92,10 +140,11 @@ pub struct Found {
     pub skipped: Vec<String>,
 }
 
-/// The directory of `server.files_dir`.
+/// The directory of `server.files_dir`, locked for this server while it lives.
 #[derive(Debug)]
 pub struct FilesDir {
     dir: PathBuf,
+    _lock: DirLock,
 }
 
 impl FilesDir {
@@ -107,6 +156,7 @@ impl FilesDir {
         std::fs::create_dir_all(dir.join("batches"))?;
         Ok(Self {
             dir: dir.to_owned(),
+            _lock: DirLock::take(dir, LOCK)?,
         })
     }
 
@@ -279,5 +329,11 @@ mod tests {
         assert!(again.batches.is_empty());
         let not_dir = tmp.path().join("file-b.data");
         assert!(FilesDir::open(&not_dir).is_err());
+        // One server per directory: the second is refused, naming this process.
+        let e = FilesDir::open(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("another server uses it"), "{e}");
+        assert!(e.contains(&std::process::id().to_string()), "{e}");
+        drop(dir);
+        FilesDir::open(tmp.path()).expect("free once the first is gone");
     }
 }

@@ -11,7 +11,7 @@
 //! its stream is not replayed.
 
 use crate::api::responses_input::ChatMessages;
-use crate::files_disk::{valid_id, write_atomic};
+use crate::files_disk::{DirLock, valid_id, write_atomic};
 use crate::responses_store::Stored;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -23,10 +23,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The `format` of a stored response's file.
 const FORMAT: &str = "dsv4-stored-response/1";
 
-/// The directory stored responses are kept in.
+/// The directory stored responses are kept in, locked for this server while it lives.
 #[derive(Debug)]
 pub struct Disk {
     dir: PathBuf,
+    _lock: DirLock,
     /// Set when the store is dropped (the server stops): files then stay.
     closing: AtomicBool,
 }
@@ -95,6 +96,7 @@ impl Disk {
         std::fs::create_dir_all(dir)?;
         Ok(Arc::new(Self {
             dir: dir.to_owned(),
+            _lock: DirLock::take(dir, ".dsv4-responses.lock")?,
             closing: AtomicBool::new(false),
         }))
     }
@@ -267,10 +269,12 @@ mod tests {
             .collect()
     }
 
+    /// The directory's entries but the server's lock file.
     fn files(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != ".dsv4-responses.lock")
             .collect();
         names.sort();
         names

@@ -693,6 +693,16 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("server.files_mib"), "{e}");
+    // One server per directory: a second is refused while the first holds it.
+    let held = dsv4_server::AppState::new(on_disk()).unwrap();
+    let e = dsv4_server::AppState::new(on_disk())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server.files_dir") && e.contains("another server uses it"),
+        "{e}"
+    );
+    drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

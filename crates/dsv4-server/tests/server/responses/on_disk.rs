@@ -1,7 +1,8 @@
 //! `server.responses_dir`: stored responses survive a restart. A server started on the same
 //! directory reads back what the last one stored: `GET` answers the same object, its input
 //! items are listed, a continuation answers as it did before the restart, and a deleted
-//! response stays deleted.
+//! response stays deleted. A directory that cannot be used, or that another server holds,
+//! stops the server at start.
 
 use super::*;
 use dsv4_server::ServerConfig;
@@ -88,4 +89,14 @@ async fn a_directory_the_server_cannot_use_stops_it_at_start() {
     };
     let e = dsv4_server::AppState::new(none).unwrap_err();
     assert!(e.to_string().contains("responses_store"), "{e}");
+    // One server per directory: a second is refused while the first holds it.
+    let held = dsv4_server::AppState::new(on_disk(dir.path())).unwrap();
+    let e = dsv4_server::AppState::new(on_disk(dir.path())).unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.contains("server.responses_dir") && e.contains("another server uses it"),
+        "{e}"
+    );
+    drop(held);
+    dsv4_server::AppState::new(on_disk(dir.path())).expect("free once the first is gone");
 }
