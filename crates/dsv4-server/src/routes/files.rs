@@ -1,7 +1,8 @@
 //! OpenAI's Files API, for batches: `POST /v1/files` (multipart/form-data with `file`,
-//! `purpose: "batch"` and optionally `expires_after[anchor]`/`expires_after[seconds]`), `GET /v1/files` (`purpose`, `limit`, `order`, `after`), `GET
-//! /v1/files/{id}`, `GET /v1/files/{id}/content` and `DELETE /v1/files/{id}`, over the
-//! server's [`crate::files::FileStore`] (`server.files_mib`; 0 turns them off).
+//! `purpose: "batch"` and optionally `expires_after[anchor]`/`expires_after[seconds]`), `GET
+//! /v1/files` (`purpose`, `limit`, `order`, `after`), `GET /v1/files/{id}`, `GET
+//! /v1/files/{id}/content` and `DELETE /v1/files/{id}`, over the server's
+//! [`crate::files::FileStore`] (`server.files_mib`; 0 turns them off).
 
 use super::json_response;
 use super::page::Page;
@@ -122,7 +123,7 @@ pub async fn upload(
         if !seen.insert(name.clone()) {
             return Err(ApiError::bad_param(
                 name.as_str(),
-                format!("the upload has two `{name}` fields; send one file per upload"),
+                format!("the upload has two `{name}` fields; send each field once"),
             ));
         }
         match name.as_str() {
