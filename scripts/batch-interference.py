@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""What a running /v1/batches batch costs interactive requests, against a running `dsv4 serve`:
+the median and worst latency of sequential 16-token /v1/completions requests alone, then beside
+a batch of LINES greedy 32-token completions whose lines run at their default priority (-1), and
+beside the same batch with `"priority": 0` in every line (the order before priorities); and how
+long the batch takes alone. Each batch case runs twice.
+
+Usage: scripts/batch-interference.py [BASE_URL] [LINES]   (default http://127.0.0.1:8000, 768)
+
+The interactive requests start once 64 lines have answered and stop after 20. Prints one JSON
+object. Needs the `openai` Python package (the batch goes through the Files and Batch APIs).
+"""
+
+import json
+import statistics
+import sys
+import time
+
+from openai import OpenAI
+
+BASE = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
+LINES = int(sys.argv[2]) if len(sys.argv) > 2 else 768
+client = OpenAI(base_url=BASE.rstrip("/") + "/v1", api_key="unused")
+MODEL = client.models.list().data[0].id
+ENDED = ("completed", "failed", "cancelled", "expired")
+
+
+def batch_file(priority):
+    lines = []
+    for i in range(LINES):
+        body = {"model": MODEL, "prompt": f"batch line {i}", "max_tokens": 32,
+                "temperature": 0, "ignore_eos": True}
+        if priority is not None:
+            body["priority"] = priority
+        lines.append(json.dumps({"custom_id": f"b{i}", "method": "POST",
+                                 "url": "/v1/completions", "body": body}))
+    return "\n".join(lines).encode()
+
+
+def start(priority):
+    f = client.files.create(file=("b.jsonl", batch_file(priority)), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint="/v1/completions",
+                                 completion_window="24h")
+
+
+def wait(batch):
+    while (b := client.batches.retrieve(batch.id)).status not in ENDED:
+        time.sleep(0.02)
+    return b.status
+
+
+def interactive(n=20):
+    ms = []
+    for i in range(n):
+        t = time.perf_counter()
+        client.completions.create(model=MODEL, prompt=f"interactive {i}", max_tokens=16,
+                                  temperature=0, extra_body={"ignore_eos": True})
+        ms.append((time.perf_counter() - t) * 1000)
+    return {"median_ms": round(statistics.median(ms)), "worst_ms": round(max(ms))}
+
+
+def beside(priority):
+    batch = start(priority)
+    while client.batches.retrieve(batch.id).request_counts.completed < 64:
+        time.sleep(0.01)
+    out = interactive()
+    out["batch"] = wait(batch)
+    return out
+
+
+def alone_batch():
+    t = time.perf_counter()
+    status = wait(start(None))
+    return {"seconds": round(time.perf_counter() - t, 2), "batch": status}
+
+
+result = {"alone": interactive()}
+for run in (1, 2):
+    result[f"beside_default_priority_{run}"] = beside(None)
+    result[f"beside_priority_0_{run}"] = beside(0)
+    result[f"batch_alone_{run}"] = alone_batch()
+print(json.dumps(result, indent=1))
