@@ -10,39 +10,12 @@
 use super::common::*;
 use serde_json::{Value, json};
 
-const BOUNDARY: &str = "dsv4-test-boundary";
-
-/// A form field: name, filename (a file part), bytes.
-type Field<'a> = (&'a str, Option<&'a str>, &'a [u8]);
-
-/// A multipart/form-data body with `fields`.
-fn form(fields: &[Field<'_>]) -> Vec<u8> {
-    let mut body = Vec::new();
-    for (name, filename, bytes) in fields {
-        body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
-        let disposition = match filename {
-            Some(f) => format!("form-data; name=\"{name}\"; filename=\"{f}\""),
-            None => format!("form-data; name=\"{name}\""),
-        };
-        body.extend_from_slice(format!("Content-Disposition: {disposition}\r\n\r\n").as_bytes());
-        body.extend_from_slice(bytes);
-        body.extend_from_slice(b"\r\n");
+/// A test server's options with its files and batches in `dir`.
+fn on_disk(dir: &std::path::Path) -> dsv4_server::ServerConfig {
+    dsv4_server::ServerConfig {
+        files_dir: Some(dir.to_owned()),
+        ..config()
     }
-    body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
-    body
-}
-
-/// POST a multipart upload.
-async fn post_form(s: &TestServer, fields: &[Field<'_>]) -> Reply {
-    let ct = format!("multipart/form-data; boundary={BOUNDARY}");
-    request(
-        s.addr,
-        "POST",
-        "/v1/files",
-        &[("Content-Type", &ct)],
-        &form(fields),
-    )
-    .await
 }
 
 /// Upload `text` as a batch input file; its id.
@@ -541,10 +514,7 @@ async fn two_batches_beside_interactive_requests_answer_as_each_line_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_and_batches_survive_a_restart_with_files_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let on_disk = || dsv4_server::ServerConfig {
-        files_dir: Some(dir.path().to_owned()),
-        ..config()
-    };
+    let on_disk = || on_disk(dir.path());
     let a = start(on_disk()).await;
     let body = |i: usize, n: usize| {
         json!({"model": MODEL, "prompt": format!("p{i}"), "max_tokens": n, "temperature": 0,
@@ -708,10 +678,7 @@ async fn files_and_batches_survive_a_restart_with_files_dir() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_expire_and_a_batch_past_its_window_expires_with_its_unstarted_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let on_disk = || dsv4_server::ServerConfig {
-        files_dir: Some(dir.path().to_owned()),
-        ..config()
-    };
+    let on_disk = || on_disk(dir.path());
     // A file that expired while no server ran is not served, and is deleted at start.
     let meta = json!({"format": "dsv4-file/1", "id": "file-old", "filename": "old.jsonl",
                       "purpose": "batch", "created_at": 1, "expires_at": 3601, "bytes": 2});

@@ -57,11 +57,15 @@ pub fn model() -> Arc<Model> {
 
 /// An engine on the tiny model with room for 64 concurrent requests.
 pub fn loaded() -> Loaded {
-    let cfg = EngineConfig {
+    loaded_with(EngineConfig {
         cache: CacheBudget::Tokens(16384),
         max_running_requests: 64,
         ..Default::default()
-    };
+    })
+}
+
+/// An engine on the tiny model under `cfg`.
+pub fn loaded_with(cfg: EngineConfig) -> Loaded {
     Loaded::new(
         model(),
         dsv4_chat::Tokenizer::tiny().unwrap(),
@@ -94,6 +98,13 @@ pub struct TestServer {
 pub async fn start(cfg: ServerConfig) -> TestServer {
     let s = start_loading(cfg).await;
     s.state.set_ready(loaded());
+    s
+}
+
+/// Start a test server whose engine runs under `engine` (a smaller cache, fewer slots).
+pub async fn start_engine(engine: EngineConfig) -> TestServer {
+    let s = start_loading(config()).await;
+    s.state.set_ready(loaded_with(engine));
     s
 }
 
@@ -388,4 +399,40 @@ pub async fn poll(s: &TestServer, path: &str, what: &str, done: impl Fn(&Value) 
 /// One line of an OpenAI Batch API input file.
 pub fn batch_line(custom_id: &str, url: &str, body: Value) -> String {
     json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).to_string()
+}
+
+/// The boundary of [`form`] bodies.
+pub const BOUNDARY: &str = "dsv4-test-boundary";
+
+/// A form field: name, filename (a file part), bytes.
+pub type Field<'a> = (&'a str, Option<&'a str>, &'a [u8]);
+
+/// A multipart/form-data body with `fields`.
+pub fn form(fields: &[Field<'_>]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (name, filename, bytes) in fields {
+        body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
+        let disposition = match filename {
+            Some(f) => format!("form-data; name=\"{name}\"; filename=\"{f}\""),
+            None => format!("form-data; name=\"{name}\""),
+        };
+        body.extend_from_slice(format!("Content-Disposition: {disposition}\r\n\r\n").as_bytes());
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    body
+}
+
+/// POST a multipart upload to `/v1/files`.
+pub async fn post_form(s: &TestServer, fields: &[Field<'_>]) -> Reply {
+    let ct = format!("multipart/form-data; boundary={BOUNDARY}");
+    request(
+        s.addr,
+        "POST",
+        "/v1/files",
+        &[("Content-Type", &ct)],
+        &form(fields),
+    )
+    .await
 }

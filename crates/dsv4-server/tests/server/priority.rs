@@ -4,29 +4,18 @@
 
 use super::common::*;
 use dsv4_engine::{CacheBudget, EngineConfig};
-use dsv4_server::Loaded;
 use serde_json::{Value, json};
 use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// A server whose engine runs one request at a time.
 async fn one_slot() -> TestServer {
-    let s = start_loading(config()).await;
-    let cfg = EngineConfig {
+    start_engine(EngineConfig {
         cache: CacheBudget::Tokens(16384),
         max_running_requests: 1,
         ..Default::default()
-    };
-    let loaded = Loaded::new(
-        model(),
-        dsv4_chat::Tokenizer::tiny().unwrap(),
-        cfg,
-        Default::default(),
-        dsv4_server::config::DEFAULT_GRAMMAR_CACHE,
-    )
-    .unwrap();
-    s.state.set_ready(loaded);
-    s
+    })
+    .await
 }
 
 /// Take the one slot with a long streamed request; dropping the connection frees it.
@@ -140,19 +129,12 @@ async fn a_batch_line_waits_behind_an_interactive_request() {
         json!({"model": MODEL, "prompt": "batch", "max_tokens": 48, "ignore_eos": true,
                "temperature": 0}),
     );
-    let boundary = "dsv4-priority";
-    let form = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"b.jsonl\"\r\n\
-         \r\n{line}\r\n--{boundary}--\r\n"
-    );
-    let ct = format!("multipart/form-data; boundary={boundary}");
-    let r = request(
-        s.addr,
-        "POST",
-        "/v1/files",
-        &[("Content-Type", &ct)],
-        form.as_bytes(),
+    let r = post_form(
+        &s,
+        &[
+            ("purpose", None, b"batch"),
+            ("file", Some("b.jsonl"), line.as_bytes()),
+        ],
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);

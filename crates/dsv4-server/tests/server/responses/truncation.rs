@@ -5,26 +5,15 @@
 
 use super::*;
 use dsv4_engine::{CacheBudget, EngineConfig};
-use dsv4_server::Loaded;
 
 /// A server whose cache holds 1024 tokens, so a few long turns overflow it.
 async fn small_server() -> TestServer {
-    let s = start_loading(config()).await;
-    let cfg = EngineConfig {
+    start_engine(EngineConfig {
         cache: CacheBudget::Tokens(1024),
         max_running_requests: 4,
         ..Default::default()
-    };
-    let loaded = Loaded::new(
-        model(),
-        dsv4_chat::Tokenizer::tiny().unwrap(),
-        cfg,
-        Default::default(),
-        dsv4_server::config::DEFAULT_GRAMMAR_CACHE,
-    )
-    .unwrap();
-    s.state.set_ready(loaded);
-    s
+    })
+    .await
 }
 
 /// Chat messages: a developer message, then `turns` long user/assistant exchanges, then
