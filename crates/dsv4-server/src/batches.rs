@@ -11,7 +11,7 @@
 //! they are answered, a shutdown lets the lines in flight finish and stops there, and the next
 //! server goes on from the last whole line (`resume.rs`) once its model is ready.
 
-mod resume;
+pub mod resume;
 mod task;
 
 use crate::api::common::{random_hex, unix_now};

@@ -15,7 +15,7 @@ use std::io::BufRead;
 
 /// What a batch's part files keep.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Kept {
+pub struct Kept {
     /// The batch's first lines that have their output line (input order).
     pub lines: usize,
     /// Bytes of each part file (output, error) that hold those lines; what follows is cut.
@@ -38,7 +38,7 @@ struct Found {
 
 /// Scan the part files (`parts`: output, error) of a batch whose items have the input line
 /// numbers `item_lines` and whose output line ids are `{id_prefix}_{line}`.
-pub(crate) fn kept(
+pub fn kept(
     id_prefix: &str,
     item_lines: &[usize],
     parts: [&mut dyn BufRead; 2],
