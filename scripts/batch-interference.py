@@ -5,7 +5,9 @@ a batch of LINES greedy 32-token completions whose lines run at their default pr
 beside the same batch with `"priority": 0` in every line (the order before priorities); and how
 long the batch takes alone. Each batch case runs twice.
 
-Usage: scripts/batch-interference.py [BASE_URL] [LINES]   (default http://127.0.0.1:8000, 768)
+Usage: scripts/batch-interference.py [BASE_URL] [LINES] [--skip-priority-0]
+       (default http://127.0.0.1:8000, 768; --skip-priority-0 leaves out the lines at priority 0,
+       to compare servers, e.g. under different server.batch_max_running)
 
 The interactive requests start once 64 lines have answered and stop after 20. Prints one JSON
 object. Needs the `openai` Python package (the batch goes through the Files and Batch APIs).
@@ -18,8 +20,10 @@ import time
 
 from openai import OpenAI
 
-BASE = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
-LINES = int(sys.argv[2]) if len(sys.argv) > 2 else 768
+SKIP_PRIORITY_0 = "--skip-priority-0" in sys.argv[1:]
+ARGS = [a for a in sys.argv[1:] if a != "--skip-priority-0"]
+BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
+LINES = int(ARGS[1]) if len(ARGS) > 1 else 768
 client = OpenAI(base_url=BASE.rstrip("/") + "/v1", api_key="unused")
 MODEL = client.models.list().data[0].id
 ENDED = ("completed", "failed", "cancelled", "expired")
@@ -77,6 +81,7 @@ def alone_batch():
 result = {"alone": interactive()}
 for run in (1, 2):
     result[f"beside_default_priority_{run}"] = beside(None)
-    result[f"beside_priority_0_{run}"] = beside(0)
+    if not SKIP_PRIORITY_0:
+        result[f"beside_priority_0_{run}"] = beside(0)
     result[f"batch_alone_{run}"] = alone_batch()
 print(json.dumps(result, indent=1))

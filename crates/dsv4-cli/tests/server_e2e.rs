@@ -1,7 +1,8 @@
 //! `dsv4 serve` end to end: the binary with no model arguments serves the embedded tiny model
 //! (`--port 0` picks a free port; the bound URL is read from stdout), the official `openai`
-//! Python client runs tests/e2e/test_openai.py against it, and SIGTERM drains a stream in
-//! flight before the process exits 0.
+//! Python client runs tests/e2e/test_openai.py against it, SIGTERM drains a stream in flight
+//! before the process exits 0, and a `server.batch_max_running` past the engine's running slots
+//! is reported at start.
 //!
 //! The Python test needs `python3` with the `openai` package. Without them it is skipped with
 //! the reason printed, except under CI=true, where it fails (.ci/run installs the package).
@@ -10,6 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A `dsv4 serve --port 0` process; killed if the test ends early.
@@ -17,12 +19,20 @@ struct Serve {
     child: Child,
     url: String,
     addr: String,
+    /// The lines it prints on stdout after the first two.
+    printed: mpsc::Receiver<String>,
 }
 
 impl Serve {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Start with `args` after `serve --port 0`.
+    fn start_with(args: &[&str]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsv4"));
         cmd.args(["serve", "--port", "0"])
+            .args(args)
             .current_dir(std::env::temp_dir())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -46,9 +56,19 @@ impl Serve {
             "{second}"
         );
         // Keep reading stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (tx, printed) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
         let addr = url.trim_start_matches("http://").to_string();
-        let s = Serve { child, url, addr };
+        let s = Serve {
+            child,
+            url,
+            addr,
+            printed,
+        };
         s.wait_healthy();
         s
     }
@@ -198,5 +218,27 @@ fn sigterm_drains_a_stream_in_flight_then_exits_0() {
     );
     assert!(text.contains("\"finish_reason\":\"stop\""), "{text}");
     assert!(!text.contains("\"error\""), "{text}");
+    assert!(serve.wait_exit().success());
+}
+
+#[test]
+fn a_batch_limit_past_the_running_slots_is_reported_at_start() {
+    // dev-cpu's automatic cache budget gives 64 running slots.
+    let serve = Serve::start_with(&["--set", "server.batch_max_running=65536"]);
+    let line = serve
+        .printed
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a third line");
+    assert_eq!(
+        line,
+        "dsv4 serve: server.batch_max_running = 65536 is more than \
+         scheduler.max_running_requests (64); batches keep at most 64 lines in flight"
+    );
+    let metrics = http(&serve.addr, "GET", "/metrics", "").unwrap();
+    assert!(
+        metrics.contains("\ndsv4:batch_lines_limit 64\n"),
+        "{metrics}"
+    );
+    serve.sigterm();
     assert!(serve.wait_exit().success());
 }

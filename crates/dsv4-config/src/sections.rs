@@ -96,6 +96,9 @@ pub struct ServerSection {
     /// A directory where those files and the batches are kept, so they survive a restart;
     /// None: in memory only.
     pub files_dir: Option<String>,
+    /// Most lines of `/v1/batches` batches in flight together; 0: as many as
+    /// `scheduler.max_running_requests`.
+    pub batch_max_running: u64,
 }
 
 impl Default for ServerSection {
@@ -114,6 +117,7 @@ impl Default for ServerSection {
             grammar_cache: 64,
             files_mib: 1024,
             files_dir: None,
+            batch_max_running: 0,
         }
     }
 }

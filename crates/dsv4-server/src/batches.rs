@@ -4,8 +4,9 @@
 //! state, which its task (`task.rs`) updates as lines finish (`request_counts` moves while it
 //! runs).
 //!
-//! Lines of every batch share one limit of requests in flight, the engine's
-//! `max_running_requests`, so batches together never hold more of the engine than one batch.
+//! Lines of every batch share one limit of requests in flight ([`AppState::batch_lines`]: the
+//! engine's `max_running_requests`, or fewer with `server.batch_max_running`), so batches
+//! together never hold more of the engine than one batch.
 //!
 //! With `server.files_dir` a batch survives its server: its lines are written to part files as
 //! they are answered, a shutdown lets the lines in flight finish and stops there, and the next
@@ -359,12 +360,19 @@ impl Batch {
     }
 }
 
+/// The one limit of lines in flight that all batches share.
+#[derive(Debug)]
+struct Limit {
+    lines: usize,
+    permits: Arc<Semaphore>,
+}
+
 /// The batches, oldest first, the one limit their lines share, and their tasks.
 #[derive(Debug, Default)]
 pub struct BatchStore {
     batches: Mutex<BTreeMap<u64, Arc<Batch>>>,
     next: Mutex<u64>,
-    permits: OnceLock<Arc<Semaphore>>,
+    permits: OnceLock<Limit>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
 }
@@ -394,6 +402,13 @@ impl BatchStore {
         self.lock().values().cloned().collect()
     }
 
+    /// Lines of batches in flight now.
+    pub fn lines_in_flight(&self) -> usize {
+        self.permits
+            .get()
+            .map_or(0, |l| l.lines.saturating_sub(l.permits.available_permits()))
+    }
+
     /// Batches that have not ended.
     pub fn running(&self) -> usize {
         self.lock()
@@ -403,13 +418,13 @@ impl BatchStore {
     }
 
     /// Start `asked` over `input` in the background on `state` (whose model is loaded, with
-    /// `max_running` requests at once); the new batch, validating.
+    /// `lines` lines of batches in flight at once); the new batch, validating.
     pub fn start(
         &self,
         state: &AppState,
         asked: NewBatch,
         input: Arc<StoredFile>,
-        max_running: usize,
+        lines: usize,
     ) -> Arc<Batch> {
         let batch = Arc::new(Batch {
             id: format!("batch_{}", random_hex(state.next_serial())),
@@ -421,13 +436,13 @@ impl BatchStore {
         let disk = state.files().disk();
         batch.save(disk);
         self.insert(batch.clone(), disk);
-        self.spawn(state, batch.clone(), Some(input), max_running);
+        self.spawn(state, batch.clone(), Some(input), lines);
         batch
     }
 
     /// Go on with the batches read back that had not ended (the model of `state` is ready, with
-    /// `max_running` requests at once); how many.
-    pub fn resume(&self, state: &AppState, max_running: usize) -> usize {
+    /// `lines` lines of batches in flight at once); how many.
+    pub fn resume(&self, state: &AppState, lines: usize) -> usize {
         let unfinished: Vec<Arc<Batch>> = self
             .all()
             .into_iter()
@@ -439,7 +454,7 @@ impl BatchStore {
                 status = batch.status().name(),
                 "batch goes on"
             );
-            self.spawn(state, batch.clone(), None, max_running);
+            self.spawn(state, batch.clone(), None, lines);
         }
         unfinished.len()
     }
@@ -450,11 +465,18 @@ impl BatchStore {
         state: &AppState,
         batch: Arc<Batch>,
         input: Option<Arc<StoredFile>>,
-        max_running: usize,
+        lines: usize,
     ) {
         let permits = self
             .permits
-            .get_or_init(|| Arc::new(Semaphore::new(max_running.max(1))))
+            .get_or_init(|| {
+                let lines = lines.max(1);
+                Limit {
+                    lines,
+                    permits: Arc::new(Semaphore::new(lines)),
+                }
+            })
+            .permits
             .clone();
         let stop = batch.stop.subscribe();
         // Listed before this check, so a concurrent `stop` either signals it or is seen here.

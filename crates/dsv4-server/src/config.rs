@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// Where the Files and Batch APIs keep files and batches, to survive a restart
     /// (`server.files_dir`); None: in memory only.
     pub files_dir: Option<std::path::PathBuf>,
+    /// Most lines of `/v1/batches` batches in flight together (`server.batch_max_running`);
+    /// 0, or more than the engine's `max_running_requests`: as many as that.
+    pub batch_max_running: usize,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -91,6 +94,7 @@ impl Default for ServerConfig {
             responses_dir: None,
             files_bytes: 1024 << 20,
             files_dir: None,
+            batch_max_running: 0,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

@@ -278,8 +278,14 @@ pub fn render_responses(out: &mut String, stored: usize, bytes: usize, running: 
 }
 
 /// The gauges of the Files and Batch APIs: files kept, their bytes (what `server.files_mib`
-/// bounds) and batches not yet ended.
-pub fn render_batches(out: &mut String, files: usize, bytes: usize, running: usize) {
+/// bounds), batches not yet ended, and their lines in flight with the most there may be.
+pub fn render_batches(
+    out: &mut String,
+    files: usize,
+    bytes: usize,
+    running: usize,
+    (lines, limit): (usize, usize),
+) {
     scalar(
         out,
         "dsv4:files_stored",
@@ -300,6 +306,20 @@ pub fn render_batches(out: &mut String, files: usize, bytes: usize, running: usi
         "gauge",
         "Batches validating, running or cancelling.",
         running as f64,
+    );
+    scalar(
+        out,
+        "dsv4:batch_lines_running",
+        "gauge",
+        "Lines of batches in flight.",
+        lines as f64,
+    );
+    scalar(
+        out,
+        "dsv4:batch_lines_limit",
+        "gauge",
+        "Most lines of batches in flight together (server.batch_max_running).",
+        limit as f64,
     );
 }
 

@@ -35,8 +35,8 @@ pub struct Loaded {
     pub bos: u32,
     /// The end-of-sequence token id (the engine ends a request on it unless `ignore_eos`).
     pub eos: u32,
-    /// Requests the engine runs at once (`scheduler.max_running_requests`): how many lines of
-    /// `/v1/batches` batches are in flight together.
+    /// Requests the engine runs at once (`scheduler.max_running_requests`): the most lines of
+    /// `/v1/batches` batches in flight together ([`AppState::batch_lines`]).
     pub max_running: usize,
 }
 
@@ -244,7 +244,16 @@ impl AppState {
         }
         tracing::info!(model = %self.0.cfg.model_id, "model ready");
         if let Some(loaded) = self.loaded() {
-            self.0.batches.resume(self, loaded.max_running);
+            self.0.batches.resume(self, self.batch_lines(&loaded));
+        }
+    }
+
+    /// Lines of `/v1/batches` batches in flight together on `loaded`: its `max_running`, or
+    /// `server.batch_max_running` when that is fewer (and not 0).
+    pub fn batch_lines(&self, loaded: &Loaded) -> usize {
+        match self.0.cfg.batch_max_running {
+            0 => loaded.max_running,
+            n => n.min(loaded.max_running),
         }
     }
 

@@ -90,6 +90,8 @@ pub(crate) fn server_config(
         files_bytes: usize::try_from(s.files_mib << 20)
             .context("server.files_mib is too large for this machine")?,
         files_dir: s.files_dir.clone().map(Into::into),
+        batch_max_running: usize::try_from(s.batch_max_running)
+            .context("server.batch_max_running is too large for this machine")?,
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,
@@ -150,7 +152,7 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
     let cfg = server_config(args, resolved, id.clone())?;
     // What can fail fast does before the port opens: the engine options and the tokenizer (a
     // missing tokenizer.json). Only the weight load runs beside the listening server.
-    engine_config(&resolved.profile)?;
+    let max_running = engine_config(&resolved.profile)?.max_running_requests;
     let tok = tokenizer_for(&model_source(args.model.as_deref(), &resolved.profile))?;
     let has_key = cfg.api_key.is_some();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -178,6 +180,15 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
              '{{\"model\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \
              \"max_tokens\": 16}}'"
         )?;
+        let batch_lines = state.cfg().batch_max_running;
+        if batch_lines > max_running {
+            writeln!(
+                out,
+                "dsv4 serve: server.batch_max_running = {batch_lines} is more than \
+                 scheduler.max_running_requests ({max_running}); batches keep at most \
+                 {max_running} lines in flight"
+            )?;
+        }
         if let Some(dir) = &state.cfg().responses_dir {
             writeln!(
                 out,

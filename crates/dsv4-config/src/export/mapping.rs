@@ -487,6 +487,16 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Always,
         Unmapped("SGLang does not read back batches after a restart; {value} is not used"),
     ),
+    row(
+        "server.batch_max_running",
+        Zero,
+        Same("SGLang's batch lines share its running requests with interactive ones"),
+    ),
+    row(
+        "server.batch_max_running",
+        Always,
+        Unmapped("SGLang has no limit of its own for batch lines in flight; {value} is not used"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

@@ -341,6 +341,14 @@ pub const KEYS: &[KeySpec] = &[
          if missing, read back at start; a batch still running when the server stopped goes on \
          from its last answered line once the model is loaded); unset keeps them in memory only",
     ),
+    key(
+        "server.batch_max_running",
+        ValueKind::Range(0, 65_536),
+        "0",
+        "most lines of /v1/batches batches in flight together (all batches share it): fewer \
+         leave interactive requests beside a running batch faster steps, at the batch's \
+         expense; 0 or more than scheduler.max_running_requests: as many as that",
+    ),
     // [debug]
     key(
         "debug.canary",

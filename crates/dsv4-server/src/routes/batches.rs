@@ -101,7 +101,7 @@ pub async fn create(
     };
     let batch = state
         .batches()
-        .start(&state, asked, input_file, loaded.max_running);
+        .start(&state, asked, input_file, state.batch_lines(&loaded));
     Ok(json_response(&batch.object()))
 }
 

@@ -164,6 +164,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         files.len(),
         files.bytes(),
         state.batches().running(),
+        (
+            state.batches().lines_in_flight(),
+            loaded.as_ref().map_or(0, |l| state.batch_lines(l)),
+        ),
     );
     if let Some(l) = &loaded {
         crate::metrics::render_grammar_cache(&mut text, l.grammars.cached());

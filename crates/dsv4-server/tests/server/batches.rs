@@ -19,7 +19,7 @@ fn on_disk(dir: &std::path::Path) -> dsv4_server::ServerConfig {
 }
 
 /// Upload `text` as a batch input file; its id.
-async fn upload(s: &TestServer, text: &str) -> String {
+pub(super) async fn upload(s: &TestServer, text: &str) -> String {
     let r = post_form(
         s,
         &[
@@ -38,7 +38,7 @@ async fn upload(s: &TestServer, text: &str) -> String {
 }
 
 /// Create a batch over `file` to `endpoint`; its object.
-async fn create(s: &TestServer, file: &str, endpoint: &str) -> Value {
+pub(super) async fn create(s: &TestServer, file: &str, endpoint: &str) -> Value {
     let r = s
         .send(
             "POST",
@@ -52,7 +52,7 @@ async fn create(s: &TestServer, file: &str, endpoint: &str) -> Value {
 }
 
 /// Poll a batch until it has ended; its object.
-async fn ended(s: &TestServer, id: &str) -> Value {
+pub(super) async fn ended(s: &TestServer, id: &str) -> Value {
     poll(s, &format!("/v1/batches/{id}"), "the batch ends", |v| {
         matches!(
             v["status"].as_str(),

@@ -18,6 +18,7 @@ mod abort;
 mod api;
 mod bad_input;
 mod batch;
+mod batch_share;
 mod batches;
 mod beam;
 mod cache;

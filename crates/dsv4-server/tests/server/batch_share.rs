@@ -1,0 +1,135 @@
+//! `server.batch_max_running`: batches keep at most that many lines in flight while interactive
+//! requests still run beside them, `/metrics` reports the lines and the limit, and 0 or more
+//! than the engine's running slots means as many as those.
+
+use super::batches::{create, ended, upload};
+use super::common::*;
+use dsv4_engine::{CacheBudget, EngineConfig};
+use dsv4_server::ServerConfig;
+use serde_json::json;
+use std::time::Duration;
+
+/// The engine's running slots in these tests.
+const SLOTS: usize = 8;
+
+/// A server whose batches keep at most `batch_max_running` lines in flight, on an engine with
+/// [`SLOTS`] running slots.
+async fn server(batch_max_running: usize) -> TestServer {
+    let s = start_loading(ServerConfig {
+        batch_max_running,
+        ..config()
+    })
+    .await;
+    s.state.set_ready(loaded_with(EngineConfig {
+        cache: CacheBudget::Tokens(16384),
+        max_running_requests: SLOTS,
+        ..Default::default()
+    }));
+    s
+}
+
+/// A batch input of `n` greedy completions of `tokens` tokens each.
+fn lines(n: usize, tokens: u32) -> String {
+    (0..n)
+        .map(|i| {
+            let body = json!({"model": MODEL, "prompt": format!("line {i}"),
+                              "max_tokens": tokens, "ignore_eos": true, "temperature": 0});
+            batch_line(&format!("c{i}"), "/v1/completions", body) + "\n"
+        })
+        .collect()
+}
+
+/// The value of the unlabelled gauge `name` on `/metrics`.
+async fn gauge(s: &TestServer, name: &str) -> u64 {
+    let text = s.get("/metrics").await.body;
+    let line = text
+        .lines()
+        .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
+        .unwrap_or_else(|| panic!("{name} is not on /metrics:\n{text}"));
+    line.split_once(' ').unwrap().1.parse::<f64>().unwrap() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_keep_at_most_batch_max_running_lines_in_flight() {
+    let s = server(2).await;
+    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, 2);
+    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 0);
+    let file = upload(&s, &lines(12, 48)).await;
+    let id = create(&s, &file, "/v1/completions").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let state = s.state.clone();
+    eventually("two lines in flight", async || {
+        state.batches().lines_in_flight() == 2
+    })
+    .await;
+    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 2);
+
+    // Watch the batch to its end while an interactive request runs beside it.
+    let engine = s.state.loaded().unwrap().engine.clone();
+    let watcher = tokio::spawn(async move {
+        let (mut lines, mut running) = (0, 0);
+        loop {
+            lines = state.batches().lines_in_flight().max(lines);
+            running = engine.metrics().running_requests.max(running);
+            if lines > 2 || running > 3 || state.batches().running() == 0 {
+                return (lines, running);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    let r = s
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "interactive", "max_tokens": 8,
+                    "ignore_eos": true, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 8);
+    // The interactive request did not wait for the batch's lines: it ran past the limit.
+    let now = s.get(&format!("/v1/batches/{id}")).await.json();
+    assert_eq!(now["status"], "in_progress", "{now}");
+    assert!(
+        now["request_counts"]["completed"].as_u64().unwrap() < 12,
+        "{now}"
+    );
+
+    let done = ended(&s, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], 12, "{done}");
+    let (lines, running) = watcher.await.unwrap();
+    assert_eq!(lines, 2, "batch lines in flight at most");
+    assert!(
+        running <= 3,
+        "{running} requests ran: 2 batch lines and 1 interactive at most"
+    );
+    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_or_more_than_the_running_slots_means_as_many_as_the_slots() {
+    for asked in [0, SLOTS + 1, 65_536] {
+        let s = server(asked).await;
+        assert_eq!(
+            gauge(&s, "dsv4:batch_lines_limit").await,
+            SLOTS as u64,
+            "server.batch_max_running = {asked}"
+        );
+        if asked == 0 {
+            // Every running slot fills with batch lines.
+            let file = upload(&s, &lines(24, 48)).await;
+            let id = create(&s, &file, "/v1/completions").await["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            eventually("every slot running a batch line", async || {
+                s.state.batches().lines_in_flight() == SLOTS
+            })
+            .await;
+            assert_eq!(ended(&s, &id).await["request_counts"]["completed"], 24);
+        }
+    }
+}
