@@ -510,6 +510,50 @@ fn run_batch_writes_answers_and_failures_in_input_order() {
 }
 
 #[test]
+fn run_batch_lines_follow_server_request_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = |priority: Option<i32>| {
+        let mut b = serde_json::json!({"model": "dsv4-tiny", "prompt": "x", "max_tokens": 2});
+        if let Some(p) = priority {
+            b["priority"] = p.into();
+        }
+        b
+    };
+    let input = [
+        batch_line("plain", "/v1/completions", body(None)),
+        batch_line("asks", "/v1/completions", body(Some(3))),
+    ]
+    .join("\n");
+    std::fs::write(dir.path().join("in.jsonl"), &input).unwrap();
+    let run = |mode: &str| {
+        let set = format!("server.request_priority={mode}");
+        let args = [
+            "--set",
+            &set,
+            "run-batch",
+            "-i",
+            "in.jsonl",
+            "-o",
+            "out.jsonl",
+        ];
+        common::ok(dsv4(dir.path(), &args));
+        jsonl(&dir.path().join("out.jsonl"))
+    };
+    for mode in ["use", "ignore"] {
+        let out = run(mode);
+        let codes: Vec<&Value> = out.iter().map(|o| &o["response"]["status_code"]).collect();
+        assert_eq!(codes, [200, 200], "{mode}: {out:?}");
+    }
+    let out = run("refuse");
+    assert_eq!(out[0]["response"]["status_code"], 200, "{out:?}");
+    assert_eq!(out[1]["response"]["status_code"], 400, "{out:?}");
+    assert_eq!(
+        out[1]["response"]["body"]["error"]["param"], "priority",
+        "{out:?}"
+    );
+}
+
+#[test]
 fn run_batch_refuses_a_file_that_cannot_run_before_loading_anything() {
     let dir = tempfile::tempdir().unwrap();
     let body = serde_json::json!({"model": "dsv4-tiny", "prompt": "p"});

@@ -184,7 +184,7 @@ fn serve_with_sglang_checks_the_import_then_execs_the_exported_command() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("--reasoning-parser deepseek-v4\n"),
+        stdout.contains("--reasoning-parser deepseek-v4 --enable-priority-scheduling\n"),
         "{stdout}"
     );
     assert!(stdout.contains("OVERLAP=1"), "{stdout}");

@@ -36,5 +36,5 @@ pub use sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, 
 pub use validate::{Finding, Severity};
 pub use values::{
     CanaryPool, CpuSums, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
-    PageCacheMib, ReasoningParser, SchedulePolicy, ToolCallParser,
+    PageCacheMib, ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
 };

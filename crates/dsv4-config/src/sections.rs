@@ -3,7 +3,7 @@
 //! one of these settings yet must reject it with "not supported by backend X yet", never ignore it.
 
 use crate::values::{
-    CanaryPool, DisaggMode, Fault, ReasoningParser, SchedulePolicy, ToolCallParser,
+    CanaryPool, DisaggMode, Fault, ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,11 @@ pub struct SchedulerSection {
     /// Hold back a waiting request while a running one prefills prompt pages both share, so
     /// it reuses that request's prefix snapshots (needs the prefix cache).
     pub in_batch_prefix_caching: bool,
+    /// Preempt a running request to admit a waiting one of a priority higher by more than
+    /// `priority_preemption_threshold` when every running slot is taken.
+    pub priority_preemption: bool,
+    /// How much higher a waiting request's priority must be (strictly more) to preempt.
+    pub priority_preemption_threshold: u64,
 }
 
 impl Default for SchedulerSection {
@@ -57,6 +62,8 @@ impl Default for SchedulerSection {
             chunked_prefill_size: 0,
             schedule_policy: SchedulePolicy::default(),
             in_batch_prefix_caching: true,
+            priority_preemption: false,
+            priority_preemption_threshold: 10,
         }
     }
 }
@@ -99,6 +106,8 @@ pub struct ServerSection {
     /// Most lines of `/v1/batches` batches in flight together; 0: as many as
     /// `scheduler.max_running_requests`.
     pub batch_max_running: u64,
+    /// What a request's `priority` field does: used, ignored or refused.
+    pub request_priority: RequestPriority,
 }
 
 impl Default for ServerSection {
@@ -118,6 +127,7 @@ impl Default for ServerSection {
             files_mib: 1024,
             files_dir: None,
             batch_max_running: 0,
+            request_priority: RequestPriority::default(),
         }
     }
 }

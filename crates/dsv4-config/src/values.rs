@@ -58,6 +58,20 @@ pub enum SchedulePolicy {
 }
 spelled!(SchedulePolicy, "schedule_policy", Fcfs => "fcfs", Lpm => "lpm");
 
+/// What the server does with a request's `priority` field (`server.request_priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RequestPriority {
+    /// The request runs at the priority it asks for.
+    #[default]
+    Use,
+    /// The field is accepted and ignored: every request runs at the server's own priorities
+    /// (0, and -1 for batch lines).
+    Ignore,
+    /// A request that sets the field is refused (400).
+    Refuse,
+}
+spelled!(RequestPriority, "request_priority", Use => "use", Ignore => "ignore", Refuse => "refuse");
+
 /// How tool calls are parsed out of generated text (`server.tool_call_parser`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ToolCallParser {

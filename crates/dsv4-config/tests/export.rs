@@ -127,6 +127,52 @@ fn switched_off_features_become_flags_and_env() {
 }
 
 #[test]
+fn request_priority_and_priority_preemption_map_to_sglang_flags() {
+    let case = |sets: &[&str]| {
+        let cmd = sglang(&shipped("prod-fp8", sets));
+        let warned: Vec<&str> = cmd.warnings.iter().map(|w| w.key).collect();
+        let warned = warned.contains(&"scheduler.priority_preemption");
+        (argv_text(&cmd), warned)
+    };
+    let flags = [
+        "--enable-priority-scheduling",
+        "--abort-on-priority-when-disabled",
+        "--disable-priority-preemption",
+    ];
+    let has = |argv: &str| flags.map(|f| argv.contains(f));
+    // Shipped: priorities used, no preemption for them.
+    let (argv, warned) = case(&[]);
+    assert_eq!(has(&argv), [true, false, true], "{argv}");
+    assert!(
+        argv.contains("--priority-scheduling-preemption-threshold 10"),
+        "{argv}"
+    );
+    assert!(!warned);
+    let (argv, warned) = case(&[
+        "scheduler.priority_preemption=true",
+        "scheduler.priority_preemption_threshold=2",
+    ]);
+    assert_eq!(has(&argv), [true, false, false], "{argv}");
+    assert!(
+        argv.contains("--priority-scheduling-preemption-threshold 2"),
+        "{argv}"
+    );
+    assert!(!warned);
+    let (argv, warned) = case(&["server.request_priority=ignore"]);
+    assert_eq!(has(&argv), [false, false, false], "{argv}");
+    assert!(!warned);
+    let (argv, warned) = case(&["server.request_priority=refuse"]);
+    assert_eq!(has(&argv), [false, true, false], "{argv}");
+    assert!(!warned);
+    // Preemption for the server's own priorities alone has no SGLang equivalent.
+    let (_, warned) = case(&[
+        "server.request_priority=ignore",
+        "scheduler.priority_preemption=true",
+    ]);
+    assert!(warned);
+}
+
+#[test]
 fn unmapped_knobs_are_warnings_in_every_format() {
     let cmd = sglang(&shipped("prod-bf16", &["exec.threads=4"]));
     let keys: Vec<&str> = cmd.warnings.iter().map(|w| w.key).collect();

@@ -114,6 +114,12 @@ pub struct EngineConfig {
     /// one per 131,072 logits, at most the cores). Results do not depend on it.
     #[serde(default)]
     pub choice_threads: usize,
+    /// Preempt a running request to admit a waiting one whose priority exceeds its own by more
+    /// than this (`scheduler.priority_preemption_threshold` with
+    /// `scheduler.priority_preemption`; SGLang's priority preemption); None: a running request
+    /// is never preempted for priority.
+    #[serde(default)]
+    pub priority_preemption: Option<u32>,
 }
 
 /// `true`, the default of the options that are on unless turned off.
@@ -134,6 +140,7 @@ impl Default for EngineConfig {
             hicache: None,
             overlap_schedule: false,
             choice_threads: 0,
+            priority_preemption: None,
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct EngineMetrics {
     pub requests_cancelled: u64,
     /// Preemptions (cache freed, recomputed later).
     pub preemptions_total: u64,
+    /// Of those, preemptions to admit a higher-priority request (`scheduler.priority_preemption`).
+    pub priority_preemptions_total: u64,
     /// Forward rounds in which the canary saw pages change outside the declared write set.
     pub canary_rounds_flagged: u64,
     /// Pages the canary saw change outside the declared write sets.
@@ -86,6 +88,7 @@ pub(crate) struct Counters {
     pub finished: u64,
     pub cancelled: u64,
     pub preemptions: u64,
+    pub priority_preemptions: u64,
     pub canary_rounds: u64,
     pub canary_pages: u64,
     pub last_step_ms: f64,
@@ -127,6 +130,7 @@ impl Counters {
         m.requests_finished = self.finished;
         m.requests_cancelled = self.cancelled;
         m.preemptions_total = self.preemptions;
+        m.priority_preemptions_total = self.priority_preemptions;
         m.canary_rounds_flagged = self.canary_rounds;
         m.canary_unexpected_pages = self.canary_pages;
     }

@@ -142,9 +142,9 @@ pub struct Request {
     pub constraint: Option<Constraint>,
     /// Admission order: a waiting request of higher priority is admitted before any of lower
     /// priority (equal ones in the schedule policy's order), and under memory pressure the
-    /// lowest-priority running request is preempted first. Running requests are never
-    /// preempted to admit a higher-priority one. 0 by default (SGLang's `priority`, larger
-    /// first).
+    /// lowest-priority running request is preempted first. A running request is preempted to
+    /// admit a higher-priority one only with `EngineConfig::priority_preemption`. 0 by default
+    /// (SGLang's `priority`, larger first).
     pub priority: i32,
 }
 

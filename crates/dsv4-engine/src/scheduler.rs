@@ -3,14 +3,17 @@
 //! step — so tests can drive it exactly; [`crate::Engine`] runs it on its own thread.
 //!
 //! A step: drop requests whose client is gone; admit waiting requests (restoring the longest
-//! cached prefix, or starting fresh) up to `max_running_requests`, passing over those whose
-//! uncached prompt pages a running request is still prefilling (in-batch prefix caching); give
+//! cached prefix, or starting fresh) up to `max_running_requests` (past it, with priority
+//! preemption, by preempting a running request of a priority lower by more than the
+//! threshold), passing over those whose uncached prompt pages a running request is still
+//! prefilling (in-batch prefix caching); give
 //! every running request its next tokens (one for a decode, a prefill chunk within the step's
 //! `chunked_prefill_size` budget); then run them in rounds of one forward step each (through
 //! the model's plan, with the canary around it when `debug.canary` is on) — with the prefix
 //! cache on, a chunk is cut at page boundaries so a snapshot can be kept at each. Before a round, the pages
 //! it will take are counted; when a pool is short the least recently used snapshots are dropped,
-//! then the latest admitted requests are preempted (cache freed, requeued, recomputed later).
+//! then the lowest-priority, latest admitted requests are preempted (cache freed, requeued,
+//! recomputed later).
 //! With the host tier on, dropped snapshots spill to it and host hits load back
 //! ([`crate::hicache`]); each round's declared write set includes the load-backs' writes.
 //! A round runs in `scheduler/round.rs`. With `overlap_schedule` a step is pipelined with the
@@ -415,10 +418,19 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
-        while self.running.len() < self.cfg.max_running_requests && !self.waiting.is_empty() {
+        while !self.waiting.is_empty() {
+            let full = self.running.len() >= self.cfg.max_running_requests;
+            if full && self.cfg.priority_preemption.is_none() {
+                break;
+            }
             let Some(i) = self.pick() else {
                 break;
             };
+            // A preempted request goes behind the picked one (of the highest priority), so `i`
+            // still names it.
+            if full && !self.preempt_for_priority() {
+                break;
+            }
             let mut seq = self
                 .waiting
                 .remove(i)
@@ -498,6 +510,38 @@ impl Scheduler {
 
     fn position(&self, id: RequestId) -> Option<usize> {
         self.running.iter().position(|s| s.id == id)
+    }
+
+    /// Priority preemption (`EngineConfig::priority_preemption`), when every running slot is
+    /// taken: if the highest waiting priority exceeds the lowest running one by more than the
+    /// threshold, preempt that request (the latest admitted among equals) and say so. Memory
+    /// pressure then preempts by priority too (`reserve`, in `round.rs`).
+    fn preempt_for_priority(&mut self) -> bool {
+        let (Some(threshold), Some(top)) = (
+            self.cfg.priority_preemption,
+            self.waiting.front().map(|s| s.req.priority),
+        ) else {
+            return false;
+        };
+        let victim = (0..self.running.len()).max_by_key(|&i| {
+            let s = &self.running[i];
+            (std::cmp::Reverse(s.req.priority), s.admit_order)
+        });
+        let Some(victim) = victim else {
+            return false;
+        };
+        let gap = i64::from(top) - i64::from(self.running[victim].req.priority);
+        if gap <= i64::from(threshold) {
+            return false;
+        }
+        tracing::debug!(
+            id = %self.running[victim].id,
+            gap,
+            "preempted for a higher-priority request"
+        );
+        self.counters.priority_preemptions += 1;
+        self.preempt(victim);
+        true
     }
 
     /// Free a running request's cache and requeue it at the front of its priority.

@@ -11,8 +11,8 @@
 //! "message", "line"}` instead; a request the route refuses keeps its status and error body in
 //! `response`, as OpenAI writes it.
 //!
-//! Each line's request runs at [`LINE_PRIORITY`] unless its body sets a `priority`, so
-//! interactive requests beside a batch are admitted first.
+//! Each line's request runs at [`LINE_PRIORITY`] unless its body sets a `priority` the server
+//! takes ([`BatchLine`]), so interactive requests beside a batch are admitted first.
 //!
 //! What would spoil the whole run is refused before anything runs ([`BatchFileError`], read by
 //! [`parse`] in `file.rs`): an empty file, a repeated `custom_id`, a `model` this run does not
@@ -36,6 +36,12 @@ use tower::ServiceExt;
 /// The `priority` a batch line's request gets unless its body sets one: below interactive
 /// requests (0 by default), so they are admitted ahead of the batch's waiting lines.
 pub const LINE_PRIORITY: i32 = -1;
+
+/// Marks the request of a batch line, sent through the routes in process: a request
+/// extension, so no client can claim it. Such a request runs at [`LINE_PRIORITY`] unless it
+/// asks for another priority and the server takes it (`server.request_priority`).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLine;
 
 /// How a batch runs.
 #[derive(Debug, Clone)]
@@ -274,16 +280,14 @@ async fn answer(app: axum::Router, key: Option<&str>, prefix: &str, item: Item) 
             return (false, line_json(&id, &item.custom_id, Value::Null, error));
         }
     };
-    let mut req = Request::post(call.url.as_str()).header(header::CONTENT_TYPE, "application/json");
+    let mut req = Request::post(call.url.as_str())
+        .header(header::CONTENT_TYPE, "application/json")
+        .extension(BatchLine);
     if let Some(key) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
     }
-    let mut body = call.body;
-    if let Some(fields) = body.as_object_mut() {
-        fields.entry("priority").or_insert(json!(LINE_PRIORITY));
-    }
     let sent = req
-        .body(Body::from(body.to_string()))
+        .body(Body::from(call.body.to_string()))
         .expect("a POST to a fixed route with a JSON body is a valid request");
     let response = match app.oneshot(sent).await {
         Ok(r) => r,

@@ -69,6 +69,8 @@ pub struct ServerConfig {
     /// Most lines of `/v1/batches` batches in flight together (`server.batch_max_running`);
     /// 0, or more than the engine's `max_running_requests`: as many as that.
     pub batch_max_running: usize,
+    /// What a request's `priority` field does (`server.request_priority`).
+    pub request_priority: RequestPriority,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -95,10 +97,23 @@ impl Default for ServerConfig {
             files_bytes: 1024 << 20,
             files_dir: None,
             batch_max_running: 0,
+            request_priority: RequestPriority::Use,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,
             profile_sha256: None,
         }
     }
+}
+
+/// What a request's `priority` field does (`server.request_priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestPriority {
+    /// The request runs at the priority it asks for.
+    Use,
+    /// The field is ignored: requests run at the server's own priorities (0; batch lines
+    /// [`crate::batch::LINE_PRIORITY`]).
+    Ignore,
+    /// A request that sets the field is refused (400 naming `priority`).
+    Refuse,
 }

@@ -42,7 +42,7 @@ pub mod server;
 pub mod state;
 pub mod vocab;
 
-pub use config::{OutputParsing, ServerConfig};
+pub use config::{OutputParsing, RequestPriority, ServerConfig};
 pub use error::{ApiError, ServerError};
 pub use routes::router;
 pub use server::{Server, shutdown_signal};

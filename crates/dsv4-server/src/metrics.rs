@@ -385,6 +385,13 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
     );
     scalar(
         o,
+        "dsv4:num_priority_preemptions_total",
+        "counter",
+        "Of those, requests preempted to admit a higher-priority one (scheduler.priority_preemption).",
+        m.priority_preemptions_total as f64,
+    );
+    scalar(
+        o,
         "dsv4:engine_requests_cancelled_total",
         "counter",
         "Requests the engine cancelled (client gone, or cancelled explicitly).",

@@ -10,7 +10,9 @@ use anyhow::{Context, bail};
 use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
 use dsv4_config::{ReasoningParser, Resolved, ToolCallParser};
-use dsv4_server::{AppState, Loaded, OutputParsing, Server, ServerConfig, shutdown_signal};
+use dsv4_server::{
+    AppState, Loaded, OutputParsing, RequestPriority, Server, ServerConfig, shutdown_signal,
+};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -92,6 +94,11 @@ pub(crate) fn server_config(
         files_dir: s.files_dir.clone().map(Into::into),
         batch_max_running: usize::try_from(s.batch_max_running)
             .context("server.batch_max_running is too large for this machine")?,
+        request_priority: match s.request_priority {
+            dsv4_config::RequestPriority::Use => RequestPriority::Use,
+            dsv4_config::RequestPriority::Ignore => RequestPriority::Ignore,
+            dsv4_config::RequestPriority::Refuse => RequestPriority::Refuse,
+        },
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

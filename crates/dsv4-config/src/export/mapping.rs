@@ -11,6 +11,10 @@
 //! `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP` is read by `python/sglang/srt/models/deepseek_v4.py`;
 //! `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (default 32; -1 turns the check off) by
 //! `python/sglang/srt/managers/schedule_policy.py`, which applies it under lpm only.
+//! Priority: `enable_priority_scheduling` (default off: a request's priority is ignored),
+//! `abort_on_priority_when_disabled`, `disable_priority_preemption` and
+//! `priority_scheduling_preemption_threshold` (default 10; a running request is preempted when
+//! the waiting one's priority exceeds its own by more) in the same `ServerArgs`.
 
 use crate::schema::KEYS;
 
@@ -407,6 +411,36 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Is("false"),
         Env("IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD", "-1"),
     ),
+    MapRow {
+        key: "scheduler.priority_preemption",
+        when: Is("false"),
+        guard: Some(("server.request_priority", Is("use"))),
+        action: Flag("--disable-priority-preemption"),
+    },
+    row(
+        "scheduler.priority_preemption",
+        Is("false"),
+        Same("SGLang preempts for priority only under --enable-priority-scheduling"),
+    ),
+    guarded(
+        "scheduler.priority_preemption",
+        "server.request_priority",
+        Is("use"),
+        Same("SGLang preempts for priority under --enable-priority-scheduling"),
+    ),
+    row(
+        "scheduler.priority_preemption",
+        Always,
+        Unmapped(
+            "SGLang preempts for priority only under --enable-priority-scheduling \
+             (server.request_priority = \"use\"); {value} is not used",
+        ),
+    ),
+    row(
+        "scheduler.priority_preemption_threshold",
+        Always,
+        FlagValue("--priority-scheduling-preemption-threshold"),
+    ),
     row("server.host", Always, FlagValue("--host")),
     row("server.port", Always, FlagValue("--port")),
     row("server.api_key", Unset, Same("no API key")),
@@ -496,6 +530,21 @@ pub const SGLANG_MAP: &[MapRow] = &[
         "server.batch_max_running",
         Always,
         Unmapped("SGLang has no limit of its own for batch lines in flight; {value} is not used"),
+    ),
+    row(
+        "server.request_priority",
+        Is("use"),
+        Flag("--enable-priority-scheduling"),
+    ),
+    row(
+        "server.request_priority",
+        Is("ignore"),
+        Same("SGLang ignores a request's priority without --enable-priority-scheduling"),
+    ),
+    row(
+        "server.request_priority",
+        Is("refuse"),
+        Flag("--abort-on-priority-when-disabled"),
     ),
     row("debug.canary", Empty, Same("no canary")),
     row(

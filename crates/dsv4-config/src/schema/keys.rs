@@ -4,7 +4,7 @@
 use super::{BACKEND_KINDS, KeySpec, ValueKind};
 use crate::values::{
     CanaryPool, CpuSums, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
-    ReasoningParser, SchedulePolicy, ToolCallParser,
+    ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
 };
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype};
 
@@ -249,6 +249,21 @@ pub const KEYS: &[KeySpec] = &[
         "hold back a waiting request while a running one prefills prompt pages both share, so \
          it reuses that request's prefix snapshots instead of computing them again",
     ),
+    key(
+        "scheduler.priority_preemption",
+        ValueKind::Bool,
+        "false",
+        "when every running slot is taken, preempt the lowest-priority running request (cache \
+         freed, recomputed later) to admit a waiting one whose priority is higher by more than \
+         scheduler.priority_preemption_threshold; false: a request waits for a free slot",
+    ),
+    key(
+        "scheduler.priority_preemption_threshold",
+        ValueKind::Range(0, 4_294_967_295),
+        "10",
+        "how much higher (strictly more) a waiting request's priority must be than a running \
+         one's for scheduler.priority_preemption to preempt it",
+    ),
     // [server]
     key(
         "server.host",
@@ -348,6 +363,14 @@ pub const KEYS: &[KeySpec] = &[
         "most lines of /v1/batches batches in flight together (all batches share it): fewer \
          leave interactive requests beside a running batch faster steps, at the batch's \
          expense; 0 or more than scheduler.max_running_requests: as many as that",
+    ),
+    key(
+        "server.request_priority",
+        ValueKind::OneOf(RequestPriority::NAMES),
+        "use",
+        "what a request's priority field does: use (it runs at that priority), ignore (every \
+         request runs at the server's own: 0, batch lines -1), or refuse (a request that sets \
+         it is a 400)",
     ),
     // [debug]
     key(

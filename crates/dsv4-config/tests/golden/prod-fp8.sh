@@ -19,7 +19,10 @@ exec python3 -m sglang.launch_server \
     --max-running-requests 128 \
     --chunked-prefill-size 8192 \
     --schedule-policy fcfs \
+    --disable-priority-preemption \
+    --priority-scheduling-preemption-threshold 10 \
     --host 127.0.0.1 \
     --port 8000 \
     --tool-call-parser deepseekv4 \
-    --reasoning-parser deepseek-v4
+    --reasoning-parser deepseek-v4 \
+    --enable-priority-scheduling

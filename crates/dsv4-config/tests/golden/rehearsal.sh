@@ -36,7 +36,10 @@ exec python3 -m sglang.launch_server \
     --page-size 64 \
     --max-total-tokens 32768 \
     --schedule-policy fcfs \
+    --disable-priority-preemption \
+    --priority-scheduling-preemption-threshold 10 \
     --host 127.0.0.1 \
     --port 8000 \
     --tool-call-parser deepseekv4 \
-    --reasoning-parser deepseek-v4
+    --reasoning-parser deepseek-v4 \
+    --enable-priority-scheduling

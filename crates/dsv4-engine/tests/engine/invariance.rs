@@ -111,6 +111,7 @@ fn check(
         hicache: None,
         overlap_schedule: false,
         choice_threads,
+        priority_preemption: None,
     };
     let engine = Engine::spawn(model(), cfg).unwrap();
     let reqs = prompts()

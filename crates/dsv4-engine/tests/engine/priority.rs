@@ -1,6 +1,7 @@
 //! Request priority: waiting requests are admitted highest priority first, first come first
 //! within one, under both schedule policies; memory pressure preempts the lowest priority
-//! first; and what each request generates does not depend on its priority.
+//! first; priority preemption frees a running slot for a request above the threshold, and only
+//! then; and what each request generates does not depend on its priority.
 
 use super::*;
 use dsv4_engine::scheduler::Scheduler;
@@ -91,4 +92,65 @@ fn memory_pressure_preempts_the_lowest_priority_first() {
     assert!(low.finished.usage.preemptions > 0);
     assert_same_as_solo(&low, &solo(&m, &prompt(31), 30), "low");
     assert_same_as_solo(&high, &solo(&m, &prompt(32), 30), "high");
+}
+
+#[test]
+fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
+    let m = model();
+    let prompt = |seed: u64| {
+        let mut p = vec![0];
+        p.extend(tokens(7, seed));
+        p
+    };
+    for overlap_schedule in [false, true] {
+        for threshold in [None, Some(3)] {
+            let what = format!("overlap {overlap_schedule}, threshold {threshold:?}");
+            let cfg = EngineConfig {
+                max_running_requests: 2,
+                priority_preemption: threshold,
+                overlap_schedule,
+                ..Default::default()
+            };
+            let mut sched = Scheduler::new(m.clone(), cfg, None).unwrap();
+            // (priority, prompt seed, tokens); a and b take both slots first.
+            let asked = [(0, 41, 24), (1, 42, 24), (5, 43, 6), (4, 44, 6)];
+            let submit = |sched: &mut Scheduler, (priority, seed, n): (i32, u64, usize)| {
+                sched
+                    .submit(Request {
+                        priority,
+                        ..greedy(prompt(seed), n)
+                    })
+                    .unwrap()
+            };
+            let mut streams = vec![submit(&mut sched, asked[0]), submit(&mut sched, asked[1])];
+            assert!(sched.step());
+            assert_eq!(sched.metrics().running_requests, 2, "{what}");
+            // c (5) outranks a (0) by more than 3; d (4) outranks b (1) by exactly 3.
+            streams.push(submit(&mut sched, asked[2]));
+            streams.push(submit(&mut sched, asked[3]));
+            // The next step admits c in a's slot (a prompt's tokens count at its first
+            // admission), and not d; without preemption neither.
+            let prompts = sched.metrics().prompt_tokens_total;
+            assert!(sched.step());
+            let admitted = (sched.metrics().prompt_tokens_total - prompts) / 8;
+            assert_eq!(admitted, u64::from(threshold.is_some()), "{what}");
+            while sched.step() {}
+            let done: Vec<_> = streams.into_iter().map(|s| s.collect_blocking()).collect();
+            let preempted: Vec<usize> = done.iter().map(|c| c.finished.usage.preemptions).collect();
+            let expected = if threshold.is_some() {
+                [1, 0, 0, 0]
+            } else {
+                [0, 0, 0, 0]
+            };
+            assert_eq!(preempted, expected, "{what}: preemptions of a, b, c, d");
+            assert_eq!(
+                sched.metrics().priority_preemptions_total,
+                u64::from(threshold.is_some()),
+                "{what}"
+            );
+            for (c, &(_, seed, n)) in done.iter().zip(&asked) {
+                assert_same_as_solo(c, &solo(&m, &prompt(seed), n), &what);
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! content.
 
 use super::chat_stream::ChatStream;
+use super::request_priority;
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
 use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
@@ -17,6 +18,7 @@ use crate::api::common::{
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::{bad_words_ids, check_fit};
 use crate::api::structured::Shape;
+use crate::batch::BatchLine;
 use crate::beam;
 use crate::config::OutputParsing;
 use crate::error::ApiError;
@@ -24,6 +26,7 @@ use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{GeneratedToken, Merged, finish_reason, fit_max_tokens, merge, start_choices};
 use crate::state::{AppState, Loaded};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -36,11 +39,13 @@ use std::sync::Arc;
 /// The handler.
 pub async fn chat_completions(
     State(state): State<AppState>,
+    line: Option<Extension<BatchLine>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
-    let req: ChatRequest = parse_body(&body)?;
+    let mut req: ChatRequest = parse_body(&body)?;
+    req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;
     let prepared = prepare(&state, &loaded, &req, &body).await?;
     let meta = Meta {

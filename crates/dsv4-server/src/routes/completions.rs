@@ -12,6 +12,7 @@
 //! `stop_reason`.
 
 use super::chat::{max_tokens, structured_constraint};
+use super::request_priority;
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
@@ -26,6 +27,7 @@ use crate::api::logprobs::{
     CompletionLogprobs, PromptLogprobs, TokenNames, prompt_logprobs, truncated,
 };
 use crate::api::sampling::{bad_words_ids, check_fit};
+use crate::batch::BatchLine;
 use crate::beam::{self, BeamParams};
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
@@ -33,6 +35,7 @@ use crate::run::{
     GeneratedToken, Merged, SharedScoring, Step, finish_reason, merge, start_choices,
 };
 use crate::state::{AppState, Loaded};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -47,11 +50,13 @@ use std::sync::Arc;
 /// The handler.
 pub async fn completions(
     State(state): State<AppState>,
+    line: Option<Extension<BatchLine>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
-    let req: CompletionRequest = parse_body(&body)?;
+    let mut req: CompletionRequest = parse_body(&body)?;
+    req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;
     let Prepared {
         prompts,

@@ -10,6 +10,7 @@
 
 use super::chat::structured_constraint;
 use super::completions::prompt_ids;
+use super::request_priority;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::{MAX_PROMPTS, Prompt};
@@ -20,10 +21,12 @@ use crate::api::generate::{
 use crate::api::logprobs::{finite, token_string};
 use crate::api::sampling::{check_fit, top_count};
 use crate::api::structured::{self, Shape};
+use crate::batch::BatchLine;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{Merged, SharedScoring, Step, merge, start_choices};
 use crate::state::{AppState, Loaded};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -38,11 +41,13 @@ use std::time::Instant;
 /// The handler.
 pub async fn generate(
     State(state): State<AppState>,
+    line: Option<Extension<BatchLine>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
-    let req: GenerateRequest = parse_body(&body)?;
+    let mut req: GenerateRequest = parse_body(&body)?;
+    req.priority = request_priority(&state, req.priority, line)?;
     let (prompts, batch) = req.prompts()?;
     let specs = prepare(&state, &loaded, &req, prompts).await?;
     let stream = req.stream.unwrap_or(false);

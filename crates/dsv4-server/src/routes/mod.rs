@@ -217,6 +217,31 @@ pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError>
     .with_code("model_not_found"))
 }
 
+/// The priority a request runs at (`server.request_priority`): the one it asks for, or the
+/// server's own, 0 or [`crate::batch::LINE_PRIORITY`] for a batch `line`; a 400 naming
+/// `priority` when the server refuses the field.
+pub(crate) fn request_priority(
+    state: &AppState,
+    asked: Option<i32>,
+    line: Option<axum::Extension<crate::batch::BatchLine>>,
+) -> Result<Option<i32>, ApiError> {
+    use crate::config::RequestPriority;
+    let own = if line.is_some() {
+        crate::batch::LINE_PRIORITY
+    } else {
+        0
+    };
+    match (state.cfg().request_priority, asked) {
+        (RequestPriority::Refuse, Some(_)) => Err(ApiError::bad_param(
+            "priority",
+            "this server does not take request priorities (server.request_priority = \
+             \"refuse\"); leave `priority` out",
+        )),
+        (RequestPriority::Use, Some(p)) => Ok(Some(p)),
+        _ => Ok(Some(own)),
+    }
+}
+
 /// The loaded model, or 503 while it loads.
 pub(crate) fn loaded_model(
     state: &AppState,

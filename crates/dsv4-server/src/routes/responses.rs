@@ -7,6 +7,7 @@
 
 use super::chat::{DecoderSpec, constraint, max_tokens};
 use super::page::{Page, query_pairs};
+use super::request_priority;
 use super::responses_envelope::Envelope;
 use super::responses_output::{ResponseOutput, ToStore};
 use super::responses_truncation::truncated;
@@ -18,10 +19,12 @@ use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
 use crate::api::responses_input::{ChatMessages, chat_tools, input_items};
 use crate::api::sampling::check_fit;
+use crate::batch::BatchLine;
 use crate::error::ApiError;
 use crate::responses_store::{Found, Stored};
 use crate::run::Run;
 use crate::state::{AppState, Loaded};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -36,11 +39,13 @@ use std::sync::Arc;
 /// `POST /v1/responses`.
 pub async fn create(
     State(state): State<AppState>,
+    line: Option<Extension<BatchLine>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
-    let req: ResponsesRequest = crate::api::common::parse_body(&body)?;
+    let mut req: ResponsesRequest = crate::api::common::parse_body(&body)?;
+    req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;
     req.check_supported()?;
     let background = req.background.unwrap_or(false);

@@ -4,18 +4,29 @@
 
 use super::common::*;
 use dsv4_engine::{CacheBudget, EngineConfig};
+use dsv4_server::{RequestPriority, ServerConfig};
 use serde_json::{Value, json};
 use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// A server whose engine runs one request at a time.
 async fn one_slot() -> TestServer {
-    start_engine(EngineConfig {
+    one_slot_with(RequestPriority::Use).await
+}
+
+/// A server whose engine runs one request at a time, under `server.request_priority = mode`.
+async fn one_slot_with(mode: RequestPriority) -> TestServer {
+    let s = start_loading(ServerConfig {
+        request_priority: mode,
+        ..config()
+    })
+    .await;
+    s.state.set_ready(loaded_with(EngineConfig {
         cache: CacheBudget::Tokens(16384),
         max_running_requests: 1,
         ..Default::default()
-    })
-    .await
+    }));
+    s
 }
 
 /// Take the one slot with a long streamed request; dropping the connection frees it.
@@ -119,15 +130,29 @@ async fn waiting_requests_are_admitted_by_priority_on_every_route() {
     s.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_line_waits_behind_an_interactive_request() {
-    let s = one_slot().await;
+/// Under `mode`, with the one slot held, queue a batch line (its body's `priority` is
+/// `line`) and then an interactive completion (`interactive`); whether the batch line ran first.
+async fn batch_line_runs_first(
+    mode: RequestPriority,
+    line: Option<i32>,
+    interactive: Option<i32>,
+) -> bool {
+    let s = one_slot_with(mode).await;
     let conn = hold(&s).await;
+    let with = |mut body: Value, priority: Option<i32>| {
+        if let Some(p) = priority {
+            body["priority"] = json!(p);
+        }
+        body
+    };
     let line = batch_line(
         "only",
         "/v1/completions",
-        json!({"model": MODEL, "prompt": "batch", "max_tokens": 48, "ignore_eos": true,
-               "temperature": 0}),
+        with(
+            json!({"model": MODEL, "prompt": "batch", "max_tokens": 48, "ignore_eos": true,
+                   "temperature": 0}),
+            line,
+        ),
     );
     let r = post_form(
         &s,
@@ -150,26 +175,95 @@ async fn a_batch_line_waits_behind_an_interactive_request() {
         .json();
     let id = batch["id"].as_str().unwrap().to_string();
     queued(&s, 1).await;
-    // Sent after the batch line queued, admitted before it.
     let interactive = send_later(
         &s,
         "/v1/completions",
-        json!({"model": MODEL, "prompt": "now", "max_tokens": 48, "ignore_eos": true,
-               "temperature": 0}),
+        with(
+            json!({"model": MODEL, "prompt": "now", "max_tokens": 48, "ignore_eos": true,
+                   "temperature": 0}),
+            interactive,
+        ),
     );
     queued(&s, 2).await;
     drop(conn);
     let (r, _) = interactive.await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let b = s.get(&format!("/v1/batches/{id}")).await.json();
-    assert_eq!(
-        b["request_counts"]["completed"], 0,
-        "the batch line ran first: {b}"
-    );
+    let first = b["request_counts"]["completed"] == 1;
     let done = poll(&s, &format!("/v1/batches/{id}"), "the batch ends", |v| {
         v["status"] == "completed"
     })
     .await;
     assert_eq!(done["request_counts"]["completed"], 1, "{done}");
+    s.shutdown().await.unwrap();
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_line_waits_behind_an_interactive_request() {
+    // Sent after the batch line queued, admitted before it: lines run at -1.
+    assert!(!batch_line_runs_first(RequestPriority::Use, None, None).await);
+    // A line that asks for more runs first where priorities are used...
+    assert!(batch_line_runs_first(RequestPriority::Use, Some(5), Some(-7)).await);
+    // ... and not where they are ignored: the line stays at -1, the request at 0.
+    assert!(!batch_line_runs_first(RequestPriority::Ignore, Some(5), Some(-7)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignored_priorities_leave_arrival_order_and_refused_ones_are_a_400() {
+    let s = one_slot_with(RequestPriority::Ignore).await;
+    let conn = hold(&s).await;
+    let body = |prompt: &str, priority: i32| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 12, "ignore_eos": true,
+               "temperature": 0, "priority": priority})
+    };
+    let low = send_later(&s, "/v1/completions", body("low", -5));
+    queued(&s, 1).await;
+    let high = send_later(&s, "/v1/completions", body("high", 9));
+    queued(&s, 2).await;
+    drop(conn);
+    let ((l, low_at), (h, high_at)) = (low.await.unwrap(), high.await.unwrap());
+    assert_eq!((l.status, h.status), (200, 200), "{} {}", l.body, h.body);
+    assert!(
+        low_at < high_at,
+        "admitted in arrival order, not by priority"
+    );
+    s.shutdown().await.unwrap();
+
+    let s = one_slot_with(RequestPriority::Refuse).await;
+    let asks = [
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 2}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                   "max_tokens": 2, "stop": CLEAN_STOPS}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "x", "max_output_tokens": 2, "store": false}),
+        ),
+        (
+            "/generate",
+            json!({"text": "x", "sampling_params": {"max_new_tokens": 2}}),
+        ),
+    ];
+    for (path, body) in asks {
+        let r = s.send("POST", path, &body).await;
+        assert_eq!(r.status, 200, "{path} without a priority: {}", r.body);
+        let mut with = body.clone();
+        with["priority"] = json!(0);
+        let e = s.send("POST", path, &with).await.error(400);
+        assert_eq!(e["param"], "priority", "{path}: {e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("server.request_priority"),
+            "{path}: {e}"
+        );
+    }
     s.shutdown().await.unwrap();
 }

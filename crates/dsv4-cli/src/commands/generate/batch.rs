@@ -144,6 +144,13 @@ pub fn engine_config(profile: &Profile) -> anyhow::Result<EngineConfig> {
         overlap_schedule: profile.exec.overlap_schedule,
         // Automatic: results do not depend on it, so no profile key pins it.
         choice_threads: 0,
+        priority_preemption: match sched.priority_preemption {
+            true => Some(
+                u32::try_from(sched.priority_preemption_threshold)
+                    .context("scheduler.priority_preemption_threshold is too large")?,
+            ),
+            false => None,
+        },
     };
     cfg.validate()?;
     Ok(cfg)
@@ -625,6 +632,10 @@ mod tests {
         assert!(c.in_batch_prefix_caching, "on by default");
         p.scheduler.in_batch_prefix_caching = false;
         assert!(!engine_config(&p).unwrap().in_batch_prefix_caching);
+        assert_eq!(c.priority_preemption, None, "off by default");
+        p.scheduler.priority_preemption = true;
+        p.scheduler.priority_preemption_threshold = 3;
+        assert_eq!(engine_config(&p).unwrap().priority_preemption, Some(3));
         assert_eq!(c.max_running_requests, 4);
         assert_eq!(c.hicache, None);
         p.cache.hicache = true;
