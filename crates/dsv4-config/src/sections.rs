@@ -53,6 +53,9 @@ pub struct SchedulerSection {
     pub priority_preemption: bool,
     /// How much higher a waiting request's priority must be (strictly more) to preempt.
     pub priority_preemption_threshold: u64,
+    /// Requests waiting for a running slot past which the server refuses new ones (503); 0:
+    /// no limit.
+    pub max_queued_requests: u64,
 }
 
 impl Default for SchedulerSection {
@@ -64,6 +67,7 @@ impl Default for SchedulerSection {
             in_batch_prefix_caching: true,
             priority_preemption: false,
             priority_preemption_threshold: 10,
+            max_queued_requests: 0,
         }
     }
 }

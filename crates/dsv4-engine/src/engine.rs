@@ -12,7 +12,7 @@ use crate::request::{Event, Request, RequestId, RequestStream};
 use crate::scheduler::{Limits, Scheduler};
 use crate::sequence::Detokenizer;
 use dsv4_model::Model;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -63,10 +63,14 @@ impl Engine {
         let report = sched.pools().report().clone();
         let metrics = Arc::new(Mutex::new(sched.metrics()));
         sched.publish_to(Arc::clone(&metrics));
+        let unseen = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("dsv4-engine".into())
-            .spawn(move || run(sched, rx))
+            .spawn({
+                let unseen = Arc::clone(&unseen);
+                move || run(sched, rx, &unseen)
+            })
             .map_err(EngineError::Spawn)?;
         Ok(EngineHandle {
             inner: Arc::new(Inner {
@@ -74,6 +78,7 @@ impl Engine {
                 limits,
                 report,
                 metrics,
+                unseen,
                 next_id: AtomicU64::new(0),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -106,22 +111,29 @@ fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
     true
 }
 
-/// The loop: wait for work when idle, take every pending command, run one step.
-fn run(mut sched: Scheduler, rx: Receiver<Command>) {
+/// The loop: wait for work when idle, take every pending command, run one step. `unseen`
+/// counts the submits the published metrics do not show yet: those taken here leave it once
+/// the step after them has published.
+fn run(mut sched: Scheduler, rx: Receiver<Command>, unseen: &AtomicUsize) {
     tracing::info!("engine loop started");
     'outer: loop {
+        let mut taken = 0;
+        let mut take = |sched: &mut Scheduler, cmd: Command| {
+            taken += usize::from(matches!(cmd, Command::Submit { .. }));
+            apply(sched, cmd)
+        };
         if sched.is_idle() {
             let Ok(cmd) = rx.recv() else {
                 break;
             };
-            if !apply(&mut sched, cmd) {
+            if !take(&mut sched, cmd) {
                 break;
             }
         }
         loop {
             match rx.try_recv() {
                 Ok(cmd) => {
-                    if !apply(&mut sched, cmd) {
+                    if !take(&mut sched, cmd) {
                         break 'outer;
                     }
                 }
@@ -130,6 +142,7 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>) {
             }
         }
         sched.step();
+        unseen.fetch_sub(taken, Ordering::SeqCst);
     }
     sched.cancel_all();
     tracing::info!("engine loop stopped");
@@ -140,6 +153,8 @@ struct Inner {
     limits: Limits,
     report: PoolReport,
     metrics: Arc<Mutex<EngineMetrics>>,
+    /// Submitted requests the published metrics do not count yet.
+    unseen: Arc<AtomicUsize>,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -169,15 +184,24 @@ impl EngineHandle {
         self.inner.limits.check(&req)?;
         let id = RequestId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = unbounded_channel();
-        self.inner
-            .cmd
-            .send(Command::Submit {
-                id,
-                req: Box::new(req),
-                tx,
-            })
-            .map_err(|_| EngineError::Stopped)?;
+        self.inner.unseen.fetch_add(1, Ordering::SeqCst);
+        let sent = self.inner.cmd.send(Command::Submit {
+            id,
+            req: Box::new(req),
+            tx,
+        });
+        if sent.is_err() {
+            self.inner.unseen.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Stopped);
+        }
         Ok(RequestStream { id, rx })
+    }
+
+    /// Requests waiting to run: those queued at the last step, and those submitted since
+    /// (never fewer than are waiting, for a limit on the queue such as
+    /// `scheduler.max_queued_requests`).
+    pub fn queued(&self) -> usize {
+        self.metrics().queued_requests + self.inner.unseen.load(Ordering::SeqCst)
     }
 
     /// Cancel a request (its pages are freed before the next step; its stream ends with

@@ -71,6 +71,9 @@ pub struct ServerConfig {
     pub batch_max_running: usize,
     /// What a request's `priority` field does (`server.request_priority`).
     pub request_priority: RequestPriority,
+    /// Requests waiting for a running slot at which new generation requests are refused with a
+    /// 503 (`scheduler.max_queued_requests`; batch lines still queue); 0: no limit.
+    pub max_queued_requests: usize,
     /// The model id clients name in `model` and `/v1/models` lists.
     pub model_id: String,
     /// How completions are parsed.
@@ -98,6 +101,7 @@ impl Default for ServerConfig {
             files_dir: None,
             batch_max_running: 0,
             request_priority: RequestPriority::Use,
+            max_queued_requests: 0,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
             profile_name: None,

@@ -164,6 +164,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let mut response = (self.status, axum::Json(self.body())).into_response();
+        if retry || self.status == StatusCode::TOO_MANY_REQUESTS {
+            // Busy, not wrong: the official clients wait this long before they retry.
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+        }
         // The official clients retry 5xx answers unless told not to; a model-output or engine
         // error would only repeat.
         if self.status.is_server_error() && !retry {

@@ -81,6 +81,7 @@ struct Inner {
     e2e: Histogram,
     grammar: Histogram,
     grammar_cache_hits: u64,
+    queue_full: u64,
 }
 
 /// Counters and histograms the handlers update.
@@ -103,6 +104,7 @@ impl Default for Stats {
                 e2e: Histogram::new(E2E_BUCKETS),
                 grammar: Histogram::new(GRAMMAR_BUCKETS),
                 grammar_cache_hits: 0,
+                queue_full: 0,
             }),
         }
     }
@@ -141,6 +143,11 @@ impl Stats {
     /// A request compiled no grammar: it was kept, or another request was compiling it.
     pub fn grammar_cache_hit(&self) {
         self.lock().grammar_cache_hits += 1;
+    }
+
+    /// A generation request was refused because `scheduler.max_queued_requests` wait.
+    pub fn queue_full(&self) {
+        self.lock().queue_full += 1;
     }
 
     /// A generation request ended (any way) with the engine's final event.
@@ -243,6 +250,13 @@ impl Stats {
             "counter",
             "Requests that compiled no grammar: theirs was kept (server.grammar_cache) or another request was compiling it.",
             s.grammar_cache_hits as f64,
+        );
+        scalar(
+            o,
+            "dsv4:requests_refused_queue_full_total",
+            "counter",
+            "Generation requests refused with 503 because scheduler.max_queued_requests wait.",
+            s.queue_full as f64,
         );
         if let Some(m) = engine {
             render_engine(o, m);

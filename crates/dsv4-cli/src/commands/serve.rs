@@ -99,6 +99,8 @@ pub(crate) fn server_config(
             dsv4_config::RequestPriority::Ignore => RequestPriority::Ignore,
             dsv4_config::RequestPriority::Refuse => RequestPriority::Refuse,
         },
+        max_queued_requests: usize::try_from(resolved.profile.scheduler.max_queued_requests)
+            .context("scheduler.max_queued_requests is too large for this machine")?,
         model_id,
         output: OutputParsing::from_switches(
             s.tool_call_parser == ToolCallParser::DeepseekV4,

@@ -14,7 +14,8 @@
 //! Priority: `enable_priority_scheduling` (default off: a request's priority is ignored),
 //! `abort_on_priority_when_disabled`, `disable_priority_preemption` and
 //! `priority_scheduling_preemption_threshold` (default 10; a running request is preempted when
-//! the waiting one's priority exceeds its own by more) in the same `ServerArgs`.
+//! the waiting one's priority exceeds its own by more) and `max_queued_requests` (default None:
+//! no limit) in the same `ServerArgs`.
 
 use crate::schema::KEYS;
 
@@ -440,6 +441,16 @@ pub const SGLANG_MAP: &[MapRow] = &[
         "scheduler.priority_preemption_threshold",
         Always,
         FlagValue("--priority-scheduling-preemption-threshold"),
+    ),
+    row(
+        "scheduler.max_queued_requests",
+        Zero,
+        Same("SGLang queues without a limit unless --max-queued-requests"),
+    ),
+    row(
+        "scheduler.max_queued_requests",
+        Always,
+        FlagValue("--max-queued-requests"),
     ),
     row("server.host", Always, FlagValue("--host")),
     row("server.port", Always, FlagValue("--port")),

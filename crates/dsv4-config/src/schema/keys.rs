@@ -264,6 +264,13 @@ pub const KEYS: &[KeySpec] = &[
         "how much higher (strictly more) a waiting request's priority must be than a running \
          one's for scheduler.priority_preemption to preempt it",
     ),
+    key(
+        "scheduler.max_queued_requests",
+        ValueKind::Range(0, 1_000_000),
+        "0",
+        "requests waiting for a running slot at which the server refuses new ones with a 503 \
+         and Retry-After (batch lines still queue); 0: no limit",
+    ),
     // [server]
     key(
         "server.host",

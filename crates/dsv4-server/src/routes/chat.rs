@@ -6,8 +6,8 @@
 //! content.
 
 use super::chat_stream::ChatStream;
-use super::request_priority;
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
+use super::{check_queue, request_priority};
 use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
 };
@@ -44,6 +44,8 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
+    let line = line.is_some();
+    check_queue(&state, &loaded, line)?;
     let mut req: ChatRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;

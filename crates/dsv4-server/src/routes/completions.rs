@@ -12,10 +12,10 @@
 //! `stop_reason`.
 
 use super::chat::{max_tokens, structured_constraint};
-use super::request_priority;
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
+use super::{check_queue, request_priority};
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
     truncate_prompt, unix_now, unsupported,
@@ -55,6 +55,8 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
+    let line = line.is_some();
+    check_queue(&state, &loaded, line)?;
     let mut req: CompletionRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;

@@ -10,8 +10,8 @@
 
 use super::chat::structured_constraint;
 use super::completions::prompt_ids;
-use super::request_priority;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
+use super::{check_queue, request_priority};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::{MAX_PROMPTS, Prompt};
 use crate::api::generate::{
@@ -46,6 +46,8 @@ pub async fn generate(
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
+    let line = line.is_some();
+    check_queue(&state, &loaded, line)?;
     let mut req: GenerateRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
     let (prompts, batch) = req.prompts()?;

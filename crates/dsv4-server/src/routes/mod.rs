@@ -223,14 +223,10 @@ pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError>
 pub(crate) fn request_priority(
     state: &AppState,
     asked: Option<i32>,
-    line: Option<axum::Extension<crate::batch::BatchLine>>,
+    line: bool,
 ) -> Result<Option<i32>, ApiError> {
     use crate::config::RequestPriority;
-    let own = if line.is_some() {
-        crate::batch::LINE_PRIORITY
-    } else {
-        0
-    };
+    let own = if line { crate::batch::LINE_PRIORITY } else { 0 };
     match (state.cfg().request_priority, asked) {
         (RequestPriority::Refuse, Some(_)) => Err(ApiError::bad_param(
             "priority",
@@ -240,6 +236,30 @@ pub(crate) fn request_priority(
         (RequestPriority::Use, Some(p)) => Ok(Some(p)),
         _ => Ok(Some(own)),
     }
+}
+
+/// 503 (`queue_full`, with `Retry-After`) when `scheduler.max_queued_requests` requests
+/// already wait for a running slot; the request of a batch `line` always queues, since its
+/// batch bounds its own lines in flight.
+pub(crate) fn check_queue(
+    state: &AppState,
+    loaded: &crate::state::Loaded,
+    line: bool,
+) -> Result<(), ApiError> {
+    let limit = state.cfg().max_queued_requests;
+    if limit == 0 || line {
+        return Ok(());
+    }
+    let queued = loaded.engine.queued();
+    if queued < limit {
+        return Ok(());
+    }
+    state.stats().queue_full();
+    Err(ApiError::unavailable(format!(
+        "the server is at capacity: {queued} requests wait for a running slot \
+         (scheduler.max_queued_requests = {limit}); retry shortly"
+    ))
+    .with_code("queue_full"))
 }
 
 /// The loaded model, or 503 while it loads.

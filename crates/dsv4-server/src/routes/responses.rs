@@ -7,13 +7,13 @@
 
 use super::chat::{DecoderSpec, constraint, max_tokens};
 use super::page::{Page, query_pairs};
-use super::request_priority;
 use super::responses_envelope::Envelope;
 use super::responses_output::{ResponseOutput, ToStore};
 use super::responses_truncation::truncated;
 use super::{
     body_bytes, check_model, json_response, loaded_model, responses_background, sse_response,
 };
+use super::{check_queue, request_priority};
 use crate::api::chat::ToolChoice;
 use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
@@ -44,6 +44,8 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
+    let line = line.is_some();
+    check_queue(&state, &loaded, line)?;
     let mut req: ResponsesRequest = crate::api::common::parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
     check_model(&state, &req.model)?;

@@ -34,6 +34,7 @@ mod logprobs;
 mod prefix;
 mod priority;
 mod prompt_logprobs;
+mod queue_limit;
 mod responses;
 mod sampling;
 mod structured;
