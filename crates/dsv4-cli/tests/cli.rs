@@ -553,6 +553,123 @@ fn run_batch_lines_follow_server_request_priority() {
     );
 }
 
+/// A one-thread HTTP/1.1 server for `run-batch`'s URLs: GET `/in.jsonl` answers `input`, PUT
+/// `/ok/...` keeps the body (sent on the channel with its path), PUT `/broken` answers 500,
+/// anything else 404. One request per connection.
+fn web(input: String) -> (String, std::sync::mpsc::Receiver<(String, String)>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_err() {
+                continue;
+            }
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() || line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let mut parts = first.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let (status, answer) = match (method, path) {
+                ("GET", "/in.jsonl") => ("200 OK", input.clone()),
+                ("PUT", p) if p.starts_with("/ok/") => {
+                    let _ = tx.send((p.to_string(), String::from_utf8(body).unwrap()));
+                    ("200 OK", String::new())
+                }
+                ("PUT", "/broken") => ("500 Internal Server Error", "down".to_string()),
+                _ => ("404 Not Found", "no such object".to_string()),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (base, rx)
+}
+
+#[test]
+fn run_batch_reads_and_writes_http_urls_and_keeps_an_output_it_cannot_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = [
+        batch_line(
+            "a",
+            "/v1/completions",
+            serde_json::json!({"model": "dsv4-tiny", "prompt": "x", "max_tokens": 2}),
+        ),
+        batch_line(
+            "b",
+            "/v1/completions",
+            serde_json::json!({"model": "dsv4-tiny", "prompt": "x", "n": 0}),
+        ),
+    ]
+    .join("\n");
+    let (base, uploads) = web(input);
+    let (input_url, out_url, err_url) = (
+        format!("{base}/in.jsonl"),
+        format!("{base}/ok/out.jsonl"),
+        format!("{base}/ok/err.jsonl"),
+    );
+    let args = [
+        "run-batch",
+        "-i",
+        &input_url,
+        "-o",
+        &out_url,
+        "--error-file",
+        &err_url,
+    ];
+    common::ok(dsv4(dir.path(), &args));
+    let mut got: Vec<(String, String)> = uploads.try_iter().collect();
+    got.sort();
+    let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, ["/ok/err.jsonl", "/ok/out.jsonl"]);
+    let line = |text: &str| -> Value { serde_json::from_str(text.trim()).unwrap() };
+    assert_eq!(line(&got[1].1)["custom_id"], "a");
+    assert_eq!(line(&got[0].1)["custom_id"], "b");
+    assert_eq!(line(&got[0].1)["response"]["status_code"], 400);
+
+    // A URL that does not answer 200 stops the run before the model loads.
+    let missing = format!("{base}/missing.jsonl");
+    let e = common::fails(dsv4(dir.path(), &["run-batch", "-i", &missing, "-o", "o"]));
+    assert!(e.contains("404") && e.contains(&missing), "{e}");
+    assert!(!e.contains("loading model"), "{e}");
+    assert!(!dir.path().join("o").exists(), "nothing was written");
+
+    // An upload that fails keeps the output on disk and says where.
+    let broken = format!("{base}/broken");
+    let e = common::fails(dsv4(
+        dir.path(),
+        &["run-batch", "-i", &input_url, "-o", &broken],
+    ));
+    assert!(e.contains("500"), "{e}");
+    let kept = e
+        .split("kept in ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (").next())
+        .unwrap_or_else(|| panic!("no kept file named: {e}"));
+    let lines = jsonl(Path::new(kept));
+    let ids: Vec<&Value> = lines.iter().map(|l| &l["custom_id"]).collect();
+    assert_eq!(ids, ["a", "b"]);
+    std::fs::remove_file(kept).unwrap();
+}
+
 #[test]
 fn run_batch_refuses_a_file_that_cannot_run_before_loading_anything() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,9 @@
 //! `dsv4 run-batch`: an OpenAI Batch API input file (JSONL of `{"custom_id", "method", "url",
 //! "body"}`) run offline through the server's own routes (vLLM's `run-batch`), writing OpenAI's
 //! batch output lines in input order. The file is checked before the model loads; progress goes
-//! to stderr.
+//! to stderr. Any of the files may be an http(s) URL (`remote.rs`).
+
+mod remote;
 
 use super::check_output_path;
 use super::forward::{model_source, tokenizer_for};
@@ -23,15 +25,17 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 #[derive(Debug, clap::Args)]
 pub struct RunBatchArgs {
     /// The batch input file (JSONL, one `{"custom_id", "method": "POST", "url", "body"}` per
-    /// line; url /v1/chat/completions, /v1/completions or /v1/responses); `-` reads stdin.
-    #[arg(short = 'i', long = "input-file", value_name = "FILE")]
+    /// line; url /v1/chat/completions, /v1/completions or /v1/responses); `-` reads stdin; an
+    /// http(s) URL is downloaded.
+    #[arg(short = 'i', long = "input-file", value_name = "FILE|URL")]
     pub input: PathBuf,
-    /// Where the output lines go (JSONL, one per input line, in input order); `-` is stdout.
-    #[arg(short = 'o', long = "output-file", value_name = "FILE")]
+    /// Where the output lines go (JSONL, one per input line, in input order); `-` is stdout; an
+    /// http(s) URL gets the file with PUT once the batch has run (kept locally if that fails).
+    #[arg(short = 'o', long = "output-file", value_name = "FILE|URL")]
     pub output: PathBuf,
     /// Write failed lines here instead of into the output file, as OpenAI splits a batch's
-    /// output and error files.
-    #[arg(long, value_name = "FILE")]
+    /// output and error files (a file, or an http(s) URL as for --output-file).
+    #[arg(long, value_name = "FILE|URL")]
     pub error_file: Option<PathBuf>,
     /// Checkpoint directory; the profile's model.path when omitted ("tiny": the embedded model).
     #[arg(long)]
@@ -65,7 +69,14 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         served_model_name: args.served_model_name.clone(),
     };
     let id = model_id(&serve, resolved);
-    let text = read_input(&args.input)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let text = match remote::url(&args.input) {
+        Some(url) => utf8(runtime.block_on(remote::download(url))?, &args.input)?,
+        None => read_input(&args.input)?,
+    };
     let items = batch::parse(&text, &id, None)
         .with_context(|| format!("{}: nothing has run", args.input.display()))?;
     let engine = engine_config(&resolved.profile)?;
@@ -73,13 +84,16 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         || engine.max_running_requests.saturating_mul(2),
         |n| n as usize,
     );
-    let mut output = open_output("--output-file", &args.output)?;
-    let mut errors = match &args.error_file {
+    let (mut output, output_upload) = open_output("--output-file", &args.output)?;
+    let (mut errors, error_upload) = match &args.error_file {
         Some(path) if path == Path::new("-") => {
             bail!("--error-file needs a file; failed lines go to the output when it is not given")
         }
-        Some(path) => Some(open_output("--error-file", path)?),
-        None => None,
+        Some(path) => {
+            let (sink, upload) = open_output("--error-file", path)?;
+            (Some(sink), upload)
+        }
+        None => (None, None),
     };
     let mut cfg = server_config(&serve, resolved, id.clone())?;
     // Nothing listens: no key to check, and no server's response directory to write into.
@@ -96,10 +110,6 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         );
     }
     let loaded = load(args.model.as_deref(), resolved, tok)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
     // `set_ready` starts the step-loop watch, a task of this runtime.
     let _entered = runtime.enter();
     let state = AppState::new(cfg)?;
@@ -126,6 +136,19 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         ))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     let seconds = started.elapsed().as_secs_f64();
+    output
+        .flush()
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    if let Some(e) = errors.as_mut() {
+        e.flush().context("cannot write the --error-file")?;
+    }
+    drop((output, errors));
+    for upload in output_upload.iter().chain(&error_upload) {
+        if !quiet {
+            eprintln!("run-batch: uploading {}", upload.url);
+        }
+        runtime.block_on(upload.send())?;
+    }
     let tokens = summary.tokens;
     let output_per_s = tokens.output as f64 / seconds.max(1e-9);
     if args.json {
@@ -171,6 +194,11 @@ fn read_input(path: &Path) -> anyhow::Result<String> {
             .and_then(|mut f| f.read_to_end(&mut bytes))
             .with_context(|| format!("cannot read the batch file {}", path.display()))?;
     }
+    utf8(bytes, path)
+}
+
+/// The batch file read from `path`, as UTF-8 text.
+fn utf8(bytes: Vec<u8>, path: &Path) -> anyhow::Result<String> {
     String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "{}: not UTF-8 text (first bad byte at offset {}); a batch file is JSONL",
@@ -180,15 +208,34 @@ fn read_input(path: &Path) -> anyhow::Result<String> {
     })
 }
 
-/// An output sink opened before the model loads, so a bad path fails at once.
-fn open_output(flag: &str, path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
+/// A writer for output lines.
+type Sink = Box<dyn Write + Send>;
+
+/// An output sink opened before the model loads, so a bad path fails at once; for a URL, the
+/// local file it is written to and the upload that sends it afterwards.
+fn open_output(flag: &str, path: &Path) -> anyhow::Result<(Sink, Option<remote::Upload>)> {
     if path == Path::new("-") {
-        return Ok(Box::new(BufWriter::new(std::io::stdout())));
+        return Ok((Box::new(BufWriter::new(std::io::stdout())), None));
+    }
+    if let Some(url) = remote::url(path) {
+        let kind = if flag == "--error-file" {
+            "error"
+        } else {
+            "output"
+        };
+        let upload = remote::Upload::new(kind, url);
+        let file = File::create(&upload.local).with_context(|| {
+            format!(
+                "{flag} {url}: cannot create the local file {}",
+                upload.local.display()
+            )
+        })?;
+        return Ok((Box::new(BufWriter::new(file)), Some(upload)));
     }
     check_output_path(flag, path)?;
     let file =
         File::create(path).with_context(|| format!("{flag} {}: cannot create", path.display()))?;
-    Ok(Box::new(BufWriter::new(file)))
+    Ok((Box::new(BufWriter::new(file)), None))
 }
 
 /// `batch_req_{hex}`: the output ids' prefix, from the clock, so two runs' ids differ.

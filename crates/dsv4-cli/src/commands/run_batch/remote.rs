@@ -1,0 +1,132 @@
+//! `dsv4 run-batch` with http(s) URLs, as vLLM's `run-batch` takes them: the input file is
+//! downloaded (GET) before the model loads; an output or error file is written to a local file
+//! first and uploaded (PUT, e.g. to a presigned object-store URL) once the batch has run. An
+//! upload that fails leaves the local file in place and names it, so no answer is lost.
+
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long connecting to the URL's host may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The URL `path` names, when it is an http(s) URL rather than a file.
+pub fn url(path: &Path) -> Option<&str> {
+    path.to_str()
+        .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
+}
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .context("cannot start an HTTP client")
+}
+
+/// The bytes at `url` (GET; a status other than 2xx is an error naming it).
+pub async fn download(url: &str) -> anyhow::Result<Vec<u8>> {
+    let response = client()?
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("cannot fetch the batch file {url}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        bail!("cannot fetch the batch file {url}: the server answered {status}");
+    }
+    let bytes = response
+        .bytes()
+        .await
+        .with_context(|| format!("the batch file {url} was cut off while downloading"))?;
+    Ok(bytes.to_vec())
+}
+
+/// An output or error file bound for `url`: written to `local` while the batch runs.
+#[derive(Debug)]
+pub struct Upload {
+    /// Where the file goes.
+    pub url: String,
+    /// Where it is written meanwhile (the system's temporary directory).
+    pub local: PathBuf,
+}
+
+impl Upload {
+    /// The local file for the upload named by `flag` (`output` or `error`) to `url`.
+    pub fn new(flag: &str, url: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!(
+            "dsv4-run-batch-{}-{:x}.{flag}.jsonl",
+            std::process::id(),
+            nanos & 0xffff_ffff_ffff
+        );
+        Self {
+            url: url.to_string(),
+            local: std::env::temp_dir().join(name),
+        }
+    }
+
+    /// PUT the local file to the URL; the local file is removed once it is there, and kept
+    /// (the error names it) when it is not.
+    pub async fn send(&self) -> anyhow::Result<()> {
+        let kept = || {
+            format!(
+                "the file is kept in {} (upload it yourself or run again)",
+                self.local.display()
+            )
+        };
+        let bytes = tokio::fs::read(&self.local)
+            .await
+            .with_context(|| format!("cannot read back {}", self.local.display()))?;
+        let sent = client()?
+            .put(&self.url)
+            .header("content-type", "application/jsonl")
+            .body(bytes)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => bail!("cannot upload to {}: {e}; {}", self.url, kept()),
+        };
+        let status = response.status();
+        if !status.is_success() {
+            bail!(
+                "cannot upload to {}: the server answered {status}; {}",
+                self.url,
+                kept()
+            );
+        }
+        // Uploaded: the local copy has done its job.
+        let _ = tokio::fs::remove_file(&self.local).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_http_and_https_are_urls() {
+        assert_eq!(
+            url(Path::new("https://bucket.example/in.jsonl?sig=x")),
+            Some("https://bucket.example/in.jsonl?sig=x")
+        );
+        assert_eq!(url(Path::new("http://h:9/a")), Some("http://h:9/a"));
+        for path in ["in.jsonl", "-", "ftp://h/a", "./http://x", "s3://b/k"] {
+            assert_eq!(url(Path::new(path)), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn uploads_of_one_run_write_to_distinct_local_files() {
+        let (a, b) = (
+            Upload::new("output", "http://h/o"),
+            Upload::new("error", "http://h/e"),
+        );
+        assert_ne!(a.local, b.local);
+        assert!(a.local.starts_with(std::env::temp_dir()));
+        assert!(a.local.to_string_lossy().ends_with(".output.jsonl"));
+    }
+}
