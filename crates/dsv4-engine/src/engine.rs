@@ -60,6 +60,7 @@ impl Engine {
     ) -> Result<EngineHandle, EngineError> {
         let mut sched = Scheduler::new(model, cfg, detok)?.with_debug(debug);
         let limits = sched.limits().clone();
+        let max_running = sched.config().max_running_requests;
         let report = sched.pools().report().clone();
         let metrics = Arc::new(Mutex::new(sched.metrics()));
         sched.publish_to(Arc::clone(&metrics));
@@ -79,6 +80,7 @@ impl Engine {
                 report,
                 metrics,
                 unseen,
+                max_running,
                 next_id: AtomicU64::new(0),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -155,6 +157,8 @@ struct Inner {
     metrics: Arc<Mutex<EngineMetrics>>,
     /// Submitted requests the published metrics do not count yet.
     unseen: Arc<AtomicUsize>,
+    /// `max_running_requests`.
+    max_running: usize,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -197,11 +201,13 @@ impl EngineHandle {
         Ok(RequestStream { id, rx })
     }
 
-    /// Requests waiting to run: those queued at the last step, and those submitted since
-    /// (never fewer than are waiting, for a limit on the queue such as
-    /// `scheduler.max_queued_requests`).
+    /// Requests that wait for a running slot: those queued at the last step and those
+    /// submitted since, less the slots that step left free (the next admission fills them
+    /// first). For a limit on the queue such as `scheduler.max_queued_requests`.
     pub fn queued(&self) -> usize {
-        self.metrics().queued_requests + self.inner.unseen.load(Ordering::SeqCst)
+        let m = self.metrics();
+        let free = self.inner.max_running.saturating_sub(m.running_requests);
+        (m.queued_requests + self.inner.unseen.load(Ordering::SeqCst)).saturating_sub(free)
     }
 
     /// Cancel a request (its pages are freed before the next step; its stream ends with

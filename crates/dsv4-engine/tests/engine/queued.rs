@@ -1,6 +1,6 @@
 //! `EngineHandle::queued`: requests submitted to a stalled loop count at once, before any step
-//! has seen them; requests behind the running slots count while they wait; and nothing stays
-//! counted once every request has finished.
+//! has seen them, less the running slots free for them; requests behind the running slots
+//! count while they wait; and nothing stays counted once every request has finished.
 
 use super::*;
 use dsv4_engine::{Engine, EngineConfig};
@@ -28,12 +28,13 @@ fn queued_counts_submitted_and_waiting_requests_and_nothing_after() {
         p.extend(tokens(7, seed));
         greedy(p, n)
     };
-    // The loop is stalled: no step sees the requests, yet they count.
+    // The loop is stalled: no step sees the requests, yet they count, but for the one that
+    // will take the free slot.
     let stall = engine.stall();
-    let streams: Vec<_> = (0..4)
-        .map(|i| engine.submit(request(60 + i, 40)).unwrap())
-        .collect();
-    assert_eq!(engine.queued(), 4);
+    let mut streams = vec![engine.submit(request(60, 40)).unwrap()];
+    assert_eq!(engine.queued(), 0);
+    streams.extend((1..4).map(|i| engine.submit(request(60 + i, 40)).unwrap()));
+    assert_eq!(engine.queued(), 3);
     drop(stall);
     // One runs, three wait.
     eventually("one running and three queued", || {

@@ -4,7 +4,6 @@
 
 use super::batches::{create, ended, upload};
 use super::common::*;
-use dsv4_engine::{CacheBudget, EngineConfig};
 use dsv4_server::ServerConfig;
 use serde_json::json;
 use std::time::Duration;
@@ -15,17 +14,11 @@ const SLOTS: usize = 8;
 /// A server whose batches keep at most `batch_max_running` lines in flight, on an engine with
 /// [`SLOTS`] running slots.
 async fn server(batch_max_running: usize) -> TestServer {
-    let s = start_loading(ServerConfig {
+    let cfg = ServerConfig {
         batch_max_running,
         ..config()
-    })
-    .await;
-    s.state.set_ready(loaded_with(EngineConfig {
-        cache: CacheBudget::Tokens(16384),
-        max_running_requests: SLOTS,
-        ..Default::default()
-    }));
-    s
+    };
+    start_with(cfg, slots(SLOTS)).await
 }
 
 /// A batch input of `n` greedy completions of `tokens` tokens each.

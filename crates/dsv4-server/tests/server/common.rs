@@ -57,11 +57,7 @@ pub fn model() -> Arc<Model> {
 
 /// An engine on the tiny model with room for 64 concurrent requests.
 pub fn loaded() -> Loaded {
-    loaded_with(EngineConfig {
-        cache: CacheBudget::Tokens(16384),
-        max_running_requests: 64,
-        ..Default::default()
-    })
+    loaded_with(slots(64))
 }
 
 /// An engine on the tiny model under `cfg`.
@@ -103,9 +99,23 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
 
 /// Start a test server whose engine runs under `engine` (a smaller cache, fewer slots).
 pub async fn start_engine(engine: EngineConfig) -> TestServer {
-    let s = start_loading(config()).await;
+    start_with(config(), engine).await
+}
+
+/// Start a test server with `cfg` whose engine runs under `engine`.
+pub async fn start_with(cfg: ServerConfig, engine: EngineConfig) -> TestServer {
+    let s = start_loading(cfg).await;
     s.state.set_ready(loaded_with(engine));
     s
+}
+
+/// An engine with a 16384-token cache running `slots` requests at once.
+pub fn slots(slots: usize) -> EngineConfig {
+    EngineConfig {
+        cache: CacheBudget::Tokens(16384),
+        max_running_requests: slots,
+        ..Default::default()
+    }
 }
 
 /// Start a server with `cfg` whose model never finishes loading.

@@ -3,7 +3,6 @@
 //! they set one) wait behind interactive requests; a bad `priority` names the field.
 
 use super::common::*;
-use dsv4_engine::{CacheBudget, EngineConfig};
 use dsv4_server::{RequestPriority, ServerConfig};
 use serde_json::{Value, json};
 use std::time::Instant;
@@ -16,17 +15,11 @@ async fn one_slot() -> TestServer {
 
 /// A server whose engine runs one request at a time, under `server.request_priority = mode`.
 async fn one_slot_with(mode: RequestPriority) -> TestServer {
-    let s = start_loading(ServerConfig {
+    let cfg = ServerConfig {
         request_priority: mode,
         ..config()
-    })
-    .await;
-    s.state.set_ready(loaded_with(EngineConfig {
-        cache: CacheBudget::Tokens(16384),
-        max_running_requests: 1,
-        ..Default::default()
-    }));
-    s
+    };
+    start_with(cfg, slots(1)).await
 }
 
 /// Take the one slot with a long streamed request; dropping the connection frees it.

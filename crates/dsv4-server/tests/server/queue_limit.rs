@@ -4,23 +4,16 @@
 
 use super::batches::{create, ended, upload};
 use super::common::*;
-use dsv4_engine::{CacheBudget, EngineConfig};
 use dsv4_server::ServerConfig;
 use serde_json::{Value, json};
 
 /// A server whose engine runs one request at a time and refuses past `limit` waiting.
 async fn server(limit: usize) -> TestServer {
-    let s = start_loading(ServerConfig {
+    let cfg = ServerConfig {
         max_queued_requests: limit,
         ..config()
-    })
-    .await;
-    s.state.set_ready(loaded_with(EngineConfig {
-        cache: CacheBudget::Tokens(16384),
-        max_running_requests: 1,
-        ..Default::default()
-    }));
-    s
+    };
+    start_with(cfg, slots(1)).await
 }
 
 /// A greedy completion body of `n` tokens.
@@ -37,6 +30,8 @@ async fn a_full_queue_refuses_new_requests_with_503_but_not_batch_lines() {
     let body = json!({"model": MODEL, "prompt": "hold", "max_tokens": 1500, "ignore_eos": true,
                       "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
+    // With the step loop held, the count cannot depend on when a step runs.
+    let stall = engine.stall();
     let waiting: Vec<_> = ["one", "two"]
         .into_iter()
         .map(|p| {
@@ -80,6 +75,7 @@ async fn a_full_queue_refuses_new_requests_with_503_but_not_batch_lines() {
         metrics.contains("\ndsv4:requests_refused_queue_full_total 4\n"),
         "{metrics}"
     );
+    drop(stall);
 
     // A batch's line still queues behind the full queue, and answers.
     let line = batch_line("only", "/v1/completions", completion("batch", 4));
