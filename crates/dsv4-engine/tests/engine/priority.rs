@@ -154,3 +154,59 @@ fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
         }
     }
 }
+
+#[test]
+fn churn_under_priority_preemption_leaves_every_output_as_its_solo_run() {
+    // Requests of random priorities arrive in waves onto three slots with threshold 0, so
+    // running requests are preempted mid-prefill and mid-decode again and again; prompts share
+    // a prefix, so preempted requests come back onto prefix snapshots. Both scheduling modes.
+    let m = model();
+    let shared = tokens(16, 77);
+    let mut rng = SplitMix64::new(2026);
+    let asked: Vec<(Vec<u32>, usize, i32)> = (0..18)
+        .map(|i| {
+            let mut p = vec![0];
+            p.extend(&shared[..(rng.next_u64() % 17) as usize]);
+            p.extend(tokens(3 + (rng.next_u64() % 20) as usize, 500 + i));
+            let n = 4 + (rng.next_u64() % 24) as usize;
+            let priority = (rng.next_u64() % 7) as i32 - 3;
+            (p, n, priority)
+        })
+        .collect();
+    for overlap_schedule in [false, true] {
+        let cfg = EngineConfig {
+            page_size: 8,
+            max_running_requests: 3,
+            chunked_prefill_size: Some(16),
+            priority_preemption: Some(0),
+            overlap_schedule,
+            ..Default::default()
+        };
+        let mut sched = Scheduler::new(m.clone(), cfg, None).unwrap();
+        let mut streams = Vec::new();
+        for wave in asked.chunks(3) {
+            for (p, n, priority) in wave {
+                let req = Request {
+                    priority: *priority,
+                    ..greedy(p.clone(), *n)
+                };
+                streams.push(sched.submit(req).unwrap());
+            }
+            for _ in 0..5 {
+                sched.step();
+            }
+        }
+        while sched.step() {}
+        let metrics = sched.metrics();
+        assert!(
+            metrics.priority_preemptions_total >= 3,
+            "overlap {overlap_schedule}: only {} priority preemptions",
+            metrics.priority_preemptions_total
+        );
+        for (s, (p, n, priority)) in streams.into_iter().zip(&asked) {
+            let c = s.collect_blocking();
+            let what = format!("overlap {overlap_schedule}, priority {priority}");
+            assert_same_as_solo(&c, &solo(&m, p, *n), &what);
+        }
+    }
+}
