@@ -1,8 +1,8 @@
 //! `dsv4 serve` end to end: the binary with no model arguments serves the embedded tiny model
 //! (`--port 0` picks a free port; the bound URL is read from stdout), the official `openai`
 //! Python client runs tests/e2e/test_openai.py against it, SIGTERM drains a stream in flight
-//! before the process exits 0, and a `server.batch_max_running` past the engine's running slots
-//! is reported at start.
+//! before the process exits 0, and the start-up lines say how requests are scheduled (a
+//! `server.batch_max_running` past the engine's running slots said so).
 //!
 //! The Python test needs `python3` with the `openai` package. Without them it is skipped with
 //! the reason printed, except under CI=true, where it fails (.ci/run installs the package).
@@ -222,7 +222,7 @@ fn sigterm_drains_a_stream_in_flight_then_exits_0() {
 }
 
 #[test]
-fn a_batch_limit_past_the_running_slots_is_reported_at_start() {
+fn the_scheduling_limits_are_reported_at_start() {
     // dev-cpu's automatic cache budget gives 64 running slots.
     let serve = Serve::start_with(&["--set", "server.batch_max_running=65536"]);
     let line = serve
@@ -231,8 +231,9 @@ fn a_batch_limit_past_the_running_slots_is_reported_at_start() {
         .expect("a third line");
     assert_eq!(
         line,
-        "dsv4 serve: server.batch_max_running = 65536 is more than \
-         scheduler.max_running_requests (64); batches keep at most 64 lines in flight"
+        "dsv4 serve: scheduling: 64 running slots; batches up to 64 lines \
+         (server.batch_max_running = 65536 is more than the slots); queue unlimited; request \
+         priorities used; priority preemption off"
     );
     let metrics = http(&serve.addr, "GET", "/metrics", "").unwrap();
     assert!(

@@ -9,7 +9,7 @@ use super::generate::batch::engine_config;
 use anyhow::{Context, bail};
 use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
-use dsv4_config::{ReasoningParser, Resolved, ToolCallParser};
+use dsv4_config::{Profile, ReasoningParser, Resolved, ToolCallParser};
 use dsv4_server::{
     AppState, Loaded, OutputParsing, RequestPriority, Server, ServerConfig, shutdown_signal,
 };
@@ -111,6 +111,37 @@ pub(crate) fn server_config(
     })
 }
 
+/// What `dsv4 serve` prints of how it admits requests: running slots, the batches' share,
+/// the queue limit and what priorities do (the keys are in docs/profiles.md).
+fn scheduling_line(cfg: &ServerConfig, profile: &Profile, max_running: usize) -> String {
+    let batches = match cfg.batch_max_running {
+        0 => format!("up to {max_running} lines"),
+        n if n > max_running => format!(
+            "up to {max_running} lines (server.batch_max_running = {n} is more than the slots)"
+        ),
+        n => format!("up to {n} lines"),
+    };
+    let queue = match cfg.max_queued_requests {
+        0 => "unlimited".to_string(),
+        n => format!("503 past {n} waiting"),
+    };
+    let priority = match cfg.request_priority {
+        RequestPriority::Use => "used",
+        RequestPriority::Ignore => "ignored",
+        RequestPriority::Refuse => "refused",
+    };
+    let sched = &profile.scheduler;
+    let preemption = if sched.priority_preemption {
+        format!("on past a gap of {}", sched.priority_preemption_threshold)
+    } else {
+        "off".to_string()
+    };
+    format!(
+        "dsv4 serve: scheduling: {max_running} running slots; batches {batches}; queue \
+         {queue}; request priorities {priority}; priority preemption {preemption}"
+    )
+}
+
 /// SHA-256 (hex) of the resolved profile: every key with its value, one `key=value` line each,
 /// in the schema's key order (secrets are already redacted in the settings).
 fn profile_sha256(resolved: &Resolved) -> String {
@@ -189,15 +220,7 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
              '{{\"model\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \
              \"max_tokens\": 16}}'"
         )?;
-        let batch_lines = state.cfg().batch_max_running;
-        if batch_lines > max_running {
-            writeln!(
-                out,
-                "dsv4 serve: server.batch_max_running = {batch_lines} is more than \
-                 scheduler.max_running_requests ({max_running}); batches keep at most \
-                 {max_running} lines in flight"
-            )?;
-        }
+        writeln!(out, "{}", scheduling_line(state.cfg(), &resolved.profile, max_running))?;
         if let Some(dir) = &state.cfg().responses_dir {
             writeln!(
                 out,
@@ -312,4 +335,34 @@ fn exec(mut command: Command, argv: &[String]) -> anyhow::Result<()> {
         bail!("SGLang exited with {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheduling_line_says_each_limit_and_when_the_batch_share_is_capped() {
+        let mut profile = Profile::default();
+        let mut cfg = ServerConfig::default();
+        assert_eq!(
+            scheduling_line(&cfg, &profile, 64),
+            "dsv4 serve: scheduling: 64 running slots; batches up to 64 lines; queue unlimited; \
+             request priorities used; priority preemption off"
+        );
+        cfg.batch_max_running = 16;
+        cfg.max_queued_requests = 8;
+        cfg.request_priority = RequestPriority::Refuse;
+        profile.scheduler.priority_preemption = true;
+        profile.scheduler.priority_preemption_threshold = 2;
+        assert_eq!(
+            scheduling_line(&cfg, &profile, 64),
+            "dsv4 serve: scheduling: 64 running slots; batches up to 16 lines; queue 503 past 8 \
+             waiting; request priorities refused; priority preemption on past a gap of 2"
+        );
+        cfg.batch_max_running = 100;
+        assert!(scheduling_line(&cfg, &profile, 64).contains(
+            "batches up to 64 lines (server.batch_max_running = 100 is more than the slots)"
+        ));
+    }
 }
