@@ -110,6 +110,9 @@ pub struct ServerSection {
     /// Most lines of `/v1/batches` batches in flight together; 0: as many as
     /// `scheduler.max_running_requests`.
     pub batch_max_running: u64,
+    /// Milliseconds without an interactive request after which batch lines may fill every
+    /// running slot past `batch_max_running`; 0: never.
+    pub batch_fill_idle_ms: u64,
     /// What a request's `priority` field does: used, ignored or refused.
     pub request_priority: RequestPriority,
 }
@@ -131,6 +134,7 @@ impl Default for ServerSection {
             files_mib: 1024,
             files_dir: None,
             batch_max_running: 0,
+            batch_fill_idle_ms: 0,
             request_priority: RequestPriority::default(),
         }
     }

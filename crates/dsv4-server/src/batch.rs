@@ -4,7 +4,7 @@
 //! The input is JSONL, one request per line: `{"custom_id", "method": "POST", "url", "body"}`
 //! with `url` one of [`ENDPOINTS`]. Each body goes through [`crate::router`] exactly as an HTTP
 //! request would (same parsing, constrained decoding, stop strings, errors), as many at once as
-//! [`Options::permits`] allows, so the engine batches them. The output is one line per input
+//! [`Options::share`] allows, so the engine batches them. The output is one line per input
 //! line, in input order: `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 //! "error": null}`. A line that cannot be sent at all (not JSON, a field missing, another URL or
 //! method, `stream` or `background` set) gets `"response": null` and `"error": {"code",
@@ -19,8 +19,10 @@
 //! serve, a line to another endpoint than a `/v1/batches` batch's.
 
 mod file;
+mod share;
 
 pub use file::{BatchFileError, Call, ENDPOINTS, Item, parse};
+pub use share::{Activity, Interactive, Share};
 
 use crate::routes::router;
 use crate::state::AppState;
@@ -30,7 +32,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
 /// The `priority` a batch line's request gets unless its body sets one: below interactive
@@ -46,9 +48,9 @@ pub struct BatchLine;
 /// How a batch runs.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// One permit per request in flight (the engine batches them); batches that share the
-    /// semaphore share its limit.
-    pub permits: Arc<Semaphore>,
+    /// One permit per request in flight (the engine batches them); batches that share it
+    /// share its limit.
+    pub share: Arc<Share>,
     /// Prefix of the output lines' `id`s (`{prefix}_{line}`), unique per run.
     pub id_prefix: String,
     /// Once it turns true no further line starts; the lines in flight finish and are written.
@@ -59,7 +61,7 @@ impl Options {
     /// Up to `concurrency` requests at once (at least 1), not cancellable.
     pub fn new(concurrency: usize, id_prefix: impl Into<String>) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            share: Arc::new(Share::fixed(concurrency)),
             id_prefix: id_prefix.into(),
             cancel: None,
         }
@@ -191,7 +193,7 @@ pub async fn run(
     let Sinks { output, mut errors } = sinks;
     let app = router(state.clone());
     let key = state.cfg().api_key.clone();
-    let permits = opts.permits.clone();
+    let share = opts.share.clone();
     let cancel = opts.cancel.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, bool, Value)>();
     let mut summary = Summary {
@@ -208,10 +210,7 @@ pub async fn run(
                 let permit = tokio::select! {
                     biased;
                     () = cancelled(cancel.clone()) => return,
-                    p = permits.clone().acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => return,
-                    },
+                    p = share.acquire() => p,
                 };
                 let (app, key, tx, prefix) = (app.clone(), key.clone(), tx.clone(), prefix.clone());
                 tokio::spawn(async move {

@@ -4,9 +4,10 @@
 //! state, which its task (`task.rs`) updates as lines finish (`request_counts` moves while it
 //! runs).
 //!
-//! Lines of every batch share one limit of requests in flight ([`AppState::batch_lines`]: the
-//! engine's `max_running_requests`, or fewer with `server.batch_max_running`), so batches
-//! together never hold more of the engine than one batch.
+//! Lines of every batch share one limit of requests in flight ([`AppState::batch_share`]: the
+//! engine's `max_running_requests`, or fewer with `server.batch_max_running`, filling the rest
+//! while interactive requests are idle with `server.batch_fill_idle_ms`), so batches together
+//! never hold more of the engine than one batch.
 //!
 //! With `server.files_dir` a batch survives its server: its lines are written to part files as
 //! they are answered, a shutdown lets the lines in flight finish and stops there, and the next
@@ -16,7 +17,7 @@ pub mod resume;
 mod task;
 
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::Summary;
+use crate::batch::{Share, Summary};
 use crate::files::StoredFile;
 use crate::files_disk::FilesDir;
 use crate::state::AppState;
@@ -24,7 +25,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Most batches kept; past it the oldest finished one is forgotten (its files stay).
@@ -360,19 +361,12 @@ impl Batch {
     }
 }
 
-/// The one limit of lines in flight that all batches share.
-#[derive(Debug)]
-struct Limit {
-    lines: usize,
-    permits: Arc<Semaphore>,
-}
-
 /// The batches, oldest first, the one limit their lines share, and their tasks.
 #[derive(Debug, Default)]
 pub struct BatchStore {
     batches: Mutex<BTreeMap<u64, Arc<Batch>>>,
     next: Mutex<u64>,
-    permits: OnceLock<Limit>,
+    share: OnceLock<Arc<Share>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
 }
@@ -402,11 +396,26 @@ impl BatchStore {
         self.lock().values().cloned().collect()
     }
 
+    /// Set the one limit of lines in flight that all batches share (before any batch starts;
+    /// a second call is ignored).
+    pub fn set_share(&self, share: Share) {
+        let _ = self.share.set(Arc::new(share));
+    }
+
+    /// The limit all batches share: the one set, or one line at a time until then (no batch
+    /// starts before the model is ready, which sets it).
+    fn share(&self) -> Arc<Share> {
+        self.share.get_or_init(|| Arc::new(Share::fixed(1))).clone()
+    }
+
     /// Lines of batches in flight now.
     pub fn lines_in_flight(&self) -> usize {
-        self.permits
-            .get()
-            .map_or(0, |l| l.lines.saturating_sub(l.permits.available_permits()))
+        self.share.get().map_or(0, |s| s.in_flight())
+    }
+
+    /// The most lines of batches that may be in flight now (0 before the model is ready).
+    pub fn lines_limit(&self) -> usize {
+        self.share.get().map_or(0, |s| s.limit())
     }
 
     /// Batches that have not ended.
@@ -417,15 +426,9 @@ impl BatchStore {
             .count()
     }
 
-    /// Start `asked` over `input` in the background on `state` (whose model is loaded, with
-    /// `lines` lines of batches in flight at once); the new batch, validating.
-    pub fn start(
-        &self,
-        state: &AppState,
-        asked: NewBatch,
-        input: Arc<StoredFile>,
-        lines: usize,
-    ) -> Arc<Batch> {
+    /// Start `asked` over `input` in the background on `state` (whose model is loaded); the new
+    /// batch, validating.
+    pub fn start(&self, state: &AppState, asked: NewBatch, input: Arc<StoredFile>) -> Arc<Batch> {
         let batch = Arc::new(Batch {
             id: format!("batch_{}", random_hex(state.next_serial())),
             asked,
@@ -436,13 +439,13 @@ impl BatchStore {
         let disk = state.files().disk();
         batch.save(disk);
         self.insert(batch.clone(), disk);
-        self.spawn(state, batch.clone(), Some(input), lines);
+        self.spawn(state, batch.clone(), Some(input));
         batch
     }
 
-    /// Go on with the batches read back that had not ended (the model of `state` is ready, with
-    /// `lines` lines of batches in flight at once); how many.
-    pub fn resume(&self, state: &AppState, lines: usize) -> usize {
+    /// Go on with the batches read back that had not ended (the model of `state` is ready); how
+    /// many.
+    pub fn resume(&self, state: &AppState) -> usize {
         let unfinished: Vec<Arc<Batch>> = self
             .all()
             .into_iter()
@@ -454,36 +457,20 @@ impl BatchStore {
                 status = batch.status().name(),
                 "batch goes on"
             );
-            self.spawn(state, batch.clone(), None, lines);
+            self.spawn(state, batch.clone(), None);
         }
         unfinished.len()
     }
 
     /// Run `batch`'s task (reading `input`, or its input file from the store when resumed).
-    fn spawn(
-        &self,
-        state: &AppState,
-        batch: Arc<Batch>,
-        input: Option<Arc<StoredFile>>,
-        lines: usize,
-    ) {
-        let permits = self
-            .permits
-            .get_or_init(|| {
-                let lines = lines.max(1);
-                Limit {
-                    lines,
-                    permits: Arc::new(Semaphore::new(lines)),
-                }
-            })
-            .permits
-            .clone();
+    fn spawn(&self, state: &AppState, batch: Arc<Batch>, input: Option<Arc<StoredFile>>) {
+        let share = self.share();
         let stop = batch.stop.subscribe();
         // Listed before this check, so a concurrent `stop` either signals it or is seen here.
         if self.stopping.load(Ordering::SeqCst) {
             batch.stop.send_replace(true);
         }
-        let handle = tokio::spawn(task::run(state.clone(), batch, input, permits, stop));
+        let handle = tokio::spawn(task::run(state.clone(), batch, input, share, stop));
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.retain(|t| !t.is_finished());
         tasks.push(handle);

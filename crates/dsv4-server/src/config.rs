@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// Most lines of `/v1/batches` batches in flight together (`server.batch_max_running`);
     /// 0, or more than the engine's `max_running_requests`: as many as that.
     pub batch_max_running: usize,
+    /// How long no interactive request must have been in flight before batch lines may fill
+    /// every running slot past `batch_max_running` (`server.batch_fill_idle_ms`); `None`: never.
+    pub batch_fill_idle: Option<Duration>,
     /// What a request's `priority` field does (`server.request_priority`).
     pub request_priority: RequestPriority,
     /// Requests waiting for a running slot at which new generation requests are refused with a
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             files_bytes: 1024 << 20,
             files_dir: None,
             batch_max_running: 0,
+            batch_fill_idle: None,
             request_priority: RequestPriority::Use,
             max_queued_requests: 0,
             model_id: "dsv4-tiny".into(),

@@ -332,7 +332,8 @@ pub fn render_batches(
         out,
         "dsv4:batch_lines_limit",
         "gauge",
-        "Most lines of batches in flight together (server.batch_max_running).",
+        "Most lines of batches in flight together now (server.batch_max_running, or every \
+         running slot while server.batch_fill_idle_ms lets them fill idle ones).",
         limit as f64,
     );
 }

@@ -3,6 +3,7 @@
 //! generation requests in flight, and the step-loop progress watch behind `/health`.
 
 use crate::abort::AbortRegistry;
+use crate::batch::{Activity, Share};
 use crate::batches::BatchStore;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
@@ -36,7 +37,7 @@ pub struct Loaded {
     /// The end-of-sequence token id (the engine ends a request on it unless `ignore_eos`).
     pub eos: u32,
     /// Requests the engine runs at once (`scheduler.max_running_requests`): the most lines of
-    /// `/v1/batches` batches in flight together ([`AppState::batch_lines`]).
+    /// `/v1/batches` batches in flight together ([`AppState::batch_share`]).
     pub max_running: usize,
 }
 
@@ -146,6 +147,7 @@ pub struct Shared {
     responses: ResponseStore,
     files: FileStore,
     batches: BatchStore,
+    interactive: Arc<Activity>,
 }
 
 /// The state handed to every handler (cheap to clone).
@@ -224,6 +226,7 @@ impl AppState {
             responses,
             files,
             batches,
+            interactive: Arc::default(),
         })))
     }
 
@@ -231,6 +234,8 @@ impl AppState {
     /// deleting expired files, and go on with the batches read back from `server.files_dir`
     /// that had not ended (call inside a tokio runtime). A second call is ignored.
     pub fn set_ready(&self, loaded: Loaded) {
+        // Before the model is visible, so every batch sees it.
+        self.0.batches.set_share(self.batch_share(&loaded));
         if self.0.loaded.set(Arc::new(loaded)).is_err() {
             tracing::warn!("the model was already set; ignoring the second one");
             return;
@@ -243,18 +248,27 @@ impl AppState {
             tokio::spawn(sweep_files(weak, FILE_SWEEP));
         }
         tracing::info!(model = %self.0.cfg.model_id, "model ready");
-        if let Some(loaded) = self.loaded() {
-            self.0.batches.resume(self, self.batch_lines(&loaded));
-        }
+        self.0.batches.resume(self);
     }
 
     /// Lines of `/v1/batches` batches in flight together on `loaded`: its `max_running`, or
-    /// `server.batch_max_running` when that is fewer (and not 0).
-    pub fn batch_lines(&self, loaded: &Loaded) -> usize {
-        match self.0.cfg.batch_max_running {
-            0 => loaded.max_running,
-            n => n.min(loaded.max_running),
+    /// `server.batch_max_running` when that is fewer (and not 0), then every running slot
+    /// once no interactive request has been in flight for `server.batch_fill_idle_ms`.
+    pub fn batch_share(&self, loaded: &Loaded) -> Share {
+        let slots = loaded.max_running;
+        let lines = match self.0.cfg.batch_max_running {
+            0 => slots,
+            n => n.min(slots),
+        };
+        match self.0.cfg.batch_fill_idle {
+            Some(idle) => Share::filling(lines, slots, idle, self.0.interactive.clone()),
+            None => Share::fixed(lines),
         }
+    }
+
+    /// The interactive generation requests (not batch lines) in flight.
+    pub fn interactive(&self) -> &Arc<Activity> {
+        &self.0.interactive
     }
 
     /// The loaded model, or 503 while it loads.

@@ -94,6 +94,8 @@ pub(crate) fn server_config(
         files_dir: s.files_dir.clone().map(Into::into),
         batch_max_running: usize::try_from(s.batch_max_running)
             .context("server.batch_max_running is too large for this machine")?,
+        batch_fill_idle: (s.batch_fill_idle_ms > 0)
+            .then(|| Duration::from_millis(s.batch_fill_idle_ms)),
         request_priority: match s.request_priority {
             dsv4_config::RequestPriority::Use => RequestPriority::Use,
             dsv4_config::RequestPriority::Ignore => RequestPriority::Ignore,
@@ -114,13 +116,23 @@ pub(crate) fn server_config(
 /// What `dsv4 serve` prints of how it admits requests: running slots, the batches' share,
 /// the queue limit and what priorities do (the keys are in docs/profiles.md).
 fn scheduling_line(cfg: &ServerConfig, profile: &Profile, max_running: usize) -> String {
-    let batches = match cfg.batch_max_running {
+    let mut batches = match cfg.batch_max_running {
         0 => format!("up to {max_running} lines"),
         n if n > max_running => format!(
             "up to {max_running} lines (server.batch_max_running = {n} is more than the slots)"
         ),
         n => format!("up to {n} lines"),
     };
+    if let Some(idle) = cfg.batch_fill_idle {
+        let ms = idle.as_millis();
+        if (1..max_running).contains(&cfg.batch_max_running) {
+            batches += &format!(", all {max_running} after {ms} ms without interactive requests");
+        } else {
+            batches += &format!(
+                " (server.batch_fill_idle_ms = {ms} has no slot to fill: the share is every slot)"
+            );
+        }
+    }
     let queue = match cfg.max_queued_requests {
         0 => "unlimited".to_string(),
         n => format!("503 past {n} waiting"),
@@ -360,9 +372,14 @@ mod tests {
             "dsv4 serve: scheduling: 64 running slots; batches up to 16 lines; queue 503 past 8 \
              waiting; request priorities refused; priority preemption on past a gap of 2"
         );
+        cfg.batch_fill_idle = Some(Duration::from_millis(1500));
+        assert!(scheduling_line(&cfg, &profile, 64).contains(
+            "batches up to 16 lines, all 64 after 1500 ms without interactive requests; "
+        ));
         cfg.batch_max_running = 100;
         assert!(scheduling_line(&cfg, &profile, 64).contains(
-            "batches up to 64 lines (server.batch_max_running = 100 is more than the slots)"
+            "batches up to 64 lines (server.batch_max_running = 100 is more than the slots) \
+             (server.batch_fill_idle_ms = 1500 has no slot to fill: the share is every slot)"
         ));
     }
 }

@@ -543,6 +543,18 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Unmapped("SGLang has no limit of its own for batch lines in flight; {value} is not used"),
     ),
     row(
+        "server.batch_fill_idle_ms",
+        Zero,
+        Same("SGLang's batch lines share its running requests with interactive ones"),
+    ),
+    row(
+        "server.batch_fill_idle_ms",
+        Always,
+        Unmapped(
+            "SGLang has no share of running slots for batch lines to fill; {value} is not used",
+        ),
+    ),
+    row(
         "server.request_priority",
         Is("use"),
         Flag("--enable-priority-scheduling"),

@@ -372,6 +372,15 @@ pub const KEYS: &[KeySpec] = &[
          expense; 0 or more than scheduler.max_running_requests: as many as that",
     ),
     key(
+        "server.batch_fill_idle_ms",
+        ValueKind::Range(0, 3_600_000),
+        "0",
+        "once no interactive request (one that is not a batch line) has been in flight for this \
+         many milliseconds, batch lines may fill every running slot past \
+         server.batch_max_running; a line started so runs to its end, and none starts past the \
+         share while interactive requests come; 0: the share is fixed",
+    ),
+    key(
         "server.request_priority",
         ValueKind::OneOf(RequestPriority::NAMES),
         "use",

@@ -6,7 +6,7 @@
 use super::resume::{Kept, kept};
 use super::{Batch, Status};
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::{self, AbortOnDrop, BatchFileError, Item, Options, Sinks, Summary};
+use crate::batch::{self, AbortOnDrop, BatchFileError, Item, Options, Share, Sinks, Summary};
 use crate::files::{FileInfo, StoredFile};
 use crate::files_disk::{FilesDir, PART_KINDS};
 use crate::state::AppState;
@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 /// Where a batch's lines go while it runs.
 enum Outputs {
@@ -52,7 +52,7 @@ pub(super) async fn run(
     state: AppState,
     batch: Arc<Batch>,
     input: Option<Arc<StoredFile>>,
-    permits: Arc<Semaphore>,
+    share: Arc<Share>,
     stop: watch::Receiver<bool>,
 ) {
     let disk = state.files().disk();
@@ -110,7 +110,7 @@ pub(super) async fn run(
     let unstarted: Vec<(usize, Option<String>)> =
         rest.iter().map(|i| (i.line, i.custom_id.clone())).collect();
     let opts = Options {
-        permits,
+        share,
         id_prefix: batch.id_prefix(),
         cancel: Some(stop.clone()),
     };

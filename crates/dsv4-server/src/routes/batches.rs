@@ -50,7 +50,8 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     files_on(&state)?;
     let body = body_bytes(&state, body)?;
-    let loaded = loaded_model(&state)?;
+    // A batch runs on the loaded model: 503 while it loads.
+    loaded_model(&state)?;
     let req: CreateBatch = parse_body(&body)?;
     if !ENDPOINTS.contains(&req.endpoint.as_str()) {
         return Err(ApiError::bad_param(
@@ -99,9 +100,7 @@ pub async fn create(
         model: state.cfg().model_id.clone(),
         output_expires_after,
     };
-    let batch = state
-        .batches()
-        .start(&state, asked, input_file, state.batch_lines(&loaded));
+    let batch = state.batches().start(&state, asked, input_file);
     Ok(json_response(&batch.object()))
 }
 

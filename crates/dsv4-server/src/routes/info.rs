@@ -166,7 +166,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         state.batches().running(),
         (
             state.batches().lines_in_flight(),
-            loaded.as_ref().map_or(0, |l| state.batch_lines(l)),
+            state.batches().lines_limit(),
         ),
     );
     if let Some(l) = &loaded {

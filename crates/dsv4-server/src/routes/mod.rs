@@ -24,7 +24,7 @@ pub mod tokenize;
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
@@ -42,10 +42,14 @@ pub fn router(state: AppState) -> Router {
     let limit = state.cfg().max_request_bytes;
     // An upload may be as large as the files budget, past the request limit.
     let files_limit = state.cfg().files_bytes.max(1);
-    let v1 = Router::new()
+    let generation = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
+        .route("/generate", post(generate::generate))
+        .route_layer(middleware::from_fn_with_state(state.clone(), interactive));
+    let v1 = Router::new()
+        .merge(generation)
         .route(
             "/v1/responses/input_tokens",
             post(responses_tokens::input_tokens),
@@ -73,7 +77,6 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))
         .route("/v1/batches/{id}/cancel", post(batches::cancel))
-        .route("/generate", post(generate::generate))
         .route("/abort_request", post(abort::abort_request))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{id}", get(info::model))
@@ -136,6 +139,48 @@ async fn count(State(state): State<AppState>, req: Request, next: Next) -> Respo
     let response = next.run(req).await;
     state.stats().http(label, response.status().as_u16());
     response
+}
+
+/// Count a generation request that is not a batch line as interactive until its answer's
+/// body is dropped (sent, or its client gone): batch lines fill idle running slots only while
+/// there is none (`server.batch_fill_idle_ms`).
+async fn interactive(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if req.extensions().get::<crate::batch::BatchLine>().is_some() {
+        return next.run(req).await;
+    }
+    let guard = state.interactive().begin();
+    next.run(req).await.map(|body| {
+        Body::new(Counted {
+            body,
+            _guard: guard,
+        })
+    })
+}
+
+/// An answer's body that counts its interactive request until it is dropped.
+struct Counted {
+    body: Body,
+    _guard: crate::batch::Interactive,
+}
+
+impl HttpBody for Counted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Refuse `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize` and cache-flush requests without the configured

@@ -1,6 +1,8 @@
 //! `server.batch_max_running`: batches keep at most that many lines in flight while interactive
 //! requests still run beside them, `/metrics` reports the lines and the limit, and 0 or more
-//! than the engine's running slots means as many as those.
+//! than the engine's running slots means as many as those. With `server.batch_fill_idle_ms`
+//! lines fill every slot while no interactive request is in flight, and go back to the share
+//! when one comes.
 
 use super::batches::{create, ended, upload};
 use super::common::*;
@@ -19,6 +21,15 @@ async fn server(batch_max_running: usize) -> TestServer {
         ..config()
     };
     start_with(cfg, slots(SLOTS)).await
+}
+
+/// A batch of `n` lines of `tokens` tokens each on `s`; its id.
+async fn batch(s: &TestServer, n: usize, tokens: u32) -> String {
+    let file = upload(s, &lines(n, tokens)).await;
+    create(s, &file, "/v1/completions").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// A batch input of `n` greedy completions of `tokens` tokens each.
@@ -47,11 +58,7 @@ async fn batches_keep_at_most_batch_max_running_lines_in_flight() {
     let s = server(2).await;
     assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, 2);
     assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 0);
-    let file = upload(&s, &lines(12, 48)).await;
-    let id = create(&s, &file, "/v1/completions").await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = batch(&s, 12, 48).await;
     let state = s.state.clone();
     eventually("two lines in flight", async || {
         state.batches().lines_in_flight() == 2
@@ -113,11 +120,7 @@ async fn zero_or_more_than_the_running_slots_means_as_many_as_the_slots() {
         );
         if asked == 0 {
             // Every running slot fills with batch lines.
-            let file = upload(&s, &lines(24, 48)).await;
-            let id = create(&s, &file, "/v1/completions").await["id"]
-                .as_str()
-                .unwrap()
-                .to_string();
+            let id = batch(&s, 24, 48).await;
             eventually("every slot running a batch line", async || {
                 s.state.batches().lines_in_flight() == SLOTS
             })
@@ -125,4 +128,61 @@ async fn zero_or_more_than_the_running_slots_means_as_many_as_the_slots() {
             assert_eq!(ended(&s, &id).await["request_counts"]["completed"], 24);
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
+    let cfg = ServerConfig {
+        batch_max_running: 2,
+        batch_fill_idle: Some(Duration::from_millis(50)),
+        ..config()
+    };
+    let s = start_with(cfg, slots(SLOTS)).await;
+    let id = batch(&s, 96, 64).await;
+    let (state, activity) = (s.state.clone(), s.state.interactive().clone());
+    eventually("every slot running a batch line", async || {
+        state.batches().lines_in_flight() == SLOTS
+    })
+    .await;
+    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, SLOTS as u64);
+    assert_eq!(activity.in_flight(), 0, "batch lines are not interactive");
+
+    // An interactive stream: the lines running finish, and no line starts past the share.
+    let body = json!({"model": MODEL, "prompt": "interactive", "max_tokens": 1500,
+                      "ignore_eos": true, "stream": true});
+    let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
+    assert_eq!(activity.in_flight(), 1, "the stream counts while it runs");
+    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, 2);
+    eventually("the batch back to its share", async || {
+        state.batches().lines_in_flight() <= 2
+    })
+    .await;
+    let path = format!("/v1/batches/{id}");
+    let done = async || {
+        s.get(&path).await.json()["request_counts"]["completed"]
+            .as_u64()
+            .unwrap()
+    };
+    let (before, mut most) = (done().await, 0);
+    while done().await < before + 4 {
+        most = most.max(state.batches().lines_in_flight());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        most <= 2,
+        "{most} lines in flight beside the interactive stream"
+    );
+
+    // Its client goes: once idle, the lines fill every slot again.
+    drop(conn);
+    eventually("the stream's end seen", async || activity.in_flight() == 0).await;
+    eventually("every slot running a batch line again", async || {
+        state.batches().lines_in_flight() == SLOTS
+    })
+    .await;
+    let r = s
+        .send("POST", &format!("/v1/batches/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(ended(&s, &id).await["status"], "cancelled");
 }

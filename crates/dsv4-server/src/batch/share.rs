@@ -1,0 +1,286 @@
+//! The running slots batch lines may take ([`Share`]): a fixed number of lines in flight, and,
+//! with `server.batch_fill_idle_ms`, every running slot once no interactive request has been in
+//! flight for that long ([`Activity`]). A line started on an idle slot runs to its end; when
+//! interactive requests come back, no further line starts past the fixed number.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Interactive generation requests (those that are not batch lines) in flight, and when the
+/// last one ended.
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests in flight; when the count last fell to 0 (or the server started).
+    state: Mutex<(usize, Instant)>,
+    /// Wakes the lines waiting for an idle slot whenever the count changes.
+    changed: Notify,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new((0, Instant::now())),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl Activity {
+    /// Count an interactive request in flight until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> Interactive {
+        self.lock().0 += 1;
+        self.changed.notify_waiters();
+        Interactive(Arc::clone(self))
+    }
+
+    /// Interactive requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.lock().0
+    }
+
+    /// When the last interactive request ended (or the server started); `None` while one is in
+    /// flight.
+    pub fn quiet_since(&self) -> Option<Instant> {
+        let (n, at) = *self.lock();
+        (n == 0).then_some(at)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (usize, Instant)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Counts one interactive request in flight while it lives.
+#[derive(Debug)]
+pub struct Interactive(Arc<Activity>);
+
+impl Drop for Interactive {
+    fn drop(&mut self) {
+        {
+            let mut s = self.0.lock();
+            s.0 -= 1;
+            if s.0 == 0 {
+                s.1 = Instant::now();
+            }
+        }
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// The lines of batches in flight together: one permit per line.
+#[derive(Debug)]
+pub struct Share {
+    /// Lines that may always be in flight.
+    lines: usize,
+    permits: Arc<Semaphore>,
+    /// The running slots past `lines` that lines may take while interactive requests are idle.
+    fill: Option<Fill>,
+}
+
+/// The idle running slots lines may fill, and when they are idle.
+#[derive(Debug)]
+struct Fill {
+    extra: usize,
+    permits: Arc<Semaphore>,
+    /// How long no interactive request must have been in flight.
+    idle: Duration,
+    activity: Arc<Activity>,
+}
+
+impl Fill {
+    /// When lines may take these slots: `idle` after the last interactive request ended;
+    /// `None` while one is in flight.
+    fn at(&self) -> Option<Instant> {
+        self.activity.quiet_since().map(|t| t + self.idle)
+    }
+
+    /// Whether lines may take these slots now.
+    fn open(&self) -> bool {
+        self.at().is_some_and(|at| at <= Instant::now())
+    }
+}
+
+impl Share {
+    /// At most `lines` lines in flight (at least 1).
+    pub fn fixed(lines: usize) -> Self {
+        let lines = lines.max(1);
+        Self {
+            lines,
+            permits: Arc::new(Semaphore::new(lines)),
+            fill: None,
+        }
+    }
+
+    /// At most `lines` lines in flight (at least 1), and up to `slots` in all once no
+    /// interactive request of `activity` has been in flight for `idle`.
+    pub fn filling(lines: usize, slots: usize, idle: Duration, activity: Arc<Activity>) -> Self {
+        let mut share = Self::fixed(lines);
+        let extra = slots.saturating_sub(share.lines);
+        if extra > 0 {
+            share.fill = Some(Fill {
+                extra,
+                permits: Arc::new(Semaphore::new(extra)),
+                idle,
+                activity,
+            });
+        }
+        share
+    }
+
+    /// Lines in flight now.
+    pub fn in_flight(&self) -> usize {
+        let used = |n: usize, p: &Semaphore| n.saturating_sub(p.available_permits());
+        used(self.lines, &self.permits)
+            + self.fill.as_ref().map_or(0, |f| used(f.extra, &f.permits))
+    }
+
+    /// The most lines that may be in flight now: the fixed number, or every running slot while
+    /// interactive requests are idle.
+    pub fn limit(&self) -> usize {
+        match &self.fill {
+            Some(f) if f.open() => self.lines + f.extra,
+            _ => self.lines,
+        }
+    }
+
+    /// Wait until one more line may start; the permit holds its place until dropped.
+    pub async fn acquire(&self) -> OwnedSemaphorePermit {
+        let Some(fill) = &self.fill else {
+            return acquire(&self.permits).await;
+        };
+        loop {
+            // Registered before the activity is read, so no change between the two is missed.
+            let changed = fill.activity.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let idle_slot = async {
+                match fill.at() {
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        acquire(&fill.permits).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                p = acquire(&self.permits) => return p,
+                () = &mut changed => {}
+                p = idle_slot => {
+                    // An interactive request may have come while this waited for the permit.
+                    if fill.open() {
+                        return p;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A permit of `permits`, which is never closed.
+async fn acquire(permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    permits
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the batch share's semaphores are never closed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    const IDLE: Duration = Duration::from_millis(500);
+
+    /// Whether `f` is ready after the runtime has run everything else it can.
+    async fn ready<T>(f: &mut std::pin::Pin<&mut impl Future<Output = T>>) -> Option<T> {
+        tokio::task::yield_now().await;
+        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fixed_share_holds_its_lines() {
+        let share = Share::fixed(2);
+        let (_a, _b) = (share.acquire().await, share.acquire().await);
+        assert_eq!((share.in_flight(), share.limit()), (2, 2));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let mut third = pin!(share.acquire());
+        assert!(ready(&mut third).await.is_none(), "a third line waits");
+        drop(_a);
+        assert!(ready(&mut third).await.is_some(), "a freed place is taken");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_slots_fill_only_after_the_idle_time_without_interactive_requests() {
+        let activity = Arc::new(Activity::default());
+        let share = Share::filling(1, 3, IDLE, activity.clone());
+        let busy = activity.begin();
+        let first = share.acquire().await;
+        assert_eq!(share.limit(), 1);
+        let mut second = pin!(share.acquire());
+        tokio::time::advance(IDLE * 4).await;
+        assert!(
+            ready(&mut second).await.is_none(),
+            "no idle slot while an interactive request runs"
+        );
+        drop(busy);
+        tokio::time::advance(IDLE / 2).await;
+        assert!(ready(&mut second).await.is_none(), "not idle long enough");
+        tokio::time::advance(IDLE).await;
+        let second = ready(&mut second).await.expect("an idle slot is taken");
+        assert_eq!((share.in_flight(), share.limit()), (2, 3));
+        let third = share.acquire().await;
+        let mut fourth = pin!(share.acquire());
+        assert!(ready(&mut fourth).await.is_none(), "every slot is taken");
+        assert_eq!(share.in_flight(), 3);
+
+        // An interactive request: the lines running go on, none starts past the fixed share.
+        let busy = activity.begin();
+        assert_eq!(share.limit(), 1);
+        drop((second, third));
+        tokio::time::advance(IDLE * 4).await;
+        assert!(ready(&mut fourth).await.is_none(), "idle slots close");
+        assert_eq!(share.in_flight(), 1);
+        drop(first);
+        assert!(
+            ready(&mut fourth).await.is_some(),
+            "the fixed share still runs"
+        );
+        drop(busy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_arriving_during_the_wait_restarts_it() {
+        let activity = Arc::new(Activity::default());
+        let share = Share::filling(1, 2, IDLE, activity.clone());
+        let _first = share.acquire().await;
+        let mut second = pin!(share.acquire());
+        tokio::time::advance(IDLE / 2).await;
+        assert!(ready(&mut second).await.is_none());
+        drop(activity.begin());
+        tokio::time::advance(IDLE * 3 / 4).await;
+        assert!(
+            ready(&mut second).await.is_none(),
+            "idle is counted from the last request's end"
+        );
+        tokio::time::advance(IDLE / 2).await;
+        assert!(ready(&mut second).await.is_some());
+        assert_eq!(activity.in_flight(), 0);
+    }
+
+    #[test]
+    fn no_idle_slots_when_the_share_is_every_slot() {
+        let share = Share::filling(4, 4, IDLE, Arc::default());
+        assert!(share.fill.is_none());
+        assert_eq!(share.limit(), 4);
+        assert_eq!(Share::fixed(0).limit(), 1);
+    }
+}
