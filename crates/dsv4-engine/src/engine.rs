@@ -9,10 +9,10 @@ use crate::error::EngineError;
 use crate::metrics::EngineMetrics;
 use crate::pools::PoolReport;
 use crate::request::{Event, Request, RequestId, RequestStream};
-use crate::scheduler::{Limits, Scheduler};
+use crate::scheduler::{Limits, Scheduler, queued_channel};
 use crate::sequence::Detokenizer;
 use dsv4_model::Model;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -25,6 +25,8 @@ enum Command {
         /// Boxed: a request is far larger than the other commands.
         req: Box<Request>,
         tx: UnboundedSender<Event>,
+        /// Told once the request is queued (a request with a queue limit).
+        queued: Option<tokio::sync::oneshot::Sender<()>>,
     },
     Cancel(RequestId),
     ClearPrefixCache(Option<tokio::sync::oneshot::Sender<usize>>),
@@ -60,18 +62,13 @@ impl Engine {
     ) -> Result<EngineHandle, EngineError> {
         let mut sched = Scheduler::new(model, cfg, detok)?.with_debug(debug);
         let limits = sched.limits().clone();
-        let max_running = sched.config().max_running_requests;
         let report = sched.pools().report().clone();
         let metrics = Arc::new(Mutex::new(sched.metrics()));
         sched.publish_to(Arc::clone(&metrics));
-        let unseen = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("dsv4-engine".into())
-            .spawn({
-                let unseen = Arc::clone(&unseen);
-                move || run(sched, rx, &unseen)
-            })
+            .spawn(move || run(sched, rx))
             .map_err(EngineError::Spawn)?;
         Ok(EngineHandle {
             inner: Arc::new(Inner {
@@ -79,8 +76,6 @@ impl Engine {
                 limits,
                 report,
                 metrics,
-                unseen,
-                max_running,
                 next_id: AtomicU64::new(0),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -91,7 +86,12 @@ impl Engine {
 /// Apply a command; false on shutdown.
 fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
     match cmd {
-        Command::Submit { id, req, tx } => sched.enqueue(id, *req, tx),
+        Command::Submit {
+            id,
+            req,
+            tx,
+            queued,
+        } => sched.enqueue(id, *req, tx, queued),
         Command::Cancel(id) => {
             sched.cancel(id);
         }
@@ -113,29 +113,22 @@ fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
     true
 }
 
-/// The loop: wait for work when idle, take every pending command, run one step. `unseen`
-/// counts the submits the published metrics do not show yet: those taken here leave it once
-/// the step after them has published.
-fn run(mut sched: Scheduler, rx: Receiver<Command>, unseen: &AtomicUsize) {
+/// The loop: wait for work when idle, take every pending command, run one step.
+fn run(mut sched: Scheduler, rx: Receiver<Command>) {
     tracing::info!("engine loop started");
     'outer: loop {
-        let mut taken = 0;
-        let mut take = |sched: &mut Scheduler, cmd: Command| {
-            taken += usize::from(matches!(cmd, Command::Submit { .. }));
-            apply(sched, cmd)
-        };
         if sched.is_idle() {
             let Ok(cmd) = rx.recv() else {
                 break;
             };
-            if !take(&mut sched, cmd) {
+            if !apply(&mut sched, cmd) {
                 break;
             }
         }
         loop {
             match rx.try_recv() {
                 Ok(cmd) => {
-                    if !take(&mut sched, cmd) {
+                    if !apply(&mut sched, cmd) {
                         break 'outer;
                     }
                 }
@@ -144,7 +137,6 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, unseen: &AtomicUsize) {
             }
         }
         sched.step();
-        unseen.fetch_sub(taken, Ordering::SeqCst);
     }
     sched.cancel_all();
     tracing::info!("engine loop stopped");
@@ -155,10 +147,6 @@ struct Inner {
     limits: Limits,
     report: PoolReport,
     metrics: Arc<Mutex<EngineMetrics>>,
-    /// Submitted requests the published metrics do not count yet.
-    unseen: Arc<AtomicUsize>,
-    /// `max_running_requests`.
-    max_running: usize,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -188,26 +176,21 @@ impl EngineHandle {
         self.inner.limits.check(&req)?;
         let id = RequestId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = unbounded_channel();
-        self.inner.unseen.fetch_add(1, Ordering::SeqCst);
+        let (queued, told) = queued_channel(&req);
         let sent = self.inner.cmd.send(Command::Submit {
             id,
             req: Box::new(req),
             tx,
+            queued,
         });
         if sent.is_err() {
-            self.inner.unseen.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Stopped);
         }
-        Ok(RequestStream { id, rx })
-    }
-
-    /// Requests that wait for a running slot: those queued at the last step and those
-    /// submitted since, less the slots that step left free (the next admission fills them
-    /// first). For a limit on the queue such as `scheduler.max_queued_requests`.
-    pub fn queued(&self) -> usize {
-        let m = self.metrics();
-        let free = self.inner.max_running.saturating_sub(m.running_requests);
-        (m.queued_requests + self.inner.unseen.load(Ordering::SeqCst)).saturating_sub(free)
+        Ok(RequestStream {
+            id,
+            rx,
+            queued: told,
+        })
     }
 
     /// Cancel a request (its pages are freed before the next step; its stream ends with

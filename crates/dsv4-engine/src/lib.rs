@@ -53,5 +53,5 @@ pub use request::{
     Completion, Event, FinishReason, Finished, MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS, Request,
     RequestId, RequestStream, SamplingParams, Timing, TokenEvent, TokenLogprob, Usage,
 };
-pub use scheduler::{Scheduler, StepTiming};
+pub use scheduler::{QUEUE_FULL, Scheduler, StepTiming};
 pub use sequence::{Detokenizer, stop_string_ends};

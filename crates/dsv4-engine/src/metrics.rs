@@ -53,6 +53,11 @@ pub struct EngineMetrics {
     pub preemptions_total: u64,
     /// Of those, preemptions to admit a higher-priority request (`scheduler.priority_preemption`).
     pub priority_preemptions_total: u64,
+    /// Requests refused at a full queue (`Request::queue_limit`): new ones, and waiting ones
+    /// that gave their place to a higher-priority one.
+    pub queue_refusals_total: u64,
+    /// Of those, waiting requests that gave their place to a higher-priority one.
+    pub queue_displacements_total: u64,
     /// Forward rounds in which the canary saw pages change outside the declared write set.
     pub canary_rounds_flagged: u64,
     /// Pages the canary saw change outside the declared write sets.
@@ -89,6 +94,8 @@ pub(crate) struct Counters {
     pub cancelled: u64,
     pub preemptions: u64,
     pub priority_preemptions: u64,
+    pub queue_refusals: u64,
+    pub queue_displacements: u64,
     pub canary_rounds: u64,
     pub canary_pages: u64,
     pub last_step_ms: f64,
@@ -131,6 +138,8 @@ impl Counters {
         m.requests_cancelled = self.cancelled;
         m.preemptions_total = self.preemptions;
         m.priority_preemptions_total = self.priority_preemptions;
+        m.queue_refusals_total = self.queue_refusals;
+        m.queue_displacements_total = self.queue_displacements;
         m.canary_rounds_flagged = self.canary_rounds;
         m.canary_unexpected_pages = self.canary_pages;
     }

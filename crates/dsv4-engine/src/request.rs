@@ -146,6 +146,13 @@ pub struct Request {
     /// admit a higher-priority one only with `EngineConfig::priority_preemption`. 0 by default
     /// (SGLang's `priority`, larger first).
     pub priority: i32,
+    /// Load shedding (SGLang's `--max-queued-requests`): when this many requests already wait
+    /// for a running slot, this one is refused, unless a waiting request of lower priority
+    /// that has a limit too and was never admitted gives up its place (the one admitted last
+    /// of the lowest priority): that one is refused instead. A refused request's stream ends
+    /// with [`FinishReason::Error`] and a message starting with [`crate::QUEUE_FULL`]; see
+    /// [`RequestStream::queued`]. None: it always queues.
+    pub queue_limit: Option<usize>,
 }
 
 /// Why a request ended.
@@ -278,6 +285,9 @@ pub struct Completion {
 pub struct RequestStream {
     pub(crate) id: RequestId,
     pub(crate) rx: UnboundedReceiver<Event>,
+    /// With a `queue_limit`: a message once the engine has queued the request; closed
+    /// unsent when it refused it.
+    pub(crate) queued: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl RequestStream {
@@ -298,6 +308,25 @@ impl RequestStream {
         Self {
             id: RequestId(u64::MAX),
             rx,
+            queued: None,
+        }
+    }
+
+    /// Whether the engine queued the request: true at once for one without a
+    /// [`Request::queue_limit`]; for one with, once the engine has taken it. False: it was
+    /// refused at a full queue (its stream holds the refusal), or the engine stopped.
+    pub async fn queued(&mut self) -> bool {
+        match self.queued.take() {
+            None => true,
+            Some(rx) => rx.await.is_ok(),
+        }
+    }
+
+    /// [`Self::queued`], blocking the thread (not for use inside an async runtime).
+    pub fn blocking_queued(&mut self) -> bool {
+        match self.queued.take() {
+            None => true,
+            Some(rx) => rx.blocking_recv().is_ok(),
         }
     }
 

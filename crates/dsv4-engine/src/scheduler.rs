@@ -21,6 +21,7 @@
 
 mod device;
 mod overlap;
+mod queue;
 mod round;
 
 use crate::canary::{CanaryFinding, DebugOptions};
@@ -40,8 +41,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::sync::oneshot;
 
 pub use overlap::StepTiming;
+pub use queue::QUEUE_FULL;
+pub(crate) use queue::queued_channel;
 
 /// Waiting requests a first-come-first-served admission looks at for one that need not wait for
 /// a running request's prefill (bounds the cost of a step under a long queue).
@@ -159,18 +163,41 @@ impl Scheduler {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let (tx, rx) = unbounded_channel();
-        self.enqueue(id, req, tx);
-        Ok(RequestStream { id, rx })
+        let (queued, told) = queued_channel(&req);
+        self.enqueue(id, req, tx, queued);
+        Ok(RequestStream {
+            id,
+            rx,
+            queued: told,
+        })
     }
 
-    /// Queue an already checked request under `id` (the engine thread's path).
-    pub(crate) fn enqueue(&mut self, id: RequestId, req: Request, tx: UnboundedSender<Event>) {
-        tracing::debug!(%id, prompt = req.prompt.len(), max_tokens = req.max_tokens, "queued");
-        let p = req.priority;
+    /// Queue an already checked request under `id` (the engine thread's path), or refuse it at
+    /// a full queue ([`Request::queue_limit`]); `queued` is told when it is queued.
+    pub(crate) fn enqueue(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        tx: UnboundedSender<Event>,
+        queued: Option<oneshot::Sender<()>>,
+    ) {
+        let seq = Seq::new(id, req, tx);
+        if let Err(why) = self.make_room(&seq) {
+            tracing::debug!(%id, why, "refused");
+            self.retire(seq, FinishReason::Error, Some(why));
+            self.settle();
+            return;
+        }
+        tracing::debug!(%id, prompt = seq.prompt_len, max_tokens = seq.req.max_tokens, "queued");
+        if let Some(q) = queued {
+            // A closed channel only means the client is gone.
+            let _ = q.send(());
+        }
+        let p = seq.req.priority;
         // Behind every waiting request of its priority or higher (the queue stays ordered by
         // priority, first come first within one).
         let at = self.waiting.partition_point(|s| s.req.priority >= p);
-        self.waiting.insert(at, Seq::new(id, req, tx));
+        self.waiting.insert(at, seq);
     }
 
     /// Cancel a queued or running request: its pages are freed now and its stream ends with

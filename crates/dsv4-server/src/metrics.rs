@@ -81,7 +81,6 @@ struct Inner {
     e2e: Histogram,
     grammar: Histogram,
     grammar_cache_hits: u64,
-    queue_full: u64,
 }
 
 /// Counters and histograms the handlers update.
@@ -104,7 +103,6 @@ impl Default for Stats {
                 e2e: Histogram::new(E2E_BUCKETS),
                 grammar: Histogram::new(GRAMMAR_BUCKETS),
                 grammar_cache_hits: 0,
-                queue_full: 0,
             }),
         }
     }
@@ -143,11 +141,6 @@ impl Stats {
     /// A request compiled no grammar: it was kept, or another request was compiling it.
     pub fn grammar_cache_hit(&self) {
         self.lock().grammar_cache_hits += 1;
-    }
-
-    /// A generation request was refused because `scheduler.max_queued_requests` wait.
-    pub fn queue_full(&self) {
-        self.lock().queue_full += 1;
     }
 
     /// A generation request ended (any way) with the engine's final event.
@@ -250,13 +243,6 @@ impl Stats {
             "counter",
             "Requests that compiled no grammar: theirs was kept (server.grammar_cache) or another request was compiling it.",
             s.grammar_cache_hits as f64,
-        );
-        scalar(
-            o,
-            "dsv4:requests_refused_queue_full_total",
-            "counter",
-            "Generation requests refused with 503 because scheduler.max_queued_requests wait.",
-            s.queue_full as f64,
         );
         if let Some(m) = engine {
             render_engine(o, m);
@@ -404,6 +390,20 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
         "counter",
         "Of those, requests preempted to admit a higher-priority one (scheduler.priority_preemption).",
         m.priority_preemptions_total as f64,
+    );
+    scalar(
+        o,
+        "dsv4:requests_refused_queue_full_total",
+        "counter",
+        "Engine requests refused with 503 at a full queue (scheduler.max_queued_requests): new ones, and waiting ones that gave their place to a higher-priority one.",
+        m.queue_refusals_total as f64,
+    );
+    scalar(
+        o,
+        "dsv4:requests_displaced_queue_full_total",
+        "counter",
+        "Of those, waiting requests that gave their place to a higher-priority one.",
+        m.queue_displacements_total as f64,
     );
     scalar(
         o,

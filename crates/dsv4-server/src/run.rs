@@ -12,7 +12,9 @@ use crate::output::{Delta, OutputDecoder};
 use crate::state::{AppState, InFlight, Loaded};
 use crate::vocab::Vocab;
 use dsv4_engine::limits::Limits;
-use dsv4_engine::{Event, FinishReason, Finished, Request, RequestStream, TokenLogprob};
+use dsv4_engine::{
+    Event, FinishReason, Finished, QUEUE_FULL, Request, RequestStream, TokenLogprob,
+};
 use futures_util::StreamExt;
 use futures_util::stream::{BoxStream, SelectAll};
 use std::sync::Arc;
@@ -152,6 +154,22 @@ impl Run {
         }
     }
 
+    /// Wait until the engine has queued this run (at once without
+    /// `scheduler.max_queued_requests`): the 503 `queue_full` when it refused it at a full
+    /// queue, so a stream or a background response is refused before it starts.
+    pub async fn queued(&mut self) -> Result<(), ApiError> {
+        if self.stream.queued().await {
+            return Ok(());
+        }
+        // Refused (or the engine stopped): the stream ends with why, and holds nothing else.
+        match self.next().await {
+            Err(e) => Err(e),
+            Ok(_) => Err(ApiError::internal(
+                "the engine did not queue the request but went on with it",
+            )),
+        }
+    }
+
     /// The vocabulary the tokens' texts come from.
     pub fn vocab(&self) -> &Vocab {
         &self.loaded.vocab
@@ -192,7 +210,12 @@ impl Run {
                     }
                 }
                 Some(Event::Finished(f)) => {
-                    if self.counted {
+                    // A request refused at a full queue never ran: `/metrics` counts it apart.
+                    let refused = f
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with(QUEUE_FULL));
+                    if self.counted && !refused {
                         self.state.stats().finished(&f);
                     }
                     return match f.reason {
@@ -382,6 +405,14 @@ impl SharedScoring {
 /// every run still going, which cancels their engine requests.
 pub type Merged = SelectAll<BoxStream<'static, (usize, Result<Step, ApiError>)>>;
 
+/// Wait until the engine has queued every run ([`Run::queued`]); the first refusal.
+pub async fn all_queued(runs: &mut [Run]) -> Result<(), ApiError> {
+    for run in runs {
+        run.queued().await?;
+    }
+    Ok(())
+}
+
 /// Merge `runs` (choice `i` is `runs[i]`); see [`Merged`].
 pub fn merge(runs: Vec<Run>) -> Merged {
     futures_util::stream::select_all(runs.into_iter().enumerate().map(|(index, run)| {
@@ -400,14 +431,20 @@ pub fn merge(runs: Vec<Run>) -> Merged {
 /// fault, a 400 with code `grammar_failed`; anything else is the server's, a 500.
 fn engine_error(error: Option<&str>) -> ApiError {
     let error = error.unwrap_or("no reason given");
-    match error.strip_prefix(dsv4_engine::CONSTRAINT_FAILED) {
-        Some(why) => ApiError::bad_request(format!(
+    if let Some(why) = error.strip_prefix(dsv4_engine::CONSTRAINT_FAILED) {
+        return ApiError::bad_request(format!(
             "the request's grammar (its structured output or required tool calls) could not \
              be followed while generating: {why}"
         ))
-        .with_code("grammar_failed"),
-        None => ApiError::internal(format!("the engine failed on this request: {error}")),
+        .with_code("grammar_failed");
     }
+    if let Some(why) = error.strip_prefix(QUEUE_FULL) {
+        return ApiError::unavailable(format!(
+            "the server is at capacity: {why} (scheduler.max_queued_requests); retry shortly"
+        ))
+        .with_code("queue_full");
+    }
+    ApiError::internal(format!("the engine failed on this request: {error}"))
 }
 
 /// OpenAI's `finish_reason` for an engine reason, given whether tool calls were made (an

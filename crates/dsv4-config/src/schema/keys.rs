@@ -269,7 +269,8 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Range(0, 1_000_000),
         "0",
         "requests waiting for a running slot at which the server refuses new ones with a 503 \
-         and Retry-After (batch lines still queue); 0: no limit",
+         and Retry-After, unless one of higher priority can take a waiting request's place \
+         (that one is refused instead); batch lines still queue and never give way; 0: no limit",
     ),
     // [server]
     key(

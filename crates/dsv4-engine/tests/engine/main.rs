@@ -13,7 +13,7 @@ mod overload;
 mod plans;
 mod priority;
 mod prompt_logprobs;
-mod queued;
+mod queue_limit;
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{IndexKDtype, KvCacheDtype, Numerics, SplitMix64};

@@ -7,7 +7,7 @@
 
 use super::chat_stream::ChatStream;
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
-use super::{check_queue, request_priority};
+use super::{queue_limit, request_priority};
 use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
 };
@@ -24,7 +24,9 @@ use crate::config::OutputParsing;
 use crate::error::ApiError;
 use crate::grammar::Target;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{GeneratedToken, Merged, finish_reason, fit_max_tokens, merge, start_choices};
+use crate::run::{
+    GeneratedToken, Merged, all_queued, finish_reason, fit_max_tokens, merge, start_choices,
+};
 use crate::state::{AppState, Loaded};
 use axum::Extension;
 use axum::body::Bytes;
@@ -45,9 +47,9 @@ pub async fn chat_completions(
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
     let line = line.is_some();
-    check_queue(&state, &loaded, line)?;
     let mut req: ChatRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
+    req.queue_limit = queue_limit(&state, line);
     check_model(&state, &req.model)?;
     let prepared = prepare(&state, &loaded, &req, &body).await?;
     let meta = Meta {
@@ -74,13 +76,14 @@ pub async fn chat_completions(
         n,
     } = prepared;
     let usage = StreamUsage::new(req.stream_options.as_ref())?;
-    let runs = match beam::params(req.use_beam_search, req.length_penalty, n)? {
+    let mut runs = match beam::params(req.use_beam_search, req.length_penalty, n)? {
         Some(p) => {
             beam::check(&request, &p)?;
             beam::start_beams(&state, &loaded, &request, p, &meta.id, || decoder.build()).await?
         }
         None => start_choices(&state, &loaded, request, n, &meta.id, || decoder.build())?,
     };
+    all_queued(&mut runs).await?;
     let runs = merge(runs);
     if req.stream.unwrap_or(false) {
         Ok(sse_response(ChatStream::new(
@@ -295,6 +298,7 @@ async fn prepare(
             prompt_logprobs,
             constraint,
             priority: req.priority.unwrap_or(0),
+            queue_limit: req.queue_limit,
             ..Default::default()
         },
         decoder,

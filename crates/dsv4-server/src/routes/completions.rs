@@ -15,7 +15,7 @@ use super::chat::{max_tokens, structured_constraint};
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
-use super::{check_queue, request_priority};
+use super::{queue_limit, request_priority};
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
     truncate_prompt, unix_now, unsupported,
@@ -32,7 +32,7 @@ use crate::beam::{self, BeamParams};
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{
-    GeneratedToken, Merged, SharedScoring, Step, finish_reason, merge, start_choices,
+    GeneratedToken, Merged, SharedScoring, Step, all_queued, finish_reason, merge, start_choices,
 };
 use crate::state::{AppState, Loaded};
 use axum::Extension;
@@ -56,9 +56,9 @@ pub async fn completions(
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
     let line = line.is_some();
-    check_queue(&state, &loaded, line)?;
     let mut req: CompletionRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
+    req.queue_limit = queue_limit(&state, line);
     check_model(&state, &req.model)?;
     let Prepared {
         prompts,
@@ -100,6 +100,7 @@ pub async fn completions(
         }
         echoes.extend(echo);
     }
+    all_queued(&mut runs).await?;
     let total = runs.len();
     let out = TextStream {
         runs: merge(runs),
@@ -236,6 +237,7 @@ async fn prepare(
             prompt_logprobs: scored,
             constraint: constraint.clone(),
             priority: req.priority.unwrap_or(0),
+            queue_limit: req.queue_limit,
             ..Default::default()
         };
         if let Some(p) = &beam {

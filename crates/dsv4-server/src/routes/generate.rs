@@ -11,7 +11,7 @@
 use super::chat::structured_constraint;
 use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
-use super::{check_queue, request_priority};
+use super::{queue_limit, request_priority};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::{MAX_PROMPTS, Prompt};
 use crate::api::generate::{
@@ -24,7 +24,7 @@ use crate::api::structured::{self, Shape};
 use crate::batch::BatchLine;
 use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
-use crate::run::{Merged, SharedScoring, Step, merge, start_choices};
+use crate::run::{Merged, SharedScoring, Step, all_queued, merge, start_choices};
 use crate::state::{AppState, Loaded};
 use axum::Extension;
 use axum::body::Bytes;
@@ -47,9 +47,9 @@ pub async fn generate(
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
     let line = line.is_some();
-    check_queue(&state, &loaded, line)?;
     let mut req: GenerateRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
+    req.queue_limit = queue_limit(&state, line);
     let (prompts, batch) = req.prompts()?;
     let specs = prepare(&state, &loaded, &req, prompts).await?;
     let stream = req.stream.unwrap_or(false);
@@ -83,6 +83,7 @@ pub async fn generate(
             outs.push(Out::new(&spec, &rid, k, first));
         }
     }
+    all_queued(&mut runs).await?;
     let batch = batch || outs.len() > 1;
     let sharing = SharedScoring::new(
         outs.iter().map(|o| o.first).collect(),
@@ -222,6 +223,7 @@ async fn prepare(
             logprob_token_ids: asked.clone().unwrap_or_default(),
             constraint,
             priority: req.priority.unwrap_or(0),
+            queue_limit: req.queue_limit,
             ..Default::default()
         };
         specs.push(Spec {

@@ -283,28 +283,16 @@ pub(crate) fn request_priority(
     }
 }
 
-/// 503 (`queue_full`, with `Retry-After`) when `scheduler.max_queued_requests` requests
-/// already wait for a running slot; the request of a batch `line` always queues, since its
-/// batch bounds its own lines in flight.
-pub(crate) fn check_queue(
-    state: &AppState,
-    loaded: &crate::state::Loaded,
-    line: bool,
-) -> Result<(), ApiError> {
-    let limit = state.cfg().max_queued_requests;
-    if limit == 0 || line {
-        return Ok(());
+/// The most requests that may wait before a request is refused with a 503 `queue_full`
+/// (`scheduler.max_queued_requests`; the engine decides, making room by priority): none for
+/// the request of a batch `line`, which always queues, since its batch bounds its own lines
+/// in flight.
+pub(crate) fn queue_limit(state: &AppState, line: bool) -> Option<usize> {
+    match state.cfg().max_queued_requests {
+        0 => None,
+        _ if line => None,
+        n => Some(n),
     }
-    let queued = loaded.engine.queued();
-    if queued < limit {
-        return Ok(());
-    }
-    state.stats().queue_full();
-    Err(ApiError::unavailable(format!(
-        "the server is at capacity: {queued} requests wait for a running slot \
-         (scheduler.max_queued_requests = {limit}); retry shortly"
-    ))
-    .with_code("queue_full"))
 }
 
 /// The loaded model, or 503 while it loads.

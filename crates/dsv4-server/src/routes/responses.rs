@@ -13,7 +13,7 @@ use super::responses_truncation::truncated;
 use super::{
     body_bytes, check_model, json_response, loaded_model, responses_background, sse_response,
 };
-use super::{check_queue, request_priority};
+use super::{queue_limit, request_priority};
 use crate::api::chat::ToolChoice;
 use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
@@ -45,9 +45,9 @@ pub async fn create(
     let body = body_bytes(&state, body)?;
     let loaded = loaded_model(&state)?;
     let line = line.is_some();
-    check_queue(&state, &loaded, line)?;
     let mut req: ResponsesRequest = crate::api::common::parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
+    req.queue_limit = queue_limit(&state, line);
     check_model(&state, &req.model)?;
     req.check_supported()?;
     let background = req.background.unwrap_or(false);
@@ -66,13 +66,14 @@ pub async fn create(
     let envelope = Envelope::new(&req, id.clone(), unix_now(), store, &raw);
     let logprobs = request.logprobs.is_some();
     let thinking = decoder.thinking;
-    let run = Run::start(
+    let mut run = Run::start(
         &state,
         &loaded,
         request,
         (id.clone(), id.clone()),
         decoder.build(),
     )?;
+    run.queued().await?;
     let think_end = loaded.tokenizer.token_id(markers::THINK_END);
     let output = ResponseOutput::new(
         state.clone(),
@@ -376,6 +377,7 @@ async fn prepare(
         logprobs,
         constraint,
         priority: req.priority.unwrap_or(0),
+        queue_limit: req.queue_limit,
         ..Default::default()
     };
     Ok((request, decoder))

@@ -1,6 +1,8 @@
 //! `scheduler.max_queued_requests`: with that many requests waiting for a running slot, a new
-//! generation request on any route is a 503 `queue_full` with `Retry-After`, counted on
-//! `/metrics`; a batch's line still queues; once the queue drains, requests are taken again.
+//! generation request on any route is a 503 `queue_full` with `Retry-After`, also streamed and
+//! background ones, before anything starts; one of higher priority takes the place of the last
+//! waiting request of lowest priority, which gets the 503; both are counted on `/metrics`; a
+//! batch's line still queues; once the queue drains, requests are taken again.
 
 use super::batches::{create, ended, upload};
 use super::common::*;
@@ -22,37 +24,63 @@ fn completion(prompt: &str, n: u32) -> Value {
            "temperature": 0})
 }
 
+/// Send `body` to `path` in the background; its reply.
+fn spawn_request(
+    s: &TestServer,
+    path: &'static str,
+    body: Value,
+) -> tokio::task::JoinHandle<Reply> {
+    let addr = s.addr;
+    tokio::spawn(async move { request(addr, "POST", path, &[], body.to_string().as_bytes()).await })
+}
+
+/// The value of the unlabelled counter `name` on `/metrics`.
+async fn counter(s: &TestServer, name: &str) -> u64 {
+    let text = s.get("/metrics").await.body;
+    let line = text
+        .lines()
+        .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
+        .unwrap_or_else(|| panic!("{name} is not on /metrics:\n{text}"));
+    line.split_once(' ').unwrap().1.parse::<f64>().unwrap() as u64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_refuses_new_requests_with_503_but_not_batch_lines() {
+async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() {
     let s = server(2).await;
     let engine = s.state.loaded().unwrap().engine.clone();
+    let queued = |n: usize| {
+        let engine = engine.clone();
+        async move {
+            eventually(&format!("{n} requests queued"), async || {
+                engine.metrics().queued_requests == n
+            })
+            .await
+        }
+    };
     // One running (a long stream), two waiting: the queue is full.
     let body = json!({"model": MODEL, "prompt": "hold", "max_tokens": 1500, "ignore_eos": true,
                       "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
-    // With the step loop held, the count cannot depend on when a step runs.
-    let stall = engine.stall();
-    let waiting: Vec<_> = ["one", "two"]
-        .into_iter()
-        .map(|p| {
-            let (addr, body) = (s.addr, completion(p, 4).to_string());
-            tokio::spawn(async move {
-                request(addr, "POST", "/v1/completions", &[], body.as_bytes()).await
-            })
-        })
-        .collect();
-    eventually("two requests queued", async || engine.queued() == 2).await;
+    let one = spawn_request(&s, "/v1/completions", completion("one", 4));
+    queued(1).await;
+    let two = spawn_request(&s, "/v1/completions", completion("two", 4));
+    queued(2).await;
 
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                      "max_tokens": 2});
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
     let refused = [
         ("/v1/completions", completion("three", 4)),
-        (
-            "/v1/chat/completions",
-            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                   "max_tokens": 2}),
-        ),
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", streamed),
         (
             "/v1/responses",
             json!({"model": MODEL, "input": "x", "max_output_tokens": 2, "store": false}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "x", "max_output_tokens": 2, "background": true}),
         ),
         (
             "/generate",
@@ -61,41 +89,63 @@ async fn a_full_queue_refuses_new_requests_with_503_but_not_batch_lines() {
     ];
     for (path, body) in &refused {
         let r = s.send("POST", path, body).await;
-        assert_eq!(r.header("retry-after"), Some("1"), "{path}");
+        assert_eq!(r.header("retry-after"), Some("1"), "{path} {body}");
         let e = r.error(503);
         assert_eq!(e["code"], "queue_full", "{path}: {e}");
         let message = e["message"].as_str().unwrap();
         assert!(
-            message.contains("scheduler.max_queued_requests = 2"),
+            message.contains("2 requests wait for a running slot (the limit is 2)")
+                && message.contains("scheduler.max_queued_requests"),
             "{path}: {e}"
         );
     }
-    let metrics = s.get("/metrics").await.body;
-    assert!(
-        metrics.contains("\ndsv4:requests_refused_queue_full_total 4\n"),
-        "{metrics}"
+    assert_eq!(
+        counter(&s, "dsv4:requests_refused_queue_full_total").await,
+        6
     );
-    drop(stall);
 
-    // A batch's line still queues behind the full queue, and answers.
+    // A batch's line still queues behind the full queue.
     let line = batch_line("only", "/v1/completions", completion("batch", 4));
     let file = upload(&s, &line).await;
     let id = create(&s, &file, "/v1/completions").await["id"]
         .as_str()
         .unwrap()
         .to_string();
-    eventually("the batch line queued", async || engine.queued() == 3).await;
+    queued(3).await;
+
+    // A request of higher priority takes the place of the last waiting one of priority 0.
+    let mut urgent = completion("urgent", 4);
+    urgent["priority"] = json!(5);
+    let urgent = spawn_request(&s, "/v1/completions", urgent);
+    let two = two.await.unwrap();
+    let e = two.error(503);
+    assert_eq!(e["code"], "queue_full", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("a request of higher priority (5, this one 0) took its place"),
+        "{e}"
+    );
+    assert_eq!(
+        counter(&s, "dsv4:requests_displaced_queue_full_total").await,
+        1
+    );
+    assert_eq!(
+        counter(&s, "dsv4:requests_refused_queue_full_total").await,
+        7
+    );
 
     // Free the slot: everything queued answers, and the queue takes requests again.
     drop(conn);
-    for w in waiting {
+    for w in [one, urgent] {
         let r = w.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
     }
     let done = ended(&s, &id).await;
     assert_eq!(done["request_counts"]["completed"], 1, "{done}");
     assert_eq!(done["request_counts"]["failed"], 0, "{done}");
-    eventually("the queue drained", async || engine.queued() == 0).await;
+    queued(0).await;
     let r = s
         .send("POST", "/v1/completions", &completion("again", 2))
         .await;
