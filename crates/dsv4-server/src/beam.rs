@@ -181,6 +181,10 @@ async fn expand(
         ignore_eos: true,
         logprobs: Some(CANDIDATES),
         prompt_logprobs: req.prompt_logprobs.filter(|_| first),
+        // Admitted as the request would be; only its first step may be refused at a full
+        // queue, not a search under way.
+        priority: req.priority,
+        queue_limit: req.queue_limit.filter(|_| first),
         ..Default::default()
     };
     // Not under `rid`: an abort of the request stops the search through its own guard.

@@ -3,6 +3,7 @@
 //! they set one) wait behind interactive requests; a bad `priority` names the field.
 
 use super::common::*;
+use dsv4_engine::EngineConfig;
 use dsv4_server::{RequestPriority, ServerConfig};
 use serde_json::{Value, json};
 use std::time::Instant;
@@ -258,5 +259,42 @@ async fn ignored_priorities_leave_arrival_order_and_refused_ones_are_a_400() {
             "{path}: {e}"
         );
     }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beam_search_runs_every_step_at_its_priority() {
+    // One slot, and a request above the running one by any gap takes its slot.
+    let engine = EngineConfig {
+        priority_preemption: Some(0),
+        ..slots(1)
+    };
+    let s = start_with(config(), engine).await;
+    let conn = hold(&s).await;
+    let plain = send_later(
+        &s,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "plain", "max_tokens": 48, "ignore_eos": true,
+               "temperature": 0}),
+    );
+    queued(&s, 1).await;
+    // Each step of the search is a request of its own: each preempts the plain one at 5, and
+    // none would at the default 0.
+    let beam = send_later(
+        &s,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "beam", "max_tokens": 4, "n": 2,
+               "use_beam_search": true, "priority": 5}),
+    );
+    queued(&s, 2).await;
+    drop(conn);
+    let (b, beam_at) = beam.await.unwrap();
+    assert_eq!(b.status, 200, "{}", b.body);
+    let (p, plain_at) = plain.await.unwrap();
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert!(
+        beam_at < plain_at,
+        "the search waited for the plain request"
+    );
     s.shutdown().await.unwrap();
 }
