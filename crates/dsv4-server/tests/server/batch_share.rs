@@ -43,28 +43,18 @@ fn lines(n: usize, tokens: u32) -> String {
         .collect()
 }
 
-/// The value of the unlabelled gauge `name` on `/metrics`.
-async fn gauge(s: &TestServer, name: &str) -> u64 {
-    let text = s.get("/metrics").await.body;
-    let line = text
-        .lines()
-        .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
-        .unwrap_or_else(|| panic!("{name} is not on /metrics:\n{text}"));
-    line.split_once(' ').unwrap().1.parse::<f64>().unwrap() as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_keep_at_most_batch_max_running_lines_in_flight() {
     let s = server(2).await;
-    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, 2);
-    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 0);
+    assert_eq!(metric(&s, "dsv4:batch_lines_limit").await, 2);
+    assert_eq!(metric(&s, "dsv4:batch_lines_running").await, 0);
     let id = batch(&s, 12, 48).await;
     let state = s.state.clone();
     eventually("two lines in flight", async || {
         state.batches().lines_in_flight() == 2
     })
     .await;
-    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 2);
+    assert_eq!(metric(&s, "dsv4:batch_lines_running").await, 2);
 
     // Watch the batch to its end while an interactive request runs beside it.
     let engine = s.state.loaded().unwrap().engine.clone();
@@ -106,7 +96,7 @@ async fn batches_keep_at_most_batch_max_running_lines_in_flight() {
         running <= 3,
         "{running} requests ran: 2 batch lines and 1 interactive at most"
     );
-    assert_eq!(gauge(&s, "dsv4:batch_lines_running").await, 0);
+    assert_eq!(metric(&s, "dsv4:batch_lines_running").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +104,7 @@ async fn zero_or_more_than_the_running_slots_means_as_many_as_the_slots() {
     for asked in [0, SLOTS + 1, 65_536] {
         let s = server(asked).await;
         assert_eq!(
-            gauge(&s, "dsv4:batch_lines_limit").await,
+            metric(&s, "dsv4:batch_lines_limit").await,
             SLOTS as u64,
             "server.batch_max_running = {asked}"
         );
@@ -144,7 +134,7 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
         state.batches().lines_in_flight() == SLOTS
     })
     .await;
-    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, SLOTS as u64);
+    assert_eq!(metric(&s, "dsv4:batch_lines_limit").await, SLOTS as u64);
     assert_eq!(activity.in_flight(), 0, "batch lines are not interactive");
 
     // An interactive stream: the lines running finish, and no line starts past the share.
@@ -152,7 +142,7 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
                       "ignore_eos": true, "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
     assert_eq!(activity.in_flight(), 1, "the stream counts while it runs");
-    assert_eq!(gauge(&s, "dsv4:batch_lines_limit").await, 2);
+    assert_eq!(metric(&s, "dsv4:batch_lines_limit").await, 2);
     eventually("the batch back to its share", async || {
         state.batches().lines_in_flight() <= 2
     })

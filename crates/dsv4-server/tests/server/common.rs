@@ -446,3 +446,22 @@ pub async fn post_form(s: &TestServer, fields: &[Field<'_>]) -> Reply {
     )
     .await
 }
+
+/// The value of the unlabelled metric `name` on `/metrics` (a gauge or a counter).
+pub async fn metric(s: &TestServer, name: &str) -> u64 {
+    let text = s.get("/metrics").await.body;
+    let line = text
+        .lines()
+        .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
+        .unwrap_or_else(|| panic!("{name} is not on /metrics:\n{text}"));
+    line.split_once(' ').unwrap().1.parse::<f64>().unwrap() as u64
+}
+
+/// POST `body` to `path` in the background; its reply and when it arrived.
+pub fn send_later(s: &TestServer, path: &'static str, body: Value) -> JoinHandle<(Reply, Instant)> {
+    let addr = s.addr;
+    tokio::spawn(async move {
+        let r = request(addr, "POST", path, &[], body.to_string().as_bytes()).await;
+        (r, Instant::now())
+    })
+}

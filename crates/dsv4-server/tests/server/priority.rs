@@ -6,7 +6,6 @@ use super::common::*;
 use dsv4_engine::EngineConfig;
 use dsv4_server::{RequestPriority, ServerConfig};
 use serde_json::{Value, json};
-use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// A server whose engine runs one request at a time.
@@ -37,19 +36,6 @@ async fn queued(s: &TestServer, n: u64) {
         engine.metrics().queued_requests as u64 == n
     })
     .await;
-}
-
-/// Send `body` to `path` in the background; its reply and when it arrived.
-fn send_later(
-    s: &TestServer,
-    path: &'static str,
-    body: Value,
-) -> tokio::task::JoinHandle<(Reply, Instant)> {
-    let addr = s.addr;
-    tokio::spawn(async move {
-        let r = request(addr, "POST", path, &[], body.to_string().as_bytes()).await;
-        (r, Instant::now())
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,26 +24,6 @@ fn completion(prompt: &str, n: u32) -> Value {
            "temperature": 0})
 }
 
-/// Send `body` to `path` in the background; its reply.
-fn spawn_request(
-    s: &TestServer,
-    path: &'static str,
-    body: Value,
-) -> tokio::task::JoinHandle<Reply> {
-    let addr = s.addr;
-    tokio::spawn(async move { request(addr, "POST", path, &[], body.to_string().as_bytes()).await })
-}
-
-/// The value of the unlabelled counter `name` on `/metrics`.
-async fn counter(s: &TestServer, name: &str) -> u64 {
-    let text = s.get("/metrics").await.body;
-    let line = text
-        .lines()
-        .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
-        .unwrap_or_else(|| panic!("{name} is not on /metrics:\n{text}"));
-    line.split_once(' ').unwrap().1.parse::<f64>().unwrap() as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() {
     let s = server(2).await;
@@ -61,9 +41,9 @@ async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() 
     let body = json!({"model": MODEL, "prompt": "hold", "max_tokens": 1500, "ignore_eos": true,
                       "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
-    let one = spawn_request(&s, "/v1/completions", completion("one", 4));
+    let one = send_later(&s, "/v1/completions", completion("one", 4));
     queued(1).await;
-    let two = spawn_request(&s, "/v1/completions", completion("two", 4));
+    let two = send_later(&s, "/v1/completions", completion("two", 4));
     queued(2).await;
 
     let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
@@ -100,7 +80,7 @@ async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() 
         );
     }
     assert_eq!(
-        counter(&s, "dsv4:requests_refused_queue_full_total").await,
+        metric(&s, "dsv4:requests_refused_queue_full_total").await,
         6
     );
 
@@ -116,8 +96,8 @@ async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() 
     // A request of higher priority takes the place of the last waiting one of priority 0.
     let mut urgent = completion("urgent", 4);
     urgent["priority"] = json!(5);
-    let urgent = spawn_request(&s, "/v1/completions", urgent);
-    let two = two.await.unwrap();
+    let urgent = send_later(&s, "/v1/completions", urgent);
+    let (two, _) = two.await.unwrap();
     let e = two.error(503);
     assert_eq!(e["code"], "queue_full", "{e}");
     assert!(
@@ -128,18 +108,18 @@ async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() 
         "{e}"
     );
     assert_eq!(
-        counter(&s, "dsv4:requests_displaced_queue_full_total").await,
+        metric(&s, "dsv4:requests_displaced_queue_full_total").await,
         1
     );
     assert_eq!(
-        counter(&s, "dsv4:requests_refused_queue_full_total").await,
+        metric(&s, "dsv4:requests_refused_queue_full_total").await,
         7
     );
 
     // Free the slot: everything queued answers, and the queue takes requests again.
     drop(conn);
     for w in [one, urgent] {
-        let r = w.await.unwrap();
+        let (r, _) = w.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
     }
     let done = ended(&s, &id).await;
