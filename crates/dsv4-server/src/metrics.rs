@@ -79,6 +79,7 @@ struct Inner {
     ttft: Histogram,
     tpot: Histogram,
     e2e: Histogram,
+    queue: Histogram,
     grammar: Histogram,
     grammar_cache_hits: u64,
 }
@@ -101,6 +102,7 @@ impl Default for Stats {
                 ttft: Histogram::new(TTFT_BUCKETS),
                 tpot: Histogram::new(TPOT_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
+                queue: Histogram::new(E2E_BUCKETS),
                 grammar: Histogram::new(GRAMMAR_BUCKETS),
                 grammar_cache_hits: 0,
             }),
@@ -158,6 +160,7 @@ impl Stats {
             }
         }
         s.e2e.observe(f.timing.e2e_ms / 1e3);
+        s.queue.observe(f.timing.queue_ms / 1e3);
     }
 
     /// The Prometheus text of the server's counters and the engine's gauges (`engine` is None
@@ -232,6 +235,11 @@ impl Stats {
             "dsv4:e2e_request_latency_seconds",
             "Submission to the end of a generation request.",
         );
+        s.queue.render(
+            o,
+            "dsv4:request_queue_time_seconds",
+            "Submission to the first admission to a running slot (to the end, for a request that never ran).",
+        );
         s.grammar.render(
             o,
             "dsv4:grammar_compile_seconds",
@@ -284,7 +292,7 @@ pub fn render_batches(
     files: usize,
     bytes: usize,
     running: usize,
-    (lines, limit): (usize, usize),
+    (lines, limit, interactive): (usize, usize, usize),
 ) {
     scalar(
         out,
@@ -321,6 +329,13 @@ pub fn render_batches(
         "Most lines of batches in flight together now (server.batch_max_running, or every \
          running slot while server.batch_fill_idle_ms lets them fill idle ones).",
         limit as f64,
+    );
+    scalar(
+        out,
+        "dsv4:interactive_requests_in_flight",
+        "gauge",
+        "Generation requests in flight that are not batch lines (batch lines fill idle running slots only while there are none, server.batch_fill_idle_ms).",
+        interactive as f64,
     );
 }
 

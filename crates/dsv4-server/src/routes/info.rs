@@ -167,6 +167,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         (
             state.batches().lines_in_flight(),
             state.batches().lines_limit(),
+            state.interactive().in_flight(),
         ),
     );
     if let Some(l) = &loaded {

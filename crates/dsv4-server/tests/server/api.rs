@@ -310,6 +310,7 @@ async fn completions_models_stops_and_metrics() {
         "dsv4:http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 6",
         "dsv4:request_success_total{finished_reason=\"stop\"}",
         "dsv4:time_to_first_token_seconds_count 6",
+        "dsv4:request_queue_time_seconds_count 6",
         "dsv4:time_per_output_token_seconds_bucket{le=\"+Inf\"}",
         "dsv4:num_requests_running 0",
         "dsv4:num_requests_waiting 0",

@@ -142,6 +142,7 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
                       "ignore_eos": true, "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
     assert_eq!(activity.in_flight(), 1, "the stream counts while it runs");
+    assert_eq!(metric(&s, "dsv4:interactive_requests_in_flight").await, 1);
     assert_eq!(metric(&s, "dsv4:batch_lines_limit").await, 2);
     eventually("the batch back to its share", async || {
         state.batches().lines_in_flight() <= 2
