@@ -29,6 +29,7 @@ enum Command {
         queued: Option<tokio::sync::oneshot::Sender<()>>,
     },
     Cancel(RequestId),
+    YieldCap(usize),
     ClearPrefixCache(Option<tokio::sync::oneshot::Sender<usize>>),
     /// Block the loop until the sender is dropped (fault injection).
     Stall(Receiver<()>),
@@ -95,6 +96,7 @@ fn apply(sched: &mut Scheduler, cmd: Command) -> bool {
         Command::Cancel(id) => {
             sched.cancel(id);
         }
+        Command::YieldCap(cap) => sched.set_yield_cap(cap),
         Command::ClearPrefixCache(done) => {
             let dropped = sched.clear_prefix_cache();
             if let Some(done) = done {
@@ -197,6 +199,12 @@ impl EngineHandle {
     /// `Cancelled`). Unknown or finished ids are ignored.
     pub fn cancel(&self, id: RequestId) {
         let _ = self.inner.cmd.send(Command::Cancel(id));
+    }
+
+    /// Let at most `cap` requests that yield run ([`Request::yields`]; at least 1; before the
+    /// next step).
+    pub fn set_yield_cap(&self, cap: usize) {
+        let _ = self.inner.cmd.send(Command::YieldCap(cap));
     }
 
     /// Drop every prefix snapshot (before the next step; does not wait).

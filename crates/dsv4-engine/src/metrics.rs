@@ -58,6 +58,8 @@ pub struct EngineMetrics {
     pub queue_refusals_total: u64,
     /// Of those, waiting requests that gave their place to a higher-priority one.
     pub queue_displacements_total: u64,
+    /// Of the preemptions, requests that yield preempted past the yield cap.
+    pub yield_preemptions_total: u64,
     /// Forward rounds in which the canary saw pages change outside the declared write set.
     pub canary_rounds_flagged: u64,
     /// Pages the canary saw change outside the declared write sets.
@@ -96,6 +98,7 @@ pub(crate) struct Counters {
     pub priority_preemptions: u64,
     pub queue_refusals: u64,
     pub queue_displacements: u64,
+    pub yield_preemptions: u64,
     pub canary_rounds: u64,
     pub canary_pages: u64,
     pub last_step_ms: f64,
@@ -140,6 +143,7 @@ impl Counters {
         m.priority_preemptions_total = self.priority_preemptions;
         m.queue_refusals_total = self.queue_refusals;
         m.queue_displacements_total = self.queue_displacements;
+        m.yield_preemptions_total = self.yield_preemptions;
         m.canary_rounds_flagged = self.canary_rounds;
         m.canary_unexpected_pages = self.canary_pages;
     }

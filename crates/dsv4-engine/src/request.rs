@@ -153,6 +153,11 @@ pub struct Request {
     /// with [`FinishReason::Error`] and a message starting with [`crate::QUEUE_FULL`]; see
     /// [`RequestStream::queued`]. None: it always queues.
     pub queue_limit: Option<usize>,
+    /// Counts against the yield cap ([`crate::EngineHandle::set_yield_cap`]): past it, it is
+    /// preempted (the latest admitted first; cache freed, requeued, output unchanged) and
+    /// waits until the cap rises. It does not count against other requests' `queue_limit`. A
+    /// server's batch lines yield.
+    pub yields: bool,
 }
 
 /// Why a request ended.

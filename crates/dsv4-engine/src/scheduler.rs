@@ -23,6 +23,7 @@ mod device;
 mod overlap;
 mod queue;
 mod round;
+mod yields;
 
 use crate::canary::{CanaryFinding, DebugOptions};
 use crate::config::{EngineConfig, SchedulePolicy};
@@ -65,6 +66,8 @@ pub struct Scheduler {
     running: Vec<Seq>,
     next_id: u64,
     admissions: u64,
+    /// Most running requests that yield ([`Request::yields`]; [`Self::set_yield_cap`]).
+    yield_cap: usize,
     counters: Counters,
     outbox: Vec<(UnboundedSender<Event>, Event)>,
     metrics_sink: Option<Arc<Mutex<EngineMetrics>>>,
@@ -123,6 +126,7 @@ impl Scheduler {
             running: Vec::new(),
             next_id: 0,
             admissions: 0,
+            yield_cap: usize::MAX,
             counters: Counters::default(),
             outbox: Vec::new(),
             metrics_sink: None,
@@ -370,16 +374,25 @@ impl Scheduler {
     /// looks at the first [`HELD_SCAN`]).
     fn pick(&mut self) -> Option<usize> {
         let mut held = Vec::new();
-        let top = self.waiting.front().map(|s| s.req.priority);
-        let first = self
+        // Requests that yield wait while the yield cap is reached.
+        let capped = self.yielding() >= self.yield_cap;
+        let eligible = |s: &Seq| !(capped && s.req.yields);
+        let top = self
             .waiting
             .iter()
-            .take_while(|s| Some(s.req.priority) == top)
-            .count();
+            .find(|s| eligible(s))
+            .map(|s| s.req.priority);
+        let group = || {
+            self.waiting
+                .iter()
+                .enumerate()
+                .filter(move |(_, s)| eligible(s))
+                .take_while(move |(_, s)| Some(s.req.priority) == top)
+        };
         let picked = match (self.cfg.schedule_policy, &self.prefix) {
             (SchedulePolicy::Lpm, Some(p)) => {
                 let mut best: Option<(usize, usize)> = None;
-                for (i, s) in self.waiting.iter().enumerate().take(first) {
+                for (i, s) in group() {
                     let m = p.match_len(&s.tokens, s.prefix_limit());
                     if best.is_some_and(|(_, b)| m <= b) {
                         continue;
@@ -394,7 +407,7 @@ impl Scheduler {
             }
             _ => {
                 let mut found = None;
-                for (i, s) in self.waiting.iter().enumerate().take(HELD_SCAN.min(first)) {
+                for (i, s) in group().take(HELD_SCAN) {
                     if self.waits_for_shared_prefill(s, None) {
                         held.push(i);
                     } else {
@@ -445,6 +458,7 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
+        self.enforce_yield_cap();
         while !self.waiting.is_empty() {
             let full = self.running.len() >= self.cfg.max_running_requests;
             if full && self.cfg.priority_preemption.is_none() {

@@ -404,7 +404,7 @@ impl BatchStore {
 
     /// The limit all batches share: the one set, or one line at a time until then (no batch
     /// starts before the model is ready, which sets it).
-    fn share(&self) -> Arc<Share> {
+    pub(crate) fn share(&self) -> Arc<Share> {
         self.share.get_or_init(|| Arc::new(Share::fixed(1))).clone()
     }
 

@@ -185,6 +185,7 @@ async fn expand(
         // queue, not a search under way.
         priority: req.priority,
         queue_limit: req.queue_limit.filter(|_| first),
+        yields: req.yields,
         ..Default::default()
     };
     // Not under `rid`: an abort of the request stops the search through its own guard.

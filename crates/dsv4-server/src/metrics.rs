@@ -408,6 +408,13 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
     );
     scalar(
         o,
+        "dsv4:num_yield_preemptions_total",
+        "counter",
+        "Of those, batch lines paused past their share when interactive requests came (server.batch_fill_idle_ms).",
+        m.yield_preemptions_total as f64,
+    );
+    scalar(
+        o,
         "dsv4:requests_refused_queue_full_total",
         "counter",
         "Engine requests refused with 503 at a full queue (scheduler.max_queued_requests): new ones, and waiting ones that gave their place to a higher-priority one.",

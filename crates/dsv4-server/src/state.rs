@@ -249,6 +249,20 @@ impl AppState {
         }
         tracing::info!(model = %self.0.cfg.model_id, "model ready");
         self.0.batches.resume(self);
+        // With idle slots to fill, the engine pauses the lines past the share while
+        // interactive requests come. Ends with the server.
+        let (share, weak) = (self.0.batches.share(), Arc::downgrade(&self.0));
+        tokio::spawn(async move {
+            share
+                .track(|cap| {
+                    let Some(loaded) = weak.upgrade().and_then(|s| s.loaded.get().cloned()) else {
+                        return false;
+                    };
+                    loaded.engine.set_yield_cap(cap);
+                    true
+                })
+                .await;
+        });
     }
 
     /// Lines of `/v1/batches` batches in flight together on `loaded`: its `max_running`, or

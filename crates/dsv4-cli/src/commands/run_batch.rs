@@ -100,6 +100,8 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
     cfg.api_key = None;
     cfg.responses_dir = None;
     cfg.files_dir = None;
+    // No interactive requests to pause lines for: --max-concurrency alone bounds them.
+    cfg.batch_fill_idle = None;
     let tok = tokenizer_for(&model_source(args.model.as_deref(), &resolved.profile))?;
     if !args.quiet {
         eprintln!(

@@ -378,8 +378,8 @@ pub const KEYS: &[KeySpec] = &[
         "0",
         "once no interactive request (one that is not a batch line) has been in flight for this \
          many milliseconds, batch lines may fill every running slot past \
-         server.batch_max_running; a line started so runs to its end, and none starts past the \
-         share while interactive requests come; 0: the share is fixed",
+         server.batch_max_running; when one comes, the lines past the share pause at once \
+         (preempted, outputs unchanged) until the slots are idle again; 0: the share is fixed",
     ),
     key(
         "server.request_priority",

@@ -29,14 +29,15 @@ pub(crate) fn queued_channel(
 }
 
 impl Scheduler {
-    /// Requests that wait for a running slot: those queued, less the slots free now (the next
-    /// admission fills them first).
+    /// Requests that wait for a running slot and do not yield ([`Request::yields`]): those
+    /// queued, less the slots free now (the next admission fills them first).
     pub fn queued(&self) -> usize {
         let free = self
             .cfg
             .max_running_requests
             .saturating_sub(self.running.len());
-        self.waiting.len().saturating_sub(free)
+        let waiting = self.waiting.iter().filter(|s| !s.req.yields).count();
+        waiting.saturating_sub(free)
     }
 
     /// Make room for `seq` under its queue limit: Ok when it may queue (a waiting request of

@@ -14,6 +14,7 @@ mod plans;
 mod priority;
 mod prompt_logprobs;
 mod queue_limit;
+mod yields;
 
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::{IndexKDtype, KvCacheDtype, Numerics, SplitMix64};

@@ -76,10 +76,9 @@ pub struct ChatRequest {
     /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
     /// extension; default 0; batch lines default to -1).
     pub priority: Option<i32>,
-    /// The most requests that may wait before this one is refused
-    /// (`scheduler.max_queued_requests`), set by the server: never read from the body.
+    /// How the engine admits it, set by the server: never read from the body.
     #[serde(skip)]
-    pub queue_limit: Option<usize>,
+    pub admission: crate::api::common::Admission,
     /// Beam search instead of sampling, with `n` beams (vLLM's extension; default false).
     pub use_beam_search: Option<bool>,
     /// With `use_beam_search`: a hypothesis's log-probability is divided by its generated

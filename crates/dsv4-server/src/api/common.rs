@@ -10,6 +10,28 @@ use serde::{Deserialize, Serialize};
 /// Most stop strings a request may give (OpenAI allows 4; vLLM and SGLang have no limit).
 pub const MAX_STOPS: usize = 16;
 
+/// How the engine admits a request, set by the server, never read from its body: the queue
+/// limit past which it is refused (`scheduler.max_queued_requests`) and whether it yields
+/// (a batch line; [`dsv4_engine::Request::yields`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// The most requests that may wait before this one is refused.
+    pub queue_limit: Option<usize>,
+    /// Whether it pauses past the engine's yield cap.
+    pub yields: bool,
+}
+
+impl Admission {
+    /// An engine request admitted so, the rest default (the base of a struct update).
+    pub fn request(self) -> dsv4_engine::Request {
+        dsv4_engine::Request {
+            queue_limit: self.queue_limit,
+            yields: self.yields,
+            ..Default::default()
+        }
+    }
+}
+
 /// Parse `body` as `T`, naming the field at fault in the error.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);

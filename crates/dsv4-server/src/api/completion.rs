@@ -76,10 +76,9 @@ pub struct CompletionRequest {
     /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
     /// extension; default 0; batch lines default to -1).
     pub priority: Option<i32>,
-    /// The most requests that may wait before this one is refused
-    /// (`scheduler.max_queued_requests`), set by the server: never read from the body.
+    /// How the engine admits it, set by the server: never read from the body.
     #[serde(skip)]
-    pub queue_limit: Option<usize>,
+    pub admission: crate::api::common::Admission,
     /// Token ids that end the answer as the end-of-sequence token does (vLLM's extension).
     pub stop_token_ids: Option<Value>,
     /// Only these token ids may be generated (vLLM's extension).

@@ -131,10 +131,9 @@ pub struct GenerateRequest {
     /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
     /// extension; default 0; batch lines default to -1).
     pub priority: Option<i32>,
-    /// The most requests that may wait before this one is refused
-    /// (`scheduler.max_queued_requests`), set by the server: never read from the body.
+    /// How the engine admits it, set by the server: never read from the body.
     #[serde(skip)]
-    pub queue_limit: Option<usize>,
+    pub admission: crate::api::common::Admission,
 }
 
 /// SGLang's `sampling_params`.

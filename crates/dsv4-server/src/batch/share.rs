@@ -1,7 +1,8 @@
 //! The running slots batch lines may take ([`Share`]): a fixed number of lines in flight, and,
 //! with `server.batch_fill_idle_ms`, every running slot once no interactive request has been in
-//! flight for that long ([`Activity`]). A line started on an idle slot runs to its end; when
-//! interactive requests come back, no further line starts past the fixed number.
+//! flight for that long ([`Activity`]). When interactive requests come back, no further line
+//! starts past the fixed number, and the lines past it pause in the engine ([`Share::track`]
+//! sets its yield cap) until the slots are idle again.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -145,6 +146,35 @@ impl Share {
         }
     }
 
+    /// Call `set` with [`Self::limit`] now and each time it changes, until `set` returns false
+    /// (a server passes it to its engine's yield cap, so the lines past the fixed share pause
+    /// at once when an interactive request comes). Returns at once without idle slots.
+    pub async fn track(&self, mut set: impl FnMut(usize) -> bool) {
+        let Some(fill) = &self.fill else {
+            return;
+        };
+        let mut last = None;
+        loop {
+            let changed = fill.activity.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let limit = self.limit();
+            if last != Some(limit) {
+                if !set(limit) {
+                    return;
+                }
+                last = Some(limit);
+            }
+            match fill.at() {
+                Some(at) if at > Instant::now() => tokio::select! {
+                    () = &mut changed => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                _ => changed.await,
+            }
+        }
+    }
+
     /// Wait until one more line may start; the permit holds its place until dropped.
     pub async fn acquire(&self) -> OwnedSemaphorePermit {
         let Some(fill) = &self.fill else {
@@ -274,6 +304,45 @@ mod tests {
         tokio::time::advance(IDLE / 2).await;
         assert!(ready(&mut second).await.is_some());
         assert_eq!(activity.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn track_reports_each_change_of_the_limit_until_told_to_stop() {
+        let activity = Arc::new(Activity::default());
+        let share = Arc::new(Share::filling(2, 8, IDLE, activity.clone()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let (share, seen) = (share.clone(), seen.clone());
+            async move {
+                share
+                    .track(|limit| {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(limit);
+                        seen.len() < 4
+                    })
+                    .await
+            }
+        });
+        let seen = async || {
+            tokio::task::yield_now().await;
+            seen.lock().unwrap().clone()
+        };
+        assert_eq!(seen().await, [2], "not idle long enough at start");
+        tokio::time::advance(IDLE).await;
+        assert_eq!(seen().await, [2, 8]);
+        let busy = activity.begin();
+        assert_eq!(seen().await, [2, 8, 2]);
+        tokio::time::advance(IDLE * 4).await;
+        drop(busy);
+        tokio::time::advance(IDLE / 2).await;
+        assert_eq!(seen().await, [2, 8, 2], "the idle time counts from the end");
+        tokio::time::advance(IDLE / 2).await;
+        assert_eq!(seen().await, [2, 8, 2, 8]);
+        task.await.unwrap();
+        // Without idle slots there is nothing to track.
+        Share::fixed(2)
+            .track(|_| panic!("no limit to report"))
+            .await;
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! content.
 
 use super::chat_stream::ChatStream;
+use super::{admission, request_priority};
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
-use super::{queue_limit, request_priority};
 use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
 };
@@ -49,7 +49,7 @@ pub async fn chat_completions(
     let line = line.is_some();
     let mut req: ChatRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
-    req.queue_limit = queue_limit(&state, line);
+    req.admission = admission(&state, line);
     check_model(&state, &req.model)?;
     let prepared = prepare(&state, &loaded, &req, &body).await?;
     let meta = Meta {
@@ -298,8 +298,7 @@ async fn prepare(
             prompt_logprobs,
             constraint,
             priority: req.priority.unwrap_or(0),
-            queue_limit: req.queue_limit,
-            ..Default::default()
+            ..req.admission.request()
         },
         decoder,
         n,

@@ -15,7 +15,7 @@ use super::chat::{max_tokens, structured_constraint};
 use super::{
     EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
 };
-use super::{queue_limit, request_priority};
+use super::{admission, request_priority};
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
     truncate_prompt, unix_now, unsupported,
@@ -58,7 +58,7 @@ pub async fn completions(
     let line = line.is_some();
     let mut req: CompletionRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
-    req.queue_limit = queue_limit(&state, line);
+    req.admission = admission(&state, line);
     check_model(&state, &req.model)?;
     let Prepared {
         prompts,
@@ -237,8 +237,7 @@ async fn prepare(
             prompt_logprobs: scored,
             constraint: constraint.clone(),
             priority: req.priority.unwrap_or(0),
-            queue_limit: req.queue_limit,
-            ..Default::default()
+            ..req.admission.request()
         };
         if let Some(p) = &beam {
             beam::check(&request, p)?;

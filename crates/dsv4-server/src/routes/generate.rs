@@ -11,7 +11,7 @@
 use super::chat::structured_constraint;
 use super::completions::prompt_ids;
 use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
-use super::{queue_limit, request_priority};
+use super::{admission, request_priority};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::{MAX_PROMPTS, Prompt};
 use crate::api::generate::{
@@ -49,7 +49,7 @@ pub async fn generate(
     let line = line.is_some();
     let mut req: GenerateRequest = parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
-    req.queue_limit = queue_limit(&state, line);
+    req.admission = admission(&state, line);
     let (prompts, batch) = req.prompts()?;
     let specs = prepare(&state, &loaded, &req, prompts).await?;
     let stream = req.stream.unwrap_or(false);
@@ -223,8 +223,7 @@ async fn prepare(
             logprob_token_ids: asked.clone().unwrap_or_default(),
             constraint,
             priority: req.priority.unwrap_or(0),
-            queue_limit: req.queue_limit,
-            ..Default::default()
+            ..req.admission.request()
         };
         specs.push(Spec {
             request,

@@ -283,15 +283,20 @@ pub(crate) fn request_priority(
     }
 }
 
-/// The most requests that may wait before a request is refused with a 503 `queue_full`
-/// (`scheduler.max_queued_requests`; the engine decides, making room by priority): none for
-/// the request of a batch `line`, which always queues, since its batch bounds its own lines
-/// in flight.
-pub(crate) fn queue_limit(state: &AppState, line: bool) -> Option<usize> {
-    match state.cfg().max_queued_requests {
+/// How the engine admits a request: past `scheduler.max_queued_requests` waiting it is
+/// refused with a 503 `queue_full` (the engine decides, making room by priority), except the
+/// request of a batch `line`, which always queues (its batch bounds its own lines in flight)
+/// and yields (it pauses past the batches' share while interactive requests come,
+/// `server.batch_fill_idle_ms`).
+pub(crate) fn admission(state: &AppState, line: bool) -> crate::api::common::Admission {
+    let queue_limit = match state.cfg().max_queued_requests {
         0 => None,
         _ if line => None,
         n => Some(n),
+    };
+    crate::api::common::Admission {
+        queue_limit,
+        yields: line,
     }
 }
 

@@ -10,10 +10,10 @@ use super::page::{Page, query_pairs};
 use super::responses_envelope::Envelope;
 use super::responses_output::{ResponseOutput, ToStore};
 use super::responses_truncation::truncated;
+use super::{admission, request_priority};
 use super::{
     body_bytes, check_model, json_response, loaded_model, responses_background, sse_response,
 };
-use super::{queue_limit, request_priority};
 use crate::api::chat::ToolChoice;
 use crate::api::common::{random_hex, random_u64, stop_strings, unix_now};
 use crate::api::responses::ResponsesRequest;
@@ -47,7 +47,7 @@ pub async fn create(
     let line = line.is_some();
     let mut req: ResponsesRequest = crate::api::common::parse_body(&body)?;
     req.priority = request_priority(&state, req.priority, line)?;
-    req.queue_limit = queue_limit(&state, line);
+    req.admission = admission(&state, line);
     check_model(&state, &req.model)?;
     req.check_supported()?;
     let background = req.background.unwrap_or(false);
@@ -377,8 +377,7 @@ async fn prepare(
         logprobs,
         constraint,
         priority: req.priority.unwrap_or(0),
-        queue_limit: req.queue_limit,
-        ..Default::default()
+        ..req.admission.request()
     };
     Ok((request, decoder))
 }
