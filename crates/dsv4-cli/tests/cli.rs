@@ -554,7 +554,8 @@ fn run_batch_lines_follow_server_request_priority() {
 }
 
 /// A one-thread HTTP/1.1 server for `run-batch`'s URLs: GET `/in.jsonl` answers `input`, PUT
-/// `/ok/...` keeps the body (sent on the channel with its path), PUT `/broken` answers 500,
+/// `/ok/...` keeps the body (sent on the channel with its path), PUT `/flaky/...` answers 503
+/// the first time and then as `/ok/`, PUT `/broken` answers 500, PUT `/forbidden` 403,
 /// anything else 404. One request per connection.
 fn web(input: String) -> (String, std::sync::mpsc::Receiver<(String, String)>) {
     use std::io::{BufRead, BufReader, Read, Write};
@@ -562,6 +563,7 @@ fn web(input: String) -> (String, std::sync::mpsc::Receiver<(String, String)>) {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut flaky_seen = std::collections::HashSet::new();
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
             let mut reader = BufReader::new(conn.try_clone().unwrap());
@@ -591,7 +593,15 @@ fn web(input: String) -> (String, std::sync::mpsc::Receiver<(String, String)>) {
                     let _ = tx.send((p.to_string(), String::from_utf8(body).unwrap()));
                     ("200 OK", String::new())
                 }
+                ("PUT", p) if p.starts_with("/flaky/") && flaky_seen.insert(p.to_string()) => {
+                    ("503 Service Unavailable", "busy".to_string())
+                }
+                ("PUT", p) if p.starts_with("/flaky/") => {
+                    let _ = tx.send((p.to_string(), String::from_utf8(body).unwrap()));
+                    ("200 OK", String::new())
+                }
                 ("PUT", "/broken") => ("500 Internal Server Error", "down".to_string()),
+                ("PUT", "/forbidden") => ("403 Forbidden", "expired".to_string()),
                 _ => ("404 Not Found", "no such object".to_string()),
             };
             let _ = write!(
@@ -652,13 +662,51 @@ fn run_batch_reads_and_writes_http_urls_and_keeps_an_output_it_cannot_upload() {
     assert!(!e.contains("loading model"), "{e}");
     assert!(!dir.path().join("o").exists(), "nothing was written");
 
-    // An upload that fails keeps the output on disk and says where.
+    // A failure that may pass is tried again.
+    let flaky = format!("{base}/flaky/out.jsonl");
+    let out = common::run(dsv4(
+        dir.path(),
+        &["run-batch", "-i", &input_url, "-o", &flaky],
+    ));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("503") && said.contains("trying again in 1 s (1 of 4 retries)"),
+        "{said}"
+    );
+    let (path, text) = uploads.try_recv().unwrap();
+    assert_eq!(path, "/flaky/out.jsonl");
+    assert_eq!(line(text.lines().next().unwrap())["custom_id"], "a");
+
+    // One that cannot pass is not: a 403 fails at once.
+    let forbidden = format!("{base}/forbidden");
+    let e = common::fails(dsv4(
+        dir.path(),
+        &["run-batch", "-i", &input_url, "-o", &forbidden],
+    ));
+    assert!(e.contains("403") && !e.contains("trying again"), "{e}");
+    let kept = e
+        .split("kept in ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (").next())
+        .unwrap_or_else(|| panic!("no kept file named: {e}"));
+    std::fs::remove_file(kept).unwrap();
+
+    // An upload that still fails keeps the output on disk and says where.
     let broken = format!("{base}/broken");
     let e = common::fails(dsv4(
         dir.path(),
-        &["run-batch", "-i", &input_url, "-o", &broken],
+        &[
+            "run-batch",
+            "-i",
+            &input_url,
+            "-o",
+            &broken,
+            "--upload-retries",
+            "1",
+        ],
     ));
-    assert!(e.contains("500"), "{e}");
+    assert!(e.contains("500") && e.contains("after 2 attempts"), "{e}");
     let kept = e
         .split("kept in ")
         .nth(1)

@@ -44,6 +44,10 @@ pub struct RunBatchArgs {
     /// the checkpoint directory's name otherwise).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Times to try an upload to a URL again after a failure that may pass (no answer, 408,
+    /// 429 or 5xx), waiting 1 s, then twice as long each time (vLLM tries 5 times in all).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub upload_retries: u32,
     /// Requests in flight at once (default: twice scheduler.max_running_requests).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: Option<u32>,
@@ -149,7 +153,11 @@ pub fn run(args: &RunBatchArgs, resolved: &Resolved) -> anyhow::Result<()> {
         if !quiet {
             eprintln!("run-batch: uploading {}", upload.url);
         }
-        runtime.block_on(upload.send())?;
+        runtime.block_on(upload.send(args.upload_retries, |why| {
+            if !quiet {
+                eprintln!("run-batch: {why}");
+            }
+        }))?;
     }
     let tokens = summary.tokens;
     let output_per_s = tokens.output as f64 / seconds.max(1e-9);

@@ -1,7 +1,8 @@
 //! `dsv4 run-batch` with http(s) URLs, as vLLM's `run-batch` takes them: the input file is
 //! downloaded (GET) before the model loads; an output or error file is written to a local file
-//! first and uploaded (PUT, e.g. to a presigned object-store URL) once the batch has run. An
-//! upload that fails leaves the local file in place and names it, so no answer is lost.
+//! first and uploaded (PUT, e.g. to a presigned object-store URL, streamed from disk) once the
+//! batch has run. A failure that may pass is tried again, as vLLM does (`--upload-retries`); an
+//! upload that still fails leaves the local file in place and names it, so no answer is lost.
 
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
@@ -9,6 +10,9 @@ use std::time::Duration;
 
 /// How long connecting to the URL's host may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest wait before trying an upload again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 
 /// The URL `path` names, when it is an http(s) URL rather than a file.
 pub fn url(path: &Path) -> Option<&str> {
@@ -67,40 +71,100 @@ impl Upload {
         }
     }
 
-    /// PUT the local file to the URL; the local file is removed once it is there, and kept
-    /// (the error names it) when it is not.
-    pub async fn send(&self) -> anyhow::Result<()> {
+    /// PUT the local file to the URL, streamed from disk, trying again up to `retries` times
+    /// after a failure that may pass (no answer, 408, 429 or 5xx), 1 s after the first and
+    /// twice as long after each next (at most 30 s), each announced by `retrying`. The local
+    /// file is removed once it is there, and kept (the error names it) when it is not.
+    pub async fn send(&self, retries: u32, mut retrying: impl FnMut(&str)) -> anyhow::Result<()> {
         let kept = || {
             format!(
                 "the file is kept in {} (upload it yourself or run again)",
                 self.local.display()
             )
         };
-        let bytes = tokio::fs::read(&self.local)
-            .await
-            .with_context(|| format!("cannot read back {}", self.local.display()))?;
-        let sent = client()?
-            .put(&self.url)
-            .header("content-type", "application/jsonl")
-            .body(bytes)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(r) => r,
-            Err(e) => bail!("cannot upload to {}: {e}; {}", self.url, kept()),
-        };
-        let status = response.status();
-        if !status.is_success() {
-            bail!(
-                "cannot upload to {}: the server answered {status}; {}",
+        let client = client()?;
+        let mut delay = Duration::from_secs(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let failure = match self.put(&client).await {
+                Ok(()) => break,
+                Err(f) => f,
+            };
+            let tries = if attempt == 1 {
+                String::new()
+            } else {
+                format!(" after {attempt} attempts")
+            };
+            if !failure.passing || attempt > retries {
+                bail!(
+                    "cannot upload to {}: {}{tries}; {}",
+                    self.url,
+                    failure.why,
+                    kept()
+                );
+            }
+            retrying(&format!(
+                "upload to {} failed ({}); trying again in {} s ({} of {} retries)",
                 self.url,
-                kept()
-            );
+                failure.why,
+                delay.as_secs(),
+                attempt,
+                retries
+            ));
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
         }
         // Uploaded: the local copy has done its job.
         let _ = tokio::fs::remove_file(&self.local).await;
         Ok(())
     }
+
+    /// One PUT of the local file, streamed from disk with its length.
+    async fn put(&self, client: &reqwest::Client) -> Result<(), Failure> {
+        let file = tokio::fs::File::open(&self.local)
+            .await
+            .map_err(|e| Failure {
+                why: format!("cannot read back {}: {e}", self.local.display()),
+                passing: false,
+            })?;
+        let length = file
+            .metadata()
+            .await
+            .map(|m| m.len())
+            .map_err(|e| Failure {
+                why: format!("cannot read back {}: {e}", self.local.display()),
+                passing: false,
+            })?;
+        let sent = client
+            .put(&self.url)
+            .header("content-type", "application/jsonl")
+            .header("content-length", length)
+            .body(reqwest::Body::from(file))
+            .send()
+            .await;
+        let response = sent.map_err(|e| Failure {
+            why: e.to_string(),
+            passing: true,
+        })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(Failure {
+            why: format!("the server answered {status}"),
+            passing: status.is_server_error()
+                || status == reqwest::StatusCode::REQUEST_TIMEOUT
+                || status == reqwest::StatusCode::TOO_MANY_REQUESTS,
+        })
+    }
+}
+
+/// Why an upload attempt failed, and whether trying again may help.
+#[derive(Debug)]
+struct Failure {
+    why: String,
+    passing: bool,
 }
 
 #[cfg(test)]
