@@ -58,14 +58,14 @@ impl Scheduler {
             .filter(|&i| self.waiting[i].req.priority < seq.req.priority);
         let Some(i) = gives_way else {
             return Err(format!(
-                "{QUEUE_FULL}{queued} requests wait for a running slot (the limit is {limit})"
+                "{QUEUE_FULL}{queued} requests wait for a running slot; the limit is {limit}"
             ));
         };
         let out = self.waiting.remove(i).expect("index from rposition");
         self.counters.queue_displacements += 1;
         let why = format!(
             "{QUEUE_FULL}a request of higher priority ({}, this one {}) took its place among the \
-             {queued} waiting for a running slot (the limit is {limit})",
+             {queued} waiting for a running slot; the limit is {limit}",
             seq.req.priority, out.req.priority
         );
         self.retire(out, FinishReason::Error, Some(why));

@@ -53,6 +53,13 @@ pub fn tokens(n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| 2 + g.below(380) as u32).collect()
 }
 
+/// An 8-token prompt: BOS, then 7 tokens from `seed`.
+pub fn prompt8(seed: u64) -> Vec<u32> {
+    let mut p = vec![0];
+    p.extend(tokens(7, seed));
+    p
+}
+
 /// A greedy request that returns its logits.
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request {

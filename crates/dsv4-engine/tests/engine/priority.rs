@@ -64,19 +64,14 @@ fn memory_pressure_preempts_the_lowest_priority_first() {
         ..Default::default()
     };
     let mut sched = Scheduler::new(m.clone(), cfg, None).unwrap();
-    let prompt = |seed: u64| {
-        let mut p = vec![0];
-        p.extend(tokens(7, seed));
-        p
-    };
     // The low one is admitted first, so the high one is the latest admitted: without
     // priorities it would be the one preempted.
-    let low = sched.submit(greedy(prompt(31), 30)).unwrap();
+    let low = sched.submit(greedy(prompt8(31), 30)).unwrap();
     assert!(sched.step());
     let high = sched
         .submit(Request {
             priority: 5,
-            ..greedy(prompt(32), 30)
+            ..greedy(prompt8(32), 30)
         })
         .unwrap();
     while sched.step() {}
@@ -90,18 +85,13 @@ fn memory_pressure_preempts_the_lowest_priority_first() {
         "the high one kept its place"
     );
     assert!(low.finished.usage.preemptions > 0);
-    assert_same_as_solo(&low, &solo(&m, &prompt(31), 30), "low");
-    assert_same_as_solo(&high, &solo(&m, &prompt(32), 30), "high");
+    assert_same_as_solo(&low, &solo(&m, &prompt8(31), 30), "low");
+    assert_same_as_solo(&high, &solo(&m, &prompt8(32), 30), "high");
 }
 
 #[test]
 fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
     let m = model();
-    let prompt = |seed: u64| {
-        let mut p = vec![0];
-        p.extend(tokens(7, seed));
-        p
-    };
     for overlap_schedule in [false, true] {
         for threshold in [None, Some(3)] {
             let what = format!("overlap {overlap_schedule}, threshold {threshold:?}");
@@ -118,7 +108,7 @@ fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
                 sched
                     .submit(Request {
                         priority,
-                        ..greedy(prompt(seed), n)
+                        ..greedy(prompt8(seed), n)
                     })
                     .unwrap()
             };
@@ -149,7 +139,7 @@ fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
                 "{what}"
             );
             for (c, &(_, seed, n)) in done.iter().zip(&asked) {
-                assert_same_as_solo(c, &solo(&m, &prompt(seed), n), &what);
+                assert_same_as_solo(c, &solo(&m, &prompt8(seed), n), &what);
             }
         }
     }

@@ -8,13 +8,6 @@ use super::*;
 use dsv4_engine::scheduler::Scheduler;
 use dsv4_engine::{Completion, EngineConfig, FinishReason, QUEUE_FULL, RequestStream};
 
-/// A prompt of 8 tokens from `seed`.
-fn prompt(seed: u64) -> Vec<u32> {
-    let mut p = vec![0];
-    p.extend(tokens(7, seed));
-    p
-}
-
 /// Submit a greedy request of `n` tokens at `priority`, under `limit`; its stream and
 /// whether it was queued.
 fn submit(
@@ -26,7 +19,7 @@ fn submit(
         .submit(Request {
             priority,
             queue_limit: limit,
-            ..greedy(prompt(seed), n)
+            ..greedy(prompt8(seed), n)
         })
         .unwrap();
     let queued = s.blocking_queued();
@@ -63,7 +56,7 @@ fn a_full_queue_refuses_or_makes_room_by_priority() {
     assert!(!qd);
     let d = d.collect_blocking();
     assert!(
-        refusal(&d).contains("2 requests wait for a running slot (the limit is 2)"),
+        refusal(&d).contains("2 requests wait for a running slot; the limit is 2"),
         "{:?}",
         d.finished.error
     );
@@ -92,7 +85,7 @@ fn a_full_queue_refuses_or_makes_room_by_priority() {
     );
     for (s, seed) in [(a, 1), (b, 2), (line, 5), (e, 6)] {
         let done = s.collect_blocking();
-        assert_same_as_solo(&done, &solo(&m, &prompt(seed), 4), &format!("seed {seed}"));
+        assert_same_as_solo(&done, &solo(&m, &prompt8(seed), 4), &format!("seed {seed}"));
     }
     // With the queue drained a request queues again.
     let (f, qf) = submit(&mut sched, (0, 7, 2), limit);
@@ -127,7 +120,7 @@ fn a_preempted_request_keeps_its_place() {
     while sched.step() {}
     for (s, seed, n) in [(a, 11, 12), (h, 12, 12), (line, 13, 4)] {
         let done = s.collect_blocking();
-        assert_same_as_solo(&done, &solo(&m, &prompt(seed), n), &format!("seed {seed}"));
+        assert_same_as_solo(&done, &solo(&m, &prompt8(seed), n), &format!("seed {seed}"));
     }
     let metrics = sched.metrics();
     assert_eq!(

@@ -7,13 +7,6 @@ use super::*;
 use dsv4_engine::EngineConfig;
 use dsv4_engine::scheduler::Scheduler;
 
-/// A prompt of 8 tokens from `seed`.
-fn prompt(seed: u64) -> Vec<u32> {
-    let mut p = vec![0];
-    p.extend(tokens(7, seed));
-    p
-}
-
 #[test]
 fn lines_past_the_yield_cap_pause_at_once_and_resume_unchanged() {
     let m = model();
@@ -28,7 +21,7 @@ fn lines_past_the_yield_cap_pause_at_once_and_resume_unchanged() {
         let line = |seed: u64| Request {
             yields: true,
             priority: -1,
-            ..greedy(prompt(seed), 16)
+            ..greedy(prompt8(seed), 16)
         };
         let lines: Vec<_> = (0..4)
             .map(|i| sched.submit(line(20 + i)).unwrap())
@@ -41,7 +34,7 @@ fn lines_past_the_yield_cap_pause_at_once_and_resume_unchanged() {
         let interactive = sched
             .submit(Request {
                 queue_limit: Some(1),
-                ..greedy(prompt(30), 6)
+                ..greedy(prompt8(30), 6)
             })
             .unwrap();
         assert!(sched.step());
@@ -59,11 +52,11 @@ fn lines_past_the_yield_cap_pause_at_once_and_resume_unchanged() {
         sched.set_yield_cap(usize::MAX);
         while sched.step() {}
         let interactive = interactive.collect_blocking();
-        assert_same_as_solo(&interactive, &solo(&m, &prompt(30), 6), &what);
+        assert_same_as_solo(&interactive, &solo(&m, &prompt8(30), 6), &what);
         let mut paused = Vec::new();
         for (i, s) in lines.into_iter().enumerate() {
             let done = s.collect_blocking();
-            assert_same_as_solo(&done, &solo(&m, &prompt(20 + i as u64), 16), &what);
+            assert_same_as_solo(&done, &solo(&m, &prompt8(20 + i as u64), 16), &what);
             paused.push(done.finished.usage.preemptions);
         }
         // The latest admitted paused: all but the first.

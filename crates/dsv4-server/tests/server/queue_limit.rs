@@ -74,7 +74,7 @@ async fn a_full_queue_refuses_new_requests_with_503_or_makes_room_by_priority() 
         assert_eq!(e["code"], "queue_full", "{path}: {e}");
         let message = e["message"].as_str().unwrap();
         assert!(
-            message.contains("2 requests wait for a running slot (the limit is 2)")
+            message.contains("2 requests wait for a running slot; the limit is 2")
                 && message.contains("scheduler.max_queued_requests"),
             "{path}: {e}"
         );
