@@ -5,9 +5,15 @@ a batch of LINES greedy 32-token completions whose lines run at their default pr
 beside the same batch with `"priority": 0` in every line (the order before priorities); and how
 long the batch takes alone. Each batch case runs twice.
 
-Usage: scripts/batch-interference.py [BASE_URL] [LINES] [--skip-priority-0]
+Usage: scripts/batch-interference.py [BASE_URL] [LINES] [--skip-priority-0] [--every MS]
        (default http://127.0.0.1:8000, 768; --skip-priority-0 leaves out the lines at priority 0,
        to compare servers, e.g. under different server.batch_max_running)
+
+With --every MS it measures something else: a batch running while one interactive request
+starts every MS milliseconds until the batch ends (twice), reporting the batch's time, the
+interactive median and worst, and how many times batch lines paused
+(dsv4:num_yield_preemptions_total), to see what traffic that comes and goes costs a batch
+under server.batch_fill_idle_ms.
 
 The interactive requests start once 64 lines have answered and stop after 20. Prints one JSON
 object. Needs the `openai` Python package (the batch goes through the Files and Batch APIs).
@@ -16,12 +22,19 @@ object. Needs the `openai` Python package (the batch goes through the Files and 
 import json
 import statistics
 import sys
+import threading
 import time
+import urllib.request
 
 from openai import OpenAI
 
 SKIP_PRIORITY_0 = "--skip-priority-0" in sys.argv[1:]
 ARGS = [a for a in sys.argv[1:] if a != "--skip-priority-0"]
+EVERY_MS = None
+if "--every" in ARGS:
+    i = ARGS.index("--every")
+    EVERY_MS = int(ARGS[i + 1])
+    del ARGS[i:i + 2]
 BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
 LINES = int(ARGS[1]) if len(ARGS) > 1 else 768
 client = OpenAI(base_url=BASE.rstrip("/") + "/v1", api_key="unused")
@@ -77,6 +90,47 @@ def alone_batch():
     status = wait(start(None))
     return {"seconds": round(time.perf_counter() - t, 2), "batch": status}
 
+
+def pauses():
+    text = urllib.request.urlopen(BASE.rstrip("/") + "/metrics").read().decode()
+    for line in text.splitlines():
+        if line.startswith("dsv4:num_yield_preemptions_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def periodic():
+    """The batch while an interactive request starts every EVERY_MS ms until it ends."""
+    before = pauses()
+    t = time.perf_counter()
+    batch = start(None)
+    done = threading.Event()
+    ms = []
+
+    def tick():
+        i = 0
+        while not done.is_set():
+            started = time.perf_counter()
+            client.completions.create(model=MODEL, prompt=f"interactive {i}", max_tokens=16,
+                                      temperature=0, extra_body={"ignore_eos": True})
+            ms.append((time.perf_counter() - started) * 1000)
+            i += 1
+            done.wait(max(0.0, EVERY_MS / 1000 - (time.perf_counter() - started)))
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    status = wait(batch)
+    seconds = round(time.perf_counter() - t, 2)
+    done.set()
+    thread.join()
+    return {"batch_seconds": seconds, "batch": status, "interactive": len(ms),
+            "median_ms": round(statistics.median(ms)), "worst_ms": round(max(ms)),
+            "line_pauses": pauses() - before}
+
+
+if EVERY_MS is not None:
+    print(json.dumps({f"every_{EVERY_MS}_ms_{run}": periodic() for run in (1, 2)}, indent=1))
+    sys.exit(0)
 
 result = {"alone": interactive()}
 for run in (1, 2):
