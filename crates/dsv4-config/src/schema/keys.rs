@@ -379,7 +379,9 @@ pub const KEYS: &[KeySpec] = &[
         "once no interactive request (one that is not a batch line) has been in flight for this \
          many milliseconds, batch lines may fill every running slot past \
          server.batch_max_running; when one comes, the lines past the share pause at once \
-         (preempted, outputs unchanged) until the slots are idle again; 0: the share is fixed",
+         (preempted, outputs unchanged) until the slots are idle again; the idle time doubles \
+         when a fill is cut short (up to 32 times this) and halves back when one lasts; 0: the \
+         share is fixed",
     ),
     key(
         "server.request_priority",

@@ -80,21 +80,49 @@ pub struct Share {
     fill: Option<Fill>,
 }
 
+/// How many times the configured idle time the idle time in force may grow to.
+const MAX_BACKOFF: u32 = 32;
+
 /// The idle running slots lines may fill, and when they are idle.
 #[derive(Debug)]
 struct Fill {
     extra: usize,
     permits: Arc<Semaphore>,
-    /// How long no interactive request must have been in flight.
-    idle: Duration,
+    /// The configured idle time (`server.batch_fill_idle_ms`), the least the wait may be.
+    base: Duration,
+    /// How long no interactive request must have been in flight now: doubled each time a fill
+    /// ends sooner than that (traffic whose gaps are just past it would otherwise fill and
+    /// pause the lines at every gap), halved back when a fill lasts four times as long.
+    idle: Mutex<Duration>,
     activity: Arc<Activity>,
 }
 
 impl Fill {
-    /// When lines may take these slots: `idle` after the last interactive request ended;
-    /// `None` while one is in flight.
+    /// When lines may take these slots: the idle time after the last interactive request
+    /// ended; `None` while one is in flight.
     fn at(&self) -> Option<Instant> {
-        self.activity.quiet_since().map(|t| t + self.idle)
+        let idle = *self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        self.activity.quiet_since().map(|t| t + idle)
+    }
+
+    /// A fill that lasted `lasted` ended: adapt the idle time to the traffic.
+    fn ended(&self, lasted: Duration) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let was = *idle;
+        if lasted < was {
+            *idle = (was * 2).min(self.base * MAX_BACKOFF);
+        } else if lasted >= was * 4 {
+            *idle = (was / 2).max(self.base);
+        }
+        if *idle != was {
+            tracing::info!(
+                lasted_ms = lasted.as_millis() as u64,
+                idle_ms = idle.as_millis() as u64,
+                "batch fill: idle time now {} ms (the last fill lasted {} ms)",
+                idle.as_millis(),
+                lasted.as_millis()
+            );
+        }
     }
 
     /// Whether lines may take these slots now.
@@ -123,7 +151,8 @@ impl Share {
             share.fill = Some(Fill {
                 extra,
                 permits: Arc::new(Semaphore::new(extra)),
-                idle,
+                base: idle,
+                idle: Mutex::new(idle),
                 activity,
             });
         }
@@ -148,18 +177,24 @@ impl Share {
 
     /// Call `set` with [`Self::limit`] now and each time it changes, until `set` returns false
     /// (a server passes it to its engine's yield cap, so the lines past the fixed share pause
-    /// at once when an interactive request comes). Returns at once without idle slots.
+    /// at once when an interactive request comes), adapting the idle time to how long each
+    /// fill lasted. Returns at once without idle slots.
     pub async fn track(&self, mut set: impl FnMut(usize) -> bool) {
         let Some(fill) = &self.fill else {
             return;
         };
-        let mut last = None;
+        let (mut last, mut opened) = (None, None);
         loop {
             let changed = fill.activity.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let limit = self.limit();
             if last != Some(limit) {
+                if limit > self.lines {
+                    opened = Some(Instant::now());
+                } else if let Some(at) = opened.take() {
+                    fill.ended(at.elapsed());
+                }
                 if !set(limit) {
                     return;
                 }
@@ -330,6 +365,8 @@ mod tests {
         assert_eq!(seen().await, [2], "not idle long enough at start");
         tokio::time::advance(IDLE).await;
         assert_eq!(seen().await, [2, 8]);
+        // A fill that lasts keeps the idle time as it is.
+        tokio::time::advance(IDLE * 4).await;
         let busy = activity.begin();
         assert_eq!(seen().await, [2, 8, 2]);
         tokio::time::advance(IDLE * 4).await;
@@ -343,6 +380,46 @@ mod tests {
         Share::fixed(2)
             .track(|_| panic!("no limit to report"))
             .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fill_cut_short_doubles_the_idle_time_and_a_long_one_halves_it() {
+        let activity = Arc::new(Activity::default());
+        let share = Arc::new(Share::filling(2, 8, IDLE, activity.clone()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        tokio::spawn({
+            let (share, seen) = (share.clone(), seen.clone());
+            async move {
+                share
+                    .track(|limit| {
+                        seen.lock().unwrap().push(limit);
+                        true
+                    })
+                    .await
+            }
+        });
+        let seen = async || {
+            tokio::task::yield_now().await;
+            seen.lock().unwrap().clone()
+        };
+        assert_eq!(seen().await, [2]);
+        // Traffic whose gaps are just past the idle time: the first fill is cut short.
+        tokio::time::advance(IDLE).await;
+        assert_eq!(seen().await, [2, 8]);
+        tokio::time::advance(IDLE / 5).await;
+        drop(activity.begin());
+        assert_eq!(seen().await, [2, 8, 2]);
+        // So the next gap of the same length does not fill: the idle time is twice as long.
+        tokio::time::advance(IDLE * 6 / 5).await;
+        assert_eq!(seen().await, [2, 8, 2], "no fill after one idle time");
+        tokio::time::advance(IDLE * 4 / 5).await;
+        assert_eq!(seen().await, [2, 8, 2, 8], "a fill after two");
+        // A long quiet spell halves it back: one idle time is enough again.
+        tokio::time::advance(IDLE * 8).await;
+        drop(activity.begin());
+        assert_eq!(seen().await, [2, 8, 2, 8, 2]);
+        tokio::time::advance(IDLE).await;
+        assert_eq!(seen().await, [2, 8, 2, 8, 2, 8]);
     }
 
     #[test]
