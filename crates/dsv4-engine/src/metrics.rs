@@ -15,6 +15,11 @@ pub struct EngineMetrics {
     pub running_requests: usize,
     /// Requests waiting for admission (new or preempted).
     pub queued_requests: usize,
+    /// Tokens the running requests hold in the cache (prompt and generated so far).
+    pub running_tokens: u64,
+    /// Tokens the waiting requests will prefill when admitted (a preempted request's generated
+    /// tokens included), before any prefix-cache reuse.
+    pub queued_tokens: u64,
     /// Usage of each cache pool.
     pub pools: Vec<PoolUsage>,
     /// Prefix snapshots held.

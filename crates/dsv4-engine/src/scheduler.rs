@@ -283,6 +283,8 @@ impl Scheduler {
         let mut m = EngineMetrics {
             running_requests: self.running.len(),
             queued_requests: self.waiting.len(),
+            running_tokens: self.running.iter().map(|s| s.tokens.len() as u64).sum(),
+            queued_tokens: self.waiting.iter().map(|s| s.tokens.len() as u64).sum(),
             pools: self.pools.usage(),
             prefix_snapshots: self.prefix.as_ref().map_or(0, |p| p.snapshots()),
             host_tier_snapshots: self.prefix.as_ref().map_or(0, |p| p.host_snapshots()),

@@ -163,3 +163,46 @@ fn cancelling_through_the_handle_and_dropping_streams_free_every_page() {
         assert_eq!(u.used_pages, 0, "pool {}", u.pool);
     }
 }
+
+/// The metrics count the tokens the running requests hold and the waiting ones will prefill
+/// (what `/get_load` reports to a router), with and without overlap scheduling, and both fall
+/// to zero once the requests end.
+#[test]
+fn metrics_count_the_tokens_of_running_and_waiting_requests() {
+    let m = model();
+    for overlap_schedule in [false, true] {
+        let cfg = EngineConfig {
+            max_running_requests: 1,
+            overlap_schedule,
+            ..Default::default()
+        };
+        let mut sched = Scheduler::new(m.clone(), cfg, None).unwrap();
+        let a = sched.submit(greedy(prompt8(51), 6)).unwrap();
+        let b = sched.submit(greedy(prompt8(52), 6)).unwrap();
+        let mt = sched.metrics();
+        assert_eq!(
+            (mt.running_tokens, mt.queued_tokens),
+            (0, 16),
+            "both wait (overlap {overlap_schedule})"
+        );
+        assert!(sched.step());
+        let mt = sched.metrics();
+        // a holds its prompt and, once a step has sampled, the tokens generated so far.
+        let generated = mt.generated_tokens_total;
+        assert_eq!(
+            (mt.running_requests, mt.queued_requests),
+            (1, 1),
+            "overlap {overlap_schedule}"
+        );
+        assert_eq!(
+            (mt.running_tokens, mt.queued_tokens),
+            (8 + generated, 8),
+            "overlap {overlap_schedule}"
+        );
+        while sched.step() {}
+        let mt = sched.metrics();
+        assert_eq!((mt.running_tokens, mt.queued_tokens), (0, 0));
+        assert_same_as_solo(&a.collect_blocking(), &solo(&m, &prompt8(51), 6), "a");
+        assert_same_as_solo(&b.collect_blocking(), &solo(&m, &prompt8(52), 6), "b");
+    }
+}
