@@ -418,6 +418,12 @@ impl BatchStore {
         self.share.get().map_or(0, |s| s.limit())
     }
 
+    /// The idle time in force before lines may fill idle running slots (`None` without a fill,
+    /// or before the model is ready).
+    pub fn fill_idle(&self) -> Option<std::time::Duration> {
+        self.share.get().and_then(|s| s.fill_idle())
+    }
+
     /// Batches that have not ended.
     pub fn running(&self) -> usize {
         self.lock()

@@ -87,6 +87,12 @@ pub struct ServerConfig {
     /// (`dsv4.profile_sha256`) so clients such as `dsv4 stress` can record which configuration
     /// answered.
     pub profile_sha256: Option<String>,
+    /// Every setting of the resolved profile as nested JSON, secrets redacted, reported by
+    /// `GET /get_server_info` (`dsv4.settings`).
+    pub profile_settings: Option<serde_json::Value>,
+    /// Where the weights come from (a checkpoint directory, or `tiny` for the embedded model),
+    /// reported by `GET /get_model_info` and `GET /get_server_info` as `model_path`.
+    pub model_path: String,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +116,8 @@ impl Default for ServerConfig {
             output: OutputParsing::Dsv4,
             profile_name: None,
             profile_sha256: None,
+            profile_settings: None,
+            model_path: "tiny".into(),
         }
     }
 }

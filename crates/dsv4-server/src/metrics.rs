@@ -285,6 +285,19 @@ pub fn render_responses(out: &mut String, stored: usize, bytes: usize, running: 
     );
 }
 
+/// The batch lines' share of the running slots now, for [`render_batches`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShareNow {
+    /// Lines of batches in flight.
+    pub lines: usize,
+    /// The most lines that may be in flight now.
+    pub limit: usize,
+    /// Generation requests in flight that are not batch lines.
+    pub interactive: usize,
+    /// The idle time in force before lines fill idle slots (`None` without a fill).
+    pub fill_idle: Option<std::time::Duration>,
+}
+
 /// The gauges of the Files and Batch APIs: files kept, their bytes (what `server.files_mib`
 /// bounds), batches not yet ended, and their lines in flight with the most there may be.
 pub fn render_batches(
@@ -292,8 +305,14 @@ pub fn render_batches(
     files: usize,
     bytes: usize,
     running: usize,
-    (lines, limit, interactive): (usize, usize, usize),
+    share: ShareNow,
 ) {
+    let ShareNow {
+        lines,
+        limit,
+        interactive,
+        fill_idle,
+    } = share;
     scalar(
         out,
         "dsv4:files_stored",
@@ -337,6 +356,15 @@ pub fn render_batches(
         "Generation requests in flight that are not batch lines (batch lines fill idle running slots only while there are none, server.batch_fill_idle_ms).",
         interactive as f64,
     );
+    if let Some(idle) = fill_idle {
+        scalar(
+            out,
+            "dsv4:batch_fill_idle_seconds",
+            "gauge",
+            "How long no interactive request must have been in flight before batch lines fill idle running slots: server.batch_fill_idle_ms, raised up to 32 times while fills are cut short.",
+            idle.as_secs_f64(),
+        );
+    }
 }
 
 /// The gauge of the compiled-grammar cache: grammars it holds (`server.grammar_cache` bounds it).
@@ -377,6 +405,20 @@ fn render_engine(o: &mut String, m: &EngineMetrics) {
         "gauge",
         "Requests queued for admission.",
         m.queued_requests as f64,
+    );
+    scalar(
+        o,
+        "dsv4:num_tokens_running",
+        "gauge",
+        "Tokens the running requests hold in the cache (prompt and generated so far).",
+        m.running_tokens as f64,
+    );
+    scalar(
+        o,
+        "dsv4:num_tokens_waiting",
+        "gauge",
+        "Tokens the waiting requests will prefill when admitted, before prefix-cache reuse.",
+        m.queued_tokens as f64,
     );
     scalar(
         o,

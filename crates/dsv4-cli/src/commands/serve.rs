@@ -110,7 +110,24 @@ pub(crate) fn server_config(
         )?,
         profile_name: Some(resolved.requested.clone()),
         profile_sha256: Some(profile_sha256(resolved)),
+        profile_settings: Some(resolved.nested_json()),
+        model_path: model_path(args, resolved),
     })
+}
+
+/// Where the weights come from: `--model`, else the profile's `model.path` (`tiny` for the
+/// embedded model).
+fn model_path(args: &ServeArgs, resolved: &Resolved) -> String {
+    model_dir(args, resolved).map_or_else(|| "tiny".into(), |d| d.display().to_string())
+}
+
+/// The checkpoint directory: `--model`, else the profile's; `None` for the embedded model.
+fn model_dir(args: &ServeArgs, resolved: &Resolved) -> Option<PathBuf> {
+    match (&args.model, resolved.profile.model.source()) {
+        (Some(dir), _) => Some(dir.clone()),
+        (None, dsv4_config::ModelSource::Dir(dir)) => Some(dir),
+        (None, dsv4_config::ModelSource::Tiny { .. }) => None,
+    }
 }
 
 /// What `dsv4 serve` prints of how it admits requests: running slots, the batches' share,
@@ -170,10 +187,8 @@ pub(crate) fn model_id(args: &ServeArgs, resolved: &Resolved) -> String {
     if let Some(name) = &args.served_model_name {
         return name.clone();
     }
-    let dir = match (&args.model, resolved.profile.model.source()) {
-        (Some(dir), _) => dir.clone(),
-        (None, dsv4_config::ModelSource::Dir(dir)) => dir,
-        (None, dsv4_config::ModelSource::Tiny { .. }) => return "dsv4-tiny".into(),
+    let Some(dir) = model_dir(args, resolved) else {
+        return "dsv4-tiny".into();
     };
     dir.file_name().map_or_else(
         || dir.display().to_string(),
@@ -381,5 +396,42 @@ mod tests {
             "batches up to 64 lines (server.batch_max_running = 100 is more than the slots) \
              (server.batch_fill_idle_ms = 1500 has no slot to fill: the share is every slot)"
         ));
+    }
+
+    #[test]
+    fn the_server_reports_the_model_path_and_every_setting_without_secrets() {
+        let mut opts = dsv4_config::ResolveOptions::new("dev-cpu");
+        opts.search.local_dir = None;
+        opts.sets = vec!["server.api_key=hunter2".into()];
+        let resolved = dsv4_config::resolve(&opts).unwrap();
+        let mut args = ServeArgs {
+            engine: Engine::Native,
+            port: None,
+            host: None,
+            model: None,
+            served_model_name: None,
+        };
+        let cfg = server_config(&args, &resolved, "dsv4-tiny".into()).unwrap();
+        assert_eq!(cfg.model_path, "tiny");
+        assert_eq!(
+            cfg.api_key.as_deref(),
+            Some("hunter2"),
+            "the key still guards"
+        );
+        let settings = cfg.profile_settings.unwrap();
+        assert_eq!(settings, resolved.nested_json());
+        assert!(!settings.to_string().contains("hunter2"), "{settings}");
+        assert_eq!(
+            settings["scheduler"]["max_running_requests"],
+            json_value(&resolved, "scheduler.max_running_requests")
+        );
+        args.model = Some("/models/DeepSeek-V4-Flash".into());
+        let cfg = server_config(&args, &resolved, "x".into()).unwrap();
+        assert_eq!(cfg.model_path, "/models/DeepSeek-V4-Flash");
+    }
+
+    /// The resolved value of `key`.
+    fn json_value(resolved: &Resolved, key: &str) -> serde_json::Value {
+        resolved.setting(key).unwrap().value.clone()
     }
 }

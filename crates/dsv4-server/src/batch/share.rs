@@ -166,6 +166,14 @@ impl Share {
             + self.fill.as_ref().map_or(0, |f| used(f.extra, &f.permits))
     }
 
+    /// The idle time in force before lines may fill idle slots (it adapts to the traffic);
+    /// `None` without idle slots to fill.
+    pub fn fill_idle(&self) -> Option<Duration> {
+        self.fill
+            .as_ref()
+            .map(|f| *f.idle.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The most lines that may be in flight now: the fixed number, or every running slot while
     /// interactive requests are idle.
     pub fn limit(&self) -> usize {
@@ -403,6 +411,7 @@ mod tests {
             seen.lock().unwrap().clone()
         };
         assert_eq!(seen().await, [2]);
+        assert_eq!(share.fill_idle(), Some(IDLE));
         // Traffic whose gaps are just past the idle time: the first fill is cut short.
         tokio::time::advance(IDLE).await;
         assert_eq!(seen().await, [2, 8]);
@@ -410,6 +419,7 @@ mod tests {
         drop(activity.begin());
         assert_eq!(seen().await, [2, 8, 2]);
         // So the next gap of the same length does not fill: the idle time is twice as long.
+        assert_eq!(share.fill_idle(), Some(IDLE * 2));
         tokio::time::advance(IDLE * 6 / 5).await;
         assert_eq!(seen().await, [2, 8, 2], "no fill after one idle time");
         tokio::time::advance(IDLE * 4 / 5).await;
@@ -418,6 +428,7 @@ mod tests {
         tokio::time::advance(IDLE * 8).await;
         drop(activity.begin());
         assert_eq!(seen().await, [2, 8, 2, 8, 2]);
+        assert_eq!(share.fill_idle(), Some(IDLE));
         tokio::time::advance(IDLE).await;
         assert_eq!(seen().await, [2, 8, 2, 8, 2, 8]);
     }
@@ -426,6 +437,7 @@ mod tests {
     fn no_idle_slots_when_the_share_is_every_slot() {
         let share = Share::filling(4, 4, IDLE, Arc::default());
         assert!(share.fill.is_none());
+        assert_eq!(share.fill_idle(), None);
         assert_eq!(share.limit(), 4);
         assert_eq!(Share::fixed(0).limit(), 1);
     }

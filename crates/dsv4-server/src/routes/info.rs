@@ -164,11 +164,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         files.len(),
         files.bytes(),
         state.batches().running(),
-        (
-            state.batches().lines_in_flight(),
-            state.batches().lines_limit(),
-            state.interactive().in_flight(),
-        ),
+        crate::metrics::ShareNow {
+            lines: state.batches().lines_in_flight(),
+            limit: state.batches().lines_limit(),
+            interactive: state.interactive().in_flight(),
+            fill_idle: state.batches().fill_idle(),
+        },
     );
     if let Some(l) = &loaded {
         crate::metrics::render_grammar_cache(&mut text, l.grammars.cached());

@@ -1,5 +1,6 @@
 //! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
-//! on `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize` and the cache flush, request counting, the body-size limit and the
+//! on `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize`, the cache flush and
+//! SGLang's load and info endpoints, request counting, the body-size limit and the
 //! JSON 404/405 answers; helpers turn bodies into bytes (413 past the limit), check the model
 //! id, and stream server-sent events.
 
@@ -19,6 +20,7 @@ pub mod responses_envelope;
 pub mod responses_output;
 pub mod responses_tokens;
 pub mod responses_truncation;
+pub mod server_info;
 pub mod tokenize;
 
 use crate::error::ApiError;
@@ -84,6 +86,10 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/reset_prefix_cache", post(cache::reset_prefix_cache))
         .route("/flush_cache", post(cache::reset_prefix_cache))
+        .route("/get_load", get(server_info::get_load))
+        .route("/get_model_info", get(server_info::get_model_info))
+        .route("/get_server_info", get(server_info::get_server_info))
+        .route("/server_info", get(server_info::get_server_info))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -183,8 +189,8 @@ impl HttpBody for Counted {
     }
 }
 
-/// Refuse `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize` and cache-flush requests without the configured
-/// bearer key.
+/// Refuse `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize`, cache-flush and
+/// SGLang load and info requests without the configured bearer key.
 async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.cfg().api_key.as_deref() else {
         return next.run(req).await;

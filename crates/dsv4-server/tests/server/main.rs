@@ -37,6 +37,7 @@ mod prompt_logprobs;
 mod queue_limit;
 mod responses;
 mod sampling;
+mod server_info;
 mod structured;
 mod token_ids;
 mod tokenize;
