@@ -5,6 +5,7 @@ use super::common::{Stop, StopReason, StreamOptions, UsageBody};
 use super::logprobs::{ChatLogprobs, PromptLogprobs};
 use super::sampling::{SamplingFields, prompt_logprobs_count, top_count};
 use super::structured::{Fields, ResponseFormat, Shape, StructuredOutputs};
+use crate::config::OutputParsing;
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -45,6 +46,19 @@ pub struct ChatRequest {
     /// Keep the stop string that ended the answer in its text (vLLM's extension; default
     /// false: the text is cut before it).
     pub include_stop_str_in_output: Option<bool>,
+    /// SGLang's name for `include_stop_str_in_output` (both given must agree).
+    pub no_stop_trim: Option<bool>,
+    /// Leave special tokens' text out of a raw answer (SGLang's; with the server's DSV4 parser
+    /// on, the answer is parsed from its markup, which never reaches the content either way).
+    pub skip_special_tokens: Option<bool>,
+    /// SGLang's: false leaves the reasoning (and its `</think>`) at the start of the content
+    /// instead of in `reasoning_content` (default true).
+    pub separate_reasoning: Option<bool>,
+    /// SGLang's: false streams the reasoning in one chunk once it is complete instead of as
+    /// it comes (default true).
+    pub stream_reasoning: Option<bool>,
+    /// SGLang's; only false (dsv4 does not return hidden states).
+    pub return_hidden_states: Option<bool>,
     /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
@@ -151,6 +165,22 @@ impl ChatRequest {
             stop_token_ids: self.stop_token_ids.clone(),
             allowed_token_ids: self.allowed_token_ids.clone(),
         }
+    }
+
+    /// How the answer is parsed: as the server parses (`server.tool_call_parser`,
+    /// `server.reasoning_parser`), with the reasoning left in the content when SGLang's
+    /// `separate_reasoning` is false.
+    pub fn parsing(&self, server: OutputParsing) -> OutputParsing {
+        match (server, self.separate_reasoning) {
+            (OutputParsing::Dsv4, Some(false)) => OutputParsing::Dsv4ReasoningInContent,
+            (p, _) => p,
+        }
+    }
+
+    /// Whether special tokens' text is left out (`skip_special_tokens`, default false): only
+    /// raw answers show it, so only under `parsing` [`OutputParsing::Raw`].
+    pub fn skip_special(&self, parsing: OutputParsing) -> bool {
+        parsing == OutputParsing::Raw && self.skip_special_tokens.unwrap_or(false)
     }
 
     /// The alternatives per token to return (None: no log-probabilities). `top_logprobs`

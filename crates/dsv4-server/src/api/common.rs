@@ -160,6 +160,23 @@ pub fn unsupported<T: PartialEq>(name: &str, value: Option<T>, default: T) -> Re
     }
 }
 
+/// Whether the stop string that ended the text stays in it: vLLM's
+/// `include_stop_str_in_output` or SGLang's `no_stop_trim`, two names for one switch (default
+/// false); a 400 naming `no_stop_trim` when both are given and disagree.
+pub fn keep_stop_string(
+    include: Option<bool>,
+    no_stop_trim: Option<bool>,
+) -> Result<bool, ApiError> {
+    match (include, no_stop_trim) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::bad_param(
+            "no_stop_trim",
+            "`no_stop_trim` (SGLang's name) and `include_stop_str_in_output` (vLLM's) are one \
+             switch and disagree here; send one of them",
+        )),
+        (a, b) => Ok(a.or(b).unwrap_or(false)),
+    }
+}
+
 /// Apply `truncate_prompt_tokens` (vLLM's extension) to `prompt`: keep its last `k` tokens
 /// (−1: the model's `context`), so a long document's end fits. Returns whether tokens were
 /// dropped. 0, values below −1 and values over the context are refused, naming the field.

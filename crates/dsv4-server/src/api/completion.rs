@@ -36,6 +36,10 @@ pub struct CompletionRequest {
     /// Keep the stop string that ended the answer in its text (vLLM's extension; default
     /// false: the text is cut before it).
     pub include_stop_str_in_output: Option<bool>,
+    /// SGLang's name for `include_stop_str_in_output` (both given must agree).
+    pub no_stop_trim: Option<bool>,
+    /// SGLang's; only false (dsv4 does not return hidden states).
+    pub return_hidden_states: Option<bool>,
     /// Choices, 1 to [`super::common::MAX_N`] (default 1); choice i samples with seed + i.
     pub n: Option<u32>,
     /// Stream server-sent events.

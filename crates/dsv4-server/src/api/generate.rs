@@ -3,6 +3,7 @@
 //! `text`, `output_ids`, `meta_info`). Unknown fields, top level or in `sampling_params`, are
 //! refused naming them.
 
+use super::common::unsupported;
 use super::completion::{MAX_PROMPTS, Prompt};
 use super::sampling::SamplingFields;
 use crate::error::ApiError;
@@ -104,6 +105,8 @@ impl<T: Clone> PerPrompt<T> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
+    /// The served model's id, or null (SGLang's router sends it; another id is a 404).
+    pub model: Option<String>,
     /// A text, or a batch of texts (used as given: no BOS is added, no chat template).
     pub text: Option<Value>,
     /// Token ids, or a batch of token-id lists (instead of `text`).
@@ -128,6 +131,16 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     /// Accepted and ignored (requests are always logged the same way).
     pub log_metrics: Option<bool>,
+    /// Accepted and ignored: dsv4 never logs prompts or outputs (SGLang's `no_logs`).
+    pub no_logs: Option<bool>,
+    /// SGLang's; only false (dsv4 does not return hidden states).
+    pub return_hidden_states: Option<bool>,
+    /// SGLang's; only false (no background generation on `/generate`).
+    pub background: Option<bool>,
+    /// SGLang's; only false (the output is text).
+    pub return_bytes: Option<bool>,
+    /// SGLang's; only false (no per-token entropy).
+    pub return_entropy: Option<bool>,
     /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
     /// extension; default 0; batch lines default to -1).
     pub priority: Option<i32>,
@@ -184,6 +197,17 @@ pub struct GenerateSampling {
     pub ebnf: Option<String>,
     /// A structural tag (as JSON text or an object) the output follows.
     pub structural_tag: Option<Value>,
+}
+
+impl GenerateRequest {
+    /// Refuse SGLang's switches dsv4 does not do when they are on (SGLang's router sends them
+    /// all, off), each a 400 naming it.
+    pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        unsupported("return_hidden_states", self.return_hidden_states, false)?;
+        unsupported("background", self.background, false)?;
+        unsupported("return_bytes", self.return_bytes, false)?;
+        unsupported("return_entropy", self.return_entropy, false)
+    }
 }
 
 impl GenerateSampling {

@@ -12,8 +12,8 @@ use crate::api::chat::{
     AssistantBody, ChatCompletion, ChatRequest, ChoiceBody, FunctionBody, ToolCallBody, ToolChoice,
 };
 use crate::api::common::{
-    StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
-    truncate_prompt, unix_now, unsupported,
+    StopReason, StreamUsage, UsageBody, check_n, keep_stop_string, parse_body, random_hex,
+    random_u64, stop_strings, truncate_prompt, unix_now, unsupported,
 };
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::{bad_words_ids, check_fit};
@@ -64,6 +64,7 @@ pub async fn chat_completions(
             .return_token_ids
             .unwrap_or(false)
             .then(|| prepared.request.prompt.clone()),
+        stream_reasoning: req.stream_reasoning.unwrap_or(true),
     };
     // `prompt_logprobs`: the prompt as run and the alternatives asked for.
     let scored = prepared
@@ -116,6 +117,8 @@ pub(super) struct DecoderSpec {
     pub(super) keep_stop: bool,
     /// A structured output (grammar-decided) is the content: taken as written.
     pub(super) verbatim_content: bool,
+    /// `skip_special_tokens` on a raw answer.
+    pub(super) skip_special: bool,
 }
 
 impl DecoderSpec {
@@ -132,6 +135,7 @@ impl DecoderSpec {
         )
         .with_min_tokens(self.min_tokens)
         .with_stop_in_output(self.keep_stop)
+        .with_special_tokens_skipped(self.skip_special)
     }
 }
 
@@ -242,6 +246,7 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let n = check_n(req.n)?;
     unsupported("store", req.store, false)?;
+    unsupported("return_hidden_states", req.return_hidden_states, false)?;
     let logprobs = req.logprobs()?;
     let prompt_logprobs = req.prompt_logprobs()?;
     let ChatPrompt {
@@ -278,14 +283,16 @@ async fn prepare(
         thinking,
     )
     .await?;
+    let parsing = req.parsing(state.cfg().output);
     let decoder = DecoderSpec {
-        parsing: state.cfg().output,
+        parsing,
         thinking,
         tools: parser_tools,
         stop: stop.clone(),
         min_tokens: sampling.min_tokens,
-        keep_stop: req.include_stop_str_in_output.unwrap_or(false),
+        keep_stop: keep_stop_string(req.include_stop_str_in_output, req.no_stop_trim)?,
         verbatim_content: shape.is_some(),
+        skip_special: req.skip_special(parsing),
     };
     Ok(Prepared {
         request: Request {
@@ -471,6 +478,9 @@ pub(super) struct Meta {
     pub(super) prompt_tokens: usize,
     /// With `return_token_ids`: the prompt's ids.
     pub(super) prompt_ids: Option<Vec<u32>>,
+    /// SGLang's `stream_reasoning`: false holds a streamed answer's reasoning back until it is
+    /// complete.
+    pub(super) stream_reasoning: bool,
 }
 
 impl Meta {

@@ -3,7 +3,9 @@
 //! every choice gets its own role chunk first and its own `finish_reason` chunk; then (with
 //! `include_usage`) one usage chunk with the totals, and `data: [DONE]` once at the end. With
 //! `return_token_ids` the first chunk carries the prompt's ids and each later chunk its tokens'
-//! ids; with `continuous_usage_stats` each chunk its choice's usage so far.
+//! ids; with `continuous_usage_stats` each chunk its choice's usage so far. With SGLang's
+//! `stream_reasoning: false` a choice's reasoning is held back and sent as one chunk, with its
+//! tokens' entries and ids, once the answer moves past it (or ends).
 
 use super::EventSource;
 use super::chat::{Meta, tool_call_body};
@@ -30,7 +32,17 @@ pub struct ChatStream {
     calls: Vec<usize>,
     /// Per choice: its usage once it has finished.
     usages: Vec<Option<Usage>>,
+    /// Per choice, with `stream_reasoning: false`: the reasoning held back so far.
+    held: Vec<Held>,
     done: bool,
+}
+
+/// Reasoning held back (`stream_reasoning: false`) with the entries and ids of its tokens.
+#[derive(Default)]
+struct Held {
+    text: String,
+    logprobs: Vec<GeneratedToken>,
+    ids: Vec<u32>,
 }
 
 /// What the chunks of one step share: the tokens consumed (each chunk takes what is left, so
@@ -60,6 +72,7 @@ impl ChatStream {
             started: false,
             calls: vec![0; n],
             usages: vec![None; n],
+            held: (0..n).map(|_| Held::default()).collect(),
             done: false,
         }
     }
@@ -140,6 +153,22 @@ impl ChatStream {
         self.chunk(index, body, None, step)
     }
 
+    /// Send choice `index`'s held reasoning, if any, as one chunk; the held tokens go before
+    /// `step`'s, so the next chunk carries them either way.
+    fn release(&mut self, index: usize, step: &mut StepTokens, out: &mut Vec<SseEvent>) {
+        let Held {
+            text,
+            mut logprobs,
+            mut ids,
+        } = std::mem::take(&mut self.held[index]);
+        logprobs.append(&mut step.logprobs);
+        ids.append(&mut step.ids);
+        (step.logprobs, step.ids) = (logprobs, ids);
+        if !text.is_empty() {
+            out.push(self.delta(index, Delta::Reasoning(text), step));
+        }
+    }
+
     /// The first chunk of every choice: its role (the stream's first chunk carries the
     /// prompt's ids, with `return_token_ids`).
     fn role_chunks(&self) -> Vec<SseEvent> {
@@ -216,8 +245,25 @@ impl EventSource for ChatStream {
                     ids: token_ids,
                     usage,
                 };
+                let hold = !self.meta.stream_reasoning;
                 for d in deltas {
-                    out.push(self.delta(index, d, &mut step));
+                    match d {
+                        Delta::Reasoning(r) if hold => self.held[index].text.push_str(&r),
+                        d => {
+                            if hold {
+                                self.release(index, &mut step, &mut out);
+                            }
+                            out.push(self.delta(index, d, &mut step));
+                        }
+                    }
+                }
+                if hold && finished.is_some() {
+                    self.release(index, &mut step, &mut out);
+                } else if hold {
+                    // Tokens no chunk took (their text is held): carried to the release.
+                    let held = &mut self.held[index];
+                    held.logprobs.append(&mut step.logprobs);
+                    held.ids.append(&mut step.ids);
                 }
                 if let Some(f) = finished {
                     self.usages[index] = Some(f.usage);

@@ -17,8 +17,8 @@ use super::{
 };
 use super::{admission, request_priority};
 use crate::api::common::{
-    StopReason, StreamUsage, UsageBody, check_n, parse_body, random_hex, random_u64, stop_strings,
-    truncate_prompt, unix_now, unsupported,
+    StopReason, StreamUsage, UsageBody, check_n, keep_stop_string, parse_body, random_hex,
+    random_u64, stop_strings, truncate_prompt, unix_now, unsupported,
 };
 use crate::api::completion::{
     Completion, CompletionChoice, CompletionRequest, DEFAULT_MAX_TOKENS, MAX_PROMPTS, Prompt,
@@ -77,7 +77,7 @@ pub async fn completions(
     let mut runs = Vec::with_capacity(prompts.len() * n);
     let mut echoes = Vec::new();
     let mut prompt_ids = Vec::new();
-    let keep_stop = req.include_stop_str_in_output.unwrap_or(false);
+    let keep_stop = keep_stop_string(req.include_stop_str_in_output, req.no_stop_trim)?;
     let skip_special = req.skip_special_tokens.unwrap_or(false);
     let id = format!("cmpl-{}", random_hex(state.next_serial()));
     let decoder = || {
@@ -163,6 +163,7 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let n = check_n(req.n)?;
     unsupported("best_of", req.best_of, 1)?;
+    unsupported("return_hidden_states", req.return_hidden_states, false)?;
     let beam = beam::params(req.use_beam_search, req.length_penalty, n)?;
     if req.suffix.is_some() {
         if req.echo == Some(true) {

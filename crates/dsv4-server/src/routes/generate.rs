@@ -10,7 +10,9 @@
 
 use super::chat::structured_constraint;
 use super::completions::prompt_ids;
-use super::{EventSource, body_bytes, error_event, json_response, loaded_model, sse_response};
+use super::{
+    EventSource, body_bytes, check_model, error_event, json_response, loaded_model, sse_response,
+};
 use super::{admission, request_priority};
 use crate::api::common::{StopReason, check_n, parse_body, random_hex, random_u64, stop_strings};
 use crate::api::completion::{MAX_PROMPTS, Prompt};
@@ -48,6 +50,10 @@ pub async fn generate(
     let loaded = loaded_model(&state)?;
     let line = line.is_some();
     let mut req: GenerateRequest = parse_body(&body)?;
+    if let Some(model) = &req.model {
+        check_model(&state, model)?;
+    }
+    req.refuse_unsupported()?;
     req.priority = request_priority(&state, req.priority, line)?;
     req.admission = admission(&state, line);
     let (prompts, batch) = req.prompts()?;

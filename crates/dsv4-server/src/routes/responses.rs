@@ -368,6 +368,7 @@ async fn prepare(
         min_tokens: 0,
         keep_stop: false,
         verbatim_content: shape.is_some(),
+        skip_special: false,
     };
     let request = Request {
         prompt,

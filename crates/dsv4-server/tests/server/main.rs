@@ -38,6 +38,7 @@ mod queue_limit;
 mod responses;
 mod sampling;
 mod server_info;
+mod sglang_fields;
 mod structured;
 mod token_ids;
 mod tokenize;

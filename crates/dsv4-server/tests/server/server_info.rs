@@ -88,7 +88,7 @@ async fn get_load_counts_running_and_waiting_requests_and_their_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_and_server_info_say_what_is_served_and_under_which_profile() {
-    let settings = json!({"server": {"api_key": "(redacted)", "port": 8000},
+    let settings = json!({"server": {"api_key": "<redacted>", "port": 8000},
                           "scheduler": {"max_running_requests": 2}});
     let cfg = ServerConfig {
         profile_name: Some("dev-cpu".into()),
