@@ -4,8 +4,13 @@
 //! before the process exits 0, and the start-up lines say how requests are scheduled (a
 //! `server.batch_max_running` past the engine's running slots said so).
 //!
-//! The Python test needs `python3` with the `openai` package. Without them it is skipped with
-//! the reason printed, except under CI=true, where it fails (.ci/run installs the package).
+//! Two servers behind SGLang's router (the `sglang-router` package, `--policy power_of_two`)
+//! answer every route through it, and the router balances on their `/get_load`
+//! (tests/e2e/test_sglang_router.py).
+//!
+//! The Python tests need `python3` with the `openai` (and, behind the router, `sglang-router`)
+//! packages. Without them they are skipped with the reason printed, except under CI=true, where
+//! they fail (.ci/run installs the packages).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -132,28 +137,40 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> std::io::Result<Str
     Ok(out)
 }
 
-/// Why the Python client cannot run here, if it cannot.
-fn python_missing() -> Option<String> {
+/// Why python3 cannot import `module` here, if it cannot (`package` is its pip name).
+fn python_missing(module: &str, package: &str) -> Option<String> {
     match Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .output()
     {
         Err(e) => Some(format!("python3 cannot run ({e})")),
         Ok(o) if !o.status.success() => Some(format!(
-            "the `openai` package is missing (python3 -m pip install openai): {}",
+            "the `{package}` package is missing (python3 -m pip install {package}): {}",
             String::from_utf8_lossy(&o.stderr).trim()
         )),
         Ok(_) => None,
     }
 }
 
+/// Whether `test` must skip for want of the Python `modules` (`(module, pip name)`): it says
+/// why and skips, except under CI=true, where it fails.
+fn skip_without(test: &str, modules: &[(&str, &str)]) -> bool {
+    let Some(reason) = modules.iter().find_map(|(m, p)| python_missing(m, p)) else {
+        return false;
+    };
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true and {test} cannot run: {reason}");
+    }
+    eprintln!("SKIP {test}: {reason}");
+    true
+}
+
 #[test]
 fn the_openai_python_client_works_against_dsv4_serve() {
-    if let Some(reason) = python_missing() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("CI=true and the end-to-end test cannot run: {reason}");
-        }
-        eprintln!("SKIP the_openai_python_client_works_against_dsv4_serve: {reason}");
+    if skip_without(
+        "the_openai_python_client_works_against_dsv4_serve",
+        &[("openai", "openai")],
+    ) {
         return;
     }
     let serve = Serve::start();
@@ -186,6 +203,87 @@ fn the_openai_python_client_works_against_dsv4_serve() {
     }
     serve.sigterm();
     assert!(serve.wait_exit().success());
+}
+
+/// SGLang's router (`sglang_router.launch_router`) over `workers`; killed when dropped.
+struct Router {
+    child: Child,
+    url: String,
+}
+
+impl Router {
+    fn start(workers: &[&str]) -> Self {
+        // A free port: bound, read, released for the router.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
+            .args(["--port", &port.to_string(), "--policy", "power_of_two"])
+            .args(["--log-level", "warn", "--worker-urls"])
+            .args(workers)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the router starts");
+        let router = Router {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        // Ready once it lists every worker.
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(r) = http(&addr, "GET", "/get_loads", "")
+                && r.starts_with("HTTP/1.1 200")
+                && workers.iter().all(|w| r.contains(w))
+            {
+                return router;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the router never listed the workers"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn dsv4_servers_work_behind_the_sglang_router() {
+    let test = "dsv4_servers_work_behind_the_sglang_router";
+    if skip_without(
+        test,
+        &[("openai", "openai"), ("sglang_router", "sglang-router")],
+    ) {
+        return;
+    }
+    let (a, b) = (Serve::start(), Serve::start());
+    let router = Router::start(&[&a.url, &b.url]);
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/test_sglang_router.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--router", &router.url, "--workers", &a.url, &b.url])
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    assert!(
+        stdout.contains("PASS test_load_reaches_the_router\n"),
+        "{stdout}"
+    );
 }
 
 #[test]
