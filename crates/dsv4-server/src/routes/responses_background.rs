@@ -52,6 +52,7 @@ pub(super) fn start(
         state: state.clone(),
         id,
         bg: Arc::clone(&bg),
+        _interactive: state.interactive().begin(),
     };
     tokio::spawn(drive(
         guard,
@@ -72,6 +73,9 @@ struct Running {
     state: AppState,
     id: String,
     bg: Arc<Background>,
+    /// It counts as an interactive request until its task ends, not only until the POST is
+    /// answered, so batch lines do not fill the slots beside it (`server.batch_fill_idle_ms`).
+    _interactive: crate::batch::Interactive,
 }
 
 impl Drop for Running {

@@ -2,7 +2,7 @@
 //! requests still run beside them, `/metrics` reports the lines and the limit, and 0 or more
 //! than the engine's running slots means as many as those. With `server.batch_fill_idle_ms`
 //! lines fill every slot while no interactive request is in flight, and those past the share
-//! pause at once when one comes.
+//! pause at once when one comes; a background response counts as interactive until it ends.
 
 use super::batches::{create, ended, upload};
 use super::common::*;
@@ -179,4 +179,43 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(ended(&s, &id).await["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_counts_as_interactive_until_it_ends() {
+    let cfg = ServerConfig {
+        batch_max_running: 2,
+        batch_fill_idle: Some(Duration::from_millis(50)),
+        ..config()
+    };
+    let s = start_with(cfg, slots(SLOTS)).await;
+    let activity = s.state.interactive().clone();
+    // A long constrained answer (a string of 2000 characters at least), run in the background.
+    let body = json!({"model": MODEL, "input": "x", "max_output_tokens": 8000, "background": true,
+                      "text": {"format": {"type": "json_schema", "name": "s",
+                                          "schema": {"type": "string", "minLength": 2000}}}});
+    let r = s.send("POST", "/v1/responses", &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    // The POST is answered; the response still runs, and still counts.
+    let status = s.get(&format!("/v1/responses/{id}")).await.json()["status"].clone();
+    assert!(
+        status == "queued" || status == "in_progress",
+        "still running: {status}"
+    );
+    assert_eq!(activity.in_flight(), 1, "counted while it runs");
+    assert_eq!(
+        metric(&s, "dsv4:batch_lines_limit").await,
+        2,
+        "no fill beside it"
+    );
+    let r = s
+        .send("POST", &format!("/v1/responses/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    eventually("its end seen", async || activity.in_flight() == 0).await;
+    eventually("the fill opens again", async || {
+        s.state.batches().lines_limit() == SLOTS
+    })
+    .await;
 }
