@@ -6,6 +6,7 @@ beside the same batch with `"priority": 0` in every line (the order before prior
 long the batch takes alone. Each batch case runs twice.
 
 Usage: scripts/batch-interference.py [BASE_URL] [LINES] [--skip-priority-0] [--every MS]
+                                     [--poisson MS]
        (default http://127.0.0.1:8000, 768; --skip-priority-0 leaves out the lines at priority 0,
        to compare servers, e.g. under different server.batch_max_running)
 
@@ -13,13 +14,18 @@ With --every MS it measures something else: a batch running while one interactiv
 starts every MS milliseconds until the batch ends (twice), reporting the batch's time, the
 interactive median and worst, and how many times batch lines paused
 (dsv4:num_yield_preemptions_total), to see what traffic that comes and goes costs a batch
-under server.batch_fill_idle_ms.
+under server.batch_fill_idle_ms. --poisson MS does the same with random gaps: the time from
+one request's start to the next is exponential with mean MS (seeded, so runs repeat; a request
+still running when its gap is up delays the next), as traffic from many independent clients
+arrives. Both also report dsv4:batch_fill_idle_seconds, the fill's idle time in force at the
+end (null without a fill).
 
 The interactive requests start once 64 lines have answered and stop after 20. Prints one JSON
 object. Needs the `openai` Python package (the batch goes through the Files and Batch APIs).
 """
 
 import json
+import random
 import statistics
 import sys
 import threading
@@ -33,6 +39,11 @@ ARGS = [a for a in sys.argv[1:] if a != "--skip-priority-0"]
 EVERY_MS = None
 if "--every" in ARGS:
     i = ARGS.index("--every")
+    EVERY_MS = int(ARGS[i + 1])
+    del ARGS[i:i + 2]
+POISSON = "--poisson" in ARGS
+if POISSON:
+    i = ARGS.index("--poisson")
     EVERY_MS = int(ARGS[i + 1])
     del ARGS[i:i + 2]
 BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
@@ -91,17 +102,24 @@ def alone_batch():
     return {"seconds": round(time.perf_counter() - t, 2), "batch": status}
 
 
-def pauses():
+def gauge(name):
+    """The unlabelled metric `name` on /metrics, or None when it is not there."""
     text = urllib.request.urlopen(BASE.rstrip("/") + "/metrics").read().decode()
     for line in text.splitlines():
-        if line.startswith("dsv4:num_yield_preemptions_total "):
-            return int(float(line.split()[1]))
-    return 0
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def pauses():
+    return int(gauge("dsv4:num_yield_preemptions_total") or 0)
 
 
 def periodic():
-    """The batch while an interactive request starts every EVERY_MS ms until it ends."""
+    """The batch while an interactive request starts every EVERY_MS ms (on average, with
+    --poisson) until it ends."""
     before = pauses()
+    gaps = random.Random(0)
     t = time.perf_counter()
     batch = start(None)
     done = threading.Event()
@@ -115,7 +133,8 @@ def periodic():
                                       temperature=0, extra_body={"ignore_eos": True})
             ms.append((time.perf_counter() - started) * 1000)
             i += 1
-            done.wait(max(0.0, EVERY_MS / 1000 - (time.perf_counter() - started)))
+            gap = gaps.expovariate(1000 / EVERY_MS) if POISSON else EVERY_MS / 1000
+            done.wait(max(0.0, gap - (time.perf_counter() - started)))
 
     thread = threading.Thread(target=tick)
     thread.start()
@@ -125,11 +144,13 @@ def periodic():
     thread.join()
     return {"batch_seconds": seconds, "batch": status, "interactive": len(ms),
             "median_ms": round(statistics.median(ms)), "worst_ms": round(max(ms)),
-            "line_pauses": pauses() - before}
+            "line_pauses": pauses() - before,
+            "fill_idle_seconds": gauge("dsv4:batch_fill_idle_seconds")}
 
 
 if EVERY_MS is not None:
-    print(json.dumps({f"every_{EVERY_MS}_ms_{run}": periodic() for run in (1, 2)}, indent=1))
+    kind = "poisson" if POISSON else "every"
+    print(json.dumps({f"{kind}_{EVERY_MS}_ms_{run}": periodic() for run in (1, 2)}, indent=1))
     sys.exit(0)
 
 result = {"alone": interactive()}
