@@ -1,10 +1,11 @@
-//! `POST /v1/chat/completions`: check the request, encode the DSV4 prompt (tools in the system
-//! prompt, thinking or chat mode), build the grammar constraint for `tool_choice`
-//! required/named or `response_format`, run its `n` choices, and answer one JSON object or a
-//! stream of server-sent `chat.completion.chunk` events ([`super::chat_stream`]). Each choice is
-//! parsed by its own strict DSML parser; an answer that breaks the grammar is an error, never
-//! content.
+//! `POST /v1/chat/completions`: check the request, encode the DSV4 prompt (`chat_prompt.rs`:
+//! tools in the system prompt, thinking or chat mode), build the grammar constraint for
+//! `tool_choice` required/named or `response_format`, run its `n` choices, and answer one JSON
+//! object or a stream of server-sent `chat.completion.chunk` events ([`super::chat_stream`]).
+//! Each choice is parsed by its own strict DSML parser; an answer that breaks the grammar is an
+//! error, never content.
 
+use super::chat_prompt::{ChatPrompt, chat_prompt};
 use super::chat_stream::ChatStream;
 use super::{admission, request_priority};
 use super::{body_bytes, check_model, json_response, loaded_model, sse_response};
@@ -13,7 +14,7 @@ use crate::api::chat::{
 };
 use crate::api::common::{
     StopReason, StreamUsage, UsageBody, check_n, keep_stop_string, parse_body, random_hex,
-    random_u64, stop_strings, truncate_prompt, unix_now, unsupported,
+    random_u64, stop_strings, unix_now, unsupported,
 };
 use crate::api::logprobs::{ChatLogprobs, TokenNames, prompt_logprobs};
 use crate::api::sampling::{bad_words_ids, check_fit};
@@ -33,7 +34,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use dsv4_chat::{Conversation, EncodeError, ParserOptions, ToolSet, encode_prompt_ids};
+use dsv4_chat::{ParserOptions, ToolSet};
 use dsv4_engine::Request;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -137,105 +138,6 @@ impl DecoderSpec {
         .with_stop_in_output(self.keep_stop)
         .with_special_tokens_skipped(self.skip_special)
     }
-}
-
-/// Map a prompt-encoding error to the field at fault.
-fn encode_error(e: EncodeError) -> ApiError {
-    match e {
-        EncodeError::Tools(t) => ApiError::bad_param("tools", t.to_string()),
-        EncodeError::Message { index, .. } => {
-            ApiError::bad_param(format!("messages[{index}]"), e.to_string())
-        }
-        EncodeError::NoMessages => ApiError::bad_param("messages", e.to_string()),
-        EncodeError::Json(_) => ApiError::bad_request(e.to_string()),
-        EncodeError::Tokenizer(t) => ApiError::internal(format!("tokenizing the prompt: {t}")),
-    }
-}
-
-/// A chat request's prompt as this route encodes it, and what the rest of the request needs
-/// from that encoding.
-pub(super) struct ChatPrompt {
-    /// The prompt's token ids.
-    pub ids: Vec<u32>,
-    /// The tools the request declares.
-    pub tools: Arc<ToolSet>,
-    /// The checked tool choice.
-    pub choice: ToolChoice,
-    /// Thinking mode.
-    pub thinking: bool,
-}
-
-/// Encode `req`'s DSV4 prompt (`body` is its JSON text): its messages, its tools in the system
-/// prompt unless `tool_choice` is none, thinking or chat mode; then its last
-/// `truncate_prompt_tokens` tokens when asked.
-pub(super) fn chat_prompt(
-    loaded: &Loaded,
-    req: &ChatRequest,
-    body: &[u8],
-) -> Result<ChatPrompt, ApiError> {
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_param(
-            "messages",
-            "`messages` is empty; give at least one user message",
-        ));
-    }
-    let choice = req.tool_choice()?;
-    let thinking = req.thinking()?;
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
-    let mut conv = Conversation::from_json_str(text).map_err(encode_error)?;
-    let continues = continue_final_message(req, &mut conv)?;
-    let tools = conv.tools.clone().unwrap_or_default();
-    if choice == ToolChoice::None {
-        conv.tools = None;
-    }
-    let opts = req.encode_options(thinking);
-    let (_, mut ids) = encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(encode_error)?;
-    truncate_prompt(&mut ids, req.truncate_prompt_tokens, loaded.context)?;
-    Ok(ChatPrompt {
-        ids,
-        tools,
-        choice,
-        // The prompt of a continued answer closes any reasoning (thinking mode renders the
-        // prefix as `reasoning</think>content`): the answer goes on as content.
-        thinking: thinking && !continues,
-    })
-}
-
-/// Whether the answer continues the last message (a `prefix` message, or
-/// `continue_final_message`, which makes the last message one), checking
-/// `add_generation_prompt` against it.
-fn continue_final_message(req: &ChatRequest, conv: &mut Conversation) -> Result<bool, ApiError> {
-    let asked = req.continue_final_message.unwrap_or(false);
-    if asked {
-        if req.add_generation_prompt == Some(true) {
-            return Err(ApiError::bad_param(
-                "continue_final_message",
-                "`continue_final_message: true` continues the last message, and \
-                 `add_generation_prompt: true` opens a new turn after it; send one",
-            ));
-        }
-        match conv.messages.last_mut() {
-            Some(m) if m.role == dsv4_chat::Role::Assistant => m.prefix = true,
-            _ => {
-                return Err(ApiError::bad_param(
-                    "continue_final_message",
-                    "`continue_final_message: true` needs the last message to be an \
-                     assistant's, whose text the answer continues",
-                ));
-            }
-        }
-    }
-    let continues = conv.messages.last().is_some_and(|m| m.prefix);
-    if req.add_generation_prompt == Some(false) && !continues {
-        return Err(ApiError::bad_param(
-            "add_generation_prompt",
-            "`add_generation_prompt: false` is only for continuing the last message \
-             (`continue_final_message: true`, or `prefix: true` on it); otherwise the DSV4 \
-             prompt always ends where the assistant's answer starts",
-        ));
-    }
-    Ok(continues)
 }
 
 async fn prepare(

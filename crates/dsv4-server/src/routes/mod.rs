@@ -8,6 +8,7 @@ pub mod abort;
 pub mod batches;
 pub mod cache;
 pub mod chat;
+mod chat_prompt;
 pub mod chat_stream;
 pub mod completions;
 pub mod files;

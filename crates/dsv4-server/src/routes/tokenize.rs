@@ -3,7 +3,7 @@
 //! (encoded exactly as `/v1/chat/completions` encodes them: tools, tool choice, thinking), and
 //! the text of token ids. Clients count tokens and check context room with them.
 
-use super::chat::chat_prompt;
+use super::chat_prompt::chat_prompt;
 use super::{body_bytes, check_model, json_response, loaded_model};
 use crate::api::chat::ChatRequest;
 use crate::api::common::parse_body;
