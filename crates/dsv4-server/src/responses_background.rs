@@ -4,7 +4,8 @@
 //! /v1/responses/{id}` polls it; finished items appear as they close), and, when it was created
 //! with `"stream": true`, every stream event so far, which `GET /v1/responses/{id}?stream=true
 //! &starting_after=N` replays from event `N + 1` and then follows live. A finished background
-//! response is stored like any other, its events with it.
+//! response is stored like any other, its events with it (on disk too, with
+//! `server.responses_dir`, written once its last event is recorded).
 
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,27 @@ impl Background {
             }),
             version: watch::Sender::new(0),
             keeps_events: keep_events,
+            input_items,
+        }
+    }
+
+    /// A finished background response read back from disk: `response`, with its kept
+    /// `events` (`(type, data)` in sequence order) to replay.
+    pub fn restored(
+        response: Value,
+        events: Vec<(String, String)>,
+        input_items: Arc<Vec<Value>>,
+    ) -> Self {
+        let bytes = events.iter().map(|(k, d)| k.len() + d.len()).sum();
+        Self {
+            inner: Mutex::new(Inner {
+                response,
+                events,
+                bytes,
+                done: true,
+            }),
+            version: watch::Sender::new(0),
+            keeps_events: true,
             input_items,
         }
     }

@@ -7,11 +7,13 @@
 //! reference goes it is deleted. On start the directory is read back into the store, oldest
 //! first, under the same limits; unlisted files nothing continues any more are deleted, and a
 //! file that cannot be read (or whose chain is incomplete) is left as it is and reported.
-//! Background streams' events are not kept: after a restart such a response is read back, but
-//! its stream is not replayed.
+//! A background response created with `stream` keeps its events in its file too, written again
+//! once its last event is recorded, so `GET /v1/responses/{id}?stream=true` replays them after
+//! a restart.
 
 use crate::api::responses_input::ChatMessages;
 use crate::files_disk::{DirLock, valid_id, write_atomic};
+use crate::responses_background::Background;
 use crate::responses_store::Stored;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -68,6 +70,9 @@ struct Record {
     response: Value,
     turn: Value,
     input_items: Vec<Value>,
+    /// A streamed background response's events, `(type, data)` in sequence order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    events: Option<Vec<(String, String)>>,
 }
 
 /// What reading the directory found.
@@ -144,6 +149,11 @@ impl Disk {
             response: stored.response.clone(),
             turn: stored.turn.to_json(),
             input_items: stored.input_items.as_ref().clone(),
+            events: stored
+                .events
+                .as_ref()
+                .filter(|bg| bg.keeps_events())
+                .map(|bg| bg.events_from(0).events),
         };
         let written = serde_json::to_vec(&record)
             .map_err(std::io::Error::other)
@@ -211,12 +221,19 @@ impl Disk {
             }
             for a in chain.into_iter().rev() {
                 let (r, turn) = &records[&a];
+                let input_items = Arc::new(r.input_items.clone());
                 let stored = Stored {
                     response: r.response.clone(),
                     previous: r.previous.as_ref().map(|p| Arc::clone(&built[p])),
                     turn: turn.clone(),
-                    input_items: Arc::new(r.input_items.clone()),
-                    events: None,
+                    events: r.events.clone().map(|events| {
+                        Arc::new(Background::restored(
+                            r.response.clone(),
+                            events,
+                            Arc::clone(&input_items),
+                        ))
+                    }),
+                    input_items,
                     file: Some(self.file(&a)),
                 };
                 built.insert(a, Arc::new(stored));
@@ -318,6 +335,44 @@ mod tests {
         assert_eq!(files(dir.path()), ["resp_a.json", "resp_b.json"]);
         assert!(store.remove("resp_b"));
         assert!(files(dir.path()).is_empty(), "{:?}", files(dir.path()));
+    }
+
+    #[test]
+    fn a_streamed_background_response_keeps_every_event_across_a_restart() {
+        use crate::responses_background::Background;
+        use crate::responses_store::Found;
+        let dir = tempfile::tempdir().unwrap();
+        let events = |bg: &Background| bg.events_from(0).events;
+        let before = {
+            let store = open(dir.path(), 4);
+            let bg = Arc::new(Background::new(
+                json!({"id": "resp_s"}),
+                true,
+                Arc::default(),
+            ));
+            store
+                .start_background("resp_s".into(), Arc::clone(&bg))
+                .unwrap();
+            bg.record("response.created", &json!({"sequence_number": 0}));
+            bg.record("response.output_text.delta", &json!({"delta": "hi"}));
+            let mut s = stored("resp_s", 1, None, "hi");
+            s.events = Some(Arc::clone(&bg));
+            store.insert("resp_s".into(), s);
+            // The last event comes after the response is stored, as the route records it.
+            bg.record("response.completed", &json!({"sequence_number": 2}));
+            bg.finish(json!({"id": "resp_s", "status": "completed"}));
+            store.end_background("resp_s");
+            events(&bg)
+        };
+        assert_eq!(before.len(), 3);
+        let store = open(dir.path(), 4);
+        let Some(Found::Stored(s)) = store.find("resp_s") else {
+            panic!("read back");
+        };
+        let bg = s.events.as_ref().expect("its events read back");
+        assert!(bg.keeps_events() && bg.is_done());
+        assert_eq!(events(bg), before, "every event, in order");
+        assert_eq!(bg.events_from(2).events, before[2..]);
     }
 
     #[test]

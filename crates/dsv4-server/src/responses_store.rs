@@ -238,6 +238,13 @@ impl ResponseStore {
     /// The background response `id` finished (and was stored, if it could be).
     pub fn end_background(&self, id: &str) {
         self.lock().running.remove(id);
+        // Its last event is recorded now: write its file again with every event.
+        if let (Some(disk), Some(stored)) = (&self.disk, self.get(id))
+            && stored.file.is_some()
+            && stored.events.as_ref().is_some_and(|bg| bg.keeps_events())
+        {
+            disk.save(id, &stored, true);
+        }
     }
 
     /// How many background responses run now.

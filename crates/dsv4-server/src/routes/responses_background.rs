@@ -188,8 +188,7 @@ pub(super) fn follow(
             "stream",
             format!(
                 "response {id} has no events kept: only a background response created with \
-                 \"stream\": true keeps them, and not across a restart (server.responses_dir \
-                 keeps the response, not its stream); GET it without stream"
+                 \"stream\": true keeps them; GET it without stream"
             ),
         )
     })?;

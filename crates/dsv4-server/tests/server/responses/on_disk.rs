@@ -1,8 +1,8 @@
 //! `server.responses_dir`: stored responses survive a restart. A server started on the same
 //! directory reads back what the last one stored: `GET` answers the same object, its input
-//! items are listed, a continuation answers as it did before the restart, and a deleted
-//! response stays deleted. A directory that cannot be used, or that another server holds,
-//! stops the server at start.
+//! items are listed, a continuation answers as it did before the restart, a streamed
+//! background response replays the same events, and a deleted response stays deleted. A
+//! directory that cannot be used, or that another server holds, stops the server at start.
 
 use super::*;
 use dsv4_server::ServerConfig;
@@ -73,6 +73,38 @@ async fn stored_responses_survive_a_restart() {
     );
     let e = s.get(&format!("/v1/responses/{gone_id}")).await.error(404);
     assert!(e["message"].as_str().unwrap().contains(&gone_id), "{e}");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_stream_replays_the_same_events_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(on_disk(dir.path())).await;
+    let body = responses(
+        json!("Hello"),
+        json!({"max_output_tokens": 12, "background": true, "stream": true}),
+    );
+    let streamed = typed_events(&s.send("POST", "/v1/responses", &body).await);
+    let id = streamed[0].1["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/responses/{id}");
+    let done = poll(&s, &path, "the background response finished", |v| {
+        v["status"] != "queued" && v["status"] != "in_progress"
+    })
+    .await;
+    let before = typed_events(&s.get(&format!("{path}?stream=true")).await);
+    assert_eq!(before, streamed, "kept as streamed");
+    s.shutdown().await.unwrap();
+
+    let s = start(on_disk(dir.path())).await;
+    assert_eq!(s.get(&path).await.json(), done);
+    let after = typed_events(&s.get(&format!("{path}?stream=true")).await);
+    assert_eq!(after, before, "every event, replayed after the restart");
+    check_stream(&after, &done);
+    let rest = typed_events(&s.get(&format!("{path}?stream=true&starting_after=2")).await);
+    assert_eq!(rest, before[3..]);
     s.shutdown().await.unwrap();
 }
 
