@@ -79,16 +79,11 @@ impl Serve {
     }
 
     fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(r) = http(&self.addr, "GET", "/health", "")
-                && r.starts_with("HTTP/1.1 200")
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "dsv4 serve never became healthy");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll_until("dsv4 serve healthy", Duration::from_millis(50), || {
+            http(&self.addr, "GET", "/health", "")
+                .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+                .then_some(())
+        });
     }
 
     /// Send SIGTERM.
@@ -100,17 +95,23 @@ impl Serve {
 
     /// Wait for the exit status (after a SIGTERM).
     fn wait_exit(mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "dsv4 serve did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        poll_until(
+            "dsv4 serve exited after SIGTERM",
+            Duration::from_millis(20),
+            || self.child.try_wait().unwrap(),
+        )
+    }
+}
+
+/// Call `f` every `every` until it gives a value; panics naming `what` after two minutes.
+fn poll_until<T>(what: &str, every: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(v) = f() {
+            return v;
         }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(every);
     }
 }
 
@@ -228,26 +229,27 @@ impl Router {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the router starts");
-        let router = Router {
+        let mut router = Router {
             child,
             url: format!("http://127.0.0.1:{port}"),
         };
-        // Ready once it lists every worker.
+        // Ready once it lists every worker; a router that exits fails at once.
         let addr = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(r) = http(&addr, "GET", "/get_loads", "")
-                && r.starts_with("HTTP/1.1 200")
-                && workers.iter().all(|w| r.contains(w))
-            {
-                return router;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the router never listed the workers"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(
+            "the router to list the workers",
+            Duration::from_millis(100),
+            || {
+                if let Some(status) = router.child.try_wait().unwrap() {
+                    panic!("the router exited ({status}) before it listed the workers");
+                }
+                http(&addr, "GET", "/get_loads", "")
+                    .is_ok_and(|r| {
+                        r.starts_with("HTTP/1.1 200") && workers.iter().all(|w| r.contains(w))
+                    })
+                    .then_some(())
+            },
+        );
+        router
     }
 }
 
