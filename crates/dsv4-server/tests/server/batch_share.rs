@@ -25,6 +25,11 @@ async fn server(batch_max_running: usize) -> TestServer {
 
 /// A batch of `n` lines of `tokens` tokens each on `s`; its id.
 async fn batch(s: &TestServer, n: usize, tokens: u32) -> String {
+    batch_of(s, n, |_| tokens).await
+}
+
+/// A batch of `n` lines, line `i` of `tokens(i)` tokens, on `s`; its id.
+async fn batch_of(s: &TestServer, n: usize, tokens: impl Fn(usize) -> u32) -> String {
     let file = upload(s, &lines(n, tokens)).await;
     create(s, &file, "/v1/completions").await["id"]
         .as_str()
@@ -32,12 +37,12 @@ async fn batch(s: &TestServer, n: usize, tokens: u32) -> String {
         .to_string()
 }
 
-/// A batch input of `n` greedy completions of `tokens` tokens each.
-fn lines(n: usize, tokens: u32) -> String {
+/// A batch input of `n` greedy completions, line `i` of `tokens(i)` tokens.
+fn lines(n: usize, tokens: impl Fn(usize) -> u32) -> String {
     (0..n)
         .map(|i| {
             let body = json!({"model": MODEL, "prompt": format!("line {i}"),
-                              "max_tokens": tokens, "ignore_eos": true, "temperature": 0});
+                              "max_tokens": tokens(i), "ignore_eos": true, "temperature": 0});
             batch_line(&format!("c{i}"), "/v1/completions", body) + "\n"
         })
         .collect()
@@ -128,7 +133,10 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
         ..config()
     };
     let s = start_with(cfg, slots(SLOTS)).await;
-    let id = batch(&s, 96, 64).await;
+    // Lines of different lengths, so they never end together: when the stream comes, the
+    // lines past the share are still running and must be paused (one wave of equal lines
+    // could all end in the same step, leaving nothing to pause).
+    let id = batch_of(&s, 96, |i| 64 + 9 * (i % SLOTS) as u32).await;
     let (state, activity) = (s.state.clone(), s.state.interactive().clone());
     eventually("every slot running a batch line", async || {
         state.batches().lines_in_flight() == SLOTS
