@@ -69,6 +69,8 @@ pub async fn get_server_info(State(state): State<AppState>) -> Response {
             "num_running_tokens": m.running_tokens,
             "num_waiting_tokens": m.queued_tokens,
             "cache_hit_rate": m.prefix_hit_rate,
+            // Null, as SGLang without speculative decoding: scripts index it directly.
+            "avg_spec_accept_length": null,
         })]
     });
     axum::Json(json!({

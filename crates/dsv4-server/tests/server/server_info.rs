@@ -122,6 +122,11 @@ async fn model_and_server_info_say_what_is_served_and_under_which_profile() {
     assert_eq!(states[0]["num_running_reqs"], 0);
     assert_eq!(states[0]["num_waiting_reqs"], 0);
     assert!(states[0]["last_gen_throughput"].is_number(), "{info}");
+    assert_eq!(states[0]["avg_spec_accept_length"], Value::Null, "{info}");
+    assert!(
+        states[0].get("avg_spec_accept_length").is_some(),
+        "present: {info}"
+    );
     // SGLang's newer name answers the same.
     let mut again = s.get("/server_info").await.json();
     again["internal_states"] = info["internal_states"].clone();
