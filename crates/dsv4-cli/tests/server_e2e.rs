@@ -138,6 +138,24 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> std::io::Result<Str
     Ok(out)
 }
 
+/// Run `tests/e2e/{script}` with `args` and require every test of it to pass (the count is
+/// the script's own); its stdout.
+fn run_e2e_script(script: &str, args: &[&str]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/e2e")
+        .join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script}: {stdout}\n{stderr}");
+    assert!(stdout.contains(" passed, 0 failed"), "{script}: {stdout}");
+    stdout
+}
+
 /// Why python3 cannot import `module` here, if it cannot (`package` is its pip name).
 fn python_missing(module: &str, package: &str) -> Option<String> {
     match Command::new("python3")
@@ -175,22 +193,11 @@ fn the_openai_python_client_works_against_dsv4_serve() {
         return;
     }
     let serve = Serve::start();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/test_openai.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args([
-            "--base-url",
-            &format!("{}/v1", serve.url),
-            "--model",
-            "dsv4-tiny",
-        ])
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Every test of the script ran and passed (the count is the script's own).
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    let base = format!("{}/v1", serve.url);
+    let stdout = run_e2e_script(
+        "test_openai.py",
+        &["--base-url", &base, "--model", "dsv4-tiny"],
+    );
     for t in [
         "test_chat",
         "test_completions",
@@ -271,17 +278,10 @@ fn dsv4_servers_work_behind_the_sglang_router() {
     }
     let (a, b) = (Serve::start(), Serve::start());
     let router = Router::start(&[&a.url, &b.url]);
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/test_sglang_router.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(["--router", &router.url, "--workers", &a.url, &b.url])
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    let stdout = run_e2e_script(
+        "test_sglang_router.py",
+        &["--router", &router.url, "--workers", &a.url, &b.url],
+    );
     assert!(
         stdout.contains("PASS test_load_reaches_the_router\n"),
         "{stdout}"
