@@ -1,5 +1,6 @@
 //! dsv4-core: the host tensor type, dtypes, the number codecs every other crate shares
-//! (bf16, f16, e4m3, ue8m0, e2m1), a deterministic random generator and the shared error type.
+//! (bf16, f16, e4m3, ue8m0, e2m1), a deterministic random generator, RFC 3339 time and the
+//! shared error type.
 
 pub mod cache;
 pub mod codec;
@@ -10,6 +11,7 @@ pub mod quant;
 pub mod rng;
 pub mod sys;
 pub mod tensor;
+pub mod time;
 
 pub use dtype::DType;
 pub use error::CoreError;

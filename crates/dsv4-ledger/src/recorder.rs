@@ -6,9 +6,10 @@ use crate::commit::{Base, commit_files};
 use crate::error::LedgerError;
 use crate::evidence::{EvidenceFile, ab_summary, sha256};
 use crate::profile_edit::{current_value, normalized_value, profile_path, set_key};
-use crate::record::{Change, Kind, Record, Status, is_rfc3339, rfc3339};
+use crate::record::{Change, Kind, Record, Status};
 use crate::render::render_incident;
 use crate::store::{EVIDENCE_DIR, Ledger, entry_path};
+use dsv4_core::time::{is_rfc3339, now_unix, rfc3339};
 use git2::Repository;
 use std::path::{Path, PathBuf};
 
@@ -380,11 +381,4 @@ fn check_slug(what: &str, s: &str) -> Result<(), LedgerError> {
             "{what} {s:?}: use letters, digits, '-', '_' and '.'"
         )))
     }
-}
-
-/// Seconds since the Unix epoch.
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
