@@ -20,6 +20,9 @@ pub struct EngineMetrics {
     /// Tokens the waiting requests will prefill when admitted (a preempted request's generated
     /// tokens included), before any prefix-cache reuse.
     pub queued_tokens: u64,
+    /// Of the waiting requests, those preempted after admission (SGLang's "retracted"): their
+    /// cache was freed and they wait to recompute it.
+    pub preempted_waiting: usize,
     /// Usage of each cache pool.
     pub pools: Vec<PoolUsage>,
     /// Prefix snapshots held.

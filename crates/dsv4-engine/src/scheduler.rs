@@ -282,6 +282,7 @@ impl Scheduler {
             queued_requests: self.waiting.len(),
             running_tokens: self.running.iter().map(|s| s.tokens.len() as u64).sum(),
             queued_tokens: self.waiting.iter().map(|s| s.tokens.len() as u64).sum(),
+            preempted_waiting: self.waiting.iter().filter(|s| s.preemptions > 0).count(),
             pools: self.pools.usage(),
             prefix_snapshots: self.prefix.as_ref().map_or(0, |p| p.snapshots()),
             host_tier_snapshots: self.prefix.as_ref().map_or(0, |p| p.host_snapshots()),

@@ -124,6 +124,15 @@ fn priority_preemption_frees_a_slot_for_a_request_above_the_threshold() {
             assert!(sched.step());
             let admitted = (sched.metrics().prompt_tokens_total - prompts) / 8;
             assert_eq!(admitted, u64::from(threshold.is_some()), "{what}");
+            // a, preempted, waits again beside d; without preemption c and d wait, neither
+            // preempted.
+            let mt = sched.metrics();
+            assert_eq!(mt.queued_requests, 2, "{what}");
+            assert_eq!(
+                mt.preempted_waiting,
+                usize::from(threshold.is_some()),
+                "{what}"
+            );
             while sched.step() {}
             let done: Vec<_> = streams.into_iter().map(|s| s.collect_blocking()).collect();
             let preempted: Vec<usize> = done.iter().map(|c| c.finished.usage.preemptions).collect();
