@@ -9,6 +9,7 @@ use dsv4_engine::{EngineMetrics, FinishReason, Finished};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bucket upper bounds (seconds) of the time-to-first-token histogram (vLLM's).
 const TTFT_BUCKETS: &[f64] = &[
@@ -90,6 +91,18 @@ struct Inner {
 #[derive(Debug)]
 pub struct Stats {
     inner: Mutex<Inner>,
+    grammar_waiting: AtomicUsize,
+}
+
+/// A request waiting for its grammar (compiling it, or waiting for a compiler or for another
+/// request compiling the same one); dropping it ends the wait.
+#[derive(Debug)]
+pub struct GrammarWait<'a>(&'a AtomicUsize);
+
+impl Drop for GrammarWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Default for Stats {
@@ -108,6 +121,7 @@ impl Default for Stats {
                 grammar: Histogram::new(GRAMMAR_BUCKETS),
                 grammar_cache_hits: 0,
             }),
+            grammar_waiting: AtomicUsize::new(0),
         }
     }
 }
@@ -140,6 +154,17 @@ impl Stats {
     /// A request's grammar compiled (or failed to) in `secs`, waiting for a compiler included.
     pub fn grammar_compiled(&self, secs: f64) {
         self.lock().grammar.observe(secs);
+    }
+
+    /// A request starts waiting for its grammar, until the returned guard is dropped.
+    pub fn grammar_wait(&self) -> GrammarWait<'_> {
+        self.grammar_waiting.fetch_add(1, Ordering::Relaxed);
+        GrammarWait(&self.grammar_waiting)
+    }
+
+    /// Requests waiting for their grammar now (SGLang's grammar queue).
+    pub fn grammar_waiting(&self) -> usize {
+        self.grammar_waiting.load(Ordering::Relaxed)
     }
 
     /// A request compiled no grammar: it was kept, or another request was compiling it.
@@ -253,6 +278,13 @@ impl Stats {
             "counter",
             "Requests that compiled no grammar: theirs was kept (server.grammar_cache) or another request was compiling it.",
             s.grammar_cache_hits as f64,
+        );
+        scalar(
+            o,
+            "dsv4:num_grammar_queue_reqs",
+            "gauge",
+            "Requests waiting for their constrained-decoding grammar (compiling, or waiting for a compiler).",
+            self.grammar_waiting() as f64,
         );
         if let Some(m) = engine {
             engine::render_engine(o, m);
@@ -396,7 +428,8 @@ fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
 mod tests {
     use super::*;
 
-    /// Every canary and host-tier field reaches its own sample, with HELP and TYPE lines.
+    /// Every canary, host-tier and retracted field reaches its own sample, with HELP and TYPE
+    /// lines.
     #[test]
     fn canary_and_host_tier_counters_are_exported() {
         let m = EngineMetrics {
@@ -410,6 +443,7 @@ mod tests {
             host_tier_hits_total: 4,
             host_tier_load_failures_total: 1,
             host_tier_dropped_snapshots_total: 6,
+            preempted_waiting: 2,
             ..Default::default()
         };
         let text = Stats::default().render(Some(&m), 0);
@@ -427,6 +461,8 @@ mod tests {
             "dsv4:host_tier_hits_total 4",
             "dsv4:host_tier_load_failures_total 1",
             "dsv4:host_tier_dropped_snapshots_total 6",
+            "# TYPE dsv4:num_retracted_reqs gauge",
+            "dsv4:num_retracted_reqs 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
@@ -436,5 +472,29 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), helps.len(), "{text}");
+    }
+
+    /// The grammar queue counts a request from the start of its wait to the guard's drop.
+    #[test]
+    fn the_grammar_queue_counts_the_requests_waiting_for_a_grammar() {
+        let stats = Stats::default();
+        let gauge = |s: &Stats| {
+            let text = s.render(None, 0);
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("dsv4:num_grammar_queue_reqs "))
+                .map(str::to_string);
+            line.unwrap_or_else(|| panic!("no gauge:\n{text}"))
+        };
+        assert_eq!(gauge(&stats), "dsv4:num_grammar_queue_reqs 0");
+        let (a, b) = (stats.grammar_wait(), stats.grammar_wait());
+        assert_eq!(
+            (stats.grammar_waiting(), gauge(&stats).as_str()),
+            (2, "dsv4:num_grammar_queue_reqs 2")
+        );
+        drop(a);
+        assert_eq!(stats.grammar_waiting(), 1);
+        drop(b);
+        assert_eq!(stats.grammar_waiting(), 0);
     }
 }

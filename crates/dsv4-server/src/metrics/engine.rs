@@ -37,6 +37,13 @@ pub(super) fn render_engine(o: &mut String, m: &EngineMetrics) {
     );
     scalar(
         o,
+        "dsv4:num_retracted_reqs",
+        "gauge",
+        "Of the waiting requests, those preempted after admission (cache freed, to recompute).",
+        m.preempted_waiting as f64,
+    );
+    scalar(
+        o,
         "dsv4:prefix_cache_hit_rate",
         "gauge",
         "Cached prompt tokens / prompt tokens over admitted requests.",

@@ -330,7 +330,9 @@ pub(super) async fn constraint(
         (_, None) => return Ok(None),
     };
     let started = std::time::Instant::now();
+    let waiting = state.stats().grammar_wait();
     let got = loaded.grammars.constrain(target, tools, thinking).await;
+    drop(waiting);
     if got.cached {
         state.stats().grammar_cache_hit();
     } else {

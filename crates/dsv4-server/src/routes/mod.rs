@@ -14,6 +14,7 @@ pub mod completions;
 pub mod files;
 pub mod generate;
 pub mod info;
+pub mod loads;
 mod page;
 pub mod responses;
 pub mod responses_background;
@@ -87,7 +88,8 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/reset_prefix_cache", post(cache::reset_prefix_cache))
         .route("/flush_cache", post(cache::reset_prefix_cache))
-        .route("/get_load", get(server_info::get_load))
+        .route("/get_load", get(loads::get_load))
+        .route("/v1/loads", get(loads::v1_loads))
         .route("/get_model_info", get(server_info::get_model_info))
         .route("/get_server_info", get(server_info::get_server_info))
         .route("/server_info", get(server_info::get_server_info))

@@ -6,13 +6,11 @@ use crate::error::ApiError;
 use axum::http::Uri;
 use serde_json::{Value, json};
 
-/// The `key=value` pairs of a query string.
-pub(crate) fn query_pairs(uri: &Uri) -> impl Iterator<Item = (&str, &str)> {
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+/// The `key=value` pairs of a query string, percent-decoded (`include=core%2Cqueues` is
+/// `core,queues`; bytes that are not UTF-8 become U+FFFD).
+pub(crate) fn query_pairs(uri: &Uri) -> Result<Vec<(String, String)>, ApiError> {
+    serde_urlencoded::from_str(uri.query().unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(format!("the query string cannot be read: {e}")))
 }
 
 /// Which page of a list a request asks for.
@@ -42,7 +40,8 @@ impl Page {
             ascending,
             after: None,
         };
-        for (key, value) in query_pairs(uri) {
+        for (key, value) in query_pairs(uri)? {
+            let (key, value) = (key.as_str(), value.as_str());
             match key {
                 "limit" => {
                     page.limit = value
@@ -165,6 +164,9 @@ mod tests {
         })
         .unwrap();
         assert_eq!(purpose.as_deref(), Some("batch"));
+        // Percent-encoded keys and values are decoded.
+        let p = Page::from_query(&uri("%61fter=file%2Dx+y"), (20, 100), false, "", none).unwrap();
+        assert_eq!(p.after.as_deref(), Some("file-x y"));
     }
 
     #[test]

@@ -406,7 +406,8 @@ pub async fn retrieve(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let (mut stream, mut starting_after) = (false, None);
-    for (key, value) in query_pairs(&uri) {
+    for (key, value) in query_pairs(&uri)? {
+        let (key, value) = (key.as_str(), value.as_str());
         match key {
             "stream" => {
                 stream = value.parse().map_err(|_| {

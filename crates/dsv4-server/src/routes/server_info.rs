@@ -1,40 +1,13 @@
 //! SGLang's informational endpoints, so a dsv4 server can sit behind SGLang's router (the
-//! model gateway) and its tools: `GET /get_load` (the load a router balances on),
-//! `GET /get_model_info` and `GET /get_server_info` (also at `/server_info`, SGLang's newer
-//! name), which adds the resolved profile. Shapes follow SGLang's `GetLoadReqOutput` and
-//! `http_server.py` (github.com/sgl-project/sglang, python/sglang/srt/managers/io_struct.py);
-//! fields SGLang has and dsv4 does not are left out rather than faked.
+//! model gateway) and its tools: `GET /get_model_info` and `GET /get_server_info` (also at
+//! `/server_info`, SGLang's newer name), which adds the resolved profile. Shapes follow
+//! SGLang's `http_server.py` (github.com/sgl-project/sglang); fields SGLang has and dsv4 does
+//! not are left out rather than faked. The load endpoints are in [`super::loads`].
 
 use crate::state::AppState;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use dsv4_engine::EngineMetrics;
-use serde_json::{Value, json};
-
-/// One entry per data-parallel rank (dsv4 runs one): requests running and waiting, and
-/// `num_tokens`, the tokens the running requests hold plus those the waiting ones will
-/// prefill. SGLang's router sums `num_tokens` for its load-aware policies and
-/// `num_waiting_reqs` for queue-aware ones.
-fn load_entries(m: &EngineMetrics) -> Value {
-    json!([{
-        "dp_rank": 0,
-        "num_reqs": m.running_requests + m.queued_requests,
-        "num_waiting_reqs": m.queued_requests,
-        "num_tokens": m.running_tokens + m.queued_tokens,
-    }])
-}
-
-/// `GET /get_load`: 503 while the model loads.
-pub async fn get_load(State(state): State<AppState>) -> Response {
-    match state.loaded() {
-        Some(l) => axum::Json(load_entries(&l.engine.metrics())).into_response(),
-        None => {
-            let body = json!({"status": "loading", "message": "the model is loading"});
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
-        }
-    }
-}
+use serde_json::json;
 
 /// `GET /get_model_info`: what model is served. The tokenizer is the checkpoint's own
 /// (`tokenizer.json` beside the weights), so `tokenizer_path` is `model_path`.
@@ -94,24 +67,4 @@ pub async fn get_server_info(State(state): State<AppState>) -> Response {
         },
     }))
     .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_load_counts_running_and_waiting_requests_and_their_tokens() {
-        let m = EngineMetrics {
-            running_requests: 3,
-            queued_requests: 2,
-            running_tokens: 300,
-            queued_tokens: 45,
-            ..Default::default()
-        };
-        assert_eq!(
-            load_entries(&m),
-            json!([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 345}])
-        );
-    }
 }

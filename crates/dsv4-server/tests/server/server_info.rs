@@ -1,5 +1,6 @@
-//! SGLang's informational endpoints: `/get_load` counts the running and waiting requests and
-//! their tokens as a router needs them (503 while the model loads), `/get_model_info` names
+//! SGLang's informational endpoints: `/get_load` and `/v1/loads` count the running and waiting
+//! requests and their tokens as a router needs them (503 while the model loads; `/v1/loads`
+//! also as Prometheus text), `/get_model_info` names
 //! the model, `/get_server_info` (and `/server_info`) gives the limits, the state now and the
 //! resolved profile with secrets redacted; all need the key when one is set; `/metrics` shows
 //! the token gauges and the batch fill's idle time in force.
@@ -28,7 +29,8 @@ async fn get_load_counts_running_and_waiting_requests_and_their_tokens() {
     let s = start_with(config(), slots(1)).await;
     assert_eq!(
         load(&s).await,
-        json!({"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0})
+        json!({"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+               "num_pending_tokens": 0})
     );
     let engine = s.state.loaded().unwrap().engine.clone();
     // One running (a long stream), two waiting behind it.
@@ -67,8 +69,51 @@ async fn get_load_counts_running_and_waiting_requests_and_their_tokens() {
         "the running request's prompt and what it has generated, plus the waiting prompts: \
          {tokens} (waiting {waiting}, held prompt {held})"
     );
+    assert_eq!(l["num_pending_tokens"].as_u64(), Some(waiting));
     assert_eq!(metric(&s, "dsv4:num_tokens_waiting").await, waiting);
     assert!(metric(&s, "dsv4:num_tokens_running").await > held);
+
+    // `/v1/loads` says the same in SGLang's newer shape.
+    let v = s.get("/v1/loads").await.json();
+    assert_eq!(v["dp_rank_count"], 1, "{v}");
+    let e = &v["loads"][0];
+    assert_eq!(
+        (
+            &e["num_running_reqs"],
+            &e["num_waiting_reqs"],
+            &e["num_total_reqs"]
+        ),
+        (&json!(1), &json!(2), &json!(3)),
+        "{v}"
+    );
+    let used = e["num_used_tokens"].as_u64().unwrap();
+    assert!(used > held, "{v}");
+    assert!(
+        e["num_total_tokens"].as_u64().unwrap() >= used + waiting,
+        "{v}"
+    );
+    assert_eq!(e["max_running_requests"], 1, "{v}");
+    assert!(e["max_total_num_tokens"].as_u64().unwrap() > used, "{v}");
+    // The one slot is busy.
+    assert_eq!(e["utilization"], 1.0, "{v}");
+    assert_eq!(e["queues"]["waiting"], 2, "{v}");
+    assert_eq!(e["queues"]["retracted"], 0, "{v}");
+    assert_eq!(v["aggregate"]["total_reqs"], 3, "{v}");
+    assert!(
+        v["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{v}"
+    );
+    let p = s.get("/v1/loads?include=core&format=prometheus").await;
+    assert_eq!(p.status, 200, "{p:?}");
+    assert!(p.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(
+        p.body
+            .lines()
+            .any(|l| l == "sglang_num_waiting_reqs{dp_rank=\"0\"} 2"),
+        "{}",
+        p.body
+    );
+    assert!(!p.body.contains("sglang_queues_"), "{}", p.body);
 
     // The stream's client leaves; the others run and the load falls to nothing.
     drop(conn);
@@ -81,7 +126,8 @@ async fn get_load_counts_running_and_waiting_requests_and_their_tokens() {
     .await;
     assert_eq!(
         load(&s).await,
-        json!({"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0})
+        json!({"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+               "num_pending_tokens": 0})
     );
     s.shutdown().await.unwrap();
 }
@@ -137,9 +183,14 @@ async fn model_and_server_info_say_what_is_served_and_under_which_profile() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_loading_the_load_is_unavailable_and_the_info_says_so() {
     let s = start_loading(config()).await;
-    let e = s.get("/get_load").await;
-    assert_eq!(e.status, 503, "{e:?}");
-    assert_eq!(e.json()["status"], "loading");
+    for path in ["/get_load", "/v1/loads"] {
+        let e = s.get(path).await;
+        assert_eq!(e.status, 503, "{path}: {e:?}");
+        assert_eq!(e.json()["status"], "loading", "{path}");
+    }
+    // A bad query is refused before the model is needed.
+    let e = s.get("/v1/loads?dp_rank=3").await.error(400);
+    assert_eq!(e["param"], "dp_rank", "{e}");
     let info = s.get("/get_server_info").await.json();
     assert_eq!(info["status"], "loading");
     assert_eq!(info["context_length"], Value::Null);
@@ -157,6 +208,7 @@ async fn the_info_endpoints_need_the_key_when_one_is_set() {
     .await;
     for path in [
         "/get_load",
+        "/v1/loads",
         "/get_model_info",
         "/get_server_info",
         "/server_info",
