@@ -34,6 +34,7 @@
 
 pub mod ab;
 pub mod answer;
+pub mod chat_answer;
 pub mod client;
 pub mod error;
 pub mod metrics;

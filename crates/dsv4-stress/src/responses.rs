@@ -5,7 +5,7 @@
 //! with itself fails the turn.
 
 use crate::answer::{Answer, ToolCall};
-use crate::client::Fed;
+use crate::chat_answer::Fed;
 use serde_json::{Value, json};
 
 /// The `/v1/responses` request of a chat request `chat` (as the runner builds it): messages as

@@ -5,7 +5,8 @@
 //! received event is dropped with the old connection and comes again).
 
 use crate::answer::Answer;
-use crate::client::{Fed, StreamAccumulator, error_chain, next_event};
+use crate::chat_answer::{Fed, StreamAccumulator, next_event};
+use crate::client::error_chain;
 use crate::options::Api;
 use crate::responses::ResponsesAccumulator;
 use futures_util::StreamExt;
