@@ -4,6 +4,7 @@ pub mod ab;
 pub mod bench;
 pub mod chat;
 pub mod diff;
+pub mod engine_config;
 pub mod forward;
 pub mod generate;
 pub mod kernels;

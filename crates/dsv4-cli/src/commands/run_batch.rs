@@ -6,8 +6,8 @@
 mod remote;
 
 use super::check_output_path;
+use super::engine_config::engine_config;
 use super::forward::{model_source, tokenizer_for};
-use super::generate::batch::engine_config;
 use super::serve::{Engine, ServeArgs, load, model_id, server_config};
 use anyhow::{Context, bail};
 use dsv4_config::Resolved;

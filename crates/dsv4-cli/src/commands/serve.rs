@@ -4,8 +4,8 @@
 //! SIGTERM. `--engine sglang` replaces this process with the SGLang launch command that
 //! reproduces the profile (`dsv4 profile export NAME --target sglang`).
 
+use super::engine_config::engine_config;
 use super::forward::{model_source, open_model, tokenizer_for};
-use super::generate::batch::engine_config;
 use anyhow::{Context, bail};
 use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
