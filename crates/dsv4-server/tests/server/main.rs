@@ -20,6 +20,7 @@ mod bad_input;
 mod batch;
 mod batch_share;
 mod batches;
+mod batches_disk;
 mod beam;
 mod cache;
 mod canary;
