@@ -115,6 +115,13 @@ pub struct ServerSection {
     pub batch_fill_idle_ms: u64,
     /// What a request's `priority` field does: used, ignored or refused.
     pub request_priority: RequestPriority,
+    /// A PEM certificate chain: with `ssl_keyfile`, the server answers HTTPS only.
+    pub ssl_certfile: Option<String>,
+    /// The PEM private key of `ssl_certfile`.
+    pub ssl_keyfile: Option<String>,
+    /// PEM CA certificates: when set, every client must present a certificate one of them
+    /// signed (mutual TLS).
+    pub ssl_ca_certs: Option<String>,
 }
 
 impl Default for ServerSection {
@@ -136,6 +143,9 @@ impl Default for ServerSection {
             batch_max_running: 0,
             batch_fill_idle_ms: 0,
             request_priority: RequestPriority::default(),
+            ssl_certfile: None,
+            ssl_keyfile: None,
+            ssl_ca_certs: None,
         }
     }
 }

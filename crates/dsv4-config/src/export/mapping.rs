@@ -569,6 +569,33 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Is("refuse"),
         Flag("--abort-on-priority-when-disabled"),
     ),
+    row("server.ssl_certfile", Unset, Same("plain HTTP")),
+    row(
+        "server.ssl_certfile",
+        Always,
+        Unmapped(
+            "dsv4 serves TLS itself; in front of SGLang put a TLS-terminating proxy or gateway \
+             (or pass your SGLang version's TLS flags by hand): the certificate {value} is not passed",
+        ),
+    ),
+    row("server.ssl_keyfile", Unset, Same("plain HTTP")),
+    row(
+        "server.ssl_keyfile",
+        Always,
+        Unmapped(
+            "dsv4 serves TLS itself; in front of SGLang put a TLS-terminating proxy or gateway \
+             (or pass your SGLang version's TLS flags by hand): the private key {value} is not passed",
+        ),
+    ),
+    row("server.ssl_ca_certs", Unset, Same("plain HTTP")),
+    row(
+        "server.ssl_ca_certs",
+        Always,
+        Unmapped(
+            "dsv4 serves TLS itself; in front of SGLang put a TLS-terminating proxy or gateway \
+             (or pass your SGLang version's TLS flags by hand): the client CA certificates {value} is not passed",
+        ),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

@@ -391,6 +391,27 @@ pub const KEYS: &[KeySpec] = &[
          request runs at the server's own: 0, batch lines -1), or refuse (a request that sets \
          it is a 400)",
     ),
+    key(
+        "server.ssl_certfile",
+        ValueKind::OptionalText,
+        "",
+        "PEM certificate chain (the server's certificate first); with server.ssl_keyfile the \
+         server answers HTTPS only, read at start; unset serves plain HTTP",
+    ),
+    key(
+        "server.ssl_keyfile",
+        ValueKind::OptionalText,
+        "",
+        "PEM private key (PKCS#8, PKCS#1 or SEC1) of server.ssl_certfile; both or neither",
+    ),
+    key(
+        "server.ssl_ca_certs",
+        ValueKind::OptionalText,
+        "",
+        "PEM CA certificates: every client must present a certificate one of them signed \
+         (mutual TLS); needs server.ssl_certfile and server.ssl_keyfile; unset asks no client \
+         certificate",
+    ),
     // [debug]
     key(
         "debug.canary",

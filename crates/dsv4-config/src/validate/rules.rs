@@ -125,6 +125,17 @@ pub const RULES: &[Rule] = &[
         "a bootstrap address that is not host:port",
         bootstrap_address,
     ),
+    error(
+        "tls-needs-cert-and-key",
+        &[
+            "server.ssl_certfile",
+            "server.ssl_keyfile",
+            "server.ssl_ca_certs",
+        ],
+        "a TLS certificate without its key, a key without its certificate, or client CA \
+         certificates without either",
+        tls_needs_cert_and_key,
+    ),
     warning(
         "fault-needs-overlap",
         &[
@@ -198,8 +209,8 @@ pub const RULES: &[Rule] = &[
     ),
     warning(
         "open-without-api-key",
-        &["server.host", "server.api_key"],
-        "listening beyond loopback without an API key",
+        &["server.host", "server.api_key", "server.ssl_ca_certs"],
+        "listening beyond loopback without an API key or client certificates",
         open_without_api_key,
     ),
     warning(
@@ -476,14 +487,42 @@ fn faults_injected(p: &Profile, _: &BackendCaps) -> Option<String> {
 }
 
 fn open_without_api_key(p: &Profile, _: &BackendCaps) -> Option<String> {
-    (!p.server.is_loopback() && p.server.api_key.is_none()).then(|| {
+    let s = &p.server;
+    (!s.is_loopback() && s.api_key.is_none() && s.ssl_ca_certs.is_none()).then(|| {
         format!(
-            "server.host = {} accepts connections from other machines and server.api_key is \
-             unset, so anyone who can reach the port can use the server; set server.api_key \
-             (e.g. DSV4_SERVER__API_KEY) or listen on 127.0.0.1",
-            p.server.host
+            "server.host = {} accepts connections from other machines and neither \
+             server.api_key nor server.ssl_ca_certs is set, so anyone who can reach the port can \
+             use the server; set server.api_key (e.g. DSV4_SERVER__API_KEY), require client \
+             certificates with server.ssl_ca_certs, or listen on 127.0.0.1",
+            s.host
         )
     })
+}
+
+fn tls_needs_cert_and_key(p: &Profile, _: &BackendCaps) -> Option<String> {
+    let s = &p.server;
+    let shown = |v: &Option<String>| {
+        v.as_deref()
+            .map_or("unset".to_string(), |f| format!("{f:?}"))
+    };
+    let (cert, key, ca) = (
+        shown(&s.ssl_certfile),
+        shown(&s.ssl_keyfile),
+        shown(&s.ssl_ca_certs),
+    );
+    match (&s.ssl_certfile, &s.ssl_keyfile, &s.ssl_ca_certs) {
+        (Some(_), Some(_), _) | (None, None, None) => None,
+        (None, None, Some(_)) => Some(format!(
+            "server.ssl_ca_certs = {ca} asks clients for certificates, but server.ssl_certfile and \
+             server.ssl_keyfile are unset, so the server does not speak TLS; set both, or unset \
+             server.ssl_ca_certs"
+        )),
+        _ => Some(format!(
+            "server.ssl_certfile = {cert} and server.ssl_keyfile = {key} (server.ssl_ca_certs = \
+             {ca}): HTTPS needs both the certificate and its private key; set the missing one, or \
+             unset all three for plain HTTP"
+        )),
+    }
 }
 
 fn hicache_on_host_backend(p: &Profile, caps: &BackendCaps) -> Option<String> {

@@ -341,8 +341,27 @@ fn open_without_api_key() {
     p.server.api_key = Some("k".into());
     quiet("open-without-api-key", &p);
     p.server.api_key = None;
+    p.server.ssl_ca_certs = Some("ca.pem".into());
+    quiet("open-without-api-key", &p);
+    p.server.ssl_ca_certs = None;
     p.server.host = "localhost".into();
     quiet("open-without-api-key", &p);
+}
+
+#[test]
+fn tls_needs_cert_and_key() {
+    let mut p = on("cpu");
+    quiet("tls-needs-cert-and-key", &p);
+    p.server.ssl_certfile = Some("cert.pem".into());
+    assert!(fires("tls-needs-cert-and-key", &p).contains("server.ssl_keyfile = unset"));
+    p.server.ssl_keyfile = Some("key.pem".into());
+    quiet("tls-needs-cert-and-key", &p);
+    p.server.ssl_ca_certs = Some("ca.pem".into());
+    quiet("tls-needs-cert-and-key", &p);
+    p.server.ssl_certfile = None;
+    assert!(fires("tls-needs-cert-and-key", &p).contains("server.ssl_certfile = unset"));
+    p.server.ssl_keyfile = None;
+    assert!(fires("tls-needs-cert-and-key", &p).contains("server.ssl_ca_certs = \"ca.pem\""));
 }
 
 #[test]
