@@ -4,6 +4,9 @@
 //! before the process exits 0, and the start-up lines say how requests are scheduled (a
 //! `server.batch_max_running` past the engine's running slots said so).
 //!
+//! With `server.ssl_certfile` and `server.ssl_keyfile` it serves HTTPS: the first line says
+//! `https://`, and a client that trusts the test CA gets answers.
+//!
 //! Two servers behind SGLang's router (the `sglang-router` package, `--policy power_of_two`)
 //! answer every route through it, and the router balances on their `/get_load`
 //! (tests/e2e/test_sglang_router.py).
@@ -52,7 +55,7 @@ impl Serve {
         let first = lines.next().expect("a first line").unwrap();
         let url = first
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .unwrap_or_else(|| panic!("no URL in {first:?}"))
             .to_string();
         let second = lines.next().expect("a curl example").unwrap();
@@ -67,14 +70,18 @@ impl Serve {
                 let _ = tx.send(line);
             }
         });
-        let addr = url.trim_start_matches("http://").to_string();
+        let plain = url.starts_with("http://");
+        let addr = url.split_once("://").unwrap().1.to_string();
         let s = Serve {
             child,
             url,
             addr,
             printed,
         };
-        s.wait_healthy();
+        // An HTTPS server's health is for its caller to poll, with a TLS client.
+        if plain {
+            s.wait_healthy();
+        }
         s
     }
 
@@ -339,6 +346,57 @@ fn the_scheduling_limits_are_reported_at_start() {
     assert!(
         metrics.contains("\ndsv4:batch_lines_limit 64\n"),
         "{metrics}"
+    );
+    serve.sigterm();
+    assert!(serve.wait_exit().success());
+}
+
+#[test]
+fn https_serves_clients_that_trust_the_certificate() {
+    let tls = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dsv4-server/tests/fixtures/tls"
+    );
+    let cert = format!("server.ssl_certfile={tls}/server.pem");
+    let key = format!("server.ssl_keyfile={tls}/server.key");
+    let serve = Serve::start_with(&["--set", &cert, "--set", &key]);
+    assert!(serve.url.starts_with("https://127.0.0.1:"), "{}", serve.url);
+    let ca = std::fs::read(format!("{tls}/ca.pem")).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let health = format!("{}/health", serve.url);
+    poll_until(
+        "dsv4 serve healthy over TLS",
+        Duration::from_millis(50),
+        || {
+            runtime
+                .block_on(client.get(&health).send())
+                .is_ok_and(|r| r.status() == 200)
+                .then_some(())
+        },
+    );
+    let body = serde_json::json!({"model": "dsv4-tiny", "prompt": "Hello", "max_tokens": 4,
+                                  "temperature": 0});
+    let answer: serde_json::Value = runtime.block_on(async {
+        let r = client
+            .post(format!("{}/v1/completions", serve.url))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        serde_json::from_str(&r.text().await.unwrap()).unwrap()
+    });
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    // Plain HTTP on the same port gets no answer.
+    let plain = http(&serve.addr, "GET", "/health", "");
+    assert!(
+        !plain.as_ref().is_ok_and(|r| r.starts_with("HTTP/")),
+        "{plain:?}"
     );
     serve.sigterm();
     assert!(serve.wait_exit().success());

@@ -93,6 +93,9 @@ pub struct ServerConfig {
     /// Where the weights come from (a checkpoint directory, or `tiny` for the embedded model),
     /// reported by `GET /get_model_info` and `GET /get_server_info` as `model_path`.
     pub model_path: String,
+    /// HTTPS (`server.ssl_certfile`, `server.ssl_keyfile`, `server.ssl_ca_certs`); None
+    /// serves plain HTTP.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for ServerConfig {
@@ -118,6 +121,7 @@ impl Default for ServerConfig {
             profile_sha256: None,
             profile_settings: None,
             model_path: "tiny".into(),
+            tls: None,
         }
     }
 }

@@ -40,6 +40,7 @@ pub mod routes;
 pub mod run;
 pub mod server;
 pub mod state;
+pub mod tls;
 pub mod vocab;
 
 pub use config::{OutputParsing, RequestPriority, ServerConfig};

@@ -8,8 +8,9 @@ mod engine;
 use dsv4_engine::{EngineMetrics, FinishReason, Finished};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bucket upper bounds (seconds) of the time-to-first-token histogram (vLLM's).
 const TTFT_BUCKETS: &[f64] = &[
@@ -92,6 +93,7 @@ struct Inner {
 pub struct Stats {
     inner: Mutex<Inner>,
     grammar_waiting: AtomicUsize,
+    tls_handshake_failures: Arc<AtomicU64>,
 }
 
 /// A request waiting for its grammar (compiling it, or waiting for a compiler or for another
@@ -122,6 +124,7 @@ impl Default for Stats {
                 grammar_cache_hits: 0,
             }),
             grammar_waiting: AtomicUsize::new(0),
+            tls_handshake_failures: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -165,6 +168,11 @@ impl Stats {
     /// Requests waiting for their grammar now (SGLang's grammar queue).
     pub fn grammar_waiting(&self) -> usize {
         self.grammar_waiting.load(Ordering::Relaxed)
+    }
+
+    /// The counter of failed TLS handshakes (the TLS listener adds to it).
+    pub fn tls_handshake_failures(&self) -> Arc<AtomicU64> {
+        self.tls_handshake_failures.clone()
     }
 
     /// A request compiled no grammar: it was kept, or another request was compiling it.
@@ -285,6 +293,13 @@ impl Stats {
             "gauge",
             "Requests waiting for their constrained-decoding grammar (compiling, or waiting for a compiler).",
             self.grammar_waiting() as f64,
+        );
+        scalar(
+            o,
+            "dsv4:tls_handshake_failures_total",
+            "counter",
+            "Connections dropped in or before their TLS handshake: not TLS, an untrusted or missing client certificate, or past the 10 s deadline (0 without server.ssl_certfile).",
+            self.tls_handshake_failures.load(Ordering::Relaxed) as f64,
         );
         if let Some(m) = engine {
             engine::render_engine(o, m);

@@ -1,27 +1,39 @@
-//! [`Server`]: the listening socket and the serve loop with graceful shutdown — when the
-//! shutdown future completes (SIGTERM or Ctrl-C with [`shutdown_signal`]) `/health` turns 503
-//! "draining", no new connections are accepted, and the loop returns once every request in
-//! flight (streams included) has been answered and the batches running have written the lines
-//! in flight (with `server.files_dir` they go on from there at the next start).
+//! [`Server`]: the listening socket (plain HTTP, or HTTPS through [`crate::tls`]) and the serve
+//! loop with graceful shutdown — when the shutdown future completes (SIGTERM or Ctrl-C with
+//! [`shutdown_signal`]) `/health` turns 503 "draining", no new connections are accepted, and the
+//! loop returns once every request in flight (streams included) has been answered and the
+//! batches running have written the lines in flight (with `server.files_dir` they go on from
+//! there at the next start).
 
 use crate::error::ServerError;
 use crate::routes::router;
 use crate::state::AppState;
+use crate::tls::TlsListener;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio_rustls::rustls::ServerConfig as TlsConfig;
 
 /// A bound server, not yet serving.
 pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
     state: AppState,
+    /// HTTPS: the checked certificate, key and client CA (`ServerConfig::tls`).
+    tls: Option<Arc<TlsConfig>>,
 }
 
 impl Server {
-    /// Listen on the state's `host:port` (port 0 picks a free one).
+    /// Listen on the state's `host:port` (port 0 picks a free one), over TLS when the state's
+    /// configuration names a certificate (read and checked here, before anything listens).
     pub async fn bind(state: AppState) -> Result<Self, ServerError> {
         let cfg = state.cfg();
+        let tls = cfg
+            .tls
+            .as_ref()
+            .map(crate::tls::server_config)
+            .transpose()?;
         let host = if cfg.host.contains(':') && !cfg.host.starts_with('[') {
             format!("[{}]", cfg.host)
         } else {
@@ -42,7 +54,14 @@ impl Server {
             listener,
             addr,
             state,
+            tls,
         })
+    }
+
+    /// The server's base URL: `https://` with TLS, else `http://`, and the bound address.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The address actually bound.
@@ -69,11 +88,23 @@ impl Server {
                 "shutting down: no new connections; draining the requests in flight"
             );
         };
-        tracing::info!(addr = %self.addr, "serving");
-        axum::serve(self.listener, router(self.state))
-            .with_graceful_shutdown(drain)
-            .await
-            .map_err(ServerError::Serve)?;
+        tracing::info!(url = %self.url(), "serving");
+        let app = router(self.state.clone());
+        match self.tls {
+            None => axum::serve(self.listener, app)
+                .with_graceful_shutdown(drain)
+                .await
+                .map_err(ServerError::Serve)?,
+            Some(config) => {
+                let failures = self.state.stats().tls_handshake_failures();
+                let listener = TlsListener::new(self.listener, config, failures)
+                    .map_err(ServerError::Serve)?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(drain)
+                    .await
+                    .map_err(ServerError::Serve)?
+            }
+        }
         state_after.batches().stop().await;
         tracing::info!("drained; server stopped");
         Ok(())

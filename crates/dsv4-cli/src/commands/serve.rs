@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use dsv4_chat::Tokenizer;
 use dsv4_config::export::{PYTHON, SglangCommand, sglang};
 use dsv4_config::{Profile, ReasoningParser, Resolved, ToolCallParser};
+use dsv4_server::tls::TlsFiles;
 use dsv4_server::{
     AppState, Loaded, OutputParsing, RequestPriority, Server, ServerConfig, shutdown_signal,
 };
@@ -100,6 +101,15 @@ pub(crate) fn server_config(
             dsv4_config::RequestPriority::Use => RequestPriority::Use,
             dsv4_config::RequestPriority::Ignore => RequestPriority::Ignore,
             dsv4_config::RequestPriority::Refuse => RequestPriority::Refuse,
+        },
+        // The rule tls-needs-cert-and-key refuses one without the other before this runs.
+        tls: match (&s.ssl_certfile, &s.ssl_keyfile) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                certfile: cert.into(),
+                keyfile: key.into(),
+                ca_certs: s.ssl_ca_certs.clone().map(Into::into),
+            }),
+            _ => None,
         },
         max_queued_requests: usize::try_from(resolved.profile.scheduler.max_queued_requests)
             .context("scheduler.max_queued_requests is too large for this machine")?,
@@ -229,7 +239,7 @@ fn serve_native(args: &ServeArgs, resolved: &Resolved) -> anyhow::Result<()> {
     runtime.block_on(async {
         let state = AppState::new(cfg)?;
         let server = Server::bind(state.clone()).await?;
-        let url = format!("http://{}", server.local_addr());
+        let url = server.url();
         let auth = if has_key {
             " -H \"Authorization: Bearer $DSV4_API_KEY\""
         } else {

@@ -41,5 +41,6 @@ mod sampling;
 mod server_info;
 mod sglang_fields;
 mod structured;
+mod tls;
 mod token_ids;
 mod tokenize;

@@ -1,0 +1,144 @@
+//! HTTPS (`server.ssl_certfile`, `server.ssl_keyfile`): a client that trusts the test CA gets
+//! answers over TLS and a plain-HTTP request gets none; with `server.ssl_ca_certs` a client
+//! without a certificate the CA signed is turned away in the handshake and one with it is
+//! answered; failed handshakes are counted in `/metrics`. The certificates are the test-only
+//! ones in `tests/fixtures/tls` (see its README).
+
+use super::common::*;
+use dsv4_server::ServerConfig;
+use dsv4_server::tls::TlsFiles;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::crypto::ring;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+}
+
+/// A server configuration serving the test certificate, asking for client certificates
+/// signed by the test CA when `mutual`.
+fn https(mutual: bool) -> ServerConfig {
+    ServerConfig {
+        tls: Some(TlsFiles {
+            certfile: fixture("server.pem"),
+            keyfile: fixture("server.key"),
+            ca_certs: mutual.then(|| fixture("ca.pem")),
+        }),
+        ..config()
+    }
+}
+
+/// `GET path` over TLS from a client that trusts the test CA (presenting the test client
+/// certificate when `client_cert`): the raw response, or why there was none.
+async fn https_get(addr: SocketAddr, path: &str, client_cert: bool) -> Result<String, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(fixture("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = if client_cert {
+        let chain: Vec<_> = CertificateDer::pem_file_iter(fixture("client.pem"))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(fixture("client.key")).unwrap();
+        builder.with_client_auth_cert(chain, key).unwrap()
+    } else {
+        builder.with_no_client_auth()
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut out = Vec::new();
+    tls.read_to_end(&mut out)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// `dsv4:tls_handshake_failures_total` of a server (read over TLS).
+async fn handshake_failures(addr: SocketAddr, client_cert: bool) -> u64 {
+    let text = https_get(addr, "/metrics", client_cert).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("dsv4:tls_handshake_failures_total "))
+        .unwrap_or_else(|| panic!("no counter in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_answers_over_tls_and_plain_http_gets_no_answer() {
+    let s = start(https(false)).await;
+    let models = https_get(s.addr, "/v1/models", false).await.unwrap();
+    assert!(models.starts_with("HTTP/1.1 200"), "{models}");
+    assert!(models.contains(MODEL), "{models}");
+    assert_eq!(handshake_failures(s.addr, false).await, 0);
+
+    // A plain-HTTP client on the TLS port gets no HTTP answer (at most a TLS alert), and the
+    // server goes on.
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut back = Vec::new();
+    let _ = tcp.read_to_end(&mut back).await;
+    assert!(
+        !back.starts_with(b"HTTP/"),
+        "{}",
+        String::from_utf8_lossy(&back)
+    );
+    let health = https_get(s.addr, "/health", false).await.unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert_eq!(handshake_failures(s.addr, false).await, 1);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_when_a_client_ca_is_set() {
+    let s = start(https(true)).await;
+    // Without a certificate: turned away (TLS 1.3 clients learn it at their first read).
+    let refused = https_get(s.addr, "/health", false).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("handshake") || e.contains("read")),
+        "{refused:?}"
+    );
+    let ok = https_get(s.addr, "/health", true).await.unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    assert_eq!(handshake_failures(s.addr, true).await, 1);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_certificate_stops_the_server_before_it_listens() {
+    let cfg = ServerConfig {
+        tls: Some(TlsFiles {
+            certfile: fixture("server.pem"),
+            keyfile: fixture("other.key"),
+            ca_certs: None,
+        }),
+        ..config()
+    };
+    let state = dsv4_server::AppState::new(cfg).unwrap();
+    let e = dsv4_server::Server::bind(state).await.err().unwrap();
+    assert!(e.to_string().contains("server.ssl_keyfile"), "{e}");
+}
