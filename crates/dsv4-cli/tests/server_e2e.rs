@@ -392,6 +392,37 @@ fn https_serves_clients_that_trust_the_certificate() {
         serde_json::from_str(&r.text().await.unwrap()).unwrap()
     });
     assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    // dsv4 stress trusts the test CA with --ca-cert; without it the certificate is refused.
+    let ca_path = format!("{tls}/ca.pem");
+    let stress = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dsv4"))
+            .args([
+                "stress",
+                "--url",
+                &serve.url,
+                "--sessions",
+                "2",
+                "--turns",
+                "1",
+            ])
+            .args(["--max-tokens", "200", "--quiet", "--ready-timeout", "0"])
+            // Stop "auto" answers before the markup the random tiny model emits.
+            .arg("--stop-before-markup")
+            .args(extra)
+            .current_dir(std::env::temp_dir())
+            .output()
+            .unwrap()
+    };
+    let trusted = stress(&["--ca-cert", &ca_path]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&trusted.stdout),
+        String::from_utf8_lossy(&trusted.stderr),
+    );
+    assert!(trusted.status.success(), "{stdout}\n{stderr}");
+    let untrusted = stress(&[]);
+    let stderr = String::from_utf8_lossy(&untrusted.stderr);
+    assert_eq!(untrusted.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
     // Plain HTTP on the same port gets no answer.
     let plain = http(&serve.addr, "GET", "/health", "");
     assert!(

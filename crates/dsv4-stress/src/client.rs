@@ -30,6 +30,31 @@ pub fn base_url(url: &str) -> Result<String, StressError> {
     })
 }
 
+/// A reqwest client builder that trusts, besides the bundled web roots, the PEM CA
+/// certificates in `ca_cert` (for an `https://` server with a private CA); a file that cannot
+/// be read or holds no certificate is an error naming `--ca-cert`.
+pub fn http_builder(
+    ca_cert: Option<&std::path::Path>,
+) -> Result<reqwest::ClientBuilder, StressError> {
+    let mut builder = reqwest::Client::builder();
+    let Some(path) = ca_cert else {
+        return Ok(builder);
+    };
+    let bad = |message: String| StressError::Options {
+        option: "ca-cert",
+        message: format!("{}: {message}", path.display()),
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    for cert in certs {
+        builder = builder.add_root_certificate(cert);
+    }
+    Ok(builder)
+}
+
 /// A client for one server.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -41,10 +66,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `url` (see [`base_url`]) with a per-request timeout.
-    pub fn new(url: &str, api_key: Option<String>, timeout: Duration) -> Result<Self, StressError> {
+    /// A client for `url` (see [`base_url`]) with a per-request timeout, trusting the CA
+    /// certificates in `ca_cert` too ([`http_builder`]).
+    pub fn new(
+        url: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<Self, StressError> {
         let api = base_url(url)?;
-        let http = reqwest::Client::builder()
+        let http = http_builder(ca_cert)?
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(1024)

@@ -134,6 +134,10 @@ pub struct StressOptions {
     /// Sent as `Authorization: Bearer KEY`. Never written into reports.
     #[serde(skip_serializing, default)]
     pub api_key: Option<String>,
+    /// PEM CA certificates trusted for an `https://` server besides the bundled web roots
+    /// (a server with a private CA, e.g. `dsv4 serve` with `server.ssl_certfile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
     /// `temperature` of every request (0: greedy, which the solo oracle needs).
@@ -186,6 +190,7 @@ impl Default for StressOptions {
             stream: StreamMode::Mixed,
             oracle: None,
             api_key: None,
+            ca_cert: None,
             progress: false,
             temperature: 0.0,
             forced_tool_rate: 0.5,
@@ -246,6 +251,8 @@ impl StressOptions {
             return bad("request-timeout", "must be positive".into());
         }
         crate::client::base_url(&self.url)?;
+        // A bad --ca-cert file is refused here, before anything runs.
+        let _checked = crate::client::http_builder(self.ca_cert.as_deref())?;
         Ok(())
     }
 }
@@ -321,6 +328,23 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(e.to_string().contains("http"), "{e}");
+        let tls = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../dsv4-server/tests/fixtures/tls"
+        );
+        let with_ca = |file: &str| StressOptions {
+            ca_cert: Some(format!("{tls}/{file}").into()),
+            ..Default::default()
+        };
+        with_ca("ca.pem").validate().unwrap();
+        for (file, says) in [
+            ("gone.pem", "No such file"),
+            ("server.key", "no PEM certificate"),
+        ] {
+            let e = with_ca(file).validate().unwrap_err().to_string();
+            assert!(e.contains("--ca-cert") && e.contains(file), "{e}");
+            assert!(e.contains(says), "{file}: {e}");
+        }
     }
 
     #[test]

@@ -44,9 +44,15 @@ pub async fn probe(http: &reqwest::Client, health: &str) -> Probe {
     }
 }
 
-/// Polls the server at `url` until it is ready or `timeout` passes (zero: not at all). With
-/// `progress`, says on stderr what it waits for, every few seconds. Returns the seconds waited.
-pub async fn wait_ready(url: &str, timeout: Duration, progress: bool) -> Result<f64, StressError> {
+/// Polls the server at `url` until it is ready or `timeout` passes (zero: not at all),
+/// trusting the CA certificates in `ca_cert` too. With `progress`, says on stderr what it waits
+/// for, every few seconds. Returns the seconds waited.
+pub async fn wait_ready(
+    url: &str,
+    timeout: Duration,
+    progress: bool,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<f64, StressError> {
     if timeout.is_zero() {
         return Ok(0.0);
     }
@@ -55,7 +61,7 @@ pub async fn wait_ready(url: &str, timeout: Duration, progress: bool) -> Result<
         url: health.clone(),
         message,
     };
-    let http = reqwest::Client::builder()
+    let http = crate::client::http_builder(ca_cert)?
         .timeout(Duration::from_secs(5))
         .build()
         .map_err(|e| err(format!("cannot build an HTTP client: {e}")))?;

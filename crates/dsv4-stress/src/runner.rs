@@ -43,8 +43,19 @@ struct Phase<'a> {
 /// and corrupted answers are counted in the report.
 pub async fn run_stress(opts: &StressOptions) -> Result<StressReport, StressError> {
     opts.validate()?;
-    let client = Client::new(&opts.url, opts.api_key.clone(), opts.request_timeout)?;
-    crate::ready::wait_ready(&opts.url, opts.ready_timeout, opts.progress).await?;
+    let client = Client::new(
+        &opts.url,
+        opts.api_key.clone(),
+        opts.request_timeout,
+        opts.ca_cert.as_deref(),
+    )?;
+    crate::ready::wait_ready(
+        &opts.url,
+        opts.ready_timeout,
+        opts.progress,
+        opts.ca_cert.as_deref(),
+    )
+    .await?;
     let server = client.identity(opts.model.as_deref()).await?;
     let progress = Progress::new(opts.progress, opts.sessions);
     let start = Instant::now();

@@ -78,6 +78,10 @@ pub struct WorkloadArgs {
     /// Bearer key for the server.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// PEM CA certificate(s) to trust for an https:// server besides the bundled web roots
+    /// (e.g. dsv4 serve with server.ssl_certfile signed by a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -153,6 +157,7 @@ impl WorkloadArgs {
             stream: self.stream,
             oracle: self.oracle,
             api_key: self.api_key.clone(),
+            ca_cert: self.ca_cert.clone(),
             progress,
             temperature: self.temperature,
             forced_tool_rate: self.forced_tool_rate,
