@@ -122,6 +122,9 @@ pub struct ServerSection {
     /// PEM CA certificates: when set, every client must present a certificate one of them
     /// signed (mutual TLS).
     pub ssl_ca_certs: Option<String>,
+    /// Seconds between checks of the TLS files for changes (a renewed certificate is served to
+    /// new connections without a restart); 0 never re-reads them.
+    pub ssl_refresh_s: u64,
 }
 
 impl Default for ServerSection {
@@ -146,6 +149,7 @@ impl Default for ServerSection {
             ssl_certfile: None,
             ssl_keyfile: None,
             ssl_ca_certs: None,
+            ssl_refresh_s: 0,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bucket upper bounds (seconds) of the time-to-first-token histogram (vLLM's).
 const TTFT_BUCKETS: &[f64] = &[
@@ -93,7 +93,7 @@ struct Inner {
 pub struct Stats {
     inner: Mutex<Inner>,
     grammar_waiting: AtomicUsize,
-    tls_handshake_failures: Arc<AtomicU64>,
+    tls: Arc<crate::tls::TlsCounters>,
 }
 
 /// A request waiting for its grammar (compiling it, or waiting for a compiler or for another
@@ -124,7 +124,7 @@ impl Default for Stats {
                 grammar_cache_hits: 0,
             }),
             grammar_waiting: AtomicUsize::new(0),
-            tls_handshake_failures: Arc::new(AtomicU64::new(0)),
+            tls: Arc::default(),
         }
     }
 }
@@ -170,9 +170,9 @@ impl Stats {
         self.grammar_waiting.load(Ordering::Relaxed)
     }
 
-    /// The counter of failed TLS handshakes (the TLS listener adds to it).
-    pub fn tls_handshake_failures(&self) -> Arc<AtomicU64> {
-        self.tls_handshake_failures.clone()
+    /// What TLS has done (the TLS listener counts into it).
+    pub fn tls_counters(&self) -> Arc<crate::tls::TlsCounters> {
+        self.tls.clone()
     }
 
     /// A request compiled no grammar: it was kept, or another request was compiling it.
@@ -294,13 +294,25 @@ impl Stats {
             "Requests waiting for their constrained-decoding grammar (compiling, or waiting for a compiler).",
             self.grammar_waiting() as f64,
         );
-        scalar(
-            o,
-            "dsv4:tls_handshake_failures_total",
-            "counter",
-            "Connections dropped in or before their TLS handshake: not TLS, an untrusted or missing client certificate, or past the 10 s deadline (0 without server.ssl_certfile).",
-            self.tls_handshake_failures.load(Ordering::Relaxed) as f64,
-        );
+        for (name, help, n) in [
+            (
+                "dsv4:tls_handshake_failures_total",
+                "Connections dropped in or before their TLS handshake: not TLS, an untrusted or missing client certificate, or past the 10 s deadline (0 without server.ssl_certfile).",
+                &self.tls.handshake_failures,
+            ),
+            (
+                "dsv4:tls_reloads_total",
+                "Changed TLS files read and put in use for new connections (server.ssl_refresh_s).",
+                &self.tls.reloads,
+            ),
+            (
+                "dsv4:tls_reload_failures_total",
+                "Changed TLS files that could not be used; the configuration in use stayed.",
+                &self.tls.reload_failures,
+            ),
+        ] {
+            scalar(o, name, "counter", help, n.load(Ordering::Relaxed) as f64);
+        }
         if let Some(m) = engine {
             engine::render_engine(o, m);
         }

@@ -8,7 +8,7 @@
 use crate::error::ServerError;
 use crate::routes::router;
 use crate::state::AppState;
-use crate::tls::TlsListener;
+use crate::tls::{TlsFiles, TlsListener};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,8 +20,8 @@ pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
     state: AppState,
-    /// HTTPS: the checked certificate, key and client CA (`ServerConfig::tls`).
-    tls: Option<Arc<TlsConfig>>,
+    /// HTTPS: the files (`ServerConfig::tls`) and the configuration checked from them.
+    tls: Option<(TlsFiles, Arc<TlsConfig>)>,
 }
 
 impl Server {
@@ -29,11 +29,10 @@ impl Server {
     /// configuration names a certificate (read and checked here, before anything listens).
     pub async fn bind(state: AppState) -> Result<Self, ServerError> {
         let cfg = state.cfg();
-        let tls = cfg
-            .tls
-            .as_ref()
-            .map(crate::tls::server_config)
-            .transpose()?;
+        let tls = match &cfg.tls {
+            Some(files) => Some((files.clone(), crate::tls::server_config(files)?)),
+            None => None,
+        };
         let host = if cfg.host.contains(':') && !cfg.host.starts_with('[') {
             format!("[{}]", cfg.host)
         } else {
@@ -95,9 +94,9 @@ impl Server {
                 .with_graceful_shutdown(drain)
                 .await
                 .map_err(ServerError::Serve)?,
-            Some(config) => {
-                let failures = self.state.stats().tls_handshake_failures();
-                let listener = TlsListener::new(self.listener, config, failures)
+            Some((files, config)) => {
+                let counters = self.state.stats().tls_counters();
+                let listener = TlsListener::new(self.listener, files, config, counters)
                     .map_err(ServerError::Serve)?;
                 axum::serve(listener, app)
                     .with_graceful_shutdown(drain)

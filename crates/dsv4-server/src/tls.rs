@@ -4,7 +4,9 @@
 //! [`TlsListener`] hands the serve loop only connections whose handshake has completed. Each
 //! handshake runs on its own task under a deadline, so a slow or silent client holds up no
 //! other; a failed one is logged at debug level and counted
-//! (`dsv4:tls_handshake_failures_total`).
+//! (`dsv4:tls_handshake_failures_total`). With `server.ssl_refresh_s` the listener re-reads the
+//! files when they change: new connections get the new configuration, and a file that cannot
+//! be used leaves the one in use in place (logged and counted).
 
 use crate::error::ServerError;
 use rustls_pki_types::pem::PemObject;
@@ -38,6 +40,34 @@ pub struct TlsFiles {
     /// PEM CA certificates that must have signed every client's certificate
     /// (`server.ssl_ca_certs`); None asks clients for none.
     pub ca_certs: Option<PathBuf>,
+    /// How often the files are checked for changes (`server.ssl_refresh_s`); None: never.
+    pub refresh: Option<Duration>,
+}
+
+/// What TLS has done, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct TlsCounters {
+    /// Connections dropped in or before their handshake.
+    pub handshake_failures: AtomicU64,
+    /// Changed files read and put in use.
+    pub reloads: AtomicU64,
+    /// Changed files that could not be used (the configuration in use stayed).
+    pub reload_failures: AtomicU64,
+}
+
+impl TlsFiles {
+    /// The bytes of the files now (None for one that cannot be read), to tell a change.
+    fn contents(&self) -> Vec<Option<Vec<u8>>> {
+        [
+            Some(&self.certfile),
+            Some(&self.keyfile),
+            self.ca_certs.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| std::fs::read(p).ok())
+        .collect()
+    }
 }
 
 /// A configuration error about `option`.
@@ -120,36 +150,93 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Accept on `listener` and handshake under `config`, counting failed handshakes in
-    /// `failures`. The accepting task ends (closing the socket) once the listener is dropped.
+    /// Accept on `listener` and handshake under `config` (built from `files`, which are
+    /// re-read when they change if `files.refresh` is set), counting into `counters`. The
+    /// accepting task ends (closing the socket) once the listener is dropped.
     pub fn new(
         listener: TcpListener,
+        files: TlsFiles,
         config: Arc<ServerConfig>,
-        failures: Arc<AtomicU64>,
+        counters: Arc<TlsCounters>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(READY_QUEUE);
+        let watched = Watched {
+            seen: files.contents(),
+            files,
+        };
         tokio::spawn(accept_loop(
             listener,
             TlsAcceptor::from(config),
+            watched,
             tx,
-            failures,
+            counters,
         ));
         Ok(Self { ready, addr })
     }
 }
 
+/// The TLS files and their bytes when last read.
+struct Watched {
+    files: TlsFiles,
+    seen: Vec<Option<Vec<u8>>>,
+}
+
+impl Watched {
+    /// If the files changed since last read, the configuration they make now (Err when it
+    /// cannot be used); None when they did not change.
+    fn changed(&mut self) -> Option<Result<Arc<ServerConfig>, ServerError>> {
+        let now = self.files.contents();
+        if now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        Some(server_config(&self.files))
+    }
+}
+
+/// Completes at the next refresh tick; never without one.
+async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
+    match tick {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Accept TCP connections until the listener's receiving end is gone, each handshaken on a
-/// task of its own.
+/// task of its own; between connections, re-read the files at each refresh tick.
 async fn accept_loop(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    mut acceptor: TlsAcceptor,
+    mut watched: Watched,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-    failures: Arc<AtomicU64>,
+    counters: Arc<TlsCounters>,
 ) {
+    let mut tick = watched.files.refresh.map(|every| {
+        let mut t = tokio::time::interval(every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     loop {
         let (tcp, peer) = tokio::select! {
             _ = tx.closed() => return,
+            _ = next_tick(&mut tick) => {
+                match watched.changed() {
+                    None => {}
+                    Some(Ok(config)) => {
+                        acceptor = TlsAcceptor::from(config);
+                        counters.reloads.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("TLS files changed: new connections get the new certificate");
+                    }
+                    Some(Err(e)) => {
+                        counters.reload_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "TLS files changed but cannot be used; the certificate in use stays");
+                    }
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
@@ -160,18 +247,18 @@ async fn accept_loop(
                 }
             },
         };
-        let (acceptor, tx, failures) = (acceptor.clone(), tx.clone(), failures.clone());
+        let (acceptor, tx, counters) = (acceptor.clone(), tx.clone(), counters.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => {
                     let _ = tx.send((tls, peer)).await;
                 }
                 Ok(Err(e)) => {
-                    failures.fetch_add(1, Ordering::Relaxed);
+                    counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 }
                 Err(_) => {
-                    failures.fetch_add(1, Ordering::Relaxed);
+                    counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, "TLS handshake timed out");
                 }
             }
@@ -211,6 +298,7 @@ mod tests {
             certfile: fixture(cert),
             keyfile: fixture(key),
             ca_certs: ca.map(fixture),
+            refresh: None,
         }
     }
 

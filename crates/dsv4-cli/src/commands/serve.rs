@@ -108,6 +108,7 @@ pub(crate) fn server_config(
                 certfile: cert.into(),
                 keyfile: key.into(),
                 ca_certs: s.ssl_ca_certs.clone().map(Into::into),
+                refresh: (s.ssl_refresh_s > 0).then(|| Duration::from_secs(s.ssl_refresh_s)),
             }),
             _ => None,
         },

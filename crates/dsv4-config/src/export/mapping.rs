@@ -596,6 +596,12 @@ pub const SGLANG_MAP: &[MapRow] = &[
              (or pass your SGLang version's TLS flags by hand): the client CA certificates {value} is not passed",
         ),
     ),
+    row("server.ssl_refresh_s", Zero, Same("nothing to re-read")),
+    row(
+        "server.ssl_refresh_s",
+        Always,
+        Unmapped("dsv4 re-reads its own TLS files; {value} s is not passed"),
+    ),
     row("debug.canary", Empty, Same("no canary")),
     row(
         "debug.canary",

@@ -412,6 +412,14 @@ pub const KEYS: &[KeySpec] = &[
          (mutual TLS); needs server.ssl_certfile and server.ssl_keyfile; unset asks no client \
          certificate",
     ),
+    key(
+        "server.ssl_refresh_s",
+        ValueKind::Range(0, 86_400),
+        "0",
+        "seconds between checks of the three TLS files for changes: changed files are read and \
+         checked, and new connections get the new certificate (open ones keep theirs); a bad \
+         file is logged and counted and the one in use stays; 0 never re-reads them",
+    ),
     // [debug]
     key(
         "debug.canary",

@@ -214,6 +214,12 @@ pub const RULES: &[Rule] = &[
         open_without_api_key,
     ),
     warning(
+        "ssl-refresh-without-tls",
+        &["server.ssl_refresh_s", "server.ssl_certfile"],
+        "TLS files to re-read on a server that serves plain HTTP (it is ignored)",
+        ssl_refresh_without_tls,
+    ),
+    warning(
         "hicache-on-host-backend",
         &["cache.hicache", "backend.kind"],
         "a host tier on a backend whose memory already is host memory",
@@ -495,6 +501,18 @@ fn open_without_api_key(p: &Profile, _: &BackendCaps) -> Option<String> {
              use the server; set server.api_key (e.g. DSV4_SERVER__API_KEY), require client \
              certificates with server.ssl_ca_certs, or listen on 127.0.0.1",
             s.host
+        )
+    })
+}
+
+fn ssl_refresh_without_tls(p: &Profile, _: &BackendCaps) -> Option<String> {
+    let s = &p.server;
+    (s.ssl_refresh_s > 0 && s.ssl_certfile.is_none()).then(|| {
+        format!(
+            "server.ssl_refresh_s = {} re-reads the TLS files, but server.ssl_certfile is unset, \
+             so the server speaks plain HTTP and there is nothing to re-read; set \
+             server.ssl_refresh_s=0 or configure TLS",
+            s.ssl_refresh_s
         )
     })
 }

@@ -1,8 +1,9 @@
 //! HTTPS (`server.ssl_certfile`, `server.ssl_keyfile`): a client that trusts the test CA gets
 //! answers over TLS and a plain-HTTP request gets none; with `server.ssl_ca_certs` a client
 //! without a certificate the CA signed is turned away in the handshake and one with it is
-//! answered; failed handshakes are counted in `/metrics`. The certificates are the test-only
-//! ones in `tests/fixtures/tls` (see its README).
+//! answered; failed handshakes are counted in `/metrics`; with `server.ssl_refresh_s` a renewed
+//! certificate reaches new connections without a restart, and a broken one leaves the one in
+//! use. The certificates are the test-only ones in `tests/fixtures/tls` (see its README).
 
 use super::common::*;
 use dsv4_server::ServerConfig;
@@ -31,6 +32,7 @@ fn https(mutual: bool) -> ServerConfig {
             certfile: fixture("server.pem"),
             keyfile: fixture("server.key"),
             ca_certs: mutual.then(|| fixture("ca.pem")),
+            refresh: None,
         }),
         ..config()
     }
@@ -135,10 +137,88 @@ async fn a_bad_certificate_stops_the_server_before_it_listens() {
             certfile: fixture("server.pem"),
             keyfile: fixture("other.key"),
             ca_certs: None,
+            refresh: None,
         }),
         ..config()
     };
     let state = dsv4_server::AppState::new(cfg).unwrap();
     let e = dsv4_server::Server::bind(state).await.err().unwrap();
     assert!(e.to_string().contains("server.ssl_keyfile"), "{e}");
+}
+
+/// The leaf certificate (DER) a server presents to a client that trusts the test CA.
+async fn served_certificate(addr: SocketAddr) -> Vec<u8> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(fixture("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// The first certificate of a PEM fixture, as DER.
+fn der(name: &str) -> Vec<u8> {
+    CertificateDer::from_pem_file(fixture(name))
+        .unwrap()
+        .to_vec()
+}
+
+/// A counter of `/metrics`, read over TLS.
+async fn tls_counter(addr: SocketAddr, name: &str) -> u64 {
+    let text = https_get(addr, "/metrics", false).await.unwrap();
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_reaches_new_connections_and_a_broken_one_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::copy(fixture("server.pem"), &cert).unwrap();
+    std::fs::copy(fixture("server.key"), &key).unwrap();
+    let s = start(ServerConfig {
+        tls: Some(TlsFiles {
+            certfile: cert.clone(),
+            keyfile: key.clone(),
+            ca_certs: None,
+            refresh: Some(std::time::Duration::from_millis(50)),
+        }),
+        ..config()
+    })
+    .await;
+    assert_eq!(served_certificate(s.addr).await, der("server.pem"));
+    assert_eq!(tls_counter(s.addr, "dsv4:tls_reloads_total").await, 0);
+
+    // Renewed: the key first, then the certificate (a check between the two sees a mismatch).
+    std::fs::copy(fixture("renewed.key"), &key).unwrap();
+    std::fs::copy(fixture("renewed.pem"), &cert).unwrap();
+    let renewed = der("renewed.pem");
+    eventually("the renewed certificate served", async || {
+        served_certificate(s.addr).await == renewed
+    })
+    .await;
+    assert!(tls_counter(s.addr, "dsv4:tls_reloads_total").await >= 1);
+
+    // Broken: the certificate in use stays, and the failure is counted.
+    let failed = tls_counter(s.addr, "dsv4:tls_reload_failures_total").await;
+    std::fs::write(&cert, "not a certificate").unwrap();
+    eventually("the broken file counted", async || {
+        tls_counter(s.addr, "dsv4:tls_reload_failures_total").await > failed
+    })
+    .await;
+    assert_eq!(served_certificate(s.addr).await, renewed);
+    s.shutdown().await.unwrap();
 }

@@ -349,6 +349,20 @@ fn open_without_api_key() {
 }
 
 #[test]
+fn ssl_refresh_without_tls() {
+    let mut p = on("cpu");
+    p.server.ssl_refresh_s = 30;
+    assert!(fires("ssl-refresh-without-tls", &p).contains("= 30"));
+    p.server.ssl_certfile = Some("cert.pem".into());
+    p.server.ssl_keyfile = Some("key.pem".into());
+    quiet("ssl-refresh-without-tls", &p);
+    p.server.ssl_refresh_s = 0;
+    p.server.ssl_certfile = None;
+    p.server.ssl_keyfile = None;
+    quiet("ssl-refresh-without-tls", &p);
+}
+
+#[test]
 fn tls_needs_cert_and_key() {
     let mut p = on("cpu");
     quiet("tls-needs-cert-and-key", &p);
