@@ -38,9 +38,9 @@ fn https(mutual: bool) -> ServerConfig {
     }
 }
 
-/// `GET path` over TLS from a client that trusts the test CA (presenting the test client
-/// certificate when `client_cert`): the raw response, or why there was none.
-async fn https_get(addr: SocketAddr, path: &str, client_cert: bool) -> Result<String, String> {
+/// A TLS client connector that trusts the test CA (presenting the test client certificate
+/// when `client_cert`).
+fn connector(client_cert: bool) -> TlsConnector {
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(fixture("ca.pem")).unwrap() {
         roots.add(cert.unwrap()).unwrap();
@@ -59,9 +59,15 @@ async fn https_get(addr: SocketAddr, path: &str, client_cert: bool) -> Result<St
     } else {
         builder.with_no_client_auth()
     };
+    TlsConnector::from(Arc::new(config))
+}
+
+/// `GET path` over TLS from a client that trusts the test CA (presenting the test client
+/// certificate when `client_cert`): the raw response, or why there was none.
+async fn https_get(addr: SocketAddr, path: &str, client_cert: bool) -> Result<String, String> {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
-    let mut tls = TlsConnector::from(Arc::new(config))
+    let mut tls = connector(client_cert)
         .connect(name, tcp)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
@@ -76,15 +82,20 @@ async fn https_get(addr: SocketAddr, path: &str, client_cert: bool) -> Result<St
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-/// `dsv4:tls_handshake_failures_total` of a server (read over TLS).
-async fn handshake_failures(addr: SocketAddr, client_cert: bool) -> u64 {
+/// A counter of a server's `/metrics`, read over TLS (with the client certificate when
+/// `client_cert`).
+async fn tls_counter(addr: SocketAddr, name: &str, client_cert: bool) -> u64 {
     let text = https_get(addr, "/metrics", client_cert).await.unwrap();
+    let prefix = format!("{name} ");
     text.lines()
-        .find_map(|l| l.strip_prefix("dsv4:tls_handshake_failures_total "))
-        .unwrap_or_else(|| panic!("no counter in:\n{text}"))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
         .parse()
         .unwrap()
 }
+
+/// `dsv4:tls_handshake_failures_total`.
+const HANDSHAKE_FAILURES: &str = "dsv4:tls_handshake_failures_total";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_answers_over_tls_and_plain_http_gets_no_answer() {
@@ -92,7 +103,7 @@ async fn https_answers_over_tls_and_plain_http_gets_no_answer() {
     let models = https_get(s.addr, "/v1/models", false).await.unwrap();
     assert!(models.starts_with("HTTP/1.1 200"), "{models}");
     assert!(models.contains(MODEL), "{models}");
-    assert_eq!(handshake_failures(s.addr, false).await, 0);
+    assert_eq!(tls_counter(s.addr, HANDSHAKE_FAILURES, false).await, 0);
 
     // A plain-HTTP client on the TLS port gets no HTTP answer (at most a TLS alert), and the
     // server goes on.
@@ -109,7 +120,7 @@ async fn https_answers_over_tls_and_plain_http_gets_no_answer() {
     );
     let health = https_get(s.addr, "/health", false).await.unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    assert_eq!(handshake_failures(s.addr, false).await, 1);
+    assert_eq!(tls_counter(s.addr, HANDSHAKE_FAILURES, false).await, 1);
     s.shutdown().await.unwrap();
 }
 
@@ -126,7 +137,7 @@ async fn client_certificates_are_required_when_a_client_ca_is_set() {
     );
     let ok = https_get(s.addr, "/health", true).await.unwrap();
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-    assert_eq!(handshake_failures(s.addr, true).await, 1);
+    assert_eq!(tls_counter(s.addr, HANDSHAKE_FAILURES, true).await, 1);
     s.shutdown().await.unwrap();
 }
 
@@ -148,17 +159,8 @@ async fn a_bad_certificate_stops_the_server_before_it_listens() {
 
 /// The leaf certificate (DER) a server presents to a client that trusts the test CA.
 async fn served_certificate(addr: SocketAddr) -> Vec<u8> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(fixture("ca.pem")).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(Arc::new(config))
+    let tls = connector(false)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
         .unwrap();
@@ -170,17 +172,6 @@ fn der(name: &str) -> Vec<u8> {
     CertificateDer::from_pem_file(fixture(name))
         .unwrap()
         .to_vec()
-}
-
-/// A counter of `/metrics`, read over TLS.
-async fn tls_counter(addr: SocketAddr, name: &str) -> u64 {
-    let text = https_get(addr, "/metrics", false).await.unwrap();
-    let prefix = format!("{name} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,7 +191,10 @@ async fn a_renewed_certificate_reaches_new_connections_and_a_broken_one_is_not_u
     })
     .await;
     assert_eq!(served_certificate(s.addr).await, der("server.pem"));
-    assert_eq!(tls_counter(s.addr, "dsv4:tls_reloads_total").await, 0);
+    assert_eq!(
+        tls_counter(s.addr, "dsv4:tls_reloads_total", false).await,
+        0
+    );
 
     // Renewed: the key first, then the certificate (a check between the two sees a mismatch).
     std::fs::copy(fixture("renewed.key"), &key).unwrap();
@@ -210,13 +204,13 @@ async fn a_renewed_certificate_reaches_new_connections_and_a_broken_one_is_not_u
         served_certificate(s.addr).await == renewed
     })
     .await;
-    assert!(tls_counter(s.addr, "dsv4:tls_reloads_total").await >= 1);
+    assert!(tls_counter(s.addr, "dsv4:tls_reloads_total", false).await >= 1);
 
     // Broken: the certificate in use stays, and the failure is counted.
-    let failed = tls_counter(s.addr, "dsv4:tls_reload_failures_total").await;
+    let failed = tls_counter(s.addr, "dsv4:tls_reload_failures_total", false).await;
     std::fs::write(&cert, "not a certificate").unwrap();
     eventually("the broken file counted", async || {
-        tls_counter(s.addr, "dsv4:tls_reload_failures_total").await > failed
+        tls_counter(s.addr, "dsv4:tls_reload_failures_total", false).await > failed
     })
     .await;
     assert_eq!(served_certificate(s.addr).await, renewed);
