@@ -133,10 +133,15 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
         ..config()
     };
     let s = start_with(cfg, slots(SLOTS)).await;
-    // Lines of different lengths, so they never end together: when the stream comes, the
-    // lines past the share are still running and must be paused (one wave of equal lines
-    // could all end in the same step, leaving nothing to pause).
-    let id = batch_of(&s, 96, |i| 64 + 9 * (i % SLOTS) as u32).await;
+    // Lines of different lengths, so they never end together, and a long first wave: the
+    // stream comes while it runs, so the lines past the share are still running and must be
+    // paused (equal lines could all end in the same step, and short ones could end on their
+    // own as the stream arrives, leaving nothing to pause).
+    let id = batch_of(&s, 96, |i| {
+        let spread = 9 * (i % SLOTS) as u32;
+        if i < SLOTS { 400 + spread } else { 64 + spread }
+    })
+    .await;
     let (state, activity) = (s.state.clone(), s.state.interactive().clone());
     eventually("every slot running a batch line", async || {
         state.batches().lines_in_flight() == SLOTS
