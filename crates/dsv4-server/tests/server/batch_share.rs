@@ -143,8 +143,12 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
     })
     .await;
     let (state, activity) = (s.state.clone(), s.state.interactive().clone());
+    let engine = s.state.loaded().unwrap().engine.clone();
+    // In the engine, not only in flight in the batch layer: a line holds its share before the
+    // engine admits it, and lines still waiting there when the stream comes are held back by
+    // the cap without being paused.
     eventually("every slot running a batch line", async || {
-        state.batches().lines_in_flight() == SLOTS
+        state.batches().lines_in_flight() == SLOTS && engine.metrics().running_requests == SLOTS
     })
     .await;
     assert_eq!(metric(&s, "dsv4:batch_lines_limit").await, SLOTS as u64);
@@ -152,7 +156,6 @@ async fn idle_slots_fill_with_batch_lines_until_an_interactive_request_comes() {
 
     // An interactive stream: the lines past the share pause in the engine at once, and no
     // line starts past it.
-    let engine = s.state.loaded().unwrap().engine.clone();
     let body = json!({"model": MODEL, "prompt": "interactive", "max_tokens": 1500,
                       "ignore_eos": true, "stream": true});
     let (conn, _) = open_stream(s.addr, "/v1/completions", &body).await;
