@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{attend, attend_operands, emu_available, kv_pages};
+use common::{attend, attend_operands, bits, emu_available, kv_pages};
 use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
 use dsv4_kernels::{Backend, DevSlice, DeviceOps, PageTag, PagedAttention, RowFormat, row_check};
 
@@ -45,10 +45,6 @@ fn attend_on_device(
     dev.paged_attention(&keys, qs, out)
         .expect("paged_attention");
     out
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Pages of other contents than `kv_pages`' (every value negated).

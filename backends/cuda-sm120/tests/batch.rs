@@ -8,29 +8,11 @@
 
 mod common;
 
-use common::emu_available;
-
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use common::{backend, bits, emu_available, stats};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use dsv4_kernels::{Backend, DeviceStats, PerRow, RowFormat};
-
-fn backend(acc_f64: bool) -> CudaBackend {
-    let dev = emu::open(acc_f64).expect("open the emulator");
-    CudaBackend::new(EMU_NAME, dev)
-}
-
-/// The backend's traffic counters (host ops included).
-fn stats(be: &CudaBackend) -> DeviceStats {
-    Backend::device(be)
-        .expect("the CUDA backend has DeviceOps")
-        .stats()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// What a call returned, as text (errors by their Display string).
 fn shown(r: &Result<(), CacheLayoutError>) -> String {

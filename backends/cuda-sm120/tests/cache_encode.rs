@@ -8,25 +8,11 @@
 
 mod common;
 
-use common::emu_available;
-
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use common::{backend, emu_available, stats};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{CacheLayoutError, IndexKLayout, KvLayout};
 use dsv4_core::{IndexKDtype, KvCacheDtype, SplitMix64};
 use dsv4_kernels::{Backend, DeviceStats, PerRow, RowFormat};
-
-fn backend() -> CudaBackend {
-    let dev = emu::open(true).expect("open the emulator");
-    CudaBackend::new(EMU_NAME, dev)
-}
-
-/// The backend's traffic counters (host ops included).
-fn stats(be: &CudaBackend) -> DeviceStats {
-    Backend::device(be)
-        .expect("the CUDA backend has DeviceOps")
-        .stats()
-}
 
 /// What a call returned, as text (errors by their Display string).
 fn shown(r: &Result<Vec<u8>, CacheLayoutError>) -> String {
@@ -106,7 +92,7 @@ fn cache_encode_rows_equals_the_row_loop_in_one_submission() {
     if !emu_available("cache_encode_rows_equals_the_row_loop_in_one_submission") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let looped = PerRow(&be);
     let mut rng = SplitMix64::new(29);
     for fmt in formats() {
@@ -163,7 +149,7 @@ fn cache_encode_rows_errors_are_the_row_loops() {
     if !emu_available("cache_encode_rows_errors_are_the_row_loops") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let looped = PerRow(&be);
     let mut rng = SplitMix64::new(31);
     for fmt in formats() {
@@ -198,7 +184,7 @@ fn more_rows_than_a_grid_holds_are_a_few_launches_and_one_read_back() {
     if !emu_available("more_rows_than_a_grid_holds_are_a_few_launches_and_one_read_back") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let looped = PerRow(&be);
     let mut rng = SplitMix64::new(37);
     let fmt = index(IndexKDtype::Fp8, 32, 4);

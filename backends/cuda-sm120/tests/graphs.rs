@@ -11,16 +11,11 @@
 
 mod common;
 
-use common::{emu_available, exec_modes, tiny_decode};
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use common::{backend, emu_available, exec_modes, tiny_decode};
 use dsv4_core::Numerics;
 use dsv4_kernels::{Backend, DevSlice, DeviceOps};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
-
-fn backend() -> CudaBackend {
-    CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"))
-}
 
 fn buffer(d: &dyn DeviceOps, words: usize) -> DevSlice {
     DevSlice::whole(d.alloc(words).expect("alloc"), words)
@@ -63,7 +58,7 @@ fn a_repeated_run_becomes_a_graph_whose_replays_read_their_own_parameters() {
     if !emu_available("a_repeated_run_becomes_a_graph_whose_replays_read_their_own_parameters") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).expect("device op set");
     let src_v: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
     let b_v: Vec<f32> = (0..12).map(|i| 100.0 + i as f32).collect();
@@ -107,7 +102,7 @@ fn closing_a_span_issues_held_work_and_an_unmatched_close_is_an_error() {
     if !emu_available("closing_a_span_issues_held_work_and_an_unmatched_close_is_an_error") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).expect("device op set");
     let a = buffer(d, 4);
     d.write(a, &[1.0, 2.0, 3.0, 4.0]).unwrap();
@@ -137,7 +132,7 @@ fn captured_decode_steps_replay_graphs_with_the_eager_bits() {
     if !emu_available("captured_decode_steps_replay_graphs_with_the_eager_bits") {
         return;
     }
-    let be: Arc<dyn Backend> = Arc::new(backend());
+    let be: Arc<dyn Backend> = Arc::new(backend(true));
     let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
     let [(_, eager), captured, threaded, serial] = exec_modes();
     let (want, eager_stats) = tiny_decode(&m, &eager);
@@ -173,7 +168,7 @@ fn a_prefill_gathers_the_rows_it_needs_logits_for_on_the_device() {
     }
     use dsv4_model::LogitRows;
     use dsv4_model::forward::Taps;
-    let be: Arc<dyn Backend> = Arc::new(backend());
+    let be: Arc<dyn Backend> = Arc::new(backend(true));
     let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
     let prompts: [Vec<u32>; 2] = [(0..16).map(|i| 3 + 7 * i).collect(), vec![9, 4, 11]];
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::{emu_available, every_scale_byte_weights, random_weight};
-
+use common::{backend, emu_available, every_scale_byte_weights, random_weight};
 use dsv4_backend_cuda::{CudaBackend, DecodeShape, DecodeShapes, EMU_NAME, emu};
 use dsv4_backend_reference::ReferenceBackend;
 use dsv4_core::cache::{IndexKLayout, KvLayout};
@@ -34,11 +33,6 @@ const OPS: &[&str] = &[
 /// Whether the emulator can run here; prints the reason and skips (or fails under CI).
 fn available(test: &str) -> bool {
     emu_available(test)
-}
-
-fn backend(acc_f64: bool) -> CudaBackend {
-    let dev = emu::open(acc_f64).expect("open the emulator");
-    CudaBackend::new(EMU_NAME, dev)
 }
 
 /// Run the op sweep for OPS and return (failures, worst NMSE per op) after printing every row.

@@ -7,17 +7,13 @@
 
 mod common;
 
-use common::{emu_available, random_weight as weight};
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use common::{backend, bits, emu_available, random_weight as weight};
+use dsv4_backend_cuda::{CudaBackend, EMU_NAME};
 use dsv4_core::{IndexKDtype, SplitMix64};
 use dsv4_kernels::device::Copy2d;
 use dsv4_kernels::{
     Backend, DevSlice, DeviceOps, HcParams, KernelError, Linear, MhcPre, RopeTable, WeightFormat,
 };
-
-fn backend(acc_f64: bool) -> CudaBackend {
-    CudaBackend::new(EMU_NAME, emu::open(acc_f64).expect("open the emulator"))
-}
 
 fn dev(be: &CudaBackend) -> &dyn DeviceOps {
     Backend::device(be).expect("the CUDA backend has a device op set")
@@ -37,10 +33,6 @@ fn put(d: &dyn DeviceOps, data: &[f32]) -> DevSlice {
 
 fn zeros(d: &dyn DeviceOps, n: usize) -> DevSlice {
     put(d, &vec![0.0; n])
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[track_caller]

@@ -11,17 +11,12 @@
 
 mod common;
 
-use common::emu_available;
-use dsv4_backend_cuda::{CudaBackend, EMU_NAME, emu};
+use common::{backend, emu_available};
 use dsv4_core::Numerics;
 use dsv4_kernels::{Backend, DevSlice, DeviceOps, DeviceStreams};
 use dsv4_model::forward::{ExecOptions, Executor, Fault};
 use dsv4_model::{ModelSource, load_model};
 use std::sync::Arc;
-
-fn backend() -> CudaBackend {
-    CudaBackend::new(EMU_NAME, emu::open(true).expect("open the emulator"))
-}
 
 fn buffer(d: &dyn DeviceOps, words: usize) -> DevSlice {
     DevSlice::whole(d.alloc(words).expect("alloc"), words)
@@ -61,7 +56,7 @@ fn an_event_orders_two_streams_and_without_it_the_later_work_runs_first() {
     if !emu_available("an_event_orders_two_streams_and_without_it_the_later_work_runs_first") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).unwrap();
     let st = streams(d, 2, 1);
     assert_eq!(producer_consumer(d, &*st, true), [10.5, 20.5, 30.5, 40.5]);
@@ -78,7 +73,7 @@ fn a_read_waits_for_every_stream_and_a_returned_set_serves_the_next_execution() 
     {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).unwrap();
     let st = streams(d, 3, 2);
     let a = buffer(d, 4);
@@ -104,7 +99,7 @@ fn unknown_streams_and_events_are_errors_not_panics() {
     if !emu_available("unknown_streams_and_events_are_errors_not_panics") {
         return;
     }
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).unwrap();
     let st = streams(d, 2, 1);
     let e = st.enter(2).unwrap_err().to_string();
@@ -126,7 +121,7 @@ fn queued_parameter_copies_read_their_own_host_bytes() {
     }
     // On a created stream the gathers' index copies stay queued until the join and read the
     // page-locked mirror only then: each must still find its own indices there.
-    let be = backend();
+    let be = backend(true);
     let d = Backend::device(&be).expect("device op set");
     let st = streams(d, 1, 0);
     let src = buffer(d, 8);
@@ -159,7 +154,7 @@ fn overlap_plans_on_device_streams_give_the_serial_bits_and_a_missing_event_does
     ) {
         return;
     }
-    let be: Arc<dyn Backend> = Arc::new(backend());
+    let be: Arc<dyn Backend> = Arc::new(backend(true));
     let m = load_model(&ModelSource::Tiny { seed: 0 }, be, Numerics::default()).unwrap();
     // Serial issue order throughout: only the device streams can reorder work.
     let serial = ExecOptions {

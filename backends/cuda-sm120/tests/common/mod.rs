@@ -249,7 +249,18 @@ pub fn attend_keys(
     )
     .expect("valid pages");
     let moved = stats(be).since(&before);
-    (out.iter().map(|x| x.to_bits()).collect(), moved.write_bytes)
+    (bits(&out), moved.write_bytes)
+}
+
+/// A CUDA backend on the CPU emulator, accumulating in f64 or f32.
+pub fn backend(acc_f64: bool) -> CudaBackend {
+    let dev = dsv4_backend_cuda::emu::open(acc_f64).expect("open the emulator");
+    CudaBackend::new(dsv4_backend_cuda::EMU_NAME, dev)
+}
+
+/// The bits of `v`, for bitwise comparisons that print where values differ.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// The device traffic `be` has counted so far.
