@@ -4,13 +4,16 @@
 //! [`logprobs`]: per-token log-probabilities in each endpoint's format; [`structured`]: the
 //! structured outputs an answer must follow), [`tokenize`]
 //! (`/tokenize`, `/detokenize`), the Responses API's [`responses`] and [`responses_input`]
-//! (`/v1/responses`), and SGLang's native [`generate`] (`/generate`).
+//! (`/v1/responses`), Anthropic's Messages API's [`messages`] and [`messages_input`]
+//! (`/v1/messages`), and SGLang's native [`generate`] (`/generate`).
 
 pub mod chat;
 pub mod common;
 pub mod completion;
 pub mod generate;
 pub mod logprobs;
+pub mod messages;
+pub mod messages_input;
 pub mod responses;
 pub mod responses_input;
 pub mod sampling;

@@ -26,11 +26,13 @@ pub struct ChatMessages {
     open_reasoning: bool,
 }
 
-fn string(s: &str) -> OrderedJson {
+/// A JSON string.
+pub(crate) fn string(s: &str) -> OrderedJson {
     OrderedJson::String(s.to_owned())
 }
 
-fn object(fields: Vec<(&str, OrderedJson)>) -> OrderedJson {
+/// A JSON object with these fields, in order.
+pub(crate) fn object(fields: Vec<(&str, OrderedJson)>) -> OrderedJson {
     OrderedJson::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
@@ -43,7 +45,12 @@ fn set(msg: &mut OrderedJson, key: &str, value: OrderedJson) {
     }
 }
 
-fn str_field<'a>(item: &'a OrderedJson, key: &str, at: &str) -> Result<&'a str, ApiError> {
+/// `item[key]` as a string, or a 400 naming `at.key`.
+pub(crate) fn str_field<'a>(
+    item: &'a OrderedJson,
+    key: &str,
+    at: &str,
+) -> Result<&'a str, ApiError> {
     item.get(key).and_then(OrderedJson::as_str).ok_or_else(|| {
         ApiError::bad_param(format!("{at}.{key}"), format!("`{key}` must be a string"))
     })
