@@ -1,5 +1,5 @@
-//! The HTTP routes and what they share: [`router`] wires the endpoints, the bearer-key check
-//! on `/v1/*`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize`, the cache flush and
+//! The HTTP routes and what they share: [`router`] wires the endpoints, the API-key check
+//! (bearer or `x-api-key`) on `/v1/*`, `/invocations`, `/generate`, `/abort_request`, `/tokenize`, `/detokenize`, the cache flush and
 //! SGLang's load and info endpoints, request counting, the body-size limit and the
 //! JSON 404/405 answers; helpers turn bodies into bytes (413 past the limit), check the model
 //! id, and stream server-sent events.
@@ -15,6 +15,8 @@ pub mod files;
 pub mod generate;
 pub mod info;
 pub mod loads;
+pub mod messages;
+pub mod messages_output;
 mod page;
 pub mod responses;
 pub mod responses_background;
@@ -22,6 +24,7 @@ pub mod responses_envelope;
 pub mod responses_output;
 pub mod responses_tokens;
 pub mod responses_truncation;
+pub mod sagemaker;
 pub mod server_info;
 pub mod tokenize;
 
@@ -50,10 +53,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
         .route("/generate", post(generate::generate))
+        .route("/invocations", post(sagemaker::invocations))
         .route_layer(middleware::from_fn_with_state(state.clone(), interactive));
     let v1 = Router::new()
         .merge(generation)
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route(
             "/v1/responses/input_tokens",
             post(responses_tokens::input_tokens),
@@ -97,6 +103,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(info::health))
+        .route("/ping", get(info::health).post(info::health))
         .route("/health_generate", get(info::health_generate))
         .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
@@ -113,6 +120,10 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/responses" => "/v1/responses",
+        "/v1/messages" => "/v1/messages",
+        "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
+        "/invocations" => "/invocations",
+        "/ping" => "/ping",
         p if p.starts_with("/v1/responses/") && p.ends_with("/input_items") => {
             "/v1/responses/{id}/input_items"
         }
@@ -198,20 +209,33 @@ async fn require_key(State(state): State<AppState>, req: Request, next: Next) ->
     let Some(key) = state.cfg().api_key.as_deref() else {
         return next.run(req).await;
     };
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
-        Some(_) => {
-            ApiError::unauthorized("the API key is not valid for this server").into_response()
+    // Anthropic's clients send the key as `x-api-key`, and read its errors in their shape.
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let given = {
+        // In its own scope: a borrow of the request (not Sync) must not live across an await.
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        header(axum::http::header::AUTHORIZATION.as_str())
+            .and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned))
+            .or_else(|| header("x-api-key"))
+    };
+    let refused = match given.as_deref() {
+        Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => {
+            return next.run(req).await;
         }
-        None => {
-            ApiError::unauthorized("this server needs an API key: send `Authorization: Bearer KEY`")
-                .into_response()
-        }
+        Some(_) => ApiError::unauthorized("the API key is not valid for this server"),
+        None => ApiError::unauthorized(
+            "this server needs an API key: send `Authorization: Bearer KEY` (or `x-api-key: KEY`)",
+        ),
+    };
+    if anthropic {
+        messages::error_response(refused)
+    } else {
+        refused.into_response()
     }
 }
 
@@ -223,14 +247,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         POST /v1/responses, GET and DELETE /v1/responses/{{id}}, GET \
+         POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, GET and DELETE /v1/responses/{{id}}, GET \
          /v1/responses/{{id}}/input_items, POST /v1/responses/{{id}}/cancel, POST and GET \
          /v1/files, GET and DELETE /v1/files/{{id}}, GET /v1/files/{{id}}/content, POST and GET \
          /v1/batches, GET /v1/batches/{{id}}, POST /v1/batches/{{id}}/cancel, GET /v1/models, \
          POST /generate, POST /abort_request, \
          POST /tokenize, POST /detokenize, \
-         POST /reset_prefix_cache, GET /health, GET /health_generate, GET /version and GET \
-         /metrics",
+         POST /reset_prefix_cache, POST /invocations, GET /health, GET /ping, GET \
+         /health_generate, GET /version and GET /metrics",
         req.method(),
         req.uri().path()
     ))

@@ -10,7 +10,8 @@
 //! completion (`prefix`, `continue_final_message`), beam search (`use_beam_search`), and the
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
-//! OpenAI's Responses API (`/v1/responses`, stored responses), OpenAI Batch API files run
+//! OpenAI's Responses API (`/v1/responses`, stored responses), Anthropic's Messages API
+//! (`/v1/messages`), SageMaker's `/ping` and `/invocations`, OpenAI Batch API files run
 //! in process and over HTTP (`/v1/files`, `/v1/batches`), and structured outputs beyond
 //! JSON (regex, choice, GBNF and Lark grammars) on every endpoint.
 
@@ -32,11 +33,13 @@ mod fim;
 mod generate;
 mod health;
 mod logprobs;
+mod messages;
 mod prefix;
 mod priority;
 mod prompt_logprobs;
 mod queue_limit;
 mod responses;
+mod sagemaker;
 mod sampling;
 mod server_info;
 mod sglang_fields;
