@@ -1,6 +1,7 @@
 //! `dsv4 serve` end to end: the binary with no model arguments serves the embedded tiny model
 //! (`--port 0` picks a free port; the bound URL is read from stdout), the official `openai`
-//! Python client runs tests/e2e/test_openai.py against it, SIGTERM drains a stream in flight
+//! Python client runs tests/e2e/test_openai.py against it (and the official `anthropic` client
+//! tests/e2e/test_anthropic.py against its Messages API), SIGTERM drains a stream in flight
 //! before the process exits 0, and the start-up lines say how requests are scheduled (a
 //! `server.batch_max_running` past the engine's running slots said so).
 //!
@@ -11,8 +12,8 @@
 //! answer every route through it, and the router balances on their `/get_load`
 //! (tests/e2e/test_sglang_router.py).
 //!
-//! The Python tests need `python3` with the `openai` (and, behind the router, `sglang-router`)
-//! packages. Without them they are skipped with the reason printed, except under CI=true, where
+//! The Python tests need `python3` with the `openai` and `anthropic` (and, behind the router,
+//! `sglang-router`) packages. Without them they are skipped with the reason printed, except under CI=true, where
 //! they fail (.ci/run installs the packages).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -210,6 +211,35 @@ fn the_openai_python_client_works_against_dsv4_serve() {
         "test_completions",
         "test_vllm_token_ids",
         "test_errors",
+    ] {
+        assert!(
+            stdout.contains(&format!("PASS {t}\n")),
+            "{t} did not pass: {stdout}"
+        );
+    }
+    serve.sigterm();
+    assert!(serve.wait_exit().success());
+}
+
+#[test]
+fn the_anthropic_python_client_works_against_dsv4_serve() {
+    if skip_without(
+        "the_anthropic_python_client_works_against_dsv4_serve",
+        &[("anthropic", "anthropic")],
+    ) {
+        return;
+    }
+    let serve = Serve::start();
+    // The SDK adds `/v1/messages` to the base URL itself.
+    let stdout = run_e2e_script(
+        "test_anthropic.py",
+        &["--base-url", &serve.url, "--model", "dsv4-tiny"],
+    );
+    for t in [
+        "test_stream_helper",
+        "test_tool_use_round_trip",
+        "test_streamed_thinking_and_tool_use",
+        "test_count_tokens",
     ] {
         assert!(
             stdout.contains(&format!("PASS {t}\n")),

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `dsv4 serve`'s Messages API with the official `anthropic` Python client.
+
+Run against a running server:
+
+    python3 tests/e2e/test_anthropic.py --base-url http://127.0.0.1:8000 [--model dsv4-tiny] [--api-key KEY]
+
+(the SDK adds `/v1/messages` itself). `cargo test -p dsv4-cli --test server_e2e` starts
+`dsv4 serve --port 0` and runs this script. Covers: a message with a system prompt of text
+blocks, the SDK's stream helper (text deltas and the final message it accumulates, equal to the
+unstreamed answer), a tool-use round trip (tool_choice any, the tool_use block's input parsed,
+the tool_result sent back), a streamed tool call and thinking (the SDK accumulating
+input_json_delta and thinking_delta events into blocks), a JSON answer under
+output_config.format, count_tokens, and the SDK's error classes.
+
+The embedded tiny model has random weights: plain-text answers are noise, and it often emits
+special tokens that the strict DSV4 parser refuses in content. Plain requests therefore pass
+CLEAN_STOPS as stop_sequences; tool calls and JSON answers need nothing of the kind, since a
+grammar constrains them.
+"""
+
+import argparse
+import json
+import sys
+import traceback
+
+import anthropic
+
+CLEAN_STOPS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜latest_reminder｜>",
+    "<think>",
+    "</think>",
+    "｜DSML｜",
+]
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "enum": ["Oslo", "Paris"]},
+            "unit": {"type": "string", "enum": ["C", "F"]},
+        },
+        "required": ["city"],
+    },
+}
+
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+# Greedy answers, so a streamed and an unstreamed request agree. The SDK's create() no longer
+# takes `temperature` (2.x), so it goes in the body as an extra field; the server reads it.
+GREEDY = {"temperature": 0}
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def text_of(message):
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def plain(client, model, **extra):
+    return client.messages.create(
+        model=model,
+        max_tokens=24,
+        extra_body=GREEDY,
+        stop_sequences=CLEAN_STOPS,
+        **extra,
+    )
+
+
+def test_message(client, model):
+    m = plain(
+        client,
+        model,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": "Say hello"}],
+    )
+    check(isinstance(m, anthropic.types.Message), type(m))
+    check(m.role == "assistant" and m.type == "message", m)
+    check(m.id.startswith("msg_"), m.id)
+    check(m.stop_reason in ("end_turn", "max_tokens", "stop_sequence"), m.stop_reason)
+    check((m.stop_sequence is not None) == (m.stop_reason == "stop_sequence"), m)
+    check(all(b.type == "text" for b in m.content), m.content)
+    u = m.usage
+    check(u.input_tokens + (u.cache_read_input_tokens or 0) > 0, u)
+    check(0 <= u.output_tokens <= 24, u)
+
+
+def test_stream_helper(client, model):
+    kwargs = dict(
+        model=model,
+        max_tokens=24,
+        extra_body=GREEDY,
+        stop_sequences=CLEAN_STOPS,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+    )
+    with client.messages.stream(**kwargs) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    check("".join(pieces) == text_of(final), (pieces, final))
+    once = client.messages.create(**kwargs)
+    check(text_of(once) == text_of(final), (once, final))
+    check(once.stop_reason == final.stop_reason, (once, final))
+    check(once.usage.output_tokens == final.usage.output_tokens, (once.usage, final.usage))
+
+
+def test_tool_use_round_trip(client, model):
+    m = client.messages.create(
+        model=model,
+        max_tokens=200,
+        extra_body=GREEDY,
+        messages=ASK,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    check(m.stop_reason == "tool_use", m)
+    calls = [b for b in m.content if b.type == "tool_use"]
+    check(len(calls) == 1, m.content)
+    call = calls[0]
+    check(call.name == "get_weather" and call.id.startswith("toolu_"), call)
+    check(call.input.get("city") in ("Oslo", "Paris"), call.input)
+    answer = plain(
+        client,
+        model,
+        messages=ASK
+        + [
+            {"role": "assistant", "content": m.content},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "-3 C"}],
+            },
+        ],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "none"},
+    )
+    check(all(b.type == "text" for b in answer.content), answer)
+
+
+def test_streamed_thinking_and_tool_use(client, model):
+    with client.messages.stream(
+        model=model,
+        max_tokens=3000,
+        extra_body=GREEDY,
+        messages=ASK,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    ) as stream:
+        final = stream.get_final_message()
+    kinds = [b.type for b in final.content]
+    check(kinds == ["thinking", "tool_use"], kinds)
+    check(isinstance(final.content[0].thinking, str), final.content[0])
+    check(final.content[1].input.get("city") in ("Oslo", "Paris"), final.content[1])
+    check(final.stop_reason == "tool_use", final)
+
+
+def test_json_output(client, model):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "ok": {"type": "boolean"}},
+        "required": ["city", "ok"],
+        "additionalProperties": False,
+    }
+    m = client.messages.create(
+        model=model,
+        max_tokens=300,
+        extra_body=GREEDY,
+        messages=ASK,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    value = json.loads(text_of(m))
+    check(set(value) == {"city", "ok"} and isinstance(value["ok"], bool), value)
+
+
+def test_count_tokens(client, model):
+    bare = client.messages.count_tokens(model=model, messages=ASK)
+    with_tools = client.messages.count_tokens(model=model, messages=ASK, tools=[WEATHER_TOOL])
+    check(0 < bare.input_tokens < with_tools.input_tokens, (bare, with_tools))
+    m = plain(client, model, messages=ASK)
+    u = m.usage
+    check(u.input_tokens + (u.cache_read_input_tokens or 0) == bare.input_tokens, (u, bare))
+
+
+def test_errors(client, model):
+    try:
+        plain(
+            client,
+            model,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+                        }
+                    ],
+                }
+            ],
+        )
+        raise AssertionError("an image block was accepted")
+    except anthropic.BadRequestError as e:
+        check(e.status_code == 400, e)
+        check(e.body["error"]["type"] == "invalid_request_error", e.body)
+        check("text only" in e.body["error"]["message"], e.body)
+    try:
+        plain(client, "claude-not-here", messages=ASK)
+        raise AssertionError("an unknown model was accepted")
+    except anthropic.NotFoundError as e:
+        check(e.body["error"]["type"] == "not_found_error", e.body)
+
+
+TESTS = [
+    test_message,
+    test_stream_helper,
+    test_tool_use_round_trip,
+    test_streamed_thinking_and_tool_use,
+    test_json_output,
+    test_count_tokens,
+    test_errors,
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default="dsv4-tiny")
+    p.add_argument("--api-key", default="unused")
+    a = p.parse_args()
+    client = anthropic.Anthropic(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+    failed = 0
+    for t in TESTS:
+        try:
+            t(client, a.model)
+            print(f"PASS {t.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}")
+            traceback.print_exc(file=sys.stdout)
+    print(f"anthropic {anthropic.__version__}: {len(TESTS) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
