@@ -21,20 +21,10 @@ grammar constrains them.
 
 import argparse
 import json
-import sys
-import traceback
 
 import anthropic
+from harness import CLEAN_STOPS, check, run_tests
 
-CLEAN_STOPS = [
-    "<｜begin▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<｜latest_reminder｜>",
-    "<think>",
-    "</think>",
-    "｜DSML｜",
-]
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -54,11 +44,6 @@ ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 # Greedy answers, so a streamed and an unstreamed request agree. The SDK's create() no longer
 # takes `temperature` (2.x), so it goes in the body as an extra field; the server reads it.
 GREEDY = {"temperature": 0}
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def text_of(message):
@@ -235,18 +220,7 @@ def main():
     p.add_argument("--api-key", default="unused")
     a = p.parse_args()
     client = anthropic.Anthropic(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
-    failed = 0
-    for t in TESTS:
-        try:
-            t(client, a.model)
-            print(f"PASS {t.__name__}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"anthropic {anthropic.__version__}: {len(TESTS) - failed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
+    run_tests(f"anthropic {anthropic.__version__}", TESTS, client, a.model)
 
 if __name__ == "__main__":
     main()

@@ -24,21 +24,11 @@ answers need nothing of the kind, since a grammar constrains them.
 import argparse
 import json
 import re
-import sys
 import time
-import traceback
 
 import openai
+from harness import CLEAN_STOPS, check, run_tests
 
-CLEAN_STOPS = [
-    "<｜begin▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<｜latest_reminder｜>",
-    "<think>",
-    "</think>",
-    "｜DSML｜",
-]
 
 WEATHER_TOOL = {
     "type": "function",
@@ -55,11 +45,6 @@ WEATHER_TOOL = {
         },
     },
 }
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def test_models(client, model):
@@ -562,18 +547,7 @@ def main():
     p.add_argument("--api-key", default="unused")
     a = p.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
-    failed = 0
-    for t in TESTS:
-        try:
-            t(client, a.model)
-            print(f"PASS {t.__name__}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"openai {openai.__version__}: {len(TESTS) - failed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
+    run_tests(f"openai {openai.__version__}", TESTS, client, a.model)
 
 if __name__ == "__main__":
     main()

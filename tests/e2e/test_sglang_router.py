@@ -23,13 +23,12 @@ stop strings, too few to cut them all off).
 
 import argparse
 import json
-import sys
 import threading
 import time
-import traceback
 import urllib.request
 
 import openai
+from harness import run_tests
 
 SCHEMA = {
     "type": "object",
@@ -140,19 +139,7 @@ def main():
     p.add_argument("--model", default="dsv4-tiny")
     a = p.parse_args()
     client = openai.OpenAI(base_url=a.router + "/v1", api_key="none", max_retries=0)
-    passed = failed = 0
-    for t in TESTS:
-        try:
-            t(client, a.model, a)
-            print(f"PASS {t.__name__}")
-            passed += 1
-        except Exception:  # noqa: BLE001
-            print(f"FAIL {t.__name__}")
-            traceback.print_exc(file=sys.stdout)
-            failed += 1
-    print(f"sglang-router: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
+    run_tests("sglang-router", TESTS, client, a.model, a)
 
 if __name__ == "__main__":
     main()

@@ -107,12 +107,12 @@ pub struct PromptFields<'a> {
 impl MessagesRequest {
     /// The fields that shape the prompt.
     pub fn prompt_fields(&self) -> PromptFields<'_> {
-        PromptFields {
-            tool_choice: self.tool_choice.as_ref(),
-            has_tools: self.tools.as_ref().is_some_and(|t| !t.is_empty()),
-            thinking: self.thinking.as_ref(),
-            output_config: self.output_config.as_ref(),
-        }
+        PromptFields::new(
+            &self.tool_choice,
+            &self.tools,
+            &self.thinking,
+            &self.output_config,
+        )
     }
 
     /// 400 for the fields this server refuses, and for a missing `max_tokens`.
@@ -158,16 +158,31 @@ impl MessagesRequest {
 impl CountTokensRequest {
     /// The fields that shape the prompt.
     pub fn prompt_fields(&self) -> PromptFields<'_> {
-        PromptFields {
-            tool_choice: self.tool_choice.as_ref(),
-            has_tools: self.tools.as_ref().is_some_and(|t| !t.is_empty()),
-            thinking: self.thinking.as_ref(),
-            output_config: self.output_config.as_ref(),
-        }
+        PromptFields::new(
+            &self.tool_choice,
+            &self.tools,
+            &self.thinking,
+            &self.output_config,
+        )
     }
 }
 
-impl PromptFields<'_> {
+impl<'a> PromptFields<'a> {
+    /// From a request's `tool_choice`, `tools`, `thinking` and `output_config`.
+    fn new(
+        tool_choice: &'a Option<Value>,
+        tools: &'a Option<Vec<Value>>,
+        thinking: &'a Option<Value>,
+        output_config: &'a Option<Value>,
+    ) -> Self {
+        PromptFields {
+            tool_choice: tool_choice.as_ref(),
+            has_tools: tools.as_ref().is_some_and(|t| !t.is_empty()),
+            thinking: thinking.as_ref(),
+            output_config: output_config.as_ref(),
+        }
+    }
+
     /// The tool choice (default: auto with tools, none without) and whether several calls
     /// may come in one answer (`disable_parallel_tool_use` says not).
     pub fn tool_choice(&self) -> Result<(ToolChoice, bool), ApiError> {

@@ -123,6 +123,32 @@ pub(super) struct DecoderSpec {
 }
 
 impl DecoderSpec {
+    /// The decoder of an answer on the Responses or Messages API: the server's parsing, the
+    /// tools `choice` lets it call (none for `none`), `stop`, and none of chat's extra output
+    /// options; a `structured` answer's content is taken as written.
+    pub(super) fn plain(
+        state: &AppState,
+        thinking: bool,
+        (choice, tools): (&ToolChoice, Arc<ToolSet>),
+        stop: &[String],
+        structured: bool,
+    ) -> Self {
+        DecoderSpec {
+            parsing: state.cfg().output,
+            thinking,
+            tools: if *choice == ToolChoice::None {
+                Arc::new(ToolSet::default())
+            } else {
+                tools
+            },
+            stop: stop.to_vec(),
+            min_tokens: 0,
+            keep_stop: false,
+            verbatim_content: structured,
+            skip_special: false,
+        }
+    }
+
     /// A fresh decoder (one per choice: each has its own parser state).
     pub(super) fn build(&self) -> OutputDecoder {
         OutputDecoder::chat(

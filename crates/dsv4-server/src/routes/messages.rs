@@ -190,20 +190,7 @@ async fn create_message(
         thinking,
     )
     .await?;
-    let decoder = DecoderSpec {
-        parsing: state.cfg().output,
-        thinking,
-        tools: if choice == ToolChoice::None {
-            Arc::new(ToolSet::default())
-        } else {
-            tools
-        },
-        stop: stop.clone(),
-        min_tokens: 0,
-        keep_stop: false,
-        verbatim_content: shape.is_some(),
-        skip_special: false,
-    };
+    let decoder = DecoderSpec::plain(&state, thinking, (&choice, tools), &stop, shape.is_some());
     let prompt_tokens = prompt.len();
     let request = Request {
         prompt,

@@ -11,7 +11,7 @@
 //! whole prompt as input: the cache hit is known when the request ends, and `message_delta`
 //! carries the final split).
 
-use super::EventSource;
+use super::{EventSource, typed_events};
 use crate::api::common::{StopReason, random_hex};
 use crate::error::ApiError;
 use crate::output::Delta;
@@ -258,13 +258,6 @@ pub(super) fn error_event(e: &ApiError) -> SseEvent {
     SseEvent::default().event("error").data(body.to_string())
 }
 
-fn sse(events: Vec<Ev>) -> Vec<SseEvent> {
-    events
-        .into_iter()
-        .map(|(kind, body)| SseEvent::default().event(kind).data(body.to_string()))
-        .collect()
-}
-
 impl EventSource for MessageStream {
     async fn next_events(&mut self) -> Vec<SseEvent> {
         if self.done {
@@ -272,7 +265,7 @@ impl EventSource for MessageStream {
         }
         if !self.started {
             self.started = true;
-            return sse(self.output.start());
+            return typed_events(self.output.start());
         }
         match self.run.next().await {
             Ok(mut step) => {
@@ -282,7 +275,7 @@ impl EventSource for MessageStream {
                     events.extend(self.output.finish(&f).0);
                     self.done = true;
                 }
-                sse(events)
+                typed_events(events)
             }
             Err(e) => {
                 self.done = true;

@@ -352,6 +352,15 @@ pub(crate) fn error_event(e: &ApiError) -> SseEvent {
     SseEvent::default().data(e.body().to_string())
 }
 
+/// Server-sent events that name their type (an `event:` line) and carry their JSON body, as
+/// the Responses and Messages APIs stream them.
+pub(crate) fn typed_events(events: Vec<(&'static str, serde_json::Value)>) -> Vec<SseEvent> {
+    events
+        .into_iter()
+        .map(|(kind, body)| SseEvent::default().event(kind).data(body.to_string()))
+        .collect()
+}
+
 /// A streamed answer: yields events until it is done.
 pub(crate) trait EventSource: Send + 'static {
     /// The next events (possibly several).

@@ -8,8 +8,8 @@
 //! background response runs the same machine in its own task
 //! ([`super::responses_background`]), recording its events as they are made.
 
-use super::EventSource;
 use super::responses_envelope::{End, Envelope};
+use super::{EventSource, typed_events};
 use crate::api::common::random_hex;
 use crate::api::logprobs::{ChatLogprobs, ChatTokenLogprob, TokenNames};
 use crate::api::responses::{ContentPart, OutputItem, ResponseUsage};
@@ -485,13 +485,6 @@ pub(super) struct ResponseStream {
     done: bool,
 }
 
-fn sse(events: Vec<Ev>) -> Vec<SseEvent> {
-    events
-        .into_iter()
-        .map(|(kind, body)| SseEvent::default().event(kind).data(body.to_string()))
-        .collect()
-}
-
 impl EventSource for ResponseStream {
     async fn next_events(&mut self) -> Vec<SseEvent> {
         if self.done {
@@ -499,7 +492,7 @@ impl EventSource for ResponseStream {
         }
         if !self.started {
             self.started = true;
-            return sse(self.output.start());
+            return typed_events(self.output.start());
         }
         match self.run.next().await {
             Ok(mut step) => {
@@ -510,11 +503,11 @@ impl EventSource for ResponseStream {
                     events.extend(end);
                     self.done = true;
                 }
-                sse(events)
+                typed_events(events)
             }
             Err(e) => {
                 self.done = true;
-                sse(vec![self.output.failed(&e, None).0])
+                typed_events(vec![self.output.failed(&e, None).0])
             }
         }
     }
