@@ -290,8 +290,9 @@ impl Run {
              them (otherwise this is a bug: please report it)"
                 .to_string()
         } else {
-            "tool_choice \"required\", a named tool or a JSON output format (response_format, or \
-             text.format on /v1/responses) constrain the answer to the grammar"
+            "tool_choice \"required\" (\"any\" on /v1/messages), a named tool or a JSON output \
+             format (response_format; text.format on /v1/responses; output_config.format on \
+             /v1/messages) constrain the answer to the grammar"
                 .to_string()
         };
         ApiError::model_output(e, &hint)

@@ -168,12 +168,14 @@ async fn create_message(
         parallel,
         thinking,
     } = encode(&loaded, &raw, &fields)?;
+    // 0 runs the prompt only, warming the prefix cache (Anthropic's 0 populates its prompt
+    // cache without generating).
     let max_tokens = max_tokens(
         &loaded,
         &prompt,
         Some(asked),
         ("messages", "max_tokens"),
-        None,
+        (asked == 0).then_some(true),
     )?;
     let stop = stop_strings(req.stop_sequences.clone().map(Stop::Many))
         .map_err(|e| e.with_param("stop_sequences"))?;

@@ -363,6 +363,41 @@ async fn count_tokens_counts_what_tokenize_counts_for_the_chat_messages() {
     }
 }
 
+#[tokio::test]
+async fn max_tokens_0_runs_the_prompt_only_and_warms_the_prefix_cache() {
+    let s = start(config()).await;
+    let long = "The weather in Oslo is cold and the weather in Paris is mild. ".repeat(40);
+    let body = json!({"model": MODEL, "max_tokens": 0, "system": long,
+                      "messages": [{"role": "user", "content": "Weather?"}]});
+    let mut counted = body.clone();
+    counted.as_object_mut().unwrap().remove("max_tokens");
+    let count = s
+        .send("POST", "/v1/messages/count_tokens", &counted)
+        .await
+        .json()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    let first = s.send("POST", "/v1/messages", &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let first = first.json();
+    assert_eq!(first["content"], json!([]), "{first}");
+    assert_eq!(first["stop_reason"], "max_tokens");
+    let u = &first["usage"];
+    assert_eq!(u["output_tokens"], 0);
+    let input = |u: &Value| {
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(input(u), count);
+    // The same prompt again reads most of it from the cache the first request warmed.
+    let mut again = body.clone();
+    again["max_tokens"] = json!(4);
+    again["stop_sequences"] = json!(CLEAN_STOPS);
+    let second = s.send("POST", "/v1/messages", &again).await.json();
+    let read = second["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read > count / 2, "{second}");
+    assert_eq!(input(&second["usage"]), count);
+}
+
 /// Assert Anthropic's error object with `status` and error `type`; its message.
 fn anthropic_error(r: &Reply, status: u16, kind: &str) -> String {
     assert_eq!(r.status, status, "{}", r.body);
