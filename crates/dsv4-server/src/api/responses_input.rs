@@ -8,9 +8,12 @@
 //! `reasoning_content` of the assistant turn it starts). Images, files, audio and item
 //! references are refused, naming the item.
 
+use super::chat::ToolChoice;
 use crate::error::ApiError;
 use dsv4_chat::pyjson::OrderedJson;
-use dsv4_chat::{EncodeError, Message, ToolSet};
+use dsv4_chat::{
+    Conversation, EncodeError, EncodeOptions, Message, Tokenizer, ToolSet, encode_prompt_ids,
+};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -244,6 +247,24 @@ impl ChatMessages {
             }
         }
         self.open_reasoning = false;
+    }
+
+    /// These messages as dsv4-chat's conversation, declaring `tools` unless `choice` is none
+    /// or there are none, and the ids of its prompt under `opts`; an error names the field its
+    /// message came from.
+    pub fn encode(
+        &self,
+        (choice, tools): (&ToolChoice, &Arc<ToolSet>),
+        opts: &EncodeOptions,
+        tokenizer: &Tokenizer,
+    ) -> Result<(Conversation, Vec<u32>), ApiError> {
+        let conv = Conversation {
+            messages: self.to_messages()?,
+            tools: (*choice != ToolChoice::None && !tools.is_empty()).then(|| Arc::clone(tools)),
+        };
+        let (_, ids) =
+            encode_prompt_ids(&conv, opts, tokenizer).map_err(|e| self.encode_error(e))?;
+        Ok((conv, ids))
     }
 
     /// The messages as dsv4-chat reads them; an error names the field its message came from.

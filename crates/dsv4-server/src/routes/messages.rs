@@ -24,7 +24,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use dsv4_chat::pyjson::OrderedJson;
-use dsv4_chat::{Conversation, EncodeOptions, ToolSet, encode_prompt_ids};
+use dsv4_chat::{EncodeOptions, ToolSet};
 use dsv4_engine::Request;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -127,17 +127,12 @@ fn encode(
         None => Arc::new(ToolSet::default()),
     };
     let chat = messages_input::conversation(raw.get("system"), raw.get("messages"))?;
-    let conv = Conversation {
-        messages: chat.to_messages()?,
-        tools: (choice != ToolChoice::None && !tools.is_empty()).then(|| Arc::clone(&tools)),
-    };
     let opts = EncodeOptions {
         thinking,
         reasoning_effort,
         ..Default::default()
     };
-    let (_, ids) =
-        encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| chat.encode_error(e))?;
+    let (_, ids) = chat.encode((&choice, &tools), &opts, &loaded.tokenizer)?;
     Ok(Encoded {
         ids,
         tools,

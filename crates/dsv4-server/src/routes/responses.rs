@@ -243,17 +243,12 @@ pub(super) fn encode_input(
         all.extend(&earlier);
     }
     all.extend(turn);
-    let conv = Conversation {
-        messages: all.to_messages()?,
-        tools: (choice != ToolChoice::None && !tools.is_empty()).then(|| Arc::clone(&tools)),
-    };
     let opts = EncodeOptions {
         thinking,
         reasoning_effort,
         ..Default::default()
     };
-    let (_, prompt) =
-        encode_prompt_ids(&conv, &opts, &loaded.tokenizer).map_err(|e| all.encode_error(e))?;
+    let (conv, prompt) = all.encode((&choice, &tools), &opts, &loaded.tokenizer)?;
     // The most tokens it may generate, or why not: `context_length_exceeded` when the prompt
     // does not fit the context or the cache.
     let check = |prompt: &[u32]| -> Result<usize, ApiError> {
