@@ -11,7 +11,7 @@ blocks, the SDK's stream helper (text deltas and the final message it accumulate
 unstreamed answer), a tool-use round trip (tool_choice any, the tool_use block's input parsed,
 the tool_result sent back), a streamed tool call and thinking (the SDK accumulating
 input_json_delta and thinking_delta events into blocks), a JSON answer under
-output_config.format, count_tokens, and the SDK's error classes.
+output_config.format, count_tokens, the model list, and the SDK's error classes.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. Plain requests therefore pass
@@ -173,6 +173,13 @@ def test_count_tokens(client, model):
     check(u.input_tokens + (u.cache_read_input_tokens or 0) == bare.input_tokens, (u, bare))
 
 
+def test_models(client, model):
+    listed = [m.id for m in client.models.list()]
+    check(listed == [model], listed)
+    one = client.models.retrieve(model)
+    check(one.id == model and one.type == "model" and one.display_name == model, one)
+
+
 def test_errors(client, model):
     try:
         plain(
@@ -209,6 +216,7 @@ TESTS = [
     test_streamed_thinking_and_tool_use,
     test_json_output,
     test_count_tokens,
+    test_models,
     test_errors,
 ]
 

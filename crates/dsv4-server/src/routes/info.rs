@@ -12,16 +12,22 @@ use dsv4_engine::{Event, FinishReason, Request};
 use serde_json::json;
 use std::time::Instant;
 
-/// The model object of the served model; with a profile, a `dsv4` object names it and its
-/// SHA-256 (`{"profile": NAME, "profile_sha256": HEX}`).
+/// The model object of the served model, in OpenAI's shape and Anthropic's at once (`type`,
+/// `display_name`, `created_at`: the `anthropic` SDK's `models.list()` reads those); with a
+/// profile, a `dsv4` object names it and its SHA-256 (`{"profile": NAME, "profile_sha256":
+/// HEX}`).
 fn model_object(state: &AppState) -> serde_json::Value {
     let cfg = state.cfg();
+    let created = 0;
     let mut m = json!({
         "id": cfg.model_id,
         "object": "model",
-        "created": 0,
+        "created": created,
         "owned_by": "dsv4",
         "max_model_len": state.loaded().map(|l| l.context),
+        "type": "model",
+        "display_name": cfg.model_id,
+        "created_at": dsv4_core::time::rfc3339(created),
     });
     if cfg.profile_name.is_some() || cfg.profile_sha256.is_some() {
         m["dsv4"] = json!({"profile": cfg.profile_name, "profile_sha256": cfg.profile_sha256});
@@ -29,9 +35,12 @@ fn model_object(state: &AppState) -> serde_json::Value {
     m
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`: OpenAI's list, with Anthropic's paging fields (one page).
 pub async fn models(State(state): State<AppState>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_object(&state)]})).into_response()
+    let id = &state.cfg().model_id;
+    axum::Json(json!({"object": "list", "data": [model_object(&state)],
+                      "has_more": false, "first_id": id, "last_id": id}))
+    .into_response()
 }
 
 /// `GET /v1/models/{id}`.

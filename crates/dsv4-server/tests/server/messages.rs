@@ -525,3 +525,24 @@ async fn the_api_key_may_come_as_x_api_key() {
     assert_eq!(r.status, 200, "{}", r.body);
     s.get("/v1/models").await.error(401);
 }
+
+#[tokio::test]
+async fn the_model_list_reads_as_anthropics_too() {
+    let s = start(config()).await;
+    let v = s.get("/v1/models").await.json();
+    assert_eq!(
+        (&v["has_more"], &v["first_id"], &v["last_id"]),
+        (&json!(false), &json!(MODEL), &json!(MODEL)),
+        "{v}"
+    );
+    let m = &v["data"][0];
+    assert_eq!(
+        (&m["type"], &m["display_name"]),
+        (&json!("model"), &json!(MODEL))
+    );
+    assert_eq!(
+        m["created_at"], "1970-01-01T00:00:00Z",
+        "the time `created` says"
+    );
+    assert_eq!(&s.get(&format!("/v1/models/{MODEL}")).await.json(), m);
+}
