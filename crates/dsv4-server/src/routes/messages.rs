@@ -111,6 +111,7 @@ struct Encoded {
     tools: Arc<ToolSet>,
     choice: ToolChoice,
     parallel: bool,
+    /// The answer starts in reasoning (thinking mode, and no prefill).
     thinking: bool,
 }
 
@@ -132,13 +133,16 @@ fn encode(
         reasoning_effort,
         ..Default::default()
     };
-    let (_, ids) = chat.encode((&choice, &tools), &opts, &loaded.tokenizer)?;
+    let (conv, ids) = chat.encode((&choice, &tools), &opts, &loaded.tokenizer)?;
+    // A prefill closes any reasoning (thinking mode renders it as `thinking</think>text`):
+    // the answer goes on as text.
+    let prefilled = conv.messages.last().is_some_and(|m| m.prefix);
     Ok(Encoded {
         ids,
         tools,
         choice,
         parallel,
-        thinking,
+        thinking: thinking && !prefilled,
     })
 }
 

@@ -231,6 +231,25 @@ async fn a_conversation_answers_as_chat_and_streams_the_same() {
         ),
     )
     .await;
+    // In thinking mode too: the prefill closes the reasoning, and the answer goes on as text.
+    let got = same_as_chat(
+        &s,
+        &message(
+            json!([{"role": "user", "content": "Count"},
+                   {"role": "assistant", "content": [
+                       {"type": "thinking", "thinking": "Easy.", "signature": ""},
+                       {"type": "text", "text": "1, 2,"}]}]),
+            json!({"thinking": {"type": "enabled", "budget_tokens": 4}}),
+        ),
+        &chat_body(
+            json!([{"role": "user", "content": "Count"},
+                   {"role": "assistant", "reasoning_content": "Easy.", "content": "1, 2,",
+                    "prefix": true}]),
+            json!({"chat_template_kwargs": {"thinking": true}}),
+        ),
+    )
+    .await;
+    assert_eq!(joined(&got, "thinking"), "", "{got}");
 }
 
 #[tokio::test]
