@@ -10,7 +10,8 @@
 //!   `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
 //! - Constrained decoding ([`grammar`]): `tool_choice` required/named and `response_format`
 //!   become llguidance grammars over the tokenizer's vocabulary ([`vocab`]), enforced by the
-//!   engine's per-request token constraint.
+//!   engine's per-request token constraint; [`thinking_budget`] wraps it to end reasoning
+//!   after a budget of tokens.
 //! - Output ([`output`]): per-request decoding of token bytes with stop strings and the
 //!   streaming DSML parser; [`run`] drives one request's choices, [`state`] holds what handlers share
 //!   (with the step-loop stall watch behind `/health`), [`metrics`] renders Prometheus text.
@@ -40,6 +41,7 @@ pub mod routes;
 pub mod run;
 pub mod server;
 pub mod state;
+pub mod thinking_budget;
 pub mod tls;
 pub mod vocab;
 

@@ -12,6 +12,7 @@ use crate::files_disk::FilesDir;
 use crate::grammar::GrammarCompiler;
 use crate::metrics::Stats;
 use crate::responses_store::ResponseStore;
+use crate::thinking_budget::ThinkEnd;
 use crate::vocab::Vocab;
 use dsv4_chat::Tokenizer;
 use dsv4_engine::{DebugOptions, Detokenizer, Engine, EngineConfig, EngineHandle};
@@ -27,7 +28,9 @@ pub struct Loaded {
     /// The model's tokenizer.
     pub tokenizer: Tokenizer,
     /// Token id → bytes.
-    pub vocab: Vocab,
+    pub vocab: Arc<Vocab>,
+    /// The end of reasoning, for thinking budgets.
+    pub think_end: Arc<ThinkEnd>,
     /// Compiles constrained-decoding grammars over the vocabulary.
     pub grammars: Arc<GrammarCompiler>,
     /// The model's context limit in tokens.
@@ -61,7 +64,8 @@ impl Loaded {
         debug: DebugOptions,
         grammar_cache: usize,
     ) -> Result<Self, ServerError> {
-        let vocab = Vocab::new(&tokenizer, model.cfg.vocab_size)?;
+        let vocab = Arc::new(Vocab::new(&tokenizer, model.cfg.vocab_size)?);
+        let think_end = Arc::new(ThinkEnd::new(&tokenizer, Arc::clone(&vocab))?);
         let env = vocab.tok_env(tokenizer.clone());
         let grammars = GrammarCompiler::new(&env, tokenizer.clone(), grammar_cache)
             .map(Arc::new)
@@ -81,6 +85,7 @@ impl Loaded {
             engine,
             tokenizer,
             vocab,
+            think_end,
             grammars,
             context,
             bos,

@@ -71,6 +71,9 @@ pub struct ChatRequest {
     pub ebnf: Option<String>,
     /// "high" or "max" (thinking mode); others add nothing.
     pub reasoning_effort: Option<String>,
+    /// In thinking mode, end the reasoning with `</think>` after this many tokens (vLLM's
+    /// extension; see [`crate::thinking_budget`]); ignored in chat mode.
+    pub thinking_token_budget: Option<u64>,
     /// {"thinking": bool} (or "enable_thinking") selects thinking mode.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Keep tokens at least this fraction as likely as the most likely one (extension).

@@ -92,6 +92,17 @@ pub struct CountTokensRequest {
     pub speed: Option<String>,
 }
 
+/// A request's `thinking` and `output_config.effort`, checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thinking {
+    /// Thinking mode.
+    pub on: bool,
+    /// The most tokens the reasoning may take (`enabled`'s `budget_tokens`).
+    pub budget: Option<u64>,
+    /// The DSV4 reasoning effort.
+    pub effort: Option<ReasoningEffort>,
+}
+
 /// What shapes a prompt, borrowed from either request.
 pub struct PromptFields<'a> {
     /// `tool_choice`.
@@ -102,6 +113,8 @@ pub struct PromptFields<'a> {
     pub thinking: Option<&'a Value>,
     /// `output_config`.
     pub output_config: Option<&'a Value>,
+    /// `max_tokens` (None on count_tokens, which has none).
+    pub max_tokens: Option<u64>,
 }
 
 impl MessagesRequest {
@@ -113,6 +126,7 @@ impl MessagesRequest {
             &self.thinking,
             &self.output_config,
         )
+        .with_max_tokens(self.max_tokens)
     }
 
     /// 400 for the fields this server refuses, and for a missing `max_tokens`.
@@ -180,7 +194,13 @@ impl<'a> PromptFields<'a> {
             has_tools: tools.as_ref().is_some_and(|t| !t.is_empty()),
             thinking: thinking.as_ref(),
             output_config: output_config.as_ref(),
+            max_tokens: None,
         }
+    }
+
+    /// With the request's `max_tokens`, which a thinking budget must be below.
+    fn with_max_tokens(self, max_tokens: Option<u64>) -> Self {
+        Self { max_tokens, ..self }
     }
 
     /// The tool choice (default: auto with tools, none without) and whether several calls
@@ -237,29 +257,41 @@ impl<'a> PromptFields<'a> {
         Ok((choice, parallel))
     }
 
-    /// Whether thinking mode is on (`enabled` or `adaptive`; off by default) and the DSV4
+    /// Whether thinking mode is on (`enabled` or `adaptive`; off by default), its token budget
+    /// (`enabled`'s `budget_tokens`, enforced: see [`crate::thinking_budget`]) and the DSV4
     /// reasoning effort `output_config.effort` asks for ("high" as is; "xhigh" and "max" as
-    /// DSV4's maximum; "low" and "medium" add nothing).
-    pub fn thinking(&self) -> Result<(bool, Option<ReasoningEffort>), ApiError> {
-        let thinking = match self.thinking {
-            None | Some(Value::Null) => false,
+    /// DSV4's maximum; "low" and "medium" add nothing). A budget must be below `max_tokens`,
+    /// as Anthropic's must (0, which only runs the prompt, takes any).
+    pub fn thinking(&self) -> Result<Thinking, ApiError> {
+        let (on, budget) = match self.thinking {
+            None | Some(Value::Null) => (false, None),
             Some(v) => match v.get("type").and_then(Value::as_str) {
                 Some("enabled") => {
-                    match v.get("budget_tokens").and_then(Value::as_u64) {
-                        Some(n) if n >= 1 => {}
+                    let budget = match v.get("budget_tokens").and_then(Value::as_u64) {
+                        Some(n) if n >= 1 => n,
                         _ => {
                             return Err(ApiError::bad_param(
                                 "thinking.budget_tokens",
                                 "thinking of type enabled needs `budget_tokens`, a positive \
-                                 integer (accepted, not enforced: thinking counts toward \
-                                 max_tokens)",
+                                 integer: the most tokens the reasoning may take",
                             ));
                         }
+                    };
+                    if let Some(max_tokens) = self.max_tokens.filter(|&m| m > 0)
+                        && budget >= max_tokens
+                    {
+                        return Err(ApiError::bad_param(
+                            "thinking.budget_tokens",
+                            format!(
+                                "`budget_tokens` ({budget}) must be less than `max_tokens` \
+                                 ({max_tokens}), which the reasoning counts toward"
+                            ),
+                        ));
                     }
-                    true
+                    (true, Some(budget))
                 }
-                Some("adaptive") => true,
-                Some("disabled") => false,
+                Some("adaptive") => (true, None),
+                Some("disabled") => (false, None),
                 Some(other) => {
                     return Err(ApiError::bad_param(
                         "thinking.type",
@@ -297,7 +329,7 @@ impl<'a> PromptFields<'a> {
                 ));
             }
         };
-        Ok((thinking, effort))
+        Ok(Thinking { on, budget, effort })
     }
 
     /// The JSON schema `output_config.format` asks the answer to follow, if any.

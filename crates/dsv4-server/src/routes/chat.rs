@@ -211,6 +211,15 @@ async fn prepare(
         thinking,
     )
     .await?;
+    let budget = req.thinking_token_budget.filter(|_| thinking);
+    if budget.is_some() && req.use_beam_search == Some(true) {
+        return Err(ApiError::bad_param(
+            "thinking_token_budget",
+            "beam search cannot end the reasoning at a budget; leave out thinking_token_budget \
+             or use_beam_search",
+        ));
+    }
+    let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
     let parsing = req.parsing(state.cfg().output);
     let decoder = DecoderSpec {
         parsing,

@@ -113,6 +113,8 @@ struct Encoded {
     parallel: bool,
     /// The answer starts in reasoning (thinking mode, and no prefill).
     thinking: bool,
+    /// The reasoning's token budget.
+    budget: Option<u64>,
 }
 
 /// Encode the prompt: `system`, `messages`, and the tools unless `tool_choice` is none.
@@ -122,15 +124,15 @@ fn encode(
     fields: &PromptFields<'_>,
 ) -> Result<Encoded, ApiError> {
     let (choice, parallel) = fields.tool_choice()?;
-    let (thinking, reasoning_effort) = fields.thinking()?;
+    let thinking = fields.thinking()?;
     let tools = match raw.get("tools").filter(|t| **t != OrderedJson::Null) {
         Some(t) => messages_input::tools(t)?,
         None => Arc::new(ToolSet::default()),
     };
     let chat = messages_input::conversation(raw.get("system"), raw.get("messages"))?;
     let opts = EncodeOptions {
-        thinking,
-        reasoning_effort,
+        thinking: thinking.on,
+        reasoning_effort: thinking.effort,
         ..Default::default()
     };
     let (conv, ids) = chat.encode((&choice, &tools), &opts, &loaded.tokenizer)?;
@@ -142,7 +144,8 @@ fn encode(
         tools,
         choice,
         parallel,
-        thinking: thinking && !prefilled,
+        thinking: thinking.on && !prefilled,
+        budget: thinking.budget,
     })
 }
 
@@ -166,6 +169,7 @@ async fn create_message(
         choice,
         parallel,
         thinking,
+        budget,
     } = encode(&loaded, &raw, &fields)?;
     // 0 runs the prompt only, warming the prefix cache (Anthropic's 0 populates its prompt
     // cache without generating).
@@ -191,6 +195,7 @@ async fn create_message(
         thinking,
     )
     .await?;
+    let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
     let decoder = DecoderSpec::plain(&state, thinking, (&choice, tools), &stop, shape.is_some());
     let prompt_tokens = prompt.len();
     let request = Request {

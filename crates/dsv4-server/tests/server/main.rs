@@ -12,8 +12,8 @@
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
 //! OpenAI's Responses API (`/v1/responses`, stored responses), Anthropic's Messages API
 //! (`/v1/messages`), SageMaker's `/ping` and `/invocations`, OpenAI Batch API files run
-//! in process and over HTTP (`/v1/files`, `/v1/batches`), and structured outputs beyond
-//! JSON (regex, choice, GBNF and Lark grammars) on every endpoint.
+//! in process and over HTTP (`/v1/files`, `/v1/batches`), structured outputs beyond
+//! JSON (regex, choice, GBNF and Lark grammars) on every endpoint, and thinking budgets.
 
 mod abort;
 mod api;
@@ -44,6 +44,7 @@ mod sampling;
 mod server_info;
 mod sglang_fields;
 mod structured;
+mod thinking_budget;
 mod tls;
 mod token_ids;
 mod tokenize;

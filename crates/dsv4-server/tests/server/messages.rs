@@ -309,7 +309,7 @@ async fn tools_thinking_and_json_answer_as_chat() {
     let c = chat_body(
         ask.clone(),
         json!({"chat_template_kwargs": {"thinking": true}, "max_tokens": 3000,
-               "tools": [chat_weather()],
+               "thinking_token_budget": 1024, "tools": [chat_weather()],
                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                "parallel_tool_calls": false, "stop": []}),
     );
