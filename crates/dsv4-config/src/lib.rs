@@ -35,6 +35,6 @@ pub use resolve::{Origin, ResolveOptions, Resolved, Setting, assemble, resolve};
 pub use sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
 pub use validate::{Finding, Severity};
 pub use values::{
-    CanaryPool, CpuSums, CudaLinear, CudaSums, DeviceOrHost, DisaggMode, ExecutorChoice, Fault,
-    PageCacheMib, ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
+    AutoOrCount, CanaryPool, CpuSums, CudaLinear, CudaSums, DeviceOrHost, DisaggMode,
+    ExecutorChoice, Fault, ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
 };

@@ -6,7 +6,7 @@
 //! ([`crate::export::mapping::SGLANG_MAP`]).
 
 use crate::sections::{CacheSection, DebugSection, DisaggSection, SchedulerSection, ServerSection};
-use crate::values::{CpuSums, CudaLinear, CudaSums, DeviceOrHost, ExecutorChoice, PageCacheMib};
+use crate::values::{AutoOrCount, CpuSums, CudaLinear, CudaSums, DeviceOrHost, ExecutorChoice};
 use dsv4_core::numerics::{ActQuant, IndexKDtype, KvCacheDtype, Numerics};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -122,7 +122,7 @@ pub struct BackendSection {
     pub cuda_attention: DeviceOrHost,
     /// Device memory for cache pages kept across calls, per entry layout (cuda-sm120, cuda-emu).
     #[serde(default)]
-    pub cuda_page_cache_mib: PageCacheMib,
+    pub cuda_page_cache_mib: AutoOrCount,
     /// Shapes of the CUDA backends' one-row linear kernels: `auto` (the backend's defaults) or
     /// `fp8=c2w8p3,mxfp4=c1w8p3`; speed only, never bits.
     #[serde(default = "auto")]
@@ -144,7 +144,7 @@ impl Default for BackendSection {
             cuda_linear: CudaLinear::default(),
             cuda_routing: DeviceOrHost::default(),
             cuda_attention: DeviceOrHost::default(),
-            cuda_page_cache_mib: PageCacheMib::default(),
+            cuda_page_cache_mib: AutoOrCount::default(),
             cuda_decode: auto(),
         }
     }

@@ -3,7 +3,8 @@
 //! one of these settings yet must reject it with "not supported by backend X yet", never ignore it.
 
 use crate::values::{
-    CanaryPool, DisaggMode, Fault, ReasoningParser, RequestPriority, SchedulePolicy, ToolCallParser,
+    AutoOrCount, CanaryPool, DisaggMode, Fault, ReasoningParser, RequestPriority, SchedulePolicy,
+    ToolCallParser,
 };
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +88,9 @@ pub struct ServerSection {
     pub tool_call_parser: ToolCallParser,
     /// How reasoning is split from the answer.
     pub reasoning_parser: ReasoningParser,
+    /// The thinking budget of requests that give none (tokens); auto: none, the model ends
+    /// its reasoning.
+    pub thinking_token_budget: AutoOrCount,
     /// Largest accepted request body in bytes.
     pub max_request_bytes: u64,
     /// `/health` answers 503 when requests are pending and no engine step completed for this
@@ -135,6 +139,7 @@ impl Default for ServerSection {
             api_key: None,
             tool_call_parser: ToolCallParser::default(),
             reasoning_parser: ReasoningParser::default(),
+            thinking_token_budget: AutoOrCount::Auto,
             max_request_bytes: 16 * 1024 * 1024,
             health_stall_s: 60,
             responses_store: 256,

@@ -214,76 +214,78 @@ impl CudaLinear {
     }
 }
 
-/// Device memory for cache pages the CUDA backends keep across calls, per entry layout
-/// (`backend.cuda_page_cache_mib`): `"auto"` or a number of MiB (0 keeps none).
+/// `"auto"` (the component's own choice) or a count: device memory for the CUDA backends'
+/// cache pages (`backend.cuda_page_cache_mib`, MiB; 0 keeps none) and the default thinking
+/// budget (`server.thinking_token_budget`, tokens; auto: the model ends its reasoning).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PageCacheMib {
-    /// The backend's default (an eighth of the GPU's memory, 64 MiB on the emulator).
+pub enum AutoOrCount {
+    /// The component's own choice.
     #[default]
     Auto,
-    /// This many MiB per entry layout; 0 turns the cache off.
-    Mib(u64),
+    /// This many (MiB, tokens: the key says).
+    Count(u64),
 }
 
-impl PageCacheMib {
-    /// Some(MiB) when pinned, None when the backend chooses.
-    pub fn mib(self) -> Option<u64> {
+impl AutoOrCount {
+    /// Some(count) when pinned, None when the component chooses.
+    pub fn count(self) -> Option<u64> {
         match self {
-            PageCacheMib::Auto => None,
-            PageCacheMib::Mib(n) => Some(n),
+            AutoOrCount::Auto => None,
+            AutoOrCount::Count(n) => Some(n),
         }
     }
 }
 
-impl fmt::Display for PageCacheMib {
+impl fmt::Display for AutoOrCount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PageCacheMib::Auto => f.write_str("auto"),
-            PageCacheMib::Mib(n) => write!(f, "{n}"),
+            AutoOrCount::Auto => f.write_str("auto"),
+            AutoOrCount::Count(n) => write!(f, "{n}"),
         }
     }
 }
 
-impl FromStr for PageCacheMib {
+impl FromStr for AutoOrCount {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim() {
-            "auto" => Ok(PageCacheMib::Auto),
-            n => n.parse().map(PageCacheMib::Mib).map_err(|_| {
-                format!(
-                    "cuda_page_cache_mib `{n}`: expected \"auto\" or MiB as a non-negative integer"
-                )
-            }),
+            "auto" => Ok(AutoOrCount::Auto),
+            n => n
+                .parse()
+                .map(AutoOrCount::Count)
+                .map_err(|_| format!("`{n}`: expected \"auto\" or a non-negative integer")),
         }
     }
 }
 
-impl Serialize for PageCacheMib {
+impl Serialize for AutoOrCount {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            PageCacheMib::Auto => s.serialize_str("auto"),
-            PageCacheMib::Mib(n) => s.serialize_u64(*n),
+            AutoOrCount::Auto => s.serialize_str("auto"),
+            AutoOrCount::Count(n) => s.serialize_u64(*n),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for PageCacheMib {
+impl<'de> Deserialize<'de> for AutoOrCount {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visitor;
         impl serde::de::Visitor<'_> for Visitor {
-            type Value = PageCacheMib;
+            type Value = AutoOrCount;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"auto\" or a non-negative integer of MiB")
+                f.write_str("\"auto\" or a non-negative integer")
             }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<PageCacheMib, E> {
-                Ok(PageCacheMib::Mib(n))
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<AutoOrCount, E> {
+                Ok(AutoOrCount::Count(n))
             }
-            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<PageCacheMib, E> {
-                u64::try_from(n)
-                    .map(PageCacheMib::Mib)
-                    .map_err(|_| E::custom(format!("cuda_page_cache_mib {n} is negative")))
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<AutoOrCount, E> {
+                u64::try_from(n).map(AutoOrCount::Count).map_err(|_| {
+                    E::custom(format!(
+                        "{n} is negative: expected \"auto\" or a non-negative integer"
+                    ))
+                })
             }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<PageCacheMib, E> {
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<AutoOrCount, E> {
                 s.parse().map_err(E::custom)
             }
         }
@@ -345,8 +347,8 @@ mod tests {
         assert_eq!(CudaLinear::Auto.tensor_cores(), None);
         assert_eq!(CudaLinear::Simt.tensor_cores(), Some(false));
         assert_eq!(CudaLinear::Mma.tensor_cores(), Some(true));
-        assert_eq!(PageCacheMib::Auto.mib(), None);
-        assert_eq!(PageCacheMib::Mib(0).mib(), Some(0));
+        assert_eq!(AutoOrCount::Auto.count(), None);
+        assert_eq!(AutoOrCount::Count(0).count(), Some(0));
         assert_eq!(
             "f16".parse::<CudaSums>().unwrap_err(),
             "unknown cuda_sums `f16` (allowed: auto, f64, f32)"
@@ -375,21 +377,18 @@ mod tests {
             assert_eq!(v.to_string(), *name);
         }
         for (text, json, v) in [
-            ("auto", "\"auto\"", PageCacheMib::Auto),
-            ("512", "512", PageCacheMib::Mib(512)),
-            ("0", "0", PageCacheMib::Mib(0)),
+            ("auto", "\"auto\"", AutoOrCount::Auto),
+            ("512", "512", AutoOrCount::Count(512)),
+            ("0", "0", AutoOrCount::Count(0)),
         ] {
-            assert_eq!(text.parse::<PageCacheMib>().unwrap(), v);
+            assert_eq!(text.parse::<AutoOrCount>().unwrap(), v);
             assert_eq!(v.to_string(), text);
             assert_eq!(serde_json::to_string(&v).unwrap(), json);
-            assert_eq!(serde_json::from_str::<PageCacheMib>(json).unwrap(), v);
+            assert_eq!(serde_json::from_str::<AutoOrCount>(json).unwrap(), v);
         }
         for bad in ["-1", "\"-1\"", "1.5", "\"big\"", "true"] {
-            let e = serde_json::from_str::<PageCacheMib>(bad).unwrap_err();
-            assert!(
-                e.to_string().contains("cuda_page_cache_mib") || e.to_string().contains("auto"),
-                "{bad}: {e}"
-            );
+            let e = serde_json::from_str::<AutoOrCount>(bad).unwrap_err();
+            assert!(e.to_string().contains("\"auto\""), "{bad}: {e}");
         }
         assert_eq!(
             "deepseek-v4".parse::<ToolCallParser>(),

@@ -81,6 +81,9 @@ pub struct ServerConfig {
     pub model_id: String,
     /// How completions are parsed.
     pub output: OutputParsing,
+    /// The thinking budget of requests that give none (`server.thinking_token_budget`); None:
+    /// the model ends its reasoning.
+    pub thinking_token_budget: Option<u64>,
     /// The name of the dsv4 profile being served, reported in `GET /v1/models` (`dsv4.profile`).
     pub profile_name: Option<String>,
     /// SHA-256 of the resolved profile (every key and value), reported in `GET /v1/models`
@@ -117,6 +120,7 @@ impl Default for ServerConfig {
             max_queued_requests: 0,
             model_id: "dsv4-tiny".into(),
             output: OutputParsing::Dsv4,
+            thinking_token_budget: None,
             profile_name: None,
             profile_sha256: None,
             profile_settings: None,

@@ -76,7 +76,7 @@ pub fn backend_options(profile: &dsv4_config::Profile) -> BackendOptions {
         tensor_core_linears: profile.backend.cuda_linear.tensor_cores(),
         device_routing: profile.backend.cuda_routing.on_device(),
         device_attention: profile.backend.cuda_attention.on_device(),
-        page_cache_mib: profile.backend.cuda_page_cache_mib.mib(),
+        page_cache_mib: profile.backend.cuda_page_cache_mib.count(),
         // `auto` (or nothing) leaves the shapes to the backend.
         decode_shapes: Some(profile.backend.cuda_decode.trim())
             .filter(|s| !s.is_empty() && *s != "auto")

@@ -119,6 +119,7 @@ pub(crate) fn server_config(
             s.tool_call_parser == ToolCallParser::DeepseekV4,
             s.reasoning_parser == ReasoningParser::DeepseekV4,
         )?,
+        thinking_token_budget: s.thinking_token_budget.count(),
         profile_name: Some(resolved.requested.clone()),
         profile_sha256: Some(profile_sha256(resolved)),
         profile_settings: Some(resolved.nested_json()),

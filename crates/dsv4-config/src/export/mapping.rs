@@ -380,6 +380,18 @@ pub const SGLANG_MAP: &[MapRow] = &[
         Same("SGLang splits no reasoning by default"),
     ),
     row(
+        "server.thinking_token_budget",
+        Is("auto"),
+        Same("SGLang's reasoning runs until the model ends it, as auto's"),
+    ),
+    row(
+        "server.thinking_token_budget",
+        Always,
+        Unmapped(
+            "SGLang has no server-wide thinking budget; the {value}-token default is not applied",
+        ),
+    ),
+    row(
         "server.max_request_bytes",
         Always,
         Unmapped(

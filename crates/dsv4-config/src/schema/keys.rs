@@ -304,6 +304,14 @@ pub const KEYS: &[KeySpec] = &[
         "how reasoning is split from the answer: deepseek-v4 (reasoning_content), or none",
     ),
     key(
+        "server.thinking_token_budget",
+        ValueKind::AutoOrUnsigned,
+        "auto",
+        "most reasoning tokens of a thinking-mode answer whose request sets no budget \
+         (thinking_token_budget on chat; budget_tokens on /v1/messages): then the server writes \
+         </think> and the answer goes on; auto sets none (the model ends its reasoning)",
+    ),
+    key(
         "server.max_request_bytes",
         ValueKind::Range(1, u64::MAX),
         "16777216",

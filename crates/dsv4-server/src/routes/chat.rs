@@ -211,14 +211,22 @@ async fn prepare(
         thinking,
     )
     .await?;
-    let budget = req.thinking_token_budget.filter(|_| thinking);
-    if budget.is_some() && req.use_beam_search == Some(true) {
-        return Err(ApiError::bad_param(
-            "thinking_token_budget",
-            "beam search cannot end the reasoning at a budget; leave out thinking_token_budget \
-             or use_beam_search",
-        ));
+    // The request's thinking budget, else the server's; beam search cannot follow one, so
+    // the server's does not apply to it.
+    let beam = req.use_beam_search == Some(true);
+    let budget = match req.thinking_token_budget {
+        Some(_) if thinking && beam => {
+            return Err(ApiError::bad_param(
+                "thinking_token_budget",
+                "beam search cannot end the reasoning at a budget; leave out \
+                 thinking_token_budget or use_beam_search",
+            ));
+        }
+        Some(b) => Some(b),
+        None if beam => None,
+        None => state.cfg().thinking_token_budget,
     }
+    .filter(|_| thinking);
     let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
     let parsing = req.parsing(state.cfg().output);
     let decoder = DecoderSpec {

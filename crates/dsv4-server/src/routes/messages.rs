@@ -195,6 +195,7 @@ async fn create_message(
         thinking,
     )
     .await?;
+    let budget = budget.or(state.cfg().thinking_token_budget);
     let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
     let decoder = DecoderSpec::plain(&state, thinking, (&choice, tools), &stop, shape.is_some());
     let prompt_tokens = prompt.len();

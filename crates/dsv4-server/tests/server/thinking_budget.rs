@@ -30,6 +30,28 @@ fn thinking(extra: Value) -> Value {
     body
 }
 
+/// Where a budget of `budget` tokens ends reasoning that would have gone on as `free`: at the
+/// first token boundary from `budget` on that is also a character boundary (tiny ids from
+/// 128 are the bytes; the lower ones are special tokens, whole text).
+fn cut_at(free: &[u64], budget: usize) -> usize {
+    let complete = |ids: &[u64]| {
+        let mut owed = 0u8;
+        for &id in ids {
+            owed = match id.checked_sub(128).map(|b| b as u8) {
+                Some(0x80..=0xBF) => owed.saturating_sub(1),
+                Some(0xC0..=0xDF) => 1,
+                Some(0xE0..=0xEF) => 2,
+                Some(0xF0..=0xF7) => 3,
+                _ => 0,
+            };
+        }
+        owed == 0
+    };
+    (budget..=free.len())
+        .find(|&i| complete(&free[..i]))
+        .unwrap()
+}
+
 /// The generated token ids of a chat answer.
 async fn token_ids(s: &TestServer, body: &Value) -> Vec<u64> {
     let r = s.send("POST", "/v1/chat/completions", body).await;
@@ -57,13 +79,17 @@ async fn a_budget_cuts_the_reasoning_with_think_end_where_it_is_spent() {
         natural > 6,
         "the free reasoning must outlast the budgets: {free:?}"
     );
-    for budget in [0usize, 1, 6] {
+    let mut waited = false;
+    for budget in [0usize, 1, 4, 6] {
         let got = token_ids(&s, &thinking(json!({"thinking_token_budget": budget}))).await;
-        assert_eq!(got[..budget], free[..budget], "budget {budget}");
-        assert_eq!(got[budget], end, "budget {budget}: {got:?}");
+        let at = cut_at(&free, budget);
+        waited |= at > budget;
+        assert_eq!(got[..at], free[..at], "budget {budget}");
+        assert_eq!(got[at], end, "budget {budget}: {got:?}");
         // The answer goes on after it (the random tiny model may write `</think>` again).
-        assert!(got.len() > budget + 1, "{got:?}");
+        assert!(got.len() > at + 1, "{got:?}");
     }
+    assert!(waited, "one budget ends inside a character: {free:?}");
     // A budget the reasoning stays within, and chat mode, change nothing.
     let roomy = json!({"thinking_token_budget": natural + 5});
     assert_eq!(token_ids(&s, &thinking(roomy)).await, free);
@@ -173,6 +199,44 @@ async fn messages_enforce_budget_tokens_as_chat_enforces_its_budget() {
         want["tool_calls"][0]["function"]["arguments"]
             .as_str()
             .map(|a| serde_json::from_str::<Value>(a).unwrap().to_string())
+            .unwrap()
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_budget_applies_to_requests_that_give_none() {
+    // `server.thinking_token_budget = 2`, raw output.
+    let s = start(ServerConfig {
+        output: OutputParsing::Raw,
+        thinking_token_budget: Some(2),
+        ..config()
+    })
+    .await;
+    let end = think_end();
+    let free = token_ids(&s, &thinking(json!({"thinking_token_budget": 1000}))).await;
+    let got = token_ids(&s, &thinking(json!({}))).await;
+    assert_eq!(got[cut_at(&free, 2)], end, "{got:?}");
+    // A request's own budget wins.
+    let got = token_ids(&s, &thinking(json!({"thinking_token_budget": 6}))).await;
+    assert_eq!(got[cut_at(&free, 6)], end, "{got:?}");
+    // Beam search cannot follow a budget: the server's does not apply to it.
+    let beams = thinking(json!({"use_beam_search": true, "n": 2, "max_tokens": 4}));
+    let r = s.send("POST", "/v1/chat/completions", &beams).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // An adaptive Messages request takes it too.
+    let m = json!({"model": MODEL, "max_tokens": 24, "temperature": 0,
+                   "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                   "thinking": {"type": "adaptive"}});
+    let r = s.send("POST", "/v1/messages", &m).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = r.json()["content"][0]["text"].as_str().unwrap().to_string();
+    let first = thinking(json!({}));
+    let r = s.send("POST", "/v1/chat/completions", &first).await;
+    assert_eq!(
+        text,
+        r.json()["choices"][0]["message"]["content"]
+            .as_str()
             .unwrap()
     );
     s.shutdown().await.unwrap();
