@@ -160,8 +160,22 @@ impl From<EngineError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// Log this answer, in the request's span: a failure of the server (5xx but 503, which
+    /// says it is busy or loading) as an error, any other at debug.
+    pub fn log(&self) {
+        let status = self.status.as_u16();
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(status, kind = self.kind, message = %self.message, "request failed");
+        } else {
+            tracing::debug!(status, kind = self.kind, message = %self.message, "request refused");
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        self.log();
         let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let mut response = (self.status, axum::Json(self.body())).into_response();
         if retry || self.status == StatusCode::TOO_MANY_REQUESTS {
@@ -216,4 +230,57 @@ pub enum ServerError {
         /// What is wrong and what would be accepted.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `f` logs at debug and up (on this thread).
+    fn logged(f: impl FnOnce()) -> String {
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn server_failures_are_logged_as_errors_and_refusals_at_debug() {
+        let out = logged(|| drop(ApiError::internal("the engine stopped").into_response()));
+        assert!(
+            out.contains("ERROR")
+                && out.contains("the engine stopped")
+                && out.contains("status=500"),
+            "{out}"
+        );
+        let out = logged(|| drop(ApiError::bad_param("n", "too many choices").into_response()));
+        assert!(
+            out.contains("DEBUG") && out.contains("too many choices"),
+            "{out}"
+        );
+        assert!(!out.contains("ERROR"), "{out}");
+        // Busy or loading is not a failure.
+        let out = logged(|| drop(ApiError::unavailable("the model is loading").into_response()));
+        assert!(!out.contains("ERROR"), "{out}");
+    }
 }

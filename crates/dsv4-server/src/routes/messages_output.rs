@@ -254,6 +254,7 @@ pub(super) struct MessageStream {
 
 /// Anthropic's `error` event of an error after the stream started.
 pub(super) fn error_event(e: &ApiError) -> SseEvent {
+    e.log();
     let body = super::messages::error_body(e);
     SseEvent::default().event("error").data(body.to_string())
 }

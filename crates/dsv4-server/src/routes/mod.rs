@@ -18,6 +18,7 @@ pub mod loads;
 pub mod messages;
 pub mod messages_output;
 mod page;
+pub mod request_id;
 pub mod responses;
 pub mod responses_background;
 pub mod responses_envelope;
@@ -43,6 +44,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use std::convert::Infallible;
 use std::future::Future;
+use tracing::Instrument;
 
 /// The application: every route with its middleware, over `state`.
 pub fn router(state: AppState) -> Router {
@@ -110,6 +112,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_id::request_id,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -347,8 +353,10 @@ pub(crate) fn json_response<T: Serialize>(body: &T) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-/// The `data: {"error": ...}` event that ends a stream that failed after it started.
+/// The `data: {"error": ...}` event that ends a stream that failed after it started (logged
+/// as an answer's error is).
 pub(crate) fn error_event(e: &ApiError) -> SseEvent {
+    e.log();
     SseEvent::default().data(e.body().to_string())
 }
 
@@ -370,17 +378,22 @@ pub(crate) trait EventSource: Send + 'static {
 }
 
 /// Stream `src` as server-sent events (dropping the response, e.g. when the client
-/// disconnects, drops `src` and so cancels its request).
+/// disconnects, drops `src` and so cancels its request). Its events are made in the request's
+/// span (see [`request_id`]), after the handler has returned.
 pub(crate) fn sse_response(src: impl EventSource) -> Response {
-    let stream = futures_util::stream::unfold(src, |mut src| async move {
-        if src.is_done() {
-            return None;
+    let span = tracing::Span::current();
+    let stream = futures_util::stream::unfold(src, move |mut src| {
+        let span = span.clone();
+        async move {
+            if src.is_done() {
+                return None;
+            }
+            let events = src.next_events().instrument(span).await;
+            Some((
+                futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>)),
+                src,
+            ))
         }
-        let events = src.next_events().await;
-        Some((
-            futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>)),
-            src,
-        ))
     })
     .flatten();
     Sse::new(stream)

@@ -13,7 +13,8 @@
 //! OpenAI's Responses API (`/v1/responses`, stored responses), Anthropic's Messages API
 //! (`/v1/messages`), SageMaker's `/ping` and `/invocations`, OpenAI Batch API files run
 //! in process and over HTTP (`/v1/files`, `/v1/batches`), structured outputs beyond
-//! JSON (regex, choice, GBNF and Lark grammars) on every endpoint, and thinking budgets.
+//! JSON (regex, choice, GBNF and Lark grammars) on every endpoint, thinking budgets, and request ids
+//! with the log lines that name them.
 
 mod abort;
 mod api;
@@ -38,6 +39,7 @@ mod prefix;
 mod priority;
 mod prompt_logprobs;
 mod queue_limit;
+mod request_id;
 mod responses;
 mod sagemaker;
 mod sampling;
