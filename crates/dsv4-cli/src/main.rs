@@ -97,7 +97,8 @@ enum ModelCommand {
     Forward(forward::ForwardArgs),
 }
 
-/// Send tracing output to stderr at the level chosen by `-v` (or the DSV4_LOG filter).
+/// Send tracing output to stderr at the level chosen by `-v` (or the DSV4_LOG filter), in
+/// colour only when stderr is a terminal (a log file or journald gets plain text).
 fn init_logging(verbose: u8) {
     let level = match verbose {
         0 => "warn",
@@ -110,6 +111,7 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
