@@ -7,8 +7,8 @@ Run against a running server:
 
 (the SDK adds `/v1/messages` itself). `cargo test -p dsv4-cli --test server_e2e` starts
 `dsv4 serve --port 0` and runs this script. Covers: a message with a system prompt of text
-blocks, the SDK's stream helper (text deltas and the final message it accumulates, equal to the
-unstreamed answer), a tool-use round trip (tool_choice any, the tool_use block's input parsed,
+blocks (and its request id), the SDK's stream helper (text deltas and the final message it
+accumulates, equal to the unstreamed answer), a tool-use round trip (tool_choice any, the tool_use block's input parsed,
 the tool_result sent back), a streamed tool call and thinking (the SDK accumulating
 input_json_delta and thinking_delta events into blocks), a JSON answer under
 output_config.format, count_tokens, the model list, and the SDK's error classes.
@@ -76,6 +76,15 @@ def test_message(client, model):
     u = m.usage
     check(u.input_tokens + (u.cache_read_input_tokens or 0) > 0, u)
     check(0 <= u.output_tokens <= 24, u)
+    # The SDK reads the `request-id` header; a client's own X-Request-Id comes back.
+    check(bool(m._request_id), m._request_id)
+    mine = plain(
+        client,
+        model,
+        messages=[{"role": "user", "content": "Say hello"}],
+        extra_headers={"X-Request-Id": "e2e-anthropic-1"},
+    )
+    check(mine._request_id == "e2e-anthropic-1", mine._request_id)
 
 
 def test_stream_helper(client, model):

@@ -72,6 +72,8 @@ def test_chat(client, model):
     u = r.usage
     check(u.prompt_tokens > 0 and 1 <= u.completion_tokens <= 8, u)
     check(u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
+    # The SDK reads the `x-request-id` header.
+    check(bool(r._request_id), r._request_id)
     return r
 
 
