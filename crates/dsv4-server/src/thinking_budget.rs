@@ -9,6 +9,8 @@
 //! text `</think>` at the end of what it wrote) or by the budget. The forced end waits for a
 //! UTF-8 character to be complete (a byte-level vocabulary can split one over several tokens),
 //! for at most [`GRACE`] tokens, so the reasoning never ends in a broken character.
+//! [`ReasoningCount`] counts an answer's reasoning tokens the same way, for usage's
+//! `reasoning_tokens` (chat and the Responses API).
 //! Prior art, read and not copied: vLLM's `ThinkingBudgetStateHolder`, SGLang's thinking budget
 //! logit processor and llama.cpp's reasoning-budget sampler force the end tokens the same way.
 
@@ -54,6 +56,17 @@ impl ThinkEnd {
         &self.tokens
     }
 
+    /// A counter of an answer's reasoning tokens; `thinking`: the answer starts in reasoning
+    /// (else it counts none).
+    pub fn counter(self: &Arc<Self>, thinking: bool) -> ReasoningCount {
+        ReasoningCount {
+            end: thinking.then(|| Arc::clone(self)),
+            seen: 0,
+            matched: 0,
+            closed_at: None,
+        }
+    }
+
     /// The constraint of a request whose answer starts in reasoning (`thinking`) when it has a
     /// `budget`: `inner` (its grammar, if any) with the budget; else `inner` as it was.
     pub fn budgeted(
@@ -79,6 +92,64 @@ impl ThinkEnd {
             inner,
         })
     }
+}
+
+/// Counts one answer's reasoning tokens (usage's `reasoning_tokens`): those up to and
+/// including the end of its reasoning, or all of them while it has not ended.
+#[derive(Debug, Clone)]
+pub struct ReasoningCount {
+    /// The end of reasoning, in thinking mode.
+    end: Option<Arc<ThinkEnd>>,
+    /// Tokens seen.
+    seen: usize,
+    /// Of the end's tokens, how many the last tokens matched.
+    matched: usize,
+    /// Tokens up to and including the end, once it came.
+    closed_at: Option<usize>,
+}
+
+impl ReasoningCount {
+    /// Count the answer's next tokens.
+    pub fn push(&mut self, ids: &[u32]) {
+        let Some(end) = &self.end else { return };
+        for &id in ids {
+            self.seen += 1;
+            if self.closed_at.is_some() {
+                continue;
+            }
+            let tokens = end.tokens();
+            self.matched = if id == tokens[self.matched] {
+                self.matched + 1
+            } else {
+                usize::from(id == tokens[0])
+            };
+            if self.matched == tokens.len() {
+                self.closed_at = Some(self.seen);
+            }
+        }
+    }
+
+    /// The reasoning tokens of an answer of `completion_tokens` (None in chat mode).
+    pub fn tokens(&self, completion_tokens: usize) -> Option<usize> {
+        self.end.as_ref()?;
+        Some(
+            self.closed_at
+                .unwrap_or(completion_tokens)
+                .min(completion_tokens),
+        )
+    }
+}
+
+/// The reasoning tokens of an answer's choices together, each given with its generated
+/// tokens (None in chat mode).
+pub fn reasoning_total<'a>(
+    choices: impl IntoIterator<Item = (&'a ReasoningCount, usize)>,
+) -> Option<usize> {
+    choices
+        .into_iter()
+        .map(|(count, completion)| count.tokens(completion))
+        .reduce(|a, b| Some(a? + b?))
+        .flatten()
 }
 
 /// The shared part of a budgeted request's constraint.

@@ -236,6 +236,16 @@ pub struct UsageBody {
     /// still going, which the engine reports at its end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Of the generated tokens, the reasoning's (thinking-mode chat answers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// `usage.completion_tokens_details`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CompletionTokensDetails {
+    /// Tokens up to and including the end of the reasoning (`</think>`).
+    pub reasoning_tokens: usize,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -265,6 +275,16 @@ impl UsageBody {
             prompt_tokens_details: Some(PromptTokensDetails {
                 cached_tokens: first.cached_tokens,
             }),
+            completion_tokens_details: None,
+        }
+    }
+
+    /// With the answer's reasoning tokens (summed over its choices), when it has any count.
+    pub fn with_reasoning(self, reasoning_tokens: Option<usize>) -> Self {
+        Self {
+            completion_tokens_details: reasoning_tokens
+                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
+            ..self
         }
     }
 
@@ -275,6 +295,7 @@ impl UsageBody {
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: None,
+            completion_tokens_details: None,
         }
     }
 }

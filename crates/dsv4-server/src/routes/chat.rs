@@ -29,6 +29,7 @@ use crate::run::{
     GeneratedToken, Merged, all_queued, finish_reason, fit_max_tokens, merge, start_choices,
 };
 use crate::state::{AppState, Loaded};
+use crate::thinking_budget::{ReasoningCount, reasoning_total};
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -481,12 +482,16 @@ async fn answer(
     scored: Option<(Vec<u32>, usize)>,
 ) -> Result<Response, ApiError> {
     let mut answers: Vec<Answer> = (0..n).map(|_| Answer::default()).collect();
+    let mut reasoning: Vec<ReasoningCount> = (0..n)
+        .map(|_| loaded.think_end.counter(meta.thinking))
+        .collect();
     let mut entries = None;
     while let Some((i, step)) = runs.next().await {
         let step = step?;
         if step.prompt_logprobs.is_some() {
             entries = step.prompt_logprobs;
         }
+        reasoning[i].push(&step.token_ids);
         let a = &mut answers[i];
         a.tokens.extend(step.logprobs);
         a.token_ids.extend(step.token_ids);
@@ -531,7 +536,11 @@ async fn answer(
         created: meta.created,
         model: meta.model,
         choices,
-        usage: UsageBody::total(&usages),
+        usage: UsageBody::total(&usages).with_reasoning(reasoning_total(
+            reasoning
+                .iter()
+                .zip(usages.iter().map(|u| u.completion_tokens)),
+        )),
         prompt_logprobs: scored.map(|(ids, top)| {
             prompt_logprobs(
                 &loaded.vocab,

@@ -15,6 +15,7 @@ use crate::api::logprobs::ChatLogprobs;
 use crate::output::Delta;
 use crate::run::{GeneratedToken, Merged, Step, finish_reason};
 use crate::state::{AppState, Loaded};
+use crate::thinking_budget::{ReasoningCount, reasoning_total};
 use axum::response::sse::Event as SseEvent;
 use dsv4_engine::Usage;
 use futures_util::StreamExt;
@@ -32,6 +33,8 @@ pub struct ChatStream {
     calls: Vec<usize>,
     /// Per choice: its usage once it has finished.
     usages: Vec<Option<Usage>>,
+    /// Per choice: its reasoning tokens so far.
+    reasoning: Vec<ReasoningCount>,
     /// Per choice, with `stream_reasoning: false`: the reasoning held back so far.
     held: Vec<Held>,
     done: bool,
@@ -63,6 +66,9 @@ impl ChatStream {
         meta: Meta,
         usage: StreamUsage,
     ) -> Self {
+        let reasoning = (0..n)
+            .map(|_| loaded.think_end.counter(meta.thinking))
+            .collect();
         Self {
             state,
             loaded,
@@ -72,6 +78,7 @@ impl ChatStream {
             started: false,
             calls: vec![0; n],
             usages: vec![None; n],
+            reasoning,
             held: (0..n).map(|_| Held::default()).collect(),
             done: false,
         }
@@ -206,7 +213,14 @@ impl ChatStream {
         let mut out = Vec::new();
         if self.usage.last {
             let usages: Vec<Usage> = self.usages.iter().flatten().copied().collect();
-            out.push(self.event(Vec::new(), Some(UsageBody::total(&usages)), None));
+            let reasoning = reasoning_total(
+                self.reasoning
+                    .iter()
+                    .zip(&self.usages)
+                    .map(|(r, u)| (r, u.map_or(0, |u| u.completion_tokens))),
+            );
+            let total = UsageBody::total(&usages).with_reasoning(reasoning);
+            out.push(self.event(Vec::new(), Some(total), None));
         }
         out.push(SseEvent::default().data("[DONE]"));
         out
@@ -240,6 +254,7 @@ impl EventSource for ChatStream {
                     Some(f) => UsageBody::from(f.usage),
                     None => UsageBody::so_far(self.meta.prompt_tokens, generated),
                 };
+                self.reasoning[index].push(&token_ids);
                 let mut step = StepTokens {
                     logprobs,
                     ids: token_ids,

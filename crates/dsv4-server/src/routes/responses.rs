@@ -31,7 +31,7 @@ use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::Response;
 use dsv4_chat::pyjson::OrderedJson;
-use dsv4_chat::{Conversation, EncodeOptions, Message, ToolSet, encode_prompt_ids, markers};
+use dsv4_chat::{Conversation, EncodeOptions, Message, ToolSet, encode_prompt_ids};
 use dsv4_engine::Request;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -74,14 +74,8 @@ pub async fn create(
         decoder.build(),
     )?;
     run.queued().await?;
-    let think_end = loaded.tokenizer.token_id(markers::THINK_END);
-    let output = ResponseOutput::new(
-        state.clone(),
-        loaded,
-        envelope,
-        logprobs,
-        thinking.then_some(think_end).flatten(),
-    );
+    let reasoning = loaded.think_end.counter(thinking);
+    let output = ResponseOutput::new(state.clone(), loaded, envelope, logprobs, reasoning);
     let stored = store.then(|| ToStore {
         previous,
         turn,

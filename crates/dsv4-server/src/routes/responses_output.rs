@@ -20,6 +20,7 @@ use crate::responses_background::Background;
 use crate::responses_store::{Stored, assistant_turn};
 use crate::run::{Run, Step};
 use crate::state::{AppState, Loaded};
+use crate::thinking_budget::ReasoningCount;
 use axum::response::sse::Event as SseEvent;
 use dsv4_engine::{FinishReason, Finished};
 use serde_json::{Value, json};
@@ -45,16 +46,12 @@ pub(super) struct ResponseOutput {
     env: Envelope,
     /// The message's text carries log-probabilities.
     logprobs: bool,
-    /// In thinking mode: the id of `</think>`, which ends the reasoning tokens.
-    think_end: Option<u32>,
+    /// Counts the reasoning tokens (in thinking mode).
+    reasoning: ReasoningCount,
     items: Vec<OutputItem>,
     /// The last item (reasoning or message) may still grow.
     open: bool,
     seq: u64,
-    /// Tokens seen so far.
-    tokens: usize,
-    /// Tokens up to and including `</think>`, once it came.
-    reasoning_tokens: Option<usize>,
     /// A background response: where its events are recorded.
     background: Option<Arc<Background>>,
     /// Items closed so far.
@@ -68,19 +65,17 @@ impl ResponseOutput {
         loaded: Arc<Loaded>,
         env: Envelope,
         logprobs: bool,
-        think_end: Option<u32>,
+        reasoning: ReasoningCount,
     ) -> Self {
         Self {
             state,
             loaded,
             env,
             logprobs,
-            think_end,
+            reasoning,
             items: Vec::new(),
             open: false,
             seq: 0,
-            tokens: 0,
-            reasoning_tokens: None,
             background: None,
             closed: 0,
         }
@@ -136,12 +131,7 @@ impl ResponseOutput {
 
     /// The events of one step.
     pub(super) fn step(&mut self, step: Step) -> Vec<Ev> {
-        for &id in &step.token_ids {
-            self.tokens += 1;
-            if self.reasoning_tokens.is_none() && Some(id) == self.think_end {
-                self.reasoning_tokens = Some(self.tokens);
-            }
-        }
+        self.reasoning.push(&step.token_ids);
         let mut logprobs = self.logprobs.then(|| {
             let names = TokenNames::text(&self.loaded.vocab);
             ChatLogprobs::new(names, &step.logprobs).content
@@ -380,10 +370,10 @@ impl ResponseOutput {
             out.extend(self.open_item(true));
         }
         out.extend(self.close(item_status));
-        let reasoning = match self.think_end {
-            None => 0,
-            Some(_) => self.reasoning_tokens.unwrap_or(f.usage.completion_tokens),
-        };
+        let reasoning = self
+            .reasoning
+            .tokens(f.usage.completion_tokens)
+            .unwrap_or(0);
         let end = End {
             usage: Some(ResponseUsage::new(f.usage, reasoning)),
             incomplete,

@@ -206,3 +206,40 @@ fn a_grammar_refusing_the_rest_of_a_forced_end_is_an_error() {
     let err = s.mask(&mut row).unwrap_err();
     assert!(err.contains("refuses"), "{err}");
 }
+
+#[test]
+fn reasoning_counts_up_to_and_including_the_end() {
+    let (_, end) = tiny();
+    let think_end = end.tokens()[0];
+    let mut c = end.counter(true);
+    c.push(&[byte(b'a'), byte(b'b')]);
+    // Not ended yet: all of it is reasoning.
+    assert_eq!(c.tokens(2), Some(2));
+    c.push(&[think_end, byte(b'c'), think_end, byte(b'd')]);
+    assert_eq!(c.tokens(6), Some(3), "the first end closes it");
+    // Chat mode counts none.
+    let mut chat = end.counter(false);
+    chat.push(&[byte(b'a'), think_end]);
+    assert_eq!(chat.tokens(2), None);
+    // An end of several tokens, matched across pushes.
+    let tok = Tokenizer::tiny().unwrap();
+    let vocab = Arc::new(Vocab::new(&tok, 400).unwrap());
+    let bytes: Vec<u32> = markers::THINK_END.bytes().map(byte).collect();
+    let long = Arc::new(ThinkEnd {
+        tokens: bytes.clone(),
+        vocab,
+    });
+    let mut c = long.counter(true);
+    c.push(&[byte(b'<'), byte(b'x')]);
+    c.push(&bytes[..3]);
+    c.push(&bytes[3..]);
+    c.push(&[byte(b'z')]);
+    assert_eq!(c.tokens(11), Some(2 + bytes.len()));
+    // The choices of an answer together.
+    let mut a = end.counter(true);
+    a.push(&[byte(b'a'), think_end, byte(b'b')]);
+    let mut b = end.counter(true);
+    b.push(&[think_end]);
+    assert_eq!(reasoning_total([(&a, 3), (&b, 1)]), Some(3));
+    assert_eq!(reasoning_total([(&chat, 2), (&chat, 2)]), None);
+}

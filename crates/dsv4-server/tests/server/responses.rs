@@ -223,7 +223,7 @@ async fn answers_equal_the_chat_completion_of_the_same_conversation() {
         .map(|i| i["type"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["reasoning", "function_call"], "{r}");
-    let ids = s
+    let c = s
         .send(
             "POST",
             "/v1/chat/completions",
@@ -235,8 +235,8 @@ async fn answers_equal_the_chat_completion_of_the_same_conversation() {
             ),
         )
         .await
-        .json()["choices"][0]["token_ids"]
-        .clone();
+        .json();
+    let ids = c["choices"][0]["token_ids"].clone();
     let end = ids
         .as_array()
         .unwrap()
@@ -246,6 +246,12 @@ async fn answers_equal_the_chat_completion_of_the_same_conversation() {
     assert_eq!(
         r["usage"]["output_tokens_details"]["reasoning_tokens"],
         end as u64 + 1
+    );
+    // Chat counts them the same (OpenAI's `completion_tokens_details`).
+    assert_eq!(
+        c["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        end as u64 + 1,
+        "{c}"
     );
     let call = &r["output"][1];
     assert!(call["call_id"].as_str().unwrap().starts_with("call_"));

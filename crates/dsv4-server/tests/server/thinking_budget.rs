@@ -90,6 +90,51 @@ async fn a_budget_cuts_the_reasoning_with_think_end_where_it_is_spent() {
         assert!(got.len() > at + 1, "{got:?}");
     }
     assert!(waited, "one budget ends inside a character: {free:?}");
+
+    // The usage counts the reasoning up to and including `</think>`, over every choice, plain
+    // and streamed; chat mode has no count.
+    let budgeted = thinking(json!({"thinking_token_budget": 1, "n": 2, "seed": 3}));
+    let r = s.send("POST", "/v1/chat/completions", &budgeted).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let reasoning: u64 = (0..2)
+        .map(|i| {
+            let ids = &v["choices"][i]["token_ids"];
+            let at = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|t| t == end)
+                .unwrap();
+            at as u64 + 1
+        })
+        .sum();
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], reasoning,
+        "{v}"
+    );
+    let mut streamed = budgeted.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = s.send("POST", "/v1/chat/completions", &streamed).await;
+    let events = r.events();
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e["usage"].is_object())
+        .unwrap();
+    assert_eq!(
+        last["usage"]["completion_tokens_details"], v["usage"]["completion_tokens_details"],
+        "{last}"
+    );
+    let mut chat_mode = thinking(json!({}));
+    chat_mode["chat_template_kwargs"] = json!({"thinking": false});
+    let r = s.send("POST", "/v1/chat/completions", &chat_mode).await;
+    assert!(
+        r.json()["usage"].get("completion_tokens_details").is_none(),
+        "{}",
+        r.body
+    );
     // A budget the reasoning stays within, and chat mode, change nothing.
     let roomy = json!({"thinking_token_budget": natural + 5});
     assert_eq!(token_ids(&s, &thinking(roomy)).await, free);
