@@ -308,8 +308,9 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::AutoOrUnsigned,
         "auto",
         "most reasoning tokens of a thinking-mode answer whose request sets no budget \
-         (thinking_token_budget on chat; budget_tokens on /v1/messages): then the server writes \
-         </think> and the answer goes on; auto sets none (the model ends its reasoning)",
+         (thinking_token_budget on chat, budget_tokens on /v1/messages; /v1/responses has no \
+         field for one): then the server writes </think> and the answer goes on; auto sets none \
+         (the model ends its reasoning)",
     ),
     key(
         "server.max_request_bytes",

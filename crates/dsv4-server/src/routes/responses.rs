@@ -345,6 +345,11 @@ async fn prepare(
         thinking,
     )
     .await?;
+    // The server's thinking budget (the Responses API has no field for one).
+    let constraint =
+        loaded
+            .think_end
+            .budgeted(thinking, state.cfg().thinking_token_budget, constraint);
     let decoder = DecoderSpec::plain(state, thinking, (&choice, tools), &stop, shape.is_some());
     let request = Request {
         prompt,

@@ -265,6 +265,22 @@ async fn the_servers_budget_applies_to_requests_that_give_none() {
     // A request's own budget wins.
     let got = token_ids(&s, &thinking(json!({"thinking_token_budget": 6}))).await;
     assert_eq!(got[cut_at(&free, 6)], end, "{got:?}");
+    // The Responses API (no field for a budget) takes the server's.
+    let r = s
+        .send(
+            "POST",
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "Why is the sky blue?", "temperature": 0,
+                    "reasoning": {"effort": "medium"}, "max_output_tokens": 24}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["usage"]["output_tokens_details"]["reasoning_tokens"],
+        cut_at(&free, 2) as u64 + 1,
+        "{}",
+        r.body
+    );
     // Beam search cannot follow a budget: the server's does not apply to it.
     let beams = thinking(json!({"use_beam_search": true, "n": 2, "max_tokens": 4}));
     let r = s.send("POST", "/v1/chat/completions", &beams).await;
