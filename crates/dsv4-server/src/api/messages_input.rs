@@ -10,6 +10,8 @@
 //!   `redacted_thinking` is dropped (there is nothing to read in it).
 //! - A last assistant message is a prefill: the answer continues its text (DeepSeek's
 //!   `prefix`).
+//! - Consecutive messages of one role are one turn, as Anthropic combines them: their blocks
+//!   are read as one message's.
 //! - `cache_control` and `citations` on any block are ignored: the prefix cache reuses any
 //!   earlier prompt without markers.
 //!
@@ -52,6 +54,9 @@ pub fn conversation(
             ));
         }
     };
+    // Consecutive messages of one role are one turn, as Anthropic combines them; each block
+    // keeps the path of the message it came from, for errors.
+    let mut turns: Vec<Turn<'_>> = Vec::new();
     for (k, m) in items.iter().enumerate() {
         let at = format!("messages[{k}]");
         if !matches!(m, OrderedJson::Object(_)) {
@@ -60,10 +65,9 @@ pub fn conversation(
                 format!("a message must be an object, not {}", m.type_name()),
             ));
         }
-        let last = k + 1 == items.len();
-        match str_field(m, "role", &at)? {
-            "user" => push_user(&mut chat, m.get("content"), &at)?,
-            "assistant" => push_assistant(&mut chat, m.get("content"), &at, last)?,
+        let user = match str_field(m, "role", &at)? {
+            "user" => true,
+            "assistant" => false,
             other => {
                 return Err(ApiError::bad_param(
                     format!("{at}.role"),
@@ -73,6 +77,38 @@ pub fn conversation(
                     ),
                 ));
             }
+        };
+        let content = blocks(m.get("content"), &at)?;
+        if user && content.is_empty() {
+            return Err(ApiError::bad_param(
+                format!("{at}.content"),
+                "a user message needs at least one block",
+            ));
+        }
+        let placed: Vec<Placed<'_>> = content
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| Placed {
+                at: format!("{at}.content[{i}]"),
+                message: at.clone(),
+                block: b,
+            })
+            .collect();
+        match turns.last_mut() {
+            Some(t) if t.user == user => t.blocks.extend(placed),
+            _ => turns.push(Turn {
+                user,
+                at,
+                blocks: placed,
+            }),
+        }
+    }
+    let count = turns.len();
+    for (k, turn) in turns.into_iter().enumerate() {
+        if turn.user {
+            push_user(&mut chat, turn.blocks)?;
+        } else {
+            push_assistant(&mut chat, turn.blocks, &turn.at, k + 1 == count)?;
         }
     }
     Ok(chat)
@@ -115,6 +151,23 @@ enum Block<'a> {
         id: &'a str,
         text: String,
     },
+}
+
+/// Consecutive messages of one role.
+struct Turn<'a> {
+    user: bool,
+    /// The path of its first message.
+    at: String,
+    blocks: Vec<Placed<'a>>,
+}
+
+/// A block with where it was written.
+struct Placed<'a> {
+    /// Its path (`messages[k].content[i]`).
+    at: String,
+    /// Its message's path.
+    message: String,
+    block: Block<'a>,
 }
 
 impl<'a> Block<'a> {
@@ -204,14 +257,12 @@ fn text_blocks(v: &OrderedJson, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// A user message: text as user messages, tool results as tool messages, in order.
-fn push_user(
-    chat: &mut ChatMessages,
-    content: Option<&OrderedJson>,
-    at: &str,
-) -> Result<(), ApiError> {
+/// A user turn: text as user messages, tool results as tool messages, in order; each chat
+/// message remembers the message its first block came from.
+fn push_user(chat: &mut ChatMessages, blocks: Vec<Placed<'_>>) -> Result<(), ApiError> {
     let mut text: Vec<&str> = Vec::new();
-    let flush = |chat: &mut ChatMessages, text: &mut Vec<&str>| {
+    let mut text_at = String::new();
+    let flush = |chat: &mut ChatMessages, text: &mut Vec<&str>, at: &str| {
         if !text.is_empty() {
             let joined = text.join("\n");
             chat.push(
@@ -221,49 +272,47 @@ fn push_user(
             text.clear();
         }
     };
-    let all = blocks(content, at)?;
-    if all.is_empty() {
-        return Err(ApiError::bad_param(
-            format!("{at}.content"),
-            "a user message needs at least one block",
-        ));
-    }
-    for (i, block) in all.into_iter().enumerate() {
+    for Placed { at, message, block } in blocks {
         match block {
-            Block::Text(t) => text.push(t),
+            Block::Text(t) => {
+                if text.is_empty() {
+                    text_at = message;
+                }
+                text.push(t);
+            }
             Block::ToolResult { id, text: result } => {
-                flush(chat, &mut text);
+                flush(chat, &mut text, &text_at);
                 chat.push(
                     object(vec![
                         ("role", string("tool")),
                         ("tool_call_id", string(id)),
                         ("content", OrderedJson::String(result)),
                     ]),
-                    at,
+                    &message,
                 );
             }
             Block::Thinking(_) | Block::RedactedThinking | Block::ToolUse { .. } => {
                 return Err(ApiError::bad_param(
-                    format!("{at}.content[{i}]"),
+                    at,
                     "thinking and tool_use blocks belong to assistant messages",
                 ));
             }
         }
     }
-    flush(chat, &mut text);
+    flush(chat, &mut text, &text_at);
     Ok(())
 }
 
-/// An assistant message: thinking, text and tool calls in one chat message; the last
-/// message of the conversation is a prefill the answer continues.
+/// An assistant turn (`at`: its first message): thinking, text and tool calls in one chat
+/// message; the last turn of the conversation is a prefill the answer continues.
 fn push_assistant(
     chat: &mut ChatMessages,
-    content: Option<&OrderedJson>,
+    blocks: Vec<Placed<'_>>,
     at: &str,
     last: bool,
 ) -> Result<(), ApiError> {
     let (mut text, mut thinking, mut calls) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, block) in blocks(content, at)?.into_iter().enumerate() {
+    for Placed { at, block, .. } in blocks {
         match block {
             Block::Text(t) => text.push(t),
             Block::Thinking(t) => thinking.push(t),
@@ -281,7 +330,7 @@ fn push_assistant(
             ])),
             Block::ToolResult { .. } => {
                 return Err(ApiError::bad_param(
-                    format!("{at}.content[{i}]"),
+                    at,
                     "tool_result blocks belong to user messages",
                 ));
             }
@@ -420,6 +469,49 @@ mod tests {
             got[1],
             r#"{"role": "assistant", "content": "1, 2,", "prefix": true}"#
         );
+    }
+
+    #[test]
+    fn consecutive_messages_of_one_role_are_one_turn() {
+        let got = convert(
+            None,
+            r#"[
+              {"role": "user", "content": "Weather in Oslo?"},
+              {"role": "user", "content": [{"type": "text", "text": "And Paris?"}]},
+              {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Oslo"}}]},
+              {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_2", "name": "w", "input": {"city": "Paris"}}]},
+              {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "-3 C"}]},
+              {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "9 C"},
+                {"type": "text", "text": "Thanks."}]},
+              {"role": "assistant", "content": "Oslo is"},
+              {"role": "assistant", "content": [{"type": "text", "text": "colder"}]}
+            ]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                r#"{"role": "user", "content": "Weather in Oslo?\nAnd Paris?"}"#,
+                r#"{"role": "assistant", "content": "", "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}, {"id": "toolu_2", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}}]}"#,
+                r#"{"role": "tool", "tool_call_id": "toolu_1", "content": "-3 C"}"#,
+                r#"{"role": "tool", "tool_call_id": "toolu_2", "content": "9 C"}"#,
+                r#"{"role": "user", "content": "Thanks."}"#,
+                r#"{"role": "assistant", "content": "Oslo is\ncolder", "prefix": true}"#,
+            ]
+        );
+        // An error in a merged turn names the message it is in.
+        let err = convert(
+            None,
+            r#"[{"role": "user", "content": "a"},
+                {"role": "user", "content": [{"type": "text", "text": "b"},
+                                             {"type": "thinking", "thinking": "c"}]}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages[1].content[1]"));
     }
 
     #[test]
