@@ -439,6 +439,17 @@ pub fn render_grammar_cache(out: &mut String, entries: usize) {
     );
 }
 
+/// The counter of answers whose reasoning a thinking budget ended.
+pub fn render_thinking_budget_cuts(out: &mut String, cuts: u64) {
+    scalar(
+        out,
+        "dsv4:thinking_budget_cuts_total",
+        "counter",
+        "Thinking-mode answers whose reasoning a thinking budget ended with </think> (the request's or server.thinking_token_budget).",
+        cuts as f64,
+    );
+}
+
 /// Write the HELP and TYPE lines of `name`; returns the name.
 fn header<'a>(out: &mut String, name: &'a str, kind: &str, help: &str) -> &'a str {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

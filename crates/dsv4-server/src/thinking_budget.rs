@@ -19,6 +19,7 @@ use crate::vocab::Vocab;
 use dsv4_chat::{Tokenizer, markers};
 use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Tokens the forced end may wait, past the budget, for a character to be complete.
 pub const GRACE: usize = 8;
@@ -30,6 +31,8 @@ pub struct ThinkEnd {
     /// `</think>`: its special token, or its text's tokens where it is not one.
     tokens: Vec<u32>,
     vocab: Arc<Vocab>,
+    /// Answers whose reasoning a budget ended (`dsv4:thinking_budget_cuts_total`).
+    cuts: AtomicU64,
 }
 
 impl ThinkEnd {
@@ -48,7 +51,16 @@ impl ThinkEnd {
                 vocab.len()
             )));
         }
-        Ok(Self { tokens, vocab })
+        Ok(Self {
+            tokens,
+            vocab,
+            cuts: AtomicU64::new(0),
+        })
+    }
+
+    /// Answers whose reasoning a budget ended, since the model loaded.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::Relaxed)
     }
 
     /// The tokens the forced end is written with.
@@ -252,6 +264,9 @@ impl ConstraintState for BudgetState {
         }
         logits.fill(f32::NEG_INFINITY);
         logits[token] = logit;
+        if self.forced.is_none() {
+            self.end.cuts.fetch_add(1, Ordering::Relaxed);
+        }
         self.forced = Some(at);
         Ok(())
     }

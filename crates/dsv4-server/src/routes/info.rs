@@ -182,6 +182,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     if let Some(l) = &loaded {
         crate::metrics::render_grammar_cache(&mut text, l.grammars.cached());
+        crate::metrics::render_thinking_budget_cuts(&mut text, l.think_end.cuts());
     }
     (
         [(

@@ -46,8 +46,10 @@ fn reasoning_runs_free_for_the_budget_then_only_the_end_may_come() {
     let think_end = end.tokens()[0];
     let mut s = end.constraint(3, None).0.start();
     feed(s.as_mut(), &[byte(b'a'), byte(b'b'), byte(b'c')]);
+    assert_eq!(end.cuts(), 0);
     assert_eq!(allowed(s.as_mut()), [think_end]);
     s.advance(think_end).unwrap();
+    assert_eq!(end.cuts(), 1, "one cut, counted once");
     // Then the answer is free again: the budget is spent once.
     assert_eq!(allowed(s.as_mut()).len(), 400);
     feed(s.as_mut(), &[byte(b'x'); 10]);
@@ -172,6 +174,7 @@ fn an_end_of_several_tokens_is_forced_in_order_and_checked() {
     let end = Arc::new(ThinkEnd {
         tokens: tokens.clone(),
         vocab,
+        cuts: AtomicU64::new(0),
     });
     let mut s = end.constraint(2, None).0.start();
     feed(s.as_mut(), &[byte(b'a'), byte(b'b')]);
@@ -193,7 +196,11 @@ fn a_grammar_refusing_the_rest_of_a_forced_end_is_an_error() {
     let tok = Tokenizer::tiny().unwrap();
     let vocab = Arc::new(Vocab::new(&tok, 400).unwrap());
     let tokens = vec![byte(b'<'), byte(b'/')];
-    let end = Arc::new(ThinkEnd { tokens, vocab });
+    let end = Arc::new(ThinkEnd {
+        tokens,
+        vocab,
+        cuts: AtomicU64::new(0),
+    });
     let inner = Constraint::new(Inner {
         refused: byte(b'/'),
         after: usize::MAX,
@@ -228,6 +235,7 @@ fn reasoning_counts_up_to_and_including_the_end() {
     let long = Arc::new(ThinkEnd {
         tokens: bytes.clone(),
         vocab,
+        cuts: AtomicU64::new(0),
     });
     let mut c = long.counter(true);
     c.push(&[byte(b'<'), byte(b'x')]);

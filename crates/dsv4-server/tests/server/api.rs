@@ -321,6 +321,7 @@ async fn completions_models_stops_and_metrics() {
         "dsv4:engine_prefill_waits_total 0",
         "dsv4:grammar_compile_seconds_count 0",
         "dsv4:grammar_cache_entries 0",
+        "dsv4:thinking_budget_cuts_total 0",
     ] {
         assert!(m.body.contains(needle), "{needle} missing:\n{}", m.body);
     }

@@ -90,6 +90,7 @@ async fn a_budget_cuts_the_reasoning_with_think_end_where_it_is_spent() {
         assert!(got.len() > at + 1, "{got:?}");
     }
     assert!(waited, "one budget ends inside a character: {free:?}");
+    assert_eq!(metric(&s, "dsv4:thinking_budget_cuts_total").await, 4);
 
     // The usage counts the reasoning up to and including `</think>`, over every choice, plain
     // and streamed; chat mode has no count.
