@@ -14,7 +14,7 @@
 //! Prior art, read and not copied: vLLM's `ThinkingBudgetStateHolder`, SGLang's thinking budget
 //! logit processor and llama.cpp's reasoning-budget sampler force the end tokens the same way.
 
-use crate::error::ServerError;
+use crate::error::{ApiError, ServerError};
 use crate::vocab::Vocab;
 use dsv4_chat::{Tokenizer, markers};
 use dsv4_engine::{Constraint, ConstraintState, TokenConstraint};
@@ -30,6 +30,8 @@ pub const GRACE: usize = 8;
 pub struct ThinkEnd {
     /// `</think>`: its special token, or its text's tokens where it is not one.
     tokens: Vec<u32>,
+    /// `<think>`, the same way: a raw prompt that ends with it opens the reasoning.
+    start: Vec<u32>,
     vocab: Arc<Vocab>,
     /// Answers whose reasoning a budget ended (`dsv4:thinking_budget_cuts_total`).
     cuts: AtomicU64,
@@ -38,21 +40,24 @@ pub struct ThinkEnd {
 impl ThinkEnd {
     /// The end of reasoning in `tok`'s vocabulary, whose bytes `vocab` holds.
     pub fn new(tok: &Tokenizer, vocab: Arc<Vocab>) -> Result<Self, ServerError> {
-        let tokens = match tok.token_id(markers::THINK_END) {
-            Some(id) => vec![id],
-            None => tok.encode(markers::THINK_END).map_err(|e| {
-                ServerError::Vocab(format!("cannot tokenize {}: {e}", markers::THINK_END))
-            })?,
+        let marker = |text: &str| {
+            let tokens = match tok.token_id(text) {
+                Some(id) => vec![id],
+                None => tok
+                    .encode(text)
+                    .map_err(|e| ServerError::Vocab(format!("cannot tokenize {text}: {e}")))?,
+            };
+            if tokens.is_empty() || tokens.iter().any(|&t| t as usize >= vocab.len()) {
+                return Err(ServerError::Vocab(format!(
+                    "{text} tokenizes to {tokens:?}, outside the model's {} ids",
+                    vocab.len()
+                )));
+            }
+            Ok(tokens)
         };
-        if tokens.is_empty() || tokens.iter().any(|&t| t as usize >= vocab.len()) {
-            return Err(ServerError::Vocab(format!(
-                "{} tokenizes to {tokens:?}, outside the model's {} ids",
-                markers::THINK_END,
-                vocab.len()
-            )));
-        }
         Ok(Self {
-            tokens,
+            tokens: marker(markers::THINK_END)?,
+            start: marker(markers::THINK_START)?,
             vocab,
             cuts: AtomicU64::new(0),
         })
@@ -66,6 +71,12 @@ impl ThinkEnd {
     /// The tokens the forced end is written with.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// Whether a raw prompt (text completions, `/generate`) leaves its answer in reasoning: it
+    /// ends with `<think>`, as a thinking-mode DSV4 prompt does.
+    pub fn opens(&self, prompt: &[u32]) -> bool {
+        prompt.ends_with(&self.start)
     }
 
     /// A counter of an answer's reasoning tokens; `thinking`: the answer starts in reasoning
@@ -103,6 +114,33 @@ impl ThinkEnd {
             end: Arc::clone(self),
             inner,
         })
+    }
+}
+
+/// The thinking budget a request runs under: its own (`asked`, from the field `field`), else
+/// the server's (`server.thinking_token_budget`); none unless the answer starts in reasoning
+/// (`thinking`). Beam search follows no budget: one it asks for is a 400 naming `field`, and
+/// the server's does not apply to it.
+pub fn request_budget(
+    (asked, field): (Option<u64>, &str),
+    server: Option<u64>,
+    thinking: bool,
+    beam: bool,
+) -> Result<Option<u64>, ApiError> {
+    if !thinking {
+        return Ok(None);
+    }
+    match asked {
+        Some(_) if beam => Err(ApiError::bad_param(
+            field,
+            format!(
+                "beam search cannot end the reasoning at a budget; leave out {field} or \
+                 use_beam_search"
+            ),
+        )),
+        Some(b) => Ok(Some(b)),
+        None if beam => Ok(None),
+        None => Ok(server),
     }
 }
 

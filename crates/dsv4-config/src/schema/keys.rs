@@ -308,8 +308,9 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::AutoOrUnsigned,
         "auto",
         "most reasoning tokens of a thinking-mode answer whose request sets no budget \
-         (thinking_token_budget on chat, budget_tokens on /v1/messages; /v1/responses has no \
-         field for one): then the server writes </think> and the answer goes on; auto sets none \
+         (thinking_token_budget on chat and completions, budget_tokens on /v1/messages, \
+         thinking_budget on /generate; /v1/responses has no field for one; a raw prompt is in \
+         reasoning when it ends with <think>): then the server writes </think> and the answer goes on; auto sets none \
          (the model ends its reasoning)",
     ),
     key(

@@ -77,6 +77,9 @@ pub struct CompletionRequest {
     pub min_tokens: Option<u64>,
     /// Keep generating past the end-of-sequence token (extension; its text is left out).
     pub ignore_eos: Option<bool>,
+    /// For a prompt that ends with `<think>`: end the reasoning with `</think>` after this
+    /// many tokens (vLLM's extension; see [`crate::thinking_budget`]).
+    pub thinking_token_budget: Option<u64>,
     /// Admission priority: among waiting requests a larger one is admitted first (SGLang's
     /// extension; default 0; batch lines default to -1).
     pub priority: Option<i32>,

@@ -181,6 +181,9 @@ pub struct GenerateSampling {
     pub sampling_seed: Option<u64>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: Option<bool>,
+    /// For a prompt that ends with `<think>`: end the reasoning with `</think>` after this
+    /// many tokens (SGLang's; see [`crate::thinking_budget`]).
+    pub thinking_budget: Option<u64>,
     /// Outputs per prompt, 1 to 16 (output k of prompt p is at p·n + k).
     pub n: Option<u32>,
     /// Leave special tokens' text out of `text` (default true, as SGLang).

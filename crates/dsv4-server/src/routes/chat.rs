@@ -29,7 +29,7 @@ use crate::run::{
     GeneratedToken, Merged, all_queued, finish_reason, fit_max_tokens, merge, start_choices,
 };
 use crate::state::{AppState, Loaded};
-use crate::thinking_budget::{ReasoningCount, reasoning_total};
+use crate::thinking_budget::{ReasoningCount, reasoning_total, request_budget};
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -212,22 +212,12 @@ async fn prepare(
         thinking,
     )
     .await?;
-    // The request's thinking budget, else the server's; beam search cannot follow one, so
-    // the server's does not apply to it.
-    let beam = req.use_beam_search == Some(true);
-    let budget = match req.thinking_token_budget {
-        Some(_) if thinking && beam => {
-            return Err(ApiError::bad_param(
-                "thinking_token_budget",
-                "beam search cannot end the reasoning at a budget; leave out \
-                 thinking_token_budget or use_beam_search",
-            ));
-        }
-        Some(b) => Some(b),
-        None if beam => None,
-        None => state.cfg().thinking_token_budget,
-    }
-    .filter(|_| thinking);
+    let budget = request_budget(
+        (req.thinking_token_budget, "thinking_token_budget"),
+        state.cfg().thinking_token_budget,
+        thinking,
+        req.use_beam_search == Some(true),
+    )?;
     let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
     let parsing = req.parsing(state.cfg().output);
     let decoder = DecoderSpec {

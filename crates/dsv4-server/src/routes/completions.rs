@@ -35,6 +35,7 @@ use crate::run::{
     GeneratedToken, Merged, SharedScoring, Step, all_queued, finish_reason, merge, start_choices,
 };
 use crate::state::{AppState, Loaded};
+use crate::thinking_budget::request_budget;
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -225,6 +226,15 @@ async fn prepare(
             Some(only_prompt),
         )?;
         check_fit(&sampling, loaded.vocab.len(), max_tokens)?;
+        let budget = request_budget(
+            (req.thinking_token_budget, "thinking_token_budget"),
+            state.cfg().thinking_token_budget,
+            loaded.think_end.opens(&prompt),
+            beam.is_some(),
+        )?;
+        let constraint = loaded
+            .think_end
+            .budgeted(budget.is_some(), budget, constraint.clone());
         let echo = echo.then(|| Echo::new(loaded, &prompt, added_bos));
         // The engine scores the prompt once for both views, with the larger count.
         let scored = logprobs.filter(|_| echo.is_some()).max(prompt_logprobs);
@@ -236,7 +246,7 @@ async fn prepare(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             logprobs,
             prompt_logprobs: scored,
-            constraint: constraint.clone(),
+            constraint,
             priority: req.priority.unwrap_or(0),
             ..req.admission.request()
         };

@@ -28,6 +28,7 @@ use crate::error::ApiError;
 use crate::output::{Delta, OutputDecoder};
 use crate::run::{Merged, SharedScoring, Step, all_queued, merge, start_choices};
 use crate::state::{AppState, Loaded};
+use crate::thinking_budget::request_budget;
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -218,6 +219,15 @@ async fn prepare(
                 c
             }
         };
+        let budget = request_budget(
+            (sp.thinking_budget, "sampling_params.thinking_budget"),
+            state.cfg().thinking_token_budget,
+            loaded.think_end.opens(&prompt),
+            false,
+        )?;
+        let constraint = loaded
+            .think_end
+            .budgeted(budget.is_some(), budget, constraint);
         let request = Request {
             prompt,
             max_tokens,

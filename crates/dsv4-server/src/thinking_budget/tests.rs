@@ -174,6 +174,7 @@ fn an_end_of_several_tokens_is_forced_in_order_and_checked() {
     let end = Arc::new(ThinkEnd {
         tokens: tokens.clone(),
         vocab,
+        start: Vec::new(),
         cuts: AtomicU64::new(0),
     });
     let mut s = end.constraint(2, None).0.start();
@@ -199,6 +200,7 @@ fn a_grammar_refusing_the_rest_of_a_forced_end_is_an_error() {
     let end = Arc::new(ThinkEnd {
         tokens,
         vocab,
+        start: Vec::new(),
         cuts: AtomicU64::new(0),
     });
     let inner = Constraint::new(Inner {
@@ -235,6 +237,7 @@ fn reasoning_counts_up_to_and_including_the_end() {
     let long = Arc::new(ThinkEnd {
         tokens: bytes.clone(),
         vocab,
+        start: Vec::new(),
         cuts: AtomicU64::new(0),
     });
     let mut c = long.counter(true);
@@ -250,4 +253,36 @@ fn reasoning_counts_up_to_and_including_the_end() {
     b.push(&[think_end]);
     assert_eq!(reasoning_total([(&a, 3), (&b, 1)]), Some(3));
     assert_eq!(reasoning_total([(&chat, 2), (&chat, 2)]), None);
+}
+
+#[test]
+fn a_raw_prompt_ending_with_think_opens_the_reasoning() {
+    let (tok, end) = tiny();
+    let open = tok.token_id(markers::THINK_START).unwrap();
+    assert!(end.opens(&[1, 2, open]));
+    assert!(!end.opens(&[open, 2]));
+    assert!(!end.opens(&[]));
+}
+
+#[test]
+fn the_request_budget_comes_before_the_servers_and_beam_search_takes_none() {
+    let f = "thinking_token_budget";
+    assert_eq!(
+        request_budget((Some(5), f), Some(9), true, false).unwrap(),
+        Some(5)
+    );
+    assert_eq!(
+        request_budget((None, f), Some(9), true, false).unwrap(),
+        Some(9)
+    );
+    assert_eq!(
+        request_budget((Some(5), f), Some(9), false, false).unwrap(),
+        None
+    );
+    assert_eq!(
+        request_budget((None, f), Some(9), true, true).unwrap(),
+        None
+    );
+    let err = request_budget((Some(5), f), None, true, true).unwrap_err();
+    assert_eq!(err.param.as_deref(), Some(f));
 }

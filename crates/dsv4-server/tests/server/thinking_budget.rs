@@ -282,6 +282,9 @@ async fn the_servers_budget_applies_to_requests_that_give_none() {
         "{}",
         r.body
     );
+    // So does a raw prompt that ends with `<think>`.
+    let got = completion_ids(&s, RAW_THINKING, json!({})).await;
+    assert_eq!(got[cut_at(&free, 2)], end, "{got:?}");
     // Beam search cannot follow a budget: the server's does not apply to it.
     let beams = thinking(json!({"use_beam_search": true, "n": 2, "max_tokens": 4}));
     let r = s.send("POST", "/v1/chat/completions", &beams).await;
@@ -301,6 +304,75 @@ async fn the_servers_budget_applies_to_requests_that_give_none() {
             .as_str()
             .unwrap()
     );
+    s.shutdown().await.unwrap();
+}
+
+/// The chat prompt of [`thinking`], as raw text.
+const RAW_THINKING: &str =
+    "<｜begin▁of▁sentence｜><｜User｜>Why is the sky blue?<｜Assistant｜><think>";
+
+/// The generated ids of a text completion of `prompt`, with `extra` fields.
+async fn completion_ids(s: &TestServer, prompt: &str, extra: Value) -> Vec<u64> {
+    let mut body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 24,
+                          "temperature": 0, "return_token_ids": true});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let r = s.send("POST", "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    v["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_prompts_that_end_with_think_take_budgets_too() {
+    let s = start(ServerConfig {
+        output: OutputParsing::Raw,
+        ..config()
+    })
+    .await;
+    let end = think_end();
+    // The raw prompt is the chat prompt: the same free answer.
+    let free = completion_ids(&s, RAW_THINKING, json!({})).await;
+    assert_eq!(free, token_ids(&s, &thinking(json!({}))).await);
+    let got = completion_ids(&s, RAW_THINKING, json!({"thinking_token_budget": 4})).await;
+    let at = cut_at(&free, 4);
+    assert_eq!((&got[..at], got[at]), (&free[..at], end), "{got:?}");
+    // SGLang's /generate spells it sampling_params.thinking_budget.
+    let r = s
+        .send(
+            "POST",
+            "/generate",
+            &json!({"text": RAW_THINKING,
+                    "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                        "thinking_budget": 4}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["output_ids"], json!(got));
+    // A prompt that does not end with `<think>` is not in reasoning: no cut.
+    let plain = "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>";
+    assert_eq!(
+        completion_ids(&s, plain, json!({"thinking_token_budget": 0})).await,
+        completion_ids(&s, plain, json!({})).await
+    );
+    // With beam search, a budget is refused.
+    let mut beams = json!({"model": MODEL, "prompt": RAW_THINKING, "max_tokens": 4,
+                           "use_beam_search": true, "n": 2, "thinking_token_budget": 2});
+    let r = s.send("POST", "/v1/completions", &beams).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("thinking_token_budget"), "{}", r.body);
+    beams
+        .as_object_mut()
+        .unwrap()
+        .remove("thinking_token_budget");
+    let r = s.send("POST", "/v1/completions", &beams).await;
+    assert_eq!(r.status, 200, "{}", r.body);
     s.shutdown().await.unwrap();
 }
 
