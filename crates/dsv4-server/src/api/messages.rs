@@ -101,6 +101,8 @@ pub struct Thinking {
     pub budget: Option<u64>,
     /// The DSV4 reasoning effort.
     pub effort: Option<ReasoningEffort>,
+    /// `display: "omitted"`: thinking blocks carry no text, only a signature that holds it.
+    pub omit: bool,
 }
 
 /// What shapes a prompt, borrowed from either request.
@@ -261,7 +263,8 @@ impl<'a> PromptFields<'a> {
     /// (`enabled`'s `budget_tokens`, enforced: see [`crate::thinking_budget`]) and the DSV4
     /// reasoning effort `output_config.effort` asks for ("high" as is; "xhigh" and "max" as
     /// DSV4's maximum; "low" and "medium" add nothing). A budget must be below `max_tokens`,
-    /// as Anthropic's must (0, which only runs the prompt, takes any).
+    /// as Anthropic's must (0, which only runs the prompt, takes any). `display` is
+    /// "summarized" (the default: the reasoning as written) or "omitted".
     pub fn thinking(&self) -> Result<Thinking, ApiError> {
         let (on, budget) = match self.thinking {
             None | Some(Value::Null) => (false, None),
@@ -329,7 +332,23 @@ impl<'a> PromptFields<'a> {
                 ));
             }
         };
-        Ok(Thinking { on, budget, effort })
+        let omit = match self.thinking.and_then(|t| t.get("display")) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(d)) if d == "summarized" => false,
+            Some(Value::String(d)) if d == "omitted" => true,
+            Some(other) => {
+                return Err(ApiError::bad_param(
+                    "thinking.display",
+                    format!("`display` must be \"summarized\" or \"omitted\", not {other}"),
+                ));
+            }
+        };
+        Ok(Thinking {
+            on,
+            budget,
+            effort,
+            omit,
+        })
     }
 
     /// The JSON schema `output_config.format` asks the answer to follow, if any.

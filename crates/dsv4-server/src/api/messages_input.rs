@@ -7,7 +7,9 @@
 //!   written.
 //! - An assistant message: `thinking` blocks → its `reasoning_content`; text blocks → its
 //!   content; `tool_use` blocks → its `tool_calls` (the input as JSON arguments);
-//!   `redacted_thinking` is dropped (there is nothing to read in it).
+//!   `redacted_thinking` is dropped (there is nothing to read in it). A thinking block whose
+//!   text was omitted (`display: "omitted"`) has its reasoning read from its signature (see
+//!   [`super::signature`]).
 //! - A last assistant message is a prefill: the answer continues its text (DeepSeek's
 //!   `prefix`).
 //! - Consecutive messages of one role are one turn, as Anthropic combines them: their blocks
@@ -18,9 +20,11 @@
 //! Images, documents and server-tool blocks are refused, naming the block (DSV4 reads text).
 
 use super::responses_input::{ChatMessages, chat_tools, object, str_field, string};
+use super::signature;
 use crate::error::ApiError;
 use dsv4_chat::ToolSet;
 use dsv4_chat::pyjson::OrderedJson;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// `system` and `messages` as chat messages; each remembers the field it came from.
@@ -140,7 +144,8 @@ fn blocks<'a>(content: Option<&'a OrderedJson>, at: &str) -> Result<Vec<Block<'a
 /// One content block of a message.
 enum Block<'a> {
     Text(&'a str),
-    Thinking(&'a str),
+    /// Its text, or the reasoning its signature holds when the text was omitted.
+    Thinking(Cow<'a, str>),
     RedactedThinking,
     ToolUse {
         id: &'a str,
@@ -180,7 +185,7 @@ impl<'a> Block<'a> {
         }
         Ok(match str_field(b, "type", at)? {
             "text" => Block::Text(str_field(b, "text", at)?),
-            "thinking" => Block::Thinking(str_field(b, "thinking", at)?),
+            "thinking" => Block::Thinking(thinking(b, at)?),
             "redacted_thinking" => Block::RedactedThinking,
             "tool_use" => Block::ToolUse {
                 id: str_field(b, "id", at)?,
@@ -219,6 +224,19 @@ impl<'a> Block<'a> {
             }
         })
     }
+}
+
+/// A thinking block's reasoning: its text, or when that is empty (`display: "omitted"`) what
+/// its signature holds.
+fn thinking<'a>(b: &'a OrderedJson, at: &str) -> Result<Cow<'a, str>, ApiError> {
+    let text = str_field(b, "thinking", at)?;
+    if !text.is_empty() {
+        return Ok(Cow::Borrowed(text));
+    }
+    let Some(OrderedJson::String(sig)) = b.get("signature") else {
+        return Ok(Cow::Borrowed(text));
+    };
+    Ok(signature::read(sig, &format!("{at}.signature"))?.map_or(Cow::Borrowed(text), Cow::Owned))
 }
 
 /// A string, or a list of text blocks joined with newlines.

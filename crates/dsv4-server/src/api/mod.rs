@@ -5,7 +5,7 @@
 //! structured outputs an answer must follow), [`tokenize`]
 //! (`/tokenize`, `/detokenize`), the Responses API's [`responses`] and [`responses_input`]
 //! (`/v1/responses`), Anthropic's Messages API's [`messages`] and [`messages_input`]
-//! (`/v1/messages`), and SGLang's native [`generate`] (`/generate`).
+//! (`/v1/messages`) with its thinking blocks' [`signature`], and SGLang's native [`generate`] (`/generate`).
 
 pub mod chat;
 pub mod common;
@@ -17,5 +17,6 @@ pub mod messages_input;
 pub mod responses;
 pub mod responses_input;
 pub mod sampling;
+pub mod signature;
 pub mod structured;
 pub mod tokenize;

@@ -115,6 +115,8 @@ struct Encoded {
     thinking: bool,
     /// The reasoning's token budget.
     budget: Option<u64>,
+    /// Thinking text is left out of the answer (`display: "omitted"`).
+    omit: bool,
 }
 
 /// Encode the prompt: `system`, `messages`, and the tools unless `tool_choice` is none.
@@ -146,6 +148,7 @@ fn encode(
         parallel,
         thinking: thinking.on && !prefilled,
         budget: thinking.budget,
+        omit: thinking.omit,
     })
 }
 
@@ -170,6 +173,7 @@ async fn create_message(
         parallel,
         thinking,
         budget,
+        omit,
     } = encode(&loaded, &raw, &fields)?;
     // 0 runs the prompt only, warming the prefix cache (Anthropic's 0 populates its prompt
     // cache without generating).
@@ -222,7 +226,8 @@ async fn create_message(
         id,
         state.cfg().model_id.clone(),
         prompt_tokens,
-    );
+    )
+    .omitting_thinking(omit);
     if req.stream.unwrap_or(false) {
         Ok(sse_response(output.stream(run)))
     } else {

@@ -1,8 +1,10 @@
 //! A Messages API answer as it is produced: [`MessageOutput`] turns the run's steps into
 //! content blocks (`thinking`, `text`, `tool_use`, in the order the model wrote them) and the
 //! Messages API's stream events: `message_start`, per block `content_block_start`, its
-//! `text_delta` / `thinking_delta` / `input_json_delta` deltas (a thinking block ends with an
-//! empty `signature_delta`: DSV4 signs nothing) and `content_block_stop`, then
+//! `text_delta` / `thinking_delta` / `input_json_delta` deltas (a thinking block ends with a
+//! `signature_delta`: empty, as DSV4 signs nothing, or under `display: "omitted"` the
+//! signature that holds the block's reasoning, which no `thinking_delta` showed; see
+//! [`crate::api::signature`]) and `content_block_stop`, then
 //! `message_delta` (stop reason and usage) and `message_stop`. A non-streamed request runs the
 //! same machine and answers the final message object.
 //!
@@ -13,6 +15,7 @@
 
 use super::{EventSource, typed_events};
 use crate::api::common::{StopReason, random_hex};
+use crate::api::signature;
 use crate::error::ApiError;
 use crate::output::Delta;
 use crate::run::{Run, Step};
@@ -43,6 +46,9 @@ pub(super) struct MessageOutput {
     calls: bool,
     /// The stop string that ended the answer, once it has.
     stop_sequence: Option<String>,
+    /// Thinking text is left out of blocks and deltas; `reasoning` keeps the open block's.
+    omit: bool,
+    reasoning: String,
 }
 
 impl MessageOutput {
@@ -57,7 +63,14 @@ impl MessageOutput {
             open: None,
             calls: false,
             stop_sequence: None,
+            omit: false,
+            reasoning: String::new(),
         }
+    }
+
+    /// The same output with thinking text left out (`thinking.display: "omitted"`).
+    pub(super) fn omitting_thinking(self, omit: bool) -> Self {
+        Self { omit, ..self }
     }
 
     fn emit(kind: &'static str, body: Value) -> Ev {
@@ -129,6 +142,10 @@ impl MessageOutput {
             self.open = Some(kind);
         }
         let index = self.blocks.len() - 1;
+        if kind == Open::Thinking && self.omit {
+            self.reasoning.push_str(&text);
+            return out;
+        }
         let (field, delta) = match kind {
             Open::Text => ("text", "text_delta"),
             Open::Thinking => ("thinking", "thinking_delta"),
@@ -151,9 +168,16 @@ impl MessageOutput {
         let index = self.blocks.len() - 1;
         let mut out = Vec::new();
         if kind == Open::Thinking {
+            let reasoning = std::mem::take(&mut self.reasoning);
+            let sig = if self.omit {
+                signature::sign(&reasoning)
+            } else {
+                String::new()
+            };
+            self.blocks[index]["signature"] = json!(sig);
             out.push(Self::emit(
                 "content_block_delta",
-                json!({"index": index, "delta": {"type": "signature_delta", "signature": ""}}),
+                json!({"index": index, "delta": {"type": "signature_delta", "signature": sig}}),
             ));
         }
         out.push(Self::emit("content_block_stop", json!({"index": index})));

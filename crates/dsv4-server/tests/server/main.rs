@@ -11,7 +11,7 @@
 //! prefix-cache flush, vLLM's token-id outputs (`return_token_ids`, `stop_reason`, continuous
 //! usage) and `truncate_prompt_tokens`, SGLang's native `/generate` and `/abort_request`, and
 //! OpenAI's Responses API (`/v1/responses`, stored responses), Anthropic's Messages API
-//! (`/v1/messages`), SageMaker's `/ping` and `/invocations`, OpenAI Batch API files run
+//! (`/v1/messages`, omitted thinking), SageMaker's `/ping` and `/invocations`, OpenAI Batch API files run
 //! in process and over HTTP (`/v1/files`, `/v1/batches`), structured outputs beyond
 //! JSON (regex, choice, GBNF and Lark grammars) on every endpoint, thinking budgets, and request ids
 //! with the log lines that name them.
@@ -35,6 +35,7 @@ mod generate;
 mod health;
 mod logprobs;
 mod messages;
+mod messages_omitted;
 mod prefix;
 mod priority;
 mod prompt_logprobs;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 /// A greedy Messages body cut at [`CLEAN_STOPS`] (the tiny model's noise would otherwise break
 /// the strict DSV4 parser; grammars need none), with `extra` fields.
-fn message(messages: Value, extra: Value) -> Value {
+pub(super) fn message(messages: Value, extra: Value) -> Value {
     let mut body = json!({"model": MODEL, "max_tokens": 24, "messages": messages,
                           "temperature": 0, "stop_sequences": CLEAN_STOPS});
     body.as_object_mut()
@@ -28,7 +28,7 @@ fn chat_body(messages: Value, extra: Value) -> Value {
     body
 }
 
-fn weather() -> Value {
+pub(super) fn weather() -> Value {
     json!({"name": "get_weather", "description": "Current weather in a city",
            "input_schema": {"type": "object",
                             "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
@@ -113,7 +113,7 @@ async fn same_as_chat(s: &TestServer, m: &Value, c: &Value) -> Value {
 
 /// The message a stream of Messages events assembles to (checking each event's name is its
 /// data's type, and the order of block events).
-fn assembled(r: &Reply) -> Value {
+pub(super) fn assembled(r: &Reply) -> Value {
     assert_eq!(r.status, 200, "{}", r.body);
     let mut message = Value::Null;
     let mut open: Option<usize> = None;
@@ -176,7 +176,7 @@ fn assembled(r: &Reply) -> Value {
 }
 
 /// The stream of `body`, assembled, and the same request unstreamed: equal but for the id.
-async fn streams_the_same(s: &TestServer, body: &Value) -> Value {
+pub(super) async fn streams_the_same(s: &TestServer, body: &Value) -> Value {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let r = s.send("POST", "/v1/messages", &streamed).await;
