@@ -10,7 +10,8 @@ Run against a running server:
 blocks (and its request id), the SDK's stream helper (text deltas and the final message it
 accumulates, equal to the unstreamed answer), a tool-use round trip (tool_choice any, the tool_use block's input parsed,
 the tool_result sent back), a streamed tool call and thinking (the SDK accumulating
-input_json_delta and thinking_delta events into blocks), a JSON answer under
+input_json_delta and thinking_delta events into blocks), omitted thinking (display
+"omitted": the signature holds the reasoning and sent back restores it), a JSON answer under
 output_config.format, count_tokens, the model list, and the SDK's error classes.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
@@ -20,6 +21,7 @@ grammar constrains them.
 """
 
 import argparse
+import base64
 import json
 
 import anthropic
@@ -155,6 +157,36 @@ def test_streamed_thinking_and_tool_use(client, model):
     check(final.stop_reason == "tool_use", final)
 
 
+def test_omitted_thinking_round_trip(client, model):
+    # display "omitted": the SDK accumulates a thinking block with no text and the signature
+    # that holds it; sent back as the SDK hands it over, the reasoning is read from it.
+    with client.messages.stream(
+        model=model,
+        max_tokens=3000,
+        extra_body=GREEDY,
+        messages=ASK,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        thinking={"type": "enabled", "budget_tokens": 64, "display": "omitted"},
+    ) as stream:
+        final = stream.get_final_message()
+    thought, call = final.content
+    check(thought.type == "thinking" and thought.thinking == "", thought)
+    check(thought.signature.startswith("dsv4:1:"), thought)
+    reasoning = base64.b64decode(thought.signature[len("dsv4:1:"):]).decode()
+    result = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": call.id, "content": "-3 C"}]}
+
+    def count(block):
+        turn = {"role": "assistant", "content": [block, call]}
+        return client.messages.count_tokens(
+            model=model, messages=ASK + [turn, result], tools=[WEATHER_TOOL],
+            thinking={"type": "adaptive"}).input_tokens
+
+    shown = {"type": "thinking", "thinking": reasoning, "signature": ""}
+    check(count(thought) == count(shown), (count(thought), count(shown)))
+
+
 def test_json_output(client, model):
     schema = {
         "type": "object",
@@ -223,6 +255,7 @@ TESTS = [
     test_stream_helper,
     test_tool_use_round_trip,
     test_streamed_thinking_and_tool_use,
+    test_omitted_thinking_round_trip,
     test_json_output,
     test_count_tokens,
     test_models,
