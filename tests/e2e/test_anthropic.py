@@ -139,7 +139,8 @@ def test_tool_use_round_trip(client, model):
     check(all(b.type == "text" for b in answer.content), answer)
 
 
-def test_streamed_thinking_and_tool_use(client, model):
+def thought_and_call(client, model, thinking):
+    """The final message of a streamed, thinking answer that must call get_weather once."""
     with client.messages.stream(
         model=model,
         max_tokens=3000,
@@ -147,9 +148,13 @@ def test_streamed_thinking_and_tool_use(client, model):
         messages=ASK,
         tools=[WEATHER_TOOL],
         tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-        thinking={"type": "enabled", "budget_tokens": 1024},
+        thinking=thinking,
     ) as stream:
-        final = stream.get_final_message()
+        return stream.get_final_message()
+
+
+def test_streamed_thinking_and_tool_use(client, model):
+    final = thought_and_call(client, model, {"type": "enabled", "budget_tokens": 1024})
     kinds = [b.type for b in final.content]
     check(kinds == ["thinking", "tool_use"], kinds)
     check(isinstance(final.content[0].thinking, str), final.content[0])
@@ -160,16 +165,8 @@ def test_streamed_thinking_and_tool_use(client, model):
 def test_omitted_thinking_round_trip(client, model):
     # display "omitted": the SDK accumulates a thinking block with no text and the signature
     # that holds it; sent back as the SDK hands it over, the reasoning is read from it.
-    with client.messages.stream(
-        model=model,
-        max_tokens=3000,
-        extra_body=GREEDY,
-        messages=ASK,
-        tools=[WEATHER_TOOL],
-        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-        thinking={"type": "enabled", "budget_tokens": 64, "display": "omitted"},
-    ) as stream:
-        final = stream.get_final_message()
+    final = thought_and_call(
+        client, model, {"type": "enabled", "budget_tokens": 64, "display": "omitted"})
     thought, call = final.content
     check(thought.type == "thinking" and thought.thinking == "", thought)
     check(thought.signature.startswith("dsv4:1:"), thought)
