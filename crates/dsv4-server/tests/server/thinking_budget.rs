@@ -52,16 +52,21 @@ fn cut_at(free: &[u64], budget: usize) -> usize {
         .unwrap()
 }
 
+/// The generated token ids of an answer's first choice (chat or completion).
+fn first_ids(v: &Value) -> Vec<u64> {
+    v["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token ids: {v}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
 /// The generated token ids of a chat answer.
 async fn token_ids(s: &TestServer, body: &Value) -> Vec<u64> {
     let r = s.send("POST", "/v1/chat/completions", body).await;
     assert_eq!(r.status, 200, "{body}: {}", r.body);
-    r.json()["choices"][0]["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    first_ids(&r.json())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,13 +325,7 @@ async fn completion_ids(s: &TestServer, prompt: &str, extra: Value) -> Vec<u64> 
         .extend(extra.as_object().unwrap().clone());
     let r = s.send("POST", "/v1/completions", &body).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json();
-    v["choices"][0]["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    first_ids(&r.json())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
