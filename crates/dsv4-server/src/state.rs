@@ -143,6 +143,8 @@ pub struct Shared {
     pub cfg: ServerConfig,
     /// Counters and histograms.
     pub stats: Stats,
+    /// When the server started, in seconds since the Unix epoch (the model's `created`).
+    pub started: i64,
     loaded: OnceLock<Arc<Loaded>>,
     in_flight: AtomicU64,
     draining: AtomicBool,
@@ -219,6 +221,7 @@ impl AppState {
         Ok(Self(Arc::new(Shared {
             cfg,
             stats: Stats::default(),
+            started: dsv4_core::time::now_unix(),
             loaded: OnceLock::new(),
             in_flight: AtomicU64::new(0),
             draining: AtomicBool::new(false),

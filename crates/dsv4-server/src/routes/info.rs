@@ -13,12 +13,14 @@ use serde_json::json;
 use std::time::Instant;
 
 /// The model object of the served model, in OpenAI's shape and Anthropic's at once (`type`,
-/// `display_name`, `created_at`: the `anthropic` SDK's `models.list()` reads those); with a
+/// `display_name`, `created_at`: the `anthropic` SDK's `models.list()` reads those). It was
+/// "created" when the server started (vLLM and SGLang say the time of the request, which
+/// changes on every call); with a
 /// profile, a `dsv4` object names it and its SHA-256 (`{"profile": NAME, "profile_sha256":
 /// HEX}`).
 fn model_object(state: &AppState) -> serde_json::Value {
     let cfg = state.cfg();
-    let created = 0;
+    let created = state.0.started;
     let mut m = json!({
         "id": cfg.model_id,
         "object": "model",

@@ -547,7 +547,9 @@ async fn the_api_key_may_come_as_x_api_key() {
 
 #[tokio::test]
 async fn the_model_list_reads_as_anthropics_too() {
+    let before = dsv4_core::time::now_unix();
     let s = start(config()).await;
+    let after = dsv4_core::time::now_unix();
     let v = s.get("/v1/models").await.json();
     assert_eq!(
         (&v["has_more"], &v["first_id"], &v["last_id"]),
@@ -559,8 +561,12 @@ async fn the_model_list_reads_as_anthropics_too() {
         (&m["type"], &m["display_name"]),
         (&json!("model"), &json!(MODEL))
     );
+    // Created when the server started, the same instant in both fields.
+    let created = m["created"].as_i64().unwrap();
+    assert!((before..=after).contains(&created), "{m}");
     assert_eq!(
-        m["created_at"], "1970-01-01T00:00:00Z",
+        m["created_at"],
+        dsv4_core::time::rfc3339(created),
         "the time `created` says"
     );
     assert_eq!(&s.get(&format!("/v1/models/{MODEL}")).await.json(), m);
