@@ -21,7 +21,7 @@
 mod file;
 mod share;
 
-pub use file::{BatchFileError, Call, ENDPOINTS, Item, parse};
+pub use file::{BatchFileError, Call, ENDPOINTS, Item, MESSAGES_ENDPOINT, parse};
 pub use share::{Activity, Interactive, Share};
 
 use crate::routes::router;

@@ -13,11 +13,12 @@
 //! they are answered, a shutdown lets the lines in flight finish and stops there, and the next
 //! server goes on from the last whole line (`resume.rs`) once its model is ready.
 
+pub mod messages;
 pub mod resume;
 mod task;
 
 use crate::api::common::{random_hex, unix_now};
-use crate::batch::{Share, Summary};
+use crate::batch::{MESSAGES_ENDPOINT, Share, Summary};
 use crate::files::StoredFile;
 use crate::files_disk::FilesDir;
 use crate::state::AppState;
@@ -144,6 +145,8 @@ struct Record {
     cancelled_at: Option<u64>,
     /// When its completion window ended with lines not yet started (it ends `expired`).
     expired_at: Option<u64>,
+    /// How many of its failed lines are those the window's end left unstarted.
+    expired_lines: usize,
     /// The ids its output and error files get, chosen as it starts keeping them (kept on disk,
     /// so a server stopped part-way finishes with the same ids).
     outputs: Option<[String; 2]>,
@@ -165,6 +168,7 @@ impl Record {
             cancelling_at: None,
             cancelled_at: None,
             expired_at: None,
+            expired_lines: 0,
             outputs: None,
         }
     }
@@ -174,6 +178,8 @@ impl Record {
 const OUTPUTS_KEY: &str = "dsv4_outputs";
 /// The key of a batch's record on disk keeping its `output_expires_after` seconds.
 const OUTPUT_EXPIRY_KEY: &str = "dsv4_output_expires_after";
+/// The key of a batch's record on disk counting the lines its window's end left unstarted.
+const EXPIRED_LINES_KEY: &str = "dsv4_expired_lines";
 
 impl Batch {
     /// OpenAI's batch object.
@@ -227,6 +233,10 @@ impl Batch {
         if let Some(seconds) = self.asked.output_expires_after {
             object[OUTPUT_EXPIRY_KEY] = json!(seconds);
         }
+        let expired = self.lock().expired_lines;
+        if expired > 0 {
+            object[EXPIRED_LINES_KEY] = json!(expired);
+        }
         if let Err(e) = dir.write_batch(&self.id, &object) {
             tracing::warn!(id = self.id, error = %e, "server.files_dir: cannot write a batch");
         }
@@ -273,6 +283,7 @@ impl Batch {
             cancelling_at: at("cancelling_at"),
             cancelled_at: at("cancelled_at"),
             expired_at: at("expired_at"),
+            expired_lines: at(EXPIRED_LINES_KEY).unwrap_or(0) as usize,
             outputs,
         };
         Some(Self {
@@ -293,7 +304,13 @@ impl Batch {
 
     /// The prefix of its output lines' ids (`{prefix}_{line}`).
     fn id_prefix(&self) -> String {
-        format!("batch_req_{}", self.id.trim_start_matches("batch_"))
+        let serial = self.id.rsplit('_').next().unwrap_or_default();
+        format!("batch_req_{serial}")
+    }
+
+    /// Whether it is a Message Batch (`/v1/messages/batches`) rather than an OpenAI batch.
+    pub fn is_messages(&self) -> bool {
+        self.asked.endpoint == MESSAGES_ENDPOINT
     }
 
     /// When its completion window ends (Unix seconds).
@@ -384,7 +401,9 @@ impl BatchStore {
         let mut bad = Vec::new();
         for v in objects {
             match Batch::from_object(&v) {
-                Some(batch) => self.insert(Arc::new(batch), disk),
+                Some(batch) => {
+                    self.insert(Arc::new(batch), disk);
+                }
                 None => bad.push(format!("batch {}: not a batch object", v["id"])),
             }
         }
@@ -435,8 +454,13 @@ impl BatchStore {
     /// Start `asked` over `input` in the background on `state` (whose model is loaded); the new
     /// batch, validating.
     pub fn start(&self, state: &AppState, asked: NewBatch, input: Arc<StoredFile>) -> Arc<Batch> {
+        let prefix = if asked.endpoint == MESSAGES_ENDPOINT {
+            "msgbatch"
+        } else {
+            "batch"
+        };
         let batch = Arc::new(Batch {
-            id: format!("batch_{}", random_hex(state.next_serial())),
+            id: format!("{prefix}_{}", random_hex(state.next_serial())),
             asked,
             created_at: unix_now(),
             state: Mutex::new(Record::new()),
@@ -444,7 +468,14 @@ impl BatchStore {
         });
         let disk = state.files().disk();
         batch.save(disk);
-        self.insert(batch.clone(), disk);
+        for old in self.insert(batch.clone(), disk) {
+            if old.is_messages() {
+                // Its results went with it: nothing reads its files any more.
+                for file in old.file_ids() {
+                    state.files().delete(&file);
+                }
+            }
+        }
         self.spawn(state, batch.clone(), Some(input));
         batch
     }
@@ -498,12 +529,27 @@ impl BatchStore {
         }
     }
 
+    /// Forget an ended batch (and its record on disk); the batch, or `None` when there is no
+    /// such batch. Its files are the caller's to delete.
+    pub fn remove(&self, id: &str, disk: Option<&FilesDir>) -> Option<Arc<Batch>> {
+        let mut batches = self.lock();
+        let key = *batches.iter().find(|(_, b)| b.id == id)?.0;
+        let batch = batches.remove(&key)?;
+        drop(batches);
+        if let Some(dir) = disk {
+            dir.remove_batch(&batch.id);
+        }
+        Some(batch)
+    }
+
     /// List a batch; past [`MAX_BATCHES`] the oldest ended one is forgotten.
-    fn insert(&self, batch: Arc<Batch>, disk: Option<&FilesDir>) {
+    /// The batches forgotten are returned (a Message Batch's files go with it).
+    fn insert(&self, batch: Arc<Batch>, disk: Option<&FilesDir>) -> Vec<Arc<Batch>> {
         let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
         let mut batches = self.lock();
         batches.insert(*next, batch);
         *next += 1;
+        let mut forgotten = Vec::new();
         while batches.len() > MAX_BATCHES {
             let Some(old) = batches
                 .iter()
@@ -512,10 +558,15 @@ impl BatchStore {
             else {
                 break;
             };
-            if let (Some(b), Some(dir)) = (batches.remove(&old), disk) {
+            let Some(b) = batches.remove(&old) else {
+                break;
+            };
+            if let Some(dir) = disk {
                 dir.remove_batch(&b.id);
             }
+            forgotten.push(b);
         }
+        forgotten
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Batch>>> {

@@ -19,6 +19,18 @@ use std::sync::{Arc, Mutex};
 pub const UPLOAD_PURPOSE: &str = "batch";
 /// The purpose of a batch's output and error files.
 pub const OUTPUT_PURPOSE: &str = "batch_output";
+/// The purpose of a Message Batch's requests, kept as a batch input file the server writes
+/// (`POST /v1/messages/batches`); not one of the Files API's files.
+pub const MESSAGE_INPUT_PURPOSE: &str = "dsv4_message_batch";
+/// The purpose of a Message Batch's output and error files, read back as its results; not one
+/// of the Files API's files.
+pub const MESSAGE_OUTPUT_PURPOSE: &str = "dsv4_message_batch_output";
+
+/// Whether files of `purpose` are the Files API's (a Message Batch's own files are not listed
+/// or served by `/v1/files`).
+pub fn is_public(purpose: &str) -> bool {
+    purpose == UPLOAD_PURPOSE || purpose == OUTPUT_PURPOSE
+}
 
 /// Where a file's bytes are.
 #[derive(Debug)]
@@ -64,7 +76,7 @@ pub struct StoredFile {
     pub id: String,
     /// The name it was uploaded with (or the batch output's name).
     pub filename: String,
-    /// `batch` or `batch_output`.
+    /// `batch` or `batch_output` (or a Message Batch's own purposes).
     pub purpose: &'static str,
     /// Unix seconds.
     pub created_at: u64,
@@ -169,9 +181,14 @@ impl Inner {
 
 /// The purpose names a file can have, as the `'static` strings files hold.
 fn purpose_of(name: &str) -> Option<&'static str> {
-    [UPLOAD_PURPOSE, OUTPUT_PURPOSE]
-        .into_iter()
-        .find(|p| *p == name)
+    [
+        UPLOAD_PURPOSE,
+        OUTPUT_PURPOSE,
+        MESSAGE_INPUT_PURPOSE,
+        MESSAGE_OUTPUT_PURPOSE,
+    ]
+    .into_iter()
+    .find(|p| *p == name)
 }
 
 impl FileStore {
@@ -264,6 +281,17 @@ impl FileStore {
     /// Keep an upload, or 400 `files_full` when it does not fit (500 when the disk refuses it).
     /// Writes to disk with `server.files_dir`: call off the runtime's workers.
     pub fn upload(&self, info: FileInfo, content: Bytes) -> Result<Arc<StoredFile>, ApiError> {
+        self.upload_as(info, UPLOAD_PURPOSE, content)
+    }
+
+    /// Keep a batch input file of `purpose` ([`UPLOAD_PURPOSE`], or a Message Batch's
+    /// [`MESSAGE_INPUT_PURPOSE`]) as [`FileStore::upload`] does.
+    pub fn upload_as(
+        &self,
+        info: FileInfo,
+        purpose: &'static str,
+        content: Bytes,
+    ) -> Result<Arc<StoredFile>, ApiError> {
         self.expire(info.created_at);
         let len = content.len();
         {
@@ -276,7 +304,7 @@ impl FileStore {
             }
             inner.bytes += len;
         }
-        match self.keep(info, UPLOAD_PURPOSE, content) {
+        match self.keep(info, purpose, content) {
             Ok(file) => Ok(file),
             Err(e) => {
                 self.lock().bytes -= len;
@@ -289,10 +317,16 @@ impl FileStore {
 
     /// Keep a batch's output or error file in memory (a store without `server.files_dir`;
     /// with one, [`FileStore::adopt_output`]), whatever room is left: the work is done.
-    pub fn put_output(&self, info: FileInfo, content: Bytes) -> Arc<StoredFile> {
+    /// `purpose` is [`OUTPUT_PURPOSE`], or [`MESSAGE_OUTPUT_PURPOSE`] for a Message Batch's.
+    pub fn put_output(
+        &self,
+        info: FileInfo,
+        purpose: &'static str,
+        content: Bytes,
+    ) -> Arc<StoredFile> {
         let mut inner = self.lock();
         inner.bytes += content.len();
-        inner.add(info.stored(OUTPUT_PURPOSE, Content::Memory(content)))
+        inner.add(info.stored(purpose, Content::Memory(content)))
     }
 
     /// Keep a batch's part file in `server.files_dir` as its output or error file `id`: `None`
@@ -301,6 +335,7 @@ impl FileStore {
     pub fn adopt_output(
         &self,
         info: FileInfo,
+        purpose: &'static str,
         part: &Path,
     ) -> std::io::Result<Option<Arc<StoredFile>>> {
         let id = info.id.as_str();
@@ -320,12 +355,12 @@ impl FileStore {
             let _ = std::fs::remove_file(part);
             return Ok(None);
         }
-        let path = dir.adopt(&info.meta(OUTPUT_PURPOSE, len), part)?;
+        let path = dir.adopt(&info.meta(purpose, len), part)?;
         let mut inner = self.lock();
         inner.bytes += len;
-        Ok(Some(inner.add(
-            info.stored(OUTPUT_PURPOSE, Content::Disk { path, len }),
-        )))
+        Ok(Some(
+            inner.add(info.stored(purpose, Content::Disk { path, len })),
+        ))
     }
 
     /// Write a file where this store keeps them and list it (its bytes are already counted).
@@ -429,7 +464,7 @@ mod tests {
         assert_eq!(e.code.as_deref(), Some("files_full"));
         assert!(e.message.contains("60 of 100 bytes"), "{}", e.message);
         store.upload(info("file-b", 2, None), bytes(40)).unwrap();
-        store.put_output(info("file-o", 3, None), bytes(50));
+        store.put_output(info("file-o", 3, None), OUTPUT_PURPOSE, bytes(50));
         assert_eq!(store.bytes(), 150);
         assert!(store.check_room(0).is_err());
         assert!(store.delete("file-o"));
@@ -447,7 +482,7 @@ mod tests {
                 .upload(info(&format!("file-{i}"), i, None), bytes(1))
                 .unwrap();
         }
-        store.put_output(info("file-out", 9, None), bytes(1));
+        store.put_output(info("file-out", 9, None), OUTPUT_PURPOSE, bytes(1));
         let ids =
             |v: Vec<Arc<StoredFile>>| -> Vec<String> { v.iter().map(|f| f.id.clone()).collect() };
         assert_eq!(
@@ -464,7 +499,7 @@ mod tests {
         store.upload(info("file-a", 1, None), bytes(5)).unwrap();
         // Expired long ago by the clock, but kept until swept.
         store.upload(info("file-x", 1, Some(10)), bytes(7)).unwrap();
-        store.put_output(info("file-o", 2, Some(11)), bytes(3));
+        store.put_output(info("file-o", 2, Some(11)), OUTPUT_PURPOSE, bytes(3));
         assert!(
             store.get("file-x").is_none(),
             "an expired file is not served"
@@ -476,7 +511,7 @@ mod tests {
         assert_eq!(store.expire(20), ["file-o"]);
         assert_eq!(store.bytes(), 5);
         assert_eq!(store.len(), 1);
-        let o = store.put_output(info("file-p", 2, Some(3600)), bytes(1));
+        let o = store.put_output(info("file-p", 2, Some(3600)), OUTPUT_PURPOSE, bytes(1));
         assert_eq!(o.object()["expires_at"], 3600);
         assert_eq!(
             store.get("file-a").unwrap().object()["expires_at"],

@@ -9,6 +9,11 @@ use std::collections::HashMap;
 /// The routes a batch line may name (OpenAI's Batch API names these three for text models).
 pub const ENDPOINTS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/responses"];
 
+/// The route of a Message Batch's lines (`POST /v1/messages/batches`). Only such a batch's own
+/// input file names it; its requests' `model` is checked by the route, request by request, as
+/// Anthropic validates each request's `params` on its own.
+pub const MESSAGES_ENDPOINT: &str = "/v1/messages";
+
 /// One input line as OpenAI's Batch API defines it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,7 +103,7 @@ pub fn parse(
         if raw.trim().is_empty() {
             continue;
         }
-        let item = parse_line(raw, line);
+        let item = parse_line(raw, line, endpoint);
         if let Some(id) = &item.custom_id {
             if let Some(&first) = seen.get(id) {
                 return Err(BatchFileError::DuplicateId {
@@ -119,6 +124,7 @@ pub fn parse(
             });
         }
         if let Ok(call) = &item.call
+            && call.url != MESSAGES_ENDPOINT
             && let Some(asked) = call.body.get("model").and_then(Value::as_str)
             && asked != served
         {
@@ -137,7 +143,7 @@ pub fn parse(
 }
 
 /// One line: its `custom_id` as far as it can be read, and the request or why it cannot run.
-fn parse_line(raw: &str, line: usize) -> Item {
+fn parse_line(raw: &str, line: usize, endpoint: Option<&str>) -> Item {
     let value: Value = match serde_json::from_str(raw) {
         Ok(v) => v,
         Err(e) => {
@@ -156,7 +162,7 @@ fn parse_line(raw: &str, line: usize) -> Item {
         Ok(l) => Item {
             line,
             custom_id: Some(l.custom_id.clone()),
-            call: check(l, line),
+            call: check(l, line, endpoint),
         },
         Err(e) => Item {
             line,
@@ -172,9 +178,10 @@ fn parse_line(raw: &str, line: usize) -> Item {
     }
 }
 
-/// What a line may ask: POST to one of [`ENDPOINTS`] with an object body that neither streams
-/// nor runs in the background (a batch writes each answer whole, then exits).
-fn check(l: Line, line: usize) -> Result<Call, (&'static str, String)> {
+/// What a line may ask: POST to one of [`ENDPOINTS`] (or to [`MESSAGES_ENDPOINT`] in a Message
+/// Batch's file, whose `endpoint` it is) with an object body that neither streams nor runs in
+/// the background (a batch writes each answer whole, then exits).
+fn check(l: Line, line: usize, endpoint: Option<&str>) -> Result<Call, (&'static str, String)> {
     if l.method != "POST" {
         return Err((
             "invalid_method",
@@ -184,7 +191,8 @@ fn check(l: Line, line: usize) -> Result<Call, (&'static str, String)> {
             ),
         ));
     }
-    if !ENDPOINTS.contains(&l.url.as_str()) {
+    let messages = endpoint == Some(MESSAGES_ENDPOINT) && l.url == MESSAGES_ENDPOINT;
+    if !ENDPOINTS.contains(&l.url.as_str()) && !messages {
         return Err((
             "invalid_url",
             format!(
@@ -333,5 +341,26 @@ mod tests {
             })
         );
         assert!(e.to_string().contains("--served-model-name gpt-4o"), "{e}");
+    }
+
+    #[test]
+    fn only_a_message_batch_file_goes_to_the_messages_route() {
+        let text = line(
+            "a",
+            "/v1/messages",
+            json!({"model": "claude-x", "max_tokens": 8}),
+        );
+        // In an OpenAI batch (or run-batch) file the route is not one a line may name.
+        let items = parse(&text, "m", None).unwrap();
+        assert_eq!(items[0].call.as_ref().unwrap_err().0, "invalid_url");
+        // In a Message Batch's file it is, and another model is the route's to refuse (per
+        // request, as Anthropic validates each request's params), not the whole file's.
+        let items = parse(&text, "m", Some(MESSAGES_ENDPOINT)).unwrap();
+        assert_eq!(items[0].call.as_ref().unwrap().url, MESSAGES_ENDPOINT);
+        let chat = line("b", "/v1/chat/completions", json!({}));
+        assert!(matches!(
+            parse(&chat, "m", Some(MESSAGES_ENDPOINT)),
+            Err(BatchFileError::WrongEndpoint { line: 1, .. })
+        ));
     }
 }

@@ -7,7 +7,7 @@ use super::resume::{Kept, kept};
 use super::{Batch, Status};
 use crate::api::common::{random_hex, unix_now};
 use crate::batch::{self, AbortOnDrop, BatchFileError, Item, Options, Share, Sinks, Summary};
-use crate::files::{FileInfo, StoredFile};
+use crate::files::{FileInfo, MESSAGE_OUTPUT_PURPOSE, OUTPUT_PURPOSE, StoredFile};
 use crate::files_disk::{FilesDir, PART_KINDS};
 use crate::state::AppState;
 use serde_json::{Value, json};
@@ -123,6 +123,7 @@ pub(super) async fn run(
         }
         write_expired(&mut outputs, &batch.id_prefix(), expired)?;
         let n = expired.len();
+        batch.update(|r| r.expired_lines += n);
         Ok(base
             + Summary {
                 done: s.done + n,
@@ -299,6 +300,11 @@ async fn keep_outputs(
     let disk = state.files().disk();
     let (keeper, name) = (state.clone(), batch.id.clone());
     let lives = batch.asked.output_expires_after;
+    let purpose = if batch.is_messages() {
+        MESSAGE_OUTPUT_PURPOSE
+    } else {
+        OUTPUT_PURPOSE
+    };
     let kept = tokio::task::spawn_blocking(move || {
         let files = keeper.files();
         let mut memory = memory.map(|m| m.map(Some));
@@ -315,10 +321,10 @@ async fn keep_outputs(
                 (Some(m), _) => m[i]
                     .take()
                     .filter(|b| !b.is_empty())
-                    .map(|b| files.put_output(info, b.into())),
+                    .map(|b| files.put_output(info, purpose, b.into())),
                 (None, Some(dir)) => {
                     let part = dir.part_path(&name, kind);
-                    files.adopt_output(info, &part)?
+                    files.adopt_output(info, purpose, &part)?
                 }
                 (None, None) => None,
             }

@@ -104,10 +104,11 @@ pub async fn create(
     Ok(json_response(&batch.object()))
 }
 
-/// The batch `id`, or 404.
+/// The batch `id`, or 404 (a Message Batch is `/v1/messages/batches`'s).
 fn find(state: &AppState, id: &str) -> Result<Arc<Batch>, ApiError> {
     files_on(state)?;
-    state.batches().get(id).ok_or_else(|| {
+    let batch = state.batches().get(id).filter(|b| !b.is_messages());
+    batch.ok_or_else(|| {
         ApiError::not_found(format!(
             "no batch {id} on this server (GET /v1/batches lists them)"
         ))
@@ -144,7 +145,7 @@ pub async fn cancel(
 pub async fn list(State(state): State<AppState>, uri: Uri) -> Result<Response, ApiError> {
     files_on(&state)?;
     let page = Page::from_query(&uri, (20, 100), false, "limit and after", |_, _| Ok(false))?;
-    let batches = state.batches().all();
+    let batches = state.batches().openai();
     Ok(json_response(&page.list(
         &batches,
         |b| b.object(),

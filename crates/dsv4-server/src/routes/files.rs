@@ -8,7 +8,7 @@ use super::json_response;
 use super::page::Page;
 use crate::api::common::{random_hex, unix_now};
 use crate::error::ApiError;
-use crate::files::{FileInfo, OUTPUT_PURPOSE, StoredFile, UPLOAD_PURPOSE};
+use crate::files::{FileInfo, OUTPUT_PURPOSE, StoredFile, UPLOAD_PURPOSE, is_public};
 use crate::state::AppState;
 use axum::extract::multipart::{MultipartError, MultipartRejection};
 use axum::extract::{Multipart, Path, State};
@@ -243,7 +243,8 @@ pub async fn list(State(state): State<AppState>, uri: Uri) -> Result<Response, A
             Ok(true)
         },
     )?;
-    let files: Vec<Arc<StoredFile>> = state.files().all(purpose);
+    let mut files: Vec<Arc<StoredFile>> = state.files().all(purpose);
+    files.retain(|f| is_public(f.purpose));
     Ok(json_response(&page.list(
         &files,
         |f| f.object(),
@@ -251,10 +252,14 @@ pub async fn list(State(state): State<AppState>, uri: Uri) -> Result<Response, A
     )?))
 }
 
-/// The stored file `id`, or 404.
+/// The stored file `id`, or 404 (a Message Batch's own files are not the Files API's).
 fn find(state: &AppState, id: &str) -> Result<Arc<StoredFile>, ApiError> {
     files_on(state)?;
-    state.files().get(id).ok_or_else(|| no_file(id, None))
+    state
+        .files()
+        .get(id)
+        .filter(|f| is_public(f.purpose))
+        .ok_or_else(|| no_file(id, None))
 }
 
 /// `GET /v1/files/{id}`: a file's object.

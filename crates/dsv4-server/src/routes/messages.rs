@@ -62,7 +62,7 @@ fn respond(r: Result<Response, ApiError>) -> Response {
 }
 
 /// Anthropic's error `type` for a status.
-fn error_type(status: StatusCode) -> &'static str {
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 | 405 | 422 => "invalid_request_error",
         401 => "authentication_error",

@@ -15,6 +15,7 @@ pub mod files;
 pub mod generate;
 pub mod info;
 pub mod loads;
+pub mod message_batches;
 pub mod messages;
 pub mod messages_output;
 mod page;
@@ -62,6 +63,24 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .merge(generation)
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route(
+            "/v1/messages/batches",
+            post(message_batches::create)
+                .get(message_batches::list)
+                .layer(DefaultBodyLimit::max(files_limit)),
+        )
+        .route(
+            "/v1/messages/batches/{id}",
+            get(message_batches::retrieve).delete(message_batches::delete),
+        )
+        .route(
+            "/v1/messages/batches/{id}/cancel",
+            post(message_batches::cancel),
+        )
+        .route(
+            "/v1/messages/batches/{id}/results",
+            get(message_batches::results_file),
+        )
         .route(
             "/v1/responses/input_tokens",
             post(responses_tokens::input_tokens),
@@ -128,6 +147,14 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/responses" => "/v1/responses",
         "/v1/messages" => "/v1/messages",
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
+        "/v1/messages/batches" => "/v1/messages/batches",
+        p if p.starts_with("/v1/messages/batches/") && p.ends_with("/cancel") => {
+            "/v1/messages/batches/{id}/cancel"
+        }
+        p if p.starts_with("/v1/messages/batches/") && p.ends_with("/results") => {
+            "/v1/messages/batches/{id}/results"
+        }
+        p if p.starts_with("/v1/messages/batches/") => "/v1/messages/batches/{id}",
         "/invocations" => "/invocations",
         "/ping" => "/ping",
         p if p.starts_with("/v1/responses/") && p.ends_with("/input_items") => {
@@ -253,7 +280,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}; this server serves POST /v1/chat/completions, POST /v1/completions, \
-         POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, GET and DELETE /v1/responses/{{id}}, GET \
+         POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST and GET \
+         /v1/messages/batches, GET and DELETE /v1/messages/batches/{{id}}, POST \
+         /v1/messages/batches/{{id}}/cancel, GET /v1/messages/batches/{{id}}/results, GET and \
+         DELETE /v1/responses/{{id}}, GET \
          /v1/responses/{{id}}/input_items, POST /v1/responses/{{id}}/cancel, POST and GET \
          /v1/files, GET and DELETE /v1/files/{{id}}, GET /v1/files/{{id}}/content, POST and GET \
          /v1/batches, GET /v1/batches/{{id}}, POST /v1/batches/{{id}}/cancel, GET /v1/models, \

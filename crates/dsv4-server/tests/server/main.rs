@@ -34,6 +34,7 @@ mod fim;
 mod generate;
 mod health;
 mod logprobs;
+mod message_batches;
 mod messages;
 mod messages_omitted;
 mod prefix;

@@ -418,7 +418,7 @@ async fn max_tokens_0_runs_the_prompt_only_and_warms_the_prefix_cache() {
 }
 
 /// Assert Anthropic's error object with `status` and error `type`; its message.
-fn anthropic_error(r: &Reply, status: u16, kind: &str) -> String {
+pub(super) fn anthropic_error(r: &Reply, status: u16, kind: &str) -> String {
     assert_eq!(r.status, status, "{}", r.body);
     let v = r.json();
     assert_eq!(v["type"], "error", "{v}");
