@@ -12,7 +12,8 @@ accumulates, equal to the unstreamed answer), a tool-use round trip (tool_choice
 the tool_result sent back), a streamed tool call and thinking (the SDK accumulating
 input_json_delta and thinking_delta events into blocks), omitted thinking (display
 "omitted": the signature holds the reasoning and sent back restores it), a JSON answer under
-output_config.format, count_tokens, the model list, and the SDK's error classes.
+output_config.format, count_tokens, the model list, a Message Batch (create, retrieve until
+ended, results read through its results_url, list, delete), and the SDK's error classes.
 
 The embedded tiny model has random weights: plain-text answers are noise, and it often emits
 special tokens that the strict DSV4 parser refuses in content. Plain requests therefore pass
@@ -23,6 +24,7 @@ grammar constrains them.
 import argparse
 import base64
 import json
+import time
 
 import anthropic
 from harness import CLEAN_STOPS, check, run_tests
@@ -218,6 +220,48 @@ def test_models(client, model):
     check(one.id == model and one.type == "model" and one.display_name == model, one)
 
 
+def test_message_batches(client, model):
+    params = dict(model=model, max_tokens=8, stop_sequences=CLEAN_STOPS, **GREEDY)
+    batch = client.messages.batches.create(
+        requests=[
+            {"custom_id": "hello", "params": {**params, "messages": [{"role": "user", "content": "Say hello"}]}},
+            {"custom_id": "other-model", "params": {**params, "model": "claude-not-here", "messages": ASK}},
+        ]
+    )
+    check(batch.type == "message_batch" and batch.id.startswith("msgbatch_"), batch)
+    check(batch.processing_status in ("in_progress", "ended"), batch)
+    for _ in range(600):
+        batch = client.messages.batches.retrieve(batch.id)
+        if batch.processing_status == "ended":
+            break
+        time.sleep(0.1)
+    check(batch.processing_status == "ended", batch)
+    counts = batch.request_counts
+    check((counts.succeeded, counts.errored, counts.processing) == (1, 1, 0), counts)
+    check(batch.ended_at is not None and batch.ended_at >= batch.created_at, batch)
+    results = {r.custom_id: r.result for r in client.messages.batches.results(batch.id)}
+    check(set(results) == {"hello", "other-model"}, results)
+    check(results["hello"].type == "succeeded", results["hello"])
+    alone = client.messages.create(
+        model=model,
+        max_tokens=8,
+        stop_sequences=CLEAN_STOPS,
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": "Say hello"}],
+    )
+    check(text_of(results["hello"].message) == text_of(alone), (results["hello"], alone))
+    check(results["other-model"].type == "errored", results["other-model"])
+    check(results["other-model"].error.error.type == "not_found_error", results["other-model"])
+    check(batch.id in [b.id for b in client.messages.batches.list(limit=5)], "listed")
+    deleted = client.messages.batches.delete(batch.id)
+    check(deleted.type == "message_batch_deleted" and deleted.id == batch.id, deleted)
+    try:
+        client.messages.batches.retrieve(batch.id)
+        raise AssertionError("a deleted batch was found")
+    except anthropic.NotFoundError as e:
+        check(e.body["error"]["type"] == "not_found_error", e.body)
+
+
 def test_errors(client, model):
     try:
         plain(
@@ -256,6 +300,7 @@ TESTS = [
     test_json_output,
     test_count_tokens,
     test_models,
+    test_message_batches,
     test_errors,
 ]
 
