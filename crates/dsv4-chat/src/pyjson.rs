@@ -129,6 +129,14 @@ impl OrderedJson {
 /// Appends `s` as a JSON string the way Python's `json.dumps(s, ensure_ascii=False)` does.
 pub fn write_python_str(s: &str, out: &mut String) {
     out.push('"');
+    write_python_str_body(s, out);
+    out.push('"');
+}
+
+/// `s` escaped as inside a JSON string Python's `json.dumps(s, ensure_ascii=False)` writes,
+/// without the quotes: escaping is per character, so the pieces of a string escape to the
+/// pieces of its escaped text.
+pub fn write_python_str_body(s: &str, out: &mut String) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -145,7 +153,6 @@ pub fn write_python_str(s: &str, out: &mut String) {
             c => out.push(c),
         }
     }
-    out.push('"');
 }
 
 /// `s` as Python's `json.dumps(s, ensure_ascii=False)` writes it.

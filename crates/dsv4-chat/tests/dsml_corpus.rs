@@ -53,6 +53,7 @@ fn every_corpus_case_has_its_expected_outcome() {
                 .expect("tools flag")
                 .then(|| Arc::clone(&tools)),
             verbatim_content: false,
+            stream_arguments: false,
         };
         let outcome = parse_completion_chunked(input, usize::MAX, options.clone());
         match (&outcome, expected.get("error"), expected.get("message")) {

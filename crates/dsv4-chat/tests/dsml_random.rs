@@ -140,6 +140,7 @@ fn random_inputs_never_panic_and_ignore_chunking() {
             thinking: rng.below(2) == 0,
             tools: (rng.below(2) == 0).then(|| Arc::clone(&tools)),
             verbatim_content: false,
+            stream_arguments: rng.below(2) == 0,
         };
         let input = if round % 2 == 0 {
             random_input(&mut rng)
@@ -147,6 +148,16 @@ fn random_inputs_never_panic_and_ignore_chunking() {
             mutated_input(&mut rng, options.thinking)
         };
         let whole = parse_completion_chunked(&input, usize::MAX, options.clone());
+        // Streaming the arguments changes what is sent, never the outcome.
+        let other = ParserOptions {
+            stream_arguments: !options.stream_arguments,
+            ..options.clone()
+        };
+        assert_eq!(
+            parse_completion_chunked(&input, usize::MAX, other),
+            whole,
+            "round {round}, input {input:?}"
+        );
         outcomes[usize::from(whole.is_ok())] += 1;
         if let Err(e) = &whole {
             classes.insert(e.class.as_str());

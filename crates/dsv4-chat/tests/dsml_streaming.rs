@@ -1,9 +1,11 @@
 //! Chunking invariance: every way of splitting a valid completion into 2 and 3 byte chunks
 //! (split points anywhere, including inside UTF-8 characters and markers) gives the same
-//! events — after joining adjacent deltas of the same kind — as parsing it whole.
+//! events — after joining adjacent deltas of the same kind — as parsing it whole. With
+//! `stream_arguments`, each call's streamed pieces make exactly its checked arguments.
 
 use std::sync::Arc;
 
+use dsv4_chat::dsml::ToolCallPiece::{Arguments, Start};
 use dsv4_chat::{AssistantMessage, DsmlParser, Event, ParserOptions, ToolSet, parse_completion};
 
 const TOOLS: &str = r#"[{"type":"function","function":{"name":"get_weather","parameters":{
@@ -18,6 +20,7 @@ fn with_tools(thinking: bool) -> ParserOptions {
             ToolSet::from_json_str(TOOLS).expect("tools are valid"),
         )),
         verbatim_content: false,
+        stream_arguments: false,
     }
 }
 
@@ -58,6 +61,10 @@ fn run(parts: &[&[u8]], options: &ParserOptions) -> Vec<Event> {
             match (out.last_mut(), e) {
                 (Some(Event::Reasoning(a)), Event::Reasoning(b))
                 | (Some(Event::Content(a)), Event::Content(b)) => a.push_str(&b),
+                (
+                    Some(Event::ToolCallPiece(Arguments { index: i, text: a })),
+                    Event::ToolCallPiece(Arguments { index: j, text: b }),
+                ) if *i == j => a.push_str(&b),
                 (_, e) => out.push(e),
             }
         }
@@ -161,4 +168,64 @@ fn str_chunks_on_character_boundaries_match_byte_chunks() {
         whole.into_iter().for_each(|e| expected.apply(e));
         assert_eq!(msg, expected, "{name}");
     }
+}
+
+/// Check the streamed calls of `events`: each starts with its tool's name, then pieces that
+/// join to the arguments of the checked call that ends it. The events without the pieces.
+fn checked_pieces(events: &[Event], name: &str) -> Vec<Event> {
+    let mut open: Option<(usize, String, String)> = None;
+    let mut rest = Vec::new();
+    for e in events {
+        match e {
+            Event::ToolCallPiece(Start { index, name: tool }) => {
+                assert!(open.is_none(), "{name}: a call starts inside another");
+                open = Some((*index, tool.clone(), String::new()));
+            }
+            Event::ToolCallPiece(Arguments { index, text }) => {
+                let (i, _, args) = open.as_mut().expect("pieces after a start");
+                assert_eq!(i, index, "{name}");
+                args.push_str(text);
+            }
+            Event::ToolCall(call) => {
+                let (i, tool, args) = open.take().expect("a streamed call started");
+                assert_eq!(
+                    (i, &tool, &args),
+                    (call.index, &call.name, &call.arguments),
+                    "{name}"
+                );
+                rest.push(e.clone());
+            }
+            other => rest.push(other.clone()),
+        }
+    }
+    assert!(open.is_none(), "{name}: a call never ended");
+    rest
+}
+
+#[test]
+fn streamed_arguments_make_each_checked_call_however_the_text_is_split() {
+    let escapes = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n\
+        <｜DSML｜parameter name=\"city\" string=\"true\">a \"b\"\\\n🙂</｜DSML｜parameter>\n\
+        <｜DSML｜parameter name=\"days\" string=\"false\"> 3 \n</｜DSML｜parameter>\n\
+        </｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    let mut all = cases();
+    all.push(("escapes and whitespace", with_tools(false), escapes));
+    for (name, opts, text) in all {
+        let streaming = ParserOptions {
+            stream_arguments: true,
+            ..opts.clone()
+        };
+        let bytes = text.as_bytes();
+        let whole = run(&[bytes], &streaming);
+        assert_eq!(checked_pieces(&whole, name), run(&[bytes], &opts), "{name}");
+        for i in 0..=bytes.len() {
+            let (a, b) = bytes.split_at(i);
+            assert_eq!(run(&[a, b], &streaming), whole, "{name}: split at {i}");
+        }
+    }
+    let msg = parse_completion(escapes, with_tools(false)).unwrap();
+    assert_eq!(
+        msg.tool_calls[0].arguments,
+        "{\"city\": \"a \\\"b\\\"\\\\\\n🙂\", \"days\": 3}"
+    );
 }

@@ -7,7 +7,7 @@
 //! (and its parser).
 
 use crate::config::OutputParsing;
-use dsv4_chat::dsml::Event;
+use dsv4_chat::dsml::{Event, ToolCallPiece};
 use dsv4_chat::{DsmlParser, ParseError, ParserOptions, ToolCall, markers};
 
 /// A piece of the assistant's answer.
@@ -17,7 +17,9 @@ pub enum Delta {
     Content(String),
     /// Reasoning text (thinking mode).
     Reasoning(String),
-    /// A complete, checked tool call.
+    /// A piece of a tool call as it is written (streamed arguments).
+    ToolCallPiece(ToolCallPiece),
+    /// A complete, checked tool call (after its pieces, when they were streamed).
     ToolCall(ToolCall),
 }
 
@@ -255,6 +257,7 @@ impl OutputDecoder {
                     out.push(match other {
                         Event::Content(c) => Delta::Content(c),
                         Event::ToolCall(c) => Delta::ToolCall(c),
+                        Event::ToolCallPiece(p) => Delta::ToolCallPiece(p),
                         Event::Reasoning(_) => unreachable!("matched above"),
                     });
                 }
@@ -332,6 +335,7 @@ mod tests {
             thinking,
             tools: Some(Arc::clone(tools)),
             verbatim_content: false,
+            stream_arguments: false,
         }
     }
 

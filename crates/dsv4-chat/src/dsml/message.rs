@@ -33,6 +33,8 @@ impl AssistantMessage {
                 .push_str(&s),
             Event::Content(s) => self.content.push_str(&s),
             Event::ToolCall(call) => self.tool_calls.push(call),
+            // The checked call that follows carries the whole call.
+            Event::ToolCallPiece(_) => {}
         }
     }
 

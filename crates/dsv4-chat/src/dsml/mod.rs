@@ -18,6 +18,7 @@
 //! tokens are `malformed`. Source: SGLang `encoding_dsv4.py` (`parse_message_from_completion_text`,
 //! `parse_tool_calls`) and DeepSeek-V3.2 `encoding_dsv32.py` for the `function_calls` name.
 
+mod arguments;
 mod call;
 mod error;
 mod message;
@@ -51,8 +52,31 @@ pub enum Event {
     Reasoning(String),
     /// More visible content.
     Content(String),
-    /// A tool call, complete and checked.
+    /// A piece of a tool call as it is written ([`ParserOptions::stream_arguments`]).
+    ToolCallPiece(ToolCallPiece),
+    /// A tool call, complete and checked (after its pieces, when they were streamed).
     ToolCall(ToolCall),
+}
+
+/// A piece of a tool call as the model writes it: its start, then pieces of its arguments
+/// text, which concatenate to its [`ToolCall::arguments`]; the checked [`Event::ToolCall`]
+/// follows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolCallPiece {
+    /// The call starts: its [`ToolCall::index`] and its tool.
+    Start {
+        /// The call's index among the completion's calls.
+        index: usize,
+        /// The tool's name.
+        name: String,
+    },
+    /// More of the call's arguments text.
+    Arguments {
+        /// The call's index.
+        index: usize,
+        /// The next piece.
+        text: String,
+    },
 }
 
 /// How to parse a completion.
@@ -67,6 +91,10 @@ pub struct ParserOptions {
     /// schema, a structural tag): after the reasoning it is taken as written, up to the
     /// end-of-sentence token, with no markup or tool-call block looked for.
     pub verbatim_content: bool,
+    /// Stream each tool call as it is written: a [`ToolCallPiece::Start`] when its invoke tag
+    /// closes, [`ToolCallPiece::Arguments`] as its parameters are read, then the checked
+    /// [`Event::ToolCall`]. Off, a call comes whole once checked.
+    pub stream_arguments: bool,
 }
 
 #[cfg(test)]

@@ -9,11 +9,12 @@
 
 use std::sync::Arc;
 
+use super::arguments::ArgumentStream;
 use super::call::{PendingCall, PendingParam};
 use super::error::{ErrorClass, ParseError};
-use super::tag::{Attr, parse_attrs};
+use super::tag::{only_name, param_attrs, parse_attrs};
 use super::text::{Probe, TextState, probe};
-use super::{Event, ParserOptions};
+use super::{Event, ParserOptions, ToolCallPiece};
 use crate::markers::{
     ASSISTANT, BOS, EOS, FUNCTION_CALLS_END, FUNCTION_CALLS_START, INVOKE_END, INVOKE_START,
     LATEST_REMINDER, PARAMETER_END, PARAMETER_START, THINK_END, THINK_START, TOOL_CALLS_END,
@@ -138,6 +139,8 @@ pub struct DsmlParser {
     tag_start: usize,
     call: Option<PendingCall>,
     param: Option<PendingParam>,
+    /// The open call's arguments as they are read ([`ParserOptions::stream_arguments`]).
+    arguments: Option<ArgumentStream>,
     out: Vec<Event>,
     error: Option<ParseError>,
     finished: bool,
@@ -168,6 +171,7 @@ impl DsmlParser {
             tag_start: 0,
             call: None,
             param: None,
+            arguments: options.stream_arguments.then(ArgumentStream::default),
             out: Vec::new(),
             error: None,
             finished: false,
@@ -357,6 +361,11 @@ impl DsmlParser {
                 if let Some(p) = self.param.as_mut() {
                     p.value.push(c);
                 }
+                if let Some(a) = self.arguments.as_mut() {
+                    let mut piece = String::new();
+                    a.value_char(c, &mut piece);
+                    self.push_arguments(&piece);
+                }
             }
             Mode::Block | Mode::Invoke | Mode::AfterBlock if c.is_whitespace() => {}
             Mode::Block => return Err(bad(at, "unexpected text inside the tool_calls block")),
@@ -451,6 +460,16 @@ impl DsmlParser {
                     format!("unknown tool `{name}`; the request declares: [{declared}]"),
                 ));
             }
+            if let Some(a) = self.arguments.as_mut() {
+                let first = a.open_invoke();
+                let index = self.calls_total;
+                let start = ToolCallPiece::Start {
+                    index,
+                    name: name.clone(),
+                };
+                self.out.push(Event::ToolCallPiece(start));
+                self.push_arguments(first);
+            }
             self.call = Some(PendingCall::new(name, self.tag_start));
             self.mode = Mode::Invoke;
         } else {
@@ -469,6 +488,10 @@ impl DsmlParser {
                     ),
                 ));
             }
+            if let Some(a) = self.arguments.as_mut() {
+                let piece = a.open_param(&param.0, param.1);
+                self.push_arguments(&piece);
+            }
             self.param = Some(PendingParam::new(param.0, param.1, at + 1));
             self.mode = Mode::ParamValue;
         }
@@ -485,6 +508,10 @@ impl DsmlParser {
             .as_mut()
             .ok_or_else(|| bad(param.value_start, "no open invoke"))?;
         call.push(param)?;
+        if let Some(a) = self.arguments.as_mut() {
+            let piece = a.close_param();
+            self.push_arguments(piece);
+        }
         self.mode = Mode::Invoke;
         Ok(())
     }
@@ -495,6 +522,10 @@ impl DsmlParser {
             .take()
             .ok_or_else(|| bad(self.base, "no open invoke"))?;
         let tool_call = call.finish(self.calls_total, self.tools.as_deref())?;
+        if let Some(a) = self.arguments.as_ref() {
+            let piece = a.close_invoke();
+            self.push_arguments(piece);
+        }
         self.calls_total += 1;
         self.calls_in_block += 1;
         self.out.push(Event::ToolCall(tool_call));
@@ -505,6 +536,27 @@ impl DsmlParser {
     fn flush_newlines(&mut self) {
         for _ in 0..std::mem::take(&mut self.held_newlines) {
             self.push_text(false, '\n');
+        }
+    }
+
+    /// Appends `piece` to the open call's arguments delta.
+    fn push_arguments(&mut self, piece: &str) {
+        if piece.is_empty() {
+            return;
+        }
+        let index = self.calls_total;
+        match self.out.last_mut() {
+            Some(Event::ToolCallPiece(ToolCallPiece::Arguments { index: i, text }))
+                if *i == index =>
+            {
+                text.push_str(piece);
+            }
+            _ => self
+                .out
+                .push(Event::ToolCallPiece(ToolCallPiece::Arguments {
+                    index,
+                    text: piece.to_string(),
+                })),
         }
     }
 
@@ -533,58 +585,4 @@ fn tag_name_len(mode: Mode) -> usize {
     } else {
         PARAMETER_START.len()
     }
-}
-
-/// The `name` of an invoke tag, which takes no other attribute.
-fn only_name(attrs: &[Attr], at: usize) -> Result<String, ParseError> {
-    if let Some(other) = attrs.iter().find(|a| a.key != "name") {
-        return Err(bad(
-            at,
-            format!("invoke tag has unknown attribute `{}`", other.key),
-        ));
-    }
-    match attrs.iter().find(|a| a.key == "name") {
-        Some(a) if !a.value.is_empty() => Ok(a.value.clone()),
-        _ => Err(bad(at, "invoke tag needs a non-empty name=\"...\"")),
-    }
-}
-
-/// The `name` and `string` flag of a parameter tag.
-fn param_attrs(
-    attrs: &[Attr],
-    at: usize,
-    body_at: impl Fn(usize) -> usize,
-) -> Result<(String, bool), ParseError> {
-    if let Some(other) = attrs.iter().find(|a| a.key != "name" && a.key != "string") {
-        return Err(bad(
-            body_at(other.offset),
-            format!("parameter tag has unknown attribute `{}`", other.key),
-        ));
-    }
-    let name = match attrs.iter().find(|a| a.key == "name") {
-        Some(a) if !a.value.is_empty() => a.value.clone(),
-        _ => return Err(bad(at, "parameter tag needs a non-empty name=\"...\"")),
-    };
-    let is_string = match attrs.iter().find(|a| a.key == "string") {
-        Some(a) if a.value == "true" => true,
-        Some(a) if a.value == "false" => false,
-        Some(a) => {
-            return Err(ParseError::new(
-                ErrorClass::BadStringFlag,
-                body_at(a.offset),
-                format!(
-                    "parameter `{name}` has string=\"{}\"; it must be \"true\" or \"false\"",
-                    a.value
-                ),
-            ));
-        }
-        None => {
-            return Err(ParseError::new(
-                ErrorClass::BadStringFlag,
-                at,
-                format!("parameter `{name}` has no string=\"true|false\" attribute"),
-            ));
-        }
-    };
-    Ok((name, is_string))
 }

@@ -1,7 +1,10 @@
 //! Attributes of DSML opening tags: the text between `<｜DSML｜invoke` (or `parameter`) and `>`.
 //!
 //! Grammar: `( WS+ KEY '="' VALUE '"' )* WS*` where KEY is ASCII letters, digits, `_` or `-`
-//! and VALUE is any text without `"`. Each attribute needs whitespace before it.
+//! and VALUE is any text without `"`. Each attribute needs whitespace before it. An invoke
+//! tag takes only `name`; a parameter tag `name` and `string="true|false"`.
+
+use super::error::{ErrorClass, ParseError};
 
 /// One `key="value"` pair and its byte offset inside the tag text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +62,64 @@ pub(crate) fn parse_attrs(text: &str) -> Result<Vec<Attr>, (usize, String)> {
         });
         i += len + 1;
     }
+}
+
+/// The `name` of an invoke tag, which takes no other attribute.
+pub(crate) fn only_name(attrs: &[Attr], at: usize) -> Result<String, ParseError> {
+    if let Some(other) = attrs.iter().find(|a| a.key != "name") {
+        return Err(bad(
+            at,
+            format!("invoke tag has unknown attribute `{}`", other.key),
+        ));
+    }
+    match attrs.iter().find(|a| a.key == "name") {
+        Some(a) if !a.value.is_empty() => Ok(a.value.clone()),
+        _ => Err(bad(at, "invoke tag needs a non-empty name=\"...\"")),
+    }
+}
+
+/// The `name` and `string` flag of a parameter tag.
+pub(crate) fn param_attrs(
+    attrs: &[Attr],
+    at: usize,
+    body_at: impl Fn(usize) -> usize,
+) -> Result<(String, bool), ParseError> {
+    if let Some(other) = attrs.iter().find(|a| a.key != "name" && a.key != "string") {
+        return Err(bad(
+            body_at(other.offset),
+            format!("parameter tag has unknown attribute `{}`", other.key),
+        ));
+    }
+    let name = match attrs.iter().find(|a| a.key == "name") {
+        Some(a) if !a.value.is_empty() => a.value.clone(),
+        _ => return Err(bad(at, "parameter tag needs a non-empty name=\"...\"")),
+    };
+    let is_string = match attrs.iter().find(|a| a.key == "string") {
+        Some(a) if a.value == "true" => true,
+        Some(a) if a.value == "false" => false,
+        Some(a) => {
+            return Err(ParseError::new(
+                ErrorClass::BadStringFlag,
+                body_at(a.offset),
+                format!(
+                    "parameter `{name}` has string=\"{}\"; it must be \"true\" or \"false\"",
+                    a.value
+                ),
+            ));
+        }
+        None => {
+            return Err(ParseError::new(
+                ErrorClass::BadStringFlag,
+                at,
+                format!("parameter `{name}` has no string=\"true|false\" attribute"),
+            ));
+        }
+    };
+    Ok((name, is_string))
+}
+
+fn bad(at: usize, message: impl Into<String>) -> ParseError {
+    ParseError::new(ErrorClass::Malformed, at, message)
 }
 
 #[cfg(test)]

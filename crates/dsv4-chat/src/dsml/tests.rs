@@ -15,6 +15,7 @@ fn thinking() -> ParserOptions {
         thinking: true,
         tools: None,
         verbatim_content: false,
+        stream_arguments: false,
     }
 }
 
@@ -92,6 +93,7 @@ fn errors_carry_class_and_offset_of_the_construct() {
         thinking: false,
         tools: Some(tools),
         verbatim_content: false,
+        stream_arguments: false,
     };
     assert!(parse_completion(CALL, with_tools.clone()).is_ok());
     let unknown = CALL.replace("name=\"f\"", "name=\"g\"");
@@ -183,6 +185,7 @@ fn with_schema(schema: &str) -> ParserOptions {
         thinking: false,
         tools: Some(Arc::new(ToolSet::from_json_str(&tools).unwrap())),
         verbatim_content: false,
+        stream_arguments: false,
     }
 }
 
@@ -232,6 +235,7 @@ fn verbatim_content_is_taken_as_written_after_the_reasoning() {
             thinking,
             tools: None,
             verbatim_content: true,
+            stream_arguments: false,
         };
         let text = if thinking {
             format!("why</think>{markup}<｜end▁of▁sentence｜>")
@@ -252,4 +256,31 @@ fn verbatim_content_is_taken_as_written_after_the_reasoning() {
     }
     // Without the option the same content is markup in the wrong place.
     assert!(parse_completion(&markup, chat()).is_err());
+}
+
+#[test]
+fn a_streamed_call_that_fails_its_check_errs_after_its_pieces() {
+    let options = ParserOptions {
+        stream_arguments: true,
+        ..chat()
+    };
+    let mut p = DsmlParser::new(options);
+    let (head, tail) = CALL.split_at(CALL.find(" [1").unwrap());
+    let sent = p.feed(head).unwrap();
+    assert_eq!(
+        sent,
+        [
+            Event::ToolCallPiece(ToolCallPiece::Start {
+                index: 0,
+                name: "f".into()
+            }),
+            Event::ToolCallPiece(ToolCallPiece::Arguments {
+                index: 0,
+                text: r#"{"a": "x \"y\"", "b": "#.into()
+            }),
+        ]
+    );
+    // The value turns out not to be strict JSON: the call fails when its parameter closes.
+    let err = p.feed(&tail.replace("null", "nil")).unwrap_err();
+    assert_eq!(err.class, ErrorClass::BadJson);
 }

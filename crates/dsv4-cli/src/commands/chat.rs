@@ -116,6 +116,7 @@ fn parse(args: &ParseArgs) -> anyhow::Result<()> {
         thinking: args.thinking,
         tools: args.tools.as_deref().map(tools).transpose()?,
         verbatim_content: false,
+        stream_arguments: false,
     };
     let mut input = Vec::new();
     std::io::stdin()

@@ -318,9 +318,6 @@ pub fn check_tool_choice(
 /// A tool call in a response (`function.arguments` is a JSON text).
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolCallBody {
-    /// Position among the answer's calls (stream deltas only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub index: Option<usize>,
     /// The call id (tool results refer to it).
     pub id: String,
     /// Always "function".
@@ -337,6 +334,61 @@ pub struct FunctionBody {
     pub name: String,
     /// The arguments as JSON text.
     pub arguments: String,
+}
+
+/// A tool call's piece in a stream chunk: a call's first piece carries its `id`, `type` and
+/// `function.name` (and all its arguments when they are not streamed); later pieces only
+/// more `function.arguments`, which the client appends.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// Position among the answer's calls.
+    pub index: usize,
+    /// The call id (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// "function" (first piece only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first piece only) and more arguments.
+    pub function: FunctionDelta,
+}
+
+/// `tool_calls[].function` of a stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    /// The tool's name (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More of the arguments' JSON text.
+    pub arguments: String,
+}
+
+impl ToolCallDelta {
+    /// The first piece of call `index`: its id, its tool and its arguments so far.
+    pub fn first(index: usize, call: ToolCallBody) -> Self {
+        Self {
+            index,
+            id: Some(call.id),
+            kind: Some(call.kind),
+            function: FunctionDelta {
+                name: Some(call.function.name),
+                arguments: call.function.arguments,
+            },
+        }
+    }
+
+    /// A later piece of call `index`: more arguments.
+    pub fn more(index: usize, arguments: String) -> Self {
+        Self {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments,
+            },
+        }
+    }
 }
 
 /// The assistant message of a non-streamed answer.
@@ -410,9 +462,9 @@ pub struct DeltaBody {
     /// More reasoning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
-    /// Complete tool calls.
+    /// Tool calls' pieces (a call's first piece, or more of its arguments).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCallBody>>,
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a stream chunk.

@@ -131,6 +131,7 @@ fn required_tool_calls_always_parse_and_satisfy_the_schemas() {
                 thinking,
                 tools: Some(Arc::clone(&tools)),
                 verbatim_content: false,
+                stream_arguments: false,
             };
             let msg = parse_completion(&text, opts).unwrap_or_else(|e| panic!("{e:?} in {text:?}"));
             let calls = &msg.tool_calls;
@@ -173,6 +174,7 @@ fn a_named_tool_choice_calls_only_that_tool() {
                 thinking: false,
                 tools: Some(Arc::clone(&tools)),
                 verbatim_content: false,
+                stream_arguments: false,
             },
         )
         .unwrap();
@@ -447,6 +449,7 @@ fn strict_tools_in_auto_mode_allow_content_or_calls_that_always_parse() {
                 thinking,
                 tools: Some(Arc::clone(&tools)),
                 verbatim_content: false,
+                stream_arguments: false,
             };
             let msg = parse_completion(&text, opts).unwrap_or_else(|e| panic!("{e:?} in {text:?}"));
             if msg.tool_calls.is_empty() {

@@ -121,6 +121,8 @@ pub(super) struct DecoderSpec {
     pub(super) verbatim_content: bool,
     /// `skip_special_tokens` on a raw answer.
     pub(super) skip_special: bool,
+    /// A streamed answer sends each tool call's arguments as the model writes them.
+    pub(super) stream_arguments: bool,
 }
 
 impl DecoderSpec {
@@ -147,6 +149,16 @@ impl DecoderSpec {
             keep_stop: false,
             verbatim_content: structured,
             skip_special: false,
+            stream_arguments: false,
+        }
+    }
+
+    /// The same decoder sending tool calls' arguments as they are written when `on` (a
+    /// streamed answer).
+    pub(super) fn with_streamed_arguments(self, on: bool) -> Self {
+        Self {
+            stream_arguments: on,
+            ..self
         }
     }
 
@@ -158,6 +170,7 @@ impl DecoderSpec {
                 thinking: self.thinking,
                 tools: Some(Arc::clone(&self.tools)),
                 verbatim_content: self.verbatim_content,
+                stream_arguments: self.stream_arguments,
             },
             &self.stop,
         )
@@ -229,6 +242,8 @@ async fn prepare(
         keep_stop: keep_stop_string(req.include_stop_str_in_output, req.no_stop_trim)?,
         verbatim_content: shape.is_some(),
         skip_special: req.skip_special(parsing),
+        // Beams are streamed as they are ranked, not token by token.
+        stream_arguments: req.stream == Some(true) && req.use_beam_search != Some(true),
     };
     Ok(Prepared {
         request: Request {
@@ -431,20 +446,12 @@ impl Meta {
     }
 }
 
-/// A tool call as the API shows it, with a fresh id.
-pub(super) fn tool_call_body(
-    state: &AppState,
-    call: dsv4_chat::ToolCall,
-    index: Option<usize>,
-) -> ToolCallBody {
+/// A tool call of tool `name` as the API shows it, with a fresh id.
+pub(super) fn tool_call_body(state: &AppState, name: String, arguments: String) -> ToolCallBody {
     ToolCallBody {
-        index,
         id: format!("call_{}", random_hex(state.next_serial())),
         kind: "function",
-        function: FunctionBody {
-            name: call.name,
-            arguments: call.arguments,
-        },
+        function: FunctionBody { name, arguments },
     }
 }
 
@@ -489,7 +496,9 @@ async fn answer(
             match d {
                 Delta::Content(c) => a.content.push_str(&c),
                 Delta::Reasoning(r) => a.reasoning.push_str(&r),
-                Delta::ToolCall(c) => a.calls.push(tool_call_body(state, c, None)),
+                Delta::ToolCall(c) => a.calls.push(tool_call_body(state, c.name, c.arguments)),
+                // Only streamed answers stream arguments; the checked call is whole.
+                Delta::ToolCallPiece(_) => {}
             }
         }
         if step.finished.is_some() {

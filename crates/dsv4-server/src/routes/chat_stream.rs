@@ -9,7 +9,7 @@
 
 use super::EventSource;
 use super::chat::{Meta, tool_call_body};
-use crate::api::chat::{ChatChunk, ChunkChoice, DeltaBody};
+use crate::api::chat::{ChatChunk, ChunkChoice, DeltaBody, ToolCallDelta};
 use crate::api::common::{StopReason, StreamUsage, UsageBody};
 use crate::api::logprobs::ChatLogprobs;
 use crate::output::Delta;
@@ -17,6 +17,7 @@ use crate::run::{GeneratedToken, Merged, Step, finish_reason};
 use crate::state::{AppState, Loaded};
 use crate::thinking_budget::{ReasoningCount, reasoning_total};
 use axum::response::sse::Event as SseEvent;
+use dsv4_chat::dsml::ToolCallPiece as Piece;
 use dsv4_engine::Usage;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -137,8 +138,13 @@ impl ChatStream {
         SseEvent::default().data(serde_json::to_string(&chunk).unwrap_or_default())
     }
 
-    /// The chunk of delta `d` of choice `index`.
-    fn delta(&mut self, index: usize, d: Delta, step: &mut StepTokens) -> SseEvent {
+    /// The chunk of delta `d` of choice `index` (none for a streamed call's checked end:
+    /// its pieces were sent).
+    fn delta(&mut self, index: usize, d: Delta, step: &mut StepTokens) -> Option<SseEvent> {
+        let calls = |c: ToolCallDelta| DeltaBody {
+            tool_calls: Some(vec![c]),
+            ..Default::default()
+        };
         let body = match d {
             Delta::Content(c) => DeltaBody {
                 content: Some(c),
@@ -148,16 +154,23 @@ impl ChatStream {
                 reasoning_content: Some(r),
                 ..Default::default()
             },
+            // Streamed: its start and pieces were sent.
+            Delta::ToolCall(c) if c.index < self.calls[index] => return None,
             Delta::ToolCall(c) => {
-                let call = self.calls[index];
                 self.calls[index] += 1;
-                DeltaBody {
-                    tool_calls: Some(vec![tool_call_body(&self.state, c, Some(call))]),
-                    ..Default::default()
-                }
+                let body = tool_call_body(&self.state, c.name, c.arguments);
+                calls(ToolCallDelta::first(c.index, body))
+            }
+            Delta::ToolCallPiece(Piece::Start { index: call, name }) => {
+                self.calls[index] += 1;
+                let body = tool_call_body(&self.state, name, String::new());
+                calls(ToolCallDelta::first(call, body))
+            }
+            Delta::ToolCallPiece(Piece::Arguments { index: call, text }) => {
+                calls(ToolCallDelta::more(call, text))
             }
         };
-        self.chunk(index, body, None, step)
+        Some(self.chunk(index, body, None, step))
     }
 
     /// Send choice `index`'s held reasoning, if any, as one chunk; the held tokens go before
@@ -172,7 +185,7 @@ impl ChatStream {
         ids.append(&mut step.ids);
         (step.logprobs, step.ids) = (logprobs, ids);
         if !text.is_empty() {
-            out.push(self.delta(index, Delta::Reasoning(text), step));
+            out.extend(self.delta(index, Delta::Reasoning(text), step));
         }
     }
 
@@ -268,7 +281,7 @@ impl EventSource for ChatStream {
                             if hold {
                                 self.release(index, &mut step, &mut out);
                             }
-                            out.push(self.delta(index, d, &mut step));
+                            out.extend(self.delta(index, d, &mut step));
                         }
                     }
                 }

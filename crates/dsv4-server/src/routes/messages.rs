@@ -201,7 +201,8 @@ async fn create_message(
     .await?;
     let budget = budget.or(state.cfg().thinking_token_budget);
     let constraint = loaded.think_end.budgeted(thinking, budget, constraint);
-    let decoder = DecoderSpec::plain(&state, thinking, (&choice, tools), &stop, shape.is_some());
+    let decoder = DecoderSpec::plain(&state, thinking, (&choice, tools), &stop, shape.is_some())
+        .with_streamed_arguments(req.stream == Some(true));
     let prompt_tokens = prompt.len();
     let request = Request {
         prompt,

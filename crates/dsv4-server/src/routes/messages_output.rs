@@ -22,6 +22,7 @@ use crate::run::{Run, Step};
 use crate::state::AppState;
 use axum::response::sse::Event as SseEvent;
 use dsv4_chat::ToolCall;
+use dsv4_chat::dsml::ToolCallPiece as Piece;
 use dsv4_engine::{FinishReason, Finished};
 use serde_json::{Value, json};
 
@@ -44,6 +45,8 @@ pub(super) struct MessageOutput {
     blocks: Vec<Value>,
     open: Option<Open>,
     calls: bool,
+    /// The block of the tool call whose input is streaming, until the checked call ends it.
+    streaming_call: Option<usize>,
     /// The stop string that ended the answer, once it has.
     stop_sequence: Option<String>,
     /// Thinking text is left out of blocks and deltas; `reasoning` keeps the open block's.
@@ -62,6 +65,7 @@ impl MessageOutput {
             blocks: Vec::new(),
             open: None,
             calls: false,
+            streaming_call: None,
             stop_sequence: None,
             omit: false,
             reasoning: String::new(),
@@ -116,6 +120,12 @@ impl MessageOutput {
                 Delta::Reasoning(t) => out.extend(self.text(Open::Thinking, t)),
                 Delta::Content(t) => out.extend(self.text(Open::Text, t)),
                 Delta::ToolCall(call) => out.extend(self.call(call)),
+                Delta::ToolCallPiece(Piece::Start { name, .. }) => {
+                    out.extend(self.start_call(name))
+                }
+                Delta::ToolCallPiece(Piece::Arguments { text, .. }) => {
+                    out.extend(self.more_input(text))
+                }
             }
         }
         out
@@ -184,27 +194,49 @@ impl MessageOutput {
         out
     }
 
-    /// A whole, checked tool call: its block opens, gets its input in one delta and closes.
-    fn call(&mut self, call: ToolCall) -> Vec<Ev> {
+    /// A tool call of `name` starts: its `tool_use` block opens (its input comes in pieces).
+    fn start_call(&mut self, name: String) -> Vec<Ev> {
         let mut out = self.close();
         let id = format!("toolu_{}", random_hex(self.state.next_serial()));
-        // The parser checked the arguments: a JSON object.
-        let input: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}));
         let index = self.blocks.len();
+        let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
         out.push(Self::emit(
             "content_block_start",
-            json!({"index": index, "content_block":
-                   {"type": "tool_use", "id": id, "name": call.name, "input": {}}}),
+            json!({"index": index, "content_block": block}),
         ));
-        out.push(Self::emit(
+        self.blocks.push(block);
+        self.streaming_call = Some(index);
+        self.calls = true;
+        out
+    }
+
+    /// More of the open tool call's input JSON.
+    fn more_input(&mut self, partial: String) -> Vec<Ev> {
+        let Some(index) = self.streaming_call else {
+            return Vec::new();
+        };
+        vec![Self::emit(
             "content_block_delta",
             json!({"index": index, "delta":
-                   {"type": "input_json_delta", "partial_json": call.arguments}}),
-        ));
+                   {"type": "input_json_delta", "partial_json": partial}}),
+        )]
+    }
+
+    /// A checked tool call: the end of the one whose input streamed, or a whole call whose
+    /// block opens, gets its input in one delta and closes.
+    fn call(&mut self, call: ToolCall) -> Vec<Ev> {
+        let mut out = Vec::new();
+        if self.streaming_call.is_none() {
+            out.extend(self.start_call(call.name.clone()));
+            out.extend(self.more_input(call.arguments.clone()));
+        }
+        let Some(index) = self.streaming_call.take() else {
+            return out;
+        };
+        // The parser checked the arguments: a JSON object.
+        let input: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}));
+        self.blocks[index]["input"] = input;
         out.push(Self::emit("content_block_stop", json!({"index": index})));
-        self.blocks
-            .push(json!({"type": "tool_use", "id": id, "name": call.name, "input": input}));
-        self.calls = true;
         out
     }
 

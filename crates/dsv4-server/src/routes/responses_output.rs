@@ -145,6 +145,8 @@ impl ResponseOutput {
                     out.extend(self.text(true, text, lp));
                 }
                 Delta::ToolCall(call) => out.extend(self.call(call)),
+                // The Responses API sends a call whole (its decoder streams no arguments).
+                Delta::ToolCallPiece(_) => {}
             }
         }
         out

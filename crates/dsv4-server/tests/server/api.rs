@@ -28,7 +28,7 @@ fn streamed(events: &[Value]) -> (String, String, Vec<Value>) {
             calls.extend(d["tool_calls"].as_array().cloned().unwrap_or_default());
         }
     }
-    (content, reasoning, calls)
+    (content, reasoning, joined_calls(&calls))
 }
 
 fn finish(events: &[Value]) -> Value {
@@ -142,10 +142,16 @@ async fn required_tool_calls_round_trip_with_a_tool_result() {
         other => panic!("unknown tool {other}"),
     }
 
-    // Streamed, the same call arrives as one delta.
+    // Streamed, the same call arrives in pieces as the model writes it: its id and name, then
+    // its arguments in several deltas.
     let mut sreq = req.clone();
     sreq["stream"] = json!(true);
     let events = s.send("POST", "/v1/chat/completions", &sreq).await.events();
+    let pieces = events
+        .iter()
+        .filter(|e| e["choices"][0]["delta"]["tool_calls"].is_array())
+        .count();
+    assert!(pieces > 2, "{events:?}");
     let (_, _, scalls) = streamed(&events);
     assert_eq!(scalls.len(), 1, "{events:?}");
     assert_eq!(scalls[0]["index"], 0);

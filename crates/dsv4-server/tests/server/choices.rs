@@ -110,8 +110,9 @@ fn assemble(events: &[Value]) -> (BTreeMap<u64, Assembled>, Option<Value>) {
             a.finish_at = at;
         }
     }
-    for (i, a) in &out {
+    for (i, a) in out.iter_mut() {
         assert_eq!(a.finish_chunks, 1, "choice {i}: {events:?}");
+        a.tool_calls = joined_calls(&a.tool_calls);
     }
     (out, usage)
 }

@@ -406,6 +406,30 @@ pub async fn poll(s: &TestServer, path: &str, what: &str, done: impl Fn(&Value) 
     last
 }
 
+/// The whole tool calls a chat stream's `tool_calls` pieces make, joined as OpenAI clients join
+/// them: a call's first piece (`index`, `id`, `type`, `function.name`) opens it, each later
+/// piece (its `index` and more `function.arguments`, nothing else) extends its arguments.
+pub fn joined_calls(pieces: &[Value]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    for p in pieces {
+        let i = p["index"].as_u64().expect("a piece names its call") as usize;
+        if p.get("id").is_some() {
+            assert_eq!(i, calls.len(), "calls open in index order: {p}");
+            assert_eq!(p["type"], "function", "{p}");
+            assert!(p["function"]["name"].is_string(), "{p}");
+            calls.push(p.clone());
+        } else {
+            let only_arguments = p.get("type").is_none() && p["function"].get("name").is_none();
+            assert!(only_arguments, "a later piece carries only arguments: {p}");
+            let call = calls.get_mut(i).expect("a piece after its call's first");
+            let more = p["function"]["arguments"].as_str().unwrap();
+            let now = call["function"]["arguments"].as_str().unwrap().to_string() + more;
+            call["function"]["arguments"] = json!(now);
+        }
+    }
+    calls
+}
+
 /// One line of an OpenAI Batch API input file.
 pub fn batch_line(custom_id: &str, url: &str, body: Value) -> String {
     json!({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).to_string()

@@ -107,9 +107,12 @@ fn outcome(r: &Reply) -> Value {
         for c in e["choices"].as_array().unwrap() {
             text.push_str(c["text"].as_str().unwrap_or(""));
             text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
-            for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
-                calls.push(call["function"].clone());
-            }
+            calls.extend(
+                c["delta"]["tool_calls"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             if !c["finish_reason"].is_null() {
                 finish = c["finish_reason"].clone();
             }
@@ -118,6 +121,10 @@ fn outcome(r: &Reply) -> Value {
             usage = e["usage"].clone();
         }
     }
+    let calls: Vec<Value> = joined_calls(&calls)
+        .iter()
+        .map(|c| c["function"].clone())
+        .collect();
     json!({"text": text, "calls": calls, "finish": finish, "usage": usage["completion_tokens"]})
 }
 

@@ -256,7 +256,8 @@ async fn a_conversation_answers_as_chat_and_streams_the_same() {
 async fn tools_thinking_and_json_answer_as_chat() {
     let s = start(config()).await;
     let ask = json!([{"role": "user", "content": "Weather in Oslo?"}]);
-    // Any tool: a tool_use block, stop_reason tool_use; streamed as one input_json_delta. (No
+    // Any tool: a tool_use block, stop_reason tool_use; its input streamed in input_json_delta
+    // pieces as the model writes it. (No
     // stop strings: the grammar keeps the answer clean, and `｜DSML｜` would cut the call.)
     let m = message(
         ask.clone(),
@@ -273,6 +274,11 @@ async fn tools_thinking_and_json_answer_as_chat() {
     let call = got["content"].as_array().unwrap().last().unwrap().clone();
     assert!(call["id"].as_str().unwrap().starts_with("toolu_"), "{call}");
     streams_the_same(&s, &m).await;
+    let mut streamed = m.clone();
+    streamed["stream"] = json!(true);
+    let events = s.send("POST", "/v1/messages", &streamed).await.body;
+    let pieces = events.matches("\"input_json_delta\"").count();
+    assert!(pieces > 1, "the input streams in pieces: {events}");
 
     // The call and its result continue the conversation, as chat's tool messages.
     let turn = json!([
