@@ -8,7 +8,7 @@ Run against a running server:
 `cargo test -p dsv4-cli --test server_e2e` starts `dsv4 serve --port 0` and runs this script.
 Covers: models, chat, streaming chat (with usage; chat logprobs plain and streamed), a tool-call
 round trip (tools declared, tool_choice "required", the DSML tool call parsed into `tool_calls`,
-the tool result sent back), JSON answers, structured outputs (vLLM's `structured_outputs`,
+streamed in argument pieces that the SDK's stream helper joins, the tool result sent back), JSON answers, structured outputs (vLLM's `structured_outputs`,
 SGLang's `regex`/`ebnf`), a strict pydantic tool (its arguments validated), completions (plain and
 streamed; legacy logprobs; n=2 choices), vLLM's token-id extensions through extra_body, the
 Responses API (streamed through the SDK's event accumulator, a function call continued with
@@ -126,8 +126,9 @@ def test_tool_call_round_trip(client, model):
     check(args.get("city") in ("Oslo", "Paris"), args)
     check(set(args) <= {"city", "unit"}, args)
 
-    # Streamed, the same call arrives in the deltas.
-    stream = client.chat.completions.create(
+    # Streamed, the same call arrives as the model writes it: its id and name, then its
+    # arguments in pieces, which the SDK's stream helper joins into the same call.
+    streamed = dict(
         model=model,
         messages=messages,
         tools=[WEATHER_TOOL],
@@ -135,15 +136,22 @@ def test_tool_call_round_trip(client, model):
         parallel_tool_calls=False,
         temperature=0,
         max_tokens=300,
-        stream=True,
     )
     deltas, finish = [], None
-    for chunk in stream:
+    for chunk in client.chat.completions.create(stream=True, **streamed):
         for c in chunk.choices:
             deltas.extend(c.delta.tool_calls or [])
             finish = c.finish_reason or finish
     check(finish == "tool_calls", finish)
-    check(len(deltas) == 1 and deltas[0].function.arguments == call.function.arguments, deltas)
+    check(deltas[0].id and deltas[0].function.name == "get_weather", deltas[0])
+    check(len(deltas) > 2 and all(d.id is None and d.index == 0 for d in deltas[1:]), deltas)
+    joined = "".join(d.function.arguments or "" for d in deltas)
+    check(joined == call.function.arguments, (joined, call.function.arguments))
+    with client.chat.completions.stream(**streamed) as s:
+        done = [e for e in s if e.type == "tool_calls.function.arguments.done"]
+        final = s.get_final_completion().choices[0].message.tool_calls
+    check(len(done) == 1 and done[0].arguments == call.function.arguments, done)
+    check(final[0].function.arguments == call.function.arguments, final)
 
     # The tool's result goes back and the model answers.
     messages.append(choice.message.model_dump(exclude_none=True))
