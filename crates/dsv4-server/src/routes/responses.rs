@@ -350,7 +350,8 @@ async fn prepare(
         loaded
             .think_end
             .budgeted(thinking, state.cfg().thinking_token_budget, constraint);
-    let decoder = DecoderSpec::plain(state, thinking, (&choice, tools), &stop, shape.is_some());
+    let decoder = DecoderSpec::plain(state, thinking, (&choice, tools), &stop, shape.is_some())
+        .with_streamed_arguments(req.stream == Some(true));
     let request = Request {
         prompt,
         max_tokens,

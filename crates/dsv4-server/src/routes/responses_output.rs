@@ -22,6 +22,7 @@ use crate::run::{Run, Step};
 use crate::state::{AppState, Loaded};
 use crate::thinking_budget::ReasoningCount;
 use axum::response::sse::Event as SseEvent;
+use dsv4_chat::dsml::ToolCallPiece as Piece;
 use dsv4_engine::{FinishReason, Finished};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub(super) struct ResponseOutput {
     background: Option<Arc<Background>>,
     /// Items closed so far.
     closed: usize,
+    /// The function call item whose arguments are streaming, until the checked call ends it.
+    streaming_call: Option<usize>,
 }
 
 impl ResponseOutput {
@@ -78,6 +81,7 @@ impl ResponseOutput {
             seq: 0,
             background: None,
             closed: 0,
+            streaming_call: None,
         }
     }
 
@@ -145,8 +149,12 @@ impl ResponseOutput {
                     out.extend(self.text(true, text, lp));
                 }
                 Delta::ToolCall(call) => out.extend(self.call(call)),
-                // The Responses API sends a call whole (its decoder streams no arguments).
-                Delta::ToolCallPiece(_) => {}
+                Delta::ToolCallPiece(Piece::Start { name, .. }) => {
+                    out.extend(self.start_call(name))
+                }
+                Delta::ToolCallPiece(Piece::Arguments { text, .. }) => {
+                    out.extend(self.more_arguments(text))
+                }
             }
         }
         out
@@ -308,37 +316,67 @@ impl ResponseOutput {
         out
     }
 
-    /// A complete tool call: its item, its arguments at once, and its end.
-    fn call(&mut self, call: dsv4_chat::ToolCall) -> Vec<Ev> {
+    /// A function call of `name` starts: its item, in progress (its arguments come in pieces).
+    fn start_call(&mut self, name: String) -> Vec<Ev> {
         let mut out = self.close("completed");
         let index = self.items.len();
-        let id = self.new_id("fc");
-        let call_id = self.new_id("call");
-        let started = OutputItem::FunctionCall {
-            id: id.clone(),
-            call_id: call_id.clone(),
-            name: call.name.clone(),
+        let item = OutputItem::FunctionCall {
+            id: self.new_id("fc"),
+            call_id: self.new_id("call"),
+            name,
             arguments: String::new(),
             status: "in_progress",
         };
         out.push(self.emit(
             "response.output_item.added",
-            json!({"output_index": index, "item": started}),
+            json!({"output_index": index, "item": item}),
         ));
-        let delta = json!({"item_id": id, "output_index": index, "delta": call.arguments});
-        out.push(self.emit("response.function_call_arguments.delta", delta));
-        let done = json!({"item_id": id, "output_index": index, "name": call.name,
-                          "arguments": call.arguments});
-        out.push(self.emit("response.function_call_arguments.done", done));
-        let item = OutputItem::FunctionCall {
-            id,
-            call_id,
-            name: call.name,
-            arguments: call.arguments,
-            status: "completed",
+        self.items.push(item);
+        self.streaming_call = Some(index);
+        out
+    }
+
+    /// More of the streaming call's arguments.
+    fn more_arguments(&mut self, piece: String) -> Vec<Ev> {
+        let Some(index) = self.streaming_call else {
+            return Vec::new();
         };
-        self.items.push(item.clone());
+        let Some(OutputItem::FunctionCall { id, arguments, .. }) = self.items.get_mut(index) else {
+            return Vec::new();
+        };
+        arguments.push_str(&piece);
+        let delta = json!({"item_id": id, "output_index": index, "delta": piece});
+        vec![self.emit("response.function_call_arguments.delta", delta)]
+    }
+
+    /// A checked tool call: the end of the one whose arguments streamed, or a whole call
+    /// (its item, its arguments at once, and its end).
+    fn call(&mut self, call: dsv4_chat::ToolCall) -> Vec<Ev> {
+        let mut out = Vec::new();
+        if self.streaming_call.is_none() {
+            out.extend(self.start_call(call.name.clone()));
+            out.extend(self.more_arguments(call.arguments.clone()));
+        }
+        let Some(index) = self.streaming_call.take() else {
+            return out;
+        };
+        let Some(OutputItem::FunctionCall {
+            id,
+            name,
+            arguments,
+            status,
+            ..
+        }) = self.items.get_mut(index)
+        else {
+            return out;
+        };
+        *arguments = call.arguments;
+        *status = "completed";
+        let done = json!({"item_id": id, "output_index": index, "name": name,
+                          "arguments": arguments});
+        let item = self.items[index].clone();
         self.closed += 1;
+        out.push(self.emit("response.function_call_arguments.done", done));
         out.push(self.emit(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),

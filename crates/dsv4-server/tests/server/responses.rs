@@ -455,6 +455,7 @@ async fn streams_carry_the_same_response_as_ordered_typed_events() {
                "max_output_tokens": 3000, "stop": []}),
         json!({"instructions": "Be brief.", "max_output_tokens": 5, "metadata": {"k": "v"}}),
     ] {
+        let tools = extra.get("tools").is_some();
         let body = responses(json!("Hello"), extra);
         let want = s.send("POST", "/v1/responses", &body).await;
         assert_eq!(want.status, 200, "{}", want.body);
@@ -466,7 +467,16 @@ async fn streams_carry_the_same_response_as_ordered_typed_events() {
             )
             .await;
         assert!(!streamed.body.contains("[DONE]"));
-        check_stream(&typed_events(&streamed), &want.json());
+        let events = typed_events(&streamed);
+        check_stream(&events, &want.json());
+        if tools {
+            // The call's arguments stream in pieces as the model writes them.
+            let pieces = events
+                .iter()
+                .filter(|(k, _)| k == "response.function_call_arguments.delta")
+                .count();
+            assert!(pieces > 2, "{}", streamed.body);
+        }
     }
     s.shutdown().await.unwrap();
 }
