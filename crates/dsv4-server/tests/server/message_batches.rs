@@ -2,9 +2,9 @@
 //! `/v1/messages` answers it alone, its counts stay `processing` until it ends, its results are
 //! JSONL in request order (`succeeded`, `errored` with Anthropic's error, `canceled`); a cancel
 //! cancels the requests not started; an ended batch can be deleted with its files; lists page
-//! newest first; with `server.files_dir` a batch goes on after a restart; bad requests get
-//! Anthropic's errors naming the field. A Message Batch is not an OpenAI batch, and its files
-//! are not the Files API's.
+//! newest first; with `server.files_dir` a batch goes on after a restart, and past its 24 h
+//! window its requests not started expire; bad requests get Anthropic's errors naming the
+//! field. A Message Batch is not an OpenAI batch, and its files are not the Files API's.
 
 use super::common::*;
 use super::messages::{anthropic_error, message};
@@ -393,5 +393,59 @@ async fn a_message_batch_goes_on_after_a_restart_with_files_dir() {
             alone.json()["content"]
         );
     }
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_not_started_within_the_window_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = || dsv4_server::ServerConfig {
+        files_dir: Some(dir.path().to_owned()),
+        ..config()
+    };
+    let a = start(on_disk()).await;
+    let requests: Vec<Value> = (0..200)
+        .map(|i| {
+            item(
+                &format!("w{i}"),
+                &format!("window {i}"),
+                json!({"max_tokens": 32}),
+            )
+        })
+        .collect();
+    let id = create(&a, requests).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let running = a.state.batches().get(&id).unwrap();
+    eventually("requests answered", async || {
+        running.object()["request_counts"]["completed"].as_u64() > Some(0)
+    })
+    .await;
+    a.shutdown().await.unwrap();
+    // Stopped part-way; its creation moved a day and an hour back, so its 24 h window has
+    // ended when the next server goes on with it.
+    let path = dir.path().join("batches").join(format!("{id}.json"));
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let answered = record["request_counts"]["completed"].as_u64().unwrap();
+    assert!((1..200).contains(&answered), "{record}");
+    record["created_at"] = json!(record["created_at"].as_u64().unwrap() - 25 * 3600);
+    std::fs::write(&path, record.to_string()).unwrap();
+    let b = start(on_disk()).await;
+    let done = ended(&b, &id).await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"processing": 0, "succeeded": answered, "errored": 0, "canceled": 0,
+               "expired": 200 - answered}),
+        "{done}"
+    );
+    let kinds: Vec<String> = results(&b, &id)
+        .await
+        .iter()
+        .map(|l| l["result"]["type"].as_str().unwrap().to_string())
+        .collect();
+    let n = answered as usize;
+    assert!(kinds[..n].iter().all(|k| k == "succeeded"), "{kinds:?}");
+    assert!(kinds[n..].iter().all(|k| k == "expired"), "{kinds:?}");
     b.shutdown().await.unwrap();
 }
