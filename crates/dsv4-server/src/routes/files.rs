@@ -81,17 +81,22 @@ pub(crate) fn no_file(id: &str, param: Option<&str>) -> ApiError {
     }
 }
 
+/// 413: `what` (an upload, a message batch) is larger than the files budget allows.
+pub(crate) fn over_files_budget(state: &AppState, what: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        ..ApiError::bad_request(format!(
+            "{what} is larger than server.files_mib allows ({} bytes)",
+            state.cfg().files_bytes
+        ))
+    }
+    .with_code("request_too_large")
+}
+
 /// A malformed or oversized multipart body as a 400 or 413.
 fn multipart_error(state: &AppState, e: &MultipartError) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            ..ApiError::bad_request(format!(
-                "the upload is larger than server.files_mib allows ({} bytes)",
-                state.cfg().files_bytes
-            ))
-        }
-        .with_code("request_too_large");
+        return over_files_budget(state, "the upload");
     }
     ApiError::bad_request(format!(
         "the multipart body cannot be read: {}",

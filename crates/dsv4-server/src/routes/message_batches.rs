@@ -5,7 +5,7 @@
 //! /v1/messages/batches/{id}/results` (JSONL), over the server's batches
 //! ([`crate::batches::messages`]). Errors are Anthropic's.
 
-use super::files::files_on;
+use super::files::{files_on, over_files_budget};
 use super::messages::error_response;
 use super::page::query_pairs;
 use super::{body_bytes, json_response, loaded_model};
@@ -18,7 +18,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -105,7 +105,13 @@ pub async fn create(
 ) -> Response {
     let created = async {
         files_on(&state)?;
-        let body = body_bytes(&state, body)?;
+        let body = match body {
+            // A batch may be as large as the files budget, past server.max_request_bytes.
+            Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(over_files_budget(&state, "the message batch"));
+            }
+            other => body_bytes(&state, other)?,
+        };
         // A batch runs on the loaded model: 503 while it loads.
         loaded_model(&state)?;
         let requests = checked(parse_body(&body)?)?;

@@ -332,6 +332,33 @@ async fn bad_message_batch_requests_are_refused_in_anthropics_shape() {
         json!([])
     );
     s.shutdown().await.unwrap();
+    // A batch larger than the files budget (not bounded by server.max_request_bytes).
+    let small = start(dsv4_server::ServerConfig {
+        files_bytes: 2000,
+        max_request_bytes: 100,
+        ..config()
+    })
+    .await;
+    let fits = json!({"requests": [item("a", "Hi", json!({"max_tokens": 1}))]});
+    let r = small.send("POST", "/v1/messages/batches", &fits).await;
+    assert_eq!(
+        r.status, 200,
+        "past max_request_bytes, within the budget: {}",
+        r.body
+    );
+    let requests: Vec<Value> = (0..40)
+        .map(|i| item(&format!("r{i}"), "Hi", json!({})))
+        .collect();
+    let r = small
+        .send(
+            "POST",
+            "/v1/messages/batches",
+            &json!({"requests": requests}),
+        )
+        .await;
+    let e = anthropic_error(&r, 413, "request_too_large");
+    assert!(e.contains("server.files_mib"), "{e}");
+    small.shutdown().await.unwrap();
     // With the Files and Batch APIs off, so are Message Batches.
     let off = start(dsv4_server::ServerConfig {
         files_bytes: 0,
