@@ -272,7 +272,8 @@ impl FileStore {
     fn full(&self, held: usize, more: usize) -> ApiError {
         ApiError::bad_request(format!(
             "the server's files hold {held} of {} bytes (server.files_mib) and this needs {more} \
-             more; delete files (DELETE /v1/files/{{id}}) or raise server.files_mib",
+             more; delete files (DELETE /v1/files/{{id}}) or ended message batches (DELETE \
+             /v1/messages/batches/{{id}}), or raise server.files_mib",
             self.limit
         ))
         .with_code("files_full")

@@ -358,6 +358,15 @@ async fn bad_message_batch_requests_are_refused_in_anthropics_shape() {
         .await;
     let e = anthropic_error(&r, 413, "request_too_large");
     assert!(e.contains("server.files_mib"), "{e}");
+    // One that fits the limit but not the room the first batch left.
+    let requests: Vec<Value> = (0..7)
+        .map(|i| item(&format!("f{i}"), "Hi", json!({})))
+        .collect();
+    let body = json!({"requests": requests});
+    assert!(body.to_string().len() < 2000);
+    let r = small.send("POST", "/v1/messages/batches", &body).await;
+    let e = anthropic_error(&r, 400, "invalid_request_error");
+    assert!(e.contains("DELETE /v1/messages/batches/{id}"), "{e}");
     small.shutdown().await.unwrap();
     // With the Files and Batch APIs off, so are Message Batches.
     let off = start(dsv4_server::ServerConfig {
