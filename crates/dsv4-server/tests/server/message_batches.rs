@@ -278,6 +278,13 @@ async fn message_batches_list_newest_first_in_pages() {
     let both = format!("?after_id={}&before_id={}", ids[0], ids[1]);
     let r = s.get(&format!("/v1/messages/batches{both}")).await;
     anthropic_error(&r, 400, "invalid_request_error");
+    // /metrics counts the routes under their templates, not each batch's id.
+    let requests = r#"dsv4:http_requests_total{endpoint="/v1/messages/batches",status="200"}"#;
+    // Three creates and four pages.
+    assert_eq!(metric(&s, requests).await, 3 + 4);
+    let one = r#"dsv4:http_requests_total{endpoint="/v1/messages/batches/{id}",status="404"}"#;
+    s.get("/v1/messages/batches/msgbatch_nope").await;
+    assert_eq!(metric(&s, one).await, 1);
     s.shutdown().await.unwrap();
 }
 
