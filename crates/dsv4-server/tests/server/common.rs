@@ -347,8 +347,18 @@ pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
 
 /// POST `body` to `path` and read until the first event; the connection and what was read.
 pub async fn open_stream(addr: SocketAddr, path: &str, body: &Value) -> (TcpStream, Vec<u8>) {
+    open_stream_with(addr, path, &[], body).await
+}
+
+/// [`open_stream`] with request `headers`.
+pub async fn open_stream_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (TcpStream, Vec<u8>) {
     let mut conn = TcpStream::connect(addr).await.unwrap();
-    let bytes = request_bytes("POST", path, &[], body.to_string().as_bytes());
+    let bytes = request_bytes("POST", path, headers, body.to_string().as_bytes());
     conn.write_all(&bytes).await.unwrap();
     let mut seen = Vec::new();
     let mut buf = vec![0u8; 4096];

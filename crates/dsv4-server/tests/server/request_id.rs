@@ -123,11 +123,31 @@ async fn answers_carry_the_request_id_and_its_log_lines_name_it() {
     assert_eq!(r.status, 400);
     assert_eq!(r.header("request-id"), Some("client-msg"));
 
-    // The access line of each, and the refusal's own line, name the id.
+    // A client that leaves a stream before its end.
+    let long = chat(
+        "Hi",
+        json!({"max_tokens": 2000, "ignore_eos": true, "stream": true}),
+    );
+    let (conn, _) = open_stream_with(
+        s.addr,
+        "/v1/chat/completions",
+        &[("x-request-id", "client-gone")],
+        &long,
+    )
+    .await;
+    drop(conn);
+
+    // The access line of each, written once its answer is done, and the refusal's own line,
+    // name the id.
     eventually("the access lines are logged", async || {
-        ["client-7f3a-e2e", "client-stream", "client-404"]
-            .iter()
-            .all(|id| lines_with(&log, id).iter().any(|l| l.contains("answered")))
+        [
+            "client-7f3a-e2e",
+            "client-stream",
+            "client-404",
+            "client-gone",
+        ]
+        .iter()
+        .all(|id| lines_with(&log, id).iter().any(|l| l.contains("answered")))
     })
     .await;
     let access = lines_with(&log, mine);
@@ -137,10 +157,19 @@ async fn answers_carry_the_request_id_and_its_log_lines_name_it() {
         "method=POST",
         "path=/v1/chat/completions",
         "status=200",
-        "ms=",
+        "head_ms=",
+        " ms=",
+        "bytes=",
+        "outcome=complete",
     ] {
         assert!(line.contains(part), "{part}: {line}");
     }
+    let streamed = lines_with(&log, "client-stream");
+    let line = streamed.iter().find(|l| l.contains("answered")).unwrap();
+    assert!(line.contains("outcome=complete"), "{line}");
+    let gone = lines_with(&log, "client-gone");
+    let line = gone.iter().find(|l| l.contains("answered")).unwrap();
+    assert!(line.contains("outcome=client_gone"), "{line}");
     let refused = lines_with(&log, "client-404");
     assert!(
         refused
