@@ -389,22 +389,28 @@ async fn bad_message_batch_requests_are_refused_in_anthropics_shape() {
     off.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_batch_goes_on_after_a_restart_with_files_dir() {
-    let dir = tempfile::tempdir().unwrap();
-    let on_disk = || dsv4_server::ServerConfig {
-        files_dir: Some(dir.path().to_owned()),
+/// A server keeping its files in `dir`.
+fn on_disk(dir: &std::path::Path) -> dsv4_server::ServerConfig {
+    dsv4_server::ServerConfig {
+        files_dir: Some(dir.to_owned()),
         ..config()
-    };
-    let a = start(on_disk()).await;
+    }
+}
+
+/// Start a server on `dir`, create a batch of 200 requests named `prefix{i}`, and stop the
+/// server once some have answered: the batch's id and requests.
+async fn stopped_part_way(dir: &std::path::Path, prefix: &str) -> (String, Vec<Value>) {
+    let a = start(on_disk(dir)).await;
     let requests: Vec<Value> = (0..200)
         .map(|i| {
             let extra = json!({"max_tokens": 32});
-            item(&format!("k{i}"), &format!("keep {i}"), extra)
+            item(&format!("{prefix}{i}"), &format!("{prefix} {i}"), extra)
         })
         .collect();
-    let batch = create(&a, requests.clone()).await;
-    let id = batch["id"].as_str().unwrap().to_string();
+    let id = create(&a, requests.clone()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // Its counts stay `processing` until it ends; the batch's own object shows progress.
     let running = a.state.batches().get(&id).unwrap();
     eventually("requests answered", async || {
@@ -412,13 +418,20 @@ async fn a_message_batch_goes_on_after_a_restart_with_files_dir() {
     })
     .await;
     a.shutdown().await.unwrap();
+    (id, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_batch_goes_on_after_a_restart_with_files_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, requests) = stopped_part_way(dir.path(), "k").await;
     let record = dir.path().join("batches").join(format!("{id}.json"));
     let record: Value = serde_json::from_slice(&std::fs::read(record).unwrap()).unwrap();
     assert_eq!(
         record["status"], "in_progress",
         "stopped part-way: {record}"
     );
-    let b = start(on_disk()).await;
+    let b = start(on_disk(dir.path())).await;
     let done = ended(&b, &id).await;
     assert_eq!(done["request_counts"]["succeeded"], 200, "{done}");
     let lines = results(&b, &id).await;
@@ -442,30 +455,7 @@ async fn a_message_batch_goes_on_after_a_restart_with_files_dir() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_not_started_within_the_window_expire() {
     let dir = tempfile::tempdir().unwrap();
-    let on_disk = || dsv4_server::ServerConfig {
-        files_dir: Some(dir.path().to_owned()),
-        ..config()
-    };
-    let a = start(on_disk()).await;
-    let requests: Vec<Value> = (0..200)
-        .map(|i| {
-            item(
-                &format!("w{i}"),
-                &format!("window {i}"),
-                json!({"max_tokens": 32}),
-            )
-        })
-        .collect();
-    let id = create(&a, requests).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let running = a.state.batches().get(&id).unwrap();
-    eventually("requests answered", async || {
-        running.object()["request_counts"]["completed"].as_u64() > Some(0)
-    })
-    .await;
-    a.shutdown().await.unwrap();
+    let (id, _) = stopped_part_way(dir.path(), "w").await;
     // Stopped part-way; its creation moved a day and an hour back, so its 24 h window has
     // ended when the next server goes on with it.
     let path = dir.path().join("batches").join(format!("{id}.json"));
@@ -474,7 +464,7 @@ async fn requests_not_started_within_the_window_expire() {
     assert!((1..200).contains(&answered), "{record}");
     record["created_at"] = json!(record["created_at"].as_u64().unwrap() - 25 * 3600);
     std::fs::write(&path, record.to_string()).unwrap();
-    let b = start(on_disk()).await;
+    let b = start(on_disk(dir.path())).await;
     let done = ended(&b, &id).await;
     assert_eq!(
         done["request_counts"],
